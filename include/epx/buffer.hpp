@@ -1,0 +1,123 @@
+// epx/buffer.hpp — dispatch and combine (SPEC §3, §4).
+//
+//   epx::Buffer buffer(transport, {.num_experts = 256, .hidden = 7168, .num_topk = 8,
+//                                  .max_tokens_per_rank = 4096});          // collective
+//   auto d = buffer.dispatch({.x = x, .topk_idx = idx, .topk_weights = w}); // collective
+//   ... experts compute y from d.recv_x ...
+//   auto c = buffer.combine({.y = y, .handle = &d.handle});                // collective
+//
+// Collective calls must be made by every rank of the group, in the same order. A bad
+// input on any rank makes the call throw epx::Error on every rank, naming the rank at
+// fault (Error::origin_rank()); a peer that dies or stops answering makes every other
+// rank throw within the transport's timeout. A Buffer is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "epx/config.hpp"
+#include "epx/plan.hpp"
+#include "epx/tensor.hpp"
+#include "epx/transport.hpp"
+
+namespace epx {
+
+enum class RecvLayout {
+  kCompact,   ///< SPEC §3.1: one row per (source rank, token), ordered (s, t)
+  kExpanded,  ///< SPEC §3.2: one row per (s, t, k), grouped by local expert, aligned
+};
+
+namespace detail {
+struct HandleState;
+}
+
+/// The routing plan of one dispatch and everything combine needs: returned by dispatch,
+/// passed back to combine or to a cached dispatch. Cheap to copy (shared, immutable).
+/// Valid only with the Buffer that made it.
+class DispatchHandle {
+ public:
+  DispatchHandle() = default;
+  bool valid() const noexcept { return state_ != nullptr; }
+  /// Rows of the dispatch output on this rank (N, or W with num_worst_tokens).
+  std::int64_t num_recv_rows() const noexcept;
+
+ private:
+  friend class Buffer;
+  std::shared_ptr<const detail::HandleState> state_;
+};
+
+struct DispatchArgs {
+  /// [S, H] bf16, or [S, H] fp8_e4m3 with `x_scales`.
+  TensorView x;
+  /// [S, H/128] float32 when x is fp8 (SPEC §1), else empty.
+  TensorView x_scales;
+  /// [S, K] int64 in [-1, E), no expert twice per token. Not used with a handle.
+  TensorView topk_idx;
+  /// [S, K] float32. Not used with a handle.
+  TensorView topk_weights;
+  RecvLayout layout = RecvLayout::kCompact;
+  int expert_alignment = 1;          ///< A >= 1 (expanded rows per expert rounded up to A)
+  std::int64_t num_worst_tokens = 0; ///< W > 0: exactly W output rows (SPEC §3.3)
+  bool deterministic = false;        ///< expanded rows sorted by (s, t) in each expert
+  bool zero_padding = false;         ///< padding rows of recv_x are all-zero bits
+  /// Cached dispatch: reuse this handle's plan; x must have the handle's S and H.
+  const DispatchHandle* handle = nullptr;
+};
+
+struct DispatchResult {
+  Tensor recv_x;             ///< [N, H] x's dtype
+  Tensor recv_x_scales;      ///< [N, H/128] float32 (fp8 only)
+  Tensor recv_topk_idx;      ///< compact: [N, K] int64, local expert or -1
+  Tensor recv_topk_weights;  ///< compact: [N, K] float32 (0 where idx is -1)
+  Tensor recv_weights;       ///< expanded: [N] float32
+  Tensor recv_src;           ///< [N, 2] (s, t) compact, [N, 3] (s, t, k) expanded; int64, -1 padding
+  std::vector<std::int64_t> num_recv_tokens_per_expert;          ///< [L] unaligned
+  std::vector<std::int64_t> num_recv_tokens_per_expert_aligned;  ///< [L] rounded up to A
+  std::vector<std::int64_t> expert_offsets;  ///< expanded: [L + 1] o_0..o_L; compact: empty
+  DispatchLayout layout;     ///< SPEC §2 of this rank's input (fresh dispatch only)
+  DispatchHandle handle;
+};
+
+struct CombineArgs {
+  /// Rows of the handle's dispatch output on this rank ([N, H] bf16, padding ignored).
+  TensorView y;
+  const DispatchHandle* handle = nullptr;
+  TensorView bias0;  ///< optional [S, H] bf16
+  TensorView bias1;  ///< optional [S, H] bf16
+  bool weighted = false;  ///< expanded layout only: multiply each row by its routing weight
+};
+
+struct CombineResult {
+  Tensor combined_x;    ///< [S, H] bf16
+  Tensor topk_weights;  ///< [S, K] float32, the dispatch's weights unchanged
+};
+
+class Buffer {
+ public:
+  /// Collective: checks that every rank passes the same config and allocates the
+  /// symmetric window through `transport`, which must outlive the Buffer.
+  Buffer(Transport& transport, const BufferConfig& config);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  /// Local: SPEC §2 for `topk_idx` ([S, K] int64). Throws on invalid input.
+  DispatchLayout get_dispatch_layout(const TensorView& topk_idx) const;
+
+  /// Collective: SPEC §3. Fresh when args.handle is null, cached otherwise.
+  DispatchResult dispatch(const DispatchArgs& args);
+
+  /// Collective: SPEC §4 with the handle of a dispatch of this Buffer.
+  CombineResult combine(const CombineArgs& args);
+
+  const BufferConfig& config() const noexcept;
+  int rank() const noexcept;
+  int num_ranks() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace epx

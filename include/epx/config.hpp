@@ -1,0 +1,22 @@
+// epx/config.hpp — what a Buffer is sized and agreed for. Every rank of the group passes
+// the same values (Buffer's constructor checks this collectively).
+#pragma once
+
+#include <cstdint>
+
+namespace epx {
+
+struct BufferConfig {
+  int num_experts = 0;                   ///< E, a multiple of the number of ranks P
+  int hidden = 0;                        ///< H (FP8 dispatch needs H % 128 == 0)
+  int num_topk = 0;                      ///< K >= 1
+  std::int64_t max_tokens_per_rank = 0;  ///< C: every call has S_r <= C on every rank
+  /// Rows this rank's receive area holds; 0 = P * C (every token of every rank). A
+  /// dispatch that needs more fails on every rank with kCapacityExceeded.
+  std::int64_t max_recv_rows = 0;
+  /// Worker threads per rank (the SM / vector-core analogue); 0 = auto: the cores of this
+  /// machine divided by the ranks on it, at least 1.
+  int num_workers = 0;
+};
+
+}  // namespace epx

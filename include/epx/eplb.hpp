@@ -1,0 +1,76 @@
+// epx/eplb.hpp — the expert-parallel load balancer (EPLB): a redundant-expert planner.
+//
+// Given the measured load of each logical expert (e.g. tokens routed to it over a window),
+// decide how many physical replicas each logical expert gets and on which GPU each replica
+// lives, so that the per-GPU load is as even as possible. This is DeepSeek's open-source
+// `eplb.py` algorithm, reproduced exactly (same results, same tie-breaking):
+//
+//  * balanced packing: items in descending weight order (stable on ties) each go to the
+//    currently lightest pack that still has room (first such pack on ties); every pack gets
+//    exactly n/m items. When n/m == 1 item i simply goes to pack i.
+//  * replication: each extra physical slot goes to the logical expert with the highest
+//    weight/count (first index on ties).
+//  * hierarchical policy (num_groups % num_nodes == 0): pack the expert groups onto nodes by
+//    group weight, replicate within each node up to num_replicas/num_nodes slots, then pack
+//    the node's replicas (each weighing weight/count) onto the node's GPUs.
+//  * global policy (otherwise): the same with one group and one node.
+//
+// All weights and loads are computed in float32, like the original (torch float32).
+// Physical expert p lives on GPU p / (num_replicas / num_gpus).
+// All arrays are row-major (C order) std::vector, shapes given in brackets.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace epx {
+
+struct EplbPlan {
+  int layers = 0;                     ///< number of MoE layers (rows of the weight matrix)
+  int logical_experts = 0;            ///< logical experts per layer
+  int num_replicas = 0;               ///< physical expert slots per layer (across all GPUs)
+  int max_replicas = 0;               ///< max over all layers and experts of logcnt (last dim of log2phy)
+  bool hierarchical = false;          ///< which policy was used (num_groups % num_nodes == 0)
+  std::vector<std::int64_t> phy2log;  ///< [layers, num_replicas]: logical expert of each physical slot
+  std::vector<std::int64_t> log2phy;  ///< [layers, logical_experts, max_replicas]: physical slots of each
+                                      ///< logical expert in replica order (rank 0 first), -1 padded
+  std::vector<std::int64_t> logcnt;   ///< [layers, logical_experts]: number of replicas (>= 1) of each expert
+};
+
+/// Plans the replicas. `weight` is [layers, logical_experts] float32 (finite, >= 0).
+/// Throws epx::Error(kInvalidArgument) naming the parameter and the reason when: any count is
+/// not positive, weight.size() != layers * logical_experts, a weight is negative, NaN or
+/// infinite, num_replicas < logical_experts, num_replicas % num_gpus != 0,
+/// num_gpus % num_nodes != 0, or (hierarchical policy only) logical_experts % num_groups != 0.
+EplbPlan rebalance_experts(const std::vector<float>& weight, int layers, int logical_experts, int num_replicas,
+                           int num_groups, int num_nodes, int num_gpus);
+
+/// Per-GPU load of `plan`, [layers, num_gpus] (double): the sum over the replicas a GPU holds
+/// of weight[expert] / logcnt[expert]. GPU of physical slot p = p / (num_replicas / num_gpus).
+/// Throws kInvalidArgument if num_gpus does not divide plan.num_replicas or weight has the wrong size.
+std::vector<double> eplb_gpu_load(const EplbPlan& plan, const std::vector<float>& weight, int num_gpus);
+
+/// Per-GPU load without replicas, [layers, num_gpus] (double): the logical experts split evenly
+/// in order across the GPUs, GPU g holding experts [g*E/num_gpus, (g+1)*E/num_gpus) (integer
+/// division, so each GPU gets floor or ceil of E/num_gpus experts; some get none if E < num_gpus).
+std::vector<double> eplb_gpu_load_without_replicas(const std::vector<float>& weight, int layers, int logical_experts,
+                                                   int num_gpus);
+
+/// max / mean of each row of a [rows, cols] load matrix, [rows]; 1.0 for a row whose mean is 0.
+std::vector<double> eplb_max_over_avg(const std::vector<double>& load, int rows, int cols);
+
+namespace eplb_detail {
+
+/// The building blocks, exposed for tests. `weight` is [rows, n] row-major.
+/// balanced_packing: n % num_packs == 0; returns pack_index and rank_in_pack, both [rows, n].
+void balanced_packing(const std::vector<float>& weight, int rows, int n, int num_packs,
+                      std::vector<std::int64_t>& pack_index, std::vector<std::int64_t>& rank_in_pack);
+
+/// replicate_experts: num_phy >= n; returns phy2log [rows, num_phy], rank [rows, num_phy], logcnt [rows, n].
+void replicate_experts(const std::vector<float>& weight, int rows, int n, int num_phy,
+                       std::vector<std::int64_t>& phy2log, std::vector<std::int64_t>& rank,
+                       std::vector<std::int64_t>& logcnt);
+
+}  // namespace eplb_detail
+
+}  // namespace epx

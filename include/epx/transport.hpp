@@ -1,0 +1,96 @@
+// epx/transport.hpp — the one interface every transport implements.
+//
+// A transport connects the P ranks of one expert-parallel group. It offers exactly what
+// the engine needs and nothing more, so that a transport whose peer memory is not mapped
+// into this address space (OpenSHMEM, a simulator) can implement it:
+//
+//   * one symmetric window per rank, the same size on every rank, plus an array of 64-bit
+//     signal slots per rank;
+//   * put(peer, offset, bytes, queue): non-blocking one-sided write into a peer's window;
+//   * signal(peer, slot, value, queue): writes a 64-bit value into a peer's signal slot;
+//     it becomes visible only after every put this thread issued before it on that queue
+//     (the "ordered signal"; see TransportCaps for what a transport guarantees);
+//   * wait_signal(slot, at_least, ...): waits until a local slot holds a value >= at_least,
+//     with a timeout that becomes an epx::Error naming the peer and the phase;
+//   * quiet(queue): every put this thread issued on that queue has landed;
+//   * barrier(phase): all ranks have reached it.
+//
+// Nothing above the transport touches a peer's memory in any other way. Signal values are
+// monotonic epochs (never reset), so a slot can be reused without clearing it.
+//
+// Threading: put/signal/quiet/wait_signal may be called concurrently from several threads
+// of one rank (the engine's workers); allocate and barrier are called by one thread per rank.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace epx {
+
+/// What a transport guarantees; protocols ask for what they need, never guess.
+struct TransportCaps {
+  const char* name = "";
+  /// Peers' windows are mapped into this address space (puts are plain stores).
+  bool peer_memory_mapped = false;
+  /// A signal is visible only after the same thread's earlier puts on the same queue.
+  bool ordered_signal_per_queue = false;
+  /// Every put is complete (visible at the target) when put() returns.
+  bool put_completes_on_return = false;
+  /// Largest queue count this transport supports (queue ids are 0..max_queues-1).
+  int max_queues = 1;
+};
+
+/// Where a wait happens, for the timeout / peer-failure error message.
+struct WaitPoint {
+  const char* phase = "";  ///< e.g. "dispatch notify"
+  int peer = -1;           ///< the rank whose signal is awaited (-1: any)
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const noexcept = 0;
+  virtual int num_ranks() const noexcept = 0;
+  virtual const TransportCaps& caps() const noexcept = 0;
+
+  /// Collective: (re)creates this rank's window of `window_bytes` (zeroed, pre-faulted)
+  /// and `num_signals` zeroed signal slots; every rank passes the same sizes. Invalidates
+  /// any previous window. Throws kPeerFailed/kTimeout if a peer never arrives.
+  virtual void allocate(std::size_t window_bytes, std::size_t num_signals) = 0;
+
+  /// This rank's own window (readable and writable locally), window_bytes() long.
+  virtual std::byte* window() noexcept = 0;
+  virtual std::size_t window_bytes() const noexcept = 0;
+
+  /// One-sided write of `bytes` bytes from `src` into `peer`'s window at `offset`.
+  /// `src` must stay valid until quiet(queue) (or until put returns when
+  /// caps().put_completes_on_return). Peer may be this rank.
+  virtual void put(int peer, std::size_t offset, const void* src, std::size_t bytes,
+                   int queue) = 0;
+
+  /// Writes `value` into `peer`'s signal slot `slot`, ordered after this thread's earlier
+  /// puts on `queue` (see caps().ordered_signal_per_queue).
+  virtual void signal(int peer, std::size_t slot, std::uint64_t value, int queue) = 0;
+
+  /// Waits until this rank's slot `slot` holds a value >= `at_least` (acquire: the puts
+  /// ordered before that signal are visible afterwards). Spins briefly, then yields.
+  /// Throws kTimeout after the transport's timeout, kPeerFailed if the awaited peer died.
+  virtual void wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) = 0;
+
+  /// Current value of this rank's slot (acquire).
+  virtual std::uint64_t read_signal(std::size_t slot) noexcept = 0;
+
+  /// Every put this thread issued on `queue` has completed at its target.
+  virtual void quiet(int queue) = 0;
+
+  /// Collective: returns when every rank has called barrier (with the same phase name).
+  virtual void barrier(const char* phase) = 0;
+
+  /// Timeout applied to every wait of this transport.
+  virtual std::chrono::milliseconds timeout() const noexcept = 0;
+};
+
+}  // namespace epx

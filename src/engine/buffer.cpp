@@ -1,0 +1,293 @@
+// Buffer: construction (config agreement, window layout), input validation at the
+// boundary, and the public entry points that run the phases in order.
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "engine.hpp"
+
+namespace epx {
+
+using detail::HandleState;
+using detail::MaybeStatus;
+using detail::NotifyHeader;
+using detail::Status;
+
+std::int64_t DispatchHandle::num_recv_rows() const noexcept { return state_ ? state_->out_rows : 0; }
+
+namespace {
+
+std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+int auto_workers(int num_ranks) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / num_ranks);
+}
+
+std::string check_config(const BufferConfig& c, int P) {
+  if (c.num_experts <= 0) return "num_experts must be > 0, got " + std::to_string(c.num_experts);
+  if (c.num_experts % P != 0)
+    return "num_experts E = " + std::to_string(c.num_experts) + " is not a multiple of the number of ranks P = " +
+           std::to_string(P) + " (E % P must be 0)";
+  if (c.hidden <= 0) return "hidden must be > 0, got " + std::to_string(c.hidden);
+  if (c.num_topk <= 0) return "num_topk must be > 0, got " + std::to_string(c.num_topk);
+  if (c.max_tokens_per_rank < 0) return "max_tokens_per_rank must be >= 0, got " + std::to_string(c.max_tokens_per_rank);
+  if (c.max_recv_rows < 0) return "max_recv_rows must be >= 0, got " + std::to_string(c.max_recv_rows);
+  if (c.num_workers < 0) return "num_workers must be >= 0, got " + std::to_string(c.num_workers);
+  return {};
+}
+
+// What every rank sends at construction: its config and whether it is valid.
+struct ConfigMessage {
+  std::int64_t values[6];
+  std::int32_t valid;
+  char message[480];
+};
+
+detail::WindowLayout make_layout(const BufferConfig& c, int P) {
+  detail::WindowLayout w;
+  const std::size_t H = static_cast<std::size_t>(c.hidden), K = static_cast<std::size_t>(c.num_topk);
+  w.header_bytes = align_up(sizeof(NotifyHeader) + sizeof(std::int32_t) * static_cast<std::size_t>(P + c.num_experts), 64);
+  w.recv_rows = c.max_recv_rows > 0 ? c.max_recv_rows : static_cast<std::int64_t>(P) * c.max_tokens_per_rank;
+  const std::int64_t reply_rows = c.max_tokens_per_rank * std::min<std::int64_t>(c.num_topk, P);
+  w.data_rows = std::max(w.recv_rows, reply_rows);
+  w.meta_bytes = align_up(8 + 16 * K, 8);
+  w.headers = 0;
+  w.data = align_up(w.headers + 2 * static_cast<std::size_t>(P) * w.header_bytes, 4096);
+  w.scales = align_up(w.data + static_cast<std::size_t>(w.data_rows) * 2 * H, 64);
+  const std::size_t scale_row = H % 128 == 0 ? H / 128 * sizeof(float) : 0;
+  w.meta = align_up(w.scales + static_cast<std::size_t>(w.recv_rows) * scale_row, 64);
+  w.total = w.meta + static_cast<std::size_t>(w.recv_rows) * w.meta_bytes;
+  return w;
+}
+
+}  // namespace
+
+Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
+    : transport(t),
+      config(c),
+      rank(t.rank()),
+      P(t.num_ranks()),
+      L(c.num_experts > 0 && c.num_experts % t.num_ranks() == 0 ? c.num_experts / t.num_ranks() : 1),
+      W(c.num_workers > 0 ? c.num_workers : auto_workers(t.num_ranks())),
+      buffer_id(std::random_device{}() ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32)),
+      pool(W) {
+  // 1. Agree on the config before sizing anything by it: a small window for the exchange.
+  const std::string problem = check_config(c, P);
+  ConfigMessage mine{};
+  const std::int64_t values[6] = {c.num_experts, c.hidden, c.num_topk, c.max_tokens_per_rank, c.max_recv_rows, W};
+  std::copy(std::begin(values), std::end(values), mine.values);
+  mine.valid = problem.empty();
+  std::snprintf(mine.message, sizeof mine.message, "rank %d: %s", rank, problem.c_str());
+  t.allocate(sizeof(ConfigMessage) * static_cast<std::size_t>(P), static_cast<std::size_t>(P));
+  for (int p = 0; p < P; ++p) {
+    t.put(p, sizeof(ConfigMessage) * static_cast<std::size_t>(rank), &mine, sizeof mine, 0);
+    t.quiet(0);
+    t.signal(p, static_cast<std::size_t>(rank), 1, 0);
+  }
+  for (int p = 0; p < P; ++p) t.wait_signal(static_cast<std::size_t>(p), 1, {"buffer create", p});
+  const auto* all = reinterpret_cast<const ConfigMessage*>(t.window());
+  for (int p = 0; p < P; ++p)
+    if (!all[p].valid) throw Error(ErrorCode::kInvalidArgument, all[p].message, p);
+  static const char* names[6] = {"num_experts", "hidden", "num_topk", "max_tokens_per_rank", "max_recv_rows", "num_workers"};
+  for (int p = 1; p < P; ++p)
+    for (int i = 0; i < 6; ++i)
+      if (all[p].values[i] != all[0].values[i])
+        throw Error(ErrorCode::kInvalidArgument,
+                    "rank " + std::to_string(p) + ": buffer config differs from rank 0's: " + names[i] + " = " +
+                        std::to_string(all[p].values[i]) + " vs " + std::to_string(all[0].values[i]),
+                    p);
+  // 2. The real window, sized from the agreed config.
+  window = make_layout(c, P);
+  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + 2 * static_cast<std::size_t>(W)));
+}
+
+Status Buffer::Impl::make_status(ErrorCode code, const std::string& what) const {
+  return Status{code, "rank " + std::to_string(rank) + ": " + what};
+}
+
+namespace {
+
+// "x must be [S, 7168] bf16 or fp8_e4m3, got [4, 100] float32"
+std::string got(const TensorView& v) { return v.shape.str() + " " + to_string(v.dtype); }
+
+}  // namespace
+
+MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
+  const BufferConfig& c = config;
+  const TensorView& x = a.x;
+  if (x.dtype != DType::kBF16 && x.dtype != DType::kFP8E4M3)
+    return make_status(ErrorCode::kDtypeMismatch, "x must be bf16 or fp8_e4m3, got " + got(x));
+  if (x.shape.ndim != 2 || x.shape[1] != c.hidden)
+    return make_status(ErrorCode::kShapeMismatch, "x must be [S, " + std::to_string(c.hidden) + "], got " + got(x));
+  const std::int64_t S = x.shape[0];
+  if (S > c.max_tokens_per_rank)
+    return make_status(ErrorCode::kCapacityExceeded, "x has S = " + std::to_string(S) +
+                                                        " tokens but num_max_tokens_per_rank is " +
+                                                        std::to_string(c.max_tokens_per_rank));
+  if (S > 0 && x.data == nullptr) return make_status(ErrorCode::kInvalidArgument, "x has no data");
+  const bool fp8 = x.dtype == DType::kFP8E4M3;
+  if (fp8) {
+    if (c.hidden % 128 != 0)
+      return make_status(ErrorCode::kShapeMismatch,
+                         "FP8 x needs H % 128 == 0, but H = " + std::to_string(c.hidden));
+    if (a.x_scales.dtype != DType::kF32 || !(a.x_scales.shape == Shape{S, c.hidden / 128}))
+      return make_status(ErrorCode::kShapeMismatch, "x_scales must be [" + std::to_string(S) + ", " +
+                                                        std::to_string(c.hidden / 128) + "] float32, got " +
+                                                        got(a.x_scales));
+  } else if (!a.x_scales.empty()) {
+    return make_status(ErrorCode::kInvalidArgument, "x_scales given but x is bf16 (scales go with fp8_e4m3 x)");
+  }
+  if (a.expert_alignment < 1)
+    return make_status(ErrorCode::kInvalidArgument,
+                       "expert_alignment must be >= 1, got " + std::to_string(a.expert_alignment));
+  if (a.num_worst_tokens < 0)
+    return make_status(ErrorCode::kInvalidArgument,
+                       "num_worst_tokens must be >= 0, got " + std::to_string(a.num_worst_tokens));
+  if (a.handle != nullptr) {
+    const HandleState* h = a.handle->state_.get();
+    if (h == nullptr) return make_status(ErrorCode::kBadHandle, "cached dispatch with an empty handle");
+    if (h->buffer_id != buffer_id || h->rank != rank)
+      return make_status(ErrorCode::kBadHandle, "the handle was made by another buffer or rank");
+    if (h->plan.shape.num_tokens != S)
+      return make_status(ErrorCode::kShapeMismatch, "cached dispatch: x has S = " + std::to_string(S) +
+                                                        " tokens but the handle's dispatch had " +
+                                                        std::to_string(h->plan.shape.num_tokens));
+    if (h->layout != a.layout || h->alignment != a.expert_alignment || h->worst != a.num_worst_tokens)
+      return make_status(ErrorCode::kBadHandle,
+                         "cached dispatch: layout, expert_alignment or num_worst_tokens differ from the handle's");
+    return std::nullopt;
+  }
+  const Shape sk{S, c.num_topk};
+  if (a.topk_idx.dtype != DType::kI64 || !(a.topk_idx.shape == sk))
+    return make_status(a.topk_idx.dtype != DType::kI64 ? ErrorCode::kDtypeMismatch : ErrorCode::kShapeMismatch,
+                       "topk_idx must be " + sk.str() + " int64, got " + got(a.topk_idx));
+  if (a.topk_weights.dtype != DType::kF32 || !(a.topk_weights.shape == sk))
+    return make_status(a.topk_weights.dtype != DType::kF32 ? ErrorCode::kDtypeMismatch : ErrorCode::kShapeMismatch,
+                       "topk_weights must be " + sk.str() + " float32, got " + got(a.topk_weights));
+  const RoutingShape shape{S, c.num_topk, c.num_experts, P};
+  if (auto issue = check_topk_idx(a.topk_idx.as<std::int64_t>(), shape))
+    return make_status(ErrorCode::kInvalidArgument, issue->message);
+  return std::nullopt;
+}
+
+MaybeStatus Buffer::Impl::check_combine(const CombineArgs& a) const {
+  if (a.handle == nullptr || !a.handle->valid())
+    return make_status(ErrorCode::kBadHandle, "combine needs the handle of a dispatch (got an empty one)");
+  const HandleState* h = a.handle->state_.get();
+  if (h->buffer_id != buffer_id || h->rank != rank)
+    return make_status(ErrorCode::kBadHandle, "the handle was made by another buffer or rank");
+  const Shape rows{h->out_rows, config.hidden};
+  if (a.y.dtype != DType::kBF16 || !(a.y.shape == rows))
+    return make_status(a.y.dtype != DType::kBF16 ? ErrorCode::kDtypeMismatch : ErrorCode::kShapeMismatch,
+                       "combine input y must have the dispatch output's rows: " + rows.str() + " bf16, got " + got(a.y));
+  if (h->out_rows > 0 && a.y.data == nullptr) return make_status(ErrorCode::kInvalidArgument, "y has no data");
+  const Shape st{h->plan.shape.num_tokens, config.hidden};
+  for (const TensorView* b : {&a.bias0, &a.bias1})
+    if (!b->empty() && (b->dtype != DType::kBF16 || !(b->shape == st)))
+      return make_status(ErrorCode::kShapeMismatch, "bias must be " + st.str() + " bf16, got " + got(*b));
+  if (a.weighted && h->layout != RecvLayout::kExpanded)
+    return make_status(ErrorCode::kInvalidArgument,
+                       "weighted combine needs the expanded layout (in the compact layout the expert applies its own weights)");
+  return std::nullopt;
+}
+
+Buffer::Buffer(Transport& transport, const BufferConfig& config)
+    : impl_(std::make_unique<Impl>(transport, config)) {}
+
+Buffer::~Buffer() = default;
+
+const BufferConfig& Buffer::config() const noexcept { return impl_->config; }
+int Buffer::rank() const noexcept { return impl_->rank; }
+int Buffer::num_ranks() const noexcept { return impl_->P; }
+
+DispatchLayout Buffer::get_dispatch_layout(const TensorView& topk_idx) const {
+  const Impl& m = *impl_;
+  if (topk_idx.dtype != DType::kI64 || topk_idx.shape.ndim != 2 || topk_idx.shape[1] != m.config.num_topk)
+    throw Error(ErrorCode::kShapeMismatch, "rank " + std::to_string(m.rank) + ": topk_idx must be [S, " +
+                                               std::to_string(m.config.num_topk) + "] int64, got " + got(topk_idx),
+                m.rank);
+  const RoutingShape shape{topk_idx.shape[0], m.config.num_topk, m.config.num_experts, m.P};
+  if (auto issue = check_topk_idx(topk_idx.as<std::int64_t>(), shape))
+    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(m.rank) + ": " + issue->message, m.rank);
+  return make_dispatch_layout(build_routing_plan(topk_idx.as<std::int64_t>(), shape));
+}
+
+DispatchResult Buffer::dispatch(const DispatchArgs& a) {
+  Impl& m = *impl_;
+  ++m.epoch;
+  const MaybeStatus status = m.check_dispatch(a);
+  const bool fresh = a.handle == nullptr;
+  std::shared_ptr<HandleState> made;
+  const HandleState* h;
+  std::vector<std::int32_t> counts;
+  if (fresh) {
+    made = std::make_shared<HandleState>();
+    made->buffer_id = m.buffer_id;
+    made->dispatch_epoch = m.epoch;
+    made->rank = m.rank;
+    made->layout = a.layout;
+    made->alignment = a.expert_alignment;
+    made->worst = a.num_worst_tokens;
+    if (!status) {
+      made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
+                                      RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});
+      counts.reserve(static_cast<std::size_t>(m.P + m.config.num_experts));
+      for (int d = 0; d < m.P; ++d) counts.push_back(made->plan.tokens_to(d));
+      counts.insert(counts.end(), made->plan.slots_per_expert.begin(), made->plan.slots_per_expert.end());
+    }
+    h = made.get();
+  } else {
+    h = status ? nullptr : a.handle->state_.get();
+  }
+
+  NotifyHeader mine{};
+  mine.handle_epoch = fresh || h == nullptr ? 0 : h->dispatch_epoch;
+  mine.dtype = static_cast<std::int32_t>(a.x.dtype);
+  mine.expanded = a.layout == RecvLayout::kExpanded;
+  mine.alignment = a.expert_alignment;
+  mine.worst = a.num_worst_tokens;
+  mine.has_counts = fresh;
+  const Impl::Peers peers = m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
+                                               fresh ? "dispatch notify" : "cached dispatch notify");
+  std::vector<std::int32_t> expert_base;
+  if (fresh) {
+    m.plan_slots(*made, peers);
+    expert_base = m.expert_row_base(peers);
+  }
+  m.send_rows(*h, a, fresh ? &expert_base : nullptr);
+  m.wait_phase(m.dispatch_signal(0, 0), "dispatch data");
+  if (fresh) {
+    m.receive_meta(*made);
+    made->topk_weights = Tensor(DType::kF32, a.topk_weights.shape);
+    std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
+  }
+  DispatchResult result = m.epilogue(*h, a, a.x.dtype == DType::kFP8E4M3);
+  if (fresh) {
+    result.layout = make_dispatch_layout(made->plan);
+    result.handle.state_ = made;
+  } else {
+    result.handle = *a.handle;
+  }
+  return result;
+}
+
+CombineResult Buffer::combine(const CombineArgs& a) {
+  Impl& m = *impl_;
+  ++m.epoch;
+  const MaybeStatus status = m.check_combine(a);
+  NotifyHeader mine{};
+  mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
+  m.exchange_headers(status, mine, nullptr, "combine notify");
+  const HandleState& h = *a.handle->state_;
+  m.send_replies(h, a);
+  m.wait_phase(m.combine_signal(0, 0), "combine data");
+  CombineResult out;
+  out.combined_x = m.reduce(h, a);
+  out.topk_weights = Tensor(DType::kF32, h.topk_weights.shape());
+  std::memcpy(out.topk_weights.data(), h.topk_weights.data(), h.topk_weights.nbytes());
+  return out;
+}
+
+}  // namespace epx

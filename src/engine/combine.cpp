@@ -1,0 +1,115 @@
+// Combine: each expert rank reduces the rows of one source token that it holds into one
+// partial (expanded: in ascending k, float32 from 0.0f, rounded to bf16; compact: the row
+// itself) and puts it back into the source's window at the slot the dispatch plan gave
+// that (token, destination) pair. The source adds bias0, bias1 and the partials in the
+// fixed order of SPEC §4 in float32 and rounds once.
+#include <algorithm>
+#include <cstring>
+
+#include "engine.hpp"
+
+namespace epx {
+
+using detail::HandleState;
+using detail::split_range;
+
+void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
+  const std::int64_t N = h.num_recv();
+  const int K = config.num_topk;
+  const std::size_t H = static_cast<std::size_t>(config.hidden);
+  const std::size_t row_bytes = H * sizeof(std::uint16_t);
+  const auto* y = a.y.as<std::uint16_t>();
+  const bool expanded = h.layout == RecvLayout::kExpanded;
+  // Rows that need rounding are built here, one slice per worker (reused after quiet()).
+  constexpr std::int64_t kStageRows = 32;
+  if (expanded) reply_stage.resize(static_cast<std::size_t>(W * kStageRows) * H);
+
+  pool.run([&](int w) {
+    const auto [r0, r1] = split_range(N, w, W);
+    for (int s = 0; s < P; ++s) {
+      const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
+      const std::int64_t lo = std::max(r0, b), hi = std::min(r1, h.recv_begin[static_cast<std::size_t>(s) + 1]);
+      if (lo >= hi) continue;
+      const std::size_t dst_row = static_cast<std::size_t>(h.reply_base[static_cast<std::size_t>(s)] + (lo - b));
+      if (!expanded) {  // compact: y's rows from s are contiguous and so are their slots at s
+        transport.put(s, window.data + dst_row * row_bytes, y + static_cast<std::size_t>(lo) * H,
+                      static_cast<std::size_t>(hi - lo) * row_bytes, 0);
+        continue;
+      }
+      std::uint16_t* stage = reply_stage.data() + static_cast<std::size_t>(w * kStageRows) * H;
+      std::int64_t staged = 0;
+      std::vector<float> acc(H);
+      for (std::int64_t r = lo; r < hi; ++r) {
+        const std::int32_t* rows = h.recv_slot_row.data() + r * K;
+        const float* wts = h.recv_slot_weight.data() + r * K;
+        int slots = 0, only = -1;
+        for (int k = 0; k < K; ++k)
+          if (rows[k] >= 0) ++slots, only = k;
+        const std::size_t dst = window.data + (dst_row + static_cast<std::size_t>(r - lo)) * row_bytes;
+        if (slots == 1 && !a.weighted) {  // a single slot passes through unchanged
+          transport.put(s, dst, y + static_cast<std::size_t>(rows[only]) * H, row_bytes, 0);
+          continue;
+        }
+        if (staged == kStageRows) {
+          transport.quiet(0);
+          staged = 0;
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int k = 0; k < K; ++k) {
+          if (rows[k] < 0) continue;
+          const std::uint16_t* yr = y + static_cast<std::size_t>(rows[k]) * H;
+          if (a.weighted) {
+            const float wk = wts[k];
+            for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]) * wk;
+          } else {
+            for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]);
+          }
+        }
+        std::uint16_t* out = stage + static_cast<std::size_t>(staged++) * H;
+        for (std::size_t c = 0; c < H; ++c) out[c] = f32_to_bf16(acc[c]);
+        transport.put(s, dst, out, row_bytes, 0);
+      }
+    }
+    transport.quiet(0);
+    for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, combine_signal(rank, w), epoch, 0);
+  });
+}
+
+Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a) {
+  const RoutingPlan& plan = h.plan;
+  const std::int64_t S = plan.shape.num_tokens;
+  const std::size_t H = static_cast<std::size_t>(config.hidden);
+  const auto* replies = reinterpret_cast<const std::uint16_t*>(transport.window() + window.data);
+  const auto* b0 = a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>();
+  const auto* b1 = a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>();
+  const bool by_max_slot = h.layout == RecvLayout::kExpanded;
+  Tensor out(DType::kBF16, {S, static_cast<std::int64_t>(H)});
+  auto* o = out.as<std::uint16_t>();
+
+  pool.run([&](int w) {
+    const auto [t0, t1] = split_range(S, w, W);
+    std::vector<float> acc(H);
+    std::vector<std::pair<std::int32_t, std::int64_t>> order;  // (sort key, reply row)
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::size_t off = static_cast<std::size_t>(t) * H;
+      for (std::size_t c = 0; c < H; ++c)
+        acc[c] = (b0 ? bf16_to_f32(b0[off + c]) : 0.0f) + (b1 ? bf16_to_f32(b1[off + c]) : 0.0f);
+      // Expanded: groups in ascending order of their largest k; compact: ascending rank.
+      order.clear();
+      for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {
+        const auto e = static_cast<std::size_t>(i);
+        const std::int32_t key = by_max_slot ? plan.entry_max_slot[e] : plan.entry_rank[e];
+        order.emplace_back(key, plan.segment_begin[static_cast<std::size_t>(plan.entry_rank[e])] + plan.entry_position[e]);
+      }
+      if (by_max_slot) std::sort(order.begin(), order.end());
+      for (const auto& [key, row] : order) {
+        const std::uint16_t* r = replies + static_cast<std::size_t>(row) * H;
+        for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(r[c]);
+      }
+      for (std::size_t c = 0; c < H; ++c) o[off + c] = f32_to_bf16(acc[c]);
+    }
+  });
+  return out;
+}
+
+}  // namespace epx

@@ -1,0 +1,231 @@
+// Data plane and epilogue of dispatch. Each worker owns a contiguous range of this rank's
+// tokens and, for every destination (rotated so ranks don't all hit rank 0 first), puts
+// that range's part of the destination's segment straight into its planned slots:
+// consecutive tokens become one put. It then signals every destination once. The
+// receiver turns its receive area into the requested layout.
+#include <algorithm>
+#include <cstring>
+
+#include "engine.hpp"
+
+namespace epx {
+
+using detail::HandleState;
+using detail::RowMetaView;
+using detail::split_range;
+
+std::size_t Buffer::Impl::dispatch_signal(int src, int worker) const noexcept {
+  return static_cast<std::size_t>(P) + static_cast<std::size_t>(src) * static_cast<std::size_t>(W) +
+         static_cast<std::size_t>(worker);
+}
+
+std::size_t Buffer::Impl::combine_signal(int src, int worker) const noexcept {
+  return dispatch_signal(P, 0) + static_cast<std::size_t>(src) * static_cast<std::size_t>(W) +
+         static_cast<std::size_t>(worker);
+}
+
+RowMetaView Buffer::Impl::meta_row(std::byte* base, std::int64_t row) const noexcept {
+  const std::size_t K = static_cast<std::size_t>(config.num_topk);
+  std::byte* p = base + static_cast<std::size_t>(row) * window.meta_bytes;
+  RowMetaView v;
+  v.token = reinterpret_cast<std::int32_t*>(p);
+  v.topk_idx = reinterpret_cast<std::int64_t*>(p + 8);
+  v.weights = reinterpret_cast<float*>(p + 8 + 8 * K);
+  v.slot_row = reinterpret_cast<std::int32_t*>(p + 8 + 12 * K);
+  return v;
+}
+
+void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
+                             const std::vector<std::int32_t>* expert_base) {
+  const RoutingPlan& plan = h.plan;
+  const std::int64_t S = plan.shape.num_tokens;
+  const int K = config.num_topk;
+  const bool fp8 = a.x.dtype == DType::kFP8E4M3;
+  const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * dtype_size(a.x.dtype);
+  const std::size_t scale_bytes = fp8 ? static_cast<std::size_t>(config.hidden / 128) * sizeof(float) : 0;
+  const auto* x = static_cast<const std::byte*>(a.x.data);
+  const auto* scales = static_cast<const std::byte*>(a.x_scales.data);
+  const bool with_meta = expert_base != nullptr;
+  if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * window.meta_bytes);
+
+  pool.run([&](int w) {
+    const auto [t0, t1] = split_range(S, w, W);
+    for (int i = 0; i < P; ++i) {
+      const int d = (rank + i) % P;
+      const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+      const std::int64_t n = plan.tokens_to(d);
+      const std::int64_t p0 = std::lower_bound(seg, seg + n, t0) - seg;
+      const std::int64_t p1 = std::lower_bound(seg, seg + n, t1) - seg;
+      if (p0 == p1) continue;
+      const std::int64_t base = h.send_base[static_cast<std::size_t>(d)];
+      // Rows: one put per run of consecutive tokens (their slots are consecutive too).
+      for (std::int64_t p = p0; p < p1;) {
+        std::int64_t q = p + 1;
+        while (q < p1 && seg[q] == seg[q - 1] + 1) ++q;
+        const auto run = static_cast<std::size_t>(q - p);
+        const auto t = static_cast<std::size_t>(seg[p]);
+        const auto slot = static_cast<std::size_t>(base + p);
+        transport.put(d, window.data + slot * row_bytes, x + t * row_bytes, run * row_bytes, 0);
+        if (fp8) transport.put(d, window.scales + slot * scale_bytes, scales + t * scale_bytes, run * scale_bytes, 0);
+        p = q;
+      }
+      if (!with_meta) continue;
+      // Metadata for the same rows: built in plan order, sent as one put.
+      const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
+      for (std::int64_t p = p0; p < p1; ++p) {
+        const std::int32_t t = seg[p];
+        RowMetaView m = meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0));
+        *m.token = t;
+        const std::int64_t* idx = a.topk_idx.as<std::int64_t>() + static_cast<std::int64_t>(t) * K;
+        const float* wts = a.topk_weights.as<float>() + static_cast<std::int64_t>(t) * K;
+        for (int k = 0; k < K; ++k) {
+          m.topk_idx[k] = idx[k];
+          m.weights[k] = wts[k];
+          const bool here = idx[k] >= 0 && idx[k] / L == d;
+          const std::int32_t eb = here ? (*expert_base)[static_cast<std::size_t>(idx[k])] : -1;
+          m.slot_row[k] = eb >= 0 ? eb + plan.slot_rank_in_expert[static_cast<std::size_t>(t) * static_cast<std::size_t>(K) +
+                                                                   static_cast<std::size_t>(k)]
+                                  : -1;
+        }
+      }
+      transport.put(d, window.meta + static_cast<std::size_t>(base + p0) * window.meta_bytes,
+                    meta_stage.data() + stage_row * window.meta_bytes,
+                    static_cast<std::size_t>(p1 - p0) * window.meta_bytes, 0);
+    }
+    transport.quiet(0);
+    for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, dispatch_signal(rank, w), epoch, 0);
+  });
+}
+
+void Buffer::Impl::wait_phase(std::size_t first_slot, const char* phase) {
+  for (int s = 0; s < P; ++s)
+    for (int w = 0; w < W; ++w)
+      transport.wait_signal(first_slot + static_cast<std::size_t>(s) * static_cast<std::size_t>(W) +
+                                static_cast<std::size_t>(w),
+                            epoch, {phase, s});
+}
+
+void Buffer::Impl::receive_meta(HandleState& h) {
+  const std::int64_t N = h.num_recv();
+  const int K = config.num_topk;
+  h.recv_token.resize(static_cast<std::size_t>(N));
+  h.recv_slot_row.resize(static_cast<std::size_t>(N * K));
+  h.recv_slot_weight.resize(static_cast<std::size_t>(N * K));
+  std::byte* meta = transport.window() + window.meta;
+  for (std::int64_t r = 0; r < N; ++r) {
+    const RowMetaView m = meta_row(meta, r);
+    h.recv_token[static_cast<std::size_t>(r)] = *m.token;
+    for (int k = 0; k < K; ++k) {
+      const std::int64_t e = m.topk_idx[k];
+      const bool here = e >= 0 && e / L == rank;
+      const auto i = static_cast<std::size_t>(r * K + k);
+      // Compact rows keep the local expert in slot_row's place; expanded rows the output row.
+      h.recv_slot_row[i] = !here ? -1 : (h.layout == RecvLayout::kExpanded ? m.slot_row[k] : static_cast<std::int32_t>(e - rank * L));
+      h.recv_slot_weight[i] = here ? m.weights[k] : 0.0f;
+    }
+  }
+}
+
+namespace {
+std::int64_t align_rows(std::int64_t n, std::int64_t a) { return (n + a - 1) / a * a; }
+}  // namespace
+
+DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp8) {
+  const std::int64_t N = h.num_recv(), rows = h.out_rows, H = config.hidden;
+  const int K = config.num_topk;
+  const DType dt = a.x.dtype;
+  const std::size_t row_bytes = static_cast<std::size_t>(H) * dtype_size(dt);
+  const std::int64_t B = fp8 ? H / 128 : 0;
+  const std::size_t scale_bytes = static_cast<std::size_t>(B) * sizeof(float);
+  const std::byte* data = transport.window() + window.data;
+  const std::byte* scales = transport.window() + window.scales;
+  const bool expanded = h.layout == RecvLayout::kExpanded;
+
+  DispatchResult out;
+  out.recv_x = Tensor(dt, {rows, H});
+  if (fp8) out.recv_x_scales = Tensor(DType::kF32, {rows, B});
+  out.recv_src = Tensor(DType::kI64, {rows, expanded ? 3 : 2});
+  if (expanded) {
+    out.recv_weights = Tensor(DType::kF32, {rows});
+  } else {
+    out.recv_topk_idx = Tensor(DType::kI64, {rows, K});
+    out.recv_topk_weights = Tensor(DType::kF32, {rows, K});
+  }
+  auto* rx = static_cast<std::byte*>(out.recv_x.data());
+  auto* rs = static_cast<std::byte*>(fp8 ? out.recv_x_scales.data() : nullptr);
+  auto* src = out.recv_src.as<std::int64_t>();
+
+  // Padding rows (expanded: the tail of each expert's aligned range; both: rows past the
+  // real ones up to num_worst_tokens) are zero data, source -1, weight 0.
+  auto pad = [&](std::int64_t r0, std::int64_t r1) {
+    if (r1 <= r0) return;
+    std::memset(rx + static_cast<std::size_t>(r0) * row_bytes, 0, static_cast<std::size_t>(r1 - r0) * row_bytes);
+    if (fp8) std::memset(rs + static_cast<std::size_t>(r0) * scale_bytes, 0, static_cast<std::size_t>(r1 - r0) * scale_bytes);
+    const int cols = expanded ? 3 : 2;
+    std::fill(src + r0 * cols, src + r1 * cols, -1);
+    if (expanded) {
+      std::fill(out.recv_weights.as<float>() + r0, out.recv_weights.as<float>() + r1, 0.0f);
+    } else {
+      std::fill(out.recv_topk_idx.as<std::int64_t>() + r0 * K, out.recv_topk_idx.as<std::int64_t>() + r1 * K, -1);
+      std::fill(out.recv_topk_weights.as<float>() + r0 * K, out.recv_topk_weights.as<float>() + r1 * K, 0.0f);
+    }
+  };
+
+  std::vector<std::int32_t> source_of(static_cast<std::size_t>(N));
+  for (int s = 0; s < P; ++s)
+    std::fill(source_of.begin() + h.recv_begin[static_cast<std::size_t>(s)],
+              source_of.begin() + h.recv_begin[static_cast<std::size_t>(s) + 1], s);
+
+  pool.run([&](int w) {
+    const auto [r0, r1] = split_range(N, w, W);
+    if (!expanded) {
+      std::memcpy(rx + static_cast<std::size_t>(r0) * row_bytes, data + static_cast<std::size_t>(r0) * row_bytes,
+                  static_cast<std::size_t>(r1 - r0) * row_bytes);
+      if (fp8)
+        std::memcpy(rs + static_cast<std::size_t>(r0) * scale_bytes, scales + static_cast<std::size_t>(r0) * scale_bytes,
+                    static_cast<std::size_t>(r1 - r0) * scale_bytes);
+      for (std::int64_t r = r0; r < r1; ++r) {
+        src[r * 2] = source_of[static_cast<std::size_t>(r)];
+        src[r * 2 + 1] = h.recv_token[static_cast<std::size_t>(r)];
+        for (int k = 0; k < K; ++k) {
+          const auto i = static_cast<std::size_t>(r * K + k);
+          out.recv_topk_idx.as<std::int64_t>()[i] = h.recv_slot_row[i];
+          out.recv_topk_weights.as<float>()[i] = h.recv_slot_weight[i];
+        }
+      }
+    } else {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        for (int k = 0; k < K; ++k) {
+          const auto i = static_cast<std::size_t>(r * K + k);
+          const std::int64_t row = h.recv_slot_row[i];
+          if (row < 0) continue;
+          std::memcpy(rx + static_cast<std::size_t>(row) * row_bytes, data + static_cast<std::size_t>(r) * row_bytes, row_bytes);
+          if (fp8)
+            std::memcpy(rs + static_cast<std::size_t>(row) * scale_bytes, scales + static_cast<std::size_t>(r) * scale_bytes,
+                        scale_bytes);
+          out.recv_weights.as<float>()[row] = h.recv_slot_weight[i];
+          src[row * 3] = source_of[static_cast<std::size_t>(r)];
+          src[row * 3 + 1] = h.recv_token[static_cast<std::size_t>(r)];
+          src[row * 3 + 2] = k;
+        }
+      }
+    }
+    if (w == 0) {
+      if (expanded)
+        for (int j = 0; j < L; ++j)
+          pad(h.expert_offset[static_cast<std::size_t>(j)] + h.expert_count[static_cast<std::size_t>(j)],
+              h.expert_offset[static_cast<std::size_t>(j) + 1]);
+      pad(expanded ? h.expert_offset.back() : N, rows);
+    }
+  });
+
+  out.num_recv_tokens_per_expert = h.expert_count;
+  out.num_recv_tokens_per_expert_aligned.resize(static_cast<std::size_t>(L));
+  for (int j = 0; j < L; ++j)
+    out.num_recv_tokens_per_expert_aligned[static_cast<std::size_t>(j)] =
+        align_rows(h.expert_count[static_cast<std::size_t>(j)], h.alignment);
+  if (expanded) out.expert_offsets = h.expert_offset;
+  return out;
+}
+
+}  // namespace epx

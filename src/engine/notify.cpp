@@ -1,0 +1,145 @@
+// Control plane: every call starts with one all-to-all of headers (status, and for a
+// fresh dispatch the counts), so a bad input anywhere fails every rank before any data
+// moves, and a rank's header for call n+1 also tells its peers it is done with call n
+// (their writes into its window are safe from then on). From the gathered counts each
+// rank computes, with prefix sums, the slot of every row it sends and receives.
+#include <algorithm>
+#include <cstring>
+
+#include "engine.hpp"
+
+namespace epx {
+
+using detail::HandleState;
+using detail::NotifyHeader;
+
+Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& status, const NotifyHeader& in,
+                                                   const std::int32_t* counts, const char* phase) {
+  NotifyHeader mine = in;
+  mine.epoch = epoch;
+  mine.failed = status ? static_cast<std::int32_t>(status->code) + 1 : 0;
+  mine.origin_rank = status ? rank : -1;
+  if (status) std::snprintf(mine.message, sizeof mine.message, "%s", status->message.c_str());
+  mine.has_counts = mine.has_counts && counts != nullptr;
+
+  const std::size_t n_counts = static_cast<std::size_t>(P + config.num_experts);
+  for (int i = 0; i < P; ++i) {
+    const int p = (rank + i) % P;
+    const std::size_t off = window.header_offset(epoch, rank, P);
+    transport.put(p, off, &mine, sizeof mine, 0);
+    if (mine.has_counts) transport.put(p, off + sizeof mine, counts, n_counts * sizeof(std::int32_t), 0);
+    transport.quiet(0);
+    transport.signal(p, static_cast<std::size_t>(rank), epoch, 0);
+  }
+  Peers peers;
+  peers.header.resize(static_cast<std::size_t>(P));
+  for (int s = 0; s < P; ++s) {
+    transport.wait_signal(static_cast<std::size_t>(s), epoch, {phase, s});
+    peers.header[static_cast<std::size_t>(s)] =
+        reinterpret_cast<const NotifyHeader*>(transport.window() + window.header_offset(epoch, s, P));
+  }
+  // Every rank sees the same headers, so every rank throws the same error.
+  for (int s = 0; s < P; ++s) {
+    const NotifyHeader& hs = *peers.header[static_cast<std::size_t>(s)];
+    if (hs.failed) throw Error(static_cast<ErrorCode>(hs.failed - 1), hs.message, s);
+  }
+  const NotifyHeader& h0 = *peers.header[0];
+  for (int s = 1; s < P; ++s) {
+    const NotifyHeader& hs = *peers.header[static_cast<std::size_t>(s)];
+    if (hs.handle_epoch != h0.handle_epoch)
+      throw Error(ErrorCode::kBadHandle,
+                  "rank " + std::to_string(s) + ": uses the handle of collective call #" +
+                      std::to_string(hs.handle_epoch) + " but rank 0 uses #" + std::to_string(h0.handle_epoch) +
+                      " (a stale or foreign handle: every rank must pass the handle of the same dispatch)",
+                  s);
+    if (hs.dtype != h0.dtype)
+      throw Error(ErrorCode::kDtypeMismatch,
+                  "rank " + std::to_string(s) + ": dispatches " + to_string(static_cast<DType>(hs.dtype)) +
+                      " rows but rank 0 dispatches " + to_string(static_cast<DType>(h0.dtype)),
+                  s);
+  }
+  return peers;
+}
+
+namespace {
+std::int64_t align_rows(std::int64_t n, std::int64_t a) { return (n + a - 1) / a * a; }
+}  // namespace
+
+void Buffer::Impl::plan_slots(HandleState& h, const Peers& peers) {
+  auto tokens = [&](int s, int d) -> std::int64_t { return peers.counts(s)[d]; };
+  auto slots = [&](int s, int e) -> std::int64_t { return peers.counts(s)[P + e]; };
+
+  // Every rank checks every receiver's needs, so all fail together naming the same rank.
+  for (int d = 0; d < P; ++d) {
+    const NotifyHeader& hd = *peers.header[static_cast<std::size_t>(d)];
+    std::int64_t compact = 0;
+    for (int s = 0; s < P; ++s) compact += tokens(s, d);
+    if (compact > window.recv_rows)
+      throw Error(ErrorCode::kCapacityExceeded,
+                  "rank " + std::to_string(d) + ": would receive " + std::to_string(compact) +
+                      " rows but its receive area holds " + std::to_string(window.recv_rows) +
+                      " (raise max_recv_rows)",
+                  d);
+    std::int64_t needed = compact;
+    if (hd.expanded) {
+      needed = 0;
+      for (int j = 0; j < L; ++j) {
+        std::int64_t n = 0;
+        for (int s = 0; s < P; ++s) n += slots(s, d * L + j);
+        needed += align_rows(n, hd.alignment);
+      }
+    }
+    if (hd.worst > 0 && needed > hd.worst)
+      throw Error(ErrorCode::kCapacityExceeded,
+                  "rank " + std::to_string(d) + ": needs " + std::to_string(needed) +
+                      " output rows but num_worst_tokens is " + std::to_string(hd.worst),
+                  d);
+  }
+
+  h.send_base.assign(static_cast<std::size_t>(P), 0);
+  h.reply_base.assign(static_cast<std::size_t>(P), 0);
+  h.recv_begin.assign(static_cast<std::size_t>(P) + 1, 0);
+  for (int d = 0; d < P; ++d)
+    for (int s = 0; s < rank; ++s) h.send_base[static_cast<std::size_t>(d)] += tokens(s, d);
+  for (int s = 0; s < P; ++s) {
+    for (int d = 0; d < rank; ++d) h.reply_base[static_cast<std::size_t>(s)] += tokens(s, d);
+    h.recv_begin[static_cast<std::size_t>(s) + 1] = h.recv_begin[static_cast<std::size_t>(s)] + tokens(s, rank);
+  }
+  h.expert_count.assign(static_cast<std::size_t>(L), 0);
+  h.expert_offset.assign(static_cast<std::size_t>(L) + 1, 0);
+  for (int j = 0; j < L; ++j) {
+    for (int s = 0; s < P; ++s) h.expert_count[static_cast<std::size_t>(j)] += slots(s, rank * L + j);
+    h.expert_offset[static_cast<std::size_t>(j) + 1] =
+        h.expert_offset[static_cast<std::size_t>(j)] + align_rows(h.expert_count[static_cast<std::size_t>(j)], h.alignment);
+  }
+  if (h.layout == RecvLayout::kExpanded)
+    h.out_rows = h.expert_offset.back();
+  else
+    h.out_rows = h.num_recv();
+  if (h.worst > 0) h.out_rows = h.worst;
+}
+
+std::vector<std::int32_t> Buffer::Impl::expert_row_base(const Peers& peers) const {
+  // For receiver d and its local expert j: the expanded row where my first slot for that
+  // expert goes = o_j (d's aligned offsets) + slots of lower source ranks for expert j.
+  std::vector<std::int32_t> base(static_cast<std::size_t>(P) * static_cast<std::size_t>(L), -1);
+  for (int d = 0; d < P; ++d) {
+    const NotifyHeader& hd = *peers.header[static_cast<std::size_t>(d)];
+    if (!hd.expanded) continue;
+    std::int64_t offset = 0;
+    for (int j = 0; j < L; ++j) {
+      const int e = d * L + j;
+      std::int64_t before = 0, total = 0;
+      for (int s = 0; s < P; ++s) {
+        const std::int64_t n = peers.counts(s)[P + e];
+        if (s < rank) before += n;
+        total += n;
+      }
+      base[static_cast<std::size_t>(e)] = static_cast<std::int32_t>(offset + before);
+      offset += align_rows(total, hd.alignment);
+    }
+  }
+  return base;
+}
+
+}  // namespace epx

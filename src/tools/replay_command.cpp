@@ -1,0 +1,170 @@
+// `epx replay`: one dispatch and one combine over P ranks on this machine, from .npy
+// inputs to .npy outputs (SPEC §7), with the fixed expert function in between.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "epx/buffer.hpp"
+#include "epx/error.hpp"
+#include "epx/launch.hpp"
+#include "replay.hpp"
+#include "tensor_io.hpp"
+
+namespace fs = std::filesystem;
+
+namespace epx::tools {
+
+namespace {
+
+struct ReplayOptions {
+  std::string in, out;
+  std::string layout = "compact";
+  int alignment = 1;
+  std::int64_t worst = 0;
+  bool deterministic = false, zero_padding = false, weighted = false;
+  std::string transport = "shm";
+  int workers = 0;
+  std::int64_t timeout_ms = 60000;
+};
+
+std::string rank_dir(int r) { return "rank" + std::to_string(r); }
+
+// Reads IN/rank<r>/<name>, naming the rank in any error.
+NpyArray read_rank_file(const fs::path& dir, int r, const std::string& name) {
+  try {
+    return read_npy(dir / rank_dir(r) / name);
+  } catch (const Error& e) {
+    throw Error(e.code(), "rank " + std::to_string(r) + ": " + e.what(), r);
+  }
+}
+
+// The rank's part of a replay: load, dispatch, write, expert, combine, write.
+void replay_rank(Transport& t, const ReplayMeta& meta, const ReplayOptions& o, const fs::path& staging) {
+  const int r = t.rank();
+  const fs::path in(o.in);
+  const NpyArray idx = read_rank_file(in, r, "topk_idx.npy");
+  const NpyArray wts = read_rank_file(in, r, "topk_weights.npy");
+  const bool fp8 = fs::exists(in / rank_dir(r) / "x_fp8.npy");
+  const NpyArray x = read_rank_file(in, r, fp8 ? "x_fp8.npy" : "x.npy");
+  NpyArray scales;
+  if (fp8) scales = read_rank_file(in, r, "x_scales.npy");
+  auto view = [&](const NpyArray& a, const char* what) {
+    try {
+      return view_npy(a, what);
+    } catch (const Error& e) {
+      throw Error(e.code(), "rank " + std::to_string(r) + ": " + e.what(), r);
+    }
+  };
+
+  BufferConfig cfg;
+  cfg.num_experts = meta.num_experts;
+  cfg.hidden = meta.hidden;
+  cfg.num_topk = meta.num_topk;
+  cfg.max_tokens_per_rank = meta.max_tokens_per_rank;
+  cfg.num_workers = o.workers;
+  Buffer buffer(t, cfg);
+
+  DispatchArgs args;
+  args.x = view(x, fp8 ? "x_fp8.npy" : "x.npy");
+  if (fp8) args.x_scales = view(scales, "x_scales.npy");
+  args.topk_idx = view(idx, "topk_idx.npy");
+  args.topk_weights = view(wts, "topk_weights.npy");
+  args.layout = o.layout == "expanded" ? RecvLayout::kExpanded : RecvLayout::kCompact;
+  args.expert_alignment = o.alignment;
+  args.num_worst_tokens = o.worst;
+  args.deterministic = o.deterministic;
+  args.zero_padding = o.zero_padding;
+  DispatchResult d = buffer.dispatch(args);
+
+  const fs::path dir = staging / rank_dir(r);
+  fs::create_directories(dir);
+  auto widen = [](const std::vector<std::int32_t>& v) { return std::vector<std::int64_t>(v.begin(), v.end()); };
+  write_i64(dir / "num_tokens_per_rank.npy", widen(d.layout.num_tokens_per_rank));
+  write_i64(dir / "num_tokens_per_expert.npy", widen(d.layout.num_tokens_per_expert));
+  write_tensor(dir / "is_token_in_rank.npy", d.layout.is_token_in_rank);
+  write_tensor(dir / (fp8 ? "recv_x_fp8.npy" : "recv_x.npy"), d.recv_x);
+  if (fp8) write_tensor(dir / "recv_x_scales.npy", d.recv_x_scales);
+  write_tensor(dir / "recv_src.npy", d.recv_src);
+  write_i64(dir / "num_recv_tokens_per_expert.npy", d.num_recv_tokens_per_expert);
+  if (args.layout == RecvLayout::kCompact) {
+    write_tensor(dir / "recv_topk_idx.npy", d.recv_topk_idx);
+    write_tensor(dir / "recv_topk_weights.npy", d.recv_topk_weights);
+  } else {
+    write_tensor(dir / "recv_weights.npy", d.recv_weights);
+    write_i64(dir / "expert_offsets.npy", d.expert_offsets);
+  }
+
+  const Tensor y = replay_expert(d, args.layout, meta.hidden, meta.num_topk);
+  CombineArgs c;
+  c.y = y.view();
+  c.handle = &d.handle;
+  c.weighted = o.weighted;
+  const CombineResult out = buffer.combine(c);
+  write_tensor(dir / "combined_x.npy", out.combined_x);
+}
+
+void run_replay(const ReplayOptions& o) {
+  const fs::path in(o.in), out(o.out);
+  const ReplayMeta meta = read_replay_meta(in);
+  if (o.layout != "compact" && o.layout != "expanded")
+    throw Error(ErrorCode::kInvalidArgument, "--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
+  LaunchOptions lo;
+  lo.num_ranks = meta.num_ranks;
+  lo.transport = parse_transport_kind(o.transport);
+  lo.timeout = std::chrono::milliseconds(o.timeout_ms);
+
+  // Results appear as OUT/rank<r> only when every rank succeeded; a failed run leaves no
+  // OUT/rank<r> (not even one of an earlier run) that could pass for its result.
+  fs::create_directories(out);
+  const fs::path staging = out / (".epx-replay-" + std::to_string(getpid()));
+  fs::remove_all(staging);
+  auto drop_results = [&] {
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+    for (int r = 0; r < meta.num_ranks; ++r) fs::remove_all(out / rank_dir(r), ec);
+  };
+  try {
+    launch(lo, [&](Transport& t) { replay_rank(t, meta, o, staging); });
+  } catch (...) {
+    drop_results();
+    throw;
+  }
+  for (int r = 0; r < meta.num_ranks; ++r) {
+    fs::remove_all(out / rank_dir(r));
+    fs::rename(staging / rank_dir(r), out / rank_dir(r));
+  }
+  fs::remove_all(staging);
+  std::printf("epx replay: %d ranks (%s), %s layout, wrote %s/rank0..rank%d\n", meta.num_ranks, o.transport.c_str(),
+              o.layout.c_str(), o.out.c_str(), meta.num_ranks - 1);
+}
+
+}  // namespace
+
+void add_replay_command(CLI::App& app) {
+  auto o = std::make_shared<ReplayOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "replay",
+      "Run one dispatch and one combine over P ranks from .npy inputs (SPEC 7): IN/meta.json and "
+      "IN/rank<r>/{topk_idx,topk_weights,x | x_fp8,x_scales}.npy -> OUT/rank<r>/*.npy. "
+      "On failure exits non-zero, prints the error naming the rank at fault, and leaves no OUT/rank<r>.");
+  sub->add_option("--in", o->in, "input directory")->required();
+  sub->add_option("--out", o->out, "output directory (created)")->required();
+  sub->add_option("--layout", o->layout, "compact | expanded")->capture_default_str();
+  sub->add_option("--alignment", o->alignment, "expert_alignment A >= 1")->capture_default_str();
+  sub->add_option("--worst", o->worst, "num_worst_tokens W (0 = off)")->capture_default_str();
+  sub->add_flag("--deterministic", o->deterministic, "expanded rows sorted by (s, t) in each expert (always the case in epx)");
+  sub->add_flag("--zero-padding", o->zero_padding, "padding rows of recv_x are zero (always the case in epx replay)");
+  sub->add_flag("--weighted", o->weighted, "weighted combine (expanded layout only)");
+  sub->add_option("--transport", o->transport, "shm (ranks are processes) | threads")->capture_default_str();
+  sub->add_option("--workers", o->workers, "worker threads per rank (0 = auto)")->capture_default_str();
+  sub->add_option("--timeout-ms", o->timeout_ms, "a rank that waits longer than this fails")->capture_default_str();
+  sub->callback([o] { run_replay(*o); });
+}
+
+}  // namespace epx::tools

@@ -1,0 +1,212 @@
+// The launcher: P ranks as threads or as forked processes, failures collected in the
+// control block, leftovers cleaned.
+#include "epx/launch.hpp"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "control_block.hpp"
+#include "epx/error.hpp"
+#include "shm/shm_transport.hpp"
+#include "threads/threads_transport.hpp"
+
+namespace epx {
+
+TransportKind parse_transport_kind(std::string_view name) {
+  if (name == "threads") return TransportKind::kThreads;
+  if (name == "shm") return TransportKind::kShm;
+  throw Error(ErrorCode::kInvalidArgument,
+              "unknown transport '" + std::string(name) + "' (expected 'shm' or 'threads')");
+}
+
+const char* to_string(TransportKind kind) noexcept {
+  return kind == TransportKind::kThreads ? "threads" : "shm";
+}
+
+namespace {
+
+using detail::ControlBlock;
+using detail::RankState;
+
+std::uint64_t new_job_id() {
+  std::random_device rd;
+  const auto now = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ now ^ (static_cast<std::uint64_t>(getpid()) << 16);
+}
+
+// Runs `fn` for one rank and records how it ended in the control block.
+void run_rank(ControlBlock* control, int rank, Transport& transport, const RankFn& fn) {
+  try {
+    fn(transport);
+    control->ranks()[rank].state.store(static_cast<std::int32_t>(RankState::kDone), std::memory_order_release);
+  } catch (const Error& e) {
+    control->record_failure(rank, static_cast<int>(e.code()), e.origin_rank(), e.what());
+  } catch (const std::exception& e) {
+    const std::string msg = "rank " + std::to_string(rank) + ": " + e.what();
+    control->record_failure(rank, static_cast<int>(ErrorCode::kInternal), rank, msg.c_str());
+  } catch (...) {
+    const std::string msg = "rank " + std::to_string(rank) + ": unknown exception";
+    control->record_failure(rank, static_cast<int>(ErrorCode::kInternal), rank, msg.c_str());
+  }
+}
+
+// The error of the rank at fault: a rank that blames itself first, else the lowest failed rank.
+void throw_if_failed(ControlBlock* control) {
+  const int P = control->num_ranks;
+  int pick = -1;
+  for (int r = 0; r < P; ++r) {
+    const detail::RankSlot& s = control->ranks()[r];
+    if (s.state.load(std::memory_order_acquire) != static_cast<std::int32_t>(RankState::kFailed)) continue;
+    if (pick < 0) pick = r;
+    if (s.origin_rank == r) {
+      pick = r;
+      break;
+    }
+  }
+  if (pick < 0) return;
+  const detail::RankSlot& s = control->ranks()[pick];
+  throw Error(static_cast<ErrorCode>(s.error_code), s.message, s.origin_rank);
+}
+
+void launch_threads(const LaunchOptions& opt, const RankFn& fn) {
+  const std::size_t bytes = ControlBlock::bytes_for(opt.num_ranks);
+  std::unique_ptr<std::byte[]> memory(new std::byte[bytes]);
+  ControlBlock* control = ControlBlock::create(memory.get(), opt.num_ranks, new_job_id());
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(opt.num_ranks));
+  for (int r = 0; r < opt.num_ranks; ++r) {
+    threads.emplace_back([&, r] {
+      detail::ThreadsTransport transport(control, r, opt.timeout);
+      run_rank(control, r, transport, fn);
+    });
+  }
+  for (auto& t : threads) t.join();
+  detail::ThreadsTransport::free_all(control);
+  throw_if_failed(control);
+}
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void on_interrupt(int sig) { g_interrupted = sig; }
+
+std::string describe_exit(int status) {
+  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
+  return "exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
+  const int P = opt.num_ranks;
+  const std::size_t bytes = ControlBlock::bytes_for(P);
+  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) throw Error(ErrorCode::kIo, "launch: cannot map the control block");
+  ControlBlock* control = ControlBlock::create(memory, P, new_job_id());
+
+  // Until every child is reaped, Ctrl-C / SIGTERM only set a flag: the launcher still
+  // stops the ranks and removes their segments.
+  struct sigaction sa{}, old_int{}, old_term{};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  g_interrupted = 0;
+
+  std::fflush(nullptr);
+  std::vector<pid_t> pids(static_cast<std::size_t>(P), -1);
+  for (int r = 0; r < P; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      sigaction(SIGINT, &old_int, nullptr);
+      sigaction(SIGTERM, &old_term, nullptr);
+      int code = 1;
+      {
+        detail::ShmTransport transport(control, r, opt.timeout);
+        run_rank(control, r, transport, fn);
+        code = control->ranks()[r].state.load() == static_cast<std::int32_t>(RankState::kDone) ? 0 : 1;
+      }
+      std::fflush(nullptr);
+      _exit(code);
+    }
+    if (pid < 0) {
+      const std::string msg = "launch: fork of rank " + std::to_string(r) + " failed";
+      control->record_failure(r, static_cast<int>(ErrorCode::kInternal), r, msg.c_str());
+      break;
+    }
+    pids[static_cast<std::size_t>(r)] = pid;
+    control->ranks()[r].pid.store(pid);
+  }
+
+  // Reap. After the first failure the others get a grace period to fail by themselves
+  // (they see the failure in their next wait), then they are killed.
+  int alive = 0;
+  for (pid_t p : pids) alive += p > 0;
+  auto kill_deadline = std::chrono::steady_clock::time_point::max();
+  const auto grace = std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::milliseconds(5000));
+  while (alive > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      --alive;
+      for (int r = 0; r < P; ++r) {
+        if (pids[static_cast<std::size_t>(r)] != pid) continue;
+        pids[static_cast<std::size_t>(r)] = -1;
+        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!ok && control->ranks()[r].state.load() != static_cast<std::int32_t>(RankState::kFailed)) {
+          const std::string msg = "rank " + std::to_string(r) + " " + describe_exit(status);
+          control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), r, msg.c_str());
+        }
+        if (!ok && kill_deadline == std::chrono::steady_clock::time_point::max())
+          kill_deadline = std::chrono::steady_clock::now() + grace;
+      }
+      continue;
+    }
+    if (g_interrupted && kill_deadline == std::chrono::steady_clock::time_point::max()) {
+      for (int r = 0; r < P; ++r)
+        control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), -1, "interrupted");
+      for (pid_t p : pids)
+        if (p > 0) kill(p, SIGTERM);
+      kill_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    }
+    if (std::chrono::steady_clock::now() > kill_deadline) {
+      for (pid_t p : pids)
+        if (p > 0) kill(p, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  detail::ShmTransport::unlink_leftovers(control->job_id);
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  try {
+    throw_if_failed(control);
+  } catch (...) {
+    munmap(memory, bytes);
+    if (g_interrupted) raise(g_interrupted);
+    throw;
+  }
+  munmap(memory, bytes);
+}
+
+}  // namespace
+
+void launch(const LaunchOptions& options, const RankFn& fn) {
+  if (options.num_ranks < 1)
+    throw Error(ErrorCode::kInvalidArgument, "launch: num_ranks must be >= 1, got " + std::to_string(options.num_ranks));
+  if (options.transport == TransportKind::kThreads)
+    launch_threads(options, fn);
+  else
+    launch_processes(options, fn);
+}
+
+}  // namespace epx

@@ -1,0 +1,147 @@
+#include "mapped_transport.hpp"
+
+#include <immintrin.h>
+#include <sched.h>
+
+#include <cstring>
+#include <new>
+
+#include "epx/error.hpp"
+
+namespace epx::detail {
+
+ControlBlock* ControlBlock::create(void* memory, int num_ranks, std::uint64_t job_id) {
+  auto* c = new (memory) ControlBlock();
+  c->job_id = job_id;
+  c->num_ranks = num_ranks;
+  for (int r = 0; r < num_ranks; ++r) new (c->ranks() + r) RankSlot();
+  for (int r = 0; r < num_ranks; ++r) c->window_table()[r] = nullptr;
+  return c;
+}
+
+void ControlBlock::record_failure(int rank, int error_code, int origin, const char* message) noexcept {
+  RankSlot& s = ranks()[rank];
+  if (s.state.load(std::memory_order_acquire) == static_cast<std::int32_t>(RankState::kFailed)) return;
+  s.error_code = error_code;
+  s.origin_rank = origin;
+  std::strncpy(s.message, message, sizeof(s.message) - 1);
+  s.state.store(static_cast<std::int32_t>(RankState::kFailed), std::memory_order_release);
+}
+
+Backoff::Backoff(std::chrono::milliseconds timeout)
+    : deadline_(std::chrono::steady_clock::now() + timeout) {}
+
+bool Backoff::step() {
+  if (spins_ < kSpins) {
+    ++spins_;
+    _mm_pause();
+    return true;
+  }
+  sched_yield();
+  return std::chrono::steady_clock::now() < deadline_;
+}
+
+MappedTransport::MappedTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout,
+                                 TransportCaps caps)
+    : control_(control), rank_(rank), num_ranks_(control->num_ranks), timeout_(timeout), caps_(caps) {}
+
+std::size_t MappedTransport::segment_bytes(std::size_t window_bytes, std::size_t num_signals) const noexcept {
+  const std::size_t window = (window_bytes + 4095) / 4096 * 4096;
+  return window + (num_signals + static_cast<std::size_t>(num_ranks_)) * sizeof(std::uint64_t);
+}
+
+void MappedTransport::set_segments(const std::vector<std::byte*>& bases, std::size_t window_bytes,
+                                   std::size_t num_signals) {
+  windows_ = bases;
+  window_bytes_ = window_bytes;
+  signal_offset_ = (window_bytes + 4095) / 4096 * 4096;
+  num_signals_ = num_signals;
+  barrier_epoch_ = 0;
+}
+
+std::atomic<std::uint64_t>* MappedTransport::signals_of(int peer) const noexcept {
+  return reinterpret_cast<std::atomic<std::uint64_t>*>(windows_[static_cast<std::size_t>(peer)] + signal_offset_);
+}
+
+void MappedTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int) {
+  std::memcpy(windows_[static_cast<std::size_t>(peer)] + offset, src, bytes);
+}
+
+void MappedTransport::signal(int peer, std::size_t slot, std::uint64_t value, int) {
+  signals_of(peer)[slot].store(value, std::memory_order_release);
+}
+
+std::uint64_t MappedTransport::read_signal(std::size_t slot) noexcept {
+  return signals_of(rank_)[slot].load(std::memory_order_acquire);
+}
+
+void MappedTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) {
+  std::atomic<std::uint64_t>& s = signals_of(rank_)[slot];
+  Backoff backoff(timeout_);
+  while (s.load(std::memory_order_acquire) < at_least) {
+    if (!backoff.step()) throw_timeout(where.phase, where.peer);
+    if (!backoff.yielding()) continue;
+    try {
+      check_peers(where.phase, where.peer);
+    } catch (const Error&) {
+      // A peer may signal and then finish between our load and its state check.
+      if (s.load(std::memory_order_acquire) >= at_least) return;
+      throw;
+    }
+  }
+}
+
+void MappedTransport::quiet(int) {
+  // Puts are plain stores that complete on return; the release store of a later
+  // signal orders them for the reader.
+}
+
+void MappedTransport::barrier(const char* phase) {
+  ++barrier_epoch_;
+  const std::size_t base = num_signals_;
+  for (int p = 0; p < num_ranks_; ++p)
+    signals_of(p)[base + static_cast<std::size_t>(rank_)].store(barrier_epoch_, std::memory_order_release);
+  for (int p = 0; p < num_ranks_; ++p)
+    wait_signal(base + static_cast<std::size_t>(p), barrier_epoch_, WaitPoint{phase, p});
+}
+
+void MappedTransport::bootstrap_barrier(const char* phase) {
+  const std::uint32_t gen = control_->barrier_generation.load(std::memory_order_acquire);
+  if (control_->barrier_arrived.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<std::uint32_t>(num_ranks_)) {
+    control_->barrier_arrived.store(0, std::memory_order_relaxed);
+    control_->barrier_generation.fetch_add(1, std::memory_order_release);
+    return;
+  }
+  Backoff backoff(timeout_);
+  while (control_->barrier_generation.load(std::memory_order_acquire) == gen) {
+    if (!backoff.step()) throw_timeout(phase, -1);
+    if (backoff.yielding()) check_peers(phase, -1);
+  }
+}
+
+void MappedTransport::check_peers(const char* phase, int peer) const {
+  for (int p = 0; p < num_ranks_; ++p) {
+    const auto state = static_cast<RankState>(control_->ranks()[p].state.load(std::memory_order_acquire));
+    if (p != rank_ && state == RankState::kFailed)
+      throw Error(ErrorCode::kPeerFailed,
+                  "rank " + std::to_string(rank_) + ": peer rank " + std::to_string(p) +
+                      " failed while this rank waited in phase '" + phase + "'",
+                  p);
+    if (p == peer && p != rank_ && state == RankState::kDone)
+      throw Error(ErrorCode::kPeerFailed,
+                  "rank " + std::to_string(rank_) + ": peer rank " + std::to_string(p) +
+                      " finished without answering in phase '" + phase + "'",
+                  p);
+  }
+}
+
+void MappedTransport::throw_timeout(const char* phase, int peer) const {
+  std::string who = peer >= 0 ? "rank " + std::to_string(peer) : std::string("the other ranks");
+  throw Error(ErrorCode::kTimeout,
+              "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) +
+                  " ms in phase '" + phase + "' waiting for " + who,
+              peer);
+}
+
+}  // namespace epx::detail

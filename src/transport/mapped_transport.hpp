@@ -1,0 +1,80 @@
+// MappedTransport: the shared part of every transport whose peers' windows are mapped
+// into this address space (threads/, shm/). A put is a memcpy into the peer's window, a
+// signal a release store into the peer's signal slot, a wait an acquire load that spins
+// briefly and then yields the core (with more ranks than cores a pure spin loses whole
+// scheduler slices). Subclasses only obtain and map the memory.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "control_block.hpp"
+#include "epx/transport.hpp"
+
+namespace epx::detail {
+
+/// Spin-then-yield waiting with a deadline; `check()` runs between yields and may throw.
+class Backoff {
+ public:
+  explicit Backoff(std::chrono::milliseconds timeout);
+  /// One waiting step; returns false once the deadline has passed.
+  bool step();
+  bool yielding() const noexcept { return spins_ >= kSpins; }
+
+ private:
+  static constexpr int kSpins = 256;
+  int spins_ = 0;
+  std::chrono::steady_clock::time_point deadline_;
+};
+
+class MappedTransport : public Transport {
+ public:
+  MappedTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout,
+                  TransportCaps caps);
+
+  int rank() const noexcept override { return rank_; }
+  int num_ranks() const noexcept override { return num_ranks_; }
+  const TransportCaps& caps() const noexcept override { return caps_; }
+  std::byte* window() noexcept override { return windows_.empty() ? nullptr : windows_[rank_]; }
+  std::size_t window_bytes() const noexcept override { return window_bytes_; }
+  std::chrono::milliseconds timeout() const noexcept override { return timeout_; }
+
+  void put(int peer, std::size_t offset, const void* src, std::size_t bytes, int queue) override;
+  void signal(int peer, std::size_t slot, std::uint64_t value, int queue) override;
+  void wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) override;
+  std::uint64_t read_signal(std::size_t slot) noexcept override;
+  void quiet(int queue) override;
+  void barrier(const char* phase) override;
+
+ protected:
+  /// Bytes of one rank's segment: the window, then the signal slots (user + barrier).
+  std::size_t segment_bytes(std::size_t window_bytes, std::size_t num_signals) const noexcept;
+  /// Points windows/signals at each rank's mapped segment base.
+  void set_segments(const std::vector<std::byte*>& bases, std::size_t window_bytes,
+                    std::size_t num_signals);
+  /// Barrier through the control block (usable before any window exists).
+  void bootstrap_barrier(const char* phase);
+  /// Throws kPeerFailed if any rank failed, or if `peer` (>= 0) already finished.
+  void check_peers(const char* phase, int peer) const;
+  [[noreturn]] void throw_timeout(const char* phase, int peer) const;
+
+  ControlBlock* control_;
+
+ private:
+  std::atomic<std::uint64_t>* signals_of(int peer) const noexcept;
+
+  int rank_;
+  int num_ranks_;
+  std::chrono::milliseconds timeout_;
+  TransportCaps caps_;
+  std::vector<std::byte*> windows_;
+  std::size_t window_bytes_ = 0;
+  std::size_t signal_offset_ = 0;  // from a segment base to its signal slots
+  std::size_t num_signals_ = 0;    // user slots; the barrier's P slots follow
+  std::uint64_t barrier_epoch_ = 0;
+};
+
+}  // namespace epx::detail

@@ -1,0 +1,107 @@
+#include "shm/shm_transport.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "epx/error.hpp"
+
+namespace epx::detail {
+
+namespace {
+TransportCaps shm_caps() {
+  TransportCaps c;
+  c.name = "shm";
+  c.peer_memory_mapped = true;
+  c.ordered_signal_per_queue = true;
+  c.put_completes_on_return = true;
+  c.max_queues = 64;
+  return c;
+}
+}  // namespace
+
+ShmTransport::ShmTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout)
+    : MappedTransport(control, rank, timeout, shm_caps()) {}
+
+ShmTransport::~ShmTransport() { unmap_all(); }
+
+std::string ShmTransport::segment_prefix(std::uint64_t job_id) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "epx-%016llx-", static_cast<unsigned long long>(job_id));
+  return buf;
+}
+
+std::string ShmTransport::segment_name(int rank) const {
+  return "/" + segment_prefix(control_->job_id) + std::to_string(rank) + "-" + std::to_string(generation_);
+}
+
+void ShmTransport::unmap_all() noexcept {
+  for (std::byte* p : mapped_)
+    if (p != nullptr) munmap(p, mapped_bytes_);
+  mapped_.clear();
+}
+
+void ShmTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
+  const std::string me = "rank " + std::to_string(rank()) + ": ";
+  bootstrap_barrier("allocate: enter");  // nobody touches the old windows any more
+  unmap_all();
+  ++generation_;
+  const std::size_t bytes = (segment_bytes(window_bytes, num_signals) + 4095) / 4096 * 4096;
+  mapped_.assign(static_cast<std::size_t>(num_ranks()), nullptr);
+  mapped_bytes_ = bytes;
+
+  const std::string name = segment_name(rank());
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) throw Error(ErrorCode::kIo, me + "shm_open(" + name + ") failed: " + std::strerror(errno));
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    throw Error(ErrorCode::kCapacityExceeded,
+                me + "cannot size shared-memory segment to " + std::to_string(bytes) + " bytes: " + std::strerror(err));
+  }
+  void* mine = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mine == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    throw Error(ErrorCode::kIo, me + "mmap of own segment failed: " + std::strerror(errno));
+  }
+  mapped_[static_cast<std::size_t>(rank())] = static_cast<std::byte*>(mine);
+  // Pre-fault: first touch of shared memory costs a page fault per 4 KiB.
+  auto* bytes_ptr = static_cast<volatile std::byte*>(mine);
+  for (std::size_t off = 0; off < bytes; off += 4096) bytes_ptr[off] = std::byte{0};
+  bootstrap_barrier("allocate: created");
+
+  for (int p = 0; p < num_ranks(); ++p) {
+    if (p == rank()) continue;
+    const std::string peer = segment_name(p);
+    int pfd = shm_open(peer.c_str(), O_RDWR, 0600);
+    if (pfd < 0) throw Error(ErrorCode::kIo, me + "cannot open rank " + std::to_string(p) + "'s segment: " + std::strerror(errno), p);
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, pfd, 0);
+    close(pfd);
+    if (m == MAP_FAILED)
+      throw Error(ErrorCode::kIo, me + "cannot map rank " + std::to_string(p) + "'s segment: " + std::strerror(errno), p);
+    mapped_[static_cast<std::size_t>(p)] = static_cast<std::byte*>(m);
+  }
+  bootstrap_barrier("allocate: mapped");
+  shm_unlink(name.c_str());  // every rank holds a mapping; nothing can leak from here on
+  set_segments(mapped_, window_bytes, num_signals);
+}
+
+void ShmTransport::unlink_leftovers(std::uint64_t job_id) noexcept {
+  const std::string prefix = segment_prefix(job_id);
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  std::vector<std::string> names;
+  while (dirent* e = readdir(dir))
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.emplace_back(e->d_name);
+  closedir(dir);
+  for (const std::string& n : names) shm_unlink(("/" + n).c_str());
+}
+
+}  // namespace epx::detail
