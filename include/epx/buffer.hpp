@@ -18,6 +18,7 @@
 
 #include "epx/config.hpp"
 #include "epx/plan.hpp"
+#include "epx/stats.hpp"
 #include "epx/tensor.hpp"
 #include "epx/transport.hpp"
 
@@ -110,6 +111,10 @@ class Buffer {
 
   /// Collective: SPEC §4 with the handle of a dispatch of this Buffer.
   CombineResult combine(const CombineArgs& args);
+
+  /// Where the time of the last dispatch or combine on this rank went (empty `workers`
+  /// unless config().collect_stats). Local.
+  const CallStats& last_stats() const noexcept;
 
   const BufferConfig& config() const noexcept;
   int rank() const noexcept;

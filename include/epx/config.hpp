@@ -17,6 +17,8 @@ struct BufferConfig {
   /// Worker threads per rank (the SM / vector-core analogue); 0 = auto: the cores of this
   /// machine divided by the ranks on it, at least 1.
   int num_workers = 0;
+  /// Record per-worker phase times and put counters of every call (Buffer::last_stats).
+  bool collect_stats = false;
 };
 
 }  // namespace epx

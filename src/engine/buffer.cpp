@@ -2,6 +2,7 @@
 // boundary, and the public entry points that run the phases in order.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -199,6 +200,7 @@ Buffer::Buffer(Transport& transport, const BufferConfig& config)
 Buffer::~Buffer() = default;
 
 const BufferConfig& Buffer::config() const noexcept { return impl_->config; }
+const CallStats& Buffer::last_stats() const noexcept { return impl_->stats; }
 int Buffer::rank() const noexcept { return impl_->rank; }
 int Buffer::num_ranks() const noexcept { return impl_->P; }
 
@@ -217,8 +219,10 @@ DispatchLayout Buffer::get_dispatch_layout(const TensorView& topk_idx) const {
 DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   Impl& m = *impl_;
   ++m.epoch;
-  const MaybeStatus status = m.check_dispatch(a);
   const bool fresh = a.handle == nullptr;
+  m.begin_stats(false, !fresh);
+  std::optional<Impl::PhaseTimer> plan_timer(std::in_place, m, 0, Phase::kPlan);
+  const MaybeStatus status = m.check_dispatch(a);
   std::shared_ptr<HandleState> made;
   const HandleState* h;
   std::vector<std::int32_t> counts;
@@ -249,10 +253,15 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   mine.alignment = a.expert_alignment;
   mine.worst = a.num_worst_tokens;
   mine.has_counts = fresh;
-  const Impl::Peers peers = m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
-                                               fresh ? "dispatch notify" : "cached dispatch notify");
+  plan_timer.reset();
+  const Impl::Peers peers = [&] {
+    Impl::PhaseTimer timer(m, 0, Phase::kNotify);
+    return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
+                              fresh ? "dispatch notify" : "cached dispatch notify");
+  }();
   std::vector<std::int32_t> expert_base;
   if (fresh) {
+    Impl::PhaseTimer timer(m, 0, Phase::kPlan);
     m.plan_slots(*made, peers);
     expert_base = m.expert_row_base(peers);
   }
@@ -270,16 +279,21 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   } else {
     result.handle = *a.handle;
   }
+  m.end_stats();
   return result;
 }
 
 CombineResult Buffer::combine(const CombineArgs& a) {
   Impl& m = *impl_;
   ++m.epoch;
+  m.begin_stats(true, false);
   const MaybeStatus status = m.check_combine(a);
   NotifyHeader mine{};
   mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
-  m.exchange_headers(status, mine, nullptr, "combine notify");
+  {
+    Impl::PhaseTimer timer(m, 0, Phase::kNotify);
+    m.exchange_headers(status, mine, nullptr, "combine notify");
+  }
   const HandleState& h = *a.handle->state_;
   m.send_replies(h, a);
   m.wait_phase(m.combine_signal(0, 0), "combine data");
@@ -287,6 +301,7 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   out.combined_x = m.reduce(h, a);
   out.topk_weights = Tensor(DType::kF32, h.topk_weights.shape());
   std::memcpy(out.topk_weights.data(), h.topk_weights.data(), h.topk_weights.nbytes());
+  m.end_stats();
   return out;
 }
 

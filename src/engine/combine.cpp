@@ -14,6 +14,14 @@ using detail::HandleState;
 using detail::split_range;
 
 void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
+  if (config.collect_stats)
+    send_replies_impl<true>(h, a);
+  else
+    send_replies_impl<false>(h, a);
+}
+
+template <bool kStats>
+void Buffer::Impl::send_replies_impl(const HandleState& h, const CombineArgs& a) {
   const std::int64_t N = h.num_recv();
   const int K = config.num_topk;
   const std::size_t H = static_cast<std::size_t>(config.hidden);
@@ -25,6 +33,11 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
   if (expanded) reply_stage.resize(static_cast<std::size_t>(W * kStageRows) * H);
 
   pool.run([&](int w) {
+    PhaseTimer timer(*this, w, Phase::kPutIssue);
+    auto put = [&](int s, std::size_t offset, const void* from, std::size_t bytes) {
+      transport.put(s, offset, from, bytes, 0);
+      if constexpr (kStats) count_put(stats.workers[static_cast<std::size_t>(w)], s, bytes, 0);
+    };
     const auto [r0, r1] = split_range(N, w, W);
     for (int s = 0; s < P; ++s) {
       const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
@@ -32,8 +45,8 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
       if (lo >= hi) continue;
       const std::size_t dst_row = static_cast<std::size_t>(h.reply_base[static_cast<std::size_t>(s)] + (lo - b));
       if (!expanded) {  // compact: y's rows from s are contiguous and so are their slots at s
-        transport.put(s, window.data + dst_row * row_bytes, y + static_cast<std::size_t>(lo) * H,
-                      static_cast<std::size_t>(hi - lo) * row_bytes, 0);
+        put(s, window.data + dst_row * row_bytes, y + static_cast<std::size_t>(lo) * H,
+            static_cast<std::size_t>(hi - lo) * row_bytes);
         continue;
       }
       std::uint16_t* stage = reply_stage.data() + static_cast<std::size_t>(w * kStageRows) * H;
@@ -47,7 +60,7 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
           if (rows[k] >= 0) ++slots, only = k;
         const std::size_t dst = window.data + (dst_row + static_cast<std::size_t>(r - lo)) * row_bytes;
         if (slots == 1 && !a.weighted) {  // a single slot passes through unchanged
-          transport.put(s, dst, y + static_cast<std::size_t>(rows[only]) * H, row_bytes, 0);
+          put(s, dst, y + static_cast<std::size_t>(rows[only]) * H, row_bytes);
           continue;
         }
         if (staged == kStageRows) {
@@ -67,7 +80,7 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
         }
         std::uint16_t* out = stage + static_cast<std::size_t>(staged++) * H;
         for (std::size_t c = 0; c < H; ++c) out[c] = f32_to_bf16(acc[c]);
-        transport.put(s, dst, out, row_bytes, 0);
+        put(s, dst, out, row_bytes);
       }
     }
     transport.quiet(0);
@@ -87,6 +100,7 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a) {
   auto* o = out.as<std::uint16_t>();
 
   pool.run([&](int w) {
+    PhaseTimer timer(*this, w, Phase::kEpilogue);
     const auto [t0, t1] = split_range(S, w, W);
     std::vector<float> acc(H);
     std::vector<std::pair<std::int32_t, std::int64_t>> order;  // (sort key, reply row)

@@ -24,6 +24,18 @@ std::size_t Buffer::Impl::combine_signal(int src, int worker) const noexcept {
          static_cast<std::size_t>(worker);
 }
 
+void Buffer::Impl::count_put(WorkerStats& ws, int peer, std::size_t bytes, int queue) const noexcept {
+  if (peer == rank) {
+    ++ws.local_puts;
+    ws.local_bytes += bytes;
+  } else {
+    ++ws.puts;
+    ws.put_bytes += bytes;
+  }
+  ++ws.queue_puts[static_cast<std::size_t>(queue)];
+  ws.queue_bytes[static_cast<std::size_t>(queue)] += bytes;
+}
+
 RowMetaView Buffer::Impl::meta_row(std::byte* base, std::int64_t row) const noexcept {
   const std::size_t K = static_cast<std::size_t>(config.num_topk);
   std::byte* p = base + static_cast<std::size_t>(row) * window.meta_bytes;
@@ -37,6 +49,15 @@ RowMetaView Buffer::Impl::meta_row(std::byte* base, std::int64_t row) const noex
 
 void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
                              const std::vector<std::int32_t>* expert_base) {
+  if (config.collect_stats)
+    send_rows_impl<true>(h, a, expert_base);
+  else
+    send_rows_impl<false>(h, a, expert_base);
+}
+
+template <bool kStats>
+void Buffer::Impl::send_rows_impl(const HandleState& h, const DispatchArgs& a,
+                                  const std::vector<std::int32_t>* expert_base) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
   const int K = config.num_topk;
@@ -49,6 +70,11 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
   if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * window.meta_bytes);
 
   pool.run([&](int w) {
+    PhaseTimer timer(*this, w, Phase::kPutIssue);
+    auto put = [&](int d, std::size_t offset, const void* from, std::size_t bytes) {
+      transport.put(d, offset, from, bytes, 0);
+      if constexpr (kStats) count_put(stats.workers[static_cast<std::size_t>(w)], d, bytes, 0);
+    };
     const auto [t0, t1] = split_range(S, w, W);
     for (int i = 0; i < P; ++i) {
       const int d = (rank + i) % P;
@@ -65,8 +91,8 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
         const auto run = static_cast<std::size_t>(q - p);
         const auto t = static_cast<std::size_t>(seg[p]);
         const auto slot = static_cast<std::size_t>(base + p);
-        transport.put(d, window.data + slot * row_bytes, x + t * row_bytes, run * row_bytes, 0);
-        if (fp8) transport.put(d, window.scales + slot * scale_bytes, scales + t * scale_bytes, run * scale_bytes, 0);
+        put(d, window.data + slot * row_bytes, x + t * row_bytes, run * row_bytes);
+        if (fp8) put(d, window.scales + slot * scale_bytes, scales + t * scale_bytes, run * scale_bytes);
         p = q;
       }
       if (!with_meta) continue;
@@ -88,9 +114,8 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
                                   : -1;
         }
       }
-      transport.put(d, window.meta + static_cast<std::size_t>(base + p0) * window.meta_bytes,
-                    meta_stage.data() + stage_row * window.meta_bytes,
-                    static_cast<std::size_t>(p1 - p0) * window.meta_bytes, 0);
+      put(d, window.meta + static_cast<std::size_t>(base + p0) * window.meta_bytes,
+          meta_stage.data() + stage_row * window.meta_bytes, static_cast<std::size_t>(p1 - p0) * window.meta_bytes);
     }
     transport.quiet(0);
     for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, dispatch_signal(rank, w), epoch, 0);
@@ -98,6 +123,7 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
 }
 
 void Buffer::Impl::wait_phase(std::size_t first_slot, const char* phase) {
+  PhaseTimer timer(*this, 0, Phase::kWaitData);
   for (int s = 0; s < P; ++s)
     for (int w = 0; w < W; ++w)
       transport.wait_signal(first_slot + static_cast<std::size_t>(s) * static_cast<std::size_t>(W) +
@@ -177,6 +203,7 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
               source_of.begin() + h.recv_begin[static_cast<std::size_t>(s) + 1], s);
 
   pool.run([&](int w) {
+    PhaseTimer timer(*this, w, Phase::kEpilogue);
     const auto [r0, r1] = split_range(N, w, W);
     if (!expanded) {
       std::memcpy(rx + static_cast<std::size_t>(r0) * row_bytes, data + static_cast<std::size_t>(r0) * row_bytes,

@@ -6,6 +6,7 @@
 //   combine.cpp   — partial sums at the expert ranks, puts back, ordered reduction
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -116,13 +117,30 @@ struct Buffer::Impl {
   void plan_slots(detail::HandleState& h, const Peers& peers);
   std::vector<std::int32_t> expert_row_base(const Peers& peers) const;
 
+  // Stats (stats.cpp): a scoped timer that adds to `phase` of `worker` when collecting.
+  class PhaseTimer {
+   public:
+    PhaseTimer(Impl& m, int worker, Phase phase);
+    ~PhaseTimer();
+   private:
+    double* slot_;
+    std::chrono::steady_clock::time_point start_;
+  };
+  void begin_stats(bool combine, bool cached);
+  void count_put(WorkerStats& ws, int peer, std::size_t bytes, int queue) const noexcept;
+  void end_stats();
+
   // dispatch.cpp
+  template <bool kStats>
+  void send_rows_impl(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base);
   void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base);
   void wait_phase(std::size_t first_slot, const char* phase);
   void receive_meta(detail::HandleState& h);
   DispatchResult epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8);
 
   // combine.cpp
+  template <bool kStats>
+  void send_replies_impl(const detail::HandleState& h, const CombineArgs& a);
   void send_replies(const detail::HandleState& h, const CombineArgs& a);
   Tensor reduce(const detail::HandleState& h, const CombineArgs& a);
 
@@ -139,6 +157,8 @@ struct Buffer::Impl {
   detail::WorkerPool pool;
   std::vector<std::byte> meta_stage;      // sender's row metadata, per plan entry
   std::vector<std::uint16_t> reply_stage;  // combine partials that need rounding
+  CallStats stats;
+  std::chrono::steady_clock::time_point call_start;
 };
 
 }  // namespace epx

@@ -43,15 +43,22 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
     const NotifyHeader& hs = *peers.header[static_cast<std::size_t>(s)];
     if (hs.failed) throw Error(static_cast<ErrorCode>(hs.failed - 1), hs.message, s);
   }
+  // Every rank must pass the handle of the same dispatch; a rank with an older one than
+  // the newest in use holds a stale handle and is the rank at fault.
+  std::uint64_t newest = 0;
+  for (const NotifyHeader* hs : peers.header) newest = std::max(newest, hs->handle_epoch);
+  for (int s = 0; s < P; ++s) {
+    const NotifyHeader& hs = *peers.header[static_cast<std::size_t>(s)];
+    if (hs.handle_epoch != newest)
+      throw Error(ErrorCode::kBadHandle,
+                  "rank " + std::to_string(s) + ": passes a stale handle (of collective call #" +
+                      std::to_string(hs.handle_epoch) + ") while other ranks pass the handle of call #" +
+                      std::to_string(newest) + "; every rank must pass the handle of the same dispatch",
+                  s);
+  }
   const NotifyHeader& h0 = *peers.header[0];
   for (int s = 1; s < P; ++s) {
     const NotifyHeader& hs = *peers.header[static_cast<std::size_t>(s)];
-    if (hs.handle_epoch != h0.handle_epoch)
-      throw Error(ErrorCode::kBadHandle,
-                  "rank " + std::to_string(s) + ": uses the handle of collective call #" +
-                      std::to_string(hs.handle_epoch) + " but rank 0 uses #" + std::to_string(h0.handle_epoch) +
-                      " (a stale or foreign handle: every rank must pass the handle of the same dispatch)",
-                  s);
     if (hs.dtype != h0.dtype)
       throw Error(ErrorCode::kDtypeMismatch,
                   "rank " + std::to_string(s) + ": dispatches " + to_string(static_cast<DType>(hs.dtype)) +

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"epx: MoE expert-parallel dispatch and combine"};
   app.require_subcommand(1);
   epx::tools::add_replay_command(app);
+  epx::tools::add_bench_command(app);
   epx::tools::add_eplb_command(app);
   try {
     app.parse(argc, argv);

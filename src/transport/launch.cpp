@@ -64,18 +64,16 @@ void run_rank(ControlBlock* control, int rank, Transport& transport, const RankF
   }
 }
 
-// The error of the rank at fault: a rank that blames itself first, else the lowest failed rank.
+// The error of the rank at fault: a rank that blames itself (its own bad input or death)
+// first, else the lowest rank that reported an error naming someone, else any failure.
 void throw_if_failed(ControlBlock* control) {
   const int P = control->num_ranks;
-  int pick = -1;
+  int pick = -1, pick_quality = 0;
   for (int r = 0; r < P; ++r) {
     const detail::RankSlot& s = control->ranks()[r];
     if (s.state.load(std::memory_order_acquire) != static_cast<std::int32_t>(RankState::kFailed)) continue;
-    if (pick < 0) pick = r;
-    if (s.origin_rank == r) {
-      pick = r;
-      break;
-    }
+    const int quality = s.origin_rank == r ? 3 : s.origin_rank >= 0 ? 2 : 1;
+    if (quality > pick_quality) pick = r, pick_quality = quality;
   }
   if (pick < 0) return;
   const detail::RankSlot& s = control->ranks()[pick];
@@ -153,6 +151,7 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
   int alive = 0;
   for (pid_t p : pids) alive += p > 0;
   auto kill_deadline = std::chrono::steady_clock::time_point::max();
+  bool killed = false;
   const auto grace = std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::milliseconds(5000));
   while (alive > 0) {
     int status = 0;
@@ -164,8 +163,12 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
         pids[static_cast<std::size_t>(r)] = -1;
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && control->ranks()[r].state.load() != static_cast<std::int32_t>(RankState::kFailed)) {
-          const std::string msg = "rank " + std::to_string(r) + " " + describe_exit(status);
-          control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), r, msg.c_str());
+          // Killed by us after another rank failed: a consequence, not the cause.
+          const bool stopped = killed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+          const std::string msg = "rank " + std::to_string(r) +
+                                  (stopped ? " did not stop after another rank failed and was killed"
+                                           : " " + describe_exit(status));
+          control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), stopped ? -1 : r, msg.c_str());
         }
         if (!ok && kill_deadline == std::chrono::steady_clock::time_point::max())
           kill_deadline = std::chrono::steady_clock::now() + grace;
@@ -179,9 +182,10 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
         if (p > 0) kill(p, SIGTERM);
       kill_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
     }
-    if (std::chrono::steady_clock::now() > kill_deadline) {
+    if (!killed && std::chrono::steady_clock::now() > kill_deadline) {
       for (pid_t p : pids)
         if (p > 0) kill(p, SIGKILL);
+      killed = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -3,7 +3,7 @@
 reference epx_ref.py.
 
     /usr/bin/python3 tests/e2e/check_replay.py --epx build/src/tools/epx [--quick]
-        [--keep] [--filter SUBSTRING] [--timeout SECONDS]
+        [--keep] [--filter SUBSTRING] [--timeout SECONDS] [--repeat N]
 
 Generates a matrix of random cases in a temporary directory, runs
 `epx replay --in IN --out OUT [options]` on each (some with
@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # keep tests/e2e free of __pycache__
 sys.path.insert(0, HERE)
 import epx_ref as ref  # noqa: E402
 import gen_case  # noqa: E402
@@ -85,7 +86,12 @@ def success_cases():
     g_o3 = G(3, 27, 128, 4, [8, 5, 9], mask=0.1, seed=19, probes=12)
     g_o4 = G(4, 48, 256, 6, [10, 0, 7, 12], mask=0.1, zipf=0.7, seed=20, probes=15)
     g_of = G(3, 27, 256, 4, [6, 11, 2], mask=0.1, fp8=True, seed=22, probes=12)
+    # larger ones
+    g_big = G(8, 64, 2048, 8, 300, mask=0.1, zipf=0.8, seed=31, probes=12)
+    g_bigf = G(4, 16, 2048, 6, 400, mask=0.1, fp8=True, seed=32, probes=12)
     return [
+        ("large_p8_H2048_expanded_a128", g_big, O("expanded", 128), False),
+        ("large_fp8_p4_H2048_compact", g_bigf, O("compact", 1), False),
         ("order_p3_L9_expanded_det", g_o3, O("expanded", 1, det=True), True),
         ("order_p3_L9_compact", g_o3, O("compact", 1), True),
         ("order_p4_L12_expanded_a4", g_o4, O("expanded", 4), False),
@@ -183,6 +189,9 @@ def error_cases():
         E_("err_meta_malformed", "meta_malformed", None, quick=True),
         E_("err_meta_missing_key", "meta_missing_key", None),
         E_("err_meta_string_value", "meta_string_value", None),
+        E_("err_alignment_0", None, None, O("expanded", 0)),
+        E_("err_layout_unknown", None, None, O("grouped", 1)),
+        E_("err_worst_negative", None, None, O("compact", 1, worst=-5)),
     ]
 
 
@@ -291,6 +300,8 @@ def compare_outputs(case, res, out_dir, opts):
                 continue
             skip_rows = skip if name in ROW_PAYLOAD_FILES else None
             msg = first_diff(name, exp[name], got[name], skip_rows, nan_any=True)
+            if msg and name == "combined_x" and got[name].shape == exp[name].shape:
+                msg += diagnose_combine(case, r, exp[name], got[name], opts)
             if msg:
                 note = " (rows compared as a multiset per expert)" if unordered and name in (
                     "recv_src", "recv_x", "recv_x_fp8", "recv_x_scales", "recv_weights") else ""
@@ -301,6 +312,28 @@ def compare_outputs(case, res, out_dir, opts):
             if m and int(m.group(1)) >= case.P:
                 warnings.append("unexpected %s in OUT" % entry)
     return failures, warnings
+
+
+def diagnose_combine(case, r, exp, got, opts):
+    """For the first token whose combined row differs: which wrong summation
+    order (gen_case.PROBE_VARIANTS) reproduces the engine's row, if any."""
+    rows = np.nonzero(np.any(exp != got, axis=1))[0]
+    if not len(rows):
+        return ""
+    t = int(rows[0])
+    kind = "compact" if opts["layout"] == "compact" else ("weighted" if opts["weighted"] else "expanded")
+    if case.fp8:
+        v = (ref.fp8_to_f32(case.x_fp8[r][t]).reshape(-1, ref.FP8_BLOCK)
+             * case.x_scales[r][t][:, None]).astype(ref.F32).reshape(-1)
+    else:
+        v = ref.bf16_to_f32(case.x[r][t])
+    idx, w = case.topk_idx[r][t], case.topk_weights[r][t]
+    match = [var for var in gen_case.PROBE_VARIANTS[kind]
+             if np.array_equal(gen_case._combine_variant(v, idx, w, case.L, kind, var), got[t])]
+    groups = {d: ks for d, ks in sorted(gen_case._groups(idx, case.L).items())}
+    return "; token %d topk_idx %s (slots per destination rank %s): the engine's row %s" % (
+        t, idx.tolist(), groups,
+        ("matches the wrong order(s) %s" % match) if match else "matches none of the known wrong orders")
 
 
 def canonicalize_expanded(got, exp, segments):
@@ -430,7 +463,10 @@ def resolve_worst(spec, res_plain):
     raise ValueError(spec)
 
 
-def check_success(name, g, opts, epx, tmp, timeout):
+def check_success(name, g, opts, epx, tmp, timeout, mutate=None, either_bad_rank=None):
+    """Run one valid case and compare.  `mutate(in_dir)` rewrites input files
+    after the reference has read them (same values, another encoding).  With
+    `either_bad_rank` set, a clean error naming that rank is accepted too."""
     in_dir = os.path.join(tmp, name, "in")
     out_dir = os.path.join(tmp, name, "out")
     gen_case.generate(in_dir, **g)
@@ -440,8 +476,16 @@ def check_success(name, g, opts, epx, tmp, timeout):
     worst = resolve_worst(opts["worst"], plain)
     res = ref.compute(case, opts["layout"], opts["alignment"], worst, opts["deterministic"],
                       opts["zero_padding"], opts["weighted"]) if worst else plain
+    if mutate is not None:
+        mutate(in_dir)
     cmd = replay_cmd(epx, in_dir, out_dir, opts, worst)
-    rc, out, err, secs, leaks = run(cmd, timeout)
+    if either_bad_rank is not None:
+        rc, out, err, secs, leaks = run(cmd, timeout)
+        if rc not in (0, None):
+            fails, secs2, cmd_s, _ = run_error(name, cmd, out_dir, either_bad_rank, [], timeout)
+            return fails, secs, " ".join(cmd[1:]) + "  [rejected; accepted as an error]"
+    else:
+        rc, out, err, secs, leaks = run(cmd, timeout)
     fails = []
     if rc is None:
         fails.append("timed out after %ds" % timeout)
@@ -457,6 +501,49 @@ def check_success(name, g, opts, epx, tmp, timeout):
     return fails, secs, " ".join(cmd[1:])
 
 
+def _resave(path, transform, version=None):
+    arr = np.load(path)
+    arr = transform(arr)
+    with open(path, "wb") as f:
+        np.lib.format.write_array(f, arr, version=version)
+
+
+def mutate_npy_v2(in_dir):
+    """Every input .npy rewritten in format version 2.0 (same data)."""
+    for path in glob.glob(os.path.join(in_dir, "rank*", "*.npy")):
+        _resave(path, lambda a: a, version=(2, 0))
+
+
+def mutate_big_endian_idx(rank):
+    def f(in_dir):
+        _resave(os.path.join(in_dir, "rank%d" % rank, "topk_idx.npy"), lambda a: a.astype(">i8"))
+    return f
+
+
+def mutate_fortran_x(rank):
+    def f(in_dir):
+        d = os.path.join(in_dir, "rank%d" % rank)
+        name = "x_fp8.npy" if os.path.exists(os.path.join(d, "x_fp8.npy")) else "x.npy"
+        _resave(os.path.join(d, name), np.asfortranarray)
+    return f
+
+
+def encoding_cases():
+    """(name, gen, opts, mutate, either_bad_rank, in_quick).  Format 2.0 must
+    be read; big-endian or Fortran-order input (SPEC 7 says little-endian, C
+    order) must be either read correctly or refused with an error naming the
+    rank - never misread."""
+    g = G(3, 6, 256, 2, [7, 0, 9], mask=0.1, seed=41)
+    gf = G(3, 6, 256, 2, [7, 0, 9], mask=0.1, fp8=True, seed=42)
+    return [
+        ("npy_v2_inputs_expanded", g, O("expanded", 4), mutate_npy_v2, None, True),
+        ("npy_v2_inputs_fp8_compact", gf, O("compact", 1), mutate_npy_v2, None, False),
+        ("big_endian_topk_idx_rank2", g, O("compact", 1), mutate_big_endian_idx(2), 2, False),
+        ("fortran_order_x_rank0", g, O("expanded", 1), mutate_fortran_x(0), 0, False),
+        ("fortran_order_x_fp8_rank2", gf, O("compact", 1), mutate_fortran_x(2), 2, False),
+    ]
+
+
 RANK_RE = r"\brank\s*[#:=]?\s*%d\b"
 
 
@@ -464,7 +551,8 @@ def check_error(name, g, opts, bad, epx, tmp, timeout):
     in_dir = os.path.join(tmp, name, "in")
     out_dir = os.path.join(tmp, name, "out")
     gen_case.generate(in_dir, **g)
-    cmd = replay_cmd(epx, in_dir, out_dir, opts, 0)
+    worst = opts["worst"] if isinstance(opts["worst"], int) else 0
+    cmd = replay_cmd(epx, in_dir, out_dir, opts, worst)
     return run_error(name, cmd, out_dir, bad, [], timeout)
 
 
@@ -531,6 +619,8 @@ def main(argv=None):
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--filter", default=None, help="only cases whose name contains this")
     ap.add_argument("--timeout", type=int, default=120, help="seconds per epx run")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every valid case this many times (races show as flaky cases)")
     a = ap.parse_args(argv)
     epx = os.path.abspath(a.epx)
     if not (os.path.isfile(epx) and os.access(epx, os.X_OK)):
@@ -563,12 +653,28 @@ def main(argv=None):
         return a.filter is None or a.filter in name
 
     try:
-        for name, g, opts, q in success_cases():
+        matrix = success_cases()
+        if a.repeat > 1:
+            matrix = [("%s#%d" % (n, i + 1), g, o, q) for i in range(a.repeat) for n, g, o, q in matrix]
+        for name, g, opts, q in matrix:
             if not wanted(name, q):
                 continue
             try:
                 fails, secs, cmd = check_success(name, g, opts, epx, tmp, a.timeout)
+            except OSError as e:
+                fails, secs, cmd = ["OS error (could not run epx?): %s" % e], 0.0, ""
             except Exception as e:  # a bug of the checker itself must show, not hide
+                fails, secs, cmd = ["checker error: %r" % e], 0.0, ""
+            report(name, fails, secs, cmd)
+
+        for name, g, opts, mutate, either, q in encoding_cases():
+            if not wanted(name, q):
+                continue
+            try:
+                fails, secs, cmd = check_success(name, g, opts, epx, tmp, a.timeout, mutate, either)
+            except OSError as e:
+                fails, secs, cmd = ["OS error (could not run epx?): %s" % e], 0.0, ""
+            except Exception as e:
                 fails, secs, cmd = ["checker error: %r" % e], 0.0, ""
             report(name, fails, secs, cmd)
 
@@ -577,6 +683,8 @@ def main(argv=None):
                 continue
             try:
                 fails, secs, cmd, _ = check_error(name, g, opts, bad, epx, tmp, a.timeout)
+            except OSError as e:
+                fails, secs, cmd = ["OS error (could not run epx?): %s" % e], 0.0, ""
             except Exception as e:
                 fails, secs, cmd = ["checker error: %r" % e], 0.0, ""
             report(name, fails, secs, cmd)
@@ -589,6 +697,8 @@ def main(argv=None):
                 out_dir = os.path.join(tmp, name, "out")
                 cmd = replay_cmd(epx, in_dir, out_dir, O(layout, 1, threads=threads), W)
                 fails, secs, cmd, _ = run_error(name, cmd, out_dir, bad, [need, W], a.timeout)
+            except OSError as e:
+                fails, secs, cmd = ["OS error (could not run epx?): %s" % e], 0.0, ""
             except Exception as e:
                 fails, secs, cmd = ["checker error: %r" % e], 0.0, ""
             report(name, fails, secs, cmd)

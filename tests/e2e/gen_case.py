@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 
+sys.dont_write_bytecode = True  # keep tests/e2e free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import epx_ref as ref  # noqa: E402
 

@@ -1,0 +1,44 @@
+// epx/stats.hpp — where the time of one dispatch or combine went, per worker.
+//
+// Collected only when BufferConfig::collect_stats is set. The per-put counters live in a
+// separate instantiation of the data-plane loops, so with stats off the hot loops carry no
+// counting code at all. Each worker writes only its own slot (no shared atomics).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+namespace epx {
+
+enum class Phase : int {
+  kPlan,      ///< route scan, routing plan, prefix sums / row slots (worker 0)
+  kNotify,    ///< header all-to-all: put own header, wait for every peer's (worker 0)
+  kPutIssue,  ///< issuing the puts of this worker's rows (each worker)
+  kWaitData,  ///< waiting for every peer's data-complete signal (worker 0)
+  kBarrier,   ///< explicit barriers (none in the default protocol)
+  kEpilogue,  ///< dispatch: window → output layout; combine: ordered reduction (each worker)
+};
+inline constexpr int kNumPhases = 6;
+const char* to_string(Phase p) noexcept;
+
+inline constexpr int kMaxStatQueues = 4;
+
+struct WorkerStats {
+  std::array<double, kNumPhases> phase_us{};  ///< wall time this worker spent per phase
+  std::uint64_t puts = 0;        ///< data puts to other ranks (rows, merged runs, metadata)
+  std::uint64_t put_bytes = 0;   ///< their bytes
+  std::uint64_t local_puts = 0;  ///< puts into this rank's own window
+  std::uint64_t local_bytes = 0;
+  std::array<std::uint64_t, kMaxStatQueues> queue_puts{};  ///< all puts, per queue
+  std::array<std::uint64_t, kMaxStatQueues> queue_bytes{};
+};
+
+struct CallStats {
+  bool combine = false;   ///< false: dispatch
+  bool cached = false;    ///< dispatch with a handle
+  double total_us = 0;    ///< the whole call on this rank
+  std::vector<WorkerStats> workers;  ///< [num_workers]
+};
+
+}  // namespace epx

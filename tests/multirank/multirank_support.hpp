@@ -1,0 +1,136 @@
+// Shared by the multi-rank tests: run a rank function on P ranks of a transport, views of
+// the reference fixture's inputs, and exact comparisons that name rank, tensor and index.
+// Rank functions run in forked processes for the shm transport, so they report failure
+// by throwing (the launcher carries the message back), never with gtest macros.
+#pragma once
+
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "epx/buffer.hpp"
+#include "epx/launch.hpp"
+#include "reference/fixtures.hpp"
+#include "reference/reference.hpp"
+
+namespace epx::testing {
+
+inline const std::vector<TransportKind> kTransports = {TransportKind::kThreads, TransportKind::kShm};
+
+/// The rank's inputs of a reference problem, as the views dispatch takes.
+struct RankViews {
+  TensorView x, x_scales, topk_idx, topk_weights;
+};
+inline RankViews views_of(const ref::Problem& p, int r) {
+  const ref::RankInput& in = p.ranks[static_cast<std::size_t>(r)];
+  const std::int64_t S = in.num_tokens;
+  RankViews v;
+  if (p.fp8) {
+    v.x = TensorView(in.x_fp8.data(), DType::kFP8E4M3, {S, p.hidden});
+    v.x_scales = TensorView(in.x_scales.data(), DType::kF32, {S, p.hidden / 128});
+  } else {
+    v.x = TensorView(in.x.data(), DType::kBF16, {S, p.hidden});
+  }
+  v.topk_idx = TensorView(in.topk_idx.data(), DType::kI64, {S, p.num_topk});
+  v.topk_weights = TensorView(in.topk_weights.data(), DType::kF32, {S, p.num_topk});
+  return v;
+}
+
+inline std::int64_t max_tokens(const ref::Problem& p) {
+  std::int64_t c = 0;
+  for (const auto& r : p.ranks) c = std::max(c, r.num_tokens);
+  return c;
+}
+
+inline BufferConfig config_for(const ref::Problem& p, int workers = 2) {
+  BufferConfig c;
+  c.num_experts = p.num_experts;
+  c.hidden = p.hidden;
+  c.num_topk = p.num_topk;
+  c.max_tokens_per_rank = max_tokens(p);
+  c.num_workers = workers;
+  return c;
+}
+
+/// bf16 values whose exponents span 2^-40..2^40, so that sums of three or more of them
+/// depend on the order of the float32 additions (the fixture's x spans only 2^16).
+inline std::vector<std::uint16_t> wide_bf16(std::uint64_t seed, std::int64_t n) {
+  std::vector<std::uint16_t> v(static_cast<std::size_t>(n));
+  std::uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& b : v) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const auto bits = static_cast<std::uint32_t>(state >> 33);
+    const std::uint32_t exponent = 127 - 40 + bits % 81;
+    b = static_cast<std::uint16_t>(((bits >> 8) & 1u) << 15 | exponent << 7 | ((bits >> 9) & 0x7fu));
+  }
+  return v;
+}
+
+[[noreturn]] inline void fail(int rank, const std::string& what) {
+  throw std::runtime_error("rank " + std::to_string(rank) + ": " + what);
+}
+
+/// Bitwise equality of `n` elements; the message names the first differing index.
+template <class T>
+void expect_bits(int rank, const std::string& what, const void* got, const std::vector<T>& want) {
+  if (got == nullptr && want.empty()) return;
+  if (std::memcmp(got, want.data(), want.size() * sizeof(T)) == 0) return;
+  const T* g = static_cast<const T*>(got);
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (std::memcmp(&g[i], &want[i], sizeof(T)) != 0) {
+      std::ostringstream os;
+      os << what << " differs at element " << i << " of " << want.size() << ": got " << +g[i] << ", want " << +want[i];
+      fail(rank, os.str());
+    }
+  }
+}
+
+inline void expect_shape(int rank, const std::string& what, const Tensor& t, Shape want) {
+  if (!(t.shape() == want)) fail(rank, what + " has shape " + t.shape().str() + ", want " + want.str());
+}
+
+/// A dispatch result against the reference, everything compared bit for bit.
+inline void expect_dispatch(int r, const ref::Problem& p, const ref::DispatchOptions& o, const ref::DispatchOut& want,
+                            const DispatchResult& got) {
+  const std::int64_t rows = want.rows, H = p.hidden, K = p.num_topk;
+  if (p.fp8) {
+    expect_shape(r, "recv_x", got.recv_x, {rows, H});
+    expect_bits(r, "recv_x (fp8)", got.recv_x.data(), want.recv_x_fp8);
+    expect_shape(r, "recv_x_scales", got.recv_x_scales, {rows, H / 128});
+    expect_bits(r, "recv_x_scales", got.recv_x_scales.data(), want.recv_x_scales);
+  } else {
+    expect_shape(r, "recv_x", got.recv_x, {rows, H});
+    expect_bits(r, "recv_x", got.recv_x.data(), want.recv_x);
+  }
+  expect_shape(r, "recv_src", got.recv_src, {rows, o.expanded ? 3 : 2});
+  expect_bits(r, "recv_src", got.recv_src.data(), want.recv_src);
+  if (o.expanded) {
+    expect_bits(r, "recv_weights", got.recv_weights.data(), want.recv_weights);
+    expect_bits(r, "expert_offsets", got.expert_offsets.data(), want.expert_offsets);
+  } else {
+    expect_shape(r, "recv_topk_idx", got.recv_topk_idx, {rows, K});
+    expect_bits(r, "recv_topk_idx", got.recv_topk_idx.data(), want.recv_topk_idx);
+    expect_bits(r, "recv_topk_weights", got.recv_topk_weights.data(), want.recv_topk_weights);
+  }
+  expect_bits(r, "num_recv_tokens_per_expert", got.num_recv_tokens_per_expert.data(), want.num_recv_tokens_per_expert);
+  expect_bits(r, "num_recv_tokens_per_expert_aligned", got.num_recv_tokens_per_expert_aligned.data(),
+              want.num_recv_tokens_per_expert_aligned);
+}
+
+inline DispatchArgs dispatch_args(const RankViews& v, const ref::DispatchOptions& o) {
+  DispatchArgs a;
+  a.x = v.x;
+  a.x_scales = v.x_scales;
+  a.topk_idx = v.topk_idx;
+  a.topk_weights = v.topk_weights;
+  a.layout = o.expanded ? RecvLayout::kExpanded : RecvLayout::kCompact;
+  a.expert_alignment = o.alignment;
+  a.num_worst_tokens = o.worst;
+  a.deterministic = true;
+  a.zero_padding = true;
+  return a;
+}
+
+}  // namespace epx::testing
