@@ -415,6 +415,9 @@ void agree_or_abort(int rank, const std::string& err, bool global_error) {
     std::fflush(stderr);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+  // One rank aborts the job (several ranks aborting at once make Open MPI's help
+  // aggregation log spurious ORTE_ERROR_LOG lines); the others wait to be killed.
+  if (rank != 0) MPI_Barrier(MPI_COMM_WORLD);
   MPI_Abort(MPI_COMM_WORLD, 2);
 }
 

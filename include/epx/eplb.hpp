@@ -59,6 +59,34 @@ std::vector<double> eplb_gpu_load_without_replicas(const std::vector<float>& wei
 /// max / mean of each row of a [rows, cols] load matrix, [rows]; 1.0 for a row whose mean is 0.
 std::vector<double> eplb_max_over_avg(const std::vector<double>& load, int rows, int cols);
 
+/// How a (token, slot) picks one of its logical expert's replicas.
+enum class ReplicaChoice {
+  kSpread,        ///< replica (token index) mod logcnt: tokens spread evenly over the replicas
+  kPreferRank,    ///< a replica on the token's own rank if there is one (spread among those)
+  kPreferServer,  ///< a replica on the token's own server if there is one (spread among those)
+};
+
+/// Where the tokens of `rank` come from, for kPreferRank / kPreferServer. Physical expert
+/// slot p lives on rank p / (num_replicas / num_ranks).
+struct ReplicaRouting {
+  int layer = 0;             ///< which layer of the plan
+  int rank = 0;              ///< the rank whose tokens are mapped
+  int num_ranks = 1;         ///< P; num_replicas % P == 0
+  int ranks_per_server = 1;  ///< for kPreferServer: ranks [k*n, (k+1)*n) form server k
+  ReplicaChoice choice = ReplicaChoice::kSpread;
+};
+
+/// Maps one rank's logical routing to physical experts before dispatch (local, pure):
+/// `topk_idx` is [S, K] int64 with values in [-1, logical_experts); returns [S, K] int64 in
+/// [-1, num_replicas) — dispatch it with num_experts = num_replicas. Deterministic: the
+/// replica of (t, k) depends only on t, the expert and the options. Distinct logical experts
+/// map to distinct physical slots, so a token never names a physical expert twice. The
+/// received rows' recv_topk_idx are physical; `plan.phy2log` gives the logical expert each
+/// serves. Throws kInvalidArgument on a value outside [-1, logical_experts) (naming the
+/// token and slot) or when num_replicas % num_ranks != 0.
+std::vector<std::int64_t> map_to_replicas(const std::vector<std::int64_t>& topk_idx, int num_topk,
+                                          const EplbPlan& plan, const ReplicaRouting& routing);
+
 namespace eplb_detail {
 
 /// The building blocks, exposed for tests. `weight` is [rows, n] row-major.

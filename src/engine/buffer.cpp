@@ -270,7 +270,8 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   if (fresh) {
     m.receive_meta(*made);
     made->topk_weights = Tensor(DType::kF32, a.topk_weights.shape);
-    std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
+    if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
+      std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
   }
   DispatchResult result = m.epilogue(*h, a, a.x.dtype == DType::kFP8E4M3);
   if (fresh) {

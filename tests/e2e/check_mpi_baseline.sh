@@ -196,8 +196,8 @@ run edge-compact "$work/edge" 4 compact 1
 run edge-expanded-a4 "$work/edge" 4 expanded 4
 
 # With the replay expert function the float32 addition order shows on the order probes.
-gen --out "$work/probes" --ranks 4 --experts 16 --hidden 256 --topk 6 --tokens 24 \
-    --mask-prob 0.1 --probes 16 --seed 11 || { echo "FAIL: gen_case.py failed (probes)"; exit 1; }
+gen --out "$work/probes" --ranks 4 --experts 64 --hidden 256 --topk 8 --tokens 24 \
+    --mask-prob 0.1 --probes 30 --seed 11 || { echo "FAIL: gen_case.py failed (probes)"; exit 1; }
 run probes-compact-replay "$work/probes" 4 compact 1 replay
 run probes-expanded-replay "$work/probes" 4 expanded 2 replay
 run edge-expanded-replay "$work/edge" 4 expanded 1 replay

@@ -75,7 +75,7 @@ inline std::vector<std::uint16_t> wide_bf16(std::uint64_t seed, std::int64_t n) 
 /// Bitwise equality of `n` elements; the message names the first differing index.
 template <class T>
 void expect_bits(int rank, const std::string& what, const void* got, const std::vector<T>& want) {
-  if (got == nullptr && want.empty()) return;
+  if (want.empty()) return;  // shapes are checked apart
   if (std::memcmp(got, want.data(), want.size() * sizeof(T)) == 0) return;
   const T* g = static_cast<const T*>(got);
   for (std::size_t i = 0; i < want.size(); ++i) {

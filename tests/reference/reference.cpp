@@ -419,12 +419,13 @@ std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o, c
     // "group" per destination d ascending (its single row).
     struct Group {
       int dest;
-      std::vector<int> slots;  // ascending k (expanded only)
+      std::vector<int> slots;           // ascending k (expanded); {0} for compact
+      std::vector<std::int64_t> rows;   // row of each slot in y[dest]
     };
     std::vector<Group> groups;
     if (o.expanded) {
       for (int d = 0; d < P; ++d) {
-        Group g{d, {}};
+        Group g{d, {}, {}};
         for (int k = 0; k < K; ++k) {
           const std::int64_t e = topk(p, s, t, k);
           if (e >= 0 && rank_of_expert(p, e) == d) g.slots.push_back(k);
@@ -437,8 +438,10 @@ std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o, c
           std::swap(groups[j - 1], groups[j]);
     } else {
       for (int d = 0; d < P; ++d)
-        if (token_goes_to(p, s, t, d)) groups.push_back(Group{d, {}});
+        if (token_goes_to(p, s, t, d)) groups.push_back(Group{d, {0}, {}});
     }
+    for (Group& g : groups)
+      for (int k : g.slots) g.rows.push_back(find_row(g.dest, t, k));
 
     for (std::int64_t h = 0; h < H; ++h) {
       float acc = bias0 != nullptr ? bf16_to_f32((*bias0)[idx(s)][idx(t * H + h)]) : 0.0f;
@@ -448,13 +451,12 @@ std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o, c
         const std::vector<std::uint16_t>& yd = y[idx(g.dest)];
         std::uint16_t partial;
         if (!o.expanded) {
-          partial = yd[idx(find_row(g.dest, t, 0) * H + h)];
+          partial = yd[idx(g.rows[0] * H + h)];
         } else if (!weighted && g.slots.size() == 1) {
-          partial = yd[idx(find_row(g.dest, t, g.slots[0]) * H + h)];  // unchanged
+          partial = yd[idx(g.rows[0] * H + h)];  // unchanged
         } else {
           float sum = 0.0f;
-          for (int k : g.slots) {
-            const std::int64_t row = find_row(g.dest, t, k);
+          for (std::int64_t row : g.rows) {
             float a = bf16_to_f32(yd[idx(row * H + h)]);
             if (weighted) {
               const float w = outs[idx(g.dest)].recv_weights[idx(row)];
@@ -476,7 +478,10 @@ std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o, c
 // ---------------------------------------------------------------------------------------
 // Conversions
 
-float bf16_to_f32(std::uint16_t b) {
+namespace {
+
+/// f32 value of a bf16 code, decoded from its sign / exponent / mantissa fields.
+float decode_bf16(std::uint16_t b) {
   const bool negative = (b >> 15) != 0;
   const int exponent = (b >> 7) & 0xff;
   const int mantissa = b & 0x7f;
@@ -489,6 +494,35 @@ float bf16_to_f32(std::uint16_t b) {
                                          : std::ldexp(static_cast<double>(128 + mantissa), exponent - 134);
   const float f = static_cast<float>(magnitude);  // exact
   return negative ? -f : f;                        // -0.0 for 0x8000
+}
+
+/// f32 value of an E4M3 code (NaN, sign kept, for 0x7f / 0xff).
+float decode_e4m3(std::uint8_t q) {
+  const bool negative = (q >> 7) != 0;
+  const int exponent = (q >> 3) & 0xf;
+  const int mantissa = q & 0x7;
+  if (exponent == 0xf && mantissa == 0x7) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    return negative ? -nan : nan;
+  }
+  // Subnormal: mantissa * 2^(1 - 7 - 3); normal: (8 + mantissa) * 2^(exponent - 7 - 3).
+  const double magnitude = exponent == 0 ? std::ldexp(static_cast<double>(mantissa), -9)
+                                         : std::ldexp(static_cast<double>(8 + mantissa), exponent - 10);
+  const float f = static_cast<float>(magnitude);
+  return negative ? -f : f;
+}
+
+}  // namespace
+
+// The decoders are looked up in tables of decode_*() over every code (built once), only
+// to keep the reference fast enough for large multi-rank tests.
+float bf16_to_f32(std::uint16_t b) {
+  static const std::vector<float> table = [] {
+    std::vector<float> v(65536);
+    for (std::uint32_t c = 0; c < 65536; ++c) v[c] = decode_bf16(static_cast<std::uint16_t>(c));
+    return v;
+  }();
+  return table[b];
 }
 
 std::uint16_t f32_to_bf16(float f) {
@@ -516,18 +550,12 @@ std::uint16_t f32_to_bf16(float f) {
 }
 
 float e4m3_to_f32(std::uint8_t q) {
-  const bool negative = (q >> 7) != 0;
-  const int exponent = (q >> 3) & 0xf;
-  const int mantissa = q & 0x7;
-  if (exponent == 0xf && mantissa == 0x7) {
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    return negative ? -nan : nan;
-  }
-  // Subnormal: mantissa * 2^(1 - 7 - 3); normal: (8 + mantissa) * 2^(exponent - 7 - 3).
-  const double magnitude = exponent == 0 ? std::ldexp(static_cast<double>(mantissa), -9)
-                                         : std::ldexp(static_cast<double>(8 + mantissa), exponent - 10);
-  const float f = static_cast<float>(magnitude);
-  return negative ? -f : f;
+  static const std::vector<float> table = [] {
+    std::vector<float> v(256);
+    for (std::uint32_t c = 0; c < 256; ++c) v[c] = decode_e4m3(static_cast<std::uint8_t>(c));
+    return v;
+  }();
+  return table[q];
 }
 
 std::uint8_t f32_to_e4m3(float f) {

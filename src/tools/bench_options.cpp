@@ -1,0 +1,126 @@
+#include "bench_options.hpp"
+
+#include <string>
+
+#include "epx/error.hpp"
+#include "epx/launch.hpp"
+
+namespace epx::tools {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); }
+
+}  // namespace
+
+const char* bench_definitions() {
+  return R"(What the numbers count (the same way on every run):
+  latency      wall time of one dispatch() or combine() call on one rank (CLOCK_MONOTONIC),
+               after a barrier that aligns the ranks; warmup iterations are not counted.
+  max-rank     per iteration, the largest latency over the ranks (what a training step waits
+               for); avg/p50/p95/max are taken over the timed iterations. p50/p95 are
+               nearest-rank percentiles: the smallest sample with at least 50% / 95% of the
+               samples <= it.
+  payload      counted from the routing itself, not from epx's counters. Dispatch: a token
+               counts once per unique destination rank of its valid experts, times one x row
+               (bf16: H*2 bytes; fp8: H + H/128*4 bytes incl. its scales), at the sending
+               rank; "local" is the part whose destination is the sender itself, "remote" the
+               rest. Combine: the same (token, destination) rows flowing back, bf16 (H*2
+               bytes), counted at the sender of the combine (the expert rank) = the compact
+               rows it received in dispatch. Metadata (indices, weights) is not payload.
+  algbw        payload bytes / time, GB/s = 1e9 B/s. Per rank: its payload / its avg latency;
+               total: the sum of all ranks' payload / avg max-rank latency.
+  memcpy       measured in the same run, interleaved with the epx iterations, in the same P
+               processes at once: each rank memcpy()s exactly its payload bytes for the op,
+               row by row, between pre-faulted private buffers. memcpy GB/s = total payload /
+               avg max-rank memcpy time; ratio = epx algbw / memcpy GB/s for the same bytes.
+               Top-level memcpy_gbps = (dispatch + combine bytes) / (both max-rank times).
+  puts         epx's own counters (per call, summed over workers): remote puts + puts into
+               the rank's own window; bytes/put = their bytes / their number. Dispatch puts
+               also carry row metadata, so epx's byte count exceeds the payload by that.
+  phases       per rank, avg over iterations of the max over workers of the time a worker
+               spent in the phase (plan, notify, put_issue, wait_data, barrier, epilogue);
+               "other" = latency minus their sum (allocation, fork/join, handle building).
+  counters     --counters-overhead N: after the timed loop, blocks of N iterations with a
+               fresh Buffer, counters off, on, on, off; ratio = median max-rank latency on/off.
+  span, skew   per iteration, first rank's call start to last rank's call end, and the spread
+               of the call starts (how well the barrier aligned the ranks).
+  slowest rank the rank with the highest avg latency (per op; for the route histogram: of
+               dispatch + combine). "dominant" = the phase with the most time.
+  baseline     --baseline mpi: epx_mpi_baseline (MPI_Alltoallv) on the same routing and
+               iterations, each op timed after an MPI_Barrier, the same max-rank and
+               percentile definitions; speed ratio = MPI time / epx time (> 1: epx faster).
+               The outputs are compared by FNV-1a 64 hashes of every rank's recv_x and of
+               combined_x with the identity expert (exit status 3 if they differ).
+  routing      uniform: each token picks K distinct experts uniformly; --skew s > 0: expert e
+               is drawn with weight 1/(e+1)^s (no repeats), so low experts and ranks are hot.)";
+}
+
+void check_shape(int ranks, int experts, int hidden, int topk, bool fp8, const std::string& where) {
+  if (ranks < 1) bad(where + ": the number of ranks must be >= 1, got " + std::to_string(ranks));
+  if (experts < 1 || experts % ranks != 0)
+    bad(where + ": the number of experts E = " + std::to_string(experts) + " must be a positive multiple of the ranks P = " +
+        std::to_string(ranks));
+  if (hidden < 1) bad(where + ": hidden must be >= 1, got " + std::to_string(hidden));
+  if (topk < 1 || topk > experts)
+    bad(where + ": topk K = " + std::to_string(topk) + " must be in [1, E = " + std::to_string(experts) + "]");
+  if (fp8 && hidden % 128 != 0) bad(where + ": --fp8 needs hidden % 128 == 0, got H = " + std::to_string(hidden));
+}
+
+void validate_options(const BenchOptions& o) {
+  if (o.routing.empty()) {
+    check_shape(o.ranks, o.experts, o.hidden, o.topk, o.fp8, "epx bench");
+    if (o.tokens < 0) bad("--tokens must be >= 0, got " + std::to_string(o.tokens));
+  }
+  if (o.layout != "compact" && o.layout != "expanded") bad("--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
+  if (o.alignment < 1) bad("--alignment must be >= 1, got " + std::to_string(o.alignment));
+  if (o.workers < 0) bad("--workers must be >= 0 (0 = auto), got " + std::to_string(o.workers));
+  if (o.iters < 1) bad("--iters must be >= 1, got " + std::to_string(o.iters));
+  if (o.warmup < 0) bad("--warmup must be >= 0, got " + std::to_string(o.warmup));
+  if (o.overhead_iters < 0) bad("--counters-overhead must be >= 0, got " + std::to_string(o.overhead_iters));
+  if (o.skew < 0) bad("--skew must be >= 0 (0 = uniform), got " + std::to_string(o.skew));
+  if (o.timeout_ms < 1) bad("--timeout-ms must be >= 1, got " + std::to_string(o.timeout_ms));
+  if (!o.baseline.empty() && o.baseline != "mpi") bad("--baseline must be 'mpi', got '" + o.baseline + "'");
+  parse_transport_kind(o.transport);
+}
+
+void add_bench_options(CLI::App* sub, BenchOptions& o) {
+  sub->add_option("--ranks", o.ranks, "P: ranks (processes with shm, threads with --transport threads)")->capture_default_str();
+  sub->add_option("--tokens", o.tokens, "S: tokens per rank")->capture_default_str();
+  sub->add_option("--hidden", o.hidden, "H: hidden size")->capture_default_str();
+  sub->add_option("--topk", o.topk, "K: experts per token")->capture_default_str();
+  sub->add_option("--experts", o.experts, "E: experts (a multiple of P)")->capture_default_str();
+  sub->add_flag("--fp8", o.fp8, "dispatch FP8 E4M3 x with float32 scales (H % 128 == 0); combine stays bf16");
+  sub->add_option("--layout", o.layout, "dispatch output layout: compact | expanded")->capture_default_str();
+  sub->add_option("--alignment", o.alignment, "expert_alignment A of the expanded layout")->capture_default_str();
+  sub->add_flag("--cached", o.cached, "time cached dispatches (the handle of one fresh dispatch made before warmup)");
+  sub->add_option("--workers", o.workers, "worker threads per rank (0 = auto: cores / ranks)")->capture_default_str();
+  sub->add_option("--warmup", o.warmup, "untimed iterations first")->capture_default_str();
+  sub->add_option("--iters", o.iters, "timed iterations (one dispatch + one combine each)")->capture_default_str();
+  sub->add_option("--routing", o.routing,
+                  "read the routing from a SPEC 7 input directory (meta.json, rank<r>/topk_idx.npy; optional "
+                  "topk_weights.npy and x.npy or x_fp8.npy + x_scales.npy; random x when absent). P, E, H, K "
+                  "and the tokens come from there")
+      ->type_name("DIR");
+  sub->add_option("--skew", o.skew, "generated routing: 0 = uniform top-k, s > 0 = Zipf-like, expert e drawn with weight 1/(e+1)^s")
+      ->capture_default_str();
+  sub->add_option("--seed", o.seed, "seed of the generated routing and x")->capture_default_str();
+  sub->add_option("--json", o.json, "write every number of the report, machine-readable, to FILE")->type_name("FILE");
+  sub->add_option("--trace", o.trace, "write a Chrome trace (Perfetto, chrome://tracing): a track per rank and worker, a slice per phase and iteration")
+      ->type_name("FILE");
+  sub->add_option("--transport", o.transport, "shm (ranks are processes) | threads")->capture_default_str();
+  sub->add_option("--timeout-ms", o.timeout_ms, "a rank that waits longer than this fails")->capture_default_str();
+  sub->add_flag("!--no-counters", o.counters, "time with epx's per-worker counters off (no phases, no put counts)");
+  sub->add_option("--counters-overhead", o.overhead_iters,
+                  "iterations per block of the counters off-vs-on comparison (fresh Buffers, blocks off,on,on,off; 0 = skip)")
+      ->capture_default_str();
+  sub->add_flag("!--no-progress", o.progress, "no progress line on stderr");
+  sub->add_option("--baseline", o.baseline,
+                  "mpi: also run epx_mpi_baseline (Megatron-style MPI all-to-all dispatcher) via mpirun on the same "
+                  "routing, check it produces the same rows and print it side by side");
+  sub->add_option("--mpi-baseline", o.mpi_baseline, "path of epx_mpi_baseline (default: <build>/bench/, then PATH)")->type_name("PATH");
+  sub->add_option("--mpirun", o.mpirun, "path of mpirun (default: PATH)")->type_name("PATH");
+  sub->footer(bench_definitions());
+}
+
+}  // namespace epx::tools

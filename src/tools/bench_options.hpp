@@ -1,0 +1,60 @@
+// `epx bench` options: what to run, how often, and where the results go.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+namespace epx::tools {
+
+struct BenchOptions {
+  // Shape (ignored with --routing, which brings its own meta.json).
+  int ranks = 8;
+  std::int64_t tokens = 512;  ///< tokens per rank (S)
+  int hidden = 7168;
+  int topk = 8;
+  int experts = 256;
+  bool fp8 = false;
+  // Routing: generated (uniform top-k when skew == 0, else Zipf-like), or read from a dir.
+  double skew = 0.0;
+  std::uint64_t seed = 1;
+  std::string routing;  ///< SPEC 7 input directory; empty = generate
+  // Calls.
+  std::string layout = "compact";
+  int alignment = 1;
+  bool cached = false;  ///< time cached dispatches (with the handle of a first fresh one)
+  int workers = 0;      ///< 0 = the engine's auto choice
+  int warmup = 3;
+  int iters = 20;
+  std::string transport = "shm";
+  std::int64_t timeout_ms = 60000;
+  // Counters.
+  bool counters = true;     ///< BufferConfig::collect_stats for the timed iterations
+  int overhead_iters = 3;   ///< per block of the counters-off-vs-on comparison (0 = skip)
+  // Outputs.
+  std::string json;   ///< --json FILE
+  std::string trace;  ///< --trace FILE (Chrome trace events)
+  bool progress = true;
+  // Baseline.
+  std::string baseline;      ///< "" | "mpi"
+  std::string mpi_baseline;  ///< path of epx_mpi_baseline (else located next to epx, or on PATH)
+  std::string mpirun;        ///< path of mpirun (else on PATH)
+
+  bool expanded() const noexcept { return layout == "expanded"; }
+};
+
+/// Throws epx::Error(kInvalidArgument) naming the option for values out of range (the
+/// shape is checked again against the routing once it is known, see check_shape).
+void validate_options(const BenchOptions& o);
+
+/// Checks E % P, fp8 and H % 128, K <= E; `where` names the source ("--experts", meta.json).
+void check_shape(int ranks, int experts, int hidden, int topk, bool fp8, const std::string& where);
+
+/// Registers every option of `epx bench` on `sub` (bound to `o`) and its --help footer,
+/// which says what each reported number counts.
+void add_bench_options(CLI::App* sub, BenchOptions& o);
+
+/// The text of --help's footer (also the definitions printed in the JSON).
+const char* bench_definitions();
+
+}  // namespace epx::tools

@@ -1,0 +1,29 @@
+// `epx bench` files: --json (every number of the report) and --trace (Chrome trace events).
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "bench_report.hpp"
+#include "bench_runner.hpp"
+
+namespace epx::tools {
+
+/// The report as JSON: top level ranks, tokens, hidden, topk, experts, fp8, layout,
+/// memcpy_gbps, ...; per op ("dispatch", "combine") max_rank_us {avg,p50,p95,max},
+/// rank_us, payload_bytes_per_rank, local_bytes_per_rank, algbw_gbps, ratio_vs_memcpy,
+/// puts, phases_us {phase: [per rank]}, ...; "route", "worker_counters", "baseline".
+nlohmann::ordered_json bench_json(const BenchReport& r);
+
+/// Writes bench_json(r) to `path` (kIo on failure).
+void write_bench_json(const std::filesystem::path& path, const BenchReport& r);
+
+/// Chrome trace-event JSON ({"traceEvents": [...]}, "ph":"X" slices, ts/dur in us from
+/// the first call's start): pid = rank, tid = worker (plus one track for the memcpy
+/// reference); per timed iteration a slice per call and, with counters, per phase, laid
+/// out in phase order from the call's start (the engine records durations, not times).
+nlohmann::json bench_trace(const std::vector<BenchRankRecord>& records);
+void write_bench_trace(const std::filesystem::path& path, const std::vector<BenchRankRecord>& records);
+
+}  // namespace epx::tools

@@ -1,0 +1,98 @@
+// `epx bench` results: the ranks' records aggregated into the numbers of the report (one
+// definition for each, see bench_definitions()), and the fixed-width text report.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_mpi.hpp"
+#include "bench_options.hpp"
+#include "bench_routing.hpp"
+#include "bench_runner.hpp"
+#include "bench_stats.hpp"
+#include "epx/stats.hpp"
+
+namespace epx::tools {
+
+/// The engine's phases plus "other" (latency not covered by any phase).
+inline constexpr int kBenchPhases = kNumPhases + 1;
+const char* bench_phase_name(int i) noexcept;
+
+/// Names of the metrics of the [rank, worker, metric] counter array (per call averages).
+const std::vector<std::string>& worker_metric_names();
+
+struct OpReport {
+  std::string name;  ///< "dispatch" | "combine"
+  std::vector<double> max_rank_series;  ///< [iters] max over ranks of the latency
+  Summary max_rank;                     ///< of max_rank_series (us)
+  Summary span;                         ///< per iteration, first rank's start to last rank's end
+  double start_skew_us = 0;             ///< avg over iterations of (last start - first start)
+  std::vector<std::vector<double>> rank_series;  ///< [P][iters] latency (us)
+  std::vector<Summary> rank;                     ///< [P]
+  int slowest_rank = 0;                          ///< highest avg latency
+  std::vector<std::int64_t> payload_bytes, local_bytes;  ///< [P] from the routing
+  std::int64_t total_payload = 0;
+  std::vector<double> algbw_rank_gbps;  ///< payload / avg latency
+  double algbw_gbps = 0;                ///< total payload / avg max-rank latency
+  std::vector<double> memcpy_rank_us;   ///< [P] avg
+  Summary memcpy_max_rank;
+  double memcpy_gbps = 0, ratio_vs_memcpy = 0;
+  // Engine counters (counters == false: none of these).
+  bool counters = false;
+  std::vector<double> puts_rank, remote_puts_rank, bytes_rank, remote_bytes_rank;  ///< [P] per call
+  double puts = 0, remote_puts = 0, bytes_per_put = 0;                             ///< all ranks, per call
+  std::vector<double> metadata_bytes_per_row;  ///< [P] (engine bytes - payload) / sent rows
+  std::vector<std::array<double, kBenchPhases>> phases_rank;  ///< [P] avg of max over workers (us)
+  std::array<double, kBenchPhases> phases_avg{};              ///< avg over ranks
+  std::vector<int> dominant_rank;                            ///< [P]
+  int dominant = 0;
+  std::vector<std::vector<std::vector<double>>> worker_metrics;  ///< [P][W][metric]
+  // Counters off vs on.
+  bool overhead = false;
+  Summary off, on;  ///< max-rank latency per iteration, blocks off / on
+  double counters_ratio = 0;  ///< median on / median off
+};
+
+struct RouteReport {
+  std::vector<std::int64_t> unique_dest_hist;  ///< [min(K,P)+1], all ranks' tokens
+  double avg_unique_dest = 0;
+  std::int64_t recv_min = 0, recv_max = 0;
+  double recv_avg = 0, recv_imbalance = 0;
+  int recv_max_rank = 0;
+  std::int64_t expert_min = 0, expert_max = 0;
+  double expert_avg = 0, expert_imbalance = 0;
+  int expert_max_id = 0;
+  int slowest_rank = 0;            ///< highest avg dispatch + combine latency
+  double slowest_round_trip_us = 0;
+  double round_trip_avg_us = 0;    ///< avg over ranks
+};
+
+struct BenchReport {
+  BenchOptions options;
+  int ranks = 0, experts = 0, hidden = 0, topk = 0;
+  std::int64_t max_tokens = 0;
+  bool fp8 = false;
+  std::string source;
+  int workers = 0;  ///< per rank (0: unknown)
+  unsigned cores = 0;
+  RouteCount count;
+  OpReport dispatch, combine;
+  double memcpy_gbps = 0;  ///< (dispatch + combine payload) / (their max-rank memcpy times)
+  RouteReport route;
+  std::vector<std::string> warnings;
+  bool baseline_requested = false;
+  BaselineResult baseline;
+  double wall_s = 0;
+};
+
+/// Aggregates the ranks' records; cross-checks the engine's byte counters and output rows
+/// against the independent count (differences become warnings).
+BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const RouteCount& rc,
+                            const std::vector<BenchRankRecord>& records);
+
+void print_bench_report(std::FILE* out, const BenchReport& r);
+
+}  // namespace epx::tools

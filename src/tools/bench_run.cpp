@@ -1,0 +1,95 @@
+#include "bench_run.hpp"
+
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+
+#include "bench_mpi.hpp"
+#include "bench_output.hpp"
+#include "bench_routing.hpp"
+#include "bench_runner.hpp"
+#include "epx/error.hpp"
+#include "epx/launch.hpp"
+
+namespace fs = std::filesystem;
+
+namespace epx::tools {
+
+namespace {
+
+// A private temp dir for the ranks' records (and the baseline's input), removed on exit.
+class TempDir {
+ public:
+  TempDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = (tmp && *tmp ? std::string(tmp) : std::string("/tmp")) + "/epx-bench-XXXXXX";
+    if (mkdtemp(templ.data()) == nullptr) throw Error(ErrorCode::kIo, "cannot create a temporary directory " + templ);
+    path_ = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+}  // namespace
+
+int run_bench(const BenchOptions& o, std::FILE* out, BenchReport* report) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  validate_options(o);
+  const BenchProblem problem = make_problem(o);
+  const RouteCount count = count_routes(problem, o.expanded(), o.alignment);
+  TempDir tmp;
+
+  LaunchOptions lo;
+  lo.num_ranks = problem.ranks;
+  lo.transport = parse_transport_kind(o.transport);
+  lo.timeout = std::chrono::milliseconds(o.timeout_ms);
+  launch(lo, [&](Transport& t) { run_bench_rank(t, problem, count, o, tmp.path()); });
+
+  std::vector<BenchRankRecord> records;
+  for (int r = 0; r < problem.ranks; ++r) records.push_back(read_bench_record(bench_record_path(tmp.path(), r)));
+
+  BenchReport rep = aggregate_bench(o, problem, count, records);
+  if (o.baseline == "mpi") {
+    rep.baseline_requested = true;
+    if (o.progress) std::fprintf(stderr, "epx bench: running the MPI baseline ...\n");
+    rep.baseline = run_mpi_baseline(o, problem, tmp.path());
+    if (rep.baseline.ran) {
+      verify_baseline(rep.baseline, records);
+      if (!rep.baseline.payload_bytes.empty()) {
+        std::vector<std::int64_t> mine;
+        for (int r = 0; r < problem.ranks; ++r) mine.push_back(count.dispatch_bytes(r));
+        if (rep.baseline.payload_bytes != mine)
+          rep.warnings.push_back("the MPI baseline counts different dispatch payload bytes per rank than epx bench");
+      }
+    } else if (o.progress) {
+      std::fprintf(stderr, "epx bench: MPI baseline unavailable: %s\n", rep.baseline.why_not.c_str());
+    }
+  }
+  rep.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+
+  print_bench_report(out, rep);
+  if (!o.json.empty()) {
+    write_bench_json(o.json, rep);
+    std::fprintf(out, "\nwrote %s\n", o.json.c_str());
+  }
+  if (!o.trace.empty()) {
+    write_bench_trace(o.trace, records);
+    std::fprintf(out, "wrote %s (open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace.c_str());
+  }
+  std::fflush(out);
+  const int status = rep.baseline_requested && rep.baseline.ran && !rep.baseline.verified ? 3 : 0;
+  if (report) *report = std::move(rep);
+  return status;
+}
+
+}  // namespace epx::tools

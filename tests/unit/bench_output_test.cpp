@@ -1,0 +1,246 @@
+// `epx bench` end to end on a tiny shape with threads as ranks: the JSON has every
+// required field with the right sizes and the independent payload count, the trace is
+// valid Chrome trace JSON with slices for every rank; the rank record file round-trips.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "bench_mpi.hpp"
+#include "bench_routing.hpp"
+#include "bench_run.hpp"
+#include "bench_runner.hpp"
+#include "epx/error.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace epx::tools;
+
+namespace {
+
+class BenchRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static std::atomic<int> counter{0};
+    dir_ = fs::temp_directory_path() / ("epx_bench_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(dir_);
+    sink_ = std::fopen("/dev/null", "w");
+  }
+  void TearDown() override {
+    if (sink_) std::fclose(sink_);
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  static BenchOptions tiny() {
+    BenchOptions o;
+    o.ranks = 2, o.hidden = 256, o.topk = 2, o.experts = 4, o.tokens = 16;
+    o.iters = 2, o.warmup = 1, o.overhead_iters = 1;
+    o.transport = "threads";
+    o.progress = false;
+    return o;
+  }
+  static json read_json(const fs::path& p) {
+    std::ifstream f(p);
+    return json::parse(f);  // throws on invalid JSON
+  }
+  fs::path dir_;
+  std::FILE* sink_ = nullptr;
+};
+
+void expect_summary(const json& j, const char* what) {
+  SCOPED_TRACE(what);
+  ASSERT_TRUE(j.is_object());
+  for (const char* k : {"avg", "p50", "p95", "max"}) {
+    ASSERT_TRUE(j.contains(k)) << k;
+    EXPECT_TRUE(j[k].is_number()) << k;
+    EXPECT_GE(j[k].get<double>(), 0) << k;
+  }
+  EXPECT_LE(j["p50"].get<double>(), j["max"].get<double>());
+  EXPECT_LE(j["p95"].get<double>(), j["max"].get<double>());
+}
+
+}  // namespace
+
+TEST_F(BenchRun, JsonHasEveryRequiredFieldAndTheIndependentPayload) {
+  BenchOptions o = tiny();
+  o.json = (dir_ / "bench.json").string();
+  o.trace = (dir_ / "trace.json").string();
+  ASSERT_EQ(run_bench(o, sink_), 0);
+  const json j = read_json(o.json);
+  EXPECT_EQ(j["ranks"], 2);
+  EXPECT_EQ(j["tokens"], 16);
+  EXPECT_EQ(j["hidden"], 256);
+  EXPECT_EQ(j["topk"], 2);
+  EXPECT_EQ(j["experts"], 4);
+  EXPECT_EQ(j["fp8"], false);
+  EXPECT_EQ(j["layout"], "compact");
+  ASSERT_TRUE(j["memcpy_gbps"].is_number());
+  EXPECT_GT(j["memcpy_gbps"].get<double>(), 0);
+
+  // The same routing, counted here by brute force.
+  const BenchProblem p = make_problem(o);
+  const int L = 2;
+  std::vector<std::int64_t> sent(2, 0), local(2, 0), recv(2, 0), recv_local(2, 0);
+  for (int s = 0; s < 2; ++s)
+    for (int t = 0; t < 16; ++t)
+      for (int d = 0; d < 2; ++d) {
+        bool there = false;
+        for (int k = 0; k < 2; ++k) there |= p.rank[s].topk_idx[t * 2 + k] / L == d;
+        if (!there) continue;
+        ++sent[s], ++recv[d];
+        if (s == d) ++local[s], ++recv_local[d];
+      }
+
+  for (const char* op : {"dispatch", "combine"}) {
+    SCOPED_TRACE(op);
+    const json& d = j[op];
+    ASSERT_TRUE(d.is_object());
+    expect_summary(d["max_rank_us"], "max_rank_us");
+    ASSERT_EQ(d["rank_us"].size(), 2u);
+    ASSERT_EQ(d["payload_bytes_per_rank"].size(), 2u);
+    ASSERT_EQ(d["local_bytes_per_rank"].size(), 2u);
+    const bool is_dispatch = std::string(op) == "dispatch";
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_GT(d["rank_us"][r].get<double>(), 0);
+      EXPECT_EQ(d["payload_bytes_per_rank"][r].get<std::int64_t>(), (is_dispatch ? sent[r] : recv[r]) * 512);
+      EXPECT_EQ(d["local_bytes_per_rank"][r].get<std::int64_t>(), (is_dispatch ? local[r] : recv_local[r]) * 512);
+    }
+    EXPECT_GT(d["algbw_gbps"].get<double>(), 0);
+    EXPECT_GT(d["ratio_vs_memcpy"].get<double>(), 0);
+    ASSERT_TRUE(d["puts"].is_number());
+    EXPECT_GT(d["puts"].get<double>(), 0);
+    ASSERT_TRUE(d["phases_us"].is_object());
+    for (const char* ph : {"plan", "notify", "put_issue", "wait_data", "barrier", "epilogue", "other"}) {
+      ASSERT_TRUE(d["phases_us"].contains(ph)) << ph;
+      EXPECT_EQ(d["phases_us"][ph].size(), 2u) << ph;
+    }
+    EXPECT_EQ(d["iterations"]["max_rank_us"].size(), 2u);
+    EXPECT_TRUE(d.contains("counters_overhead"));
+  }
+  EXPECT_TRUE(j["warnings"].empty()) << j["warnings"].dump();
+  const json& wc = j["worker_counters"];
+  ASSERT_EQ(wc["dispatch"].size(), 2u);  // [rank][worker][metric]
+  EXPECT_EQ(wc["dispatch"][0][0].size(), wc["metrics"].size());
+  EXPECT_EQ(j["route"]["recv_rows_per_rank"], json(recv));
+
+  // The trace: valid JSON, complete events on every rank, phases included.
+  const json t = read_json(o.trace);
+  ASSERT_TRUE(t["traceEvents"].is_array());
+  std::set<int> pids;
+  std::set<std::string> names;
+  for (const json& e : t["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    pids.insert(e["pid"].get<int>());
+    names.insert(e["name"].get<std::string>());
+    EXPECT_GE(e["ts"].get<double>(), 0);
+    EXPECT_GE(e["dur"].get<double>(), 0);
+    EXPECT_TRUE(e.contains("tid"));
+  }
+  EXPECT_EQ(pids, (std::set<int>{0, 1}));
+  for (const char* n : {"dispatch #0", "combine #1", "notify", "put_issue", "epilogue"}) EXPECT_TRUE(names.count(n)) << n;
+}
+
+TEST_F(BenchRun, CountersOffExpandedFp8FromADirectory) {
+  // A SPEC 7 directory with uneven (and zero) token counts; fp8, expanded, cached.
+  BenchOptions gen = tiny();
+  gen.tokens = 9;
+  BenchProblem p = make_problem(gen);
+  p.rank[1].tokens = 0;
+  p.rank[1].topk_idx.clear();
+  p.rank[1].topk_weights.clear();
+  p.rank[1].x = epx::Tensor(epx::DType::kBF16, {0, 256});
+  write_routing_dir(p, dir_ / "in");
+  fs::remove(dir_ / "in" / "rank0" / "x.npy");  // random x when absent
+
+  BenchOptions o = tiny();
+  o.routing = (dir_ / "in").string();
+  o.fp8 = true;
+  o.layout = "expanded";
+  o.alignment = 4;
+  o.cached = true;
+  o.counters = false;
+  o.overhead_iters = 0;
+  o.json = (dir_ / "b.json").string();
+  BenchReport rep;
+  ASSERT_EQ(run_bench(o, sink_, &rep), 0);
+  const json j = read_json(o.json);
+  EXPECT_EQ(j["tokens_per_rank"], json({9, 0}));
+  EXPECT_EQ(j["fp8"], true);
+  EXPECT_EQ(j["layout"], "expanded");
+  EXPECT_EQ(j["dispatch"]["row_bytes"], 256 + 2 * 4);
+  EXPECT_TRUE(j["dispatch"]["puts"].is_null());
+  EXPECT_TRUE(j["dispatch"]["phases_us"].empty());
+  EXPECT_EQ(j["dispatch"]["payload_bytes_per_rank"][1], 0);
+  EXPECT_TRUE(rep.warnings.empty());
+}
+
+TEST_F(BenchRun, MissingMpiIsReportedAndTheRunGoesOn) {
+  BenchOptions o = tiny();
+  o.baseline = "mpi";
+  o.mpirun = (dir_ / "no-such-mpirun").string();
+  o.json = (dir_ / "b.json").string();
+  BenchReport rep;
+  ASSERT_EQ(run_bench(o, sink_, &rep), 0);
+  EXPECT_FALSE(rep.baseline.ran);
+  EXPECT_NE(rep.baseline.why_not.find("no-such-mpirun"), std::string::npos);
+  const json j = read_json(o.json);
+  EXPECT_EQ(j["baseline"]["available"], false);
+  // The hashes the baseline would be compared with were still computed.
+  EXPECT_TRUE(j["dispatch"]["max_rank_us"].is_object());
+}
+
+TEST_F(BenchRun, BadOptionsAreErrors) {
+  BenchOptions o = tiny();
+  o.experts = 5;
+  EXPECT_THROW(run_bench(o, sink_), epx::Error);
+  o = tiny();
+  o.layout = "wide";
+  EXPECT_THROW(run_bench(o, sink_), epx::Error);
+  o = tiny();
+  o.fp8 = true;  // H = 256 is fine, H = 200 is not
+  o.hidden = 200;
+  EXPECT_THROW(run_bench(o, sink_), epx::Error);
+}
+
+TEST(BenchRecord, RoundTrips) {
+  BenchRankRecord r;
+  r.rank = 3;
+  r.workers = 2;
+  BenchCall c;
+  c.start_us = 12.5;
+  c.lat_us = 7.25;
+  c.workers.resize(2);
+  c.workers[1].phase_us[2] = 4.5;
+  c.workers[1].puts = 9;
+  c.workers[0].queue_bytes[0] = 77;
+  r.dispatch = {c, c};
+  r.combine = {c};
+  r.memcpy_dispatch_us = {1, 2};
+  r.on_combine_us = {3};
+  r.out_rows = 42;
+  r.hashed = true;
+  r.dispatch_hash = 0xdeadbeefULL;
+  const fs::path p = fs::temp_directory_path() / ("epx_bench_record_" + std::to_string(::getpid()));
+  write_bench_record(p, r);
+  const BenchRankRecord q = read_bench_record(p);
+  fs::remove(p);
+  EXPECT_EQ(q.rank, 3);
+  EXPECT_EQ(q.workers, 2);
+  ASSERT_EQ(q.dispatch.size(), 2u);
+  EXPECT_EQ(q.dispatch[1].lat_us, 7.25);
+  ASSERT_EQ(q.dispatch[1].workers.size(), 2u);
+  EXPECT_EQ(q.dispatch[1].workers[1].phase_us[2], 4.5);
+  EXPECT_EQ(q.dispatch[1].workers[1].puts, 9u);
+  EXPECT_EQ(q.dispatch[0].workers[0].queue_bytes[0], 77u);
+  EXPECT_EQ(q.memcpy_dispatch_us, (std::vector<double>{1, 2}));
+  EXPECT_EQ(q.on_combine_us, (std::vector<double>{3}));
+  EXPECT_EQ(q.out_rows, 42);
+  EXPECT_TRUE(q.hashed);
+  EXPECT_EQ(q.dispatch_hash, 0xdeadbeefULL);
+  EXPECT_THROW(read_bench_record(p), epx::Error);
+}

@@ -1,0 +1,164 @@
+// `epx bench`: the payload count and the generated routings (src/tools/bench_routing.hpp),
+// checked against a brute-force count written here.
+#include "bench_routing.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <set>
+#include <vector>
+
+using epx::tools::BenchOptions;
+using epx::tools::BenchProblem;
+using epx::tools::count_routes;
+using epx::tools::make_problem;
+using epx::tools::RouteCount;
+
+namespace {
+
+struct Brute {
+  std::vector<std::int64_t> sent, sent_local, recv, recv_local, slots, expert, out_rows;
+  std::vector<std::vector<std::int64_t>> hist;
+};
+
+// For every (source, token, destination): does any valid slot of the token live there?
+Brute brute_force(int P, int E, int K, const std::vector<std::vector<std::int64_t>>& idx, bool expanded, int A) {
+  const int L = E / P;
+  Brute b;
+  b.sent.assign(P, 0), b.sent_local.assign(P, 0), b.recv.assign(P, 0), b.recv_local.assign(P, 0);
+  b.slots.assign(P, 0), b.expert.assign(E, 0), b.out_rows.assign(P, 0);
+  b.hist.assign(P, std::vector<std::int64_t>(std::min(K, P) + 1, 0));
+  for (int s = 0; s < P; ++s) {
+    const std::int64_t S = static_cast<std::int64_t>(idx[s].size()) / K;
+    for (std::int64_t t = 0; t < S; ++t) {
+      int n = 0;
+      for (int d = 0; d < P; ++d) {
+        bool there = false;
+        for (int k = 0; k < K; ++k) {
+          const std::int64_t e = idx[s][t * K + k];
+          if (e >= 0 && e / L == d) there = true;
+        }
+        if (!there) continue;
+        ++n;
+        ++b.sent[s];
+        ++b.recv[d];
+        if (d == s) ++b.sent_local[s], ++b.recv_local[d];
+      }
+      ++b.hist[s][n];
+      for (int k = 0; k < K; ++k) {
+        const std::int64_t e = idx[s][t * K + k];
+        if (e >= 0) ++b.expert[e], ++b.slots[e / L];
+      }
+    }
+  }
+  for (int d = 0; d < P; ++d) {
+    if (!expanded) {
+      b.out_rows[d] = b.recv[d];
+      continue;
+    }
+    for (int j = 0; j < L; ++j) b.out_rows[d] += (b.expert[d * L + j] + A - 1) / A * A;
+  }
+  return b;
+}
+
+RouteCount count(int P, int E, int K, const std::vector<std::vector<std::int64_t>>& idx, std::size_t xrow, std::size_t yrow,
+                 bool expanded, int A) {
+  std::vector<const std::int64_t*> ptr;
+  std::vector<std::int64_t> tokens;
+  for (const auto& v : idx) {
+    ptr.push_back(v.data());
+    tokens.push_back(static_cast<std::int64_t>(v.size()) / K);
+  }
+  return count_routes(P, E, K, ptr, tokens, xrow, yrow, expanded, A);
+}
+
+void expect_matches(const RouteCount& c, const Brute& b, std::size_t xrow, std::size_t yrow) {
+  const int P = c.ranks;
+  for (int r = 0; r < P; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(c.sent_rows[r], b.sent[r]);
+    EXPECT_EQ(c.sent_local_rows[r], b.sent_local[r]);
+    EXPECT_EQ(c.recv_rows[r], b.recv[r]);
+    EXPECT_EQ(c.recv_local_rows[r], b.recv_local[r]);
+    EXPECT_EQ(c.recv_slots[r], b.slots[r]);
+    EXPECT_EQ(c.out_rows[r], b.out_rows[r]);
+    EXPECT_EQ(c.unique_dest_hist[r], b.hist[r]);
+    EXPECT_EQ(c.dispatch_bytes(r), b.sent[r] * static_cast<std::int64_t>(xrow));
+    EXPECT_EQ(c.dispatch_local_bytes(r), b.sent_local[r] * static_cast<std::int64_t>(xrow));
+    EXPECT_EQ(c.combine_bytes(r), b.recv[r] * static_cast<std::int64_t>(yrow));
+    EXPECT_EQ(c.combine_local_bytes(r), b.recv_local[r] * static_cast<std::int64_t>(yrow));
+  }
+  EXPECT_EQ(c.expert_rows, b.expert);
+}
+
+}  // namespace
+
+TEST(BenchRouting, PayloadMatchesBruteForceOnHandWrittenRouting) {
+  // P = 3, E = 6 (L = 2), K = 3; masked slots, two experts of one token on one rank, an
+  // empty rank and a token with no valid slot.
+  const int P = 3, E = 6, K = 3;
+  const std::vector<std::vector<std::int64_t>> idx = {
+      {0, 1, 2,    /* ranks 0, 0, 1 -> 2 destinations */
+       5, -1, 4,   /* rank 2 twice -> 1 */
+       -1, -1, -1, /* none */
+       3, 0, 5},   /* ranks 1, 0, 2 -> 3 */
+      {},
+      {1, -1, 2, 4, 5, 3}};
+  const std::size_t xrow = 7168 * 2, yrow = 7168 * 2;
+  for (const bool expanded : {false, true})
+    for (const int A : {1, 4}) {
+      const RouteCount c = count(P, E, K, idx, xrow, yrow, expanded, A);
+      expect_matches(c, brute_force(P, E, K, idx, expanded, A), xrow, yrow);
+    }
+  const RouteCount c = count(P, E, K, idx, xrow, yrow, false, 1);
+  // Spelled out for rank 0: 2 + 1 + 0 + 3 = 6 rows, 2 of them to itself (tokens 0 and 3).
+  EXPECT_EQ(c.sent_rows[0], 6);
+  EXPECT_EQ(c.sent_local_rows[0], 2);
+  EXPECT_EQ(c.dispatch_bytes(0), 6 * 14336);
+  EXPECT_EQ(c.unique_dest_hist[0], (std::vector<std::int64_t>{1, 1, 1, 1}));
+  EXPECT_EQ(c.sent_rows[1], 0);
+}
+
+TEST(BenchRouting, PayloadMatchesBruteForceOnGeneratedRoutings) {
+  for (const double skew : {0.0, 1.5}) {
+    BenchOptions o;
+    o.ranks = 4, o.experts = 16, o.topk = 5, o.hidden = 256, o.tokens = 37, o.skew = skew, o.seed = 7;
+    for (const bool fp8 : {false, true}) {
+      o.fp8 = fp8;
+      const BenchProblem p = make_problem(o);
+      ASSERT_EQ(p.ranks, 4);
+      std::vector<std::vector<std::int64_t>> idx;
+      for (const auto& r : p.rank) idx.push_back(r.topk_idx);
+      const std::size_t xrow = fp8 ? 256 + 2 * 4 : 512;
+      EXPECT_EQ(p.x_row_bytes(), xrow);
+      const RouteCount c = count_routes(p, true, 8);
+      expect_matches(c, brute_force(4, 16, 5, idx, true, 8), xrow, 512);
+    }
+  }
+}
+
+TEST(BenchRouting, GeneratedRoutingIsValidDeterministicAndSkewed) {
+  BenchOptions o;
+  o.ranks = 4, o.experts = 32, o.topk = 4, o.hidden = 128, o.tokens = 400, o.seed = 3;
+  const BenchProblem a = make_problem(o), b = make_problem(o);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(a.rank[r].topk_idx, b.rank[r].topk_idx);
+    ASSERT_EQ(a.rank[r].x.nbytes(), 400u * 128 * 2);
+    for (std::int64_t t = 0; t < 400; ++t) {
+      std::set<std::int64_t> seen;
+      float w = 0;
+      for (int k = 0; k < 4; ++k) {
+        const std::int64_t e = a.rank[r].topk_idx[t * 4 + k];
+        EXPECT_TRUE(e >= 0 && e < 32);
+        seen.insert(e);
+        w += a.rank[r].topk_weights[t * 4 + k];
+      }
+      EXPECT_EQ(seen.size(), 4u) << "an expert twice in token " << t;
+      EXPECT_NEAR(w, 1.0f, 1e-5);
+    }
+  }
+  o.skew = 1.2;
+  const RouteCount skewed = count_routes(make_problem(o), false, 1);
+  EXPECT_GT(skewed.expert_rows[0], 3 * skewed.expert_rows[31]);
+  EXPECT_GT(skewed.recv_rows[0], skewed.recv_rows[3]);
+}
