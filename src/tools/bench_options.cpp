@@ -40,9 +40,12 @@ const char* bench_definitions() {
                also carry row metadata, so epx's byte count exceeds the payload by that.
   phases       per rank, avg over iterations of the max over workers of the time a worker
                spent in the phase (plan, notify, put_issue, wait_data, barrier, epilogue);
-               "other" = latency minus their sum (allocation, fork/join, handle building).
-  counters     --counters-overhead N: after the timed loop, blocks of N iterations with a
-               fresh Buffer, counters off, on, on, off; ratio = median max-rank latency on/off.
+               "other" = latency minus their sum (output allocation, receiving row metadata,
+               building the handle and layout, worker fork/join).
+  counters     epx's per-worker counters are on for the timed loop (--no-counters: off).
+               --counters-overhead N: N iterations with the other setting (fresh Buffer, same
+               iteration structure incl. memcpy) before and N after the timed loop; ratio =
+               median max-rank latency with counters on / off.
   span, skew   per iteration, first rank's call start to last rank's call end, and the spread
                of the call starts (how well the barrier aligned the ranks).
   slowest rank the rank with the highest avg latency (per op; for the route histogram: of
@@ -112,7 +115,7 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--timeout-ms", o.timeout_ms, "a rank that waits longer than this fails")->capture_default_str();
   sub->add_flag("!--no-counters", o.counters, "time with epx's per-worker counters off (no phases, no put counts)");
   sub->add_option("--counters-overhead", o.overhead_iters,
-                  "iterations per block of the counters off-vs-on comparison (fresh Buffers, blocks off,on,on,off; 0 = skip)")
+                  "counters off-vs-on ratio: N iterations with the other counters setting before and N after the timed loop (0 = skip)")
       ->capture_default_str();
   sub->add_flag("!--no-progress", o.progress, "no progress line on stderr");
   sub->add_option("--baseline", o.baseline,

@@ -30,7 +30,7 @@ struct BenchOptions {
   std::int64_t timeout_ms = 60000;
   // Counters.
   bool counters = true;     ///< BufferConfig::collect_stats for the timed iterations
-  int overhead_iters = 3;   ///< per block of the counters-off-vs-on comparison (0 = skip)
+  int overhead_iters = 3;   ///< iterations per comparison block with the other counters setting (0 = skip)
   // Outputs.
   std::string json;   ///< --json FILE
   std::string trace;  ///< --trace FILE (Chrome trace events)

@@ -286,7 +286,7 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
                us(op.span.avg).c_str(), us(op.start_skew_us).c_str());
   std::fprintf(f, "  %-28s %.2f GB/s  (%s MB / avg max-rank latency)\n", "algbw total", op.algbw_gbps,
                mb(static_cast<double>(op.total_payload)).c_str());
-  std::fprintf(f, "  %-28s %.2f GB/s  (same bytes, same %d processes, max-rank avg %s us)  ->  epx = %.2fx memcpy\n",
+  std::fprintf(f, "  %-28s %.2f GB/s  (same bytes, same %d ranks at once, max-rank avg %s us)  ->  epx = %.2fx memcpy\n",
                "memcpy, this machine", op.memcpy_gbps, P, us(op.memcpy_max_rank.avg).c_str(), op.ratio_vs_memcpy);
   if (op.counters) {
     std::int64_t rows = 0;
@@ -300,8 +300,8 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
     std::fprintf(f, "  %-28s (counters off: --no-counters)\n", "puts");
   }
   if (op.overhead)
-    std::fprintf(f, "  %-28s on/off = %.3f  (median max-rank %s us on, %s us off; %zu iters each, blocks off,on,on,off)\n",
-                 "counters overhead", op.counters_ratio, us(op.on.p50).c_str(), us(op.off.p50).c_str(), op.on.n);
+    std::fprintf(f, "  %-28s on/off = %.3f  (median max-rank latency %s us on (%zu iters), %s us off (%zu iters))\n",
+                 "counters overhead", op.counters_ratio, us(op.on.p50).c_str(), op.on.n, us(op.off.p50).c_str(), op.off.n);
 
   std::fprintf(f, "  rank    avg_us    p50_us    p95_us    max_us  remote_MB  local_MB  algbw_GB/s  memcpy_us%s\n",
                op.counters ? "   puts   B/put" : "");

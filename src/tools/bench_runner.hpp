@@ -28,7 +28,8 @@ struct BenchRankRecord {
   std::vector<BenchCall> dispatch, combine;  ///< [iters]
   std::vector<double> memcpy_dispatch_start_us, memcpy_dispatch_us;  ///< [iters]
   std::vector<double> memcpy_combine_start_us, memcpy_combine_us;    ///< [iters]
-  /// Counters off-vs-on blocks (off, on, off, on), latencies in block order.
+  /// Counters off / on latencies: the timed loop's, and those of the comparison blocks with
+  /// the other setting (before and after the timed loop).
   std::vector<double> off_dispatch_us, off_combine_us, on_dispatch_us, on_combine_us;
   std::int64_t out_rows = 0;  ///< rows of the dispatch output
   bool hashed = false;        ///< hashes computed (--baseline mpi, bf16)

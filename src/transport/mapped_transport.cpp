@@ -28,6 +28,16 @@ void ControlBlock::record_failure(int rank, int error_code, int origin, const ch
   s.state.store(static_cast<std::int32_t>(RankState::kFailed), std::memory_order_release);
 }
 
+TransportCaps mapped_caps(const char* name) {
+  TransportCaps c;
+  c.name = name;
+  c.peer_memory_mapped = true;
+  c.ordered_signal_per_queue = true;
+  c.put_completes_on_return = true;
+  c.max_queues = 64;
+  return c;
+}
+
 Backoff::Backoff(std::chrono::milliseconds timeout)
     : deadline_(std::chrono::steady_clock::now() + timeout) {}
 

@@ -30,6 +30,10 @@ class Backoff {
   std::chrono::steady_clock::time_point deadline_;
 };
 
+/// What every mapped transport guarantees: puts are memcpys that complete on return,
+/// so a later release-store signal orders them on any queue.
+TransportCaps mapped_caps(const char* name);
+
 class MappedTransport : public Transport {
  public:
   MappedTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout,

@@ -13,20 +13,8 @@
 
 namespace epx::detail {
 
-namespace {
-TransportCaps shm_caps() {
-  TransportCaps c;
-  c.name = "shm";
-  c.peer_memory_mapped = true;
-  c.ordered_signal_per_queue = true;
-  c.put_completes_on_return = true;
-  c.max_queues = 64;
-  return c;
-}
-}  // namespace
-
 ShmTransport::ShmTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout)
-    : MappedTransport(control, rank, timeout, shm_caps()) {}
+    : MappedTransport(control, rank, timeout, mapped_caps("shm")) {}
 
 ShmTransport::~ShmTransport() { unmap_all(); }
 

@@ -7,20 +7,8 @@
 
 namespace epx::detail {
 
-namespace {
-TransportCaps threads_caps() {
-  TransportCaps c;
-  c.name = "threads";
-  c.peer_memory_mapped = true;
-  c.ordered_signal_per_queue = true;
-  c.put_completes_on_return = true;
-  c.max_queues = 64;
-  return c;
-}
-}  // namespace
-
 ThreadsTransport::ThreadsTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout)
-    : MappedTransport(control, rank, timeout, threads_caps()) {}
+    : MappedTransport(control, rank, timeout, mapped_caps("threads")) {}
 
 void ThreadsTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
   bootstrap_barrier("allocate: enter");  // nobody touches the old windows any more
