@@ -46,11 +46,19 @@ struct TensorView {
 };
 
 /// Owning C-order tensor. Move-only; bytes are uninitialised unless made with `zeros`.
+/// The bytes may come from a pool (epx's outputs do): they return to it when the tensor
+/// is destroyed, so steady-state calls do not page-fault fresh memory.
 class Tensor {
  public:
   Tensor() = default;
   Tensor(DType dtype, Shape shape);
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
   static Tensor zeros(DType dtype, Shape shape);
+  /// A tensor over `storage` (at least numel * dtype_size bytes), which it keeps alive.
+  static Tensor adopt(std::shared_ptr<std::byte> storage, DType dtype, Shape shape);
 
   DType dtype() const noexcept { return dtype_; }
   const Shape& shape() const noexcept { return shape_; }
@@ -69,7 +77,7 @@ class Tensor {
  private:
   DType dtype_ = DType::kBF16;
   Shape shape_;
-  std::unique_ptr<std::byte[]> bytes_;
+  std::shared_ptr<std::byte> bytes_;
 };
 
 }  // namespace epx

@@ -36,7 +36,15 @@ std::string Shape::str() const {
 
 Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(shape) {
   const std::size_t n = nbytes();
-  bytes_.reset(new std::byte[n > 0 ? n : 1]);
+  bytes_ = std::shared_ptr<std::byte>(new std::byte[n > 0 ? n : 1], std::default_delete<std::byte[]>());
+}
+
+Tensor Tensor::adopt(std::shared_ptr<std::byte> storage, DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.bytes_ = std::move(storage);
+  return t;
 }
 
 Tensor Tensor::zeros(DType dtype, Shape shape) {

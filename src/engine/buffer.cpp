@@ -300,7 +300,7 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   m.wait_phase(m.combine_signal(0, 0), "combine data");
   CombineResult out;
   out.combined_x = m.reduce(h, a);
-  out.topk_weights = Tensor(DType::kF32, h.topk_weights.shape());
+  out.topk_weights = m.outputs.make(DType::kF32, h.topk_weights.shape());
   std::memcpy(out.topk_weights.data(), h.topk_weights.data(), h.topk_weights.nbytes());
   m.end_stats();
   return out;

@@ -96,7 +96,7 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a) {
   const auto* b0 = a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>();
   const auto* b1 = a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>();
   const bool by_max_slot = h.layout == RecvLayout::kExpanded;
-  Tensor out(DType::kBF16, {S, static_cast<std::int64_t>(H)});
+  Tensor out = outputs.make(DType::kBF16, {S, static_cast<std::int64_t>(H)});
   auto* o = out.as<std::uint16_t>();
 
   pool.run([&](int w) {
@@ -106,8 +106,13 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a) {
     std::vector<std::pair<std::int32_t, std::int64_t>> order;  // (sort key, reply row)
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::size_t off = static_cast<std::size_t>(t) * H;
-      for (std::size_t c = 0; c < H; ++c)
-        acc[c] = (b0 ? bf16_to_f32(b0[off + c]) : 0.0f) + (b1 ? bf16_to_f32(b1[off + c]) : 0.0f);
+      std::fill(acc.begin(), acc.end(), 0.0f);  // a missing bias counts as 0.0f
+      if (b0)
+        for (std::size_t c = 0; c < H; ++c) acc[c] = bf16_to_f32(b0[off + c]);
+      if (b1)
+        for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(b1[off + c]);
+      else
+        for (std::size_t c = 0; c < H; ++c) acc[c] += 0.0f;  // f32(b0) + 0.0f: -0.0 becomes +0.0
       // Expanded: groups in ascending order of their largest k; compact: ascending rank.
       order.clear();
       for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {

@@ -168,14 +168,14 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
   const bool expanded = h.layout == RecvLayout::kExpanded;
 
   DispatchResult out;
-  out.recv_x = Tensor(dt, {rows, H});
-  if (fp8) out.recv_x_scales = Tensor(DType::kF32, {rows, B});
-  out.recv_src = Tensor(DType::kI64, {rows, expanded ? 3 : 2});
+  out.recv_x = outputs.make(dt, {rows, H});
+  if (fp8) out.recv_x_scales = outputs.make(DType::kF32, {rows, B});
+  out.recv_src = outputs.make(DType::kI64, {rows, expanded ? 3 : 2});
   if (expanded) {
-    out.recv_weights = Tensor(DType::kF32, {rows});
+    out.recv_weights = outputs.make(DType::kF32, {rows});
   } else {
-    out.recv_topk_idx = Tensor(DType::kI64, {rows, K});
-    out.recv_topk_weights = Tensor(DType::kF32, {rows, K});
+    out.recv_topk_idx = outputs.make(DType::kI64, {rows, K});
+    out.recv_topk_weights = outputs.make(DType::kF32, {rows, K});
   }
   auto* rx = static_cast<std::byte*>(out.recv_x.data());
   auto* rs = static_cast<std::byte*>(fp8 ? out.recv_x_scales.data() : nullptr);

@@ -14,6 +14,7 @@
 
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
+#include "tensor_pool.hpp"
 #include "worker_pool.hpp"
 
 namespace epx::detail {
@@ -155,6 +156,7 @@ struct Buffer::Impl {
   std::uint64_t epoch = 0;  // collective calls made so far (the same on every rank)
   detail::WindowLayout window;
   detail::WorkerPool pool;
+  detail::TensorPool outputs;  // every tensor a call returns
   std::vector<std::byte> meta_stage;      // sender's row metadata, per plan entry
   std::vector<std::uint16_t> reply_stage;  // combine partials that need rounding
   CallStats stats;
