@@ -85,6 +85,9 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
     o["on_max_rank_us"] = summary_json(op.on);
     o["iters_per_mode"] = op.on.n;
     o["ratio_on_off"] = op.counters_ratio;
+    o["comparison_before_us"] = summary_json(op.compare_before);
+    o["comparison_after_us"] = summary_json(op.compare_after);
+    o["drift"] = op.drift;
     j["counters_overhead"] = o;
   }
   ordered_json it;

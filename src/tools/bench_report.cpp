@@ -172,6 +172,16 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
   op.on = summarize(max_over(on));
   op.overhead = op.off.n > 0 && op.on.n > 0;
   op.counters_ratio = op.overhead && op.off.p50 > 0 ? op.on.p50 / op.off.p50 : 0;
+  std::vector<std::vector<double>> before(at(P)), after(at(P));
+  for (int r = 0; r < P; ++r) {
+    const auto& other = o.counters ? off[at(r)] : on[at(r)];
+    const size_t half = other.size() / 2;
+    before[at(r)].assign(other.begin(), other.begin() + static_cast<std::ptrdiff_t>(half));
+    after[at(r)].assign(other.begin() + static_cast<std::ptrdiff_t>(half), other.end());
+  }
+  op.compare_before = summarize(max_over(before));
+  op.compare_after = summarize(max_over(after));
+  op.drift = op.compare_after.p50 > 0 ? std::fabs(op.compare_before.p50 / op.compare_after.p50 - 1) : 0;
   return op;
 }
 
@@ -299,9 +309,15 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
   } else {
     std::fprintf(f, "  %-28s (counters off: --no-counters)\n", "puts");
   }
-  if (op.overhead)
-    std::fprintf(f, "  %-28s on/off = %.3f  (median max-rank latency %s us on (%zu iters), %s us off (%zu iters))\n",
+  if (op.overhead) {
+    const bool on_main = rep.options.counters;
+    std::fprintf(f, "  %-28s on/off = %.3f  (median max-rank latency %s us on, %zu iters; %s us off, %zu iters)\n",
                  "counters overhead", op.counters_ratio, us(op.on.p50).c_str(), op.on.n, us(op.off.p50).c_str(), op.off.n);
+    std::fprintf(f, "  %-28s counters %s: %s us before the timed loop, %s us after: drift %.1f%%%s\n", "", on_main ? "off" : "on",
+                 us(op.compare_before.p50).c_str(), us(op.compare_after.p50).c_str(), 100 * op.drift,
+                 std::fabs(op.counters_ratio - 1) <= op.drift ? " >= |on/off - 1|: the difference is within this machine's noise"
+                                                               : "");
+  }
 
   std::fprintf(f, "  rank    avg_us    p50_us    p95_us    max_us  remote_MB  local_MB  algbw_GB/s  memcpy_us%s\n",
                op.counters ? "   puts   B/put" : "");
@@ -433,13 +449,15 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
       const Summary& m = op == &r.dispatch ? r.baseline.dispatch : r.baseline.combine;
       line += fmt(", %.2fx the MPI baseline's speed", op->max_rank.avg > 0 ? m.avg / op->max_rank.avg : 0);
     }
+    double rank_mean = 0;
+    for (const Summary& s : op->rank) rank_mean += s.avg / static_cast<double>(op->rank.size());
+    const double slow = op->rank.empty() || rank_mean <= 0 ? 0 : 100 * (op->rank[at(op->slowest_rank)].avg / rank_mean - 1);
     if (op->counters) {
       const Planes pl = planes(*op);
-      line += fmt("; time: data plane %.0f%%, control plane %.0f%%, sync %.0f%%, other %.0f%%; dominant phase %s; slowest rank %d",
-                  100 * pl.data, 100 * pl.control, 100 * pl.sync, 100 * pl.other, bench_phase_name(op->dominant), op->slowest_rank);
-    } else {
-      line += fmt("; slowest rank %d", op->slowest_rank);
+      line += fmt("; time: data plane %.0f%%, control plane %.0f%%, sync %.0f%%, other %.0f%%; dominant phase %s", 100 * pl.data,
+                  100 * pl.control, 100 * pl.sync, 100 * pl.other, bench_phase_name(op->dominant));
     }
+    line += fmt("; slowest rank %d (+%.1f%% over the ranks' mean)", op->slowest_rank, slow);
     std::fprintf(f, "%s\n", line.c_str());
   }
   std::fprintf(f, "  %-8s (data plane = put_issue + epilogue, control plane = plan + notify, sync = wait_data + barrier)\n", "");

@@ -54,6 +54,10 @@ struct OpReport {
   bool overhead = false;
   Summary off, on;  ///< max-rank latency per iteration, blocks off / on
   double counters_ratio = 0;  ///< median on / median off
+  /// The comparison blocks (the setting the timed loop did not use) before and after the
+  /// timed loop, separately: how much the machine drifted during the run.
+  Summary compare_before, compare_after;
+  double drift = 0;  ///< |median before / median after - 1|
 };
 
 struct RouteReport {
