@@ -62,6 +62,10 @@ struct DispatchArgs {
   std::int64_t num_worst_tokens = 0; ///< W > 0: exactly W output rows (SPEC §3.3)
   bool deterministic = false;        ///< expanded rows sorted by (s, t) in each expert
   bool zero_padding = false;         ///< padding rows of recv_x are all-zero bits
+  /// Compact layout only: recv_x and recv_x_scales are views of this Buffer's receive
+  /// window, where the senders put the rows — no copy at all. They stay valid until the
+  /// next dispatch on this Buffer (combine leaves them alone) or its destruction.
+  bool recv_in_window = false;
   /// Cached dispatch: reuse this handle's plan; x must have the handle's S and H.
   const DispatchHandle* handle = nullptr;
 };

@@ -51,12 +51,12 @@ detail::WindowLayout make_layout(const BufferConfig& c, int P) {
   const std::size_t H = static_cast<std::size_t>(c.hidden), K = static_cast<std::size_t>(c.num_topk);
   w.header_bytes = align_up(sizeof(NotifyHeader) + sizeof(std::int32_t) * static_cast<std::size_t>(P + c.num_experts), 64);
   w.recv_rows = c.max_recv_rows > 0 ? c.max_recv_rows : static_cast<std::int64_t>(P) * c.max_tokens_per_rank;
-  const std::int64_t reply_rows = c.max_tokens_per_rank * std::min<std::int64_t>(c.num_topk, P);
-  w.data_rows = std::max(w.recv_rows, reply_rows);
+  w.reply_rows = c.max_tokens_per_rank * std::min<std::int64_t>(c.num_topk, P);
   w.meta_bytes = align_up(8 + 16 * K, 8);
   w.headers = 0;
   w.data = align_up(w.headers + 2 * static_cast<std::size_t>(P) * w.header_bytes, 4096);
-  w.scales = align_up(w.data + static_cast<std::size_t>(w.data_rows) * 2 * H, 64);
+  w.replies = align_up(w.data + static_cast<std::size_t>(w.recv_rows) * 2 * H, 4096);
+  w.scales = align_up(w.replies + static_cast<std::size_t>(w.reply_rows) * 2 * H, 64);
   const std::size_t scale_row = H % 128 == 0 ? H / 128 * sizeof(float) : 0;
   w.meta = align_up(w.scales + static_cast<std::size_t>(w.recv_rows) * scale_row, 64);
   w.total = w.meta + static_cast<std::size_t>(w.recv_rows) * w.meta_bytes;
@@ -143,6 +143,12 @@ MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
   if (a.expert_alignment < 1)
     return make_status(ErrorCode::kInvalidArgument,
                        "expert_alignment must be >= 1, got " + std::to_string(a.expert_alignment));
+  if (a.recv_in_window && a.layout != RecvLayout::kCompact)
+    return make_status(ErrorCode::kInvalidArgument, "recv_in_window needs the compact layout");
+  if (a.recv_in_window && a.num_worst_tokens > window.recv_rows)
+    return make_status(ErrorCode::kCapacityExceeded,
+                       "recv_in_window: num_worst_tokens = " + std::to_string(a.num_worst_tokens) +
+                           " exceeds the receive area's " + std::to_string(window.recv_rows) + " rows");
   if (a.num_worst_tokens < 0)
     return make_status(ErrorCode::kInvalidArgument,
                        "num_worst_tokens must be >= 0, got " + std::to_string(a.num_worst_tokens));

@@ -45,7 +45,7 @@ void Buffer::Impl::send_replies_impl(const HandleState& h, const CombineArgs& a)
       if (lo >= hi) continue;
       const std::size_t dst_row = static_cast<std::size_t>(h.reply_base[static_cast<std::size_t>(s)] + (lo - b));
       if (!expanded) {  // compact: y's rows from s are contiguous and so are their slots at s
-        put(s, window.data + dst_row * row_bytes, y + static_cast<std::size_t>(lo) * H,
+        put(s, window.replies + dst_row * row_bytes, y + static_cast<std::size_t>(lo) * H,
             static_cast<std::size_t>(hi - lo) * row_bytes);
         continue;
       }
@@ -58,7 +58,7 @@ void Buffer::Impl::send_replies_impl(const HandleState& h, const CombineArgs& a)
         int slots = 0, only = -1;
         for (int k = 0; k < K; ++k)
           if (rows[k] >= 0) ++slots, only = k;
-        const std::size_t dst = window.data + (dst_row + static_cast<std::size_t>(r - lo)) * row_bytes;
+        const std::size_t dst = window.replies + (dst_row + static_cast<std::size_t>(r - lo)) * row_bytes;
         if (slots == 1 && !a.weighted) {  // a single slot passes through unchanged
           put(s, dst, y + static_cast<std::size_t>(rows[only]) * H, row_bytes);
           continue;
@@ -92,7 +92,7 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
   const std::size_t H = static_cast<std::size_t>(config.hidden);
-  const auto* replies = reinterpret_cast<const std::uint16_t*>(transport.window() + window.data);
+  const auto* replies = reinterpret_cast<const std::uint16_t*>(transport.window() + window.replies);
   const auto* b0 = a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>();
   const auto* b1 = a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>();
   const bool by_max_slot = h.layout == RecvLayout::kExpanded;

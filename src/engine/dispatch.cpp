@@ -168,8 +168,17 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
   const bool expanded = h.layout == RecvLayout::kExpanded;
 
   DispatchResult out;
-  out.recv_x = outputs.make(dt, {rows, H});
-  if (fp8) out.recv_x_scales = outputs.make(DType::kF32, {rows, B});
+  const bool in_window = a.recv_in_window;
+  if (in_window) {  // views: the rows already sit where the compact output wants them
+    std::byte* base = transport.window();
+    out.recv_x = Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + window.data), dt, {rows, H});
+    if (fp8)
+      out.recv_x_scales =
+          Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + window.scales), DType::kF32, {rows, B});
+  } else {
+    out.recv_x = outputs.make(dt, {rows, H});
+    if (fp8) out.recv_x_scales = outputs.make(DType::kF32, {rows, B});
+  }
   out.recv_src = outputs.make(DType::kI64, {rows, expanded ? 3 : 2});
   if (expanded) {
     out.recv_weights = outputs.make(DType::kF32, {rows});
@@ -206,9 +215,11 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     const auto [r0, r1] = split_range(N, w, W);
     if (!expanded) {
-      std::memcpy(rx + static_cast<std::size_t>(r0) * row_bytes, data + static_cast<std::size_t>(r0) * row_bytes,
-                  static_cast<std::size_t>(r1 - r0) * row_bytes);
-      if (fp8)
+      if (!in_window) {
+        std::memcpy(rx + static_cast<std::size_t>(r0) * row_bytes, data + static_cast<std::size_t>(r0) * row_bytes,
+                    static_cast<std::size_t>(r1 - r0) * row_bytes);
+      }
+      if (fp8 && !in_window)
         std::memcpy(rs + static_cast<std::size_t>(r0) * scale_bytes, scales + static_cast<std::size_t>(r0) * scale_bytes,
                     static_cast<std::size_t>(r1 - r0) * scale_bytes);
       for (std::int64_t r = r0; r < r1; ++r) {

@@ -73,12 +73,13 @@ struct NotifyHeader {
 struct WindowLayout {
   std::size_t header_bytes = 0;  // one NotifyHeader + counts, 64-aligned
   std::size_t headers = 0;       // 2 parities x P headers
-  std::size_t data = 0;          // rows x row bytes: dispatch rows, later combine replies
+  std::size_t data = 0;          // recv_rows x 2H: dispatch rows, in the compact output order
+  std::size_t replies = 0;       // reply_rows x 2H: combine partials coming back
   std::size_t scales = 0;        // FP8 scale rows
   std::size_t meta = 0;          // one RowMeta (+ K idx, weights, rows) per received row
   std::size_t meta_bytes = 0;
   std::size_t total = 0;
-  std::int64_t data_rows = 0;    // rows the data region holds at 2H bytes
+  std::int64_t reply_rows = 0;   // C * min(K, P): one per (token, destination) of a source
   std::int64_t recv_rows = 0;    // rows the receive area holds (scales, meta)
   std::size_t header_offset(std::uint64_t epoch, int src, int num_ranks) const noexcept {
     return headers + ((epoch & 1) * static_cast<std::size_t>(num_ranks) + static_cast<std::size_t>(src)) * header_bytes;

@@ -56,8 +56,29 @@ const char* bench_definitions() {
                The outputs are compared by FNV-1a 64 hashes of every rank's recv_x and of
                combined_x with the identity expert (exit status 3 if they differ).
   routing      uniform: each token picks K distinct experts uniformly; --skew s > 0: expert e
-               is drawn with weight 1/(e+1)^s (no repeats), so low experts and ranks are hot.)";
+               is drawn with weight 1/(e+1)^s (no repeats), so low experts and ranks are hot.
+  eplb         --eplb: the load of each logical expert = its (t, k) slots over all ranks of
+               this very routing (an oracle: a deployment plans from past batches) is given
+               to rebalance_experts(load, 1 layer, E, R, 1 group, 1 node, P GPUs); every
+               rank's topk_idx is mapped to physical experts with map_to_replicas (choice
+               spread: token index mod replicas; rank / server: a replica on the token's own
+               rank / server if any) and the timed dispatch/combine, the payload, the route
+               histogram and "experts" are those of the PHYSICAL routing (R experts). The
+               EPLB section compares, per rank, the compact rows and the slots received
+               without replicas (logical routing, not timed) and with them (physical,
+               timed): imbalance = max / avg over the ranks; most loaded rank = the one
+               with the most rows; planned load = the planner's per-GPU load (slots,
+               eplb_gpu_load*). Every physical slot is checked to map back (phy2log) to the
+               logical expert it came from.)";
 }
+
+int default_eplb_replicas(int experts, int ranks) noexcept {
+  if (experts < 1 || ranks < 1) return experts;
+  const int target = experts + (experts + 3) / 4;
+  return (target + ranks - 1) / ranks * ranks;
+}
+
+std::string eplb_choice_name(const BenchOptions& o) { return o.eplb_choice.empty() ? "spread" : o.eplb_choice; }
 
 void check_shape(int ranks, int experts, int hidden, int topk, bool fp8, const std::string& where) {
   if (ranks < 1) bad(where + ": the number of ranks must be >= 1, got " + std::to_string(ranks));
@@ -85,6 +106,31 @@ void validate_options(const BenchOptions& o) {
   if (o.timeout_ms < 1) bad("--timeout-ms must be >= 1, got " + std::to_string(o.timeout_ms));
   if (!o.baseline.empty() && o.baseline != "mpi") bad("--baseline must be 'mpi', got '" + o.baseline + "'");
   parse_transport_kind(o.transport);
+  if (!o.eplb) {
+    if (o.eplb_replicas != 0) bad("--eplb-replicas needs --eplb");
+    if (!o.eplb_choice.empty()) bad("--eplb-choice needs --eplb");
+    if (o.eplb_servers_of != 0) bad("--eplb-servers-of needs --eplb");
+    return;
+  }
+  if (o.eplb_replicas < 0) bad("--eplb-replicas must be >= 0 (0 = default), got " + std::to_string(o.eplb_replicas));
+  const std::string choice = eplb_choice_name(o);
+  if (choice != "spread" && choice != "rank" && choice != "server")
+    bad("--eplb-choice must be 'spread', 'rank' or 'server', got '" + o.eplb_choice + "'");
+  if (o.eplb_servers_of < 0) bad("--eplb-servers-of must be >= 1, got " + std::to_string(o.eplb_servers_of));
+  if (o.eplb_servers_of != 0 && choice != "server")
+    bad("--eplb-servers-of only applies to --eplb-choice server (got --eplb-choice " + choice + ")");
+  // The replicas against the shape: here for a generated routing, again in apply_eplb for --routing.
+  if (o.routing.empty()) check_eplb_shape(o, o.ranks, o.experts);
+}
+
+void check_eplb_shape(const BenchOptions& o, int ranks, int experts) {
+  const int R = o.eplb_replicas > 0 ? o.eplb_replicas : default_eplb_replicas(experts, ranks);
+  if (R < experts || R % ranks != 0)
+    bad("--eplb-replicas R = " + std::to_string(R) + " must be >= the logical experts E = " + std::to_string(experts) +
+        " and a multiple of the ranks P = " + std::to_string(ranks));
+  const int n = o.eplb_servers_of > 0 ? o.eplb_servers_of : 1;
+  if (ranks % n != 0)
+    bad("--eplb-servers-of " + std::to_string(n) + " must divide the ranks P = " + std::to_string(ranks));
 }
 
 void add_bench_options(CLI::App* sub, BenchOptions& o) {
@@ -123,6 +169,18 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
                   "routing, check it produces the same rows and print it side by side");
   sub->add_option("--mpi-baseline", o.mpi_baseline, "path of epx_mpi_baseline (default: <build>/bench/, then PATH)")->type_name("PATH");
   sub->add_option("--mpirun", o.mpirun, "path of mpirun (default: PATH)")->type_name("PATH");
+  sub->add_flag("--eplb", o.eplb,
+                "dispatch through EPLB replicas planned from this routing's own expert load (oracle) and report the "
+                "per-rank received rows and their max/avg imbalance without and with replicas");
+  sub->add_option("--eplb-replicas", o.eplb_replicas,
+                  "R physical experts, >= E and a multiple of P (0 = default: E + ceil(E/4) rounded up to a multiple of P)")
+      ->capture_default_str();
+  sub->add_option("--eplb-choice", o.eplb_choice,
+                  "which replica a (token, slot) uses: spread (token index mod replicas, the default) | rank (one on the "
+                  "token's own rank if any) | server (one on the token's own server if any)")
+      ->type_name("CHOICE");
+  sub->add_option("--eplb-servers-of", o.eplb_servers_of, "ranks per server for --eplb-choice server (divides P; default 1)")
+      ->type_name("N");
   sub->footer(bench_definitions());
 }
 

@@ -39,6 +39,11 @@ struct BenchOptions {
   std::string baseline;      ///< "" | "mpi"
   std::string mpi_baseline;  ///< path of epx_mpi_baseline (else located next to epx, or on PATH)
   std::string mpirun;        ///< path of mpirun (else on PATH)
+  // EPLB: dispatch through redundant experts planned from this batch's own expert load.
+  bool eplb = false;
+  int eplb_replicas = 0;        ///< R physical experts; 0 = default_eplb_replicas(E, P)
+  std::string eplb_choice;      ///< "" (= spread) | spread | rank | server
+  int eplb_servers_of = 0;      ///< ranks per server for --eplb-choice server; 0 = default 1
 
   bool expanded() const noexcept { return layout == "expanded"; }
 };
@@ -49,6 +54,16 @@ void validate_options(const BenchOptions& o);
 
 /// Checks E % P, fp8 and H % 128, K <= E; `where` names the source ("--experts", meta.json).
 void check_shape(int ranks, int experts, int hidden, int topk, bool fp8, const std::string& where);
+
+/// The default --eplb-replicas: E + ceil(E/4) rounded up to a multiple of P (>= E + 1, so
+/// the hottest experts get about a quarter more slots in total; 256 experts on 8 ranks -> 320).
+int default_eplb_replicas(int experts, int ranks) noexcept;
+
+/// --eplb-choice with the default applied: "spread", "rank" or "server".
+std::string eplb_choice_name(const BenchOptions& o);
+
+/// Checks --eplb-replicas (or its default) and --eplb-servers-of against P and E.
+void check_eplb_shape(const BenchOptions& o, int ranks, int experts);
 
 /// Registers every option of `epx bench` on `sub` (bound to `o`) and its --help footer,
 /// which says what each reported number counts.

@@ -189,6 +189,7 @@ ordered_json bench_json(const BenchReport& r) {
     }
     j["baseline"] = bj;
   }
+  if (r.eplb.enabled) j["eplb"] = eplb_json(r.eplb);
   j["warnings"] = r.warnings;
   j["definitions"] = bench_definitions();
   return j;

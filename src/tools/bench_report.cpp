@@ -367,13 +367,15 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
   const int P = r.ranks;
   std::int64_t tokens = 0;
   for (std::int64_t t : rc.tokens) tokens += t;
-  std::fprintf(f, "epx bench: P=%d ranks (%s, %s worker%s each, %u cores)  S=%s tokens/rank  H=%d  K=%d  E=%d (%d per rank)\n", P,
+  std::fprintf(f, "epx bench: P=%d ranks (%s, %s worker%s each, %u cores)  S=%s tokens/rank  H=%d  K=%d  E=%d (%d per rank%s)\n", P,
                o.transport == "shm" ? "shm processes" : "threads",
                r.workers > 0 ? std::to_string(r.workers).c_str() : (o.workers > 0 ? std::to_string(o.workers).c_str() : "auto"),
                r.workers == 1 ? "" : "s", r.cores,
                P > 0 && tokens == static_cast<std::int64_t>(P) * rc.tokens[0] ? std::to_string(rc.tokens[0]).c_str()
                                                                                : fmt("%.1f avg", static_cast<double>(tokens) / P).c_str(),
-               r.hidden, r.topk, r.experts, r.experts / std::max(1, P));
+               r.hidden, r.topk, r.experts, r.experts / std::max(1, P),
+               r.eplb.enabled ? fmt("; physical: %d logical + %d replicas", r.eplb.logical_experts, r.experts - r.eplb.logical_experts).c_str()
+                              : "");
   std::fprintf(f, "  %s, %s layout%s, %s dispatch; routing: %s\n", r.fp8 ? "fp8 e4m3 (+ f32 scales)" : "bf16", o.layout.c_str(),
                o.expanded() ? fmt(" (alignment %d)", o.alignment).c_str() : "", o.cached ? "cached" : "fresh", r.source.c_str());
   std::fprintf(f, "  %d timed iterations after %d warmup, counters %s; latency = wall time of the call after a barrier; wall %.1f s\n",
@@ -383,7 +385,7 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
                  std::max(1, r.workers), r.cores);
 
   const RouteReport& h = r.route;
-  std::fprintf(f, "\nROUTING\n");
+  std::fprintf(f, "\nROUTING%s\n", r.eplb.enabled ? "  (the physical routing, after EPLB: experts are the R physical slots)" : "");
   std::fprintf(f, "  %-28s %s  (avg %.2f)\n", "unique dest ranks per token", hist_text(h.unique_dest_hist).c_str(), h.avg_unique_dest);
   std::fprintf(f, "  %-28s min %lld  avg %.1f  max %lld (rank %d)  imbalance max/avg %.3f\n", "rows received per rank",
                static_cast<long long>(h.recv_min), h.recv_avg, static_cast<long long>(h.recv_max), h.recv_max_rank,
@@ -414,6 +416,8 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
                  h.recv_avg, s * L, s * L + L - 1, static_cast<long long>(mn), L ? static_cast<double>(sum) / L : 0.0,
                  static_cast<long long>(mx), mx_e);
   }
+
+  print_eplb_report(f, r.eplb);
 
   print_op(f, r, r.dispatch, true);
   print_op(f, r, r.combine, false);

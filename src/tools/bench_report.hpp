@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_eplb.hpp"
 #include "bench_mpi.hpp"
 #include "bench_options.hpp"
 #include "bench_routing.hpp"
@@ -89,6 +90,7 @@ struct BenchReport {
   std::vector<std::string> warnings;
   bool baseline_requested = false;
   BaselineResult baseline;
+  EplbReport eplb;  ///< --eplb (enabled == false otherwise); experts, count, route are then the physical routing's
   double wall_s = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "bench_eplb.hpp"
 #include "bench_mpi.hpp"
 #include "bench_output.hpp"
 #include "bench_routing.hpp"
@@ -45,7 +46,9 @@ class TempDir {
 int run_bench(const BenchOptions& o, std::FILE* out, BenchReport* report) {
   const auto wall0 = std::chrono::steady_clock::now();
   validate_options(o);
-  const BenchProblem problem = make_problem(o);
+  BenchProblem problem = make_problem(o);
+  EplbReport eplb;
+  if (o.eplb) eplb = apply_eplb(o, problem);  // from here on, the problem's routing is the physical one
   const RouteCount count = count_routes(problem, o.expanded(), o.alignment);
   TempDir tmp;
 
@@ -59,6 +62,12 @@ int run_bench(const BenchOptions& o, std::FILE* out, BenchReport* report) {
   for (int r = 0; r < problem.ranks; ++r) records.push_back(read_bench_record(bench_record_path(tmp.path(), r)));
 
   BenchReport rep = aggregate_bench(o, problem, count, records);
+  if (eplb.enabled) {
+    eplb.measured_slowest_rank = rep.route.slowest_rank;
+    if (eplb.with.recv_rows != count.recv_rows || eplb.with.recv_slots != count.recv_slots)
+      rep.warnings.push_back("eplb: the physical routing's received rows differ from those of the timed run's count");
+    rep.eplb = std::move(eplb);
+  }
   if (o.baseline == "mpi") {
     rep.baseline_requested = true;
     if (o.progress) std::fprintf(stderr, "epx bench: running the MPI baseline ...\n");

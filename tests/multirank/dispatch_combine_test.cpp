@@ -166,6 +166,22 @@ void run_case(TransportKind kind, const Case& c) {
     wide.handle = &d.handle;
     wide.weighted = c.weighted;
     expect_bits(r, "combined_x (wide-range y)", buffer.combine(wide).combined_x.data(), combined_wide[ur]);
+
+    // Zero-copy: the compact output as a view of the window, fresh and cached; a combine
+    // in between must leave it alone.
+    if (!c.d.expanded) {
+      DispatchArgs zc = dispatch_args(v, c.d);
+      zc.recv_in_window = true;
+      DispatchResult dz = buffer.dispatch(zc);
+      expect_dispatch(r, p, c.d, want[ur], dz);
+      CombineArgs cz = ca;
+      cz.handle = &dz.handle;
+      expect_bits(r, "combined_x (recv_in_window)", buffer.combine(cz).combined_x.data(), combined[ur]);
+      expect_dispatch(r, p, c.d, want[ur], dz);
+      zc.handle = &dz.handle;
+      zc.x = views_of(p2, r).x;
+      expect_dispatch(r, p2, c.d, want2[ur], buffer.dispatch(zc));
+    }
   });
 }
 

@@ -1,0 +1,217 @@
+#include "bench_eplb.hpp"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <tuple>
+
+#include "epx/eplb.hpp"
+#include "epx/error.hpp"
+
+namespace epx::tools {
+
+namespace {
+
+using std::size_t;
+size_t at(std::int64_t i) { return static_cast<size_t>(i); }
+
+ReplicaChoice parse_choice(const std::string& c) {
+  if (c == "rank") return ReplicaChoice::kPreferRank;
+  if (c == "server") return ReplicaChoice::kPreferServer;
+  return ReplicaChoice::kSpread;
+}
+
+// max / avg of v (1 when the avg is 0, like eplb_max_over_avg) and the first arg max.
+template <class T>
+std::pair<double, int> max_over_avg(const std::vector<T>& v) {
+  if (v.empty()) return {1.0, 0};
+  const auto mx = std::max_element(v.begin(), v.end());
+  const double sum = static_cast<double>(std::accumulate(v.begin(), v.end(), T{0}));
+  const double avg = sum / static_cast<double>(v.size());
+  return {avg > 0 ? static_cast<double>(*mx) / avg : 1.0, static_cast<int>(mx - v.begin())};
+}
+
+EplbSide side(const RouteCount& rc, std::vector<double> planned) {
+  EplbSide s;
+  s.recv_rows = rc.recv_rows;
+  s.recv_slots = rc.recv_slots;
+  s.sent_rows = rc.sent_rows;
+  for (int r = 0; r < rc.ranks; ++r) {
+    s.total_rows += rc.recv_rows[at(r)];
+    s.total_slots += rc.recv_slots[at(r)];
+    s.local_rows += rc.recv_local_rows[at(r)];
+  }
+  std::tie(s.rows_imbalance, s.max_rows_rank) = max_over_avg(s.recv_rows);
+  std::tie(s.slots_imbalance, s.max_slots_rank) = max_over_avg(s.recv_slots);
+  s.planned_load = std::move(planned);
+  s.planned_imbalance = max_over_avg(s.planned_load).first;
+  return s;
+}
+
+}  // namespace
+
+EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p) {
+  const int P = p.ranks, E = p.experts, K = p.topk;
+  check_eplb_shape(o, P, E);
+  EplbReport e;
+  e.enabled = true;
+  e.ranks = P;
+  e.logical_experts = E;
+  e.replicas = o.eplb_replicas > 0 ? o.eplb_replicas : default_eplb_replicas(E, P);
+  e.choice = eplb_choice_name(o);
+  e.ranks_per_server = o.eplb_servers_of > 0 ? o.eplb_servers_of : 1;
+
+  // The planner's input: the slots of each logical expert over all ranks of this routing.
+  const RouteCount logical = count_routes(p, false, 1);
+  e.expert_load.reserve(at(E));
+  for (const std::int64_t n : logical.expert_rows) e.expert_load.push_back(static_cast<float>(n));
+  const EplbPlan plan = rebalance_experts(e.expert_load, 1, E, e.replicas, 1, 1, P);
+  e.logcnt = plan.logcnt;
+  e.phy2log = plan.phy2log;
+
+  ReplicaRouting how;
+  how.num_ranks = P;
+  how.ranks_per_server = e.ranks_per_server;
+  how.choice = parse_choice(e.choice);
+  const int R = e.replicas;
+  for (int r = 0; r < P; ++r) {
+    BenchRankInput& in = p.rank[at(r)];
+    how.rank = r;
+    std::vector<std::int64_t> phys = map_to_replicas(in.topk_idx, K, plan, how);
+    // The check: same shape, -1 stays -1, every physical slot serves the logical expert it
+    // came from, and a token never names a physical expert twice.
+    if (phys.size() != in.topk_idx.size())
+      throw Error(ErrorCode::kInternal, "epx bench --eplb: rank " + std::to_string(r) + ": map_to_replicas changed the shape", r);
+    for (std::int64_t t = 0; t < in.tokens; ++t)
+      for (int k = 0; k < K; ++k) {
+        const size_t i = at(t * K + k);
+        const std::int64_t le = in.topk_idx[i], pe = phys[i];
+        const std::string where = "epx bench --eplb: rank " + std::to_string(r) + " token " + std::to_string(t) + " slot " +
+                                  std::to_string(k) + ": logical expert " + std::to_string(le);
+        if (le < 0) {
+          if (pe != -1) throw Error(ErrorCode::kInternal, where + " was mapped to physical slot " + std::to_string(pe), r);
+          continue;
+        }
+        if (pe < 0 || pe >= R)
+          throw Error(ErrorCode::kInternal, where + " was mapped to " + std::to_string(pe) + ", outside [0, R = " +
+                                                std::to_string(R) + ")", r);
+        if (plan.phy2log[at(pe)] != le)
+          throw Error(ErrorCode::kInternal, where + " was mapped to physical slot " + std::to_string(pe) +
+                                                ", which serves logical expert " + std::to_string(plan.phy2log[at(pe)]), r);
+        for (int j = 0; j < k; ++j)
+          if (phys[at(t * K + j)] == pe)
+            throw Error(ErrorCode::kInternal, where + ": physical slot " + std::to_string(pe) + " named twice by the token", r);
+        ++e.mapped_slots;
+      }
+    in.topk_idx = std::move(phys);
+  }
+  e.mapping_verified = true;
+  p.experts = R;
+  p.source += ", EPLB: " + std::to_string(E) + " logical experts -> " + std::to_string(R) + " physical (" + e.choice + ")";
+
+  const RouteCount physical = count_routes(p, false, 1);
+  e.without = side(logical, eplb_gpu_load_without_replicas(e.expert_load, 1, E, P));
+  e.with = side(physical, eplb_gpu_load(plan, e.expert_load, P));
+  return e;
+}
+
+void print_eplb_report(std::FILE* f, const EplbReport& e) {
+  if (!e.enabled) return;
+  const int P = e.ranks, E = e.logical_experts, R = e.replicas;
+  std::fprintf(f, "\nEPLB  (%d logical experts -> R = %d physical, %d per rank; replica choice: %s", E, R, P > 0 ? R / P : 0,
+               e.choice.c_str());
+  if (e.choice == "server") std::fprintf(f, ", %d rank%s per server", e.ranks_per_server, e.ranks_per_server == 1 ? "" : "s");
+  std::fprintf(f, ")\n");
+  std::fprintf(f, "  planner input: the slots of each logical expert in THIS batch (an oracle load; a deployment plans from past\n"
+                  "  batches): rebalance_experts(load, 1 layer, E=%d, R=%d, 1 group, 1 node, %d GPUs)\n",
+               E, R, P);
+  std::map<std::int64_t, int> copies;
+  for (const std::int64_t c : e.logcnt) ++copies[c];
+  std::string hist;
+  for (const auto& [c, n] : copies) hist += (hist.empty() ? "" : "  ") + std::to_string(c) + ":" + std::to_string(n);
+  int hot = 0;
+  for (int x = 0; x < E; ++x)
+    if (e.expert_load[at(x)] > e.expert_load[at(hot)]) hot = x;
+  std::string hot_ranks;
+  for (int q = 0; q < R; ++q)
+    if (e.phy2log[at(q)] == hot) hot_ranks += (hot_ranks.empty() ? "" : ",") + std::to_string(q / (R / P));
+  std::fprintf(f, "  %-28s %s  (experts with n replicas; hottest expert %d: %.0f slots, %lld replicas, on ranks %s)\n",
+               "replicas per expert", hist.c_str(), hot, static_cast<double>(e.expert_load[at(hot)]),
+               static_cast<long long>(e.logcnt.empty() ? 0 : e.logcnt[at(hot)]), hot_ranks.c_str());
+  std::fprintf(f, "  %-28s %s: %lld (token, slot)s, each physical slot maps back (phy2log) to its logical expert\n",
+               "mapping check", e.mapping_verified ? "ok" : "FAILED", static_cast<long long>(e.mapped_slots));
+  std::fprintf(f, "  %-6s %27s   %27s\n", "", "without replicas (logical)", "with replicas (physical, timed)");
+  std::fprintf(f, "  %-6s %9s %8s %8s   %9s %8s %8s\n", "rank", "recv_rows", "slots", "planned", "recv_rows", "slots", "planned");
+  for (int r = 0; r < P; ++r) {
+    const auto row = [&](const EplbSide& s) {
+      std::fprintf(f, "%9lld %8lld %8.1f", static_cast<long long>(s.recv_rows[at(r)]), static_cast<long long>(s.recv_slots[at(r)]),
+                   s.planned_load[at(r)]);
+    };
+    std::fprintf(f, "  %-6d ", r);
+    row(e.without);
+    std::fprintf(f, "   ");
+    row(e.with);
+    std::string marks;
+    if (r == e.without.max_rows_rank) marks += "  <- most rows without";
+    if (r == e.with.max_rows_rank) marks += "  <- most rows with";
+    if (r == e.measured_slowest_rank) marks += "  <- slowest (timed)";
+    std::fprintf(f, "%s\n", marks.c_str());
+  }
+  std::fprintf(f, "  %-6s %9lld %8lld %8s   %9lld %8lld %8s\n", "total", static_cast<long long>(e.without.total_rows),
+               static_cast<long long>(e.without.total_slots), "", static_cast<long long>(e.with.total_rows),
+               static_cast<long long>(e.with.total_slots), "");
+  std::fprintf(f, "  %-6s %9.3f %8.3f %8.3f   %9.3f %8.3f %8.3f\n", "max/avg", e.without.rows_imbalance, e.without.slots_imbalance,
+               e.without.planned_imbalance, e.with.rows_imbalance, e.with.slots_imbalance, e.with.planned_imbalance);
+  std::fprintf(f, "  %-28s rows %.3f -> %.3f, slots %.3f -> %.3f (planned %.3f -> %.3f)\n", "imbalance max/avg",
+               e.without.rows_imbalance, e.with.rows_imbalance, e.without.slots_imbalance, e.with.slots_imbalance,
+               e.without.planned_imbalance, e.with.planned_imbalance);
+  std::fprintf(f, "  %-28s without: rank %d (%lld rows), with: rank %d (%lld rows); timed run's slowest (dispatch + combine): rank %d\n",
+               "most loaded rank", e.without.max_rows_rank,
+               static_cast<long long>(e.without.recv_rows.empty() ? 0 : e.without.recv_rows[at(e.without.max_rows_rank)]),
+               e.with.max_rows_rank,
+               static_cast<long long>(e.with.recv_rows.empty() ? 0 : e.with.recv_rows[at(e.with.max_rows_rank)]),
+               e.measured_slowest_rank);
+  std::fprintf(f, "  %-28s %lld -> %lld (local to the sender: %lld -> %lld); the routing without replicas is counted, not timed\n",
+               "rows moved, all ranks", static_cast<long long>(e.without.total_rows), static_cast<long long>(e.with.total_rows),
+               static_cast<long long>(e.without.local_rows), static_cast<long long>(e.with.local_rows));
+}
+
+nlohmann::ordered_json eplb_json(const EplbReport& e) {
+  using nlohmann::ordered_json;
+  auto side_json = [](const EplbSide& s) {
+    ordered_json j;
+    j["recv_rows_per_rank"] = s.recv_rows;
+    j["recv_slots_per_rank"] = s.recv_slots;
+    j["sent_rows_per_rank"] = s.sent_rows;
+    j["total_rows"] = s.total_rows;
+    j["total_slots"] = s.total_slots;
+    j["local_rows"] = s.local_rows;
+    j["rows_imbalance"] = s.rows_imbalance;
+    j["slots_imbalance"] = s.slots_imbalance;
+    j["max_rows_rank"] = s.max_rows_rank;
+    j["max_rows"] = s.recv_rows.empty() ? 0 : s.recv_rows[at(s.max_rows_rank)];
+    j["max_slots_rank"] = s.max_slots_rank;
+    j["planned_gpu_load"] = s.planned_load;
+    j["planned_imbalance"] = s.planned_imbalance;
+    return j;
+  };
+  ordered_json j;
+  j["logical_experts"] = e.logical_experts;
+  j["replicas"] = e.replicas;
+  j["replicas_per_rank"] = e.ranks > 0 ? e.replicas / e.ranks : 0;
+  j["choice"] = e.choice;
+  j["ranks_per_server"] = e.ranks_per_server;
+  j["load_source"] = "oracle: slots per logical expert over all ranks of the benchmarked routing itself";
+  j["expert_load"] = e.expert_load;
+  j["logcnt"] = e.logcnt;
+  j["phy2log"] = e.phy2log;
+  j["mapping_verified"] = e.mapping_verified;
+  j["mapped_slots"] = e.mapped_slots;
+  j["without"] = side_json(e.without);
+  j["with"] = side_json(e.with);
+  j["with"]["measured_slowest_rank"] = e.measured_slowest_rank;
+  j["rows_imbalance_ratio"] = e.without.rows_imbalance > 0 ? e.with.rows_imbalance / e.without.rows_imbalance : 0.0;
+  return j;
+}
+
+}  // namespace epx::tools

@@ -1,0 +1,57 @@
+// `epx bench --eplb`: plan redundant experts (EPLB) from the routing's own expert load, map
+// every rank's logical topk_idx to physical replicas before the timed run, check the mapping,
+// and compare the per-rank received rows without and with the replicas.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_options.hpp"
+#include "bench_routing.hpp"
+
+namespace epx::tools {
+
+/// What one routing (logical or physical) gives every rank to receive, counted from topk_idx
+/// (count_routes, compact rows).
+struct EplbSide {
+  std::vector<std::int64_t> recv_rows;   ///< [P] compact rows received ((token, rank) pairs)
+  std::vector<std::int64_t> recv_slots;  ///< [P] (t, k) slots routed to the rank's experts
+  std::vector<std::int64_t> sent_rows;   ///< [P] rows sent
+  std::int64_t total_rows = 0, total_slots = 0, local_rows = 0;  ///< all ranks; local = sender is the receiver
+  double rows_imbalance = 0, slots_imbalance = 0;  ///< max / avg over the ranks (1 when nothing is received)
+  int max_rows_rank = 0, max_slots_rank = 0;       ///< the most loaded rank (first on ties)
+  std::vector<double> planned_load;                ///< [P] the planner's per-GPU load (slots)
+  double planned_imbalance = 0;                    ///< max / avg of planned_load
+};
+
+struct EplbReport {
+  bool enabled = false;
+  int ranks = 0, logical_experts = 0, replicas = 0;
+  std::string choice;        ///< spread | rank | server
+  int ranks_per_server = 1;  ///< for choice server
+  std::vector<float> expert_load;    ///< [E] planner input: slots per logical expert, all ranks (oracle)
+  std::vector<std::int64_t> logcnt;  ///< [E] replicas per logical expert
+  std::vector<std::int64_t> phy2log; ///< [R] logical expert of each physical slot
+  std::int64_t mapped_slots = 0;     ///< valid (t, k) slots checked against phy2log
+  bool mapping_verified = false;
+  EplbSide without, with;            ///< logical routing / physical routing (the timed one)
+  int measured_slowest_rank = -1;    ///< highest avg dispatch + combine latency of the timed (physical) run
+};
+
+/// --eplb: plans R replicas with rebalance_experts(load, 1, E, R, 1, 1, P) from the problem's
+/// own logical routing, maps every rank's topk_idx with map_to_replicas IN PLACE (p.experts
+/// becomes R, p.source says so), checks that every physical slot maps back to the logical
+/// expert it came from and counts both routings. Throws epx::Error(kInvalidArgument) for
+/// --eplb-* values that do not fit the shape, kInternal if the mapping check fails.
+EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p);
+
+/// The EPLB section of the text report.
+void print_eplb_report(std::FILE* f, const EplbReport& e);
+
+/// The "eplb" object of --json.
+nlohmann::ordered_json eplb_json(const EplbReport& e);
+
+}  // namespace epx::tools
