@@ -97,6 +97,7 @@ void validate_options(const BenchOptions& o) {
     if (o.tokens < 0) bad("--tokens must be >= 0, got " + std::to_string(o.tokens));
   }
   if (o.layout != "compact" && o.layout != "expanded") bad("--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
+  if (o.zero_copy && o.layout != "compact") bad("--zero-copy needs --layout compact");
   if (o.alignment < 1) bad("--alignment must be >= 1, got " + std::to_string(o.alignment));
   if (o.workers < 0) bad("--workers must be >= 0 (0 = auto), got " + std::to_string(o.workers));
   if (o.iters < 1) bad("--iters must be >= 1, got " + std::to_string(o.iters));
@@ -143,6 +144,9 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--layout", o.layout, "dispatch output layout: compact | expanded")->capture_default_str();
   sub->add_option("--alignment", o.alignment, "expert_alignment A of the expanded layout")->capture_default_str();
   sub->add_flag("--cached", o.cached, "time cached dispatches (the handle of one fresh dispatch made before warmup)");
+  sub->add_flag("--zero-copy", o.zero_copy,
+                "compact layout: recv_x is a view of the receive window where the senders put the rows "
+                "(DispatchArgs::recv_in_window), so dispatch copies each row once");
   sub->add_option("--workers", o.workers, "worker threads per rank (0 = auto: cores / ranks)")->capture_default_str();
   sub->add_option("--warmup", o.warmup, "untimed iterations first")->capture_default_str();
   sub->add_option("--iters", o.iters, "timed iterations (one dispatch + one combine each)")->capture_default_str();

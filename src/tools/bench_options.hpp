@@ -23,6 +23,7 @@ struct BenchOptions {
   std::string layout = "compact";
   int alignment = 1;
   bool cached = false;  ///< time cached dispatches (with the handle of a first fresh one)
+  bool zero_copy = false;  ///< compact: recv_x is a view of the window (DispatchArgs::recv_in_window)
   int workers = 0;      ///< 0 = the engine's auto choice
   int warmup = 3;
   int iters = 20;

@@ -377,7 +377,7 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
                r.eplb.enabled ? fmt("; physical: %d logical + %d replicas", r.eplb.logical_experts, r.experts - r.eplb.logical_experts).c_str()
                               : "");
   std::fprintf(f, "  %s, %s layout%s, %s dispatch; routing: %s\n", r.fp8 ? "fp8 e4m3 (+ f32 scales)" : "bf16", o.layout.c_str(),
-               o.expanded() ? fmt(" (alignment %d)", o.alignment).c_str() : "", o.cached ? "cached" : "fresh", r.source.c_str());
+               o.expanded() ? fmt(" (alignment %d)", o.alignment).c_str() : "", o.cached ? (o.zero_copy ? "cached zero-copy" : "cached") : (o.zero_copy ? "fresh zero-copy" : "fresh"), r.source.c_str());
   std::fprintf(f, "  %d timed iterations after %d warmup, counters %s; latency = wall time of the call after a barrier; wall %.1f s\n",
                o.iters, o.warmup, o.counters ? "on" : "off", r.wall_s);
   if (P > 0 && r.cores > 0 && static_cast<unsigned>(P * std::max(1, r.workers)) > r.cores)

@@ -136,6 +136,7 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
   fresh.layout = o.expanded() ? RecvLayout::kExpanded : RecvLayout::kCompact;
   fresh.expert_alignment = o.alignment;
   fresh.zero_padding = true;  // the hashes compare padding rows too
+  fresh.recv_in_window = o.zero_copy;
 
   MemcpyRef ref(p, rc, r);
   Tensor y_fp8;  // the combine input when x is fp8 (combine is bf16; its values do not matter)
