@@ -4,6 +4,8 @@
 // run used the physical routing, and the replicas lower the max/avg imbalance. Bad --eplb-*
 // combinations are clear errors.
 #include <gtest/gtest.h>
+
+#include "bench_test_support.hpp"
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,19 +31,8 @@ using namespace epx::tools;
 
 namespace {
 
-class BenchEplb : public ::testing::Test {
+class BenchEplb : public epx::testing::BenchTest {
  protected:
-  void SetUp() override {
-    static std::atomic<int> counter{0};
-    dir_ = fs::temp_directory_path() / ("epx_bench_eplb_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(dir_);
-    sink_ = std::fopen("/dev/null", "w");
-  }
-  void TearDown() override {
-    if (sink_) std::fclose(sink_);
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   // P=4, E=16, K=4, H=128, 64 tokens per rank, Zipf-like skew 1.2.
   static BenchOptions skewed() {
     BenchOptions o;
@@ -59,8 +50,6 @@ class BenchEplb : public ::testing::Test {
     std::ifstream f(o.json);
     return json::parse(f);
   }
-  fs::path dir_;
-  std::FILE* sink_ = nullptr;
 };
 
 // Compact rows received per rank: (token, destination rank) pairs, destination = e / (experts / P).

@@ -2,6 +2,8 @@
 // required field with the right sizes and the independent payload count, the trace is
 // valid Chrome trace JSON with slices for every rank; the rank record file round-trips.
 #include <gtest/gtest.h>
+
+#include "bench_test_support.hpp"
 #include <unistd.h>
 
 #include <atomic>
@@ -23,19 +25,8 @@ using namespace epx::tools;
 
 namespace {
 
-class BenchRun : public ::testing::Test {
+class BenchRun : public epx::testing::BenchTest {
  protected:
-  void SetUp() override {
-    static std::atomic<int> counter{0};
-    dir_ = fs::temp_directory_path() / ("epx_bench_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(dir_);
-    sink_ = std::fopen("/dev/null", "w");
-  }
-  void TearDown() override {
-    if (sink_) std::fclose(sink_);
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   static BenchOptions tiny() {
     BenchOptions o;
     o.ranks = 2, o.hidden = 256, o.topk = 2, o.experts = 4, o.tokens = 16;
@@ -48,8 +39,6 @@ class BenchRun : public ::testing::Test {
     std::ifstream f(p);
     return json::parse(f);  // throws on invalid JSON
   }
-  fs::path dir_;
-  std::FILE* sink_ = nullptr;
 };
 
 void expect_summary(const json& j, const char* what) {
