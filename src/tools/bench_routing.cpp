@@ -24,6 +24,11 @@ std::size_t BenchProblem::x_row_bytes() const noexcept {
 
 namespace {
 
+// memcpy that accepts the null pointers of empty vectors (a rank with S = 0).
+void copy_bytes(void* dst, const void* src, std::size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
 // splitmix64: fast, good enough for synthetic inputs, the same on every platform.
 struct Rng {
   std::uint64_t s;
@@ -193,14 +198,14 @@ BenchProblem load(const BenchOptions& o) {
                         std::to_string(p.max_tokens),
                  ErrorCode::kCapacityExceeded);
     ri.topk_idx.resize(static_cast<std::size_t>(ri.tokens * K));
-    std::memcpy(ri.topk_idx.data(), idx.data.data(), ri.topk_idx.size() * sizeof(std::int64_t));
+    copy_bytes(ri.topk_idx.data(), idx.data.data(), ri.topk_idx.size() * sizeof(std::int64_t));
     if (auto issue = check_topk_idx(ri.topk_idx.data(), RoutingShape{ri.tokens, K, p.experts, p.ranks}))
       rank_error(r, "topk_idx.npy: " + issue->message, ErrorCode::kInvalidArgument);
     if (fs::exists(rd / "topk_weights.npy")) {
       const NpyArray w = read_rank(in, r, "topk_weights.npy");
       expect(w, r, "topk_weights.npy", "<f4", ri.tokens, K);
       ri.topk_weights.resize(ri.topk_idx.size());
-      std::memcpy(ri.topk_weights.data(), w.data.data(), ri.topk_weights.size() * sizeof(float));
+      copy_bytes(ri.topk_weights.data(), w.data.data(), ri.topk_weights.size() * sizeof(float));
     } else {
       Rng g(rank_seed(o.seed, r, 3));
       random_weights(ri, K, g);
@@ -211,14 +216,14 @@ BenchProblem load(const BenchOptions& o) {
       expect(x, r, "x_fp8.npy", "|u1", ri.tokens, H);
       expect(s, r, "x_scales.npy", "<f4", ri.tokens, H / 128);
       ri.x = Tensor(DType::kFP8E4M3, {ri.tokens, H});
-      std::memcpy(ri.x.data(), x.data.data(), ri.x.nbytes());
+      copy_bytes(ri.x.data(), x.data.data(), ri.x.nbytes());
       ri.x_scales = Tensor(DType::kF32, {ri.tokens, H / 128});
-      std::memcpy(ri.x_scales.data(), s.data.data(), ri.x_scales.nbytes());
+      copy_bytes(ri.x_scales.data(), s.data.data(), ri.x_scales.nbytes());
     } else if (fs::exists(rd / "x.npy")) {
       const NpyArray x = read_rank(in, r, "x.npy");
       expect(x, r, "x.npy", "<u2", ri.tokens, H);
       Tensor xb(DType::kBF16, {ri.tokens, H});
-      std::memcpy(xb.data(), x.data.data(), xb.nbytes());
+      copy_bytes(xb.data(), x.data.data(), xb.nbytes());
       if (p.fp8)
         to_fp8(xb, ri);
       else
