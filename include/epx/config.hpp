@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "epx/dataplane.hpp"
+
 namespace epx {
 
 struct BufferConfig {
@@ -19,6 +21,8 @@ struct BufferConfig {
   int num_workers = 0;
   /// Record per-worker phase times and put counters of every call (Buffer::last_stats).
   bool collect_stats = false;
+  /// Topology, peer schedule, queues, put aggregation, completion protocol.
+  DataPlaneOptions dataplane{};
 };
 
 }  // namespace epx

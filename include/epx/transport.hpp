@@ -13,7 +13,9 @@
 //   * wait_signal(slot, at_least, ...): waits until a local slot holds a value >= at_least,
 //     with a timeout that becomes an epx::Error naming the peer and the phase;
 //   * quiet(queue): every put this thread issued on that queue has landed;
-//   * barrier(phase): all ranks have reached it.
+//   * barrier(phase): all ranks have reached it;
+//   * put_flagged / wait_flag: data-as-flag blocks (bytes, then an 8-byte epoch that is
+//     visible only after them), for protocols that need no separate signal.
 //
 // Nothing above the transport touches a peer's memory in any other way. Signal values are
 // monotonic epochs (never reset), so a slot can be reused without clearing it.
@@ -40,6 +42,12 @@ struct TransportCaps {
   bool put_completes_on_return = false;
   /// Largest queue count this transport supports (queue ids are 0..max_queues-1).
   int max_queues = 1;
+  /// put_flagged's flag word becomes visible only after the block's bytes (data-as-flag).
+  bool flagged_puts = false;
+  /// Payload bytes really move. A modelling transport (the simulator at full scale) may
+  /// only account for puts into the payload region (set_payload_region); the engine then
+  /// skips the loops that read payload, and the values of received rows are unspecified.
+  bool moves_payload = true;
 };
 
 /// Where a wait happens, for the timeout / peer-failure error message.
@@ -82,6 +90,20 @@ class Transport {
 
   /// Current value of this rank's slot (acquire).
   virtual std::uint64_t read_signal(std::size_t slot) noexcept = 0;
+
+  /// Data-as-flag block: writes `bytes` bytes from `src` into `peer`'s window at `offset`,
+  /// then the 8-byte `flag` at `offset + bytes` (8-aligned); a reader that sees the flag
+  /// (wait_flag) sees the bytes. Needs caps().flagged_puts.
+  virtual void put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes,
+                           std::uint64_t flag, int queue) = 0;
+
+  /// Waits until the 8-byte word at `offset` of this rank's window holds >= at_least
+  /// (acquire), with the same timeout / peer-failure rules as wait_signal.
+  virtual void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) = 0;
+
+  /// Hint, after allocate: bytes [begin, end) of every window hold bulk payload (rows),
+  /// the rest control data (headers, metadata). Transports that move bytes ignore it.
+  virtual void set_payload_region(std::size_t begin, std::size_t end) { (void)begin, (void)end; }
 
   /// Every put this thread issued on `queue` has completed at its target.
   virtual void quiet(int queue) = 0;

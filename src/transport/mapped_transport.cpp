@@ -35,6 +35,7 @@ TransportCaps mapped_caps(const char* name) {
   c.ordered_signal_per_queue = true;
   c.put_completes_on_return = true;
   c.max_queues = 64;
+  c.flagged_puts = true;
   return c;
 }
 
@@ -85,20 +86,43 @@ std::uint64_t MappedTransport::read_signal(std::size_t slot) noexcept {
   return signals_of(rank_)[slot].load(std::memory_order_acquire);
 }
 
-void MappedTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) {
-  std::atomic<std::uint64_t>& s = signals_of(rank_)[slot];
-  Backoff backoff(timeout_);
-  while (s.load(std::memory_order_acquire) < at_least) {
-    if (!backoff.step()) throw_timeout(where.phase, where.peer);
+namespace {
+/// Spin-then-yield until load() >= at_least; while yielding, `check` may throw (a failed or
+/// finished peer), unless the value arrived meanwhile (a peer may write and then finish).
+template <class Load, class Check, class Timeout>
+void wait_until(Load load, std::uint64_t at_least, std::chrono::milliseconds timeout, Check check, Timeout on_timeout) {
+  Backoff backoff(timeout);
+  while (load() < at_least) {
+    if (!backoff.step()) on_timeout();
     if (!backoff.yielding()) continue;
     try {
-      check_peers(where.phase, where.peer);
+      check();
     } catch (const Error&) {
-      // A peer may signal and then finish between our load and its state check.
-      if (s.load(std::memory_order_acquire) >= at_least) return;
+      if (load() >= at_least) return;
       throw;
     }
   }
+}
+}  // namespace
+
+void MappedTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) {
+  std::atomic<std::uint64_t>& s = signals_of(rank_)[slot];
+  wait_until([&] { return s.load(std::memory_order_acquire); }, at_least, timeout_,
+             [&] { check_peers(where.phase, where.peer); }, [&] { throw_timeout(where.phase, where.peer); });
+}
+
+void MappedTransport::put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes,
+                                  std::uint64_t flag, int) {
+  std::byte* block = windows_[static_cast<std::size_t>(peer)] + offset;
+  std::memcpy(block, src, bytes);
+  // The release store orders the block's bytes before the flag for an acquiring reader.
+  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(block + bytes)).store(flag, std::memory_order_release);
+}
+
+void MappedTransport::wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) {
+  std::atomic_ref<std::uint64_t> flag(*reinterpret_cast<std::uint64_t*>(windows_[static_cast<std::size_t>(rank_)] + offset));
+  wait_until([&] { return flag.load(std::memory_order_acquire); }, at_least, timeout_,
+             [&] { check_peers(where.phase, where.peer); }, [&] { throw_timeout(where.phase, where.peer); });
 }
 
 void MappedTransport::quiet(int) {

@@ -50,6 +50,9 @@ class MappedTransport : public Transport {
   void signal(int peer, std::size_t slot, std::uint64_t value, int queue) override;
   void wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) override;
   std::uint64_t read_signal(std::size_t slot) noexcept override;
+  void put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes, std::uint64_t flag,
+                   int queue) override;
+  void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) override;
   void quiet(int queue) override;
   void barrier(const char* phase) override;
 

@@ -1,0 +1,42 @@
+// epx/dataplane.hpp — how a Buffer moves rows: topology, peer schedule, queues, put
+// aggregation and completion protocol. Part of BufferConfig (every rank passes the same).
+// Every combination gives bit-identical results (SPEC.md); they differ in order, put
+// count and synchronisation, which is what `epx bench --sweep` measures.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "epx/schedule.hpp"
+
+namespace epx {
+
+/// How a receiver learns that a sender's rows have landed.
+///   kExplicit  puts, quiet(queue) on every queue used, then one signal per destination
+///              (relies on: quiet completes puts; a signal after quiet is seen after them)
+///   kTail      relaxed puts, then one ordered signal per (destination, queue) right after
+///              that destination's puts, each signal slot in its own 512-byte line
+///              (relies on: caps().ordered_signal_per_queue)
+///   kFlag      data-as-flag: rows travel in 512-byte blocks, 480 B payload + an 8-byte
+///              epoch flag (+ padding), the receiver polls each block's flag; no separate
+///              signal, and a stale block from an earlier call can never pass for new data
+///              (relies on: caps().flagged_puts). Rows are unpacked once on arrival, so
+///              zero-copy output (recv_in_window) is refused.
+enum class Protocol { kExplicit, kTail, kFlag };
+
+/// "explicit" | "tail" | "flag"; throws kInvalidArgument otherwise.
+Protocol parse_protocol(const std::string& text);
+const char* to_string(Protocol protocol) noexcept;
+
+struct DataPlaneOptions {
+  std::string topology = "builtin:flat";  ///< see epx/topology.hpp
+  Schedule schedule{};                    ///< default: rotated
+  int queues = 1;                         ///< 1, 2 or 4 (<= the transport's max_queues)
+  QueueSplit queue_split{};               ///< default: round-robin
+  /// Consecutive rows to the same peer merged into one put up to this many bytes; 0 = off
+  /// (one put per row). A single row larger than the limit is still one put.
+  std::size_t aggregate_bytes = std::size_t{1} << 20;
+  Protocol protocol = Protocol::kExplicit;
+};
+
+}  // namespace epx
