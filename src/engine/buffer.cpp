@@ -49,10 +49,11 @@ struct ConfigMessage {
   char message[480];
 };
 
-detail::WindowLayout make_layout(const BufferConfig& c, int P) {
+// `servers` / `lanes`: the hierarchical schedule's server count and ranks per server.
+detail::WindowLayout make_layout(const BufferConfig& c, int P, int servers, int lanes) {
   detail::WindowLayout w;
   const std::size_t H = static_cast<std::size_t>(c.hidden), K = static_cast<std::size_t>(c.num_topk);
-  w.header_bytes = align_up(sizeof(NotifyHeader) + sizeof(std::int32_t) * static_cast<std::size_t>(P + c.num_experts), 64);
+  w.header_bytes = align_up(sizeof(NotifyHeader) + sizeof(std::int32_t) * static_cast<std::size_t>(detail::num_counts(c, P)), 64);
   w.recv_rows = c.max_recv_rows > 0 ? c.max_recv_rows : static_cast<std::int64_t>(P) * c.max_tokens_per_rank;
   w.reply_rows = c.max_tokens_per_rank * std::min<std::int64_t>(c.num_topk, P);
   w.meta_bytes = align_up(8 + 16 * K, 8);
@@ -63,23 +64,32 @@ detail::WindowLayout make_layout(const BufferConfig& c, int P) {
     w.row_record = (flag_blocks(2 * H) + flag_blocks(scale_row)) * detail::kFlagBlock;
     w.reply_record = flag_blocks(2 * H) * detail::kFlagBlock;
   }
+  if (c.dataplane.schedule.kind == ScheduleKind::kHierarchical) {
+    // A source of another server relays each of its tokens through me at most once.
+    w.relay_rows = static_cast<std::int64_t>(servers - 1) * c.max_tokens_per_rank;
+    w.relay_record_bytes = align_up(static_cast<std::size_t>(lanes) * sizeof(std::int32_t), 8) + static_cast<std::size_t>(lanes) * w.meta_bytes;
+  }
   const auto recv = static_cast<std::size_t>(w.recv_rows), reply = static_cast<std::size_t>(w.reply_rows);
+  const auto relay = static_cast<std::size_t>(w.relay_rows);
   // Control first (headers, metadata), then payload (rows): see set_payload_region.
   w.headers = 0;
   w.meta = align_up(w.headers + 2 * static_cast<std::size_t>(P) * w.header_bytes, 64);
   w.flag_meta = align_up(w.meta + recv * w.meta_bytes, 4096);
-  w.data = align_up(w.flag_meta + recv * w.meta_record, 4096);
+  w.relay_records = align_up(w.flag_meta + recv * w.meta_record, 64);
+  w.data = align_up(w.relay_records + relay * w.relay_record_bytes, 4096);
   w.replies = align_up(w.data + recv * 2 * H, 4096);
   w.scales = align_up(w.replies + reply * 2 * H, 64);
   w.flag_rows = align_up(w.scales + recv * scale_row, 4096);
   w.flag_replies = align_up(w.flag_rows + recv * w.row_record, 4096);
-  w.total = w.flag_replies + reply * w.reply_record;
+  w.relay = align_up(w.flag_replies + reply * w.reply_record, 4096);
+  w.relay_scales = align_up(w.relay + relay * 2 * H, 64);
+  w.total = w.relay_scales + relay * scale_row;
   return w;
 }
 
 // The data-plane options that fit neither the transport nor the table, or "" if they do;
-// fills the visiting order.
-std::string check_dataplane(const DataPlaneOptions& o, const Transport& t, std::vector<int>& visit_order) {
+// fills the table and the visiting order.
+std::string check_dataplane(const DataPlaneOptions& o, const Transport& t, Topology& topology, std::vector<int>& visit_order) {
   const TransportCaps& caps = t.caps();
   if (o.queues < 1 || o.queues > kMaxStatQueues || o.queues > caps.max_queues)
     return "queues must be 1.." + std::to_string(std::min(kMaxStatQueues, caps.max_queues)) + " on transport '" +
@@ -93,10 +103,11 @@ std::string check_dataplane(const DataPlaneOptions& o, const Transport& t, std::
   if (o.protocol == Protocol::kFlag && !caps.flagged_puts)
     return std::string("protocol 'flag' relies on flagged puts (a block's flag visible only after its bytes), which transport '") +
            caps.name + "' does not provide";
-  if (o.schedule.kind == ScheduleKind::kHierarchical)
-    return "schedule 'hierarchical' (relay through the same-lane rank of each server) is not implemented yet";
+  if (o.schedule.kind == ScheduleKind::kHierarchical && o.protocol == Protocol::kFlag)
+    return "schedule 'hierarchical' with protocol 'flag' is not supported: relays forward a source's rows when its signal "
+           "arrives (use explicit or tail)";
   try {
-    const Topology topology = load_topology(o.topology, t.num_ranks());
+    topology = load_topology(o.topology, t.num_ranks());
     for (const auto& round : peer_rounds(o.schedule, topology, t.rank()))
       visit_order.insert(visit_order.end(), round.begin(), round.end());
   } catch (const Error& e) {
@@ -133,7 +144,7 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
       pool(W) {
   // 1. Agree on the config before sizing anything by it: a small window for the exchange.
   std::string problem = check_config(c, P);
-  if (problem.empty()) problem = check_dataplane(c.dataplane, t, visit_order);
+  if (problem.empty()) problem = check_dataplane(c.dataplane, t, topology, visit_order);
   ConfigMessage mine{};
   static_assert(std::size(ConfigMessage{}.values) == kAgreed);
   const std::vector<std::int64_t> values = agreed_values(c, W);
@@ -158,9 +169,23 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
                         std::to_string(all[p].values[i]) + " vs " + std::to_string(all[0].values[i]),
                     p);
   // 2. The real window, sized from the agreed config.
-  window = make_layout(c, P);
+  reply_order = visit_order;
+  int servers = 1;
+  if (hierarchical()) {
+    reply_order.clear();
+    for (int i = 0; i < P; ++i) reply_order.push_back((rank + i) % P);
+    const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
+    for (int d = 0; d < P; ++d)
+      if (topology.ranks[static_cast<std::size_t>(d)].server == me.server) server_members.push_back(d);
+    std::sort(server_members.begin(), server_members.end(), [&](int u, int v) {
+      return topology.ranks[static_cast<std::size_t>(u)].lane < topology.ranks[static_cast<std::size_t>(v)].lane;
+    });
+    servers = P / static_cast<int>(server_members.size());
+  }
+  window = make_layout(c, P, servers, static_cast<int>(server_members.size()));
   if (c.dataplane.protocol == Protocol::kTail) signal_stride = 512 / sizeof(std::uint64_t);
-  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + 2 * static_cast<std::size_t>(W) * signal_stride));
+  // Signals: notify [P], dispatch and combine completions [P x W each], relay forwards [P].
+  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + (2 * static_cast<std::size_t>(W) + 1) * signal_stride));
   t.set_payload_region(window.data, window.total);
 }
 
@@ -306,9 +331,13 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
     if (!status) {
       made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
                                       RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});
-      counts.reserve(static_cast<std::size_t>(m.P + m.config.num_experts));
+      counts.reserve(static_cast<std::size_t>(m.num_counts()));
       for (int d = 0; d < m.P; ++d) counts.push_back(made->plan.tokens_to(d));
       counts.insert(counts.end(), made->plan.slots_per_expert.begin(), made->plan.slots_per_expert.end());
+      if (m.hierarchical()) {
+        const std::vector<std::int32_t> relayed = m.relay_counts(*made);
+        counts.insert(counts.end(), relayed.begin(), relayed.end());
+      }
     }
     h = made.get();
   } else {
@@ -332,6 +361,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   if (fresh) {
     Impl::PhaseTimer timer(m, 0, Phase::kPlan);
     m.plan_slots(*made, peers);
+    if (m.hierarchical()) m.plan_relay(*made, peers);
     expert_base = m.expert_row_base(peers);
   }
   m.send_rows(*h, a, fresh ? &expert_base : nullptr);

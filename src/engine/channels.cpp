@@ -22,6 +22,9 @@ std::size_t Buffer::Impl::region_offset(Region region) const noexcept {
     case Region::kScales: return window.scales;
     case Region::kMeta: return window.meta;
     case Region::kReplies: return window.replies;
+    case Region::kRelay: return window.relay;
+    case Region::kRelayScales: return window.relay_scales;
+    case Region::kRelayRecord: return window.relay_records;
   }
   return 0;
 }
@@ -36,6 +39,7 @@ std::size_t Buffer::Impl::flag_offset(Region region, std::int64_t row) const noe
       return window.flag_rows + r * window.row_record + detail::flag_blocks(2 * static_cast<std::size_t>(config.hidden)) * kFlagBlock;
     case Region::kMeta: return window.flag_meta + r * window.meta_record;
     case Region::kReplies: return window.flag_replies + r * window.reply_record;
+    default: return 0;  // relays forward on signals; flag + hierarchical is refused
   }
   return 0;
 }
@@ -52,9 +56,10 @@ void Buffer::Impl::count_put(WorkerStats& ws, int peer, std::size_t bytes, int q
   ws.queue_bytes[static_cast<std::size_t>(queue)] += bytes;
 }
 
-Buffer::Impl::Sender::Sender(Impl& m, int worker, std::size_t first_signal, const std::vector<std::uint64_t>& channel_bytes)
+Buffer::Impl::Sender::Sender(Impl& m, int worker, std::size_t first_signal, const std::vector<std::uint64_t>& channel_bytes,
+                             const std::vector<int>& peers)
     : m_(m),
-      worker_(worker),
+      peers_(peers),
       signal_slot_(first_signal),
       queue_of_(static_cast<std::size_t>(m.P), 0),
       stats_(m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(worker)] : nullptr) {
@@ -62,11 +67,10 @@ Buffer::Impl::Sender::Sender(Impl& m, int worker, std::size_t first_signal, cons
   if (o.queues > 1) {
     // Channels in visiting order; each gets its queue from the split rule.
     std::vector<std::uint64_t> bytes;
-    bytes.reserve(m.visit_order.size());
-    for (int d : m.visit_order) bytes.push_back(channel_bytes[static_cast<std::size_t>(d)]);
+    bytes.reserve(peers.size());
+    for (int d : peers) bytes.push_back(channel_bytes[static_cast<std::size_t>(d)]);
     const std::vector<int> queues = assign_queues(o.queue_split, o.queues, bytes);
-    for (std::size_t i = 0; i < m.visit_order.size(); ++i)
-      queue_of_[static_cast<std::size_t>(m.visit_order[i])] = queues[i];
+    for (std::size_t i = 0; i < peers.size(); ++i) queue_of_[static_cast<std::size_t>(peers[i])] = queues[i];
   }
   if (m.flag_protocol()) stage_.assign(kFlagPayload, std::byte{0});
 }
@@ -128,7 +132,7 @@ void Buffer::Impl::Sender::finish() {
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   }
   if (o.protocol != Protocol::kExplicit) return;
-  for (int d : m_.visit_order) m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
+  for (int d : peers_) m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
 }
 
 void Buffer::Impl::receive_flagged(Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,

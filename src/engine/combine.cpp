@@ -35,11 +35,11 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
     std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
     for (int s = 0; s < P; ++s)
       channel_bytes[static_cast<std::size_t>(s)] = static_cast<std::uint64_t>(std::max<std::int64_t>(0, hi(s) - lo(s))) * row_bytes;
-    Sender send(*this, w, combine_signal(rank, w), channel_bytes);
+    Sender send(*this, w, combine_signal(rank, w), channel_bytes, reply_order);
     std::uint16_t* stage = reply_stage.data() + static_cast<std::size_t>(w * kStageRows) * H;
     std::int64_t staged = 0;
     std::vector<float> acc(H);
-    for (int s : visit_order) {
+    for (int s : reply_order) {
       const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
       const std::int64_t first = lo(s), end = hi(s);
       const std::int64_t dst_row = h.reply_base[static_cast<std::size_t>(s)] + (first - b);

@@ -40,7 +40,6 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
                              const std::vector<std::int32_t>* expert_base) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
-  const int K = config.num_topk;
   const bool fp8 = a.x.dtype == DType::kFP8E4M3;
   const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * dtype_size(a.x.dtype);
   const std::size_t scale_bytes = fp8 ? static_cast<std::size_t>(config.hidden / 128) * sizeof(float) : 0;
@@ -49,6 +48,19 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
   const bool with_meta = expert_base != nullptr;
   const std::size_t meta_bytes = with_meta ? window.meta_bytes : 0;
   if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * window.meta_bytes);
+
+  // Hierarchical: rows for other servers go to their relays (visit_order holds my server's
+  // ranks and one relay per other server); each relay's records are staged apart.
+  const bool relayed = hierarchical();
+  std::vector<std::size_t> relay_first(static_cast<std::size_t>(P) + 1, 0);
+  if (relayed) {
+    for (int r = 0; r < P; ++r)
+      relay_first[static_cast<std::size_t>(r) + 1] = relay_first[static_cast<std::size_t>(r)] + h.relay_tokens[static_cast<std::size_t>(r)].size();
+    relay_stage.resize(relay_first.back() * window.relay_record_bytes);
+  }
+  auto is_relay = [&](int d) {
+    return relayed && topology.ranks[static_cast<std::size_t>(d)].server != topology.ranks[static_cast<std::size_t>(rank)].server;
+  };
 
   pool.run([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
@@ -63,9 +75,20 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
       last[static_cast<std::size_t>(d)] = std::lower_bound(seg, seg + n, t1) - seg;
       channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(last[static_cast<std::size_t>(d)] - first[static_cast<std::size_t>(d)]) *
                                                    (row_bytes + scale_bytes + meta_bytes);
+      if (is_relay(d)) {
+        const auto& tokens = h.relay_tokens[static_cast<std::size_t>(d)];
+        const auto n = std::lower_bound(tokens.begin(), tokens.end(), t1) - std::lower_bound(tokens.begin(), tokens.end(), t0);
+        channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(n) * (row_bytes + scale_bytes + window.relay_record_bytes);
+      }
     }
-    Sender send(*this, w, dispatch_signal(rank, w), channel_bytes);
+    Sender send(*this, w, dispatch_signal(rank, w), channel_bytes, visit_order);
     for (int d : visit_order) {
+      if (is_relay(d)) {
+        put_relayed_rows(send, h, a, d, t0, t1, expert_base,
+                         relay_stage.data() + relay_first[static_cast<std::size_t>(d)] * window.relay_record_bytes);
+        send.end_channel(d);
+        continue;
+      }
       const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
       const std::int64_t p0 = first[static_cast<std::size_t>(d)], p1 = last[static_cast<std::size_t>(d)];
       const std::int64_t base = h.send_base[static_cast<std::size_t>(d)];
@@ -81,22 +104,8 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
       if (with_meta && p1 > p0) {
         // Metadata for the same rows: built in plan order, sent as consecutive rows.
         const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
-        for (std::int64_t p = p0; p < p1; ++p) {
-          const std::int32_t t = seg[p];
-          RowMetaView m = meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0));
-          *m.token = t;
-          const std::int64_t* idx = a.topk_idx.as<std::int64_t>() + static_cast<std::int64_t>(t) * K;
-          const float* wts = a.topk_weights.as<float>() + static_cast<std::int64_t>(t) * K;
-          for (int k = 0; k < K; ++k) {
-            m.topk_idx[k] = idx[k];
-            m.weights[k] = wts[k];
-            const bool here = idx[k] >= 0 && idx[k] / L == d;
-            const std::int32_t eb = here ? (*expert_base)[static_cast<std::size_t>(idx[k])] : -1;
-            m.slot_row[k] = eb >= 0 ? eb + plan.slot_rank_in_expert[static_cast<std::size_t>(t) * static_cast<std::size_t>(K) +
-                                                                     static_cast<std::size_t>(k)]
-                                    : -1;
-          }
-        }
+        for (std::int64_t p = p0; p < p1; ++p)
+          fill_meta(meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
         send.put_rows(d, Region::kMeta, base + p0, meta_stage.data() + stage_row * window.meta_bytes, p1 - p0,
                       window.meta_bytes);
       }
@@ -107,6 +116,20 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
 }
 
 void Buffer::Impl::wait_rows(const HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes) {
+  if (hierarchical()) {
+    forward_relayed(h, with_meta, row_bytes, scale_bytes);
+    // Same server: the source's own signals; other servers: the relay's, one per source.
+    PhaseTimer timer(*this, 0, Phase::kWaitData);
+    const int my_server = topology.ranks[static_cast<std::size_t>(rank)].server;
+    for (int s = 0; s < P; ++s) {
+      if (topology.ranks[static_cast<std::size_t>(s)].server == my_server) {
+        for (int w = 0; w < W; ++w) transport.wait_signal(dispatch_signal(s, w), epoch, {"dispatch data", s});
+      } else {
+        transport.wait_signal(forward_signal(s), epoch, {"dispatch data (relayed)", relay_rank(topology, s, rank)});
+      }
+    }
+    return;
+  }
   if (!flag_protocol()) {
     wait_phase(dispatch_signal(0, 0), "dispatch data");
     return;

@@ -5,6 +5,8 @@
 // time, to catch stale data and slot-reuse races (ThreadSanitizer runs it on threads).
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include "multirank_support.hpp"
 
 namespace epx::testing {
@@ -30,6 +32,8 @@ struct Combo {
   DataPlaneOptions options() const {
     DataPlaneOptions o;
     o.schedule = parse_schedule(schedule);
+    // Relays need servers: two servers of two ranks.
+    if (o.schedule.kind == ScheduleKind::kHierarchical) o.topology = "builtin:servers:2";
     o.queues = queues.queues;
     o.queue_split = parse_queue_split(queues.split);
     o.protocol = parse_protocol(protocol);
@@ -42,12 +46,14 @@ std::vector<Combo> combos() {
   const QueueChoice queue_choices[] = {{1, "rr"},  {2, "rr"},  {2, "1:1"}, {2, "3:1"},
                                        {2, "1:3"}, {2, "bytes"}, {4, "rr"}, {4, "bytes"}};
   std::vector<Combo> v;
-  for (const char* schedule : {"flat", "rotated", "grouped:2", "grouped:4"})
+  for (const char* schedule : {"flat", "rotated", "grouped:2", "grouped:4", "hierarchical"})
     for (const QueueChoice& q : queue_choices)
-      for (const char* protocol : {"explicit", "tail", "flag"})
+      for (const char* protocol : {"explicit", "tail", "flag"}) {
+        if (std::string(schedule) == "hierarchical" && std::string(protocol) == "flag") continue;  // refused, see below
         // off (a put per row), one bf16 row (two fp8 rows) per put, and the default.
         for (std::size_t aggregate : {std::size_t{0}, std::size_t{1000}, std::size_t{1} << 20})
           v.push_back({schedule, q, protocol, aggregate});
+      }
   return v;
 }
 
@@ -79,9 +85,9 @@ Expected expect(const ref::FixtureOptions& f, bool expanded, bool weighted) {
   e.d.expanded = expanded;
   e.d.alignment = expanded ? 4 : 1;
   e.out = ref::dispatch_all(e.p, e.d);
-  for (int r = 0; r < kRanks; ++r)
+  for (int r = 0; r < e.p.num_ranks; ++r)
     e.y.push_back(wide_bf16(700 + static_cast<std::uint64_t>(r), e.out[static_cast<std::size_t>(r)].rows * f.hidden));
-  for (int r = 0; r < kRanks; ++r) e.combined.push_back(ref::combine(e.p, e.d, e.out, e.y, nullptr, nullptr, weighted, r));
+  for (int r = 0; r < e.p.num_ranks; ++r) e.combined.push_back(ref::combine(e.p, e.d, e.out, e.y, nullptr, nullptr, weighted, r));
   return e;
 }
 
@@ -191,6 +197,94 @@ TEST(DataPlaneConformance, RefusesWhatItCannotHonour) {
   o = {};
   o.topology = "builtin:servers:3";
   refused(o, "servers:3");
+  o = {};
+  o.schedule = parse_schedule("hierarchical");
+  refused(o, "hierarchical");  // builtin:flat is one server: nothing to relay between
+  o.topology = "builtin:servers:2";
+  o.protocol = Protocol::kFlag;
+  refused(o, "protocol 'flag' is not supported");
+}
+
+// Counts a rank's puts of payload (rows) per peer, passing everything through.
+class PutCounter final : public Transport {
+ public:
+  void set_payload_region(std::size_t begin, std::size_t end) override {
+    payload_begin_ = begin;
+    t_.set_payload_region(begin, end);
+  }
+  explicit PutCounter(Transport& t) : t_(t), puts_(static_cast<std::size_t>(t.num_ranks())) {}
+  std::vector<std::atomic<std::uint64_t>>& puts() { return puts_; }
+  int rank() const noexcept override { return t_.rank(); }
+  int num_ranks() const noexcept override { return t_.num_ranks(); }
+  const TransportCaps& caps() const noexcept override { return t_.caps(); }
+  void allocate(std::size_t bytes, std::size_t signals) override { t_.allocate(bytes, signals); }
+  std::byte* window() noexcept override { return t_.window(); }
+  std::size_t window_bytes() const noexcept override { return t_.window_bytes(); }
+  void put(int peer, std::size_t off, const void* src, std::size_t bytes, int q) override {
+    if (off >= payload_begin_) ++puts_[static_cast<std::size_t>(peer)];
+    t_.put(peer, off, src, bytes, q);
+  }
+  void put_flagged(int peer, std::size_t off, const void* src, std::size_t bytes, std::uint64_t flag, int q) override {
+    if (off >= payload_begin_) ++puts_[static_cast<std::size_t>(peer)];
+    t_.put_flagged(peer, off, src, bytes, flag, q);
+  }
+  void signal(int peer, std::size_t slot, std::uint64_t v, int q) override { t_.signal(peer, slot, v, q); }
+  void wait_signal(std::size_t slot, std::uint64_t v, const WaitPoint& w) override { t_.wait_signal(slot, v, w); }
+  void wait_flag(std::size_t off, std::uint64_t v, const WaitPoint& w) override { t_.wait_flag(off, v, w); }
+  std::uint64_t read_signal(std::size_t slot) noexcept override { return t_.read_signal(slot); }
+  void quiet(int q) override { t_.quiet(q); }
+  void barrier(const char* phase) override { t_.barrier(phase); }
+  std::chrono::milliseconds timeout() const noexcept override { return t_.timeout(); }
+
+ private:
+  Transport& t_;
+  std::vector<std::atomic<std::uint64_t>> puts_;
+  std::size_t payload_begin_ = ~std::size_t{0};
+};
+
+// Hierarchical: a rank puts only to its own server and to its relays (the same-lane rank
+// of each other server); every other rank of another server gets its rows relayed.
+TEST(DataPlaneConformance, HierarchicalCrossesServersOnlyBetweenSameLanes) {
+  ref::FixtureOptions f = fixture(false, 56);
+  f.num_ranks = 8;
+  f.num_experts = 16;
+  f.num_topk = 4;
+  f.tokens_per_rank = {12, 0, 9, 16, 3, 11, 7, 14};
+  const Expected e = expect(f, true, false);
+  launch({8, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+    PutCounter counted(t);
+    BufferConfig c = config_for(e.p, 2);
+    c.dataplane.schedule = parse_schedule("hierarchical");
+    c.dataplane.topology = "builtin:servers:4";
+    Buffer buffer(counted, c);
+    const int r = t.rank();
+    const auto ur = static_cast<std::size_t>(r);
+    const DispatchResult d = buffer.dispatch(dispatch_args(views_of(e.p, r), e.d));
+    expect_dispatch(r, e.p, e.d, e.out[ur], d);
+    // Rows rank r sends to each server: to its relay there, never to other lanes.
+    std::vector<int> rows_to_server(2, 0);
+    const ref::Layout lay = ref::layout(e.p, r);
+    for (std::int64_t tok = 0; tok < e.p.ranks[ur].num_tokens; ++tok)
+      for (int server = 0; server < 2; ++server)
+        for (int lane = 0; lane < 4; ++lane)
+          if (lay.is_token_in_rank[static_cast<std::size_t>(tok * 8 + server * 4 + lane)]) {
+            ++rows_to_server[static_cast<std::size_t>(server)];
+            break;
+          }
+    for (int peer = 0; peer < 8; ++peer) {
+      const std::uint64_t n = counted.puts()[static_cast<std::size_t>(peer)];
+      const bool other_server = peer / 4 != r / 4, relay = other_server && peer % 4 == r % 4;
+      if (other_server && !relay && n != 0)
+        fail(r, std::to_string(n) + " payload puts straight to rank " + std::to_string(peer) + " of another server");
+      if (relay && (n == 0) != (rows_to_server[static_cast<std::size_t>(peer / 4)] == 0))
+        fail(r, "relay rank " + std::to_string(peer) + " got " + std::to_string(n) + " puts for " +
+                    std::to_string(rows_to_server[static_cast<std::size_t>(peer / 4)]) + " rows");
+    }
+    CombineArgs ca;
+    ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, e.p.hidden});
+    ca.handle = &d.handle;
+    expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e.combined[ur]);
+  });
 }
 
 // Zero-copy output needs contiguous rows; the flag protocol's blocks are not.
