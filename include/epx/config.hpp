@@ -16,6 +16,12 @@ struct BufferConfig {
   /// Rows this rank's receive area holds; 0 = P * C (every token of every rank). A
   /// dispatch that needs more fails on every rank with kCapacityExceeded.
   std::int64_t max_recv_rows = 0;
+  /// Bounded receive area: rows per source ring (0 = unbounded: a slot for every row this
+  /// rank may receive). With a ring, the window holds P x ring_rows rows instead of
+  /// max_recv_rows; senders wait for the receiver's credits before reusing ring slots.
+  /// Needs the compact or expanded output as a copy (not recv_in_window), a schedule other
+  /// than hierarchical and a protocol other than flag.
+  std::int64_t ring_rows = 0;
   /// Worker threads per rank (the SM / vector-core analogue); 0 = auto: the cores of this
   /// machine divided by the ranks on it, at least 1.
   int num_workers = 0;

@@ -39,12 +39,17 @@ std::string check_config(const BufferConfig& c, int P) {
   if (c.max_tokens_per_rank < 0) return "max_tokens_per_rank must be >= 0, got " + std::to_string(c.max_tokens_per_rank);
   if (c.max_recv_rows < 0) return "max_recv_rows must be >= 0, got " + std::to_string(c.max_recv_rows);
   if (c.num_workers < 0) return "num_workers must be >= 0, got " + std::to_string(c.num_workers);
+  if (c.ring_rows < 0) return "ring_rows must be >= 0, got " + std::to_string(c.ring_rows);
+  if (c.ring_rows > 0 && c.dataplane.protocol == Protocol::kFlag)
+    return "ring_rows (bounded receive area) needs protocol explicit or tail: ring counts travel as signals";
+  if (c.ring_rows > 0 && c.dataplane.schedule.kind == ScheduleKind::kHierarchical)
+    return "ring_rows (bounded receive area) does not combine with the hierarchical schedule";
   return {};
 }
 
 // What every rank sends at construction: its config and whether it is valid.
 struct ConfigMessage {
-  std::int64_t values[14];
+  std::int64_t values[15];
   std::int32_t valid;
   char message[480];
 };
@@ -77,7 +82,8 @@ detail::WindowLayout make_layout(const BufferConfig& c, int P, int servers, int 
   w.flag_meta = align_up(w.meta + recv * w.meta_bytes, 4096);
   w.relay_records = align_up(w.flag_meta + recv * w.meta_record, 64);
   w.data = align_up(w.relay_records + relay * w.relay_record_bytes, 4096);
-  w.replies = align_up(w.data + recv * 2 * H, 4096);
+  const std::size_t data_rows = c.ring_rows > 0 ? static_cast<std::size_t>(P) * static_cast<std::size_t>(c.ring_rows) : recv;
+  w.replies = align_up(w.data + data_rows * 2 * H, 4096);
   w.scales = align_up(w.replies + reply * 2 * H, 64);
   w.flag_rows = align_up(w.scales + recv * scale_row, 4096);
   w.flag_replies = align_up(w.flag_rows + recv * w.row_record, 4096);
@@ -124,11 +130,11 @@ std::vector<std::int64_t> agreed_values(const BufferConfig& c, int W) {
   return {c.num_experts, c.hidden, c.num_topk, c.max_tokens_per_rank, c.max_recv_rows, W,
           static_cast<std::int64_t>(std::hash<std::string>{}(o.topology) >> 1), static_cast<std::int64_t>(o.schedule.kind),
           o.schedule.group_width, o.queues, static_cast<std::int64_t>(o.queue_split.kind), ratio,
-          static_cast<std::int64_t>(o.aggregate_bytes), static_cast<std::int64_t>(o.protocol)};
+          static_cast<std::int64_t>(o.aggregate_bytes), static_cast<std::int64_t>(o.protocol), c.ring_rows};
 }
 constexpr const char* kAgreedNames[] = {"num_experts", "hidden", "num_topk", "max_tokens_per_rank", "max_recv_rows",
                                         "num_workers", "topology", "schedule", "schedule group width", "queues",
-                                        "queue split", "queue split ratio", "aggregate_bytes", "protocol"};
+                                        "queue split", "queue split ratio", "aggregate_bytes", "protocol", "ring_rows"};
 constexpr std::size_t kAgreed = std::size(kAgreedNames);
 
 }  // namespace
@@ -184,8 +190,9 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
   }
   window = make_layout(c, P, servers, static_cast<int>(server_members.size()));
   if (c.dataplane.protocol == Protocol::kTail) signal_stride = 512 / sizeof(std::uint64_t);
-  // Signals: notify [P], dispatch and combine completions [P x W each], relay forwards [P].
-  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + (2 * static_cast<std::size_t>(W) + 1) * signal_stride));
+  // Signals: notify [P], dispatch and combine completions [P x W each], relay forwards [P],
+  // ring tails and credits [P each].
+  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + (2 * static_cast<std::size_t>(W) + 3) * signal_stride));
   t.set_payload_region(window.data, window.total);
 }
 
@@ -230,6 +237,10 @@ MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
                        "expert_alignment must be >= 1, got " + std::to_string(a.expert_alignment));
   if (a.recv_in_window && a.layout != RecvLayout::kCompact)
     return make_status(ErrorCode::kInvalidArgument, "recv_in_window needs the compact layout");
+  if (a.recv_in_window && config.ring_rows > 0)
+    return make_status(ErrorCode::kUnsupported,
+                       "recv_in_window needs a slot for every row, but this buffer has a bounded receive area (ring_rows = " +
+                           std::to_string(config.ring_rows) + ")");
   if (a.recv_in_window && flag_protocol())
     return make_status(ErrorCode::kUnsupported,
                        "recv_in_window needs rows stored contiguously, but the flag protocol delivers 512-byte blocks");
@@ -364,17 +375,25 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
     if (m.hierarchical()) m.plan_relay(*made, peers);
     expert_base = m.expert_row_base(peers);
   }
-  m.send_rows(*h, a, fresh ? &expert_base : nullptr);
   const bool fp8 = a.x.dtype == DType::kFP8E4M3;
-  m.wait_rows(*h, fresh, static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype),
-              fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0);
+  const bool ring = m.config.ring_rows > 0;
+  DispatchResult result;
+  if (ring) {  // rows go from the rings straight into the output
+    result = m.make_outputs(*h, a, fp8);
+    m.exchange_through_ring(*h, a, fresh ? &expert_base : nullptr, result);
+  } else {
+    m.send_rows(*h, a, fresh ? &expert_base : nullptr);
+    m.wait_rows(*h, fresh, static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype),
+                fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0);
+  }
   if (fresh) {
     m.receive_meta(*made);
     made->topk_weights = Tensor(DType::kF32, a.topk_weights.shape);
     if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
       std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
   }
-  DispatchResult result = m.epilogue(*h, a, fp8);
+  if (!ring) result = m.make_outputs(*h, a, fp8);
+  m.epilogue(*h, a, fp8, result, ring);
   if (fresh) {
     result.layout = make_dispatch_layout(made->plan);
     result.handle.state_ = made;

@@ -121,7 +121,19 @@ void Buffer::Impl::Sender::end_channel(int d) {
   m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
 }
 
+void Buffer::Impl::Sender::signal(int d, std::size_t slot, std::uint64_t value) {
+  const int q = queue_of_[static_cast<std::size_t>(d)];
+  if (m_.config.dataplane.protocol == Protocol::kExplicit) m_.transport.quiet(q);
+  m_.transport.signal(d, slot, value, q);
+}
+
 void Buffer::Impl::Sender::finish() {
+  flush();
+  if (m_.config.dataplane.protocol != Protocol::kExplicit) return;
+  for (int d : peers_) m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
+}
+
+void Buffer::Impl::Sender::flush() {
   const DataPlaneOptions& o = m_.config.dataplane;
   // Every protocol ends with quiet: the caller may reuse its input once the call returns.
   for (int q = 0; q < o.queues; ++q) {
@@ -131,8 +143,6 @@ void Buffer::Impl::Sender::finish() {
       stats_->queue_wait_us[static_cast<std::size_t>(q)] +=
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   }
-  if (o.protocol != Protocol::kExplicit) return;
-  for (int d : peers_) m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
 }
 
 void Buffer::Impl::receive_flagged(Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,

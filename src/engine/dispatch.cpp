@@ -182,7 +182,35 @@ namespace {
 std::int64_t align_rows(std::int64_t n, std::int64_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
-DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp8) {
+DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchArgs& a, bool fp8) {
+  const std::int64_t rows = h.out_rows, H = config.hidden;
+  const int K = config.num_topk;
+  const DType dt = a.x.dtype;
+  const bool expanded = h.layout == RecvLayout::kExpanded;
+  DispatchResult out;
+  // A modelling transport moves no payload: rows are views of the window whose values are
+  // unspecified, and the epilogue reads or writes no payload bytes.
+  if (a.recv_in_window || !transport.caps().moves_payload) {  // views: the rows already sit where the compact output wants them
+    std::byte* base = transport.window();
+    out.recv_x = Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + window.data), dt, {rows, H});
+    if (fp8)
+      out.recv_x_scales =
+          Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + window.scales), DType::kF32, {rows, H / 128});
+  } else {
+    out.recv_x = outputs.make(dt, {rows, H});
+    if (fp8) out.recv_x_scales = outputs.make(DType::kF32, {rows, H / 128});
+  }
+  out.recv_src = outputs.make(DType::kI64, {rows, expanded ? 3 : 2});
+  if (expanded) {
+    out.recv_weights = outputs.make(DType::kF32, {rows});
+  } else {
+    out.recv_topk_idx = outputs.make(DType::kI64, {rows, K});
+    out.recv_topk_weights = outputs.make(DType::kF32, {rows, K});
+  }
+  return out;
+}
+
+void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed) {
   const std::int64_t N = h.num_recv(), rows = h.out_rows, H = config.hidden;
   const int K = config.num_topk;
   const DType dt = a.x.dtype;
@@ -192,29 +220,9 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
   const std::byte* data = transport.window() + window.data;
   const std::byte* scales = transport.window() + window.scales;
   const bool expanded = h.layout == RecvLayout::kExpanded;
-
-  DispatchResult out;
-  // A modelling transport moves no payload: rows are views of the window whose values are
-  // unspecified, and nothing below reads or writes payload bytes.
   const bool payload = transport.caps().moves_payload;
   const bool in_window = a.recv_in_window || !payload;
-  if (in_window) {  // views: the rows already sit where the compact output wants them
-    std::byte* base = transport.window();
-    out.recv_x = Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + window.data), dt, {rows, H});
-    if (fp8)
-      out.recv_x_scales =
-          Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + window.scales), DType::kF32, {rows, B});
-  } else {
-    out.recv_x = outputs.make(dt, {rows, H});
-    if (fp8) out.recv_x_scales = outputs.make(DType::kF32, {rows, B});
-  }
-  out.recv_src = outputs.make(DType::kI64, {rows, expanded ? 3 : 2});
-  if (expanded) {
-    out.recv_weights = outputs.make(DType::kF32, {rows});
-  } else {
-    out.recv_topk_idx = outputs.make(DType::kI64, {rows, K});
-    out.recv_topk_weights = outputs.make(DType::kF32, {rows, K});
-  }
+  const bool copy_rows = payload && !rows_placed;  // the bounded ring places rows as they arrive
   auto* rx = static_cast<std::byte*>(out.recv_x.data());
   auto* rs = static_cast<std::byte*>(fp8 ? out.recv_x_scales.data() : nullptr);
   auto* src = out.recv_src.as<std::int64_t>();
@@ -244,7 +252,7 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     const auto [r0, r1] = split_range(N, w, W);
     if (!expanded) {
-      if (!in_window) {
+      if (!in_window && copy_rows) {
         std::memcpy(rx + static_cast<std::size_t>(r0) * row_bytes, data + static_cast<std::size_t>(r0) * row_bytes,
                     static_cast<std::size_t>(r1 - r0) * row_bytes);
       }
@@ -266,7 +274,7 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
           const auto i = static_cast<std::size_t>(r * K + k);
           const std::int64_t row = h.recv_slot_row[i];
           if (row < 0) continue;
-          if (payload) std::memcpy(rx + static_cast<std::size_t>(row) * row_bytes, data + static_cast<std::size_t>(r) * row_bytes, row_bytes);
+          if (copy_rows) std::memcpy(rx + static_cast<std::size_t>(row) * row_bytes, data + static_cast<std::size_t>(r) * row_bytes, row_bytes);
           if (fp8 && payload)
             std::memcpy(rs + static_cast<std::size_t>(row) * scale_bytes, scales + static_cast<std::size_t>(r) * scale_bytes,
                         scale_bytes);
@@ -292,7 +300,6 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
     out.num_recv_tokens_per_expert_aligned[static_cast<std::size_t>(j)] =
         align_rows(h.expert_count[static_cast<std::size_t>(j)], h.alignment);
   if (expanded) out.expert_offsets = h.expert_offset;
-  return out;
 }
 
 }  // namespace epx

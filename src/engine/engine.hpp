@@ -185,6 +185,11 @@ struct Buffer::Impl {
     void end_channel(int d);
     /// Completes the call's puts (explicit: quiet every queue, then signal every peer).
     void finish();
+    /// Quiet every queue (the caller's input may be reused afterwards).
+    void flush();
+    /// A progress signal to peer d on its channel's queue, ordered after the puts before it
+    /// (explicit: after a quiet of that queue).
+    void signal(int d, std::size_t slot, std::uint64_t value);
 
    private:
     void put(int d, std::size_t offset, const void* src, std::size_t bytes);
@@ -219,13 +224,24 @@ struct Buffer::Impl {
   void fill_meta(detail::RowMetaView m, const detail::HandleState& h, const DispatchArgs& a, int d, std::int32_t t,
                  const std::vector<std::int32_t>& expert_base) const;
 
+  // ring.cpp: the bounded receive area (BufferConfig::ring_rows): every worker sends its
+  // destinations' rows a chunk at a time into per-source rings, as credits allow, and
+  // places the rows arriving from its sources straight into the output.
+  void exchange_through_ring(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
+                             DispatchResult& out);
+  std::size_t ring_tail_signal(int src) const noexcept;
+  std::size_t ring_credit_signal(int dst) const noexcept;
+
   // dispatch.cpp
   void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base);
   void wait_phase(std::size_t first_slot, const char* phase);
   /// Until every row of this dispatch has landed here (flag protocol: and is unpacked).
   void wait_rows(const detail::HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes);
   void receive_meta(detail::HandleState& h);
-  DispatchResult epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8);
+  /// The output tensors (from the pool, or views of the window).
+  DispatchResult make_outputs(const detail::HandleState& h, const DispatchArgs& a, bool fp8);
+  /// Receive area → the requested layout (rows_placed: the ring already put recv_x's rows).
+  void epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed);
 
   // combine.cpp
   void send_replies(const detail::HandleState& h, const CombineArgs& a);

@@ -5,6 +5,7 @@
 // time, to catch stale data and slot-reuse races (ThreadSanitizer runs it on threads).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "multirank_support.hpp"
@@ -139,6 +140,39 @@ INSTANTIATE_TEST_SUITE_P(EveryCombination, DataPlaneConformance,
                          ::testing::Combine(::testing::ValuesIn(kTransports), ::testing::ValuesIn(combos())),
                          [](const auto& info) {
                            return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name();
+                         });
+
+// The bounded receive area: rings far smaller than what a rank receives (down to one row
+// per source), so senders wait for credits many times per call.
+class RingConformance : public ::testing::TestWithParam<std::tuple<TransportKind, std::int64_t, std::string, std::string>> {};
+
+TEST_P(RingConformance, MatchesReferenceBitForBit) {
+  const auto& [kind, ring, schedule, protocol] = GetParam();
+  const Expected compact = expect(fixture(false, 60), false, false);
+  const Expected expanded = expect(fixture(false, 61), true, true);
+  const Expected fp8 = expect(fixture(true, 62), true, false);
+  launch({kRanks, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+    BufferConfig c = config_for(compact.p, 2);
+    c.max_tokens_per_rank = 16;
+    c.ring_rows = ring;
+    c.dataplane.schedule = parse_schedule(schedule);
+    c.dataplane.protocol = parse_protocol(protocol);
+    c.dataplane.queues = 2;
+    Buffer buffer(t, c);
+    check_round_trip(buffer, t.rank(), compact);
+    check_round_trip(buffer, t.rank(), expanded);
+    check_round_trip(buffer, t.rank(), fp8);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Rings, RingConformance,
+                         ::testing::Combine(::testing::ValuesIn(kTransports), ::testing::Values(1, 2, 5, 64),
+                                            ::testing::Values("rotated", "grouped:2"), ::testing::Values("explicit", "tail")),
+                         [](const auto& info) {
+                           std::string schedule = std::get<2>(info.param);
+                           std::replace(schedule.begin(), schedule.end(), ':', 'x');
+                           return std::string(to_string(std::get<0>(info.param))) + "_ring" +
+                                  std::to_string(std::get<1>(info.param)) + "_" + schedule + "_" + std::get<3>(info.param);
                          });
 
 // Aggregation off means one put per row; the default merges runs of consecutive tokens.
@@ -311,7 +345,7 @@ TEST(DataPlaneConformance, FlagProtocolRefusesZeroCopy) {
 // before its reader is done, show up as wrong bits. Calls of the same kind follow each
 // other (two dispatches, then two combines), so every region is rewritten by the very
 // next call that uses it.
-void stress(TransportKind kind, Protocol protocol, int iterations) {
+void stress(TransportKind kind, Protocol protocol, int iterations, std::int64_t ring_rows = 0) {
   std::vector<Expected> rounds;
   for (int i = 0; i < 16; ++i) {
     ref::FixtureOptions f = fixture(false, 1000 + static_cast<std::uint64_t>(i));
@@ -327,6 +361,7 @@ void stress(TransportKind kind, Protocol protocol, int iterations) {
     c.dataplane.protocol = protocol;
     c.dataplane.queues = 2;
     c.dataplane.aggregate_bytes = 256;
+    c.ring_rows = ring_rows;
     Buffer buffer(t, c);
     auto dispatch = [&](const Expected& e) {
       DispatchResult d = buffer.dispatch(dispatch_args(views_of(e.p, r), e.d));
@@ -353,6 +388,8 @@ void stress(TransportKind kind, Protocol protocol, int iterations) {
 TEST(DataPlaneStress, threads_ExplicitReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kExplicit, 1000); }
 TEST(DataPlaneStress, threads_TailReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kTail, 1000); }
 TEST(DataPlaneStress, threads_FlagReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kFlag, 1000); }
+TEST(DataPlaneStress, threads_RingReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kTail, 1000, 3); }
+TEST(DataPlaneStress, shm_RingReusesSlotsSafely) { stress(TransportKind::kShm, Protocol::kExplicit, 500, 2); }
 TEST(DataPlaneStress, shm_FlagReusesSlotsSafely) { stress(TransportKind::kShm, Protocol::kFlag, 1000); }
 
 }  // namespace

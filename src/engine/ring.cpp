@@ -1,0 +1,177 @@
+// The bounded receive area (BufferConfig::ring_rows > 0): instead of a slot for every row
+// it may receive (up to P x C rows), a rank keeps a ring of ring_rows rows per source.
+// Senders fill it a chunk at a time and publish a cumulative count (the ring's tail);
+// the receiver places each arrived row in the output and hands the slots back with a
+// cumulative credit. A sender never writes row i before the credit reaches
+// i - ring_rows + 1, so unconsumed rows are never overwritten. Both sides run in the same
+// loop on every worker (each owns some destinations and some sources), which is what
+// keeps two ranks filling each other's rings from waiting on each other.
+//
+// Counts carry the call's epoch in their high 32 bits, so a value left from an earlier
+// call reads as "nothing yet" and the slots need no reset. Row metadata and FP8 scales
+// (a few percent of a row) still go to their full-size regions at the planned slots.
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "engine.hpp"
+
+namespace epx {
+
+using detail::HandleState;
+using detail::Region;
+using detail::RowMetaView;
+
+namespace {
+// Nothing moved this round: spin a little, then give the core away (with more ranks than
+// cores a pure spin starves the peer we wait for). False once `timeout` has passed.
+class Idle {
+ public:
+  explicit Idle(std::chrono::milliseconds timeout) : timeout_(timeout) { reset(); }
+  void reset() {
+    spins_ = 0;
+    deadline_ = std::chrono::steady_clock::now() + timeout_;
+  }
+  bool step() {
+    if (++spins_ < 256) return true;
+    sched_yield();
+    return std::chrono::steady_clock::now() < deadline_;
+  }
+
+ private:
+  std::chrono::milliseconds timeout_;
+  int spins_ = 0;
+  std::chrono::steady_clock::time_point deadline_;
+};
+}  // namespace
+
+std::size_t Buffer::Impl::ring_tail_signal(int src) const noexcept {
+  return forward_signal(P) + static_cast<std::size_t>(src) * signal_stride;
+}
+
+std::size_t Buffer::Impl::ring_credit_signal(int dst) const noexcept {
+  return ring_tail_signal(P) + static_cast<std::size_t>(dst) * signal_stride;
+}
+
+void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArgs& a,
+                                         const std::vector<std::int32_t>* expert_base, DispatchResult& out) {
+  const RoutingPlan& plan = h.plan;
+  const int K = config.num_topk;
+  const std::int64_t ring = config.ring_rows;
+  const std::int64_t chunk = std::max<std::int64_t>(1, ring / 2);  // half a ring: the other half drains meanwhile
+  const bool fp8 = a.x.dtype == DType::kFP8E4M3;
+  const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * dtype_size(a.x.dtype);
+  const std::size_t scale_bytes = fp8 ? static_cast<std::size_t>(config.hidden / 128) * sizeof(float) : 0;
+  const auto* x = static_cast<const std::byte*>(a.x.data);
+  const auto* scales = static_cast<const std::byte*>(a.x_scales.data);
+  const bool with_meta = expert_base != nullptr;
+  const bool expanded = h.layout == RecvLayout::kExpanded;
+  const bool payload = transport.caps().moves_payload;
+  const std::uint64_t stamp = epoch << 32;
+  auto count_of = [&](std::uint64_t v) -> std::int64_t { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; };
+  if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * window.meta_bytes);
+  const std::byte* rings = transport.window() + window.data;
+  const std::byte* meta = transport.window() + window.meta;
+  auto* rx = static_cast<std::byte*>(out.recv_x.data());
+
+  std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
+  for (int d = 0; d < P; ++d) channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(plan.tokens_to(d)) * row_bytes;
+
+  pool.run([&](int w) {
+    PhaseTimer timer(*this, w, Phase::kPutIssue);
+    Sender send(*this, w, 0, channel_bytes, visit_order);
+    struct Flow {
+      int peer;
+      std::int64_t done, total;
+    };
+    std::vector<Flow> sends, receives;
+    for (std::size_t i = static_cast<std::size_t>(w); i < visit_order.size(); i += static_cast<std::size_t>(W)) {
+      const int d = visit_order[i];
+      sends.push_back({d, 0, plan.tokens_to(d)});
+      const int s = (rank - static_cast<int>(i) + P) % P;  // sources in the mirrored order
+      receives.push_back({s, 0, h.recv_begin[static_cast<std::size_t>(s) + 1] - h.recv_begin[static_cast<std::size_t>(s)]});
+    }
+
+    // One chunk of my segment for d: positions [p0, p1) into ring slots p % ring.
+    auto send_chunk = [&](int d, std::int64_t p0, std::int64_t p1) {
+      const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+      const std::int64_t base = h.send_base[static_cast<std::size_t>(d)];
+      for (std::int64_t p = p0; p < p1;) {
+        std::int64_t q = p + 1;  // a run: consecutive tokens that don't wrap the ring
+        while (q < p1 && seg[q] == seg[q - 1] + 1 && q % ring != 0) ++q;
+        const auto t = static_cast<std::size_t>(seg[p]);
+        send.put_rows(d, Region::kData, rank * ring + p % ring, x + t * row_bytes, q - p, row_bytes);
+        if (fp8) send.put_rows(d, Region::kScales, base + p, scales + t * scale_bytes, q - p, scale_bytes);
+        p = q;
+      }
+      if (with_meta) {
+        const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
+        for (std::int64_t p = p0; p < p1; ++p)
+          fill_meta(meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
+        send.put_rows(d, Region::kMeta, base + p0, meta_stage.data() + stage_row * window.meta_bytes, p1 - p0, window.meta_bytes);
+      }
+      send.signal(d, ring_tail_signal(rank), stamp + static_cast<std::uint64_t>(p1));
+    };
+    // Rows [i0, i1) from s: out of the ring into the output, then their slots go back.
+    auto place = [&](int s, std::int64_t i0, std::int64_t i1) {
+      const std::int64_t first = h.recv_begin[static_cast<std::size_t>(s)];
+      for (std::int64_t i = i0; i < i1 && payload; ++i) {
+        const std::byte* row = rings + static_cast<std::size_t>(s * ring + i % ring) * row_bytes;
+        const std::int64_t r = first + i;
+        if (!expanded) {
+          std::memcpy(rx + static_cast<std::size_t>(r) * row_bytes, row, row_bytes);
+          continue;
+        }
+        for (int k = 0; k < K; ++k) {
+          const std::int32_t to = with_meta ? meta_row(const_cast<std::byte*>(meta), r).slot_row[k]
+                                            : h.recv_slot_row[static_cast<std::size_t>(r * K + k)];
+          if (to >= 0) std::memcpy(rx + static_cast<std::size_t>(to) * row_bytes, row, row_bytes);
+        }
+      }
+      transport.signal(s, ring_credit_signal(rank), stamp + static_cast<std::uint64_t>(i1), 0);
+    };
+
+    Idle idle(transport.timeout());
+    while (true) {
+      bool progress = false, pending = false;
+      for (Flow& f : sends) {
+        if (f.done == f.total) continue;
+        pending = true;
+        const std::int64_t credit = count_of(transport.read_signal(ring_credit_signal(f.peer)));
+        const std::int64_t n = std::min({f.total - f.done, credit + ring - f.done, chunk});
+        if (n <= 0) continue;
+        send_chunk(f.peer, f.done, f.done + n);
+        f.done += n;
+        progress = true;
+      }
+      for (Flow& f : receives) {
+        if (f.done == f.total) continue;
+        pending = true;
+        const std::int64_t tail = count_of(transport.read_signal(ring_tail_signal(f.peer)));
+        if (tail <= f.done) continue;
+        place(f.peer, f.done, tail);
+        f.done = tail;
+        progress = true;
+      }
+      if (!pending) break;
+      if (progress) {
+        idle.reset();
+        continue;
+      }
+      if (!idle.step()) {
+        std::string waiting;
+        for (const Flow& f : sends)
+          if (f.done < f.total) waiting += " credit from rank " + std::to_string(f.peer);
+        for (const Flow& f : receives)
+          if (f.done < f.total) waiting += " rows from rank " + std::to_string(f.peer);
+        throw Error(ErrorCode::kTimeout, "rank " + std::to_string(rank) + ": timed out in phase 'dispatch ring' waiting for" + waiting,
+                    sends.empty() ? -1 : sends.front().peer);
+      }
+    }
+    send.flush();
+  });
+}
+
+}  // namespace epx
