@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "bench_dataplane.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
 
@@ -107,6 +108,14 @@ void validate_options(const BenchOptions& o) {
   if (o.timeout_ms < 1) bad("--timeout-ms must be >= 1, got " + std::to_string(o.timeout_ms));
   if (!o.baseline.empty() && o.baseline != "mpi") bad("--baseline must be 'mpi', got '" + o.baseline + "'");
   parse_transport_kind(o.transport);
+  // With --routing, P is known once meta.json is read: run_bench checks the rest then.
+  check_dataplane(o.dataplane, o.routing.empty() ? o.ranks : 0);
+  if (o.zero_copy && o.dataplane.protocol == Protocol::kFlag)
+    bad("--zero-copy cannot be combined with --protocol flag (flagged blocks are unpacked on arrival, so recv_x cannot be "
+        "a view of the window)");
+  if (!o.sweep.empty() && !o.trace.empty()) bad("--trace records one run; it cannot be combined with --sweep");
+  if (!o.sweep.empty() && !o.baseline.empty())
+    bad("--baseline does not depend on the data-plane options; run it without --sweep");
   if (!o.eplb) {
     if (o.eplb_replicas != 0) bad("--eplb-replicas needs --eplb");
     if (!o.eplb_choice.empty()) bad("--eplb-choice needs --eplb");
@@ -185,6 +194,13 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
       ->type_name("CHOICE");
   sub->add_option("--eplb-servers-of", o.eplb_servers_of, "ranks per server for --eplb-choice server (divides P; default 1)")
       ->type_name("N");
+  add_dataplane_options(sub, o.dataplane);
+  sub->add_option("--sweep", o.sweep,
+                  "run every combination of the values and print one comparison table: KEY=V1,V2,... with KEY one of "
+                  "topology, schedule, queues, queue-split, aggregate, protocol, tokens, workers (repeatable; the "
+                  "first --sweep varies slowest)")
+      ->type_name("KEY=V1,V2,...")
+      ->allow_extra_args(false);
   sub->footer(bench_definitions());
 }
 

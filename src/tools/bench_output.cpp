@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "bench_dataplane.hpp"
 #include "epx/error.hpp"
 
 namespace fs = std::filesystem;
@@ -74,6 +75,14 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
     std::vector<std::string> dom;
     for (int d : op.dominant_rank) dom.push_back(bench_phase_name(d));
     j["dominant_phase_per_rank"] = dom;
+    ordered_json queues;
+    queues["puts"] = op.queue_puts;
+    queues["bytes"] = op.queue_bytes;
+    queues["wait_us"] = op.queue_wait_us;
+    queues["puts_per_rank"] = op.queue_puts_rank;
+    queues["bytes_per_rank"] = op.queue_bytes_rank;
+    queues["wait_us_per_rank"] = op.queue_wait_us_rank;
+    j["queues"] = queues;
   } else {
     j["puts"] = nullptr;
     j["bytes_per_put"] = nullptr;
@@ -99,7 +108,7 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
 
 }  // namespace
 
-ordered_json bench_json(const BenchReport& r) {
+ordered_json bench_config_json(const BenchReport& r) {
   const BenchOptions& o = r.options;
   const RouteCount& rc = r.count;
   ordered_json j;
@@ -115,6 +124,7 @@ ordered_json bench_json(const BenchReport& r) {
   j["layout"] = o.layout;
   j["alignment"] = o.alignment;
   j["cached"] = o.cached;
+  j["zero_copy"] = o.zero_copy;
   j["transport"] = o.transport;
   j["workers"] = r.workers;
   j["cores"] = r.cores;
@@ -122,6 +132,13 @@ ordered_json bench_json(const BenchReport& r) {
   j["iters"] = o.iters;
   j["counters"] = o.counters;
   j["routing"] = {{"source", r.source}, {"dir", o.routing}, {"skew", o.skew}, {"seed", o.seed}};
+  j["dataplane"] = dataplane_json(o.dataplane);
+  return j;
+}
+
+ordered_json bench_json(const BenchReport& r) {
+  const RouteCount& rc = r.count;
+  ordered_json j = bench_config_json(r);
   j["x_row_bytes"] = rc.x_row_bytes;
   j["y_row_bytes"] = rc.y_row_bytes;
   j["memcpy_gbps"] = r.memcpy_gbps;
