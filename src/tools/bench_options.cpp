@@ -39,6 +39,22 @@ const char* bench_definitions() {
   puts         epx's own counters (per call, summed over workers): remote puts + puts into
                the rank's own window; bytes/put = their bytes / their number. Dispatch puts
                also carry row metadata, so epx's byte count exceeds the payload by that.
+  queues       per queue q < --queues, per call: puts and bytes summed over the ranks and
+               workers (every put counts on exactly one queue); wait = the receiver's wait
+               for completions on that queue, summed over a rank's workers, avg over ranks.
+  data plane   --topology --schedule --queues --queue-split --aggregate --protocol set
+               BufferConfig::dataplane on every rank (epx/dataplane.hpp). All choices give
+               the same results; they differ in put order, put count and synchronisation.
+  sweep        --sweep KEY=V1,V2,... (repeatable): one full bench (same warmup, iterations,
+               memcpy reference and payload check) per combination of the values, the last
+               --sweep varying fastest; combinations whose options do not fit together are
+               skipped with the reason. Table columns: # = combination; swept keys topo,
+               sched, q (queues), split, aggr, proto, S (tokens), W (workers); d_ = dispatch,
+               c_ = combine: us = avg max-rank latency, GB/s = algbw total, xmc = ratio vs
+               memcpy, puts = puts per call (all ranks), B/put = bytes per put; q_bytes% =
+               each queue's share of the dispatch + combine bytes; wait_us = the queues'
+               receiver wait per dispatch + combine, avg over ranks; chk = ok if the payload
+               check passed, WARN otherwise (the warnings are listed under the table).
   phases       per rank, avg over iterations of the max over workers of the time a worker
                spent in the phase (plan, notify, put_issue, wait_data, barrier, epilogue);
                "other" = latency minus their sum (output allocation, receiving row metadata,

@@ -16,6 +16,8 @@ namespace {
 
 std::size_t at(int i) { return static_cast<std::size_t>(i); }
 
+}  // namespace
+
 ordered_json summary_json(const Summary& s) {
   ordered_json j;
   j["avg"] = s.avg;
@@ -24,6 +26,8 @@ ordered_json summary_json(const Summary& s) {
   j["max"] = s.max;
   return j;
 }
+
+namespace {
 
 ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch) {
   const int P = static_cast<int>(op.rank.size());
@@ -212,12 +216,14 @@ ordered_json bench_json(const BenchReport& r) {
   return j;
 }
 
-void write_bench_json(const fs::path& path, const BenchReport& r) {
+void write_json_file(const fs::path& path, const ordered_json& j) {
   std::ofstream f(path);
-  f << bench_json(r).dump(2) << "\n";
+  f << j.dump(2) << "\n";
   f.close();
   if (!f) throw Error(ErrorCode::kIo, path.string() + ": cannot write the bench JSON");
 }
+
+void write_bench_json(const fs::path& path, const BenchReport& r) { write_json_file(path, bench_json(r)); }
 
 json bench_trace(const std::vector<BenchRankRecord>& records) {
   json events = json::array();

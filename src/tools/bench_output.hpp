@@ -10,6 +10,9 @@
 
 namespace epx::tools {
 
+/// {"avg", "p50", "p95", "max"}
+nlohmann::ordered_json summary_json(const Summary& s);
+
 /// What was measured: tool, ranks, tokens, hidden, topk, experts, fp8, layout, alignment,
 /// cached, transport, workers, cores, warmup, iters, counters, routing, dataplane.
 nlohmann::ordered_json bench_config_json(const BenchReport& r);
@@ -19,6 +22,9 @@ nlohmann::ordered_json bench_config_json(const BenchReport& r);
 /// rank_us, payload_bytes_per_rank, local_bytes_per_rank, algbw_gbps, ratio_vs_memcpy,
 /// puts, phases_us {phase: [per rank]}, queues {puts, bytes, wait_us, ..._per_rank}, ...; "route", "worker_counters", "baseline".
 nlohmann::ordered_json bench_json(const BenchReport& r);
+
+/// Writes `j` indented to `path` (kIo on failure).
+void write_json_file(const std::filesystem::path& path, const nlohmann::ordered_json& j);
 
 /// Writes bench_json(r) to `path` (kIo on failure).
 void write_bench_json(const std::filesystem::path& path, const BenchReport& r);
