@@ -344,8 +344,8 @@ int run_bench_sweep(const BenchOptions& o, std::FILE* out, std::vector<SweepRow>
       shape = fmt("H=%d K=%d E=%d, ", r.report.hidden, r.report.topk, r.report.experts);
       break;
     }
-  std::fprintf(out, "epx bench --sweep: %zu combinations (%zu skipped); P=%d ranks (%s), %s%d timed iterations after %d warmup each\n",
-               n, skipped, ranks, o.transport.c_str(), shape.c_str(), o.iters, o.warmup);
+  std::fprintf(out, "epx bench --sweep: %zu combinations, %zu skipped; P=%d (%s), %s%d iterations after %d warmup each\n", n,
+               skipped, ranks, o.transport.c_str(), shape.c_str(), o.iters, o.warmup);
   std::fprintf(out, "  base data plane: %s\n", describe_dataplane(o.dataplane).c_str());
   print_sweep_table(out, axes, rows);
   if (!o.json.empty()) {

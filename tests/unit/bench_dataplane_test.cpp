@@ -80,6 +80,9 @@ TEST(BenchDataPlaneOptions, EveryFlagLandsInTheDataPlane) {
   EXPECT_EQ(parse_bench("--schedule flat --aggregate 4096").dataplane.schedule.kind, ScheduleKind::kFlat);
   EXPECT_EQ(parse_bench("--aggregate 4096").dataplane.aggregate_bytes, 4096u);
   EXPECT_EQ(parse_bench("--aggregate 2m").dataplane.aggregate_bytes, 2u << 20);
+  // --sweep takes one KEY=V1,V2 per occurrence.
+  EXPECT_EQ(parse_bench("--sweep queues=1,2 --sweep schedule=flat --queues 2").sweep,
+            (std::vector<std::string>{"queues=1,2", "schedule=flat"}));
 }
 
 TEST(BenchDataPlaneOptions, BadValuesAreParseErrorsNamingTheFlag) {
