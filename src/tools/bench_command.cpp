@@ -5,6 +5,7 @@
 
 #include "bench_options.hpp"
 #include "bench_run.hpp"
+#include "bench_sweep.hpp"
 #include "commands.hpp"
 
 namespace epx::tools {
@@ -22,7 +23,7 @@ void add_bench_command(CLI::App& app) {
       for (const char* shape : {"--ranks", "--tokens", "--hidden", "--topk", "--experts"})
         if (sub->count(shape) > 0)
           std::fprintf(stderr, "epx bench: note: %s is ignored, the shape comes from %s/meta.json\n", shape, o->routing.c_str());
-    const int status = run_bench(*o);
+    const int status = o->sweep.empty() ? run_bench(*o) : run_bench_sweep(*o);
     if (status != 0) throw CLI::RuntimeError(status);
   });
 }

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "bench_dataplane.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
 
@@ -38,6 +39,22 @@ const char* bench_definitions() {
   puts         epx's own counters (per call, summed over workers): remote puts + puts into
                the rank's own window; bytes/put = their bytes / their number. Dispatch puts
                also carry row metadata, so epx's byte count exceeds the payload by that.
+  queues       per queue q < --queues, per call: puts and bytes summed over the ranks and
+               workers (every put counts on exactly one queue); wait = the receiver's wait
+               for completions on that queue, summed over a rank's workers, avg over ranks.
+  data plane   --topology --schedule --queues --queue-split --aggregate --protocol set
+               BufferConfig::dataplane on every rank (epx/dataplane.hpp). All choices give
+               the same results; they differ in put order, put count and synchronisation.
+  sweep        --sweep KEY=V1,V2,... (repeatable): one full bench (same warmup, iterations,
+               memcpy reference and payload check) per combination of the values, the last
+               --sweep varying fastest; combinations whose options do not fit together are
+               skipped with the reason. Table columns: # = combination; swept keys topo,
+               sched, q (queues), split, aggr, proto, S (tokens), W (workers); d_ = dispatch,
+               c_ = combine: us = avg max-rank latency, GB/s = algbw total, xmc = ratio vs
+               memcpy, puts = puts per call (all ranks), B/put = bytes per put; q_bytes% =
+               each queue's share of the dispatch + combine bytes; wait_us = the queues'
+               receiver wait per dispatch + combine, avg over ranks; chk = ok if the payload
+               check passed, WARN otherwise (the warnings are listed under the table).
   phases       per rank, avg over iterations of the max over workers of the time a worker
                spent in the phase (plan, notify, put_issue, wait_data, barrier, epilogue);
                "other" = latency minus their sum (output allocation, receiving row metadata,
@@ -107,6 +124,14 @@ void validate_options(const BenchOptions& o) {
   if (o.timeout_ms < 1) bad("--timeout-ms must be >= 1, got " + std::to_string(o.timeout_ms));
   if (!o.baseline.empty() && o.baseline != "mpi") bad("--baseline must be 'mpi', got '" + o.baseline + "'");
   parse_transport_kind(o.transport);
+  // With --routing, P is known once meta.json is read: run_bench checks the rest then.
+  check_dataplane(o.dataplane, o.routing.empty() ? o.ranks : 0);
+  if (o.zero_copy && o.dataplane.protocol == Protocol::kFlag)
+    bad("--zero-copy cannot be combined with --protocol flag (flagged blocks are unpacked on arrival, so recv_x cannot be "
+        "a view of the window)");
+  if (!o.sweep.empty() && !o.trace.empty()) bad("--trace records one run; it cannot be combined with --sweep");
+  if (!o.sweep.empty() && !o.baseline.empty())
+    bad("--baseline does not depend on the data-plane options; run it without --sweep");
   if (!o.eplb) {
     if (o.eplb_replicas != 0) bad("--eplb-replicas needs --eplb");
     if (!o.eplb_choice.empty()) bad("--eplb-choice needs --eplb");
@@ -185,6 +210,13 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
       ->type_name("CHOICE");
   sub->add_option("--eplb-servers-of", o.eplb_servers_of, "ranks per server for --eplb-choice server (divides P; default 1)")
       ->type_name("N");
+  add_dataplane_options(sub, o.dataplane);
+  sub->add_option("--sweep", o.sweep,
+                  "run every combination of the values and print one comparison table: KEY=V1,V2,... with KEY one of "
+                  "topology, schedule, queues, queue-split, aggregate, protocol, tokens, workers (repeatable; the "
+                  "first --sweep varies slowest)")
+      ->type_name("KEY=V1,V2,...")
+      ->allow_extra_args(false);
   sub->footer(bench_definitions());
 }
 

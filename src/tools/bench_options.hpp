@@ -4,6 +4,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "epx/dataplane.hpp"
 
 namespace epx::tools {
 
@@ -45,12 +48,17 @@ struct BenchOptions {
   int eplb_replicas = 0;        ///< R physical experts; 0 = default_eplb_replicas(E, P)
   std::string eplb_choice;      ///< "" (= spread) | spread | rank | server
   int eplb_servers_of = 0;      ///< ranks per server for --eplb-choice server; 0 = default 1
+  // Data plane: BufferConfig::dataplane of every rank (--topology, --schedule, ...).
+  DataPlaneOptions dataplane;
+  // --sweep KEY=V1,V2,...: one run per combination of the values (bench_sweep.hpp).
+  std::vector<std::string> sweep;
 
   bool expanded() const noexcept { return layout == "expanded"; }
 };
 
 /// Throws epx::Error(kInvalidArgument) naming the option for values out of range (the
-/// shape is checked again against the routing once it is known, see check_shape).
+/// shape is checked again against the routing once it is known, see check_shape; so is
+/// the data plane, see check_dataplane).
 void validate_options(const BenchOptions& o);
 
 /// Checks E % P, fp8 and H % 128, K <= E; `where` names the source ("--experts", meta.json).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "bench_dataplane.hpp"
 #include "epx/error.hpp"
 
 namespace fs = std::filesystem;
@@ -15,6 +16,8 @@ namespace {
 
 std::size_t at(int i) { return static_cast<std::size_t>(i); }
 
+}  // namespace
+
 ordered_json summary_json(const Summary& s) {
   ordered_json j;
   j["avg"] = s.avg;
@@ -23,6 +26,8 @@ ordered_json summary_json(const Summary& s) {
   j["max"] = s.max;
   return j;
 }
+
+namespace {
 
 ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch) {
   const int P = static_cast<int>(op.rank.size());
@@ -74,6 +79,14 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
     std::vector<std::string> dom;
     for (int d : op.dominant_rank) dom.push_back(bench_phase_name(d));
     j["dominant_phase_per_rank"] = dom;
+    ordered_json queues;
+    queues["puts"] = op.queue_puts;
+    queues["bytes"] = op.queue_bytes;
+    queues["wait_us"] = op.queue_wait_us;
+    queues["puts_per_rank"] = op.queue_puts_rank;
+    queues["bytes_per_rank"] = op.queue_bytes_rank;
+    queues["wait_us_per_rank"] = op.queue_wait_us_rank;
+    j["queues"] = queues;
   } else {
     j["puts"] = nullptr;
     j["bytes_per_put"] = nullptr;
@@ -99,7 +112,7 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
 
 }  // namespace
 
-ordered_json bench_json(const BenchReport& r) {
+ordered_json bench_config_json(const BenchReport& r) {
   const BenchOptions& o = r.options;
   const RouteCount& rc = r.count;
   ordered_json j;
@@ -115,6 +128,7 @@ ordered_json bench_json(const BenchReport& r) {
   j["layout"] = o.layout;
   j["alignment"] = o.alignment;
   j["cached"] = o.cached;
+  j["zero_copy"] = o.zero_copy;
   j["transport"] = o.transport;
   j["workers"] = r.workers;
   j["cores"] = r.cores;
@@ -122,6 +136,13 @@ ordered_json bench_json(const BenchReport& r) {
   j["iters"] = o.iters;
   j["counters"] = o.counters;
   j["routing"] = {{"source", r.source}, {"dir", o.routing}, {"skew", o.skew}, {"seed", o.seed}};
+  j["dataplane"] = dataplane_json(o.dataplane);
+  return j;
+}
+
+ordered_json bench_json(const BenchReport& r) {
+  const RouteCount& rc = r.count;
+  ordered_json j = bench_config_json(r);
   j["x_row_bytes"] = rc.x_row_bytes;
   j["y_row_bytes"] = rc.y_row_bytes;
   j["memcpy_gbps"] = r.memcpy_gbps;
@@ -195,12 +216,14 @@ ordered_json bench_json(const BenchReport& r) {
   return j;
 }
 
-void write_bench_json(const fs::path& path, const BenchReport& r) {
+void write_json_file(const fs::path& path, const ordered_json& j) {
   std::ofstream f(path);
-  f << bench_json(r).dump(2) << "\n";
+  f << j.dump(2) << "\n";
   f.close();
   if (!f) throw Error(ErrorCode::kIo, path.string() + ": cannot write the bench JSON");
 }
+
+void write_bench_json(const fs::path& path, const BenchReport& r) { write_json_file(path, bench_json(r)); }
 
 json bench_trace(const std::vector<BenchRankRecord>& records) {
   json events = json::array();

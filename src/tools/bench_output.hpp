@@ -10,11 +10,21 @@
 
 namespace epx::tools {
 
-/// The report as JSON: top level ranks, tokens, hidden, topk, experts, fp8, layout,
+/// {"avg", "p50", "p95", "max"}
+nlohmann::ordered_json summary_json(const Summary& s);
+
+/// What was measured: tool, ranks, tokens, hidden, topk, experts, fp8, layout, alignment,
+/// cached, transport, workers, cores, warmup, iters, counters, routing, dataplane.
+nlohmann::ordered_json bench_config_json(const BenchReport& r);
+
+/// The report as JSON (bench_config_json, then the results): top level ranks, tokens, hidden, topk, experts, fp8, layout,
 /// memcpy_gbps, ...; per op ("dispatch", "combine") max_rank_us {avg,p50,p95,max},
 /// rank_us, payload_bytes_per_rank, local_bytes_per_rank, algbw_gbps, ratio_vs_memcpy,
-/// puts, phases_us {phase: [per rank]}, ...; "route", "worker_counters", "baseline".
+/// puts, phases_us {phase: [per rank]}, queues {puts, bytes, wait_us, ..._per_rank}, ...; "route", "worker_counters", "baseline".
 nlohmann::ordered_json bench_json(const BenchReport& r);
+
+/// Writes `j` indented to `path` (kIo on failure).
+void write_json_file(const std::filesystem::path& path, const nlohmann::ordered_json& j);
 
 /// Writes bench_json(r) to `path` (kIo on failure).
 void write_bench_json(const std::filesystem::path& path, const BenchReport& r);

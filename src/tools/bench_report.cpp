@@ -1,5 +1,7 @@
 #include "bench_report.hpp"
 
+#include "bench_dataplane.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -95,6 +97,10 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
       if (c.workers.empty()) op.counters = false;
   if (op.counters) {
     const auto& names = worker_metric_names();
+    const int Q = std::clamp(o.dataplane.queues, 1, kMaxStatQueues);
+    op.queue_puts.assign(at(Q), 0.0);
+    op.queue_bytes.assign(at(Q), 0.0);
+    op.queue_wait_us.assign(at(Q), 0.0);
     for (int r = 0; r < P; ++r) {
       const auto& cs = calls(r);
       const double n = static_cast<double>(cs.size());
@@ -119,10 +125,42 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
           for (std::uint64_t x : {s.puts, s.put_bytes, s.local_puts, s.local_bytes}) v.push_back(static_cast<double>(x));
           for (std::uint64_t x : s.queue_puts) v.push_back(static_cast<double>(x));
           for (std::uint64_t x : s.queue_bytes) v.push_back(static_cast<double>(x));
+          for (double x : s.queue_wait_us) v.push_back(x);
           for (size_t m = 0; m < v.size() && m < names.size(); ++m) wm[w][m] += v[m] / n;
         }
       }
       op.worker_metrics.push_back(std::move(wm));
+      std::vector<double> qp(at(Q), 0.0), qb(at(Q), 0.0), qw(at(Q), 0.0);
+      for (const BenchCall& c : cs)
+        for (const WorkerStats& s : c.workers)
+          for (int q = 0; q < Q; ++q) {
+            qp[at(q)] += static_cast<double>(s.queue_puts[at(q)]) / n;
+            qb[at(q)] += static_cast<double>(s.queue_bytes[at(q)]) / n;
+            qw[at(q)] += s.queue_wait_us[at(q)] / n;
+          }
+      for (int q = 0; q < Q; ++q) {
+        op.queue_puts[at(q)] += qp[at(q)];
+        op.queue_bytes[at(q)] += qb[at(q)];
+        op.queue_wait_us[at(q)] += qw[at(q)] / P;
+      }
+      op.queue_puts_rank.push_back(std::move(qp));
+      op.queue_bytes_rank.push_back(std::move(qb));
+      op.queue_wait_us_rank.push_back(std::move(qw));
+      // Cross-check: every put is counted on exactly one queue, and only on queues < --queues.
+      std::uint64_t queued_puts = 0, queued_bytes = 0, beyond = 0;
+      for (const WorkerStats& s : cs.front().workers)
+        for (int q = 0; q < kMaxStatQueues; ++q) {
+          queued_puts += s.queue_puts[at(q)];
+          queued_bytes += s.queue_bytes[at(q)];
+          if (q >= Q) beyond += s.queue_puts[at(q)];
+        }
+      if (queued_puts != first.puts + first.local_puts || queued_bytes != first.put_bytes + first.local_bytes)
+        warnings.push_back(fmt("%s: rank %d: the per-queue counters (%llu puts, %llu bytes) do not add up to the puts (%llu, %llu bytes)",
+                               name, r, static_cast<unsigned long long>(queued_puts), static_cast<unsigned long long>(queued_bytes),
+                               static_cast<unsigned long long>(first.puts + first.local_puts),
+                               static_cast<unsigned long long>(first.put_bytes + first.local_bytes)));
+      if (beyond > 0)
+        warnings.push_back(fmt("%s: rank %d: %llu puts on queues >= --queues %d", name, r, static_cast<unsigned long long>(beyond), Q));
       op.phases_rank.push_back(ph);
       op.dominant_rank.push_back(static_cast<int>(std::max_element(ph.begin(), ph.end()) - ph.begin()));
       for (int p = 0; p < kBenchPhases; ++p) op.phases_avg[at(p)] += ph[at(p)] / P;
@@ -198,6 +236,7 @@ const std::vector<std::string>& worker_metric_names() {
     for (const char* c : {"puts", "put_bytes", "local_puts", "local_bytes"}) n.push_back(c);
     for (int q = 0; q < kMaxStatQueues; ++q) n.push_back("q" + std::to_string(q) + "_puts");
     for (int q = 0; q < kMaxStatQueues; ++q) n.push_back("q" + std::to_string(q) + "_bytes");
+    for (int q = 0; q < kMaxStatQueues; ++q) n.push_back("q" + std::to_string(q) + "_wait_us");
     return n;
   }();
   return names;
@@ -266,14 +305,15 @@ BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const 
 
 // ---- text report --------------------------------------------------------------------------
 
+std::string format_us(double v) { return v >= 10000 ? fmt("%.0f", v) : fmt("%.1f", v); }
+
 namespace {
 
-std::string us(double v) { return v >= 10000 ? fmt("%.0f", v) : fmt("%.1f", v); }
 std::string mb(double bytes) { return fmt("%.2f", bytes / 1e6); }
 
 void summary_line(std::FILE* f, const char* label, const Summary& s) {
-  std::fprintf(f, "  %-28s avg %9s  p50 %9s  p95 %9s  max %9s\n", label, us(s.avg).c_str(), us(s.p50).c_str(),
-               us(s.p95).c_str(), us(s.max).c_str());
+  std::fprintf(f, "  %-28s avg %9s  p50 %9s  p95 %9s  max %9s\n", label, format_us(s.avg).c_str(), format_us(s.p50).c_str(),
+               format_us(s.p95).c_str(), format_us(s.max).c_str());
 }
 
 std::string hist_text(const std::vector<std::int64_t>& hist) {
@@ -293,11 +333,11 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
                            : fmt("the dispatched (token, rank) rows back, bf16 row = %zu B, at the expert rank", rc.y_row_bytes).c_str());
   summary_line(f, "max-rank latency (us)", op.max_rank);
   std::fprintf(f, "  %-28s avg %9s  (first rank's start to last rank's end; start skew avg %s us)\n", "span (us)",
-               us(op.span.avg).c_str(), us(op.start_skew_us).c_str());
+               format_us(op.span.avg).c_str(), format_us(op.start_skew_us).c_str());
   std::fprintf(f, "  %-28s %.2f GB/s  (%s MB / avg max-rank latency)\n", "algbw total", op.algbw_gbps,
                mb(static_cast<double>(op.total_payload)).c_str());
   std::fprintf(f, "  %-28s %.2f GB/s  (same bytes, same %d ranks at once, max-rank avg %s us)  ->  epx = %.2fx memcpy\n",
-               "memcpy, this machine", op.memcpy_gbps, P, us(op.memcpy_max_rank.avg).c_str(), op.ratio_vs_memcpy);
+               "memcpy, this machine", op.memcpy_gbps, P, format_us(op.memcpy_max_rank.avg).c_str(), op.ratio_vs_memcpy);
   if (op.counters) {
     std::int64_t rows = 0;
     for (int r = 0; r < P; ++r) rows += is_dispatch ? rc.sent_rows[at(r)] : rc.recv_rows[at(r)];
@@ -306,15 +346,20 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
     std::fprintf(f, "  %-28s %.0f per call (%.0f remote), %.0f B/put; %lld rows -> %.1f rows/put; epx bytes = payload + %.0f B/row metadata\n",
                  "puts (all ranks)", op.puts, op.remote_puts, op.bytes_per_put, static_cast<long long>(rows),
                  op.puts > 0 ? static_cast<double>(rows) / op.puts : 0, meta);
+    const double all_bytes = std::accumulate(op.queue_bytes.begin(), op.queue_bytes.end(), 0.0);
+    for (size_t q = 0; q < op.queue_puts.size(); ++q)
+      std::fprintf(f, "  %-28s %.0f puts, %s MB (%.0f%% of the bytes) per call; receiver wait %s us per rank\n",
+                   fmt("queue %zu (all ranks)", q).c_str(), op.queue_puts[q], mb(op.queue_bytes[q]).c_str(),
+                   all_bytes > 0 ? 100 * op.queue_bytes[q] / all_bytes : 0.0, format_us(op.queue_wait_us[q]).c_str());
   } else {
     std::fprintf(f, "  %-28s (counters off: --no-counters)\n", "puts");
   }
   if (op.overhead) {
     const bool on_main = rep.options.counters;
     std::fprintf(f, "  %-28s on/off = %.3f  (median max-rank latency %s us on, %zu iters; %s us off, %zu iters)\n",
-                 "counters overhead", op.counters_ratio, us(op.on.p50).c_str(), op.on.n, us(op.off.p50).c_str(), op.off.n);
+                 "counters overhead", op.counters_ratio, format_us(op.on.p50).c_str(), op.on.n, format_us(op.off.p50).c_str(), op.off.n);
     std::fprintf(f, "  %-28s counters %s: %s us before the timed loop, %s us after: drift %.1f%%%s\n", "", on_main ? "off" : "on",
-                 us(op.compare_before.p50).c_str(), us(op.compare_after.p50).c_str(), 100 * op.drift,
+                 format_us(op.compare_before.p50).c_str(), format_us(op.compare_after.p50).c_str(), 100 * op.drift,
                  std::fabs(op.counters_ratio - 1) <= op.drift ? " >= |on/off - 1|: the difference is within this machine's noise"
                                                                : "");
   }
@@ -323,10 +368,10 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
                op.counters ? "   puts   B/put" : "");
   for (int r = 0; r < P; ++r) {
     const Summary& s = op.rank[at(r)];
-    std::fprintf(f, "  %4d %9s %9s %9s %9s %10s %9s %11.2f %10s", r, us(s.avg).c_str(), us(s.p50).c_str(), us(s.p95).c_str(),
-                 us(s.max).c_str(), mb(static_cast<double>(op.payload_bytes[at(r)] - op.local_bytes[at(r)])).c_str(),
+    std::fprintf(f, "  %4d %9s %9s %9s %9s %10s %9s %11.2f %10s", r, format_us(s.avg).c_str(), format_us(s.p50).c_str(), format_us(s.p95).c_str(),
+                 format_us(s.max).c_str(), mb(static_cast<double>(op.payload_bytes[at(r)] - op.local_bytes[at(r)])).c_str(),
                  mb(static_cast<double>(op.local_bytes[at(r)])).c_str(), op.algbw_rank_gbps[at(r)],
-                 us(op.memcpy_rank_us[at(r)]).c_str());
+                 format_us(op.memcpy_rank_us[at(r)]).c_str());
     if (op.counters)
       std::fprintf(f, " %6.0f %7.0f", op.puts_rank[at(r)], op.puts_rank[at(r)] > 0 ? op.bytes_rank[at(r)] / op.puts_rank[at(r)] : 0);
     std::fprintf(f, "%s\n", r == op.slowest_rank ? "  <- slowest" : "");
@@ -338,7 +383,7 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
   for (int r = 0; r <= P; ++r) {
     const auto& ph = r < P ? op.phases_rank[at(r)] : op.phases_avg;
     std::fprintf(f, "  %4s", r < P ? std::to_string(r).c_str() : "avg");
-    for (int p = 0; p < kBenchPhases; ++p) std::fprintf(f, " %10s", us(ph[at(p)]).c_str());
+    for (int p = 0; p < kBenchPhases; ++p) std::fprintf(f, " %10s", format_us(ph[at(p)]).c_str());
     std::fprintf(f, "  %s\n", bench_phase_name(r < P ? op.dominant_rank[at(r)] : op.dominant));
   }
 }
@@ -378,6 +423,7 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
                               : "");
   std::fprintf(f, "  %s, %s layout%s, %s dispatch; routing: %s\n", r.fp8 ? "fp8 e4m3 (+ f32 scales)" : "bf16", o.layout.c_str(),
                o.expanded() ? fmt(" (alignment %d)", o.alignment).c_str() : "", o.cached ? (o.zero_copy ? "cached zero-copy" : "cached") : (o.zero_copy ? "fresh zero-copy" : "fresh"), r.source.c_str());
+  std::fprintf(f, "  data plane: %s\n", describe_dataplane(o.dataplane).c_str());
   std::fprintf(f, "  %d timed iterations after %d warmup, counters %s; latency = wall time of the call after a barrier; wall %.1f s\n",
                o.iters, o.warmup, o.counters ? "on" : "off", r.wall_s);
   if (P > 0 && r.cores > 0 && static_cast<unsigned>(P * std::max(1, r.workers)) > r.cores)
@@ -412,7 +458,7 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
     }
     std::fprintf(f, "  slowest rank %d: dispatch+combine %s us (avg over ranks %s); receives %lld rows (avg %.1f); its experts "
                  "%d..%d get min %lld avg %.1f max %lld (expert %d) slots\n",
-                 s, us(h.slowest_round_trip_us).c_str(), us(h.round_trip_avg_us).c_str(), static_cast<long long>(rc.recv_rows[at(s)]),
+                 s, format_us(h.slowest_round_trip_us).c_str(), format_us(h.round_trip_avg_us).c_str(), static_cast<long long>(rc.recv_rows[at(s)]),
                  h.recv_avg, s * L, s * L + L - 1, static_cast<long long>(mn), L ? static_cast<double>(sum) / L : 0.0,
                  static_cast<long long>(mx), mx_e);
   }
@@ -431,8 +477,8 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
       std::fprintf(f, "  %-10s %12s %12s %12s %12s   %s\n", "max-rank us", "epx avg", "mpi avg", "epx p50", "mpi p50",
                    "epx speed / mpi speed (avg)");
       auto row = [&](const char* name, const Summary& e, const Summary& m) {
-        std::fprintf(f, "  %-10s %12s %12s %12s %12s   %.2fx %s\n", name, us(e.avg).c_str(), us(m.avg).c_str(), us(e.p50).c_str(),
-                     us(m.p50).c_str(), e.avg > 0 ? m.avg / e.avg : 0, e.avg > 0 && m.avg >= e.avg ? "(epx faster)" : "(mpi faster)");
+        std::fprintf(f, "  %-10s %12s %12s %12s %12s   %.2fx %s\n", name, format_us(e.avg).c_str(), format_us(m.avg).c_str(), format_us(e.p50).c_str(),
+                     format_us(m.p50).c_str(), e.avg > 0 ? m.avg / e.avg : 0, e.avg > 0 && m.avg >= e.avg ? "(epx faster)" : "(mpi faster)");
       };
       row("dispatch", r.dispatch.max_rank, b.dispatch);
       row("combine", r.combine.max_rank, b.combine);

@@ -51,6 +51,11 @@ struct OpReport {
   std::vector<int> dominant_rank;                            ///< [P]
   int dominant = 0;
   std::vector<std::vector<std::vector<double>>> worker_metrics;  ///< [P][W][metric]
+  /// Per queue q < --queues, per call (avg over the timed iterations): puts and bytes summed
+  /// over the ranks and their workers; wait = the receiver's wait for completions on the
+  /// queue (summed over a rank's workers), avg over the ranks.
+  std::vector<double> queue_puts, queue_bytes, queue_wait_us;                        ///< [Q]
+  std::vector<std::vector<double>> queue_puts_rank, queue_bytes_rank, queue_wait_us_rank;  ///< [P][Q]
   // Counters off vs on.
   bool overhead = false;
   Summary off, on;  ///< max-rank latency per iteration, blocks off / on
@@ -100,5 +105,8 @@ BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const 
                             const std::vector<BenchRankRecord>& records);
 
 void print_bench_report(std::FILE* out, const BenchReport& r);
+
+/// A latency in us as the report prints it: one decimal below 10 ms, none above.
+std::string format_us(double us);
 
 }  // namespace epx::tools

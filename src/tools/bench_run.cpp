@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "bench_dataplane.hpp"
 #include "bench_eplb.hpp"
 #include "bench_mpi.hpp"
 #include "bench_output.hpp"
@@ -43,10 +44,11 @@ class TempDir {
 
 }  // namespace
 
-int run_bench(const BenchOptions& o, std::FILE* out, BenchReport* report) {
+BenchMeasurement measure_bench(const BenchOptions& o) {
   const auto wall0 = std::chrono::steady_clock::now();
   validate_options(o);
   BenchProblem problem = make_problem(o);
+  check_dataplane(o.dataplane, problem.ranks);  // again: with --routing, P is known only now
   EplbReport eplb;
   if (o.eplb) eplb = apply_eplb(o, problem);  // from here on, the problem's routing is the physical one
   const RouteCount count = count_routes(problem, o.expanded(), o.alignment);
@@ -85,14 +87,19 @@ int run_bench(const BenchOptions& o, std::FILE* out, BenchReport* report) {
     }
   }
   rep.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return {std::move(rep), std::move(records)};
+}
 
+int run_bench(const BenchOptions& o, std::FILE* out, BenchReport* report) {
+  BenchMeasurement run = measure_bench(o);
+  BenchReport& rep = run.report;
   print_bench_report(out, rep);
   if (!o.json.empty()) {
     write_bench_json(o.json, rep);
     std::fprintf(out, "\nwrote %s\n", o.json.c_str());
   }
   if (!o.trace.empty()) {
-    write_bench_trace(o.trace, records);
+    write_bench_trace(o.trace, run.records);
     std::fprintf(out, "wrote %s (open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace.c_str());
   }
   std::fflush(out);

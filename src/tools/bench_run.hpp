@@ -2,11 +2,24 @@
 #pragma once
 
 #include <cstdio>
+#include <vector>
 
 #include "bench_options.hpp"
 #include "bench_report.hpp"
+#include "bench_runner.hpp"
 
 namespace epx::tools {
+
+/// One measured bench: the report and the ranks' raw records (for --trace).
+struct BenchMeasurement {
+  BenchReport report;
+  std::vector<BenchRankRecord> records;
+};
+
+/// Validates `o`, builds the routing, runs the P ranks once, aggregates their records and
+/// runs the MPI baseline if asked. Prints nothing but the progress lines on stderr.
+/// Throws epx::Error on bad options or inputs and when a rank fails.
+BenchMeasurement measure_bench(const BenchOptions& o);
 
 /// Runs the bench described by `o`: prints the report to `out` (rank 0's progress line goes
 /// to stderr), writes --json / --trace, and stores the report in `*report` if given.

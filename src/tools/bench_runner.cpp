@@ -127,6 +127,7 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
   cfg.num_topk = p.topk;
   cfg.max_tokens_per_rank = p.max_tokens;
   cfg.num_workers = o.workers;
+  cfg.dataplane = o.dataplane;
 
   DispatchArgs fresh;
   fresh.x = in.x.view();

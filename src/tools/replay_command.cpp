@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "bench_dataplane.hpp"
 #include "commands.hpp"
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
@@ -31,6 +32,7 @@ struct ReplayOptions {
   std::string transport = "shm";
   int workers = 0;
   std::int64_t timeout_ms = 60000;
+  DataPlaneOptions dataplane;  ///< --topology, --schedule, ... (results are the same for every choice)
 };
 
 std::string rank_dir(int r) { return "rank" + std::to_string(r); }
@@ -68,6 +70,7 @@ void replay_rank(Transport& t, const ReplayMeta& meta, const ReplayOptions& o, c
   cfg.num_topk = meta.num_topk;
   cfg.max_tokens_per_rank = meta.max_tokens_per_rank;
   cfg.num_workers = o.workers;
+  cfg.dataplane = o.dataplane;
   Buffer buffer(t, cfg);
 
   DispatchArgs args;
@@ -114,6 +117,7 @@ void run_replay(const ReplayOptions& o) {
   const ReplayMeta meta = read_replay_meta(in);
   if (o.layout != "compact" && o.layout != "expanded")
     throw Error(ErrorCode::kInvalidArgument, "--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
+  check_dataplane(o.dataplane, meta.num_ranks);
   LaunchOptions lo;
   lo.num_ranks = meta.num_ranks;
   lo.transport = parse_transport_kind(o.transport);
@@ -140,8 +144,8 @@ void run_replay(const ReplayOptions& o) {
     fs::rename(staging / rank_dir(r), out / rank_dir(r));
   }
   fs::remove_all(staging);
-  std::printf("epx replay: %d ranks (%s), %s layout, wrote %s/rank0..rank%d\n", meta.num_ranks, o.transport.c_str(),
-              o.layout.c_str(), o.out.c_str(), meta.num_ranks - 1);
+  std::printf("epx replay: %d ranks (%s), %s layout, %s; wrote %s/rank0..rank%d\n", meta.num_ranks, o.transport.c_str(),
+              o.layout.c_str(), describe_dataplane(o.dataplane).c_str(), o.out.c_str(), meta.num_ranks - 1);
 }
 
 }  // namespace
@@ -164,6 +168,7 @@ void add_replay_command(CLI::App& app) {
   sub->add_option("--transport", o->transport, "shm (ranks are processes) | threads")->capture_default_str();
   sub->add_option("--workers", o->workers, "worker threads per rank (0 = auto)")->capture_default_str();
   sub->add_option("--timeout-ms", o->timeout_ms, "a rank that waits longer than this fails")->capture_default_str();
+  add_dataplane_options(sub, o->dataplane);
   sub->callback([o] { run_replay(*o); });
 }
 

@@ -1,0 +1,186 @@
+#include "bench_dataplane.hpp"
+
+#include <charconv>
+#include <filesystem>
+#include <limits>
+
+#include "epx/error.hpp"
+
+namespace epx::tools {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); }
+
+// The builtin topology specs of epx/topology.hpp, checked here (without building the
+// table) so that a typo fails before any rank starts. Returns the ranks per server, or 0
+// for a spec that fits any P (builtin:flat: one server of P).
+constexpr const char* kBuiltinPrefix = "builtin:";
+constexpr const char* kServersPrefix = "builtin:servers:";
+constexpr int kSupernodeRanks = 128, kSupernodeServerRanks = 8;
+
+bool parse_positive(std::string_view s, long long& out) {
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && end == s.data() + s.size() && out > 0;
+}
+
+void check_topology_spec(const std::string& spec) {
+  if (spec.empty()) bad("--topology: empty (builtin:flat, builtin:servers:N, builtin:supernode128 or a JSON file)");
+  if (spec.rfind(kBuiltinPrefix, 0) != 0) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(spec, ec))
+      bad("--topology: '" + spec + "' is not a builtin (builtin:flat, builtin:servers:N, builtin:supernode128) nor a readable file");
+    return;
+  }
+  long long n = 0;
+  if (spec == "builtin:flat" || spec == "builtin:supernode128") return;
+  if (spec.rfind(kServersPrefix, 0) == 0 && parse_positive(std::string_view(spec).substr(16), n) && n <= (1 << 20)) return;
+  bad("--topology: unknown builtin '" + spec + "' (builtin:flat, builtin:servers:N with N >= 1, builtin:supernode128)");
+}
+
+// Ranks per server of a builtin topology on P ranks (P for builtin:flat); 0 for a file.
+int builtin_server_ranks(const std::string& spec, int ranks) {
+  if (spec == "builtin:flat") return ranks;
+  if (spec == "builtin:supernode128") return kSupernodeServerRanks;
+  if (spec.rfind(kServersPrefix, 0) == 0) return std::stoi(spec.substr(16));
+  return 0;
+}
+
+}  // namespace
+
+const std::vector<std::string>& dataplane_option_names() {
+  static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol"};
+  return names;
+}
+
+std::size_t parse_byte_size(const std::string& text) {
+  const auto fail = [&]() -> std::size_t {
+    bad("'" + text + "' is not a byte count (an integer >= 0, optionally with K, M or G = 2^10, 2^20, 2^30)");
+  };
+  if (text.empty()) return fail();
+  std::string_view digits(text);
+  int shift = 0;
+  switch (digits.back()) {
+    case 'k': case 'K': shift = 10; break;
+    case 'm': case 'M': shift = 20; break;
+    case 'g': case 'G': shift = 30; break;
+    default: break;
+  }
+  if (shift) digits.remove_suffix(1);
+  unsigned long long n = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) return fail();
+  if (n > (std::numeric_limits<std::size_t>::max() >> shift)) return fail();
+  return static_cast<std::size_t>(n) << shift;
+}
+
+std::string byte_size_text(std::size_t bytes) {
+  for (const auto& [shift, suffix] : {std::pair{30, "G"}, std::pair{20, "M"}, std::pair{10, "K"}}) {
+    const std::size_t unit = std::size_t{1} << shift;
+    if (bytes > 0 && bytes % unit == 0) return std::to_string(bytes / unit) + suffix;
+  }
+  return std::to_string(bytes);
+}
+
+void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const std::string& value) {
+  try {
+    if (name == "topology") {
+      check_topology_spec(value);
+      d.topology = value;
+    } else if (name == "schedule") {
+      d.schedule = parse_schedule(value);
+    } else if (name == "queues") {
+      if (value != "1" && value != "2" && value != "4") bad("'" + value + "' is not one of: 1, 2, 4");
+      d.queues = value[0] - '0';
+    } else if (name == "queue-split") {
+      d.queue_split = parse_queue_split(value);
+    } else if (name == "aggregate") {
+      d.aggregate_bytes = parse_byte_size(value);
+    } else if (name == "protocol") {
+      d.protocol = parse_protocol(value);
+    } else {
+      bad("unknown data-plane option '" + name + "'");
+    }
+  } catch (const Error& e) {
+    const std::string flag = "--" + name;
+    const std::string what = e.what();
+    throw Error(e.code(), what.rfind(flag, 0) == 0 ? what : flag + ": " + what);
+  }
+}
+
+std::string dataplane_option_value(const DataPlaneOptions& d, const std::string& name) {
+  if (name == "topology") return d.topology;
+  if (name == "schedule") return to_string(d.schedule);
+  if (name == "queues") return std::to_string(d.queues);
+  if (name == "queue-split") return to_string(d.queue_split);
+  if (name == "aggregate") return byte_size_text(d.aggregate_bytes);
+  if (name == "protocol") return to_string(d.protocol);
+  bad("unknown data-plane option '" + name + "'");
+}
+
+void check_dataplane(const DataPlaneOptions& d, int ranks) {
+  if (d.queue_split.kind == QueueSplitKind::kRatio && static_cast<int>(d.queue_split.ratio.size()) != d.queues)
+    bad("--queue-split " + to_string(d.queue_split) + " has " + std::to_string(d.queue_split.ratio.size()) +
+        " parts but --queues is " + std::to_string(d.queues) + " (a ratio needs one part per queue)");
+  if (ranks <= 0) return;
+  if (d.schedule.kind == ScheduleKind::kGrouped && ranks % d.schedule.group_width != 0)
+    bad("--schedule " + to_string(d.schedule) + ": the group width " + std::to_string(d.schedule.group_width) +
+        " must divide the ranks P = " + std::to_string(ranks));
+  if (d.topology == "builtin:supernode128" && ranks != kSupernodeRanks)
+    bad("--topology builtin:supernode128 describes 128 ranks, the run has P = " + std::to_string(ranks));
+  const int server_ranks = builtin_server_ranks(d.topology, ranks);
+  if (d.schedule.kind == ScheduleKind::kHierarchical && server_ranks > 0 && (server_ranks >= ranks || ranks % server_ranks != 0))
+    bad("--schedule hierarchical needs more than one server of equal size; --topology " + d.topology + " on P = " +
+        std::to_string(ranks) + " ranks has " +
+        (server_ranks >= ranks ? std::string("one server") : "servers of unequal size (" + std::to_string(server_ranks) + " does not divide P)"));
+}
+
+std::string describe_dataplane(const DataPlaneOptions& d) {
+  return "topology " + d.topology + ", schedule " + to_string(d.schedule) + ", " + std::to_string(d.queues) +
+         (d.queues == 1 ? " queue" : " queues") + " (split " + to_string(d.queue_split) + "), aggregate " +
+         (d.aggregate_bytes == 0 ? std::string("off") : byte_size_text(d.aggregate_bytes)) + ", protocol " + to_string(d.protocol);
+}
+
+nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
+  nlohmann::ordered_json j;
+  j["topology"] = d.topology;
+  j["schedule"] = to_string(d.schedule);
+  j["queues"] = d.queues;
+  j["queue_split"] = to_string(d.queue_split);
+  j["aggregate_bytes"] = d.aggregate_bytes;
+  j["protocol"] = to_string(d.protocol);
+  return j;
+}
+
+void add_dataplane_options(CLI::App* sub, DataPlaneOptions& d) {
+  struct Flag {
+    const char* name;
+    const char* type;
+    const char* help;
+  };
+  static const Flag flags[] = {
+      {"topology", "SPEC", "where each rank sits: builtin:flat | builtin:servers:N | builtin:supernode128 | a JSON file"},
+      {"schedule", "KIND", "order of destinations: flat | rotated | grouped:W | hierarchical"},
+      {"queues", "N", "transport queues per worker: 1 | 2 | 4"},
+      {"queue-split", "SPLIT", "channels over queues: rr | bytes | a:b[:..] (one weight per queue, e.g. 3:1)"},
+      {"aggregate", "BYTES", "merge consecutive rows to the same peer into puts of up to BYTES (K/M/G suffixes; 0 = off)"},
+      {"protocol", "KIND", "completion: explicit (quiet + signal) | tail (ordered signal per queue) | flag (data-as-flag)"},
+  };
+  for (const Flag& f : flags) {
+    const std::string name = f.name;
+    sub->add_option_function<std::string>(
+           "--" + name,
+           [&d, name](const std::string& value) {
+             try {
+               set_dataplane_option(d, name, value);
+             } catch (const Error& e) {
+               throw CLI::ValidationError(e.what());  // already "--name: why"
+             }
+           },
+           f.help)
+        ->type_name(f.type)
+        ->default_str(dataplane_option_value(d, name));
+  }
+}
+
+}  // namespace epx::tools
