@@ -1,50 +1,17 @@
 #include "bench_dataplane.hpp"
 
 #include <charconv>
-#include <filesystem>
 #include <limits>
 
 #include "epx/error.hpp"
+#include "epx/schedule.hpp"
+#include "epx/topology.hpp"
 
 namespace epx::tools {
 
 namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); }
-
-// The builtin topology specs of epx/topology.hpp, checked here (without building the
-// table) so that a typo fails before any rank starts. Returns the ranks per server, or 0
-// for a spec that fits any P (builtin:flat: one server of P).
-constexpr const char* kBuiltinPrefix = "builtin:";
-constexpr const char* kServersPrefix = "builtin:servers:";
-constexpr int kSupernodeRanks = 128, kSupernodeServerRanks = 8;
-
-bool parse_positive(std::string_view s, long long& out) {
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return ec == std::errc() && end == s.data() + s.size() && out > 0;
-}
-
-void check_topology_spec(const std::string& spec) {
-  if (spec.empty()) bad("--topology: empty (builtin:flat, builtin:servers:N, builtin:supernode128 or a JSON file)");
-  if (spec.rfind(kBuiltinPrefix, 0) != 0) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(spec, ec))
-      bad("--topology: '" + spec + "' is not a builtin (builtin:flat, builtin:servers:N, builtin:supernode128) nor a readable file");
-    return;
-  }
-  long long n = 0;
-  if (spec == "builtin:flat" || spec == "builtin:supernode128") return;
-  if (spec.rfind(kServersPrefix, 0) == 0 && parse_positive(std::string_view(spec).substr(16), n) && n <= (1 << 20)) return;
-  bad("--topology: unknown builtin '" + spec + "' (builtin:flat, builtin:servers:N with N >= 1, builtin:supernode128)");
-}
-
-// Ranks per server of a builtin topology on P ranks (P for builtin:flat); 0 for a file.
-int builtin_server_ranks(const std::string& spec, int ranks) {
-  if (spec == "builtin:flat") return ranks;
-  if (spec == "builtin:supernode128") return kSupernodeServerRanks;
-  if (spec.rfind(kServersPrefix, 0) == 0) return std::stoi(spec.substr(16));
-  return 0;
-}
 
 }  // namespace
 
@@ -85,8 +52,8 @@ std::string byte_size_text(std::size_t bytes) {
 void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const std::string& value) {
   try {
     if (name == "topology") {
-      check_topology_spec(value);
-      d.topology = value;
+      if (value.empty()) bad("empty (builtin:flat, builtin:servers:N, builtin:supernode128 or a JSON file)");
+      d.topology = value;  // checked against P by check_dataplane
     } else if (name == "schedule") {
       d.schedule = parse_schedule(value);
     } else if (name == "queues") {
@@ -123,16 +90,18 @@ void check_dataplane(const DataPlaneOptions& d, int ranks) {
     bad("--queue-split " + to_string(d.queue_split) + " has " + std::to_string(d.queue_split.ratio.size()) +
         " parts but --queues is " + std::to_string(d.queues) + " (a ratio needs one part per queue)");
   if (ranks <= 0) return;
-  if (d.schedule.kind == ScheduleKind::kGrouped && ranks % d.schedule.group_width != 0)
-    bad("--schedule " + to_string(d.schedule) + ": the group width " + std::to_string(d.schedule.group_width) +
-        " must divide the ranks P = " + std::to_string(ranks));
-  if (d.topology == "builtin:supernode128" && ranks != kSupernodeRanks)
-    bad("--topology builtin:supernode128 describes 128 ranks, the run has P = " + std::to_string(ranks));
-  const int server_ranks = builtin_server_ranks(d.topology, ranks);
-  if (d.schedule.kind == ScheduleKind::kHierarchical && server_ranks > 0 && (server_ranks >= ranks || ranks % server_ranks != 0))
-    bad("--schedule hierarchical needs more than one server of equal size; --topology " + d.topology + " on P = " +
-        std::to_string(ranks) + " ranks has " +
-        (server_ranks >= ranks ? std::string("one server") : "servers of unequal size (" + std::to_string(server_ranks) + " does not divide P)"));
+  // The table and the schedule the engine will build, so a mismatch fails before any rank starts.
+  Topology topology;
+  try {
+    topology = load_topology(d.topology, ranks);
+  } catch (const Error& e) {
+    bad(std::string("--topology: ") + e.what());
+  }
+  try {
+    for (int r = 0; r < ranks; ++r) peer_rounds(d.schedule, topology, r);
+  } catch (const Error& e) {
+    bad("--schedule " + to_string(d.schedule) + ": " + e.what());
+  }
 }
 
 std::string describe_dataplane(const DataPlaneOptions& d) {

@@ -126,6 +126,11 @@ void validate_options(const BenchOptions& o) {
   parse_transport_kind(o.transport);
   // With --routing, P is known once meta.json is read: run_bench checks the rest then.
   check_dataplane(o.dataplane, o.routing.empty() ? o.ranks : 0);
+  if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));
+  if (o.ring_rows > 0 && o.zero_copy) bad("--ring-rows cannot be combined with --zero-copy (a ring has no slot for every row)");
+  if (o.ring_rows > 0 && o.dataplane.protocol == Protocol::kFlag) bad("--ring-rows needs --protocol explicit or tail");
+  if (o.ring_rows > 0 && o.dataplane.schedule.kind == ScheduleKind::kHierarchical)
+    bad("--ring-rows does not combine with --schedule hierarchical");
   if (o.zero_copy && o.dataplane.protocol == Protocol::kFlag)
     bad("--zero-copy cannot be combined with --protocol flag (flagged blocks are unpacked on arrival, so recv_x cannot be "
         "a view of the window)");
@@ -172,6 +177,10 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_flag("--zero-copy", o.zero_copy,
                 "compact layout: recv_x is a view of the receive window where the senders put the rows "
                 "(DispatchArgs::recv_in_window), so dispatch copies each row once");
+  sub->add_option("--ring-rows", o.ring_rows,
+                  "bounded receive area: a ring of N rows per source with credits (0 = a slot for every row; "
+                  "BufferConfig::ring_rows)")
+      ->capture_default_str();
   sub->add_option("--workers", o.workers, "worker threads per rank (0 = auto: cores / ranks)")->capture_default_str();
   sub->add_option("--warmup", o.warmup, "untimed iterations first")->capture_default_str();
   sub->add_option("--iters", o.iters, "timed iterations (one dispatch + one combine each)")->capture_default_str();

@@ -28,6 +28,7 @@ struct BenchOptions {
   bool cached = false;  ///< time cached dispatches (with the handle of a first fresh one)
   bool zero_copy = false;  ///< compact: recv_x is a view of the window (DispatchArgs::recv_in_window)
   int workers = 0;      ///< 0 = the engine's auto choice
+  std::int64_t ring_rows = 0;  ///< BufferConfig::ring_rows: bounded receive area (0 = unbounded)
   int warmup = 3;
   int iters = 20;
   std::string transport = "shm";

@@ -129,6 +129,7 @@ ordered_json bench_config_json(const BenchReport& r) {
   j["alignment"] = o.alignment;
   j["cached"] = o.cached;
   j["zero_copy"] = o.zero_copy;
+  j["ring_rows"] = o.ring_rows;
   j["transport"] = o.transport;
   j["workers"] = r.workers;
   j["cores"] = r.cores;
@@ -147,6 +148,7 @@ ordered_json bench_json(const BenchReport& r) {
   j["y_row_bytes"] = rc.y_row_bytes;
   j["memcpy_gbps"] = r.memcpy_gbps;
   j["wall_s"] = r.wall_s;
+  j["window_bytes"] = r.window_bytes;
   j["dispatch"] = op_json(r.dispatch, rc, true);
   j["combine"] = op_json(r.combine, rc, false);
 

@@ -256,6 +256,7 @@ BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const 
   r.cores = std::thread::hardware_concurrency();
   r.count = rc;
   for (const BenchRankRecord& rec : records) r.workers = std::max(r.workers, rec.workers);
+  for (const BenchRankRecord& rec : records) r.window_bytes = std::max(r.window_bytes, rec.window_bytes);
   r.dispatch = aggregate_op("dispatch", true, o, rc, records, r.warnings);
   r.combine = aggregate_op("combine", false, o, rc, records, r.warnings);
   const double mt = r.dispatch.memcpy_max_rank.avg + r.combine.memcpy_max_rank.avg;
@@ -423,7 +424,9 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
                               : "");
   std::fprintf(f, "  %s, %s layout%s, %s dispatch; routing: %s\n", r.fp8 ? "fp8 e4m3 (+ f32 scales)" : "bf16", o.layout.c_str(),
                o.expanded() ? fmt(" (alignment %d)", o.alignment).c_str() : "", o.cached ? (o.zero_copy ? "cached zero-copy" : "cached") : (o.zero_copy ? "fresh zero-copy" : "fresh"), r.source.c_str());
-  std::fprintf(f, "  data plane: %s\n", describe_dataplane(o.dataplane).c_str());
+  std::fprintf(f, "  data plane: %s; receive area: %s; window %.1f MiB per rank\n", describe_dataplane(o.dataplane).c_str(),
+               o.ring_rows > 0 ? fmt("ring of %lld rows per source", static_cast<long long>(o.ring_rows)).c_str() : "a slot per row",
+               static_cast<double>(r.window_bytes) / (1 << 20));
   std::fprintf(f, "  %d timed iterations after %d warmup, counters %s; latency = wall time of the call after a barrier; wall %.1f s\n",
                o.iters, o.warmup, o.counters ? "on" : "off", r.wall_s);
   if (P > 0 && r.cores > 0 && static_cast<unsigned>(P * std::max(1, r.workers)) > r.cores)

@@ -97,6 +97,7 @@ struct BenchReport {
   BaselineResult baseline;
   EplbReport eplb;  ///< --eplb (enabled == false otherwise); experts, count, route are then the physical routing's
   double wall_s = 0;
+  std::uint64_t window_bytes = 0;  ///< largest window of a rank
 };
 
 /// Aggregates the ranks' records; cross-checks the engine's byte counters and output rows

@@ -128,6 +128,7 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
   cfg.max_tokens_per_rank = p.max_tokens;
   cfg.num_workers = o.workers;
   cfg.dataplane = o.dataplane;
+  cfg.ring_rows = o.ring_rows;
 
   DispatchArgs fresh;
   fresh.x = in.x.view();
@@ -157,6 +158,7 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
       dr->workers = buf.last_stats().workers;
     }
     if (!buf.last_stats().workers.empty()) rec.workers = static_cast<int>(buf.last_stats().workers.size());
+    rec.window_bytes = t.window_bytes();
     rec.out_rows = d.recv_x.shape()[0];
     CombineArgs c;
     if (p.fp8) {
@@ -345,6 +347,7 @@ void write_bench_record(const fs::path& path, const BenchRankRecord& r) {
     o.pod(kMagic);
     o.pod(r.rank);
     o.pod(r.workers);
+    o.pod(r.window_bytes);
     write_calls(o, r.dispatch);
     write_calls(o, r.combine);
     for (const auto* v : {&r.memcpy_dispatch_start_us, &r.memcpy_dispatch_us, &r.memcpy_combine_start_us,
@@ -366,6 +369,7 @@ BenchRankRecord read_bench_record(const fs::path& path) {
   BenchRankRecord r;
   r.rank = in.pod<int>();
   r.workers = in.pod<int>();
+  r.window_bytes = in.pod<std::uint64_t>();
   r.dispatch = read_calls(in);
   r.combine = read_calls(in);
   for (auto* v : {&r.memcpy_dispatch_start_us, &r.memcpy_dispatch_us, &r.memcpy_combine_start_us, &r.memcpy_combine_us,

@@ -25,6 +25,7 @@ struct BenchCall {
 struct BenchRankRecord {
   int rank = 0;
   int workers = 0;  ///< worker threads of the rank's Buffer (0: unknown, counters never on)
+  std::uint64_t window_bytes = 0;  ///< the rank's transport window (receive area, replies, ...)
   std::vector<BenchCall> dispatch, combine;  ///< [iters]
   std::vector<double> memcpy_dispatch_start_us, memcpy_dispatch_us;  ///< [iters]
   std::vector<double> memcpy_combine_start_us, memcpy_combine_us;    ///< [iters]
