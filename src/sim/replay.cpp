@@ -18,15 +18,51 @@ namespace {
 
 // ---- events -----------------------------------------------------------------------------
 struct RunStream { std::uint32_t stream; };         // a stream executes its next op(s)
-struct RecordReady { std::uint32_t record; };       // the queue processed the record's WRs
-struct EgressArrive { std::uint32_t record; };      // the record's data enters the egress port
 struct IngressArrive { std::uint32_t record; std::uint32_t bytes; bool last; };
 struct MemoryArrive { std::uint32_t record; std::uint32_t bytes; bool last; };
 struct RecordDone { std::uint32_t record; };        // landed in the target's memory
 struct Deliver { std::int32_t rank; std::uint64_t key; std::uint64_t value; bool flag; bool after_payload; };
 struct BarrierRelease {};
-using Event = std::variant<RunStream, RecordReady, EgressArrive, IngressArrive, MemoryArrive, RecordDone, Deliver,
+using Event = std::variant<RunStream, IngressArrive, MemoryArrive, RecordDone, Deliver,
                            BarrierRelease>;
+
+// Memory of a rank: a fluid server. Time is cut into 1 us buckets, each holding
+// bandwidth x 1 us bytes; a request fills free capacity from its arrival on. Unlike a FIFO
+// pointer, a read booked for later (paced with the egress port) leaves the capacity before
+// it usable by incoming writes, so reads and writes share the bandwidth.
+class FluidServer {
+ public:
+  static constexpr std::int64_t kBucketPs = 1000000;
+  void set_rate(GBps rate) { bytes_per_ps_ = rate.gbps / 1000.0; }
+  /// Completion time of `bytes` arriving at `t`.
+  Picoseconds serve(Picoseconds t, std::uint64_t bytes) {
+    if (bytes_per_ps_ <= 0 || bytes == 0) return t;
+    const double cap = bytes_per_ps_ * kBucketPs;
+    double left = static_cast<double>(bytes);
+    std::int64_t cursor = t.ps;
+    for (;;) {
+      const auto b = static_cast<std::size_t>(cursor / kBucketPs);
+      if (used_.size() <= b) used_.resize(b + 1024, 0.0);
+      const std::int64_t end = static_cast<std::int64_t>(b + 1) * kBucketPs;
+      const double room = std::min(cap - used_[b], static_cast<double>(end - cursor) * bytes_per_ps_);
+      if (room > 0) {
+        const double take = std::min(room, left);
+        used_[b] += take;
+        left -= take;
+        if (left <= 0) {
+          const auto start = static_cast<std::int64_t>(b) * kBucketPs;
+          const auto fill = start + static_cast<std::int64_t>(used_[b] / bytes_per_ps_);
+          return Picoseconds{std::max(cursor + static_cast<std::int64_t>(take / bytes_per_ps_), std::min(fill, end))};
+        }
+      }
+      cursor = end;
+    }
+  }
+
+ private:
+  double bytes_per_ps_ = 0;
+  std::vector<double> used_;
+};
 
 enum class Block { kNone, kQuiet, kWait, kDep, kBarrier, kDone };
 
@@ -73,7 +109,8 @@ struct Waiter {
 
 struct Rank {
   std::vector<Picoseconds> queue_free;
-  Picoseconds egress_free{0}, ingress_free{0}, memory_free{0};
+  Picoseconds egress_free{0}, ingress_free{0};
+  FluidServer memory;
   std::unordered_map<std::uint64_t, std::uint64_t> slots, flags;
   std::unordered_map<std::uint64_t, std::vector<Waiter>> slot_waiters, flag_waiters;
   std::unordered_map<std::uint64_t, Picoseconds> main_wait_done;  // wait_index -> completion
@@ -93,6 +130,7 @@ class Replay {
     for (int r = 0; r < P_; ++r) {
       Rank& rk = ranks_[static_cast<std::size_t>(r)];
       rk.queue_free.assign(kQueues, Picoseconds{0});
+      rk.memory.set_rate(hw.memory_bandwidth);
       const RankTrace& rt = trace.ranks[static_cast<std::size_t>(r)];
       int active = 0;
       for (std::size_t s = 0; s < rt.streams.size(); ++s) {
@@ -258,7 +296,7 @@ class Replay {
           rk.timing.payload_bytes += payload;
           if (op.peer != s.rank) rk.timing.remote_bytes += rec.bytes;
           records_.push_back(rec);
-          q_.schedule(ready, RecordReady{static_cast<std::uint32_t>(records_.size() - 1)});
+          launch_record(static_cast<std::uint32_t>(records_.size() - 1), now, ready);
           ++s.pos;
           q_.schedule(t_end, RunStream{si});
           return;
@@ -279,6 +317,18 @@ class Replay {
           return;
         }
         case OpKind::kQuiet: {
+          // A quiet in the middle of a put loop (the next op is a put: a staging buffer is
+          // reused) stalls only one of the hardware workers this stream stands for; the
+          // others keep issuing, so with parallel > 1 it costs its latency share only.
+          const bool staging = rk.parallel > 1 && s.pos + 1 < s.ops.size() &&
+                               (s.ops[s.pos + 1]->kind == OpKind::kPut || s.ops[s.pos + 1]->kind == OpKind::kPutFlagged);
+          if (staging) {
+            const Picoseconds t = now + Picoseconds{hw_.quiet_latency.to_ps().ps / rk.parallel};
+            s.sync += t - now;
+            ++s.pos;
+            q_.schedule(t, RunStream{si});
+            return;
+          }
           if (s.incomplete[q].empty()) {
             const Picoseconds t = now + hw_.quiet_latency.to_ps();
             s.sync += hw_.quiet_latency.to_ps();
@@ -333,37 +383,37 @@ class Replay {
   }
 
   // ---- data path ----
-  void handle(Picoseconds now, RecordReady& ev) {
-    const Record& rec = records_[ev.record];
-    Rank& src = rank(rec.src);
-    if (rec.peer == rec.src) {  // local: a copy through this rank's memory (read + write)
-      const Picoseconds start = max(now, src.memory_free);
-      src.memory_free = start + hw_.memory_bandwidth.time_for(Bytes{std::max(rec.pre_mem, rec.bytes) + rec.bytes});
-      q_.schedule(src.memory_free + hw_.local_latency.to_ps(), RecordDone{ev.record});
-      return;
-    }
-    if (rec.pre_mem > 0) {  // the sender reads (and, for combine, reduces) the rows
-      const Picoseconds start = max(now, src.memory_free);
-      src.memory_free = start + hw_.memory_bandwidth.time_for(Bytes{rec.pre_mem});
-      q_.schedule(src.memory_free, EgressArrive{ev.record});
-      return;
-    }
-    EgressArrive e{ev.record};
-    handle(now, e);
-  }
-
-  void handle(Picoseconds now, EgressArrive& ev) {
-    const Record& rec = records_[ev.record];
+  // Chunk c of a record becomes available as the record's work requests are processed
+  // (progressively over [issue, ready]); the sender reads it from memory (paced with its
+  // egress port: no earlier than the port needs it), the egress port sends it, and after
+  // the latency it queues at the target's ingress port and memory.
+  void launch_record(std::uint32_t id, Picoseconds now, Picoseconds ready) {
+    const Record& rec = records_[id];
     Rank& src = rank(rec.src);
     const std::uint64_t chunk = hw_.chunk_bytes.n;
+    const std::uint64_t n = std::max<std::uint64_t>(1, (rec.bytes + chunk - 1) / chunk);
     const Picoseconds lat = hw_.latency(rec.src, rec.peer);
     std::uint64_t left = rec.bytes;
-    do {
-      const std::uint64_t n = std::min(left, chunk);
-      left -= n;
-      src.egress_free = max(now, src.egress_free) + hw_.link_bandwidth.time_for(Bytes{n});
-      q_.schedule(src.egress_free + lat, IngressArrive{ev.record, static_cast<std::uint32_t>(n), left == 0});
-    } while (left > 0);
+    for (std::uint64_t c = 0; c < n; ++c) {
+      const std::uint64_t size = std::min(left, chunk);
+      left -= size;
+      const bool last = c + 1 == n;
+      const Picoseconds avail = now + Picoseconds{(ready - now).ps * static_cast<std::int64_t>(c + 1) / static_cast<std::int64_t>(n)};
+      const std::uint64_t read =
+          rec.bytes > 0 ? static_cast<std::uint64_t>(static_cast<double>(rec.pre_mem) * static_cast<double>(size) / static_cast<double>(rec.bytes)) : 0;
+      if (rec.peer == rec.src) {  // local: read + write through this rank's memory
+        const Picoseconds done = src.memory.serve(avail, read + size);
+        if (last) q_.schedule(done + hw_.local_latency.to_ps(), RecordDone{id});
+        continue;
+      }
+      const Picoseconds wire = hw_.link_bandwidth.time_for(Bytes{size});
+      Picoseconds send = avail;
+      if (read > 0) {
+        send = src.memory.serve(max(avail, src.egress_free - wire), read);
+      }
+      src.egress_free = max(send, src.egress_free) + wire;
+      q_.schedule(src.egress_free + lat, IngressArrive{id, static_cast<std::uint32_t>(size), last});
+    }
   }
 
   void handle(Picoseconds now, IngressArrive& ev) {
@@ -374,8 +424,8 @@ class Replay {
 
   void handle(Picoseconds now, MemoryArrive& ev) {
     Rank& dst = rank(records_[ev.record].peer);
-    dst.memory_free = max(now, dst.memory_free) + hw_.memory_bandwidth.time_for(Bytes{ev.bytes});
-    if (ev.last) q_.schedule(dst.memory_free, RecordDone{ev.record});
+    const Picoseconds done = dst.memory.serve(now, ev.bytes);
+    if (ev.last) q_.schedule(done, RecordDone{ev.record});
   }
 
   void handle(Picoseconds now, RecordDone& ev) {
