@@ -102,7 +102,9 @@ class Transport {
   virtual void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) = 0;
 
   /// Hint, after allocate: bytes [begin, end) of every window hold bulk payload (rows),
-  /// the rest control data (headers, metadata). Transports that move bytes ignore it.
+  /// the rest control data (headers, metadata). Transports that move bytes ignore it; one
+  /// with caps().moves_payload == false may skip copying puts inside it (and must then
+  /// treat wait_flag on a block there as satisfied once the block's put was issued).
   virtual void set_payload_region(std::size_t begin, std::size_t end) { (void)begin, (void)end; }
 
   /// Every put this thread issued on `queue` has completed at its target.

@@ -2,11 +2,14 @@
 // boundary, and the public entry points that run the phases in order.
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <thread>
 
 #include "engine.hpp"
+#include "epx/topology.hpp"
 
 namespace epx {
 
@@ -41,27 +44,92 @@ std::string check_config(const BufferConfig& c, int P) {
 
 // What every rank sends at construction: its config and whether it is valid.
 struct ConfigMessage {
-  std::int64_t values[6];
+  std::int64_t values[14];
   std::int32_t valid;
   char message[480];
 };
 
-detail::WindowLayout make_layout(const BufferConfig& c, int P) {
+// `servers` / `lanes`: the hierarchical schedule's server count and ranks per server.
+detail::WindowLayout make_layout(const BufferConfig& c, int P, int servers, int lanes) {
   detail::WindowLayout w;
   const std::size_t H = static_cast<std::size_t>(c.hidden), K = static_cast<std::size_t>(c.num_topk);
-  w.header_bytes = align_up(sizeof(NotifyHeader) + sizeof(std::int32_t) * static_cast<std::size_t>(P + c.num_experts), 64);
+  w.header_bytes = align_up(sizeof(NotifyHeader) + sizeof(std::int32_t) * static_cast<std::size_t>(detail::num_counts(c, P)), 64);
   w.recv_rows = c.max_recv_rows > 0 ? c.max_recv_rows : static_cast<std::int64_t>(P) * c.max_tokens_per_rank;
   w.reply_rows = c.max_tokens_per_rank * std::min<std::int64_t>(c.num_topk, P);
   w.meta_bytes = align_up(8 + 16 * K, 8);
-  w.headers = 0;
-  w.data = align_up(w.headers + 2 * static_cast<std::size_t>(P) * w.header_bytes, 4096);
-  w.replies = align_up(w.data + static_cast<std::size_t>(w.recv_rows) * 2 * H, 4096);
-  w.scales = align_up(w.replies + static_cast<std::size_t>(w.reply_rows) * 2 * H, 64);
   const std::size_t scale_row = H % 128 == 0 ? H / 128 * sizeof(float) : 0;
-  w.meta = align_up(w.scales + static_cast<std::size_t>(w.recv_rows) * scale_row, 64);
-  w.total = w.meta + static_cast<std::size_t>(w.recv_rows) * w.meta_bytes;
+  if (c.dataplane.protocol == Protocol::kFlag) {
+    using detail::flag_blocks;
+    w.meta_record = flag_blocks(w.meta_bytes) * detail::kFlagBlock;
+    w.row_record = (flag_blocks(2 * H) + flag_blocks(scale_row)) * detail::kFlagBlock;
+    w.reply_record = flag_blocks(2 * H) * detail::kFlagBlock;
+  }
+  if (c.dataplane.schedule.kind == ScheduleKind::kHierarchical) {
+    // A source of another server relays each of its tokens through me at most once.
+    w.relay_rows = static_cast<std::int64_t>(servers - 1) * c.max_tokens_per_rank;
+    w.relay_record_bytes = align_up(static_cast<std::size_t>(lanes) * sizeof(std::int32_t), 8) + static_cast<std::size_t>(lanes) * w.meta_bytes;
+  }
+  const auto recv = static_cast<std::size_t>(w.recv_rows), reply = static_cast<std::size_t>(w.reply_rows);
+  const auto relay = static_cast<std::size_t>(w.relay_rows);
+  // Control first (headers, metadata), then payload (rows): see set_payload_region.
+  w.headers = 0;
+  w.meta = align_up(w.headers + 2 * static_cast<std::size_t>(P) * w.header_bytes, 64);
+  w.flag_meta = align_up(w.meta + recv * w.meta_bytes, 4096);
+  w.relay_records = align_up(w.flag_meta + recv * w.meta_record, 64);
+  w.data = align_up(w.relay_records + relay * w.relay_record_bytes, 4096);
+  w.replies = align_up(w.data + recv * 2 * H, 4096);
+  w.scales = align_up(w.replies + reply * 2 * H, 64);
+  w.flag_rows = align_up(w.scales + recv * scale_row, 4096);
+  w.flag_replies = align_up(w.flag_rows + recv * w.row_record, 4096);
+  w.relay = align_up(w.flag_replies + reply * w.reply_record, 4096);
+  w.relay_scales = align_up(w.relay + relay * 2 * H, 64);
+  w.total = w.relay_scales + relay * scale_row;
   return w;
 }
+
+// The data-plane options that fit neither the transport nor the table, or "" if they do;
+// fills the table and the visiting order.
+std::string check_dataplane(const DataPlaneOptions& o, const Transport& t, Topology& topology, std::vector<int>& visit_order) {
+  const TransportCaps& caps = t.caps();
+  if (o.queues < 1 || o.queues > kMaxStatQueues || o.queues > caps.max_queues)
+    return "queues must be 1.." + std::to_string(std::min(kMaxStatQueues, caps.max_queues)) + " on transport '" +
+           caps.name + "', got " + std::to_string(o.queues);
+  if (o.queue_split.kind == QueueSplitKind::kRatio && static_cast<int>(o.queue_split.ratio.size()) != o.queues)
+    return "queue split " + to_string(o.queue_split) + " has " + std::to_string(o.queue_split.ratio.size()) +
+           " parts but there are " + std::to_string(o.queues) + " queues";
+  if (o.protocol == Protocol::kTail && !caps.ordered_signal_per_queue)
+    return std::string("protocol 'tail' relies on signals ordered after earlier puts on their queue, which transport '") +
+           caps.name + "' does not guarantee";
+  if (o.protocol == Protocol::kFlag && !caps.flagged_puts)
+    return std::string("protocol 'flag' relies on flagged puts (a block's flag visible only after its bytes), which transport '") +
+           caps.name + "' does not provide";
+  if (o.schedule.kind == ScheduleKind::kHierarchical && o.protocol == Protocol::kFlag)
+    return "schedule 'hierarchical' with protocol 'flag' is not supported: relays forward a source's rows when its signal "
+           "arrives (use explicit or tail)";
+  try {
+    topology = load_topology(o.topology, t.num_ranks());
+    for (const auto& round : peer_rounds(o.schedule, topology, t.rank()))
+      visit_order.insert(visit_order.end(), round.begin(), round.end());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// Everything that must be equal on every rank, as numbers (strings hashed).
+std::vector<std::int64_t> agreed_values(const BufferConfig& c, int W) {
+  const DataPlaneOptions& o = c.dataplane;
+  std::int64_t ratio = 0;
+  for (int r : o.queue_split.ratio) ratio = ratio * 1000 + r;
+  return {c.num_experts, c.hidden, c.num_topk, c.max_tokens_per_rank, c.max_recv_rows, W,
+          static_cast<std::int64_t>(std::hash<std::string>{}(o.topology) >> 1), static_cast<std::int64_t>(o.schedule.kind),
+          o.schedule.group_width, o.queues, static_cast<std::int64_t>(o.queue_split.kind), ratio,
+          static_cast<std::int64_t>(o.aggregate_bytes), static_cast<std::int64_t>(o.protocol)};
+}
+constexpr const char* kAgreedNames[] = {"num_experts", "hidden", "num_topk", "max_tokens_per_rank", "max_recv_rows",
+                                        "num_workers", "topology", "schedule", "schedule group width", "queues",
+                                        "queue split", "queue split ratio", "aggregate_bytes", "protocol"};
+constexpr std::size_t kAgreed = std::size(kAgreedNames);
 
 }  // namespace
 
@@ -75,10 +143,12 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
       buffer_id(std::random_device{}() ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32)),
       pool(W) {
   // 1. Agree on the config before sizing anything by it: a small window for the exchange.
-  const std::string problem = check_config(c, P);
+  std::string problem = check_config(c, P);
+  if (problem.empty()) problem = check_dataplane(c.dataplane, t, topology, visit_order);
   ConfigMessage mine{};
-  const std::int64_t values[6] = {c.num_experts, c.hidden, c.num_topk, c.max_tokens_per_rank, c.max_recv_rows, W};
-  std::copy(std::begin(values), std::end(values), mine.values);
+  static_assert(std::size(ConfigMessage{}.values) == kAgreed);
+  const std::vector<std::int64_t> values = agreed_values(c, W);
+  std::copy(values.begin(), values.end(), mine.values);
   mine.valid = problem.empty();
   std::snprintf(mine.message, sizeof mine.message, "rank %d: %s", rank, problem.c_str());
   t.allocate(sizeof(ConfigMessage) * static_cast<std::size_t>(P), static_cast<std::size_t>(P));
@@ -91,17 +161,32 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
   const auto* all = reinterpret_cast<const ConfigMessage*>(t.window());
   for (int p = 0; p < P; ++p)
     if (!all[p].valid) throw Error(ErrorCode::kInvalidArgument, all[p].message, p);
-  static const char* names[6] = {"num_experts", "hidden", "num_topk", "max_tokens_per_rank", "max_recv_rows", "num_workers"};
   for (int p = 1; p < P; ++p)
-    for (int i = 0; i < 6; ++i)
+    for (std::size_t i = 0; i < kAgreed; ++i)
       if (all[p].values[i] != all[0].values[i])
         throw Error(ErrorCode::kInvalidArgument,
-                    "rank " + std::to_string(p) + ": buffer config differs from rank 0's: " + names[i] + " = " +
+                    "rank " + std::to_string(p) + ": buffer config differs from rank 0's: " + kAgreedNames[i] + " = " +
                         std::to_string(all[p].values[i]) + " vs " + std::to_string(all[0].values[i]),
                     p);
   // 2. The real window, sized from the agreed config.
-  window = make_layout(c, P);
-  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + 2 * static_cast<std::size_t>(W)));
+  reply_order = visit_order;
+  int servers = 1;
+  if (hierarchical()) {
+    reply_order.clear();
+    for (int i = 0; i < P; ++i) reply_order.push_back((rank + i) % P);
+    const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
+    for (int d = 0; d < P; ++d)
+      if (topology.ranks[static_cast<std::size_t>(d)].server == me.server) server_members.push_back(d);
+    std::sort(server_members.begin(), server_members.end(), [&](int u, int v) {
+      return topology.ranks[static_cast<std::size_t>(u)].lane < topology.ranks[static_cast<std::size_t>(v)].lane;
+    });
+    servers = P / static_cast<int>(server_members.size());
+  }
+  window = make_layout(c, P, servers, static_cast<int>(server_members.size()));
+  if (c.dataplane.protocol == Protocol::kTail) signal_stride = 512 / sizeof(std::uint64_t);
+  // Signals: notify [P], dispatch and combine completions [P x W each], relay forwards [P].
+  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + (2 * static_cast<std::size_t>(W) + 1) * signal_stride));
+  t.set_payload_region(window.data, window.total);
 }
 
 Status Buffer::Impl::make_status(ErrorCode code, const std::string& what) const {
@@ -145,6 +230,9 @@ MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
                        "expert_alignment must be >= 1, got " + std::to_string(a.expert_alignment));
   if (a.recv_in_window && a.layout != RecvLayout::kCompact)
     return make_status(ErrorCode::kInvalidArgument, "recv_in_window needs the compact layout");
+  if (a.recv_in_window && flag_protocol())
+    return make_status(ErrorCode::kUnsupported,
+                       "recv_in_window needs rows stored contiguously, but the flag protocol delivers 512-byte blocks");
   if (a.recv_in_window && a.num_worst_tokens > window.recv_rows)
     return make_status(ErrorCode::kCapacityExceeded,
                        "recv_in_window: num_worst_tokens = " + std::to_string(a.num_worst_tokens) +
@@ -243,9 +331,13 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
     if (!status) {
       made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
                                       RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});
-      counts.reserve(static_cast<std::size_t>(m.P + m.config.num_experts));
+      counts.reserve(static_cast<std::size_t>(m.num_counts()));
       for (int d = 0; d < m.P; ++d) counts.push_back(made->plan.tokens_to(d));
       counts.insert(counts.end(), made->plan.slots_per_expert.begin(), made->plan.slots_per_expert.end());
+      if (m.hierarchical()) {
+        const std::vector<std::int32_t> relayed = m.relay_counts(*made);
+        counts.insert(counts.end(), relayed.begin(), relayed.end());
+      }
     }
     h = made.get();
   } else {
@@ -269,17 +361,20 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   if (fresh) {
     Impl::PhaseTimer timer(m, 0, Phase::kPlan);
     m.plan_slots(*made, peers);
+    if (m.hierarchical()) m.plan_relay(*made, peers);
     expert_base = m.expert_row_base(peers);
   }
   m.send_rows(*h, a, fresh ? &expert_base : nullptr);
-  m.wait_phase(m.dispatch_signal(0, 0), "dispatch data");
+  const bool fp8 = a.x.dtype == DType::kFP8E4M3;
+  m.wait_rows(*h, fresh, static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype),
+              fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0);
   if (fresh) {
     m.receive_meta(*made);
     made->topk_weights = Tensor(DType::kF32, a.topk_weights.shape);
     if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
       std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
   }
-  DispatchResult result = m.epilogue(*h, a, a.x.dtype == DType::kFP8E4M3);
+  DispatchResult result = m.epilogue(*h, a, fp8);
   if (fresh) {
     result.layout = make_dispatch_layout(made->plan);
     result.handle.state_ = made;
@@ -303,7 +398,7 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   }
   const HandleState& h = *a.handle->state_;
   m.send_replies(h, a);
-  m.wait_phase(m.combine_signal(0, 0), "combine data");
+  m.wait_replies(h);
   CombineResult out;
   out.combined_x = m.reduce(h, a);
   out.topk_weights = m.outputs.make(DType::kF32, h.topk_weights.shape());

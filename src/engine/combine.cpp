@@ -11,80 +11,97 @@
 namespace epx {
 
 using detail::HandleState;
+using detail::Region;
 using detail::split_range;
 
 void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
-  if (config.collect_stats)
-    send_replies_impl<true>(h, a);
-  else
-    send_replies_impl<false>(h, a);
-}
-
-template <bool kStats>
-void Buffer::Impl::send_replies_impl(const HandleState& h, const CombineArgs& a) {
   const std::int64_t N = h.num_recv();
   const int K = config.num_topk;
   const std::size_t H = static_cast<std::size_t>(config.hidden);
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
   const auto* y = a.y.as<std::uint16_t>();
   const bool expanded = h.layout == RecvLayout::kExpanded;
+  const bool payload = transport.caps().moves_payload;  // else partial sums are not computed
   // Rows that need rounding are built here, one slice per worker (reused after quiet()).
   constexpr std::int64_t kStageRows = 32;
   if (expanded) reply_stage.resize(static_cast<std::size_t>(W * kStageRows) * H);
 
   pool.run([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
-    auto put = [&](int s, std::size_t offset, const void* from, std::size_t bytes) {
-      transport.put(s, offset, from, bytes, 0);
-      if constexpr (kStats) count_put(stats.workers[static_cast<std::size_t>(w)], s, bytes, 0);
-    };
     const auto [r0, r1] = split_range(N, w, W);
-    for (int s = 0; s < P; ++s) {
+    // My received rows from source s: [lo(s), hi(s)), replied to in the schedule's order.
+    auto lo = [&](int s) { return std::max(r0, h.recv_begin[static_cast<std::size_t>(s)]); };
+    auto hi = [&](int s) { return std::min(r1, h.recv_begin[static_cast<std::size_t>(s) + 1]); };
+    std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
+    for (int s = 0; s < P; ++s)
+      channel_bytes[static_cast<std::size_t>(s)] = static_cast<std::uint64_t>(std::max<std::int64_t>(0, hi(s) - lo(s))) * row_bytes;
+    Sender send(*this, w, combine_signal(rank, w), channel_bytes, reply_order);
+    std::uint16_t* stage = reply_stage.data() + static_cast<std::size_t>(w * kStageRows) * H;
+    std::int64_t staged = 0;
+    std::vector<float> acc(H);
+    for (int s : reply_order) {
       const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
-      const std::int64_t lo = std::max(r0, b), hi = std::min(r1, h.recv_begin[static_cast<std::size_t>(s) + 1]);
-      if (lo >= hi) continue;
-      const std::size_t dst_row = static_cast<std::size_t>(h.reply_base[static_cast<std::size_t>(s)] + (lo - b));
-      if (!expanded) {  // compact: y's rows from s are contiguous and so are their slots at s
-        put(s, window.replies + dst_row * row_bytes, y + static_cast<std::size_t>(lo) * H,
-            static_cast<std::size_t>(hi - lo) * row_bytes);
-        continue;
+      const std::int64_t first = lo(s), end = hi(s);
+      const std::int64_t dst_row = h.reply_base[static_cast<std::size_t>(s)] + (first - b);
+      if (!expanded && first < end) {  // compact: y's rows from s are contiguous and so are their slots at s
+        send.put_rows(s, Region::kReplies, dst_row, y + static_cast<std::size_t>(first) * H, end - first, row_bytes);
       }
-      std::uint16_t* stage = reply_stage.data() + static_cast<std::size_t>(w * kStageRows) * H;
-      std::int64_t staged = 0;
-      std::vector<float> acc(H);
-      for (std::int64_t r = lo; r < hi; ++r) {
+      for (std::int64_t r = first; expanded && r < end; ++r) {
         const std::int32_t* rows = h.recv_slot_row.data() + r * K;
         const float* wts = h.recv_slot_weight.data() + r * K;
         int slots = 0, only = -1;
         for (int k = 0; k < K; ++k)
           if (rows[k] >= 0) ++slots, only = k;
-        const std::size_t dst = window.replies + (dst_row + static_cast<std::size_t>(r - lo)) * row_bytes;
+        const std::int64_t dst = dst_row + (r - first);
         if (slots == 1 && !a.weighted) {  // a single slot passes through unchanged
-          put(s, dst, y + static_cast<std::size_t>(rows[only]) * H, row_bytes);
+          send.put_rows(s, Region::kReplies, dst, y + static_cast<std::size_t>(rows[only]) * H, 1, row_bytes);
           continue;
         }
         if (staged == kStageRows) {
-          transport.quiet(0);
+          for (int q = 0; q < config.dataplane.queues; ++q) transport.quiet(q);
           staged = 0;
         }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int k = 0; k < K; ++k) {
-          if (rows[k] < 0) continue;
-          const std::uint16_t* yr = y + static_cast<std::size_t>(rows[k]) * H;
-          if (a.weighted) {
-            const float wk = wts[k];
-            for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]) * wk;
-          } else {
-            for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]);
-          }
-        }
         std::uint16_t* out = stage + static_cast<std::size_t>(staged++) * H;
-        for (std::size_t c = 0; c < H; ++c) out[c] = f32_to_bf16(acc[c]);
-        put(s, dst, out, row_bytes);
+        if (payload) {
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int k = 0; k < K; ++k) {
+            if (rows[k] < 0) continue;
+            const std::uint16_t* yr = y + static_cast<std::size_t>(rows[k]) * H;
+            if (a.weighted) {
+              const float wk = wts[k];
+              for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]) * wk;
+            } else {
+              for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]);
+            }
+          }
+          for (std::size_t c = 0; c < H; ++c) out[c] = f32_to_bf16(acc[c]);
+        }
+        send.put_rows(s, Region::kReplies, dst, out, 1, row_bytes);
       }
+      send.end_channel(s);
     }
-    transport.quiet(0);
-    for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, combine_signal(rank, w), epoch, 0);
+    send.finish();
+  });
+}
+
+void Buffer::Impl::wait_replies(const HandleState& h) {
+  if (!flag_protocol()) {
+    wait_phase(combine_signal(0, 0), "combine data");
+    return;
+  }
+  // Reply row i answers plan entry i in segment order (destination d's rows start at
+  // segment_begin[d]).
+  const RoutingPlan& plan = h.plan;
+  const std::int64_t n = plan.num_entries();
+  std::vector<std::int32_t> peer_of(static_cast<std::size_t>(n));
+  for (int d = 0; d < P; ++d)
+    std::fill(peer_of.begin() + plan.segment_begin[static_cast<std::size_t>(d)],
+              peer_of.begin() + plan.segment_begin[static_cast<std::size_t>(d) + 1], d);
+  pool.run([&](int w) {
+    PhaseTimer timer(*this, w, Phase::kWaitData);
+    const auto [r0, r1] = split_range(n, w, W);
+    receive_flagged(Region::kReplies, r0, r1, static_cast<std::size_t>(config.hidden) * sizeof(std::uint16_t),
+                    peer_of.data(), "combine data");
   });
 }
 
@@ -96,6 +113,9 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a) {
   const auto* b0 = a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>();
   const auto* b1 = a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>();
   const bool by_max_slot = h.layout == RecvLayout::kExpanded;
+  if (!transport.caps().moves_payload)  // a modelling transport: no values to add up
+    return Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + window.replies),
+                         DType::kBF16, {S, static_cast<std::int64_t>(H)});
   Tensor out = outputs.make(DType::kBF16, {S, static_cast<std::int64_t>(H)});
   auto* o = out.as<std::uint16_t>();
 

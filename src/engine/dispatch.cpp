@@ -1,8 +1,8 @@
 // Data plane and epilogue of dispatch. Each worker owns a contiguous range of this rank's
-// tokens and, for every destination (rotated so ranks don't all hit rank 0 first), puts
-// that range's part of the destination's segment straight into its planned slots:
-// consecutive tokens become one put. It then signals every destination once. The
-// receiver turns its receive area into the requested layout.
+// tokens and, for every destination in the schedule's order, puts that range's part of the
+// destination's segment straight into its planned slots: consecutive tokens become one put
+// (up to the aggregation limit). The Sender completes the puts by the configured protocol.
+// The receiver turns its receive area into the requested layout.
 #include <algorithm>
 #include <cstring>
 
@@ -11,29 +11,18 @@
 namespace epx {
 
 using detail::HandleState;
+using detail::Region;
 using detail::RowMetaView;
 using detail::split_range;
 
 std::size_t Buffer::Impl::dispatch_signal(int src, int worker) const noexcept {
-  return static_cast<std::size_t>(P) + static_cast<std::size_t>(src) * static_cast<std::size_t>(W) +
-         static_cast<std::size_t>(worker);
+  return static_cast<std::size_t>(P) +
+         (static_cast<std::size_t>(src) * static_cast<std::size_t>(W) + static_cast<std::size_t>(worker)) * signal_stride;
 }
 
 std::size_t Buffer::Impl::combine_signal(int src, int worker) const noexcept {
-  return dispatch_signal(P, 0) + static_cast<std::size_t>(src) * static_cast<std::size_t>(W) +
-         static_cast<std::size_t>(worker);
-}
-
-void Buffer::Impl::count_put(WorkerStats& ws, int peer, std::size_t bytes, int queue) const noexcept {
-  if (peer == rank) {
-    ++ws.local_puts;
-    ws.local_bytes += bytes;
-  } else {
-    ++ws.puts;
-    ws.put_bytes += bytes;
-  }
-  ++ws.queue_puts[static_cast<std::size_t>(queue)];
-  ws.queue_bytes[static_cast<std::size_t>(queue)] += bytes;
+  return dispatch_signal(P, 0) +
+         (static_cast<std::size_t>(src) * static_cast<std::size_t>(W) + static_cast<std::size_t>(worker)) * signal_stride;
 }
 
 RowMetaView Buffer::Impl::meta_row(std::byte* base, std::int64_t row) const noexcept {
@@ -49,76 +38,113 @@ RowMetaView Buffer::Impl::meta_row(std::byte* base, std::int64_t row) const noex
 
 void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
                              const std::vector<std::int32_t>* expert_base) {
-  if (config.collect_stats)
-    send_rows_impl<true>(h, a, expert_base);
-  else
-    send_rows_impl<false>(h, a, expert_base);
-}
-
-template <bool kStats>
-void Buffer::Impl::send_rows_impl(const HandleState& h, const DispatchArgs& a,
-                                  const std::vector<std::int32_t>* expert_base) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
-  const int K = config.num_topk;
   const bool fp8 = a.x.dtype == DType::kFP8E4M3;
   const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * dtype_size(a.x.dtype);
   const std::size_t scale_bytes = fp8 ? static_cast<std::size_t>(config.hidden / 128) * sizeof(float) : 0;
   const auto* x = static_cast<const std::byte*>(a.x.data);
   const auto* scales = static_cast<const std::byte*>(a.x_scales.data);
   const bool with_meta = expert_base != nullptr;
+  const std::size_t meta_bytes = with_meta ? window.meta_bytes : 0;
   if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * window.meta_bytes);
+
+  // Hierarchical: rows for other servers go to their relays (visit_order holds my server's
+  // ranks and one relay per other server); each relay's records are staged apart.
+  const bool relayed = hierarchical();
+  std::vector<std::size_t> relay_first(static_cast<std::size_t>(P) + 1, 0);
+  if (relayed) {
+    for (int r = 0; r < P; ++r)
+      relay_first[static_cast<std::size_t>(r) + 1] = relay_first[static_cast<std::size_t>(r)] + h.relay_tokens[static_cast<std::size_t>(r)].size();
+    relay_stage.resize(relay_first.back() * window.relay_record_bytes);
+  }
+  auto is_relay = [&](int d) {
+    return relayed && topology.ranks[static_cast<std::size_t>(d)].server != topology.ranks[static_cast<std::size_t>(rank)].server;
+  };
 
   pool.run([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
-    auto put = [&](int d, std::size_t offset, const void* from, std::size_t bytes) {
-      transport.put(d, offset, from, bytes, 0);
-      if constexpr (kStats) count_put(stats.workers[static_cast<std::size_t>(w)], d, bytes, 0);
-    };
+    // My part of each destination's segment: the plan positions [p0, p1) of my tokens.
     const auto [t0, t1] = split_range(S, w, W);
-    for (int i = 0; i < P; ++i) {
-      const int d = (rank + i) % P;
+    std::vector<std::int64_t> first(static_cast<std::size_t>(P)), last(static_cast<std::size_t>(P));
+    std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
+    for (int d = 0; d < P; ++d) {
       const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
       const std::int64_t n = plan.tokens_to(d);
-      const std::int64_t p0 = std::lower_bound(seg, seg + n, t0) - seg;
-      const std::int64_t p1 = std::lower_bound(seg, seg + n, t1) - seg;
-      if (p0 == p1) continue;
+      first[static_cast<std::size_t>(d)] = std::lower_bound(seg, seg + n, t0) - seg;
+      last[static_cast<std::size_t>(d)] = std::lower_bound(seg, seg + n, t1) - seg;
+      channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(last[static_cast<std::size_t>(d)] - first[static_cast<std::size_t>(d)]) *
+                                                   (row_bytes + scale_bytes + meta_bytes);
+      if (is_relay(d)) {
+        const auto& tokens = h.relay_tokens[static_cast<std::size_t>(d)];
+        const auto n = std::lower_bound(tokens.begin(), tokens.end(), t1) - std::lower_bound(tokens.begin(), tokens.end(), t0);
+        channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(n) * (row_bytes + scale_bytes + window.relay_record_bytes);
+      }
+    }
+    Sender send(*this, w, dispatch_signal(rank, w), channel_bytes, visit_order);
+    for (int d : visit_order) {
+      if (is_relay(d)) {
+        put_relayed_rows(send, h, a, d, t0, t1, expert_base,
+                         relay_stage.data() + relay_first[static_cast<std::size_t>(d)] * window.relay_record_bytes);
+        send.end_channel(d);
+        continue;
+      }
+      const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+      const std::int64_t p0 = first[static_cast<std::size_t>(d)], p1 = last[static_cast<std::size_t>(d)];
       const std::int64_t base = h.send_base[static_cast<std::size_t>(d)];
-      // Rows: one put per run of consecutive tokens (their slots are consecutive too).
+      // Rows: runs of consecutive tokens (their slots are consecutive too).
       for (std::int64_t p = p0; p < p1;) {
         std::int64_t q = p + 1;
         while (q < p1 && seg[q] == seg[q - 1] + 1) ++q;
-        const auto run = static_cast<std::size_t>(q - p);
         const auto t = static_cast<std::size_t>(seg[p]);
-        const auto slot = static_cast<std::size_t>(base + p);
-        put(d, window.data + slot * row_bytes, x + t * row_bytes, run * row_bytes);
-        if (fp8) put(d, window.scales + slot * scale_bytes, scales + t * scale_bytes, run * scale_bytes);
+        send.put_rows(d, Region::kData, base + p, x + t * row_bytes, q - p, row_bytes);
+        if (fp8) send.put_rows(d, Region::kScales, base + p, scales + t * scale_bytes, q - p, scale_bytes);
         p = q;
       }
-      if (!with_meta) continue;
-      // Metadata for the same rows: built in plan order, sent as one put.
-      const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
-      for (std::int64_t p = p0; p < p1; ++p) {
-        const std::int32_t t = seg[p];
-        RowMetaView m = meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0));
-        *m.token = t;
-        const std::int64_t* idx = a.topk_idx.as<std::int64_t>() + static_cast<std::int64_t>(t) * K;
-        const float* wts = a.topk_weights.as<float>() + static_cast<std::int64_t>(t) * K;
-        for (int k = 0; k < K; ++k) {
-          m.topk_idx[k] = idx[k];
-          m.weights[k] = wts[k];
-          const bool here = idx[k] >= 0 && idx[k] / L == d;
-          const std::int32_t eb = here ? (*expert_base)[static_cast<std::size_t>(idx[k])] : -1;
-          m.slot_row[k] = eb >= 0 ? eb + plan.slot_rank_in_expert[static_cast<std::size_t>(t) * static_cast<std::size_t>(K) +
-                                                                   static_cast<std::size_t>(k)]
-                                  : -1;
-        }
+      if (with_meta && p1 > p0) {
+        // Metadata for the same rows: built in plan order, sent as consecutive rows.
+        const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
+        for (std::int64_t p = p0; p < p1; ++p)
+          fill_meta(meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
+        send.put_rows(d, Region::kMeta, base + p0, meta_stage.data() + stage_row * window.meta_bytes, p1 - p0,
+                      window.meta_bytes);
       }
-      put(d, window.meta + static_cast<std::size_t>(base + p0) * window.meta_bytes,
-          meta_stage.data() + stage_row * window.meta_bytes, static_cast<std::size_t>(p1 - p0) * window.meta_bytes);
+      send.end_channel(d);
     }
-    transport.quiet(0);
-    for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, dispatch_signal(rank, w), epoch, 0);
+    send.finish();
+  });
+}
+
+void Buffer::Impl::wait_rows(const HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes) {
+  if (hierarchical()) {
+    forward_relayed(h, with_meta, row_bytes, scale_bytes);
+    // Same server: the source's own signals; other servers: the relay's, one per source.
+    PhaseTimer timer(*this, 0, Phase::kWaitData);
+    const int my_server = topology.ranks[static_cast<std::size_t>(rank)].server;
+    for (int s = 0; s < P; ++s) {
+      if (topology.ranks[static_cast<std::size_t>(s)].server == my_server) {
+        for (int w = 0; w < W; ++w) transport.wait_signal(dispatch_signal(s, w), epoch, {"dispatch data", s});
+      } else {
+        transport.wait_signal(forward_signal(s), epoch, {"dispatch data (relayed)", relay_rank(topology, s, rank)});
+      }
+    }
+    return;
+  }
+  if (!flag_protocol()) {
+    wait_phase(dispatch_signal(0, 0), "dispatch data");
+    return;
+  }
+  const std::int64_t N = h.num_recv();
+  std::vector<std::int32_t> source_of(static_cast<std::size_t>(N));
+  for (int s = 0; s < P; ++s)
+    std::fill(source_of.begin() + h.recv_begin[static_cast<std::size_t>(s)],
+              source_of.begin() + h.recv_begin[static_cast<std::size_t>(s) + 1], s);
+  pool.run([&](int w) {
+    PhaseTimer timer(*this, w, Phase::kWaitData);
+    const auto [r0, r1] = split_range(N, w, W);
+    if (with_meta) receive_flagged(Region::kMeta, r0, r1, window.meta_bytes, source_of.data(), "dispatch data");
+    receive_flagged(Region::kData, r0, r1, row_bytes, source_of.data(), "dispatch data");
+    if (scale_bytes) receive_flagged(Region::kScales, r0, r1, scale_bytes, source_of.data(), "dispatch data");
   });
 }
 
@@ -126,8 +152,8 @@ void Buffer::Impl::wait_phase(std::size_t first_slot, const char* phase) {
   PhaseTimer timer(*this, 0, Phase::kWaitData);
   for (int s = 0; s < P; ++s)
     for (int w = 0; w < W; ++w)
-      transport.wait_signal(first_slot + static_cast<std::size_t>(s) * static_cast<std::size_t>(W) +
-                                static_cast<std::size_t>(w),
+      transport.wait_signal(first_slot + (static_cast<std::size_t>(s) * static_cast<std::size_t>(W) +
+                                          static_cast<std::size_t>(w)) * signal_stride,
                             epoch, {phase, s});
 }
 
@@ -168,7 +194,10 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
   const bool expanded = h.layout == RecvLayout::kExpanded;
 
   DispatchResult out;
-  const bool in_window = a.recv_in_window;
+  // A modelling transport moves no payload: rows are views of the window whose values are
+  // unspecified, and nothing below reads or writes payload bytes.
+  const bool payload = transport.caps().moves_payload;
+  const bool in_window = a.recv_in_window || !payload;
   if (in_window) {  // views: the rows already sit where the compact output wants them
     std::byte* base = transport.window();
     out.recv_x = Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + window.data), dt, {rows, H});
@@ -194,8 +223,8 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
   // real ones up to num_worst_tokens) are zero data, source -1, weight 0.
   auto pad = [&](std::int64_t r0, std::int64_t r1) {
     if (r1 <= r0) return;
-    std::memset(rx + static_cast<std::size_t>(r0) * row_bytes, 0, static_cast<std::size_t>(r1 - r0) * row_bytes);
-    if (fp8) std::memset(rs + static_cast<std::size_t>(r0) * scale_bytes, 0, static_cast<std::size_t>(r1 - r0) * scale_bytes);
+    if (payload) std::memset(rx + static_cast<std::size_t>(r0) * row_bytes, 0, static_cast<std::size_t>(r1 - r0) * row_bytes);
+    if (fp8 && payload) std::memset(rs + static_cast<std::size_t>(r0) * scale_bytes, 0, static_cast<std::size_t>(r1 - r0) * scale_bytes);
     const int cols = expanded ? 3 : 2;
     std::fill(src + r0 * cols, src + r1 * cols, -1);
     if (expanded) {
@@ -237,8 +266,8 @@ DispatchResult Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& 
           const auto i = static_cast<std::size_t>(r * K + k);
           const std::int64_t row = h.recv_slot_row[i];
           if (row < 0) continue;
-          std::memcpy(rx + static_cast<std::size_t>(row) * row_bytes, data + static_cast<std::size_t>(r) * row_bytes, row_bytes);
-          if (fp8)
+          if (payload) std::memcpy(rx + static_cast<std::size_t>(row) * row_bytes, data + static_cast<std::size_t>(r) * row_bytes, row_bytes);
+          if (fp8 && payload)
             std::memcpy(rs + static_cast<std::size_t>(row) * scale_bytes, scales + static_cast<std::size_t>(r) * scale_bytes,
                         scale_bytes);
           out.recv_weights.as<float>()[row] = h.recv_slot_weight[i];

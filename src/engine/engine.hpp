@@ -2,6 +2,8 @@
 // the phases (notify → data plane → epilogue; combine), one file each:
 //   buffer.cpp    — construction, input validation, the public entry points
 //   notify.cpp    — control plane: status + counts exchange, prefix sums, row slots
+//   channels.cpp  — a worker's puts: queues, aggregation, completion protocol (Sender),
+//                   and the flag protocol's receiving side
 //   dispatch.cpp  — data plane (puts into peers' windows) and the receiver's epilogue
 //   combine.cpp   — partial sums at the expert ranks, puts back, ordered reduction
 #pragma once
@@ -14,6 +16,7 @@
 
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
+#include "epx/topology.hpp"
 #include "tensor_pool.hpp"
 #include "worker_pool.hpp"
 
@@ -51,6 +54,12 @@ struct HandleState {
   std::vector<std::int32_t> recv_slot_row; // [N * K]
   std::vector<float> recv_slot_weight;     // [N * K]
   Tensor topk_weights;                     // [S, K] returned by combine
+  // Hierarchical schedule, sender side: per relay rank r (one per other server), my tokens
+  // that go through r, in token order, and my first row in r's relay area.
+  std::vector<std::vector<std::int32_t>> relay_tokens;  // [P], empty for non-relays
+  std::vector<std::int64_t> relay_base;                 // [P]
+  // Relay side: rows relayed for source s are [relayed_begin[s], relayed_begin[s+1]).
+  std::vector<std::int64_t> relayed_begin;  // [P + 1]
   std::int64_t num_recv() const noexcept { return recv_begin.back(); }
 };
 
@@ -69,15 +78,42 @@ struct NotifyHeader {
   // followed by std::int32_t counts[P + E]: tokens to each rank, slots to each expert
 };
 
-/// Byte offsets of the regions of one rank's window (the same on every rank).
+/// The windows regions rows are put into.
+enum class Region { kData, kScales, kMeta, kReplies, kRelay, kRelayScales, kRelayRecord };
+
+/// Flag protocol: a row travels as 512-byte blocks of 480 payload bytes + an 8-byte epoch.
+inline constexpr std::size_t kFlagBlock = 512;
+inline constexpr std::size_t kFlagPayload = 480;
+inline std::size_t flag_blocks(std::size_t bytes) noexcept { return (bytes + kFlagPayload - 1) / kFlagPayload; }
+
+/// Counts in a fresh dispatch's header: tokens per rank, slots per expert, and with the
+/// hierarchical schedule tokens per relay.
+inline int num_counts(const BufferConfig& c, int P) {
+  return P + c.num_experts + (c.dataplane.schedule.kind == ScheduleKind::kHierarchical ? P : 0);
+}
+
+/// Byte offsets of the regions of one rank's window (the same on every rank). Control data
+/// (headers, metadata) comes first, payload (rows) after `data`: set_payload_region.
 struct WindowLayout {
   std::size_t header_bytes = 0;  // one NotifyHeader + counts, 64-aligned
   std::size_t headers = 0;       // 2 parities x P headers
+  std::size_t meta = 0;          // one RowMeta (+ K idx, weights, rows) per received row
+  std::size_t meta_bytes = 0;
+  std::size_t flag_meta = 0;     // flag protocol: metadata blocks, recv_rows x meta_record
   std::size_t data = 0;          // recv_rows x 2H: dispatch rows, in the compact output order
   std::size_t replies = 0;       // reply_rows x 2H: combine partials coming back
   std::size_t scales = 0;        // FP8 scale rows
-  std::size_t meta = 0;          // one RowMeta (+ K idx, weights, rows) per received row
-  std::size_t meta_bytes = 0;
+  std::size_t flag_rows = 0;     // flag protocol: recv_rows x row_record (data then scales blocks)
+  std::size_t flag_replies = 0;  // flag protocol: reply_rows x reply_record
+  std::size_t meta_record = 0, row_record = 0, reply_record = 0;  // bytes per row, 0 = no flag protocol
+  // Hierarchical schedule: rows other servers' same-lane ranks send me to forward inside my
+  // server (relay_rows of them), each with a record: per lane of my server, the row's slot
+  // at that rank (-1: not a destination) and its RowMeta.
+  std::size_t relay_records = 0;  // control: relay_rows x relay_record_bytes
+  std::size_t relay = 0;          // payload: relay_rows x 2H
+  std::size_t relay_scales = 0;   // payload: relay_rows x FP8 scale row
+  std::size_t relay_record_bytes = 0;
+  std::int64_t relay_rows = 0;
   std::size_t total = 0;
   std::int64_t reply_rows = 0;   // C * min(K, P): one per (token, destination) of a source
   std::int64_t recv_rows = 0;    // rows the receive area holds (scales, meta)
@@ -107,6 +143,8 @@ struct Buffer::Impl {
   detail::MaybeStatus check_combine(const CombineArgs& a) const;
   detail::Status make_status(ErrorCode code, const std::string& what) const;
 
+  int num_counts() const { return detail::num_counts(config, P); }
+
   // notify.cpp: one all-to-all of headers; throws on every rank if any rank failed.
   struct Peers {
     std::vector<const detail::NotifyHeader*> header;  // [P]
@@ -132,18 +170,67 @@ struct Buffer::Impl {
   void count_put(WorkerStats& ws, int peer, std::size_t bytes, int queue) const noexcept;
   void end_stats();
 
+  // channels.cpp: one worker's puts of one call, on the queues of its channels (a
+  // channel = this worker's visit to one peer), completed by the configured protocol.
+  class Sender {
+   public:
+    /// `channel_bytes[d]`: bytes this worker will put to peer d (decides the queues).
+    Sender(Impl& m, int worker, std::size_t first_signal, const std::vector<std::uint64_t>& channel_bytes,
+           const std::vector<int>& peers);
+    /// Puts rows [row, row + n) of `region` at peer d from `src` (rows of `row_bytes`,
+    /// consecutive in src): merged into puts of at most aggregate_bytes, or, with the flag
+    /// protocol, one flagged block at a time.
+    void put_rows(int d, detail::Region region, std::int64_t row, const void* src, std::int64_t n, std::size_t row_bytes);
+    /// This worker has put everything for peer d (tail: its ordered signal goes now).
+    void end_channel(int d);
+    /// Completes the call's puts (explicit: quiet every queue, then signal every peer).
+    void finish();
+
+   private:
+    void put(int d, std::size_t offset, const void* src, std::size_t bytes);
+    Impl& m_;
+    const std::vector<int>& peers_;  // visiting order: the peers this call completes
+    std::size_t signal_slot_;        // my completion slot at every peer
+    std::vector<int> queue_of_;      // [P]
+    std::vector<std::byte> stage_;   // flag protocol: the zero-padded last block of a row
+    WorkerStats* stats_;             // null: not collecting
+  };
+  /// Flag protocol, receiver: waits for every block of rows [r0, r1) of `region` (rows
+  /// from `source_of`) and unpacks them into the region (a flagged meta/data/scales/reply
+  /// row becomes a plain one).
+  void receive_flagged(detail::Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,
+                       const std::int32_t* source_of, const char* phase);
+  std::size_t region_offset(detail::Region region) const noexcept;
+  std::size_t flag_offset(detail::Region region, std::int64_t row) const noexcept;
+  bool flag_protocol() const noexcept { return config.dataplane.protocol == Protocol::kFlag; }
+  bool hierarchical() const noexcept { return config.dataplane.schedule.kind == ScheduleKind::kHierarchical; }
+
+  // relay.cpp: the hierarchical schedule. A token crossing servers goes once to the
+  // same-lane rank of the target server, which forwards it to its final ranks there.
+  std::vector<std::int32_t> relay_counts(detail::HandleState& h) const;  // fills relay_tokens
+  void plan_relay(detail::HandleState& h, const Peers& peers) const;
+  /// My rows in [t0, t1) that cross to relay's server, with their records (built in
+  /// `records`, the relay's part of relay_stage, which outlives the puts).
+  void put_relayed_rows(Sender& send, const detail::HandleState& h, const DispatchArgs& a, int relay, std::int64_t t0,
+                        std::int64_t t1, const std::vector<std::int32_t>* expert_base, std::byte* records);
+  void forward_relayed(const detail::HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes);
+  std::size_t forward_signal(int src) const noexcept;
+  std::size_t relay_record(std::int64_t row) const noexcept;
+  void fill_meta(detail::RowMetaView m, const detail::HandleState& h, const DispatchArgs& a, int d, std::int32_t t,
+                 const std::vector<std::int32_t>& expert_base) const;
+
   // dispatch.cpp
-  template <bool kStats>
-  void send_rows_impl(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base);
   void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base);
   void wait_phase(std::size_t first_slot, const char* phase);
+  /// Until every row of this dispatch has landed here (flag protocol: and is unpacked).
+  void wait_rows(const detail::HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes);
   void receive_meta(detail::HandleState& h);
   DispatchResult epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8);
 
   // combine.cpp
-  template <bool kStats>
-  void send_replies_impl(const detail::HandleState& h, const CombineArgs& a);
   void send_replies(const detail::HandleState& h, const CombineArgs& a);
+  /// Until every reply to this rank has landed (flag protocol: and is unpacked).
+  void wait_replies(const detail::HandleState& h);
   Tensor reduce(const detail::HandleState& h, const CombineArgs& a);
 
   detail::RowMetaView meta_row(std::byte* base, std::int64_t row) const noexcept;
@@ -158,7 +245,13 @@ struct Buffer::Impl {
   detail::WindowLayout window;
   detail::WorkerPool pool;
   detail::TensorPool outputs;  // every tensor a call returns
+  std::vector<int> visit_order;           // peers in the schedule's order (all rounds)
+  std::vector<int> reply_order;           // combine's order: visit_order, hierarchical: every rank rotated
+  Topology topology;
+  std::vector<int> server_members;        // hierarchical: my server's ranks by lane
+  std::size_t signal_stride = 1;         // tail protocol: a 512-byte line per completion slot
   std::vector<std::byte> meta_stage;      // sender's row metadata, per plan entry
+  std::vector<std::byte> relay_stage;     // hierarchical: records of my relayed rows, per relay
   std::vector<std::uint16_t> reply_stage;  // combine partials that need rounding
   CallStats stats;
   std::chrono::steady_clock::time_point call_start;

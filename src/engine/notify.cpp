@@ -22,7 +22,7 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
   if (status) std::snprintf(mine.message, sizeof mine.message, "%s", status->message.c_str());
   mine.has_counts = mine.has_counts && counts != nullptr;
 
-  const std::size_t n_counts = static_cast<std::size_t>(P + config.num_experts);
+  const auto n_counts = static_cast<std::size_t>(num_counts());
   for (int i = 0; i < P; ++i) {
     const int p = (rank + i) % P;
     const std::size_t off = window.header_offset(epoch, rank, P);

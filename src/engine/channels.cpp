@@ -1,0 +1,154 @@
+// A worker's side of the data plane: which queue each channel (this worker's visit to one
+// peer) uses, how rows are merged into puts, and how the peer learns they have landed —
+// the completion protocol (epx/dataplane.hpp says what each relies on):
+//   explicit  puts; quiet every queue; one signal per peer
+//   tail      puts; right after a peer's last put, its ordered signal on the same queue
+//   flag      every 480 payload bytes carry their own epoch flag; no signal at all
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "engine.hpp"
+
+namespace epx {
+
+using detail::Region;
+using detail::kFlagBlock;
+using detail::kFlagPayload;
+
+std::size_t Buffer::Impl::region_offset(Region region) const noexcept {
+  switch (region) {
+    case Region::kData: return window.data;
+    case Region::kScales: return window.scales;
+    case Region::kMeta: return window.meta;
+    case Region::kReplies: return window.replies;
+    case Region::kRelay: return window.relay;
+    case Region::kRelayScales: return window.relay_scales;
+    case Region::kRelayRecord: return window.relay_records;
+  }
+  return 0;
+}
+
+// Flag protocol: where row `row`'s first block of `region` sits. A received dispatch row
+// is one record of data blocks followed by scale blocks (sized for the widest row).
+std::size_t Buffer::Impl::flag_offset(Region region, std::int64_t row) const noexcept {
+  const auto r = static_cast<std::size_t>(row);
+  switch (region) {
+    case Region::kData: return window.flag_rows + r * window.row_record;
+    case Region::kScales:
+      return window.flag_rows + r * window.row_record + detail::flag_blocks(2 * static_cast<std::size_t>(config.hidden)) * kFlagBlock;
+    case Region::kMeta: return window.flag_meta + r * window.meta_record;
+    case Region::kReplies: return window.flag_replies + r * window.reply_record;
+    default: return 0;  // relays forward on signals; flag + hierarchical is refused
+  }
+  return 0;
+}
+
+void Buffer::Impl::count_put(WorkerStats& ws, int peer, std::size_t bytes, int queue) const noexcept {
+  if (peer == rank) {
+    ++ws.local_puts;
+    ws.local_bytes += bytes;
+  } else {
+    ++ws.puts;
+    ws.put_bytes += bytes;
+  }
+  ++ws.queue_puts[static_cast<std::size_t>(queue)];
+  ws.queue_bytes[static_cast<std::size_t>(queue)] += bytes;
+}
+
+Buffer::Impl::Sender::Sender(Impl& m, int worker, std::size_t first_signal, const std::vector<std::uint64_t>& channel_bytes,
+                             const std::vector<int>& peers)
+    : m_(m),
+      peers_(peers),
+      signal_slot_(first_signal),
+      queue_of_(static_cast<std::size_t>(m.P), 0),
+      stats_(m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(worker)] : nullptr) {
+  const DataPlaneOptions& o = m.config.dataplane;
+  if (o.queues > 1) {
+    // Channels in visiting order; each gets its queue from the split rule.
+    std::vector<std::uint64_t> bytes;
+    bytes.reserve(peers.size());
+    for (int d : peers) bytes.push_back(channel_bytes[static_cast<std::size_t>(d)]);
+    const std::vector<int> queues = assign_queues(o.queue_split, o.queues, bytes);
+    for (std::size_t i = 0; i < peers.size(); ++i) queue_of_[static_cast<std::size_t>(peers[i])] = queues[i];
+  }
+  if (m.flag_protocol()) stage_.assign(kFlagPayload, std::byte{0});
+}
+
+void Buffer::Impl::Sender::put(int d, std::size_t offset, const void* src, std::size_t bytes) {
+  const int q = queue_of_[static_cast<std::size_t>(d)];
+  m_.transport.put(d, offset, src, bytes, q);
+  if (stats_) m_.count_put(*stats_, d, bytes, q);
+}
+
+void Buffer::Impl::Sender::put_rows(int d, Region region, std::int64_t row, const void* src, std::int64_t n,
+                                    std::size_t row_bytes) {
+  const auto* from = static_cast<const std::byte*>(src);
+  if (n <= 0 || row_bytes == 0) return;
+  if (!m_.flag_protocol()) {
+    const std::size_t limit = m_.config.dataplane.aggregate_bytes;
+    const std::int64_t per_put = std::max<std::int64_t>(1, static_cast<std::int64_t>(limit / row_bytes));
+    const std::size_t base = m_.region_offset(region);
+    for (std::int64_t i = 0; i < n; i += per_put) {
+      const std::int64_t rows = std::min(per_put, n - i);
+      put(d, base + static_cast<std::size_t>(row + i) * row_bytes, from + static_cast<std::size_t>(i) * row_bytes,
+          static_cast<std::size_t>(rows) * row_bytes);
+    }
+    return;
+  }
+  const int q = queue_of_[static_cast<std::size_t>(d)];
+  const bool reuse_needs_quiet = !m_.transport.caps().put_completes_on_return;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::byte* r = from + static_cast<std::size_t>(i) * row_bytes;
+    std::size_t block = m_.flag_offset(region, row + i);
+    for (std::size_t done = 0; done < row_bytes; done += kFlagPayload, block += kFlagBlock) {
+      const std::size_t bytes = std::min(kFlagPayload, row_bytes - done);
+      const std::byte* payload = r + done;
+      if (bytes < kFlagPayload) {  // the flag sits at a fixed place: pad the last block
+        if (reuse_needs_quiet) m_.transport.quiet(q);
+        std::memcpy(stage_.data(), payload, bytes);
+        std::memset(stage_.data() + bytes, 0, kFlagPayload - bytes);
+        payload = stage_.data();
+      }
+      m_.transport.put_flagged(d, block, payload, kFlagPayload, m_.epoch, q);
+      if (stats_) m_.count_put(*stats_, d, kFlagPayload + sizeof(std::uint64_t), q);
+    }
+  }
+}
+
+void Buffer::Impl::Sender::end_channel(int d) {
+  if (m_.config.dataplane.protocol != Protocol::kTail) return;
+  m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
+}
+
+void Buffer::Impl::Sender::finish() {
+  const DataPlaneOptions& o = m_.config.dataplane;
+  // Every protocol ends with quiet: the caller may reuse its input once the call returns.
+  for (int q = 0; q < o.queues; ++q) {
+    const auto start = std::chrono::steady_clock::now();
+    m_.transport.quiet(q);
+    if (stats_)
+      stats_->queue_wait_us[static_cast<std::size_t>(q)] +=
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  }
+  if (o.protocol != Protocol::kExplicit) return;
+  for (int d : peers_) m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
+}
+
+void Buffer::Impl::receive_flagged(Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,
+                                   const std::int32_t* source_of, const char* phase) {
+  const bool copy = transport.caps().moves_payload || region == Region::kMeta;
+  std::byte* window_base = transport.window();
+  std::byte* to = window_base + region_offset(region);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    std::size_t block = flag_offset(region, r);
+    for (std::size_t done = 0; done < row_bytes; done += kFlagPayload, block += kFlagBlock) {
+      transport.wait_flag(block + kFlagPayload, epoch, {phase, source_of[r]});
+      if (copy)
+        std::memcpy(to + static_cast<std::size_t>(r) * row_bytes + done, window_base + block,
+                    std::min(kFlagPayload, row_bytes - done));
+    }
+  }
+}
+
+}  // namespace epx

@@ -1,0 +1,167 @@
+// The hierarchical schedule: a token whose destinations include ranks of another server is
+// sent there once, to the rank of that server with my lane (its relay), with a record that
+// says, per lane of that server, the row's slot at that rank and its metadata. The relay
+// forwards the row inside its server and then tells each final rank, with one signal per
+// source, that the source's rows have landed. Rows land in exactly the slots a direct send
+// would use, so every output is the same bits. Combine replies go straight back: a relay
+// cannot add partials without changing the order of additions SPEC §4 fixes.
+#include <algorithm>
+
+#include "engine.hpp"
+
+namespace epx {
+
+using detail::HandleState;
+using detail::Region;
+using detail::RowMetaView;
+using detail::split_range;
+
+namespace {
+std::size_t slots_bytes(std::size_t lanes) { return (lanes * sizeof(std::int32_t) + 7) / 8 * 8; }
+}  // namespace
+
+std::size_t Buffer::Impl::forward_signal(int src) const noexcept {
+  return combine_signal(P, 0) + static_cast<std::size_t>(src) * signal_stride;
+}
+
+std::vector<std::int32_t> Buffer::Impl::relay_counts(HandleState& h) const {
+  const RoutingPlan& plan = h.plan;
+  const int my_server = topology.ranks[static_cast<std::size_t>(rank)].server;
+  h.relay_tokens.assign(static_cast<std::size_t>(P), {});
+  for (std::int64_t t = 0; t < plan.shape.num_tokens; ++t)
+    for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {
+      const int d = plan.entry_rank[static_cast<std::size_t>(i)];
+      if (topology.ranks[static_cast<std::size_t>(d)].server == my_server) continue;
+      auto& tokens = h.relay_tokens[static_cast<std::size_t>(relay_rank(topology, rank, d))];
+      if (tokens.empty() || tokens.back() != t) tokens.push_back(static_cast<std::int32_t>(t));  // once per server
+    }
+  std::vector<std::int32_t> counts(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) counts[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(h.relay_tokens[static_cast<std::size_t>(r)].size());
+  return counts;
+}
+
+void Buffer::Impl::plan_relay(HandleState& h, const Peers& peers) const {
+  const int first = P + config.num_experts;  // relay counts follow tokens and slots
+  h.relay_base.assign(static_cast<std::size_t>(P), 0);
+  h.relayed_begin.assign(static_cast<std::size_t>(P) + 1, 0);
+  for (int r = 0; r < P; ++r)
+    for (int s = 0; s < rank; ++s) h.relay_base[static_cast<std::size_t>(r)] += peers.counts(s)[first + r];
+  for (int s = 0; s < P; ++s)
+    h.relayed_begin[static_cast<std::size_t>(s) + 1] = h.relayed_begin[static_cast<std::size_t>(s)] + peers.counts(s)[first + rank];
+  if (h.relayed_begin.back() > window.relay_rows)
+    throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank) + ": relays " + std::to_string(h.relayed_begin.back()) +
+                                          " rows but its relay area holds " + std::to_string(window.relay_rows), rank);
+}
+
+std::size_t Buffer::Impl::relay_record(std::int64_t row) const noexcept {
+  return static_cast<std::size_t>(row) * window.relay_record_bytes;
+}
+
+void Buffer::Impl::put_relayed_rows(Sender& send, const HandleState& h, const DispatchArgs& a, int relay, std::int64_t t0,
+                                    std::int64_t t1, const std::vector<std::int32_t>* expert_base, std::byte* records) {
+  const std::vector<std::int32_t>& tokens = h.relay_tokens[static_cast<std::size_t>(relay)];
+  const std::int64_t i0 = std::lower_bound(tokens.begin(), tokens.end(), t0) - tokens.begin();
+  const std::int64_t i1 = std::lower_bound(tokens.begin(), tokens.end(), t1) - tokens.begin();
+  if (i0 == i1) return;
+  const bool fp8 = a.x.dtype == DType::kFP8E4M3;
+  const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * dtype_size(a.x.dtype);
+  const std::size_t scale_bytes = fp8 ? static_cast<std::size_t>(config.hidden / 128) * sizeof(float) : 0;
+  const auto* x = static_cast<const std::byte*>(a.x.data);
+  const auto* scales = static_cast<const std::byte*>(a.x_scales.data);
+  const std::int64_t base = h.relay_base[static_cast<std::size_t>(relay)];
+  for (std::int64_t i = i0; i < i1;) {
+    std::int64_t j = i + 1;
+    while (j < i1 && tokens[static_cast<std::size_t>(j)] == tokens[static_cast<std::size_t>(j) - 1] + 1) ++j;
+    const auto t = static_cast<std::size_t>(tokens[static_cast<std::size_t>(i)]);
+    send.put_rows(relay, Region::kRelay, base + i, x + t * row_bytes, j - i, row_bytes);
+    if (fp8) send.put_rows(relay, Region::kRelayScales, base + i, scales + t * scale_bytes, j - i, scale_bytes);
+    i = j;
+  }
+  // Records: per lane of the relay's server, the slot there and the row's metadata.
+  const RoutingPlan& plan = h.plan;
+  const int server = topology.ranks[static_cast<std::size_t>(relay)].server;
+  std::vector<int> members;
+  for (int d = 0; d < P; ++d)
+    if (topology.ranks[static_cast<std::size_t>(d)].server == server) members.push_back(d);
+  std::sort(members.begin(), members.end(), [&](int u, int v) {
+    return topology.ranks[static_cast<std::size_t>(u)].lane < topology.ranks[static_cast<std::size_t>(v)].lane;
+  });
+  const std::size_t lanes = members.size();
+  for (std::int64_t i = i0; i < i1; ++i) {
+    std::byte* rec = records + relay_record(i);
+    auto* slot = reinterpret_cast<std::int32_t*>(rec);
+    std::fill(slot, slot + lanes, -1);
+    const std::int32_t t = tokens[static_cast<std::size_t>(i)];
+    for (std::int32_t e = plan.token_begin[static_cast<std::size_t>(t)]; e < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++e) {
+      const int d = plan.entry_rank[static_cast<std::size_t>(e)];
+      const auto lane = std::find(members.begin(), members.end(), d) - members.begin();
+      if (static_cast<std::size_t>(lane) == lanes) continue;
+      slot[lane] = static_cast<std::int32_t>(h.send_base[static_cast<std::size_t>(d)] + plan.entry_position[static_cast<std::size_t>(e)]);
+      if (expert_base) fill_meta(meta_row(rec + slots_bytes(lanes), static_cast<std::int64_t>(lane)), h, a, d, t, *expert_base);
+    }
+  }
+  send.put_rows(relay, Region::kRelayRecord, base + i0, records + relay_record(i0), i1 - i0, window.relay_record_bytes);
+}
+
+void Buffer::Impl::forward_relayed(const HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes) {
+  const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
+  std::vector<int> sources;  // other servers' ranks of my lane, rotated from mine
+  for (int i = 1; i < P; ++i) {
+    const int s = (rank + i) % P;
+    const RankPlace& place = topology.ranks[static_cast<std::size_t>(s)];
+    if (place.server != me.server && place.lane == me.lane) sources.push_back(s);
+  }
+  const std::byte* window_base = transport.window();
+  const std::size_t lanes = server_members.size();
+  pool.run([&](int w) {
+    WorkerStats* ws = config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
+    for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(W)) {
+      const int s = sources[k];
+      {
+        PhaseTimer timer(*this, w, Phase::kWaitData);
+        for (int sw = 0; sw < W; ++sw) transport.wait_signal(dispatch_signal(s, sw), epoch, {"dispatch relay", s});
+      }
+      PhaseTimer timer(*this, w, Phase::kPutIssue);
+      auto put = [&](int d, std::size_t offset, const std::byte* from, std::size_t bytes) {
+        transport.put(d, offset, from, bytes, 0);
+        if (ws) count_put(*ws, d, bytes, 0);
+      };
+      for (std::int64_t i = h.relayed_begin[static_cast<std::size_t>(s)]; i < h.relayed_begin[static_cast<std::size_t>(s) + 1]; ++i) {
+        const std::byte* rec = window_base + window.relay_records + relay_record(i);
+        const auto* slot = reinterpret_cast<const std::int32_t*>(rec);
+        for (std::size_t lane = 0; lane < lanes; ++lane) {
+          if (slot[lane] < 0) continue;
+          const int d = server_members[lane];
+          const auto to = static_cast<std::size_t>(slot[lane]);
+          put(d, window.data + to * row_bytes, window_base + window.relay + static_cast<std::size_t>(i) * row_bytes, row_bytes);
+          if (scale_bytes)
+            put(d, window.scales + to * scale_bytes, window_base + window.relay_scales + static_cast<std::size_t>(i) * scale_bytes,
+                scale_bytes);
+          if (with_meta)
+            put(d, window.meta + to * window.meta_bytes, rec + slots_bytes(lanes) + lane * window.meta_bytes, window.meta_bytes);
+        }
+      }
+      transport.quiet(0);
+      for (int d : server_members) transport.signal(d, forward_signal(s), epoch, 0);
+    }
+  });
+}
+
+void Buffer::Impl::fill_meta(RowMetaView m, const HandleState& h, const DispatchArgs& a, int d, std::int32_t t,
+                             const std::vector<std::int32_t>& expert_base) const {
+  const int K = config.num_topk;
+  *m.token = t;
+  const std::int64_t* idx = a.topk_idx.as<std::int64_t>() + static_cast<std::int64_t>(t) * K;
+  const float* wts = a.topk_weights.as<float>() + static_cast<std::int64_t>(t) * K;
+  for (int k = 0; k < K; ++k) {
+    m.topk_idx[k] = idx[k];
+    m.weights[k] = wts[k];
+    const bool here = idx[k] >= 0 && idx[k] / L == d;
+    const std::int32_t eb = here ? expert_base[static_cast<std::size_t>(idx[k])] : -1;
+    m.slot_row[k] = eb >= 0 ? eb + h.plan.slot_rank_in_expert[static_cast<std::size_t>(t) * static_cast<std::size_t>(K) +
+                                                               static_cast<std::size_t>(k)]
+                            : -1;
+  }
+}
+
+}  // namespace epx

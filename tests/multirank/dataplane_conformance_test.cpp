@@ -1,0 +1,359 @@
+// Conformance of the data-plane options: every (schedule x queues x queue split x protocol
+// x aggregation) combination, on every transport, gives the reference's bits for dispatch
+// (compact, expanded, FP8, cached) and combine (wide-range y, so the order of additions
+// shows). Plus a stress test: one buffer reused for many calls whose routing changes every
+// time, to catch stale data and slot-reuse races (ThreadSanitizer runs it on threads).
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "multirank_support.hpp"
+
+namespace epx::testing {
+namespace {
+
+struct QueueChoice {
+  int queues;
+  const char* split;
+};
+
+struct Combo {
+  std::string schedule;
+  QueueChoice queues;
+  std::string protocol;
+  std::size_t aggregate;
+  std::string name() const {
+    std::string n = schedule + "_q" + std::to_string(queues.queues) + "_" + queues.split + "_" + protocol + "_agg" +
+                    std::to_string(aggregate);
+    for (char& ch : n)
+      if (ch == ':') ch = 'x';
+    return n;
+  }
+  DataPlaneOptions options() const {
+    DataPlaneOptions o;
+    o.schedule = parse_schedule(schedule);
+    // Relays need servers: two servers of two ranks.
+    if (o.schedule.kind == ScheduleKind::kHierarchical) o.topology = "builtin:servers:2";
+    o.queues = queues.queues;
+    o.queue_split = parse_queue_split(queues.split);
+    o.protocol = parse_protocol(protocol);
+    o.aggregate_bytes = aggregate;
+    return o;
+  }
+};
+
+std::vector<Combo> combos() {
+  const QueueChoice queue_choices[] = {{1, "rr"},  {2, "rr"},  {2, "1:1"}, {2, "3:1"},
+                                       {2, "1:3"}, {2, "bytes"}, {4, "rr"}, {4, "bytes"}};
+  std::vector<Combo> v;
+  for (const char* schedule : {"flat", "rotated", "grouped:2", "grouped:4", "hierarchical"})
+    for (const QueueChoice& q : queue_choices)
+      for (const char* protocol : {"explicit", "tail", "flag"}) {
+        if (std::string(schedule) == "hierarchical" && std::string(protocol) == "flag") continue;  // refused, see below
+        // off (a put per row), one bf16 row (two fp8 rows) per put, and the default.
+        for (std::size_t aggregate : {std::size_t{0}, std::size_t{1000}, std::size_t{1} << 20})
+          v.push_back({schedule, q, protocol, aggregate});
+      }
+  return v;
+}
+
+constexpr int kRanks = 4;
+
+ref::FixtureOptions fixture(bool fp8, std::uint64_t seed) {
+  ref::FixtureOptions f;
+  f.num_ranks = kRanks;
+  f.num_experts = 8;
+  f.num_topk = 3;
+  f.hidden = 384;  // bf16 rows of 768 bytes: a full and a padded flag block
+  f.fp8 = fp8;
+  f.tokens_per_rank = {9, 0, 14, 5};
+  f.seed = seed;
+  return f;
+}
+
+// Expected outputs of one routing: dispatch per layout, combine of wide-range y.
+struct Expected {
+  ref::Problem p;
+  ref::DispatchOptions d;
+  std::vector<ref::DispatchOut> out;
+  std::vector<std::vector<std::uint16_t>> y, combined;
+  bool weighted = false;
+};
+
+Expected expect(const ref::FixtureOptions& f, bool expanded, bool weighted) {
+  Expected e{ref::make_problem(f), {}, {}, {}, {}, weighted};
+  e.d.expanded = expanded;
+  e.d.alignment = expanded ? 4 : 1;
+  e.out = ref::dispatch_all(e.p, e.d);
+  for (int r = 0; r < e.p.num_ranks; ++r)
+    e.y.push_back(wide_bf16(700 + static_cast<std::uint64_t>(r), e.out[static_cast<std::size_t>(r)].rows * f.hidden));
+  for (int r = 0; r < e.p.num_ranks; ++r) e.combined.push_back(ref::combine(e.p, e.d, e.out, e.y, nullptr, nullptr, weighted, r));
+  return e;
+}
+
+// Dispatch, cached dispatch and combine of one expected routing on this rank's buffer.
+void check_round_trip(Buffer& buffer, int r, const Expected& e) {
+  const auto ur = static_cast<std::size_t>(r);
+  const RankViews v = views_of(e.p, r);
+  DispatchResult d = buffer.dispatch(dispatch_args(v, e.d));
+  expect_dispatch(r, e.p, e.d, e.out[ur], d);
+  DispatchArgs cached = dispatch_args(v, e.d);
+  cached.handle = &d.handle;
+  expect_dispatch(r, e.p, e.d, e.out[ur], buffer.dispatch(cached));
+  CombineArgs ca;
+  ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, e.p.hidden});
+  ca.handle = &d.handle;
+  ca.weighted = e.weighted;
+  expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e.combined[ur]);
+}
+
+class DataPlaneConformance : public ::testing::TestWithParam<std::tuple<TransportKind, Combo>> {};
+
+TEST_P(DataPlaneConformance, MatchesReferenceBitForBit) {
+  const auto& [kind, combo] = GetParam();
+  const Expected compact = expect(fixture(false, 50), false, false);
+  const Expected expanded = expect(fixture(false, 51), true, true);
+  const Expected fp8 = expect(fixture(true, 52), false, false);
+  LaunchOptions lo;
+  lo.num_ranks = kRanks;
+  lo.transport = kind;
+  lo.timeout = std::chrono::milliseconds(20000);
+  launch(lo, [&](Transport& t) {
+    BufferConfig c = config_for(compact.p, 2);
+    c.max_tokens_per_rank = 16;
+    c.dataplane = combo.options();
+    c.collect_stats = true;
+    Buffer buffer(t, c);
+    check_round_trip(buffer, t.rank(), compact);
+    // Each queue carries what the split gave it; nothing outside the configured queues.
+    const CallStats& s = buffer.last_stats();
+    for (const WorkerStats& w : s.workers)
+      for (int q = combo.queues.queues; q < kMaxStatQueues; ++q)
+        if (w.queue_puts[static_cast<std::size_t>(q)] != 0) fail(t.rank(), "a put on unconfigured queue " + std::to_string(q));
+    check_round_trip(buffer, t.rank(), expanded);
+    check_round_trip(buffer, t.rank(), fp8);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryCombination, DataPlaneConformance,
+                         ::testing::Combine(::testing::ValuesIn(kTransports), ::testing::ValuesIn(combos())),
+                         [](const auto& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name();
+                         });
+
+// Aggregation off means one put per row; the default merges runs of consecutive tokens.
+TEST(DataPlaneConformance, AggregationControlsPutsPerRow) {
+  const Expected e = expect(fixture(false, 53), false, false);
+  for (std::size_t aggregate : {std::size_t{0}, std::size_t{1} << 20}) {
+    launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      BufferConfig c = config_for(e.p, 1);
+      c.dataplane.aggregate_bytes = aggregate;
+      c.collect_stats = true;
+      Buffer buffer(t, c);
+      const RankViews v = views_of(e.p, t.rank());
+      buffer.dispatch(dispatch_args(v, e.d));
+      const WorkerStats& w = buffer.last_stats().workers[0];
+      // Rows sent = plan entries; each row is one data put plus one metadata put when off.
+      const ref::Layout lay = ref::layout(e.p, t.rank());
+      std::uint64_t rows = 0;
+      for (auto n : lay.num_tokens_per_rank) rows += static_cast<std::uint64_t>(n);
+      const std::uint64_t puts = w.puts + w.local_puts;
+      if (aggregate == 0 && puts != 2 * rows)
+        fail(t.rank(), "aggregation off: " + std::to_string(puts) + " puts for " + std::to_string(rows) + " rows, want " +
+                           std::to_string(2 * rows));
+      if (aggregate != 0 && rows > 4 && puts >= 2 * rows)
+        fail(t.rank(), "aggregation on: " + std::to_string(puts) + " puts for " + std::to_string(rows) + " rows");
+    });
+  }
+}
+
+// A combination a transport cannot honour is refused on every rank before anything runs.
+TEST(DataPlaneConformance, RefusesWhatItCannotHonour) {
+  const Expected e = expect(fixture(false, 54), false, false);
+  auto refused = [&](DataPlaneOptions o, const std::string& words) {
+    try {
+      launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+        BufferConfig c = config_for(e.p, 1);
+        c.dataplane = o;
+        Buffer buffer(t, c);
+      });
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument) << err.what();
+      EXPECT_NE(std::string(err.what()).find(words), std::string::npos) << err.what();
+      return;
+    }
+    ADD_FAILURE() << "accepted: " << words;
+  };
+  DataPlaneOptions o;
+  o.queues = 2;
+  o.queue_split = parse_queue_split("1:1:1");
+  refused(o, "3 parts but there are 2 queues");
+  o = {};
+  o.queues = 8;
+  refused(o, "queues must be 1..4");
+  o = {};
+  o.schedule = parse_schedule("grouped:3");
+  refused(o, "grouped:3");
+  o = {};
+  o.topology = "builtin:servers:3";
+  refused(o, "servers:3");
+  o = {};
+  o.schedule = parse_schedule("hierarchical");
+  refused(o, "hierarchical");  // builtin:flat is one server: nothing to relay between
+  o.topology = "builtin:servers:2";
+  o.protocol = Protocol::kFlag;
+  refused(o, "protocol 'flag' is not supported");
+}
+
+// Counts a rank's puts of payload (rows) per peer, passing everything through.
+class PutCounter final : public Transport {
+ public:
+  void set_payload_region(std::size_t begin, std::size_t end) override {
+    payload_begin_ = begin;
+    t_.set_payload_region(begin, end);
+  }
+  explicit PutCounter(Transport& t) : t_(t), puts_(static_cast<std::size_t>(t.num_ranks())) {}
+  std::vector<std::atomic<std::uint64_t>>& puts() { return puts_; }
+  int rank() const noexcept override { return t_.rank(); }
+  int num_ranks() const noexcept override { return t_.num_ranks(); }
+  const TransportCaps& caps() const noexcept override { return t_.caps(); }
+  void allocate(std::size_t bytes, std::size_t signals) override { t_.allocate(bytes, signals); }
+  std::byte* window() noexcept override { return t_.window(); }
+  std::size_t window_bytes() const noexcept override { return t_.window_bytes(); }
+  void put(int peer, std::size_t off, const void* src, std::size_t bytes, int q) override {
+    if (off >= payload_begin_) ++puts_[static_cast<std::size_t>(peer)];
+    t_.put(peer, off, src, bytes, q);
+  }
+  void put_flagged(int peer, std::size_t off, const void* src, std::size_t bytes, std::uint64_t flag, int q) override {
+    if (off >= payload_begin_) ++puts_[static_cast<std::size_t>(peer)];
+    t_.put_flagged(peer, off, src, bytes, flag, q);
+  }
+  void signal(int peer, std::size_t slot, std::uint64_t v, int q) override { t_.signal(peer, slot, v, q); }
+  void wait_signal(std::size_t slot, std::uint64_t v, const WaitPoint& w) override { t_.wait_signal(slot, v, w); }
+  void wait_flag(std::size_t off, std::uint64_t v, const WaitPoint& w) override { t_.wait_flag(off, v, w); }
+  std::uint64_t read_signal(std::size_t slot) noexcept override { return t_.read_signal(slot); }
+  void quiet(int q) override { t_.quiet(q); }
+  void barrier(const char* phase) override { t_.barrier(phase); }
+  std::chrono::milliseconds timeout() const noexcept override { return t_.timeout(); }
+
+ private:
+  Transport& t_;
+  std::vector<std::atomic<std::uint64_t>> puts_;
+  std::size_t payload_begin_ = ~std::size_t{0};
+};
+
+// Hierarchical: a rank puts only to its own server and to its relays (the same-lane rank
+// of each other server); every other rank of another server gets its rows relayed.
+TEST(DataPlaneConformance, HierarchicalCrossesServersOnlyBetweenSameLanes) {
+  ref::FixtureOptions f = fixture(false, 56);
+  f.num_ranks = 8;
+  f.num_experts = 16;
+  f.num_topk = 4;
+  f.tokens_per_rank = {12, 0, 9, 16, 3, 11, 7, 14};
+  const Expected e = expect(f, true, false);
+  launch({8, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+    PutCounter counted(t);
+    BufferConfig c = config_for(e.p, 2);
+    c.dataplane.schedule = parse_schedule("hierarchical");
+    c.dataplane.topology = "builtin:servers:4";
+    Buffer buffer(counted, c);
+    const int r = t.rank();
+    const auto ur = static_cast<std::size_t>(r);
+    const DispatchResult d = buffer.dispatch(dispatch_args(views_of(e.p, r), e.d));
+    expect_dispatch(r, e.p, e.d, e.out[ur], d);
+    // Rows rank r sends to each server: to its relay there, never to other lanes.
+    std::vector<int> rows_to_server(2, 0);
+    const ref::Layout lay = ref::layout(e.p, r);
+    for (std::int64_t tok = 0; tok < e.p.ranks[ur].num_tokens; ++tok)
+      for (int server = 0; server < 2; ++server)
+        for (int lane = 0; lane < 4; ++lane)
+          if (lay.is_token_in_rank[static_cast<std::size_t>(tok * 8 + server * 4 + lane)]) {
+            ++rows_to_server[static_cast<std::size_t>(server)];
+            break;
+          }
+    for (int peer = 0; peer < 8; ++peer) {
+      const std::uint64_t n = counted.puts()[static_cast<std::size_t>(peer)];
+      const bool other_server = peer / 4 != r / 4, relay = other_server && peer % 4 == r % 4;
+      if (other_server && !relay && n != 0)
+        fail(r, std::to_string(n) + " payload puts straight to rank " + std::to_string(peer) + " of another server");
+      if (relay && (n == 0) != (rows_to_server[static_cast<std::size_t>(peer / 4)] == 0))
+        fail(r, "relay rank " + std::to_string(peer) + " got " + std::to_string(n) + " puts for " +
+                    std::to_string(rows_to_server[static_cast<std::size_t>(peer / 4)]) + " rows");
+    }
+    CombineArgs ca;
+    ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, e.p.hidden});
+    ca.handle = &d.handle;
+    expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e.combined[ur]);
+  });
+}
+
+// Zero-copy output needs contiguous rows; the flag protocol's blocks are not.
+TEST(DataPlaneConformance, FlagProtocolRefusesZeroCopy) {
+  const Expected e = expect(fixture(false, 55), false, false);
+  try {
+    launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      BufferConfig c = config_for(e.p, 1);
+      c.dataplane.protocol = Protocol::kFlag;
+      Buffer buffer(t, c);
+      DispatchArgs a = dispatch_args(views_of(e.p, t.rank()), e.d);
+      a.recv_in_window = true;
+      buffer.dispatch(a);
+    });
+    ADD_FAILURE() << "recv_in_window with the flag protocol was accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kUnsupported) << err.what();
+    EXPECT_NE(std::string(err.what()).find("flag protocol"), std::string::npos) << err.what();
+  }
+}
+
+// Thousands of calls on one buffer, a new routing (and token count) every call, each
+// checked against the reference: stale rows from an earlier call, or a slot overwritten
+// before its reader is done, show up as wrong bits. Calls of the same kind follow each
+// other (two dispatches, then two combines), so every region is rewritten by the very
+// next call that uses it.
+void stress(TransportKind kind, Protocol protocol, int iterations) {
+  std::vector<Expected> rounds;
+  for (int i = 0; i < 16; ++i) {
+    ref::FixtureOptions f = fixture(false, 1000 + static_cast<std::uint64_t>(i));
+    f.hidden = 64;
+    f.tokens_per_rank = {1 + i % 7, (i * 5) % 9, 16 - i % 16, i % 3};
+    rounds.push_back(expect(f, i % 2 == 1, false));
+  }
+  launch({kRanks, kind, std::chrono::milliseconds(30000)}, [&](Transport& t) {
+    const int r = t.rank();
+    const auto ur = static_cast<std::size_t>(r);
+    BufferConfig c = config_for(rounds[0].p, 2);
+    c.max_tokens_per_rank = 16;
+    c.dataplane.protocol = protocol;
+    c.dataplane.queues = 2;
+    c.dataplane.aggregate_bytes = 256;
+    Buffer buffer(t, c);
+    auto dispatch = [&](const Expected& e) {
+      DispatchResult d = buffer.dispatch(dispatch_args(views_of(e.p, r), e.d));
+      expect_dispatch(r, e.p, e.d, e.out[ur], d);
+      return d;
+    };
+    auto combine = [&](const Expected& e, const DispatchResult& d) {
+      CombineArgs ca;
+      ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, e.p.hidden});
+      ca.handle = &d.handle;
+      expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e.combined[ur]);
+    };
+    for (int i = 0; i < iterations; ++i) {
+      const Expected& a = rounds[static_cast<std::size_t>(i * 7 % 16)];
+      const Expected& b = rounds[static_cast<std::size_t>((i * 7 + 3) % 16)];
+      const DispatchResult da = dispatch(a);
+      const DispatchResult db = dispatch(b);
+      combine(b, db);
+      combine(a, da);
+    }
+  });
+}
+
+TEST(DataPlaneStress, threads_ExplicitReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kExplicit, 1000); }
+TEST(DataPlaneStress, threads_TailReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kTail, 1000); }
+TEST(DataPlaneStress, threads_FlagReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kFlag, 1000); }
+TEST(DataPlaneStress, shm_FlagReusesSlotsSafely) { stress(TransportKind::kShm, Protocol::kFlag, 1000); }
+
+}  // namespace
+}  // namespace epx::testing
