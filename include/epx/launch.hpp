@@ -3,6 +3,9 @@
 //   epx::launch({.num_ranks = 8}, [](epx::Transport& t) { ... this runs on every rank ... });
 //
 // `threads`: ranks are threads of this process (fast tests, ThreadSanitizer).
+// `sim`: like `threads`, and every transport operation is recorded for the discrete-event
+// model of `epx sim` (epx/sim_trace.hpp); LaunchOptions::sim picks copy or model-only mode
+// and where the records go.
 // `shm` (default): ranks are P forked processes; each rank's window is a POSIX
 // shared-memory segment (mode 0600, per-job unique name, unlinked as soon as every rank
 // mapped it). launch() is called by one thread of a single-threaded process; it returns
@@ -15,13 +18,14 @@
 #include <functional>
 #include <string_view>
 
+#include "epx/sim_trace.hpp"
 #include "epx/transport.hpp"
 
 namespace epx {
 
-enum class TransportKind { kThreads, kShm };
+enum class TransportKind { kThreads, kShm, kSim };
 
-/// "threads" | "shm"; throws kInvalidArgument naming the accepted values otherwise.
+/// "threads" | "shm" | "sim"; throws kInvalidArgument naming the accepted values otherwise.
 TransportKind parse_transport_kind(std::string_view name);
 const char* to_string(TransportKind kind) noexcept;
 
@@ -29,6 +33,7 @@ struct LaunchOptions {
   int num_ranks = 1;                             ///< P >= 1
   TransportKind transport = TransportKind::kShm;
   std::chrono::milliseconds timeout{60000};      ///< every wait of every rank
+  sim::SimTransportOptions sim{};                ///< kSim only: mode and trace sink
 };
 
 /// The function every rank runs. It may throw: the exception becomes the launch's error

@@ -22,6 +22,7 @@
 #include "control_block.hpp"
 #include "epx/error.hpp"
 #include "shm/shm_transport.hpp"
+#include "sim/sim_transport.hpp"
 #include "threads/threads_transport.hpp"
 
 namespace epx {
@@ -29,12 +30,18 @@ namespace epx {
 TransportKind parse_transport_kind(std::string_view name) {
   if (name == "threads") return TransportKind::kThreads;
   if (name == "shm") return TransportKind::kShm;
+  if (name == "sim") return TransportKind::kSim;
   throw Error(ErrorCode::kInvalidArgument,
-              "unknown transport '" + std::string(name) + "' (expected 'shm' or 'threads')");
+              "unknown transport '" + std::string(name) + "' (expected 'shm', 'threads' or 'sim')");
 }
 
 const char* to_string(TransportKind kind) noexcept {
-  return kind == TransportKind::kThreads ? "threads" : "shm";
+  switch (kind) {
+    case TransportKind::kThreads: return "threads";
+    case TransportKind::kShm: return "shm";
+    case TransportKind::kSim: return "sim";
+  }
+  return "?";
 }
 
 namespace {
@@ -95,6 +102,35 @@ void launch_threads(const LaunchOptions& opt, const RankFn& fn) {
   for (auto& t : threads) t.join();
   detail::ThreadsTransport::free_all(control);
   throw_if_failed(control);
+}
+
+void launch_sim(const LaunchOptions& opt, const RankFn& fn) {
+  const std::size_t bytes = ControlBlock::bytes_for(opt.num_ranks);
+  std::unique_ptr<std::byte[]> memory(new std::byte[bytes]);
+  ControlBlock* control = ControlBlock::create(memory.get(), opt.num_ranks, new_job_id());
+  detail::SimShared shared(opt.num_ranks);
+  std::vector<sim::RankTrace> traces(static_cast<std::size_t>(opt.num_ranks));
+  std::vector<std::vector<std::string>> calls(static_cast<std::size_t>(opt.num_ranks));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(opt.num_ranks));
+  for (int r = 0; r < opt.num_ranks; ++r) {
+    threads.emplace_back([&, r] {
+      detail::SimTransport transport(control, r, opt.timeout, &shared, opt.sim);
+      run_rank(control, r, transport, fn);
+      if (opt.sim.trace != nullptr) {
+        traces[static_cast<std::size_t>(r)] = transport.take_trace();
+        calls[static_cast<std::size_t>(r)] = transport.call_names();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  detail::SimTransport::free_all(control, shared);
+  throw_if_failed(control);
+  if (opt.sim.trace != nullptr) {
+    opt.sim.trace->num_ranks = opt.num_ranks;
+    opt.sim.trace->ranks = std::move(traces);
+    opt.sim.trace->calls = calls.empty() ? std::vector<std::string>{"setup"} : calls[0];
+  }
 }
 
 volatile std::sig_atomic_t g_interrupted = 0;
@@ -209,6 +245,8 @@ void launch(const LaunchOptions& options, const RankFn& fn) {
     throw Error(ErrorCode::kInvalidArgument, "launch: num_ranks must be >= 1, got " + std::to_string(options.num_ranks));
   if (options.transport == TransportKind::kThreads)
     launch_threads(options, fn);
+  else if (options.transport == TransportKind::kSim)
+    launch_sim(options, fn);
   else
     launch_processes(options, fn);
 }

@@ -137,7 +137,7 @@ TEST_P(DataPlaneConformance, MatchesReferenceBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryCombination, DataPlaneConformance,
-                         ::testing::Combine(::testing::ValuesIn(kTransports), ::testing::ValuesIn(combos())),
+                         ::testing::Combine(::testing::ValuesIn(kDataTransports), ::testing::ValuesIn(combos())),
                          [](const auto& info) {
                            return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name();
                          });

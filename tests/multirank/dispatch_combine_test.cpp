@@ -193,7 +193,7 @@ TEST_P(DispatchCombine, MatchesReferenceBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, DispatchCombine,
-                         ::testing::Combine(::testing::ValuesIn(kTransports), ::testing::ValuesIn(cases())),
+                         ::testing::Combine(::testing::ValuesIn(kDataTransports), ::testing::ValuesIn(cases())),
                          [](const auto& info) {
                            return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
                          });

@@ -18,6 +18,8 @@
 namespace epx::testing {
 
 inline const std::vector<TransportKind> kTransports = {TransportKind::kThreads, TransportKind::kShm};
+/// The conformance suites also run on the simulator transport in copy mode (bit-exact).
+inline const std::vector<TransportKind> kDataTransports = {TransportKind::kThreads, TransportKind::kShm, TransportKind::kSim};
 
 /// The rank's inputs of a reference problem, as the views dispatch takes.
 struct RankViews {

@@ -1,0 +1,57 @@
+// epx/sim.hpp — replaying a recorded trace (epx/sim_trace.hpp) through the discrete-event
+// model of a machine (epx/sim_hardware.hpp) to get simulated times.
+//
+// Each collective call is replayed on its own, every rank starting at time 0 (the ranks
+// are aligned at a call's start, as a benchmark's barrier aligns them). docs/sim.md states
+// the model: streams, queues, ports, memory, signals, and how a rank's time is split.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epx/sim_hardware.hpp"
+#include "epx/sim_trace.hpp"
+#include "epx/sim_units.hpp"
+
+namespace epx::sim {
+
+/// Work of one rank in one call that is not a transport operation, charged by the model
+/// from the shape (the runner fills it from the routing).
+struct RankCompute {
+  std::uint64_t plan_slots = 0;   ///< (token, k) slots the route plan scans (fresh dispatch)
+  std::uint64_t plan_counts = 0;  ///< counts the prefix sums read (P x (P+E), fresh dispatch)
+  std::uint64_t dense_cells = 0;  ///< cells of a dense [S, P] route scan (0: compact plan)
+  /// Memory read at the sender per payload byte it sends (1 = the row itself; a combine
+  /// that sums several slot rows into one partial reads and stages more).
+  double read_per_payload_byte = 1.0;
+  /// Payload bytes are multiplied by this (runs at a reduced hidden size: H / H_run).
+  double payload_scale = 1.0;
+  /// Experiment knob: charged once at the call's end on the rank thread (e.g. a modelled
+  /// per-group credit exchange or a global barrier that the engine does not issue).
+  Picoseconds extra_sync{0};
+};
+
+/// Where one rank's time in a call went (rank thread's view; sums to `total`).
+struct RankTiming {
+  Picoseconds total{0};    ///< the rank's last operation completes
+  Picoseconds control{0};  ///< launch + planning + issuing puts/signals
+  Picoseconds data{0};     ///< waiting for payload to drain or arrive
+  Picoseconds sync{0};     ///< quiet latency, barriers, waits for control-only signals
+  std::uint64_t puts = 0;            ///< puts issued (all streams)
+  std::uint64_t payload_bytes = 0;   ///< payload bytes sent (scaled)
+  std::uint64_t remote_bytes = 0;    ///< all bytes sent to other ranks (scaled)
+};
+
+struct CallTiming {
+  std::string name;
+  std::vector<RankTiming> ranks;
+  Picoseconds max_rank{0};
+  std::uint64_t events = 0;  ///< discrete events processed
+};
+
+/// Replays call `call` of `trace`. `compute` is per rank (empty: nothing charged).
+/// Throws epx::Error(kInternal) if the trace cannot complete (a wait nobody signals).
+CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute);
+
+}  // namespace epx::sim

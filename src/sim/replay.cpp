@@ -1,0 +1,505 @@
+// The discrete-event replay of one call. Per rank: its streams (rank thread + workers)
+// execute their recorded ops in order; each queue is a FIFO work-request processor; the
+// egress port, the ingress port and the memory are FIFO servers that move data in chunks,
+// so incast and contention emerge from the queueing. See docs/sim.md.
+#include <algorithm>
+#include <deque>
+#include <set>
+#include <unordered_map>
+#include <variant>
+
+#include "epx/error.hpp"
+#include "epx/sim.hpp"
+#include "epx/sim_events.hpp"
+
+namespace epx::sim {
+
+namespace {
+
+// ---- events -----------------------------------------------------------------------------
+struct RunStream { std::uint32_t stream; };         // a stream executes its next op(s)
+struct IngressArrive { std::uint32_t record; std::uint32_t bytes; bool last; };
+struct MemoryArrive { std::uint32_t record; std::uint32_t bytes; bool last; };
+struct RecordDone { std::uint32_t record; };        // landed in the target's memory
+struct Deliver { std::int32_t rank; std::uint64_t key; std::uint64_t value; bool flag; bool after_payload; };
+struct BarrierRelease {};
+using Event = std::variant<RunStream, IngressArrive, MemoryArrive, RecordDone, Deliver,
+                           BarrierRelease>;
+
+// Memory of a rank: a fluid server. Time is cut into 1 us buckets, each holding
+// bandwidth x 1 us bytes; a request fills free capacity from its arrival on. Unlike a FIFO
+// pointer, a read booked for later (paced with the egress port) leaves the capacity before
+// it usable by incoming writes, so reads and writes share the bandwidth.
+class FluidServer {
+ public:
+  static constexpr std::int64_t kBucketPs = 1000000;
+  void set_rate(GBps rate) { bytes_per_ps_ = rate.gbps / 1000.0; }
+  /// Completion time of `bytes` arriving at `t`.
+  Picoseconds serve(Picoseconds t, std::uint64_t bytes) {
+    if (bytes_per_ps_ <= 0 || bytes == 0) return t;
+    const double cap = bytes_per_ps_ * kBucketPs;
+    double left = static_cast<double>(bytes);
+    std::int64_t cursor = t.ps;
+    for (;;) {
+      const auto b = static_cast<std::size_t>(cursor / kBucketPs);
+      if (used_.size() <= b) used_.resize(b + 1024, 0.0);
+      const std::int64_t end = static_cast<std::int64_t>(b + 1) * kBucketPs;
+      const double room = std::min(cap - used_[b], static_cast<double>(end - cursor) * bytes_per_ps_);
+      if (room > 0) {
+        const double take = std::min(room, left);
+        used_[b] += take;
+        left -= take;
+        if (left <= 0) {
+          const auto start = static_cast<std::int64_t>(b) * kBucketPs;
+          const auto fill = start + static_cast<std::int64_t>(used_[b] / bytes_per_ps_);
+          return Picoseconds{std::max(cursor + static_cast<std::int64_t>(take / bytes_per_ps_), std::min(fill, end))};
+        }
+      }
+      cursor = end;
+    }
+  }
+
+ private:
+  double bytes_per_ps_ = 0;
+  std::vector<double> used_;
+};
+
+enum class Block { kNone, kQuiet, kWait, kDep, kBarrier, kDone };
+
+struct PendingSignal {
+  std::uint64_t watermark;  // every record of the queue with seq <= watermark must be done
+  std::int32_t peer;
+  std::uint64_t slot, value;
+  Picoseconds ready;
+  bool after_payload;
+};
+
+struct Stream {
+  int rank = 0;
+  std::vector<const TraceOp*> ops;
+  std::size_t pos = 0;
+  Block block = Block::kNone;
+  int block_queue = 0;
+  std::uint64_t block_dep = 0;
+  Picoseconds block_start{0};
+  bool payload_issued = false;
+  Picoseconds end{0};
+  std::vector<std::uint64_t> issued;                // per queue: records issued
+  std::vector<std::set<std::uint64_t>> incomplete;  // per queue: seqs not landed yet
+  std::vector<std::deque<PendingSignal>> pending;   // per queue: ordered signals held back
+  std::vector<int> last_peer;                       // per queue: peer of the last record
+  Picoseconds control{0}, data{0}, sync{0};
+};
+
+struct Record {
+  std::uint32_t stream;
+  std::int32_t src, peer;
+  std::int16_t queue;
+  std::uint64_t seq;
+  std::uint64_t bytes;
+  std::uint64_t pre_mem;
+  bool flagged;
+  std::uint64_t flag_key, flag_value;
+};
+
+struct Waiter {
+  std::uint32_t stream;
+  std::uint64_t at_least;
+};
+
+struct Rank {
+  std::vector<Picoseconds> queue_free;
+  Picoseconds egress_free{0}, ingress_free{0};
+  FluidServer memory;
+  std::unordered_map<std::uint64_t, std::uint64_t> slots, flags;
+  std::unordered_map<std::uint64_t, std::vector<Waiter>> slot_waiters, flag_waiters;
+  std::unordered_map<std::uint64_t, Picoseconds> main_wait_done;  // wait_index -> completion
+  std::unordered_map<std::uint64_t, std::vector<std::uint32_t>> dep_waiters;
+  std::vector<std::uint32_t> streams;
+  int parallel = 1;  // hardware workers behind each recorded stream
+  RankTiming timing;
+};
+
+constexpr int kQueues = 64;
+
+class Replay {
+ public:
+  Replay(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute)
+      : hw_(hw), P_(trace.num_ranks), compute_(compute) {
+    ranks_.resize(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      Rank& rk = ranks_[static_cast<std::size_t>(r)];
+      rk.queue_free.assign(kQueues, Picoseconds{0});
+      rk.memory.set_rate(hw.memory_bandwidth);
+      const RankTrace& rt = trace.ranks[static_cast<std::size_t>(r)];
+      int active = 0;
+      for (std::size_t s = 0; s < rt.streams.size(); ++s) {
+        Stream st;
+        st.rank = r;
+        for (const TraceOp& op : rt.streams[s].ops)
+          if (op.call == static_cast<std::uint32_t>(call)) st.ops.push_back(&op);
+        if (s != 0 && st.ops.empty()) continue;
+        if (!st.ops.empty()) ++active;
+        st.issued.assign(kQueues, 0);
+        st.incomplete.resize(kQueues);
+        st.pending.resize(kQueues);
+        st.last_peer.assign(kQueues, r);
+        rk.streams.push_back(static_cast<std::uint32_t>(streams_.size()));
+        streams_.push_back(std::move(st));
+      }
+      rk.parallel = std::max(1, hw_.workers_per_rank / std::max(1, active));
+    }
+  }
+
+  CallTiming run() {
+    const Picoseconds launch = hw_.launch_init.to_ps();
+    for (int r = 0; r < P_; ++r) {
+      const Rank& rk = ranks_[static_cast<std::size_t>(r)];
+      const RankCompute c = compute_of(r);
+      const Picoseconds plan = Nanoseconds{hw_.plan_per_slot.ns * static_cast<double>(c.plan_slots) +
+                                           hw_.plan_per_count.ns * static_cast<double>(c.plan_counts) +
+                                           hw_.dense_scan_per_cell.ns * static_cast<double>(c.dense_cells)}
+                                   .to_ps();
+      for (std::size_t i = 0; i < rk.streams.size(); ++i) {
+        Stream& s = streams_[rk.streams[i]];
+        const Picoseconds start = i == 0 ? launch + plan : launch;
+        if (i == 0) s.control = start;
+        q_.schedule(start, RunStream{rk.streams[i]});
+      }
+    }
+    q_.run([&](Picoseconds now, Event& e) { std::visit([&](auto& ev) { handle(now, ev); }, e); });
+
+    CallTiming out;
+    out.events = q_.processed();
+    out.ranks.resize(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) {
+      Rank& rk = ranks_[static_cast<std::size_t>(r)];
+      RankTiming& t = rk.timing;
+      Picoseconds end{0};
+      for (std::uint32_t si : rk.streams) {
+        Stream& s = streams_[si];
+        if (s.block != Block::kDone)
+          throw Error(ErrorCode::kInternal, "sim replay: rank " + std::to_string(r) + " stream blocked forever at op " +
+                                                std::to_string(s.pos) + " (" + to_string(s.ops[s.pos]->kind) + ")");
+        end = max(end, s.end);
+      }
+      const Stream& main = streams_[rk.streams[0]];
+      t.control = main.control;
+      t.data = main.data;
+      t.sync = main.sync;
+      const Picoseconds extra = compute_of(r).extra_sync;
+      t.sync += extra;
+      end += extra;
+      t.total = end;
+      const Picoseconds accounted = t.control + t.data + t.sync;
+      if (accounted < t.total) t.data += t.total - accounted;  // workers running past the rank thread
+      out.ranks[static_cast<std::size_t>(r)] = t;
+      out.max_rank = max(out.max_rank, t.total);
+    }
+    return out;
+  }
+
+ private:
+  RankCompute compute_of(int r) const {
+    return compute_.empty() ? RankCompute{} : compute_[static_cast<std::size_t>(r)];
+  }
+  Rank& rank(int r) { return ranks_[static_cast<std::size_t>(r)]; }
+
+  // ---- streams ----
+  void handle(Picoseconds now, RunStream& ev) { step(ev.stream, now); }
+
+  void finish_wait(std::uint32_t si, Picoseconds resume, bool payload) {
+    Stream& s = streams_[si];
+    const Picoseconds blocked = resume - s.block_start;
+    (payload ? s.data : s.sync) += blocked;
+    const TraceOp& op = *s.ops[s.pos];
+    s.block = Block::kNone;
+    ++s.pos;
+    if (op.wait_index > 0) main_wait_done(s.rank, op.wait_index, resume);
+    q_.schedule(resume, RunStream{si});
+  }
+
+  void main_wait_done(int r, std::uint64_t index, Picoseconds t) {
+    Rank& rk = rank(r);
+    rk.main_wait_done[index] = t;
+    auto it = rk.dep_waiters.find(index);
+    if (it == rk.dep_waiters.end()) return;
+    for (std::uint32_t si : it->second) {
+      Stream& w = streams_[si];
+      w.block = Block::kNone;
+      ++w.pos;
+      q_.schedule(t, RunStream{si});
+    }
+    rk.dep_waiters.erase(it);
+  }
+
+  void step(std::uint32_t si, Picoseconds now) {
+    Stream& s = streams_[si];
+    Rank& rk = rank(s.rank);
+    const RankCompute comp = compute_of(s.rank);
+    while (true) {
+      if (s.pos >= s.ops.size()) {
+        s.block = Block::kDone;
+        s.end = now;
+        return;
+      }
+      const TraceOp& op = *s.ops[s.pos];
+      const auto q = static_cast<std::size_t>(op.queue);
+      switch (op.kind) {
+        case OpKind::kAfterMainWait: {
+          if (op.key == 0) {
+            ++s.pos;
+            continue;
+          }
+          auto it = rk.main_wait_done.find(op.key);
+          if (it != rk.main_wait_done.end()) {
+            ++s.pos;
+            if (it->second > now) {
+              q_.schedule(it->second, RunStream{si});
+              return;
+            }
+            continue;
+          }
+          if (!main_has_wait(s.rank, op.key)) {  // the fork point lies in an earlier call
+            ++s.pos;
+            continue;
+          }
+          s.block = Block::kDep;
+          rk.dep_waiters[op.key].push_back(si);
+          return;
+        }
+        case OpKind::kPut:
+        case OpKind::kPutFlagged: {
+          const Picoseconds cost =
+              hw_.doorbell.to_ps() + Nanoseconds{hw_.put_issue.ns * static_cast<double>(op.count) / rk.parallel}.to_ps();
+          const Picoseconds t_end = now + cost;
+          s.control += cost;
+          Picoseconds& qf = rk.queue_free[q];
+          qf = max(now, qf) + Nanoseconds{hw_.queue_wr_time.ns * static_cast<double>(op.count)}.to_ps();
+          const Picoseconds ready = max(qf, t_end);
+          const auto payload = static_cast<std::uint64_t>(static_cast<double>(op.payload_bytes) * comp.payload_scale);
+          Record rec{};
+          rec.stream = si;
+          rec.src = s.rank;
+          rec.peer = op.peer;
+          rec.queue = op.queue;
+          rec.seq = ++s.issued[q];
+          rec.bytes = op.bytes - op.payload_bytes + payload;
+          rec.pre_mem = static_cast<std::uint64_t>(static_cast<double>(payload) * comp.read_per_payload_byte);
+          rec.flagged = op.kind == OpKind::kPutFlagged;
+          rec.flag_key = op.key;
+          rec.flag_value = op.value;
+          s.incomplete[q].insert(rec.seq);
+          s.last_peer[q] = op.peer;
+          if (payload > 0) s.payload_issued = true;
+          rk.timing.puts += op.count;
+          rk.timing.payload_bytes += payload;
+          if (op.peer != s.rank) rk.timing.remote_bytes += rec.bytes;
+          records_.push_back(rec);
+          launch_record(static_cast<std::uint32_t>(records_.size() - 1), now, ready);
+          ++s.pos;
+          q_.schedule(t_end, RunStream{si});
+          return;
+        }
+        case OpKind::kSignal: {
+          const Picoseconds cost = hw_.signal_issue.to_ps();
+          const Picoseconds t_end = now + cost;
+          s.control += cost;
+          Picoseconds& qf = rk.queue_free[q];
+          qf = max(now, qf) + hw_.queue_wr_time.to_ps();
+          const Picoseconds ready = max(qf, t_end);
+          if (s.incomplete[q].empty())
+            q_.schedule(ready + hw_.latency(s.rank, op.peer), Deliver{op.peer, op.key, op.value, false, s.payload_issued});
+          else
+            s.pending[q].push_back({s.issued[q], op.peer, op.key, op.value, ready, s.payload_issued});
+          ++s.pos;
+          q_.schedule(t_end, RunStream{si});
+          return;
+        }
+        case OpKind::kQuiet: {
+          // A quiet in the middle of a put loop (the next op is a put: a staging buffer is
+          // reused) stalls only one of the hardware workers this stream stands for; the
+          // others keep issuing, so with parallel > 1 it costs its latency share only.
+          const bool staging = rk.parallel > 1 && s.pos + 1 < s.ops.size() &&
+                               (s.ops[s.pos + 1]->kind == OpKind::kPut || s.ops[s.pos + 1]->kind == OpKind::kPutFlagged);
+          if (staging) {
+            const Picoseconds t = now + Picoseconds{hw_.quiet_latency.to_ps().ps / rk.parallel};
+            s.sync += t - now;
+            ++s.pos;
+            q_.schedule(t, RunStream{si});
+            return;
+          }
+          if (s.incomplete[q].empty()) {
+            const Picoseconds t = now + hw_.quiet_latency.to_ps();
+            s.sync += hw_.quiet_latency.to_ps();
+            ++s.pos;
+            q_.schedule(t, RunStream{si});
+            return;
+          }
+          s.block = Block::kQuiet;
+          s.block_queue = op.queue;
+          s.block_start = now;
+          return;
+        }
+        case OpKind::kWaitSignal:
+        case OpKind::kWaitFlag: {
+          const bool flag = op.kind == OpKind::kWaitFlag;
+          auto& values = flag ? rk.flags : rk.slots;
+          auto it = values.find(op.key);
+          if (it != values.end() && it->second >= op.value) {
+            ++s.pos;
+            if (op.wait_index > 0) main_wait_done(s.rank, op.wait_index, now);
+            continue;
+          }
+          s.block = Block::kWait;
+          s.block_start = now;
+          (flag ? rk.flag_waiters : rk.slot_waiters)[op.key].push_back({si, op.value});
+          return;
+        }
+        case OpKind::kBarrier: {
+          s.block = Block::kBarrier;
+          s.block_start = now;
+          barrier_waiting_.push_back(si);
+          barrier_latest_ = max(barrier_latest_, now);
+          if (static_cast<int>(barrier_waiting_.size()) == P_)
+            q_.schedule(barrier_latest_ + hw_.barrier_cost(P_), BarrierRelease{});
+          return;
+        }
+      }
+    }
+  }
+
+  bool main_has_wait(int r, std::uint64_t index) {
+    const Stream& m = streams_[rank(r).streams[0]];
+    for (const TraceOp* op : m.ops)
+      if (op->wait_index == index) return true;
+    return false;
+  }
+
+  void handle(Picoseconds now, BarrierRelease&) {
+    for (std::uint32_t si : barrier_waiting_) finish_wait(si, now, false);
+    barrier_waiting_.clear();
+    barrier_latest_ = Picoseconds{0};
+  }
+
+  // ---- data path ----
+  // Chunk c of a record becomes available as the record's work requests are processed
+  // (progressively over [issue, ready]); the sender reads it from memory (paced with its
+  // egress port: no earlier than the port needs it), the egress port sends it, and after
+  // the latency it queues at the target's ingress port and memory.
+  void launch_record(std::uint32_t id, Picoseconds now, Picoseconds ready) {
+    const Record& rec = records_[id];
+    Rank& src = rank(rec.src);
+    const std::uint64_t chunk = hw_.chunk_bytes.n;
+    const std::uint64_t n = std::max<std::uint64_t>(1, (rec.bytes + chunk - 1) / chunk);
+    const Picoseconds lat = hw_.latency(rec.src, rec.peer);
+    std::uint64_t left = rec.bytes;
+    for (std::uint64_t c = 0; c < n; ++c) {
+      const std::uint64_t size = std::min(left, chunk);
+      left -= size;
+      const bool last = c + 1 == n;
+      const Picoseconds avail = now + Picoseconds{(ready - now).ps * static_cast<std::int64_t>(c + 1) / static_cast<std::int64_t>(n)};
+      const std::uint64_t read =
+          rec.bytes > 0 ? static_cast<std::uint64_t>(static_cast<double>(rec.pre_mem) * static_cast<double>(size) / static_cast<double>(rec.bytes)) : 0;
+      if (rec.peer == rec.src) {  // local: read + write through this rank's memory
+        const Picoseconds done = src.memory.serve(avail, read + size);
+        if (last) q_.schedule(done + hw_.local_latency.to_ps(), RecordDone{id});
+        continue;
+      }
+      const Picoseconds wire = hw_.link_bandwidth.time_for(Bytes{size});
+      Picoseconds send = avail;
+      if (read > 0) {
+        send = src.memory.serve(max(avail, src.egress_free - wire), read);
+      }
+      src.egress_free = max(send, src.egress_free) + wire;
+      q_.schedule(src.egress_free + lat, IngressArrive{id, static_cast<std::uint32_t>(size), last});
+    }
+  }
+
+  void handle(Picoseconds now, IngressArrive& ev) {
+    Rank& dst = rank(records_[ev.record].peer);
+    dst.ingress_free = max(now, dst.ingress_free) + hw_.link_bandwidth.time_for(Bytes{ev.bytes});
+    q_.schedule(dst.ingress_free, MemoryArrive{ev.record, ev.bytes, ev.last});
+  }
+
+  void handle(Picoseconds now, MemoryArrive& ev) {
+    Rank& dst = rank(records_[ev.record].peer);
+    const Picoseconds done = dst.memory.serve(now, ev.bytes);
+    if (ev.last) q_.schedule(done, RecordDone{ev.record});
+  }
+
+  void handle(Picoseconds now, RecordDone& ev) {
+    const Record rec = records_[ev.record];
+    Stream& s = streams_[rec.stream];
+    const auto q = static_cast<std::size_t>(rec.queue);
+    if (rec.flagged) {
+      Deliver d{rec.peer, rec.flag_key, rec.flag_value, true, true};
+      handle(now, d);
+    }
+    s.incomplete[q].erase(rec.seq);
+    const std::uint64_t oldest = s.incomplete[q].empty() ? ~std::uint64_t{0} : *s.incomplete[q].begin();
+    while (!s.pending[q].empty() && s.pending[q].front().watermark < oldest) {
+      const PendingSignal p = s.pending[q].front();
+      s.pending[q].pop_front();
+      // An ordered signal travels behind the data on the same path.
+      q_.schedule(max(now, p.ready + hw_.latency(rec.src, p.peer)), Deliver{p.peer, p.slot, p.value, false, p.after_payload});
+    }
+    if (s.block == Block::kQuiet && static_cast<std::size_t>(s.block_queue) == q && s.incomplete[q].empty()) {
+      // The completion travels back to the sender, then quiet returns.
+      const Picoseconds ack = hw_.latency(rec.peer, rec.src);
+      const Picoseconds resume = now + ack + hw_.quiet_latency.to_ps();
+      const Picoseconds drained = now + ack;
+      (s.payload_issued ? s.data : s.sync) += drained - s.block_start;
+      s.sync += hw_.quiet_latency.to_ps();
+      s.block = Block::kNone;
+      ++s.pos;
+      q_.schedule(resume, RunStream{rec.stream});
+    }
+  }
+
+  void handle(Picoseconds now, Deliver& ev) {
+    Rank& rk = rank(ev.rank);
+    auto& values = ev.flag ? rk.flags : rk.slots;
+    std::uint64_t& v = values[ev.key];
+    v = std::max(v, ev.value);
+    auto& waiters = ev.flag ? rk.flag_waiters : rk.slot_waiters;
+    auto it = waiters.find(ev.key);
+    if (it == waiters.end()) return;
+    std::vector<Waiter>& list = it->second;
+    for (std::size_t i = 0; i < list.size();) {
+      if (list[i].at_least <= v) {
+        finish_wait(list[i].stream, now + hw_.poll_latency.to_ps(), ev.after_payload);
+        list[i] = list.back();
+        list.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    if (list.empty()) waiters.erase(it);
+  }
+
+  const HardwareModel& hw_;
+  int P_;
+  const std::vector<RankCompute>& compute_;
+  std::vector<Rank> ranks_;
+  std::vector<Stream> streams_;
+  std::vector<Record> records_;
+  std::vector<std::uint32_t> barrier_waiting_;
+  Picoseconds barrier_latest_{0};
+  EventQueue<Event> q_;
+};
+
+}  // namespace
+
+CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute) {
+  if (call < 0 || call >= static_cast<int>(trace.calls.size()))
+    throw Error(ErrorCode::kInvalidArgument, "sim replay: no call " + std::to_string(call) + " in the trace");
+  if (!compute.empty() && static_cast<int>(compute.size()) != trace.num_ranks)
+    throw Error(ErrorCode::kInvalidArgument, "sim replay: compute must have one entry per rank");
+  Replay replay(trace, call, hw, compute);
+  CallTiming t = replay.run();
+  t.name = trace.calls[static_cast<std::size_t>(call)];
+  return t;
+}
+
+}  // namespace epx::sim

@@ -1,0 +1,90 @@
+// `epx sim` runs: the real epx::Buffer on sim-transport ranks (one dispatch, one combine),
+// then the recorded trace replayed through the hardware model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epx/sim.hpp"
+#include "epx/sim_hardware.hpp"
+#include "epx/sim_trace.hpp"
+
+namespace epx::tools {
+
+struct SimOptions {
+  std::string hardware = "ascend950-supernode";
+  std::string topology = "auto";  ///< auto: builtin:supernode128 at 128 ranks, else builtin:servers:8 (or flat)
+  std::vector<int> ep = {8, 16, 32, 64, 128};
+  // The calibration shape (Ascend 950DT notes).
+  std::int64_t tokens = 16384;
+  int hidden = 7168;
+  int topk = 6;
+  int experts = 256;
+  bool fp8 = true;
+  int alignment = 128;
+  std::string layout = "expanded";
+  std::uint64_t seed = 1;
+  // Data plane (BufferConfig::dataplane).
+  std::string schedule = "rotated";
+  int queues = 1;
+  std::string queue_split = "rr";
+  std::int64_t aggregate = std::int64_t{1} << 20;
+  std::string protocol = "explicit";
+  // How the engine runs.
+  int workers = 1;       ///< engine workers per rank (the model spreads them over the hardware's)
+  int run_hidden = 0;    ///< 0 = auto: H in model-only mode, else 128 with payload scaled by H/128
+  // Model-only knobs (what the engine does not do itself; experiments).
+  bool dense_scan = false;        ///< charge a dense [S, P] route scan instead of the compact plan
+  std::string sync = "none";      ///< none | barrier (global barrier per call) | credits:W (per-group)
+  bool progress = true;
+  std::string json, svg;
+};
+
+/// One EP size's engine run: the trace and what the model charges besides it.
+struct SimRun {
+  int ep = 0;
+  sim::Trace trace;
+  int dispatch_call = 1, combine_call = 2;
+  std::vector<sim::RankCompute> dispatch_compute, combine_compute;
+  std::vector<std::int64_t> recv_rows;  ///< [P] compact rows received in dispatch
+  double dispatch_row_bytes = 0;        ///< logical bytes per received token (x + scales + idx + weights)
+  double combine_row_bytes = 0;         ///< logical bytes per combined token (bf16 x)
+  bool model_only = false;
+  int run_hidden = 0;
+  double engine_seconds = 0;
+};
+
+struct Split {
+  double data_us = 0, control_us = 0, sync_us = 0, tail_us = 0;
+};
+
+struct SimPoint {
+  int ep = 0;
+  double dispatch_gbps = 0, dispatch_gbps_slowest = 0, combine_gbps = 0, combine_gbps_slowest = 0;
+  double dispatch_us = 0, combine_us = 0;  ///< max-rank latency
+  Split dispatch_split, combine_split;     ///< averages over ranks
+  double engine_seconds = 0, replay_seconds = 0;
+  std::uint64_t events = 0;
+  bool model_only = false;
+  int run_hidden = 0;
+};
+
+/// Whether the engine announces its payload region and skips payload loops on a
+/// model-only transport (probed once with one rank).
+bool engine_supports_model_only();
+
+void validate_sim_options(const SimOptions& o);
+/// Runs the engine on `ep` sim ranks.
+SimRun collect_run(const SimOptions& o, int ep);
+/// Replays a run with a hardware model.
+SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o);
+/// collect + evaluate for every o.ep, with progress on stderr.
+std::vector<SimPoint> simulate(const SimOptions& o, const sim::HardwareModel& hw);
+
+/// Output helpers.
+std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareModel& hw);
+std::string sim_json(const std::vector<SimPoint>& points);
+std::string sim_svg(const std::vector<SimPoint>& points, const sim::HardwareModel& hw);
+
+}  // namespace epx::tools

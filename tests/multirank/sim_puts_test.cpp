@@ -1,0 +1,137 @@
+// The simulator transport sees exactly the puts the threads transport carries for the same
+// plan: count and bytes per (rank, peer, queue), for fresh dispatch and combine.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+
+#include "epx/launch.hpp"
+#include "epx/sim_trace.hpp"
+#include "multirank_support.hpp"
+
+namespace epx::testing {
+namespace {
+
+/// Forwards to a transport and counts its puts per (peer, queue).
+class CountingTransport : public Transport {
+ public:
+  explicit CountingTransport(Transport& t) : t_(t) {}
+  int rank() const noexcept override { return t_.rank(); }
+  int num_ranks() const noexcept override { return t_.num_ranks(); }
+  const TransportCaps& caps() const noexcept override { return t_.caps(); }
+  void allocate(std::size_t w, std::size_t s) override { t_.allocate(w, s); }
+  std::byte* window() noexcept override { return t_.window(); }
+  std::size_t window_bytes() const noexcept override { return t_.window_bytes(); }
+  void put(int peer, std::size_t off, const void* src, std::size_t bytes, int queue) override {
+    count(peer, queue, bytes);
+    t_.put(peer, off, src, bytes, queue);
+  }
+  void signal(int peer, std::size_t slot, std::uint64_t v, int queue) override { t_.signal(peer, slot, v, queue); }
+  void wait_signal(std::size_t slot, std::uint64_t v, const WaitPoint& w) override { t_.wait_signal(slot, v, w); }
+  std::uint64_t read_signal(std::size_t slot) noexcept override { return t_.read_signal(slot); }
+  void put_flagged(int peer, std::size_t off, const void* src, std::size_t bytes, std::uint64_t flag, int queue) override {
+    count(peer, queue, bytes);
+    t_.put_flagged(peer, off, src, bytes, flag, queue);
+  }
+  void wait_flag(std::size_t off, std::uint64_t v, const WaitPoint& w) override { t_.wait_flag(off, v, w); }
+  void set_payload_region(std::size_t b, std::size_t e) override { t_.set_payload_region(b, e); }
+  void quiet(int queue) override { t_.quiet(queue); }
+  void barrier(const char* phase) override { t_.barrier(phase); }
+  std::chrono::milliseconds timeout() const noexcept override { return t_.timeout(); }
+
+  int call = 0;
+  std::map<std::tuple<int, int, int>, sim::PutSummary> counts;  // (call, peer, queue)
+
+ private:
+  void count(int peer, int queue, std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(m_);
+    sim::PutSummary& s = counts[{call, peer, queue}];
+    ++s.puts;
+    s.bytes += bytes;
+  }
+  Transport& t_;
+  std::mutex m_;
+};
+
+struct Config {
+  const char* name;
+  const char* schedule;
+  int queues;
+  std::size_t aggregate;
+  Protocol protocol;
+};
+
+class SimPuts : public ::testing::TestWithParam<Config> {};
+
+TEST_P(SimPuts, SameAsThreadsPerPeerAndQueue) {
+  const Config cfg = GetParam();
+  ref::FixtureOptions f;
+  f.num_ranks = 4;
+  f.num_experts = 16;
+  f.num_topk = 4;
+  f.hidden = 256;
+  f.tokens_per_rank = {40, 17, 0, 29};
+  f.seed = 77;
+  const ref::Problem p = ref::make_problem(f);
+  BufferConfig bc = config_for(p, 2);
+  bc.dataplane.schedule = parse_schedule(cfg.schedule);
+  bc.dataplane.queues = cfg.queues;
+  bc.dataplane.aggregate_bytes = cfg.aggregate;
+  bc.dataplane.protocol = cfg.protocol;
+  ref::DispatchOptions o;
+  o.expanded = true;
+  o.alignment = 4;
+  const auto want = ref::dispatch_all(p, o);
+
+  // Threads, counted by the wrapper; calls: 1 = dispatch, 2 = combine (0 = Buffer setup).
+  std::vector<std::map<std::tuple<int, int, int>, sim::PutSummary>> threads(4);
+  LaunchOptions lo;
+  lo.num_ranks = 4;
+  lo.transport = TransportKind::kThreads;
+  auto body = [&](Transport& t, CountingTransport* counter) {
+    Buffer buffer(t, bc);
+    const RankViews v = views_of(p, t.rank());
+    if (counter) counter->call = 1;
+    sim::sim_begin_call(t, "dispatch");
+    DispatchResult d = buffer.dispatch(dispatch_args(v, o));
+    const auto y = ref::expert_fn(p, want[static_cast<std::size_t>(t.rank())], o);
+    CombineArgs ca;
+    ca.y = TensorView(y.data(), DType::kBF16, {want[static_cast<std::size_t>(t.rank())].rows, p.hidden});
+    ca.handle = &d.handle;
+    if (counter) counter->call = 2;
+    sim::sim_begin_call(t, "combine");
+    buffer.combine(ca);
+  };
+  launch(lo, [&](Transport& t) {
+    CountingTransport c(t);
+    body(c, &c);
+    threads[static_cast<std::size_t>(t.rank())] = c.counts;
+  });
+  sim::Trace trace;
+  lo.transport = TransportKind::kSim;
+  lo.sim.trace = &trace;
+  launch(lo, [&](Transport& t) { body(t, nullptr); });
+
+  ASSERT_EQ(trace.calls.size(), 3u);
+  for (int call = 0; call < 3; ++call) {
+    const sim::PutTable table = sim::summarize_puts(trace, call);
+    for (int r = 0; r < 4; ++r)
+      for (int peer = 0; peer < 4; ++peer)
+        for (int q = 0; q < 4; ++q) {
+          const auto it = threads[static_cast<std::size_t>(r)].find({call, peer, q});
+          const sim::PutSummary want_s = it == threads[static_cast<std::size_t>(r)].end() ? sim::PutSummary{} : it->second;
+          const sim::PutSummary got = table[static_cast<std::size_t>(r)][static_cast<std::size_t>(peer)][static_cast<std::size_t>(q)];
+          EXPECT_EQ(got.puts, want_s.puts) << "call " << call << " rank " << r << " peer " << peer << " queue " << q;
+          EXPECT_EQ(got.bytes, want_s.bytes) << "call " << call << " rank " << r << " peer " << peer << " queue " << q;
+        }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dataplanes, SimPuts,
+                         ::testing::Values(Config{"rotated_q1_agg", "rotated", 1, 1 << 20, Protocol::kExplicit},
+                                           Config{"flat_q2_noagg_tail", "flat", 2, 0, Protocol::kTail},
+                                           Config{"grouped2_q4_flag", "grouped:2", 4, 1 << 20, Protocol::kFlag}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace epx::testing

@@ -1,0 +1,201 @@
+// The discrete-event core (ordering, determinism), units, the hardware file, and golden
+// simulated times for small configurations (a model change that moves them is deliberate).
+#include <gtest/gtest.h>
+
+#include <variant>
+
+#include "epx/buffer.hpp"
+#include "epx/error.hpp"
+#include "epx/launch.hpp"
+#include "epx/sim.hpp"
+#include "epx/sim_events.hpp"
+#include "epx/sim_hardware.hpp"
+
+namespace epx::sim {
+namespace {
+
+TEST(SimEvents, OrderedByTimeThenSchedulingOrder) {
+  EventQueue<int> q;
+  q.schedule(Picoseconds{30}, 1);
+  q.schedule(Picoseconds{10}, 2);
+  q.schedule(Picoseconds{30}, 3);
+  q.schedule(Picoseconds{10}, 4);
+  std::vector<int> seen;
+  q.run([&](Picoseconds t, int e) {
+    seen.push_back(e);
+    if (e == 2) q.schedule(t, 5);  // same time, scheduled later: runs after 4
+  });
+  EXPECT_EQ(seen, (std::vector<int>{2, 4, 5, 1, 3}));
+  EXPECT_EQ(q.now(), Picoseconds{30});
+  EXPECT_EQ(q.processed(), 5u);
+}
+
+TEST(SimEvents, NeverGoesBackInTime) {
+  EventQueue<int> q;
+  q.schedule(Picoseconds{100}, 1);
+  std::vector<std::int64_t> times;
+  q.run([&](Picoseconds t, int e) {
+    times.push_back(t.ps);
+    if (e == 1) q.schedule(Picoseconds{5}, 2);  // in the past: clamped to now
+  });
+  EXPECT_EQ(times, (std::vector<std::int64_t>{100, 100}));
+}
+
+TEST(SimEvents, TypedEventsAreDeterministic) {
+  struct A { int v; };
+  struct B { int v; };
+  auto once = [] {
+    EventQueue<std::variant<A, B>> q;
+    for (int i = 0; i < 1000; ++i) q.schedule(Picoseconds{(i * 7919) % 97}, i % 2 ? std::variant<A, B>(A{i}) : B{i});
+    std::vector<int> order;
+    q.run([&](Picoseconds, auto& e) { std::visit([&](auto& x) { order.push_back(x.v); }, e); });
+    return order;
+  };
+  EXPECT_EQ(once(), once());
+}
+
+TEST(SimUnits, TransferTimes) {
+  EXPECT_EQ(GBps{100}.time_for(Bytes{1000}).ps, 10000);  // 1000 B at 100 GB/s = 10 ns
+  EXPECT_EQ(Nanoseconds{1.5}.to_ps().ps, 1500);
+  EXPECT_NEAR(rate_gbps(Bytes{1000000}, Picoseconds{1000000}), 1000.0, 1e-9);
+}
+
+TEST(SimHardware, BuiltinProfileHasEveryParameterWithUnitAndSource) {
+  const HardwareModel m = load_hardware("ascend950-supernode");
+  EXPECT_EQ(m.frames, 2);
+  EXPECT_EQ(m.ranks_per_frame, 64);
+  EXPECT_EQ(m.workers_per_rank, 64);
+  EXPECT_NEAR(m.barrier_cost(8).us(), 4.0, 1e-9);
+  EXPECT_NEAR(m.launch_init.ns, 1900, 1e-9);
+  for (const HardwareParam& p : m.params) {
+    EXPECT_FALSE(p.unit.empty()) << p.name;
+    EXPECT_FALSE(p.source.empty()) << p.name;
+  }
+  EXPECT_EQ(m.frame_of(63), 0);
+  EXPECT_EQ(m.frame_of(64), 1);
+  EXPECT_GT(m.latency(0, 64), m.latency(0, 1));
+  // Round trip through JSON.
+  const HardwareModel again = parse_hardware_json(to_json(m), "round trip");
+  EXPECT_EQ(again.params.size(), m.params.size());
+  EXPECT_EQ(again.link_bandwidth.gbps, m.link_bandwidth.gbps);
+}
+
+TEST(SimHardware, RejectsWrongUnitsAndMissingParameters) {
+  std::string j = builtin_hardware_json("ascend950-supernode");
+  const std::string wrong = std::string(j).replace(j.find("\"unit\": \"GB/s\""), 14, "\"unit\": \"Gb/s\"");
+  try {
+    parse_hardware_json(wrong, "f.json");
+    FAIL() << "accepted a wrong unit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected 'GB/s'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_hardware_json("{\"parameters\": {}}", "empty.json"), Error);
+  EXPECT_THROW(load_hardware("no-such-profile-or-file"), Error);
+}
+
+// A tiny hand-made trace: rank 0 puts 1 MB to rank 1, quiets, signals; rank 1 waits.
+Trace two_rank_trace() {
+  Trace t;
+  t.num_ranks = 2;
+  t.calls = {"setup", "call"};
+  t.ranks.resize(2);
+  t.ranks[0].streams.resize(1);
+  t.ranks[1].streams.resize(1);
+  TraceOp put;
+  put.kind = OpKind::kPut;
+  put.peer = 1;
+  put.call = 1;
+  put.count = 16;
+  put.bytes = put.payload_bytes = 1 << 20;
+  TraceOp quiet;
+  quiet.kind = OpKind::kQuiet;
+  quiet.call = 1;
+  TraceOp sig;
+  sig.kind = OpKind::kSignal;
+  sig.peer = 1;
+  sig.call = 1;
+  sig.key = 3;
+  sig.value = 1;
+  t.ranks[0].streams[0].ops = {put, quiet, sig};
+  TraceOp wait;
+  wait.kind = OpKind::kWaitSignal;
+  wait.call = 1;
+  wait.key = 3;
+  wait.value = 1;
+  wait.wait_index = 1;
+  t.ranks[1].streams[0].ops = {wait};
+  return t;
+}
+
+TEST(SimReplay, HandMadeTraceMatchesTheModelByHand) {
+  const HardwareModel hw = load_hardware("ascend950-supernode");
+  const CallTiming t = replay_call(two_rank_trace(), 1, hw, {});
+  // The wire time of 1 MiB bounds rank 1's time from below; latencies add on top.
+  const double wire_us = GBps{hw.link_bandwidth}.time_for(Bytes{1 << 20}).us();
+  EXPECT_GT(t.ranks[1].total.us(), wire_us + hw.launch_init.ns / 1000);
+  EXPECT_LT(t.ranks[1].total.us(), wire_us + 20);
+  EXPECT_EQ(t.ranks[0].puts, 16u);
+  EXPECT_EQ(t.max_rank, max(t.ranks[0].total, t.ranks[1].total));
+  // Deterministic.
+  EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}).max_rank, t.max_rank);
+}
+
+TEST(SimReplay, WaitNobodySignalsIsAnError) {
+  Trace t = two_rank_trace();
+  t.ranks[0].streams[0].ops.pop_back();  // no signal
+  EXPECT_THROW(replay_call(t, 1, load_hardware("ascend950-supernode"), {}), Error);
+}
+
+constexpr double kGoldenDispatchUs = 41.806, kGoldenCombineUs = 59.143;  // ascend950-supernode as calibrated
+
+// Golden: the real engine on 4 sim ranks, 256 tokens, H = 7168 model-only, replayed.
+// Pinned to 0.5%: a change here means the model or the engine's puts changed.
+TEST(SimReplay, GoldenSmallEngineRun) {
+  Trace trace;
+  LaunchOptions lo;
+  lo.num_ranks = 4;
+  lo.transport = TransportKind::kSim;
+  lo.sim.model_only = true;
+  lo.sim.trace = &trace;
+  launch(lo, [&](Transport& t) {
+    BufferConfig c;
+    c.num_experts = 16;
+    c.hidden = 7168;
+    c.num_topk = 4;
+    c.max_tokens_per_rank = 256;
+    c.num_workers = 1;
+    Buffer b(t, c);
+    std::vector<std::int64_t> idx(256 * 4);
+    std::vector<float> w(256 * 4, 0.25f);
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::int64_t>((i * 5 + static_cast<std::size_t>(t.rank()) * 3 + i / 4) % 16);
+    for (std::size_t tok = 0; tok < 256; ++tok)  // make the 4 experts of a token distinct
+      for (int k = 0; k < 4; ++k) idx[tok * 4 + static_cast<std::size_t>(k)] = static_cast<std::int64_t>((tok + static_cast<std::size_t>(t.rank()) + 4 * static_cast<std::size_t>(k)) % 16);
+    std::vector<std::uint8_t> x(256 * 7168);
+    std::vector<float> s(256 * 56, 1.0f);
+    DispatchArgs a;
+    a.x = TensorView(x.data(), DType::kFP8E4M3, {256, 7168});
+    a.x_scales = TensorView(s.data(), DType::kF32, {256, 56});
+    a.topk_idx = TensorView(idx.data(), DType::kI64, {256, 4});
+    a.topk_weights = TensorView(w.data(), DType::kF32, {256, 4});
+    a.layout = RecvLayout::kExpanded;
+    sim_begin_call(t, "dispatch");
+    DispatchResult d = b.dispatch(a);
+    std::vector<std::uint16_t> y(static_cast<std::size_t>(d.handle.num_recv_rows()) * 7168);
+    CombineArgs ca;
+    ca.y = TensorView(y.data(), DType::kBF16, {d.handle.num_recv_rows(), 7168});
+    ca.handle = &d.handle;
+    sim_begin_call(t, "combine");
+    b.combine(ca);
+  });
+  const HardwareModel hw = load_hardware("ascend950-supernode");
+  const double dispatch_us = replay_call(trace, 1, hw, {}).max_rank.us();
+  const double combine_us = replay_call(trace, 2, hw, {}).max_rank.us();
+  RecordProperty("dispatch_us", std::to_string(dispatch_us));
+  RecordProperty("combine_us", std::to_string(combine_us));
+  std::printf("golden: dispatch %.3f us, combine %.3f us\n", dispatch_us, combine_us);
+  EXPECT_NEAR(dispatch_us, kGoldenDispatchUs, kGoldenDispatchUs * 0.005);
+  EXPECT_NEAR(combine_us, kGoldenCombineUs, kGoldenCombineUs * 0.005);
+}
+
+}  // namespace
+}  // namespace epx::sim
