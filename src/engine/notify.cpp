@@ -23,14 +23,16 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
   mine.has_counts = mine.has_counts && counts != nullptr;
 
   const auto n_counts = static_cast<std::size_t>(num_counts());
+  // Every header first, one quiet, then the signals: one completion wait per call, not one
+  // round trip per peer (what a transport with real completion latency would pay).
+  const std::size_t off = window.header_offset(epoch, rank, P);
   for (int i = 0; i < P; ++i) {
     const int p = (rank + i) % P;
-    const std::size_t off = window.header_offset(epoch, rank, P);
     transport.put(p, off, &mine, sizeof mine, 0);
     if (mine.has_counts) transport.put(p, off + sizeof mine, counts, n_counts * sizeof(std::int32_t), 0);
-    transport.quiet(0);
-    transport.signal(p, static_cast<std::size_t>(rank), epoch, 0);
   }
+  transport.quiet(0);
+  for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, static_cast<std::size_t>(rank), epoch, 0);
   Peers peers;
   peers.header.resize(static_cast<std::size_t>(P));
   for (int s = 0; s < P; ++s) {
