@@ -239,42 +239,63 @@ TEST(DataPlaneConformance, RefusesWhatItCannotHonour) {
   refused(o, "protocol 'flag' is not supported");
 }
 
-// Counts a rank's puts of payload (rows) per peer, passing everything through.
-class PutCounter final : public Transport {
+// Counts a rank's puts of payload (rows) per peer.
+class PutCounter final : public ForwardingTransport {
  public:
-  void set_payload_region(std::size_t begin, std::size_t end) override {
-    payload_begin_ = begin;
-    t_.set_payload_region(begin, end);
-  }
-  explicit PutCounter(Transport& t) : t_(t), puts_(static_cast<std::size_t>(t.num_ranks())) {}
+  explicit PutCounter(Transport& t) : ForwardingTransport(t), puts_(static_cast<std::size_t>(t.num_ranks())) {}
   std::vector<std::atomic<std::uint64_t>>& puts() { return puts_; }
-  int rank() const noexcept override { return t_.rank(); }
-  int num_ranks() const noexcept override { return t_.num_ranks(); }
-  const TransportCaps& caps() const noexcept override { return t_.caps(); }
-  void allocate(std::size_t bytes, std::size_t signals) override { t_.allocate(bytes, signals); }
-  std::byte* window() noexcept override { return t_.window(); }
-  std::size_t window_bytes() const noexcept override { return t_.window_bytes(); }
-  void put(int peer, std::size_t off, const void* src, std::size_t bytes, int q) override {
-    if (off >= payload_begin_) ++puts_[static_cast<std::size_t>(peer)];
-    t_.put(peer, off, src, bytes, q);
-  }
-  void put_flagged(int peer, std::size_t off, const void* src, std::size_t bytes, std::uint64_t flag, int q) override {
-    if (off >= payload_begin_) ++puts_[static_cast<std::size_t>(peer)];
-    t_.put_flagged(peer, off, src, bytes, flag, q);
-  }
-  void signal(int peer, std::size_t slot, std::uint64_t v, int q) override { t_.signal(peer, slot, v, q); }
-  void wait_signal(std::size_t slot, std::uint64_t v, const WaitPoint& w) override { t_.wait_signal(slot, v, w); }
-  void wait_flag(std::size_t off, std::uint64_t v, const WaitPoint& w) override { t_.wait_flag(off, v, w); }
-  std::uint64_t read_signal(std::size_t slot) noexcept override { return t_.read_signal(slot); }
-  void quiet(int q) override { t_.quiet(q); }
-  void barrier(const char* phase) override { t_.barrier(phase); }
-  std::chrono::milliseconds timeout() const noexcept override { return t_.timeout(); }
 
  private:
-  Transport& t_;
+  void on_put(int peer, std::size_t offset, std::size_t, int) override {
+    if (offset >= payload_begin_) ++puts_[static_cast<std::size_t>(peer)];
+  }
   std::vector<std::atomic<std::uint64_t>> puts_;
-  std::size_t payload_begin_ = ~std::size_t{0};
 };
+
+// A transport that guarantees less than the real one underneath.
+class WeakerTransport final : public ForwardingTransport {
+ public:
+  WeakerTransport(Transport& t, TransportCaps caps) : ForwardingTransport(t), caps_(caps) {}
+  const TransportCaps& caps() const noexcept override { return caps_; }
+
+ private:
+  TransportCaps caps_;
+};
+
+// A protocol that relies on a guarantee the transport does not give is refused on every
+// rank, naming the protocol, the guarantee and the transport; the rest still works.
+TEST(DataPlaneConformance, ProtocolsNeedTheirTransportGuarantee) {
+  const Expected e = expect(fixture(false, 57), false, false);
+  struct Case {
+    Protocol protocol;
+    bool ordered_signals, flagged_puts;
+    const char* words;  // empty: accepted
+  };
+  for (const Case& c : {Case{Protocol::kTail, false, true, "protocol 'tail' relies on signals ordered after earlier puts"},
+                        Case{Protocol::kFlag, true, false, "protocol 'flag' relies on flagged puts"},
+                        Case{Protocol::kExplicit, false, false, ""}}) {
+    SCOPED_TRACE(to_string(c.protocol));
+    try {
+      launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+        TransportCaps caps = t.caps();
+        caps.name = "weaker";
+        caps.ordered_signal_per_queue = c.ordered_signals;
+        caps.flagged_puts = c.flagged_puts;
+        WeakerTransport weaker(t, caps);
+        BufferConfig config = config_for(e.p, 1);
+        config.dataplane.protocol = c.protocol;
+        Buffer buffer(weaker, config);
+        check_round_trip(buffer, t.rank(), e);
+      });
+      EXPECT_STREQ(c.words, "") << "accepted";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument) << err.what();
+      EXPECT_NE(std::string(err.what()).find(c.words), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("transport 'weaker'"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(c.words), "") << err.what();
+    }
+  }
+}
 
 // Hierarchical: a rank puts only to its own server and to its relays (the same-lane rank
 // of each other server); every other rank of another server gets its rows relayed.

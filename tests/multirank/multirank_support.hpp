@@ -70,6 +70,47 @@ inline std::vector<std::uint16_t> wide_bf16(std::uint64_t seed, std::int64_t n) 
   return v;
 }
 
+/// A transport that forwards every call to another one; tests override what they watch
+/// (on_put) or what they pretend (caps).
+class ForwardingTransport : public Transport {
+ public:
+  explicit ForwardingTransport(Transport& t) : t_(t) {}
+  int rank() const noexcept override { return t_.rank(); }
+  int num_ranks() const noexcept override { return t_.num_ranks(); }
+  const TransportCaps& caps() const noexcept override { return t_.caps(); }
+  void allocate(std::size_t bytes, std::size_t signals) override { t_.allocate(bytes, signals); }
+  std::byte* window() noexcept override { return t_.window(); }
+  std::size_t window_bytes() const noexcept override { return t_.window_bytes(); }
+  void put(int peer, std::size_t off, const void* src, std::size_t bytes, int q) override {
+    on_put(peer, off, bytes, q);
+    t_.put(peer, off, src, bytes, q);
+  }
+  void put_flagged(int peer, std::size_t off, const void* src, std::size_t bytes, std::uint64_t flag, int q) override {
+    on_put(peer, off, bytes, q);
+    t_.put_flagged(peer, off, src, bytes, flag, q);
+  }
+  void signal(int peer, std::size_t slot, std::uint64_t v, int q) override { t_.signal(peer, slot, v, q); }
+  void wait_signal(std::size_t slot, std::uint64_t v, const WaitPoint& w) override { t_.wait_signal(slot, v, w); }
+  void wait_flag(std::size_t off, std::uint64_t v, const WaitPoint& w) override { t_.wait_flag(off, v, w); }
+  std::uint64_t read_signal(std::size_t slot) noexcept override { return t_.read_signal(slot); }
+  void set_payload_region(std::size_t begin, std::size_t end) override {
+    payload_begin_ = begin;
+    t_.set_payload_region(begin, end);
+  }
+  void quiet(int q) override { t_.quiet(q); }
+  void barrier(const char* phase) override { t_.barrier(phase); }
+  std::chrono::milliseconds timeout() const noexcept override { return t_.timeout(); }
+
+ protected:
+  /// Called for every put and flagged put before it is forwarded (from any worker thread).
+  virtual void on_put(int peer, std::size_t offset, std::size_t bytes, int queue) { (void)peer, (void)offset, (void)bytes, (void)queue; }
+  /// Where the engine's payload (rows) starts in the window (set_payload_region).
+  std::size_t payload_begin_ = ~std::size_t{0};
+
+ private:
+  Transport& t_;
+};
+
 [[noreturn]] inline void fail(int rank, const std::string& what) {
   throw std::runtime_error("rank " + std::to_string(rank) + ": " + what);
 }
