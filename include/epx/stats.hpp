@@ -32,7 +32,8 @@ struct WorkerStats {
   std::uint64_t local_bytes = 0;
   std::array<std::uint64_t, kMaxStatQueues> queue_puts{};  ///< all puts, per queue
   std::array<std::uint64_t, kMaxStatQueues> queue_bytes{};
-  /// Receiver side: time spent waiting for completions that arrived on each queue.
+  /// Time this worker's quiet(queue) waited for its puts on each queue to complete (the
+  /// completion wait a queue costs; ~0 where puts complete on return).
   std::array<double, kMaxStatQueues> queue_wait_us{};
 };
 

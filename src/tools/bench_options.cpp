@@ -40,8 +40,9 @@ const char* bench_definitions() {
                the rank's own window; bytes/put = their bytes / their number. Dispatch puts
                also carry row metadata, so epx's byte count exceeds the payload by that.
   queues       per queue q < --queues, per call: puts and bytes summed over the ranks and
-               workers (every put counts on exactly one queue); wait = the receiver's wait
-               for completions on that queue, summed over a rank's workers, avg over ranks.
+               workers (every put counts on exactly one queue); wait = the senders' quiet()
+               wait for that queue's puts to complete, summed over a rank's workers, avg
+               over ranks (~0 on shm/threads, where a put completes when it returns).
   data plane   --topology --schedule --queues --queue-split --aggregate --protocol set
                BufferConfig::dataplane on every rank (epx/dataplane.hpp). All choices give
                the same results; they differ in put order, put count and synchronisation.
@@ -49,11 +50,11 @@ const char* bench_definitions() {
                memcpy reference and payload check) per combination of the values, the last
                --sweep varying fastest; combinations whose options do not fit together are
                skipped with the reason. Table columns: # = combination; swept keys topo,
-               sched, q (queues), split, aggr, proto, S (tokens), W (workers); d_ = dispatch,
+               sched, q (queues), split, aggr, proto, S (tokens), W (workers), ring (ring-rows); d_ = dispatch,
                c_ = combine: us = avg max-rank latency, GB/s = algbw total, xmc = ratio vs
                memcpy, puts = puts per call (all ranks), B/put = bytes per put; q_bytes% =
                each queue's share of the dispatch + combine bytes; wait_us = the queues'
-               receiver wait per dispatch + combine, avg over ranks; chk = ok if the payload
+               completion wait (quiet) per dispatch + combine, avg over ranks; chk = ok if the payload
                check passed, WARN otherwise (the warnings are listed under the table).
   phases       per rank, avg over iterations of the max over workers of the time a worker
                spent in the phase (plan, notify, put_issue, wait_data, barrier, epilogue);
@@ -222,7 +223,7 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   add_dataplane_options(sub, o.dataplane);
   sub->add_option("--sweep", o.sweep,
                   "run every combination of the values and print one comparison table: KEY=V1,V2,... with KEY one of "
-                  "topology, schedule, queues, queue-split, aggregate, protocol, tokens, workers (repeatable; the "
+                  "topology, schedule, queues, queue-split, aggregate, protocol, tokens, workers, ring-rows (repeatable; the "
                   "first --sweep varies slowest)")
       ->type_name("KEY=V1,V2,...")
       ->allow_extra_args(false);

@@ -349,7 +349,7 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
                  op.puts > 0 ? static_cast<double>(rows) / op.puts : 0, meta);
     const double all_bytes = std::accumulate(op.queue_bytes.begin(), op.queue_bytes.end(), 0.0);
     for (size_t q = 0; q < op.queue_puts.size(); ++q)
-      std::fprintf(f, "  %-28s %.0f puts, %s MB (%.0f%% of the bytes) per call; receiver wait %s us per rank\n",
+      std::fprintf(f, "  %-28s %.0f puts, %s MB (%.0f%% of the bytes) per call; completion wait %s us per rank\n",
                    fmt("queue %zu (all ranks)", q).c_str(), op.queue_puts[q], mb(op.queue_bytes[q]).c_str(),
                    all_bytes > 0 ? 100 * op.queue_bytes[q] / all_bytes : 0.0, format_us(op.queue_wait_us[q]).c_str());
   } else {

@@ -52,8 +52,8 @@ struct OpReport {
   int dominant = 0;
   std::vector<std::vector<std::vector<double>>> worker_metrics;  ///< [P][W][metric]
   /// Per queue q < --queues, per call (avg over the timed iterations): puts and bytes summed
-  /// over the ranks and their workers; wait = the receiver's wait for completions on the
-  /// queue (summed over a rank's workers), avg over the ranks.
+  /// over the ranks and their workers; wait = the senders' quiet() wait for the queue's
+  /// puts to complete (summed over a rank's workers), avg over the ranks.
   std::vector<double> queue_puts, queue_bytes, queue_wait_us;                        ///< [Q]
   std::vector<std::vector<double>> queue_puts_rank, queue_bytes_rank, queue_wait_us_rank;  ///< [P][Q]
   // Counters off vs on.

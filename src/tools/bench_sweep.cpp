@@ -47,6 +47,7 @@ bool is_dataplane_key(const std::string& key) {
 std::string sweep_value(const BenchOptions& o, const std::string& key) {
   if (key == "tokens") return std::to_string(o.tokens);
   if (key == "workers") return std::to_string(o.workers);
+  if (key == "ring-rows") return std::to_string(o.ring_rows);
   return dataplane_option_value(o.dataplane, key);
 }
 
@@ -60,6 +61,7 @@ std::string axis_header(const std::string& key) {
   if (key == "protocol") return "proto";
   if (key == "tokens") return "S";
   if (key == "workers") return "W";
+  if (key == "ring-rows") return "ring";
   return key;
 }
 
@@ -127,6 +129,7 @@ const std::vector<std::string>& sweep_keys() {
     std::vector<std::string> k = dataplane_option_names();
     k.push_back("tokens");
     k.push_back("workers");
+    k.push_back("ring-rows");  // the bounded receive area (credits) vs 0 = a slot per row
     return k;
   }();
   return keys;
@@ -139,6 +142,8 @@ void set_sweep_value(BenchOptions& o, const std::string& key, const std::string&
     o.tokens = parse_count<std::int64_t>(key, value);
   else if (key == "workers")
     o.workers = parse_count<int>(key, value);
+  else if (key == "ring-rows")
+    o.ring_rows = parse_count<std::int64_t>(key, value);
   else
     bad("--sweep: unknown key '" + key + "'");
 }
@@ -281,6 +286,8 @@ ordered_json sweep_json(const std::vector<SweepAxis>& axes, const std::vector<Sw
     const bool ran = row.skipped.empty();
     e["config"] = {{"tokens", ran ? row.report.max_tokens : row.options.tokens},
                    {"workers", ran ? row.report.workers : row.options.workers},
+                   {"ring_rows", row.options.ring_rows},
+                   {"window_bytes", ran ? row.report.window_bytes : 0},
                    {"dataplane", dataplane_json(row.options.dataplane)}};
     if (!ran) {
       e["skipped"] = row.skipped;
