@@ -31,6 +31,7 @@ struct ReplayOptions {
   bool deterministic = false, zero_padding = false, weighted = false;
   std::string transport = "shm";
   int workers = 0;
+  std::int64_t ring_rows = 0;  ///< bounded receive area (BufferConfig::ring_rows)
   std::int64_t timeout_ms = 60000;
   DataPlaneOptions dataplane;  ///< --topology, --schedule, ... (results are the same for every choice)
 };
@@ -71,6 +72,7 @@ void replay_rank(Transport& t, const ReplayMeta& meta, const ReplayOptions& o, c
   cfg.max_tokens_per_rank = meta.max_tokens_per_rank;
   cfg.num_workers = o.workers;
   cfg.dataplane = o.dataplane;
+  cfg.ring_rows = o.ring_rows;
   Buffer buffer(t, cfg);
 
   DispatchArgs args;
@@ -167,6 +169,8 @@ void add_replay_command(CLI::App& app) {
   sub->add_flag("--weighted", o->weighted, "weighted combine (expanded layout only)");
   sub->add_option("--transport", o->transport, "shm (ranks are processes) | threads")->capture_default_str();
   sub->add_option("--workers", o->workers, "worker threads per rank (0 = auto)")->capture_default_str();
+  sub->add_option("--ring-rows", o->ring_rows, "bounded receive area: a ring of N rows per source (0 = a slot per row)")
+      ->capture_default_str();
   sub->add_option("--timeout-ms", o->timeout_ms, "a rank that waits longer than this fails")->capture_default_str();
   add_dataplane_options(sub, o->dataplane);
   sub->callback([o] { run_replay(*o); });

@@ -55,11 +55,12 @@ def G(P, E, H, K, tokens, mask=0.0, zipf=0.0, fp8=False, seed=0, C=None, probes=
                 zipf=zipf, fp8=fp8, seed=seed, max_tokens=C, probes=probes)
 
 
-def O(layout, A=1, worst=None, det=False, zp=False, weighted=False, threads=False):
+def O(layout, A=1, worst=None, det=False, zp=False, weighted=False, threads=False, dataplane=()):
     """worst: None, an int, "exact" (= the largest need over the ranks) or
-    ("extra", n) (= that + n)."""
+    ("extra", n) (= that + n). dataplane: extra epx flags (schedule, queues, protocol...),
+    which must not change a single bit of the outputs."""
     return dict(layout=layout, alignment=A, worst=worst, deterministic=det, zero_padding=zp,
-                weighted=weighted, threads=threads)
+                weighted=weighted, threads=threads, dataplane=list(dataplane))
 
 
 def success_cases():
@@ -144,6 +145,16 @@ def success_cases():
         ("p8_expanded_a4_threads", g_p8t, O("expanded", 4, threads=True), False),
         ("p8_compact_worst_zp", g_p8t, O("compact", 1, worst=("extra", 0), zp=True), False),
         ("p2_weighted_expanded_threads", g_p2q, O("expanded", 1, weighted=True, threads=True), False),
+        # The data-plane options change order, puts and synchronisation, never the bits.
+        ("p8_grouped_2q_tail_noagg", g_p8t, O("expanded", 4, dataplane=(
+            "--schedule", "grouped:4", "--queues", "2", "--queue-split", "3:1", "--protocol", "tail",
+            "--aggregate", "0")), True),
+        ("p8_flag_4q_bytes", g_p8t, O("compact", 1, dataplane=(
+            "--protocol", "flag", "--queues", "4", "--queue-split", "bytes")), True),
+        ("p8_hierarchical_servers4", g_p8t, O("expanded", 4, weighted=True, dataplane=(
+            "--schedule", "hierarchical", "--topology", "builtin:servers:4")), True),
+        ("p8_ring2_flat", g_p8t, O("compact", 1, worst=("extra", 2), dataplane=(
+            "--schedule", "flat", "--ring-rows", "2")), False),
     ]
 
 
@@ -429,7 +440,7 @@ def replay_cmd(epx, in_dir, out_dir, opts, worst):
         cmd.append("--weighted")
     if opts.get("threads"):
         cmd += ["--transport", "threads"]
-    return cmd
+    return cmd + opts.get("dataplane", [])
 
 
 def run(cmd, timeout):
