@@ -72,7 +72,7 @@ detail::WindowLayout make_layout(const BufferConfig& c, int P, int servers, int 
   if (c.dataplane.schedule.kind == ScheduleKind::kHierarchical) {
     // A source of another server relays each of its tokens through me at most once.
     w.relay_rows = static_cast<std::int64_t>(servers - 1) * c.max_tokens_per_rank;
-    w.relay_record_bytes = align_up(static_cast<std::size_t>(lanes) * sizeof(std::int32_t), 8) + static_cast<std::size_t>(lanes) * w.meta_bytes;
+    w.relay_record_bytes = align_up(2 * static_cast<std::size_t>(lanes) * sizeof(std::int32_t), 8) + static_cast<std::size_t>(lanes) * w.meta_bytes;
   }
   const auto recv = static_cast<std::size_t>(w.recv_rows), reply = static_cast<std::size_t>(w.reply_rows);
   const auto relay = static_cast<std::size_t>(w.relay_rows);
@@ -89,7 +89,8 @@ detail::WindowLayout make_layout(const BufferConfig& c, int P, int servers, int 
   w.flag_replies = align_up(w.flag_rows + recv * w.row_record, 4096);
   w.relay = align_up(w.flag_replies + reply * w.reply_record, 4096);
   w.relay_scales = align_up(w.relay + relay * 2 * H, 64);
-  w.total = w.relay_scales + relay * scale_row;
+  w.relay_replies = align_up(w.relay_scales + relay * scale_row, 4096);
+  w.total = w.relay_replies + relay * static_cast<std::size_t>(lanes) * 2 * H;
   return w;
 }
 
@@ -176,10 +177,12 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
                     p);
   // 2. The real window, sized from the agreed config.
   reply_order = visit_order;
+  reply_sources.assign(static_cast<std::size_t>(P), {});
+  for (int s = 0; s < P; ++s) reply_sources[static_cast<std::size_t>(s)] = {s};
   int servers = 1;
   if (hierarchical()) {
-    reply_order.clear();
-    for (int i = 0; i < P; ++i) reply_order.push_back((rank + i) % P);
+    // Combine reverses the path: replies to another server's source go to its relay in my
+    // server (the rank with the source's lane), which forwards them.
     const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
     for (int d = 0; d < P; ++d)
       if (topology.ranks[static_cast<std::size_t>(d)].server == me.server) server_members.push_back(d);
@@ -187,6 +190,12 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
       return topology.ranks[static_cast<std::size_t>(u)].lane < topology.ranks[static_cast<std::size_t>(v)].lane;
     });
     servers = P / static_cast<int>(server_members.size());
+    reply_order.clear();
+    for (int i = 0; i < P; ++i) {
+      const int d = (rank + i) % P;
+      if (topology.ranks[static_cast<std::size_t>(d)].server == me.server) reply_order.push_back(d);
+      else reply_sources[static_cast<std::size_t>(relay_rank(topology, d, rank))].push_back(d);
+    }
   }
   window = make_layout(c, P, servers, static_cast<int>(server_members.size()));
   if (c.dataplane.protocol == Protocol::kTail) signal_stride = 512 / sizeof(std::uint64_t);
@@ -388,6 +397,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   }
   if (fresh) {
     m.receive_meta(*made);
+    if (m.hierarchical()) m.keep_reply_rows(*made);
     made->topk_weights = Tensor(DType::kF32, a.topk_weights.shape);
     if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
       std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
@@ -417,6 +427,7 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   }
   const HandleState& h = *a.handle->state_;
   m.send_replies(h, a);
+  if (m.hierarchical()) m.forward_replies(h);
   m.wait_replies(h);
   CombineResult out;
   out.combined_x = m.reduce(h, a);

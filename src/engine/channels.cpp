@@ -25,6 +25,7 @@ std::size_t Buffer::Impl::region_offset(Region region) const noexcept {
     case Region::kRelay: return window.relay;
     case Region::kRelayScales: return window.relay_scales;
     case Region::kRelayRecord: return window.relay_records;
+    case Region::kRelayReplies: return window.relay_replies;
   }
   return 0;
 }

@@ -26,65 +26,91 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
   constexpr std::int64_t kStageRows = 32;
   if (expanded) reply_stage.resize(static_cast<std::size_t>(W * kStageRows) * H);
 
+  // Hierarchical: a reply to another server's source goes to my lane's place of its row in
+  // the relay's area (reply_sources lists, per channel peer, whose replies travel to it).
+  const bool via_relay = hierarchical();
+  const int my_lane = via_relay ? topology.ranks[static_cast<std::size_t>(rank)].lane : 0;
+  const auto lanes = static_cast<std::int64_t>(server_members.size());
+
   pool.run([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
     const auto [r0, r1] = split_range(N, w, W);
-    // My received rows from source s: [lo(s), hi(s)), replied to in the schedule's order.
+    // My received rows from source s: [lo(s), hi(s)).
     auto lo = [&](int s) { return std::max(r0, h.recv_begin[static_cast<std::size_t>(s)]); };
     auto hi = [&](int s) { return std::min(r1, h.recv_begin[static_cast<std::size_t>(s) + 1]); };
     std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
-    for (int s = 0; s < P; ++s)
-      channel_bytes[static_cast<std::size_t>(s)] = static_cast<std::uint64_t>(std::max<std::int64_t>(0, hi(s) - lo(s))) * row_bytes;
+    for (int peer : reply_order)
+      for (int s : reply_sources[static_cast<std::size_t>(peer)])
+        channel_bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(std::max<std::int64_t>(0, hi(s) - lo(s))) * row_bytes;
     Sender send(*this, w, combine_signal(rank, w), channel_bytes, reply_order);
     std::uint16_t* stage = reply_stage.data() + static_cast<std::size_t>(w * kStageRows) * H;
     std::int64_t staged = 0;
     std::vector<float> acc(H);
-    for (int s : reply_order) {
-      const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
-      const std::int64_t first = lo(s), end = hi(s);
-      const std::int64_t dst_row = h.reply_base[static_cast<std::size_t>(s)] + (first - b);
-      if (!expanded && first < end) {  // compact: y's rows from s are contiguous and so are their slots at s
-        send.put_rows(s, Region::kReplies, dst_row, y + static_cast<std::size_t>(first) * H, end - first, row_bytes);
+    // The reply to received row r (from s): y's row, or the partial sum of its slots.
+    auto reply_of = [&](std::int64_t r) -> const std::uint16_t* {
+      const std::int32_t* rows = h.recv_slot_row.data() + r * K;
+      const float* wts = h.recv_slot_weight.data() + r * K;
+      int slots = 0, only = -1;
+      for (int k = 0; k < K; ++k)
+        if (rows[k] >= 0) ++slots, only = k;
+      if (slots == 1 && !a.weighted) return y + static_cast<std::size_t>(rows[only]) * H;  // passes through unchanged
+      if (staged == kStageRows) {
+        for (int q = 0; q < config.dataplane.queues; ++q) transport.quiet(q);
+        staged = 0;
       }
-      for (std::int64_t r = first; expanded && r < end; ++r) {
-        const std::int32_t* rows = h.recv_slot_row.data() + r * K;
-        const float* wts = h.recv_slot_weight.data() + r * K;
-        int slots = 0, only = -1;
-        for (int k = 0; k < K; ++k)
-          if (rows[k] >= 0) ++slots, only = k;
-        const std::int64_t dst = dst_row + (r - first);
-        if (slots == 1 && !a.weighted) {  // a single slot passes through unchanged
-          send.put_rows(s, Region::kReplies, dst, y + static_cast<std::size_t>(rows[only]) * H, 1, row_bytes);
+      std::uint16_t* out = stage + static_cast<std::size_t>(staged++) * H;
+      if (!payload) return out;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int k = 0; k < K; ++k) {
+        if (rows[k] < 0) continue;
+        const std::uint16_t* yr = y + static_cast<std::size_t>(rows[k]) * H;
+        if (a.weighted) {
+          const float wk = wts[k];
+          for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]) * wk;
+        } else {
+          for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]);
+        }
+      }
+      for (std::size_t c = 0; c < H; ++c) out[c] = f32_to_bf16(acc[c]);
+      return out;
+    };
+    for (int peer : reply_order) {
+      for (int s : reply_sources[static_cast<std::size_t>(peer)]) {
+        const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
+        const std::int64_t first = lo(s), end = hi(s);
+        if (s != peer) {  // relayed: one row at a time into the relay's area
+          for (std::int64_t r = first; r < end; ++r)
+            send.put_rows(peer, Region::kRelayReplies, h.recv_relay_row[static_cast<std::size_t>(r)] * lanes + my_lane,
+                          expanded ? reply_of(r) : y + static_cast<std::size_t>(r) * H, 1, row_bytes);
           continue;
         }
-        if (staged == kStageRows) {
-          for (int q = 0; q < config.dataplane.queues; ++q) transport.quiet(q);
-          staged = 0;
+        const std::int64_t dst_row = h.reply_base[static_cast<std::size_t>(s)] + (first - b);
+        if (!expanded) {  // compact: y's rows from s are contiguous and so are their slots at s
+          send.put_rows(s, Region::kReplies, dst_row, y + static_cast<std::size_t>(first) * H, end - first, row_bytes);
+          continue;
         }
-        std::uint16_t* out = stage + static_cast<std::size_t>(staged++) * H;
-        if (payload) {
-          std::fill(acc.begin(), acc.end(), 0.0f);
-          for (int k = 0; k < K; ++k) {
-            if (rows[k] < 0) continue;
-            const std::uint16_t* yr = y + static_cast<std::size_t>(rows[k]) * H;
-            if (a.weighted) {
-              const float wk = wts[k];
-              for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]) * wk;
-            } else {
-              for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]);
-            }
-          }
-          for (std::size_t c = 0; c < H; ++c) out[c] = f32_to_bf16(acc[c]);
-        }
-        send.put_rows(s, Region::kReplies, dst, out, 1, row_bytes);
+        for (std::int64_t r = first; r < end; ++r) send.put_rows(s, Region::kReplies, dst_row + (r - first), reply_of(r), 1, row_bytes);
       }
-      send.end_channel(s);
+      send.end_channel(peer);
     }
     send.finish();
   });
 }
 
 void Buffer::Impl::wait_replies(const HandleState& h) {
+  if (hierarchical()) {
+    // My server's ranks answer directly; each other server's answers come from its relay.
+    PhaseTimer timer(*this, 0, Phase::kWaitData);
+    for (int d : server_members)
+      for (int w = 0; w < W; ++w) transport.wait_signal(combine_signal(d, w), epoch, {"combine data", d});
+    const int my_server = topology.ranks[static_cast<std::size_t>(rank)].server;
+    for (int d = 0; d < P; ++d) {
+      const int relay = relay_rank(topology, rank, d);
+      if (topology.ranks[static_cast<std::size_t>(d)].server != my_server && relay == d)
+        transport.wait_signal(forward_signal(relay), epoch, {"combine data (relayed)", relay});
+    }
+    return;
+  }
   if (!flag_protocol()) {
     wait_phase(combine_signal(0, 0), "combine data");
     return;

@@ -30,6 +30,7 @@ RowMetaView Buffer::Impl::meta_row(std::byte* base, std::int64_t row) const noex
   std::byte* p = base + static_cast<std::size_t>(row) * window.meta_bytes;
   RowMetaView v;
   v.token = reinterpret_cast<std::int32_t*>(p);
+  v.relay_row = reinterpret_cast<std::int32_t*>(p + 4);
   v.topk_idx = reinterpret_cast<std::int64_t*>(p + 8);
   v.weights = reinterpret_cast<float*>(p + 8 + 8 * K);
   v.slot_row = reinterpret_cast<std::int32_t*>(p + 8 + 12 * K);
@@ -161,12 +162,14 @@ void Buffer::Impl::receive_meta(HandleState& h) {
   const std::int64_t N = h.num_recv();
   const int K = config.num_topk;
   h.recv_token.resize(static_cast<std::size_t>(N));
+  h.recv_relay_row.resize(static_cast<std::size_t>(N));
   h.recv_slot_row.resize(static_cast<std::size_t>(N * K));
   h.recv_slot_weight.resize(static_cast<std::size_t>(N * K));
   std::byte* meta = transport.window() + window.meta;
   for (std::int64_t r = 0; r < N; ++r) {
     const RowMetaView m = meta_row(meta, r);
     h.recv_token[static_cast<std::size_t>(r)] = *m.token;
+    h.recv_relay_row[static_cast<std::size_t>(r)] = *m.relay_row;
     for (int k = 0; k < K; ++k) {
       const std::int64_t e = m.topk_idx[k];
       const bool here = e >= 0 && e / L == rank;

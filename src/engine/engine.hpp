@@ -51,6 +51,7 @@ struct HandleState {
   // slot; compact layout, its local expert (-1 either way: the expert is not on this rank);
   // and the slot's routing weight (0 when not here). Plus each row's source token.
   std::vector<std::int32_t> recv_token;    // [N]
+  std::vector<std::int32_t> recv_relay_row;  // [N] hierarchical: row in the relay's area, -1 if direct
   std::vector<std::int32_t> recv_slot_row; // [N * K]
   std::vector<float> recv_slot_weight;     // [N * K]
   Tensor topk_weights;                     // [S, K] returned by combine
@@ -60,6 +61,8 @@ struct HandleState {
   std::vector<std::int64_t> relay_base;                 // [P]
   // Relay side: rows relayed for source s are [relayed_begin[s], relayed_begin[s+1]).
   std::vector<std::int64_t> relayed_begin;  // [P + 1]
+  // Relay side: per relayed row and lane of my server, the reply row at the source (-1: none).
+  std::vector<std::int32_t> relayed_reply_row;  // [relayed rows x lanes]
   std::int64_t num_recv() const noexcept { return recv_begin.back(); }
 };
 
@@ -79,7 +82,7 @@ struct NotifyHeader {
 };
 
 /// The windows regions rows are put into.
-enum class Region { kData, kScales, kMeta, kReplies, kRelay, kRelayScales, kRelayRecord };
+enum class Region { kData, kScales, kMeta, kReplies, kRelay, kRelayScales, kRelayRecord, kRelayReplies };
 
 /// Flag protocol: a row travels as 512-byte blocks of 480 payload bytes + an 8-byte epoch.
 inline constexpr std::size_t kFlagBlock = 512;
@@ -112,7 +115,8 @@ struct WindowLayout {
   std::size_t relay_records = 0;  // control: relay_rows x relay_record_bytes
   std::size_t relay = 0;          // payload: relay_rows x 2H
   std::size_t relay_scales = 0;   // payload: relay_rows x FP8 scale row
-  std::size_t relay_record_bytes = 0;
+  std::size_t relay_replies = 0;  // payload: relay_rows x lanes x 2H, combine replies on their way back
+  std::size_t relay_record_bytes = 0;  // see slots_bytes() in relay.cpp: 2 x lanes int32, then lanes x RowMeta
   std::int64_t relay_rows = 0;
   std::size_t total = 0;
   std::int64_t reply_rows = 0;   // C * min(K, P): one per (token, destination) of a source
@@ -126,6 +130,7 @@ struct WindowLayout {
 /// weights, and for each slot the expanded output row at the receiver (-1 elsewhere).
 struct RowMetaView {
   std::int32_t* token;
+  std::int32_t* relay_row;  // hierarchical: the row's place in its relay's area (-1: sent directly)
   std::int64_t* topk_idx;  // [K]
   float* weights;          // [K]
   std::int32_t* slot_row;  // [K]
@@ -219,6 +224,13 @@ struct Buffer::Impl {
   void put_relayed_rows(Sender& send, const detail::HandleState& h, const DispatchArgs& a, int relay, std::int64_t t0,
                         std::int64_t t1, const std::vector<std::int32_t>* expert_base, std::byte* records);
   void forward_relayed(const detail::HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes);
+  /// Combine, at a relay: its server's replies to other servers' sources of my lane go on
+  /// to those sources (after every member's completion signal), then one signal each.
+  void forward_replies(const detail::HandleState& h);
+  /// Other-server ranks of my lane, rotated from me: the sources whose rows I relay.
+  std::vector<int> relayed_sources() const;
+  /// Fresh dispatch, at a relay: keeps the records' reply rows for this handle's combines.
+  void keep_reply_rows(detail::HandleState& h) const;
   std::size_t forward_signal(int src) const noexcept;
   std::size_t relay_record(std::int64_t row) const noexcept;
   void fill_meta(detail::RowMetaView m, const detail::HandleState& h, const DispatchArgs& a, int d, std::int32_t t,
@@ -262,7 +274,8 @@ struct Buffer::Impl {
   detail::WorkerPool pool;
   detail::TensorPool outputs;  // every tensor a call returns
   std::vector<int> visit_order;           // peers in the schedule's order (all rounds)
-  std::vector<int> reply_order;           // combine's order: visit_order, hierarchical: every rank rotated
+  std::vector<int> reply_order;           // combine's channels: visit_order; hierarchical: my server's ranks
+  std::vector<std::vector<int>> reply_sources;  // [P] sources whose replies travel to a channel's peer
   Topology topology;
   std::vector<int> server_members;        // hierarchical: my server's ranks by lane
   std::size_t signal_stride = 1;         // tail protocol: a 512-byte line per completion slot

@@ -3,8 +3,10 @@
 // says, per lane of that server, the row's slot at that rank and its metadata. The relay
 // forwards the row inside its server and then tells each final rank, with one signal per
 // source, that the source's rows have landed. Rows land in exactly the slots a direct send
-// would use, so every output is the same bits. Combine replies go straight back: a relay
-// cannot add partials without changing the order of additions SPEC §4 fixes.
+// would use, so every output is the same bits. Combine reverses the path: an expert rank
+// puts its reply to another server's source into its relay's area (the relay is in its own
+// server), and the relay forwards every reply to the source's reply slot. The relay does
+// not add partials: that would change the order of additions SPEC §4 fixes.
 #include <algorithm>
 
 #include "engine.hpp"
@@ -17,8 +19,21 @@ using detail::RowMetaView;
 using detail::split_range;
 
 namespace {
-std::size_t slots_bytes(std::size_t lanes) { return (lanes * sizeof(std::int32_t) + 7) / 8 * 8; }
+// A relay record: per lane, the row's slot at that rank and its reply row at the source
+// (-1: not a destination), then per lane the row's metadata.
+std::size_t slots_bytes(std::size_t lanes) { return (2 * lanes * sizeof(std::int32_t) + 7) / 8 * 8; }
 }  // namespace
+
+std::vector<int> Buffer::Impl::relayed_sources() const {
+  const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
+  std::vector<int> sources;
+  for (int i = 1; i < P; ++i) {
+    const int s = (rank + i) % P;
+    const RankPlace& place = topology.ranks[static_cast<std::size_t>(s)];
+    if (place.server != me.server && place.lane == me.lane) sources.push_back(s);
+  }
+  return sources;
+}
 
 std::size_t Buffer::Impl::forward_signal(int src) const noexcept {
   return combine_signal(P, 0) + static_cast<std::size_t>(src) * signal_stride;
@@ -90,27 +105,27 @@ void Buffer::Impl::put_relayed_rows(Sender& send, const HandleState& h, const Di
   for (std::int64_t i = i0; i < i1; ++i) {
     std::byte* rec = records + relay_record(i);
     auto* slot = reinterpret_cast<std::int32_t*>(rec);
-    std::fill(slot, slot + lanes, -1);
+    std::int32_t* reply_row = slot + lanes;
+    std::fill(slot, slot + 2 * lanes, -1);
     const std::int32_t t = tokens[static_cast<std::size_t>(i)];
     for (std::int32_t e = plan.token_begin[static_cast<std::size_t>(t)]; e < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++e) {
       const int d = plan.entry_rank[static_cast<std::size_t>(e)];
       const auto lane = std::find(members.begin(), members.end(), d) - members.begin();
       if (static_cast<std::size_t>(lane) == lanes) continue;
       slot[lane] = static_cast<std::int32_t>(h.send_base[static_cast<std::size_t>(d)] + plan.entry_position[static_cast<std::size_t>(e)]);
-      if (expert_base) fill_meta(meta_row(rec + slots_bytes(lanes), static_cast<std::int64_t>(lane)), h, a, d, t, *expert_base);
+      reply_row[lane] = plan.segment_begin[static_cast<std::size_t>(d)] + plan.entry_position[static_cast<std::size_t>(e)];
+      if (expert_base) {
+        RowMetaView m = meta_row(rec + slots_bytes(lanes), static_cast<std::int64_t>(lane));
+        fill_meta(m, h, a, d, t, *expert_base);
+        *m.relay_row = static_cast<std::int32_t>(base + i);
+      }
     }
   }
   send.put_rows(relay, Region::kRelayRecord, base + i0, records + relay_record(i0), i1 - i0, window.relay_record_bytes);
 }
 
 void Buffer::Impl::forward_relayed(const HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes) {
-  const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
-  std::vector<int> sources;  // other servers' ranks of my lane, rotated from mine
-  for (int i = 1; i < P; ++i) {
-    const int s = (rank + i) % P;
-    const RankPlace& place = topology.ranks[static_cast<std::size_t>(s)];
-    if (place.server != me.server && place.lane == me.lane) sources.push_back(s);
-  }
+  const std::vector<int> sources = relayed_sources();
   const std::byte* window_base = transport.window();
   const std::size_t lanes = server_members.size();
   pool.run([&](int w) {
@@ -147,10 +162,50 @@ void Buffer::Impl::forward_relayed(const HandleState& h, bool with_meta, std::si
   });
 }
 
+void Buffer::Impl::keep_reply_rows(HandleState& h) const {
+  const std::size_t lanes = server_members.size(), rows = static_cast<std::size_t>(h.relayed_begin.back());
+  h.relayed_reply_row.resize(rows * lanes);
+  for (std::size_t i = 0; i < rows; ++i) {
+    const auto* rec = reinterpret_cast<const std::int32_t*>(transport.window() + window.relay_records + relay_record(static_cast<std::int64_t>(i)));
+    std::copy(rec + lanes, rec + 2 * lanes, h.relayed_reply_row.begin() + static_cast<std::ptrdiff_t>(i * lanes));
+  }
+}
+
+void Buffer::Impl::forward_replies(const HandleState& h) {
+  const std::vector<int> sources = relayed_sources();
+  const std::byte* window_base = transport.window();
+  const std::size_t lanes = server_members.size();
+  const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * sizeof(std::uint16_t);
+  {  // every member of my server has put all its replies to me
+    PhaseTimer timer(*this, 0, Phase::kWaitData);
+    for (int d : server_members)
+      for (int w = 0; w < W; ++w) transport.wait_signal(combine_signal(d, w), epoch, {"combine relay", d});
+  }
+  pool.run([&](int w) {
+    PhaseTimer timer(*this, w, Phase::kPutIssue);
+    WorkerStats* ws = config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
+    for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(W)) {
+      const int s = sources[k];
+      for (std::int64_t i = h.relayed_begin[static_cast<std::size_t>(s)]; i < h.relayed_begin[static_cast<std::size_t>(s) + 1]; ++i) {
+        const std::int32_t* reply_row = h.relayed_reply_row.data() + static_cast<std::size_t>(i) * lanes;
+        for (std::size_t lane = 0; lane < lanes; ++lane) {
+          if (reply_row[lane] < 0) continue;
+          const std::byte* from = window_base + window.relay_replies + (static_cast<std::size_t>(i) * lanes + lane) * row_bytes;
+          transport.put(s, window.replies + static_cast<std::size_t>(reply_row[lane]) * row_bytes, from, row_bytes, 0);
+          if (ws) count_put(*ws, s, row_bytes, 0);
+        }
+      }
+      transport.quiet(0);
+      transport.signal(s, forward_signal(rank), epoch, 0);
+    }
+  });
+}
+
 void Buffer::Impl::fill_meta(RowMetaView m, const HandleState& h, const DispatchArgs& a, int d, std::int32_t t,
                              const std::vector<std::int32_t>& expert_base) const {
   const int K = config.num_topk;
   *m.token = t;
+  *m.relay_row = -1;
   const std::int64_t* idx = a.topk_idx.as<std::int64_t>() + static_cast<std::int64_t>(t) * K;
   const float* wts = a.topk_weights.as<float>() + static_cast<std::int64_t>(t) * K;
   for (int k = 0; k < K; ++k) {

@@ -297,49 +297,39 @@ TEST(DataPlaneConformance, ProtocolsNeedTheirTransportGuarantee) {
   }
 }
 
-// Hierarchical: a rank puts only to its own server and to its relays (the same-lane rank
-// of each other server); every other rank of another server gets its rows relayed.
+// Hierarchical: rows cross servers only between ranks of the same lane, both ways — a
+// rank puts to other servers only to its relays (dispatch rows, forwarded replies); every
+// other rank of another server gets its rows and replies relayed.
 TEST(DataPlaneConformance, HierarchicalCrossesServersOnlyBetweenSameLanes) {
   ref::FixtureOptions f = fixture(false, 56);
   f.num_ranks = 8;
   f.num_experts = 16;
   f.num_topk = 4;
   f.tokens_per_rank = {12, 0, 9, 16, 3, 11, 7, 14};
-  const Expected e = expect(f, true, false);
-  launch({8, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
-    PutCounter counted(t);
-    BufferConfig c = config_for(e.p, 2);
-    c.dataplane.schedule = parse_schedule("hierarchical");
-    c.dataplane.topology = "builtin:servers:4";
-    Buffer buffer(counted, c);
-    const int r = t.rank();
-    const auto ur = static_cast<std::size_t>(r);
-    const DispatchResult d = buffer.dispatch(dispatch_args(views_of(e.p, r), e.d));
-    expect_dispatch(r, e.p, e.d, e.out[ur], d);
-    // Rows rank r sends to each server: to its relay there, never to other lanes.
-    std::vector<int> rows_to_server(2, 0);
-    const ref::Layout lay = ref::layout(e.p, r);
-    for (std::int64_t tok = 0; tok < e.p.ranks[ur].num_tokens; ++tok)
-      for (int server = 0; server < 2; ++server)
-        for (int lane = 0; lane < 4; ++lane)
-          if (lay.is_token_in_rank[static_cast<std::size_t>(tok * 8 + server * 4 + lane)]) {
-            ++rows_to_server[static_cast<std::size_t>(server)];
-            break;
-          }
-    for (int peer = 0; peer < 8; ++peer) {
-      const std::uint64_t n = counted.puts()[static_cast<std::size_t>(peer)];
-      const bool other_server = peer / 4 != r / 4, relay = other_server && peer % 4 == r % 4;
-      if (other_server && !relay && n != 0)
-        fail(r, std::to_string(n) + " payload puts straight to rank " + std::to_string(peer) + " of another server");
-      if (relay && (n == 0) != (rows_to_server[static_cast<std::size_t>(peer / 4)] == 0))
-        fail(r, "relay rank " + std::to_string(peer) + " got " + std::to_string(n) + " puts for " +
-                    std::to_string(rows_to_server[static_cast<std::size_t>(peer / 4)]) + " rows");
-    }
-    CombineArgs ca;
-    ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, e.p.hidden});
-    ca.handle = &d.handle;
-    expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e.combined[ur]);
-  });
+  for (bool expanded : {false, true}) {
+    const Expected e = expect(f, expanded, expanded);
+    launch({8, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      PutCounter counted(t);
+      BufferConfig c = config_for(e.p, 2);
+      c.dataplane.schedule = parse_schedule("hierarchical");
+      c.dataplane.topology = "builtin:servers:4";
+      Buffer buffer(counted, c);
+      const int r = t.rank();
+      check_round_trip(buffer, r, e);  // dispatch, cached dispatch, combine
+      // Rows rank r sends to the other server: all through its relay there.
+      const ref::Layout lay = ref::layout(e.p, r);
+      bool crosses = false;
+      for (std::int64_t tok = 0; tok < e.p.ranks[static_cast<std::size_t>(r)].num_tokens; ++tok)
+        for (int lane = 0; lane < 4; ++lane) crosses |= lay.is_token_in_rank[static_cast<std::size_t>(tok * 8 + (1 - r / 4) * 4 + lane)] != 0;
+      for (int peer = 0; peer < 8; ++peer) {
+        const std::uint64_t n = counted.puts()[static_cast<std::size_t>(peer)];
+        const bool other_server = peer / 4 != r / 4, relay = other_server && peer % 4 == r % 4;
+        if (other_server && !relay && n != 0)
+          fail(r, std::to_string(n) + " payload puts straight to rank " + std::to_string(peer) + " of another server");
+        if (relay && crosses && n == 0) fail(r, "nothing went through relay rank " + std::to_string(peer));
+      }
+    });
+  }
 }
 
 // Zero-copy output needs contiguous rows; the flag protocol's blocks are not.
@@ -366,7 +356,7 @@ TEST(DataPlaneConformance, FlagProtocolRefusesZeroCopy) {
 // before its reader is done, show up as wrong bits. Calls of the same kind follow each
 // other (two dispatches, then two combines), so every region is rewritten by the very
 // next call that uses it.
-void stress(TransportKind kind, Protocol protocol, int iterations, std::int64_t ring_rows = 0) {
+void stress(TransportKind kind, Protocol protocol, int iterations, std::int64_t ring_rows = 0, bool relays = false) {
   std::vector<Expected> rounds;
   for (int i = 0; i < 16; ++i) {
     ref::FixtureOptions f = fixture(false, 1000 + static_cast<std::uint64_t>(i));
@@ -383,6 +373,10 @@ void stress(TransportKind kind, Protocol protocol, int iterations, std::int64_t 
     c.dataplane.queues = 2;
     c.dataplane.aggregate_bytes = 256;
     c.ring_rows = ring_rows;
+    if (relays) {  // two servers of two: combines with an older handle must use its relay rows
+      c.dataplane.schedule = parse_schedule("hierarchical");
+      c.dataplane.topology = "builtin:servers:2";
+    }
     Buffer buffer(t, c);
     auto dispatch = [&](const Expected& e) {
       DispatchResult d = buffer.dispatch(dispatch_args(views_of(e.p, r), e.d));
@@ -411,6 +405,7 @@ TEST(DataPlaneStress, threads_TailReusesSlotsSafely) { stress(TransportKind::kTh
 TEST(DataPlaneStress, threads_FlagReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kFlag, 1000); }
 TEST(DataPlaneStress, threads_RingReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kTail, 1000, 3); }
 TEST(DataPlaneStress, shm_RingReusesSlotsSafely) { stress(TransportKind::kShm, Protocol::kExplicit, 500, 2); }
+TEST(DataPlaneStress, threads_RelaysReuseSlotsSafely) { stress(TransportKind::kThreads, Protocol::kTail, 1000, 0, true); }
 TEST(DataPlaneStress, shm_FlagReusesSlotsSafely) { stress(TransportKind::kShm, Protocol::kFlag, 1000); }
 
 }  // namespace
