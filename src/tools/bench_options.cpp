@@ -29,11 +29,13 @@ const char* bench_definitions() {
                rest. Combine: the same (token, destination) rows flowing back, bf16 (H*2
                bytes), counted at the sender of the combine (the expert rank) = the compact
                rows it received in dispatch. Metadata (indices, weights) is not payload.
-  algbw        payload bytes / time, GB/s = 1e9 B/s. Per rank: its payload / its avg latency;
-               total: the sum of all ranks' payload / avg max-rank latency.
+  moved        payload, plus for an expanded dispatch the receivers' local expansion copies
+               (one x row per slot routed to the rank's experts).
+  algbw        moved bytes / time, GB/s = 1e9 B/s. Per rank: its bytes / its avg latency;
+               total: the sum of all ranks' bytes / avg max-rank latency.
   memcpy       measured in the same run, interleaved with the epx iterations, in the same P
-               processes at once: each rank memcpy()s exactly its payload bytes for the op,
-               row by row, between pre-faulted private buffers. memcpy GB/s = total payload /
+               processes at once: each rank memcpy()s exactly its moved bytes for the op,
+               row by row, between pre-faulted private buffers. memcpy GB/s = total moved /
                avg max-rank memcpy time; ratio = epx algbw / memcpy GB/s for the same bytes.
                Top-level memcpy_gbps = (dispatch + combine bytes) / (both max-rank times).
   puts         epx's own counters (per call, summed over workers): remote puts + puts into

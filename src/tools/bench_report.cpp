@@ -83,11 +83,13 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
     op.payload_bytes.push_back(is_dispatch ? rc.dispatch_bytes(r) : rc.combine_bytes(r));
     op.local_bytes.push_back(is_dispatch ? rc.dispatch_local_bytes(r) : rc.combine_local_bytes(r));
     op.total_payload += op.payload_bytes.back();
-    op.algbw_rank_gbps.push_back(gbps(static_cast<double>(op.payload_bytes.back()), op.rank[at(r)].avg));
+    op.moved_bytes.push_back(op.payload_bytes.back() + (is_dispatch ? rc.expansion_bytes(r) : 0));
+    op.total_moved += op.moved_bytes.back();
+    op.algbw_rank_gbps.push_back(gbps(static_cast<double>(op.moved_bytes.back()), op.rank[at(r)].avg));
   }
-  op.algbw_gbps = gbps(static_cast<double>(op.total_payload), op.max_rank.avg);
+  op.algbw_gbps = gbps(static_cast<double>(op.total_moved), op.max_rank.avg);
   op.memcpy_max_rank = summarize(max_over(memcpy_series));
-  op.memcpy_gbps = gbps(static_cast<double>(op.total_payload), op.memcpy_max_rank.avg);
+  op.memcpy_gbps = gbps(static_cast<double>(op.total_moved), op.memcpy_max_rank.avg);
   op.ratio_vs_memcpy = op.memcpy_gbps > 0 ? op.algbw_gbps / op.memcpy_gbps : 0;
 
   // Engine counters.
@@ -260,7 +262,7 @@ BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const 
   r.dispatch = aggregate_op("dispatch", true, o, rc, records, r.warnings);
   r.combine = aggregate_op("combine", false, o, rc, records, r.warnings);
   const double mt = r.dispatch.memcpy_max_rank.avg + r.combine.memcpy_max_rank.avg;
-  r.memcpy_gbps = gbps(static_cast<double>(r.dispatch.total_payload + r.combine.total_payload), mt);
+  r.memcpy_gbps = gbps(static_cast<double>(r.dispatch.total_moved + r.combine.total_moved), mt);
   for (const BenchRankRecord& rec : records)
     if (rec.out_rows != rc.out_rows[at(rec.rank)])
       r.warnings.push_back(fmt("rank %d: epx's dispatch output has %lld rows, the routing gives %lld", rec.rank,
@@ -335,8 +337,10 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
   summary_line(f, "max-rank latency (us)", op.max_rank);
   std::fprintf(f, "  %-28s avg %9s  (first rank's start to last rank's end; start skew avg %s us)\n", "span (us)",
                format_us(op.span.avg).c_str(), format_us(op.start_skew_us).c_str());
-  std::fprintf(f, "  %-28s %.2f GB/s  (%s MB / avg max-rank latency)\n", "algbw total", op.algbw_gbps,
-               mb(static_cast<double>(op.total_payload)).c_str());
+  const std::int64_t expansion = op.total_moved - op.total_payload;
+  std::fprintf(f, "  %-28s %.2f GB/s  (%s MB%s / avg max-rank latency)\n", "algbw total", op.algbw_gbps,
+               mb(static_cast<double>(op.total_payload)).c_str(),
+               expansion > 0 ? (" + " + mb(static_cast<double>(expansion)) + " MB local expansion copies").c_str() : "");
   std::fprintf(f, "  %-28s %.2f GB/s  (same bytes, same %d ranks at once, max-rank avg %s us)  ->  epx = %.2fx memcpy\n",
                "memcpy, this machine", op.memcpy_gbps, P, format_us(op.memcpy_max_rank.avg).c_str(), op.ratio_vs_memcpy);
   if (op.counters) {

@@ -36,6 +36,10 @@ struct OpReport {
   int slowest_rank = 0;                          ///< highest avg latency
   std::vector<std::int64_t> payload_bytes, local_bytes;  ///< [P] from the routing
   std::int64_t total_payload = 0;
+  /// Bytes the op moves: the payload plus, for an expanded dispatch, the receivers' local
+  /// expansion copies. algbw and the memcpy reference (which copies the same) use these.
+  std::vector<std::int64_t> moved_bytes;  ///< [P]
+  std::int64_t total_moved = 0;
   std::vector<double> algbw_rank_gbps;  ///< payload / avg latency
   double algbw_gbps = 0;                ///< total payload / avg max-rank latency
   std::vector<double> memcpy_rank_us;   ///< [P] avg

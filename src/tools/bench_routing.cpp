@@ -248,6 +248,7 @@ RouteCount count_routes(int ranks, int experts, int topk, const std::vector<cons
   c.ranks = P;
   c.experts = E;
   c.topk = K;
+  c.expanded = expanded;
   c.x_row_bytes = x_row_bytes;
   c.y_row_bytes = y_row_bytes;
   c.tokens = tokens;

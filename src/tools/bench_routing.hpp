@@ -44,6 +44,7 @@ BenchProblem make_problem(const BenchOptions& o);
 /// engine's plan and counters).
 struct RouteCount {
   int ranks = 0, experts = 0, topk = 0;
+  bool expanded = false;  ///< the dispatch output is expanded: each local slot's row is copied once more
   std::size_t x_row_bytes = 0, y_row_bytes = 0;
   std::vector<std::int64_t> tokens;           ///< [P] S_r
   std::vector<std::int64_t> sent_rows;        ///< [P] (token, unique destination) pairs of the rank
@@ -59,6 +60,10 @@ struct RouteCount {
   std::int64_t dispatch_bytes(int r) const noexcept { return sent_rows[idx(r)] * static_cast<std::int64_t>(x_row_bytes); }
   std::int64_t dispatch_local_bytes(int r) const noexcept {
     return sent_local_rows[idx(r)] * static_cast<std::int64_t>(x_row_bytes);
+  }
+  /// Expanded layout: the receiver's local copies of each row into its slots' output rows.
+  std::int64_t expansion_bytes(int r) const noexcept {
+    return expanded ? recv_slots[idx(r)] * static_cast<std::int64_t>(x_row_bytes) : 0;
   }
   std::int64_t combine_bytes(int r) const noexcept { return recv_rows[idx(r)] * static_cast<std::int64_t>(y_row_bytes); }
   std::int64_t combine_local_bytes(int r) const noexcept {

@@ -61,10 +61,12 @@ class Progress {
   int step_ = 0;
 };
 
-// The memcpy reference: the same rows as the op, row by row, between pre-faulted buffers.
+// The memcpy reference: the same rows as the op, row by row, between pre-faulted buffers
+// (an expanded dispatch also copies each local slot's row once more, as the epilogue does).
 struct MemcpyRef {
   std::vector<std::int32_t> send_tokens;  // one entry per (token, unique destination)
   std::vector<std::byte> dispatch_dst;
+  std::vector<std::byte> expand_src, expand_dst;  // one x row per slot routed to this rank's experts
   std::vector<std::byte> combine_src, combine_dst;
   std::size_t data_row = 0, scale_row = 0, y_row = 0;
   std::int64_t combine_rows = 0;
@@ -87,6 +89,8 @@ struct MemcpyRef {
     y_row = p.y_row_bytes();
     combine_rows = rc.recv_rows[static_cast<std::size_t>(r)];
     dispatch_dst.assign(send_tokens.size() * (data_row + scale_row), std::byte{1});  // pre-faulted
+    expand_src.assign(static_cast<std::size_t>(rc.expansion_bytes(r)), std::byte{4});
+    expand_dst.assign(expand_src.size(), std::byte{5});
     combine_src.assign(static_cast<std::size_t>(combine_rows) * y_row, std::byte{2});
     combine_dst.assign(combine_src.size(), std::byte{3});
   }
@@ -103,6 +107,8 @@ struct MemcpyRef {
         out += scale_row;
       }
     }
+    const std::size_t row = data_row + scale_row;  // the received rows, expanded into slots
+    for (std::size_t at = 0; at + row <= expand_dst.size(); at += row) std::memcpy(expand_dst.data() + at, expand_src.data() + at, row);
   }
   void combine() {
     for (std::int64_t i = 0; i < combine_rows; ++i)
