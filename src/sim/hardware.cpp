@@ -113,10 +113,10 @@ Picoseconds HardwareModel::barrier_cost(int ranks) const {
   return Nanoseconds{barrier_base.ns + barrier_per_log2.ns * l}.to_ps();
 }
 
-Picoseconds HardwareModel::latency(int src, int dst) const {
+Picoseconds HardwareModel::latency(int src, int dst, int src_frame, int dst_frame) const {
   if (src == dst) return local_latency.to_ps();
   Picoseconds t = link_latency.to_ps();
-  if (frame_of(src) != frame_of(dst)) t += frame_crossing_latency.to_ps();
+  if (src_frame != dst_frame) t += frame_crossing_latency.to_ps();
   return t;
 }
 

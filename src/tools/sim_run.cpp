@@ -60,11 +60,7 @@ std::pair<std::size_t, std::size_t> fallback_payload_region(const BufferConfig& 
   return {data, meta};
 }
 
-std::string topology_for(const std::string& spec, int P) {
-  if (spec != "auto") return spec;
-  if (P == 128) return "builtin:supernode128";
-  return P % 8 == 0 ? "builtin:servers:8" : "builtin:flat";
-}
+std::string topology_for(const std::string& spec, int P) { return spec == "auto" ? sim::default_topology_spec(P) : spec; }
 
 BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, int P) {
   BufferConfig c;
@@ -79,6 +75,7 @@ BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, in
   c.dataplane.queue_split = parse_queue_split(o.queue_split);
   c.dataplane.aggregate_bytes = static_cast<std::size_t>(std::llround(static_cast<double>(o.aggregate) * agg_scale));
   c.dataplane.protocol = parse_protocol(o.protocol);
+  c.ring_rows = o.ring_rows;
   return c;
 }
 
@@ -133,6 +130,17 @@ void validate_sim_options(const SimOptions& o) {
   parse_schedule(o.schedule);
   parse_queue_split(o.queue_split);
   parse_protocol(o.protocol);
+  if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));
+  if (o.ring_rows > 0 && o.protocol == "flag") bad("--ring-rows needs --protocol explicit or tail");
+  if (o.ring_rows > 0 && o.schedule == "hierarchical") bad("--ring-rows cannot be combined with --schedule hierarchical");
+  // Every EP size must have a table of its size (an explicit --topology names one P).
+  for (int p : o.ep) {
+    try {
+      load_topology(topology_for(o.topology, p), p);
+    } catch (const Error& e) {
+      bad("--topology at --ep " + std::to_string(p) + ": " + e.what());
+    }
+  }
 }
 
 SimRun collect_run(const SimOptions& o, int ep) {
@@ -162,6 +170,7 @@ SimRun collect_run(const SimOptions& o, int ep) {
   ZeroMap x(static_cast<std::size_t>(o.tokens) * x_row);
   ZeroMap scales(static_cast<std::size_t>(o.tokens) * static_cast<std::size_t>(std::max(1, Hr / 128)) * 4);
   const BufferConfig cfg = buffer_config(o, Hr, 1.0 / scale, ep);
+  run.topology = load_topology(cfg.dataplane.topology, ep);
   const auto fallback = fallback_payload_region(cfg, ep);
 
   LaunchOptions lo;
@@ -231,7 +240,7 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
   auto one = [&](int call, std::vector<sim::RankCompute> compute, double row_bytes, double& avg, double& slowest,
                  double& max_us, Split& split) {
     for (auto& c : compute) c.extra_sync = extra;
-    const sim::CallTiming t = sim::replay_call(run.trace, call, hw, compute);
+    const sim::CallTiming t = sim::replay_call(run.trace, call, hw, compute, run.topology);
     pt.events += t.events;
     max_us = t.max_rank.us();
     int worst = 0;
