@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -19,6 +20,8 @@ namespace epx::tools {
 namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); }
+
+double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -145,6 +148,7 @@ void validate_sim_options(const SimOptions& o) {
 
 SimRun collect_run(const SimOptions& o, int ep) {
   const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_seconds();
   SimRun run;
   run.ep = ep;
   run.model_only = o.run_hidden == 0 && engine_supports_model_only();
@@ -225,16 +229,19 @@ SimRun collect_run(const SimOptions& o, int ep) {
   run.dispatch_row_bytes = (o.fp8 ? H + H / 128 * 4 : 2 * H) + K * 8 + K * 4;
   run.combine_row_bytes = 2 * H;
   run.engine_seconds = seconds_since(t0);
+  run.engine_cpu_seconds = cpu_seconds() - c0;
   return run;
 }
 
 SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_seconds();
   SimPoint pt;
   pt.ep = run.ep;
   pt.model_only = run.model_only;
   pt.run_hidden = run.run_hidden;
   pt.engine_seconds = run.engine_seconds;
+  pt.engine_cpu_seconds = run.engine_cpu_seconds;
   const int P = run.ep;
   const sim::Picoseconds extra = extra_sync(o, hw, P);
   auto one = [&](int call, std::vector<sim::RankCompute> compute, double row_bytes, double& avg, double& slowest,
@@ -262,6 +269,7 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
   one(run.combine_call, run.combine_compute, run.combine_row_bytes, pt.combine_gbps, pt.combine_gbps_slowest,
       pt.combine_us, pt.combine_split);
   pt.replay_seconds = seconds_since(t0);
+  pt.replay_cpu_seconds = cpu_seconds() - c0;
   return pt;
 }
 
@@ -271,11 +279,12 @@ std::vector<SimPoint> simulate(const SimOptions& o, const sim::HardwareModel& hw
     if (o.progress) std::fprintf(stderr, "[epx sim] EP%d: running the engine on %d sim ranks...\n", ep, ep);
     const SimRun run = collect_run(o, ep);
     if (o.progress)
-      std::fprintf(stderr, "[epx sim] EP%d: engine %.2f s (%s, hidden %d); replaying...\n", ep, run.engine_seconds,
+      std::fprintf(stderr, "[epx sim] EP%d: engine %.2f s wall, %.2f s CPU (%s, hidden %d); replaying...\n", ep, run.engine_seconds,
+                   run.engine_cpu_seconds,
                    run.model_only ? "model-only" : "copy mode, payload scaled", run.run_hidden);
     SimPoint pt = evaluate_run(run, hw, o);
     if (o.progress)
-      std::fprintf(stderr, "[epx sim] EP%d: replay %.2f s (%llu events)\n", ep, pt.replay_seconds,
+      std::fprintf(stderr, "[epx sim] EP%d: replay %.2f s wall, %.2f s CPU (%llu events)\n", ep, pt.replay_seconds, pt.replay_cpu_seconds,
                    static_cast<unsigned long long>(pt.events));
     out.push_back(pt);
   }
@@ -303,8 +312,9 @@ std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareMo
   }
   os << "run time per EP size (engine on sim ranks + replay):\n";
   for (const SimPoint& p : points) {
-    std::snprintf(line, sizeof line, "%4d | engine %.2f s (%s, hidden %d) + replay %.2f s, %llu events\n", p.ep,
-                  p.engine_seconds, p.model_only ? "model-only" : "copy, payload scaled", p.run_hidden, p.replay_seconds,
+    std::snprintf(line, sizeof line, "%4d | engine %.2f s (%.2f s CPU; %s, hidden %d) + replay %.2f s (%.2f s CPU), %llu events\n", p.ep,
+                  p.engine_seconds, p.engine_cpu_seconds, p.model_only ? "model-only" : "copy, payload scaled", p.run_hidden,
+                  p.replay_seconds, p.replay_cpu_seconds,
                   static_cast<unsigned long long>(p.events));
     os << line;
   }
@@ -330,6 +340,8 @@ std::string sim_json(const std::vector<SimPoint>& points) {
                     {"run_hidden", p.run_hidden},
                     {"engine_seconds", p.engine_seconds},
                     {"replay_seconds", p.replay_seconds},
+                    {"engine_cpu_seconds", p.engine_cpu_seconds},
+                    {"replay_cpu_seconds", p.replay_cpu_seconds},
                     {"events", p.events}});
   return list.dump(2) + "\n";
 }

@@ -58,6 +58,7 @@ struct SimRun {
   bool model_only = false;
   int run_hidden = 0;
   double engine_seconds = 0;
+  double engine_cpu_seconds = 0;  ///< process CPU time (all threads) of the engine run
 };
 
 struct Split {
@@ -70,6 +71,7 @@ struct SimPoint {
   double dispatch_us = 0, combine_us = 0;  ///< max-rank latency
   Split dispatch_split, combine_split;     ///< averages over ranks
   double engine_seconds = 0, replay_seconds = 0;
+  double engine_cpu_seconds = 0, replay_cpu_seconds = 0;  ///< process CPU time (wall time depends on the machine's load)
   std::uint64_t events = 0;
   bool model_only = false;
   int run_hidden = 0;
