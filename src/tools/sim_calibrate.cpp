@@ -192,8 +192,9 @@ std::string run_experiments(const SimOptions& base_in, const sim::HardwareModel&
   auto evaluate_all = [&](const std::vector<SimOptions>& todo) {
     std::map<std::string, std::vector<SimOptions>> by_engine;
     std::vector<std::string> order;
+    std::set<std::string> queued;
     for (const SimOptions& o : todo) {
-      if (points.count(variant_key(o))) continue;
+      if (points.count(variant_key(o)) || !queued.insert(variant_key(o)).second) continue;
       const std::string k = engine_key(o);
       if (!by_engine.count(k)) order.push_back(k);
       by_engine[k].push_back(o);
