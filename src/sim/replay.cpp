@@ -349,8 +349,11 @@ class Replay {
           // A quiet in the middle of a put loop (the next op is a put: a staging buffer is
           // reused) stalls only one of the hardware workers this stream stands for; the
           // others keep issuing, so with parallel > 1 it costs its latency share only.
-          const bool staging = rk.parallel > 1 && s.pos + 1 < s.ops.size() &&
-                               (s.ops[s.pos + 1]->kind == OpKind::kPut || s.ops[s.pos + 1]->kind == OpKind::kPutFlagged);
+          // (A run of quiets, one per queue, followed by a put is the same staging reuse.)
+          std::size_t next = s.pos + 1;
+          while (next < s.ops.size() && s.ops[next]->kind == OpKind::kQuiet) ++next;
+          const bool staging = rk.parallel > 1 && next < s.ops.size() &&
+                               (s.ops[next]->kind == OpKind::kPut || s.ops[next]->kind == OpKind::kPutFlagged);
           if (staging) {
             const Picoseconds t = now + Picoseconds{hw_.quiet_latency.to_ps().ps / rk.parallel};
             s.sync += t - now;

@@ -151,6 +151,7 @@ SimRun collect_run(const SimOptions& o, int ep) {
   const double c0 = cpu_seconds();
   SimRun run;
   run.ep = ep;
+  run.tokens = o.tokens;
   run.model_only = o.run_hidden == 0 && engine_supports_model_only();
   run.run_hidden = o.run_hidden > 0 ? o.run_hidden : run.model_only ? o.hidden : std::min(o.hidden, o.fp8 ? 128 : 64);
   const int Hr = run.run_hidden;
@@ -215,7 +216,6 @@ SimRun collect_run(const SimOptions& o, int ep) {
     sim::RankCompute& dc = run.dispatch_compute[static_cast<std::size_t>(r)];
     dc.plan_slots = static_cast<std::uint64_t>(o.tokens * o.topk);
     dc.plan_counts = static_cast<std::uint64_t>(P) * static_cast<std::uint64_t>(P + o.experts);
-    if (o.dense_scan) dc.dense_cells = static_cast<std::uint64_t>(o.tokens) * static_cast<std::uint64_t>(P);
     dc.payload_scale = scale;
     sim::RankCompute& cc = run.combine_compute[static_cast<std::size_t>(r)];
     cc.payload_scale = scale;
@@ -244,9 +244,15 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
   pt.engine_cpu_seconds = run.engine_cpu_seconds;
   const int P = run.ep;
   const sim::Picoseconds extra = extra_sync(o, hw, P);
+  // Model-only knobs come from `o`, not from the options the run was made with (a run is
+  // shared by variants that differ only in them).
+  const std::uint64_t dense_cells = o.dense_scan ? static_cast<std::uint64_t>(run.tokens) * static_cast<std::uint64_t>(P) : 0;
   auto one = [&](int call, std::vector<sim::RankCompute> compute, double row_bytes, double& avg, double& slowest,
                  double& max_us, Split& split) {
-    for (auto& c : compute) c.extra_sync = extra;
+    for (auto& c : compute) {
+      c.extra_sync = extra;
+      if (call == run.dispatch_call) c.dense_cells = dense_cells;
+    }
     const sim::CallTiming t = sim::replay_call(run.trace, call, hw, compute, run.topology);
     pt.events += t.events;
     max_us = t.max_rank.us();

@@ -48,6 +48,7 @@ struct SimOptions {
 /// One EP size's engine run: the trace and what the model charges besides it.
 struct SimRun {
   int ep = 0;
+  std::int64_t tokens = 0;  ///< S of the run (a dense [S, P] scan is charged from it)
   sim::Trace trace;
   Topology topology;  ///< the table the engine ran with; the replay places ranks by it
   int dispatch_call = 1, combine_call = 2;
