@@ -13,6 +13,7 @@
 #include "epx/sim_hardware.hpp"
 #include "epx/sim_trace.hpp"
 #include "epx/sim_units.hpp"
+#include "epx/topology.hpp"
 
 namespace epx::sim {
 
@@ -50,8 +51,18 @@ struct CallTiming {
   std::uint64_t events = 0;  ///< discrete events processed
 };
 
+/// The topology `epx sim` uses when none is given (docs/sim.md): builtin:supernode128 at
+/// 128 ranks; otherwise builtin:servers:8 when 8 divides P (for P <= 64 these are the first
+/// P places of the supernode: servers of 8, all in frame 0), else builtin:flat.
+std::string default_topology_spec(int num_ranks);
+
 /// Replays call `call` of `trace`. `compute` is per rank (empty: nothing charged).
+/// `topology` places the ranks (frame crossings); it must describe trace.num_ranks ranks
+/// in at most hw.frames frames of at most hw.ranks_per_frame ranks (kInvalidArgument).
 /// Throws epx::Error(kInternal) if the trace cannot complete (a wait nobody signals).
+CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,
+                       const Topology& topology);
+/// The same with load_topology(default_topology_spec(trace.num_ranks)).
 CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute);
 
 }  // namespace epx::sim

@@ -6,7 +6,9 @@
 //   {"name": "ascend950-supernode", "description": "...",
 //    "parameters": {"link_bandwidth": {"value": 330, "unit": "GB/s", "source": "..."}, ...}}
 // Parameters (all required; docs/sim.md explains how each enters the model):
-//   frames, ranks_per_frame, workers_per_rank                       [count]
+//   frames, ranks_per_frame  the machine's size; rank positions (which frame a rank sits
+//                            in) come from the topology table, checked against these [count]
+//   workers_per_rank                                                [count]
 //   link_bandwidth        per-rank egress and ingress port, netlayer 1 [GB/s]
 //   link_latency          one-way, same frame                          [ns]
 //   frame_crossing_latency extra one-way latency when crossing frames  [ns]
@@ -63,10 +65,10 @@ struct HardwareModel {
 
   /// barrier_base + barrier_per_log2 * log2(P)
   Picoseconds barrier_cost(int ranks) const;
-  /// Frame of a rank (supernode positions: frame = rank / ranks_per_frame).
-  int frame_of(int rank) const noexcept { return ranks_per_frame > 0 ? rank / ranks_per_frame : 0; }
-  /// One-way latency from `src` to `dst` (local, same frame, or crossing frames).
-  Picoseconds latency(int src, int dst) const;
+  /// One-way latency from rank `src` in frame `src_frame` to rank `dst` in frame
+  /// `dst_frame` (local, same frame, or crossing frames). Frames come from the topology
+  /// table (epx/topology.hpp), never from rank arithmetic.
+  Picoseconds latency(int src, int dst, int src_frame, int dst_frame) const;
 
   /// Sets a parameter by name (value only; keeps unit, replaces the source) and refreshes
   /// the typed fields. Throws epx::Error(kInvalidArgument) for an unknown name.

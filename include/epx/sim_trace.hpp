@@ -5,7 +5,10 @@
 // with a put count and their total bytes. Worker streams (threads other than the rank's
 // own) carry an explicit dependency on the rank thread: "starts after the rank thread's
 // n-th completed wait" (the engine forks its workers after a wait and joins them before
-// the next one). Each record names the collective call it belongs to (sim_begin_call).
+// the next one). Only waits the rank thread makes outside a worker task count (notify,
+// data waits, barriers); waits inside a task (wait_flag of the flag protocol, a relay's
+// wait_signal, the ring's read_signal polls) block only their own stream, like any worker's
+// wait. Each record names the collective call it belongs to (sim_begin_call).
 #pragma once
 
 #include <cstddef>
@@ -28,6 +31,9 @@ enum class OpKind : std::uint8_t {
   kQuiet,          ///< queue
   kBarrier,        ///< collective
   kAfterMainWait,  ///< worker stream: key = index of the rank thread's completed wait it follows
+  /// read_signal (a poll loop, e.g. the bounded ring) that saw a value it had not seen
+  /// before: key = slot, value = the value observed. Replayed as a wait for that value.
+  kPollSignal,
 };
 const char* to_string(OpKind kind) noexcept;
 

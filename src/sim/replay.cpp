@@ -115,6 +115,8 @@ struct Rank {
   std::unordered_map<std::uint64_t, std::vector<Waiter>> slot_waiters, flag_waiters;
   std::unordered_map<std::uint64_t, Picoseconds> main_wait_done;  // wait_index -> completion
   std::unordered_map<std::uint64_t, std::vector<std::uint32_t>> dep_waiters;
+  std::unordered_map<std::uint64_t, std::uint64_t> carried;   // slot -> value left by earlier calls
+  std::unordered_map<std::uint64_t, std::uint64_t> call_max;  // slot -> largest value signalled in this call
   std::vector<std::uint32_t> streams;
   int parallel = 1;  // hardware workers behind each recorded stream
   RankTiming timing;
@@ -124,9 +126,27 @@ constexpr int kQueues = 64;
 
 class Replay {
  public:
-  Replay(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute)
+  Replay(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,
+         const Topology& topology)
       : hw_(hw), P_(trace.num_ranks), compute_(compute) {
     ranks_.resize(static_cast<std::size_t>(P_));
+    frames_.resize(static_cast<std::size_t>(P_));
+    for (int r = 0; r < P_; ++r) frames_[static_cast<std::size_t>(r)] = topology.ranks[static_cast<std::size_t>(r)].frame;
+    for (int r = 0; r < P_; ++r) {
+      // Signal values a poll may have seen before this call started: the largest value of
+      // each slot signalled in earlier calls (not setup: Buffer creation reallocates).
+      for (const StreamTrace& st : trace.ranks[static_cast<std::size_t>(r)].streams)
+        for (const TraceOp& op : st.ops) {
+          if (op.kind != OpKind::kSignal) continue;
+          if (op.call >= 1 && op.call < static_cast<std::uint32_t>(call)) {
+            std::uint64_t& v = rank(op.peer).carried[op.key];
+            v = std::max(v, op.value);
+          } else if (op.call == static_cast<std::uint32_t>(call)) {
+            std::uint64_t& v = rank(op.peer).call_max[op.key];
+            v = std::max(v, op.value);
+          }
+        }
+    }
     for (int r = 0; r < P_; ++r) {
       Rank& rk = ranks_[static_cast<std::size_t>(r)];
       rk.queue_free.assign(kQueues, Picoseconds{0});
@@ -204,6 +224,9 @@ class Replay {
     return compute_.empty() ? RankCompute{} : compute_[static_cast<std::size_t>(r)];
   }
   Rank& rank(int r) { return ranks_[static_cast<std::size_t>(r)]; }
+  Picoseconds lat(int src, int dst) const {
+    return hw_.latency(src, dst, frames_[static_cast<std::size_t>(src)], frames_[static_cast<std::size_t>(dst)]);
+  }
 
   // ---- streams ----
   void handle(Picoseconds now, RunStream& ev) { step(ev.stream, now); }
@@ -270,8 +293,14 @@ class Replay {
         }
         case OpKind::kPut:
         case OpKind::kPutFlagged: {
-          const Picoseconds cost =
-              hw_.doorbell.to_ps() + Nanoseconds{hw_.put_issue.ns * static_cast<double>(op.count) / rk.parallel}.to_ps();
+          // One doorbell per batch: a put record is a batch (consecutive puts to one (peer,
+          // queue) are coalesced); data-as-flag blocks are recorded one by one (each has its
+          // flag) but a run of them to the same (peer, queue) is one batch too.
+          const TraceOp* prev = s.pos > 0 ? s.ops[s.pos - 1] : nullptr;
+          const bool same_batch = op.kind == OpKind::kPutFlagged && prev != nullptr && prev->kind == OpKind::kPutFlagged &&
+                                  prev->peer == op.peer && prev->queue == op.queue;
+          const Picoseconds cost = (same_batch ? Picoseconds{0} : hw_.doorbell.to_ps()) +
+                                   Nanoseconds{hw_.put_issue.ns * static_cast<double>(op.count) / rk.parallel}.to_ps();
           const Picoseconds t_end = now + cost;
           s.control += cost;
           Picoseconds& qf = rk.queue_free[q];
@@ -309,7 +338,7 @@ class Replay {
           qf = max(now, qf) + hw_.queue_wr_time.to_ps();
           const Picoseconds ready = max(qf, t_end);
           if (s.incomplete[q].empty())
-            q_.schedule(ready + hw_.latency(s.rank, op.peer), Deliver{op.peer, op.key, op.value, false, s.payload_issued});
+            q_.schedule(ready + lat(s.rank, op.peer), Deliver{op.peer, op.key, op.value, false, s.payload_issued});
           else
             s.pending[q].push_back({s.issued[q], op.peer, op.key, op.value, ready, s.payload_issued});
           ++s.pos;
@@ -320,8 +349,11 @@ class Replay {
           // A quiet in the middle of a put loop (the next op is a put: a staging buffer is
           // reused) stalls only one of the hardware workers this stream stands for; the
           // others keep issuing, so with parallel > 1 it costs its latency share only.
-          const bool staging = rk.parallel > 1 && s.pos + 1 < s.ops.size() &&
-                               (s.ops[s.pos + 1]->kind == OpKind::kPut || s.ops[s.pos + 1]->kind == OpKind::kPutFlagged);
+          // (A run of quiets, one per queue, followed by a put is the same staging reuse.)
+          std::size_t next = s.pos + 1;
+          while (next < s.ops.size() && s.ops[next]->kind == OpKind::kQuiet) ++next;
+          const bool staging = rk.parallel > 1 && next < s.ops.size() &&
+                               (s.ops[next]->kind == OpKind::kPut || s.ops[next]->kind == OpKind::kPutFlagged);
           if (staging) {
             const Picoseconds t = now + Picoseconds{hw_.quiet_latency.to_ps().ps / rk.parallel};
             s.sync += t - now;
@@ -341,6 +373,12 @@ class Replay {
           s.block_start = now;
           return;
         }
+        case OpKind::kPollSignal:
+          if (poll_already_satisfied(rk, op)) {
+            ++s.pos;
+            continue;
+          }
+          [[fallthrough]];
         case OpKind::kWaitSignal:
         case OpKind::kWaitFlag: {
           const bool flag = op.kind == OpKind::kWaitFlag;
@@ -369,6 +407,15 @@ class Replay {
     }
   }
 
+  // A poll loop that observed `value`: its next ops wait for it. A value older than this
+  // call (left by an earlier call, or never signalled in it) was there already.
+  static bool poll_already_satisfied(const Rank& rk, const TraceOp& op) {
+    const auto carried = rk.carried.find(op.key);
+    if (carried != rk.carried.end() && op.value <= carried->second) return true;
+    const auto in_call = rk.call_max.find(op.key);
+    return in_call == rk.call_max.end() || op.value > in_call->second;
+  }
+
   bool main_has_wait(int r, std::uint64_t index) {
     const Stream& m = streams_[rank(r).streams[0]];
     for (const TraceOp* op : m.ops)
@@ -392,7 +439,7 @@ class Replay {
     Rank& src = rank(rec.src);
     const std::uint64_t chunk = hw_.chunk_bytes.n;
     const std::uint64_t n = std::max<std::uint64_t>(1, (rec.bytes + chunk - 1) / chunk);
-    const Picoseconds lat = hw_.latency(rec.src, rec.peer);
+    const Picoseconds latency = lat(rec.src, rec.peer);
     std::uint64_t left = rec.bytes;
     for (std::uint64_t c = 0; c < n; ++c) {
       const std::uint64_t size = std::min(left, chunk);
@@ -412,7 +459,7 @@ class Replay {
         send = src.memory.serve(max(avail, src.egress_free - wire), read);
       }
       src.egress_free = max(send, src.egress_free) + wire;
-      q_.schedule(src.egress_free + lat, IngressArrive{id, static_cast<std::uint32_t>(size), last});
+      q_.schedule(src.egress_free + latency, IngressArrive{id, static_cast<std::uint32_t>(size), last});
     }
   }
 
@@ -442,11 +489,11 @@ class Replay {
       const PendingSignal p = s.pending[q].front();
       s.pending[q].pop_front();
       // An ordered signal travels behind the data on the same path.
-      q_.schedule(max(now, p.ready + hw_.latency(rec.src, p.peer)), Deliver{p.peer, p.slot, p.value, false, p.after_payload});
+      q_.schedule(max(now, p.ready + lat(rec.src, p.peer)), Deliver{p.peer, p.slot, p.value, false, p.after_payload});
     }
     if (s.block == Block::kQuiet && static_cast<std::size_t>(s.block_queue) == q && s.incomplete[q].empty()) {
       // The completion travels back to the sender, then quiet returns.
-      const Picoseconds ack = hw_.latency(rec.peer, rec.src);
+      const Picoseconds ack = lat(rec.peer, rec.src);
       const Picoseconds resume = now + ack + hw_.quiet_latency.to_ps();
       const Picoseconds drained = now + ack;
       (s.payload_issued ? s.data : s.sync) += drained - s.block_start;
@@ -482,6 +529,7 @@ class Replay {
   int P_;
   const std::vector<RankCompute>& compute_;
   std::vector<Rank> ranks_;
+  std::vector<int> frames_;  // [P] frame of each rank, from the topology table
   std::vector<Stream> streams_;
   std::vector<Record> records_;
   std::vector<std::uint32_t> barrier_waiting_;
@@ -491,12 +539,42 @@ class Replay {
 
 }  // namespace
 
+std::string default_topology_spec(int num_ranks) {
+  if (num_ranks == 128) return "builtin:supernode128";
+  return num_ranks % 8 == 0 ? "builtin:servers:8" : "builtin:flat";
+}
+
 CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute) {
+  return replay_call(trace, call, hw, compute, load_topology(default_topology_spec(trace.num_ranks), trace.num_ranks));
+}
+
+CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,
+                       const Topology& topology) {
+  if (topology.num_ranks() != trace.num_ranks)
+    throw Error(ErrorCode::kInvalidArgument, "sim replay: topology '" + topology.name + "' describes " +
+                                                 std::to_string(topology.num_ranks()) + " ranks, the trace has " +
+                                                 std::to_string(trace.num_ranks));
+  {
+    std::vector<int> per_frame;
+    for (int r = 0; r < topology.num_ranks(); ++r) {
+      const int f = topology.ranks[static_cast<std::size_t>(r)].frame;
+      if (f >= hw.frames)
+        throw Error(ErrorCode::kInvalidArgument, "sim replay: topology '" + topology.name + "' puts rank " + std::to_string(r) +
+                                                     " in frame " + std::to_string(f) + ", hardware '" + hw.name + "' has " +
+                                                     std::to_string(hw.frames) + " frames");
+      if (per_frame.size() <= static_cast<std::size_t>(f)) per_frame.resize(static_cast<std::size_t>(f) + 1, 0);
+      if (++per_frame[static_cast<std::size_t>(f)] > hw.ranks_per_frame)
+        throw Error(ErrorCode::kInvalidArgument, "sim replay: topology '" + topology.name + "' puts more than " +
+                                                     std::to_string(hw.ranks_per_frame) + " ranks in frame " + std::to_string(f) +
+                                                     " (hardware '" + hw.name + "': " + std::to_string(hw.ranks_per_frame) +
+                                                     " ranks per frame)");
+    }
+  }
   if (call < 0 || call >= static_cast<int>(trace.calls.size()))
     throw Error(ErrorCode::kInvalidArgument, "sim replay: no call " + std::to_string(call) + " in the trace");
   if (!compute.empty() && static_cast<int>(compute.size()) != trace.num_ranks)
     throw Error(ErrorCode::kInvalidArgument, "sim replay: compute must have one entry per rank");
-  Replay replay(trace, call, hw, compute);
+  Replay replay(trace, call, hw, compute, topology);
   CallTiming t = replay.run();
   t.name = trace.calls[static_cast<std::size_t>(call)];
   return t;

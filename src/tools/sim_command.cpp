@@ -22,7 +22,10 @@ void write_file(const std::string& path, const std::string& text) {
 
 void add_sim_options(CLI::App* sub, SimOptions& o) {
   sub->add_option("--hardware", o.hardware, "hardware profile name (ascend950-supernode) or JSON file")->capture_default_str();
-  sub->add_option("--topology", o.topology, "rank positions (BufferConfig::dataplane.topology)")->capture_default_str();
+  sub->add_option("--topology", o.topology,
+                  "rank positions for the engine and the model: builtin:flat | builtin:servers:N | builtin:supernode128 | "
+                  "FILE.json; auto = builtin:supernode128 at 128 ranks, else builtin:servers:8")
+      ->capture_default_str();
   sub->add_option("--ep", o.ep, "EP sizes to simulate, comma-separated")->delimiter(',')->capture_default_str();
   sub->add_option("--tokens", o.tokens, "S: tokens per rank")->capture_default_str();
   sub->add_option("--hidden", o.hidden, "H: hidden size")->capture_default_str();
@@ -38,6 +41,8 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
   sub->add_option("--queue-split", o.queue_split, "rr | bytes | a:b[:c...]")->capture_default_str();
   sub->add_option("--aggregate", o.aggregate, "put aggregation limit in bytes (0 = one put per row)")->capture_default_str();
   sub->add_option("--protocol", o.protocol, "explicit | tail | flag")->capture_default_str();
+  sub->add_option("--ring-rows", o.ring_rows, "bounded receive ring of this many rows per source (0 = off; BufferConfig::ring_rows)")
+      ->capture_default_str();
   sub->add_option("--workers", o.workers, "engine worker threads per simulated rank (the model spreads them over the hardware's workers)")
       ->capture_default_str();
   sub->add_option("--run-hidden", o.run_hidden,

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -19,6 +20,8 @@ namespace epx::tools {
 namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); }
+
+double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -60,11 +63,7 @@ std::pair<std::size_t, std::size_t> fallback_payload_region(const BufferConfig& 
   return {data, meta};
 }
 
-std::string topology_for(const std::string& spec, int P) {
-  if (spec != "auto") return spec;
-  if (P == 128) return "builtin:supernode128";
-  return P % 8 == 0 ? "builtin:servers:8" : "builtin:flat";
-}
+std::string topology_for(const std::string& spec, int P) { return spec == "auto" ? sim::default_topology_spec(P) : spec; }
 
 BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, int P) {
   BufferConfig c;
@@ -79,6 +78,7 @@ BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, in
   c.dataplane.queue_split = parse_queue_split(o.queue_split);
   c.dataplane.aggregate_bytes = static_cast<std::size_t>(std::llround(static_cast<double>(o.aggregate) * agg_scale));
   c.dataplane.protocol = parse_protocol(o.protocol);
+  c.ring_rows = o.ring_rows;
   return c;
 }
 
@@ -133,12 +133,25 @@ void validate_sim_options(const SimOptions& o) {
   parse_schedule(o.schedule);
   parse_queue_split(o.queue_split);
   parse_protocol(o.protocol);
+  if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));
+  if (o.ring_rows > 0 && o.protocol == "flag") bad("--ring-rows needs --protocol explicit or tail");
+  if (o.ring_rows > 0 && o.schedule == "hierarchical") bad("--ring-rows cannot be combined with --schedule hierarchical");
+  // Every EP size must have a table of its size (an explicit --topology names one P).
+  for (int p : o.ep) {
+    try {
+      load_topology(topology_for(o.topology, p), p);
+    } catch (const Error& e) {
+      bad("--topology at --ep " + std::to_string(p) + ": " + e.what());
+    }
+  }
 }
 
 SimRun collect_run(const SimOptions& o, int ep) {
   const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_seconds();
   SimRun run;
   run.ep = ep;
+  run.tokens = o.tokens;
   run.model_only = o.run_hidden == 0 && engine_supports_model_only();
   run.run_hidden = o.run_hidden > 0 ? o.run_hidden : run.model_only ? o.hidden : std::min(o.hidden, o.fp8 ? 128 : 64);
   const int Hr = run.run_hidden;
@@ -162,6 +175,7 @@ SimRun collect_run(const SimOptions& o, int ep) {
   ZeroMap x(static_cast<std::size_t>(o.tokens) * x_row);
   ZeroMap scales(static_cast<std::size_t>(o.tokens) * static_cast<std::size_t>(std::max(1, Hr / 128)) * 4);
   const BufferConfig cfg = buffer_config(o, Hr, 1.0 / scale, ep);
+  run.topology = load_topology(cfg.dataplane.topology, ep);
   const auto fallback = fallback_payload_region(cfg, ep);
 
   LaunchOptions lo;
@@ -202,7 +216,6 @@ SimRun collect_run(const SimOptions& o, int ep) {
     sim::RankCompute& dc = run.dispatch_compute[static_cast<std::size_t>(r)];
     dc.plan_slots = static_cast<std::uint64_t>(o.tokens * o.topk);
     dc.plan_counts = static_cast<std::uint64_t>(P) * static_cast<std::uint64_t>(P + o.experts);
-    if (o.dense_scan) dc.dense_cells = static_cast<std::uint64_t>(o.tokens) * static_cast<std::uint64_t>(P);
     dc.payload_scale = scale;
     sim::RankCompute& cc = run.combine_compute[static_cast<std::size_t>(r)];
     cc.payload_scale = scale;
@@ -216,22 +229,31 @@ SimRun collect_run(const SimOptions& o, int ep) {
   run.dispatch_row_bytes = (o.fp8 ? H + H / 128 * 4 : 2 * H) + K * 8 + K * 4;
   run.combine_row_bytes = 2 * H;
   run.engine_seconds = seconds_since(t0);
+  run.engine_cpu_seconds = cpu_seconds() - c0;
   return run;
 }
 
 SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_seconds();
   SimPoint pt;
   pt.ep = run.ep;
   pt.model_only = run.model_only;
   pt.run_hidden = run.run_hidden;
   pt.engine_seconds = run.engine_seconds;
+  pt.engine_cpu_seconds = run.engine_cpu_seconds;
   const int P = run.ep;
   const sim::Picoseconds extra = extra_sync(o, hw, P);
+  // Model-only knobs come from `o`, not from the options the run was made with (a run is
+  // shared by variants that differ only in them).
+  const std::uint64_t dense_cells = o.dense_scan ? static_cast<std::uint64_t>(run.tokens) * static_cast<std::uint64_t>(P) : 0;
   auto one = [&](int call, std::vector<sim::RankCompute> compute, double row_bytes, double& avg, double& slowest,
                  double& max_us, Split& split) {
-    for (auto& c : compute) c.extra_sync = extra;
-    const sim::CallTiming t = sim::replay_call(run.trace, call, hw, compute);
+    for (auto& c : compute) {
+      c.extra_sync = extra;
+      if (call == run.dispatch_call) c.dense_cells = dense_cells;
+    }
+    const sim::CallTiming t = sim::replay_call(run.trace, call, hw, compute, run.topology);
     pt.events += t.events;
     max_us = t.max_rank.us();
     int worst = 0;
@@ -253,6 +275,7 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
   one(run.combine_call, run.combine_compute, run.combine_row_bytes, pt.combine_gbps, pt.combine_gbps_slowest,
       pt.combine_us, pt.combine_split);
   pt.replay_seconds = seconds_since(t0);
+  pt.replay_cpu_seconds = cpu_seconds() - c0;
   return pt;
 }
 
@@ -262,11 +285,12 @@ std::vector<SimPoint> simulate(const SimOptions& o, const sim::HardwareModel& hw
     if (o.progress) std::fprintf(stderr, "[epx sim] EP%d: running the engine on %d sim ranks...\n", ep, ep);
     const SimRun run = collect_run(o, ep);
     if (o.progress)
-      std::fprintf(stderr, "[epx sim] EP%d: engine %.2f s (%s, hidden %d); replaying...\n", ep, run.engine_seconds,
+      std::fprintf(stderr, "[epx sim] EP%d: engine %.2f s wall, %.2f s CPU (%s, hidden %d); replaying...\n", ep, run.engine_seconds,
+                   run.engine_cpu_seconds,
                    run.model_only ? "model-only" : "copy mode, payload scaled", run.run_hidden);
     SimPoint pt = evaluate_run(run, hw, o);
     if (o.progress)
-      std::fprintf(stderr, "[epx sim] EP%d: replay %.2f s (%llu events)\n", ep, pt.replay_seconds,
+      std::fprintf(stderr, "[epx sim] EP%d: replay %.2f s wall, %.2f s CPU (%llu events)\n", ep, pt.replay_seconds, pt.replay_cpu_seconds,
                    static_cast<unsigned long long>(pt.events));
     out.push_back(pt);
   }
@@ -294,8 +318,9 @@ std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareMo
   }
   os << "run time per EP size (engine on sim ranks + replay):\n";
   for (const SimPoint& p : points) {
-    std::snprintf(line, sizeof line, "%4d | engine %.2f s (%s, hidden %d) + replay %.2f s, %llu events\n", p.ep,
-                  p.engine_seconds, p.model_only ? "model-only" : "copy, payload scaled", p.run_hidden, p.replay_seconds,
+    std::snprintf(line, sizeof line, "%4d | engine %.2f s (%.2f s CPU; %s, hidden %d) + replay %.2f s (%.2f s CPU), %llu events\n", p.ep,
+                  p.engine_seconds, p.engine_cpu_seconds, p.model_only ? "model-only" : "copy, payload scaled", p.run_hidden,
+                  p.replay_seconds, p.replay_cpu_seconds,
                   static_cast<unsigned long long>(p.events));
     os << line;
   }
@@ -321,6 +346,8 @@ std::string sim_json(const std::vector<SimPoint>& points) {
                     {"run_hidden", p.run_hidden},
                     {"engine_seconds", p.engine_seconds},
                     {"replay_seconds", p.replay_seconds},
+                    {"engine_cpu_seconds", p.engine_cpu_seconds},
+                    {"replay_cpu_seconds", p.replay_cpu_seconds},
                     {"events", p.events}});
   return list.dump(2) + "\n";
 }

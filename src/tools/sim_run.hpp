@@ -14,7 +14,10 @@ namespace epx::tools {
 
 struct SimOptions {
   std::string hardware = "ascend950-supernode";
-  std::string topology = "auto";  ///< auto: builtin:supernode128 at 128 ranks, else builtin:servers:8 (or flat)
+  /// Rank positions for the engine (hierarchical servers, grouped blocks) and the model
+  /// (frame crossings). auto: sim::default_topology_spec(P) — builtin:supernode128 at 128
+  /// ranks, else builtin:servers:8 (or flat). A table for another P is an error.
+  std::string topology = "auto";
   std::vector<int> ep = {8, 16, 32, 64, 128};
   // The calibration shape (Ascend 950DT notes).
   std::int64_t tokens = 16384;
@@ -31,6 +34,7 @@ struct SimOptions {
   std::string queue_split = "rr";
   std::int64_t aggregate = std::int64_t{1} << 20;
   std::string protocol = "explicit";
+  std::int64_t ring_rows = 0;  ///< BufferConfig::ring_rows (0 = a slot for every row)
   // How the engine runs.
   int workers = 1;       ///< engine workers per rank (the model spreads them over the hardware's)
   int run_hidden = 0;    ///< 0 = auto: H in model-only mode, else 128 with payload scaled by H/128
@@ -44,7 +48,9 @@ struct SimOptions {
 /// One EP size's engine run: the trace and what the model charges besides it.
 struct SimRun {
   int ep = 0;
+  std::int64_t tokens = 0;  ///< S of the run (a dense [S, P] scan is charged from it)
   sim::Trace trace;
+  Topology topology;  ///< the table the engine ran with; the replay places ranks by it
   int dispatch_call = 1, combine_call = 2;
   std::vector<sim::RankCompute> dispatch_compute, combine_compute;
   std::vector<std::int64_t> recv_rows;  ///< [P] compact rows received in dispatch
@@ -53,6 +59,7 @@ struct SimRun {
   bool model_only = false;
   int run_hidden = 0;
   double engine_seconds = 0;
+  double engine_cpu_seconds = 0;  ///< process CPU time (all threads) of the engine run
 };
 
 struct Split {
@@ -65,6 +72,7 @@ struct SimPoint {
   double dispatch_us = 0, combine_us = 0;  ///< max-rank latency
   Split dispatch_split, combine_split;     ///< averages over ranks
   double engine_seconds = 0, replay_seconds = 0;
+  double engine_cpu_seconds = 0, replay_cpu_seconds = 0;  ///< process CPU time (wall time depends on the machine's load)
   std::uint64_t events = 0;
   bool model_only = false;
   int run_hidden = 0;

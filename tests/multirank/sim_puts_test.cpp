@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "epx/launch.hpp"
+#include "epx/sim.hpp"
 #include "epx/sim_trace.hpp"
 #include "multirank_support.hpp"
 
@@ -59,6 +60,8 @@ struct Config {
   int queues;
   std::size_t aggregate;
   Protocol protocol;
+  const char* topology = "builtin:flat";
+  std::int64_t ring_rows = 0;
 };
 
 class SimPuts : public ::testing::TestWithParam<Config> {};
@@ -78,6 +81,8 @@ TEST_P(SimPuts, SameAsThreadsPerPeerAndQueue) {
   bc.dataplane.queues = cfg.queues;
   bc.dataplane.aggregate_bytes = cfg.aggregate;
   bc.dataplane.protocol = cfg.protocol;
+  bc.dataplane.topology = cfg.topology;
+  bc.ring_rows = cfg.ring_rows;
   ref::DispatchOptions o;
   o.expanded = true;
   o.alignment = 4;
@@ -125,12 +130,26 @@ TEST_P(SimPuts, SameAsThreadsPerPeerAndQueue) {
           EXPECT_EQ(got.bytes, want_s.bytes) << "call " << call << " rank " << r << " peer " << peer << " queue " << q;
         }
   }
+  // The recorded trace (workers waiting inside their tasks included) replays to the end.
+  const sim::HardwareModel hw = sim::load_hardware("ascend950-supernode");
+  const Topology topo = load_topology(cfg.topology, 4);
+  for (int call = 1; call < 3; ++call) {
+    sim::CallTiming t;
+    EXPECT_NO_THROW(t = sim::replay_call(trace, call, hw, {}, topo)) << "call " << call;
+    EXPECT_GT(t.max_rank.us(), 0.0) << "call " << call;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dataplanes, SimPuts,
                          ::testing::Values(Config{"rotated_q1_agg", "rotated", 1, 1 << 20, Protocol::kExplicit},
                                            Config{"flat_q2_noagg_tail", "flat", 2, 0, Protocol::kTail},
-                                           Config{"grouped2_q4_flag", "grouped:2", 4, 1 << 20, Protocol::kFlag}),
+                                           Config{"grouped2_q4_flag", "grouped:2", 4, 1 << 20, Protocol::kFlag},
+                                           Config{"rotated_q1_flag", "rotated", 1, 1 << 20, Protocol::kFlag},
+                                           Config{"hierarchical_q1", "hierarchical", 1, 1 << 20, Protocol::kExplicit,
+                                                  "builtin:servers:2"},
+                                           Config{"hierarchical_q2_tail", "hierarchical", 2, 0, Protocol::kTail,
+                                                  "builtin:servers:2"},
+                                           Config{"ring8_q1", "rotated", 1, 1 << 20, Protocol::kExplicit, "builtin:flat", 8}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -149,6 +149,22 @@ void SimTransport::signal(int peer, std::size_t slot, std::uint64_t value, int q
   MappedTransport::signal(peer, slot, value, queue);
 }
 
+// Waits the engine makes inside a worker task (the rank thread runs worker 0's share):
+// they block that stream only and are not fork points of the other workers. wait_flag
+// (flag protocol receive) and read_signal (ring) are only ever called inside a task; of
+// the wait_signal calls, the relay's (hierarchical schedule) is.
+namespace {
+bool in_task_phase(const char* phase) noexcept {
+  return phase != nullptr && std::strcmp(phase, "dispatch relay") == 0;
+}
+}  // namespace
+
+void SimTransport::count_main_wait() {
+  if (t_cache.index != 0) return;
+  stream().trace.ops.back().wait_index = main_waits_.load(std::memory_order_relaxed) + 1;
+  main_waits_.fetch_add(1, std::memory_order_release);
+}
+
 void SimTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) {
   MappedTransport::wait_signal(slot, at_least, where);
   if (in_barrier_) return;
@@ -158,12 +174,25 @@ void SimTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const W
   op.key = slot;
   op.value = at_least;
   record(op);
-  // Only the rank thread's waits are fork points (workers never wait in the engine; if one
-  // did, its wait is recorded but does not order other workers).
-  if (t_cache.index == 0) {
-    stream().trace.ops.back().wait_index = main_waits_.load(std::memory_order_relaxed) + 1;
-    main_waits_.fetch_add(1, std::memory_order_release);
-  }
+  if (!in_task_phase(where.phase)) count_main_wait();
+}
+
+std::uint64_t SimTransport::read_signal(std::size_t slot) noexcept {
+  const std::uint64_t v = MappedTransport::read_signal(slot);
+  if (in_barrier_ || v == 0) return v;
+  // A poll loop: what it observed is what its next decisions depend on. Only a value this
+  // stream has not seen before is recorded (a wait for it in the replay); the replay
+  // treats a value left from an earlier call as already there.
+  Stream& st = stream();
+  auto [it, fresh] = st.polled.try_emplace(slot, v);
+  if (!fresh && it->second == v) return v;
+  it->second = v;
+  sim::TraceOp op;
+  op.kind = sim::OpKind::kPollSignal;
+  op.key = slot;
+  op.value = v;
+  record(op);
+  return v;
 }
 
 void SimTransport::wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) {
@@ -173,11 +202,7 @@ void SimTransport::wait_flag(std::size_t offset, std::uint64_t at_least, const W
   op.peer = where.peer;
   op.key = offset;
   op.value = at_least;
-  record(op);
-  if (t_cache.index == 0) {
-    stream().trace.ops.back().wait_index = main_waits_.load(std::memory_order_relaxed) + 1;
-    main_waits_.fetch_add(1, std::memory_order_release);
-  }
+  record(op);  // inside a worker task: not a fork point
 }
 
 void SimTransport::set_payload_region(std::size_t begin, std::size_t end) {
@@ -205,10 +230,7 @@ void SimTransport::barrier(const char* phase) {
   sim::TraceOp op;
   op.kind = sim::OpKind::kBarrier;
   record(op);
-  if (t_cache.index == 0) {
-    stream().trace.ops.back().wait_index = main_waits_.load(std::memory_order_relaxed) + 1;
-    main_waits_.fetch_add(1, std::memory_order_release);
-  }
+  count_main_wait();
 }
 
 int SimTransport::begin_call(const std::string& name) {
@@ -239,6 +261,7 @@ const char* to_string(OpKind kind) noexcept {
     case OpKind::kQuiet: return "quiet";
     case OpKind::kBarrier: return "barrier";
     case OpKind::kAfterMainWait: return "after_main_wait";
+    case OpKind::kPollSignal: return "poll_signal";
   }
   return "?";
 }

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "epx/sim_trace.hpp"
@@ -32,6 +33,7 @@ class SimTransport : public MappedTransport {
   void put(int peer, std::size_t offset, const void* src, std::size_t bytes, int queue) override;
   void signal(int peer, std::size_t slot, std::uint64_t value, int queue) override;
   void wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) override;
+  std::uint64_t read_signal(std::size_t slot) noexcept override;
   void put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes, std::uint64_t flag,
                    int queue) override;
   void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) override;
@@ -65,7 +67,9 @@ class SimTransport : public MappedTransport {
   struct Stream {
     sim::StreamTrace trace;
     std::uint64_t last_dep = 0;  // the main wait its last op followed
+    std::unordered_map<std::size_t, std::uint64_t> polled;  // slot -> last value read_signal saw
   };
+  void count_main_wait();  // the rank thread's wait just recorded is a fork point
   std::mutex streams_mutex_;
   std::vector<std::unique_ptr<Stream>> streams_;
   bool in_barrier_ = false;  // the barrier's own waits are not recorded
