@@ -13,44 +13,21 @@
 namespace epx::testing {
 namespace {
 
-/// Forwards to a transport and counts its puts per (peer, queue).
-class CountingTransport : public Transport {
+/// Counts a transport's puts per (call, peer, queue).
+class CountingTransport final : public ForwardingTransport {
  public:
-  explicit CountingTransport(Transport& t) : t_(t) {}
-  int rank() const noexcept override { return t_.rank(); }
-  int num_ranks() const noexcept override { return t_.num_ranks(); }
-  const TransportCaps& caps() const noexcept override { return t_.caps(); }
-  void allocate(std::size_t w, std::size_t s) override { t_.allocate(w, s); }
-  std::byte* window() noexcept override { return t_.window(); }
-  std::size_t window_bytes() const noexcept override { return t_.window_bytes(); }
-  void put(int peer, std::size_t off, const void* src, std::size_t bytes, int queue) override {
-    count(peer, queue, bytes);
-    t_.put(peer, off, src, bytes, queue);
-  }
-  void signal(int peer, std::size_t slot, std::uint64_t v, int queue) override { t_.signal(peer, slot, v, queue); }
-  void wait_signal(std::size_t slot, std::uint64_t v, const WaitPoint& w) override { t_.wait_signal(slot, v, w); }
-  std::uint64_t read_signal(std::size_t slot) noexcept override { return t_.read_signal(slot); }
-  void put_flagged(int peer, std::size_t off, const void* src, std::size_t bytes, std::uint64_t flag, int queue) override {
-    count(peer, queue, bytes);
-    t_.put_flagged(peer, off, src, bytes, flag, queue);
-  }
-  void wait_flag(std::size_t off, std::uint64_t v, const WaitPoint& w) override { t_.wait_flag(off, v, w); }
-  void set_payload_region(std::size_t b, std::size_t e) override { t_.set_payload_region(b, e); }
-  void quiet(int queue) override { t_.quiet(queue); }
-  void barrier(const char* phase) override { t_.barrier(phase); }
-  std::chrono::milliseconds timeout() const noexcept override { return t_.timeout(); }
+  using ForwardingTransport::ForwardingTransport;
 
   int call = 0;
   std::map<std::tuple<int, int, int>, sim::PutSummary> counts;  // (call, peer, queue)
 
  private:
-  void count(int peer, int queue, std::size_t bytes) {
+  void on_put(int peer, std::size_t, std::size_t bytes, int queue) override {
     std::lock_guard<std::mutex> lock(m_);
     sim::PutSummary& s = counts[{call, peer, queue}];
     ++s.puts;
     s.bytes += bytes;
   }
-  Transport& t_;
   std::mutex m_;
 };
 
