@@ -11,6 +11,15 @@
 
 namespace epx::tools {
 
+std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
 namespace {
 
 // Whether every row travels exactly once with its metadata, so epx's byte counters must
@@ -24,16 +33,6 @@ using std::size_t;
 size_t at(int i) { return static_cast<size_t>(i); }
 
 double gbps(double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0; }
-
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
 
 struct CallTotals {
   std::uint64_t puts = 0, put_bytes = 0, local_puts = 0, local_bytes = 0;

@@ -18,6 +18,10 @@
 
 namespace epx::tools {
 
+/// printf into a std::string (one report line; truncated at 511 characters).
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+
+
 /// The engine's phases plus "other" (latency not covered by any phase).
 inline constexpr int kBenchPhases = kNumPhases + 1;
 const char* bench_phase_name(int i) noexcept;

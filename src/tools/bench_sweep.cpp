@@ -19,16 +19,6 @@ namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); }
 
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char buf[256];
-  va_list ap;
-  va_start(ap, f);
-  std::vsnprintf(buf, sizeof buf, f, ap);
-  va_end(ap);
-  return buf;
-}
-
 template <class Int>
 Int parse_count(const std::string& flag, const std::string& text) {
   Int n = 0;
