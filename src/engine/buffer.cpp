@@ -148,7 +148,8 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
       L(c.num_experts > 0 && c.num_experts % t.num_ranks() == 0 ? c.num_experts / t.num_ranks() : 1),
       W(c.num_workers > 0 ? c.num_workers : auto_workers(t.num_ranks())),
       buffer_id(std::random_device{}() ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32)),
-      pool(W) {
+      pool(W),
+      zero_row(static_cast<std::size_t>(std::max(c.hidden, 0)), 0) {
   // 1. Agree on the config before sizing anything by it: a small window for the exchange.
   std::string problem = check_config(c, P);
   if (problem.empty()) problem = check_dataplane(c.dataplane, t, topology, visit_order);

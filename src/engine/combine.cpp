@@ -7,11 +7,14 @@
 #include <cstring>
 
 #include "engine.hpp"
+#include "reduce_row.hpp"
 
 namespace epx {
 
 using detail::HandleState;
 using detail::Region;
+using detail::reduce_row;
+using detail::RowTerms;
 using detail::split_range;
 
 void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
@@ -45,33 +48,25 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
     Sender send(*this, w, combine_signal(rank, w), channel_bytes, reply_order);
     std::uint16_t* stage = reply_stage.data() + static_cast<std::size_t>(w * kStageRows) * H;
     std::int64_t staged = 0;
-    std::vector<float> acc(H);
+    std::vector<const std::uint16_t*> slot_rows(static_cast<std::size_t>(K));
+    std::vector<float> slot_weights(static_cast<std::size_t>(K));
     // The reply to received row r (from s): y's row, or the partial sum of its slots.
     auto reply_of = [&](std::int64_t r) -> const std::uint16_t* {
       const std::int32_t* rows = h.recv_slot_row.data() + r * K;
       const float* wts = h.recv_slot_weight.data() + r * K;
-      int slots = 0, only = -1;
-      for (int k = 0; k < K; ++k)
-        if (rows[k] >= 0) ++slots, only = k;
-      if (slots == 1 && !a.weighted) return y + static_cast<std::size_t>(rows[only]) * H;  // passes through unchanged
+      int slots = 0;
+      for (int k = 0; k < K; ++k) {
+        if (rows[k] < 0) continue;
+        slot_rows[static_cast<std::size_t>(slots)] = y + static_cast<std::size_t>(rows[k]) * H;
+        slot_weights[static_cast<std::size_t>(slots++)] = wts[k];
+      }
+      if (slots == 1 && !a.weighted) return slot_rows[0];  // passes through unchanged
       if (staged == kStageRows) {
         for (int q = 0; q < config.dataplane.queues; ++q) transport.quiet(q);
         staged = 0;
       }
       std::uint16_t* out = stage + static_cast<std::size_t>(staged++) * H;
-      if (!payload) return out;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int k = 0; k < K; ++k) {
-        if (rows[k] < 0) continue;
-        const std::uint16_t* yr = y + static_cast<std::size_t>(rows[k]) * H;
-        if (a.weighted) {
-          const float wk = wts[k];
-          for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]) * wk;
-        } else {
-          for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(yr[c]);
-        }
-      }
-      for (std::size_t c = 0; c < H; ++c) out[c] = f32_to_bf16(acc[c]);
+      if (payload) reduce_row(out, RowTerms{nullptr, slot_rows.data(), a.weighted ? slot_weights.data() : nullptr, slots}, H);
       return out;
     };
     for (int peer : reply_order) {
@@ -148,17 +143,10 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a) {
   pool.run([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     const auto [t0, t1] = split_range(S, w, W);
-    std::vector<float> acc(H);
     std::vector<std::pair<std::int32_t, std::int64_t>> order;  // (sort key, reply row)
+    std::vector<const std::uint16_t*> terms;                   // bias1 (or zeros), then the replies
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::size_t off = static_cast<std::size_t>(t) * H;
-      std::fill(acc.begin(), acc.end(), 0.0f);  // a missing bias counts as 0.0f
-      if (b0)
-        for (std::size_t c = 0; c < H; ++c) acc[c] = bf16_to_f32(b0[off + c]);
-      if (b1)
-        for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(b1[off + c]);
-      else
-        for (std::size_t c = 0; c < H; ++c) acc[c] += 0.0f;  // f32(b0) + 0.0f: -0.0 becomes +0.0
       // Expanded: groups in ascending order of their largest k; compact: ascending rank.
       order.clear();
       for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {
@@ -167,11 +155,11 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a) {
         order.emplace_back(key, plan.segment_begin[static_cast<std::size_t>(plan.entry_rank[e])] + plan.entry_position[e]);
       }
       if (by_max_slot) std::sort(order.begin(), order.end());
-      for (const auto& [key, row] : order) {
-        const std::uint16_t* r = replies + static_cast<std::size_t>(row) * H;
-        for (std::size_t c = 0; c < H; ++c) acc[c] += bf16_to_f32(r[c]);
-      }
-      for (std::size_t c = 0; c < H; ++c) o[off + c] = f32_to_bf16(acc[c]);
+      // f32(bias0) + f32(bias1) first, a missing bias counting as 0: adding a row of +0.0
+      // for a missing bias1 turns f32(bias0) = -0.0 into +0.0 exactly as "+ 0.0f" does.
+      terms.assign(1, b1 ? b1 + off : zero_row.data());
+      for (const auto& [key, row] : order) terms.push_back(replies + static_cast<std::size_t>(row) * H);
+      reduce_row(o + off, RowTerms{b0 ? b0 + off : nullptr, terms.data(), nullptr, static_cast<int>(terms.size())}, H);
     }
   });
   return out;

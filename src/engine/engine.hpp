@@ -282,6 +282,7 @@ struct Buffer::Impl {
   std::vector<std::byte> meta_stage;      // sender's row metadata, per plan entry
   std::vector<std::byte> relay_stage;     // hierarchical: records of my relayed rows, per relay
   std::vector<std::uint16_t> reply_stage;  // combine partials that need rounding
+  std::vector<std::uint16_t> zero_row;     // H bf16 zeros: the reduce's term for a missing bias1
   CallStats stats;
   std::chrono::steady_clock::time_point call_start;
 };

@@ -6,17 +6,20 @@ namespace epx {
 
 std::optional<RoutingIssue> check_topk_idx(const std::int64_t* topk_idx, const RoutingShape& shape) {
   const int K = shape.num_topk;
+  // The message is built only for the slot that fails: this scan runs on every fresh dispatch.
+  auto issue = [&](std::int64_t t, int k, const std::string& what) {
+    return RoutingIssue{t, k, "topk_idx[" + std::to_string(t) + ", " + std::to_string(k) + "] = " +
+                                  std::to_string(topk_idx[t * K + k]) + " " + what};
+  };
   for (std::int64_t t = 0; t < shape.num_tokens; ++t) {
     const std::int64_t* row = topk_idx + t * K;
     for (int k = 0; k < K; ++k) {
       const std::int64_t e = row[k];
-      const std::string where = "topk_idx[" + std::to_string(t) + ", " + std::to_string(k) + "] = " + std::to_string(e);
       if (e < -1 || e >= shape.num_experts)
-        return RoutingIssue{t, k, where + " is outside [-1, " + std::to_string(shape.num_experts) + ")"};
+        return issue(t, k, "is outside [-1, " + std::to_string(shape.num_experts) + ")");
       if (e < 0) continue;
       for (int j = 0; j < k; ++j)
-        if (row[j] == e)
-          return RoutingIssue{t, k, where + " repeats slot " + std::to_string(j) + " (each expert at most once per token)"};
+        if (row[j] == e) return issue(t, k, "repeats slot " + std::to_string(j) + " (each expert at most once per token)");
     }
   }
   return std::nullopt;
