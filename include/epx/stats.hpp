@@ -16,7 +16,7 @@ enum class Phase : int {
   kNotify,    ///< header all-to-all: put own header, wait for every peer's (worker 0)
   kPutIssue,  ///< issuing the puts of this worker's rows (each worker)
   kWaitData,  ///< waiting for every peer's data-complete signal (worker 0)
-  kBarrier,   ///< explicit barriers (none in the default protocol)
+  kBarrier,   ///< explicit barriers; combine pull mode: until every reader of my rows is done
   kEpilogue,  ///< dispatch: window → output layout; combine: ordered reduction (each worker)
 };
 inline constexpr int kNumPhases = 6;
@@ -35,11 +35,16 @@ struct WorkerStats {
   /// Time this worker's quiet(queue) waited for its puts on each queue to complete (the
   /// completion wait a queue costs; ~0 where puts complete on return).
   std::array<double, kMaxStatQueues> queue_wait_us{};
+  /// Combine in pull mode (CallStats::pulled): bytes of rows this worker read in place
+  /// from other ranks' windows, and from this rank's own window. No puts then.
+  std::uint64_t pulled_bytes = 0;
+  std::uint64_t local_pulled_bytes = 0;
 };
 
 struct CallStats {
   bool combine = false;   ///< false: dispatch
   bool cached = false;    ///< dispatch with a handle
+  bool pulled = false;    ///< combine that read the expert ranks' rows in place (pull mode; set even without collect_stats)
   double total_us = 0;    ///< the whole call on this rank
   std::vector<WorkerStats> workers;  ///< [num_workers]
 };

@@ -107,6 +107,12 @@ class Transport {
   /// treat wait_flag on a block there as satisfied once the block's put was issued).
   virtual void set_payload_region(std::size_t begin, std::size_t end) { (void)begin, (void)end; }
 
+  /// Where peer memory is mapped into this address space: `peer`'s window (this rank's own
+  /// for peer == rank()), for reading rows in place (the combine's pull mode reads the
+  /// expert ranks' outputs where they lie). nullptr on a transport that cannot offer that
+  /// (the default: OpenSHMEM-like transports and the simulator, which models puts only).
+  virtual const std::byte* peer_window(int peer) const noexcept { (void)peer; return nullptr; }
+
   /// Every put this thread issued on `queue` has completed at its target.
   virtual void quiet(int queue) = 0;
 

@@ -201,8 +201,8 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
   window = make_layout(c, P, servers, static_cast<int>(server_members.size()));
   if (c.dataplane.protocol == Protocol::kTail) signal_stride = 512 / sizeof(std::uint64_t);
   // Signals: notify [P], dispatch and combine completions [P x W each], relay forwards [P],
-  // ring tails and credits [P each].
-  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + (2 * static_cast<std::size_t>(W) + 3) * signal_stride));
+  // ring tails and credits [P each], pull-mode combine done [P].
+  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + (2 * static_cast<std::size_t>(W) + 4) * signal_stride));
   t.set_payload_region(window.data, window.total);
 }
 
@@ -336,6 +336,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   ++m.epoch;
   const bool fresh = a.handle == nullptr;
   m.begin_stats(false, !fresh);
+  m.stats.pulled = false;
   std::optional<Impl::PhaseTimer> plan_timer(std::in_place, m, 0, Phase::kPlan);
   const MaybeStatus status = m.check_dispatch(a);
   std::shared_ptr<HandleState> made;
@@ -422,16 +423,25 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   const MaybeStatus status = m.check_combine(a);
   NotifyHeader mine{};
   mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
-  {
+  mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
+  const Impl::Peers peers = [&] {
     Impl::PhaseTimer timer(m, 0, Phase::kNotify);
-    m.exchange_headers(status, mine, nullptr, "combine notify");
-  }
+    return m.exchange_headers(status, mine, nullptr, "combine notify");
+  }();
   const HandleState& h = *a.handle->state_;
-  m.send_replies(h, a);
-  if (m.hierarchical()) m.forward_replies(h);
-  m.wait_replies(h);
+  // Pull only when every rank's rows can be read in place (each decides for its own y).
+  const bool pull = std::all_of(peers.header.begin(), peers.header.end(), [](const NotifyHeader* p) { return p->y_in_window != 0; });
+  m.stats.pulled = pull;  // reported even without collect_stats
   CombineResult out;
-  out.combined_x = m.reduce(h, a);
+  if (pull) {
+    out.combined_x = m.reduce(h, a, true);
+    m.finish_pull();
+  } else {
+    m.send_replies(h, a);
+    if (m.hierarchical()) m.forward_replies(h);
+    m.wait_replies(h);
+    out.combined_x = m.reduce(h, a, false);
+  }
   out.topk_weights = m.outputs.make(DType::kF32, h.topk_weights.shape());
   std::memcpy(out.topk_weights.data(), h.topk_weights.data(), h.topk_weights.nbytes());
   m.end_stats();

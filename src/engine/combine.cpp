@@ -126,39 +126,71 @@ void Buffer::Impl::wait_replies(const HandleState& h) {
   });
 }
 
-Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a) {
+bool Buffer::Impl::y_readable_in_place(const HandleState& h, const CombineArgs& a) const {
+  // y must be the zero-copy recv_x (rows where the senders put them, at send_base + the
+  // token's position), on a transport that maps peers' windows.
+  return h.layout == RecvLayout::kCompact && !hierarchical() && config.ring_rows == 0 && !flag_protocol() &&
+         transport.peer_window(rank) != nullptr && a.y.data == transport.window() + window.data;
+}
+
+std::size_t Buffer::Impl::pull_done_signal(int src) const noexcept {
+  return ring_credit_signal(P) + static_cast<std::size_t>(src) * signal_stride;
+}
+
+void Buffer::Impl::finish_pull() {
+  PhaseTimer timer(*this, 0, Phase::kBarrier);
+  // My reads are plain loads that completed before this store (release orders them), so a
+  // peer that sees it may overwrite the rows I read (its user's next y, the next dispatch).
+  for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, pull_done_signal(rank), epoch, 0);
+  for (int s = 0; s < P; ++s) transport.wait_signal(pull_done_signal(s), epoch, {"combine pull done", s});
+}
+
+Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pull) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
   const std::size_t H = static_cast<std::size_t>(config.hidden);
-  const auto* replies = reinterpret_cast<const std::uint16_t*>(transport.window() + window.replies);
   const auto* b0 = a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>();
   const auto* b1 = a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>();
   const bool by_max_slot = h.layout == RecvLayout::kExpanded;
   if (!transport.caps().moves_payload)  // a modelling transport: no values to add up
     return Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + window.replies),
                          DType::kBF16, {S, static_cast<std::int64_t>(H)});
+  // Where the row answering entry e (token t at destination d) is: push, my reply area at
+  // d's block; pull, d's receive area (its y in place) at my segment.
+  std::vector<const std::uint16_t*> rows_of(static_cast<std::size_t>(P));
+  std::vector<std::int64_t> first_row(static_cast<std::size_t>(P));
+  for (int d = 0; d < P; ++d) {
+    const auto du = static_cast<std::size_t>(d);
+    rows_of[du] = reinterpret_cast<const std::uint16_t*>((pull ? transport.peer_window(d) + window.data
+                                                              : transport.window() + window.replies));
+    first_row[du] = pull ? h.send_base[du] : plan.segment_begin[du];
+  }
   Tensor out = outputs.make(DType::kBF16, {S, static_cast<std::int64_t>(H)});
   auto* o = out.as<std::uint16_t>();
+  const std::size_t row_bytes = H * sizeof(std::uint16_t);
 
   pool.run([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
+    WorkerStats* ws = pull && config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
     const auto [t0, t1] = split_range(S, w, W);
-    std::vector<std::pair<std::int32_t, std::int64_t>> order;  // (sort key, reply row)
-    std::vector<const std::uint16_t*> terms;                   // bias1 (or zeros), then the replies
+    std::vector<std::pair<std::int32_t, const std::uint16_t*>> order;  // (sort key, reply row)
+    std::vector<const std::uint16_t*> terms;                           // bias1 (or zeros), then the replies
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::size_t off = static_cast<std::size_t>(t) * H;
       // Expanded: groups in ascending order of their largest k; compact: ascending rank.
       order.clear();
       for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {
         const auto e = static_cast<std::size_t>(i);
+        const auto d = static_cast<std::size_t>(plan.entry_rank[e]);
         const std::int32_t key = by_max_slot ? plan.entry_max_slot[e] : plan.entry_rank[e];
-        order.emplace_back(key, plan.segment_begin[static_cast<std::size_t>(plan.entry_rank[e])] + plan.entry_position[e]);
+        order.emplace_back(key, rows_of[d] + static_cast<std::size_t>(first_row[d] + plan.entry_position[e]) * H);
+        if (ws) (plan.entry_rank[e] == rank ? ws->local_pulled_bytes : ws->pulled_bytes) += row_bytes;
       }
       if (by_max_slot) std::sort(order.begin(), order.end());
       // f32(bias0) + f32(bias1) first, a missing bias counting as 0: adding a row of +0.0
       // for a missing bias1 turns f32(bias0) = -0.0 into +0.0 exactly as "+ 0.0f" does.
       terms.assign(1, b1 ? b1 + off : zero_row.data());
-      for (const auto& [key, row] : order) terms.push_back(replies + static_cast<std::size_t>(row) * H);
+      for (const auto& [key, row] : order) terms.push_back(row);
       reduce_row(o + off, RowTerms{b0 ? b0 + off : nullptr, terms.data(), nullptr, static_cast<int>(terms.size())}, H);
     }
   });

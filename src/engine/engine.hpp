@@ -77,6 +77,7 @@ struct NotifyHeader {
   std::int32_t alignment;     // dispatch: receiver's expert_alignment
   std::int32_t has_counts;    // fresh dispatch: counts follow
   std::int64_t worst;         // dispatch: receiver's num_worst_tokens
+  std::int32_t y_in_window;   // combine: my y lies where my peers can read it in place (pull)
   char message[512];
   // followed by std::int32_t counts[P + E]: tokens to each rank, slots to each expert
 };
@@ -255,11 +256,20 @@ struct Buffer::Impl {
   /// Receive area → the requested layout (rows_placed: the ring already put recv_x's rows).
   void epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed);
 
-  // combine.cpp
+  // combine.cpp. Push mode: the expert ranks put their rows (or partial sums) into the
+  // sources' reply areas, the sources reduce them. Pull mode (every rank's y is the
+  // zero-copy recv_x in its window, on a transport with mapped peers): each source reduces
+  // reading the expert ranks' rows in place — one pass, no puts — then tells them it is done.
   void send_replies(const detail::HandleState& h, const CombineArgs& a);
   /// Until every reply to this rank has landed (flag protocol: and is unpacked).
   void wait_replies(const detail::HandleState& h);
-  Tensor reduce(const detail::HandleState& h, const CombineArgs& a);
+  /// Whether this rank's y can be read in place by its peers (sent in the combine header).
+  bool y_readable_in_place(const detail::HandleState& h, const CombineArgs& a) const;
+  /// SPEC §4's sums per token: from my reply area (push), or from the peers' windows (pull).
+  Tensor reduce(const detail::HandleState& h, const CombineArgs& a, bool pull);
+  /// Pull mode: tells every peer I have read its rows, and waits until every peer has read mine.
+  void finish_pull();
+  std::size_t pull_done_signal(int src) const noexcept;
 
   detail::RowMetaView meta_row(std::byte* base, std::int64_t row) const noexcept;
   std::size_t dispatch_signal(int src, int worker) const noexcept;

@@ -60,6 +60,7 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
   j["memcpy_rank_us"] = op.memcpy_rank_us;
   j["ratio_vs_memcpy"] = op.ratio_vs_memcpy;
   j["counters"] = op.counters;
+  j["pulled"] = op.pulled;  // combine read the expert ranks' rows in place (no puts)
   if (op.counters) {
     j["puts"] = op.puts;
     j["remote_puts"] = op.remote_puts;

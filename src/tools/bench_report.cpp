@@ -36,6 +36,7 @@ double gbps(double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0; }
 
 struct CallTotals {
   std::uint64_t puts = 0, put_bytes = 0, local_puts = 0, local_bytes = 0;
+  std::uint64_t pulled_bytes = 0, local_pulled_bytes = 0;  // combine in pull mode (no puts)
   bool operator==(const CallTotals&) const = default;
 };
 
@@ -46,6 +47,8 @@ CallTotals totals(const BenchCall& c) {
     t.put_bytes += w.put_bytes;
     t.local_puts += w.local_puts;
     t.local_bytes += w.local_bytes;
+    t.pulled_bytes += w.pulled_bytes;
+    t.local_pulled_bytes += w.local_pulled_bytes;
   }
   return t;
 }
@@ -181,12 +184,19 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
       if (varies) warnings.push_back(fmt("%s: rank %d: epx's put counters differ between iterations of the same routing", name, r));
 
       // Cross-check: epx's bytes = payload + the same metadata bytes for every row it sent.
-      const std::int64_t rows = is_dispatch ? rc.sent_rows[at(r)] : rc.recv_rows[at(r)];
-      const std::int64_t local_rows = is_dispatch ? rc.sent_local_rows[at(r)] : rc.recv_local_rows[at(r)];
-      const auto engine = static_cast<std::int64_t>(first.put_bytes + first.local_bytes);
-      const auto engine_local = static_cast<std::int64_t>(first.local_bytes);
-      const std::int64_t extra = engine - op.payload_bytes[at(r)];
-      const std::int64_t extra_local = engine_local - op.local_bytes[at(r)];
+      // A pull-mode combine moves the same rows, counted at the reader (the token's source):
+      // one row per (token, destination) of its dispatch.
+      const bool pulled = first.pulled_bytes + first.local_pulled_bytes > 0;
+      if (pulled) op.pulled = true;
+      const std::int64_t rows = is_dispatch || pulled ? rc.sent_rows[at(r)] : rc.recv_rows[at(r)];
+      const std::int64_t local_rows = is_dispatch || pulled ? rc.sent_local_rows[at(r)] : rc.recv_local_rows[at(r)];
+      const auto engine = static_cast<std::int64_t>(pulled ? first.pulled_bytes + first.local_pulled_bytes
+                                                           : first.put_bytes + first.local_bytes);
+      const auto engine_local = static_cast<std::int64_t>(pulled ? first.local_pulled_bytes : first.local_bytes);
+      const std::int64_t expected = pulled ? rows * static_cast<std::int64_t>(rc.y_row_bytes) : op.payload_bytes[at(r)];
+      const std::int64_t expected_local = pulled ? local_rows * static_cast<std::int64_t>(rc.y_row_bytes) : op.local_bytes[at(r)];
+      const std::int64_t extra = engine - expected;
+      const std::int64_t extra_local = engine_local - expected_local;
       const bool meta_expected = is_dispatch && !o.cached;
       const std::int64_t per_row = rows > 0 ? extra / rows : 0;
       op.metadata_bytes_per_row.push_back(rows > 0 ? static_cast<double>(extra) / static_cast<double>(rows) : 0.0);
@@ -200,7 +210,7 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
         warnings.push_back(fmt("%s: rank %d: epx counted %lld bytes (%lld local) but the routing gives %lld payload bytes "
                                "(%lld local) for %lld rows: the difference is not %s",
                                name, r, static_cast<long long>(engine), static_cast<long long>(engine_local),
-                               static_cast<long long>(op.payload_bytes[at(r)]), static_cast<long long>(op.local_bytes[at(r)]),
+                               static_cast<long long>(expected), static_cast<long long>(expected_local),
                                static_cast<long long>(rows),
                                meta_expected ? "the same small metadata size per row" : "zero (no metadata expected)"));
     }
@@ -352,7 +362,11 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
                expansion > 0 ? (" + " + mb(static_cast<double>(expansion)) + " MB local expansion copies").c_str() : "");
   std::fprintf(f, "  %-28s %.2f GB/s  (same bytes, same %d ranks at once, max-rank avg %s us)  ->  epx = %.2fx memcpy\n",
                "memcpy, this machine", op.memcpy_gbps, P, format_us(op.memcpy_max_rank.avg).c_str(), op.ratio_vs_memcpy);
-  if (op.counters) {
+  if (op.pulled)
+    std::fprintf(f, "  %-28s every source read its tokens' rows in place in the expert ranks' windows and reduced them\n"
+                    "  %-28s (y = the zero-copy recv_x on every rank): no puts, one pass; bytes counted at the reader\n",
+                 "pull mode", "");
+  if (op.counters && !op.pulled) {
     std::int64_t rows = 0;
     for (int r = 0; r < P; ++r) rows += is_dispatch ? rc.sent_rows[at(r)] : rc.recv_rows[at(r)];
     double meta = 0;

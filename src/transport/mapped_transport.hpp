@@ -1,5 +1,6 @@
 // MappedTransport: the shared part of every transport whose peers' windows are mapped
-// into this address space (threads/, shm/). A put is a memcpy into the peer's window, a
+// into this address space (threads/, shm/). A put is a copy into the peer's window
+// (streaming stores for large puts: stream_copy.hpp), a
 // signal a release store into the peer's signal slot, a wait an acquire load that spins
 // briefly and then yields the core (with more ranks than cores a pure spin loses whole
 // scheduler slices). Subclasses only obtain and map the memory.
@@ -55,6 +56,9 @@ class MappedTransport : public Transport {
   void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) override;
   void quiet(int queue) override;
   void barrier(const char* phase) override;
+  const std::byte* peer_window(int peer) const noexcept override {
+    return windows_.empty() ? nullptr : windows_[static_cast<std::size_t>(peer)];
+  }
 
  protected:
   /// Bytes of one rank's segment: the window, then the signal slots (user + barrier).

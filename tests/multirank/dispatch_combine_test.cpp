@@ -2,6 +2,8 @@
 // independent reference (tests/reference), for every routing shape SPEC §3–4 describe.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "multirank_support.hpp"
 
 namespace epx::testing {
@@ -181,6 +183,34 @@ void run_case(TransportKind kind, const Case& c) {
       zc.handle = &dz.handle;
       zc.x = views_of(p2, r).x;
       expect_dispatch(r, p2, c.d, want2[ur], buffer.dispatch(zc));
+    }
+
+    // Pull mode: the experts overwrite the zero-copy recv_x with y in place, and combine
+    // reads every rank's rows where they lie (mapped transports; the simulator pushes).
+    // Twice with different y (the second overwrite must wait for every reader of the
+    // first), then once with rank 0's y elsewhere, which makes every rank push.
+    if (!c.d.expanded && !p.fp8) {
+      DispatchArgs zc = dispatch_args(v, c.d);
+      zc.recv_in_window = true;
+      DispatchResult dz = buffer.dispatch(zc);
+      const std::size_t bytes = y[ur].size() * sizeof(std::uint16_t);
+      auto* in_place = static_cast<std::uint16_t*>(dz.recv_x.data());
+      CombineArgs pull = ca;
+      pull.handle = &dz.handle;
+      pull.y = TensorView(in_place, DType::kBF16, {want[ur].rows, p.hidden});
+      const bool mapped = kind != TransportKind::kSim;
+      for (const auto* y_now : {&y, &y_wide, &y}) {
+        if (bytes > 0) std::memcpy(in_place, (*y_now)[ur].data(), bytes);
+        const auto& expected = y_now == &y_wide ? combined_wide[ur] : combined[ur];
+        if (y_now == &y_wide) pull.bias0 = pull.bias1 = TensorView();
+        else pull.bias0 = ca.bias0, pull.bias1 = ca.bias1;
+        expect_bits(r, "combined_x (pull, y in place)", buffer.combine(pull).combined_x.data(), expected);
+        EXPECT_EQ(buffer.last_stats().pulled, mapped) << "rank " << r;
+      }
+      CombineArgs mixed = pull;
+      if (r == 0) mixed.y = ca.y;
+      expect_bits(r, "combined_x (rank 0's y not in the window)", buffer.combine(mixed).combined_x.data(), combined[ur]);
+      EXPECT_FALSE(buffer.last_stats().pulled) << "rank " << r;
     }
   });
 }

@@ -40,6 +40,8 @@ class SimTransport : public MappedTransport {
   void set_payload_region(std::size_t begin, std::size_t end) override;
   void quiet(int queue) override;
   void barrier(const char* phase) override;
+  /// The model has puts, not reads of peer memory: in-place reads are not offered.
+  const std::byte* peer_window(int) const noexcept override { return nullptr; }
 
   /// Starts call `name` on this rank (rank thread only).
   int begin_call(const std::string& name);
