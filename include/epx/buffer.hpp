@@ -86,6 +86,11 @@ struct DispatchResult {
 
 struct CombineArgs {
   /// Rows of the handle's dispatch output on this rank ([N, H] bf16, padding ignored).
+  /// Zero-copy combine: if y is the recv_x of a `recv_in_window` dispatch (the experts
+  /// wrote their output over it in place) on every rank, and the transport maps peers'
+  /// windows, nothing is put: each source reads its rows in place (docs/engine.md, pull
+  /// mode). Combine returns only after every peer read this rank's rows, so y may be
+  /// overwritten as soon as it returns. Any other y works as well (the rows are put).
   TensorView y;
   const DispatchHandle* handle = nullptr;
   TensorView bias0;  ///< optional [S, H] bf16

@@ -179,7 +179,8 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_flag("--cached", o.cached, "time cached dispatches (the handle of one fresh dispatch made before warmup)");
   sub->add_flag("--zero-copy", o.zero_copy,
                 "compact layout: recv_x is a view of the receive window where the senders put the rows "
-                "(DispatchArgs::recv_in_window), so dispatch copies each row once");
+                "(DispatchArgs::recv_in_window), so dispatch copies each row once; the identity expert's y is that "
+                "recv_x in place, so combine runs in pull mode on shm/threads (sources read the rows where they lie)");
   sub->add_option("--ring-rows", o.ring_rows,
                   "bounded receive area: a ring of N rows per source with credits (0 = a slot for every row; "
                   "BufferConfig::ring_rows)")
