@@ -60,7 +60,9 @@ detail::WindowLayout make_layout(const BufferConfig& c, int P, int servers, int 
   const std::size_t H = static_cast<std::size_t>(c.hidden), K = static_cast<std::size_t>(c.num_topk);
   w.header_bytes = align_up(sizeof(NotifyHeader) + sizeof(std::int32_t) * static_cast<std::size_t>(detail::num_counts(c, P)), 64);
   w.recv_rows = c.max_recv_rows > 0 ? c.max_recv_rows : static_cast<std::int64_t>(P) * c.max_tokens_per_rank;
-  w.reply_rows = c.max_tokens_per_rank * std::min<std::int64_t>(c.num_topk, P);
+  // Bounded mode: two rounds of max(1, ring_rows / 2) tokens, a block per expert rank each.
+  w.reply_rows = c.ring_rows > 0 ? 2 * static_cast<std::int64_t>(P) * std::max<std::int64_t>(1, c.ring_rows / 2)
+                                 : c.max_tokens_per_rank * std::min<std::int64_t>(c.num_topk, P);
   w.meta_bytes = align_up(8 + 16 * K, 8);
   const std::size_t scale_row = H % 128 == 0 ? H / 128 * sizeof(float) : 0;
   if (c.dataplane.protocol == Protocol::kFlag) {
@@ -424,6 +426,7 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   NotifyHeader mine{};
   mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
   mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
+  mine.tokens = status ? 0 : a.handle->state_->plan.shape.num_tokens;
   const Impl::Peers peers = [&] {
     Impl::PhaseTimer timer(m, 0, Phase::kNotify);
     return m.exchange_headers(status, mine, nullptr, "combine notify");
@@ -436,6 +439,8 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   if (pull) {
     out.combined_x = m.reduce(h, a, true);
     m.finish_pull();
+  } else if (m.config.ring_rows > 0) {
+    out.combined_x = m.combine_through_ring(h, a, peers);
   } else {
     m.send_replies(h, a);
     if (m.hierarchical()) m.forward_replies(h);

@@ -17,17 +17,45 @@ using detail::reduce_row;
 using detail::RowTerms;
 using detail::split_range;
 
+Buffer::Impl::Replies::Replies(Impl& m, const HandleState& h, const CombineArgs& a, int worker)
+    : m_(m),
+      h_(h),
+      a_(a),
+      y_(a.y.as<std::uint16_t>()),
+      stage_(m.reply_stage.data() + static_cast<std::size_t>(worker * kReplyStageRows * m.config.hidden)),
+      slot_rows_(static_cast<std::size_t>(m.config.num_topk)),
+      slot_weights_(static_cast<std::size_t>(m.config.num_topk)) {}
+
+const std::uint16_t* Buffer::Impl::Replies::of(std::int64_t r) {
+  const int K = m_.config.num_topk;
+  const auto H = static_cast<std::size_t>(m_.config.hidden);
+  if (h_.layout == RecvLayout::kCompact) return y_ + static_cast<std::size_t>(r) * H;
+  const std::int32_t* rows = h_.recv_slot_row.data() + r * K;
+  const float* wts = h_.recv_slot_weight.data() + r * K;
+  int slots = 0;
+  for (int k = 0; k < K; ++k) {
+    if (rows[k] < 0) continue;
+    slot_rows_[static_cast<std::size_t>(slots)] = y_ + static_cast<std::size_t>(rows[k]) * H;
+    slot_weights_[static_cast<std::size_t>(slots++)] = wts[k];
+  }
+  if (slots == 1 && !a_.weighted) return slot_rows_[0];  // passes through unchanged
+  if (staged_ == kReplyStageRows) {  // the staged rows may still be in flight
+    for (int q = 0; q < m_.config.dataplane.queues; ++q) m_.transport.quiet(q);
+    staged_ = 0;
+  }
+  std::uint16_t* out = stage_ + static_cast<std::size_t>(staged_++) * H;
+  if (m_.transport.caps().moves_payload)  // else partial sums are not computed
+    reduce_row(out, RowTerms{nullptr, slot_rows_.data(), a_.weighted ? slot_weights_.data() : nullptr, slots}, H);
+  return out;
+}
+
 void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
   const std::int64_t N = h.num_recv();
-  const int K = config.num_topk;
   const std::size_t H = static_cast<std::size_t>(config.hidden);
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
   const auto* y = a.y.as<std::uint16_t>();
   const bool expanded = h.layout == RecvLayout::kExpanded;
-  const bool payload = transport.caps().moves_payload;  // else partial sums are not computed
-  // Rows that need rounding are built here, one slice per worker (reused after quiet()).
-  constexpr std::int64_t kStageRows = 32;
-  if (expanded) reply_stage.resize(static_cast<std::size_t>(W * kStageRows) * H);
+  if (expanded) reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * H);
 
   // Hierarchical: a reply to another server's source goes to my lane's place of its row in
   // the relay's area (reply_sources lists, per channel peer, whose replies travel to it).
@@ -46,29 +74,7 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
       for (int s : reply_sources[static_cast<std::size_t>(peer)])
         channel_bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(std::max<std::int64_t>(0, hi(s) - lo(s))) * row_bytes;
     Sender send(*this, w, combine_signal(rank, w), channel_bytes, reply_order);
-    std::uint16_t* stage = reply_stage.data() + static_cast<std::size_t>(w * kStageRows) * H;
-    std::int64_t staged = 0;
-    std::vector<const std::uint16_t*> slot_rows(static_cast<std::size_t>(K));
-    std::vector<float> slot_weights(static_cast<std::size_t>(K));
-    // The reply to received row r (from s): y's row, or the partial sum of its slots.
-    auto reply_of = [&](std::int64_t r) -> const std::uint16_t* {
-      const std::int32_t* rows = h.recv_slot_row.data() + r * K;
-      const float* wts = h.recv_slot_weight.data() + r * K;
-      int slots = 0;
-      for (int k = 0; k < K; ++k) {
-        if (rows[k] < 0) continue;
-        slot_rows[static_cast<std::size_t>(slots)] = y + static_cast<std::size_t>(rows[k]) * H;
-        slot_weights[static_cast<std::size_t>(slots++)] = wts[k];
-      }
-      if (slots == 1 && !a.weighted) return slot_rows[0];  // passes through unchanged
-      if (staged == kStageRows) {
-        for (int q = 0; q < config.dataplane.queues; ++q) transport.quiet(q);
-        staged = 0;
-      }
-      std::uint16_t* out = stage + static_cast<std::size_t>(staged++) * H;
-      if (payload) reduce_row(out, RowTerms{nullptr, slot_rows.data(), a.weighted ? slot_weights.data() : nullptr, slots}, H);
-      return out;
-    };
+    Replies replies(*this, h, a, w);
     for (int peer : reply_order) {
       for (int s : reply_sources[static_cast<std::size_t>(peer)]) {
         const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
@@ -76,7 +82,7 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
         if (s != peer) {  // relayed: one row at a time into the relay's area
           for (std::int64_t r = first; r < end; ++r)
             send.put_rows(peer, Region::kRelayReplies, h.recv_relay_row[static_cast<std::size_t>(r)] * lanes + my_lane,
-                          expanded ? reply_of(r) : y + static_cast<std::size_t>(r) * H, 1, row_bytes);
+                          replies.of(r), 1, row_bytes);
           continue;
         }
         const std::int64_t dst_row = h.reply_base[static_cast<std::size_t>(s)] + (first - b);
@@ -84,7 +90,7 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
           send.put_rows(s, Region::kReplies, dst_row, y + static_cast<std::size_t>(first) * H, end - first, row_bytes);
           continue;
         }
-        for (std::int64_t r = first; r < end; ++r) send.put_rows(s, Region::kReplies, dst_row + (r - first), reply_of(r), 1, row_bytes);
+        for (std::int64_t r = first; r < end; ++r) send.put_rows(s, Region::kReplies, dst_row + (r - first), replies.of(r), 1, row_bytes);
       }
       send.end_channel(peer);
     }
@@ -145,13 +151,40 @@ void Buffer::Impl::finish_pull() {
   for (int s = 0; s < P; ++s) transport.wait_signal(pull_done_signal(s), epoch, {"combine pull done", s});
 }
 
-Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pull) {
+void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
+                                 const std::vector<const std::uint16_t*>& rows_of, const std::vector<std::int64_t>& first_row,
+                                 std::uint16_t* o, WorkerStats* pulls) const {
   const RoutingPlan& plan = h.plan;
-  const std::int64_t S = plan.shape.num_tokens;
   const std::size_t H = static_cast<std::size_t>(config.hidden);
+  const std::size_t row_bytes = H * sizeof(std::uint16_t);
   const auto* b0 = a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>();
   const auto* b1 = a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>();
   const bool by_max_slot = h.layout == RecvLayout::kExpanded;
+  std::vector<std::pair<std::int32_t, const std::uint16_t*>> order;  // (sort key, reply row)
+  std::vector<const std::uint16_t*> terms;                           // bias1 (or zeros), then the replies
+  for (std::int64_t t = t0; t < t1; ++t) {
+    const std::size_t off = static_cast<std::size_t>(t) * H;
+    // Expanded: groups in ascending order of their largest k; compact: ascending rank.
+    order.clear();
+    for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {
+      const auto e = static_cast<std::size_t>(i);
+      const auto d = static_cast<std::size_t>(plan.entry_rank[e]);
+      const std::int32_t key = by_max_slot ? plan.entry_max_slot[e] : plan.entry_rank[e];
+      order.emplace_back(key, rows_of[d] + static_cast<std::size_t>(first_row[d] + plan.entry_position[e]) * H);
+      if (pulls) (plan.entry_rank[e] == rank ? pulls->local_pulled_bytes : pulls->pulled_bytes) += row_bytes;
+    }
+    if (by_max_slot) std::sort(order.begin(), order.end());
+    // f32(bias0) + f32(bias1) first, a missing bias counting as 0: adding a row of +0.0
+    // for a missing bias1 turns f32(bias0) = -0.0 into +0.0 exactly as "+ 0.0f" does.
+    terms.assign(1, b1 ? b1 + off : zero_row.data());
+    for (const auto& [key, row] : order) terms.push_back(row);
+    reduce_row(o + off, RowTerms{b0 ? b0 + off : nullptr, terms.data(), nullptr, static_cast<int>(terms.size())}, H);
+  }
+}
+
+Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pull) {
+  const std::int64_t S = h.plan.shape.num_tokens;
+  const std::size_t H = static_cast<std::size_t>(config.hidden);
   if (!transport.caps().moves_payload)  // a modelling transport: no values to add up
     return Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + window.replies),
                          DType::kBF16, {S, static_cast<std::int64_t>(H)});
@@ -163,36 +196,14 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pul
     const auto du = static_cast<std::size_t>(d);
     rows_of[du] = reinterpret_cast<const std::uint16_t*>((pull ? transport.peer_window(d) + window.data
                                                               : transport.window() + window.replies));
-    first_row[du] = pull ? h.send_base[du] : plan.segment_begin[du];
+    first_row[du] = pull ? h.send_base[du] : h.plan.segment_begin[du];
   }
   Tensor out = outputs.make(DType::kBF16, {S, static_cast<std::int64_t>(H)});
-  auto* o = out.as<std::uint16_t>();
-  const std::size_t row_bytes = H * sizeof(std::uint16_t);
-
   pool.run([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
-    WorkerStats* ws = pull && config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
+    WorkerStats* pulls = pull && config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
     const auto [t0, t1] = split_range(S, w, W);
-    std::vector<std::pair<std::int32_t, const std::uint16_t*>> order;  // (sort key, reply row)
-    std::vector<const std::uint16_t*> terms;                           // bias1 (or zeros), then the replies
-    for (std::int64_t t = t0; t < t1; ++t) {
-      const std::size_t off = static_cast<std::size_t>(t) * H;
-      // Expanded: groups in ascending order of their largest k; compact: ascending rank.
-      order.clear();
-      for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {
-        const auto e = static_cast<std::size_t>(i);
-        const auto d = static_cast<std::size_t>(plan.entry_rank[e]);
-        const std::int32_t key = by_max_slot ? plan.entry_max_slot[e] : plan.entry_rank[e];
-        order.emplace_back(key, rows_of[d] + static_cast<std::size_t>(first_row[d] + plan.entry_position[e]) * H);
-        if (ws) (plan.entry_rank[e] == rank ? ws->local_pulled_bytes : ws->pulled_bytes) += row_bytes;
-      }
-      if (by_max_slot) std::sort(order.begin(), order.end());
-      // f32(bias0) + f32(bias1) first, a missing bias counting as 0: adding a row of +0.0
-      // for a missing bias1 turns f32(bias0) = -0.0 into +0.0 exactly as "+ 0.0f" does.
-      terms.assign(1, b1 ? b1 + off : zero_row.data());
-      for (const auto& [key, row] : order) terms.push_back(row);
-      reduce_row(o + off, RowTerms{b0 ? b0 + off : nullptr, terms.data(), nullptr, static_cast<int>(terms.size())}, H);
-    }
+    reduce_tokens(h, a, t0, t1, rows_of, first_row, out.as<std::uint16_t>(), pulls);
   });
   return out;
 }

@@ -78,6 +78,7 @@ struct NotifyHeader {
   std::int32_t has_counts;    // fresh dispatch: counts follow
   std::int64_t worst;         // dispatch: receiver's num_worst_tokens
   std::int32_t y_in_window;   // combine: my y lies where my peers can read it in place (pull)
+  std::int64_t tokens;        // combine: my S (the bounded reply area's rounds)
   char message[512];
   // followed by std::int32_t counts[P + E]: tokens to each rank, slots to each expert
 };
@@ -120,7 +121,7 @@ struct WindowLayout {
   std::size_t relay_record_bytes = 0;  // see slots_bytes() in relay.cpp: 2 x lanes int32, then lanes x RowMeta
   std::int64_t relay_rows = 0;
   std::size_t total = 0;
-  std::int64_t reply_rows = 0;   // C * min(K, P): one per (token, destination) of a source
+  std::int64_t reply_rows = 0;   // C * min(K, P): one per (token, destination) of a source; ring: 2 rounds x P x ring_rows / 2
   std::int64_t recv_rows = 0;    // rows the receive area holds (scales, meta)
   std::size_t header_offset(std::uint64_t epoch, int src, int num_ranks) const noexcept {
     return headers + ((epoch & 1) * static_cast<std::size_t>(num_ranks) + static_cast<std::size_t>(src)) * header_bytes;
@@ -242,6 +243,8 @@ struct Buffer::Impl {
   // places the rows arriving from its sources straight into the output.
   void exchange_through_ring(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
                              DispatchResult& out);
+  /// Combine with the bounded reply area: rounds of ring_rows / 2 tokens (ring.cpp).
+  Tensor combine_through_ring(const detail::HandleState& h, const CombineArgs& a, const Peers& peers);
   std::size_t ring_tail_signal(int src) const noexcept;
   std::size_t ring_credit_signal(int dst) const noexcept;
 
@@ -263,10 +266,34 @@ struct Buffer::Impl {
   void send_replies(const detail::HandleState& h, const CombineArgs& a);
   /// Until every reply to this rank has landed (flag protocol: and is unpacked).
   void wait_replies(const detail::HandleState& h);
+  /// At an expert rank, one worker's replies: received row r's is y's row where it passes
+  /// unchanged (compact; expanded with one unweighted slot), else the bf16 partial sum of
+  /// its slots, built in the worker's slice of reply_stage (reused after a quiet).
+  class Replies {
+   public:
+    Replies(Impl& m, const detail::HandleState& h, const CombineArgs& a, int worker);
+    const std::uint16_t* of(std::int64_t r);
+
+   private:
+    Impl& m_;
+    const detail::HandleState& h_;
+    const CombineArgs& a_;
+    const std::uint16_t* y_;
+    std::uint16_t* stage_;
+    std::int64_t staged_ = 0;
+    std::vector<const std::uint16_t*> slot_rows_;
+    std::vector<float> slot_weights_;
+  };
+  static constexpr std::int64_t kReplyStageRows = 32;  // per worker, in reply_stage
   /// Whether this rank's y can be read in place by its peers (sent in the combine header).
   bool y_readable_in_place(const detail::HandleState& h, const CombineArgs& a) const;
   /// SPEC §4's sums per token: from my reply area (push), or from the peers' windows (pull).
   Tensor reduce(const detail::HandleState& h, const CombineArgs& a, bool pull);
+  /// The sums of tokens [t0, t1) into o: the row answering entry e (token t at rank d) is
+  /// rows_of[d] + (first_row[d] + entry_position[e]) rows. `pulls`: count the rows as pulled.
+  void reduce_tokens(const detail::HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
+                     const std::vector<const std::uint16_t*>& rows_of, const std::vector<std::int64_t>& first_row,
+                     std::uint16_t* o, WorkerStats* pulls) const;
   /// Pull mode: tells every peer I have read its rows, and waits until every peer has read mine.
   void finish_pull();
   std::size_t pull_done_signal(int src) const noexcept;

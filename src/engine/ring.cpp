@@ -23,6 +23,7 @@ namespace epx {
 using detail::HandleState;
 using detail::Region;
 using detail::RowMetaView;
+using detail::split_range;
 
 namespace {
 // Nothing moved this round: spin a little, then give the core away (with more ranks than
@@ -172,6 +173,130 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
     }
     send.flush();
   });
+}
+
+// The combine's bounded reply area (ring_rows > 0): a source's tokens come back in rounds
+// of C = max(1, ring_rows / 2) tokens. The reply area holds two rounds (while the source
+// reduces one, the experts fill the other), each with C rows per expert rank: 2·P·C rows,
+// the same as the dispatch rings' P·ring_rows. Round i of source s lives in half i % 2.
+// An expert rank puts its rows for round i of s once s has reduced round i - 2 (s's
+// credit), then signals the round; s reduces round i once every rank signalled it and
+// hands the half back. Rounds per source: ceil(S_s / C), S_s from its combine header.
+// Signals reuse the ring slots: tails from the experts, credits from the sources, values
+// epoch << 32 | rounds (monotonic across calls, like the dispatch ring's counts).
+Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArgs& a, const Peers& peers) {
+  const RoutingPlan& plan = h.plan;
+  const std::int64_t S = plan.shape.num_tokens;
+  const std::int64_t C = std::max<std::int64_t>(1, config.ring_rows / 2);
+  const std::size_t H = static_cast<std::size_t>(config.hidden);
+  const std::size_t row_bytes = H * sizeof(std::uint16_t);
+  const bool payload = transport.caps().moves_payload;
+  const std::uint64_t stamp = epoch << 32;
+  auto rounds_of = [&](std::int64_t tokens) { return (tokens + C - 1) / C; };
+  auto count_of = [&](std::uint64_t v) -> std::int64_t { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; };
+  auto half_row = [&](std::int64_t round, int expert) { return (round % 2) * P * C + expert * C; };
+  if (h.layout == RecvLayout::kExpanded) reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * H);
+  Tensor out = payload ? outputs.make(DType::kBF16, {S, static_cast<std::int64_t>(H)})
+                       : Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + window.replies),
+                                       DType::kBF16, {S, static_cast<std::int64_t>(H)});
+  const auto* replies_base = reinterpret_cast<const std::uint16_t*>(transport.window() + window.replies);
+
+  // Expert side, per source s: rounds sent, and the next of my received rows from s.
+  struct Source {
+    int peer;
+    std::int64_t rounds, sent, next_row;
+  };
+  std::vector<Source> sources;
+  std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
+  for (int s : reply_order) {
+    const auto us = static_cast<std::size_t>(s);
+    sources.push_back({s, rounds_of(peers.header[us]->tokens), 0, h.recv_begin[us]});
+    channel_bytes[us] = static_cast<std::uint64_t>(h.recv_begin[us + 1] - h.recv_begin[us]) * row_bytes;
+  }
+  // Source side: my rounds reduced, and per expert rank d the segment position of the
+  // first token of the round being reduced.
+  const std::int64_t my_rounds = rounds_of(S);
+  std::int64_t reduced = 0;
+  std::vector<std::int64_t> round_start(static_cast<std::size_t>(P), 0);
+  std::vector<const std::uint16_t*> rows_of(static_cast<std::size_t>(P));
+  std::vector<std::int64_t> first_row(static_cast<std::size_t>(P));
+
+  PhaseTimer timer(*this, 0, Phase::kPutIssue);
+  Sender send(*this, 0, 0, channel_bytes, reply_order);
+  Replies replies(*this, h, a, 0);
+  auto send_round = [&](Source& src) {
+    const auto us = static_cast<std::size_t>(src.peer);
+    const std::int64_t end_token = (src.sent + 1) * C, end = h.recv_begin[us + 1];
+    std::int64_t r = src.next_row;
+    const std::int64_t first = r;
+    while (r < end && h.recv_token[static_cast<std::size_t>(r)] < end_token) ++r;
+    const std::int64_t dst = half_row(src.sent, rank);
+    if (h.layout == RecvLayout::kCompact)
+      send.put_rows(src.peer, Region::kReplies, dst, replies.of(first), r - first, row_bytes);
+    else
+      for (std::int64_t i = first; i < r; ++i) send.put_rows(src.peer, Region::kReplies, dst + (i - first), replies.of(i), 1, row_bytes);
+    src.next_row = r;
+    ++src.sent;
+    send.signal(src.peer, ring_tail_signal(rank), stamp + static_cast<std::uint64_t>(src.sent));
+  };
+  auto reduce_round = [&]() {
+    const std::int64_t t0 = reduced * C, t1 = std::min(S, t0 + C);
+    for (int d = 0; d < P; ++d) {
+      const auto ud = static_cast<std::size_t>(d);
+      // My segment at d is token-ascending: the round's rows start where the last one ended.
+      const std::int32_t* seg = plan.segment_token.data() + plan.segment_begin[ud];
+      std::int64_t p = round_start[ud];
+      rows_of[ud] = replies_base + static_cast<std::size_t>(half_row(reduced, d)) * H;
+      first_row[ud] = -p;
+      while (p < plan.tokens_to(d) && seg[p] < t1) ++p;
+      round_start[ud] = p;
+    }
+    if (payload)
+      pool.run([&](int w) {
+        const auto [u0, u1] = split_range(t1 - t0, w, W);
+        reduce_tokens(h, a, t0 + u0, t0 + u1, rows_of, first_row, out.as<std::uint16_t>(), nullptr);
+      });
+    ++reduced;
+    for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, ring_credit_signal(rank), stamp + static_cast<std::uint64_t>(reduced), 0);
+  };
+
+  Idle idle(transport.timeout());
+  while (true) {
+    bool progress = false, pending = false;
+    for (Source& src : sources) {
+      if (src.sent == src.rounds) continue;
+      pending = true;
+      // Half sent % 2 is free once the source has reduced round sent - 2.
+      if (src.sent >= 2 && count_of(transport.read_signal(ring_credit_signal(src.peer))) < src.sent - 1) continue;
+      send_round(src);
+      progress = true;
+    }
+    if (reduced < my_rounds) {
+      pending = true;
+      bool all = true;
+      for (int d = 0; d < P && all; ++d) all = count_of(transport.read_signal(ring_tail_signal(d))) > reduced;
+      if (all) {
+        reduce_round();
+        progress = true;
+      }
+    }
+    if (!pending) break;
+    if (progress) {
+      idle.reset();
+      continue;
+    }
+    if (!idle.step()) {
+      std::string waiting;
+      for (const Source& src : sources)
+        if (src.sent < src.rounds) waiting += " credit from rank " + std::to_string(src.peer);
+      for (int d = 0; d < P && reduced < my_rounds; ++d)
+        if (count_of(transport.read_signal(ring_tail_signal(d))) <= reduced) waiting += " replies from rank " + std::to_string(d);
+      throw Error(ErrorCode::kTimeout, "rank " + std::to_string(rank) + ": timed out in phase 'combine ring' waiting for" + waiting,
+                  sources.empty() ? -1 : sources.front().peer);
+    }
+  }
+  send.flush();
+  return out;
 }
 
 }  // namespace epx
