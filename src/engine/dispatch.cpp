@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "engine.hpp"
+#include "epx/copy.hpp"
 
 namespace epx {
 
@@ -256,8 +257,8 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
     const auto [r0, r1] = split_range(N, w, W);
     if (!expanded) {
       if (!in_window && copy_rows) {
-        std::memcpy(rx + static_cast<std::size_t>(r0) * row_bytes, data + static_cast<std::size_t>(r0) * row_bytes,
-                    static_cast<std::size_t>(r1 - r0) * row_bytes);
+        bulk_copy(rx + static_cast<std::size_t>(r0) * row_bytes, data + static_cast<std::size_t>(r0) * row_bytes,
+                  static_cast<std::size_t>(r1 - r0) * row_bytes);
       }
       if (fp8 && !in_window)
         std::memcpy(rs + static_cast<std::size_t>(r0) * scale_bytes, scales + static_cast<std::size_t>(r0) * scale_bytes,
@@ -277,7 +278,7 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
           const auto i = static_cast<std::size_t>(r * K + k);
           const std::int64_t row = h.recv_slot_row[i];
           if (row < 0) continue;
-          if (copy_rows) std::memcpy(rx + static_cast<std::size_t>(row) * row_bytes, data + static_cast<std::size_t>(r) * row_bytes, row_bytes);
+          if (copy_rows) bulk_copy(rx + static_cast<std::size_t>(row) * row_bytes, data + static_cast<std::size_t>(r) * row_bytes, row_bytes);
           if (fp8 && payload)
             std::memcpy(rs + static_cast<std::size_t>(row) * scale_bytes, scales + static_cast<std::size_t>(r) * scale_bytes,
                         scale_bytes);

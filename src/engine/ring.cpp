@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "engine.hpp"
+#include "epx/copy.hpp"
 
 namespace epx {
 
@@ -122,13 +123,13 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
         const std::byte* row = rings + static_cast<std::size_t>(s * ring + i % ring) * row_bytes;
         const std::int64_t r = first + i;
         if (!expanded) {
-          std::memcpy(rx + static_cast<std::size_t>(r) * row_bytes, row, row_bytes);
+          bulk_copy(rx + static_cast<std::size_t>(r) * row_bytes, row, row_bytes);
           continue;
         }
         for (int k = 0; k < K; ++k) {
           const std::int32_t to = with_meta ? meta_row(const_cast<std::byte*>(meta), r).slot_row[k]
                                             : h.recv_slot_row[static_cast<std::size_t>(r * K + k)];
-          if (to >= 0) std::memcpy(rx + static_cast<std::size_t>(to) * row_bytes, row, row_bytes);
+          if (to >= 0) bulk_copy(rx + static_cast<std::size_t>(to) * row_bytes, row, row_bytes);
         }
       }
       transport.signal(s, ring_credit_signal(rank), stamp + static_cast<std::uint64_t>(i1), 0);

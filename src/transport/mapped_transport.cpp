@@ -6,8 +6,8 @@
 #include <cstring>
 #include <new>
 
+#include "epx/copy.hpp"
 #include "epx/error.hpp"
-#include "stream_copy.hpp"
 
 namespace epx::detail {
 
@@ -76,7 +76,7 @@ std::atomic<std::uint64_t>* MappedTransport::signals_of(int peer) const noexcept
 }
 
 void MappedTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int) {
-  put_copy(windows_[static_cast<std::size_t>(peer)] + offset, src, bytes);
+  bulk_copy(windows_[static_cast<std::size_t>(peer)] + offset, src, bytes);
 }
 
 void MappedTransport::signal(int peer, std::size_t slot, std::uint64_t value, int) {
@@ -115,7 +115,7 @@ void MappedTransport::wait_signal(std::size_t slot, std::uint64_t at_least, cons
 void MappedTransport::put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes,
                                   std::uint64_t flag, int) {
   std::byte* block = windows_[static_cast<std::size_t>(peer)] + offset;
-  put_copy(block, src, bytes);
+  bulk_copy(block, src, bytes);
   // The release store orders the block's bytes before the flag for an acquiring reader.
   std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(block + bytes)).store(flag, std::memory_order_release);
 }

@@ -1,4 +1,4 @@
-// put_copy (streaming stores for large puts) copies exactly the bytes memcpy would, for
+// bulk_copy (streaming stores for large copies) copies exactly the bytes memcpy would, for
 // every alignment of source and destination and sizes around the streaming threshold and
 // the 128-byte step, and touches nothing outside [dst, dst + bytes).
 #include <gtest/gtest.h>
@@ -6,12 +6,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "stream_copy.hpp"
+#include "epx/copy.hpp"
 
 namespace {
 
-TEST(StreamCopy, CopiesExactlyTheBytesAtAnyAlignment) {
-  const std::size_t threshold = epx::detail::stream_min_bytes();
+TEST(BulkCopy, CopiesExactlyTheBytesAtAnyAlignment) {
+  const std::size_t threshold = epx::stream_min_bytes();
   std::vector<std::size_t> sizes = {0, 1, 31, 127, 128, 129, 4096};
   for (std::size_t base : {threshold, threshold + 1, threshold + 127, 3 * threshold + 77, std::size_t{1} << 20})
     sizes.push_back(base);
@@ -21,7 +21,7 @@ TEST(StreamCopy, CopiesExactlyTheBytesAtAnyAlignment) {
     for (std::size_t src_off : {0, 1, 33})
       for (std::size_t dst_off : {0, 5, 32, 63}) {
         std::fill(dst.begin(), dst.end(), 0xee);
-        epx::detail::put_copy(dst.data() + dst_off, src.data() + src_off, bytes);
+        epx::bulk_copy(dst.data() + dst_off, src.data() + src_off, bytes);
         for (std::size_t i = 0; i < dst.size(); ++i) {
           const bool inside = i >= dst_off && i < dst_off + bytes;
           const std::uint8_t want = inside ? src[src_off + (i - dst_off)] : 0xee;

@@ -1,4 +1,4 @@
-#include "stream_copy.hpp"
+#include "epx/copy.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -10,7 +10,7 @@
 #define EPX_HAVE_STREAM_COPY 1
 #endif
 
-namespace epx::detail {
+namespace epx {
 
 std::size_t stream_min_bytes() noexcept {
   static const std::size_t value = [] {
@@ -50,7 +50,7 @@ const bool kHasAvx2 = __builtin_cpu_supports("avx2");
 }  // namespace
 #endif
 
-void put_copy(void* dst, const void* src, std::size_t bytes) noexcept {
+void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept {
 #ifdef EPX_HAVE_STREAM_COPY
   if (kHasAvx2 && bytes >= stream_min_bytes()) {
     stream_copy_avx2(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
@@ -60,4 +60,4 @@ void put_copy(void* dst, const void* src, std::size_t bytes) noexcept {
   std::memcpy(dst, src, bytes);
 }
 
-}  // namespace epx::detail
+}  // namespace epx

@@ -1,0 +1,24 @@
+// epx/copy.hpp — the copy rows travel with: large copies bypass the cache.
+//
+// A row's destination (a peer's window, an output tensor) is not read back by the thread
+// that writes it, so for large copies non-temporal (streaming) stores are faster than
+// memcpy: they skip reading every destination line into the cache before overwriting it
+// (BENCHMARKS.md: 1.3-1.6x on this machine for 14 KB - 1 MB blocks). Smaller copies use
+// memcpy: their rows may still be in cache when they are read. Used by the mapped
+// transports' puts and by the engine's epilogue copies. Thread-safe, no state.
+#pragma once
+
+#include <cstddef>
+
+namespace epx {
+
+/// Copies of at least this many bytes stream; the default 8 KiB (one bf16 row of H = 4096 and up), or EPX_STREAM_MIN_BYTES
+/// from the environment (read once; 0 turns streaming off), for A/B measurements.
+std::size_t stream_min_bytes() noexcept;
+
+/// memcpy(dst, src, bytes), with streaming stores when bytes >= stream_min_bytes() and the
+/// CPU has AVX2. Returns after a store fence: the bytes are ordered before any later store
+/// of this thread (a release-store signal or flag), as after a memcpy.
+void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept;
+
+}  // namespace epx
