@@ -16,9 +16,11 @@ struct BufferConfig {
   /// Rows this rank's receive area holds; 0 = P * C (every token of every rank). A
   /// dispatch that needs more fails on every rank with kCapacityExceeded.
   std::int64_t max_recv_rows = 0;
-  /// Bounded receive area: rows per source ring (0 = unbounded: a slot for every row this
+  /// Bounded receive areas: rows per source ring (0 = unbounded: a slot for every row this
   /// rank may receive). With a ring, the window holds P x ring_rows rows instead of
-  /// max_recv_rows; senders wait for the receiver's credits before reusing ring slots.
+  /// max_recv_rows for dispatch, and combine's replies come back in rounds of
+  /// max(1, ring_rows / 2) tokens into 2 x P x that many rows instead of
+  /// max_tokens_per_rank x min(K, P); senders wait for credits before reusing slots.
   /// Needs the compact or expanded output as a copy (not recv_in_window), a schedule other
   /// than hierarchical and a protocol other than flag.
   std::int64_t ring_rows = 0;

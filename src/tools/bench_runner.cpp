@@ -63,12 +63,13 @@ class Progress {
 
 // The memcpy reference: the same rows as the op, row by row, between pre-faulted buffers
 // (an expanded dispatch also copies each local slot's row once more, as the epilogue does).
+// One source and one destination buffer serve every copy (dispatch reads x itself): at 4096
+// tokens per-copy buffers took ~2.5 GB per rank and 8 ranks ran out of memory.
 struct MemcpyRef {
   std::vector<std::int32_t> send_tokens;  // one entry per (token, unique destination)
-  std::vector<std::byte> dispatch_dst;
-  std::vector<std::byte> expand_src, expand_dst;  // one x row per slot routed to this rank's experts
-  std::vector<std::byte> combine_src, combine_dst;
+  std::vector<std::byte> src, dst;
   std::size_t data_row = 0, scale_row = 0, y_row = 0;
+  std::size_t expand_bytes = 0;  // one x row per slot routed to this rank's experts
   std::int64_t combine_rows = 0;
 
   MemcpyRef(const BenchProblem& p, const RouteCount& rc, int r) {
@@ -88,17 +89,16 @@ struct MemcpyRef {
     scale_row = p.fp8 ? static_cast<std::size_t>(p.hidden / 128) * sizeof(float) : 0;
     y_row = p.y_row_bytes();
     combine_rows = rc.recv_rows[static_cast<std::size_t>(r)];
-    dispatch_dst.assign(send_tokens.size() * (data_row + scale_row), std::byte{1});  // pre-faulted
-    expand_src.assign(static_cast<std::size_t>(rc.expansion_bytes(r)), std::byte{4});
-    expand_dst.assign(expand_src.size(), std::byte{5});
-    combine_src.assign(static_cast<std::size_t>(combine_rows) * y_row, std::byte{2});
-    combine_dst.assign(combine_src.size(), std::byte{3});
+    expand_bytes = static_cast<std::size_t>(rc.expansion_bytes(r));
+    const std::size_t combine_bytes = static_cast<std::size_t>(combine_rows) * y_row;
+    src.assign(std::max(expand_bytes, combine_bytes), std::byte{2});  // pre-faulted
+    dst.assign(std::max({send_tokens.size() * (data_row + scale_row), expand_bytes, combine_bytes}), std::byte{3});
   }
 
   void dispatch(const BenchRankInput& in) {
     const auto* x = static_cast<const std::byte*>(in.x.data());
     const auto* s = static_cast<const std::byte*>(in.x_scales.data());
-    std::byte* out = dispatch_dst.data();
+    std::byte* out = dst.data();
     for (const std::int32_t t : send_tokens) {
       std::memcpy(out, x + static_cast<std::size_t>(t) * data_row, data_row);
       out += data_row;
@@ -108,12 +108,11 @@ struct MemcpyRef {
       }
     }
     const std::size_t row = data_row + scale_row;  // the received rows, expanded into slots
-    for (std::size_t at = 0; at + row <= expand_dst.size(); at += row) std::memcpy(expand_dst.data() + at, expand_src.data() + at, row);
+    for (std::size_t at = 0; at + row <= expand_bytes; at += row) std::memcpy(dst.data() + at, src.data() + at, row);
   }
   void combine() {
     for (std::int64_t i = 0; i < combine_rows; ++i)
-      std::memcpy(combine_dst.data() + static_cast<std::size_t>(i) * y_row, combine_src.data() + static_cast<std::size_t>(i) * y_row,
-                  y_row);
+      std::memcpy(dst.data() + static_cast<std::size_t>(i) * y_row, src.data() + static_cast<std::size_t>(i) * y_row, y_row);
   }
 };
 

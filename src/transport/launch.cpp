@@ -137,6 +137,10 @@ volatile std::sig_atomic_t g_interrupted = 0;
 void on_interrupt(int sig) { g_interrupted = sig; }
 
 std::string describe_exit(int status) {
+  // The launcher kills only ranks that hang after another failed: a first failure by SIGKILL
+  // came from outside, most often the out-of-memory killer.
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+    return "was killed by signal 9 (SIGKILL: most often the kernel's out-of-memory killer; `dmesg` tells)";
   if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
   return "exited with status " + std::to_string(WEXITSTATUS(status));
 }
