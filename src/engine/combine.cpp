@@ -49,25 +49,6 @@ const std::uint16_t* Buffer::Impl::Replies::of(std::int64_t r) {
   return out;
 }
 
-std::int64_t Buffer::Impl::Replies::run(std::int64_t r, std::int64_t end, const std::uint16_t** rows) {
-  const auto H = static_cast<std::size_t>(m_.config.hidden);
-  if (h_.layout == RecvLayout::kCompact) {
-    *rows = y_ + static_cast<std::size_t>(r) * H;
-    return end - r;
-  }
-  const std::int64_t n = std::min(end - r, kReplyStageRows);
-  for (int q = 0; q < m_.config.dataplane.queues; ++q) m_.transport.quiet(q);  // the last run may be in flight
-  staged_ = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint16_t* row = of(r + i);
-    std::uint16_t* slot = stage_ + static_cast<std::size_t>(i) * H;
-    if (row != slot && m_.transport.caps().moves_payload) std::memcpy(slot, row, H * sizeof(std::uint16_t));
-    staged_ = i + 1;  // of() may have staged it already; either way slot i holds row r + i
-  }
-  *rows = stage_;
-  return n;
-}
-
 void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
   const std::int64_t N = h.num_recv();
   const std::size_t H = static_cast<std::size_t>(config.hidden);
@@ -109,12 +90,7 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
           send.put_rows(s, Region::kReplies, dst_row, y + static_cast<std::size_t>(first) * H, end - first, row_bytes);
           continue;
         }
-        for (std::int64_t r = first; r < end;) {  // runs of staged rows: one put each
-          const std::uint16_t* rows = nullptr;
-          const std::int64_t n = replies.run(r, end, &rows);
-          send.put_rows(s, Region::kReplies, dst_row + (r - first), rows, n, row_bytes);
-          r += n;
-        }
+        for (std::int64_t r = first; r < end; ++r) send.put_rows(s, Region::kReplies, dst_row + (r - first), replies.of(r), 1, row_bytes);
       }
       send.end_channel(peer);
     }

@@ -273,10 +273,6 @@ struct Buffer::Impl {
    public:
     Replies(Impl& m, const detail::HandleState& h, const CombineArgs& a, int worker);
     const std::uint16_t* of(std::int64_t r);
-    /// Rows r, r+1, ... (at most to `end`) consecutive in memory: compact, y's own rows (all
-    /// of them); expanded, up to kReplyStageRows of them copied or summed into the stage
-    /// (after a quiet: the previous run may be in flight). Returns how many, *rows = the first.
-    std::int64_t run(std::int64_t r, std::int64_t end, const std::uint16_t** rows);
 
    private:
     Impl& m_;

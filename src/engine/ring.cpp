@@ -232,12 +232,10 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
     const std::int64_t first = r;
     while (r < end && h.recv_token[static_cast<std::size_t>(r)] < end_token) ++r;
     const std::int64_t dst = half_row(src.sent, rank);
-    for (std::int64_t i = first; i < r;) {
-      const std::uint16_t* rows = nullptr;
-      const std::int64_t n = replies.run(i, r, &rows);
-      send.put_rows(src.peer, Region::kReplies, dst + (i - first), rows, n, row_bytes);
-      i += n;
-    }
+    if (h.layout == RecvLayout::kCompact)
+      send.put_rows(src.peer, Region::kReplies, dst, replies.of(first), r - first, row_bytes);
+    else
+      for (std::int64_t i = first; i < r; ++i) send.put_rows(src.peer, Region::kReplies, dst + (i - first), replies.of(i), 1, row_bytes);
     src.next_row = r;
     ++src.sent;
     send.signal(src.peer, ring_tail_signal(rank), stamp + static_cast<std::uint64_t>(src.sent));
