@@ -47,6 +47,28 @@ class Idle {
   int spins_ = 0;
   std::chrono::steady_clock::time_point deadline_;
 };
+
+struct Progress {
+  bool pending = false;  // something is left to send or receive
+  bool moved = false;    // this pass sent or received something
+};
+
+// Runs `pass` until nothing is pending, idling (spin, then yield) while nothing moves; after
+// the timeout without movement throws naming the phase and what `waiting()` lists.
+template <class Pass, class Waiting>
+void progress_until_done(std::chrono::milliseconds timeout, int rank, const char* phase, int blame, Pass pass, Waiting waiting) {
+  Idle idle(timeout);
+  while (true) {
+    const Progress p = pass();
+    if (!p.pending) return;
+    if (p.moved) {
+      idle.reset();
+      continue;
+    }
+    if (!idle.step())
+      throw Error(ErrorCode::kTimeout, "rank " + std::to_string(rank) + ": timed out in phase '" + phase + "' waiting for" + waiting(), blame);
+  }
+}
 }  // namespace
 
 std::size_t Buffer::Impl::ring_tail_signal(int src) const noexcept {
@@ -135,43 +157,38 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
       transport.signal(s, ring_credit_signal(rank), stamp + static_cast<std::uint64_t>(i1), 0);
     };
 
-    Idle idle(transport.timeout());
-    while (true) {
-      bool progress = false, pending = false;
+    auto pass = [&] {
+      Progress p;
       for (Flow& f : sends) {
         if (f.done == f.total) continue;
-        pending = true;
+        p.pending = true;
         const std::int64_t credit = count_of(transport.read_signal(ring_credit_signal(f.peer)));
         const std::int64_t n = std::min({f.total - f.done, credit + ring - f.done, chunk});
         if (n <= 0) continue;
         send_chunk(f.peer, f.done, f.done + n);
         f.done += n;
-        progress = true;
+        p.moved = true;
       }
       for (Flow& f : receives) {
         if (f.done == f.total) continue;
-        pending = true;
+        p.pending = true;
         const std::int64_t tail = count_of(transport.read_signal(ring_tail_signal(f.peer)));
         if (tail <= f.done) continue;
         place(f.peer, f.done, tail);
         f.done = tail;
-        progress = true;
+        p.moved = true;
       }
-      if (!pending) break;
-      if (progress) {
-        idle.reset();
-        continue;
-      }
-      if (!idle.step()) {
-        std::string waiting;
-        for (const Flow& f : sends)
-          if (f.done < f.total) waiting += " credit from rank " + std::to_string(f.peer);
-        for (const Flow& f : receives)
-          if (f.done < f.total) waiting += " rows from rank " + std::to_string(f.peer);
-        throw Error(ErrorCode::kTimeout, "rank " + std::to_string(rank) + ": timed out in phase 'dispatch ring' waiting for" + waiting,
-                    sends.empty() ? -1 : sends.front().peer);
-      }
-    }
+      return p;
+    };
+    auto waiting = [&] {
+      std::string what;
+      for (const Flow& f : sends)
+        if (f.done < f.total) what += " credit from rank " + std::to_string(f.peer);
+      for (const Flow& f : receives)
+        if (f.done < f.total) what += " rows from rank " + std::to_string(f.peer);
+      return what;
+    };
+    progress_until_done(transport.timeout(), rank, "dispatch ring", sends.empty() ? -1 : sends.front().peer, pass, waiting);
     send.flush();
   });
 }
@@ -261,41 +278,36 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
     for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, ring_credit_signal(rank), stamp + static_cast<std::uint64_t>(reduced), 0);
   };
 
-  Idle idle(transport.timeout());
-  while (true) {
-    bool progress = false, pending = false;
+  auto pass = [&] {
+    Progress p;
     for (Source& src : sources) {
       if (src.sent == src.rounds) continue;
-      pending = true;
+      p.pending = true;
       // Half sent % 2 is free once the source has reduced round sent - 2.
       if (src.sent >= 2 && count_of(transport.read_signal(ring_credit_signal(src.peer))) < src.sent - 1) continue;
       send_round(src);
-      progress = true;
+      p.moved = true;
     }
     if (reduced < my_rounds) {
-      pending = true;
+      p.pending = true;
       bool all = true;
       for (int d = 0; d < P && all; ++d) all = count_of(transport.read_signal(ring_tail_signal(d))) > reduced;
       if (all) {
         reduce_round();
-        progress = true;
+        p.moved = true;
       }
     }
-    if (!pending) break;
-    if (progress) {
-      idle.reset();
-      continue;
-    }
-    if (!idle.step()) {
-      std::string waiting;
-      for (const Source& src : sources)
-        if (src.sent < src.rounds) waiting += " credit from rank " + std::to_string(src.peer);
-      for (int d = 0; d < P && reduced < my_rounds; ++d)
-        if (count_of(transport.read_signal(ring_tail_signal(d))) <= reduced) waiting += " replies from rank " + std::to_string(d);
-      throw Error(ErrorCode::kTimeout, "rank " + std::to_string(rank) + ": timed out in phase 'combine ring' waiting for" + waiting,
-                  sources.empty() ? -1 : sources.front().peer);
-    }
-  }
+    return p;
+  };
+  auto waiting = [&] {
+    std::string what;
+    for (const Source& src : sources)
+      if (src.sent < src.rounds) what += " credit from rank " + std::to_string(src.peer);
+    for (int d = 0; d < P && reduced < my_rounds; ++d)
+      if (count_of(transport.read_signal(ring_tail_signal(d))) <= reduced) what += " replies from rank " + std::to_string(d);
+    return what;
+  };
+  progress_until_done(transport.timeout(), rank, "combine ring", sources.empty() ? -1 : sources.front().peer, pass, waiting);
   send.flush();
   return out;
 }
