@@ -2,7 +2,9 @@
 // partial (expanded: in ascending k, float32 from 0.0f, rounded to bf16; compact: the row
 // itself) and puts it back into the source's window at the slot the dispatch plan gave
 // that (token, destination) pair. The source adds bias0, bias1 and the partials in the
-// fixed order of SPEC §4 in float32 and rounds once.
+// fixed order of SPEC §4 in float32 and rounds once (reduce_row.hpp).
+// Pull mode (y in place in every rank's window, mapped peers): no puts; each source reads
+// the rows where they lie, then says it is done. Bounded replies (ring_rows): ring.cpp.
 #include <algorithm>
 #include <cstring>
 
