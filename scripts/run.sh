@@ -58,6 +58,7 @@ case "$cmd" in
     ctest --test-dir build --output-on-failure -j "$JOBS"
     /usr/bin/python3 tests/e2e/test_epx_ref.py
     /usr/bin/python3 tests/e2e/check_replay.py --epx build/src/tools/epx
+    /usr/bin/python3 tests/e2e/check_bench_modes.py --epx build/src/tools/epx  # push, pull, rings: no warnings
     bash tests/e2e/check_mpi_baseline.sh build/bench/epx_mpi_baseline  # says SKIP without Open MPI
     ;;
   sanitize)
