@@ -184,12 +184,18 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
   }
 }
 
+Tensor Buffer::Impl::combined_output(std::int64_t S) {
+  const Shape shape{S, static_cast<std::int64_t>(config.hidden)};
+  if (transport.caps().moves_payload) return outputs.make(DType::kBF16, shape);
+  // A modelling transport: no values are added up, so the output is a view of the replies.
+  return Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + window.replies), DType::kBF16,
+                       shape);
+}
+
 Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pull) {
   const std::int64_t S = h.plan.shape.num_tokens;
-  const std::size_t H = static_cast<std::size_t>(config.hidden);
-  if (!transport.caps().moves_payload)  // a modelling transport: no values to add up
-    return Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + window.replies),
-                         DType::kBF16, {S, static_cast<std::int64_t>(H)});
+  Tensor out = combined_output(S);
+  if (!transport.caps().moves_payload) return out;
   // Where the row answering entry e (token t at destination d) is: push, my reply area at
   // d's block; pull, d's receive area (its y in place) at my segment.
   std::vector<const std::uint16_t*> rows_of(static_cast<std::size_t>(P));
@@ -200,7 +206,6 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pul
                                                               : transport.window() + window.replies));
     first_row[du] = pull ? h.send_base[du] : h.plan.segment_begin[du];
   }
-  Tensor out = outputs.make(DType::kBF16, {S, static_cast<std::int64_t>(H)});
   pool.run([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     WorkerStats* pulls = pull && config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;

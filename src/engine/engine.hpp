@@ -287,6 +287,8 @@ struct Buffer::Impl {
   static constexpr std::int64_t kReplyStageRows = 32;  // per worker, in reply_stage
   /// Whether this rank's y can be read in place by its peers (sent in the combine header).
   bool y_readable_in_place(const detail::HandleState& h, const CombineArgs& a) const;
+  /// Combine's [S, H] bf16 output: from the pool, or (modelling transport) a view of the replies.
+  Tensor combined_output(std::int64_t S);
   /// SPEC §4's sums per token: from my reply area (push), or from the peers' windows (pull).
   Tensor reduce(const detail::HandleState& h, const CombineArgs& a, bool pull);
   /// The sums of tokens [t0, t1) into o: the row answering entry e (token t at rank d) is

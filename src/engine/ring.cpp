@@ -214,9 +214,7 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
   auto count_of = [&](std::uint64_t v) -> std::int64_t { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; };
   auto half_row = [&](std::int64_t round, int expert) { return (round % 2) * P * C + expert * C; };
   if (h.layout == RecvLayout::kExpanded) reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * H);
-  Tensor out = payload ? outputs.make(DType::kBF16, {S, static_cast<std::int64_t>(H)})
-                       : Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + window.replies),
-                                       DType::kBF16, {S, static_cast<std::int64_t>(H)});
+  Tensor out = combined_output(S);
   const auto* replies_base = reinterpret_cast<const std::uint16_t*>(transport.window() + window.replies);
 
   // Expert side, per source s: rounds sent, and the next of my received rows from s.
