@@ -376,7 +376,24 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   mine.worst = a.num_worst_tokens;
   mine.has_counts = fresh;
   plan_timer.reset();
+  const bool ring = m.config.ring_rows > 0;
+  // A cached dispatch right after a combine needs no exchange before its rows: that
+  // combine's exchange told every rank that every peer is done with its receive area and
+  // holds no view of it, and the handle fixes every slot. So the rows go first and the
+  // header exchange after them completes them: one synchronisation instead of two. It still
+  // fails every rank on a bad input, a stale handle or a rank that dispatches fresh (that
+  // rank exchanges first, sees this rank's header and both throw). Not with the ring (its
+  // credits pace the rows), relays or the flag protocol (they complete rows their own way).
+  const bool data_first = !fresh && m.receive_areas_free && !ring && !m.hierarchical() && !m.flag_protocol();
+  m.receive_areas_free = false;
+  m.recv_view = a.recv_in_window;
+  m.stats.data_first = data_first;
   const Impl::Peers peers = [&] {
+    if (data_first) {
+      if (h != nullptr) m.send_rows(*h, a, nullptr, false);
+      Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
+      return m.exchange_headers(status, mine, nullptr, "cached dispatch data");
+    }
     Impl::PhaseTimer timer(m, 0, Phase::kNotify);
     return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
                               fresh ? "dispatch notify" : "cached dispatch notify");
@@ -389,13 +406,12 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
     expert_base = m.expert_row_base(peers);
   }
   const bool fp8 = a.x.dtype == DType::kFP8E4M3;
-  const bool ring = m.config.ring_rows > 0;
   DispatchResult result;
   if (ring) {  // rows go from the rings straight into the output
     result = m.make_outputs(*h, a, fp8);
     m.exchange_through_ring(*h, a, fresh ? &expert_base : nullptr, result);
-  } else {
-    m.send_rows(*h, a, fresh ? &expert_base : nullptr);
+  } else if (!data_first) {
+    m.send_rows(*h, a, fresh ? &expert_base : nullptr, true);
     m.wait_rows(*h, fresh, static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype),
                 fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0);
   }
@@ -422,19 +438,26 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   Impl& m = *impl_;
   ++m.epoch;
   m.begin_stats(true, false);
+  m.receive_areas_free = false;
   const MaybeStatus status = m.check_combine(a);
   NotifyHeader mine{};
   mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
   mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
   mine.tokens = status ? 0 : a.handle->state_->plan.shape.num_tokens;
+  mine.recv_view = m.recv_view;
   const Impl::Peers peers = [&] {
     Impl::PhaseTimer timer(m, 0, Phase::kNotify);
     return m.exchange_headers(status, mine, nullptr, "combine notify");
   }();
+  // Every peer is in this combine, so done with its last dispatch's receive area: free for
+  // the next dispatch's rows unless some rank still holds a view of it (data_first above).
+  m.receive_areas_free =
+      std::none_of(peers.header.begin(), peers.header.end(), [](const NotifyHeader* p) { return p->recv_view != 0; });
   const HandleState& h = *a.handle->state_;
   // Pull only when every rank's rows can be read in place (each decides for its own y).
   const bool pull = std::all_of(peers.header.begin(), peers.header.end(), [](const NotifyHeader* p) { return p->y_in_window != 0; });
   m.stats.pulled = pull;  // reported even without collect_stats
+  m.stats.data_first = false;
   CombineResult out;
   if (pull) {
     out.combined_x = m.reduce(h, a, true);

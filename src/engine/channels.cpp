@@ -118,7 +118,7 @@ void Buffer::Impl::Sender::put_rows(int d, Region region, std::int64_t row, cons
 }
 
 void Buffer::Impl::Sender::end_channel(int d) {
-  if (m_.config.dataplane.protocol != Protocol::kTail) return;
+  if (m_.config.dataplane.protocol != Protocol::kTail || signal_slot_ == kNoSignal) return;
   m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
 }
 
@@ -130,7 +130,7 @@ void Buffer::Impl::Sender::signal(int d, std::size_t slot, std::uint64_t value) 
 
 void Buffer::Impl::Sender::finish() {
   flush();
-  if (m_.config.dataplane.protocol != Protocol::kExplicit) return;
+  if (m_.config.dataplane.protocol != Protocol::kExplicit || signal_slot_ == kNoSignal) return;
   for (int d : peers_) m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
 }
 

@@ -39,7 +39,7 @@ RowMetaView Buffer::Impl::meta_row(std::byte* base, std::int64_t row) const noex
 }
 
 void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
-                             const std::vector<std::int32_t>* expert_base) {
+                             const std::vector<std::int32_t>* expert_base, bool signal) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
   const bool fp8 = a.x.dtype == DType::kFP8E4M3;
@@ -83,7 +83,7 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
         channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(n) * (row_bytes + scale_bytes + window.relay_record_bytes);
       }
     }
-    Sender send(*this, w, dispatch_signal(rank, w), channel_bytes, visit_order);
+    Sender send(*this, w, signal ? dispatch_signal(rank, w) : Sender::kNoSignal, channel_bytes, visit_order);
     for (int d : visit_order) {
       if (is_relay(d)) {
         put_relayed_rows(send, h, a, d, t0, t1, expert_base,

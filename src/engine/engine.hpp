@@ -79,6 +79,7 @@ struct NotifyHeader {
   std::int64_t worst;         // dispatch: receiver's num_worst_tokens
   std::int32_t y_in_window;   // combine: my y lies where my peers can read it in place (pull)
   std::int64_t tokens;        // combine: my S (the bounded reply area's rounds)
+  std::int32_t recv_view;     // combine: my latest dispatch's output is a view of my receive area
   char message[512];
   // followed by std::int32_t counts[P + E]: tokens to each rank, slots to each expert
 };
@@ -182,6 +183,7 @@ struct Buffer::Impl {
   class Sender {
    public:
     /// `channel_bytes[d]`: bytes this worker will put to peer d (decides the queues).
+    /// `first_signal` = kNoSignal: no completion signals, the caller completes the puts.
     Sender(Impl& m, int worker, std::size_t first_signal, const std::vector<std::uint64_t>& channel_bytes,
            const std::vector<int>& peers);
     /// Puts rows [row, row + n) of `region` at peer d from `src` (rows of `row_bytes`,
@@ -197,6 +199,8 @@ struct Buffer::Impl {
     /// A progress signal to peer d on its channel's queue, ordered after the puts before it
     /// (explicit: after a quiet of that queue).
     void signal(int d, std::size_t slot, std::uint64_t value);
+
+    static constexpr std::size_t kNoSignal = ~std::size_t{0};
 
    private:
     void put(int d, std::size_t offset, const void* src, std::size_t bytes);
@@ -248,8 +252,10 @@ struct Buffer::Impl {
   std::size_t ring_tail_signal(int src) const noexcept;
   std::size_t ring_credit_signal(int dst) const noexcept;
 
-  // dispatch.cpp
-  void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base);
+  // dispatch.cpp. `signal`: each worker completes its puts with the configured protocol
+  // (false: only quiets them; the caller's header exchange completes them).
+  void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
+                 bool signal);
   void wait_phase(std::size_t first_slot, const char* phase);
   /// Until every row of this dispatch has landed here (flag protocol: and is unpacked).
   void wait_rows(const detail::HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes);
@@ -309,6 +315,10 @@ struct Buffer::Impl {
   int rank, P, L, W;
   std::uint64_t buffer_id;
   std::uint64_t epoch = 0;  // collective calls made so far (the same on every rank)
+  bool recv_view = false;   // my latest dispatch returned views of my receive area (recv_in_window)
+  // The previous call was a combine whose headers said no rank holds a view of its receive
+  // area: every peer's receive area is free for the next dispatch's rows (same on every rank).
+  bool receive_areas_free = false;
   detail::WindowLayout window;
   detail::WorkerPool pool;
   detail::TensorPool outputs;  // every tensor a call returns

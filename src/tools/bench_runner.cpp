@@ -161,6 +161,7 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
       dr->start_us = t0;
       dr->lat_us = t1 - t0;
       dr->workers = buf.last_stats().workers;
+      dr->data_first = buf.last_stats().data_first;
     }
     if (!buf.last_stats().workers.empty()) rec.workers = static_cast<int>(buf.last_stats().workers.size());
     rec.window_bytes = t.window_bytes();
@@ -326,6 +327,7 @@ void write_calls(Out& o, const std::vector<BenchCall>& calls) {
     o.pod(c.start_us);
     o.pod(c.lat_us);
     o.vec(c.workers);
+    o.pod(c.data_first);
   }
 }
 
@@ -335,6 +337,7 @@ std::vector<BenchCall> read_calls(In& in) {
     c.start_us = in.pod<double>();
     c.lat_us = in.pod<double>();
     c.workers = in.vec<WorkerStats>();
+    c.data_first = in.pod<bool>();
   }
   return calls;
 }

@@ -154,13 +154,16 @@ void run_case(TransportKind kind, const Case& c) {
     expect_bits(r, "combine topk_weights", out.topk_weights.data(), p.ranks[ur].topk_weights);
 
     // Cached dispatch: same x gives the same bits; new x lands exactly where the
-    // reference puts it for the same routing.
+    // reference puts it for the same routing. Right after the combine its rows go before
+    // the header exchange; right after a dispatch they wait for it.
     DispatchArgs cached = dispatch_args(v, c.d);
     cached.handle = &d.handle;
     expect_dispatch(r, p, c.d, want[ur], buffer.dispatch(cached));
+    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;
     cached.x = views_of(p2, r).x;
     DispatchResult d2 = buffer.dispatch(cached);
     expect_dispatch(r, p2, c.d, want2[ur], d2);
+    EXPECT_FALSE(buffer.last_stats().data_first) << "rank " << r;
     const CombineResult out2 = buffer.combine(ca);  // the first handle again
     expect_bits(r, "combined_x (second combine)", out2.combined_x.data(), combined[ur]);
     CombineArgs wide;
@@ -183,6 +186,8 @@ void run_case(TransportKind kind, const Case& c) {
       zc.handle = &dz.handle;
       zc.x = views_of(p2, r).x;
       expect_dispatch(r, p2, c.d, want2[ur], buffer.dispatch(zc));
+      // Every rank held a view of its receive area through that combine: the rows wait.
+      EXPECT_FALSE(buffer.last_stats().data_first) << "rank " << r;
     }
 
     // Pull mode: the experts overwrite the zero-copy recv_x with y in place, and combine

@@ -134,6 +134,39 @@ std::vector<BadInput> bad_inputs() {
                  if (bad) a.x.shape = Shape{5, p.hidden};
                  b.dispatch(a);
                }});
+  // A cached dispatch right after a combine sends its rows before the header exchange
+  // (CallStats::data_first); the exchange after them must still fail every rank.
+  auto dispatch_and_combine = [](Buffer& b, const ref::Problem& p, int r) {
+    DispatchResult d = b.dispatch(args_of(p, r));
+    CombineArgs c;
+    c.y = d.recv_x.view();
+    c.handle = &d.handle;
+    b.combine(c);
+    return d.handle;
+  };
+  v.push_back({"data_first_wrong_tokens", ErrorCode::kShapeMismatch,
+               [=](Buffer& b, const ref::Problem& p, int r, bool bad) {
+                 const DispatchHandle h = dispatch_and_combine(b, p, r);
+                 DispatchArgs a = args_of(p, r);
+                 a.handle = &h;
+                 if (bad) a.x.shape = Shape{5, p.hidden};
+                 b.dispatch(a);
+               }});
+  v.push_back({"data_first_stale_handle", ErrorCode::kBadHandle,
+               [=](Buffer& b, const ref::Problem& p, int r, bool bad) {
+                 const DispatchHandle h1 = dispatch_and_combine(b, p, r);
+                 const DispatchHandle h2 = dispatch_and_combine(b, p, r);
+                 DispatchArgs a = args_of(p, r);
+                 a.handle = bad ? &h1 : &h2;
+                 b.dispatch(a);
+               }});
+  v.push_back({"data_first_one_rank_fresh", ErrorCode::kBadHandle,
+               [=](Buffer& b, const ref::Problem& p, int r, bool bad) {
+                 const DispatchHandle h = dispatch_and_combine(b, p, r);
+                 DispatchArgs a = args_of(p, r);
+                 if (!bad) a.handle = &h;
+                 b.dispatch(a);
+               }});
   return v;
 }
 
