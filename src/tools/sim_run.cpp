@@ -152,6 +152,7 @@ SimRun collect_run(const SimOptions& o, int ep) {
   SimRun run;
   run.ep = ep;
   run.tokens = o.tokens;
+  run.cached = o.cached;
   run.model_only = o.run_hidden == 0 && engine_supports_model_only();
   run.run_hidden = o.run_hidden > 0 ? o.run_hidden : run.model_only ? o.hidden : std::min(o.hidden, o.fp8 ? 128 : 64);
   const int Hr = run.run_hidden;
@@ -206,6 +207,12 @@ SimRun collect_run(const SimOptions& o, int ep) {
     c.handle = &d.handle;
     sim::sim_begin_call(t, "combine");
     buffer.combine(c);
+    if (o.cached) {
+      a.handle = &d.handle;
+      const int call = sim::sim_begin_call(t, "cached dispatch");
+      if (r == 0) run.dispatch_call = call;  // the same index on every rank
+      buffer.dispatch(a);
+    }
   });
 
   const int P = ep;
@@ -214,8 +221,10 @@ SimRun collect_run(const SimOptions& o, int ep) {
   run.combine_compute.resize(static_cast<std::size_t>(P));
   for (int r = 0; r < P; ++r) {
     sim::RankCompute& dc = run.dispatch_compute[static_cast<std::size_t>(r)];
-    dc.plan_slots = static_cast<std::uint64_t>(o.tokens * o.topk);
-    dc.plan_counts = static_cast<std::uint64_t>(P) * static_cast<std::uint64_t>(P + o.experts);
+    if (!o.cached) {  // a cached dispatch reuses the handle's plan
+      dc.plan_slots = static_cast<std::uint64_t>(o.tokens * o.topk);
+      dc.plan_counts = static_cast<std::uint64_t>(P) * static_cast<std::uint64_t>(P + o.experts);
+    }
     dc.payload_scale = scale;
     sim::RankCompute& cc = run.combine_compute[static_cast<std::size_t>(r)];
     cc.payload_scale = scale;
@@ -239,6 +248,7 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
   SimPoint pt;
   pt.ep = run.ep;
   pt.model_only = run.model_only;
+  pt.cached = run.cached;
   pt.run_hidden = run.run_hidden;
   pt.engine_seconds = run.engine_seconds;
   pt.engine_cpu_seconds = run.engine_cpu_seconds;
@@ -251,7 +261,7 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
                  double& max_us, Split& split) {
     for (auto& c : compute) {
       c.extra_sync = extra;
-      if (call == run.dispatch_call) c.dense_cells = dense_cells;
+      if (call == run.dispatch_call && !run.cached) c.dense_cells = dense_cells;
     }
     const sim::CallTiming t = sim::replay_call(run.trace, call, hw, compute, run.topology);
     pt.events += t.events;
@@ -303,6 +313,8 @@ std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareMo
   std::snprintf(line, sizeof line, "hardware: %s (physical payload limit %.0f-%.0f GB/s per rank)\n", hw.name.c_str(),
                 hw.payload_limit_low.gbps, hw.payload_limit_high.gbps);
   os << line;
+  if (!points.empty() && points.front().cached)
+    os << "dispatch: a cached dispatch right after the combine (no plan; rows before the header exchange)\n";
   os << "  EP | dispatch GB/s avg  slowest | max-rank us | combine GB/s avg  slowest | max-rank us\n";
   for (const SimPoint& p : points) {
     std::snprintf(line, sizeof line, "%4d | %17.1f %8.1f | %11.1f | %16.1f %8.1f | %11.1f\n", p.ep, p.dispatch_gbps,
@@ -343,6 +355,7 @@ std::string sim_json(const std::vector<SimPoint>& points) {
                     {"dispatch_split", split(p.dispatch_split)},
                     {"combine_split", split(p.combine_split)},
                     {"mode", p.model_only ? "model-only" : "copy-scaled"},
+                    {"cached", p.cached},
                     {"run_hidden", p.run_hidden},
                     {"engine_seconds", p.engine_seconds},
                     {"replay_seconds", p.replay_seconds},

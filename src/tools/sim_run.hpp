@@ -1,5 +1,6 @@
-// `epx sim` runs: the real epx::Buffer on sim-transport ranks (one dispatch, one combine),
-// then the recorded trace replayed through the hardware model.
+// `epx sim` runs: the real epx::Buffer on sim-transport ranks (one dispatch, one combine;
+// with `cached`, then a cached dispatch), then the recorded trace replayed through the
+// hardware model.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,9 @@ struct SimOptions {
   std::int64_t aggregate = std::int64_t{1} << 20;
   std::string protocol = "explicit";
   std::int64_t ring_rows = 0;  ///< BufferConfig::ring_rows (0 = a slot for every row)
+  /// Time a cached dispatch (the first dispatch's handle, right after its combine: rows
+  /// first where the data plane allows it) instead of the fresh one.
+  bool cached = false;
   // How the engine runs.
   int workers = 1;       ///< engine workers per rank (the model spreads them over the hardware's)
   int run_hidden = 0;    ///< 0 = auto: H in model-only mode, else 128 with payload scaled by H/128
@@ -51,7 +55,8 @@ struct SimRun {
   std::int64_t tokens = 0;  ///< S of the run (a dense [S, P] scan is charged from it)
   sim::Trace trace;
   Topology topology;  ///< the table the engine ran with; the replay places ranks by it
-  int dispatch_call = 1, combine_call = 2;
+  int dispatch_call = 1, combine_call = 2;  ///< dispatch_call: the cached one with SimOptions::cached
+  bool cached = false;
   std::vector<sim::RankCompute> dispatch_compute, combine_compute;
   std::vector<std::int64_t> recv_rows;  ///< [P] compact rows received in dispatch
   double dispatch_row_bytes = 0;        ///< logical bytes per received token (x + scales + idx + weights)
@@ -75,6 +80,7 @@ struct SimPoint {
   double engine_cpu_seconds = 0, replay_cpu_seconds = 0;  ///< process CPU time (wall time depends on the machine's load)
   std::uint64_t events = 0;
   bool model_only = false;
+  bool cached = false;  ///< the dispatch numbers are of a cached dispatch
   int run_hidden = 0;
 };
 
