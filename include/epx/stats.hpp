@@ -45,9 +45,10 @@ struct CallStats {
   bool combine = false;   ///< false: dispatch
   bool cached = false;    ///< dispatch with a handle
   bool pulled = false;    ///< combine that read the expert ranks' rows in place (pull mode; set even without collect_stats)
-  /// Cached dispatch right after a combine: the rows went first and the header exchange
-  /// after them completed the call (one synchronisation instead of two; no notify phase,
-  /// the exchange counts as wait_data). Set even without collect_stats.
+  /// Rows first: the rows went before the header exchange, which then completed the call
+  /// (one synchronisation instead of two; no notify phase, the exchange counts as
+  /// wait_data). A cached dispatch right after a combine, and a combine right after a
+  /// dispatch, when no rank holds a zero-copy view (docs/engine.md). Set even without collect_stats.
   bool data_first = false;
   double total_us = 0;    ///< the whole call on this rank
   std::vector<WorkerStats> workers;  ///< [num_workers]

@@ -375,6 +375,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   mine.alignment = a.expert_alignment;
   mine.worst = a.num_worst_tokens;
   mine.has_counts = fresh;
+  mine.recv_view = a.recv_in_window;
   plan_timer.reset();
   const bool ring = m.config.ring_rows > 0;
   // A cached dispatch right after a combine needs no exchange before its rows: that
@@ -382,10 +383,9 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   // holds no view of it, and the handle fixes every slot. So the rows go first and the
   // header exchange after them completes them: one synchronisation instead of two. It still
   // fails every rank on a bad input, a stale handle or a rank that dispatches fresh (that
-  // rank exchanges first, sees this rank's header and both throw). Not with the ring (its
-  // credits pace the rows), relays or the flag protocol (they complete rows their own way).
-  const bool data_first = !fresh && m.receive_areas_free && !ring && !m.hierarchical() && !m.flag_protocol();
-  m.receive_areas_free = false;
+  // rank exchanges first, sees this rank's header and both throw).
+  const bool data_first = !fresh && m.receive_areas_free && m.rows_first_allowed();
+  m.receive_areas_free = m.reply_areas_free = false;
   m.recv_view = a.recv_in_window;
   m.stats.data_first = data_first;
   const Impl::Peers peers = [&] {
@@ -398,6 +398,8 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
     return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
                               fresh ? "dispatch notify" : "cached dispatch notify");
   }();
+  // Every peer sent this header after its last combine had read its reply area.
+  m.reply_areas_free = m.none_holds_a_view(peers);
   std::vector<std::int32_t> expert_base;
   if (fresh) {
     Impl::PhaseTimer timer(m, 0, Phase::kPlan);
@@ -438,34 +440,46 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   Impl& m = *impl_;
   ++m.epoch;
   m.begin_stats(true, false);
-  m.receive_areas_free = false;
+  // Right after a dispatch without window views the replies go first, as the rows of a
+  // rows-first dispatch do: that dispatch's exchange freed every reply area, and with no
+  // view nobody can pull, so every rank pushes and the exchange after the replies completes
+  // them (and still fails every rank on a bad input or a stale handle).
+  const bool data_first = m.reply_areas_free && m.rows_first_allowed();
+  m.receive_areas_free = m.reply_areas_free = false;
   const MaybeStatus status = m.check_combine(a);
   NotifyHeader mine{};
   mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
   mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
   mine.tokens = status ? 0 : a.handle->state_->plan.shape.num_tokens;
   mine.recv_view = m.recv_view;
+  m.stats.data_first = data_first;
   const Impl::Peers peers = [&] {
+    if (data_first) {
+      if (!status) m.send_replies(*a.handle->state_, a, false);
+      Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
+      return m.exchange_headers(status, mine, nullptr, "combine data");
+    }
     Impl::PhaseTimer timer(m, 0, Phase::kNotify);
     return m.exchange_headers(status, mine, nullptr, "combine notify");
   }();
   // Every peer is in this combine, so done with its last dispatch's receive area: free for
-  // the next dispatch's rows unless some rank still holds a view of it (data_first above).
-  m.receive_areas_free =
-      std::none_of(peers.header.begin(), peers.header.end(), [](const NotifyHeader* p) { return p->recv_view != 0; });
+  // the next dispatch's rows unless some rank still holds a view of it.
+  m.receive_areas_free = m.none_holds_a_view(peers);
   const HandleState& h = *a.handle->state_;
   // Pull only when every rank's rows can be read in place (each decides for its own y).
-  const bool pull = std::all_of(peers.header.begin(), peers.header.end(), [](const NotifyHeader* p) { return p->y_in_window != 0; });
+  const bool pull = !data_first && std::all_of(peers.header.begin(), peers.header.end(),
+                                               [](const NotifyHeader* p) { return p->y_in_window != 0; });
   m.stats.pulled = pull;  // reported even without collect_stats
-  m.stats.data_first = false;
   CombineResult out;
-  if (pull) {
+  if (data_first) {
+    out.combined_x = m.reduce(h, a, false);
+  } else if (pull) {
     out.combined_x = m.reduce(h, a, true);
     m.finish_pull();
   } else if (m.config.ring_rows > 0) {
     out.combined_x = m.combine_through_ring(h, a, peers);
   } else {
-    m.send_replies(h, a);
+    m.send_replies(h, a, true);
     if (m.hierarchical()) m.forward_replies(h);
     m.wait_replies(h);
     out.combined_x = m.reduce(h, a, false);

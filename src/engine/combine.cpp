@@ -51,7 +51,7 @@ const std::uint16_t* Buffer::Impl::Replies::of(std::int64_t r) {
   return out;
 }
 
-void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
+void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool signal) {
   const std::int64_t N = h.num_recv();
   const std::size_t H = static_cast<std::size_t>(config.hidden);
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
@@ -75,7 +75,7 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a) {
     for (int peer : reply_order)
       for (int s : reply_sources[static_cast<std::size_t>(peer)])
         channel_bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(std::max<std::int64_t>(0, hi(s) - lo(s))) * row_bytes;
-    Sender send(*this, w, combine_signal(rank, w), channel_bytes, reply_order);
+    Sender send(*this, w, signal ? combine_signal(rank, w) : Sender::kNoSignal, channel_bytes, reply_order);
     Replies replies(*this, h, a, w);
     for (int peer : reply_order) {
       for (int s : reply_sources[static_cast<std::size_t>(peer)]) {

@@ -79,7 +79,7 @@ struct NotifyHeader {
   std::int64_t worst;         // dispatch: receiver's num_worst_tokens
   std::int32_t y_in_window;   // combine: my y lies where my peers can read it in place (pull)
   std::int64_t tokens;        // combine: my S (the bounded reply area's rounds)
-  std::int32_t recv_view;     // combine: my latest dispatch's output is a view of my receive area
+  std::int32_t recv_view;     // my latest dispatch's output is a view of my receive area
   char message[512];
   // followed by std::int32_t counts[P + E]: tokens to each rank, slots to each expert
 };
@@ -162,6 +162,12 @@ struct Buffer::Impl {
   };
   Peers exchange_headers(const detail::MaybeStatus& status, const detail::NotifyHeader& mine,
                          const std::int32_t* counts, const char* phase);
+  /// No rank's latest dispatch returned views of its receive area (the headers' recv_view).
+  static bool none_holds_a_view(const Peers& peers);
+  /// Whether a call may put its rows before the header exchange and let the exchange
+  /// complete them ("rows first", docs/engine.md): not with the ring (its credits pace the
+  /// rows), relays or the flag protocol (they complete rows their own way).
+  bool rows_first_allowed() const noexcept { return config.ring_rows == 0 && !hierarchical() && !flag_protocol(); }
   void plan_slots(detail::HandleState& h, const Peers& peers);
   std::vector<std::int32_t> expert_row_base(const Peers& peers) const;
 
@@ -269,7 +275,8 @@ struct Buffer::Impl {
   // sources' reply areas, the sources reduce them. Pull mode (every rank's y is the
   // zero-copy recv_x in its window, on a transport with mapped peers): each source reduces
   // reading the expert ranks' rows in place — one pass, no puts — then tells them it is done.
-  void send_replies(const detail::HandleState& h, const CombineArgs& a);
+  /// `signal` as in send_rows.
+  void send_replies(const detail::HandleState& h, const CombineArgs& a, bool signal);
   /// Until every reply to this rank has landed (flag protocol: and is unpacked).
   void wait_replies(const detail::HandleState& h);
   /// At an expert rank, one worker's replies: received row r's is y's row where it passes
@@ -319,6 +326,9 @@ struct Buffer::Impl {
   // The previous call was a combine whose headers said no rank holds a view of its receive
   // area: every peer's receive area is free for the next dispatch's rows (same on every rank).
   bool receive_areas_free = false;
+  // The previous call was a dispatch none of whose outputs is a view of a receive area: every
+  // peer's reply area is free for the next combine's replies, and nobody can pull them.
+  bool reply_areas_free = false;
   detail::WindowLayout window;
   detail::WorkerPool pool;
   detail::TensorPool outputs;  // every tensor a call returns

@@ -70,6 +70,10 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
   return peers;
 }
 
+bool Buffer::Impl::none_holds_a_view(const Peers& peers) {
+  return std::none_of(peers.header.begin(), peers.header.end(), [](const NotifyHeader* p) { return p->recv_view != 0; });
+}
+
 namespace {
 std::int64_t align_rows(std::int64_t n, std::int64_t a) { return (n + a - 1) / a * a; }
 }  // namespace

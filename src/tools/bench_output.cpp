@@ -61,7 +61,7 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
   j["ratio_vs_memcpy"] = op.ratio_vs_memcpy;
   j["counters"] = op.counters;
   j["pulled"] = op.pulled;  // combine read the expert ranks' rows in place (no puts)
-  j["data_first"] = op.data_first;  // dispatch put its rows before the header exchange (cached, after a combine)
+  j["data_first"] = op.data_first;  // rows before the header exchange (docs/engine.md, rows first)
   if (op.counters) {
     j["puts"] = op.puts;
     j["remote_puts"] = op.remote_puts;

@@ -368,8 +368,8 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
                "memcpy, this machine", op.memcpy_gbps, P, format_us(op.memcpy_max_rank.avg).c_str(), op.ratio_vs_memcpy);
   if (op.data_first)
     std::fprintf(f, "  %-28s every rank put its rows before the header exchange, which then completed them\n"
-                    "  %-28s (cached, right after a combine): one synchronisation per call instead of two\n",
-                 "rows first", "");
+                    "  %-28s (%s): one synchronisation per call instead of two\n",
+                 "rows first", "", is_dispatch ? "cached, right after a combine" : "right after a dispatch without window views");
   if (op.pulled)
     std::fprintf(f, "  %-28s every source read its tokens' rows in place in the expert ranks' windows and reduced them\n"
                     "  %-28s (y = the zero-copy recv_x on every rank): no puts, one pass; bytes counted at the reader\n",

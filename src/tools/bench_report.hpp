@@ -52,7 +52,7 @@ struct OpReport {
   // Engine counters (counters == false: none of these).
   bool counters = false;
   bool pulled = false;    ///< combine read the expert ranks' rows in place (pull mode: no puts)
-  bool data_first = false;  ///< dispatch: every timed call on every rank put its rows before the header exchange
+  bool data_first = false;  ///< every timed call on every rank put its rows before the header exchange
   std::vector<double> puts_rank, remote_puts_rank, bytes_rank, remote_bytes_rank;  ///< [P] per call
   double puts = 0, remote_puts = 0, bytes_per_put = 0;                             ///< all ranks, per call
   std::vector<double> metadata_bytes_per_row;  ///< [P] (engine bytes - payload) / sent rows

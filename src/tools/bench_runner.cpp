@@ -182,6 +182,7 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
       cr->start_us = t2;
       cr->lat_us = t3 - t2;
       cr->workers = buf.last_stats().workers;
+      cr->data_first = buf.last_stats().data_first;
     }
     if (hash) {
       rec.hashed = true;

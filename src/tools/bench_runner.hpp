@@ -19,7 +19,7 @@ struct BenchCall {
   double start_us = 0;  ///< CLOCK_MONOTONIC (system-wide, comparable across ranks)
   double lat_us = 0;    ///< wall time of the call
   std::vector<WorkerStats> workers;  ///< Buffer::last_stats() (empty with counters off)
-  bool data_first = false;           ///< dispatch: CallStats::data_first (rows before the header exchange)
+  bool data_first = false;           ///< CallStats::data_first (rows before the header exchange)
 };
 
 /// Everything one rank measured.

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """epx bench end to end in the modes its own checks cover: default (push), --zero-copy
 (combine pulls the experts' rows in place), --ring-rows (bounded dispatch rings and
-combine rounds) and --cached (after each combine the rows go before the header exchange).
+combine rounds) and --cached (after each combine the rows go before the header exchange;
+a combine right after a dispatch without window views puts its replies first).
 Each run must finish, report no warning (the bench cross-checks epx's byte counters against
 an independent count of the routing, and the payload of every rank against the reference),
 and say which dispatch and combine paths ran.
@@ -15,14 +16,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-# name, extra options, combine pulled, dispatch data_first
+# name, extra options, combine pulled, dispatch data_first, combine data_first
 CASES = [
-    ("push", [], False, False),
-    ("zero-copy pull", ["--zero-copy"], True, False),
-    ("bounded rings", ["--ring-rows", "8"], False, False),
-    ("zero-copy threads", ["--zero-copy", "--transport", "threads"], True, False),
-    ("cached, rows first", ["--cached"], False, True),
-    ("cached zero-copy (views held: header first)", ["--cached", "--zero-copy"], True, False),
+    ("push", [], False, False, True),
+    ("zero-copy pull", ["--zero-copy"], True, False, False),
+    ("bounded rings", ["--ring-rows", "8"], False, False, False),
+    ("zero-copy threads", ["--zero-copy", "--transport", "threads"], True, False, False),
+    ("cached, rows first", ["--cached"], False, True, True),
+    ("cached zero-copy (views held: header first)", ["--cached", "--zero-copy"], True, False, False),
 ]
 
 
@@ -32,7 +33,7 @@ def main():
     args = ap.parse_args()
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, extra, pulled, data_first in CASES:
+        for name, extra, pulled, dispatch_first, combine_first in CASES:
             out = Path(tmp) / "bench.json"
             cmd = [args.epx, "bench", "--ranks", "4", "--tokens", "96", "--hidden", "512", "--iters", "2",
                    "--warmup", "1", "--counters-overhead", "0", "--no-progress", "--json", str(out)] + extra
@@ -46,8 +47,9 @@ def main():
                     problems.append("warnings: %s" % report["warnings"])
                 if report["combine"].get("pulled") != pulled:
                     problems.append("combine pulled = %s, expected %s" % (report["combine"].get("pulled"), pulled))
-                if report["dispatch"].get("data_first") != data_first:
-                    problems.append("dispatch data_first = %s, expected %s" % (report["dispatch"].get("data_first"), data_first))
+                for op, want in (("dispatch", dispatch_first), ("combine", combine_first)):
+                    if report[op].get("data_first") != want:
+                        problems.append("%s data_first = %s, expected %s" % (op, report[op].get("data_first"), want))
             print("%s: %s %s" % ("FAIL" if problems else "PASS", name, "; ".join(problems)))
             failures += bool(problems)
     sys.exit(1 if failures else 0)

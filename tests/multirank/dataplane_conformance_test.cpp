@@ -92,8 +92,9 @@ Expected expect(const ref::FixtureOptions& f, bool expanded, bool weighted) {
   return e;
 }
 
-// Dispatch, cached dispatch, combine and cached dispatch again (its rows now go before the
-// header exchange where the data plane allows it) of one expected routing on this rank's buffer.
+// Dispatch, cached dispatch, combine and cached dispatch again of one expected routing on
+// this rank's buffer. The combine (right after a dispatch) and the last dispatch (right after
+// a combine) put their rows before the header exchange where the data plane allows it.
 void check_round_trip(Buffer& buffer, int r, const Expected& e) {
   const auto ur = static_cast<std::size_t>(r);
   const RankViews v = views_of(e.p, r);
@@ -106,12 +107,13 @@ void check_round_trip(Buffer& buffer, int r, const Expected& e) {
   ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, e.p.hidden});
   ca.handle = &d.handle;
   ca.weighted = e.weighted;
-  expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e.combined[ur]);
-  expect_dispatch(r, e.p, e.d, e.out[ur], buffer.dispatch(cached));
   const BufferConfig& c = buffer.config();
   const bool data_first = c.ring_rows == 0 && c.dataplane.protocol != Protocol::kFlag &&
                           c.dataplane.schedule.kind != ScheduleKind::kHierarchical;
-  EXPECT_EQ(buffer.last_stats().data_first, data_first) << "rank " << r;
+  expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e.combined[ur]);
+  EXPECT_EQ(buffer.last_stats().data_first, data_first) << "rank " << r << ", combine";
+  expect_dispatch(r, e.p, e.d, e.out[ur], buffer.dispatch(cached));
+  EXPECT_EQ(buffer.last_stats().data_first, data_first) << "rank " << r << ", cached dispatch";
 }
 
 class DataPlaneConformance : public ::testing::TestWithParam<std::tuple<TransportKind, Combo>> {};

@@ -151,6 +151,7 @@ void run_case(TransportKind kind, const Case& c) {
     }
     const CombineResult out = buffer.combine(ca);
     expect_bits(r, "combined_x", out.combined_x.data(), combined[ur]);
+    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;  // right after a dispatch: replies first
     expect_bits(r, "combine topk_weights", out.topk_weights.data(), p.ranks[ur].topk_weights);
 
     // Cached dispatch: same x gives the same bits; new x lands exactly where the
@@ -166,6 +167,7 @@ void run_case(TransportKind kind, const Case& c) {
     EXPECT_FALSE(buffer.last_stats().data_first) << "rank " << r;
     const CombineResult out2 = buffer.combine(ca);  // the first handle again
     expect_bits(r, "combined_x (second combine)", out2.combined_x.data(), combined[ur]);
+    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;
     CombineArgs wide;
     wide.y = TensorView(y_wide[ur].data(), DType::kBF16, {want[ur].rows, p.hidden});
     wide.handle = &d.handle;
@@ -182,6 +184,7 @@ void run_case(TransportKind kind, const Case& c) {
       CombineArgs cz = ca;
       cz.handle = &dz.handle;
       expect_bits(r, "combined_x (recv_in_window)", buffer.combine(cz).combined_x.data(), combined[ur]);
+      EXPECT_FALSE(buffer.last_stats().data_first) << "rank " << r;  // views: the exchange decides push or pull
       expect_dispatch(r, p, c.d, want[ur], dz);
       zc.handle = &dz.handle;
       zc.x = views_of(p2, r).x;

@@ -217,8 +217,10 @@ TEST(SimReplay, WaitNobodySignalsIsAnError) {
 // ascend950-supernode as calibrated. 41.806 / 59.143 until notify issued one quiet per call
 // instead of one per peer (56f7104): -9.0 us each, as expected for 8 ranks. 32.806 / 50.143
 // until the profile was refitted after that change (link 344.7 -> 332.8 GB/s, memory
-// 1774 -> 2269 GB/s, WR 5.658 -> 5.479 ns).
-constexpr double kGoldenDispatchUs = 32.931, kGoldenCombineUs = 50.373;
+// 1774 -> 2269 GB/s, WR 5.658 -> 5.479 ns). Combine 50.373 until a combine right after a
+// dispatch put its replies before the header exchange (rows first): -6.1 us, one
+// synchronisation less.
+constexpr double kGoldenDispatchUs = 32.931, kGoldenCombineUs = 44.240;
 
 // Golden: the real engine on 4 sim ranks, 256 tokens, H = 7168 model-only, replayed.
 // Pinned to 0.5%: a change here means the model or the engine's puts changed.
