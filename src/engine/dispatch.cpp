@@ -39,7 +39,7 @@ RowMetaView Buffer::Impl::meta_row(std::byte* base, std::int64_t row) const noex
 }
 
 void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
-                             const std::vector<std::int32_t>* expert_base, bool signal) {
+                             const std::vector<std::int32_t>* expert_base, bool signal, bool partitioned) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
   const bool fp8 = a.x.dtype == DType::kFP8E4M3;
@@ -93,7 +93,7 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
       }
       const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
       const std::int64_t p0 = first[static_cast<std::size_t>(d)], p1 = last[static_cast<std::size_t>(d)];
-      const std::int64_t base = h.send_base[static_cast<std::size_t>(d)];
+      const std::int64_t base = partitioned ? rank * C() : h.send_base[static_cast<std::size_t>(d)];
       // Rows: runs of consecutive tokens (their slots are consecutive too).
       for (std::int64_t p = p0; p < p1;) {
         std::int64_t q = p + 1;
@@ -159,16 +159,30 @@ void Buffer::Impl::wait_phase(std::size_t first_slot, const char* phase) {
                             epoch, {phase, s});
 }
 
-void Buffer::Impl::receive_meta(HandleState& h) {
+void Buffer::Impl::receive_meta(HandleState& h, const Peers* partitioned) {
   const std::int64_t N = h.num_recv();
   const int K = config.num_topk;
+  // Partitioned: row r of source s sits at s·C + (r - recv_begin[s]); an expanded slot's
+  // row = its expert's first row for s (o_j + slots of lower sources) + the slot's rank.
+  std::vector<std::int64_t> slot_base(partitioned ? static_cast<std::size_t>(P) * static_cast<std::size_t>(L) : 0);
+  if (partitioned) {
+    for (int j = 0; j < L; ++j) {
+      std::int64_t row = h.expert_offset[static_cast<std::size_t>(j)];
+      for (int s = 0; s < P; ++s) {
+        slot_base[static_cast<std::size_t>(s) * static_cast<std::size_t>(L) + static_cast<std::size_t>(j)] = row;
+        row += partitioned->counts(s)[P + rank * L + j];
+      }
+    }
+  }
   h.recv_token.resize(static_cast<std::size_t>(N));
   h.recv_relay_row.resize(static_cast<std::size_t>(N));
   h.recv_slot_row.resize(static_cast<std::size_t>(N * K));
   h.recv_slot_weight.resize(static_cast<std::size_t>(N * K));
   std::byte* meta = transport.window() + window.meta;
+  int s = 0;  // the source of row r
   for (std::int64_t r = 0; r < N; ++r) {
-    const RowMetaView m = meta_row(meta, r);
+    while (r >= h.recv_begin[static_cast<std::size_t>(s) + 1]) ++s;
+    const RowMetaView m = meta_row(meta, partitioned ? s * C() + (r - h.recv_begin[static_cast<std::size_t>(s)]) : r);
     h.recv_token[static_cast<std::size_t>(r)] = *m.token;
     h.recv_relay_row[static_cast<std::size_t>(r)] = *m.relay_row;
     for (int k = 0; k < K; ++k) {
@@ -176,7 +190,13 @@ void Buffer::Impl::receive_meta(HandleState& h) {
       const bool here = e >= 0 && e / L == rank;
       const auto i = static_cast<std::size_t>(r * K + k);
       // Compact rows keep the local expert in slot_row's place; expanded rows the output row.
-      h.recv_slot_row[i] = !here ? -1 : (h.layout == RecvLayout::kExpanded ? m.slot_row[k] : static_cast<std::int32_t>(e - rank * L));
+      std::int32_t slot = -1;
+      if (here && h.layout != RecvLayout::kExpanded) slot = static_cast<std::int32_t>(e - rank * L);
+      else if (here && !partitioned) slot = m.slot_row[k];
+      else if (here)
+        slot = static_cast<std::int32_t>(slot_base[static_cast<std::size_t>(s) * static_cast<std::size_t>(L) +
+                                                   static_cast<std::size_t>(e - rank * L)] + m.slot_row[k]);
+      h.recv_slot_row[i] = slot;
       h.recv_slot_weight[i] = here ? m.weights[k] : 0.0f;
     }
   }
@@ -214,7 +234,8 @@ DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchAr
   return out;
 }
 
-void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed) {
+void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed,
+                            bool partitioned) {
   const std::int64_t N = h.num_recv(), rows = h.out_rows, H = config.hidden;
   const int K = config.num_topk;
   const DType dt = a.x.dtype;
@@ -226,7 +247,7 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
   const bool expanded = h.layout == RecvLayout::kExpanded;
   const bool payload = transport.caps().moves_payload;
   const bool in_window = a.recv_in_window || !payload;
-  const bool copy_rows = payload && !rows_placed;  // the bounded ring places rows as they arrive
+  const bool place_rows = payload && !rows_placed;  // the bounded ring places rows as they arrive
   auto* rx = static_cast<std::byte*>(out.recv_x.data());
   auto* rs = static_cast<std::byte*>(fp8 ? out.recv_x_scales.data() : nullptr);
   auto* src = out.recv_src.as<std::int64_t>();
@@ -251,18 +272,40 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
   for (int s = 0; s < P; ++s)
     std::fill(source_of.begin() + h.recv_begin[static_cast<std::size_t>(s)],
               source_of.begin() + h.recv_begin[static_cast<std::size_t>(s) + 1], s);
+  // Where received row r sits in the window: partitioned, in its source's stretch of C rows.
+  auto window_row = [&](std::int64_t r) {
+    if (!partitioned) return r;
+    const int s = source_of[static_cast<std::size_t>(r)];
+    return s * C() + (r - h.recv_begin[static_cast<std::size_t>(s)]);
+  };
+  // Rows [r0, r1) of a region (rows of `bytes`) to `to`: one copy per source's stretch.
+  auto copy_rows = [&](std::byte* to, const std::byte* from, std::int64_t r0, std::int64_t r1, std::size_t bytes) {
+    for (std::int64_t r = r0; r < r1;) {
+      const std::int64_t end = partitioned ? std::min(r1, h.recv_begin[static_cast<std::size_t>(source_of[static_cast<std::size_t>(r)]) + 1]) : r1;
+      bulk_copy(to + static_cast<std::size_t>(r) * bytes, from + static_cast<std::size_t>(window_row(r)) * bytes,
+                static_cast<std::size_t>(end - r) * bytes);
+      r = end;
+    }
+  };
+  if (partitioned && in_window && payload) {
+    // The output is a view of the window: close the gaps between the sources' stretches
+    // (ascending: a stretch only moves down, onto rows already moved or its own).
+    for (int s = 1; s < P; ++s) {
+      const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)], n = h.recv_begin[static_cast<std::size_t>(s) + 1] - b;
+      std::memmove(rx + static_cast<std::size_t>(b) * row_bytes, data + static_cast<std::size_t>(s * C()) * row_bytes,
+                   static_cast<std::size_t>(n) * row_bytes);
+      if (fp8)
+        std::memmove(rs + static_cast<std::size_t>(b) * scale_bytes, scales + static_cast<std::size_t>(s * C()) * scale_bytes,
+                     static_cast<std::size_t>(n) * scale_bytes);
+    }
+  }
 
   pool.run([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     const auto [r0, r1] = split_range(N, w, W);
     if (!expanded) {
-      if (!in_window && copy_rows) {
-        bulk_copy(rx + static_cast<std::size_t>(r0) * row_bytes, data + static_cast<std::size_t>(r0) * row_bytes,
-                  static_cast<std::size_t>(r1 - r0) * row_bytes);
-      }
-      if (fp8 && !in_window)
-        std::memcpy(rs + static_cast<std::size_t>(r0) * scale_bytes, scales + static_cast<std::size_t>(r0) * scale_bytes,
-                    static_cast<std::size_t>(r1 - r0) * scale_bytes);
+      if (!in_window && place_rows) copy_rows(rx, data, r0, r1, row_bytes);
+      if (fp8 && !in_window) copy_rows(rs, scales, r0, r1, scale_bytes);
       for (std::int64_t r = r0; r < r1; ++r) {
         src[r * 2] = source_of[static_cast<std::size_t>(r)];
         src[r * 2 + 1] = h.recv_token[static_cast<std::size_t>(r)];
@@ -278,9 +321,9 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
           const auto i = static_cast<std::size_t>(r * K + k);
           const std::int64_t row = h.recv_slot_row[i];
           if (row < 0) continue;
-          if (copy_rows) bulk_copy(rx + static_cast<std::size_t>(row) * row_bytes, data + static_cast<std::size_t>(r) * row_bytes, row_bytes);
+          if (place_rows) bulk_copy(rx + static_cast<std::size_t>(row) * row_bytes, data + static_cast<std::size_t>(window_row(r)) * row_bytes, row_bytes);
           if (fp8 && payload)
-            std::memcpy(rs + static_cast<std::size_t>(row) * scale_bytes, scales + static_cast<std::size_t>(r) * scale_bytes,
+            std::memcpy(rs + static_cast<std::size_t>(row) * scale_bytes, scales + static_cast<std::size_t>(window_row(r)) * scale_bytes,
                         scale_bytes);
           out.recv_weights.as<float>()[row] = h.recv_slot_weight[i];
           src[row * 3] = source_of[static_cast<std::size_t>(r)];

@@ -168,6 +168,8 @@ struct Buffer::Impl {
   /// complete them ("rows first", docs/engine.md): not with the ring (its credits pace the
   /// rows), relays or the flag protocol (they complete rows their own way).
   bool rows_first_allowed() const noexcept { return config.ring_rows == 0 && !hierarchical() && !flag_protocol(); }
+  /// C: the most tokens a rank dispatches, the stretch of a source in a partitioned receive area.
+  std::int64_t C() const noexcept { return config.max_tokens_per_rank; }
   void plan_slots(detail::HandleState& h, const Peers& peers);
   std::vector<std::int32_t> expert_row_base(const Peers& peers) const;
 
@@ -259,17 +261,23 @@ struct Buffer::Impl {
   std::size_t ring_credit_signal(int dst) const noexcept;
 
   // dispatch.cpp. `signal`: each worker completes its puts with the configured protocol
-  // (false: only quiets them; the caller's header exchange completes them).
+  // (false: only quiets them; the caller's header exchange completes them). `partitioned`:
+  // my rows go to rank·C + their position in my segment (a fresh dispatch, rows first).
   void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
-                 bool signal);
+                 bool signal, bool partitioned);
   void wait_phase(std::size_t first_slot, const char* phase);
   /// Until every row of this dispatch has landed here (flag protocol: and is unpacked).
   void wait_rows(const detail::HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes);
-  void receive_meta(detail::HandleState& h);
+  /// The received rows' metadata into the handle. `partitioned` (the counts, non-null): the
+  /// rows of source s sit at s·C, and expanded slots carry their rank among s's tokens for
+  /// the expert, to which the receiver adds the expert's base.
+  void receive_meta(detail::HandleState& h, const Peers* partitioned);
   /// The output tensors (from the pool, or views of the window).
   DispatchResult make_outputs(const detail::HandleState& h, const DispatchArgs& a, bool fp8);
-  /// Receive area → the requested layout (rows_placed: the ring already put recv_x's rows).
-  void epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed);
+  /// Receive area → the requested layout (rows_placed: the ring already put recv_x's rows;
+  /// partitioned: the rows of source s sit at s·C).
+  void epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed,
+                bool partitioned);
 
   // combine.cpp. Push mode: the expert ranks put their rows (or partial sums) into the
   // sources' reply areas, the sources reduce them. Pull mode (every rank's y is the

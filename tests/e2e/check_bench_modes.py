@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """epx bench end to end in the modes its own checks cover: default (push), --zero-copy
 (combine pulls the experts' rows in place), --ring-rows (bounded dispatch rings and
-combine rounds) and --cached (after each combine the rows go before the header exchange;
-a combine right after a dispatch without window views puts its replies first).
+combine rounds) and --cached. Without zero-copy views every call goes rows first (a
+dispatch right after a combine, a combine right after a dispatch: the rows before the
+header exchange); with views, or the ring, the header exchange comes first.
 Each run must finish, report no warning (the bench cross-checks epx's byte counters against
 an independent count of the routing, and the payload of every rank against the reference),
 and say which dispatch and combine paths ran.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 # name, extra options, combine pulled, dispatch data_first, combine data_first
 CASES = [
-    ("push", [], False, False, True),
+    ("push (fresh dispatch rows first into per-source stretches)", [], False, True, True),
     ("zero-copy pull", ["--zero-copy"], True, False, False),
     ("bounded rings", ["--ring-rows", "8"], False, False, False),
     ("zero-copy threads", ["--zero-copy", "--transport", "threads"], True, False, False),

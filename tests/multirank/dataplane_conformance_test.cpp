@@ -92,9 +92,10 @@ Expected expect(const ref::FixtureOptions& f, bool expanded, bool weighted) {
   return e;
 }
 
-// Dispatch, cached dispatch, combine and cached dispatch again of one expected routing on
-// this rank's buffer. The combine (right after a dispatch) and the last dispatch (right after
-// a combine) put their rows before the header exchange where the data plane allows it.
+// Dispatch, cached dispatch, combine, cached dispatch, combine, fresh dispatch and combine
+// of one expected routing on this rank's buffer. Every call after the first cached one (a
+// dispatch right after a combine, a combine right after a dispatch) puts its rows before
+// the header exchange where the data plane allows it.
 void check_round_trip(Buffer& buffer, int r, const Expected& e) {
   const auto ur = static_cast<std::size_t>(r);
   const RankViews v = views_of(e.p, r);
@@ -114,6 +115,12 @@ void check_round_trip(Buffer& buffer, int r, const Expected& e) {
   EXPECT_EQ(buffer.last_stats().data_first, data_first) << "rank " << r << ", combine";
   expect_dispatch(r, e.p, e.d, e.out[ur], buffer.dispatch(cached));
   EXPECT_EQ(buffer.last_stats().data_first, data_first) << "rank " << r << ", cached dispatch";
+  expect_bits(r, "combined_x (after the cached dispatch)", buffer.combine(ca).combined_x.data(), e.combined[ur]);
+  DispatchResult again = buffer.dispatch(dispatch_args(v, e.d));
+  expect_dispatch(r, e.p, e.d, e.out[ur], again);
+  EXPECT_EQ(buffer.last_stats().data_first, data_first) << "rank " << r << ", fresh dispatch after a combine";
+  ca.handle = &again.handle;
+  expect_bits(r, "combined_x (handle of the second fresh dispatch)", buffer.combine(ca).combined_x.data(), e.combined[ur]);
 }
 
 class DataPlaneConformance : public ::testing::TestWithParam<std::tuple<TransportKind, Combo>> {};

@@ -174,6 +174,15 @@ void run_case(TransportKind kind, const Case& c) {
     wide.weighted = c.weighted;
     expect_bits(r, "combined_x (wide-range y)", buffer.combine(wide).combined_x.data(), combined_wide[ur]);
 
+    // A fresh dispatch right after a combine goes rows first as well, each source's rows in
+    // its own stretch of the receive area; its handle serves combine like any other.
+    DispatchResult d3 = buffer.dispatch(dispatch_args(v, c.d));
+    expect_dispatch(r, p, c.d, want[ur], d3);
+    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;
+    CombineArgs c3 = ca;
+    c3.handle = &d3.handle;
+    expect_bits(r, "combined_x (handle of a rows-first fresh dispatch)", buffer.combine(c3).combined_x.data(), combined[ur]);
+
     // Zero-copy: the compact output as a view of the window, fresh and cached; a combine
     // in between must leave it alone.
     if (!c.d.expanded) {
