@@ -43,8 +43,9 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
   sub->add_option("--protocol", o.protocol, "explicit | tail | flag")->capture_default_str();
   sub->add_option("--ring-rows", o.ring_rows, "bounded receive ring of this many rows per source (0 = off; BufferConfig::ring_rows)")
       ->capture_default_str();
-  sub->add_flag("--cached", o.cached,
-                "time a cached dispatch (the first one's handle, right after its combine) instead of the fresh one");
+  sub->add_flag("--steady", o.steady,
+                "time a second dispatch and combine after a first pair (the steady state of a model's layers: rows first)");
+  sub->add_flag("--cached", o.cached, "--steady with the second dispatch cached (the first one's handle)");
   sub->add_option("--workers", o.workers, "engine worker threads per simulated rank (the model spreads them over the hardware's workers)")
       ->capture_default_str();
   sub->add_option("--run-hidden", o.run_hidden,

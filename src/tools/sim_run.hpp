@@ -1,6 +1,6 @@
 // `epx sim` runs: the real epx::Buffer on sim-transport ranks (one dispatch, one combine;
-// with `cached`, then a cached dispatch), then the recorded trace replayed through the
-// hardware model.
+// with `steady` or `cached` a second pair after them, which is what is timed), then the
+// recorded trace replayed through the hardware model.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +36,11 @@ struct SimOptions {
   std::int64_t aggregate = std::int64_t{1} << 20;
   std::string protocol = "explicit";
   std::int64_t ring_rows = 0;  ///< BufferConfig::ring_rows (0 = a slot for every row)
-  /// Time a cached dispatch (the first dispatch's handle, right after its combine: rows
-  /// first where the data plane allows it) instead of the fresh one.
+  /// Time a second dispatch and combine, after a first pair: the steady state of a model's
+  /// layers, where each call follows one of the other kind and goes rows first where the
+  /// data plane allows it (docs/engine.md).
+  bool steady = false;
+  /// Steady, and the second dispatch is cached (the first dispatch's handle).
   bool cached = false;
   // How the engine runs.
   int workers = 1;       ///< engine workers per rank (the model spreads them over the hardware's)
@@ -55,8 +58,8 @@ struct SimRun {
   std::int64_t tokens = 0;  ///< S of the run (a dense [S, P] scan is charged from it)
   sim::Trace trace;
   Topology topology;  ///< the table the engine ran with; the replay places ranks by it
-  int dispatch_call = 1, combine_call = 2;  ///< dispatch_call: the cached one with SimOptions::cached
-  bool cached = false;
+  int dispatch_call = 1, combine_call = 2;  ///< the timed calls (the second pair when steady)
+  bool steady = false, cached = false;
   std::vector<sim::RankCompute> dispatch_compute, combine_compute;
   std::vector<std::int64_t> recv_rows;  ///< [P] compact rows received in dispatch
   double dispatch_row_bytes = 0;        ///< logical bytes per received token (x + scales + idx + weights)
@@ -80,7 +83,8 @@ struct SimPoint {
   double engine_cpu_seconds = 0, replay_cpu_seconds = 0;  ///< process CPU time (wall time depends on the machine's load)
   std::uint64_t events = 0;
   bool model_only = false;
-  bool cached = false;  ///< the dispatch numbers are of a cached dispatch
+  bool steady = false;  ///< the numbers are of a second dispatch and combine
+  bool cached = false;  ///< ... whose dispatch is cached
   int run_hidden = 0;
 };
 
