@@ -378,20 +378,17 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   mine.recv_view = a.recv_in_window;
   plan_timer.reset();
   const bool ring = m.config.ring_rows > 0;
-  // A cached dispatch right after a combine needs no exchange before its rows: that
+  // Rows first: a dispatch right after a combine needs no exchange before its rows. That
   // combine's exchange told every rank that every peer is done with its receive area and
-  // holds no view of it, and the handle fixes every slot. So the rows go first and the
-  // header exchange after them completes them: one synchronisation instead of two. It still
-  // fails every rank on a bad input, a stale handle or a rank that dispatches fresh (that
-  // rank exchanges first, sees this rank's header and both throw).
-  // A fresh dispatch has no slots before the counts are exchanged; it goes rows first when
-  // every receive area has a stretch of C rows per source (the default P·C rows): each rank
-  // puts its rows and their metadata at rank·C in each destination's area, the exchange
-  // brings the counts, and each receiver reads every source's rows from its stretch (the
-  // per-source slots of DeepEP's low-latency mode). Expanded output rows are then placed by
-  // the receiver (the senders do not know its layout yet).
-  const bool partitioned = fresh && m.receive_areas_free && m.rows_first_allowed() && m.window.recv_rows >= m.P * m.C();
-  const bool data_first = fresh ? partitioned : m.receive_areas_free && m.rows_first_allowed();
+  // holds no view of it; when the area has a stretch of C rows per source (the default P·C
+  // rows), each rank puts its rows (fresh: and their metadata) at rank·C + their position
+  // in its segment — the per-source slots of DeepEP's low-latency mode, known without the
+  // counts — and the header exchange after them completes them and brings the counts: one
+  // synchronisation instead of two. The receiver reads each source's stretch (and places
+  // expanded rows itself: the senders did not know its layout). It still fails every rank
+  // on a bad input, a stale handle or a fresh/cached mix, and ranks that disagree still
+  // write only their own stretches.
+  const bool data_first = m.receive_areas_free && m.rows_first_allowed() && m.window.recv_rows >= m.P * m.C();
   m.receive_areas_free = m.reply_areas_free = false;
   m.recv_view = a.recv_in_window;
   m.stats.data_first = data_first;
@@ -400,7 +397,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
       if (!status) {
         // Expert bases of 0: the metadata carries each slot's rank among my tokens for its expert.
         const std::vector<std::int32_t> local(static_cast<std::size_t>(fresh ? m.config.num_experts : 0), 0);
-        m.send_rows(*h, a, fresh ? &local : nullptr, false, partitioned);
+        m.send_rows(*h, a, fresh ? &local : nullptr, false, true);
       }
       Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
       return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
@@ -417,7 +414,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
     Impl::PhaseTimer timer(m, 0, Phase::kPlan);
     m.plan_slots(*made, peers);
     if (m.hierarchical()) m.plan_relay(*made, peers);
-    if (!partitioned) expert_base = m.expert_row_base(peers);
+    if (!data_first) expert_base = m.expert_row_base(peers);
   }
   const bool fp8 = a.x.dtype == DType::kFP8E4M3;
   DispatchResult result;
@@ -430,14 +427,14 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
                 fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0);
   }
   if (fresh) {
-    m.receive_meta(*made, partitioned ? &peers : nullptr);
+    m.receive_meta(*made, data_first ? &peers : nullptr);
     if (m.hierarchical()) m.keep_reply_rows(*made);
     made->topk_weights = Tensor(DType::kF32, a.topk_weights.shape);
     if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
       std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
   }
   if (!ring) result = m.make_outputs(*h, a, fp8);
-  m.epilogue(*h, a, fp8, result, ring, partitioned);
+  m.epilogue(*h, a, fp8, result, ring, data_first);
   if (fresh) {
     result.layout = make_dispatch_layout(made->plan);
     result.handle.state_ = made;

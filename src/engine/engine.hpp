@@ -262,7 +262,7 @@ struct Buffer::Impl {
 
   // dispatch.cpp. `signal`: each worker completes its puts with the configured protocol
   // (false: only quiets them; the caller's header exchange completes them). `partitioned`:
-  // my rows go to rank·C + their position in my segment (a fresh dispatch, rows first).
+  // my rows go to rank·C + their position in my segment (rows first).
   void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
                  bool signal, bool partitioned);
   void wait_phase(std::size_t first_slot, const char* phase);
