@@ -409,6 +409,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   }();
   // Every peer sent this header after its last combine had read its reply area.
   m.reply_areas_free = m.none_holds_a_view(peers);
+  m.last_dispatch_handle = h->dispatch_epoch;
   std::vector<std::int32_t> expert_base;
   if (fresh) {
     Impl::PhaseTimer timer(m, 0, Phase::kPlan);
@@ -449,13 +450,16 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   Impl& m = *impl_;
   ++m.epoch;
   m.begin_stats(true, false);
-  // Right after a dispatch without window views the replies go first, as the rows of a
-  // rows-first dispatch do: that dispatch's exchange freed every reply area, and with no
-  // view nobody can pull, so every rank pushes and the exchange after the replies completes
-  // them (and still fails every rank on a bad input or a stale handle).
-  const bool data_first = m.reply_areas_free && m.rows_first_allowed();
-  m.receive_areas_free = m.reply_areas_free = false;
+  // Right after a dispatch without window views, with the handle it used, the replies
+  // go first, as the rows of a rows-first dispatch do: that dispatch's exchange freed every
+  // reply area, and with no view nobody can pull, so every rank pushes and the exchange
+  // after the replies completes them. A rank with a bad input or another handle exchanges
+  // first and sends nothing (so no two ranks' plans write the same reply rows); the
+  // exchange fails every rank.
   const MaybeStatus status = m.check_combine(a);
+  const bool data_first = m.reply_areas_free && m.rows_first_allowed() && !status &&
+                          a.handle->state_->dispatch_epoch == m.last_dispatch_handle;
+  m.receive_areas_free = m.reply_areas_free = false;
   NotifyHeader mine{};
   mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
   mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
@@ -464,7 +468,7 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   m.stats.data_first = data_first;
   const Impl::Peers peers = [&] {
     if (data_first) {
-      if (!status) m.send_replies(*a.handle->state_, a, false);
+      m.send_replies(*a.handle->state_, a, false);
       Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
       return m.exchange_headers(status, mine, nullptr, "combine data");
     }

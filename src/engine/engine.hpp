@@ -337,6 +337,7 @@ struct Buffer::Impl {
   // The previous call was a dispatch none of whose outputs is a view of a receive area: every
   // peer's reply area is free for the next combine's replies, and nobody can pull them.
   bool reply_areas_free = false;
+  std::uint64_t last_dispatch_handle = 0;  // dispatch_epoch of the handle my latest dispatch used or made
   detail::WindowLayout window;
   detail::WorkerPool pool;
   detail::TensorPool outputs;  // every tensor a call returns
