@@ -397,7 +397,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
       if (!status) {
         // Expert bases of 0: the metadata carries each slot's rank among my tokens for its expert.
         const std::vector<std::int32_t> local(static_cast<std::size_t>(fresh ? m.config.num_experts : 0), 0);
-        m.send_rows(*h, a, fresh ? &local : nullptr, false, true);
+        m.send_rows(*h, a, fresh ? &local : nullptr, true);
       }
       Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
       return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
@@ -423,7 +423,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
     result = m.make_outputs(*h, a, fp8);
     m.exchange_through_ring(*h, a, fresh ? &expert_base : nullptr, result);
   } else if (!data_first) {
-    m.send_rows(*h, a, fresh ? &expert_base : nullptr, true, false);
+    m.send_rows(*h, a, fresh ? &expert_base : nullptr, false);
     m.wait_rows(*h, fresh, static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype),
                 fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0);
   }

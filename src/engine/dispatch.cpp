@@ -39,7 +39,7 @@ RowMetaView Buffer::Impl::meta_row(std::byte* base, std::int64_t row) const noex
 }
 
 void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
-                             const std::vector<std::int32_t>* expert_base, bool signal, bool partitioned) {
+                             const std::vector<std::int32_t>* expert_base, bool rows_first) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
   const bool fp8 = a.x.dtype == DType::kFP8E4M3;
@@ -83,7 +83,7 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
         channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(n) * (row_bytes + scale_bytes + window.relay_record_bytes);
       }
     }
-    Sender send(*this, w, signal ? dispatch_signal(rank, w) : Sender::kNoSignal, channel_bytes, visit_order);
+    Sender send(*this, w, rows_first ? Sender::kNoSignal : dispatch_signal(rank, w), channel_bytes, visit_order);
     for (int d : visit_order) {
       if (is_relay(d)) {
         put_relayed_rows(send, h, a, d, t0, t1, expert_base,
@@ -93,7 +93,7 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
       }
       const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
       const std::int64_t p0 = first[static_cast<std::size_t>(d)], p1 = last[static_cast<std::size_t>(d)];
-      const std::int64_t base = partitioned ? rank * C() : h.send_base[static_cast<std::size_t>(d)];
+      const std::int64_t base = rows_first ? rank * C() : h.send_base[static_cast<std::size_t>(d)];
       // Rows: runs of consecutive tokens (their slots are consecutive too).
       for (std::int64_t p = p0; p < p1;) {
         std::int64_t q = p + 1;
@@ -159,18 +159,18 @@ void Buffer::Impl::wait_phase(std::size_t first_slot, const char* phase) {
                             epoch, {phase, s});
 }
 
-void Buffer::Impl::receive_meta(HandleState& h, const Peers* partitioned) {
+void Buffer::Impl::receive_meta(HandleState& h, const Peers* rows_first) {
   const std::int64_t N = h.num_recv();
   const int K = config.num_topk;
-  // Partitioned: row r of source s sits at s·C + (r - recv_begin[s]); an expanded slot's
+  // Rows first: row r of source s sits at s·C + (r - recv_begin[s]); an expanded slot's
   // row = its expert's first row for s (o_j + slots of lower sources) + the slot's rank.
-  std::vector<std::int64_t> slot_base(partitioned ? static_cast<std::size_t>(P) * static_cast<std::size_t>(L) : 0);
-  if (partitioned) {
+  std::vector<std::int64_t> slot_base(rows_first ? static_cast<std::size_t>(P) * static_cast<std::size_t>(L) : 0);
+  if (rows_first) {
     for (int j = 0; j < L; ++j) {
       std::int64_t row = h.expert_offset[static_cast<std::size_t>(j)];
       for (int s = 0; s < P; ++s) {
         slot_base[static_cast<std::size_t>(s) * static_cast<std::size_t>(L) + static_cast<std::size_t>(j)] = row;
-        row += partitioned->counts(s)[P + rank * L + j];
+        row += rows_first->counts(s)[P + rank * L + j];
       }
     }
   }
@@ -182,7 +182,7 @@ void Buffer::Impl::receive_meta(HandleState& h, const Peers* partitioned) {
   int s = 0;  // the source of row r
   for (std::int64_t r = 0; r < N; ++r) {
     while (r >= h.recv_begin[static_cast<std::size_t>(s) + 1]) ++s;
-    const RowMetaView m = meta_row(meta, partitioned ? s * C() + (r - h.recv_begin[static_cast<std::size_t>(s)]) : r);
+    const RowMetaView m = meta_row(meta, rows_first ? s * C() + (r - h.recv_begin[static_cast<std::size_t>(s)]) : r);
     h.recv_token[static_cast<std::size_t>(r)] = *m.token;
     h.recv_relay_row[static_cast<std::size_t>(r)] = *m.relay_row;
     for (int k = 0; k < K; ++k) {
@@ -192,7 +192,7 @@ void Buffer::Impl::receive_meta(HandleState& h, const Peers* partitioned) {
       // Compact rows keep the local expert in slot_row's place; expanded rows the output row.
       std::int32_t slot = -1;
       if (here && h.layout != RecvLayout::kExpanded) slot = static_cast<std::int32_t>(e - rank * L);
-      else if (here && !partitioned) slot = m.slot_row[k];
+      else if (here && !rows_first) slot = m.slot_row[k];
       else if (here)
         slot = static_cast<std::int32_t>(slot_base[static_cast<std::size_t>(s) * static_cast<std::size_t>(L) +
                                                    static_cast<std::size_t>(e - rank * L)] + m.slot_row[k]);
@@ -235,7 +235,7 @@ DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchAr
 }
 
 void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed,
-                            bool partitioned) {
+                            bool rows_first) {
   const std::int64_t N = h.num_recv(), rows = h.out_rows, H = config.hidden;
   const int K = config.num_topk;
   const DType dt = a.x.dtype;
@@ -272,22 +272,22 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
   for (int s = 0; s < P; ++s)
     std::fill(source_of.begin() + h.recv_begin[static_cast<std::size_t>(s)],
               source_of.begin() + h.recv_begin[static_cast<std::size_t>(s) + 1], s);
-  // Where received row r sits in the window: partitioned, in its source's stretch of C rows.
+  // Where received row r sits in the window (rows first: in its source's stretch of C rows).
   auto window_row = [&](std::int64_t r) {
-    if (!partitioned) return r;
+    if (!rows_first) return r;
     const int s = source_of[static_cast<std::size_t>(r)];
     return s * C() + (r - h.recv_begin[static_cast<std::size_t>(s)]);
   };
   // Rows [r0, r1) of a region (rows of `bytes`) to `to`: one copy per source's stretch.
   auto copy_rows = [&](std::byte* to, const std::byte* from, std::int64_t r0, std::int64_t r1, std::size_t bytes) {
     for (std::int64_t r = r0; r < r1;) {
-      const std::int64_t end = partitioned ? std::min(r1, h.recv_begin[static_cast<std::size_t>(source_of[static_cast<std::size_t>(r)]) + 1]) : r1;
+      const std::int64_t end = rows_first ? std::min(r1, h.recv_begin[static_cast<std::size_t>(source_of[static_cast<std::size_t>(r)]) + 1]) : r1;
       bulk_copy(to + static_cast<std::size_t>(r) * bytes, from + static_cast<std::size_t>(window_row(r)) * bytes,
                 static_cast<std::size_t>(end - r) * bytes);
       r = end;
     }
   };
-  if (partitioned && in_window && payload) {
+  if (rows_first && in_window && payload) {
     // The output is a view of the window: close the gaps between the sources' stretches
     // (ascending: a stretch only moves down, onto rows already moved or its own).
     for (int s = 1; s < P; ++s) {

@@ -168,7 +168,7 @@ struct Buffer::Impl {
   /// complete them ("rows first", docs/engine.md): not with the ring (its credits pace the
   /// rows), relays or the flag protocol (they complete rows their own way).
   bool rows_first_allowed() const noexcept { return config.ring_rows == 0 && !hierarchical() && !flag_protocol(); }
-  /// C: the most tokens a rank dispatches, the stretch of a source in a partitioned receive area.
+  /// C: the most tokens a rank dispatches, the stretch of a source in a receive area (rows first).
   std::int64_t C() const noexcept { return config.max_tokens_per_rank; }
   void plan_slots(detail::HandleState& h, const Peers& peers);
   std::vector<std::int32_t> expert_row_base(const Peers& peers) const;
@@ -260,30 +260,30 @@ struct Buffer::Impl {
   std::size_t ring_tail_signal(int src) const noexcept;
   std::size_t ring_credit_signal(int dst) const noexcept;
 
-  // dispatch.cpp. `signal`: each worker completes its puts with the configured protocol
-  // (false: only quiets them; the caller's header exchange completes them). `partitioned`:
-  // my rows go to rank·C + their position in my segment (rows first).
+  // dispatch.cpp. Each worker puts its rows at their slots and completes them with the
+  // configured protocol; `rows_first`: at rank·C + their position in my segment instead,
+  // only quieted (the caller's header exchange completes them).
   void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
-                 bool signal, bool partitioned);
+                 bool rows_first);
   void wait_phase(std::size_t first_slot, const char* phase);
   /// Until every row of this dispatch has landed here (flag protocol: and is unpacked).
   void wait_rows(const detail::HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes);
-  /// The received rows' metadata into the handle. `partitioned` (the counts, non-null): the
+  /// The received rows' metadata into the handle. `rows_first` (the counts, non-null): the
   /// rows of source s sit at s·C, and expanded slots carry their rank among s's tokens for
   /// the expert, to which the receiver adds the expert's base.
-  void receive_meta(detail::HandleState& h, const Peers* partitioned);
+  void receive_meta(detail::HandleState& h, const Peers* rows_first);
   /// The output tensors (from the pool, or views of the window).
   DispatchResult make_outputs(const detail::HandleState& h, const DispatchArgs& a, bool fp8);
   /// Receive area → the requested layout (rows_placed: the ring already put recv_x's rows;
-  /// partitioned: the rows of source s sit at s·C).
+  /// rows_first: the rows of source s sit at s·C).
   void epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed,
-                bool partitioned);
+                bool rows_first);
 
   // combine.cpp. Push mode: the expert ranks put their rows (or partial sums) into the
   // sources' reply areas, the sources reduce them. Pull mode (every rank's y is the
   // zero-copy recv_x in its window, on a transport with mapped peers): each source reduces
   // reading the expert ranks' rows in place — one pass, no puts — then tells them it is done.
-  /// `signal` as in send_rows.
+  /// `signal` false: the puts are only quieted (the caller's header exchange completes them).
   void send_replies(const detail::HandleState& h, const CombineArgs& a, bool signal);
   /// Until every reply to this rank has landed (flag protocol: and is unpacked).
   void wait_replies(const detail::HandleState& h);

@@ -1,8 +1,10 @@
-// Control plane: every call starts with one all-to-all of headers (status, and for a
-// fresh dispatch the counts), so a bad input anywhere fails every rank before any data
-// moves, and a rank's header for call n+1 also tells its peers it is done with call n
-// (their writes into its window are safe from then on). From the gathered counts each
-// rank computes, with prefix sums, the slot of every row it sends and receives.
+// Control plane: every call makes one all-to-all of headers (status, and for a fresh
+// dispatch the counts), so a bad input anywhere fails every rank, and a rank's header for
+// call n+1 also tells its peers it is done with call n (their writes into its window are
+// safe from then on). It comes first, before any data moves — or, rows first (a call right
+// after one of the other kind, docs/engine.md), after the data, which it then completes.
+// From the gathered counts each rank computes, with prefix sums, the slot of every row it
+// sends and receives.
 #include <algorithm>
 #include <cstring>
 
