@@ -62,6 +62,11 @@ const char* bench_definitions() {
                spent in the phase (plan, notify, put_issue, wait_data, barrier, epilogue);
                "other" = latency minus their sum (output allocation, receiving row metadata,
                building the handle and layout, worker fork/join).
+  rows first   a call right after one of the other kind (no zero-copy views, no ring) puts
+               its rows before the header exchange, which then completes them: no notify
+               phase, the exchange counts as wait_data (docs/engine.md). JSON data_first:
+               every timed call of the op on every rank went that way; pulled: every combine
+               read the experts' rows in place.
   counters     epx's per-worker counters are on for the timed loop (--no-counters: off).
                --counters-overhead N: N iterations with the other setting (fresh Buffer, same
                iteration structure incl. memcpy) before and N after the timed loop; ratio =
