@@ -245,6 +245,59 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, DispatchCombine,
                            return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
                          });
 
+// A receive area sized by the user below P·C rows (max_recv_rows) has no stretch per
+// source: dispatches exchange headers first, combines still put their replies first, and
+// every result is exact. One row fewer than a rank receives fails every rank, naming it.
+TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
+  const ref::Problem p = ref::make_problem(fx(4, 16, 4, {20, 13, 0, 9}, 31));
+  const auto want = ref::dispatch_all(p, {});
+  std::vector<std::vector<std::uint16_t>> y;
+  for (int r = 0; r < 4; ++r) y.push_back(ref::expert_fn(p, want[static_cast<std::size_t>(r)], {}));
+  std::int64_t most = 0;
+  int busiest = 0;
+  for (int r = 0; r < 4; ++r)
+    if (want[static_cast<std::size_t>(r)].rows > most) most = want[static_cast<std::size_t>(r)].rows, busiest = r;
+  ASSERT_LT(most, 4 * max_tokens(p));
+  for (TransportKind kind : kDataTransports) {
+    SCOPED_TRACE(to_string(kind));
+    launch({4, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      const int r = t.rank();
+      const auto ur = static_cast<std::size_t>(r);
+      BufferConfig cfg = config_for(p);
+      cfg.max_recv_rows = most;
+      Buffer buffer(t, cfg);
+      const RankViews v = views_of(p, r);
+      CombineArgs ca;
+      ca.y = TensorView(y[ur].data(), DType::kBF16, {want[ur].rows, p.hidden});
+      const std::vector<std::uint16_t> combined = ref::combine(p, {}, want, y, nullptr, nullptr, false, r);
+      DispatchArgs args = dispatch_args(v, {});
+      DispatchHandle kept;
+      for (int round = 0; round < 3; ++round) {  // fresh, fresh, cached: each right after a combine but the first
+        DispatchResult d = buffer.dispatch(args);
+        expect_dispatch(r, p, {}, want[ur], d);
+        EXPECT_FALSE(buffer.last_stats().data_first) << "rank " << r << ", round " << round;
+        if (round == 1) kept = d.handle, args.handle = &kept;
+        ca.handle = &d.handle;
+        expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), combined);
+        EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r << ", round " << round;
+      }
+    });
+    launch({4, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      BufferConfig cfg = config_for(p);
+      cfg.max_recv_rows = most - 1;
+      Buffer buffer(t, cfg);
+      try {
+        buffer.dispatch(dispatch_args(views_of(p, t.rank()), {}));
+        fail(t.rank(), "a receive area one row short was accepted");
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kCapacityExceeded) << e.what();
+        EXPECT_EQ(e.origin_rank(), busiest) << e.what();
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(busiest)), std::string::npos) << e.what();
+      }
+    });
+  }
+}
+
 // Deterministic mode: the same inputs give the same bits across independent runs.
 TEST(DispatchCombine, RepeatedRunsAreIdentical) {
   Case c{"repeat", fx(4, 16, 4, {20, 13, 0, 9}, 40), {}};
