@@ -66,8 +66,7 @@ struct DispatchArgs {
   /// window, where the senders put the rows — no copy at all. They stay valid until the
   /// next dispatch on this Buffer (combine leaves them alone) or its destruction.
   bool recv_in_window = false;
-  /// Cached dispatch: reuse this handle's plan; x must have the handle's S and H. Right
-  /// after a combine its rows go before the header exchange (CallStats::data_first).
+  /// Cached dispatch: reuse this handle's plan; x must have the handle's S and H.
   const DispatchHandle* handle = nullptr;
 };
 

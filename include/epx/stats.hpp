@@ -47,8 +47,8 @@ struct CallStats {
   bool pulled = false;    ///< combine that read the expert ranks' rows in place (pull mode; set even without collect_stats)
   /// Rows first: the rows went before the header exchange, which then completed the call
   /// (one synchronisation instead of two; no notify phase, the exchange counts as
-  /// wait_data). A cached dispatch right after a combine, and a combine right after a
-  /// dispatch, when no rank holds a zero-copy view (docs/engine.md). Set even without collect_stats.
+  /// wait_data). A dispatch right after a combine, and a combine right after a dispatch,
+  /// when no rank holds a zero-copy view (docs/engine.md). Set even without collect_stats.
   bool data_first = false;
   double total_us = 0;    ///< the whole call on this rank
   std::vector<WorkerStats> workers;  ///< [num_workers]

@@ -388,7 +388,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   // expanded rows itself: the senders did not know its layout). It still fails every rank
   // on a bad input, a stale handle or a fresh/cached mix, and ranks that disagree still
   // write only their own stretches.
-  const bool data_first = m.receive_areas_free && m.rows_first_allowed() && m.window.recv_rows >= m.P * m.C();
+  const bool data_first = m.receive_areas_free && m.rows_first_allowed() && m.window.recv_rows >= m.stretch_begin(m.P);
   m.receive_areas_free = m.reply_areas_free = false;
   m.recv_view = a.recv_in_window;
   m.stats.data_first = data_first;

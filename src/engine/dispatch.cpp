@@ -93,7 +93,7 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
       }
       const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
       const std::int64_t p0 = first[static_cast<std::size_t>(d)], p1 = last[static_cast<std::size_t>(d)];
-      const std::int64_t base = rows_first ? rank * C() : h.send_base[static_cast<std::size_t>(d)];
+      const std::int64_t base = rows_first ? stretch_begin(rank) : h.send_base[static_cast<std::size_t>(d)];
       // Rows: runs of consecutive tokens (their slots are consecutive too).
       for (std::int64_t p = p0; p < p1;) {
         std::int64_t q = p + 1;
@@ -182,7 +182,7 @@ void Buffer::Impl::receive_meta(HandleState& h, const Peers* rows_first) {
   int s = 0;  // the source of row r
   for (std::int64_t r = 0; r < N; ++r) {
     while (r >= h.recv_begin[static_cast<std::size_t>(s) + 1]) ++s;
-    const RowMetaView m = meta_row(meta, rows_first ? s * C() + (r - h.recv_begin[static_cast<std::size_t>(s)]) : r);
+    const RowMetaView m = meta_row(meta, rows_first ? stretch_begin(s) + (r - h.recv_begin[static_cast<std::size_t>(s)]) : r);
     h.recv_token[static_cast<std::size_t>(r)] = *m.token;
     h.recv_relay_row[static_cast<std::size_t>(r)] = *m.relay_row;
     for (int k = 0; k < K; ++k) {
@@ -276,7 +276,7 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
   auto window_row = [&](std::int64_t r) {
     if (!rows_first) return r;
     const int s = source_of[static_cast<std::size_t>(r)];
-    return s * C() + (r - h.recv_begin[static_cast<std::size_t>(s)]);
+    return stretch_begin(s) + (r - h.recv_begin[static_cast<std::size_t>(s)]);
   };
   // Rows [r0, r1) of a region (rows of `bytes`) to `to`: one copy per source's stretch.
   auto copy_rows = [&](std::byte* to, const std::byte* from, std::int64_t r0, std::int64_t r1, std::size_t bytes) {
@@ -292,10 +292,10 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
     // (ascending: a stretch only moves down, onto rows already moved or its own).
     for (int s = 1; s < P; ++s) {
       const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)], n = h.recv_begin[static_cast<std::size_t>(s) + 1] - b;
-      std::memmove(rx + static_cast<std::size_t>(b) * row_bytes, data + static_cast<std::size_t>(s * C()) * row_bytes,
+      std::memmove(rx + static_cast<std::size_t>(b) * row_bytes, data + static_cast<std::size_t>(stretch_begin(s)) * row_bytes,
                    static_cast<std::size_t>(n) * row_bytes);
       if (fp8)
-        std::memmove(rs + static_cast<std::size_t>(b) * scale_bytes, scales + static_cast<std::size_t>(s * C()) * scale_bytes,
+        std::memmove(rs + static_cast<std::size_t>(b) * scale_bytes, scales + static_cast<std::size_t>(stretch_begin(s)) * scale_bytes,
                      static_cast<std::size_t>(n) * scale_bytes);
     }
   }

@@ -168,8 +168,9 @@ struct Buffer::Impl {
   /// complete them ("rows first", docs/engine.md): not with the ring (its credits pace the
   /// rows), relays or the flag protocol (they complete rows their own way).
   bool rows_first_allowed() const noexcept { return config.ring_rows == 0 && !hierarchical() && !flag_protocol(); }
-  /// C: the most tokens a rank dispatches, the stretch of a source in a receive area (rows first).
-  std::int64_t C() const noexcept { return config.max_tokens_per_rank; }
+  /// Rows first: the first row of source `src`'s stretch in every receive area (C rows per
+  /// source, C = max_tokens_per_rank); stretch_begin(P) = the rows all stretches need.
+  std::int64_t stretch_begin(int src) const noexcept { return src * config.max_tokens_per_rank; }
   void plan_slots(detail::HandleState& h, const Peers& peers);
   std::vector<std::int32_t> expert_row_base(const Peers& peers) const;
 

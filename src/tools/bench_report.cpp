@@ -369,7 +369,7 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
   if (op.data_first)
     std::fprintf(f, "  %-28s every rank put its rows before the header exchange, which then completed them\n"
                     "  %-28s (%s): one synchronisation per call instead of two\n",
-                 "rows first", "", is_dispatch ? "cached, right after a combine" : "right after a dispatch without window views");
+                 "rows first", "", is_dispatch ? "right after a combine" : "right after a dispatch");
   if (op.pulled)
     std::fprintf(f, "  %-28s every source read its tokens' rows in place in the expert ranks' windows and reduced them\n"
                     "  %-28s (y = the zero-copy recv_x on every rank): no puts, one pass; bytes counted at the reader\n",
