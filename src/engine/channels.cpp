@@ -73,7 +73,7 @@ Buffer::Impl::Sender::Sender(Impl& m, int worker, std::size_t first_signal, cons
     const std::vector<int> queues = assign_queues(o.queue_split, o.queues, bytes);
     for (std::size_t i = 0; i < peers.size(); ++i) queue_of_[static_cast<std::size_t>(peers[i])] = queues[i];
   }
-  if (m.flag_protocol()) stage_.assign(kFlagPayload, std::byte{0});
+  if (m.flag_protocol()) stage_.assign(static_cast<std::size_t>(o.queues) * kFlagPayload, std::byte{0});
 }
 
 void Buffer::Impl::Sender::put(int d, std::size_t offset, const void* src, std::size_t bytes) {
@@ -106,10 +106,12 @@ void Buffer::Impl::Sender::put_rows(int d, Region region, std::int64_t row, cons
       const std::size_t bytes = std::min(kFlagPayload, row_bytes - done);
       const std::byte* payload = r + done;
       if (bytes < kFlagPayload) {  // the flag sits at a fixed place: pad the last block
+        // In q's own stage block: a quiet of q is what makes its previous put's source free.
+        std::byte* stage = stage_.data() + static_cast<std::size_t>(q) * kFlagPayload;
         if (reuse_needs_quiet) m_.transport.quiet(q);
-        std::memcpy(stage_.data(), payload, bytes);
-        std::memset(stage_.data() + bytes, 0, kFlagPayload - bytes);
-        payload = stage_.data();
+        std::memcpy(stage, payload, bytes);
+        std::memset(stage + bytes, 0, kFlagPayload - bytes);
+        payload = stage;
       }
       m_.transport.put_flagged(d, block, payload, kFlagPayload, m_.epoch, q);
       if (stats_) m_.count_put(*stats_, d, kFlagPayload + sizeof(std::uint64_t), q);

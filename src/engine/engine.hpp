@@ -217,7 +217,7 @@ struct Buffer::Impl {
     const std::vector<int>& peers_;  // visiting order: the peers this call completes
     std::size_t signal_slot_;        // my completion slot at every peer
     std::vector<int> queue_of_;      // [P]
-    std::vector<std::byte> stage_;   // flag protocol: the zero-padded last block of a row
+    std::vector<std::byte> stage_;   // flag protocol: per queue, the zero-padded last block of a row
     WorkerStats* stats_;             // null: not collecting
   };
   /// Flag protocol, receiver: waits for every block of rows [r0, r1) of `region` (rows

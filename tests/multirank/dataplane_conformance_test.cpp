@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "deferred_put_transport.hpp"
 #include "multirank_support.hpp"
 
 namespace epx::testing {
@@ -157,16 +158,43 @@ INSTANTIATE_TEST_SUITE_P(EveryCombination, DataPlaneConformance,
                            return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name();
                          });
 
+// The same round trips where puts complete late (deferred_put_transport.hpp), as on an
+// RDMA NIC: every choice must quiet before it signals (or rely on ordered signals, tail),
+// keep a put's source intact until its quiet, and read rows only after they are complete.
+class DeferredPutConformance : public ::testing::TestWithParam<Combo> {};
+
+TEST_P(DeferredPutConformance, MatchesReferenceBitForBit) {
+  const Combo& combo = GetParam();
+  const Expected compact = expect(fixture(false, 50), false, false);
+  const Expected expanded = expect(fixture(false, 51), true, true);
+  const Expected fp8 = expect(fixture(true, 52), false, false);
+  const Protocol protocol = parse_protocol(combo.protocol);
+  launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+    DeferredPutTransport deferred(t, protocol == Protocol::kTail, protocol == Protocol::kFlag);
+    BufferConfig c = config_for(compact.p, 2);
+    c.max_tokens_per_rank = 16;
+    c.dataplane = combo.options();
+    Buffer buffer(deferred, c);
+    check_round_trip(buffer, t.rank(), compact);
+    check_round_trip(buffer, t.rank(), expanded);
+    check_round_trip(buffer, t.rank(), fp8);
+    if (deferred.delivered() == 0) fail(t.rank(), "no put went through the deferred transport");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryCombination, DeferredPutConformance, ::testing::ValuesIn(combos()),
+                         [](const auto& info) { return info.param.name(); });
+
 // The bounded receive area: rings far smaller than what a rank receives (down to one row
 // per source), so senders wait for credits many times per call.
-class RingConformance : public ::testing::TestWithParam<std::tuple<TransportKind, std::int64_t, std::string, std::string>> {};
+class RingConformance : public ::testing::TestWithParam<std::tuple<TestTransport, std::int64_t, std::string, std::string>> {};
 
 TEST_P(RingConformance, MatchesReferenceBitForBit) {
-  const auto& [kind, ring, schedule, protocol] = GetParam();
+  const auto& [where, ring, schedule, protocol] = GetParam();
   const Expected compact = expect(fixture(false, 60), false, false);
   const Expected expanded = expect(fixture(false, 61), true, true);
   const Expected fp8 = expect(fixture(true, 62), true, false);
-  launch({kRanks, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+  launch_on(where, {kRanks, where.kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
     BufferConfig c = config_for(compact.p, 2);
     c.max_tokens_per_rank = 16;
     c.ring_rows = ring;
@@ -177,16 +205,18 @@ TEST_P(RingConformance, MatchesReferenceBitForBit) {
     check_round_trip(buffer, t.rank(), compact);
     check_round_trip(buffer, t.rank(), expanded);
     check_round_trip(buffer, t.rank(), fp8);
-  });
+  }, protocol == "tail");
 }
 
+const std::vector<TestTransport> kRingTransports = {{TransportKind::kThreads}, {TransportKind::kShm}, {TransportKind::kThreads, true}};
+
 INSTANTIATE_TEST_SUITE_P(Rings, RingConformance,
-                         ::testing::Combine(::testing::ValuesIn(kTransports), ::testing::Values(1, 2, 5, 64),
+                         ::testing::Combine(::testing::ValuesIn(kRingTransports), ::testing::Values(1, 2, 5, 64),
                                             ::testing::Values("rotated", "grouped:2"), ::testing::Values("explicit", "tail")),
                          [](const auto& info) {
                            std::string schedule = std::get<2>(info.param);
                            std::replace(schedule.begin(), schedule.end(), ':', 'x');
-                           return std::string(to_string(std::get<0>(info.param))) + "_ring" +
+                           return std::get<0>(info.param).name() + "_ring" +
                                   std::to_string(std::get<1>(info.param)) + "_" + schedule + "_" + std::get<3>(info.param);
                          });
 
@@ -371,7 +401,7 @@ TEST(DataPlaneConformance, FlagProtocolRefusesZeroCopy) {
 // before its reader is done, show up as wrong bits. Calls of the same kind follow each
 // other (two dispatches, then two combines), so every region is rewritten by the very
 // next call that uses it.
-void stress(TransportKind kind, Protocol protocol, int iterations, std::int64_t ring_rows = 0, bool relays = false) {
+void stress(TestTransport where, Protocol protocol, int iterations, std::int64_t ring_rows = 0, bool relays = false) {
   std::vector<Expected> rounds;
   for (int i = 0; i < 16; ++i) {
     ref::FixtureOptions f = fixture(false, 1000 + static_cast<std::uint64_t>(i));
@@ -379,7 +409,7 @@ void stress(TransportKind kind, Protocol protocol, int iterations, std::int64_t 
     f.tokens_per_rank = {1 + i % 7, (i * 5) % 9, 16 - i % 16, i % 3};
     rounds.push_back(expect(f, i % 2 == 1, false));
   }
-  launch({kRanks, kind, std::chrono::milliseconds(30000)}, [&](Transport& t) {
+  launch_on(where, {kRanks, where.kind, std::chrono::milliseconds(30000)}, [&](Transport& t) {
     const int r = t.rank();
     const auto ur = static_cast<std::size_t>(r);
     BufferConfig c = config_for(rounds[0].p, 2);
@@ -412,16 +442,23 @@ void stress(TransportKind kind, Protocol protocol, int iterations, std::int64_t 
       combine(b, db);
       combine(a, da);
     }
-  });
+  }, protocol == Protocol::kTail);
 }
 
-TEST(DataPlaneStress, threads_ExplicitReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kExplicit, 1000); }
-TEST(DataPlaneStress, threads_TailReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kTail, 1000); }
-TEST(DataPlaneStress, threads_FlagReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kFlag, 1000); }
-TEST(DataPlaneStress, threads_RingReusesSlotsSafely) { stress(TransportKind::kThreads, Protocol::kTail, 1000, 3); }
-TEST(DataPlaneStress, shm_RingReusesSlotsSafely) { stress(TransportKind::kShm, Protocol::kExplicit, 500, 2); }
-TEST(DataPlaneStress, threads_RelaysReuseSlotsSafely) { stress(TransportKind::kThreads, Protocol::kTail, 1000, 0, true); }
-TEST(DataPlaneStress, shm_FlagReusesSlotsSafely) { stress(TransportKind::kShm, Protocol::kFlag, 1000); }
+constexpr TestTransport kThreads{TransportKind::kThreads}, kShm{TransportKind::kShm}, kDeferred{TransportKind::kThreads, true};
+TEST(DataPlaneStress, threads_ExplicitReusesSlotsSafely) { stress(kThreads, Protocol::kExplicit, 1000); }
+TEST(DataPlaneStress, threads_TailReusesSlotsSafely) { stress(kThreads, Protocol::kTail, 1000); }
+TEST(DataPlaneStress, threads_FlagReusesSlotsSafely) { stress(kThreads, Protocol::kFlag, 1000); }
+TEST(DataPlaneStress, threads_RingReusesSlotsSafely) { stress(kThreads, Protocol::kTail, 1000, 3); }
+TEST(DataPlaneStress, shm_RingReusesSlotsSafely) { stress(kShm, Protocol::kExplicit, 500, 2); }
+TEST(DataPlaneStress, threads_RelaysReuseSlotsSafely) { stress(kThreads, Protocol::kTail, 1000, 0, true); }
+TEST(DataPlaneStress, shm_FlagReusesSlotsSafely) { stress(kShm, Protocol::kFlag, 1000); }
+// Late puts (deferred_put_transport.hpp): a slot or a put's source reused before its quiet.
+TEST(DataPlaneStress, deferred_ExplicitReusesSlotsSafely) { stress(kDeferred, Protocol::kExplicit, 300); }
+TEST(DataPlaneStress, deferred_TailReusesSlotsSafely) { stress(kDeferred, Protocol::kTail, 300); }
+TEST(DataPlaneStress, deferred_FlagReusesSlotsSafely) { stress(kDeferred, Protocol::kFlag, 300); }
+TEST(DataPlaneStress, deferred_RingReusesSlotsSafely) { stress(kDeferred, Protocol::kExplicit, 300, 3); }
+TEST(DataPlaneStress, deferred_RelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kTail, 300, 0, true); }
 
 }  // namespace
 }  // namespace epx::testing

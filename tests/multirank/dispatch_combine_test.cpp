@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "deferred_put_transport.hpp"
 #include "multirank_support.hpp"
 
 namespace epx::testing {
@@ -92,7 +93,7 @@ std::vector<Case> cases() {
 
 // One case: fresh dispatch, combine, cached dispatch of the same x and of new x, combine
 // through the cached handle — every output against the reference.
-void run_case(TransportKind kind, const Case& c) {
+void run_case(const TestTransport& where, const Case& c) {
   const ref::Problem p = ref::make_problem(c.fx);
   const int P = p.num_ranks;
   const auto want = ref::dispatch_all(p, c.d);
@@ -124,9 +125,8 @@ void run_case(TransportKind kind, const Case& c) {
 
   LaunchOptions lo;
   lo.num_ranks = P;
-  lo.transport = kind;
   lo.timeout = std::chrono::milliseconds(20000);
-  launch(lo, [&](Transport& t) {
+  launch_on(where, lo, [&](Transport& t) {
     const int r = t.rank();
     const auto ur = static_cast<std::size_t>(r);
     Buffer buffer(t, config_for(p, c.workers));
@@ -215,7 +215,7 @@ void run_case(TransportKind kind, const Case& c) {
       CombineArgs pull = ca;
       pull.handle = &dz.handle;
       pull.y = TensorView(in_place, DType::kBF16, {want[ur].rows, p.hidden});
-      const bool mapped = kind != TransportKind::kSim;
+      const bool mapped = t.peer_window(r) != nullptr;
       for (const auto* y_now : {&y, &y_wide, &y}) {
         if (bytes > 0) std::memcpy(in_place, (*y_now)[ur].data(), bytes);
         const auto& expected = y_now == &y_wide ? combined_wide[ur] : combined[ur];
@@ -232,18 +232,16 @@ void run_case(TransportKind kind, const Case& c) {
   });
 }
 
-class DispatchCombine : public ::testing::TestWithParam<std::tuple<TransportKind, Case>> {};
+class DispatchCombine : public ::testing::TestWithParam<std::tuple<TestTransport, Case>> {};
 
 TEST_P(DispatchCombine, MatchesReferenceBitForBit) {
-  const auto& [kind, c] = GetParam();
-  run_case(kind, c);
+  const auto& [where, c] = GetParam();
+  run_case(where, c);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, DispatchCombine,
-                         ::testing::Combine(::testing::ValuesIn(kDataTransports), ::testing::ValuesIn(cases())),
-                         [](const auto& info) {
-                           return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
-                         });
+                         ::testing::Combine(::testing::ValuesIn(kConformanceTransports), ::testing::ValuesIn(cases())),
+                         [](const auto& info) { return std::get<0>(info.param).name() + "_" + std::get<1>(info.param).name; });
 
 // A receive area sized by the user below P·C rows (max_recv_rows) has no stretch per
 // source: dispatches exchange headers first, combines still put their replies first, and
@@ -258,9 +256,9 @@ TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
   for (int r = 0; r < 4; ++r)
     if (want[static_cast<std::size_t>(r)].rows > most) most = want[static_cast<std::size_t>(r)].rows, busiest = r;
   ASSERT_LT(most, 4 * max_tokens(p));
-  for (TransportKind kind : kDataTransports) {
-    SCOPED_TRACE(to_string(kind));
-    launch({4, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+  for (const TestTransport& where : kConformanceTransports) {
+    SCOPED_TRACE(where.name());
+    launch_on(where, {4, where.kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
       const int r = t.rank();
       const auto ur = static_cast<std::size_t>(r);
       BufferConfig cfg = config_for(p);
@@ -282,7 +280,7 @@ TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
         EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r << ", round " << round;
       }
     });
-    launch({4, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+    launch_on(where, {4, where.kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
       BufferConfig cfg = config_for(p);
       cfg.max_recv_rows = most - 1;
       Buffer buffer(t, cfg);
@@ -303,7 +301,7 @@ TEST(DispatchCombine, RepeatedRunsAreIdentical) {
   Case c{"repeat", fx(4, 16, 4, {20, 13, 0, 9}, 40), {}};
   c.d.expanded = true;
   c.d.alignment = 8;
-  for (int i = 0; i < 3; ++i) run_case(TransportKind::kShm, c);
+  for (int i = 0; i < 3; ++i) run_case({TransportKind::kShm}, c);
 }
 
 }  // namespace
