@@ -8,7 +8,8 @@
 // the next one). Only waits the rank thread makes outside a worker task count (notify,
 // data waits, barriers); waits inside a task (wait_flag of the flag protocol, a relay's
 // wait_signal, the ring's read_signal polls) block only their own stream, like any worker's
-// wait. Each record names the collective call it belongs to (sim_begin_call).
+// wait. The rank thread's next ops after a task wait for its workers' last ones (a join
+// record per worker stream). Each record names the collective call it belongs to (sim_begin_call).
 #pragma once
 
 #include <cstddef>
@@ -34,6 +35,10 @@ enum class OpKind : std::uint8_t {
   /// read_signal (a poll loop, e.g. the bounded ring) that saw a value it had not seen
   /// before: key = slot, value = the value observed. Replayed as a wait for that value.
   kPollSignal,
+  /// Rank thread, after a task's workers finished (Transport::workers_joined): waits until
+  /// worker stream `peer` (index in RankTrace::streams) has completed its first `key` ops
+  /// (counted over the whole trace, every call).
+  kJoin,
 };
 const char* to_string(OpKind kind) noexcept;
 

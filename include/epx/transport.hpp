@@ -119,6 +119,12 @@ class Transport {
   /// Collective: returns when every rank has called barrier (with the same phase name).
   virtual void barrier(const char* phase) = 0;
 
+  /// Called by the engine's rank thread when the workers it forked for a task have all
+  /// finished it (the join). A transport that records each thread's operations as its own
+  /// stream (the simulator) orders the rank thread's next operations after the workers'
+  /// last ones; nothing to do for the others (the default).
+  virtual void workers_joined() {}
+
   /// Timeout applied to every wait of this transport.
   virtual std::chrono::milliseconds timeout() const noexcept = 0;
 };

@@ -65,7 +65,7 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
   const int my_lane = via_relay ? topology.ranks[static_cast<std::size_t>(rank)].lane : 0;
   const auto lanes = static_cast<std::int64_t>(server_members.size());
 
-  pool.run([&](int w) {
+  run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
     const auto [r0, r1] = split_range(N, w, W);
     // My received rows from source s: [lo(s), hi(s)).
@@ -126,7 +126,7 @@ void Buffer::Impl::wait_replies(const HandleState& h) {
   for (int d = 0; d < P; ++d)
     std::fill(peer_of.begin() + plan.segment_begin[static_cast<std::size_t>(d)],
               peer_of.begin() + plan.segment_begin[static_cast<std::size_t>(d) + 1], d);
-  pool.run([&](int w) {
+  run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kWaitData);
     const auto [r0, r1] = split_range(n, w, W);
     receive_flagged(Region::kReplies, r0, r1, static_cast<std::size_t>(config.hidden) * sizeof(std::uint16_t),
@@ -206,7 +206,7 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pul
                                                               : transport.window() + window.replies));
     first_row[du] = pull ? h.send_base[du] : h.plan.segment_begin[du];
   }
-  pool.run([&](int w) {
+  run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     WorkerStats* pulls = pull && config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
     const auto [t0, t1] = split_range(S, w, W);

@@ -64,7 +64,7 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
     return relayed && topology.ranks[static_cast<std::size_t>(d)].server != topology.ranks[static_cast<std::size_t>(rank)].server;
   };
 
-  pool.run([&](int w) {
+  run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
     // My part of each destination's segment: the plan positions [p0, p1) of my tokens.
     const auto [t0, t1] = split_range(S, w, W);
@@ -141,7 +141,7 @@ void Buffer::Impl::wait_rows(const HandleState& h, bool with_meta, std::size_t r
   for (int s = 0; s < P; ++s)
     std::fill(source_of.begin() + h.recv_begin[static_cast<std::size_t>(s)],
               source_of.begin() + h.recv_begin[static_cast<std::size_t>(s) + 1], s);
-  pool.run([&](int w) {
+  run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kWaitData);
     const auto [r0, r1] = split_range(N, w, W);
     if (with_meta) receive_flagged(Region::kMeta, r0, r1, window.meta_bytes, source_of.data(), "dispatch data");
@@ -300,7 +300,7 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
     }
   }
 
-  pool.run([&](int w) {
+  run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     const auto [r0, r1] = split_range(N, w, W);
     if (!expanded) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -321,6 +322,13 @@ struct Buffer::Impl {
   /// Pull mode: tells every peer I have read its rows, and waits until every peer has read mine.
   void finish_pull();
   std::size_t pull_done_signal(int src) const noexcept;
+
+  /// Runs `task` on every worker (the rank thread is worker 0) and joins them; the
+  /// transport hears of the join (Transport::workers_joined). Every fork goes through here.
+  void run_workers(const std::function<void(int)>& task) {
+    pool.run(task);
+    transport.workers_joined();
+  }
 
   detail::RowMetaView meta_row(std::byte* base, std::int64_t row) const noexcept;
   std::size_t dispatch_signal(int src, int worker) const noexcept;

@@ -128,7 +128,7 @@ void Buffer::Impl::forward_relayed(const HandleState& h, bool with_meta, std::si
   const std::vector<int> sources = relayed_sources();
   const std::byte* window_base = transport.window();
   const std::size_t lanes = server_members.size();
-  pool.run([&](int w) {
+  run_workers([&](int w) {
     WorkerStats* ws = config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
     for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(W)) {
       const int s = sources[k];
@@ -181,7 +181,7 @@ void Buffer::Impl::forward_replies(const HandleState& h) {
     for (int d : server_members)
       for (int w = 0; w < W; ++w) transport.wait_signal(combine_signal(d, w), epoch, {"combine relay", d});
   }
-  pool.run([&](int w) {
+  run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
     WorkerStats* ws = config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
     for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(W)) {

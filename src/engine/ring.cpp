@@ -103,7 +103,7 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
   std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
   for (int d = 0; d < P; ++d) channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(plan.tokens_to(d)) * row_bytes;
 
-  pool.run([&](int w) {
+  run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
     Sender send(*this, w, 0, channel_bytes, visit_order);
     struct Flow {
@@ -268,7 +268,7 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
       round_start[ud] = p;
     }
     if (payload)
-      pool.run([&](int w) {
+      run_workers([&](int w) {
         const auto [u0, u1] = split_range(t1 - t0, w, W);
         reduce_tokens(h, a, t0 + u0, t0 + u1, rows_of, first_row, out.as<std::uint16_t>(), nullptr);
       });

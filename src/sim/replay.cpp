@@ -89,6 +89,13 @@ struct Stream {
   std::vector<std::deque<PendingSignal>> pending;   // per queue: ordered signals held back
   std::vector<int> last_peer;                       // per queue: peer of the last record
   Picoseconds control{0}, data{0}, sync{0};
+  std::size_t first_op = 0;  // the trace index of ops[0] (a call's ops are consecutive)
+  Picoseconds ready{0};      // when the op it is on ends (its next step)
+  struct Joiner {
+    std::size_t ops;      // released once this stream has completed that many of its ops
+    std::uint32_t stream;  // the rank thread waiting
+  };
+  std::vector<Joiner> joiners;
 };
 
 struct Record {
@@ -118,6 +125,7 @@ struct Rank {
   std::unordered_map<std::uint64_t, std::uint64_t> carried;   // slot -> value left by earlier calls
   std::unordered_map<std::uint64_t, std::uint64_t> call_max;  // slot -> largest value signalled in this call
   std::vector<std::uint32_t> streams;
+  std::vector<std::int64_t> of_trace;  // trace stream index -> streams_ index (-1: no ops in this call)
   int parallel = 1;  // hardware workers behind each recorded stream
   RankTiming timing;
 };
@@ -156,9 +164,15 @@ class Replay {
       for (std::size_t s = 0; s < rt.streams.size(); ++s) {
         Stream st;
         st.rank = r;
-        for (const TraceOp& op : rt.streams[s].ops)
-          if (op.call == static_cast<std::uint32_t>(call)) st.ops.push_back(&op);
+        const std::vector<TraceOp>& all = rt.streams[s].ops;
+        for (std::size_t i = 0; i < all.size(); ++i)
+          if (all[i].call == static_cast<std::uint32_t>(call)) {
+            if (st.ops.empty()) st.first_op = i;
+            st.ops.push_back(&all[i]);
+          }
+        rk.of_trace.push_back(-1);
         if (s != 0 && st.ops.empty()) continue;
+        rk.of_trace.back() = static_cast<std::int64_t>(streams_.size());
         if (!st.ops.empty()) ++active;
         st.issued.assign(kQueues, 0);
         st.incomplete.resize(kQueues);
@@ -184,7 +198,7 @@ class Replay {
         Stream& s = streams_[rk.streams[i]];
         const Picoseconds start = i == 0 ? launch + plan : launch;
         if (i == 0) s.control = start;
-        q_.schedule(start, RunStream{rk.streams[i]});
+        run_at(rk.streams[i], start);
       }
     }
     q_.run([&](Picoseconds now, Event& e) { std::visit([&](auto& ev) { handle(now, ev); }, e); });
@@ -239,7 +253,7 @@ class Replay {
     s.block = Block::kNone;
     ++s.pos;
     if (op.wait_index > 0) main_wait_done(s.rank, op.wait_index, resume);
-    q_.schedule(resume, RunStream{si});
+    run_at(si, resume);
   }
 
   void main_wait_done(int r, std::uint64_t index, Picoseconds t) {
@@ -251,9 +265,32 @@ class Replay {
       Stream& w = streams_[si];
       w.block = Block::kNone;
       ++w.pos;
-      q_.schedule(t, RunStream{si});
+      run_at(si, t);
     }
     rk.dep_waiters.erase(it);
+  }
+
+  void run_at(std::uint32_t si, Picoseconds t) {
+    streams_[si].ready = t;
+    q_.schedule(t, RunStream{si});
+  }
+
+  // A worker stream at `now` has completed its first pos ops: the rank thread joining it
+  // there goes on (the time it waited counts as data: workers putting rows).
+  void release_joiners(Stream& w, Picoseconds now) {
+    for (std::size_t i = 0; i < w.joiners.size();) {
+      if (w.pos < w.joiners[i].ops) {
+        ++i;
+        continue;
+      }
+      const std::uint32_t mi = w.joiners[i].stream;
+      Stream& m = streams_[mi];
+      m.data += now - m.block_start;
+      m.block = Block::kNone;
+      ++m.pos;
+      run_at(mi, now);
+      w.joiners.erase(w.joiners.begin() + static_cast<std::ptrdiff_t>(i));
+    }
   }
 
   void step(std::uint32_t si, Picoseconds now) {
@@ -261,6 +298,7 @@ class Replay {
     Rank& rk = rank(s.rank);
     const RankCompute comp = compute_of(s.rank);
     while (true) {
+      release_joiners(s, now);
       if (s.pos >= s.ops.size()) {
         s.block = Block::kDone;
         s.end = now;
@@ -278,7 +316,7 @@ class Replay {
           if (it != rk.main_wait_done.end()) {
             ++s.pos;
             if (it->second > now) {
-              q_.schedule(it->second, RunStream{si});
+              run_at(si, it->second);
               return;
             }
             continue;
@@ -289,6 +327,29 @@ class Replay {
           }
           s.block = Block::kDep;
           rk.dep_waiters[op.key].push_back(si);
+          return;
+        }
+        case OpKind::kJoin: {
+          const auto k = static_cast<std::size_t>(op.peer);
+          const std::int64_t wi = k < rk.of_trace.size() ? rk.of_trace[k] : -1;
+          if (wi < 0) {  // that worker did nothing in this call
+            ++s.pos;
+            continue;
+          }
+          Stream& w = streams_[static_cast<std::size_t>(wi)];
+          const std::size_t need = op.key > w.first_op ? std::min<std::size_t>(op.key - w.first_op, w.ops.size()) : 0;
+          if (w.pos >= need) {
+            ++s.pos;
+            if (w.ready > now) {  // its last op is still under way
+              s.data += w.ready - now;
+              run_at(si, w.ready);
+              return;
+            }
+            continue;
+          }
+          s.block = Block::kDep;
+          s.block_start = now;
+          w.joiners.push_back({need, si});
           return;
         }
         case OpKind::kPut:
@@ -327,7 +388,7 @@ class Replay {
           records_.push_back(rec);
           launch_record(static_cast<std::uint32_t>(records_.size() - 1), now, ready);
           ++s.pos;
-          q_.schedule(t_end, RunStream{si});
+          run_at(si, t_end);
           return;
         }
         case OpKind::kSignal: {
@@ -342,7 +403,7 @@ class Replay {
           else
             s.pending[q].push_back({s.issued[q], op.peer, op.key, op.value, ready, s.payload_issued});
           ++s.pos;
-          q_.schedule(t_end, RunStream{si});
+          run_at(si, t_end);
           return;
         }
         case OpKind::kQuiet: {
@@ -358,14 +419,14 @@ class Replay {
             const Picoseconds t = now + Picoseconds{hw_.quiet_latency.to_ps().ps / rk.parallel};
             s.sync += t - now;
             ++s.pos;
-            q_.schedule(t, RunStream{si});
+            run_at(si, t);
             return;
           }
           if (s.incomplete[q].empty()) {
             const Picoseconds t = now + hw_.quiet_latency.to_ps();
             s.sync += hw_.quiet_latency.to_ps();
             ++s.pos;
-            q_.schedule(t, RunStream{si});
+            run_at(si, t);
             return;
           }
           s.block = Block::kQuiet;
@@ -500,7 +561,7 @@ class Replay {
       s.sync += hw_.quiet_latency.to_ps();
       s.block = Block::kNone;
       ++s.pos;
-      q_.schedule(resume, RunStream{rec.stream});
+      run_at(rec.stream, resume);
     }
   }
 

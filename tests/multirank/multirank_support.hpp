@@ -99,6 +99,7 @@ class ForwardingTransport : public Transport {
   }
   void quiet(int q) override { t_.quiet(q); }
   void barrier(const char* phase) override { t_.barrier(phase); }
+  void workers_joined() override { t_.workers_joined(); }
   std::chrono::milliseconds timeout() const noexcept override { return t_.timeout(); }
 
  protected:

@@ -208,6 +208,40 @@ TEST(SimReplay, WorkerWaitsAndPollsBlockTheirStream) {
   EXPECT_GT(b.ranks[0].total.us(), GBps{hw.link_bandwidth}.time_for(Bytes{1 << 20}).us());
 }
 
+// The rank thread's ops after a join wait for the worker's last ones: a worker puts 1 MiB
+// and quiets, the rank thread joins it and then signals. Without the join record the signal
+// would overtake the rows (what the model did before the engine reported its joins).
+TEST(SimReplay, JoinOrdersTheRankThreadAfterItsWorkers) {
+  Trace t = two_rank_trace();
+  t.ranks[0].streams.resize(2);
+  std::vector<TraceOp>& main = t.ranks[0].streams[0].ops;
+  TraceOp dep;
+  dep.kind = OpKind::kAfterMainWait;
+  dep.call = 1;
+  t.ranks[0].streams[1].ops = {dep, main[0], main[1]};  // the worker: put 1 MiB, quiet
+  TraceOp join;
+  join.kind = OpKind::kJoin;
+  join.call = 1;
+  join.peer = 1;
+  join.key = 3;
+  main = {join, main[2]};  // the rank thread: join, signal
+  const HardwareModel hw = load_hardware("ascend950-supernode");
+  const double wire_us = GBps{hw.link_bandwidth}.time_for(Bytes{1 << 20}).us();
+  const CallTiming joined = replay_call(t, 1, hw, {});
+  EXPECT_GT(joined.ranks[1].total.us(), wire_us);
+  EXPECT_GT(joined.ranks[0].data.us(), 0.0);  // the rank thread's wait for its worker
+  // The same worker ops counted from an earlier call: key = its trace index, not per call.
+  std::vector<TraceOp> earlier(5, dep);
+  for (TraceOp& op : earlier) op.call = 0;
+  std::vector<TraceOp>& worker = t.ranks[0].streams[1].ops;
+  worker.insert(worker.begin(), earlier.begin(), earlier.end());
+  main[0].key = 8;
+  EXPECT_EQ(replay_call(t, 1, hw, {}).max_rank, joined.max_rank);
+  main.erase(main.begin());  // no join: the signal leaves at once
+  const CallTiming unjoined = replay_call(t, 1, hw, {});
+  EXPECT_LT(unjoined.ranks[1].total.us(), joined.ranks[1].total.us() - wire_us);
+}
+
 TEST(SimReplay, WaitNobodySignalsIsAnError) {
   Trace t = two_rank_trace();
   t.ranks[0].streams[0].ops.pop_back();  // no signal
@@ -286,7 +320,7 @@ struct Times {
 constexpr std::int64_t S = 128;
 constexpr int H = 7168, K = 4, E = 16;
 
-Times run(const std::function<void(BufferConfig&)>& tweak, const std::string& topology) {
+Times run(const std::function<void(BufferConfig&)>& tweak, const std::string& topology, Trace* keep = nullptr) {
   Trace trace;
   LaunchOptions lo;
   lo.num_ranks = 4;
@@ -327,7 +361,9 @@ Times run(const std::function<void(BufferConfig&)>& tweak, const std::string& to
   });
   const HardwareModel hw = load_hardware("ascend950-supernode");
   const Topology topo = load_topology(topology, 4);
-  return {replay_call(trace, 1, hw, {}, topo).max_rank.us(), replay_call(trace, 2, hw, {}, topo).max_rank.us()};
+  const Times times{replay_call(trace, 1, hw, {}, topo).max_rank.us(), replay_call(trace, 2, hw, {}, topo).max_rank.us()};
+  if (keep != nullptr) *keep = std::move(trace);
+  return times;
 }
 
 const Times& explicit_times() {
@@ -356,6 +392,32 @@ TEST(SimWorkerWaits, HierarchicalScheduleReplays) {
   modes::expect_plausible(
       modes::run([](BufferConfig& c) { c.dataplane.schedule = parse_schedule("hierarchical"); }, "builtin:servers:2"), true,
       false);
+}
+
+// The engine reports its joins: in the combine right after a dispatch (replies first, the
+// header exchange completes the workers' puts), each rank thread joins its worker's stream,
+// up to the worker's last op of the call, before its first signal.
+TEST(SimWorkerWaits, RankThreadJoinsItsWorkersBeforeCompletingTheirPuts) {
+  Trace trace;
+  modes::run([](BufferConfig&) {}, "builtin:servers:2", &trace);
+  const std::uint32_t combine = 2;
+  for (int r = 0; r < trace.num_ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const RankTrace& rt = trace.ranks[static_cast<std::size_t>(r)];
+    ASSERT_EQ(rt.streams.size(), 2u);  // the rank thread and one more worker
+    std::size_t worker_last = 0;       // one past the worker's last op of the combine
+    for (std::size_t i = 0; i < rt.streams[1].ops.size(); ++i)
+      if (rt.streams[1].ops[i].call == combine) worker_last = i + 1;
+    ASSERT_GT(worker_last, 0u);
+    bool joined = false, signalled = false;
+    for (const TraceOp& op : rt.streams[0].ops) {
+      if (op.call != combine) continue;
+      if (op.kind == OpKind::kJoin && !signalled) joined = op.peer == 1 && op.key == worker_last;
+      if (op.kind == OpKind::kSignal) signalled = true;
+    }
+    EXPECT_TRUE(joined);
+    EXPECT_TRUE(signalled);
+  }
 }
 
 TEST(SimWorkerWaits, BoundedRingReplays) {

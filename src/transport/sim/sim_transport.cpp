@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "epx/error.hpp"
 
@@ -92,7 +93,8 @@ void SimTransport::record(sim::TraceOp op) {
       s.ops.push_back(d);
     }
   }
-  if (op.kind == sim::OpKind::kPut && !s.ops.empty()) {
+  const bool sealed = std::exchange(st.sealed, false);
+  if (op.kind == sim::OpKind::kPut && !s.ops.empty() && !sealed) {
     sim::TraceOp& last = s.ops.back();
     if (last.kind == sim::OpKind::kPut && last.peer == op.peer && last.queue == op.queue && last.call == op.call) {
       last.count += op.count;
@@ -175,6 +177,27 @@ void SimTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const W
   op.value = at_least;
   record(op);
   if (!in_task_phase(where.phase)) count_main_wait();
+}
+
+void SimTransport::workers_joined() {
+  if (&stream() != streams_[0].get()) return;  // only the rank thread joins
+  const std::uint32_t call = call_.load(std::memory_order_acquire);
+  // The workers are idle (the pool's join ordered their records before this).
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  sim::StreamTrace& main = streams_[0]->trace;
+  for (std::size_t k = 1; k < streams_.size(); ++k) {
+    Stream& w = *streams_[k];
+    const std::size_t n = w.trace.ops.size();
+    if (n == w.joined) continue;  // nothing new since the last join
+    w.joined = n;
+    w.sealed = true;
+    sim::TraceOp op;
+    op.kind = sim::OpKind::kJoin;
+    op.call = call;
+    op.peer = static_cast<std::int32_t>(k);
+    op.key = n;
+    main.ops.push_back(op);
+  }
 }
 
 std::uint64_t SimTransport::read_signal(std::size_t slot) noexcept {
@@ -261,6 +284,7 @@ const char* to_string(OpKind kind) noexcept {
     case OpKind::kQuiet: return "quiet";
     case OpKind::kBarrier: return "barrier";
     case OpKind::kAfterMainWait: return "after_main_wait";
+    case OpKind::kJoin: return "join";
     case OpKind::kPollSignal: return "poll_signal";
   }
   return "?";

@@ -40,6 +40,8 @@ class SimTransport : public MappedTransport {
   void set_payload_region(std::size_t begin, std::size_t end) override;
   void quiet(int queue) override;
   void barrier(const char* phase) override;
+  /// Records a join on the rank thread's stream for each worker stream with new ops.
+  void workers_joined() override;
   /// The model has puts, not reads of peer memory: in-place reads are not offered.
   const std::byte* peer_window(int) const noexcept override { return nullptr; }
 
@@ -69,6 +71,8 @@ class SimTransport : public MappedTransport {
   struct Stream {
     sim::StreamTrace trace;
     std::uint64_t last_dep = 0;  // the main wait its last op followed
+    std::size_t joined = 0;      // worker: ops the rank thread's latest join waits for
+    bool sealed = false;         // worker: a join follows its last op (no put merges into it)
     std::unordered_map<std::size_t, std::uint64_t> polled;  // slot -> last value read_signal saw
   };
   void count_main_wait();  // the rank thread's wait just recorded is a fork point
