@@ -52,7 +52,6 @@ const std::uint16_t* Buffer::Impl::Replies::of(std::int64_t r) {
 }
 
 void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool signal) {
-  const std::int64_t N = h.num_recv();
   const std::size_t H = static_cast<std::size_t>(config.hidden);
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
   const auto* y = a.y.as<std::uint16_t>();
@@ -67,10 +66,17 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
 
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
-    const auto [r0, r1] = split_range(N, w, W);
-    // My received rows from source s: [lo(s), hi(s)).
-    auto lo = [&](int s) { return std::max(r0, h.recv_begin[static_cast<std::size_t>(s)]); };
-    auto hi = [&](int s) { return std::min(r1, h.recv_begin[static_cast<std::size_t>(s) + 1]); };
+    // My received rows from source s: [lo(s), hi(s)), my slice of s's rows. Every worker
+    // takes a slice of every source and visits the peers in the schedule's order; splitting
+    // the sources among the workers instead would aim all workers' first puts at a few ranks
+    // (incast), undoing the rotation.
+    auto slice = [&](int s) {
+      const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
+      const auto [i0, i1] = split_range(h.recv_begin[static_cast<std::size_t>(s) + 1] - b, w, W);
+      return std::pair{b + i0, b + i1};
+    };
+    auto lo = [&](int s) { return slice(s).first; };
+    auto hi = [&](int s) { return slice(s).second; };
     std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
     for (int peer : reply_order)
       for (int s : reply_sources[static_cast<std::size_t>(peer)])
