@@ -182,7 +182,7 @@ void Buffer::Impl::receive_meta(HandleState& h, const Peers* rows_first) {
   int s = 0;  // the source of row r
   for (std::int64_t r = 0; r < N; ++r) {
     while (r >= h.recv_begin[static_cast<std::size_t>(s) + 1]) ++s;
-    const RowMetaView m = meta_row(meta, rows_first ? stretch_begin(s) + (r - h.recv_begin[static_cast<std::size_t>(s)]) : r);
+    const RowMetaView m = meta_row(meta, rows_first ? stretch_row(h, s, r) : r);
     h.recv_token[static_cast<std::size_t>(r)] = *m.token;
     h.recv_relay_row[static_cast<std::size_t>(r)] = *m.relay_row;
     for (int k = 0; k < K; ++k) {
@@ -273,11 +273,7 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
     std::fill(source_of.begin() + h.recv_begin[static_cast<std::size_t>(s)],
               source_of.begin() + h.recv_begin[static_cast<std::size_t>(s) + 1], s);
   // Where received row r sits in the window (rows first: in its source's stretch of C rows).
-  auto window_row = [&](std::int64_t r) {
-    if (!rows_first) return r;
-    const int s = source_of[static_cast<std::size_t>(r)];
-    return stretch_begin(s) + (r - h.recv_begin[static_cast<std::size_t>(s)]);
-  };
+  auto window_row = [&](std::int64_t r) { return rows_first ? stretch_row(h, source_of[static_cast<std::size_t>(r)], r) : r; };
   // Rows [r0, r1) of a region (rows of `bytes`) to `to`: one copy per source's stretch.
   auto copy_rows = [&](std::byte* to, const std::byte* from, std::int64_t r0, std::int64_t r1, std::size_t bytes) {
     for (std::int64_t r = r0; r < r1;) {

@@ -172,6 +172,10 @@ struct Buffer::Impl {
   /// Rows first: the first row of source `src`'s stretch in every receive area (C rows per
   /// source, C = max_tokens_per_rank); stretch_begin(P) = the rows all stretches need.
   std::int64_t stretch_begin(int src) const noexcept { return src * config.max_tokens_per_rank; }
+  /// Rows first: where received row r (from source `src`) sits in the receive area.
+  std::int64_t stretch_row(const detail::HandleState& h, int src, std::int64_t r) const noexcept {
+    return stretch_begin(src) + (r - h.recv_begin[static_cast<std::size_t>(src)]);
+  }
   void plan_slots(detail::HandleState& h, const Peers& peers);
   std::vector<std::int32_t> expert_row_base(const Peers& peers) const;
 

@@ -27,14 +27,6 @@ namespace {
 
 class BenchRun : public epx::testing::BenchTest {
  protected:
-  static BenchOptions tiny() {
-    BenchOptions o;
-    o.ranks = 2, o.hidden = 256, o.topk = 2, o.experts = 4, o.tokens = 16;
-    o.iters = 2, o.warmup = 1, o.overhead_iters = 1;
-    o.transport = "threads";
-    o.progress = false;
-    return o;
-  }
   static json read_json(const fs::path& p) {
     std::ifstream f(p);
     return json::parse(f);  // throws on invalid JSON

@@ -31,12 +31,9 @@ std::string error_of(const std::function<void()>& fn) {
 
 class BenchSweep : public epx::testing::BenchTest {
  protected:
-  static BenchOptions tiny() {
-    BenchOptions o;
-    o.ranks = 2, o.hidden = 256, o.topk = 2, o.experts = 4, o.tokens = 16;
-    o.iters = 2, o.warmup = 1, o.overhead_iters = 0;
-    o.transport = "threads";
-    o.progress = false;
+  static BenchOptions tiny() {  // the sweep's combinations skip the counters comparison
+    BenchOptions o = BenchTest::tiny();
+    o.overhead_iters = 0;
     return o;
   }
 };

@@ -1,5 +1,6 @@
 // A gtest fixture for in-process `epx bench` runs: a private temp directory (removed
-// afterwards) for --json / --trace files, and a sink for the text report.
+// afterwards) for --json / --trace files, a sink for the text report, and the smallest
+// options worth running.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+
+#include "bench_options.hpp"
 
 namespace epx::testing {
 
@@ -25,6 +28,16 @@ class BenchTest : public ::testing::Test {
     if (sink_) std::fclose(sink_);
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
+  }
+  /// 2 threads ranks, 16 tokens of H = 256, top-2 of 4 experts, 2 timed iterations after
+  /// 1 warmup, 1 counters-overhead iteration on each side, no progress lines.
+  static tools::BenchOptions tiny() {
+    tools::BenchOptions o;
+    o.ranks = 2, o.hidden = 256, o.topk = 2, o.experts = 4, o.tokens = 16;
+    o.iters = 2, o.warmup = 1, o.overhead_iters = 1;
+    o.transport = "threads";
+    o.progress = false;
+    return o;
   }
   std::filesystem::path dir_;
   std::FILE* sink_ = nullptr;
