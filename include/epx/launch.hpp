@@ -4,7 +4,7 @@
 //
 // `threads`: ranks are threads of this process (fast tests, ThreadSanitizer).
 // `sim`: like `threads`, and every transport operation is recorded for the discrete-event
-// model of `epx sim` (epx/sim_trace.hpp); LaunchOptions::sim picks copy or model-only mode
+// model of `epx sim` (epx/sim/trace.hpp); LaunchOptions::sim picks copy or model-only mode
 // and where the records go.
 // `shm` (default): ranks are P forked processes; each rank's window is a POSIX
 // shared-memory segment (mode 0600, per-job unique name, unlinked as soon as every rank
@@ -18,7 +18,7 @@
 #include <functional>
 #include <string_view>
 
-#include "epx/sim_trace.hpp"
+#include "epx/sim/trace.hpp"
 #include "epx/transport.hpp"
 
 namespace epx {

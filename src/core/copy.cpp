@@ -1,4 +1,4 @@
-#include "epx/copy.hpp"
+#include "epx/spi/copy.hpp"
 
 #include <algorithm>
 #include <cstdint>

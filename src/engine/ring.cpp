@@ -17,7 +17,7 @@
 #include <cstring>
 
 #include "engine.hpp"
-#include "epx/copy.hpp"
+#include "epx/spi/copy.hpp"
 
 namespace epx {
 

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "epx/error.hpp"
-#include "epx/sim_hardware.hpp"
+#include "epx/sim/hardware.hpp"
 
 namespace epx::sim {
 

@@ -9,8 +9,8 @@
 #include <variant>
 
 #include "epx/error.hpp"
-#include "epx/sim.hpp"
-#include "epx/sim_events.hpp"
+#include "epx/sim/replay.hpp"
+#include "epx/sim/events.hpp"
 
 namespace epx::sim {
 

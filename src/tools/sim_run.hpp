@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "epx/sim.hpp"
-#include "epx/sim_hardware.hpp"
-#include "epx/sim_trace.hpp"
+#include "epx/sim/replay.hpp"
+#include "epx/sim/hardware.hpp"
+#include "epx/sim/trace.hpp"
 
 namespace epx::tools {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <new>
 
-#include "epx/copy.hpp"
+#include "epx/spi/copy.hpp"
 #include "epx/error.hpp"
 
 namespace epx::detail {

@@ -1,6 +1,6 @@
 // MappedTransport: the shared part of every transport whose peers' windows are mapped
 // into this address space (threads/, shm/). A put is a copy into the peer's window
-// (streaming stores for large puts: epx/copy.hpp), a
+// (streaming stores for large puts: epx/spi/copy.hpp), a
 // signal a release store into the peer's signal slot, a wait an acquire load that spins
 // briefly and then yields the core (with more ranks than cores a pure spin loses whole
 // scheduler slices). Subclasses only obtain and map the memory.

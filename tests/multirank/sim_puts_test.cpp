@@ -6,8 +6,8 @@
 #include <mutex>
 
 #include "epx/launch.hpp"
-#include "epx/sim.hpp"
-#include "epx/sim_trace.hpp"
+#include "epx/sim/replay.hpp"
+#include "epx/sim/trace.hpp"
 #include "multirank_support.hpp"
 
 namespace epx::testing {

@@ -1,7 +1,7 @@
 // epx sim's runs: the real engine on sim ranks, replayed through the hardware model.
 #include <gtest/gtest.h>
 
-#include "epx/sim_hardware.hpp"
+#include "epx/sim/hardware.hpp"
 #include "sim_run.hpp"
 
 namespace epx::tools {

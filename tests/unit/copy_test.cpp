@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "epx/copy.hpp"
+#include "epx/spi/copy.hpp"
 
 namespace {
 

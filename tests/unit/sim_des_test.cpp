@@ -11,9 +11,9 @@
 #include "epx/launch.hpp"
 #include "epx/schedule.hpp"
 #include "epx/topology.hpp"
-#include "epx/sim.hpp"
-#include "epx/sim_events.hpp"
-#include "epx/sim_hardware.hpp"
+#include "epx/sim/replay.hpp"
+#include "epx/sim/events.hpp"
+#include "epx/sim/hardware.hpp"
 
 namespace epx::sim {
 namespace {

@@ -1,5 +1,5 @@
 // SimTransport: the threads transport (ranks are threads of this process, windows mapped
-// here) that also records every operation (epx/sim_trace.hpp) for the discrete-event model
+// here) that also records every operation (epx/sim/trace.hpp) for the discrete-event model
 // in src/sim/. Copy mode moves every byte (bit-exact results); model-only mode skips the
 // bytes of puts that fall entirely inside the payload region announced by the engine
 // (set_payload_region) and reports caps().moves_payload = false. Windows are anonymous
@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "epx/sim_trace.hpp"
+#include "epx/sim/trace.hpp"
 #include "mapped_transport.hpp"
 
 namespace epx::detail {

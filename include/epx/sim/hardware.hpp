@@ -1,4 +1,4 @@
-// epx/sim_hardware.hpp — the hardware/topology model of `epx sim`, read from JSON.
+// epx/sim/hardware.hpp — the hardware/topology model of `epx sim`, read from JSON.
 //
 // Every parameter carries its value, its unit and its source (a published number, a
 // calibration, or an assumption), and the loader checks the unit, so a file cannot silently
@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "epx/sim_units.hpp"
+#include "epx/sim/units.hpp"
 
 namespace epx::sim {
 

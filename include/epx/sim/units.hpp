@@ -1,4 +1,4 @@
-// epx/sim_units.hpp — strong unit types of the simulator, so times, byte counts and
+// epx/sim/units.hpp — strong unit types of the simulator, so times, byte counts and
 // bandwidths cannot be mixed up. Time is integer picoseconds (exact, deterministic ordering).
 #pragma once
 

@@ -1,4 +1,4 @@
-// epx/copy.hpp — the copy rows travel with: large copies bypass the cache.
+// epx/spi/copy.hpp — the copy rows travel with: large copies bypass the cache.
 //
 // A row's destination (a peer's window, an output tensor) is not read back by the thread
 // that writes it, so for large copies non-temporal (streaming) stores are faster than

@@ -1,5 +1,5 @@
-// epx/sim.hpp — replaying a recorded trace (epx/sim_trace.hpp) through the discrete-event
-// model of a machine (epx/sim_hardware.hpp) to get simulated times.
+// epx/sim/replay.hpp — replaying a recorded trace (epx/sim/trace.hpp) through the discrete-event
+// model of a machine (epx/sim/hardware.hpp) to get simulated times.
 //
 // Each collective call is replayed on its own, every rank starting at time 0 (the ranks
 // are aligned at a call's start, as a benchmark's barrier aligns them). docs/sim.md states
@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "epx/sim_hardware.hpp"
-#include "epx/sim_trace.hpp"
-#include "epx/sim_units.hpp"
+#include "epx/sim/hardware.hpp"
+#include "epx/sim/trace.hpp"
+#include "epx/sim/units.hpp"
 #include "epx/topology.hpp"
 
 namespace epx::sim {

@@ -1,4 +1,4 @@
-// epx/sim_trace.hpp — what the simulator transport records: every transport operation of
+// epx/sim/trace.hpp — what the simulator transport records: every transport operation of
 // every rank, per calling thread (= worker stream), in program order.
 //
 // Consecutive puts of one stream to the same (peer, queue) are coalesced into one record

@@ -1,4 +1,4 @@
-// epx/sim_events.hpp — the discrete-event core: a binary-heap queue of typed events ordered
+// epx/sim/events.hpp — the discrete-event core: a binary-heap queue of typed events ordered
 // by (time, sequence number). Events at the same time run in the order they were
 // scheduled, so a run is deterministic (no dependence on heap internals or addresses).
 //
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "epx/sim_units.hpp"
+#include "epx/sim/units.hpp"
 
 namespace epx::sim {
 

@@ -1,0 +1,41 @@
+// epx/connect.hpp — a Transport for ranks that a launcher other than epx started.
+//
+//   auto bootstrap = ...;                          // e.g. the MPI/OpenSHMEM runtime, a torch group
+//   auto transport = epx::connect(*bootstrap, {}); // collective
+//   epx::Buffer buffer(*transport, config);        // as with epx::launch
+//
+// The bootstrap (epx/bootstrap.hpp) carries only setup traffic; the returned transport
+// moves the rows. Collective: every rank of the bootstrap calls connect() with the same
+// options. The bootstrap must outlive the transport.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string_view>
+
+#include "epx/bootstrap.hpp"
+#include "epx/transport.hpp"
+
+namespace epx {
+
+enum class ConnectKind {
+  kAuto,   ///< shm when every rank is on one node (discover_nodes), else shmem
+  kShm,    ///< POSIX shared memory; every rank must be on one node
+  kShmem,  ///< OpenSHMEM (Open MPI's oshmem over UCX); the process was started by oshrun/mpirun
+};
+
+/// "auto" | "shm" | "shmem"; throws kInvalidArgument naming the accepted values otherwise.
+ConnectKind parse_connect_kind(std::string_view name);
+const char* to_string(ConnectKind kind) noexcept;
+
+struct ConnectOptions {
+  ConnectKind kind = ConnectKind::kAuto;
+  std::chrono::milliseconds timeout{60000};  ///< every wait of the transport
+};
+
+/// Collective: creates this rank's transport over the ranks of `bootstrap`. Throws
+/// kUnsupported when this build lacks the transport, kInvalidArgument when the ranks'
+/// layout cannot use it (shm across nodes), kPeerFailed / kTimeout as any setup does.
+std::unique_ptr<Transport> connect(Bootstrap& bootstrap, const ConnectOptions& options);
+
+}  // namespace epx
