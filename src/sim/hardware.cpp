@@ -35,6 +35,7 @@ constexpr Spec kSpecs[] = {
     {"barrier_per_log2", "ns"},
     {"launch_init", "ns"},
     {"memory_bandwidth", "GB/s"},
+    {"reduce_bandwidth", "GB/s"},
     {"plan_per_slot", "ns"},
     {"plan_per_count", "ns"},
     {"dense_scan_per_cell", "ns"},
@@ -51,12 +52,12 @@ constexpr const char* kAscend950 = R"json({
     "frames":                 {"value": 2,     "unit": "count", "source": "published: DeepEP-Ascend notes, 2 frames x 64 ranks"},
     "ranks_per_frame":        {"value": 64,    "unit": "count", "source": "published: DeepEP-Ascend notes"},
     "workers_per_rank":       {"value": 64,    "unit": "count", "source": "published: 64 vector workers per rank"},
-    "link_bandwidth":         {"value": 332.8, "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted after notify's single quiet, 56f7104)"},
+    "link_bandwidth":         {"value": 336.6, "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's sums and the paced local copy, issue #18)"},
     "link_latency":           {"value": 1500,  "unit": "ns",    "source": "assumption: one netlayer-1 Clos hop incl. switch"},
     "frame_crossing_latency": {"value": 500,   "unit": "ns",    "source": "assumption: extra switch stage between frames"},
     "local_latency":          {"value": 200,   "unit": "ns",    "source": "assumption: write into own HBM window"},
     "chunk_bytes":            {"value": 65536, "unit": "bytes", "source": "assumption: port arbitration granularity"},
-    "queue_wr_time":          {"value": 5.479, "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted after notify's single quiet, 56f7104)"},
+    "queue_wr_time":          {"value": 5.079, "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's sums and the paced local copy, issue #18)"},
     "doorbell":               {"value": 100,   "unit": "ns",    "source": "assumption: one MMIO doorbell per batch of puts"},
     "put_issue":              {"value": 50,    "unit": "ns",    "source": "assumption: descriptor build per put on one vector worker"},
     "signal_issue":           {"value": 50,    "unit": "ns",    "source": "assumption: like put_issue"},
@@ -65,7 +66,8 @@ constexpr const char* kAscend950 = R"json({
     "barrier_base":           {"value": 1000,  "unit": "ns",    "source": "published: barrier ~4 us at 8 ranks (split base/slope is an assumption)"},
     "barrier_per_log2":       {"value": 1000,  "unit": "ns",    "source": "published: barrier ~4 us at 8 ranks (split base/slope is an assumption)"},
     "launch_init":            {"value": 1900,  "unit": "ns",    "source": "published: kernel launch + init ~1.9 us"},
-    "memory_bandwidth":       {"value": 2269,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted after notify's single quiet, 56f7104)"},
+    "memory_bandwidth":       {"value": 2592,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's sums and the paced local copy, issue #18)"},
+    "reduce_bandwidth":       {"value": 1105,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's sums and the paced local copy, issue #18)"},
     "plan_per_slot":          {"value": 0.05,  "unit": "ns",    "source": "assumption: 64 workers scan S*K slots (~3 ns per slot per worker)"},
     "plan_per_count":         {"value": 0.02,  "unit": "ns",    "source": "assumption: 64 workers, prefix sums over P*(P+E) counts"},
     "dense_scan_per_cell":    {"value": 0.05,  "unit": "ns",    "source": "assumption: 64 workers scan a dense [S,P] bool table"},
@@ -99,6 +101,7 @@ void refresh(HardwareModel& m) {
   m.barrier_per_log2 = ns("barrier_per_log2");
   m.launch_init = ns("launch_init");
   m.memory_bandwidth = GBps{v("memory_bandwidth")};
+  m.reduce_bandwidth = GBps{v("reduce_bandwidth")};
   m.plan_per_slot = ns("plan_per_slot");
   m.plan_per_count = ns("plan_per_count");
   m.dense_scan_per_cell = ns("dense_scan_per_cell");
@@ -178,7 +181,8 @@ HardwareModel parse_hardware_json(const std::string& text, const std::string& wh
   refresh(m);
   if (m.frames < 1 || m.ranks_per_frame < 1 || m.workers_per_rank < 1 || m.chunk_bytes.n < 64)
     bad(where, "frames, ranks_per_frame, workers_per_rank must be >= 1 and chunk_bytes >= 64");
-  if (m.link_bandwidth.gbps <= 0 || m.memory_bandwidth.gbps <= 0) bad(where, "link_bandwidth and memory_bandwidth must be > 0");
+  if (m.link_bandwidth.gbps <= 0 || m.memory_bandwidth.gbps <= 0 || m.reduce_bandwidth.gbps <= 0)
+    bad(where, "link_bandwidth, memory_bandwidth and reduce_bandwidth must be > 0");
   return m;
 }
 

@@ -104,7 +104,9 @@ struct Record {
   std::int16_t queue;
   std::uint64_t seq;
   std::uint64_t bytes;
+  std::uint64_t raw_payload;  // payload bytes as recorded (before payload_scale)
   std::uint64_t pre_mem;
+  std::uint64_t pre_vec;      // vector-unit bytes before the put (combine's pre-sum)
   bool flagged;
   std::uint64_t flag_key, flag_value;
 };
@@ -117,7 +119,15 @@ struct Waiter {
 struct Rank {
   std::vector<Picoseconds> queue_free;
   Picoseconds egress_free{0}, ingress_free{0};
+  Picoseconds local_free{0};  // the local copy path (a put into the own window), FIFO
   FluidServer memory;
+  FluidServer vector;  // the vector units (combine's FP32 sums)
+  // Source side of a combine (RankCompute::reduction): partial rows landed per peer, the
+  // partials each token still waits for, when the last token's sum is done.
+  std::vector<std::uint64_t> landed_bytes;
+  std::vector<std::size_t> landed_rows;
+  std::vector<std::uint8_t> waiting;
+  Picoseconds reduce_end{0};
   std::unordered_map<std::uint64_t, std::uint64_t> slots, flags;
   std::unordered_map<std::uint64_t, std::vector<Waiter>> slot_waiters, flag_waiters;
   std::unordered_map<std::uint64_t, Picoseconds> main_wait_done;  // wait_index -> completion
@@ -159,6 +169,12 @@ class Replay {
       Rank& rk = ranks_[static_cast<std::size_t>(r)];
       rk.queue_free.assign(kQueues, Picoseconds{0});
       rk.memory.set_rate(hw.memory_bandwidth);
+      rk.vector.set_rate(hw.reduce_bandwidth);
+      if (const auto& red = compute_of(r).reduction) {
+        rk.landed_bytes.assign(static_cast<std::size_t>(P_), 0);
+        rk.landed_rows.assign(static_cast<std::size_t>(P_), 0);
+        rk.waiting = red->partials;
+      }
       const RankTrace& rt = trace.ranks[static_cast<std::size_t>(r)];
       int active = 0;
       for (std::size_t s = 0; s < rt.streams.size(); ++s) {
@@ -189,7 +205,7 @@ class Replay {
     const Picoseconds launch = hw_.launch_init.to_ps();
     for (int r = 0; r < P_; ++r) {
       const Rank& rk = ranks_[static_cast<std::size_t>(r)];
-      const RankCompute c = compute_of(r);
+      const RankCompute& c = compute_of(r);
       const Picoseconds plan = Nanoseconds{hw_.plan_per_slot.ns * static_cast<double>(c.plan_slots) +
                                            hw_.plan_per_count.ns * static_cast<double>(c.plan_counts) +
                                            hw_.dense_scan_per_cell.ns * static_cast<double>(c.dense_cells)}
@@ -221,6 +237,10 @@ class Replay {
       t.control = main.control;
       t.data = main.data;
       t.sync = main.sync;
+      if (rk.reduce_end > end) {  // the last sums finish after the rank's last op
+        t.reduce_tail = rk.reduce_end - end;
+        end = rk.reduce_end;
+      }
       const Picoseconds extra = compute_of(r).extra_sync;
       t.sync += extra;
       end += extra;
@@ -234,8 +254,9 @@ class Replay {
   }
 
  private:
-  RankCompute compute_of(int r) const {
-    return compute_.empty() ? RankCompute{} : compute_[static_cast<std::size_t>(r)];
+  const RankCompute& compute_of(int r) const {
+    static const RankCompute none{};
+    return compute_.empty() ? none : compute_[static_cast<std::size_t>(r)];
   }
   Rank& rank(int r) { return ranks_[static_cast<std::size_t>(r)]; }
   Picoseconds lat(int src, int dst) const {
@@ -296,7 +317,7 @@ class Replay {
   void step(std::uint32_t si, Picoseconds now) {
     Stream& s = streams_[si];
     Rank& rk = rank(s.rank);
-    const RankCompute comp = compute_of(s.rank);
+    const RankCompute& comp = compute_of(s.rank);
     while (true) {
       release_joiners(s, now);
       if (s.pos >= s.ops.size()) {
@@ -375,7 +396,9 @@ class Replay {
           rec.queue = op.queue;
           rec.seq = ++s.issued[q];
           rec.bytes = op.bytes - op.payload_bytes + payload;
+          rec.raw_payload = op.payload_bytes;
           rec.pre_mem = static_cast<std::uint64_t>(static_cast<double>(payload) * comp.read_per_payload_byte);
+          rec.pre_vec = static_cast<std::uint64_t>(static_cast<double>(payload) * comp.presum_per_payload_byte);
           rec.flagged = op.kind == OpKind::kPutFlagged;
           rec.flag_key = op.key;
           rec.flag_value = op.value;
@@ -507,17 +530,25 @@ class Replay {
       left -= size;
       const bool last = c + 1 == n;
       const Picoseconds avail = now + Picoseconds{(ready - now).ps * static_cast<std::int64_t>(c + 1) / static_cast<std::int64_t>(n)};
-      const std::uint64_t read =
-          rec.bytes > 0 ? static_cast<std::uint64_t>(static_cast<double>(rec.pre_mem) * static_cast<double>(size) / static_cast<double>(rec.bytes)) : 0;
-      if (rec.peer == rec.src) {  // local: read + write through this rank's memory
-        const Picoseconds done = src.memory.serve(avail, read + size);
+      const double share = rec.bytes > 0 ? static_cast<double>(size) / static_cast<double>(rec.bytes) : 0.0;
+      const auto read = static_cast<std::uint64_t>(static_cast<double>(rec.pre_mem) * share);
+      const auto vec = static_cast<std::uint64_t>(static_cast<double>(rec.pre_vec) * share);
+      // The pre-sum of the chunk's rows on the vector units (combine) precedes its put.
+      const Picoseconds summed = vec > 0 ? src.vector.serve(avail, vec) : avail;
+      const Picoseconds wire = hw_.link_bandwidth.time_for(Bytes{size});
+      if (rec.peer == rec.src) {
+        // Local: read + write through this rank's memory, moved chunk by chunk at the data
+        // mover's rate (link_bandwidth, its own path: not the egress port). Unpaced, a
+        // large local put booked the whole memory bandwidth from its start and pushed the
+        // remote sends' reads behind it (the port idled while it ran).
+        src.local_free = max(summed, src.local_free) + wire;
+        const Picoseconds done = src.memory.serve(src.local_free - wire, read + size);
         if (last) q_.schedule(done + hw_.local_latency.to_ps(), RecordDone{id});
         continue;
       }
-      const Picoseconds wire = hw_.link_bandwidth.time_for(Bytes{size});
-      Picoseconds send = avail;
+      Picoseconds send = summed;
       if (read > 0) {
-        send = src.memory.serve(max(avail, src.egress_free - wire), read);
+        send = src.memory.serve(max(summed, src.egress_free - wire), read);
       }
       src.egress_free = max(send, src.egress_free) + wire;
       q_.schedule(src.egress_free + latency, IngressArrive{id, static_cast<std::uint32_t>(size), last});
@@ -536,8 +567,33 @@ class Replay {
     if (ev.last) q_.schedule(done, RecordDone{ev.record});
   }
 
+  // A combine's partial rows from `rec.src` landed at `rec.peer`: the tokens whose last
+  // partial this was are summed now — read back, widened and added on the vector units,
+  // written once as BF16 — in the rank's memory alongside the writes still arriving.
+  void partials_landed(const Record& rec, Picoseconds now) {
+    const auto& red = compute_of(rec.peer).reduction;
+    if (!red || rec.raw_payload == 0 || red->row_bytes == 0) return;
+    Rank& dst = rank(rec.peer);
+    const auto from = static_cast<std::size_t>(rec.src);
+    const std::vector<std::int32_t>& order = red->from[from];
+    dst.landed_bytes[from] += rec.raw_payload;
+    const std::size_t rows = std::min<std::size_t>(order.size(), dst.landed_bytes[from] / red->row_bytes);
+    const double row = static_cast<double>(red->row_bytes) * compute_of(rec.peer).payload_scale;
+    for (std::size_t i = dst.landed_rows[from]; i < rows; ++i) {
+      const auto t = static_cast<std::size_t>(order[i]);
+      if (dst.waiting[t] == 0 || --dst.waiting[t] != 0) continue;
+      const double n = red->partials[t];
+      const Picoseconds summed = dst.vector.serve(now, static_cast<std::uint64_t>(n * row));
+      const Picoseconds moved =
+          compute_of(rec.peer).reduction_memory ? dst.memory.serve(now, static_cast<std::uint64_t>((n + 1) * row)) : now;
+      dst.reduce_end = max(dst.reduce_end, max(summed, moved));
+    }
+    dst.landed_rows[from] = rows;
+  }
+
   void handle(Picoseconds now, RecordDone& ev) {
     const Record rec = records_[ev.record];
+    partials_landed(rec, now);
     Stream& s = streams_[rec.stream];
     const auto q = static_cast<std::size_t>(rec.queue);
     if (rec.flagged) {

@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include "epx/error.hpp"
+
 namespace epx::tools {
 
 const std::vector<CalibrationTarget>& ascend950_targets() {
@@ -22,7 +24,7 @@ const std::vector<CalibrationTarget>& ascend950_targets() {
 }
 
 const std::vector<std::string>& calibration_free_parameters() {
-  static const std::vector<std::string> p = {"link_bandwidth", "memory_bandwidth", "queue_wr_time"};
+  static const std::vector<std::string> p = {"link_bandwidth", "memory_bandwidth", "queue_wr_time", "reduce_bandwidth"};
   return p;
 }
 
@@ -62,7 +64,8 @@ Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int 
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<SimRun> runs = calibration_runs(o);
   const std::vector<std::string>& names = calibration_free_parameters();
-  constexpr int N = 3;
+  constexpr int N = 4;
+  if (names.size() != N) throw Error(ErrorCode::kInternal, "epx sim calibrate: the fit moves exactly 4 parameters");
   Calibration cal;
   cal.model = start;
   auto model_at = [&](const std::array<double, N>& x) {

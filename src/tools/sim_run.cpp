@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -79,6 +80,7 @@ BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, in
   c.dataplane.aggregate_bytes = static_cast<std::size_t>(std::llround(static_cast<double>(o.aggregate) * agg_scale));
   c.dataplane.protocol = parse_protocol(o.protocol);
   c.ring_rows = o.ring_rows;
+  c.collect_stats = o.collect_stats;
   return c;
 }
 
@@ -91,6 +93,46 @@ sim::Picoseconds extra_sync(const SimOptions& o, const sim::HardwareModel& hw, i
     return hw.link_latency.to_ps() + sim::Nanoseconds{hw.signal_issue.ns * (w - 1)}.to_ps() + hw.poll_latency.to_ps();
   }
   return sim::Picoseconds{0};
+}
+
+// Combine's two sums, from the routing (docs/sim.md §2): at the expert rank the slots of a
+// row with several slots are summed into its partial on the vector units (a row with one
+// slot passes through, unweighted); at the source, each token's partials are summed once
+// the last has landed. Only where the replies travel straight to their source in the
+// dispatch plan's order (not through relays or a bounded ring, whose order differs).
+void add_combine_reduction(SimRun& run, const BenchProblem& problem, bool expanded, const SimOptions& o, std::uint64_t row_bytes) {
+  if (o.schedule == "hierarchical" || o.ring_rows > 0) return;
+  const int P = run.ep, K = o.topk, L = o.experts / P;
+  std::vector<std::int64_t> presum_slots(static_cast<std::size_t>(P), 0);
+  std::vector<std::int32_t> slots_at(static_cast<std::size_t>(P), 0);
+  for (int s = 0; s < P; ++s) {
+    auto red = std::make_shared<sim::SourceReduction>();
+    red->from.resize(static_cast<std::size_t>(P));
+    red->row_bytes = row_bytes;
+    const BenchRankInput& in = problem.rank[static_cast<std::size_t>(s)];
+    red->partials.assign(static_cast<std::size_t>(in.tokens), 0);
+    for (std::int64_t t = 0; t < in.tokens; ++t) {
+      std::fill(slots_at.begin(), slots_at.end(), 0);
+      for (int k = 0; k < K; ++k) {
+        const std::int64_t e = in.topk_idx[static_cast<std::size_t>(t * K + k)];
+        if (e >= 0) ++slots_at[static_cast<std::size_t>(e / L)];
+      }
+      for (int d = 0; d < P; ++d) {
+        const std::int32_t n = slots_at[static_cast<std::size_t>(d)];
+        if (n == 0) continue;
+        red->from[static_cast<std::size_t>(d)].push_back(static_cast<std::int32_t>(t));
+        ++red->partials[static_cast<std::size_t>(t)];
+        if (n > 1) presum_slots[static_cast<std::size_t>(d)] += n;
+      }
+    }
+    run.combine_compute[static_cast<std::size_t>(s)].reduction = std::move(red);
+  }
+  for (int d = 0; d < P; ++d) {
+    const auto rows = static_cast<double>(run.recv_rows[static_cast<std::size_t>(d)]);
+    if (expanded && rows > 0)
+      run.combine_compute[static_cast<std::size_t>(d)].presum_per_payload_byte =
+          static_cast<double>(presum_slots[static_cast<std::size_t>(d)]) / rows;
+  }
 }
 
 }  // namespace
@@ -146,6 +188,19 @@ void validate_sim_options(const SimOptions& o) {
   }
 }
 
+BenchProblem sim_problem(const SimOptions& o, int ep) {
+  // The bench's generator (uniform top-k, per-rank streams of the seed); its x is made at a
+  // tiny hidden size and not used — every rank of a run reads one shared zero x.
+  BenchOptions bo;
+  bo.ranks = ep;
+  bo.tokens = o.tokens;
+  bo.hidden = 64;
+  bo.topk = o.topk;
+  bo.experts = o.experts;
+  bo.seed = o.seed;
+  return make_problem(bo);
+}
+
 SimRun collect_run(const SimOptions& o, int ep) {
   const auto t0 = std::chrono::steady_clock::now();
   const double c0 = cpu_seconds();
@@ -159,16 +214,7 @@ SimRun collect_run(const SimOptions& o, int ep) {
   const int Hr = run.run_hidden;
   const double scale = static_cast<double>(o.hidden) / Hr;
 
-  // Routing: the bench's generator (uniform top-k, per-rank streams of the seed); its x is
-  // made at a tiny hidden size and not used — every rank reads one shared zero x.
-  BenchOptions bo;
-  bo.ranks = ep;
-  bo.tokens = o.tokens;
-  bo.hidden = 64;
-  bo.topk = o.topk;
-  bo.experts = o.experts;
-  bo.seed = o.seed;
-  BenchProblem problem = make_problem(bo);
+  BenchProblem problem = sim_problem(o, ep);
   const bool expanded = o.layout == "expanded";
   const RouteCount count = count_routes(problem, expanded, o.alignment);
   for (auto& r : problem.rank) r.x = Tensor();
@@ -186,8 +232,24 @@ SimRun collect_run(const SimOptions& o, int ep) {
   lo.timeout = std::chrono::milliseconds(600000);
   lo.sim.model_only = run.model_only;
   lo.sim.trace = &run.trace;
+  if (o.collect_stats) {
+    run.dispatch_counters.resize(static_cast<std::size_t>(ep));
+    run.combine_counters.resize(static_cast<std::size_t>(ep));
+    run.engine_recv_rows.resize(static_cast<std::size_t>(ep));
+  }
+  auto counters = [](const CallStats& cs) {
+    EngineCounters c;
+    for (const WorkerStats& w : cs.workers) {
+      c.puts += w.puts;
+      c.bytes += w.put_bytes;
+      c.local_puts += w.local_puts;
+      c.local_bytes += w.local_bytes;
+    }
+    return c;
+  };
   launch(lo, [&](Transport& t) {
     const int r = t.rank();
+    const auto ur = static_cast<std::size_t>(r);
     const BenchRankInput& in = problem.rank[static_cast<std::size_t>(r)];
     Buffer buffer(t, cfg);
     if (!sim::sim_saw_payload_region(t)) t.set_payload_region(fallback.first, fallback.second);
@@ -201,6 +263,7 @@ SimRun collect_run(const SimOptions& o, int ep) {
     sim::sim_begin_call(t, "dispatch");
     DispatchResult d = buffer.dispatch(a);
     const std::int64_t rows = d.handle.num_recv_rows();
+    if (o.collect_stats && !run.steady) run.dispatch_counters[ur] = counters(buffer.last_stats());
     d.recv_x = Tensor();  // only the handle is needed from here on
     ZeroMap y(static_cast<std::size_t>(rows) * static_cast<std::size_t>(Hr) * 2);
     CombineArgs c;
@@ -208,6 +271,10 @@ SimRun collect_run(const SimOptions& o, int ep) {
     c.handle = &d.handle;
     sim::sim_begin_call(t, "combine");
     buffer.combine(c);
+    if (o.collect_stats && !run.steady) {  // each rank writes only its own entries
+      run.engine_recv_rows[ur] = rows;
+      run.combine_counters[ur] = counters(buffer.last_stats());
+    }
     if (run.steady) {
       if (o.cached) a.handle = &d.handle;
       const int dispatch_call = sim::sim_begin_call(t, o.cached ? "cached dispatch" : "dispatch");
@@ -239,6 +306,7 @@ SimRun collect_run(const SimOptions& o, int ep) {
     // summed into a staged partial (written, then read again by the put).
     if (expanded && rows > 0) cc.read_per_payload_byte = (slots + 2 * (slots - rows)) / rows;
   }
+  add_combine_reduction(run, problem, expanded, o, 2 * static_cast<std::uint64_t>(Hr));
   const double H = o.hidden, K = o.topk;
   run.dispatch_row_bytes = (o.fp8 ? H + H / 128 * 4 : 2 * H) + K * 8 + K * 4;
   run.combine_row_bytes = 2 * H;
@@ -290,6 +358,24 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
       pt.dispatch_us, pt.dispatch_split);
   one(run.combine_call, run.combine_compute, run.combine_row_bytes, pt.combine_gbps, pt.combine_gbps_slowest,
       pt.combine_us, pt.combine_split);
+  if (o.attribution) {
+    // The same run, each combine mechanism of the model removed in turn (the engine's
+    // trace — rows per token, local fraction — stays).
+    const std::vector<std::pair<std::string, std::function<void(sim::RankCompute&)>>> without = {
+        {"source sum", [](sim::RankCompute& c) { c.reduction.reset(); }},
+        {"sum's memory traffic", [](sim::RankCompute& c) { c.reduction_memory = false; }},
+        {"expert pre-sum", [](sim::RankCompute& c) { c.presum_per_payload_byte = 0; }},
+        {"expert reads", [](sim::RankCompute& c) { c.read_per_payload_byte = 1; }},
+    };
+    for (const auto& [name, change] : without) {
+      std::vector<sim::RankCompute> compute = run.combine_compute;
+      for (auto& c : compute) change(c);
+      double avg = 0, slowest = 0, max_us = 0;
+      Split split;
+      one(run.combine_call, compute, run.combine_row_bytes, avg, slowest, max_us, split);
+      pt.combine_without.emplace_back(name, avg);
+    }
+  }
   pt.replay_seconds = seconds_since(t0);
   pt.replay_cpu_seconds = cpu_seconds() - c0;
   return pt;
@@ -328,6 +414,20 @@ std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareMo
                   p.dispatch_gbps_slowest, p.dispatch_us, p.combine_gbps, p.combine_gbps_slowest, p.combine_us);
     os << line;
   }
+  if (!points.empty() && !points.front().combine_without.empty()) {
+    os << "combine GB/s (avg) with one mechanism of the model removed (same engine run):\n  EP |     full";
+    for (const auto& [name, v] : points.front().combine_without) os << " | w/o " << name;
+    os << "\n";
+    for (const SimPoint& p : points) {
+      std::snprintf(line, sizeof line, "%4d | %8.1f", p.ep, p.combine_gbps);
+      os << line;
+      for (const auto& [name, v] : p.combine_without) {
+        std::snprintf(line, sizeof line, " | %*.1f", static_cast<int>(name.size() + 4), v);
+        os << line;
+      }
+      os << "\n";
+    }
+  }
   os << "time split (us, average over ranks): data plane / control plane / sync / tail\n";
   for (const SimPoint& p : points) {
     std::snprintf(line, sizeof line, "%4d | dispatch %7.1f %7.1f %7.1f %7.1f | combine %7.1f %7.1f %7.1f %7.1f\n", p.ep,
@@ -351,7 +451,9 @@ std::string sim_json(const std::vector<SimPoint>& points) {
   auto split = [](const Split& s) {
     return nlohmann::ordered_json{{"data_us", s.data_us}, {"control_us", s.control_us}, {"sync_us", s.sync_us}, {"tail_us", s.tail_us}};
   };
-  for (const SimPoint& p : points)
+  for (const SimPoint& p : points) {
+    nlohmann::ordered_json without = nlohmann::ordered_json::object();
+    for (const auto& [name, v] : p.combine_without) without[name] = v;
     list.push_back({{"ep", p.ep},
                     {"dispatch_gbps", p.dispatch_gbps},
                     {"combine_gbps", p.combine_gbps},
@@ -369,7 +471,9 @@ std::string sim_json(const std::vector<SimPoint>& points) {
                     {"replay_seconds", p.replay_seconds},
                     {"engine_cpu_seconds", p.engine_cpu_seconds},
                     {"replay_cpu_seconds", p.replay_cpu_seconds},
-                    {"events", p.events}});
+                    {"events", p.events},
+                    {"combine_gbps_without", without}});
+  }
   return list.dump(2) + "\n";
 }
 

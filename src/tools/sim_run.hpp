@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_routing.hpp"
 #include "epx/sim/replay.hpp"
 #include "epx/sim/hardware.hpp"
 #include "epx/sim/trace.hpp"
@@ -49,7 +50,19 @@ struct SimOptions {
   bool dense_scan = false;        ///< charge a dense [S, P] route scan instead of the compact plan
   std::string sync = "none";      ///< none | barrier (global barrier per call) | credits:W (per-group)
   bool progress = true;
+  /// Keep the engine's own counters of every call (BufferConfig::collect_stats): SimRun's
+  /// dispatch_counters / combine_counters (`epx sim ledger`).
+  bool collect_stats = false;
+  /// Also replay each combine with one of its mechanisms removed (docs/sim.md §3b):
+  /// SimPoint::combine_without.
+  bool attribution = false;
   std::string json, svg;
+};
+
+/// One rank's put counters of one call, summed over its workers (epx::CallStats).
+struct EngineCounters {
+  std::uint64_t puts = 0, bytes = 0;              ///< puts to other ranks and their bytes
+  std::uint64_t local_puts = 0, local_bytes = 0;  ///< puts into the rank's own window
 };
 
 /// One EP size's engine run: the trace and what the model charges besides it.
@@ -68,6 +81,10 @@ struct SimRun {
   int run_hidden = 0;
   double engine_seconds = 0;
   double engine_cpu_seconds = 0;  ///< process CPU time (all threads) of the engine run
+  /// With SimOptions::collect_stats: [P] the engine's counters of the first dispatch and
+  /// combine, and the rows the dispatch handle says it received.
+  std::vector<EngineCounters> dispatch_counters, combine_counters;
+  std::vector<std::int64_t> engine_recv_rows;
 };
 
 struct Split {
@@ -86,6 +103,8 @@ struct SimPoint {
   bool steady = false;  ///< the numbers are of a second dispatch and combine
   bool cached = false;  ///< ... whose dispatch is cached
   int run_hidden = 0;
+  /// With SimOptions::attribution: combine GB/s (avg) with one mechanism removed, by name.
+  std::vector<std::pair<std::string, double>> combine_without;
 };
 
 /// Whether the engine announces its payload region and skips payload loops on a
@@ -93,6 +112,8 @@ struct SimPoint {
 bool engine_supports_model_only();
 
 void validate_sim_options(const SimOptions& o);
+/// The routing `epx sim` runs on `ep` ranks (uniform top-k from o.seed; x is not used).
+BenchProblem sim_problem(const SimOptions& o, int ep);
 /// Runs the engine on `ep` sim ranks.
 SimRun collect_run(const SimOptions& o, int ep);
 /// Replays a run with a hardware model.

@@ -24,6 +24,9 @@
 //   launch_init           kernel launch + init per call                [ns]
 //   memory_bandwidth      per rank, shared by incoming puts, local copies and the
 //                         combine's local reduction                   [GB/s]
+//   reduce_bandwidth      per rank, the vector units summing BF16 partials in FP32
+//                         (BF16 input bytes per second; combine's pre-sum at the expert
+//                         and the source's sum share them)             [GB/s]
 //   plan_per_slot         compact route plan per (token, k) slot       [ns]
 //   plan_per_count        prefix sums per gathered count (P x (P+E))   [ns]
 //   dense_scan_per_cell   a dense [S, P] route scan per cell           [ns]
@@ -58,6 +61,7 @@ struct HardwareModel {
   Nanoseconds barrier_base, barrier_per_log2;
   Nanoseconds launch_init;
   GBps memory_bandwidth;
+  GBps reduce_bandwidth;
   Nanoseconds plan_per_slot, plan_per_count, dense_scan_per_cell;
   GBps payload_limit_low, payload_limit_high;
   /// Every parameter as read (file order), with unit and source.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,21 @@
 
 namespace epx::sim {
 
+/// The source side of a combine on one rank (docs/sim.md §2, "combine's reduction"): the
+/// partials of its tokens land in its receive area, and a token's fixed-order sum starts
+/// when the last of its partials has landed. The sum reads every partial back from memory
+/// (ring read-back), widens and adds them on the vector units (FP32) and writes one BF16
+/// row; that traffic shares the rank's memory with the incoming writes (contention).
+struct SourceReduction {
+  /// [peer] this rank's tokens whose partial `peer` sends, in the order the rows arrive
+  /// (the dispatch plan's order: ascending token index). Local partials: peer = this rank.
+  std::vector<std::vector<std::int32_t>> from;
+  /// [token] its number of partials (unique destination ranks; 0 = routed nowhere).
+  std::vector<std::uint8_t> partials;
+  /// Payload bytes of one partial row as recorded in the trace (payload_scale applies).
+  std::uint64_t row_bytes = 0;
+};
+
 /// Work of one rank in one call that is not a transport operation, charged by the model
 /// from the shape (the runner fills it from the routing).
 struct RankCompute {
@@ -26,6 +42,14 @@ struct RankCompute {
   /// Memory read at the sender per payload byte it sends (1 = the row itself; a combine
   /// that sums several slot rows into one partial reads and stages more).
   double read_per_payload_byte = 1.0;
+  /// Vector-unit bytes at the sender per payload byte it sends: an expanded combine sums a
+  /// row's slots into its partial (FP32) before the put; rows with one slot pass through.
+  double presum_per_payload_byte = 0.0;
+  /// The source side of a combine (null: not modelled, e.g. a dispatch).
+  std::shared_ptr<const SourceReduction> reduction;
+  /// Whether the source's sum moves bytes through the memory (false: vector units only;
+  /// attribution of the contention with the incoming writes).
+  bool reduction_memory = true;
   /// Payload bytes are multiplied by this (runs at a reduced hidden size: H / H_run).
   double payload_scale = 1.0;
   /// Experiment knob: charged once at the call's end on the rank thread (e.g. a modelled
@@ -39,6 +63,8 @@ struct RankTiming {
   Picoseconds control{0};  ///< launch + planning + issuing puts/signals
   Picoseconds data{0};     ///< waiting for payload to drain or arrive
   Picoseconds sync{0};     ///< quiet latency, barriers, waits for control-only signals
+  /// Of `data`: the source's combine sum running past the rank's last operation.
+  Picoseconds reduce_tail{0};
   std::uint64_t puts = 0;            ///< puts issued (all streams)
   std::uint64_t payload_bytes = 0;   ///< payload bytes sent (scaled)
   std::uint64_t remote_bytes = 0;    ///< all bytes sent to other ranks (scaled)
