@@ -41,6 +41,9 @@ std::vector<LedgerRow> ledger(const SimOptions& in) {
   for (int P : o.ep) {
     if (o.progress) std::fprintf(stderr, "[epx sim ledger] EP%d: running the engine on %d sim ranks...\n", P, P);
     const SimRun run = collect_run(o, P);
+    if (!run.model_only)  // copy mode runs at a reduced hidden size: its counters would not be this shape's bytes
+      throw Error(ErrorCode::kUnsupported, "epx sim ledger: the engine did not announce its payload region on the sim transport "
+                                           "(model-only mode); the counters would be of a reduced hidden size");
     const double S = static_cast<double>(o.tokens), R = P, K = o.topk;
     LedgerRow row;
     row.ep = P;
