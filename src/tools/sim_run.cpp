@@ -347,6 +347,7 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
       avg += bytes / (rt.total.us() * 1e3) / P;
       if (rt.total > t.ranks[static_cast<std::size_t>(worst)].total) worst = r;
       split.data_us += rt.data.us() / P;
+      split.reduce_tail_us += rt.reduce_tail.us() / P;
       split.control_us += rt.control.us() / P;
       split.sync_us += rt.sync.us() / P;
       split.tail_us += (t.max_rank - rt.total).us() / P;
@@ -435,6 +436,14 @@ std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareMo
                   p.combine_split.data_us, p.combine_split.control_us, p.combine_split.sync_us, p.combine_split.tail_us);
     os << line;
   }
+  if (!points.empty() && points.front().combine_split.reduce_tail_us > 0) {
+    os << "combine's sums after the rank's last transport op (us, average over ranks; part of the data plane):";
+    for (const SimPoint& p : points) {
+      std::snprintf(line, sizeof line, " EP%d %.1f", p.ep, p.combine_split.reduce_tail_us);
+      os << line;
+    }
+    os << "\n";
+  }
   os << "run time per EP size (engine on sim ranks + replay):\n";
   for (const SimPoint& p : points) {
     std::snprintf(line, sizeof line, "%4d | engine %.2f s (%.2f s CPU; %s, hidden %d) + replay %.2f s (%.2f s CPU), %llu events\n", p.ep,
@@ -449,7 +458,11 @@ std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareMo
 std::string sim_json(const std::vector<SimPoint>& points) {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   auto split = [](const Split& s) {
-    return nlohmann::ordered_json{{"data_us", s.data_us}, {"control_us", s.control_us}, {"sync_us", s.sync_us}, {"tail_us", s.tail_us}};
+    return nlohmann::ordered_json{{"data_us", s.data_us},
+                                  {"control_us", s.control_us},
+                                  {"sync_us", s.sync_us},
+                                  {"tail_us", s.tail_us},
+                                  {"reduce_tail_us", s.reduce_tail_us}};
   };
   for (const SimPoint& p : points) {
     nlohmann::ordered_json without = nlohmann::ordered_json::object();

@@ -89,6 +89,7 @@ struct SimRun {
 
 struct Split {
   double data_us = 0, control_us = 0, sync_us = 0, tail_us = 0;
+  double reduce_tail_us = 0;  ///< of data_us: combine's sums after the rank's last op
 };
 
 struct SimPoint {
