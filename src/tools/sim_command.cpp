@@ -9,16 +9,14 @@
 #include "commands.hpp"
 #include "epx/error.hpp"
 #include "sim_calibrate.hpp"
+#include "file_io.hpp"
 #include "sim_run.hpp"
 
 namespace epx::tools {
 
 namespace {
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  if (!out || !(out << text)) throw Error(ErrorCode::kIo, "cannot write " + path);
-}
+void write_file(const std::string& path, const std::string& text) { write_text_file(path, "output", text); }
 
 void add_sim_options(CLI::App* sub, SimOptions& o) {
   sub->add_option("--hardware", o.hardware, "hardware profile name (ascend950-supernode) or JSON file")->capture_default_str();

@@ -71,6 +71,8 @@ class MappedTransport : public Transport {
   /// Throws kPeerFailed if any rank failed, or if `peer` (>= 0) already finished.
   void check_peers(const char* phase, int peer) const;
   [[noreturn]] void throw_timeout(const char* phase, int peer) const;
+  /// Records `phase` in this rank's control-block slot (skipped if it is the last one).
+  void note_phase(const char* phase) noexcept;
 
   ControlBlock* control_;
 
@@ -86,6 +88,8 @@ class MappedTransport : public Transport {
   std::size_t signal_offset_ = 0;  // from a segment base to its signal slots
   std::size_t num_signals_ = 0;    // user slots; the barrier's P slots follow
   std::uint64_t barrier_epoch_ = 0;
+  std::atomic<const char*> last_phase_{nullptr};
+  FaultPlan fault_;
 };
 
 }  // namespace epx::detail
