@@ -22,7 +22,7 @@ std::string read_file_bounded(const std::string& path, std::size_t max_bytes, co
   auto fail = [&](const std::string& why) { throw Error(ErrorCode::kIo, what + " " + path + ": " + why); };
   // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) fail(std::string("cannot open (") + std::strerror(errno) + ")");
+  if (fd < 0) fail(std::string("cannot read the file (") + std::strerror(errno) + ")");
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const bool dir = S_ISDIR(st.st_mode);

@@ -56,6 +56,7 @@ class MappedTransport : public Transport {
   void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) override;
   void quiet(int queue) override;
   void barrier(const char* phase) override;
+  void enter_phase(const char* phase) noexcept override { note_phase(phase); }
   const std::byte* peer_window(int peer) const noexcept override {
     return windows_.empty() ? nullptr : windows_[static_cast<std::size_t>(peer)];
   }

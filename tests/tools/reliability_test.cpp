@@ -278,6 +278,41 @@ TEST_F(ReliabilityTest, RanksAndWorkersAreBounded) {
             ErrorCode::kInvalidArgument);
 }
 
+// `epx bench` SIGKILLed or SIGTERMed mid-run (from outside: no test hook): its epx-bench-*
+// temp directory is gone shortly after (the janitor), and so are its ranks.
+TEST_F(ReliabilityTest, BenchTempDirIsRemovedWhenTheLauncherIsKilled) {
+  for (int sig : {SIGKILL, SIGTERM}) {
+    const fs::path tmp = dir_ / ("tmp" + std::to_string(sig));
+    fs::create_directories(tmp);
+    std::fflush(nullptr);
+    const pid_t child = fork();
+    if (child == 0) {
+      alarm(60);
+      signal(SIGTERM, SIG_DFL);
+      setenv("TMPDIR", tmp.c_str(), 1);
+      epx::tools::BenchOptions o;
+      o.ranks = 2, o.hidden = 256, o.topk = 2, o.experts = 4, o.tokens = 16, o.iters = 1000000, o.warmup = 0;
+      o.overhead_iters = 0, o.progress = false, o.transport = "shm";
+      try {
+        epx::tools::measure_bench(o);
+      } catch (...) {
+      }
+      _exit(0);
+    }
+    auto has_entries = [&] { return fs::directory_iterator(tmp) != fs::directory_iterator(); };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!has_entries() && std::chrono::steady_clock::now() < deadline) usleep(10000);
+    ASSERT_TRUE(has_entries()) << "the bench made no temp dir";
+    usleep(300000);  // the ranks are running now
+    kill(child, sig);
+    int status = 0;
+    waitpid(child, &status, 0);
+    const auto gone = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (has_entries() && std::chrono::steady_clock::now() < gone) usleep(10000);
+    EXPECT_FALSE(has_entries()) << "signal " << sig << ": " << fs::directory_iterator(tmp)->path() << " was left";
+  }
+}
+
 // ---- class 1: sizes against the inputs, then memory, before anything big is allocated ----
 
 TEST_F(ReliabilityTest, AbsurdBenchSizesFailFastAndClean) {
