@@ -8,7 +8,9 @@
 // routing, each bit-exact against the reference (README "Reliability").
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -237,6 +239,84 @@ TEST_F(FaultTest, LauncherKilledOrInterrupted) {
       EXPECT_LT(o.seconds, 5.0) << "the ranks outlived the launcher";
       expect_nothing_left(o, before);
     }
+  }
+}
+
+// A rank that stalls before its first transport call (stopped, or blocked reading an input)
+// is the one named: the others' bootstrap barrier names the lowest rank that has not arrived.
+TEST_F(FaultTest, RankStalledAtStartupIsNamed) {
+  const fs::path dir = fresh();
+  const auto before = segments();
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(30);
+    std::string error;
+    int origin = -1;
+    try {
+      launch({kP, TransportKind::kShm, std::chrono::milliseconds(400)}, [&](Transport& t) {
+        std::ofstream(dir / ("pid" + std::to_string(t.rank()))) << getpid();
+        if (t.rank() == 2) raise(SIGSTOP);  // stalls while loading its inputs
+        Buffer buffer(t, config_for(fault_problem()));
+      });
+    } catch (const Error& e) {
+      error = e.what();
+      origin = e.origin_rank();
+    }
+    std::ofstream(dir / "launch") << origin << "\n" << error;
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  const std::string text = slurp(dir / "launch");
+  EXPECT_EQ(text.substr(0, text.find('\n')), "2") << text;
+  EXPECT_NE(text.find("rank 2 was stopped by signal 19 (SIGSTOP) in phase 'startup'"), std::string::npos) << text;
+  Outcome o;
+  for (int r = 0; r < kP; ++r) o.pids[static_cast<std::size_t>(r)] = std::atoi(slurp(dir / ("pid" + std::to_string(r))).c_str());
+  expect_nothing_left(o, before);
+}
+
+// A /dev/shm too small for the window (a private 2 MiB tmpfs in a private mount namespace,
+// root only): every rank fails with the sizes, before any segment is made; before, a rank
+// died of SIGBUS at the first touch of its segment.
+TEST_F(FaultTest, FullDevShmIsAnErrorOnEveryRankNotSigbus) {
+  const fs::path dir = fresh();
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) {
+    alarm(30);
+    if (unshare(CLONE_NEWNS) != 0 || mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=2m") != 0)
+      _exit(77);  // not root / no mount namespaces: skipped
+    ref::FixtureOptions f;
+    f.num_ranks = 2, f.num_experts = 4, f.num_topk = 2, f.hidden = 4096, f.tokens = 64;
+    const ref::Problem p = ref::make_problem(f);
+    std::string error;
+    try {
+      launch({2, TransportKind::kShm, std::chrono::milliseconds(5000)}, [&](Transport& t) {
+        try {
+          Buffer buffer(t, config_for(p));
+        } catch (const Error& e) {
+          std::ofstream(dir / ("error" + std::to_string(t.rank()))) << e.what();
+          throw;
+        }
+      });
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    std::ofstream(dir / "launch") << error;
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) GTEST_SKIP() << "needs root and mount namespaces";
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const std::string error = slurp(dir / "launch");
+  EXPECT_NE(error.find("/dev/shm has"), std::string::npos) << error;
+  EXPECT_EQ(error.find("signal 7"), std::string::npos) << error;
+  for (int r = 0; r < 2; ++r) {
+    const std::string e = slurp(dir / ("error" + std::to_string(r)));
+    EXPECT_NE(e.find("the window needs"), std::string::npos) << "rank " << r << ": " << e;
   }
 }
 
