@@ -231,7 +231,10 @@ void MappedTransport::check_peers(const char* phase, int peer) const {
       // The peer's own report travels with it: every rank says why, not only who.
       const RankSlot& slot = control_->ranks()[p];
       const int origin = slot.origin_rank >= 0 ? slot.origin_rank : p;
-      throw Error(ErrorCode::kPeerFailed,
+      // A peer that failed because of a third rank (it timed out waiting for it) passes on
+      // its code too: this rank's error is then the same kind of error about the same rank.
+      const ErrorCode code = origin != p ? static_cast<ErrorCode>(slot.error_code) : ErrorCode::kPeerFailed;
+      throw Error(code,
                   "rank " + std::to_string(rank_) + ": peer rank " + std::to_string(p) +
                       " failed while this rank waited in phase '" + phase + "': " + std::string(slot.message),
                   origin);
