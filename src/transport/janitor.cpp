@@ -33,6 +33,12 @@ void unlink_prefix(const std::string& prefix) {
   signal(SIGTERM, SIG_IGN);
   signal(SIGHUP, SIG_IGN);
   signal(SIGPIPE, SIG_IGN);
+  // Holds none of the owner's output open (a pipe reader waits for its last writer).
+  const int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null >= 0) {
+    dup2(null, 0), dup2(null, 1), dup2(null, 2);
+    close(null);
+  }
   // Messages: "D<path>\n" a directory, "S<prefix>\n" a segment prefix.
   std::string buf;
   char chunk[4096];
