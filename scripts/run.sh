@@ -6,6 +6,8 @@
 #   bash scripts/run.sh test                        # unit + multi-rank tests, e2e replay check
 #   bash scripts/run.sh sanitize                    # multi-rank tests under TSan and ASan
 #   bash scripts/run.sh build                       # just install + build (build/)
+#   bash scripts/run.sh fuzz                        # libFuzzer targets, ASan + UBSan, bounded time (build-fuzz/)
+#   bash scripts/run.sh soak                        # 10^4 dispatch/combine pairs, bit-exact (not in `test`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,9 +17,12 @@ JOBS=${EPX_JOBS:-2}
 # ccache (when installed) shares objects between checkouts of the tree: paths relative to it.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 
+# `fuzz` only: clang with libFuzzer and the sanitizer runtimes.
+FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev)
+
 install_deps() {
   local missing=()
-  for p in "${PACKAGES[@]}"; do
+  for p in "${PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -75,8 +80,37 @@ case "$cmd" in
       --gtest_filter='-EveryCombination/*shm*:EveryCombination/*sim*'
     ASAN_OPTIONS="detect_leaks=1" ./build-asan/tests/epx_unit_tests --gtest_brief=1
     ;;
+  fuzz)
+    install_deps "${FUZZ_PACKAGES[@]}"
+    # A separate tree: the whole library with clang, ASan + UBSan and libFuzzer's coverage.
+    build build-fuzz -DCMAKE_CXX_COMPILER=clang++-14 -DEPX_FUZZ=ON -DEPX_BUILD_TESTS=OFF \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -- epx_fuzz
+    # Each target for EPX_FUZZ_SECONDS (default 20; 5 targets = 100 s) from the committed seed corpus
+    # (copied: the run's finds stay out of the tree). Any crash, sanitizer report, leak, hang
+    # (-timeout, seconds per input) or excess memory (-rss_limit_mb) fails the run; the final
+    # stats (executions, cov: edges, ft: features) go to build-fuzz/fuzz_stats.txt.
+    secs=${EPX_FUZZ_SECONDS:-20}
+    : > build-fuzz/fuzz_stats.txt
+    for t in fuzz_npy fuzz_meta fuzz_topology fuzz_replay fuzz_bench_routing; do
+      work=$(mktemp -d); cp -r "fuzz/corpus/$t/." "$work/"
+      echo "fuzz: $t for ${secs} s" >&2
+      ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+        timeout $((secs + 60)) "./build-fuzz/fuzz/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+        -print_final_stats=1 -artifact_prefix=build-fuzz/"$t"- "$work" > "build-fuzz/$t.log" 2>&1 \
+        || { tail -40 "build-fuzz/$t.log" >&2; rm -rf "$work"; echo "fuzz: $t FAILED (artifact in build-fuzz/)" >&2; exit 1; }
+      rm -rf "$work"
+      { echo "$t: $(grep -E '^#[0-9]+.*(DONE|pulse)' "build-fuzz/$t.log" | tail -1)"
+        grep -E 'stat::number_of_executed_units|stat::peak_rss_mb' "build-fuzz/$t.log"; } >> build-fuzz/fuzz_stats.txt
+    done
+    cat build-fuzz/fuzz_stats.txt
+    ;;
+  soak)
+    install_deps
+    build build -- epx_multirank_tests
+    EPX_SOAK_PAIRS=${EPX_SOAK_PAIRS:-10000} ./build/tests/epx_multirank_tests --gtest_filter='Soak.*'
+    ;;
   *)
-    echo "usage: bash scripts/run.sh {bench [options]|test|sanitize|build}" >&2
+    echo "usage: bash scripts/run.sh {bench [options]|test|sanitize|fuzz|soak|build}" >&2
     exit 2
     ;;
 esac

@@ -11,11 +11,21 @@
 // mapped it). launch() is called by one thread of a single-threaded process; it returns
 // when every rank returned, or throws the error of the rank at fault after stopping the
 // others (a rank that does not stop by itself within the timeout is killed). No
-// /dev/shm entry is left behind either way.
+// /dev/shm entry is left behind either way. Each rank gets PR_SET_PDEATHSIG = SIGKILL: a
+// launcher that is itself SIGKILLed takes its ranks with it, and its segments are unlinked
+// by the janitor (epx/spi/janitor.hpp). SIGINT/SIGTERM of the launcher stop the ranks,
+// clean up, and then end the launcher by that signal.
+//
+// A rank's report of how it ended names the phase it was last in (each transport wait
+// records its phase in the rank's control-block slot): "rank 3 was killed by signal 9
+// (SIGKILL) in phase 'dispatch notify'". The out-of-memory killer is named only when the
+// cgroup's oom_kill count rose during the launch.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <string>
 #include <string_view>
 
 #include "epx/sim/trace.hpp"
@@ -29,10 +39,24 @@ enum class TransportKind { kThreads, kShm, kSim };
 TransportKind parse_transport_kind(std::string_view name);
 const char* to_string(TransportKind kind) noexcept;
 
+/// The most ranks launch() starts: 1024 on every transport, and with `shm` (a process per
+/// rank) also at most kMaxRanksPerCore per online core: beyond that the ranks only spin
+/// the machine to a standstill (1000 processes on 2 cores gave a load of 470).
+inline constexpr int kMaxRanks = 1024;
+inline constexpr int kMaxRanksPerCore = 32;
+
+/// The largest P launch() accepts for `transport` on this machine (see kMaxRanks).
+int max_ranks(TransportKind transport) noexcept;
+
+/// The one rule for a timeout given in milliseconds (the CLI's --timeout-ms, every
+/// LaunchOptions::timeout): 1 <= ms <= 86'400'000 (one day). Throws kInvalidArgument
+/// naming `what` otherwise.
+std::chrono::milliseconds checked_timeout(std::int64_t ms, const std::string& what = "--timeout-ms");
+
 struct LaunchOptions {
-  int num_ranks = 1;                             ///< P >= 1
+  int num_ranks = 1;                             ///< 1 <= P <= max_ranks(transport)
   TransportKind transport = TransportKind::kShm;
-  std::chrono::milliseconds timeout{60000};      ///< every wait of every rank
+  std::chrono::milliseconds timeout{60000};      ///< every wait of every rank (checked_timeout's rule)
   sim::SimTransportOptions sim{};                ///< kSim only: mode and trace sink
 };
 

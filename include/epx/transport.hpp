@@ -125,6 +125,12 @@ class Transport {
   /// last ones; nothing to do for the others (the default).
   virtual void workers_joined() {}
 
+  /// Local: this rank now works in `phase` (a string literal, e.g. "epilogue") without
+  /// waiting. Waits name their phase themselves; this is for local stretches between them,
+  /// so that a rank that dies there is reported in the right phase (the launcher's report,
+  /// docs/reliability.md). Nothing to do by default.
+  virtual void enter_phase(const char* phase) noexcept { (void)phase; }
+
   /// Timeout applied to every wait of this transport.
   virtual std::chrono::milliseconds timeout() const noexcept = 0;
 };

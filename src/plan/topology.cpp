@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "epx/error.hpp"
+#include "epx/spi/resources.hpp"
 
 namespace epx {
 
@@ -76,12 +77,11 @@ Topology supernode128(int p) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, std::string("cannot read the file (") + std::strerror(errno) + "); expected " + kAcceptedSpecs);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) fail(path, "error while reading the file");
-  return text.str();
+  try {
+    return detail::read_file_bounded(path, detail::kMaxTextFileBytes, "topology file");
+  } catch (const Error& e) {
+    fail(path, std::string(e.what()) + "; expected " + kAcceptedSpecs);
+  }
 }
 
 // A non-negative int field of one rank entry; `required` false means absent -> `fallback`.

@@ -1,10 +1,13 @@
 #include "bench_options.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "bench_dataplane.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
+#include "epx/spi/resources.hpp"
+#include "replay.hpp"
 
 namespace epx::tools {
 
@@ -105,6 +108,25 @@ int default_eplb_replicas(int experts, int ranks) noexcept {
 
 std::string eplb_choice_name(const BenchOptions& o) { return o.eplb_choice.empty() ? "spread" : o.eplb_choice; }
 
+void check_workers(int workers, int ranks, const std::string& who) {
+  if (workers < 0 || workers > kMaxWorkers)
+    bad(who + ": --workers must be in [0, " + std::to_string(kMaxWorkers) + "] (0 = auto), got " + std::to_string(workers));
+  const std::int64_t want = static_cast<std::int64_t>(ranks) * (std::max(workers, 1) + 1);
+  const std::int64_t can = detail::threads_available();
+  if (want > can)
+    bad(who + ": --workers " + std::to_string(workers) + " on " + std::to_string(ranks) + " ranks needs about " +
+        std::to_string(want) + " threads, but only " + std::to_string(can) +
+        " more can be started here (RLIMIT_NPROC, kernel.threads-max, pids.max)");
+}
+
+void check_ranks(int ranks, const std::string& transport, const std::string& who) {
+  const int most = max_ranks(parse_transport_kind(transport));
+  if (ranks < 1 || ranks > most)
+    bad(who + ": the number of ranks P must be in [1, " + std::to_string(most) + "] on transport '" + transport +
+        "' (at most " + std::to_string(kMaxRanks) + ", and " + std::to_string(kMaxRanksPerCore) +
+        " per online core with processes), got " + std::to_string(ranks));
+}
+
 void check_shape(int ranks, int experts, int hidden, int topk, bool fp8, const std::string& where) {
   if (ranks < 1) bad(where + ": the number of ranks must be >= 1, got " + std::to_string(ranks));
   if (experts < 1 || experts % ranks != 0)
@@ -120,18 +142,24 @@ void validate_options(const BenchOptions& o) {
   if (o.routing.empty()) {
     check_shape(o.ranks, o.experts, o.hidden, o.topk, o.fp8, "epx bench");
     if (o.tokens < 0) bad("--tokens must be >= 0, got " + std::to_string(o.tokens));
+    // Before the routing is generated: the launcher holds every rank's inputs, each rank its
+    // window, outputs and a copy of its inputs.
+    check_ranks(o.ranks, o.transport, "epx bench");
+    const RankFootprint f = rank_footprint(o.ranks, o.hidden, o.topk, o.tokens, o.tokens, 0);
+    check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.total - f.window)}, o.ranks,
+                    parse_transport_kind(o.transport) == TransportKind::kShm);
   }
   if (o.layout != "compact" && o.layout != "expanded") bad("--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
   if (o.zero_copy && o.layout != "compact") bad("--zero-copy needs --layout compact");
   if (o.alignment < 1) bad("--alignment must be >= 1, got " + std::to_string(o.alignment));
-  if (o.workers < 0) bad("--workers must be >= 0 (0 = auto), got " + std::to_string(o.workers));
+  parse_transport_kind(o.transport);
+  check_workers(o.workers, o.routing.empty() ? o.ranks : 1, "epx bench");
   if (o.iters < 1) bad("--iters must be >= 1, got " + std::to_string(o.iters));
   if (o.warmup < 0) bad("--warmup must be >= 0, got " + std::to_string(o.warmup));
   if (o.overhead_iters < 0) bad("--counters-overhead must be >= 0, got " + std::to_string(o.overhead_iters));
   if (o.skew < 0) bad("--skew must be >= 0 (0 = uniform), got " + std::to_string(o.skew));
-  if (o.timeout_ms < 1) bad("--timeout-ms must be >= 1, got " + std::to_string(o.timeout_ms));
+  checked_timeout(o.timeout_ms);
   if (!o.baseline.empty() && o.baseline != "mpi") bad("--baseline must be 'mpi', got '" + o.baseline + "'");
-  parse_transport_kind(o.transport);
   // With --routing, P is known once meta.json is read: run_bench checks the rest then.
   check_dataplane(o.dataplane, o.routing.empty() ? o.ranks : 0);
   if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));

@@ -62,6 +62,19 @@ struct BenchOptions {
 /// the data plane, see check_dataplane).
 void validate_options(const BenchOptions& o);
 
+/// The most worker threads per rank the tools accept (--workers); also bounded by what the
+/// machine can still start (check_workers).
+inline constexpr int kMaxWorkers = 256;
+
+/// --workers W on P ranks: 0 <= W <= kMaxWorkers and P x (W + 1) threads within what this
+/// user may still start (RLIMIT_NPROC, kernel.threads-max, the cgroup's pids.max). Throws
+/// kInvalidArgument naming `who` before any rank starts (a thread that cannot be created
+/// would otherwise abort a rank).
+void check_workers(int workers, int ranks, const std::string& who);
+
+/// P against launch()'s bound for `transport` (epx::max_ranks); throws kInvalidArgument.
+void check_ranks(int ranks, const std::string& transport, const std::string& who);
+
 /// Checks E % P, fp8 and H % 128, K <= E; `where` names the source ("--experts", meta.json).
 void check_shape(int ranks, int experts, int hidden, int topk, bool fp8, const std::string& where);
 

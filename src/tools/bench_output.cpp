@@ -5,6 +5,7 @@
 
 #include "bench_dataplane.hpp"
 #include "epx/error.hpp"
+#include "file_io.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -221,12 +222,7 @@ ordered_json bench_json(const BenchReport& r) {
   return j;
 }
 
-void write_json_file(const fs::path& path, const ordered_json& j) {
-  std::ofstream f(path);
-  f << j.dump(2) << "\n";
-  f.close();
-  if (!f) throw Error(ErrorCode::kIo, path.string() + ": cannot write the bench JSON");
-}
+void write_json_file(const fs::path& path, const ordered_json& j) { write_text_file(path, "bench JSON", j.dump(2) + "\n"); }
 
 void write_bench_json(const fs::path& path, const BenchReport& r) { write_json_file(path, bench_json(r)); }
 
@@ -297,10 +293,7 @@ json bench_trace(const std::vector<BenchRankRecord>& records) {
 }
 
 void write_bench_trace(const fs::path& path, const std::vector<BenchRankRecord>& records) {
-  std::ofstream f(path);
-  f << bench_trace(records).dump() << "\n";
-  f.close();
-  if (!f) throw Error(ErrorCode::kIo, path.string() + ": cannot write the trace");
+  write_text_file(path, "trace", bench_trace(records).dump() + "\n");
 }
 
 }  // namespace epx::tools

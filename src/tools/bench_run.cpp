@@ -14,6 +14,7 @@
 #include "bench_runner.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
+#include "epx/spi/janitor.hpp"
 
 namespace fs = std::filesystem;
 
@@ -29,6 +30,8 @@ class TempDir {
     std::string templ = (tmp && *tmp ? std::string(tmp) : std::string("/tmp")) + "/epx-bench-XXXXXX";
     if (mkdtemp(templ.data()) == nullptr) throw Error(ErrorCode::kIo, "cannot create a temporary directory " + templ);
     path_ = templ;
+    // Removed by the janitor too if this process dies without unwinding (SIGKILL, SIGINT).
+    detail::remove_at_exit(path_.string());
   }
   ~TempDir() {
     std::error_code ec;
@@ -57,7 +60,7 @@ BenchMeasurement measure_bench(const BenchOptions& o) {
   LaunchOptions lo;
   lo.num_ranks = problem.ranks;
   lo.transport = parse_transport_kind(o.transport);
-  lo.timeout = std::chrono::milliseconds(o.timeout_ms);
+  lo.timeout = checked_timeout(o.timeout_ms);
   launch(lo, [&](Transport& t) { run_bench_rank(t, problem, count, o, tmp.path()); });
 
   std::vector<BenchRankRecord> records;

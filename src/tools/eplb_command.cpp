@@ -14,6 +14,7 @@
 #include "commands.hpp"
 #include "epx/eplb.hpp"
 #include "epx/error.hpp"
+#include "file_io.hpp"
 #include "npy.hpp"
 
 namespace epx::tools {
@@ -167,11 +168,7 @@ void run_eplb(const EplbOptions& o) {
     j["load_after"] = rows(after, G);
     j["max_over_avg_before"] = ratio_before;
     j["max_over_avg_after"] = ratio_after;
-    std::ofstream f(o.json, std::ios::binary | std::ios::trunc);
-    if (!f) throw Error(ErrorCode::kIo, "--json '" + o.json + "': cannot open for writing");
-    f << j.dump() << '\n';
-    f.close();
-    if (!f) throw Error(ErrorCode::kIo, "--json '" + o.json + "': write failed");
+    write_text_file(o.json, "--json", j.dump() + "\n");
   }
 }
 

@@ -1,6 +1,10 @@
 // npy.cpp — .npy reader and writer, see npy.hpp.
 #include "npy.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -11,6 +15,7 @@
 #include <string_view>
 
 #include "epx/error.hpp"
+#include "file_io.hpp"
 
 static_assert(std::endian::native == std::endian::little, "the .npy code assumes a little-endian host");
 
@@ -276,11 +281,24 @@ std::size_t NpyArray::itemsize() const {
   return descr_itemsize(descr);
 }
 
-NpyArray read_npy(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail_io(path, "is a directory");
-  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
-  if (!file) fail_io(path, std::string("cannot open: ") + std::strerror(errno));
+namespace {
+
+NpyArray read_npy_impl(const std::filesystem::path& path, bool with_data) {
+  // O_NONBLOCK: a FIFO given as an input must not block the open; only regular files are read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail_io(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool dir = S_ISDIR(st.st_mode);
+    ::close(fd);
+    fail_io(path, dir ? "is a directory" : "is not a regular file (a device, FIFO or socket)");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::unique_ptr<std::FILE, FileCloser> file(::fdopen(fd, "rb"));
+  if (!file) {
+    ::close(fd);
+    fail_io(path, std::string("cannot open: ") + std::strerror(errno));
+  }
   std::FILE* f = file.get();
 
   auto read_exact = [&](void* dst, std::size_t n, const char* what) {
@@ -320,8 +338,8 @@ NpyArray read_npy(const std::filesystem::path& path) {
                  (static_cast<std::size_t>(b[2]) << 16) | (static_cast<std::size_t>(b[3]) << 24);
   }
   // Guard against a bogus length before allocating.
-  std::error_code size_ec;
-  const auto file_size = std::filesystem::file_size(path, size_ec);
+  const std::error_code size_ec;  // the size comes from the fstat of the open file
+  const auto file_size = static_cast<std::uintmax_t>(st.st_size);
   const std::size_t prefix_len = major == 1 ? 10 : 12;
   if (!size_ec && header_len > file_size - std::min<std::uintmax_t>(file_size, prefix_len)) {
     fail_io(path, "truncated file: header length " + std::to_string(header_len) + " exceeds the file size " +
@@ -354,6 +372,7 @@ NpyArray read_npy(const std::filesystem::path& path) {
                       shape_repr(out.shape) + " of " + descr + " needs " + std::to_string(nbytes) +
                       " data bytes, the file has " + std::to_string(present));
   }
+  if (!with_data) return out;
   out.data.resize(static_cast<std::size_t>(nbytes));
   read_exact(out.data.data(), out.data.size(), "the data");
   if (std::fgetc(f) != EOF) {
@@ -362,6 +381,12 @@ NpyArray read_npy(const std::filesystem::path& path) {
   }
   return out;
 }
+
+}  // namespace
+
+NpyArray read_npy(const std::filesystem::path& path) { return read_npy_impl(path, true); }
+
+NpyArray read_npy_header(const std::filesystem::path& path) { return read_npy_impl(path, false); }
 
 void write_npy(const std::filesystem::path& path, const std::string& descr, const std::vector<std::int64_t>& shape,
                const void* data, std::size_t nbytes) {
@@ -410,27 +435,12 @@ void write_npy(const std::filesystem::path& path, const std::string& descr, cons
   head.append(header_len - dict.size() - 1, ' ');
   head += '\n';
 
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) fail_io(path, std::string("cannot open for writing: ") + std::strerror(errno));
-  auto abandon = [&](const std::string& reason) {
-    std::fclose(f);
-    std::error_code ec;
-    std::filesystem::remove(path, ec);
-    fail_io(path, reason);
-  };
-  if (std::fwrite(head.data(), 1, head.size(), f) != head.size()) {
-    abandon(std::string("write error: ") + std::strerror(errno));
-  }
-  if (nbytes > 0 && std::fwrite(data, 1, nbytes, f) != nbytes) {
-    abandon(std::string("write error: ") + std::strerror(errno));
-  }
-  if (std::fflush(f) != 0) abandon(std::string("write error: ") + std::strerror(errno));
-  if (std::fclose(f) != 0) {
-    const int err = errno;
-    std::error_code ec;
-    std::filesystem::remove(path, ec);
-    fail_io(path, std::string("error closing: ") + std::strerror(err));
-  }
+  // Written beside the target and renamed over it on success: a failed write never removes
+  // or truncates what was at `path` (file_io.hpp).
+  write_file_safely(path, "npy file", [&](std::FILE* f) {
+    std::fwrite(head.data(), 1, head.size(), f);
+    if (nbytes > 0) std::fwrite(data, 1, nbytes, f);
+  });
 }
 
 }  // namespace epx::tools

@@ -34,11 +34,18 @@ struct NpyArray {
 ///
 /// Details: a '>' mark on a single-byte type (which has no byte order) is accepted. Keys other than the three
 /// above, duplicate keys, a negative dimension and trailing bytes after the data are rejected (kIo).
+/// Only regular files are read: a directory, device (/dev/zero) or FIFO is refused (kIo) without blocking.
 NpyArray read_npy(const std::filesystem::path& path);
 
+/// read_npy without the data: descr and shape, with every check read_npy makes on the header and on the file's
+/// size against the shape (so the data it announces is really there). `data` stays empty. For validating inputs
+/// before anything is allocated.
+NpyArray read_npy_header(const std::filesystem::path& path);
+
 /// Writes a version 1.0 .npy (header padded with spaces to a multiple of 64 bytes, ending in '\n'; version 2.0 only
-/// if the header exceeds 65535 bytes). Writes to `path` then closes it; throws kIo on any failure (and removes the
-/// partly written file). `descr` may be any spelling read_npy accepts ('<', '=' or '|'); the normalised one is
+/// if the header exceeds 65535 bytes) through write_file_safely (file_io.hpp): a temporary file beside `path`,
+/// renamed over it only when every write and the close succeeded; throws kIo on any failure and then leaves `path`
+/// as it was (never removes it). `descr` may be any spelling read_npy accepts ('<', '=' or '|'); the normalised one is
 /// written. An unsupported `descr`, a negative dimension, or `nbytes` != numel * itemsize is kInvalidArgument.
 void write_npy(const std::filesystem::path& path, const std::string& descr, const std::vector<std::int64_t>& shape,
                const void* data, std::size_t nbytes);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "epx/error.hpp"
+#include "epx/spi/resources.hpp"
 #include "npy.hpp"
 
 namespace fs = std::filesystem;
@@ -13,13 +14,19 @@ namespace epx::tools {
 
 ReplayMeta read_replay_meta(const fs::path& in) {
   const fs::path path = in / "meta.json";
-  std::ifstream f(path);
-  if (!f) throw Error(ErrorCode::kIo, path.string() + ": cannot open (expected SPEC 7's meta.json)");
+  // Bounded (a huge or endless meta.json is refused) and parsed whole: trailing bytes after
+  // the object are an error, not ignored.
+  std::string text;
+  try {
+    text = detail::read_file_bounded(path.string(), kMaxMetaBytes, "meta.json");
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kIo, std::string(e.what()) + " (expected SPEC 7's meta.json)");
+  }
   nlohmann::json j;
   try {
-    f >> j;
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kIo, path.string() + ": not valid JSON: " + e.what());
+    throw Error(ErrorCode::kIo, path.string() + ": not valid JSON (one object and nothing after it): " + e.what());
   }
   if (!j.is_object()) throw Error(ErrorCode::kIo, path.string() + ": expected a JSON object");
   auto positive = [&](const char* key) {
@@ -46,7 +53,7 @@ ReplayMeta read_replay_meta(const fs::path& in) {
       const fs::path idx = in / ("rank" + std::to_string(r)) / "topk_idx.npy";
       NpyArray a;
       try {
-        a = read_npy(idx);
+        a = read_npy_header(idx);
       } catch (const Error& e) {
         throw Error(e.code(), "rank " + std::to_string(r) + ": " + e.what(), r);
       }
@@ -54,6 +61,84 @@ ReplayMeta read_replay_meta(const fs::path& in) {
     }
   }
   return m;
+}
+
+namespace {
+
+[[noreturn]] void input_error(int r, ErrorCode code, const std::string& what) {
+  throw Error(code, "rank " + std::to_string(r) + ": " + what, r);
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// The header of IN/rank<r>/<name>, which must be `descr` [d0, d1] (d0 < 0: any S).
+NpyArray expect_header(const fs::path& in, int r, const std::string& name, const char* descr, std::int64_t d0,
+                       std::int64_t d1) {
+  NpyArray a;
+  try {
+    a = read_npy_header(in / ("rank" + std::to_string(r)) / name);
+  } catch (const Error& e) {
+    input_error(r, e.code(), e.what());
+  }
+  if (a.shape.size() != 2 || (d0 >= 0 && a.shape[0] != d0) || a.shape[1] != d1)
+    input_error(r, ErrorCode::kShapeMismatch,
+                name + " has shape " + shape_str(a.shape) + ", expected [" + (d0 >= 0 ? std::to_string(d0) : "S") +
+                    ", " + std::to_string(d1) + "] (from meta.json and topk_idx.npy)");
+  if (a.descr != descr)
+    input_error(r, ErrorCode::kDtypeMismatch, name + " has dtype '" + a.descr + "', expected '" + descr + "'");
+  return a;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> check_replay_inputs(const fs::path& in, const ReplayMeta& m, bool x_optional) {
+  std::vector<std::int64_t> tokens;
+  const bool fp8 = fs::exists(in / "rank0" / "x_fp8.npy");
+  for (int r = 0; r < m.num_ranks; ++r) {
+    const fs::path rd = in / ("rank" + std::to_string(r));
+    const NpyArray idx = expect_header(in, r, "topk_idx.npy", "<i8", -1, m.num_topk);
+    const std::int64_t S = idx.shape[0];
+    if (S > m.max_tokens_per_rank)
+      input_error(r, ErrorCode::kCapacityExceeded,
+                  "topk_idx.npy has S = " + std::to_string(S) + " tokens but num_max_tokens_per_rank is " +
+                      std::to_string(m.max_tokens_per_rank));
+    if (!x_optional || fs::exists(rd / "topk_weights.npy")) expect_header(in, r, "topk_weights.npy", "<f4", S, m.num_topk);
+    if (fp8) {
+      expect_header(in, r, "x_fp8.npy", "|u1", S, m.hidden);
+      if (m.hidden % 128 != 0)
+        input_error(r, ErrorCode::kInvalidArgument, "FP8 input needs hidden % 128 == 0, meta.json says " + std::to_string(m.hidden));
+      expect_header(in, r, "x_scales.npy", "<f4", S, m.hidden / 128);
+    } else if (!x_optional || fs::exists(rd / "x.npy")) {
+      expect_header(in, r, "x.npy", "<u2", S, m.hidden);
+    }
+    tokens.push_back(S);
+  }
+  return tokens;
+}
+
+RankFootprint rank_footprint(int P, int H, int K, std::int64_t S, std::int64_t C, std::int64_t W) {
+  using detail::add_sat;
+  using detail::mul_sat;
+  const std::uint64_t row = mul_sat(2, static_cast<std::uint64_t>(H));
+  const std::uint64_t recv_rows = mul_sat(static_cast<std::uint64_t>(P), static_cast<std::uint64_t>(C));
+  const std::uint64_t reply_rows = mul_sat(static_cast<std::uint64_t>(C), static_cast<std::uint64_t>(std::min(K, P)));
+  RankFootprint f;
+  // The window holds at least a row per receivable (source, token) and a reply per (token, destination).
+  f.window = mul_sat(add_sat(recv_rows, reply_rows), row);
+  // Inputs (x, topk_idx, topk_weights), recv_x and the expert output y (W rows with --worst), combined_x.
+  const std::uint64_t out_rows = std::max(recv_rows, static_cast<std::uint64_t>(std::max<std::int64_t>(W, 0)));
+  const std::uint64_t inputs = mul_sat(static_cast<std::uint64_t>(S), add_sat(row, mul_sat(12, static_cast<std::uint64_t>(K))));
+  f.total = add_sat(add_sat(f.window, inputs), add_sat(mul_sat(mul_sat(2, out_rows), row), mul_sat(static_cast<std::uint64_t>(S), row)));
+  return f;
+}
+
+void check_footprint(const std::string& who, const RankFootprint& f, int P, bool shm) {
+  detail::check_memory_fits(who, "the window", f.window, P, shm);
+  detail::check_memory_fits(who, "the window, inputs and outputs", f.total, P, false);
 }
 
 Tensor replay_expert(const DispatchResult& d, RecvLayout layout, int hidden, int num_topk) {

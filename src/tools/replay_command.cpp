@@ -2,6 +2,7 @@
 // inputs to .npy outputs (SPEC §7), with the fixed expert function in between.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +15,8 @@
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
+#include "epx/spi/janitor.hpp"
+#include "bench_options.hpp"
 #include "replay.hpp"
 #include "tensor_io.hpp"
 
@@ -114,26 +117,89 @@ void replay_rank(Transport& t, const ReplayMeta& meta, const ReplayOptions& o, c
   write_tensor(dir / "combined_x.npy", out.combined_x);
 }
 
+// Every file `epx replay` writes into OUT/rank<r>/ (SPEC 7): an old OUT/rank<r> holding
+// anything else was not made by epx and is never replaced or removed.
+const char* const kReplayOutputs[] = {
+    "num_tokens_per_rank.npy", "num_tokens_per_expert.npy", "is_token_in_rank.npy", "recv_x.npy",
+    "recv_x_fp8.npy",          "recv_x_scales.npy",         "recv_src.npy",         "num_recv_tokens_per_expert.npy",
+    "recv_topk_idx.npy",       "recv_topk_weights.npy",     "recv_weights.npy",     "expert_offsets.npy",
+    "combined_x.npy"};
+
+bool is_replay_output(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(dir, ec))) return false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) return false;
+    const std::string name = e.path().filename().string();
+    if (std::find(std::begin(kReplayOutputs), std::end(kReplayOutputs), name) == std::end(kReplayOutputs)) return false;
+  }
+  return !ec;
+}
+
+// IN and OUT must not overlap: OUT/rank<r> would be IN/rank<r> (or inside IN), and a failed
+// run's cleanup would remove the inputs.
+void check_in_out(const fs::path& in, const fs::path& out) {
+  std::error_code ec;
+  const fs::path a = fs::weakly_canonical(fs::absolute(in), ec);
+  const fs::path b = fs::weakly_canonical(fs::absolute(out), ec);
+  auto within = [](const fs::path& inner, const fs::path& outer) {
+    auto i = inner.begin(), o = outer.begin();
+    for (; o != outer.end() && !o->empty(); ++i, ++o)
+      if (i == inner.end() || *i != *o) return false;
+    return true;
+  };
+  if (within(a, b) || within(b, a))
+    throw Error(ErrorCode::kInvalidArgument, "--in " + in.string() + " and --out " + out.string() +
+                                                 " overlap (one is, or is inside, the other): OUT/rank<r> would replace or "
+                                                 "remove the inputs; give an output directory apart from the inputs");
+}
+
 void run_replay(const ReplayOptions& o) {
   const fs::path in(o.in), out(o.out);
+  check_in_out(in, out);
   const ReplayMeta meta = read_replay_meta(in);
   if (o.layout != "compact" && o.layout != "expanded")
     throw Error(ErrorCode::kInvalidArgument, "--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
-  check_dataplane(o.dataplane, meta.num_ranks);
   LaunchOptions lo;
-  lo.num_ranks = meta.num_ranks;
   lo.transport = parse_transport_kind(o.transport);
-  lo.timeout = std::chrono::milliseconds(o.timeout_ms);
+  lo.timeout = checked_timeout(o.timeout_ms);
+  check_ranks(meta.num_ranks, o.transport, (in / "meta.json").string());
+  check_workers(o.workers, meta.num_ranks, "epx replay");
+  if (o.worst < 0) throw Error(ErrorCode::kInvalidArgument, "--worst must be >= 0 (0 = off), got " + std::to_string(o.worst));
+  check_dataplane(o.dataplane, meta.num_ranks);
+  // Sizes against the inputs first (every header against meta.json), then the memory.
+  const std::vector<std::int64_t> tokens = check_replay_inputs(in, meta, false);
+  check_footprint("epx replay: ",
+                  rank_footprint(meta.num_ranks, meta.hidden, meta.num_topk,
+                                 *std::max_element(tokens.begin(), tokens.end()), meta.max_tokens_per_rank, o.worst),
+                  meta.num_ranks, lo.transport == TransportKind::kShm);
+  lo.num_ranks = meta.num_ranks;
+  for (int r = 0; r < meta.num_ranks; ++r) {
+    const fs::path old = out / rank_dir(r);
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(old, ec)) && !is_replay_output(old))
+      throw Error(ErrorCode::kInvalidArgument, old.string() +
+                                                   " exists and holds something epx replay does not write; refusing to "
+                                                   "replace it (remove it or choose another --out)");
+  }
 
   // Results appear as OUT/rank<r> only when every rank succeeded; a failed run leaves no
-  // OUT/rank<r> (not even one of an earlier run) that could pass for its result.
+  // OUT/rank<r> (an earlier run's results, which epx wrote, are removed) that could pass for
+  // its result. Only the staging directory this run created and epx's own outputs are removed.
   fs::create_directories(out);
   const fs::path staging = out / (".epx-replay-" + std::to_string(getpid()));
-  fs::remove_all(staging);
+  {
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(staging, ec)))
+      throw Error(ErrorCode::kIo, staging.string() + " already exists; refusing to use it as this run's staging directory");
+  }
+  fs::create_directory(staging);
+  detail::remove_at_exit(fs::absolute(staging).string());
   auto drop_results = [&] {
     std::error_code ec;
     fs::remove_all(staging, ec);
-    for (int r = 0; r < meta.num_ranks; ++r) fs::remove_all(out / rank_dir(r), ec);
+    for (int r = 0; r < meta.num_ranks; ++r)
+      if (is_replay_output(out / rank_dir(r))) fs::remove_all(out / rank_dir(r), ec);
   };
   try {
     launch(lo, [&](Transport& t) { replay_rank(t, meta, o, staging); });
@@ -142,7 +208,7 @@ void run_replay(const ReplayOptions& o) {
     throw;
   }
   for (int r = 0; r < meta.num_ranks; ++r) {
-    fs::remove_all(out / rank_dir(r));
+    if (is_replay_output(out / rank_dir(r))) fs::remove_all(out / rank_dir(r));
     fs::rename(staging / rank_dir(r), out / rank_dir(r));
   }
   fs::remove_all(staging);

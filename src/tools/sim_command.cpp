@@ -11,6 +11,7 @@
 #include "commands.hpp"
 #include "epx/error.hpp"
 #include "sim_calibrate.hpp"
+#include "file_io.hpp"
 #include "sim_hybridep.hpp"
 #include "sim_ledger.hpp"
 #include "sim_run.hpp"
@@ -19,10 +20,7 @@ namespace epx::tools {
 
 namespace {
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  if (!out || !(out << text)) throw Error(ErrorCode::kIo, "cannot write " + path);
-}
+void write_file(const std::string& path, const std::string& text) { write_text_file(path, "output", text); }
 
 // The shape of a run (what `epx sim ledger` and `epx sim hybridep` take themselves).
 void add_shape_options(CLI::App* sub, SimOptions& o) {

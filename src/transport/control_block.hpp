@@ -13,12 +13,39 @@ namespace epx::detail {
 
 enum class RankState : std::int32_t { kRunning = 0, kDone = 1, kFailed = 2 };
 
+inline constexpr std::size_t kPhaseChars = 48;
+
 struct RankSlot {
   std::atomic<std::int32_t> state{0};
   std::atomic<std::int32_t> pid{0};
   std::int32_t error_code = 0;
   std::int32_t origin_rank = -1;
   char message[1024] = {};
+  // The phase this rank last waited in ("startup" before its first wait): written by the
+  // rank's transport at every wait whose phase differs from the last, read by the launcher
+  // and the peers to say where a dead or stopped rank was. Bytes are relaxed atomics (the
+  // rank's workers may write it concurrently; a reader may see a mix only in that race).
+  char phase[kPhaseChars] = "startup";
+  // Bootstrap barriers this rank has arrived at (names who is missing on a timeout).
+  std::atomic<std::uint32_t> barriers_arrived{0};
+
+  void set_phase(const char* p) noexcept;
+  /// A copy of `phase` (NUL-terminated).
+  void get_phase(char (&out)[kPhaseChars]) const noexcept;
+};
+
+/// The fault tests' hook: EPX_FAULT_INJECT="RANK:PHASE:ACTION", read when a rank's transport
+/// is made. The first time rank RANK enters PHASE (exact name, e.g. "dispatch notify") it does
+/// ACTION: KILL or STOP (raises SIGKILL / SIGSTOP on itself), KILL_LAUNCHER, TERM_LAUNCHER or
+/// INT_LAUNCHER (sends SIGKILL / SIGTERM / SIGINT to its parent, the launcher). Unset: nothing.
+struct FaultPlan {
+  enum Action { kNone, kKill, kStop, kKillLauncher, kTermLauncher, kIntLauncher };
+  int rank = -1;
+  char phase[kPhaseChars] = {};
+  Action action = kNone;
+  bool fired = false;
+  static FaultPlan from_env() noexcept;
+  void maybe_fire(int rank, const char* phase) noexcept;
 };
 
 struct ControlBlock {
@@ -40,6 +67,9 @@ struct ControlBlock {
 
   /// Records a rank's failure (first failure of that rank wins).
   void record_failure(int rank, int error_code, int origin_rank, const char* message) noexcept;
+
+  /// Rank `rank` enters `phase` (a transport wait or bootstrap barrier).
+  void enter_phase(int rank, const char* phase) noexcept;
 };
 
 }  // namespace epx::detail

@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -21,6 +23,8 @@
 
 #include "control_block.hpp"
 #include "epx/error.hpp"
+#include "epx/spi/janitor.hpp"
+#include "epx/spi/resources.hpp"
 #include "shm/shm_transport.hpp"
 #include "sim/sim_transport.hpp"
 #include "threads/threads_transport.hpp"
@@ -42,6 +46,20 @@ const char* to_string(TransportKind kind) noexcept {
     case TransportKind::kSim: return "sim";
   }
   return "?";
+}
+
+int max_ranks(TransportKind transport) noexcept {
+  if (transport != TransportKind::kShm) return kMaxRanks;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return static_cast<int>(std::min<long>(kMaxRanks, kMaxRanksPerCore * std::max<long>(1, cores)));
+}
+
+std::chrono::milliseconds checked_timeout(std::int64_t ms, const std::string& what) {
+  constexpr std::int64_t kDay = 86'400'000;
+  if (ms < 1 || ms > kDay)
+    throw Error(ErrorCode::kInvalidArgument,
+                what + " must be in [1, " + std::to_string(kDay) + "] ms (one day), got " + std::to_string(ms));
+  return std::chrono::milliseconds(ms);
 }
 
 namespace {
@@ -136,13 +154,30 @@ void launch_sim(const LaunchOptions& opt, const RankFn& fn) {
 volatile std::sig_atomic_t g_interrupted = 0;
 void on_interrupt(int sig) { g_interrupted = sig; }
 
-std::string describe_exit(int status) {
-  // The launcher kills only ranks that hang after another failed: a first failure by SIGKILL
-  // came from outside, most often the out-of-memory killer.
-  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-    return "was killed by signal 9 (SIGKILL: most often the kernel's out-of-memory killer; `dmesg` tells)";
-  if (WIFSIGNALED(status)) return "was killed by signal " + std::to_string(WTERMSIG(status));
-  return "exited with status " + std::to_string(WEXITSTATUS(status));
+// How a rank process ended, with the phase it was last in. SIGKILL is attributed to the
+// out-of-memory killer only when the cgroup's oom_kill count rose during this launch.
+std::string describe_exit(int status, const char* phase, std::int64_t oom_kills_before) {
+  const std::string in = std::string(" in phase '") + phase + "'";
+  if (WIFSTOPPED(status)) {
+    const char* name = sigabbrev_np(WSTOPSIG(status));
+    return "was stopped by signal " + std::to_string(WSTOPSIG(status)) + " (SIG" + (name ? name : "?") + ")" + in;
+  }
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    std::string msg = "was killed by signal " + std::to_string(sig) + " (SIG" + (name ? name : "?") + ")" + in;
+    if (sig == SIGKILL) {
+      const std::int64_t now = detail::cgroup_oom_kills();
+      if (oom_kills_before >= 0 && now > oom_kills_before)
+        msg += ": the cgroup's memory.events counted " + std::to_string(now - oom_kills_before) +
+               " out-of-memory kill(s) during this launch";
+      else
+        msg += " (sent by someone, or the kernel's out-of-memory killer: `dmesg` tells)";
+    }
+    if (sig == SIGBUS) msg += " (a bus error: often a full /dev/shm or a truncated mapped file)";
+    return msg;
+  }
+  return "exited with status " + std::to_string(WEXITSTATUS(status)) + in;
 }
 
 void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
@@ -151,6 +186,11 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
   void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) throw Error(ErrorCode::kIo, "launch: cannot map the control block");
   ControlBlock* control = ControlBlock::create(memory, P, new_job_id());
+  // If this launcher is SIGKILLed, its ranks die with it (PR_SET_PDEATHSIG) and the
+  // janitor unlinks whatever segment a rank had not unlinked yet.
+  detail::unlink_segments_at_exit(detail::ShmTransport::segment_prefix(control->job_id));
+  const std::int64_t oom_kills_before = detail::cgroup_oom_kills();
+  const pid_t launcher = getpid();
 
   // Until every child is reaped, Ctrl-C / SIGTERM only set a flag: the launcher still
   // stops the ranks and removes their segments.
@@ -166,6 +206,9 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
   for (int r = 0; r < P; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(1);  // the launcher died before the line above
+      detail::janitor_after_fork_in_child();
       sigaction(SIGINT, &old_int, nullptr);
       sigaction(SIGTERM, &old_term, nullptr);
       int code = 1;
@@ -193,28 +236,46 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
   auto kill_deadline = std::chrono::steady_clock::time_point::max();
   bool killed = false;
   const auto grace = std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::milliseconds(5000));
+  std::vector<std::string> stopped_in(static_cast<std::size_t>(P));  // "was stopped by signal 19 ..." while stopped
   while (alive > 0) {
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      --alive;
-      for (int r = 0; r < P; ++r) {
-        if (pids[static_cast<std::size_t>(r)] != pid) continue;
-        pids[static_cast<std::size_t>(r)] = -1;
-        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (!ok && control->ranks()[r].state.load() != static_cast<std::int32_t>(RankState::kFailed)) {
-          // Killed by us after another rank failed: a consequence, not the cause.
-          const bool stopped = killed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-          const std::string msg = "rank " + std::to_string(r) +
-                                  (stopped ? " did not stop after another rank failed and was killed"
-                                           : " " + describe_exit(status));
-          control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), stopped ? -1 : r, msg.c_str());
-        }
-        if (!ok && kill_deadline == std::chrono::steady_clock::time_point::max())
-          kill_deadline = std::chrono::steady_clock::now() + grace;
+    bool reaped = false;
+    for (int r = 0; r < P; ++r) {
+      const pid_t rp = pids[static_cast<std::size_t>(r)];
+      if (rp <= 0) continue;
+      int status = 0;
+      // WUNTRACED: a stopped rank (SIGSTOP) is named as the one at fault, in its phase.
+      const pid_t pid = waitpid(rp, &status, WNOHANG | WUNTRACED | WCONTINUED);
+      if (pid != rp) continue;
+      char phase[detail::kPhaseChars];
+      control->ranks()[r].get_phase(phase);
+      if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
+        // Not a failure by itself (Ctrl-Z stops the whole job); the peers' timeouts name it,
+        // and if it is still stopped when the launcher kills it, that is its report.
+        stopped_in[static_cast<std::size_t>(r)] = WIFSTOPPED(status) ? describe_exit(status, phase, oom_kills_before) : "";
+        continue;
       }
-      continue;
+      reaped = true;
+      --alive;
+      pids[static_cast<std::size_t>(r)] = -1;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && control->ranks()[r].state.load() != static_cast<std::int32_t>(RankState::kFailed)) {
+        // Killed by us after another rank failed: a consequence, not the cause.
+        const bool by_us = killed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+        const std::string& was_stopped = stopped_in[static_cast<std::size_t>(r)];
+        std::string msg = "rank " + std::to_string(r);
+        if (by_us && !was_stopped.empty())
+          msg += " " + was_stopped + " and was killed after the timeout";  // the stalled rank itself
+        else if (by_us)
+          msg += " did not stop after another rank failed and was killed";
+        else
+          msg += " " + describe_exit(status, phase, oom_kills_before);
+        control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), by_us && was_stopped.empty() ? -1 : r,
+                                msg.c_str());
+      }
+      if (!ok && kill_deadline == std::chrono::steady_clock::time_point::max())
+        kill_deadline = std::chrono::steady_clock::now() + grace;
     }
+    if (reaped) continue;
     if (g_interrupted && kill_deadline == std::chrono::steady_clock::time_point::max()) {
       for (int r = 0; r < P; ++r)
         control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), -1, "interrupted");
@@ -245,8 +306,13 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
 }  // namespace
 
 void launch(const LaunchOptions& options, const RankFn& fn) {
-  if (options.num_ranks < 1)
-    throw Error(ErrorCode::kInvalidArgument, "launch: num_ranks must be >= 1, got " + std::to_string(options.num_ranks));
+  const int most = max_ranks(options.transport);
+  if (options.num_ranks < 1 || options.num_ranks > most)
+    throw Error(ErrorCode::kInvalidArgument,
+                "launch: num_ranks must be in [1, " + std::to_string(most) + "] on transport '" + to_string(options.transport) +
+                    "' (at most " + std::to_string(kMaxRanks) + ", and " + std::to_string(kMaxRanksPerCore) +
+                    " per online core for processes), got " + std::to_string(options.num_ranks));
+  checked_timeout(options.timeout.count(), "launch: timeout");
   if (options.transport == TransportKind::kThreads)
     launch_threads(options, fn);
   else if (options.transport == TransportKind::kSim)

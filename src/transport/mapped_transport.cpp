@@ -3,7 +3,11 @@
 #include <immintrin.h>
 #include <sched.h>
 
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <unistd.h>
+#include <string>
 #include <new>
 
 #include "epx/spi/copy.hpp"
@@ -27,6 +31,53 @@ void ControlBlock::record_failure(int rank, int error_code, int origin, const ch
   s.origin_rank = origin;
   std::strncpy(s.message, message, sizeof(s.message) - 1);
   s.state.store(static_cast<std::int32_t>(RankState::kFailed), std::memory_order_release);
+}
+
+void RankSlot::set_phase(const char* p) noexcept {
+  std::size_t i = 0;
+  for (; i + 1 < kPhaseChars && p[i] != '\0'; ++i) std::atomic_ref<char>(phase[i]).store(p[i], std::memory_order_relaxed);
+  std::atomic_ref<char>(phase[i]).store('\0', std::memory_order_relaxed);
+}
+
+void RankSlot::get_phase(char (&out)[kPhaseChars]) const noexcept {
+  for (std::size_t i = 0; i < kPhaseChars; ++i)
+    out[i] = std::atomic_ref<char>(const_cast<char&>(phase[i])).load(std::memory_order_relaxed);
+  out[kPhaseChars - 1] = '\0';
+}
+
+void ControlBlock::enter_phase(int rank, const char* phase) noexcept { ranks()[rank].set_phase(phase); }
+
+FaultPlan FaultPlan::from_env() noexcept {
+  FaultPlan f;
+  const char* env = std::getenv("EPX_FAULT_INJECT");
+  if (env == nullptr || *env == '\0') return f;
+  const char* a = std::strchr(env, ':');
+  const char* b = a ? std::strrchr(env, ':') : nullptr;
+  if (a == nullptr || b == a) return f;
+  f.rank = std::atoi(env);
+  const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(b - a - 1), kPhaseChars - 1);
+  std::memcpy(f.phase, a + 1, n);
+  const std::string sig = b + 1;
+  f.action = sig == "KILL"           ? kKill
+             : sig == "STOP"         ? kStop
+             : sig == "KILL_LAUNCHER" ? kKillLauncher
+             : sig == "TERM_LAUNCHER" ? kTermLauncher
+             : sig == "INT_LAUNCHER"  ? kIntLauncher
+                                      : kNone;
+  return f;
+}
+
+void FaultPlan::maybe_fire(int r, const char* p) noexcept {
+  if (action == kNone || fired || r != rank || std::strcmp(phase, p) != 0) return;
+  fired = true;
+  switch (action) {
+    case kKill: raise(SIGKILL); break;
+    case kStop: raise(SIGSTOP); break;
+    case kKillLauncher: kill(getppid(), SIGKILL); break;
+    case kTermLauncher: kill(getppid(), SIGTERM); break;
+    case kIntLauncher: kill(getppid(), SIGINT); break;
+    case kNone: break;
+  }
 }
 
 TransportCaps mapped_caps(const char* name) {
@@ -55,7 +106,8 @@ bool Backoff::step() {
 
 MappedTransport::MappedTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout,
                                  TransportCaps caps)
-    : control_(control), rank_(rank), num_ranks_(control->num_ranks), timeout_(timeout), caps_(caps) {}
+    : control_(control), rank_(rank), num_ranks_(control->num_ranks), timeout_(timeout), caps_(caps),
+      fault_(FaultPlan::from_env()) {}
 
 std::size_t MappedTransport::segment_bytes(std::size_t window_bytes, std::size_t num_signals) const noexcept {
   const std::size_t window = (window_bytes + 4095) / 4096 * 4096;
@@ -106,7 +158,15 @@ void wait_until(Load load, std::uint64_t at_least, std::chrono::milliseconds tim
 }
 }  // namespace
 
+void MappedTransport::note_phase(const char* phase) noexcept {
+  if (phase == last_phase_.load(std::memory_order_relaxed)) return;
+  last_phase_.store(phase, std::memory_order_relaxed);
+  control_->enter_phase(rank_, phase);
+  fault_.maybe_fire(rank_, phase);
+}
+
 void MappedTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) {
+  note_phase(where.phase);
   std::atomic<std::uint64_t>& s = signals_of(rank_)[slot];
   wait_until([&] { return s.load(std::memory_order_acquire); }, at_least, timeout_,
              [&] { check_peers(where.phase, where.peer); }, [&] { throw_timeout(where.phase, where.peer); });
@@ -121,6 +181,7 @@ void MappedTransport::put_flagged(int peer, std::size_t offset, const void* src,
 }
 
 void MappedTransport::wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) {
+  note_phase(where.phase);
   std::atomic_ref<std::uint64_t> flag(*reinterpret_cast<std::uint64_t*>(windows_[static_cast<std::size_t>(rank_)] + offset));
   wait_until([&] { return flag.load(std::memory_order_acquire); }, at_least, timeout_,
              [&] { check_peers(where.phase, where.peer); }, [&] { throw_timeout(where.phase, where.peer); });
@@ -141,7 +202,9 @@ void MappedTransport::barrier(const char* phase) {
 }
 
 void MappedTransport::bootstrap_barrier(const char* phase) {
+  note_phase(phase);
   const std::uint32_t gen = control_->barrier_generation.load(std::memory_order_acquire);
+  const std::uint32_t mine = control_->ranks()[rank_].barriers_arrived.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (control_->barrier_arrived.fetch_add(1, std::memory_order_acq_rel) + 1 ==
       static_cast<std::uint32_t>(num_ranks_)) {
     control_->barrier_arrived.store(0, std::memory_order_relaxed);
@@ -150,7 +213,13 @@ void MappedTransport::bootstrap_barrier(const char* phase) {
   }
   Backoff backoff(timeout_);
   while (control_->barrier_generation.load(std::memory_order_acquire) == gen) {
-    if (!backoff.step()) throw_timeout(phase, -1);
+    if (!backoff.step()) {
+      // Blame the lowest rank that has not arrived (the one stalled, stopped or blocked).
+      for (int p = 0; p < num_ranks_; ++p)
+        if (p != rank_ && control_->ranks()[p].barriers_arrived.load(std::memory_order_acquire) < mine)
+          throw_timeout(phase, p);
+      throw_timeout(phase, -1);
+    }
     if (backoff.yielding()) check_peers(phase, -1);
   }
 }
@@ -158,11 +227,18 @@ void MappedTransport::bootstrap_barrier(const char* phase) {
 void MappedTransport::check_peers(const char* phase, int peer) const {
   for (int p = 0; p < num_ranks_; ++p) {
     const auto state = static_cast<RankState>(control_->ranks()[p].state.load(std::memory_order_acquire));
-    if (p != rank_ && state == RankState::kFailed)
-      throw Error(ErrorCode::kPeerFailed,
+    if (p != rank_ && state == RankState::kFailed) {
+      // The peer's own report travels with it: every rank says why, not only who.
+      const RankSlot& slot = control_->ranks()[p];
+      const int origin = slot.origin_rank >= 0 ? slot.origin_rank : p;
+      // A peer that failed because of a third rank (it timed out waiting for it) passes on
+      // its code too: this rank's error is then the same kind of error about the same rank.
+      const ErrorCode code = origin != p ? static_cast<ErrorCode>(slot.error_code) : ErrorCode::kPeerFailed;
+      throw Error(code,
                   "rank " + std::to_string(rank_) + ": peer rank " + std::to_string(p) +
-                      " failed while this rank waited in phase '" + phase + "'",
-                  p);
+                      " failed while this rank waited in phase '" + phase + "': " + std::string(slot.message),
+                  origin);
+    }
     if (p == peer && p != rank_ && state == RankState::kDone)
       throw Error(ErrorCode::kPeerFailed,
                   "rank " + std::to_string(rank_) + ": peer rank " + std::to_string(p) +
@@ -173,6 +249,11 @@ void MappedTransport::check_peers(const char* phase, int peer) const {
 
 void MappedTransport::throw_timeout(const char* phase, int peer) const {
   std::string who = peer >= 0 ? "rank " + std::to_string(peer) : std::string("the other ranks");
+  if (peer >= 0 && peer != rank_) {
+    char where[kPhaseChars];
+    control_->ranks()[peer].get_phase(where);
+    who += " (last seen in phase '" + std::string(where) + "')";
+  }
   throw Error(ErrorCode::kTimeout,
               "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) +
                   " ms in phase '" + phase + "' waiting for " + who,

@@ -56,6 +56,7 @@ class MappedTransport : public Transport {
   void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) override;
   void quiet(int queue) override;
   void barrier(const char* phase) override;
+  void enter_phase(const char* phase) noexcept override { note_phase(phase); }
   const std::byte* peer_window(int peer) const noexcept override {
     return windows_.empty() ? nullptr : windows_[static_cast<std::size_t>(peer)];
   }
@@ -71,6 +72,8 @@ class MappedTransport : public Transport {
   /// Throws kPeerFailed if any rank failed, or if `peer` (>= 0) already finished.
   void check_peers(const char* phase, int peer) const;
   [[noreturn]] void throw_timeout(const char* phase, int peer) const;
+  /// Records `phase` in this rank's control-block slot (skipped if it is the last one).
+  void note_phase(const char* phase) noexcept;
 
   ControlBlock* control_;
 
@@ -86,6 +89,8 @@ class MappedTransport : public Transport {
   std::size_t signal_offset_ = 0;  // from a segment base to its signal slots
   std::size_t num_signals_ = 0;    // user slots; the barrier's P slots follow
   std::uint64_t barrier_epoch_ = 0;
+  std::atomic<const char*> last_phase_{nullptr};
+  FaultPlan fault_;
 };
 
 }  // namespace epx::detail

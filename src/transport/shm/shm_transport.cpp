@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "epx/error.hpp"
+#include "epx/spi/resources.hpp"
 
 namespace epx::detail {
 
@@ -36,22 +37,30 @@ void ShmTransport::unmap_all() noexcept {
 
 void ShmTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
   const std::string me = "rank " + std::to_string(rank()) + ": ";
+  const std::size_t bytes = (segment_bytes(window_bytes, num_signals) + 4095) / 4096 * 4096;
+  // Checked on every rank before any segment of this generation exists (all ranks pass here
+  // before the barrier): every rank fails with the same clear error instead of one SIGBUS.
+  // The old windows still mapped count as free: they are unmapped below.
+  check_memory_fits(me, "the window", bytes > mapped_bytes_ ? bytes - mapped_bytes_ : 0, num_ranks(), true);
   bootstrap_barrier("allocate: enter");  // nobody touches the old windows any more
   unmap_all();
   ++generation_;
-  const std::size_t bytes = (segment_bytes(window_bytes, num_signals) + 4095) / 4096 * 4096;
   mapped_.assign(static_cast<std::size_t>(num_ranks()), nullptr);
   mapped_bytes_ = bytes;
 
   const std::string name = segment_name(rank());
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) throw Error(ErrorCode::kIo, me + "shm_open(" + name + ") failed: " + std::strerror(errno));
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const int err = errno;
+  // posix_fallocate reserves the pages now: a /dev/shm that fills up meanwhile (another job)
+  // gives ENOSPC here, never a SIGBUS at the first touch.
+  const int err = ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err != 0) {
     close(fd);
     shm_unlink(name.c_str());
     throw Error(ErrorCode::kCapacityExceeded,
-                me + "cannot size shared-memory segment to " + std::to_string(bytes) + " bytes: " + std::strerror(err));
+                me + "cannot reserve a shared-memory segment of " + format_bytes(bytes) + " (the window x " +
+                    std::to_string(num_ranks()) + " ranks needs " + format_bytes(mul_sat(bytes, static_cast<std::uint64_t>(num_ranks()))) +
+                    "; /dev/shm has " + format_bytes(shm_free_bytes()) + " free): " + std::strerror(err));
   }
   void* mine = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
