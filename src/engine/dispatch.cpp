@@ -253,11 +253,13 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
   auto* src = out.recv_src.as<std::int64_t>();
 
   // Padding rows (expanded: the tail of each expert's aligned range; both: rows past the
-  // real ones up to num_worst_tokens) are zero data, source -1, weight 0.
+  // real ones up to num_worst_tokens) have source -1, weight 0, and zero data when asked
+  // (zero_padding; SPEC §3.2: unspecified otherwise).
+  const bool zero_rows = payload && a.zero_padding;
   auto pad = [&](std::int64_t r0, std::int64_t r1) {
     if (r1 <= r0) return;
-    if (payload) std::memset(rx + static_cast<std::size_t>(r0) * row_bytes, 0, static_cast<std::size_t>(r1 - r0) * row_bytes);
-    if (fp8 && payload) std::memset(rs + static_cast<std::size_t>(r0) * scale_bytes, 0, static_cast<std::size_t>(r1 - r0) * scale_bytes);
+    if (zero_rows) std::memset(rx + static_cast<std::size_t>(r0) * row_bytes, 0, static_cast<std::size_t>(r1 - r0) * row_bytes);
+    if (fp8 && zero_rows) std::memset(rs + static_cast<std::size_t>(r0) * scale_bytes, 0, static_cast<std::size_t>(r1 - r0) * scale_bytes);
     const int cols = expanded ? 3 : 2;
     std::fill(src + r0 * cols, src + r1 * cols, -1);
     if (expanded) {
