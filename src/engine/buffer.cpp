@@ -78,7 +78,7 @@ detail::WindowLayout make_layout(const BufferConfig& c, int P, int servers, int 
   }
   const auto recv = static_cast<std::size_t>(w.recv_rows), reply = static_cast<std::size_t>(w.reply_rows);
   const auto relay = static_cast<std::size_t>(w.relay_rows);
-  // Control first (headers, metadata), then payload (rows): see set_payload_region.
+  // Control first (headers, metadata), then payload (rows): see sim::ModelTransport::set_payload_region.
   w.headers = 0;
   w.meta = align_up(w.headers + 2 * static_cast<std::size_t>(P) * w.header_bytes, 64);
   w.flag_meta = align_up(w.meta + recv * w.meta_bytes, 4096);
@@ -144,6 +144,8 @@ constexpr std::size_t kAgreed = std::size(kAgreedNames);
 
 Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
     : transport(t),
+      model(dynamic_cast<sim::ModelTransport*>(&t)),
+      moves_payload(model == nullptr || model->moves_payload()),
       config(c),
       rank(t.rank()),
       P(t.num_ranks()),
@@ -205,7 +207,7 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
   // Signals: notify [P], dispatch and combine completions [P x W each], relay forwards [P],
   // ring tails and credits [P each], pull-mode combine done [P].
   t.allocate(window.total, static_cast<std::size_t>(P) * (1 + (2 * static_cast<std::size_t>(W) + 4) * signal_stride));
-  t.set_payload_region(window.data, window.total);
+  if (model) model->set_payload_region(window.data, window.total);
 }
 
 Status Buffer::Impl::make_status(ErrorCode code, const std::string& what) const {

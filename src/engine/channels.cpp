@@ -150,7 +150,7 @@ void Buffer::Impl::Sender::flush() {
 
 void Buffer::Impl::receive_flagged(Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,
                                    const std::int32_t* source_of, const char* phase) {
-  const bool copy = transport.caps().moves_payload || region == Region::kMeta;
+  const bool copy = moves_payload || region == Region::kMeta;
   std::byte* window_base = transport.window();
   std::byte* to = window_base + region_offset(region);
   for (std::int64_t r = r0; r < r1; ++r) {

@@ -46,7 +46,7 @@ const std::uint16_t* Buffer::Impl::Replies::of(std::int64_t r) {
     staged_ = 0;
   }
   std::uint16_t* out = stage_ + static_cast<std::size_t>(staged_++) * H;
-  if (m_.transport.caps().moves_payload)  // else partial sums are not computed
+  if (m_.moves_payload)  // else partial sums are not computed
     reduce_row(out, RowTerms{nullptr, slot_rows_.data(), a_.weighted ? slot_weights_.data() : nullptr, slots}, H);
   return out;
 }
@@ -192,7 +192,7 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
 
 Tensor Buffer::Impl::combined_output(std::int64_t S) {
   const Shape shape{S, static_cast<std::int64_t>(config.hidden)};
-  if (transport.caps().moves_payload) return outputs.make(DType::kBF16, shape);
+  if (moves_payload) return outputs.make(DType::kBF16, shape);
   // A modelling transport: no values are added up, so the output is a view of the replies.
   return Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + window.replies), DType::kBF16,
                        shape);
@@ -201,7 +201,7 @@ Tensor Buffer::Impl::combined_output(std::int64_t S) {
 Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pull) {
   const std::int64_t S = h.plan.shape.num_tokens;
   Tensor out = combined_output(S);
-  if (!transport.caps().moves_payload) return out;
+  if (!moves_payload) return out;
   // Where the row answering entry e (token t at destination d) is: push, my reply area at
   // d's block; pull, d's receive area (its y in place) at my segment.
   std::vector<const std::uint16_t*> rows_of(static_cast<std::size_t>(P));

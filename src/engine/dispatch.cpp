@@ -214,7 +214,7 @@ DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchAr
   DispatchResult out;
   // A modelling transport moves no payload: rows are views of the window whose values are
   // unspecified, and the epilogue reads or writes no payload bytes.
-  if (a.recv_in_window || !transport.caps().moves_payload) {  // views: the rows already sit where the compact output wants them
+  if (a.recv_in_window || !moves_payload) {  // views: the rows already sit where the compact output wants them
     std::byte* base = transport.window();
     out.recv_x = Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + window.data), dt, {rows, H});
     if (fp8)
@@ -245,7 +245,7 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
   const std::byte* data = transport.window() + window.data;
   const std::byte* scales = transport.window() + window.scales;
   const bool expanded = h.layout == RecvLayout::kExpanded;
-  const bool payload = transport.caps().moves_payload;
+  const bool payload = moves_payload;
   const bool in_window = a.recv_in_window || !payload;
   const bool place_rows = payload && !rows_placed;  // the bounded ring places rows as they arrive
   auto* rx = static_cast<std::byte*>(out.recv_x.data());

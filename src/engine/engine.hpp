@@ -17,6 +17,7 @@
 
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
+#include "epx/sim/model_transport.hpp"
 #include "epx/topology.hpp"
 #include "tensor_pool.hpp"
 #include "worker_pool.hpp"
@@ -100,7 +101,7 @@ inline int num_counts(const BufferConfig& c, int P) {
 }
 
 /// Byte offsets of the regions of one rank's window (the same on every rank). Control data
-/// (headers, metadata) comes first, payload (rows) after `data`: set_payload_region.
+/// (headers, metadata) comes first, payload (rows) after `data`: the model interface's set_payload_region.
 struct WindowLayout {
   std::size_t header_bytes = 0;  // one NotifyHeader + counts, 64-aligned
   std::size_t headers = 0;       // 2 parities x P headers
@@ -327,11 +328,11 @@ struct Buffer::Impl {
   void finish_pull();
   std::size_t pull_done_signal(int src) const noexcept;
 
-  /// Runs `task` on every worker (the rank thread is worker 0) and joins them; the
-  /// transport hears of the join (Transport::workers_joined). Every fork goes through here.
+  /// Runs `task` on every worker (the rank thread is worker 0) and joins them; a modelling
+  /// transport hears of the join (sim::ModelTransport::workers_joined). Every fork goes through here.
   void run_workers(const std::function<void(int)>& task) {
     pool.run(task);
-    transport.workers_joined();
+    if (model) model->workers_joined();
   }
 
   detail::RowMetaView meta_row(std::byte* base, std::int64_t row) const noexcept;
@@ -339,6 +340,11 @@ struct Buffer::Impl {
   std::size_t combine_signal(int src, int worker) const noexcept;
 
   Transport& transport;
+  /// The transport's optional model interface (the simulator), asked for once; null elsewhere.
+  sim::ModelTransport* model;
+  /// Payload bytes really move (false only on a model-only simulator: the engine then skips
+  /// every loop that reads or writes payload, and output values are unspecified).
+  bool moves_payload;
   BufferConfig config;
   int rank, P, L, W;
   std::uint64_t buffer_id;

@@ -92,7 +92,7 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
   const auto* scales = static_cast<const std::byte*>(a.x_scales.data);
   const bool with_meta = expert_base != nullptr;
   const bool expanded = h.layout == RecvLayout::kExpanded;
-  const bool payload = transport.caps().moves_payload;
+  const bool payload = moves_payload;
   const std::uint64_t stamp = epoch << 32;
   auto count_of = [&](std::uint64_t v) -> std::int64_t { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; };
   if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * window.meta_bytes);
@@ -208,7 +208,7 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
   const std::int64_t C = std::max<std::int64_t>(1, config.ring_rows / 2);
   const std::size_t H = static_cast<std::size_t>(config.hidden);
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
-  const bool payload = transport.caps().moves_payload;
+  const bool payload = moves_payload;
   const std::uint64_t stamp = epoch << 32;
   auto rounds_of = [&](std::int64_t tokens) { return (tokens + C - 1) / C; };
   auto count_of = [&](std::uint64_t v) -> std::int64_t { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; };
