@@ -22,8 +22,6 @@ std::int64_t DispatchHandle::num_recv_rows() const noexcept { return state_ ? st
 
 namespace {
 
-std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
-
 int auto_workers(int num_ranks) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / num_ranks);
@@ -53,48 +51,6 @@ struct ConfigMessage {
   std::int32_t valid;
   char message[480];
 };
-
-// `servers` / `lanes`: the hierarchical schedule's server count and ranks per server.
-detail::WindowLayout make_layout(const BufferConfig& c, int P, int servers, int lanes) {
-  detail::WindowLayout w;
-  const std::size_t H = static_cast<std::size_t>(c.hidden), K = static_cast<std::size_t>(c.num_topk);
-  w.header_bytes = align_up(sizeof(NotifyHeader) + sizeof(std::int32_t) * static_cast<std::size_t>(detail::num_counts(c, P)), 64);
-  w.recv_rows = c.max_recv_rows > 0 ? c.max_recv_rows : static_cast<std::int64_t>(P) * c.max_tokens_per_rank;
-  // Bounded mode: two rounds of max(1, ring_rows / 2) tokens, a block per expert rank each.
-  w.reply_rows = c.ring_rows > 0 ? 2 * static_cast<std::int64_t>(P) * std::max<std::int64_t>(1, c.ring_rows / 2)
-                                 : c.max_tokens_per_rank * std::min<std::int64_t>(c.num_topk, P);
-  w.meta_bytes = align_up(8 + 16 * K, 8);
-  const std::size_t scale_row = H % 128 == 0 ? H / 128 * sizeof(float) : 0;
-  if (c.dataplane.protocol == Protocol::kFlag) {
-    using detail::flag_blocks;
-    w.meta_record = flag_blocks(w.meta_bytes) * detail::kFlagBlock;
-    w.row_record = (flag_blocks(2 * H) + flag_blocks(scale_row)) * detail::kFlagBlock;
-    w.reply_record = flag_blocks(2 * H) * detail::kFlagBlock;
-  }
-  if (c.dataplane.schedule.kind == ScheduleKind::kHierarchical) {
-    // A source of another server relays each of its tokens through me at most once.
-    w.relay_rows = static_cast<std::int64_t>(servers - 1) * c.max_tokens_per_rank;
-    w.relay_record_bytes = align_up(2 * static_cast<std::size_t>(lanes) * sizeof(std::int32_t), 8) + static_cast<std::size_t>(lanes) * w.meta_bytes;
-  }
-  const auto recv = static_cast<std::size_t>(w.recv_rows), reply = static_cast<std::size_t>(w.reply_rows);
-  const auto relay = static_cast<std::size_t>(w.relay_rows);
-  // Control first (headers, metadata), then payload (rows): see sim::ModelTransport::set_payload_region.
-  w.headers = 0;
-  w.meta = align_up(w.headers + 2 * static_cast<std::size_t>(P) * w.header_bytes, 64);
-  w.flag_meta = align_up(w.meta + recv * w.meta_bytes, 4096);
-  w.relay_records = align_up(w.flag_meta + recv * w.meta_record, 64);
-  w.data = align_up(w.relay_records + relay * w.relay_record_bytes, 4096);
-  const std::size_t data_rows = c.ring_rows > 0 ? static_cast<std::size_t>(P) * static_cast<std::size_t>(c.ring_rows) : recv;
-  w.replies = align_up(w.data + data_rows * 2 * H, 4096);
-  w.scales = align_up(w.replies + reply * 2 * H, 64);
-  w.flag_rows = align_up(w.scales + recv * scale_row, 4096);
-  w.flag_replies = align_up(w.flag_rows + recv * w.row_record, 4096);
-  w.relay = align_up(w.flag_replies + reply * w.reply_record, 4096);
-  w.relay_scales = align_up(w.relay + relay * 2 * H, 64);
-  w.relay_replies = align_up(w.relay_scales + relay * scale_row, 4096);
-  w.total = w.relay_replies + relay * static_cast<std::size_t>(lanes) * 2 * H;
-  return w;
-}
 
 // The data-plane options that fit neither the transport nor the table, or "" if they do;
 // fills the table and the visiting order.
@@ -202,12 +158,9 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
       else reply_sources[static_cast<std::size_t>(relay_rank(topology, d, rank))].push_back(d);
     }
   }
-  window = make_layout(c, P, servers, static_cast<int>(server_members.size()));
-  if (c.dataplane.protocol == Protocol::kTail) signal_stride = 512 / sizeof(std::uint64_t);
-  // Signals: notify [P], dispatch and combine completions [P x W each], relay forwards [P],
-  // ring tails and credits [P each], pull-mode combine done [P].
-  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + (2 * static_cast<std::size_t>(W) + 4) * signal_stride));
-  if (model) model->set_payload_region(window.data, window.total);
+  geo = detail::Geometry(detail::GeometryShape::of(c, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
+  t.allocate(geo.total_bytes(), geo.num_signals());
+  if (model) model->set_payload_region(geo.payload_begin(), geo.total_bytes());
 }
 
 Status Buffer::Impl::make_status(ErrorCode code, const std::string& what) const {
@@ -258,10 +211,10 @@ MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
   if (a.recv_in_window && flag_protocol())
     return make_status(ErrorCode::kUnsupported,
                        "recv_in_window needs rows stored contiguously, but the flag protocol delivers 512-byte blocks");
-  if (a.recv_in_window && a.num_worst_tokens > window.recv_rows)
+  if (a.recv_in_window && a.num_worst_tokens > geo.recv_rows())
     return make_status(ErrorCode::kCapacityExceeded,
                        "recv_in_window: num_worst_tokens = " + std::to_string(a.num_worst_tokens) +
-                           " exceeds the receive area's " + std::to_string(window.recv_rows) + " rows");
+                           " exceeds the receive area's " + std::to_string(geo.recv_rows()) + " rows");
   if (a.num_worst_tokens < 0)
     return make_status(ErrorCode::kInvalidArgument,
                        "num_worst_tokens must be >= 0, got " + std::to_string(a.num_worst_tokens));
@@ -390,7 +343,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   // expanded rows itself: the senders did not know its layout). It still fails every rank
   // on a bad input, a stale handle or a fresh/cached mix, and ranks that disagree still
   // write only their own stretches.
-  const bool data_first = m.receive_areas_free && m.rows_first_allowed() && m.window.recv_rows >= m.stretch_begin(m.P);
+  const bool data_first = m.receive_areas_free && m.rows_first_allowed() && m.geo.has_stretches();
   m.receive_areas_free = m.reply_areas_free = false;
   m.recv_view = a.recv_in_window;
   m.stats.data_first = data_first;
