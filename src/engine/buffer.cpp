@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "engine.hpp"
+#include "epx/spi/support.hpp"
 #include "epx/topology.hpp"
 
 namespace epx {
@@ -38,10 +39,6 @@ std::string check_config(const BufferConfig& c, int P) {
   if (c.max_recv_rows < 0) return "max_recv_rows must be >= 0, got " + std::to_string(c.max_recv_rows);
   if (c.num_workers < 0) return "num_workers must be >= 0, got " + std::to_string(c.num_workers);
   if (c.ring_rows < 0) return "ring_rows must be >= 0, got " + std::to_string(c.ring_rows);
-  if (c.ring_rows > 0 && c.dataplane.protocol == Protocol::kFlag)
-    return "ring_rows (bounded receive area) needs protocol explicit or tail: ring counts travel as signals";
-  if (c.ring_rows > 0 && c.dataplane.schedule.kind == ScheduleKind::kHierarchical)
-    return "ring_rows (bounded receive area) does not combine with the hierarchical schedule";
   return {};
 }
 
@@ -54,7 +51,8 @@ struct ConfigMessage {
 
 // The data-plane options that fit neither the transport nor the table, or "" if they do;
 // fills the table and the visiting order.
-std::string check_dataplane(const DataPlaneOptions& o, const Transport& t, Topology& topology, std::vector<int>& visit_order) {
+std::string check_dataplane(const BufferConfig& c, const Transport& t, Topology& topology, std::vector<int>& visit_order) {
+  const DataPlaneOptions& o = c.dataplane;
   const TransportCaps& caps = t.caps();
   if (o.queues < 1 || o.queues > kMaxStatQueues || o.queues > caps.max_queues)
     return "queues must be 1.." + std::to_string(std::min(kMaxStatQueues, caps.max_queues)) + " on transport '" +
@@ -62,15 +60,8 @@ std::string check_dataplane(const DataPlaneOptions& o, const Transport& t, Topol
   if (o.queue_split.kind == QueueSplitKind::kRatio && static_cast<int>(o.queue_split.ratio.size()) != o.queues)
     return "queue split " + to_string(o.queue_split) + " has " + std::to_string(o.queue_split.ratio.size()) +
            " parts but there are " + std::to_string(o.queues) + " queues";
-  if (o.protocol == Protocol::kTail && !caps.ordered_signal_per_queue)
-    return std::string("protocol 'tail' relies on signals ordered after earlier puts on their queue, which transport '") +
-           caps.name + "' does not guarantee";
-  if (o.protocol == Protocol::kFlag && !caps.flagged_puts)
-    return std::string("protocol 'flag' relies on flagged puts (a block's flag visible only after its bytes), which transport '") +
-           caps.name + "' does not provide";
-  if (o.schedule.kind == ScheduleKind::kHierarchical && o.protocol == Protocol::kFlag)
-    return "schedule 'hierarchical' with protocol 'flag' is not supported: relays forward a source's rows when its signal "
-           "arrives (use explicit or tail)";
+  // Path x protocol x transport guarantee: the one support table.
+  if (std::string why = spi::refuse_config(c, caps); !why.empty()) return why;
   try {
     topology = load_topology(o.topology, t.num_ranks());
     for (const auto& round : peer_rounds(o.schedule, topology, t.rank()))
@@ -112,7 +103,7 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
       zero_row(static_cast<std::size_t>(std::max(c.hidden, 0)), 0) {
   // 1. Agree on the config before sizing anything by it: a small window for the exchange.
   std::string problem = check_config(c, P);
-  if (problem.empty()) problem = check_dataplane(c.dataplane, t, topology, visit_order);
+  if (problem.empty()) problem = check_dataplane(c, t, topology, visit_order);
   ConfigMessage mine{};
   static_assert(std::size(ConfigMessage{}.values) == kAgreed);
   const std::vector<std::int64_t> values = agreed_values(c, W);
@@ -202,15 +193,9 @@ MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
   if (a.expert_alignment < 1)
     return make_status(ErrorCode::kInvalidArgument,
                        "expert_alignment must be >= 1, got " + std::to_string(a.expert_alignment));
-  if (a.recv_in_window && a.layout != RecvLayout::kCompact)
-    return make_status(ErrorCode::kInvalidArgument, "recv_in_window needs the compact layout");
-  if (a.recv_in_window && config.ring_rows > 0)
-    return make_status(ErrorCode::kUnsupported,
-                       "recv_in_window needs a slot for every row, but this buffer has a bounded receive area (ring_rows = " +
-                           std::to_string(config.ring_rows) + ")");
-  if (a.recv_in_window && flag_protocol())
-    return make_status(ErrorCode::kUnsupported,
-                       "recv_in_window needs rows stored contiguously, but the flag protocol delivers 512-byte blocks");
+  bool invalid = false;
+  if (std::string why = spi::refuse_output(config, a.layout, a.recv_in_window, invalid); !why.empty())
+    return make_status(invalid ? ErrorCode::kInvalidArgument : ErrorCode::kUnsupported, why);
   if (a.recv_in_window && a.num_worst_tokens > geo.recv_rows())
     return make_status(ErrorCode::kCapacityExceeded,
                        "recv_in_window: num_worst_tokens = " + std::to_string(a.num_worst_tokens) +
@@ -343,9 +328,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   // expanded rows itself: the senders did not know its layout). It still fails every rank
   // on a bad input, a stale handle or a fresh/cached mix, and ranks that disagree still
   // write only their own stretches.
-  const bool data_first = m.receive_areas_free && m.rows_first_allowed() && m.geo.has_stretches();
-  m.receive_areas_free = m.reply_areas_free = false;
-  m.recv_view = a.recv_in_window;
+  const bool data_first = m.calls.begin_dispatch(m.rows_first_allowed() && m.geo.has_stretches(), a.recv_in_window);
   m.stats.data_first = data_first;
   const Impl::Peers peers = [&] {
     if (data_first) {
@@ -363,8 +346,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
                               fresh ? "dispatch notify" : "cached dispatch notify");
   }();
   // Every peer sent this header after its last combine had read its reply area.
-  m.reply_areas_free = m.none_holds_a_view(peers);
-  m.last_dispatch_handle = h->dispatch_epoch;
+  m.calls.dispatch_exchanged(!m.none_holds_a_view(peers), h->dispatch_epoch);
   std::vector<std::int32_t> expert_base;
   if (fresh) {
     Impl::PhaseTimer timer(m, 0, Phase::kPlan);
@@ -412,14 +394,12 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   // first and sends nothing (so no two ranks' plans write the same reply rows); the
   // exchange fails every rank.
   const MaybeStatus status = m.check_combine(a);
-  const bool data_first = m.reply_areas_free && m.rows_first_allowed() && !status &&
-                          a.handle->state_->dispatch_epoch == m.last_dispatch_handle;
-  m.receive_areas_free = m.reply_areas_free = false;
+  const bool data_first = m.calls.begin_combine(m.rows_first_allowed(), status ? 0 : a.handle->state_->dispatch_epoch);
   NotifyHeader mine{};
   mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
   mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
   mine.tokens = status ? 0 : a.handle->state_->plan.shape.num_tokens;
-  mine.recv_view = m.recv_view;
+  mine.recv_view = m.calls.holds_view();
   m.stats.data_first = data_first;
   const Impl::Peers peers = [&] {
     if (data_first) {
@@ -432,7 +412,7 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   }();
   // Every peer is in this combine, so done with its last dispatch's receive area: free for
   // the next dispatch's rows unless some rank still holds a view of it.
-  m.receive_areas_free = m.none_holds_a_view(peers);
+  m.calls.combine_exchanged(!m.none_holds_a_view(peers));
   const HandleState& h = *a.handle->state_;
   // Pull only when every rank's rows can be read in place (each decides for its own y).
   const bool pull = !data_first && std::all_of(peers.header.begin(), peers.header.end(),

@@ -141,8 +141,9 @@ void Buffer::Impl::wait_replies(const HandleState& h) {
 bool Buffer::Impl::y_readable_in_place(const HandleState& h, const CombineArgs& a) const {
   // y must be the zero-copy recv_x (rows where the senders put them, at send_base + the
   // token's position), on a transport that maps peers' windows.
-  return h.layout == RecvLayout::kCompact && !hierarchical() && config.ring_rows == 0 && !flag_protocol() &&
-         transport.peer_window(rank) != nullptr && a.y.data == transport.window() + geo.region(Region::kData);
+  return spi::allows(spi::Path::kPull, config, transport.peer_window(rank) != nullptr) &&
+         (h.layout == RecvLayout::kCompact || spi::rule(spi::Path::kPull).expanded) &&
+         a.y.data == transport.window() + geo.region(Region::kData);
 }
 
 void Buffer::Impl::finish_pull() {

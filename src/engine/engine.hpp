@@ -19,7 +19,9 @@
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
 #include "epx/sim/model_transport.hpp"
+#include "epx/spi/support.hpp"
 #include "epx/topology.hpp"
+#include "call_state.hpp"
 #include "geometry.hpp"
 #include "handle.hpp"
 #include "tensor_pool.hpp"
@@ -86,7 +88,7 @@ struct Buffer::Impl {
   /// Whether a call may put its rows before the header exchange and let the exchange
   /// complete them ("rows first", docs/engine.md): not with the ring (its credits pace the
   /// rows), relays or the flag protocol (they complete rows their own way).
-  bool rows_first_allowed() const noexcept { return config.ring_rows == 0 && !hierarchical() && !flag_protocol(); }
+  bool rows_first_allowed() const noexcept { return spi::allows(spi::Path::kRowsFirst, config); }
   void plan_slots(detail::HandleState& h, const Peers& peers);
   std::vector<std::int32_t> expert_row_base(const Peers& peers) const;
 
@@ -251,14 +253,7 @@ struct Buffer::Impl {
   int rank, P, L, W;
   std::uint64_t buffer_id;
   std::uint64_t epoch = 0;  // collective calls made so far (the same on every rank)
-  bool recv_view = false;   // my latest dispatch returned views of my receive area (recv_in_window)
-  // The previous call was a combine whose headers said no rank holds a view of its receive
-  // area: every peer's receive area is free for the next dispatch's rows (same on every rank).
-  bool receive_areas_free = false;
-  // The previous call was a dispatch none of whose outputs is a view of a receive area: every
-  // peer's reply area is free for the next combine's replies, and nobody can pull them.
-  bool reply_areas_free = false;
-  std::uint64_t last_dispatch_handle = 0;  // dispatch_epoch of the handle my latest dispatch used or made
+  detail::CallState calls;  // what the previous calls freed, views out, the last handle (call_state.hpp)
   detail::Geometry geo;  // every window region, signal slot and row address (geometry.hpp)
   detail::WorkerPool pool;
   detail::TensorPool outputs;  // every tensor a call returns
