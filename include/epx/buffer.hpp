@@ -60,8 +60,14 @@ struct DispatchArgs {
   RecvLayout layout = RecvLayout::kCompact;
   int expert_alignment = 1;          ///< A >= 1 (expanded rows per expert rounded up to A)
   std::int64_t num_worst_tokens = 0; ///< W > 0: exactly W output rows (SPEC §3.3)
-  bool deterministic = false;        ///< expanded rows sorted by (s, t) in each expert
-  bool zero_padding = false;         ///< padding rows of recv_x are all-zero bits
+  /// SPEC §3.2: expanded rows sorted by (s, t) inside each expert. epx places rows by
+  /// prefix sums, never by arrival order, so its order is always this one: false permits
+  /// any order and gets the sorted one at no cost (kept for DeepEP-style callers).
+  bool deterministic = false;
+  /// SPEC §3.2/§3.3: padding rows of recv_x (and recv_x_scales) are all-zero bits. When
+  /// false their bytes are unspecified (not written; a recycled block keeps old bytes).
+  /// recv_src, weights and recv_topk_idx of padding rows are always -1 / 0.
+  bool zero_padding = false;
   /// Compact layout only: recv_x and recv_x_scales are views of this Buffer's receive
   /// window, where the senders put the rows — no copy at all. They stay valid until the
   /// next dispatch on this Buffer (combine leaves them alone) or its destruction.

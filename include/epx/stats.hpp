@@ -1,8 +1,9 @@
 // epx/stats.hpp — where the time of one dispatch or combine went, per worker.
 //
-// Collected only when BufferConfig::collect_stats is set. The per-put counters live in a
-// separate instantiation of the data-plane loops, so with stats off the hot loops carry no
-// counting code at all. Each worker writes only its own slot (no shared atomics).
+// Collected only when BufferConfig::collect_stats is set: phase timers and per-put counters
+// are guarded by one runtime check each (a null stats pointer when collection is off), not a
+// separate build of the loops; the check is a predictable branch per put, not per byte.
+// Each worker writes only its own slot (no shared atomics).
 #pragma once
 
 #include <array>

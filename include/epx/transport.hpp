@@ -17,6 +17,10 @@
 //   * put_flagged / wait_flag: data-as-flag blocks (bytes, then an 8-byte epoch that is
 //     visible only after them), for protocols that need no separate signal.
 //
+// A modelling transport (the simulator) also implements the optional
+// epx/sim/model_transport.hpp, which the engine looks for once per Buffer; this interface
+// carries nothing simulator-only.
+//
 // Nothing above the transport touches a peer's memory in any other way. Signal values are
 // monotonic epochs (never reset), so a slot can be reused without clearing it.
 //
@@ -44,10 +48,6 @@ struct TransportCaps {
   int max_queues = 1;
   /// put_flagged's flag word becomes visible only after the block's bytes (data-as-flag).
   bool flagged_puts = false;
-  /// Payload bytes really move. A modelling transport (the simulator at full scale) may
-  /// only account for puts into the payload region (set_payload_region); the engine then
-  /// skips the loops that read payload, and the values of received rows are unspecified.
-  bool moves_payload = true;
 };
 
 /// Where a wait happens, for the timeout / peer-failure error message.
@@ -101,12 +101,6 @@ class Transport {
   /// (acquire), with the same timeout / peer-failure rules as wait_signal.
   virtual void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) = 0;
 
-  /// Hint, after allocate: bytes [begin, end) of every window hold bulk payload (rows),
-  /// the rest control data (headers, metadata). Transports that move bytes ignore it; one
-  /// with caps().moves_payload == false may skip copying puts inside it (and must then
-  /// treat wait_flag on a block there as satisfied once the block's put was issued).
-  virtual void set_payload_region(std::size_t begin, std::size_t end) { (void)begin, (void)end; }
-
   /// Where peer memory is mapped into this address space: `peer`'s window (this rank's own
   /// for peer == rank()), for reading rows in place (the combine's pull mode reads the
   /// expert ranks' outputs where they lie). nullptr on a transport that cannot offer that
@@ -118,12 +112,6 @@ class Transport {
 
   /// Collective: returns when every rank has called barrier (with the same phase name).
   virtual void barrier(const char* phase) = 0;
-
-  /// Called by the engine's rank thread when the workers it forked for a task have all
-  /// finished it (the join). A transport that records each thread's operations as its own
-  /// stream (the simulator) orders the rank thread's next operations after the workers'
-  /// last ones; nothing to do for the others (the default).
-  virtual void workers_joined() {}
 
   /// Local: this rank now works in `phase` (a string literal, e.g. "epilogue") without
   /// waiting. Waits name their phase themselves; this is for local stretches between them,

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "engine.hpp"
+#include "epx/spi/support.hpp"
 #include "epx/topology.hpp"
 
 namespace epx {
@@ -21,8 +22,6 @@ using detail::Status;
 std::int64_t DispatchHandle::num_recv_rows() const noexcept { return state_ ? state_->out_rows : 0; }
 
 namespace {
-
-std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
 int auto_workers(int num_ranks) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -40,10 +39,6 @@ std::string check_config(const BufferConfig& c, int P) {
   if (c.max_recv_rows < 0) return "max_recv_rows must be >= 0, got " + std::to_string(c.max_recv_rows);
   if (c.num_workers < 0) return "num_workers must be >= 0, got " + std::to_string(c.num_workers);
   if (c.ring_rows < 0) return "ring_rows must be >= 0, got " + std::to_string(c.ring_rows);
-  if (c.ring_rows > 0 && c.dataplane.protocol == Protocol::kFlag)
-    return "ring_rows (bounded receive area) needs protocol explicit or tail: ring counts travel as signals";
-  if (c.ring_rows > 0 && c.dataplane.schedule.kind == ScheduleKind::kHierarchical)
-    return "ring_rows (bounded receive area) does not combine with the hierarchical schedule";
   return {};
 }
 
@@ -54,51 +49,10 @@ struct ConfigMessage {
   char message[480];
 };
 
-// `servers` / `lanes`: the hierarchical schedule's server count and ranks per server.
-detail::WindowLayout make_layout(const BufferConfig& c, int P, int servers, int lanes) {
-  detail::WindowLayout w;
-  const std::size_t H = static_cast<std::size_t>(c.hidden), K = static_cast<std::size_t>(c.num_topk);
-  w.header_bytes = align_up(sizeof(NotifyHeader) + sizeof(std::int32_t) * static_cast<std::size_t>(detail::num_counts(c, P)), 64);
-  w.recv_rows = c.max_recv_rows > 0 ? c.max_recv_rows : static_cast<std::int64_t>(P) * c.max_tokens_per_rank;
-  // Bounded mode: two rounds of max(1, ring_rows / 2) tokens, a block per expert rank each.
-  w.reply_rows = c.ring_rows > 0 ? 2 * static_cast<std::int64_t>(P) * std::max<std::int64_t>(1, c.ring_rows / 2)
-                                 : c.max_tokens_per_rank * std::min<std::int64_t>(c.num_topk, P);
-  w.meta_bytes = align_up(8 + 16 * K, 8);
-  const std::size_t scale_row = H % 128 == 0 ? H / 128 * sizeof(float) : 0;
-  if (c.dataplane.protocol == Protocol::kFlag) {
-    using detail::flag_blocks;
-    w.meta_record = flag_blocks(w.meta_bytes) * detail::kFlagBlock;
-    w.row_record = (flag_blocks(2 * H) + flag_blocks(scale_row)) * detail::kFlagBlock;
-    w.reply_record = flag_blocks(2 * H) * detail::kFlagBlock;
-  }
-  if (c.dataplane.schedule.kind == ScheduleKind::kHierarchical) {
-    // A source of another server relays each of its tokens through me at most once.
-    w.relay_rows = static_cast<std::int64_t>(servers - 1) * c.max_tokens_per_rank;
-    w.relay_record_bytes = align_up(2 * static_cast<std::size_t>(lanes) * sizeof(std::int32_t), 8) + static_cast<std::size_t>(lanes) * w.meta_bytes;
-  }
-  const auto recv = static_cast<std::size_t>(w.recv_rows), reply = static_cast<std::size_t>(w.reply_rows);
-  const auto relay = static_cast<std::size_t>(w.relay_rows);
-  // Control first (headers, metadata), then payload (rows): see set_payload_region.
-  w.headers = 0;
-  w.meta = align_up(w.headers + 2 * static_cast<std::size_t>(P) * w.header_bytes, 64);
-  w.flag_meta = align_up(w.meta + recv * w.meta_bytes, 4096);
-  w.relay_records = align_up(w.flag_meta + recv * w.meta_record, 64);
-  w.data = align_up(w.relay_records + relay * w.relay_record_bytes, 4096);
-  const std::size_t data_rows = c.ring_rows > 0 ? static_cast<std::size_t>(P) * static_cast<std::size_t>(c.ring_rows) : recv;
-  w.replies = align_up(w.data + data_rows * 2 * H, 4096);
-  w.scales = align_up(w.replies + reply * 2 * H, 64);
-  w.flag_rows = align_up(w.scales + recv * scale_row, 4096);
-  w.flag_replies = align_up(w.flag_rows + recv * w.row_record, 4096);
-  w.relay = align_up(w.flag_replies + reply * w.reply_record, 4096);
-  w.relay_scales = align_up(w.relay + relay * 2 * H, 64);
-  w.relay_replies = align_up(w.relay_scales + relay * scale_row, 4096);
-  w.total = w.relay_replies + relay * static_cast<std::size_t>(lanes) * 2 * H;
-  return w;
-}
-
 // The data-plane options that fit neither the transport nor the table, or "" if they do;
 // fills the table and the visiting order.
-std::string check_dataplane(const DataPlaneOptions& o, const Transport& t, Topology& topology, std::vector<int>& visit_order) {
+std::string check_dataplane(const BufferConfig& c, const Transport& t, Topology& topology, std::vector<int>& visit_order) {
+  const DataPlaneOptions& o = c.dataplane;
   const TransportCaps& caps = t.caps();
   if (o.queues < 1 || o.queues > kMaxStatQueues || o.queues > caps.max_queues)
     return "queues must be 1.." + std::to_string(std::min(kMaxStatQueues, caps.max_queues)) + " on transport '" +
@@ -106,15 +60,8 @@ std::string check_dataplane(const DataPlaneOptions& o, const Transport& t, Topol
   if (o.queue_split.kind == QueueSplitKind::kRatio && static_cast<int>(o.queue_split.ratio.size()) != o.queues)
     return "queue split " + to_string(o.queue_split) + " has " + std::to_string(o.queue_split.ratio.size()) +
            " parts but there are " + std::to_string(o.queues) + " queues";
-  if (o.protocol == Protocol::kTail && !caps.ordered_signal_per_queue)
-    return std::string("protocol 'tail' relies on signals ordered after earlier puts on their queue, which transport '") +
-           caps.name + "' does not guarantee";
-  if (o.protocol == Protocol::kFlag && !caps.flagged_puts)
-    return std::string("protocol 'flag' relies on flagged puts (a block's flag visible only after its bytes), which transport '") +
-           caps.name + "' does not provide";
-  if (o.schedule.kind == ScheduleKind::kHierarchical && o.protocol == Protocol::kFlag)
-    return "schedule 'hierarchical' with protocol 'flag' is not supported: relays forward a source's rows when its signal "
-           "arrives (use explicit or tail)";
+  // Path x protocol x transport guarantee: the one support table.
+  if (std::string why = spi::refuse_config(c, caps); !why.empty()) return why;
   try {
     topology = load_topology(o.topology, t.num_ranks());
     for (const auto& round : peer_rounds(o.schedule, topology, t.rank()))
@@ -144,6 +91,8 @@ constexpr std::size_t kAgreed = std::size(kAgreedNames);
 
 Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
     : transport(t),
+      model(dynamic_cast<sim::ModelTransport*>(&t)),
+      moves_payload(model == nullptr || model->moves_payload()),
       config(c),
       rank(t.rank()),
       P(t.num_ranks()),
@@ -154,7 +103,7 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
       zero_row(static_cast<std::size_t>(std::max(c.hidden, 0)), 0) {
   // 1. Agree on the config before sizing anything by it: a small window for the exchange.
   std::string problem = check_config(c, P);
-  if (problem.empty()) problem = check_dataplane(c.dataplane, t, topology, visit_order);
+  if (problem.empty()) problem = check_dataplane(c, t, topology, visit_order);
   ConfigMessage mine{};
   static_assert(std::size(ConfigMessage{}.values) == kAgreed);
   const std::vector<std::int64_t> values = agreed_values(c, W);
@@ -200,12 +149,9 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
       else reply_sources[static_cast<std::size_t>(relay_rank(topology, d, rank))].push_back(d);
     }
   }
-  window = make_layout(c, P, servers, static_cast<int>(server_members.size()));
-  if (c.dataplane.protocol == Protocol::kTail) signal_stride = 512 / sizeof(std::uint64_t);
-  // Signals: notify [P], dispatch and combine completions [P x W each], relay forwards [P],
-  // ring tails and credits [P each], pull-mode combine done [P].
-  t.allocate(window.total, static_cast<std::size_t>(P) * (1 + (2 * static_cast<std::size_t>(W) + 4) * signal_stride));
-  t.set_payload_region(window.data, window.total);
+  geo = detail::Geometry(detail::GeometryShape::of(c, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
+  t.allocate(geo.total_bytes(), geo.num_signals());
+  if (model) model->set_payload_region(geo.payload_begin(), geo.total_bytes());
 }
 
 Status Buffer::Impl::make_status(ErrorCode code, const std::string& what) const {
@@ -247,19 +193,13 @@ MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
   if (a.expert_alignment < 1)
     return make_status(ErrorCode::kInvalidArgument,
                        "expert_alignment must be >= 1, got " + std::to_string(a.expert_alignment));
-  if (a.recv_in_window && a.layout != RecvLayout::kCompact)
-    return make_status(ErrorCode::kInvalidArgument, "recv_in_window needs the compact layout");
-  if (a.recv_in_window && config.ring_rows > 0)
-    return make_status(ErrorCode::kUnsupported,
-                       "recv_in_window needs a slot for every row, but this buffer has a bounded receive area (ring_rows = " +
-                           std::to_string(config.ring_rows) + ")");
-  if (a.recv_in_window && flag_protocol())
-    return make_status(ErrorCode::kUnsupported,
-                       "recv_in_window needs rows stored contiguously, but the flag protocol delivers 512-byte blocks");
-  if (a.recv_in_window && a.num_worst_tokens > window.recv_rows)
+  bool invalid = false;
+  if (std::string why = spi::refuse_output(config, a.layout, a.recv_in_window, invalid); !why.empty())
+    return make_status(invalid ? ErrorCode::kInvalidArgument : ErrorCode::kUnsupported, why);
+  if (a.recv_in_window && a.num_worst_tokens > geo.recv_rows())
     return make_status(ErrorCode::kCapacityExceeded,
                        "recv_in_window: num_worst_tokens = " + std::to_string(a.num_worst_tokens) +
-                           " exceeds the receive area's " + std::to_string(window.recv_rows) + " rows");
+                           " exceeds the receive area's " + std::to_string(geo.recv_rows()) + " rows");
   if (a.num_worst_tokens < 0)
     return make_status(ErrorCode::kInvalidArgument,
                        "num_worst_tokens must be >= 0, got " + std::to_string(a.num_worst_tokens));
@@ -388,9 +328,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   // expanded rows itself: the senders did not know its layout). It still fails every rank
   // on a bad input, a stale handle or a fresh/cached mix, and ranks that disagree still
   // write only their own stretches.
-  const bool data_first = m.receive_areas_free && m.rows_first_allowed() && m.window.recv_rows >= m.stretch_begin(m.P);
-  m.receive_areas_free = m.reply_areas_free = false;
-  m.recv_view = a.recv_in_window;
+  const bool data_first = m.calls.begin_dispatch(m.rows_first_allowed() && m.geo.has_stretches(), a.recv_in_window);
   m.stats.data_first = data_first;
   const Impl::Peers peers = [&] {
     if (data_first) {
@@ -408,8 +346,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
                               fresh ? "dispatch notify" : "cached dispatch notify");
   }();
   // Every peer sent this header after its last combine had read its reply area.
-  m.reply_areas_free = m.none_holds_a_view(peers);
-  m.last_dispatch_handle = h->dispatch_epoch;
+  m.calls.dispatch_exchanged(!m.none_holds_a_view(peers), h->dispatch_epoch);
   std::vector<std::int32_t> expert_base;
   if (fresh) {
     Impl::PhaseTimer timer(m, 0, Phase::kPlan);
@@ -457,14 +394,12 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   // first and sends nothing (so no two ranks' plans write the same reply rows); the
   // exchange fails every rank.
   const MaybeStatus status = m.check_combine(a);
-  const bool data_first = m.reply_areas_free && m.rows_first_allowed() && !status &&
-                          a.handle->state_->dispatch_epoch == m.last_dispatch_handle;
-  m.receive_areas_free = m.reply_areas_free = false;
+  const bool data_first = m.calls.begin_combine(m.rows_first_allowed(), status ? 0 : a.handle->state_->dispatch_epoch);
   NotifyHeader mine{};
   mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
   mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
   mine.tokens = status ? 0 : a.handle->state_->plan.shape.num_tokens;
-  mine.recv_view = m.recv_view;
+  mine.recv_view = m.calls.holds_view();
   m.stats.data_first = data_first;
   const Impl::Peers peers = [&] {
     if (data_first) {
@@ -477,7 +412,7 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   }();
   // Every peer is in this combine, so done with its last dispatch's receive area: free for
   // the next dispatch's rows unless some rank still holds a view of it.
-  m.receive_areas_free = m.none_holds_a_view(peers);
+  m.calls.combine_exchanged(!m.none_holds_a_view(peers));
   const HandleState& h = *a.handle->state_;
   // Pull only when every rank's rows can be read in place (each decides for its own y).
   const bool pull = !data_first && std::all_of(peers.header.begin(), peers.header.end(),

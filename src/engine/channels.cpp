@@ -16,35 +16,6 @@ using detail::Region;
 using detail::kFlagBlock;
 using detail::kFlagPayload;
 
-std::size_t Buffer::Impl::region_offset(Region region) const noexcept {
-  switch (region) {
-    case Region::kData: return window.data;
-    case Region::kScales: return window.scales;
-    case Region::kMeta: return window.meta;
-    case Region::kReplies: return window.replies;
-    case Region::kRelay: return window.relay;
-    case Region::kRelayScales: return window.relay_scales;
-    case Region::kRelayRecord: return window.relay_records;
-    case Region::kRelayReplies: return window.relay_replies;
-  }
-  return 0;
-}
-
-// Flag protocol: where row `row`'s first block of `region` sits. A received dispatch row
-// is one record of data blocks followed by scale blocks (sized for the widest row).
-std::size_t Buffer::Impl::flag_offset(Region region, std::int64_t row) const noexcept {
-  const auto r = static_cast<std::size_t>(row);
-  switch (region) {
-    case Region::kData: return window.flag_rows + r * window.row_record;
-    case Region::kScales:
-      return window.flag_rows + r * window.row_record + detail::flag_blocks(2 * static_cast<std::size_t>(config.hidden)) * kFlagBlock;
-    case Region::kMeta: return window.flag_meta + r * window.meta_record;
-    case Region::kReplies: return window.flag_replies + r * window.reply_record;
-    default: return 0;  // relays forward on signals; flag + hierarchical is refused
-  }
-  return 0;
-}
-
 void Buffer::Impl::count_put(WorkerStats& ws, int peer, std::size_t bytes, int queue) const noexcept {
   if (peer == rank) {
     ++ws.local_puts;
@@ -89,10 +60,9 @@ void Buffer::Impl::Sender::put_rows(int d, Region region, std::int64_t row, cons
   if (!m_.flag_protocol()) {
     const std::size_t limit = m_.config.dataplane.aggregate_bytes;
     const std::int64_t per_put = std::max<std::int64_t>(1, static_cast<std::int64_t>(limit / row_bytes));
-    const std::size_t base = m_.region_offset(region);
     for (std::int64_t i = 0; i < n; i += per_put) {
       const std::int64_t rows = std::min(per_put, n - i);
-      put(d, base + static_cast<std::size_t>(row + i) * row_bytes, from + static_cast<std::size_t>(i) * row_bytes,
+      put(d, m_.geo.row(region, row + i, row_bytes), from + static_cast<std::size_t>(i) * row_bytes,
           static_cast<std::size_t>(rows) * row_bytes);
     }
     return;
@@ -101,7 +71,7 @@ void Buffer::Impl::Sender::put_rows(int d, Region region, std::int64_t row, cons
   const bool reuse_needs_quiet = !m_.transport.caps().put_completes_on_return;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::byte* r = from + static_cast<std::size_t>(i) * row_bytes;
-    std::size_t block = m_.flag_offset(region, row + i);
+    std::size_t block = m_.geo.flag_block(region, row + i);
     for (std::size_t done = 0; done < row_bytes; done += kFlagPayload, block += kFlagBlock) {
       const std::size_t bytes = std::min(kFlagPayload, row_bytes - done);
       const std::byte* payload = r + done;
@@ -150,15 +120,15 @@ void Buffer::Impl::Sender::flush() {
 
 void Buffer::Impl::receive_flagged(Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,
                                    const std::int32_t* source_of, const char* phase) {
-  const bool copy = transport.caps().moves_payload || region == Region::kMeta;
+  const bool copy = moves_payload || region == Region::kMeta;
   std::byte* window_base = transport.window();
-  std::byte* to = window_base + region_offset(region);
   for (std::int64_t r = r0; r < r1; ++r) {
-    std::size_t block = flag_offset(region, r);
+    std::byte* to = window_base + geo.row(region, r, row_bytes);
+    std::size_t block = geo.flag_block(region, r);
     for (std::size_t done = 0; done < row_bytes; done += kFlagPayload, block += kFlagBlock) {
       transport.wait_flag(block + kFlagPayload, epoch, {phase, source_of[r]});
       if (copy)
-        std::memcpy(to + static_cast<std::size_t>(r) * row_bytes + done, window_base + block,
+        std::memcpy(to + done, window_base + block,
                     std::min(kFlagPayload, row_bytes - done));
     }
   }

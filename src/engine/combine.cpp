@@ -46,7 +46,7 @@ const std::uint16_t* Buffer::Impl::Replies::of(std::int64_t r) {
     staged_ = 0;
   }
   std::uint16_t* out = stage_ + static_cast<std::size_t>(staged_++) * H;
-  if (m_.transport.caps().moves_payload)  // else partial sums are not computed
+  if (m_.moves_payload)  // else partial sums are not computed
     reduce_row(out, RowTerms{nullptr, slot_rows_.data(), a_.weighted ? slot_weights_.data() : nullptr, slots}, H);
   return out;
 }
@@ -62,7 +62,6 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
   // the relay's area (reply_sources lists, per channel peer, whose replies travel to it).
   const bool via_relay = hierarchical();
   const int my_lane = via_relay ? topology.ranks[static_cast<std::size_t>(rank)].lane : 0;
-  const auto lanes = static_cast<std::int64_t>(server_members.size());
 
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
@@ -81,19 +80,18 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
     for (int peer : reply_order)
       for (int s : reply_sources[static_cast<std::size_t>(peer)])
         channel_bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(std::max<std::int64_t>(0, hi(s) - lo(s))) * row_bytes;
-    Sender send(*this, w, signal ? combine_signal(rank, w) : Sender::kNoSignal, channel_bytes, reply_order);
+    Sender send(*this, w, signal ? geo.combine_signal(rank, w) : Sender::kNoSignal, channel_bytes, reply_order);
     Replies replies(*this, h, a, w);
     for (int peer : reply_order) {
       for (int s : reply_sources[static_cast<std::size_t>(peer)]) {
-        const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
         const std::int64_t first = lo(s), end = hi(s);
         if (s != peer) {  // relayed: one row at a time into the relay's area
           for (std::int64_t r = first; r < end; ++r)
-            send.put_rows(peer, Region::kRelayReplies, h.recv_relay_row[static_cast<std::size_t>(r)] * lanes + my_lane,
+            send.put_rows(peer, Region::kRelayReplies, geo.relay_reply_row(h.recv_relay_row[static_cast<std::size_t>(r)], my_lane),
                           replies.of(r), 1, row_bytes);
           continue;
         }
-        const std::int64_t dst_row = h.reply_base[static_cast<std::size_t>(s)] + (first - b);
+        const std::int64_t dst_row = geo.reply_row(h, s, first);
         if (!expanded) {  // compact: y's rows from s are contiguous and so are their slots at s
           send.put_rows(s, Region::kReplies, dst_row, y + static_cast<std::size_t>(first) * H, end - first, row_bytes);
           continue;
@@ -111,17 +109,17 @@ void Buffer::Impl::wait_replies(const HandleState& h) {
     // My server's ranks answer directly; each other server's answers come from its relay.
     PhaseTimer timer(*this, 0, Phase::kWaitData);
     for (int d : server_members)
-      for (int w = 0; w < W; ++w) transport.wait_signal(combine_signal(d, w), epoch, {"combine data", d});
+      for (int w = 0; w < W; ++w) transport.wait_signal(geo.combine_signal(d, w), epoch, {"combine data", d});
     const int my_server = topology.ranks[static_cast<std::size_t>(rank)].server;
     for (int d = 0; d < P; ++d) {
       const int relay = relay_rank(topology, rank, d);
       if (topology.ranks[static_cast<std::size_t>(d)].server != my_server && relay == d)
-        transport.wait_signal(forward_signal(relay), epoch, {"combine data (relayed)", relay});
+        transport.wait_signal(geo.forward_signal(relay), epoch, {"combine data (relayed)", relay});
     }
     return;
   }
   if (!flag_protocol()) {
-    wait_phase(combine_signal(0, 0), "combine data");
+    wait_phase(&detail::Geometry::combine_signal, "combine data");
     return;
   }
   // Reply row i answers plan entry i in segment order (destination d's rows start at
@@ -143,20 +141,17 @@ void Buffer::Impl::wait_replies(const HandleState& h) {
 bool Buffer::Impl::y_readable_in_place(const HandleState& h, const CombineArgs& a) const {
   // y must be the zero-copy recv_x (rows where the senders put them, at send_base + the
   // token's position), on a transport that maps peers' windows.
-  return h.layout == RecvLayout::kCompact && !hierarchical() && config.ring_rows == 0 && !flag_protocol() &&
-         transport.peer_window(rank) != nullptr && a.y.data == transport.window() + window.data;
-}
-
-std::size_t Buffer::Impl::pull_done_signal(int src) const noexcept {
-  return ring_credit_signal(P) + static_cast<std::size_t>(src) * signal_stride;
+  return spi::allows(spi::Path::kPull, config, transport.peer_window(rank) != nullptr) &&
+         (h.layout == RecvLayout::kCompact || spi::rule(spi::Path::kPull).expanded) &&
+         a.y.data == transport.window() + geo.region(Region::kData);
 }
 
 void Buffer::Impl::finish_pull() {
   PhaseTimer timer(*this, 0, Phase::kBarrier);
   // My reads are plain loads that completed before this store (release orders them), so a
   // peer that sees it may overwrite the rows I read (its user's next y, the next dispatch).
-  for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, pull_done_signal(rank), epoch, 0);
-  for (int s = 0; s < P; ++s) transport.wait_signal(pull_done_signal(s), epoch, {"combine pull done", s});
+  for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, geo.pull_done_signal(rank), epoch, 0);
+  for (int s = 0; s < P; ++s) transport.wait_signal(geo.pull_done_signal(s), epoch, {"combine pull done", s});
 }
 
 void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
@@ -192,25 +187,25 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
 
 Tensor Buffer::Impl::combined_output(std::int64_t S) {
   const Shape shape{S, static_cast<std::int64_t>(config.hidden)};
-  if (transport.caps().moves_payload) return outputs.make(DType::kBF16, shape);
+  if (moves_payload) return outputs.make(DType::kBF16, shape);
   // A modelling transport: no values are added up, so the output is a view of the replies.
-  return Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + window.replies), DType::kBF16,
+  return Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + geo.region(Region::kReplies)), DType::kBF16,
                        shape);
 }
 
 Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pull) {
   const std::int64_t S = h.plan.shape.num_tokens;
   Tensor out = combined_output(S);
-  if (!transport.caps().moves_payload) return out;
+  if (!moves_payload) return out;
   // Where the row answering entry e (token t at destination d) is: push, my reply area at
   // d's block; pull, d's receive area (its y in place) at my segment.
   std::vector<const std::uint16_t*> rows_of(static_cast<std::size_t>(P));
   std::vector<std::int64_t> first_row(static_cast<std::size_t>(P));
   for (int d = 0; d < P; ++d) {
     const auto du = static_cast<std::size_t>(d);
-    rows_of[du] = reinterpret_cast<const std::uint16_t*>((pull ? transport.peer_window(d) + window.data
-                                                              : transport.window() + window.replies));
-    first_row[du] = pull ? h.send_base[du] : h.plan.segment_begin[du];
+    rows_of[du] = reinterpret_cast<const std::uint16_t*>((pull ? transport.peer_window(d) + geo.region(Region::kData)
+                                                              : transport.window() + geo.region(Region::kReplies)));
+    first_row[du] = pull ? geo.send_row(h, d, 0, false) : geo.replied_row(h, d, 0);
   }
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);

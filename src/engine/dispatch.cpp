@@ -16,28 +16,6 @@ using detail::Region;
 using detail::RowMetaView;
 using detail::split_range;
 
-std::size_t Buffer::Impl::dispatch_signal(int src, int worker) const noexcept {
-  return static_cast<std::size_t>(P) +
-         (static_cast<std::size_t>(src) * static_cast<std::size_t>(W) + static_cast<std::size_t>(worker)) * signal_stride;
-}
-
-std::size_t Buffer::Impl::combine_signal(int src, int worker) const noexcept {
-  return dispatch_signal(P, 0) +
-         (static_cast<std::size_t>(src) * static_cast<std::size_t>(W) + static_cast<std::size_t>(worker)) * signal_stride;
-}
-
-RowMetaView Buffer::Impl::meta_row(std::byte* base, std::int64_t row) const noexcept {
-  const std::size_t K = static_cast<std::size_t>(config.num_topk);
-  std::byte* p = base + static_cast<std::size_t>(row) * window.meta_bytes;
-  RowMetaView v;
-  v.token = reinterpret_cast<std::int32_t*>(p);
-  v.relay_row = reinterpret_cast<std::int32_t*>(p + 4);
-  v.topk_idx = reinterpret_cast<std::int64_t*>(p + 8);
-  v.weights = reinterpret_cast<float*>(p + 8 + 8 * K);
-  v.slot_row = reinterpret_cast<std::int32_t*>(p + 8 + 12 * K);
-  return v;
-}
-
 void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
                              const std::vector<std::int32_t>* expert_base, bool rows_first) {
   const RoutingPlan& plan = h.plan;
@@ -48,8 +26,8 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
   const auto* x = static_cast<const std::byte*>(a.x.data);
   const auto* scales = static_cast<const std::byte*>(a.x_scales.data);
   const bool with_meta = expert_base != nullptr;
-  const std::size_t meta_bytes = with_meta ? window.meta_bytes : 0;
-  if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * window.meta_bytes);
+  const std::size_t meta_bytes = with_meta ? geo.meta_bytes() : 0;
+  if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * geo.meta_bytes());
 
   // Hierarchical: rows for other servers go to their relays (visit_order holds my server's
   // ranks and one relay per other server); each relay's records are staged apart.
@@ -58,7 +36,7 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
   if (relayed) {
     for (int r = 0; r < P; ++r)
       relay_first[static_cast<std::size_t>(r) + 1] = relay_first[static_cast<std::size_t>(r)] + h.relay_tokens[static_cast<std::size_t>(r)].size();
-    relay_stage.resize(relay_first.back() * window.relay_record_bytes);
+    relay_stage.resize(relay_first.back() * geo.relay_record_bytes());
   }
   auto is_relay = [&](int d) {
     return relayed && topology.ranks[static_cast<std::size_t>(d)].server != topology.ranks[static_cast<std::size_t>(rank)].server;
@@ -80,20 +58,20 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
       if (is_relay(d)) {
         const auto& tokens = h.relay_tokens[static_cast<std::size_t>(d)];
         const auto n = std::lower_bound(tokens.begin(), tokens.end(), t1) - std::lower_bound(tokens.begin(), tokens.end(), t0);
-        channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(n) * (row_bytes + scale_bytes + window.relay_record_bytes);
+        channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(n) * (row_bytes + scale_bytes + geo.relay_record_bytes());
       }
     }
-    Sender send(*this, w, rows_first ? Sender::kNoSignal : dispatch_signal(rank, w), channel_bytes, visit_order);
+    Sender send(*this, w, rows_first ? Sender::kNoSignal : geo.dispatch_signal(rank, w), channel_bytes, visit_order);
     for (int d : visit_order) {
       if (is_relay(d)) {
         put_relayed_rows(send, h, a, d, t0, t1, expert_base,
-                         relay_stage.data() + relay_first[static_cast<std::size_t>(d)] * window.relay_record_bytes);
+                         relay_stage.data() + geo.relay_record_offset(static_cast<std::int64_t>(relay_first[static_cast<std::size_t>(d)])));
         send.end_channel(d);
         continue;
       }
       const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
       const std::int64_t p0 = first[static_cast<std::size_t>(d)], p1 = last[static_cast<std::size_t>(d)];
-      const std::int64_t base = rows_first ? stretch_begin(rank) : h.send_base[static_cast<std::size_t>(d)];
+      const std::int64_t base = geo.send_row(h, d, 0, rows_first);
       // Rows: runs of consecutive tokens (their slots are consecutive too).
       for (std::int64_t p = p0; p < p1;) {
         std::int64_t q = p + 1;
@@ -107,9 +85,9 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
         // Metadata for the same rows: built in plan order, sent as consecutive rows.
         const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
         for (std::int64_t p = p0; p < p1; ++p)
-          fill_meta(meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
-        send.put_rows(d, Region::kMeta, base + p0, meta_stage.data() + stage_row * window.meta_bytes, p1 - p0,
-                      window.meta_bytes);
+          fill_meta(geo.meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
+        send.put_rows(d, Region::kMeta, base + p0, meta_stage.data() + stage_row * geo.meta_bytes(), p1 - p0,
+                      geo.meta_bytes());
       }
       send.end_channel(d);
     }
@@ -125,15 +103,15 @@ void Buffer::Impl::wait_rows(const HandleState& h, bool with_meta, std::size_t r
     const int my_server = topology.ranks[static_cast<std::size_t>(rank)].server;
     for (int s = 0; s < P; ++s) {
       if (topology.ranks[static_cast<std::size_t>(s)].server == my_server) {
-        for (int w = 0; w < W; ++w) transport.wait_signal(dispatch_signal(s, w), epoch, {"dispatch data", s});
+        for (int w = 0; w < W; ++w) transport.wait_signal(geo.dispatch_signal(s, w), epoch, {"dispatch data", s});
       } else {
-        transport.wait_signal(forward_signal(s), epoch, {"dispatch data (relayed)", relay_rank(topology, s, rank)});
+        transport.wait_signal(geo.forward_signal(s), epoch, {"dispatch data (relayed)", relay_rank(topology, s, rank)});
       }
     }
     return;
   }
   if (!flag_protocol()) {
-    wait_phase(dispatch_signal(0, 0), "dispatch data");
+    wait_phase(&detail::Geometry::dispatch_signal, "dispatch data");
     return;
   }
   const std::int64_t N = h.num_recv();
@@ -144,19 +122,16 @@ void Buffer::Impl::wait_rows(const HandleState& h, bool with_meta, std::size_t r
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kWaitData);
     const auto [r0, r1] = split_range(N, w, W);
-    if (with_meta) receive_flagged(Region::kMeta, r0, r1, window.meta_bytes, source_of.data(), "dispatch data");
+    if (with_meta) receive_flagged(Region::kMeta, r0, r1, geo.meta_bytes(), source_of.data(), "dispatch data");
     receive_flagged(Region::kData, r0, r1, row_bytes, source_of.data(), "dispatch data");
     if (scale_bytes) receive_flagged(Region::kScales, r0, r1, scale_bytes, source_of.data(), "dispatch data");
   });
 }
 
-void Buffer::Impl::wait_phase(std::size_t first_slot, const char* phase) {
+void Buffer::Impl::wait_phase(CompletionSlot slot, const char* phase) {
   PhaseTimer timer(*this, 0, Phase::kWaitData);
   for (int s = 0; s < P; ++s)
-    for (int w = 0; w < W; ++w)
-      transport.wait_signal(first_slot + (static_cast<std::size_t>(s) * static_cast<std::size_t>(W) +
-                                          static_cast<std::size_t>(w)) * signal_stride,
-                            epoch, {phase, s});
+    for (int w = 0; w < W; ++w) transport.wait_signal((geo.*slot)(s, w), epoch, {phase, s});
 }
 
 void Buffer::Impl::receive_meta(HandleState& h, const Peers* rows_first) {
@@ -178,11 +153,11 @@ void Buffer::Impl::receive_meta(HandleState& h, const Peers* rows_first) {
   h.recv_relay_row.resize(static_cast<std::size_t>(N));
   h.recv_slot_row.resize(static_cast<std::size_t>(N * K));
   h.recv_slot_weight.resize(static_cast<std::size_t>(N * K));
-  std::byte* meta = transport.window() + window.meta;
+  std::byte* meta = transport.window() + geo.region(Region::kMeta);
   int s = 0;  // the source of row r
   for (std::int64_t r = 0; r < N; ++r) {
     while (r >= h.recv_begin[static_cast<std::size_t>(s) + 1]) ++s;
-    const RowMetaView m = meta_row(meta, rows_first ? stretch_row(h, s, r) : r);
+    const RowMetaView m = geo.meta_row(meta, geo.recv_row(h, s, r, rows_first != nullptr));
     h.recv_token[static_cast<std::size_t>(r)] = *m.token;
     h.recv_relay_row[static_cast<std::size_t>(r)] = *m.relay_row;
     for (int k = 0; k < K; ++k) {
@@ -214,12 +189,12 @@ DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchAr
   DispatchResult out;
   // A modelling transport moves no payload: rows are views of the window whose values are
   // unspecified, and the epilogue reads or writes no payload bytes.
-  if (a.recv_in_window || !transport.caps().moves_payload) {  // views: the rows already sit where the compact output wants them
+  if (a.recv_in_window || !moves_payload) {  // views: the rows already sit where the compact output wants them
     std::byte* base = transport.window();
-    out.recv_x = Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + window.data), dt, {rows, H});
+    out.recv_x = Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + geo.region(Region::kData)), dt, {rows, H});
     if (fp8)
       out.recv_x_scales =
-          Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + window.scales), DType::kF32, {rows, H / 128});
+          Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + geo.region(Region::kScales)), DType::kF32, {rows, H / 128});
   } else {
     out.recv_x = outputs.make(dt, {rows, H});
     if (fp8) out.recv_x_scales = outputs.make(DType::kF32, {rows, H / 128});
@@ -242,10 +217,10 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
   const std::size_t row_bytes = static_cast<std::size_t>(H) * dtype_size(dt);
   const std::int64_t B = fp8 ? H / 128 : 0;
   const std::size_t scale_bytes = static_cast<std::size_t>(B) * sizeof(float);
-  const std::byte* data = transport.window() + window.data;
-  const std::byte* scales = transport.window() + window.scales;
+  const std::byte* data = transport.window() + geo.region(Region::kData);
+  const std::byte* scales = transport.window() + geo.region(Region::kScales);
   const bool expanded = h.layout == RecvLayout::kExpanded;
-  const bool payload = transport.caps().moves_payload;
+  const bool payload = moves_payload;
   const bool in_window = a.recv_in_window || !payload;
   const bool place_rows = payload && !rows_placed;  // the bounded ring places rows as they arrive
   auto* rx = static_cast<std::byte*>(out.recv_x.data());
@@ -253,11 +228,13 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
   auto* src = out.recv_src.as<std::int64_t>();
 
   // Padding rows (expanded: the tail of each expert's aligned range; both: rows past the
-  // real ones up to num_worst_tokens) are zero data, source -1, weight 0.
+  // real ones up to num_worst_tokens) have source -1, weight 0, and zero data when asked
+  // (zero_padding; SPEC §3.2: unspecified otherwise).
+  const bool zero_rows = payload && a.zero_padding;
   auto pad = [&](std::int64_t r0, std::int64_t r1) {
     if (r1 <= r0) return;
-    if (payload) std::memset(rx + static_cast<std::size_t>(r0) * row_bytes, 0, static_cast<std::size_t>(r1 - r0) * row_bytes);
-    if (fp8 && payload) std::memset(rs + static_cast<std::size_t>(r0) * scale_bytes, 0, static_cast<std::size_t>(r1 - r0) * scale_bytes);
+    if (zero_rows) std::memset(rx + static_cast<std::size_t>(r0) * row_bytes, 0, static_cast<std::size_t>(r1 - r0) * row_bytes);
+    if (fp8 && zero_rows) std::memset(rs + static_cast<std::size_t>(r0) * scale_bytes, 0, static_cast<std::size_t>(r1 - r0) * scale_bytes);
     const int cols = expanded ? 3 : 2;
     std::fill(src + r0 * cols, src + r1 * cols, -1);
     if (expanded) {
@@ -273,7 +250,7 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
     std::fill(source_of.begin() + h.recv_begin[static_cast<std::size_t>(s)],
               source_of.begin() + h.recv_begin[static_cast<std::size_t>(s) + 1], s);
   // Where received row r sits in the window (rows first: in its source's stretch of C rows).
-  auto window_row = [&](std::int64_t r) { return rows_first ? stretch_row(h, source_of[static_cast<std::size_t>(r)], r) : r; };
+  auto window_row = [&](std::int64_t r) { return geo.recv_row(h, source_of[static_cast<std::size_t>(r)], r, rows_first); };
   // Rows [r0, r1) of a region (rows of `bytes`) to `to`: one copy per source's stretch.
   auto copy_rows = [&](std::byte* to, const std::byte* from, std::int64_t r0, std::int64_t r1, std::size_t bytes) {
     for (std::int64_t r = r0; r < r1;) {
@@ -288,10 +265,11 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
     // (ascending: a stretch only moves down, onto rows already moved or its own).
     for (int s = 1; s < P; ++s) {
       const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)], n = h.recv_begin[static_cast<std::size_t>(s) + 1] - b;
-      std::memmove(rx + static_cast<std::size_t>(b) * row_bytes, data + static_cast<std::size_t>(stretch_begin(s)) * row_bytes,
+      const auto at = static_cast<std::size_t>(geo.recv_row(h, s, b, true));
+      std::memmove(rx + static_cast<std::size_t>(b) * row_bytes, data + at * row_bytes,
                    static_cast<std::size_t>(n) * row_bytes);
       if (fp8)
-        std::memmove(rs + static_cast<std::size_t>(b) * scale_bytes, scales + static_cast<std::size_t>(stretch_begin(s)) * scale_bytes,
+        std::memmove(rs + static_cast<std::size_t>(b) * scale_bytes, scales + at * scale_bytes,
                      static_cast<std::size_t>(n) * scale_bytes);
     }
   }

@@ -1,5 +1,6 @@
-// Private to the engine: the Buffer's state, the handle's contents, the window layout and
-// the phases (notify → data plane → epilogue; combine), one file each:
+// Private to the engine: the Buffer's state and the phases (notify → data plane →
+// epilogue; combine), one file each. The handle's contents live in handle.hpp; every window
+// offset, signal slot and row address in geometry.hpp (the one owner of the geometry).
 //   buffer.cpp    — construction, input validation, the public entry points
 //   notify.cpp    — control plane: status + counts exchange, prefix sums, row slots
 //   channels.cpp  — a worker's puts: queues, aggregation, completion protocol (Sender),
@@ -17,7 +18,12 @@
 
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
+#include "epx/sim/model_transport.hpp"
+#include "epx/spi/support.hpp"
 #include "epx/topology.hpp"
+#include "call_state.hpp"
+#include "geometry.hpp"
+#include "handle.hpp"
 #include "tensor_pool.hpp"
 #include "worker_pool.hpp"
 
@@ -29,43 +35,6 @@ struct Status {
   std::string message;  // already names this rank
 };
 using MaybeStatus = std::optional<Status>;
-
-/// Everything a dispatch decided, shared by its combine and its cached dispatches.
-struct HandleState {
-  std::uint64_t buffer_id = 0;
-  std::uint64_t dispatch_epoch = 0;  // the collective call that made it (same on every rank)
-  int rank = 0;
-  RecvLayout layout = RecvLayout::kCompact;
-  int alignment = 1;
-  std::int64_t worst = 0;
-  RoutingPlan plan;  // sender side: who sends which row where
-  // Sender side, per destination d: first row of my segment in d's receive area.
-  std::vector<std::int64_t> send_base;  // [P]
-  // Receiver side: rows from source s are [recv_begin[s], recv_begin[s+1]).
-  std::vector<std::int64_t> recv_begin;  // [P + 1]
-  // Receiver side, per source s: first row of my replies in s's combine area.
-  std::vector<std::int64_t> reply_base;  // [P]
-  std::int64_t out_rows = 0;             // rows of the dispatch output
-  std::vector<std::int64_t> expert_count;   // [L] unaligned n_j
-  std::vector<std::int64_t> expert_offset;  // [L + 1] expanded; o_L = aligned total
-  // Receiver side, per received row r and slot k: expanded layout, the output row of the
-  // slot; compact layout, its local expert (-1 either way: the expert is not on this rank);
-  // and the slot's routing weight (0 when not here). Plus each row's source token.
-  std::vector<std::int32_t> recv_token;    // [N]
-  std::vector<std::int32_t> recv_relay_row;  // [N] hierarchical: row in the relay's area, -1 if direct
-  std::vector<std::int32_t> recv_slot_row; // [N * K]
-  std::vector<float> recv_slot_weight;     // [N * K]
-  Tensor topk_weights;                     // [S, K] returned by combine
-  // Hierarchical schedule, sender side: per relay rank r (one per other server), my tokens
-  // that go through r, in token order, and my first row in r's relay area.
-  std::vector<std::vector<std::int32_t>> relay_tokens;  // [P], empty for non-relays
-  std::vector<std::int64_t> relay_base;                 // [P]
-  // Relay side: rows relayed for source s are [relayed_begin[s], relayed_begin[s+1]).
-  std::vector<std::int64_t> relayed_begin;  // [P + 1]
-  // Relay side: per relayed row and lane of my server, the reply row at the source (-1: none).
-  std::vector<std::int32_t> relayed_reply_row;  // [relayed rows x lanes]
-  std::int64_t num_recv() const noexcept { return recv_begin.back(); }
-};
 
 /// Per-rank message every rank puts into every peer's header area at the start of a call.
 struct NotifyHeader {
@@ -85,60 +54,11 @@ struct NotifyHeader {
   // followed by std::int32_t counts[P + E]: tokens to each rank, slots to each expert
 };
 
-/// The windows regions rows are put into.
-enum class Region { kData, kScales, kMeta, kReplies, kRelay, kRelayScales, kRelayRecord, kRelayReplies };
-
-/// Flag protocol: a row travels as 512-byte blocks of 480 payload bytes + an 8-byte epoch.
-inline constexpr std::size_t kFlagBlock = 512;
-inline constexpr std::size_t kFlagPayload = 480;
-inline std::size_t flag_blocks(std::size_t bytes) noexcept { return (bytes + kFlagPayload - 1) / kFlagPayload; }
-
 /// Counts in a fresh dispatch's header: tokens per rank, slots per expert, and with the
 /// hierarchical schedule tokens per relay.
 inline int num_counts(const BufferConfig& c, int P) {
   return P + c.num_experts + (c.dataplane.schedule.kind == ScheduleKind::kHierarchical ? P : 0);
 }
-
-/// Byte offsets of the regions of one rank's window (the same on every rank). Control data
-/// (headers, metadata) comes first, payload (rows) after `data`: set_payload_region.
-struct WindowLayout {
-  std::size_t header_bytes = 0;  // one NotifyHeader + counts, 64-aligned
-  std::size_t headers = 0;       // 2 parities x P headers
-  std::size_t meta = 0;          // one RowMeta (+ K idx, weights, rows) per received row
-  std::size_t meta_bytes = 0;
-  std::size_t flag_meta = 0;     // flag protocol: metadata blocks, recv_rows x meta_record
-  std::size_t data = 0;          // recv_rows x 2H: dispatch rows, in the compact output order
-  std::size_t replies = 0;       // reply_rows x 2H: combine partials coming back
-  std::size_t scales = 0;        // FP8 scale rows
-  std::size_t flag_rows = 0;     // flag protocol: recv_rows x row_record (data then scales blocks)
-  std::size_t flag_replies = 0;  // flag protocol: reply_rows x reply_record
-  std::size_t meta_record = 0, row_record = 0, reply_record = 0;  // bytes per row, 0 = no flag protocol
-  // Hierarchical schedule: rows other servers' same-lane ranks send me to forward inside my
-  // server (relay_rows of them), each with a record: per lane of my server, the row's slot
-  // at that rank (-1: not a destination) and its RowMeta.
-  std::size_t relay_records = 0;  // control: relay_rows x relay_record_bytes
-  std::size_t relay = 0;          // payload: relay_rows x 2H
-  std::size_t relay_scales = 0;   // payload: relay_rows x FP8 scale row
-  std::size_t relay_replies = 0;  // payload: relay_rows x lanes x 2H, combine replies on their way back
-  std::size_t relay_record_bytes = 0;  // see slots_bytes() in relay.cpp: 2 x lanes int32, then lanes x RowMeta
-  std::int64_t relay_rows = 0;
-  std::size_t total = 0;
-  std::int64_t reply_rows = 0;   // C * min(K, P): one per (token, destination) of a source; ring: 2 rounds x P x ring_rows / 2
-  std::int64_t recv_rows = 0;    // rows the receive area holds (scales, meta)
-  std::size_t header_offset(std::uint64_t epoch, int src, int num_ranks) const noexcept {
-    return headers + ((epoch & 1) * static_cast<std::size_t>(num_ranks) + static_cast<std::size_t>(src)) * header_bytes;
-  }
-};
-
-/// Row metadata a dispatch sends with each row: the source token, its topk_idx and
-/// weights, and for each slot the expanded output row at the receiver (-1 elsewhere).
-struct RowMetaView {
-  std::int32_t* token;
-  std::int32_t* relay_row;  // hierarchical: the row's place in its relay's area (-1: sent directly)
-  std::int64_t* topk_idx;  // [K]
-  float* weights;          // [K]
-  std::int32_t* slot_row;  // [K]
-};
 
 }  // namespace epx::detail
 
@@ -168,14 +88,7 @@ struct Buffer::Impl {
   /// Whether a call may put its rows before the header exchange and let the exchange
   /// complete them ("rows first", docs/engine.md): not with the ring (its credits pace the
   /// rows), relays or the flag protocol (they complete rows their own way).
-  bool rows_first_allowed() const noexcept { return config.ring_rows == 0 && !hierarchical() && !flag_protocol(); }
-  /// Rows first: the first row of source `src`'s stretch in every receive area (C rows per
-  /// source, C = max_tokens_per_rank); stretch_begin(P) = the rows all stretches need.
-  std::int64_t stretch_begin(int src) const noexcept { return src * config.max_tokens_per_rank; }
-  /// Rows first: where received row r (from source `src`) sits in the receive area.
-  std::int64_t stretch_row(const detail::HandleState& h, int src, std::int64_t r) const noexcept {
-    return stretch_begin(src) + (r - h.recv_begin[static_cast<std::size_t>(src)]);
-  }
+  bool rows_first_allowed() const noexcept { return spi::allows(spi::Path::kRowsFirst, config); }
   void plan_slots(detail::HandleState& h, const Peers& peers);
   std::vector<std::int32_t> expert_row_base(const Peers& peers) const;
 
@@ -230,8 +143,6 @@ struct Buffer::Impl {
   /// row becomes a plain one).
   void receive_flagged(detail::Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,
                        const std::int32_t* source_of, const char* phase);
-  std::size_t region_offset(detail::Region region) const noexcept;
-  std::size_t flag_offset(detail::Region region, std::int64_t row) const noexcept;
   bool flag_protocol() const noexcept { return config.dataplane.protocol == Protocol::kFlag; }
   bool hierarchical() const noexcept { return config.dataplane.schedule.kind == ScheduleKind::kHierarchical; }
 
@@ -251,8 +162,6 @@ struct Buffer::Impl {
   std::vector<int> relayed_sources() const;
   /// Fresh dispatch, at a relay: keeps the records' reply rows for this handle's combines.
   void keep_reply_rows(detail::HandleState& h) const;
-  std::size_t forward_signal(int src) const noexcept;
-  std::size_t relay_record(std::int64_t row) const noexcept;
   void fill_meta(detail::RowMetaView m, const detail::HandleState& h, const DispatchArgs& a, int d, std::int32_t t,
                  const std::vector<std::int32_t>& expert_base) const;
 
@@ -263,15 +172,15 @@ struct Buffer::Impl {
                              DispatchResult& out);
   /// Combine with the bounded reply area: rounds of ring_rows / 2 tokens (ring.cpp).
   Tensor combine_through_ring(const detail::HandleState& h, const CombineArgs& a, const Peers& peers);
-  std::size_t ring_tail_signal(int src) const noexcept;
-  std::size_t ring_credit_signal(int dst) const noexcept;
 
   // dispatch.cpp. Each worker puts its rows at their slots and completes them with the
   // configured protocol; `rows_first`: at rank·C + their position in my segment instead,
   // only quieted (the caller's header exchange completes them).
   void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
                  bool rows_first);
-  void wait_phase(std::size_t first_slot, const char* phase);
+  /// Waits for every source's and worker's completion signal of one group (dispatch or combine).
+  using CompletionSlot = std::size_t (detail::Geometry::*)(int, int) const noexcept;
+  void wait_phase(CompletionSlot slot, const char* phase);
   /// Until every row of this dispatch has landed here (flag protocol: and is unpacked).
   void wait_rows(const detail::HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes);
   /// The received rows' metadata into the handle. `rows_first` (the counts, non-null): the
@@ -325,33 +234,27 @@ struct Buffer::Impl {
                      std::uint16_t* o, WorkerStats* pulls) const;
   /// Pull mode: tells every peer I have read its rows, and waits until every peer has read mine.
   void finish_pull();
-  std::size_t pull_done_signal(int src) const noexcept;
 
-  /// Runs `task` on every worker (the rank thread is worker 0) and joins them; the
-  /// transport hears of the join (Transport::workers_joined). Every fork goes through here.
+  /// Runs `task` on every worker (the rank thread is worker 0) and joins them; a modelling
+  /// transport hears of the join (sim::ModelTransport::workers_joined). Every fork goes through here.
   void run_workers(const std::function<void(int)>& task) {
     pool.run(task);
-    transport.workers_joined();
+    if (model) model->workers_joined();
   }
 
-  detail::RowMetaView meta_row(std::byte* base, std::int64_t row) const noexcept;
-  std::size_t dispatch_signal(int src, int worker) const noexcept;
-  std::size_t combine_signal(int src, int worker) const noexcept;
 
   Transport& transport;
+  /// The transport's optional model interface (the simulator), asked for once; null elsewhere.
+  sim::ModelTransport* model;
+  /// Payload bytes really move (false only on a model-only simulator: the engine then skips
+  /// every loop that reads or writes payload, and output values are unspecified).
+  bool moves_payload;
   BufferConfig config;
   int rank, P, L, W;
   std::uint64_t buffer_id;
   std::uint64_t epoch = 0;  // collective calls made so far (the same on every rank)
-  bool recv_view = false;   // my latest dispatch returned views of my receive area (recv_in_window)
-  // The previous call was a combine whose headers said no rank holds a view of its receive
-  // area: every peer's receive area is free for the next dispatch's rows (same on every rank).
-  bool receive_areas_free = false;
-  // The previous call was a dispatch none of whose outputs is a view of a receive area: every
-  // peer's reply area is free for the next combine's replies, and nobody can pull them.
-  bool reply_areas_free = false;
-  std::uint64_t last_dispatch_handle = 0;  // dispatch_epoch of the handle my latest dispatch used or made
-  detail::WindowLayout window;
+  detail::CallState calls;  // what the previous calls freed, views out, the last handle (call_state.hpp)
+  detail::Geometry geo;  // every window region, signal slot and row address (geometry.hpp)
   detail::WorkerPool pool;
   detail::TensorPool outputs;  // every tensor a call returns
   std::vector<int> visit_order;           // peers in the schedule's order (all rounds)
@@ -359,7 +262,6 @@ struct Buffer::Impl {
   std::vector<std::vector<int>> reply_sources;  // [P] sources whose replies travel to a channel's peer
   Topology topology;
   std::vector<int> server_members;        // hierarchical: my server's ranks by lane
-  std::size_t signal_stride = 1;         // tail protocol: a 512-byte line per completion slot
   std::vector<std::byte> meta_stage;      // sender's row metadata, per plan entry
   std::vector<std::byte> relay_stage;     // hierarchical: records of my relayed rows, per relay
   std::vector<std::uint16_t> reply_stage;  // combine partials that need rounding

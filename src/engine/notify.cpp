@@ -27,20 +27,20 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
   const auto n_counts = static_cast<std::size_t>(num_counts());
   // Every header first, one quiet, then the signals: one completion wait per call, not one
   // round trip per peer (what a transport with real completion latency would pay).
-  const std::size_t off = window.header_offset(epoch, rank, P);
+  const std::size_t off = geo.header(epoch, rank);
   for (int i = 0; i < P; ++i) {
     const int p = (rank + i) % P;
     transport.put(p, off, &mine, sizeof mine, 0);
     if (mine.has_counts) transport.put(p, off + sizeof mine, counts, n_counts * sizeof(std::int32_t), 0);
   }
   transport.quiet(0);
-  for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, static_cast<std::size_t>(rank), epoch, 0);
+  for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, geo.header_signal(rank), epoch, 0);
   Peers peers;
   peers.header.resize(static_cast<std::size_t>(P));
   for (int s = 0; s < P; ++s) {
-    transport.wait_signal(static_cast<std::size_t>(s), epoch, {phase, s});
+    transport.wait_signal(geo.header_signal(s), epoch, {phase, s});
     peers.header[static_cast<std::size_t>(s)] =
-        reinterpret_cast<const NotifyHeader*>(transport.window() + window.header_offset(epoch, s, P));
+        reinterpret_cast<const NotifyHeader*>(transport.window() + geo.header(epoch, s));
   }
   // Every rank sees the same headers, so every rank throws the same error.
   for (int s = 0; s < P; ++s) {
@@ -89,10 +89,10 @@ void Buffer::Impl::plan_slots(HandleState& h, const Peers& peers) {
     const NotifyHeader& hd = *peers.header[static_cast<std::size_t>(d)];
     std::int64_t compact = 0;
     for (int s = 0; s < P; ++s) compact += tokens(s, d);
-    if (compact > window.recv_rows)
+    if (compact > geo.recv_rows())
       throw Error(ErrorCode::kCapacityExceeded,
                   "rank " + std::to_string(d) + ": would receive " + std::to_string(compact) +
-                      " rows but its receive area holds " + std::to_string(window.recv_rows) +
+                      " rows but its receive area holds " + std::to_string(geo.recv_rows()) +
                       " (raise max_recv_rows)",
                   d);
     std::int64_t needed = compact;

@@ -18,12 +18,6 @@ using detail::Region;
 using detail::RowMetaView;
 using detail::split_range;
 
-namespace {
-// A relay record: per lane, the row's slot at that rank and its reply row at the source
-// (-1: not a destination), then per lane the row's metadata.
-std::size_t slots_bytes(std::size_t lanes) { return (2 * lanes * sizeof(std::int32_t) + 7) / 8 * 8; }
-}  // namespace
-
 std::vector<int> Buffer::Impl::relayed_sources() const {
   const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
   std::vector<int> sources;
@@ -33,10 +27,6 @@ std::vector<int> Buffer::Impl::relayed_sources() const {
     if (place.server != me.server && place.lane == me.lane) sources.push_back(s);
   }
   return sources;
-}
-
-std::size_t Buffer::Impl::forward_signal(int src) const noexcept {
-  return combine_signal(P, 0) + static_cast<std::size_t>(src) * signal_stride;
 }
 
 std::vector<std::int32_t> Buffer::Impl::relay_counts(HandleState& h) const {
@@ -63,13 +53,9 @@ void Buffer::Impl::plan_relay(HandleState& h, const Peers& peers) const {
     for (int s = 0; s < rank; ++s) h.relay_base[static_cast<std::size_t>(r)] += peers.counts(s)[first + r];
   for (int s = 0; s < P; ++s)
     h.relayed_begin[static_cast<std::size_t>(s) + 1] = h.relayed_begin[static_cast<std::size_t>(s)] + peers.counts(s)[first + rank];
-  if (h.relayed_begin.back() > window.relay_rows)
+  if (h.relayed_begin.back() > geo.relay_rows())
     throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank) + ": relays " + std::to_string(h.relayed_begin.back()) +
-                                          " rows but its relay area holds " + std::to_string(window.relay_rows), rank);
-}
-
-std::size_t Buffer::Impl::relay_record(std::int64_t row) const noexcept {
-  return static_cast<std::size_t>(row) * window.relay_record_bytes;
+                                          " rows but its relay area holds " + std::to_string(geo.relay_rows()), rank);
 }
 
 void Buffer::Impl::put_relayed_rows(Sender& send, const HandleState& h, const DispatchArgs& a, int relay, std::int64_t t0,
@@ -103,30 +89,30 @@ void Buffer::Impl::put_relayed_rows(Sender& send, const HandleState& h, const Di
   });
   const std::size_t lanes = members.size();
   for (std::int64_t i = i0; i < i1; ++i) {
-    std::byte* rec = records + relay_record(i);
-    auto* slot = reinterpret_cast<std::int32_t*>(rec);
-    std::int32_t* reply_row = slot + lanes;
-    std::fill(slot, slot + 2 * lanes, -1);
+    const detail::RelayRecordView rec = geo.relay_record(records, i);
+    std::fill(rec.slot, rec.slot + lanes, -1);
+    std::fill(rec.reply_row, rec.reply_row + lanes, -1);
     const std::int32_t t = tokens[static_cast<std::size_t>(i)];
     for (std::int32_t e = plan.token_begin[static_cast<std::size_t>(t)]; e < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++e) {
       const int d = plan.entry_rank[static_cast<std::size_t>(e)];
       const auto lane = std::find(members.begin(), members.end(), d) - members.begin();
       if (static_cast<std::size_t>(lane) == lanes) continue;
-      slot[lane] = static_cast<std::int32_t>(h.send_base[static_cast<std::size_t>(d)] + plan.entry_position[static_cast<std::size_t>(e)]);
-      reply_row[lane] = plan.segment_begin[static_cast<std::size_t>(d)] + plan.entry_position[static_cast<std::size_t>(e)];
+      const std::int64_t position = plan.entry_position[static_cast<std::size_t>(e)];
+      rec.slot[lane] = static_cast<std::int32_t>(geo.send_row(h, d, position, false));
+      rec.reply_row[lane] = static_cast<std::int32_t>(geo.replied_row(h, d, position));
       if (expert_base) {
-        RowMetaView m = meta_row(rec + slots_bytes(lanes), static_cast<std::int64_t>(lane));
+        RowMetaView m = geo.meta_row(rec.meta, static_cast<std::int64_t>(lane));
         fill_meta(m, h, a, d, t, *expert_base);
         *m.relay_row = static_cast<std::int32_t>(base + i);
       }
     }
   }
-  send.put_rows(relay, Region::kRelayRecord, base + i0, records + relay_record(i0), i1 - i0, window.relay_record_bytes);
+  send.put_rows(relay, Region::kRelayRecord, base + i0, records + geo.relay_record_offset(i0), i1 - i0, geo.relay_record_bytes());
 }
 
 void Buffer::Impl::forward_relayed(const HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes) {
   const std::vector<int> sources = relayed_sources();
-  const std::byte* window_base = transport.window();
+  std::byte* window_base = transport.window();
   const std::size_t lanes = server_members.size();
   run_workers([&](int w) {
     WorkerStats* ws = config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
@@ -134,7 +120,7 @@ void Buffer::Impl::forward_relayed(const HandleState& h, bool with_meta, std::si
       const int s = sources[k];
       {
         PhaseTimer timer(*this, w, Phase::kWaitData);
-        for (int sw = 0; sw < W; ++sw) transport.wait_signal(dispatch_signal(s, sw), epoch, {"dispatch relay", s});
+        for (int sw = 0; sw < W; ++sw) transport.wait_signal(geo.dispatch_signal(s, sw), epoch, {"dispatch relay", s});
       }
       PhaseTimer timer(*this, w, Phase::kPutIssue);
       auto put = [&](int d, std::size_t offset, const std::byte* from, std::size_t bytes) {
@@ -142,22 +128,21 @@ void Buffer::Impl::forward_relayed(const HandleState& h, bool with_meta, std::si
         if (ws) count_put(*ws, d, bytes, 0);
       };
       for (std::int64_t i = h.relayed_begin[static_cast<std::size_t>(s)]; i < h.relayed_begin[static_cast<std::size_t>(s) + 1]; ++i) {
-        const std::byte* rec = window_base + window.relay_records + relay_record(i);
-        const auto* slot = reinterpret_cast<const std::int32_t*>(rec);
+        const detail::RelayRecordView rec = geo.relay_record(window_base + geo.region(Region::kRelayRecord), i);
         for (std::size_t lane = 0; lane < lanes; ++lane) {
-          if (slot[lane] < 0) continue;
+          if (rec.slot[lane] < 0) continue;
           const int d = server_members[lane];
-          const auto to = static_cast<std::size_t>(slot[lane]);
-          put(d, window.data + to * row_bytes, window_base + window.relay + static_cast<std::size_t>(i) * row_bytes, row_bytes);
+          const std::int64_t to = rec.slot[lane];
+          put(d, geo.row(Region::kData, to, row_bytes), window_base + geo.row(Region::kRelay, i, row_bytes), row_bytes);
           if (scale_bytes)
-            put(d, window.scales + to * scale_bytes, window_base + window.relay_scales + static_cast<std::size_t>(i) * scale_bytes,
-                scale_bytes);
+            put(d, geo.row(Region::kScales, to, scale_bytes), window_base + geo.row(Region::kRelayScales, i, scale_bytes), scale_bytes);
           if (with_meta)
-            put(d, window.meta + to * window.meta_bytes, rec + slots_bytes(lanes) + lane * window.meta_bytes, window.meta_bytes);
+            put(d, geo.row(Region::kMeta, to, geo.meta_bytes()), geo.meta_record(rec.meta, static_cast<std::int64_t>(lane)),
+                geo.meta_bytes());
         }
       }
       transport.quiet(0);
-      for (int d : server_members) transport.signal(d, forward_signal(s), epoch, 0);
+      for (int d : server_members) transport.signal(d, geo.forward_signal(s), epoch, 0);
     }
   });
 }
@@ -166,8 +151,8 @@ void Buffer::Impl::keep_reply_rows(HandleState& h) const {
   const std::size_t lanes = server_members.size(), rows = static_cast<std::size_t>(h.relayed_begin.back());
   h.relayed_reply_row.resize(rows * lanes);
   for (std::size_t i = 0; i < rows; ++i) {
-    const auto* rec = reinterpret_cast<const std::int32_t*>(transport.window() + window.relay_records + relay_record(static_cast<std::int64_t>(i)));
-    std::copy(rec + lanes, rec + 2 * lanes, h.relayed_reply_row.begin() + static_cast<std::ptrdiff_t>(i * lanes));
+    const detail::RelayRecordView rec = geo.relay_record(transport.window() + geo.region(Region::kRelayRecord), static_cast<std::int64_t>(i));
+    std::copy(rec.reply_row, rec.reply_row + lanes, h.relayed_reply_row.begin() + static_cast<std::ptrdiff_t>(i * lanes));
   }
 }
 
@@ -179,7 +164,7 @@ void Buffer::Impl::forward_replies(const HandleState& h) {
   {  // every member of my server has put all its replies to me
     PhaseTimer timer(*this, 0, Phase::kWaitData);
     for (int d : server_members)
-      for (int w = 0; w < W; ++w) transport.wait_signal(combine_signal(d, w), epoch, {"combine relay", d});
+      for (int w = 0; w < W; ++w) transport.wait_signal(geo.combine_signal(d, w), epoch, {"combine relay", d});
   }
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
@@ -190,13 +175,13 @@ void Buffer::Impl::forward_replies(const HandleState& h) {
         const std::int32_t* reply_row = h.relayed_reply_row.data() + static_cast<std::size_t>(i) * lanes;
         for (std::size_t lane = 0; lane < lanes; ++lane) {
           if (reply_row[lane] < 0) continue;
-          const std::byte* from = window_base + window.relay_replies + (static_cast<std::size_t>(i) * lanes + lane) * row_bytes;
-          transport.put(s, window.replies + static_cast<std::size_t>(reply_row[lane]) * row_bytes, from, row_bytes, 0);
+          const std::byte* from = window_base + geo.row(Region::kRelayReplies, geo.relay_reply_row(i, static_cast<int>(lane)), row_bytes);
+          transport.put(s, geo.row(Region::kReplies, reply_row[lane], row_bytes), from, row_bytes, 0);
           if (ws) count_put(*ws, s, row_bytes, 0);
         }
       }
       transport.quiet(0);
-      transport.signal(s, forward_signal(rank), epoch, 0);
+      transport.signal(s, geo.forward_signal(rank), epoch, 0);
     }
   });
 }

@@ -71,14 +71,6 @@ void progress_until_done(std::chrono::milliseconds timeout, int rank, const char
 }
 }  // namespace
 
-std::size_t Buffer::Impl::ring_tail_signal(int src) const noexcept {
-  return forward_signal(P) + static_cast<std::size_t>(src) * signal_stride;
-}
-
-std::size_t Buffer::Impl::ring_credit_signal(int dst) const noexcept {
-  return ring_tail_signal(P) + static_cast<std::size_t>(dst) * signal_stride;
-}
-
 void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArgs& a,
                                          const std::vector<std::int32_t>* expert_base, DispatchResult& out) {
   const RoutingPlan& plan = h.plan;
@@ -92,12 +84,12 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
   const auto* scales = static_cast<const std::byte*>(a.x_scales.data);
   const bool with_meta = expert_base != nullptr;
   const bool expanded = h.layout == RecvLayout::kExpanded;
-  const bool payload = transport.caps().moves_payload;
+  const bool payload = moves_payload;
   const std::uint64_t stamp = epoch << 32;
   auto count_of = [&](std::uint64_t v) -> std::int64_t { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; };
-  if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * window.meta_bytes);
-  const std::byte* rings = transport.window() + window.data;
-  const std::byte* meta = transport.window() + window.meta;
+  if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * geo.meta_bytes());
+  const std::byte* window_base = transport.window();
+  std::byte* meta = transport.window() + geo.region(Region::kMeta);
   auto* rx = static_cast<std::byte*>(out.recv_x.data());
 
   std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
@@ -121,40 +113,40 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
     // One chunk of my segment for d: positions [p0, p1) into ring slots p % ring.
     auto send_chunk = [&](int d, std::int64_t p0, std::int64_t p1) {
       const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
-      const std::int64_t base = h.send_base[static_cast<std::size_t>(d)];
+      const std::int64_t base = geo.send_row(h, d, 0, false);
       for (std::int64_t p = p0; p < p1;) {
         std::int64_t q = p + 1;  // a run: consecutive tokens that don't wrap the ring
         while (q < p1 && seg[q] == seg[q - 1] + 1 && q % ring != 0) ++q;
         const auto t = static_cast<std::size_t>(seg[p]);
-        send.put_rows(d, Region::kData, rank * ring + p % ring, x + t * row_bytes, q - p, row_bytes);
+        send.put_rows(d, Region::kData, geo.ring_row(rank, p), x + t * row_bytes, q - p, row_bytes);
         if (fp8) send.put_rows(d, Region::kScales, base + p, scales + t * scale_bytes, q - p, scale_bytes);
         p = q;
       }
       if (with_meta) {
         const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
         for (std::int64_t p = p0; p < p1; ++p)
-          fill_meta(meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
-        send.put_rows(d, Region::kMeta, base + p0, meta_stage.data() + stage_row * window.meta_bytes, p1 - p0, window.meta_bytes);
+          fill_meta(geo.meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
+        send.put_rows(d, Region::kMeta, base + p0, meta_stage.data() + stage_row * geo.meta_bytes(), p1 - p0, geo.meta_bytes());
       }
-      send.signal(d, ring_tail_signal(rank), stamp + static_cast<std::uint64_t>(p1));
+      send.signal(d, geo.ring_tail_signal(rank), stamp + static_cast<std::uint64_t>(p1));
     };
     // Rows [i0, i1) from s: out of the ring into the output, then their slots go back.
     auto place = [&](int s, std::int64_t i0, std::int64_t i1) {
       const std::int64_t first = h.recv_begin[static_cast<std::size_t>(s)];
       for (std::int64_t i = i0; i < i1 && payload; ++i) {
-        const std::byte* row = rings + static_cast<std::size_t>(s * ring + i % ring) * row_bytes;
+        const std::byte* row = window_base + geo.row(Region::kData, geo.ring_row(s, i), row_bytes);
         const std::int64_t r = first + i;
         if (!expanded) {
           bulk_copy(rx + static_cast<std::size_t>(r) * row_bytes, row, row_bytes);
           continue;
         }
         for (int k = 0; k < K; ++k) {
-          const std::int32_t to = with_meta ? meta_row(const_cast<std::byte*>(meta), r).slot_row[k]
+          const std::int32_t to = with_meta ? geo.meta_row(meta, r).slot_row[k]
                                             : h.recv_slot_row[static_cast<std::size_t>(r * K + k)];
           if (to >= 0) bulk_copy(rx + static_cast<std::size_t>(to) * row_bytes, row, row_bytes);
         }
       }
-      transport.signal(s, ring_credit_signal(rank), stamp + static_cast<std::uint64_t>(i1), 0);
+      transport.signal(s, geo.ring_credit_signal(rank), stamp + static_cast<std::uint64_t>(i1), 0);
     };
 
     auto pass = [&] {
@@ -162,7 +154,7 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
       for (Flow& f : sends) {
         if (f.done == f.total) continue;
         p.pending = true;
-        const std::int64_t credit = count_of(transport.read_signal(ring_credit_signal(f.peer)));
+        const std::int64_t credit = count_of(transport.read_signal(geo.ring_credit_signal(f.peer)));
         const std::int64_t n = std::min({f.total - f.done, credit + ring - f.done, chunk});
         if (n <= 0) continue;
         send_chunk(f.peer, f.done, f.done + n);
@@ -172,7 +164,7 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
       for (Flow& f : receives) {
         if (f.done == f.total) continue;
         p.pending = true;
-        const std::int64_t tail = count_of(transport.read_signal(ring_tail_signal(f.peer)));
+        const std::int64_t tail = count_of(transport.read_signal(geo.ring_tail_signal(f.peer)));
         if (tail <= f.done) continue;
         place(f.peer, f.done, tail);
         f.done = tail;
@@ -205,17 +197,16 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
 Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArgs& a, const Peers& peers) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
-  const std::int64_t C = std::max<std::int64_t>(1, config.ring_rows / 2);
+  const std::int64_t C = geo.reply_round_tokens();
   const std::size_t H = static_cast<std::size_t>(config.hidden);
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
-  const bool payload = transport.caps().moves_payload;
+  const bool payload = moves_payload;
   const std::uint64_t stamp = epoch << 32;
   auto rounds_of = [&](std::int64_t tokens) { return (tokens + C - 1) / C; };
   auto count_of = [&](std::uint64_t v) -> std::int64_t { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; };
-  auto half_row = [&](std::int64_t round, int expert) { return (round % 2) * P * C + expert * C; };
   if (h.layout == RecvLayout::kExpanded) reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * H);
   Tensor out = combined_output(S);
-  const auto* replies_base = reinterpret_cast<const std::uint16_t*>(transport.window() + window.replies);
+  const auto* replies_base = reinterpret_cast<const std::uint16_t*>(transport.window() + geo.region(Region::kReplies));
 
   // Expert side, per source s: rounds sent, and the next of my received rows from s.
   struct Source {
@@ -246,14 +237,14 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
     std::int64_t r = src.next_row;
     const std::int64_t first = r;
     while (r < end && h.recv_token[static_cast<std::size_t>(r)] < end_token) ++r;
-    const std::int64_t dst = half_row(src.sent, rank);
+    const std::int64_t dst = geo.reply_ring_row(src.sent, rank);
     if (h.layout == RecvLayout::kCompact)
       send.put_rows(src.peer, Region::kReplies, dst, replies.of(first), r - first, row_bytes);
     else
       for (std::int64_t i = first; i < r; ++i) send.put_rows(src.peer, Region::kReplies, dst + (i - first), replies.of(i), 1, row_bytes);
     src.next_row = r;
     ++src.sent;
-    send.signal(src.peer, ring_tail_signal(rank), stamp + static_cast<std::uint64_t>(src.sent));
+    send.signal(src.peer, geo.ring_tail_signal(rank), stamp + static_cast<std::uint64_t>(src.sent));
   };
   auto reduce_round = [&]() {
     const std::int64_t t0 = reduced * C, t1 = std::min(S, t0 + C);
@@ -262,7 +253,7 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
       // My segment at d is token-ascending: the round's rows start where the last one ended.
       const std::int32_t* seg = plan.segment_token.data() + plan.segment_begin[ud];
       std::int64_t p = round_start[ud];
-      rows_of[ud] = replies_base + static_cast<std::size_t>(half_row(reduced, d)) * H;
+      rows_of[ud] = replies_base + static_cast<std::size_t>(geo.reply_ring_row(reduced, d)) * H;
       first_row[ud] = -p;
       while (p < plan.tokens_to(d) && seg[p] < t1) ++p;
       round_start[ud] = p;
@@ -273,7 +264,7 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
         reduce_tokens(h, a, t0 + u0, t0 + u1, rows_of, first_row, out.as<std::uint16_t>(), nullptr);
       });
     ++reduced;
-    for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, ring_credit_signal(rank), stamp + static_cast<std::uint64_t>(reduced), 0);
+    for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, geo.ring_credit_signal(rank), stamp + static_cast<std::uint64_t>(reduced), 0);
   };
 
   auto pass = [&] {
@@ -282,14 +273,14 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
       if (src.sent == src.rounds) continue;
       p.pending = true;
       // Half sent % 2 is free once the source has reduced round sent - 2.
-      if (src.sent >= 2 && count_of(transport.read_signal(ring_credit_signal(src.peer))) < src.sent - 1) continue;
+      if (src.sent >= 2 && count_of(transport.read_signal(geo.ring_credit_signal(src.peer))) < src.sent - 1) continue;
       send_round(src);
       p.moved = true;
     }
     if (reduced < my_rounds) {
       p.pending = true;
       bool all = true;
-      for (int d = 0; d < P && all; ++d) all = count_of(transport.read_signal(ring_tail_signal(d))) > reduced;
+      for (int d = 0; d < P && all; ++d) all = count_of(transport.read_signal(geo.ring_tail_signal(d))) > reduced;
       if (all) {
         reduce_round();
         p.moved = true;
@@ -302,7 +293,7 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
     for (const Source& src : sources)
       if (src.sent < src.rounds) what += " credit from rank " + std::to_string(src.peer);
     for (int d = 0; d < P && reduced < my_rounds; ++d)
-      if (count_of(transport.read_signal(ring_tail_signal(d))) <= reduced) what += " replies from rank " + std::to_string(d);
+      if (count_of(transport.read_signal(geo.ring_tail_signal(d))) <= reduced) what += " replies from rank " + std::to_string(d);
     return what;
   };
   progress_until_done(transport.timeout(), rank, "combine ring", sources.empty() ? -1 : sources.front().peer, pass, waiting);

@@ -15,6 +15,7 @@
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
+#include "epx/sim/model_transport.hpp"
 
 namespace epx::tools {
 
@@ -252,7 +253,8 @@ SimRun collect_run(const SimOptions& o, int ep) {
     const auto ur = static_cast<std::size_t>(r);
     const BenchRankInput& in = problem.rank[static_cast<std::size_t>(r)];
     Buffer buffer(t, cfg);
-    if (!sim::sim_saw_payload_region(t)) t.set_payload_region(fallback.first, fallback.second);
+    if (!sim::sim_saw_payload_region(t))
+      if (auto* model = dynamic_cast<sim::ModelTransport*>(&t)) model->set_payload_region(fallback.first, fallback.second);
     DispatchArgs a;
     a.x = TensorView(x.data(), o.fp8 ? DType::kFP8E4M3 : DType::kBF16, {o.tokens, Hr});
     if (o.fp8) a.x_scales = TensorView(scales.data(), DType::kF32, {o.tokens, Hr / 128});

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 
 #include "deferred_put_transport.hpp"
+#include "epx/spi/support.hpp"
 #include "multirank_support.hpp"
 
 namespace epx::testing {
@@ -44,18 +46,39 @@ struct Combo {
   }
 };
 
+// What the engine's support table (epx/spi/support.hpp) accepts on a transport that gives
+// every guarantee; the refused combinations are tested apart (RefusesWhatItCannotHonour).
+bool supported(const Combo& c) {
+  BufferConfig config;
+  config.dataplane = c.options();
+  TransportCaps all;
+  all.ordered_signal_per_queue = all.flagged_puts = true;
+  return spi::refuse_config(config, all).empty();
+}
+
+// Every path (direct: the flat, rotated and grouped schedules; relay: hierarchical) x every
+// protocol the table accepts for it, each run on every transport (the instantiations), in
+// full. Queue choice (count + split) x schedule x aggregation are covered pairwise inside
+// each (path, protocol): every pair of values of two of them appears in some combination
+// (row (i, j) of queue choice i and schedule j takes aggregation (i + j) % 3, so for a fixed
+// queue choice the schedules walk all three aggregations, and for a fixed schedule the
+// queue choices do). EPX_FULL_CONFORMANCE=1 runs the whole cross product instead.
 std::vector<Combo> combos() {
   const QueueChoice queue_choices[] = {{1, "rr"},  {2, "rr"},  {2, "1:1"}, {2, "3:1"},
                                        {2, "1:3"}, {2, "bytes"}, {4, "rr"}, {4, "bytes"}};
+  // off (a put per row), one bf16 row (two fp8 rows) per put, and the default.
+  const std::size_t aggregates[] = {0, 1000, std::size_t{1} << 20};
+  const bool full = std::getenv("EPX_FULL_CONFORMANCE") != nullptr && std::string(std::getenv("EPX_FULL_CONFORMANCE")) == "1";
+  const std::vector<std::vector<const char*>> paths = {{"flat", "rotated", "grouped:2", "grouped:4"}, {"hierarchical"}};
   std::vector<Combo> v;
-  for (const char* schedule : {"flat", "rotated", "grouped:2", "grouped:4", "hierarchical"})
-    for (const QueueChoice& q : queue_choices)
-      for (const char* protocol : {"explicit", "tail", "flag"}) {
-        if (std::string(schedule) == "hierarchical" && std::string(protocol) == "flag") continue;  // refused, see below
-        // off (a put per row), one bf16 row (two fp8 rows) per put, and the default.
-        for (std::size_t aggregate : {std::size_t{0}, std::size_t{1000}, std::size_t{1} << 20})
-          v.push_back({schedule, q, protocol, aggregate});
-      }
+  for (const auto& schedules : paths)
+    for (const char* protocol : {"explicit", "tail", "flag"})
+      for (std::size_t i = 0; i < std::size(queue_choices); ++i)
+        for (std::size_t j = 0; j < schedules.size(); ++j)
+          for (std::size_t k = 0; k < std::size(aggregates); ++k) {
+            if (!full && schedules.size() > 1 && k != (i + j) % std::size(aggregates)) continue;
+            if (const Combo c{schedules[j], queue_choices[i], protocol, aggregates[k]}; supported(c)) v.push_back(c);
+          }
   return v;
 }
 
@@ -110,8 +133,7 @@ void check_round_trip(Buffer& buffer, int r, const Expected& e) {
   ca.handle = &d.handle;
   ca.weighted = e.weighted;
   const BufferConfig& c = buffer.config();
-  const bool data_first = c.ring_rows == 0 && c.dataplane.protocol != Protocol::kFlag &&
-                          c.dataplane.schedule.kind != ScheduleKind::kHierarchical;
+  const bool data_first = spi::allows(spi::Path::kRowsFirst, c);  // the support table says where rows go first
   expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e.combined[ur]);
   EXPECT_EQ(buffer.last_stats().data_first, data_first) << "rank " << r << ", combine";
   expect_dispatch(r, e.p, e.d, e.out[ur], buffer.dispatch(cached));

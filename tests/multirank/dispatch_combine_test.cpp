@@ -296,6 +296,45 @@ TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
   }
 }
 
+// zero_padding (SPEC §3.2): asked for, padding rows of recv_x are zero bits even in a
+// recycled output block that held other bytes; not asked for, their bytes are unspecified
+// and everything else is still exact.
+TEST(DispatchCombine, ZeroPaddingOnlyWhenAsked) {
+  const ref::Problem p = ref::make_problem(fx(4, 16, 4, {20, 13, 0, 9}, 33));
+  ref::DispatchOptions o;
+  o.expanded = true;
+  o.alignment = 8;
+  o.worst = 4 * max_tokens(p) * 4;
+  const auto want = ref::dispatch_all(p, o);
+  launch_on({TransportKind::kThreads}, {4, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+    const int r = t.rank();
+    const auto ur = static_cast<std::size_t>(r);
+    Buffer buffer(t, config_for(p));
+    DispatchArgs a = dispatch_args(views_of(p, r), o);
+    const std::size_t row = static_cast<std::size_t>(p.hidden);
+    for (int round = 0; round < 3; ++round) {
+      a.zero_padding = round == 2;
+      DispatchResult d = buffer.dispatch(a);
+      auto* x = d.recv_x.as<std::uint16_t>();
+      std::int64_t padding = 0;
+      for (std::int64_t i = 0; i < want[ur].rows; ++i) {
+        const bool pad = want[ur].recv_src[static_cast<std::size_t>(i) * 3] < 0;
+        padding += pad;
+        if (pad && !a.zero_padding) continue;  // unspecified
+        if (std::memcmp(x + static_cast<std::size_t>(i) * row, want[ur].recv_x.data() + static_cast<std::size_t>(i) * row,
+                        row * sizeof(std::uint16_t)) != 0)
+          fail(r, "recv_x row " + std::to_string(i) + (pad ? " (padding, zero_padding on)" : "") + " differs, round " +
+                      std::to_string(round));
+      }
+      if (padding == 0) fail(r, "the case has no padding rows");
+      expect_bits(r, "recv_src", d.recv_src.data(), want[ur].recv_src);
+      expect_bits(r, "recv_weights", d.recv_weights.data(), want[ur].recv_weights);
+      // Dirty the whole block before it goes back to the pool: the next call may get it.
+      std::memset(x, 0xab, static_cast<std::size_t>(d.recv_x.nbytes()));
+    }
+  });
+}
+
 // Deterministic mode: the same inputs give the same bits across independent runs.
 TEST(DispatchCombine, RepeatedRunsAreIdentical) {
   Case c{"repeat", fx(4, 16, 4, {20, 13, 0, 9}, 40), {}};

@@ -12,6 +12,7 @@
 
 #include "epx/buffer.hpp"
 #include "epx/launch.hpp"
+#include "epx/sim/model_transport.hpp"
 #include "reference/fixtures.hpp"
 #include "reference/reference.hpp"
 
@@ -71,10 +72,11 @@ inline std::vector<std::uint16_t> wide_bf16(std::uint64_t seed, std::int64_t n) 
 }
 
 /// A transport that forwards every call to another one; tests override what they watch
-/// (on_put) or what they pretend (caps).
-class ForwardingTransport : public Transport {
+/// (on_put) or what they pretend (caps). It forwards the simulator's model interface too
+/// (to the wrapped transport's, when it has one), so a wrapped sim still hears the engine.
+class ForwardingTransport : public Transport, public sim::ModelTransport {
  public:
-  explicit ForwardingTransport(Transport& t) : t_(t) {}
+  explicit ForwardingTransport(Transport& t) : t_(t), model_(dynamic_cast<sim::ModelTransport*>(&t)) {}
   int rank() const noexcept override { return t_.rank(); }
   int num_ranks() const noexcept override { return t_.num_ranks(); }
   const TransportCaps& caps() const noexcept override { return t_.caps(); }
@@ -93,13 +95,16 @@ class ForwardingTransport : public Transport {
   void wait_signal(std::size_t slot, std::uint64_t v, const WaitPoint& w) override { t_.wait_signal(slot, v, w); }
   void wait_flag(std::size_t off, std::uint64_t v, const WaitPoint& w) override { t_.wait_flag(off, v, w); }
   std::uint64_t read_signal(std::size_t slot) noexcept override { return t_.read_signal(slot); }
-  void set_payload_region(std::size_t begin, std::size_t end) override {
-    payload_begin_ = begin;
-    t_.set_payload_region(begin, end);
-  }
   void quiet(int q) override { t_.quiet(q); }
   void barrier(const char* phase) override { t_.barrier(phase); }
-  void workers_joined() override { t_.workers_joined(); }
+  bool moves_payload() const noexcept override { return model_ == nullptr || model_->moves_payload(); }
+  void set_payload_region(std::size_t begin, std::size_t end) override {
+    payload_begin_ = begin;
+    if (model_) model_->set_payload_region(begin, end);
+  }
+  void workers_joined() override {
+    if (model_) model_->workers_joined();
+  }
   std::chrono::milliseconds timeout() const noexcept override { return t_.timeout(); }
 
  protected:
@@ -110,6 +115,7 @@ class ForwardingTransport : public Transport {
 
  private:
   Transport& t_;
+  sim::ModelTransport* model_;
 };
 
 [[noreturn]] inline void fail(int rank, const std::string& what) {

@@ -13,11 +13,7 @@ namespace epx::detail {
 
 namespace {
 
-TransportCaps sim_caps(bool model_only) {
-  TransportCaps c = mapped_caps("sim");
-  c.moves_payload = !model_only;
-  return c;
-}
+TransportCaps sim_caps() { return mapped_caps("sim"); }
 
 std::atomic<std::uint64_t> g_instances{0};
 
@@ -33,7 +29,7 @@ thread_local StreamCache t_cache;
 
 SimTransport::SimTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout, SimShared* shared,
                            const sim::SimTransportOptions& options)
-    : MappedTransport(control, rank, timeout, sim_caps(options.model_only)),
+    : MappedTransport(control, rank, timeout, sim_caps()),
       shared_(shared),
       options_(options),
       instance_(++g_instances) {
@@ -119,7 +115,7 @@ void SimTransport::record_put(int peer, std::size_t offset, std::size_t bytes, i
 
 void SimTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int queue) {
   record_put(peer, offset, bytes, queue);
-  if (caps().moves_payload || !in_payload(offset, bytes)) MappedTransport::put(peer, offset, src, bytes, queue);
+  if (moves_payload() || !in_payload(offset, bytes)) MappedTransport::put(peer, offset, src, bytes, queue);
 }
 
 void SimTransport::put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes, std::uint64_t flag,
@@ -134,7 +130,7 @@ void SimTransport::put_flagged(int peer, std::size_t offset, const void* src, st
   op.key = offset + bytes;
   op.value = flag;
   record(op);
-  if (caps().moves_payload || !in_payload(offset, bytes))
+  if (moves_payload() || !in_payload(offset, bytes))
     MappedTransport::put_flagged(peer, offset, src, bytes, flag, queue);
   else
     MappedTransport::put_flagged(peer, offset + bytes, src, 0, flag, queue);  // the flag alone

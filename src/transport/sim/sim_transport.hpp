@@ -2,7 +2,8 @@
 // here) that also records every operation (epx/sim/trace.hpp) for the discrete-event model
 // in src/sim/. Copy mode moves every byte (bit-exact results); model-only mode skips the
 // bytes of puts that fall entirely inside the payload region announced by the engine
-// (set_payload_region) and reports caps().moves_payload = false. Windows are anonymous
+// (set_payload_region) and reports moves_payload() = false (epx/sim/model_transport.hpp,
+// the engine's optional model interface, which this transport implements). Windows are anonymous
 // MAP_NORESERVE mappings: pages cost RAM only once touched, so the never-written payload
 // region of a 128-rank x 16384-token window costs nothing.
 #pragma once
@@ -13,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "epx/sim/model_transport.hpp"
 #include "epx/sim/trace.hpp"
 #include "mapped_transport.hpp"
 
@@ -24,7 +26,7 @@ struct SimShared {
   std::vector<std::size_t> mapped_bytes;
 };
 
-class SimTransport : public MappedTransport {
+class SimTransport : public MappedTransport, public sim::ModelTransport {
  public:
   SimTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout, SimShared* shared,
                const sim::SimTransportOptions& options);
@@ -37,9 +39,11 @@ class SimTransport : public MappedTransport {
   void put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes, std::uint64_t flag,
                    int queue) override;
   void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) override;
-  void set_payload_region(std::size_t begin, std::size_t end) override;
   void quiet(int queue) override;
   void barrier(const char* phase) override;
+  // sim::ModelTransport
+  bool moves_payload() const noexcept override { return !options_.model_only; }
+  void set_payload_region(std::size_t begin, std::size_t end) override;
   /// Records a join on the rank thread's stream for each worker stream with new ops.
   void workers_joined() override;
   /// The model has puts, not reads of peer memory: in-place reads are not offered.

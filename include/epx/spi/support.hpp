@@ -1,0 +1,120 @@
+// epx/spi/support.hpp — the one table of what the engine supports: data path x completion
+// protocol x transport guarantee x output layout. The Buffer consults it at construction
+// (refuse_config), per dispatch (refuse_output) and per call (allows: whether a call may take
+// the rows-first or pull path); the conformance tests enumerate it instead of re-deriving
+// it. Adding a path or a protocol = a row here, its unit in src/engine, and its tests.
+#pragma once
+
+#include <string>
+
+#include "epx/buffer.hpp"
+#include "epx/config.hpp"
+#include "epx/transport.hpp"
+
+namespace epx::spi {
+
+/// How rows travel. A Buffer has one base path (direct, relay or ring, from its config);
+/// rows first and pull are per-call variants of the direct path.
+enum class Path {
+  kDirect,    ///< every sender puts its rows at their planned slots (docs/engine.md)
+  kRelay,     ///< hierarchical schedule: cross-server rows go through a same-lane relay
+  kRing,      ///< bounded receive area (ring_rows): rows paced by credits
+  kRowsFirst, ///< a call right after one of the other kind puts before the header exchange
+  kPull,      ///< combine reads the experts' rows in place (mapped peers, zero-copy y)
+};
+inline constexpr int kNumPaths = 5;
+
+struct PathRule {
+  Path path;
+  const char* name;
+  bool protocols[3];     ///< indexed by Protocol: explicit, tail, flag
+  const char* why_not;   ///< why the refused protocols do not fit
+  bool views;            ///< recv_in_window (zero-copy output) possible
+  bool expanded;         ///< the expanded layout possible
+  bool variant_of_direct;///< a per-call variant, only where the base path is direct
+  bool needs_peer_window;///< needs Transport::peer_window (mapped peers)
+};
+
+struct ProtocolRule {
+  Protocol protocol;
+  const char* name;
+  bool TransportCaps::*needs;  ///< the guarantee it relies on (nullptr: none)
+  const char* needs_text;      ///< ... in words, for the refusal
+  bool views;                  ///< zero-copy output possible
+  const char* why_no_views;
+};
+
+inline constexpr PathRule kPaths[kNumPaths] = {
+    {Path::kDirect, "direct", {true, true, true}, "", true, true, false, false},
+    {Path::kRelay, "schedule 'hierarchical'", {true, true, false},
+     "relays forward a source's rows when its signal arrives (use explicit or tail)", true, true, false, false},
+    {Path::kRing, "ring_rows (bounded receive area)", {true, true, false},
+     "ring counts travel as signals (use explicit or tail)", false, true, false, false},
+    {Path::kRowsFirst, "rows first", {true, true, false}, "flagged rows complete themselves, not by the exchange", true, true,
+     true, false},
+    {Path::kPull, "pull", {true, true, false}, "flagged rows are not where y lies", true, false, true, true},
+};
+
+inline constexpr ProtocolRule kProtocols[3] = {
+    {Protocol::kExplicit, "explicit", nullptr, "", true, ""},
+    {Protocol::kTail, "tail", &TransportCaps::ordered_signal_per_queue,
+     "signals ordered after earlier puts on their queue", true, ""},
+    {Protocol::kFlag, "flag", &TransportCaps::flagged_puts,
+     "flagged puts (a block's flag visible only after its bytes)", false,
+     "recv_in_window needs rows stored contiguously, but the flag protocol delivers 512-byte blocks"},
+};
+
+inline const PathRule& rule(Path p) noexcept { return kPaths[static_cast<int>(p)]; }
+inline const ProtocolRule& rule(Protocol p) noexcept { return kProtocols[static_cast<int>(p)]; }
+
+/// The base path of a config: ring, relay or direct (ring and relay together are refused).
+inline Path base_path(const BufferConfig& c) noexcept {
+  if (c.ring_rows > 0) return Path::kRing;
+  if (c.dataplane.schedule.kind == ScheduleKind::kHierarchical) return Path::kRelay;
+  return Path::kDirect;
+}
+
+/// Why a Buffer with this config cannot run on a transport with these caps ("" if it can).
+inline std::string refuse_config(const BufferConfig& c, const TransportCaps& caps) {
+  if (c.ring_rows > 0 && c.dataplane.schedule.kind == ScheduleKind::kHierarchical)
+    return "ring_rows (bounded receive area) does not combine with the hierarchical schedule";
+  const Protocol p = c.dataplane.protocol;
+  const PathRule& path = rule(base_path(c));
+  const ProtocolRule& proto = rule(p);
+  if (!path.protocols[static_cast<int>(p)])
+    return std::string(path.name) + " with protocol '" + proto.name + "' is not supported: " + path.why_not;
+  if (proto.needs != nullptr && !(caps.*proto.needs))
+    return std::string("protocol '") + proto.name + "' relies on " + proto.needs_text + ", which transport '" + caps.name +
+           "' does not guarantee";
+  return {};
+}
+
+/// Why a dispatch output of this layout (and as a view of the window or not) is refused on a
+/// Buffer of this config ("" if it is fine); `invalid` tells an invalid argument (the layout
+/// cannot be a view at all) from an unsupported combination.
+inline std::string refuse_output(const BufferConfig& c, RecvLayout layout, bool in_window, bool& invalid) {
+  invalid = false;
+  if (!in_window) return {};
+  if (layout != RecvLayout::kCompact) {
+    invalid = true;
+    return "recv_in_window needs the compact layout";
+  }
+  const PathRule& path = rule(base_path(c));
+  if (!path.views)
+    return std::string("recv_in_window needs a slot for every row, but this buffer has a bounded receive area (ring_rows = ") +
+           std::to_string(c.ring_rows) + ")";
+  const ProtocolRule& proto = rule(c.dataplane.protocol);
+  if (!proto.views) return proto.why_no_views;
+  return {};
+}
+
+/// Whether a per-call variant (rows first, pull) exists for this config at all; the call
+/// still needs its own conditions (docs/engine.md: the previous call, views, the handle).
+inline bool allows(Path variant, const BufferConfig& c, bool peer_window = false) noexcept {
+  const PathRule& v = rule(variant);
+  if (v.variant_of_direct && base_path(c) != Path::kDirect) return false;
+  if (v.needs_peer_window && !peer_window) return false;
+  return v.protocols[static_cast<int>(c.dataplane.protocol)];
+}
+
+}  // namespace epx::spi

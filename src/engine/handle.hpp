@@ -1,0 +1,49 @@
+// The contents of a DispatchHandle: everything a dispatch decided (the routing plan, the
+// slots of every row on both sides), shared by its combine and its cached dispatches.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "epx/buffer.hpp"
+
+namespace epx::detail {
+
+/// Everything a dispatch decided, shared by its combine and its cached dispatches.
+struct HandleState {
+  std::uint64_t buffer_id = 0;
+  std::uint64_t dispatch_epoch = 0;  // the collective call that made it (same on every rank)
+  int rank = 0;
+  RecvLayout layout = RecvLayout::kCompact;
+  int alignment = 1;
+  std::int64_t worst = 0;
+  RoutingPlan plan;  // sender side: who sends which row where
+  // Sender side, per destination d: first row of my segment in d's receive area.
+  std::vector<std::int64_t> send_base;  // [P]
+  // Receiver side: rows from source s are [recv_begin[s], recv_begin[s+1]).
+  std::vector<std::int64_t> recv_begin;  // [P + 1]
+  // Receiver side, per source s: first row of my replies in s's combine area.
+  std::vector<std::int64_t> reply_base;  // [P]
+  std::int64_t out_rows = 0;             // rows of the dispatch output
+  std::vector<std::int64_t> expert_count;   // [L] unaligned n_j
+  std::vector<std::int64_t> expert_offset;  // [L + 1] expanded; o_L = aligned total
+  // Receiver side, per received row r and slot k: expanded layout, the output row of the
+  // slot; compact layout, its local expert (-1 either way: the expert is not on this rank);
+  // and the slot's routing weight (0 when not here). Plus each row's source token.
+  std::vector<std::int32_t> recv_token;    // [N]
+  std::vector<std::int32_t> recv_relay_row;  // [N] hierarchical: row in the relay's area, -1 if direct
+  std::vector<std::int32_t> recv_slot_row; // [N * K]
+  std::vector<float> recv_slot_weight;     // [N * K]
+  Tensor topk_weights;                     // [S, K] returned by combine
+  // Hierarchical schedule, sender side: per relay rank r (one per other server), my tokens
+  // that go through r, in token order, and my first row in r's relay area.
+  std::vector<std::vector<std::int32_t>> relay_tokens;  // [P], empty for non-relays
+  std::vector<std::int64_t> relay_base;                 // [P]
+  // Relay side: rows relayed for source s are [relayed_begin[s], relayed_begin[s+1]).
+  std::vector<std::int64_t> relayed_begin;  // [P + 1]
+  // Relay side: per relayed row and lane of my server, the reply row at the source (-1: none).
+  std::vector<std::int32_t> relayed_reply_row;  // [relayed rows x lanes]
+  std::int64_t num_recv() const noexcept { return recv_begin.back(); }
+};
+
+}  // namespace epx::detail

@@ -1,0 +1,52 @@
+#!/usr/bin/python3
+# The engine's known-bug mutants (issue #14 §6): applies one at a time to the source,
+# rebuilds the multi-rank tests in build/, runs the filter that should catch it, prints how
+# many tests failed (each must be > 0), and restores the file. Run from anywhere:
+#   /usr/bin/python3 tests/multirank/mutants.py [index ...]
+# Leaves the tree as it was (the file is restored even on error) and rebuilds once at the end.
+import subprocess, sys, re, os, time
+os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
+M = [
+ ("flag wait accepts epoch-1", "src/engine/channels.cpp",
+  "transport.wait_flag(block + kFlagPayload, epoch, {phase, source_of[r]});",
+  "transport.wait_flag(block + kFlagPayload, epoch - 1, {phase, source_of[r]});", "*lag*"),
+ ("ring writes one row past its credit", "src/engine/ring.cpp",
+  "credit + ring - f.done, chunk", "credit + ring + 1 - f.done, chunk", "*Ring*"),
+ ("relay reads the window's records (not the handle's reply rows)", "src/engine/relay.cpp",
+  "const std::int32_t* reply_row = h.relayed_reply_row.data() + static_cast<std::size_t>(i) * lanes;",
+  "const std::int32_t* reply_row = geo.relay_record(transport.window() + geo.region(Region::kRelayRecord), i).reply_row;",
+  "*hierarchical*:*Relay*"),
+ ("rows-first puts not quieted before the exchange", "src/engine/channels.cpp",
+  "void Buffer::Impl::Sender::finish() {\n  flush();",
+  "void Buffer::Impl::Sender::finish() {\n  if (signal_slot_ != kNoSignal) flush();", "*deferred*:*Deferred*"),
+ ("one flag staging block shared by every queue", "src/engine/channels.cpp",
+  "std::byte* stage = stage_.data() + static_cast<std::size_t>(q) * kFlagPayload;",
+  "std::byte* stage = stage_.data();", "*Deferred*flag*:*deferred_Flag*"),
+]
+which = [int(a) for a in sys.argv[1:]] or range(len(M))
+caught = True
+for i in which:
+    name, path, old, new, filt = M[i]
+    src = open(path).read()
+    assert src.count(old) == 1, name
+    open(path, 'w').write(src.replace(old, new))
+    try:
+        b = subprocess.run(['cmake', '--build', 'build', '-j2', '--target', 'epx_multirank_tests'], capture_output=True, text=True)
+        if b.returncode != 0:
+            caught = False
+            print(f"MUTANT {i} {name}: BUILD FAILED\n{b.stdout[-2000:]}", flush=True)
+            continue
+        t0 = time.time()
+        r = subprocess.run(['timeout', '900', './build/tests/epx_multirank_tests', '--gtest_brief=1', '--gtest_filter=' + filt],
+                           capture_output=True, text=True)
+        out = r.stdout
+        ran = re.search(r'(\d+) tests? from .* ran', out)
+        passed = re.search(r'PASSED  \] (\d+) test', out)
+        failed = int(ran.group(1)) - (int(passed.group(1)) if passed else 0) if ran else '?'
+        caught = caught and failed not in (0, '?')
+        print(f"MUTANT {i} {name}: filter {filt}: ran {ran.group(1) if ran else '?'}, failed {failed}"
+              f", rc {r.returncode}, {time.time()-t0:.0f} s", flush=True)
+    finally:
+        open(path, 'w').write(src)
+subprocess.run(['cmake', '--build', 'build', '-j2', '--target', 'epx_multirank_tests'], capture_output=True)
+sys.exit(0 if caught else 1)

@@ -1,0 +1,70 @@
+// The state a Buffer carries between calls (src/engine/call_state.hpp), alone: which call
+// may put its data before the header exchange, over sequences of dispatches and combines
+// with and without views, failed exchanges and other handles.
+#include "call_state.hpp"
+
+#include <gtest/gtest.h>
+
+namespace epx::detail {
+namespace {
+
+TEST(CallState, FirstCallsExchangeFirst) {
+  CallState s;
+  EXPECT_FALSE(s.begin_dispatch(true, false));  // nothing proved free yet
+  CallState c;
+  EXPECT_FALSE(c.begin_combine(true, 1));       // no dispatch before it
+}
+
+TEST(CallState, AlternatingCallsGoFirstWithoutViews) {
+  CallState s;
+  EXPECT_FALSE(s.begin_dispatch(true, false));
+  s.dispatch_exchanged(false, 1);
+  EXPECT_TRUE(s.begin_combine(true, 1));   // replies first
+  s.combine_exchanged(false);
+  EXPECT_TRUE(s.begin_dispatch(true, false));  // rows first (cached or fresh)
+  s.dispatch_exchanged(false, 1);
+  EXPECT_FALSE(s.begin_dispatch(true, false));  // a dispatch after a dispatch waits
+  s.dispatch_exchanged(false, 3);
+  EXPECT_FALSE(s.begin_combine(true, 1));  // a combine with another handle than the last dispatch's
+  s.combine_exchanged(false);
+  EXPECT_FALSE(s.begin_combine(true, 3));  // a combine after a combine waits
+}
+
+TEST(CallState, ViewsKeepTheExchangeFirst) {
+  CallState s;
+  EXPECT_FALSE(s.begin_dispatch(true, true));
+  EXPECT_TRUE(s.holds_view());
+  s.dispatch_exchanged(true, 1);           // some rank (this one) holds a view
+  EXPECT_FALSE(s.begin_combine(true, 1));  // someone may pull: push or pull is agreed first
+  s.combine_exchanged(true);               // the views are still out
+  EXPECT_FALSE(s.begin_dispatch(true, false));
+  EXPECT_FALSE(s.holds_view());
+  s.dispatch_exchanged(false, 2);
+  EXPECT_TRUE(s.begin_combine(true, 2));
+  s.combine_exchanged(false);
+  EXPECT_TRUE(s.begin_dispatch(true, false));
+}
+
+TEST(CallState, AFailedExchangeFreesNothing) {
+  CallState s;
+  s.begin_dispatch(true, false);
+  s.dispatch_exchanged(false, 1);
+  EXPECT_TRUE(s.begin_combine(true, 1));
+  // The exchange threw (a bad input somewhere): combine_exchanged never ran.
+  EXPECT_FALSE(s.begin_dispatch(true, false));
+  s.dispatch_exchanged(false, 2);
+  EXPECT_FALSE(s.begin_combine(true, 0));  // a bad input on this rank: no handle
+  EXPECT_FALSE(s.begin_combine(true, 2));  // and that failed combine freed nothing either
+}
+
+TEST(CallState, NotPossibleNeverGoesFirst) {
+  CallState s;
+  s.begin_dispatch(false, false);
+  s.dispatch_exchanged(false, 1);
+  EXPECT_FALSE(s.begin_combine(false, 1));  // ring, relay, flag protocol, or no stretches
+  s.combine_exchanged(false);
+  EXPECT_FALSE(s.begin_dispatch(false, false));
+}
+
+}  // namespace
+}  // namespace epx::detail
