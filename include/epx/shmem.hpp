@@ -37,7 +37,10 @@ struct ShmemPeerInfo {
   int node = -1;                ///< the peer's node (discover_nodes numbering)
   bool mapped = false;          ///< shmem_ptr gave a pointer: puts are plain copies
   std::uint64_t puts = 0;       ///< put / put_flagged calls to this peer since allocate()
-  std::uint64_t put_bytes = 0;  ///< their payload bytes (flag words and signals not counted)
+  std::uint64_t put_bytes = 0;  ///< their bytes (flag words and signals not counted)
+  /// Of put_bytes, those into the window's payload region (rows; Transport::set_payload_region),
+  /// the rest being headers and metadata.
+  std::uint64_t payload_bytes = 0;
 };
 
 /// Per peer (index = peer rank) of a transport made by connect(kShmem); throws

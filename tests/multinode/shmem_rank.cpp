@@ -271,13 +271,13 @@ void hierarchical_count(Transport& t, const NodeMap& nodes) {
     const auto after = shmem_peer_info(t);
     std::uint64_t cross = 0;
     for (int q = 0; q < P; ++q) {
-      const auto n = after[static_cast<std::size_t>(q)].put_bytes - before[static_cast<std::size_t>(q)].put_bytes;
+      const auto n = after[static_cast<std::size_t>(q)].payload_bytes - before[static_cast<std::size_t>(q)].payload_bytes;
       if (nodes.node_of_rank[static_cast<std::size_t>(q)] == nodes.node_of_rank[static_cast<std::size_t>(r)]) continue;
       if (q % per != r % per && n > 0)
-        fail(r, "hierarchical: " + std::to_string(n) + " bytes put to rank " + std::to_string(q) + " on another node, not my lane");
+        fail(r, "hierarchical: " + std::to_string(n) + " bytes of rows put to rank " + std::to_string(q) + " on another node, not my lane");
       cross += n;
     }
-    std::printf("HIER rank %d %s cross-node bytes %llu (same lane only)\n", r, exp ? "expanded" : "compact",
+    std::printf("HIER rank %d %s bytes of rows to the other node %llu (same lane only)\n", r, exp ? "expanded" : "compact",
                 static_cast<unsigned long long>(cross));
   }
 }
@@ -302,10 +302,36 @@ void fault_loop(Transport& t, const std::string& marker, int kill_rank) {
   }
 }
 
+// --ping N: rank 0 and the last rank bounce a signal N times (a timing probe, prints us per round trip).
+void ping(Transport& t, int n) {
+  const int P = t.num_ranks(), r = t.rank(), other = r == 0 ? P - 1 : 0;
+  t.allocate(4096, 4);
+  t.barrier("ping start");
+  static std::vector<char> data(4096, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (r == 0 || r == P - 1)
+    for (int i = 1; i <= n; ++i) {
+      if (r == 0) {
+        t.put(other, 0, data.data(), 1024, 0);
+        t.signal(other, 0, static_cast<std::uint64_t>(i), 0);
+        t.wait_signal(1, static_cast<std::uint64_t>(i), {"ping", other});
+      } else {
+        t.wait_signal(0, static_cast<std::uint64_t>(i), {"ping", other});
+        t.put(other, 0, data.data(), 1024, 0);
+        t.signal(other, 1, static_cast<std::uint64_t>(i), 0);
+      }
+    }
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  t.quiet(0);
+  t.barrier("ping end");
+  if (r == 0) std::printf("PING %d round trips: %.1f us each\n", n, static_cast<double>(us) / n);
+}
+
 int main_impl(int argc, char** argv) {
   std::string which = "all", fault;
   long timeout_ms = 20000;
   bool bytes = false, hier = false;
+  int pings = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] {
@@ -317,6 +343,7 @@ int main_impl(int argc, char** argv) {
     else if (a == "--bytes") bytes = true;
     else if (a == "--hierarchical-count") hier = true;
     else if (a == "--fault") fault = next();
+    else if (a == "--ping") pings = std::stoi(next());
     else throw std::invalid_argument("unknown option " + a);
   }
   auto boot = shmem_bootstrap();
@@ -338,14 +365,17 @@ int main_impl(int argc, char** argv) {
     else if (fault.rfind("loop:", 0) == 0) fault_loop(*t, fault.substr(5), -1);
     else throw std::invalid_argument("unknown fault " + fault);
   }
+  if (pings > 0) return ping(*t, pings), 0;
   if (bytes) bytes_case(*boot, *t, nodes);
   if (hier) hierarchical_count(*t, nodes);
   if (!bytes && !hier) {
     for (const Case& c : cases(t->num_ranks())) {
       if (which != "all" && ("," + which + ",").find("," + c.name + ",") == std::string::npos) continue;
+      const auto t0 = std::chrono::steady_clock::now();
       run_case(*t, c);
       t->barrier("case done");
-      if (r == 0) std::printf("PASS %s (P=%d, %d nodes)\n", c.name.c_str(), t->num_ranks(), nodes.num_nodes);
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+      if (r == 0) std::printf("PASS %s (P=%d, %d nodes, %lld ms)\n", c.name.c_str(), t->num_ranks(), nodes.num_nodes, static_cast<long long>(ms));
       std::fflush(stdout);
     }
   }
@@ -361,6 +391,6 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "epx_multinode_rank: %s\n", e.what());
     std::fflush(stderr);
-    std::_Exit(1);  // no collective teardown: the peers may be gone
+    std::_Exit(1);  // no collective teardown (the peers may be gone): the launcher ends the job
   }
 }

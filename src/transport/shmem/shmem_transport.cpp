@@ -6,12 +6,18 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
 
 #include "epx/error.hpp"
 #include "epx/spi/copy.hpp"
+
+// Open MPI's progress engine (libopen-pal): OpenSHMEM 1.4 has no call that only progresses,
+// and shmem_ulong_test does not; liboshmem registers its UCX worker with it.
+extern "C" int opal_progress(void);
 
 namespace epx::detail {
 
@@ -100,7 +106,9 @@ ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const Node
       node_of_rank_(nodes.node_of_rank),
       timeout_(timeout),
       puts_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
-      put_bytes_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]) {
+      put_bytes_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
+      payload_bytes_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
+      outstanding_(new std::atomic<bool>[static_cast<std::size_t>(num_ranks_)]) {
   // Which peers' heaps shmem_ptr maps here (a probe block; the answer is per peer, not per block).
   auto* probe = static_cast<std::byte*>(shmem_malloc(kPage));
   if (probe == nullptr)
@@ -116,10 +124,59 @@ ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const Node
   caps_.max_queues = 64;                  // queues are labels here: quiet completes all of them
   caps_.flagged_puts = true;              // bytes, shmem_fence, atomic set of the flag
   caps_.moves_payload = true;
-  for (int p = 0; p < num_ranks_; ++p) puts_[static_cast<std::size_t>(p)] = put_bytes_[static_cast<std::size_t>(p)] = 0;
+  for (int p = 0; p < num_ranks_; ++p) reset_counters(p), outstanding_[static_cast<std::size_t>(p)] = false;
+  watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
-ShmemTransport::~ShmemTransport() { release_heap(); }
+ShmemTransport::~ShmemTransport() {
+  release_heap();
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    stop_watch_ = true;
+  }
+  watch_cv_.notify_all();
+  watchdog_.join();
+}
+
+template <class F>
+void ShmemTransport::guarded(const char* call, int peer, F&& f) {
+  std::list<Blocking>::iterator it;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    it = blocking_.insert(blocking_.end(), Blocking{std::chrono::steady_clock::now(), call, peer});
+  }
+  f();
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  blocking_.erase(it);
+}
+
+void ShmemTransport::watchdog_loop() {
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!stop_watch_) {
+    watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    const auto now = std::chrono::steady_clock::now();
+    for (const Blocking& b : blocking_)
+      if (now - b.since > timeout_) watchdog_fire(b);
+  }
+}
+
+void ShmemTransport::watchdog_fire(const Blocking& b) {
+  ShmemRuntime::mark_failed();
+  std::string peers;
+  for (int p = 0; p < num_ranks_; ++p)
+    if (b.peer == p || (b.peer < 0 && outstanding_[static_cast<std::size_t>(p)].load())) {
+      const bool same = node_of_rank_[static_cast<std::size_t>(p)] == node_of_rank_[static_cast<std::size_t>(rank_)];
+      peers += (peers.empty() ? "rank " : ", rank ") + std::to_string(p) + " (node " +
+               std::to_string(node_of_rank_[static_cast<std::size_t>(p)]) + (same ? ", this node)" : ", another machine)");
+    }
+  const std::string msg = "epx: rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) +
+                          " ms in phase '" + last_phase_.load() + "' waiting for " + (peers.empty() ? "the other ranks" : peers) +
+                          " to complete puts (" + b.call +
+                          " blocks in the OpenSHMEM runtime, which cannot be interrupted: ending this process)\n";
+  std::fwrite(msg.data(), 1, msg.size(), stderr);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
 
 void ShmemTransport::release_heap() noexcept {
   if (base_ != nullptr && !ShmemRuntime::failed()) {
@@ -148,7 +205,8 @@ void ShmemTransport::allocate(std::size_t window_bytes, std::size_t num_signals)
   window_bytes_ = window_bytes;
   num_signals_ = num_signals;
   barrier_epoch_ = 0;
-  for (int p = 0; p < num_ranks_; ++p) puts_[static_cast<std::size_t>(p)] = put_bytes_[static_cast<std::size_t>(p)] = 0;
+  payload_begin_ = payload_end_ = 0;
+  for (int p = 0; p < num_ranks_; ++p) reset_counters(p);
   shmem_barrier_all();  // every PE zeroed its block before anyone writes into it
 }
 
@@ -156,14 +214,22 @@ std::uint64_t* ShmemTransport::signal_word(std::byte* base, std::size_t slot) co
   return reinterpret_cast<std::uint64_t*>(base + signal_offset_) + slot;
 }
 
-void ShmemTransport::count(int peer, std::size_t bytes) noexcept {
-  puts_[static_cast<std::size_t>(peer)].fetch_add(1, std::memory_order_relaxed);
-  put_bytes_[static_cast<std::size_t>(peer)].fetch_add(bytes, std::memory_order_relaxed);
+void ShmemTransport::reset_counters(int peer) noexcept {
+  const auto p = static_cast<std::size_t>(peer);
+  puts_[p] = 0, put_bytes_[p] = 0, payload_bytes_[p] = 0;
+}
+
+void ShmemTransport::count(int peer, std::size_t offset, std::size_t bytes) noexcept {
+  const auto p = static_cast<std::size_t>(peer);
+  puts_[p].fetch_add(1, std::memory_order_relaxed);
+  put_bytes_[p].fetch_add(bytes, std::memory_order_relaxed);
+  if (offset >= payload_begin_ && offset < payload_end_) payload_bytes_[p].fetch_add(bytes, std::memory_order_relaxed);
 }
 
 void ShmemTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int) {
-  count(peer, bytes);
+  count(peer, offset, bytes);
   if (std::byte* dst = peer_base_[static_cast<std::size_t>(peer)]) return bulk_copy(dst + offset, src, bytes);
+  outstanding_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
   shmem_putmem_nbi(base_ + offset, src, bytes, peer);
 }
 
@@ -173,9 +239,12 @@ void ShmemTransport::ordered_set(int peer, std::size_t offset, std::uint64_t val
     std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(dst + offset)).store(value, std::memory_order_release);
     return;
   }
-  shmem_fence();  // this PE's earlier puts to `peer` are delivered before what follows
+  guarded("shmem_fence", peer, [] { shmem_fence(); });  // earlier puts to `peer` are delivered before what follows
+  // One aligned 8-byte put (UCX writes it with one store at the target). Measured across two
+  // namespaces: ~0.5 ms per signal round trip, against 2.5-5 ms with shmem_ulong_atomic_set
+  // (a fetching swap in Open MPI 4.1's spml ucx: the initiator waits for the reply).
   static_assert(sizeof(unsigned long) == sizeof(std::uint64_t));
-  shmem_ulong_atomic_set(reinterpret_cast<unsigned long*>(base_ + offset), static_cast<unsigned long>(value), peer);
+  shmem_ulong_p(reinterpret_cast<unsigned long*>(base_ + offset), static_cast<unsigned long>(value), peer);
 }
 
 void ShmemTransport::signal(int peer, std::size_t slot, std::uint64_t value, int) {
@@ -193,15 +262,14 @@ std::uint64_t ShmemTransport::read_signal(std::size_t slot) noexcept {
 }
 
 void ShmemTransport::wait_word(std::uint64_t* word, std::uint64_t at_least, const WaitPoint& where) {
+  last_phase_.store(where.phase, std::memory_order_relaxed);
   std::atomic_ref<std::uint64_t> w(*word);
   if (w.load(std::memory_order_acquire) >= at_least) return;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   for (unsigned i = 0;; ++i) {
-    // shmem_ulong_test drives the runtime's progress: over UCX's TCP transport a peer's put
-    // lands only while this PE polls.
-    if (shmem_ulong_test(reinterpret_cast<unsigned long*>(word), SHMEM_CMP_GE, static_cast<unsigned long>(at_least)) ||
-        w.load(std::memory_order_acquire) >= at_least)
-      break;
+    // Over UCX's TCP transport a peer's put lands only while this PE progresses.
+    opal_progress();
+    if (w.load(std::memory_order_acquire) >= at_least) break;
     if (i < 64) {
       _mm_pause();
       continue;
@@ -225,7 +293,9 @@ const std::byte* ShmemTransport::peer_window(int peer) const noexcept {
   return caps_.peer_memory_mapped && !peer_base_.empty() ? peer_base_[static_cast<std::size_t>(peer)] : nullptr;
 }
 
-void ShmemTransport::quiet(int) { shmem_quiet(); }
+void ShmemTransport::quiet(int) {
+  guarded("shmem_quiet", -1, [] { shmem_quiet(); });
+}
 
 void ShmemTransport::barrier(const char* phase) {
   ++barrier_epoch_;
@@ -258,6 +328,7 @@ std::vector<ShmemPeerInfo> ShmemTransport::peer_info() const {
     i.mapped = mapped_[static_cast<std::size_t>(p)];
     i.puts = puts_[static_cast<std::size_t>(p)].load(std::memory_order_relaxed);
     i.put_bytes = put_bytes_[static_cast<std::size_t>(p)].load(std::memory_order_relaxed);
+    i.payload_bytes = payload_bytes_[static_cast<std::size_t>(p)].load(std::memory_order_relaxed);
   }
   return v;
 }

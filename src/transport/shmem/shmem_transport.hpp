@@ -12,6 +12,10 @@
 //   * waits poll local memory with a deadline and call shmem_ulong_test meanwhile, which
 //     drives the runtime's progress (UCX over TCP emulates puts with active messages that
 //     the target must poll for); a timeout names the peer, its node and the phase;
+//   * shmem_quiet and shmem_fence block inside UCX with no deadline (a cut link: forever), so
+//     a watchdog thread ends the process (exit 1, the error on stderr naming the peers with
+//     incomplete puts and the last phase) when one of them outlasts the timeout; the
+//     launcher then ends the job;
 //   * barrier: signals through the window like the mapped transports (a deadline, unlike
 //     shmem_barrier_all).
 #pragma once
@@ -20,7 +24,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <condition_variable>
+#include <list>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "epx/bootstrap.hpp"
@@ -58,18 +66,30 @@ class ShmemTransport final : public Transport {
   void quiet(int queue) override;
   void barrier(const char* phase) override;
   std::chrono::milliseconds timeout() const noexcept override { return timeout_; }
+  void set_payload_region(std::size_t begin, std::size_t end) override { payload_begin_ = begin, payload_end_ = end; }
 
   std::vector<ShmemPeerInfo> peer_info() const;
 
  private:
   void release_heap() noexcept;
+  /// A blocking runtime call (shmem_quiet / shmem_fence) under the watchdog.
+  struct Blocking {
+    std::chrono::steady_clock::time_point since;
+    const char* call;
+    int peer;  // -1: every peer with outstanding puts
+  };
+  template <class F>
+  void guarded(const char* call, int peer, F&& f);
+  void watchdog_loop();
+  [[noreturn]] void watchdog_fire(const Blocking& b);
   /// The 8-byte word at `offset` of the block: this rank's or, mapped, `peer`'s.
   std::uint64_t* signal_word(std::byte* base, std::size_t slot) const noexcept;
   void wait_word(std::uint64_t* word, std::uint64_t at_least, const WaitPoint& where);
   /// Sets `peer`'s copy of the word at `offset` from this block's start, after every
   /// earlier put of this PE to `peer`.
   void ordered_set(int peer, std::size_t offset, std::uint64_t value);
-  void count(int peer, std::size_t bytes) noexcept;
+  void reset_counters(int peer) noexcept;
+  void count(int peer, std::size_t offset, std::size_t bytes) noexcept;
   [[noreturn]] void fail_timeout(const WaitPoint& where);
 
   std::shared_ptr<ShmemRuntime> runtime_;
@@ -85,7 +105,15 @@ class ShmemTransport final : public Transport {
   std::size_t signal_offset_ = 0;
   std::size_t num_signals_ = 0;
   std::uint64_t barrier_epoch_ = 0;
-  std::unique_ptr<std::atomic<std::uint64_t>[]> puts_, put_bytes_;  // [P] since allocate
+  std::size_t payload_begin_ = 0, payload_end_ = 0;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> puts_, put_bytes_, payload_bytes_;  // [P] since allocate
+  std::unique_ptr<std::atomic<bool>[]> outstanding_;  // [P] network puts went to this peer (for the watchdog's message)
+  std::atomic<const char*> last_phase_{"setup"};      // of the last wait, for the watchdog's message
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::list<Blocking> blocking_;
+  bool stop_watch_ = false;
+  std::thread watchdog_;
 };
 
 }  // namespace epx::detail
