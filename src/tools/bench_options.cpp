@@ -131,7 +131,7 @@ void validate_options(const BenchOptions& o) {
   if (o.skew < 0) bad("--skew must be >= 0 (0 = uniform), got " + std::to_string(o.skew));
   if (o.timeout_ms < 1) bad("--timeout-ms must be >= 1, got " + std::to_string(o.timeout_ms));
   if (!o.baseline.empty() && o.baseline != "mpi") bad("--baseline must be 'mpi', got '" + o.baseline + "'");
-  parse_transport_kind(o.transport);
+  if (o.transport != "shmem") parse_transport_kind(o.transport);  // shmem: ranks from oshrun (bench_run_shmem.cpp)
   // With --routing, P is known once meta.json is read: run_bench checks the rest then.
   check_dataplane(o.dataplane, o.routing.empty() ? o.ranks : 0);
   if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));
@@ -204,7 +204,7 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--json", o.json, "write every number of the report, machine-readable, to FILE")->type_name("FILE");
   sub->add_option("--trace", o.trace, "write a Chrome trace (Perfetto, chrome://tracing): a track per rank and worker, a slice per phase and iteration")
       ->type_name("FILE");
-  sub->add_option("--transport", o.transport, "shm (ranks are processes) | threads")->capture_default_str();
+  sub->add_option("--transport", o.transport, "shm (ranks are processes) | threads | shmem (one rank per process started by oshrun/mpirun)")->capture_default_str();
   sub->add_option("--timeout-ms", o.timeout_ms, "a rank that waits longer than this fails")->capture_default_str();
   sub->add_flag("!--no-counters", o.counters, "time with epx's per-worker counters off (no phases, no put counts)");
   sub->add_option("--counters-overhead", o.overhead_iters,

@@ -14,7 +14,7 @@
 #   one machine, no namespace, 4 ranks: every case (peers mapped by shmem_ptr: copies, pull)
 #   2 machines x 2 ranks: every case; the bytes that crossed the veth against epx's count;
 #       the hierarchical schedule puts across machines only to same-lane ranks
-#   2 machines x 4 ranks: a subset (both layouts, FP8, weighted, worst, each protocol)
+#   2 machines x 4 ranks: a subset (both layouts, FP8 + worst, tail; flag runs at 2 x 2: a fence per 512-byte block)
 #   faults, 2 x 2: SIGKILL of a rank on the other machine, SIGKILL of the other machine's
 #       daemon (orted), the other machine's link cut mid-call (section 5 says what each
 #       does): the job exits non-zero, no epx rank is left in either namespace (so neither
@@ -146,8 +146,8 @@ fi
 
 # 4. Two machines x 4 ranks: a subset (CI budget).
 if want x4; then
-across two-machines-x4 8 hosts4 150 --timeout-ms 30000 --cases compact,expanded_a4,fp8_expanded_worst,weighted_expanded,worst_compact,tail_q2_compact,flag_q2_expanded
-check_pass two-machines-x4 $? 7
+across two-machines-x4 8 hosts4 150 --timeout-ms 30000 --cases compact,expanded_a4,fp8_expanded_worst,tail_q2_compact
+check_pass two-machines-x4 $? 4
 fi
 
 # 5. Faults (2 x 2). What Open MPI 4.1 does, as measured here: a rank or daemon that dies is
