@@ -62,6 +62,7 @@ case "$cmd" in
     /usr/bin/python3 tests/e2e/check_replay.py --epx build/src/tools/epx
     /usr/bin/python3 tests/e2e/check_bench_modes.py --epx build/src/tools/epx  # push, pull, rings: no warnings
     bash tests/e2e/check_mpi_baseline.sh build/bench/epx_mpi_baseline  # says SKIP without Open MPI
+    timeout 420 bash tests/multinode/run.sh build  # shmem across network namespaces; SKIP without root
     ;;
   sanitize)
     install_deps
