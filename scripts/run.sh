@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-          python3-numpy libopenmpi-dev openmpi-bin)
+          python3-numpy libopenmpi-dev openmpi-bin libucx-dev ucx-utils iproute2 util-linux)
 JOBS=${EPX_JOBS:-2}
 # ccache (when installed) shares objects between checkouts of the tree: paths relative to it.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
@@ -67,6 +67,7 @@ case "$cmd" in
     /usr/bin/python3 tests/e2e/check_replay.py --epx build/src/tools/epx
     /usr/bin/python3 tests/e2e/check_bench_modes.py --epx build/src/tools/epx  # push, pull, rings: no warnings
     bash tests/e2e/check_mpi_baseline.sh build/bench/epx_mpi_baseline  # says SKIP without Open MPI
+    timeout 420 bash tests/multinode/run.sh build  # shmem across network namespaces; SKIP without root
     ;;
   sanitize)
     install_deps

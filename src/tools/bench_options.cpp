@@ -139,20 +139,24 @@ void check_shape(int ranks, int experts, int hidden, int topk, bool fp8, const s
 }
 
 void validate_options(const BenchOptions& o) {
+  // shmem: one rank per process, started by oshrun/mpirun (bench_run_shmem.cpp): P is the launcher's.
+  const bool forked = o.transport != "shmem";
+  if (forked) parse_transport_kind(o.transport);
   if (o.routing.empty()) {
     check_shape(o.ranks, o.experts, o.hidden, o.topk, o.fp8, "epx bench");
     if (o.tokens < 0) bad("--tokens must be >= 0, got " + std::to_string(o.tokens));
     // Before the routing is generated: the launcher holds every rank's inputs, each rank its
     // window, outputs and a copy of its inputs.
-    check_ranks(o.ranks, o.transport, "epx bench");
-    const RankFootprint f = rank_footprint(o.ranks, o.hidden, o.topk, o.tokens, o.tokens, 0);
-    check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.total - f.window)}, o.ranks,
-                    parse_transport_kind(o.transport) == TransportKind::kShm);
+    if (forked) {
+      check_ranks(o.ranks, o.transport, "epx bench");
+      const RankFootprint f = rank_footprint(o.ranks, o.hidden, o.topk, o.tokens, o.tokens, 0);
+      check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.total - f.window)}, o.ranks,
+                      parse_transport_kind(o.transport) == TransportKind::kShm);
+    }
   }
   if (o.layout != "compact" && o.layout != "expanded") bad("--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
   if (o.zero_copy && o.layout != "compact") bad("--zero-copy needs --layout compact");
   if (o.alignment < 1) bad("--alignment must be >= 1, got " + std::to_string(o.alignment));
-  parse_transport_kind(o.transport);
   check_workers(o.workers, o.routing.empty() ? o.ranks : 1, "epx bench");
   if (o.iters < 1) bad("--iters must be >= 1, got " + std::to_string(o.iters));
   if (o.warmup < 0) bad("--warmup must be >= 0, got " + std::to_string(o.warmup));
@@ -232,7 +236,7 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--json", o.json, "write every number of the report, machine-readable, to FILE")->type_name("FILE");
   sub->add_option("--trace", o.trace, "write a Chrome trace (Perfetto, chrome://tracing): a track per rank and worker, a slice per phase and iteration")
       ->type_name("FILE");
-  sub->add_option("--transport", o.transport, "shm (ranks are processes) | threads")->capture_default_str();
+  sub->add_option("--transport", o.transport, "shm (ranks are processes) | threads | shmem (one rank per process started by oshrun/mpirun)")->capture_default_str();
   sub->add_option("--timeout-ms", o.timeout_ms, "a rank that waits longer than this fails")->capture_default_str();
   sub->add_flag("!--no-counters", o.counters, "time with epx's per-worker counters off (no phases, no put counts)");
   sub->add_option("--counters-overhead", o.overhead_iters,

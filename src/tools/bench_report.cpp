@@ -449,7 +449,7 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
   std::int64_t tokens = 0;
   for (std::int64_t t : rc.tokens) tokens += t;
   std::fprintf(f, "epx bench: P=%d ranks (%s, %s worker%s each, %u cores)  S=%s tokens/rank  H=%d  K=%d  E=%d (%d per rank%s)\n", P,
-               o.transport == "shm" ? "shm processes" : "threads",
+               o.transport == "shm" ? "shm processes" : o.transport == "shmem" ? "shmem processes (from the launcher)" : "threads",
                r.workers > 0 ? std::to_string(r.workers).c_str() : (o.workers > 0 ? std::to_string(o.workers).c_str() : "auto"),
                r.workers == 1 ? "" : "s", r.cores,
                P > 0 && tokens == static_cast<std::int64_t>(P) * rc.tokens[0] ? std::to_string(rc.tokens[0]).c_str()

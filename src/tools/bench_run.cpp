@@ -94,6 +94,7 @@ BenchMeasurement measure_bench(const BenchOptions& o) {
 }
 
 int run_bench(const BenchOptions& o, std::FILE* out, BenchReport* report) {
+  if (o.transport == "shmem") return run_bench_shmem(o, out, report);  // ranks from oshrun (bench_run_shmem.cpp)
   BenchMeasurement run = measure_bench(o);
   BenchReport& rep = run.report;
   print_bench_report(out, rep);

@@ -27,4 +27,8 @@ BenchMeasurement measure_bench(const BenchOptions& o);
 /// Throws epx::Error on bad options or inputs and when a rank fails.
 int run_bench(const BenchOptions& o, std::FILE* out = stdout, BenchReport* report = nullptr);
 
+/// --transport shmem: this process is one rank of a job oshrun / mpirun started; rank 0
+/// prints the report (and fills `report`), the others print nothing.
+int run_bench_shmem(const BenchOptions& o, std::FILE* out, BenchReport* report);
+
 }  // namespace epx::tools

@@ -1,0 +1,119 @@
+// shmem/: the OpenSHMEM transport (Open MPI's oshmem over UCX) for ranks that oshrun /
+// mpirun started, on one machine or several.
+//
+//   * window + signal slots: one shmem_malloc block per allocate(), the same size on every
+//     PE (the symmetric heap; its size is SHMEM_SYMMETRIC_SIZE);
+//   * put: shmem_putmem_nbi, or a plain copy where shmem_ptr maps the peer's heap here
+//     (same-node peers when UCX shares memory between them);
+//   * ordered signal: shmem_fence, then shmem_ulong_atomic_set (OpenSHMEM 1.4 has no
+//     put_signal); data-as-flag blocks the same way (bytes, fence, atomic set of the flag);
+//     to a mapped peer: copy, then a release store;
+//   * quiet: shmem_quiet (completes every put of this PE, a superset of one queue's);
+//   * waits poll local memory with a deadline and call shmem_ulong_test meanwhile, which
+//     drives the runtime's progress (UCX over TCP emulates puts with active messages that
+//     the target must poll for); a timeout names the peer, its node and the phase;
+//   * shmem_quiet and shmem_fence block inside UCX with no deadline (a cut link: forever), so
+//     a watchdog thread ends the process (exit 1, the error on stderr naming the peers with
+//     incomplete puts and the last phase) when one of them outlasts the timeout; the
+//     launcher then ends the job;
+//   * barrier: signals through the window like the mapped transports (a deadline, unlike
+//     shmem_barrier_all).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <condition_variable>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "epx/bootstrap.hpp"
+#include "epx/connect.hpp"
+#include "epx/shmem.hpp"
+#include "epx/transport.hpp"
+
+namespace epx::detail {
+
+class ShmemRuntime;
+
+/// connect(kShmem): collective over `bootstrap`, which must be (or agree with) the
+/// OpenSHMEM runtime of this job: same rank and size as shmem_my_pe / shmem_n_pes.
+std::unique_ptr<Transport> connect_shmem(Bootstrap& bootstrap, const ConnectOptions& options);
+
+class ShmemTransport final : public Transport {
+ public:
+  ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const NodeMap& nodes, std::chrono::milliseconds timeout);
+  ~ShmemTransport() override;
+
+  int rank() const noexcept override { return rank_; }
+  int num_ranks() const noexcept override { return num_ranks_; }
+  const TransportCaps& caps() const noexcept override { return caps_; }
+  void allocate(std::size_t window_bytes, std::size_t num_signals) override;
+  std::byte* window() noexcept override { return base_; }
+  std::size_t window_bytes() const noexcept override { return window_bytes_; }
+  void put(int peer, std::size_t offset, const void* src, std::size_t bytes, int queue) override;
+  void signal(int peer, std::size_t slot, std::uint64_t value, int queue) override;
+  void wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) override;
+  std::uint64_t read_signal(std::size_t slot) noexcept override;
+  void put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes, std::uint64_t flag,
+                   int queue) override;
+  void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) override;
+  const std::byte* peer_window(int peer) const noexcept override;
+  void quiet(int queue) override;
+  void barrier(const char* phase) override;
+  std::chrono::milliseconds timeout() const noexcept override { return timeout_; }
+  void set_payload_region(std::size_t begin, std::size_t end) override { payload_begin_ = begin, payload_end_ = end; }
+
+  std::vector<ShmemPeerInfo> peer_info() const;
+
+ private:
+  void release_heap() noexcept;
+  /// A blocking runtime call (shmem_quiet / shmem_fence) under the watchdog.
+  struct Blocking {
+    std::chrono::steady_clock::time_point since;
+    const char* call;
+    int peer;  // -1: every peer with outstanding puts
+  };
+  template <class F>
+  void guarded(const char* call, int peer, F&& f);
+  void watchdog_loop();
+  [[noreturn]] void watchdog_fire(const Blocking& b);
+  /// The 8-byte word at `offset` of the block: this rank's or, mapped, `peer`'s.
+  std::uint64_t* signal_word(std::byte* base, std::size_t slot) const noexcept;
+  void wait_word(std::uint64_t* word, std::uint64_t at_least, const WaitPoint& where);
+  /// Sets `peer`'s copy of the word at `offset` from this block's start, after every
+  /// earlier put of this PE to `peer`.
+  void ordered_set(int peer, std::size_t offset, std::uint64_t value);
+  void reset_counters(int peer) noexcept;
+  void count(int peer, std::size_t offset, std::size_t bytes) noexcept;
+  [[noreturn]] void fail_timeout(const WaitPoint& where);
+
+  std::shared_ptr<ShmemRuntime> runtime_;
+  int rank_;
+  int num_ranks_;
+  std::vector<int> node_of_rank_;
+  std::chrono::milliseconds timeout_;
+  TransportCaps caps_;
+  std::vector<bool> mapped_;          // [P] shmem_ptr reaches the peer's heap
+  std::byte* base_ = nullptr;         // this rank's block of the symmetric heap
+  std::vector<std::byte*> peer_base_; // [P] mapped address of each peer's block, or nullptr
+  std::size_t window_bytes_ = 0;
+  std::size_t signal_offset_ = 0;
+  std::size_t num_signals_ = 0;
+  std::uint64_t barrier_epoch_ = 0;
+  std::size_t payload_begin_ = 0, payload_end_ = 0;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> puts_, put_bytes_, payload_bytes_;  // [P] since allocate
+  std::unique_ptr<std::atomic<bool>[]> outstanding_;  // [P] network puts went to this peer (for the watchdog's message)
+  std::atomic<const char*> last_phase_{"setup"};      // of the last wait, for the watchdog's message
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::list<Blocking> blocking_;
+  bool stop_watch_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace epx::detail
