@@ -152,6 +152,8 @@ struct DynamicReplicaPlan {
   /// global slot): physical experts replica_phys[replica_offsets[e] .. replica_offsets[e+1]).
   std::vector<std::int64_t> replica_offsets;    ///< [E_log + 1]
   std::vector<std::int64_t> replica_phys;
+  /// Rows (t, k slots) each replica takes, parallel to replica_phys; e's sum to n_e.
+  std::vector<std::int64_t> replica_rows;
   std::vector<std::int64_t> rows_without;       ///< [P] slots each rank's home experts get, no replicas
   std::vector<std::int64_t> rows_with;          ///< [P] slots each rank's experts get through the plan
   int replicas_used = 0;                        ///< used slots over all ranks
@@ -160,17 +162,21 @@ struct DynamicReplicaPlan {
 
 /// Plans the replicas (local, pure, deterministic: the same counts give the same plan on every
 /// rank). `counts` [P, E_log] int64 >= 0: (t, k) slots each rank routes to each logical expert
-/// (E_log = P * L, all-gathered so that every rank has all of it). Greedy: while free slots
-/// remain, take the heaviest rank (lowest index on ties) and its experts in descending load
-/// per replica (n_e / m_e, lowest index on ties); add a replica of the first one for which
-/// placing it on the lightest rank with a free slot that does not hold it yet (lowest index on
-/// ties) lowers (max rank load, ranks at that max) lexicographically; stop when none does.
-/// Rank loads use the exact shares route_through_replicas gives: replica j of expert e (of
-/// m_e) takes the (t, k) slots with global positions [floor(j n_e / m_e), floor((j+1) n_e / m_e)),
-/// positions numbering e's slots rank-major (rank 0's tokens first, by token, then rank 1's).
-/// So rows_with[d] is exactly what an expanded dispatch delivers to rank d (the sum of its
-/// num_recv_tokens_per_expert). Throws kInvalidArgument for a counts size other than P * E_log,
-/// a negative count, P < 1, L < 1 or B < 0.
+/// (E_log = P * L, all-gathered so that every rank has all of it).
+///
+/// Rows of an expert are split among its replicas unevenly where that balances better: for a
+/// placement, replica_rows is a max flow (source -> expert e, n_e -> every rank holding e ->
+/// sink, T) at the least T (the peak) that fits every row (Dinic, fixed order: deterministic).
+/// Greedy placement: while free slots remain, take the ranks at the peak under those rows
+/// (ascending) and, on each, its replicas by the rows they take there (most first, lowest
+/// expert on ties); add a replica of the first expert for which a slot on the lightest rank that has a
+/// free slot and does not hold it yet (lowest index on ties) lowers the rows that do not fit
+/// under peak - 1 (so the peak falls eventually); stop when none does. Never above no replicas.
+/// Routing (route_through_replicas): replica j of e takes e's (t, k) slots at global positions
+/// [R_j, R_j + replica_rows[j]) (R_j: rows of the replicas before j), positions numbering e's
+/// slots rank-major (rank 0's by token, then rank 1's ...). So rows_with[d] is exactly what an
+/// expanded dispatch delivers to rank d (its num_recv_tokens_per_expert summed). Throws
+/// kInvalidArgument for a counts size other than P * E_log, a negative count, P < 1, L < 1 or B < 0.
 DynamicReplicaPlan plan_dynamic_replicas(const std::vector<std::int64_t>& counts, int num_ranks, int home_experts,
                                          int slots_per_rank);
 
