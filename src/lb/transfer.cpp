@@ -167,7 +167,7 @@ std::string args_error(const char* what, const std::vector<ExpertTensors>& slots
 }
 
 // One collective over the Buffer: every rank sends its tokens of `tr` round by round,
-// `fill(token, row)` writing each token's row (row_bytes bytes) and `deliver(token, row)`
+// `fill(token, row)` writing each token's row (all row_bytes bytes, padding included) and `deliver(token, row)`
 // taking each received one. A rank with bad arguments (`bad` non-empty) takes part in the
 // first round with an invalid routing, so that the dispatch fails on every rank, and throws.
 template <class Fill, class Deliver>
@@ -177,13 +177,16 @@ void run_transfer(Buffer& buffer, const char* what, const LbTransfer& tr, const 
   const std::int64_t H = cfg.hidden, L_buf = cfg.num_experts / P;
   const int rounds = std::max(1, tr.rounds);  // one round even when nothing moves: a bad rank must meet the others
   const float mark = static_cast<float>(tr.fingerprint);
+  const std::int64_t most = std::max<std::int64_t>(1, tr.tokens_per_round);
+  std::vector<std::uint16_t> x(at(most * H));  // every row filled in full (fill pads) before it is sent
+  std::vector<std::int64_t> idx(at(most * K));
+  std::vector<float> w(idx.size(), mark);
   for (int r = 0; r < rounds; ++r) {
     const std::int64_t first = bad.empty() && r < tr.rounds ? tr.begin(me, r) : 0;
     const std::int64_t S = bad.empty() ? (r < tr.rounds ? tr.end(me, r) - first : 0) : 1;
-    std::vector<std::uint16_t> x(at(std::max<std::int64_t>(S, 1) * H), 0);
-    std::vector<std::int64_t> idx(at(std::max<std::int64_t>(S, 1) * K), -1);
-    std::vector<float> w(idx.size(), mark);
+    std::fill(idx.begin(), idx.end(), -1);
     if (!bad.empty()) {
+      std::fill(x.begin(), x.begin() + H, std::uint16_t{0});
       idx[0] = cfg.num_experts;  // invalid on purpose: every rank's dispatch throws, naming this rank
     } else {
       for (std::int64_t t = 0; t < S; ++t) {
@@ -272,7 +275,9 @@ void prefetch_weights(Buffer& buffer, const std::vector<ExpertTensors>& redundan
       buffer, "prefetch_weights", tr, bad,
       [&](const LbToken& tok, std::byte* row) {
         const size_t off = at(tok.row) * R;
-        copy_span(Copy::kToBuf, expert_weights, tok.item - me * L, off, row, std::min(R, tr.expert_bytes - off));
+        const size_t n = std::min(R, tr.expert_bytes - off);
+        copy_span(Copy::kToBuf, expert_weights, tok.item - me * L, off, row, n);
+        std::memset(row + n, 0, R - n);
       },
       [&](const LbToken& tok, const std::byte* row) {
         const size_t off = at(tok.row) * R;
@@ -308,7 +313,9 @@ void reduce_grads(Buffer& buffer, const std::vector<ExpertTensors>& redundant_gr
       buffer, "reduce_grads", tr, bad,
       [&](const LbToken& tok, std::byte* row) {
         const size_t off = at(tok.row) * R;
-        copy_span(Copy::kToBuf, redundant_grads, tok.item - me * placement.slots, off, row, std::min(R, X - off));
+        const size_t n = std::min(R, X - off);
+        copy_span(Copy::kToBuf, redundant_grads, tok.item - me * placement.slots, off, row, n);
+        std::memset(row + n, 0, R - n);
       },
       [&](const LbToken& tok, const std::byte* row) {
         const size_t off = at(tok.row) * R;
