@@ -108,7 +108,7 @@ TEST(Lb, TransferTableCoversEveryRowOnce) {
 }
 
 TEST(Lb, PrefetchLandsExactBytesAtEveryReplica) {
-  for (TransportKind kind : kTransports) {
+  for (TransportKind kind : kDataTransports) {
     launch({kP, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
       const int r = t.rank();
       Buffer buffer(t, lb_config(16, 2));  // 16 tokens per round: several rounds
@@ -172,7 +172,7 @@ TEST(Lb, ReduceEqualsAPlainLoopBitForBit) {
         if (kMapping[g] == e)
           for (size_t i = 0; i < v.size(); ++i) v[i] = v[i] + grad(false, static_cast<std::int64_t>(g), k, i);
     }
-  for (TransportKind kind : kTransports) {
+  for (TransportKind kind : kDataTransports) {
     launch({kP, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
       const int r = t.rank();
       Buffer buffer(t, lb_config(7, 1));  // K = 1, 7 tokens per round
