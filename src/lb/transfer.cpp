@@ -200,7 +200,8 @@ void run_transfer(Buffer& buffer, const char* what, const LbTransfer& tr, const 
     a.topk_idx = TensorView(idx.data(), DType::kI64, {S, K});
     a.topk_weights = TensorView(w.data(), DType::kF32, {S, K});
     a.layout = RecvLayout::kCompact;
-    a.recv_in_window = cfg.ring_rows == 0;  // no copy: the rows are read where the senders put them
+    // No copy where the Buffer allows it: the rows are read where the senders put them.
+    a.recv_in_window = cfg.ring_rows == 0 && cfg.dataplane.protocol != Protocol::kFlag;
     DispatchResult d;
     try {
       d = buffer.dispatch(a);

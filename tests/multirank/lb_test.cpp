@@ -120,8 +120,22 @@ TEST(Lb, PrefetchLandsExactBytesAtEveryReplica) {
       LbEvent ev = prefetch_weights_async(buffer, v.slot_t, v.home_t, {kL, kB, kMapping});
       ev.wait();
       check_slots(r, v, {300, 5}, kMapping, kB);
-      // The Buffer still dispatches normally afterwards.
+      // No slots at all: one empty round, nothing written.
       prefetch_weights(buffer, v.slot_t, v.home_t, {kL, 0, {}});
+    });
+  }
+  // Every receive mode of the Buffer: a bounded ring (a copy), the flag protocol, and a
+  // receive area of 10 rows (2 tokens per rank and round: many rounds).
+  for (int mode = 0; mode < 3; ++mode) {
+    launch({kP, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      BufferConfig c = lb_config(16, 2);
+      if (mode == 0) c.ring_rows = 8;
+      if (mode == 1) c.dataplane.protocol = Protocol::kFlag;
+      if (mode == 2) c.max_recv_rows = 10;
+      Buffer buffer(t, c);
+      RankWeights w = make_weights(t.rank(), kKindBytes, kL, kB);
+      prefetch_weights(buffer, w.slot_t, w.home_t, {kL, kB, kMapping});
+      check_slots(t.rank(), w, kKindBytes, kMapping, kB);
     });
   }
 }
