@@ -115,13 +115,10 @@ TEST(Lb, PrefetchLandsExactBytesAtEveryReplica) {
       RankWeights w = make_weights(r, kKindBytes, kL, kB);
       prefetch_weights(buffer, w.slot_t, w.home_t, {kL, kB, kMapping});
       check_slots(r, w, kKindBytes, kMapping, kB);
-      // Async: issue, wait, same bytes (a fresh sentinel first).
-      RankWeights v = make_weights(r, {300, 5}, kL, kB);
-      LbEvent ev = prefetch_weights_async(buffer, v.slot_t, v.home_t, {kL, kB, kMapping});
-      ev.wait();
-      check_slots(r, v, {300, 5}, kMapping, kB);
       // No slots at all: one empty round, nothing written.
+      RankWeights v = make_weights(r, {300, 5}, kL, kB);
       prefetch_weights(buffer, v.slot_t, v.home_t, {kL, 0, {}});
+      check_slots(r, v, {300, 5}, std::vector<std::int64_t>(kMapping.size(), -1), kB);
     });
   }
   // Every receive mode of the Buffer: a bounded ring (a copy), the flag protocol, and a
@@ -138,6 +135,31 @@ TEST(Lb, PrefetchLandsExactBytesAtEveryReplica) {
       check_slots(t.rank(), w, kKindBytes, kMapping, kB);
     });
   }
+}
+
+// Async on the threads transport (the ThreadSanitizer run picks "threads" names): issue, do
+// other work, wait; then a second async call whose error comes out of wait().
+TEST(Lb, threads_PrefetchAsyncCompletesOnWait) {
+  launch({kP, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+    const int r = t.rank();
+    Buffer buffer(t, lb_config(16, 2));
+    RankWeights v = make_weights(r, {300, 5}, kL, kB);
+    LbEvent ev = prefetch_weights_async(buffer, v.slot_t, v.home_t, {kL, kB, kMapping});
+    std::vector<std::uint8_t> other(1 << 16, 1);  // the caller's own work meanwhile
+    for (auto& b : other) b = static_cast<std::uint8_t>(b * 3 + 1);
+    ev.wait();
+    check_slots(r, v, {300, 5}, kMapping, kB);
+    std::vector<ExpertTensors> wrong = v.slot_t;
+    wrong.pop_back();  // kinds differ on every rank: every rank's wait() throws
+    LbEvent bad = prefetch_weights_async(buffer, wrong, v.home_t, {kL, kB, kMapping});
+    try {
+      bad.wait();
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("kinds") == std::string::npos && e.origin_rank() == r) fail(r, e.what());
+      return;
+    }
+    fail(r, "no error from wait()");
+  });
 }
 
 TEST(Lb, BadArgumentsFailOnEveryRank) {
