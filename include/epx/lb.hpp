@@ -175,7 +175,8 @@ struct DynamicReplicaPlan {
 /// Routing (route_through_replicas): replica j of e takes e's (t, k) slots at global positions
 /// [R_j, R_j + replica_rows[j]) (R_j: rows of the replicas before j), positions numbering e's
 /// slots rank-major (rank 0's by token, then rank 1's ...). So rows_with[d] is exactly what an
-/// expanded dispatch delivers to rank d (its num_recv_tokens_per_expert summed). Throws
+/// expanded dispatch delivers to rank d (its num_recv_tokens_per_expert summed). Cost: up to
+/// P * B greedy steps, each a few max flows on E_log + P nodes (host-side, once per batch). Throws
 /// kInvalidArgument for a counts size other than P * E_log, a negative count, P < 1, L < 1 or B < 0.
 DynamicReplicaPlan plan_dynamic_replicas(const std::vector<std::int64_t>& counts, int num_ranks, int home_experts,
                                          int slots_per_rank);
