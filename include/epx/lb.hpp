@@ -20,7 +20,7 @@
 //
 //   epx::LbPlacement pl{.home_experts = L, .slots = B, .mapping = m};     // same on all ranks
 //   epx::prefetch_weights(buffer, {{slots_w1, w1_bytes}}, {{home_w1, w1_bytes}}, pl);
-//   ... forward + backward through the replicas (DynamicReplicaPlan / map_to_replicas) ...
+//   ... forward + backward through the replicas (plan_dynamic_replicas, route_through_replicas) ...
 //   epx::reduce_grads(buffer, {{slot_g1, w1_f32_bytes}}, {{home_g1, w1_f32_bytes}}, pl);
 //
 // Collectives here must be called by every rank of the Buffer, in the same order as its other
