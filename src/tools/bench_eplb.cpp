@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "epx/eplb.hpp"
+#include "epx/lb.hpp"
 #include "epx/error.hpp"
 
 namespace epx::tools {
@@ -65,9 +66,35 @@ EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p) {
   const RouteCount logical = count_routes(p, false, 1);
   e.expert_load.reserve(at(E));
   for (const std::int64_t n : logical.expert_rows) e.expert_load.push_back(static_cast<float>(n));
-  const EplbPlan plan = rebalance_experts(e.expert_load, 1, E, e.replicas, 1, 1, P);
-  e.logcnt = plan.logcnt;
-  e.phy2log = plan.phy2log;
+  e.dynamic = e.choice == "dynamic";
+  EplbPlan plan;
+  DynamicReplicaPlan dyn;
+  std::vector<double> planned_with;
+  if (e.dynamic) {
+    // Replicas from this batch: every rank's counts (what an all-gather of the notify counts gives).
+    e.slots_per_rank = (e.replicas - E) / P;
+    std::vector<std::int64_t> counts;
+    for (int r = 0; r < P; ++r) {
+      const std::vector<std::int64_t> c = count_expert_slots(p.rank[at(r)].topk_idx, E);
+      counts.insert(counts.end(), c.begin(), c.end());
+    }
+    dyn = plan_dynamic_replicas(counts, P, E / P, e.slots_per_rank);
+    e.replicas_used = dyn.replicas_used;
+    e.mapping = dyn.placement.mapping;
+    e.phy2log.assign(at(e.replicas), -1);
+    e.logcnt.assign(at(E), 0);
+    for (int x = 0; x < E; ++x)
+      for (std::int64_t j = dyn.replica_offsets[at(x)]; j < dyn.replica_offsets[at(x) + 1]; ++j) {
+        e.phy2log[at(dyn.replica_phys[at(j)])] = x;
+        ++e.logcnt[at(x)];
+      }
+    planned_with.assign(dyn.rows_with.begin(), dyn.rows_with.end());
+  } else {
+    plan = rebalance_experts(e.expert_load, 1, E, e.replicas, 1, 1, P);
+    e.logcnt = plan.logcnt;
+    e.phy2log = plan.phy2log;
+    planned_with = eplb_gpu_load(plan, e.expert_load, P);
+  }
 
   ReplicaRouting how;
   how.num_ranks = P;
@@ -77,7 +104,8 @@ EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p) {
   for (int r = 0; r < P; ++r) {
     BenchRankInput& in = p.rank[at(r)];
     how.rank = r;
-    std::vector<std::int64_t> phys = map_to_replicas(in.topk_idx, K, plan, how);
+    std::vector<std::int64_t> phys =
+        e.dynamic ? route_through_replicas(dyn, r, in.topk_idx, K) : map_to_replicas(in.topk_idx, K, plan, how);
     // The check: same shape, -1 stays -1, every physical slot serves the logical expert it
     // came from, and a token never names a physical expert twice.
     if (phys.size() != in.topk_idx.size())
@@ -95,9 +123,9 @@ EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p) {
         if (pe < 0 || pe >= R)
           throw Error(ErrorCode::kInternal, where + " was mapped to " + std::to_string(pe) + ", outside [0, R = " +
                                                 std::to_string(R) + ")", r);
-        if (plan.phy2log[at(pe)] != le)
+        if (e.phy2log[at(pe)] != le)
           throw Error(ErrorCode::kInternal, where + " was mapped to physical slot " + std::to_string(pe) +
-                                                ", which serves logical expert " + std::to_string(plan.phy2log[at(pe)]), r);
+                                                ", which serves logical expert " + std::to_string(e.phy2log[at(pe)]), r);
         for (int j = 0; j < k; ++j)
           if (phys[at(t * K + j)] == pe)
             throw Error(ErrorCode::kInternal, where + ": physical slot " + std::to_string(pe) + " named twice by the token", r);
@@ -111,7 +139,9 @@ EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p) {
 
   const RouteCount physical = count_routes(p, false, 1);
   e.without = side(logical, eplb_gpu_load_without_replicas(e.expert_load, 1, E, P));
-  e.with = side(physical, eplb_gpu_load(plan, e.expert_load, P));
+  e.with = side(physical, std::move(planned_with));
+  if (e.dynamic && e.with.recv_slots != dyn.rows_with)
+    throw Error(ErrorCode::kInternal, "epx bench --eplb-choice dynamic: the routed slots per rank differ from the plan's rows_with");
   return e;
 }
 
@@ -122,9 +152,14 @@ void print_eplb_report(std::FILE* f, const EplbReport& e) {
                e.choice.c_str());
   if (e.choice == "server") std::fprintf(f, ", %d rank%s per server", e.ranks_per_server, e.ranks_per_server == 1 ? "" : "s");
   std::fprintf(f, ")\n");
-  std::fprintf(f, "  planner input: the slots of each logical expert in THIS batch (an oracle load; a deployment plans from past\n"
-                  "  batches): rebalance_experts(load, 1 layer, E=%d, R=%d, 1 group, 1 node, %d GPUs)\n",
-               E, R, P);
+  if (e.dynamic)
+    std::fprintf(f, "  planner input: every rank's slots per logical expert in THIS batch (all-gathered counts: no oracle, the\n"
+                    "  batch being dispatched): plan_dynamic_replicas(counts [%d, %d], L=%d, B=%d slots per rank); exact shares\n",
+                 P, E, P > 0 ? E / P : 0, e.slots_per_rank);
+  else
+    std::fprintf(f, "  planner input: the slots of each logical expert in THIS batch (an oracle load; a deployment plans from past\n"
+                    "  batches): rebalance_experts(load, 1 layer, E=%d, R=%d, 1 group, 1 node, %d GPUs)\n",
+                 E, R, P);
   std::map<std::int64_t, int> copies;
   for (const std::int64_t c : e.logcnt) ++copies[c];
   std::string hist;
@@ -174,6 +209,26 @@ void print_eplb_report(std::FILE* f, const EplbReport& e) {
   std::fprintf(f, "  %-28s %lld -> %lld (local to the sender: %lld -> %lld); the routing without replicas is counted, not timed\n",
                "rows moved, all ranks", static_cast<long long>(e.without.total_rows), static_cast<long long>(e.with.total_rows),
                static_cast<long long>(e.without.local_rows), static_cast<long long>(e.with.local_rows));
+  if (!e.dynamic) return;
+  // When it pays: a replica's weights (3 H x I bf16 matrices: 6 H I bytes) cost the bytes of 3 I
+  // dispatch rows (2 H bytes each); a row through the expert costs 6 H I FLOP forward (x3 with
+  // backward, when the float32 gradients, 12 H I bytes, also travel home). Both scale with H I,
+  // so the replicas pay when the rows they take off the busiest rank, per replica moved, exceed
+  // the machine's FLOP/s over the bytes/s of the link the weights cross (unless hidden).
+  const std::int64_t max_without = *std::max_element(e.without.recv_slots.begin(), e.without.recv_slots.end());
+  const std::int64_t max_with = *std::max_element(e.with.recv_slots.begin(), e.with.recv_slots.end());
+  const std::int64_t off = max_without - max_with;
+  std::fprintf(f, "  %-28s %d of %d slots filled (B = %d per rank); prefetch moves %d experts' weights, reduce_grads brings\n"
+                  "  %-28s %d gradients home\n",
+               "dynamic replicas", e.replicas_used, e.ranks * e.slots_per_rank, e.slots_per_rank, e.replicas_used, "",
+               e.replicas_used);
+  std::fprintf(f, "  %-28s busiest rank %lld -> %lld (t, k) rows: %lld rows off it, %.1f per replica moved\n", "compute balanced",
+               static_cast<long long>(max_without), static_cast<long long>(max_with), static_cast<long long>(off),
+               e.replicas_used > 0 ? static_cast<double>(off) / e.replicas_used : 0.0);
+  std::fprintf(f, "  %-28s one replica = 6 H I bytes (bf16 SwiGLU expert, I = its intermediate size) = the bytes of 3 I\n"
+                  "  %-28s dispatch rows; it pays when rows-off-per-replica > FLOP/s / link bytes/s (e.g. 990 TFLOP/s over\n"
+                  "  %-28s 50 GB/s: 19800; over 450 GB/s: 2200 -- datasheet examples, not measured) or when prefetch is hidden\n",
+               "weights vs rows", "", "");
 }
 
 nlohmann::ordered_json eplb_json(const EplbReport& e) {
@@ -210,6 +265,9 @@ nlohmann::ordered_json eplb_json(const EplbReport& e) {
   j["without"] = side_json(e.without);
   j["with"] = side_json(e.with);
   j["with"]["measured_slowest_rank"] = e.measured_slowest_rank;
+  if (e.dynamic) {
+    j["dynamic"] = {{"slots_per_rank", e.slots_per_rank}, {"replicas_used", e.replicas_used}, {"mapping", e.mapping}};
+  }
   j["rows_imbalance_ratio"] = e.without.rows_imbalance > 0 ? e.with.rows_imbalance / e.without.rows_imbalance : 0.0;
   return j;
 }

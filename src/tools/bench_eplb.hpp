@@ -39,9 +39,15 @@ struct EplbReport {
   bool mapping_verified = false;
   EplbSide without, with;            ///< logical routing / physical routing (the timed one)
   int measured_slowest_rank = -1;    ///< highest avg dispatch + combine latency of the timed (physical) run
+  /// --eplb-choice dynamic (plan_dynamic_replicas on this batch's counts):
+  bool dynamic = false;
+  int slots_per_rank = 0;            ///< B = (R - E) / P
+  int replicas_used = 0;             ///< slots the planner filled (<= P * B): expert weights moved by prefetch
+  std::vector<std::int64_t> mapping; ///< [P, B] logical expert of each slot, -1 unused
 };
 
-/// --eplb: plans R replicas with rebalance_experts(load, 1, E, R, 1, 1, P) from the problem's
+/// --eplb: plans R replicas (--eplb-choice dynamic: plan_dynamic_replicas from the batch's own
+/// per-rank counts, B = (R - E) / P slots per rank, routed with route_through_replicas) with rebalance_experts(load, 1, E, R, 1, 1, P) from the problem's
 /// own logical routing, maps every rank's topk_idx with map_to_replicas IN PLACE (p.experts
 /// becomes R, p.source says so), checks that every physical slot maps back to the logical
 /// expert it came from and counts both routings. Throws epx::Error(kInvalidArgument) for

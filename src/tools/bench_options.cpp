@@ -185,8 +185,8 @@ void validate_options(const BenchOptions& o) {
   }
   if (o.eplb_replicas < 0) bad("--eplb-replicas must be >= 0 (0 = default), got " + std::to_string(o.eplb_replicas));
   const std::string choice = eplb_choice_name(o);
-  if (choice != "spread" && choice != "rank" && choice != "server")
-    bad("--eplb-choice must be 'spread', 'rank' or 'server', got '" + o.eplb_choice + "'");
+  if (choice != "spread" && choice != "rank" && choice != "server" && choice != "dynamic")
+    bad("--eplb-choice must be 'spread', 'rank', 'server' or 'dynamic', got '" + o.eplb_choice + "'");
   if (o.eplb_servers_of < 0) bad("--eplb-servers-of must be >= 1, got " + std::to_string(o.eplb_servers_of));
   if (o.eplb_servers_of != 0 && choice != "server")
     bad("--eplb-servers-of only applies to --eplb-choice server (got --eplb-choice " + choice + ")");
@@ -256,7 +256,8 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
       ->capture_default_str();
   sub->add_option("--eplb-choice", o.eplb_choice,
                   "which replica a (token, slot) uses: spread (token index mod replicas, the default) | rank (one on the "
-                  "token's own rank if any) | server (one on the token's own server if any)")
+                  "token's own rank if any) | server (one on the token's own server if any) | dynamic (replicas chosen from "
+                  "this batch's counts by plan_dynamic_replicas, (R - E) / P slots per rank, exact shares)")
       ->type_name("CHOICE");
   sub->add_option("--eplb-servers-of", o.eplb_servers_of, "ranks per server for --eplb-choice server (divides P; default 1)")
       ->type_name("N");

@@ -186,6 +186,31 @@ TEST_F(BenchEplb, PreferRankAndServerChoicesRunAndVerify) {
   }
 }
 
+// --eplb-choice dynamic: replicas from this batch's per-rank counts (plan_dynamic_replicas),
+// the timed run's received slots per rank equal the plan's (checked by apply_eplb too), the
+// imbalance falls, and the JSON names the slots filled and the mapping.
+TEST_F(BenchEplb, DynamicReplicasFromTheBatchBalanceTheSlots) {
+  BenchOptions o = skewed();
+  o.eplb_choice = "dynamic";
+  o.eplb_replicas = 24;  // B = 2 slots per rank
+  const json j = run(o);
+  const json& e = j["eplb"];
+  EXPECT_EQ(e["choice"], "dynamic");
+  EXPECT_TRUE(e["mapping_verified"].get<bool>());
+  EXPECT_TRUE(j["warnings"].empty()) << j["warnings"].dump();
+  ASSERT_TRUE(e.contains("dynamic"));
+  EXPECT_EQ(e["dynamic"]["slots_per_rank"], 2);
+  const auto used = e["dynamic"]["replicas_used"].get<int>();
+  EXPECT_GT(used, 0);
+  EXPECT_LE(used, 8);
+  int filled = 0;
+  for (const auto& m : e["dynamic"]["mapping"]) filled += m.get<std::int64_t>() >= 0;
+  EXPECT_EQ(filled, used);
+  EXPECT_EQ(sum(e["with"]["recv_slots_per_rank"]), sum(e["without"]["recv_slots_per_rank"]));
+  EXPECT_LT(e["with"]["slots_imbalance"].get<double>(), e["without"]["slots_imbalance"].get<double>());
+  EXPECT_EQ(e["with"]["recv_slots_per_rank"], e["with"]["planned_gpu_load"]);
+}
+
 TEST_F(BenchEplb, WithoutEplbThereIsNoEplbObject) {
   BenchOptions o = skewed();
   o.eplb = false;
