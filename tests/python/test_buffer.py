@@ -22,6 +22,8 @@ def _round_trip(rank, n, expanded, fp8, flavor, alignment, worst, async_mode):
     layout = "expanded" if expanded else "compact"
     res = epx_ref.compute(case, layout=layout, alignment=alignment, worst=worst, deterministic=True, zero_padding=True)
     x, idx, w = inputs(case, rank, flavor)
+    if flavor == "torch" and not fp8:
+        w.requires_grad_(True)  # a model's tensors: epx reads them without their autograd history
     with epx.EPBuffer(None, max(TOKENS), H, 4, 16) as buf:
         ntr, nte, inr = buf.get_dispatch_layout(idx)
         same("num_tokens_per_rank", ntr, res.ranks[rank]["num_tokens_per_rank"], rank)
