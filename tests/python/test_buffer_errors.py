@@ -149,7 +149,7 @@ def test_killed_peer_fails_the_others_naming_it():
         assert code == "peer_failed" and origin == 1 and took < 5, (r, code, origin, took)
 
 
-def _interrupt(rank, n):
+def _interrupt(rank, n, background=False):
     case = make_case(n, 8, 2, 128, [2, 2], seed=75)
     x, idx, w = inputs(case, rank, "torch")
     buf = epx.EPBuffer(None, 2, 128, 2, 8, num_cpu_timeout_secs=60)
@@ -163,7 +163,11 @@ def _interrupt(rank, n):
     threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
     t = time.monotonic()
     try:
-        buf.dispatch(x, idx, w)
+        if background:
+            ev = buf.dispatch(x, idx, w, async_with_compute_stream=True)
+            ev.wait()
+        else:
+            buf.dispatch(x, idx, w)
     except KeyboardInterrupt:
         took = time.monotonic() - t
         buf.destroy()  # rank 1 then fails at once ("finished without answering")
@@ -171,7 +175,8 @@ def _interrupt(rank, n):
     return ("rank 0", None)
 
 
-def test_ctrl_c_ends_a_hung_wait():
-    got = epx.launch(_interrupt, 2, start_method="fork", timeout_secs=60)
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
+def test_ctrl_c_ends_a_hung_wait(background):
+    got = epx.launch(_interrupt, 2, background, start_method="fork", timeout_secs=60)
     assert got[0] == ("rank 0", "KeyboardInterrupt", True), got
     assert got[1] == ("rank 1", "peer_failed", 0), got
