@@ -12,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-          python3-numpy libopenmpi-dev openmpi-bin libucx-dev ucx-utils iproute2 util-linux)
+          python3-numpy libopenmpi-dev openmpi-bin libucx-dev ucx-utils iproute2 util-linux
+          python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-torch python3-pytest)
 JOBS=${EPX_JOBS:-2}
 # ccache (when installed) shares objects between checkouts of the tree: paths relative to it.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
@@ -63,6 +64,14 @@ case "$cmd" in
     install_deps
     build build
     ctest --test-dir build --output-on-failure -j "$JOBS"
+    # The Python package (Debian's Python; pytest exit 5 = no tests collected is not a failure).
+    timeout 300 /usr/bin/python3 -m pytest -q tests/python || [ $? -eq 5 ]
+    # C++ users: cmake --install, then a project of its own finds it (tests/consumer).
+    rm -rf build/install-test build/consumer
+    cmake --install build --prefix "$PWD/build/install-test" >/dev/null
+    cmake -S tests/consumer -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install-test" >/dev/null
+    timeout 300 cmake --build build/consumer >/dev/null
+    timeout 60 ./build/consumer/epx_consumer
     /usr/bin/python3 tests/e2e/test_epx_ref.py
     /usr/bin/python3 tests/e2e/check_replay.py --epx build/src/tools/epx
     /usr/bin/python3 tests/e2e/check_bench_modes.py --epx build/src/tools/epx  # push, pull, rings: no warnings

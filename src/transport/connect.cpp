@@ -4,6 +4,7 @@
 #include <string>
 
 #include "epx/error.hpp"
+#include "shm/shm_connect.hpp"
 #include "shmem/shmem_transport.hpp"
 
 namespace epx {
@@ -28,8 +29,8 @@ const char* to_string(ConnectKind kind) noexcept {
 std::unique_ptr<Transport> connect(Bootstrap& bootstrap, const ConnectOptions& options) {
   ConnectKind kind = options.kind;
   if (kind == ConnectKind::kAuto) kind = discover_nodes(bootstrap).num_nodes == 1 ? ConnectKind::kShm : ConnectKind::kShmem;
+  if (kind == ConnectKind::kShm) return detail::connect_shm(bootstrap, options);
   if (kind == ConnectKind::kShmem) return detail::connect_shmem(bootstrap, options);
-  // The shm transport over a foreign bootstrap (#16) plugs in here.
   throw Error(ErrorCode::kUnsupported, std::string("connect: the ") + to_string(kind) +
                                            " transport over a '" + bootstrap.name() + "' bootstrap is not built yet");
 }

@@ -74,6 +74,9 @@ class MappedTransport : public Transport {
   [[noreturn]] void throw_timeout(const char* phase, int peer) const;
   /// Records `phase` in this rank's control-block slot (skipped if it is the last one).
   void note_phase(const char* phase) noexcept;
+  /// Called by check_peers while a wait yields: a transport whose peers no launcher
+  /// watches checks their liveness here (and may throw kPeerFailed). Default: nothing.
+  virtual void check_alive(const char* phase) const { (void)phase; }
 
   ControlBlock* control_;
 

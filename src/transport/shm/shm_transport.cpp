@@ -48,6 +48,17 @@ void ShmTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
   mapped_.assign(static_cast<std::size_t>(num_ranks()), nullptr);
   mapped_bytes_ = bytes;
 
+  try {
+    map_segments(window_bytes, num_signals, bytes);
+  } catch (...) {
+    for (int p = 0; p < num_ranks(); ++p) shm_unlink(segment_name(p).c_str());
+    unmap_all();
+    throw;
+  }
+}
+
+void ShmTransport::map_segments(std::size_t window_bytes, std::size_t num_signals, std::size_t bytes) {
+  const std::string me = "rank " + std::to_string(rank()) + ": ";
   const std::string name = segment_name(rank());
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) throw Error(ErrorCode::kIo, me + "shm_open(" + name + ") failed: " + std::strerror(errno));
@@ -56,7 +67,6 @@ void ShmTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
   const int err = ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (err != 0) {
     close(fd);
-    shm_unlink(name.c_str());
     throw Error(ErrorCode::kCapacityExceeded,
                 me + "cannot reserve a shared-memory segment of " + format_bytes(bytes) + " (the window x " +
                     std::to_string(num_ranks()) + " ranks needs " + format_bytes(mul_sat(bytes, static_cast<std::uint64_t>(num_ranks()))) +
@@ -64,10 +74,7 @@ void ShmTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
   }
   void* mine = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (mine == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    throw Error(ErrorCode::kIo, me + "mmap of own segment failed: " + std::strerror(errno));
-  }
+  if (mine == MAP_FAILED) throw Error(ErrorCode::kIo, me + "mmap of own segment failed: " + std::strerror(errno));
   mapped_[static_cast<std::size_t>(rank())] = static_cast<std::byte*>(mine);
   // Pre-fault: first touch of shared memory costs a page fault per 4 KiB.
   auto* bytes_ptr = static_cast<volatile std::byte*>(mine);
