@@ -121,6 +121,7 @@ class _Dispatch(torch.autograd.Function):
             recv_x = fp8_dequant(recv_x[0], recv_x[1])
         ctx.buffer, ctx.spec, ctx.handle = buffer, spec, new_handle
         ctx.x_dtype, ctx.hidden = x.dtype, x.shape[1]
+        ctx.recv_idx = recv_idx  # compact: which recv_topk_weights are copies of a weight
         ctx.w_shape = None if topk_weights is None else topk_weights.shape
         ctx.mark_non_differentiable(*[t for t in (recv_idx,) if t is not None])
         return recv_x, recv_idx, recv_w, new_handle, event
@@ -135,8 +136,10 @@ class _Dispatch(torch.autograd.Function):
             grad_x = buffer.combine(g, handle)[0].to(ctx.x_dtype)
         if ctx.needs_input_grad[5]:
             expanded = ctx.spec.kwargs["do_expand"]
-            grad_w = _weights_back(buffer, handle, grad_recv_w.float(), ctx.w_shape[1],
-                                   ctx.hidden, expanded)
+            g = grad_recv_w.float()
+            if not expanded:  # the zeros of slots on other ranks are constants
+                g = torch.where(ctx.recv_idx >= 0, g, torch.zeros_like(g))
+            grad_w = _weights_back(buffer, handle, g, ctx.w_shape[1], ctx.hidden, expanded)
         return None, None, None, grad_x, None, grad_w, None, None
 
 
