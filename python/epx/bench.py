@@ -10,7 +10,7 @@ and avg over the timed iterations (the definitions of `epx bench --help`):
 1. all_to_all_single: a Megatron-style token dispatcher (Megatron-LM's
    MoEAlltoAllTokenDispatcher) over torch.distributed gloo: count tokens per expert, exchange
    the counts (all_to_all_single), permute one row per (token, expert) slot into expert
-   order, all_to_all_single the rows (gloo has no bf16: the bits travel as int16), sort the
+   order, all_to_all_single the rows (gloo has no bf16: the bytes travel as uint8), sort the
    received chunks by local expert; combine = the reverse and an index_add_ (float32) per
    token. Unweighted, like epx's default combine.
 2. epx: `EPBuffer.dispatch(do_expand=True)` (deterministic, so rows are in the same order)
@@ -128,8 +128,8 @@ class AllToAllDispatcher:
 
 
 def _wire(t):
-    """gloo moves no bf16: send its bits as int16."""
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    """gloo moves no bf16 (nor int16): send its bytes as uint8 ([N, H] -> [N, 2H])."""
+    return t.view(torch.uint8) if t.dtype == torch.bfloat16 else t
 
 
 # ----------------------------------------------------------------------------------------
@@ -191,9 +191,9 @@ def _rank_main(rank, num_ranks, a, problem, init_file):
                 torch.mm(A, B)
 
             def ovl():
-                ev = buf.dispatch(x, idx, w, do_expand=True, async_with_compute_stream=True)[4]
+                ev = buf.dispatch(x, idx, w, do_expand=True, async_with_compute_stream=True)
                 torch.mm(A, B)
-                ev.current_stream_wait()
+                ev.current_stream_wait()  # returns dispatch's result tuple
 
             _, t_seq = _timed(seq)
             _, t_ovl = _timed(ovl)
