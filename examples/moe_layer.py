@@ -34,7 +34,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))  # epx from this checkout, if built here
+BUILD_PY = os.path.join(HERE, "..", "build", "python")
+if os.path.isdir(os.path.join(BUILD_PY, "epx")):  # epx from this checkout, when built here
+    sys.path.insert(0, BUILD_PY)
 
 import epx  # noqa: E402
 import epx.autograd as ea  # noqa: E402

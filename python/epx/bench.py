@@ -143,11 +143,9 @@ def _timed(fn):
     return r, (time.perf_counter() - t0) * 1e6
 
 
-def _rank_main(rank, num_ranks, a, problem, init_file):
+def _rank_main(rank, num_ranks, a, problem):
+    """One rank under epx.launch (torch.distributed gloo is initialised there)."""
     torch.set_num_threads(1)
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
-                                world_size=num_ranks)
     idx, w, x = problem[rank]
     base = AllToAllDispatcher(a.experts)
     samples = {k: [] for k in ("a2a_dispatch", "a2a_combine", "epx_dispatch", "epx_combine",
@@ -205,7 +203,6 @@ def _rank_main(rank, num_ranks, a, problem, init_file):
     dist.all_gather_object(gathered, samples)
     checks = [None] * num_ranks
     dist.all_gather_object(checks, (same_rows, comb_diff))
-    dist.destroy_process_group()
     if rank != 0:
         return None
     series = {k: np.max(np.array([g[k] for g in gathered]), axis=0) for k in samples}
@@ -319,7 +316,7 @@ def main(argv=None):
     problem = make_problem(a)
     tmp = tempfile.mkdtemp(prefix="epx_bench_")
     try:
-        res = epx.launch(_rank_main, a.ranks, a, problem, os.path.join(tmp, "gloo"))[0]
+        res = epx.launch(_rank_main, a.ranks, a, problem)[0]
         cpp = cpp_cmd = cpp_err = None
         if not a.no_cpp:
             cli = find_cli(a.epx)

@@ -8,7 +8,9 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+BUILD_PY = os.path.join(HERE, "..", "..", "build", "python")
+if os.path.isdir(os.path.join(BUILD_PY, "epx")):  # this checkout's build first
+    sys.path.insert(0, BUILD_PY)
 
 from epx import bench  # noqa: E402
 

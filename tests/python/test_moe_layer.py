@@ -13,7 +13,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+if os.path.isdir(os.path.join(ROOT, "build", "python", "epx")):  # this checkout's build first
+    sys.path.insert(0, os.path.join(ROOT, "build", "python"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import epx  # noqa: E402
