@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-          python3-numpy libopenmpi-dev openmpi-bin)
+          python3-numpy libopenmpi-dev openmpi-bin
+          python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-torch python3-pytest)
 JOBS=${EPX_JOBS:-2}
 # ccache (when installed) shares objects between checkouts of the tree: paths relative to it.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1

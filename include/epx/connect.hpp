@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string_view>
 
@@ -31,6 +32,10 @@ const char* to_string(ConnectKind kind) noexcept;
 struct ConnectOptions {
   ConnectKind kind = ConnectKind::kAuto;
   std::chrono::milliseconds timeout{60000};  ///< every wait of the transport
+  /// Optional: called by a thread whose wait is yielding, at most every 50 ms per thread
+  /// (shm transport). It may throw epx::Error to abandon the wait — the Python binding
+  /// ends a hung call on Ctrl-C this way. Must be thread-safe.
+  std::function<void()> wait_hook{};
 };
 
 /// Collective: creates this rank's transport over the ranks of `bootstrap`. Throws

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "epx/error.hpp"
+#include "shm/shm_connect.hpp"
 
 namespace epx {
 
@@ -27,7 +28,8 @@ const char* to_string(ConnectKind kind) noexcept {
 std::unique_ptr<Transport> connect(Bootstrap& bootstrap, const ConnectOptions& options) {
   ConnectKind kind = options.kind;
   if (kind == ConnectKind::kAuto) kind = discover_nodes(bootstrap).num_nodes == 1 ? ConnectKind::kShm : ConnectKind::kShmem;
-  // The shm transport over a foreign bootstrap (#16) and the shmem transport (#15) plug in here.
+  if (kind == ConnectKind::kShm) return detail::connect_shm(bootstrap, options);
+  // The shmem transport (#15) plugs in here.
   throw Error(ErrorCode::kUnsupported, std::string("connect: the ") + to_string(kind) +
                                            " transport over a '" + bootstrap.name() + "' bootstrap is not built yet");
 }

@@ -169,6 +169,7 @@ void MappedTransport::check_peers(const char* phase, int peer) const {
                       " finished without answering in phase '" + phase + "'",
                   p);
   }
+  check_alive(phase);  // after the recorded failures: a rank that failed first is the one to name
 }
 
 void MappedTransport::throw_timeout(const char* phase, int peer) const {

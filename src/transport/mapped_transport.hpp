@@ -71,6 +71,9 @@ class MappedTransport : public Transport {
   /// Throws kPeerFailed if any rank failed, or if `peer` (>= 0) already finished.
   void check_peers(const char* phase, int peer) const;
   [[noreturn]] void throw_timeout(const char* phase, int peer) const;
+  /// Called by check_peers while a wait yields: a transport whose peers no launcher
+  /// watches checks their liveness here (and may throw kPeerFailed). Default: nothing.
+  virtual void check_alive(const char* phase) const { (void)phase; }
 
   ControlBlock* control_;
 

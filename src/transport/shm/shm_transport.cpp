@@ -35,7 +35,6 @@ void ShmTransport::unmap_all() noexcept {
 }
 
 void ShmTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
-  const std::string me = "rank " + std::to_string(rank()) + ": ";
   bootstrap_barrier("allocate: enter");  // nobody touches the old windows any more
   unmap_all();
   ++generation_;
@@ -43,22 +42,29 @@ void ShmTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
   mapped_.assign(static_cast<std::size_t>(num_ranks()), nullptr);
   mapped_bytes_ = bytes;
 
+  try {
+    map_segments(window_bytes, num_signals, bytes);
+  } catch (...) {
+    for (int p = 0; p < num_ranks(); ++p) shm_unlink(segment_name(p).c_str());
+    unmap_all();
+    throw;
+  }
+}
+
+void ShmTransport::map_segments(std::size_t window_bytes, std::size_t num_signals, std::size_t bytes) {
+  const std::string me = "rank " + std::to_string(rank()) + ": ";
   const std::string name = segment_name(rank());
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) throw Error(ErrorCode::kIo, me + "shm_open(" + name + ") failed: " + std::strerror(errno));
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const int err = errno;
     close(fd);
-    shm_unlink(name.c_str());
     throw Error(ErrorCode::kCapacityExceeded,
                 me + "cannot size shared-memory segment to " + std::to_string(bytes) + " bytes: " + std::strerror(err));
   }
   void* mine = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (mine == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    throw Error(ErrorCode::kIo, me + "mmap of own segment failed: " + std::strerror(errno));
-  }
+  if (mine == MAP_FAILED) throw Error(ErrorCode::kIo, me + "mmap of own segment failed: " + std::strerror(errno));
   mapped_[static_cast<std::size_t>(rank())] = static_cast<std::byte*>(mine);
   // Pre-fault: first touch of shared memory costs a page fault per 4 KiB.
   auto* bytes_ptr = static_cast<volatile std::byte*>(mine);

@@ -1,6 +1,8 @@
 // shm/: ranks are processes; each rank's window (and its signal slots) is one POSIX
 // shared-memory segment "/epx-<job>-<rank>-<generation>", mode 0600, pre-faulted by its
 // owner, mapped by every rank, and unlinked by its owner as soon as all ranks mapped it.
+// If allocate fails on a rank, that rank unlinks every segment name of the generation
+// (a peer that died before unlinking its own leaves nothing behind).
 #pragma once
 
 #include <string>
@@ -10,7 +12,7 @@
 
 namespace epx::detail {
 
-class ShmTransport final : public MappedTransport {
+class ShmTransport : public MappedTransport {
  public:
   ShmTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout);
   ~ShmTransport() override;
@@ -23,6 +25,7 @@ class ShmTransport final : public MappedTransport {
 
  private:
   void unmap_all() noexcept;
+  void map_segments(std::size_t window_bytes, std::size_t num_signals, std::size_t bytes);
   std::string segment_name(int rank) const;
 
   std::vector<std::byte*> mapped_;

@@ -1,0 +1,59 @@
+"""Torch / numpy in and out: which flavour a call's inputs have, and how epx's DLPack
+outputs become tensors of that flavour (zero-copy: the tensor owns epx's memory)."""
+import sys
+
+import numpy as np
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def is_torch(x):
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def flavor_of(x):
+    """'torch' if x (or the first element of an (data, scales) pair) is a torch.Tensor, else 'numpy'."""
+    if isinstance(x, (tuple, list)) and x:
+        x = x[0]
+    return "torch" if is_torch(x) else "numpy"
+
+
+def out(exported, flavor):
+    """An epx output (or None) as a torch tensor or numpy array."""
+    if exported is None:
+        return None
+    if flavor == "torch":
+        import torch.utils.dlpack
+        return torch.utils.dlpack.from_dlpack(exported.__dlpack__())
+    return np.from_dlpack(exported)
+
+
+def out_bool(exported, flavor):
+    """A uint8 0/1 output viewed as bool (DLPack in torch 1.13 has no bool)."""
+    t = out(exported, flavor)
+    if flavor == "torch":
+        import torch
+        return t.view(torch.bool)
+    return t.view(np.bool_)
+
+
+def col_major(scales):
+    """The same [N, C] values laid out column-major (strides (1, N))."""
+    if is_torch(scales):
+        return scales.t().contiguous().t()
+    return np.asfortranarray(scales)
+
+
+def zeros_f32(shape, like):
+    if is_torch(like):
+        import torch
+        return torch.zeros(shape, dtype=torch.float32)
+    return np.zeros(shape, dtype=np.float32)
+
+
+def version_of(t):
+    """torch's in-place modification counter (None for numpy, which has none)."""
+    return getattr(t, "_version", None) if is_torch(t) else None

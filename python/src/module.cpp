@@ -1,0 +1,510 @@
+// epx._epx: the thin pybind11 layer over the public C++ API (epx/buffer.hpp, epx/connect.hpp,
+// epx/bootstrap.hpp, epx/launch.hpp). Everything Python-specific (torch / numpy flavours,
+// the DeepEP-shaped tuples, EPHandle, EventOverlap, groups) lives in python/epx/*.py.
+//
+// Threading: every collective call releases the GIL. A call may run on a background thread
+// (`background=True`: the binding's Pending object; the Buffer is still used by one thread
+// at a time — a new call first waits for the previous one). Ctrl-C: while a call waits, the
+// transport's wait hook (ConnectOptions::wait_hook, every 50 ms of a yielding wait) checks
+// Python's signals on the main thread, and Pending.wait checks them while it blocks; a
+// signal abandons the wait with an epx::Error on this rank and the Python exception of the
+// handler (KeyboardInterrupt) is raised. The other ranks then fail naming this rank once
+// its process exits or its buffer is destroyed.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <variant>
+
+#include "epx/bootstrap.hpp"
+#include "epx/buffer.hpp"
+#include "epx/connect.hpp"
+#include "epx/error.hpp"
+#include "epx/launch.hpp"
+#include "tensors.hpp"
+
+namespace epx::py {
+namespace {
+
+std::thread::id g_main_thread;
+
+/// A Ctrl-C seen while this buffer's call waited: the Python exception to raise.
+struct Interrupt {
+  std::atomic<bool> requested{false};
+  std::mutex mutex;
+  std::optional<pyb::error_already_set> exception;
+
+  /// With the GIL held: runs Python's signal handlers; true if one raised.
+  bool check_signals() {
+    if (PyErr_CheckSignals() == 0) return false;
+    std::lock_guard<std::mutex> lock(mutex);
+    exception.emplace();  // fetches (and clears) the handler's exception
+    requested = true;
+    return true;
+  }
+  /// Raises the handler's exception if there was one (GIL held).
+  void rethrow_if_interrupted() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (exception) {
+      pyb::error_already_set e = std::move(*exception);
+      exception.reset();
+      throw e;
+    }
+  }
+};
+
+/// Everything a call's inputs need to stay alive while it runs.
+struct Keep {
+  std::vector<pyb::object> objects;
+  void add(const Input& in) {
+    if (in.capsule) objects.push_back(in.capsule);
+  }
+};
+
+using Result = std::variant<std::monostate, DispatchResult, CombineResult>;
+
+/// One call on a background thread.
+struct Job {
+  std::thread thread;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  bool joined = false;
+  Result result;
+  std::exception_ptr error;
+  std::shared_ptr<Interrupt> interrupt;
+
+  void finish(Result r, std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    result = std::move(r);
+    error = e;
+    done = true;
+    cv.notify_all();
+  }
+  /// GIL held on entry; released while waiting; checks signals every 50 ms.
+  void join() {
+    if (joined) return;
+    {
+      pyb::gil_scoped_release nogil;
+      std::unique_lock<std::mutex> lock(mutex);
+      while (!cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; })) {
+        lock.unlock();
+        {
+          pyb::gil_scoped_acquire gil;
+          interrupt->check_signals();  // the background wait's hook sees `requested` and gives up
+        }
+        lock.lock();
+      }
+      lock.unlock();
+      thread.join();
+    }
+    joined = true;
+  }
+};
+
+std::string code_name(ErrorCode c) { return to_string(c); }
+
+/// The code named `name` ("bad_handle", ...); kInvalidArgument for an unknown name.
+ErrorCode code_of(const std::string& name) {
+  for (int i = 0; i <= static_cast<int>(ErrorCode::kInternal); ++i)
+    if (name == to_string(static_cast<ErrorCode>(i))) return static_cast<ErrorCode>(i);
+  return ErrorCode::kInvalidArgument;
+}
+
+/// The code of a problem read_input found (it names the argument and what was expected).
+ErrorCode input_code(const std::string& problem) {
+  if (problem.find("C-contiguous") != std::string::npos || problem.find("dimensions") != std::string::npos)
+    return ErrorCode::kShapeMismatch;
+  if (problem.find("expected a CPU") != std::string::npos) return ErrorCode::kUnsupported;
+  return ErrorCode::kDtypeMismatch;
+}
+
+Flavor flavor_of(const std::string& f) { return f == "numpy" ? Flavor::kNumpy : Flavor::kTorch; }
+
+pyb::object out(Tensor& t, Flavor f) {
+  if (!t.defined()) return pyb::none();
+  return pyb::cast(Exported(std::move(t), f));
+}
+
+template <class T>
+pyb::object out_vector(const std::vector<T>& v, DType dtype, Flavor f) {
+  Tensor t(dtype, {static_cast<std::int64_t>(v.size())});
+  if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(T));
+  return pyb::cast(Exported(std::move(t), f));
+}
+
+class PyHandle {
+ public:
+  explicit PyHandle(DispatchHandle h) : handle(std::move(h)) {}
+  DispatchHandle handle;
+};
+
+pyb::dict dispatch_dict(DispatchResult& d, Flavor f) {
+  pyb::dict r;
+  r["recv_x"] = out(d.recv_x, f);
+  r["recv_x_scales"] = out(d.recv_x_scales, f);
+  r["recv_topk_idx"] = out(d.recv_topk_idx, f);
+  r["recv_topk_weights"] = out(d.recv_topk_weights, f);
+  r["recv_weights"] = out(d.recv_weights, f);
+  r["recv_src"] = out(d.recv_src, f);
+  r["num_recv_tokens_per_expert"] = d.num_recv_tokens_per_expert;
+  r["num_recv_tokens_per_expert_aligned"] = d.num_recv_tokens_per_expert_aligned;
+  r["expert_offsets"] = d.expert_offsets;
+  r["handle"] = PyHandle(d.handle);
+  return r;
+}
+
+pyb::dict combine_dict(CombineResult& c, Flavor f) {
+  pyb::dict r;
+  r["combined_x"] = out(c.combined_x, f);
+  r["combined_topk_weights"] = out(c.topk_weights, f);
+  return r;
+}
+
+/// A call running on a background thread; wait() returns its result dict.
+class Pending {
+ public:
+  Pending(std::shared_ptr<Job> job, Keep keep, Flavor f) : job_(std::move(job)), keep_(std::move(keep)), flavor_(f) {}
+  ~Pending() {
+    if (job_ && !job_->joined && job_->thread.joinable()) {
+      pyb::gil_scoped_release nogil;
+      job_->thread.join();
+    }
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(job_->mutex);
+    return job_->done;
+  }
+  pyb::object wait() {
+    if (taken_) return *taken_;
+    job_->join();
+    job_->interrupt->rethrow_if_interrupted();
+    if (job_->error) std::rethrow_exception(job_->error);
+    pyb::dict r;
+    if (auto* d = std::get_if<DispatchResult>(&job_->result)) r = dispatch_dict(*d, flavor_);
+    if (auto* c = std::get_if<CombineResult>(&job_->result)) r = combine_dict(*c, flavor_);
+    keep_.objects.clear();
+    taken_ = r;
+    return r;
+  }
+
+ private:
+  std::shared_ptr<Job> job_;
+  Keep keep_;
+  Flavor flavor_;
+  std::optional<pyb::object> taken_;
+};
+
+/// The transport (from a bootstrap over a Python all-gather) and the Buffer on it.
+class PyBuffer {
+ public:
+  PyBuffer(int rank, int size, pyb::function allgather, const std::string& kind, double timeout_s,
+           const BufferConfig& config)
+      : interrupt_(std::make_shared<Interrupt>()) {
+    auto fn = [allgather](const void* in, void* outp, std::size_t bytes) {
+      pyb::gil_scoped_acquire gil;
+      try {
+        pyb::bytes r = allgather(pyb::bytes(static_cast<const char*>(in), bytes));
+        const std::string s = r;
+        if (s.size() % bytes != 0 || s.empty())
+          throw Error(ErrorCode::kInternal, "bootstrap all-gather returned " + std::to_string(s.size()) + " bytes");
+        std::memcpy(outp, s.data(), s.size());
+      } catch (pyb::error_already_set& e) {
+        throw Error(ErrorCode::kPeerFailed, std::string("bootstrap all-gather (torch.distributed) failed: ") + e.what());
+      }
+    };
+    bootstrap_ = std::make_unique<FunctionBootstrap>(rank, size, fn, "torch");
+    ConnectOptions o;
+    o.kind = parse_connect_kind(kind);
+    o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+    const int me = rank;
+    auto st = interrupt_;
+    o.wait_hook = [st, me] {
+      if (!st->requested && std::this_thread::get_id() == g_main_thread) {
+        pyb::gil_scoped_acquire gil;
+        st->check_signals();
+      }
+      if (st->requested)
+        throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(me) + ": interrupted (a signal such as Ctrl-C) while waiting", me);
+    };
+    pyb::gil_scoped_release nogil;
+    transport_ = connect(*bootstrap_, o);
+    buffer_ = std::make_unique<Buffer>(*transport_, config);
+  }
+
+  ~PyBuffer() { close_all(); }
+
+  void close() {
+    finish_previous();
+    close_all();
+  }
+
+  bool closed() const { return buffer_ == nullptr; }
+  int rank() const { return transport_ ? transport_->rank() : -1; }
+  int num_ranks() const { return transport_ ? transport_->num_ranks() : 0; }
+  std::size_t window_bytes() const { return transport_ ? transport_->window_bytes() : 0; }
+  std::string transport_name() const { return transport_ ? transport_->caps().name : ""; }
+
+  pyb::dict layout(pyb::handle topk_idx, const std::string& flavor) {
+    Buffer& b = live();
+    std::string problem;
+    Input idx = read_input(topk_idx, "topk_idx", Want::kI64, problem);
+    if (!problem.empty()) throw Error(ErrorCode::kDtypeMismatch, "rank " + std::to_string(rank()) + ": " + problem, rank());
+    DispatchLayout l;
+    {
+      pyb::gil_scoped_release nogil;
+      l = b.get_dispatch_layout(idx.view);
+    }
+    const Flavor f = flavor_of(flavor);
+    pyb::dict r;
+    r["num_tokens_per_rank"] = out_vector(l.num_tokens_per_rank, DType::kI32, f);
+    r["num_tokens_per_expert"] = out_vector(l.num_tokens_per_expert, DType::kI32, f);
+    r["is_token_in_rank"] = out(l.is_token_in_rank, f);
+    return r;
+  }
+
+  pyb::object dispatch(pyb::handle x, pyb::handle x_scales, pyb::handle topk_idx, pyb::handle topk_weights,
+                       std::optional<PyHandle*> handle, bool expanded, int alignment, std::int64_t worst,
+                       bool deterministic, bool zero_padding, const std::string& flavor, bool background,
+                       const std::string& py_problem, const std::string& py_code) {
+    live();
+    finish_previous();
+    std::string problem;
+    const bool fp8 = !x_scales.is_none();
+    Keep keep;
+    DispatchArgs a;
+    auto take = [&](pyb::handle o, const char* name, Want w) {
+      Input in = read_input(o, name, w, problem);
+      keep.add(in);
+      return in.view;
+    };
+    a.x = take(x, fp8 ? "x[0] (fp8 data)" : "x", fp8 ? Want::kFP8 : Want::kBF16);
+    a.x_scales = take(x_scales, "x[1] (fp8 scales)", Want::kF32);
+    if (!handle) {
+      a.topk_idx = take(topk_idx, "topk_idx", Want::kI64);
+      a.topk_weights = take(topk_weights, "topk_weights", Want::kF32);
+    }
+    a.layout = expanded ? RecvLayout::kExpanded : RecvLayout::kCompact;
+    a.expert_alignment = alignment;
+    a.num_worst_tokens = worst;
+    a.deterministic = deterministic;
+    a.zero_padding = zero_padding;
+    DispatchHandle cached = handle ? (*handle)->handle : DispatchHandle{};
+    a.handle = handle ? &cached : nullptr;
+    if (!py_problem.empty()) poison_dispatch(a, py_problem, code_of(py_code));
+    if (!problem.empty()) poison_dispatch(a, problem, input_code(problem));
+    auto run = [this, a, cached]() mutable -> Result {
+      if (a.handle) a.handle = &cached;
+      return buffer_->dispatch(a);
+    };
+    return start(std::move(run), std::move(keep), flavor_of(flavor), background);
+  }
+
+  pyb::object combine(pyb::handle y, PyHandle* handle, pyb::handle bias0, pyb::handle bias1, bool weighted,
+                      const std::string& flavor, bool background, const std::string& py_problem,
+                      const std::string& py_code) {
+    live();
+    finish_previous();
+    std::string problem;
+    Keep keep;
+    auto take = [&](pyb::handle o, const char* name, Want w) {
+      Input in = read_input(o, name, w, problem);
+      keep.add(in);
+      return in.view;
+    };
+    CombineArgs a;
+    a.y = take(y, "x", Want::kBF16);
+    a.bias0 = take(bias0, "bias[0]", Want::kBF16);
+    a.bias1 = take(bias1, "bias[1]", Want::kBF16);
+    a.weighted = weighted;
+    DispatchHandle h = handle->handle;
+    if (!py_problem.empty() || !problem.empty()) {
+      a.handle = &h;
+      a.y = TensorView(nullptr, DType::kBool, {0});  // fails check_combine on this rank, collectively
+      if (!py_problem.empty()) fail_collectively([&] { buffer_->combine(a); }, py_problem, code_of(py_code));
+      fail_collectively([&] { buffer_->combine(a); }, problem, input_code(problem));
+    }
+    auto run = [this, a, h]() mutable -> Result {
+      a.handle = &h;
+      return buffer_->combine(a);
+    };
+    return start(std::move(run), std::move(keep), flavor_of(flavor), background);
+  }
+
+ private:
+  Buffer& live() {
+    if (!buffer_) throw Error(ErrorCode::kBadHandle, "this EPBuffer was destroyed (destroy() was called)");
+    if (interrupt_->requested)
+      throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank()) + ": this EPBuffer was interrupted by a signal; destroy it", rank());
+    return *buffer_;
+  }
+
+  void finish_previous() {
+    if (auto j = last_.lock(); j && !j->joined) j->join();
+  }
+
+  // GIL held on entry: the bootstrap holds a Python callable, the rest is released without it.
+  void close_all() {
+    {
+      pyb::gil_scoped_release nogil;
+      if (auto j = last_.lock(); j && j->thread.joinable() && !j->joined) j->thread.join();
+      buffer_.reset();
+      transport_.reset();
+    }
+    bootstrap_.reset();
+  }
+
+  // A local problem (dtype, device, strides) still has to fail the call on every rank:
+  // the call runs with an x the engine rejects, so the others fail naming this rank, and
+  // this rank raises the problem in the binding's words.
+  void poison_dispatch(DispatchArgs a, const std::string& problem, ErrorCode code) {
+    a.x = TensorView(nullptr, DType::kBool, {0, buffer_->config().hidden});
+    a.x_scales = TensorView();
+    fail_collectively([&] { buffer_->dispatch(a); }, problem, code);
+  }
+
+  template <class Call>
+  [[noreturn]] void fail_collectively(Call call, const std::string& problem, ErrorCode code) {
+    const std::string msg = "rank " + std::to_string(rank()) + ": " + problem;
+    try {
+      pyb::gil_scoped_release nogil;
+      call();
+    } catch (const Error& e) {
+      if (e.origin_rank() != rank()) throw;  // another rank's fault came first
+    }
+    throw Error(code, msg, rank());
+  }
+
+  template <class Run>
+  pyb::object start(Run run, Keep keep, Flavor f, bool background) {
+    if (!background) {
+      Result r;
+      try {
+        pyb::gil_scoped_release nogil;
+        r = run();
+      } catch (const Error&) {
+        interrupt_->rethrow_if_interrupted();
+        throw;
+      }
+      if (auto* d = std::get_if<DispatchResult>(&r)) return dispatch_dict(*d, f);
+      return combine_dict(std::get<CombineResult>(r), f);
+    }
+    auto job = std::make_shared<Job>();
+    job->interrupt = interrupt_;
+    Job* raw = job.get();
+    job->thread = std::thread([raw, run]() mutable {
+      try {
+        raw->finish(run(), nullptr);
+      } catch (...) {
+        raw->finish({}, std::current_exception());
+      }
+    });
+    last_ = job;
+    return pyb::cast(Pending(std::move(job), std::move(keep), f));
+  }
+
+  std::shared_ptr<Interrupt> interrupt_;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Buffer> buffer_;
+  std::weak_ptr<Job> last_;
+};
+
+BufferConfig make_config(int num_experts, int hidden, int num_topk, std::int64_t max_tokens, std::int64_t max_recv_rows,
+                         int num_workers) {
+  BufferConfig c;
+  c.num_experts = num_experts;
+  c.hidden = hidden;
+  c.num_topk = num_topk;
+  c.max_tokens_per_rank = max_tokens;
+  c.max_recv_rows = max_recv_rows;
+  c.num_workers = num_workers;
+  return c;
+}
+
+/// The window a Buffer of this config allocates per rank, rounded up to 2 MiB: measured by
+/// building the Buffer on P simulator ranks in model-only mode (no payload is touched), so
+/// the number is the constructor's own.
+std::size_t size_hint(int num_ranks, const BufferConfig& c) {
+  std::size_t bytes = 0;
+  LaunchOptions o;
+  o.num_ranks = num_ranks;
+  o.transport = TransportKind::kSim;
+  o.sim.model_only = true;
+  {
+    pyb::gil_scoped_release nogil;
+    launch(o, [&](Transport& t) {
+      Buffer b(t, c);
+      if (t.rank() == 0) bytes = t.window_bytes();
+    });
+  }
+  constexpr std::size_t kAlign = std::size_t{2} << 20;
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+}  // namespace
+}  // namespace epx::py
+
+PYBIND11_MODULE(_epx, m) {
+  namespace pyb = pybind11;
+  using namespace epx::py;
+  g_main_thread = std::this_thread::get_id();
+  m.doc() = "epx's C++ core; use the `epx` package (EPBuffer) rather than this module";
+  pyb::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const epx::Error& e) {
+      pyb::object cls = pyb::module_::import("epx.errors").attr("Error");
+      pyb::object exc = cls(e.what(), code_name(e.code()), e.origin_rank());
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+  bind_tensors(m);
+  pyb::class_<PyHandle>(m, "Handle").def_property_readonly("num_recv_rows", [](const PyHandle& h) {
+    return h.handle.num_recv_rows();
+  });
+  pyb::class_<Pending>(m, "Pending").def("wait", &Pending::wait).def("done", &Pending::done);
+  pyb::class_<PyBuffer>(m, "Buffer")
+      .def(pyb::init([](int rank, int size, pyb::function allgather, const std::string& kind, double timeout_s,
+                        int num_experts, int hidden, int num_topk, std::int64_t max_tokens, std::int64_t max_recv_rows,
+                        int num_workers) {
+             return std::make_unique<PyBuffer>(rank, size, std::move(allgather), kind, timeout_s,
+                                               make_config(num_experts, hidden, num_topk, max_tokens, max_recv_rows,
+                                                           num_workers));
+           }),
+           pyb::arg("rank"), pyb::arg("size"), pyb::arg("allgather"), pyb::arg("transport"), pyb::arg("timeout_s"),
+           pyb::arg("num_experts"), pyb::arg("hidden"), pyb::arg("num_topk"), pyb::arg("max_tokens_per_rank"),
+           pyb::arg("max_recv_rows"), pyb::arg("num_workers"))
+      .def("close", &PyBuffer::close)
+      .def_property_readonly("closed", &PyBuffer::closed)
+      .def_property_readonly("rank", &PyBuffer::rank)
+      .def_property_readonly("num_ranks", &PyBuffer::num_ranks)
+      .def_property_readonly("window_bytes", &PyBuffer::window_bytes)
+      .def_property_readonly("transport", &PyBuffer::transport_name)
+      .def("layout", &PyBuffer::layout)
+      .def("dispatch", &PyBuffer::dispatch, pyb::arg("x"), pyb::arg("x_scales"), pyb::arg("topk_idx"),
+           pyb::arg("topk_weights"), pyb::arg("handle"), pyb::arg("expanded"), pyb::arg("alignment"), pyb::arg("worst"),
+           pyb::arg("deterministic"), pyb::arg("zero_padding"), pyb::arg("flavor"), pyb::arg("background"),
+           pyb::arg("problem") = "", pyb::arg("problem_code") = "")
+      .def("combine", &PyBuffer::combine, pyb::arg("y"), pyb::arg("handle"), pyb::arg("bias0"), pyb::arg("bias1"),
+           pyb::arg("weighted"), pyb::arg("flavor"), pyb::arg("background"), pyb::arg("problem") = "",
+           pyb::arg("problem_code") = "");
+  m.def(
+      "size_hint",
+      [](int num_ranks, int num_experts, int hidden, int num_topk, std::int64_t max_tokens, std::int64_t max_recv_rows,
+         int num_workers) {
+        return size_hint(num_ranks, make_config(num_experts, hidden, num_topk, max_tokens, max_recv_rows, num_workers));
+      },
+      pyb::arg("num_ranks"), pyb::arg("num_experts"), pyb::arg("hidden"), pyb::arg("num_topk"),
+      pyb::arg("max_tokens_per_rank"), pyb::arg("max_recv_rows"), pyb::arg("num_workers"));
+}
