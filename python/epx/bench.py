@@ -213,15 +213,19 @@ def _rank_main(rank, num_ranks, a, problem):
 
 
 def _matmul_size(target_us):
-    """n such that an n x n float32 matmul takes about target_us on one thread."""
+    """n such that an n x n float32 matmul takes about target_us on one thread (two rounds
+    of measuring and rescaling by the cube root of the time ratio)."""
     n = 128
-    A, B = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(A, B)
-    t0 = time.perf_counter()
-    for _ in range(5):
+    for _ in range(2):
+        A, B = torch.randn(n, n), torch.randn(n, n)
         torch.mm(A, B)
-    t = (time.perf_counter() - t0) / 5 * 1e6
-    return max(16, int(n * (target_us / max(t, 1e-3)) ** (1.0 / 3)))
+        reps = 5
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(A, B)
+        t = (time.perf_counter() - t0) / reps * 1e6
+        n = max(16, int(n * (target_us / max(t, 1e-3)) ** (1.0 / 3)))
+    return n
 
 
 # ----------------------------------------------------------------------------------------
