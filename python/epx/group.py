@@ -70,6 +70,7 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
     origin rank). start_method "spawn" (default: safe with torch's thread pools) or
     "fork" (faster to start; fn may be a closure)."""
     import multiprocessing as mp
+    _dist()  # imported once here: forked ranks inherit torch instead of each importing it
     ctx = mp.get_context(start_method)
     with tempfile.TemporaryDirectory(prefix="epx-launch-") as d:
         results = ctx.Queue()

@@ -84,6 +84,11 @@ struct Job {
   std::exception_ptr error;
   std::shared_ptr<Interrupt> interrupt;
 
+  // The thread never touches Python, so joining it needs no GIL (an event dropped unwaited).
+  ~Job() {
+    if (thread.joinable()) thread.join();
+  }
+
   void finish(Result r, std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mutex);
     result = std::move(r);
@@ -93,7 +98,7 @@ struct Job {
   }
   /// GIL held on entry; released while waiting; checks signals every 50 ms.
   void join() {
-    if (joined) return;
+    if (joined || !thread.joinable()) return;
     {
       pyb::gil_scoped_release nogil;
       std::unique_lock<std::mutex> lock(mutex);
@@ -175,12 +180,6 @@ pyb::dict combine_dict(CombineResult& c, Flavor f) {
 class Pending {
  public:
   Pending(std::shared_ptr<Job> job, Keep keep, Flavor f) : job_(std::move(job)), keep_(std::move(keep)), flavor_(f) {}
-  ~Pending() {
-    if (job_ && !job_->joined && job_->thread.joinable()) {
-      pyb::gil_scoped_release nogil;
-      job_->thread.join();
-    }
-  }
   bool done() {
     std::lock_guard<std::mutex> lock(job_->mutex);
     return job_->done;
@@ -357,7 +356,7 @@ class PyBuffer {
   void close_all() {
     {
       pyb::gil_scoped_release nogil;
-      if (auto j = last_.lock(); j && j->thread.joinable() && !j->joined) j->thread.join();
+      if (auto j = last_.lock(); j && j->thread.joinable()) j->thread.join();
       buffer_.reset();
       transport_.reset();
     }

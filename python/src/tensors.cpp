@@ -106,7 +106,8 @@ Input read_input(pyb::handle obj, const char* arg, Want want, std::string& probl
   Shape shape;
   shape.ndim = t.ndim;
   for (int i = 0; i < t.ndim; ++i) shape.dims[static_cast<std::size_t>(i)] = t.shape[i];
-  if (t.strides != nullptr) {
+  const bool empty = shape.numel() == 0;  // any strides describe an empty tensor
+  if (t.strides != nullptr && !empty) {
     std::int64_t expect = 1;
     for (int i = t.ndim - 1; i >= 0; --i) {
       if (t.shape[i] != 1 && t.strides[i] != expect) {

@@ -1,0 +1,7 @@
+# tests/python: the epx package under pytest (Debian's /usr/bin/python3 -m pytest -q tests/python).
+# The numpy SPEC reference (tests/e2e/epx_ref.py) is importable as `epx_ref`.
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
+sys.path.insert(0, os.path.dirname(__file__))

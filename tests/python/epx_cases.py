@@ -1,0 +1,123 @@
+"""Shared by tests/python/test_buffer*.py: random SPEC problems (every rank builds the same
+one from the seed), the fixed expert function of SPEC §7 applied to epx's outputs, and
+comparisons against the numpy reference (tests/e2e/epx_ref.py), bit for bit."""
+import numpy as np
+
+import epx_ref
+
+
+def make_case(P, E, K, H, tokens, seed, fp8=False, mask_prob=0.15):
+    rng = np.random.default_rng(seed)
+    idx, w, x, xq, xs = [], [], [], [], []
+    for r in range(P):
+        S = tokens[r]
+        t = np.array([rng.permutation(E)[:K] for _ in range(S)], dtype=np.int64).reshape(S, K)
+        t[rng.random((S, K)) < mask_prob] = -1
+        idx.append(t)
+        w.append((rng.integers(1, 1 << 24, (S, K)) / float(1 << 24)).astype(np.float32))
+        # finite bf16: sign, exponent 2^-12..2^4, random mantissa
+        bits = (rng.integers(0, 2, (S, H)) << 15) | (rng.integers(127 - 12, 127 + 5, (S, H)) << 7) | rng.integers(0, 128, (S, H))
+        x.append(bits.astype(np.uint16))
+        q = rng.integers(0, 256, (S, H)).astype(np.uint8)
+        q[(q & 0x7F) == 0x7F] = 0  # no NaN
+        xq.append(q)
+        xs.append((2.0 ** rng.integers(-8, 8, (S, H // 128))).astype(np.float32) if H % 128 == 0 else None)
+    meta = {"num_ranks": P, "num_experts": E, "hidden": H, "num_topk": K}
+    if fp8:
+        return epx_ref.Case(meta, idx, w, x_fp8=xq, x_scales=xs)
+    return epx_ref.Case(meta, idx, w, x=x)
+
+
+def with_x(case, seed):
+    """The same routing with new activations (a cached dispatch's input)."""
+    rng = np.random.default_rng(seed)
+    xs = [((rng.integers(0, 2, a.shape) << 15) | (rng.integers(120, 132, a.shape) << 7) | rng.integers(0, 128, a.shape)).astype(np.uint16)
+          for a in case.x]
+    return epx_ref.Case(case.meta, case.topk_idx, case.topk_weights, x=xs)
+
+
+def np_of(t):
+    """A torch tensor or numpy array as numpy (bf16 as uint16 raw bits, bool as uint8)."""
+    if isinstance(t, np.ndarray):
+        return t.view(np.uint8) if t.dtype == np.bool_ else t
+    import torch
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    if t.dtype == torch.bool:
+        return t.to(torch.uint8).numpy()
+    return t.numpy()
+
+
+def inputs(case, r, flavor):
+    """Rank r's (x, topk_idx, topk_weights) as torch tensors or numpy arrays."""
+    x = (case.x_fp8[r], case.x_scales[r]) if case.fp8 else case.x[r]
+    idx, w = case.topk_idx[r], case.topk_weights[r]
+    if flavor == "numpy":
+        return x, idx.copy(), w.copy()
+    import torch
+    if case.fp8:
+        tx = (torch.from_numpy(x[0].copy()), torch.from_numpy(x[1].copy()))
+    else:
+        tx = torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+    return tx, torch.from_numpy(idx.copy()), torch.from_numpy(w.copy())
+
+
+def to_flavor(bits, flavor):
+    """bf16 raw bits (uint16) as this flavour's bf16 tensor."""
+    if flavor == "numpy":
+        return np.ascontiguousarray(bits)
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
+
+
+def expert_y(case, recv_x, recv_idx, handle, expanded):
+    """SPEC §7's fixed expert function on epx's dispatch output (numpy uint16 [N, H])."""
+    if case.fp8:
+        data, scales = np_of(recv_x[0]), np.ascontiguousarray(np_of(recv_x[1]))
+    else:
+        data, scales = np_of(recv_x), None
+    src = np_of(handle.recv_src)
+    N = data.shape[0]
+    y = np.zeros((N, case.H), dtype=np.uint16)
+    local = np.full(N, -1)
+    if expanded:
+        offs, counts = handle.expert_offsets, handle.num_recv_tokens_per_expert
+        for j in range(len(counts)):
+            local[offs[j]:offs[j] + counts[j]] = j
+    for i in range(N):
+        if src[i, 0] < 0:
+            continue
+        n = local[i] if expanded else int(sum(v for v in np_of(recv_idx)[i] if v >= 0))
+        y[i] = epx_ref._expert(data[i], None if scales is None else scales[i], epx_ref.expert_factor(n))
+    return y
+
+
+def same(name, got, want, rank):
+    got, want = np.asarray(np_of(got)), np.asarray(want)
+    assert got.shape == want.shape, f"rank {rank}: {name} has shape {got.shape}, want {want.shape}"
+    g = np.ascontiguousarray(got).view(np.uint8)
+    w = np.ascontiguousarray(want.astype(got.dtype)).view(np.uint8)
+    if not np.array_equal(g, w):
+        bad = np.argwhere(np.ascontiguousarray(got) != np.ascontiguousarray(want.astype(got.dtype)))
+        raise AssertionError(f"rank {rank}: {name} differs at {bad[:3].tolist()} ({len(bad)} elements)")
+
+
+def check_dispatch(case, res, r, out, expanded, fp8):
+    """epx's dispatch outputs `out` = (recv_x, recv_topk_idx, recv_topk_weights, handle)
+    on rank r against the reference result `res`."""
+    want = res.ranks[r]
+    recv_x, recv_idx, recv_w, handle = out
+    if fp8:
+        same("recv_x data", recv_x[0], want["recv_x_fp8"], r)
+        same("recv_x scales", np.ascontiguousarray(np_of(recv_x[1])), want["recv_x_scales"], r)
+    else:
+        same("recv_x", recv_x, want["recv_x"], r)
+    same("recv_src", handle.recv_src, want["recv_src"], r)
+    same("num_recv_tokens_per_expert", np.array(handle.num_recv_tokens_per_expert), want["num_recv_tokens_per_expert"], r)
+    if expanded:
+        assert recv_idx is None
+        same("recv_topk_weights (expanded: one per row)", recv_w, want["recv_weights"], r)
+        same("expert_offsets", np.array(handle.expert_offsets), want["expert_offsets"], r)
+    else:
+        same("recv_topk_idx", recv_idx, want["recv_topk_idx"], r)
+        same("recv_topk_weights", recv_w, want["recv_topk_weights"], r)
