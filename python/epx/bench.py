@@ -18,10 +18,11 @@ and avg over the timed iterations (the definitions of `epx bench --help`):
    Check (every run): both dispatchers give the same rows bit for bit on every rank, and
    their combines of the same expert output agree within 1e-2 of the largest value (the
    float32 sums run in different orders and epx rounds each rank's partial to bf16).
-3. overlap: an async epx dispatch (`async_with_compute_stream=True`) with a float32 matmul
-   of about the dispatch's time (sized on rank 0) computed meanwhile, vs the two in sequence.
-   efficiency = (sequential - overlapped) / min(dispatch, matmul): 1 = the shorter one is
-   fully hidden, 0 = no overlap (it can be negative when the two compete for cores).
+3. overlap: per iteration, a dispatch then a float32 matmul of about the dispatch's time
+   (sized on rank 0), timed apart (sequential = their sum), and an async epx dispatch
+   (`async_with_compute_stream=True`) with the same matmul computed meanwhile (overlapped).
+   efficiency = (sequential - overlapped) / min(dispatch, matmul), from the p50s: 1 = the
+   shorter one is fully hidden, 0 = no overlap (negative when the two compete for cores).
 4. C++: `epx bench --routing DIR --layout expanded` on the same routing and x written as a
    SPEC §7 directory, run after the Python ranks have exited: binding cost = Python epx time /
    C++ epx time.
@@ -149,7 +150,7 @@ def _rank_main(rank, num_ranks, a, problem):
     idx, w, x = problem[rank]
     base = AllToAllDispatcher(a.experts)
     samples = {k: [] for k in ("a2a_dispatch", "a2a_combine", "epx_dispatch", "epx_combine",
-                               "mm", "seq", "ovl")}
+                               "seq_dispatch", "mm", "seq", "ovl")}
     with epx.EPBuffer(None, num_max_tokens_per_rank=a.tokens, hidden=a.hidden,
                       num_topk=a.topk, num_experts=a.experts, deterministic=True) as buf:
         # the check: same rows, combines of the same y agree
@@ -182,22 +183,23 @@ def _rank_main(rank, num_ranks, a, problem):
         A, B = torch.randn(m, m), torch.randn(m, m)
         for it in range(a.warmup + a.iters):
             keep = it >= a.warmup
-            _, t_mm = _timed(lambda: torch.mm(A, B))
-
-            def seq():
-                buf.dispatch(x, idx, w, do_expand=True)
-                torch.mm(A, B)
+            dist.barrier()  # sequential: dispatch, then the matmul
+            t0 = time.perf_counter()
+            buf.dispatch(x, idx, w, do_expand=True)
+            t1 = time.perf_counter()
+            torch.mm(A, B)
+            t2 = time.perf_counter()
 
             def ovl():
                 ev = buf.dispatch(x, idx, w, do_expand=True, async_with_compute_stream=True)
                 torch.mm(A, B)
                 ev.current_stream_wait()  # returns dispatch's result tuple
 
-            _, t_seq = _timed(seq)
             _, t_ovl = _timed(ovl)
             if keep:
-                samples["mm"].append(t_mm)
-                samples["seq"].append(t_seq)
+                samples["seq_dispatch"].append((t1 - t0) * 1e6)
+                samples["mm"].append((t2 - t1) * 1e6)
+                samples["seq"].append((t2 - t0) * 1e6)
                 samples["ovl"].append(t_ovl)
     gathered = [None] * num_ranks
     dist.all_gather_object(gathered, samples)
@@ -233,8 +235,13 @@ def _matmul_size(target_us):
 # ----------------------------------------------------------------------------------------
 
 def find_cli(path):
-    for cand in ([path] if path else []) + [os.path.join(HERE, "..", "..", "build", "src",
-                                                        "tools", "epx"), shutil.which("epx")]:
+    """--epx, else the CLI of the build this package runs from (build/python/epx ->
+    build/src/tools/epx) or of its source checkout (python/epx -> build/src/tools/epx),
+    else `epx` on PATH."""
+    src = os.path.dirname(os.path.realpath(__file__))
+    for cand in ([path] if path else []) + [os.path.join(HERE, "..", "..", "src", "tools", "epx"),
+                                            os.path.join(src, "..", "..", "build", "src", "tools",
+                                                         "epx"), shutil.which("epx")]:
         if cand and os.access(cand, os.X_OK):
             return os.path.abspath(cand)
     return None
@@ -284,9 +291,9 @@ def _ratio(num, den):
 def report(a, res, cpp, cpp_cmd, cpp_err):
     us = res["max_rank_us"]
     lines = ["epx.bench: P=%d S=%d H=%d E=%d K=%d, expanded layout, %d timed iterations "
-             "(warmup %d); max-rank latency us, p50 (avg)" % (a.ranks, a.tokens, a.hidden,
-                                                               a.experts, a.topk, a.iters,
-                                                               a.warmup)]
+             "(warmup %d); max-rank latency us, p50 (avg); %d cores, load average %.1f at "
+             "the start" % (a.ranks, a.tokens, a.hidden, a.experts, a.topk, a.iters, a.warmup,
+                            os.cpu_count(), res["load_average"])]
     hdr = "%-9s %22s %22s %10s" % ("op", "all_to_all_single", "epx (Python)", "a2a/epx")
     if cpp:
         hdr += " %22s %12s" % ("epx (C++ bench)", "Python/C++")
@@ -299,10 +306,10 @@ def report(a, res, cpp, cpp_cmd, cpp_err):
             c = cpp[op]
             row += " %12.1f (%7.1f) %11.2fx" % (c["p50"], c["avg"], _ratio(e["p50"], c["p50"]))
         lines.append(row)
-    td, tm = us["epx_dispatch"]["p50"], us["mm"]["p50"]
+    td, tm = us["seq_dispatch"]["p50"], us["mm"]["p50"]
     ts, to = us["seq"]["p50"], us["ovl"]["p50"]
     eff = _ratio(ts - to, min(td, tm))
-    lines.append("overlap: dispatch %.1f us, matmul %dx%d f32 %.1f us; sequential %.1f us, "
+    lines.append("overlap: dispatch %.1f us then matmul %dx%d f32 %.1f us = sequential %.1f us; "
                  "overlapped %.1f us; efficiency %.2f" % (td, res["matmul_n"], res["matmul_n"],
                                                           tm, ts, to, eff))
     lines.append("check: same rows on every rank: %s; combine max rel diff %.2e (tol %.0e)" % (
@@ -318,9 +325,11 @@ def report(a, res, cpp, cpp_cmd, cpp_err):
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
     problem = make_problem(a)
+    load = os.getloadavg()[0]
     tmp = tempfile.mkdtemp(prefix="epx_bench_")
     try:
         res = epx.launch(_rank_main, a.ranks, a, problem)[0]
+        res["load_average"] = load
         cpp = cpp_cmd = cpp_err = None
         if not a.no_cpp:
             cli = find_cli(a.epx)

@@ -24,7 +24,8 @@ def test_bench_tiny(tmp_path, capsys):
     j = json.loads(out.read_text())
     assert j["python"]["same_rows"] == [True, True]
     assert max(j["python"]["combine_rel_diff"]) <= bench.COMBINE_TOL
-    for k in ("a2a_dispatch", "a2a_combine", "epx_dispatch", "epx_combine", "seq", "ovl"):
+    for k in ("a2a_dispatch", "a2a_combine", "epx_dispatch", "epx_combine", "seq_dispatch", "mm",
+              "seq", "ovl"):
         assert j["python"]["max_rank_us"][k]["p50"] > 0, k
     assert "a2a/epx" in text and "efficiency" in text
     if bench.find_cli(None):
