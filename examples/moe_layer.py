@@ -261,7 +261,7 @@ def main(argv=None):
     cfg = Config(use_fp8=args.fp8)
     torch.set_num_threads(1)
     if args.launch:
-        results = epx.launch(_launched, args.launch, cfg)
+        results = epx.launch(_launched, args.launch, cfg, start_method="fork")
         ok = True
         for r in results:
             ok = report(*r) and ok

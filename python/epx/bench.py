@@ -324,11 +324,13 @@ def report(a, res, cpp, cpp_cmd, cpp_err):
 
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(1)  # as in the ranks; and no thread pool for them to inherit
     problem = make_problem(a)
     load = os.getloadavg()[0]
     tmp = tempfile.mkdtemp(prefix="epx_bench_")
     try:
-        res = epx.launch(_rank_main, a.ranks, a, problem)[0]
+        # fork: the ranks inherit torch (this process ran torch ops on one thread only)
+        res = epx.launch(_rank_main, a.ranks, a, problem, start_method="fork")[0]
         res["load_average"] = load
         cpp = cpp_cmd = cpp_err = None
         if not a.no_cpp:

@@ -203,7 +203,7 @@ def _worker(rank, num_ranks):
 
 @pytest.fixture(scope="module")
 def results():
-    return epx.launch(_worker, P)
+    return epx.launch(_worker, P, start_method="fork", timeout_secs=60)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

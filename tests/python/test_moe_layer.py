@@ -41,7 +41,8 @@ def _assert_rank_results(results, fp8):
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_moe_layer_under_epx_launch(fp8):
     cfg = moe_layer.Config(use_fp8=fp8)
-    _assert_rank_results(epx.launch(moe_layer._launched, P, cfg), fp8)
+    _assert_rank_results(epx.launch(moe_layer._launched, P, cfg, start_method="fork",
+                                    timeout_secs=60), fp8)
 
 
 def test_moe_layer_under_torchrun(tmp_path):
