@@ -23,9 +23,10 @@ and avg over the timed iterations (the definitions of `epx bench --help`):
    (`async_with_compute_stream=True`) with the same matmul computed meanwhile (overlapped).
    efficiency = (sequential - overlapped) / min(dispatch, matmul), from the p50s: 1 = the
    shorter one is fully hidden, 0 = no overlap (negative when the two compete for cores).
-4. C++: `epx bench --routing DIR --layout expanded` on the same routing and x written as a
-   SPEC §7 directory, run after the Python ranks have exited: binding cost = Python epx time /
-   C++ epx time.
+4. C++: `epx bench --routing DIR --layout expanded --no-counters` (counters off, as in an
+   EPBuffer) on the same routing and x, written as a SPEC §7 directory, run once before and
+   once after the Python ranks (not at the same time; the mean of the two p50s): binding
+   cost = Python epx time / C++ epx time.
 """
 
 import argparse
@@ -250,7 +251,8 @@ def find_cli(path):
 def run_cpp(a, cli, routing_dir):
     out = os.path.join(routing_dir, "cpp.json")
     cmd = [cli, "bench", "--routing", routing_dir, "--layout", "expanded",
-           "--iters", str(a.iters), "--warmup", str(a.warmup), "--json", out, "--no-progress"]
+           "--iters", str(a.iters), "--warmup", str(a.warmup), "--json", out, "--no-progress",
+           "--no-counters"]
     p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         return None, " ".join(cmd), p.stderr.strip()
@@ -315,7 +317,10 @@ def report(a, res, cpp, cpp_cmd, cpp_err):
     lines.append("check: same rows on every rank: %s; combine max rel diff %.2e (tol %.0e)" % (
         "yes" if all(res["same_rows"]) else "NO", max(res["combine_rel_diff"]), COMBINE_TOL))
     if cpp:
-        lines.append("C++: " + cpp_cmd)
+        lines.append("C++ (mean of a run before and one after the Python ranks; p50 dispatch "
+                     "%s, combine %s us): %s" % (
+                         " / ".join("%.1f" % v for v in cpp["dispatch"]["p50_runs"]),
+                         " / ".join("%.1f" % v for v in cpp["combine"]["p50_runs"]), cpp_cmd))
     else:
         lines.append("C++ epx bench: not run (%s)" % (cpp_err or "no --epx CLI found"))
     res["overlap_efficiency"] = eff
@@ -329,17 +334,30 @@ def main(argv=None):
     load = os.getloadavg()[0]
     tmp = tempfile.mkdtemp(prefix="epx_bench_")
     try:
+        cli = None if a.no_cpp else find_cli(a.epx)
+        runs, cpp_cmd, cpp_err = [], None, None
+        rdir = os.path.join(tmp, "routing")
+        if cli:
+            os.makedirs(rdir)
+            write_routing_dir(a, problem, rdir)
+
+        def cpp_run():  # the C++ bench before and after the Python ranks (the load drifts)
+            if cli:
+                r, cmd, err = run_cpp(a, cli, rdir)
+                runs.extend([r] if r else [])
+                return cmd, err
+            return None, None
+
+        cpp_run()
         # fork: the ranks inherit torch (this process ran torch ops on one thread only)
         res = epx.launch(_rank_main, a.ranks, a, problem, start_method="fork")[0]
         res["load_average"] = load
-        cpp = cpp_cmd = cpp_err = None
-        if not a.no_cpp:
-            cli = find_cli(a.epx)
-            if cli:
-                rdir = os.path.join(tmp, "routing")
-                os.makedirs(rdir)
-                write_routing_dir(a, problem, rdir)
-                cpp, cpp_cmd, cpp_err = run_cpp(a, cli, rdir)
+        cpp_cmd, cpp_err = cpp_run()
+        cpp = None
+        if runs:
+            cpp = {op: {"p50": float(np.mean([r[op]["p50"] for r in runs])),
+                        "avg": float(np.mean([r[op]["avg"] for r in runs])),
+                        "p50_runs": [r[op]["p50"] for r in runs]} for op in ("dispatch", "combine")}
         print(report(a, res, cpp, cpp_cmd, cpp_err), flush=True)
         if a.json:
             with open(a.json, "w") as f:
