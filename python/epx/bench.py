@@ -4,8 +4,11 @@
         [--topk 4] [--iters 20] [--warmup 3] [--epx PATH | --no-cpp] [--json FILE]
 
 On the same routing (uniform top-k, `--seed`) and the same tokens, P ranks started by
-`epx.launch`, each op timed after a barrier, per iteration the slowest rank (max-rank), p50
-and avg over the timed iterations (the definitions of `epx bench --help`):
+`epx.launch`, each op started by every rank at one agreed CLOCK_MONOTONIC instant (rank 0
+names it 10 ms ahead; the ranks sleep until then — a gloo barrier lets ranks leave it ms
+apart),
+per iteration the slowest rank (max-rank), p50 and avg over the timed iterations (the
+definitions of `epx bench --help`):
 
 1. all_to_all_single: a Megatron-style token dispatcher (Megatron-LM's
    MoEAlltoAllTokenDispatcher) over torch.distributed gloo: count tokens per expert, exchange
@@ -138,11 +141,30 @@ def _wire(t):
 # Timing
 # ----------------------------------------------------------------------------------------
 
+START_MARGIN_S = 0.010
+_late = []  # per timed call: how late this rank started after the agreed start (us)
+
+
+def _aligned_start():
+    """Every rank starts at the same CLOCK_MONOTONIC instant (system-wide on Linux): rank 0
+    names one START_MARGIN_S ahead, every rank sleeps until then. A gloo barrier lets ranks leave
+    it milliseconds apart, which would count as op time; the lateness of a rank that got
+    the instant too late is recorded (reported as start skew)."""
+    t = torch.tensor([time.monotonic() + START_MARGIN_S], dtype=torch.float64)
+    dist.broadcast(t, 0)
+    target = t.item()
+    wait = target - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)  # sleeping, not spinning: P ranks may share fewer cores
+    now = time.monotonic()
+    _late.append((now - target) * 1e6)
+    return now
+
+
 def _timed(fn):
-    dist.barrier()
-    t0 = time.perf_counter()
+    t0 = _aligned_start()
     r = fn()
-    return r, (time.perf_counter() - t0) * 1e6
+    return r, (time.monotonic() - t0) * 1e6
 
 
 def _rank_main(rank, num_ranks, a, problem):
@@ -184,12 +206,11 @@ def _rank_main(rank, num_ranks, a, problem):
         A, B = torch.randn(m, m), torch.randn(m, m)
         for it in range(a.warmup + a.iters):
             keep = it >= a.warmup
-            dist.barrier()  # sequential: dispatch, then the matmul
-            t0 = time.perf_counter()
+            t0 = _aligned_start()  # sequential: dispatch, then the matmul
             buf.dispatch(x, idx, w, do_expand=True)
-            t1 = time.perf_counter()
+            t1 = time.monotonic()
             torch.mm(A, B)
-            t2 = time.perf_counter()
+            t2 = time.monotonic()
 
             def ovl():
                 ev = buf.dispatch(x, idx, w, do_expand=True, async_with_compute_stream=True)
@@ -205,14 +226,17 @@ def _rank_main(rank, num_ranks, a, problem):
     gathered = [None] * num_ranks
     dist.all_gather_object(gathered, samples)
     checks = [None] * num_ranks
-    dist.all_gather_object(checks, (same_rows, comb_diff))
+    dist.all_gather_object(checks, (same_rows, comb_diff, float(np.percentile(_late, 50)),
+                                    float(np.percentile(_late, 95))))
     if rank != 0:
         return None
     series = {k: np.max(np.array([g[k] for g in gathered]), axis=0) for k in samples}
     return {"max_rank_us": {k: {"p50": float(np.median(v)), "avg": float(np.mean(v))}
                             for k, v in series.items()},
             "matmul_n": m, "same_rows": [c[0] for c in checks],
-            "combine_rel_diff": [c[1] for c in checks]}
+            "combine_rel_diff": [c[1] for c in checks],
+            "start_late_p50_us": [c[2] for c in checks],
+            "start_late_p95_us": [c[3] for c in checks]}
 
 
 def _matmul_size(target_us):
@@ -314,8 +338,10 @@ def report(a, res, cpp, cpp_cmd, cpp_err):
     lines.append("overlap: dispatch %.1f us then matmul %dx%d f32 %.1f us = sequential %.1f us; "
                  "overlapped %.1f us; efficiency %.2f" % (td, res["matmul_n"], res["matmul_n"],
                                                           tm, ts, to, eff))
-    lines.append("check: same rows on every rank: %s; combine max rel diff %.2e (tol %.0e)" % (
-        "yes" if all(res["same_rows"]) else "NO", max(res["combine_rel_diff"]), COMBINE_TOL))
+    lines.append("check: same rows on every rank: %s; combine max rel diff %.2e (tol %.0e); "
+                 "late start (after the agreed instant, worst rank) p50 %.1f us, p95 %.1f us" % (
+                     "yes" if all(res["same_rows"]) else "NO", max(res["combine_rel_diff"]),
+                     COMBINE_TOL, max(res["start_late_p50_us"]), max(res["start_late_p95_us"])))
     if cpp:
         lines.append("C++ (mean of a run before and one after the Python ranks; p50 dispatch "
                      "%s, combine %s us): %s" % (
