@@ -59,6 +59,14 @@ case "$cmd" in
     install_deps
     build build
     ctest --test-dir build --output-on-failure -j "$JOBS"
+    # The Python package (Debian's Python; pytest exit 5 = no tests collected is not a failure).
+    timeout 300 /usr/bin/python3 -m pytest -q tests/python || [ $? -eq 5 ]
+    # C++ users: cmake --install, then a project of its own finds it (tests/consumer).
+    rm -rf build/install-test build/consumer
+    cmake --install build --prefix "$PWD/build/install-test" >/dev/null
+    cmake -S tests/consumer -B build/consumer -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install-test" >/dev/null
+    timeout 300 cmake --build build/consumer >/dev/null
+    timeout 60 ./build/consumer/epx_consumer
     /usr/bin/python3 tests/e2e/test_epx_ref.py
     /usr/bin/python3 tests/e2e/check_replay.py --epx build/src/tools/epx
     /usr/bin/python3 tests/e2e/check_bench_modes.py --epx build/src/tools/epx  # push, pull, rings: no warnings

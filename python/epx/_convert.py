@@ -28,7 +28,7 @@ def out(exported, flavor):
     if flavor == "torch":
         import torch.utils.dlpack
         return torch.utils.dlpack.from_dlpack(exported.__dlpack__())
-    return np.from_dlpack(exported)
+    return np.asarray(exported)  # by __array_interface__: writable, zero-copy
 
 
 def out_bool(exported, flavor):
@@ -57,3 +57,9 @@ def zeros_f32(shape, like):
 def version_of(t):
     """torch's in-place modification counter (None for numpy, which has none)."""
     return getattr(t, "_version", None) if is_torch(t) else None
+
+
+def plain(t):
+    """A torch tensor without autograd history (the same memory: DLPack refuses tensors
+    that require grad); anything else unchanged."""
+    return t.detach() if is_torch(t) and t.requires_grad else t

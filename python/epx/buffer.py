@@ -146,7 +146,7 @@ class EPBuffer:
         """Local. topk_idx int64 [S, K] -> (num_tokens_per_rank int32 [P],
         num_tokens_per_expert int32 [E], is_token_in_rank bool [S, P]) (SPEC §2)."""
         f = cv.flavor_of(topk_idx)
-        r = self._b.layout(topk_idx, f)
+        r = self._b.layout(cv.plain(topk_idx), f)
         return (cv.out(r["num_tokens_per_rank"], f), cv.out(r["num_tokens_per_expert"], f),
                 cv.out_bool(r["is_token_in_rank"], f))
 
@@ -202,6 +202,7 @@ class EPBuffer:
         if handle is None and topk_weights is None and topk_idx is not None and hasattr(topk_idx, "shape"):
             topk_weights = cv.zeros_f32(tuple(topk_idx.shape), topk_idx)
         raw_handle = handle._raw if isinstance(handle, EPHandle) else None
+        data, scales, topk_idx, topk_weights = map(cv.plain, (data, scales, topk_idx, topk_weights))
         pending = self._b.dispatch(data, scales, topk_idx, topk_weights, raw_handle, do_expand, expert_alignment,
                                    num_worst_tokens, deterministic, do_zero_padding, f,
                                    bool(async_with_compute_stream or defer_epilogue), problem, code)
@@ -259,6 +260,7 @@ class EPBuffer:
             b0, b1 = bias
         else:
             b0, b1 = bias, None
+        x, b0, b1 = map(cv.plain, (x, b0, b1))
         pending = self._b.combine(x, handle._raw, b0, b1, bool(weighted), f,
                                   bool(async_with_compute_stream or defer_epilogue), problem, code)
 

@@ -67,7 +67,7 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
     rank. If any rank fails, the others get `timeout_secs` to end (epx errors are
     collective; a dead rank makes its peers fail within a second), stragglers are
     killed, and the error of the rank at fault is raised (an epx.Error keeps its code and
-    origin rank). start_method "spawn" (default: safe with torch's thread pools) or
+    origin rank, and carries .errors and .values: every rank's outcome). start_method "spawn" (default: safe with torch's thread pools) or
     "fork" (faster to start; fn may be a closure)."""
     import multiprocessing as mp
     _dist()  # imported once here: forked ranks inherit torch instead of each importing it
@@ -117,7 +117,10 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
                     p.join()
             results.close()
     if errors:
-        # the rank that blames itself first, else the lowest rank's error
+        # the rank that blames itself first, else the lowest rank's error; every rank's
+        # outcome rides along (.errors: rank -> Error, .values: rank -> fn's value)
         pick = next((e for r, e in sorted(errors.items()) if getattr(e, "origin_rank", -1) == r), None)
-        raise pick if pick is not None else errors[min(errors)]
+        pick = pick if pick is not None else errors[min(errors)]
+        pick.errors, pick.values = errors, values
+        raise pick
     return [values[r] for r in range(num_ranks)]

@@ -379,9 +379,24 @@ class PyBuffer {
       pyb::gil_scoped_release nogil;
       call();
     } catch (const Error& e) {
-      if (e.origin_rank() != rank()) throw;  // another rank's fault came first
+      if (e.origin_rank() != rank()) explain(e);  // another rank's fault came first
     }
     throw Error(code, msg, rank());
+  }
+
+  /// The engine's words for another rank's poisoned call ("x must be ..., got [0, H] bool")
+  /// describe the poison, not the problem: say where the real message is.
+  [[noreturn]] void explain(const Error& e) const {
+    const std::string m = e.what();
+    const std::string marks[] = {"got [0, " + std::to_string(buffer_->config().hidden) + "] bool", "got [0] bool"};
+    for (const std::string& mark : marks)
+      if (m.size() >= mark.size() && m.compare(m.size() - mark.size(), mark.size(), mark) == 0)
+        throw Error(e.code(),
+                    "rank " + std::to_string(rank()) + ": rank " + std::to_string(e.origin_rank()) +
+                        "'s input to this call was rejected by the Python binding (a dtype, device, stride or handle "
+                        "problem; rank " + std::to_string(e.origin_rank()) + "'s error names the argument)",
+                    e.origin_rank());
+    throw e;
   }
 
   template <class Run>
@@ -391,9 +406,9 @@ class PyBuffer {
       try {
         pyb::gil_scoped_release nogil;
         r = run();
-      } catch (const Error&) {
+      } catch (const Error& e) {
         interrupt_->rethrow_if_interrupted();
-        throw;
+        explain(e);
       }
       if (auto* d = std::get_if<DispatchResult>(&r)) return dispatch_dict(*d, f);
       return combine_dict(std::get<CombineResult>(r), f);
@@ -401,9 +416,15 @@ class PyBuffer {
     auto job = std::make_shared<Job>();
     job->interrupt = interrupt_;
     Job* raw = job.get();
-    job->thread = std::thread([raw, run]() mutable {
+    job->thread = std::thread([this, raw, run]() mutable {
       try {
         raw->finish(run(), nullptr);
+      } catch (const Error& e) {
+        try {
+          explain(e);
+        } catch (...) {
+          raw->finish({}, std::current_exception());
+        }
       } catch (...) {
         raw->finish({}, std::current_exception());
       }

@@ -3,6 +3,8 @@
 #include <dlpack/dlpack.h>
 
 #include <array>
+#include <cstdint>
+#include <vector>
 #include <memory>
 
 namespace epx::py {
@@ -66,12 +68,98 @@ void capsule_destructor(PyObject* capsule) {
   }
 }
 
+/// numpy's __array_interface__ typestr as a DLPack dtype (lanes 0 when unknown).
+DLDataType from_typestr(const std::string& t) {
+  if (t.size() < 3 || (t[0] != '<' && t[0] != '|' && t[0] != '=')) return {0, 0, 0};
+  const auto bits = static_cast<std::uint8_t>(8 * std::stoi(t.substr(2)));
+  switch (t[1]) {
+    case 'u': return {kDLUInt, bits, 1};
+    case 'i': return {kDLInt, bits, 1};
+    case 'f': return {kDLFloat, bits, 1};
+    case 'b': return {6, bits, 1};
+  }
+  return {0, 0, 0};
+}
+
+const char* typestr_of(DType d) {
+  switch (d) {
+    case DType::kBF16: return "<u2";
+    case DType::kFP8E4M3: return "|u1";
+    case DType::kF32: return "<f4";
+    case DType::kI32: return "<i4";
+    case DType::kI64: return "<i8";
+    case DType::kBool: return "|u1";
+  }
+  return "|u1";
+}
+
+std::byte g_empty_storage[64];  // where a zero-element output points
+
+}  // namespace
+
+namespace {
+
+/// The view of C-order memory, or a problem: dtype (`dt`), dims, element strides (empty:
+/// C order; `unit` bytes per stride step).
+TensorView make_view(const void* data, DLDataType dt, const std::vector<std::int64_t>& shape,
+                     const std::vector<std::int64_t>& strides, std::int64_t unit, const std::string& a, Want want,
+                     std::string& problem) {
+  const int nd = static_cast<int>(shape.size());
+  if (nd < 1 || nd > kMaxDims) {
+    problem = a + ": expected 1 to " + std::to_string(kMaxDims) + " dimensions, got " + std::to_string(nd);
+    return {};
+  }
+  DType dtype{};
+  if (!matches(dt, want, dtype)) {
+    problem = a + ": expected " + want_name(want) + ", got " + dl_name(dt);
+    return {};
+  }
+  Shape s;
+  s.ndim = nd;
+  for (int i = 0; i < nd; ++i) s.dims[static_cast<std::size_t>(i)] = shape[static_cast<std::size_t>(i)];
+  if (!strides.empty() && s.numel() != 0) {  // any strides describe an empty tensor
+    std::int64_t expect = unit;
+    for (int i = nd - 1; i >= 0; --i) {
+      if (shape[static_cast<std::size_t>(i)] != 1 && strides[static_cast<std::size_t>(i)] != expect) {
+        std::string str = "(";
+        for (int j = 0; j < nd; ++j) str += (j ? ", " : "") + std::to_string(strides[static_cast<std::size_t>(j)] / unit);
+        problem = a + ": expected a C-contiguous tensor (call .contiguous() / np.ascontiguousarray), got strides " + str + ")";
+        return {};
+      }
+      expect *= shape[static_cast<std::size_t>(i)];
+    }
+  }
+  return TensorView(data, dtype, s);
+}
+
+/// numpy arrays (read-only ones too, which numpy's DLPack export refuses) by their
+/// __array_interface__: the same zero-copy view, the array kept alive.
+Input read_array_interface(pyb::handle obj, const std::string& a, Want want, std::string& problem) {
+  Input in;
+  pyb::dict ai = obj.attr("__array_interface__");
+  const std::string typestr = pyb::str(ai["typestr"]);
+  std::vector<std::int64_t> shape, strides;
+  for (auto d : pyb::tuple(ai["shape"])) shape.push_back(d.cast<std::int64_t>());
+  if (ai.contains("strides") && !ai["strides"].is_none())
+    for (auto d : pyb::tuple(ai["strides"])) strides.push_back(d.cast<std::int64_t>());
+  const DLDataType dt = from_typestr(typestr);
+  if (dt.lanes == 0) {
+    problem = a + ": expected " + std::string(want_name(want)) + ", got numpy dtype " + typestr;
+    return in;
+  }
+  const auto ptr = pyb::tuple(ai["data"])[0].cast<std::uintptr_t>();
+  in.capsule = pyb::reinterpret_borrow<pyb::object>(obj);
+  in.view = make_view(reinterpret_cast<const void*>(ptr), dt, shape, strides, dt.bits / 8, a, want, problem);
+  return in;
+}
+
 }  // namespace
 
 Input read_input(pyb::handle obj, const char* arg, Want want, std::string& problem) {
   Input in;
   if (obj.is_none()) return in;
   const std::string a = arg;
+  if (pyb::hasattr(obj, "__array_interface__")) return read_array_interface(obj, a, want, problem);
   if (!pyb::hasattr(obj, "__dlpack__")) {
     problem = a + ": expected a tensor with __dlpack__ (torch.Tensor or numpy.ndarray), got " +
               std::string(pyb::str(obj.get_type().attr("__name__")));
@@ -94,32 +182,9 @@ Input read_input(pyb::handle obj, const char* arg, Want want, std::string& probl
     problem = a + ": expected a CPU tensor, got DLPack device type " + std::to_string(t.device.device_type);
     return in;
   }
-  if (t.ndim < 1 || t.ndim > kMaxDims) {
-    problem = a + ": expected 1 to " + std::to_string(kMaxDims) + " dimensions, got " + std::to_string(t.ndim);
-    return in;
-  }
-  DType dtype{};
-  if (!matches(t.dtype, want, dtype)) {
-    problem = a + ": expected " + want_name(want) + ", got " + dl_name(t.dtype);
-    return in;
-  }
-  Shape shape;
-  shape.ndim = t.ndim;
-  for (int i = 0; i < t.ndim; ++i) shape.dims[static_cast<std::size_t>(i)] = t.shape[i];
-  const bool empty = shape.numel() == 0;  // any strides describe an empty tensor
-  if (t.strides != nullptr && !empty) {
-    std::int64_t expect = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) {
-      if (t.shape[i] != 1 && t.strides[i] != expect) {
-        std::string s = "(";
-        for (int j = 0; j < t.ndim; ++j) s += (j ? ", " : "") + std::to_string(t.strides[j]);
-        problem = a + ": expected a C-contiguous tensor (call .contiguous() / np.ascontiguousarray), got strides " + s + ")";
-        return in;
-      }
-      expect *= t.shape[i];
-    }
-  }
-  in.view = TensorView(static_cast<const char*>(t.data) + t.byte_offset, dtype, shape);
+  std::vector<std::int64_t> shape(t.shape, t.shape + t.ndim), strides;
+  if (t.strides != nullptr) strides.assign(t.strides, t.strides + t.ndim);
+  in.view = make_view(static_cast<const char*>(t.data) + t.byte_offset, t.dtype, shape, strides, 1, a, want, problem);
   return in;
 }
 
@@ -153,8 +218,7 @@ pyb::object Exported::dlpack(pyb::object /*stream*/) {
   t.shape = ctx->shape.data();
   t.strides = ctx->strides.data();
   t.byte_offset = 0;
-  static std::byte empty_storage[64];
-  if (t.data == nullptr) t.data = empty_storage;  // a zero-row tensor still needs a pointer
+  if (t.data == nullptr) t.data = g_empty_storage;  // a zero-row tensor still needs a pointer
   m->manager_ctx = ctx.release();
   m->deleter = delete_managed;
   return pyb::reinterpret_steal<pyb::object>(PyCapsule_New(m, "dltensor", capsule_destructor));
@@ -162,10 +226,26 @@ pyb::object Exported::dlpack(pyb::object /*stream*/) {
 
 pyb::tuple Exported::device() const { return pyb::make_tuple(static_cast<int>(kDLCPU), 0); }
 
+pyb::dict Exported::array_interface() {
+  if (!tensor_) throw pyb::value_error("this epx tensor was already exported through DLPack");
+  const Shape& s = tensor_->shape();
+  pyb::tuple shape(s.ndim);
+  for (int i = 0; i < s.ndim; ++i) shape[static_cast<std::size_t>(i)] = pyb::int_(s[i]);
+  void* data = tensor_->data() != nullptr ? tensor_->data() : g_empty_storage;
+  pyb::dict d;
+  d["shape"] = shape;
+  d["typestr"] = typestr_of(tensor_->dtype());
+  d["data"] = pyb::make_tuple(reinterpret_cast<std::uintptr_t>(data), false);
+  d["strides"] = pyb::none();
+  d["version"] = 3;
+  return d;
+}
+
 void bind_tensors(pyb::module_& m) {
   pyb::class_<Exported>(m, "Exported", "An epx output tensor, handed out once through DLPack.")
       .def("__dlpack__", &Exported::dlpack, pyb::arg("stream") = pyb::none())
-      .def("__dlpack_device__", &Exported::device);
+      .def("__dlpack_device__", &Exported::device)
+      .def_property_readonly("__array_interface__", &Exported::array_interface);
 }
 
 }  // namespace epx::py

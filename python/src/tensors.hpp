@@ -1,8 +1,9 @@
-// Tensors between Python and epx by DLPack (no framework at build time): any object with
-// __dlpack__ (torch, numpy >= 1.22) comes in as an epx::TensorView over its own memory
-// (zero-copy; CPU, C-contiguous), and every epx::Tensor goes out as an `Exported` object
-// with __dlpack__ / __dlpack_device__ that torch.utils.dlpack.from_dlpack and
-// numpy.from_dlpack wrap without a copy (the capsule owns the Tensor).
+// Tensors between Python and epx without a framework at build time: any object with
+// __dlpack__ (torch) comes in as an epx::TensorView over its own memory (zero-copy; CPU,
+// C-contiguous), numpy arrays by __array_interface__ (the same view; numpy's DLPack export
+// refuses read-only arrays). Every epx::Tensor goes out as an `Exported` object: torch
+// takes it by __dlpack__ (torch.utils.dlpack.from_dlpack; the capsule owns the Tensor),
+// numpy by __array_interface__ (np.asarray; writable, the Exported is the array's base).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -40,6 +41,9 @@ class Exported {
   Exported(Tensor t, Flavor flavor);
   pyb::object dlpack(pyb::object stream);
   pyb::tuple device() const;
+  /// numpy's view of the same bytes, writable (numpy marks DLPack imports read-only);
+  /// the array keeps this object, and so the Tensor, alive as its base.
+  pyb::dict array_interface();
 
  private:
   std::optional<Tensor> tensor_;

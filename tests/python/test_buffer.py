@@ -22,6 +22,8 @@ def _round_trip(rank, n, expanded, fp8, flavor, alignment, worst, async_mode):
     layout = "expanded" if expanded else "compact"
     res = epx_ref.compute(case, layout=layout, alignment=alignment, worst=worst, deterministic=True, zero_padding=True)
     x, idx, w = inputs(case, rank, flavor)
+    if flavor == "torch" and not fp8:
+        w.requires_grad_(True)  # a model's tensors: epx reads them without their autograd history
     with epx.EPBuffer(None, max(TOKENS), H, 4, 16) as buf:
         ntr, nte, inr = buf.get_dispatch_layout(idx)
         same("num_tokens_per_rank", ntr, res.ranks[rank]["num_tokens_per_rank"], rank)
@@ -152,3 +154,24 @@ def _explicit_group(rank, n):
 
 def test_explicit_group():
     assert launch(_explicit_group) == ["shm"] * P
+
+
+def _numpy_readonly_in_writable_out(rank, n):
+    case = make_case(n, 8, 2, 128, [4, 3, 5, 2], seed=81)
+    res = epx_ref.compute(case, layout="compact", zero_padding=True)
+    x, idx, w = inputs(case, rank, "numpy")
+    for a in (x, idx, w):
+        a.flags.writeable = False  # numpy's own DLPack export refuses these
+    with epx.EPBuffer(None, 5, 128, 2, 8) as buf:
+        recv_x, recv_idx, recv_w, handle, _ = buf.dispatch(x, idx, w)
+        check_dispatch(case, res, rank, (recv_x, recv_idx, recv_w, handle), False, False)
+        assert recv_x.flags.writeable and recv_x.dtype == np.uint16
+        y = expert_y(case, recv_x, recv_idx, handle, False)
+        recv_x[...] = y  # the experts write their output over the received rows in place
+        combined, _, _ = buf.combine(recv_x, handle)
+        same("combined_x", combined, res.ranks[rank]["combined_x"], rank)
+    return True
+
+
+def test_numpy_read_only_inputs_and_writable_outputs():
+    assert launch(_numpy_readonly_in_writable_out) == [True] * P

@@ -1,0 +1,30 @@
+"""The package itself: `import epx` from anywhere with Debian's Python and no environment,
+and epx.Error's fields surviving a trip between processes."""
+import pickle
+import subprocess
+
+import epx
+
+
+def test_import_from_any_directory_without_environment():
+    r = subprocess.run(["/usr/bin/python3", "-c", "import epx, sys; print(epx.EPBuffer.__name__, epx.__file__)"],
+                       cwd="/", env={}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("EPBuffer "), r.stdout
+
+
+def test_error_keeps_code_and_origin_rank_through_pickle():
+    e = pickle.loads(pickle.dumps(epx.Error("rank 3: bad", "bad_handle", 3)))
+    assert isinstance(e, epx.Error) and isinstance(e, RuntimeError)
+    assert (str(e), e.code, e.origin_rank) == ("rank 3: bad", "bad_handle", 3)
+
+
+def test_buffer_needs_a_group():
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    try:
+        epx.EPBuffer(None, 4, 128, 2, 8)
+    except epx.Error as e:
+        assert e.code == "invalid_argument" and "init_process_group" in str(e)
+    else:
+        raise AssertionError("EPBuffer without torch.distributed did not fail")
