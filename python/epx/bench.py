@@ -26,6 +26,7 @@ definitions of `epx bench --help`):
    (`async_with_compute_stream=True`) with the same matmul computed meanwhile (overlapped).
    efficiency = (sequential - overlapped) / min(dispatch, matmul), from the p50s: 1 = the
    shorter one is fully hidden, 0 = no overlap (negative when the two compete for cores).
+   Also timed: an async dispatch waited on at once (the cost of the async form itself).
 4. C++: `epx bench --routing DIR --layout expanded --no-counters` (counters off, as in an
    EPBuffer) on the same routing and x, written as a SPEC §7 directory, run once before and
    once after the Python ranks (not at the same time; the mean of the two p50s): binding
@@ -173,7 +174,7 @@ def _rank_main(rank, num_ranks, a, problem):
     idx, w, x = problem[rank]
     base = AllToAllDispatcher(a.experts)
     samples = {k: [] for k in ("a2a_dispatch", "a2a_combine", "epx_dispatch", "epx_combine",
-                               "seq_dispatch", "mm", "seq", "ovl")}
+                               "seq_dispatch", "mm", "seq", "ovl", "async_alone")}
     with epx.EPBuffer(None, num_max_tokens_per_rank=a.tokens, hidden=a.hidden,
                       num_topk=a.topk, num_experts=a.experts, deterministic=True) as buf:
         # the check: same rows, combines of the same y agree
@@ -218,7 +219,11 @@ def _rank_main(rank, num_ranks, a, problem):
                 ev.current_stream_wait()  # returns dispatch's result tuple
 
             _, t_ovl = _timed(ovl)
+            _, t_async = _timed(lambda: buf.dispatch(x, idx, w, do_expand=True,
+                                                     async_with_compute_stream=True
+                                                     ).current_stream_wait())
             if keep:
+                samples["async_alone"].append(t_async)
                 samples["seq_dispatch"].append((t1 - t0) * 1e6)
                 samples["mm"].append((t2 - t1) * 1e6)
                 samples["seq"].append((t2 - t0) * 1e6)
@@ -336,8 +341,9 @@ def report(a, res, cpp, cpp_cmd, cpp_err):
     ts, to = us["seq"]["p50"], us["ovl"]["p50"]
     eff = _ratio(ts - to, min(td, tm))
     lines.append("overlap: dispatch %.1f us then matmul %dx%d f32 %.1f us = sequential %.1f us; "
-                 "overlapped %.1f us; efficiency %.2f" % (td, res["matmul_n"], res["matmul_n"],
-                                                          tm, ts, to, eff))
+                 "overlapped %.1f us; efficiency %.2f (an async dispatch waited at once: "
+                 "%.1f us)" % (td, res["matmul_n"], res["matmul_n"], tm, ts, to, eff,
+                               us["async_alone"]["p50"]))
     lines.append("check: same rows on every rank: %s; combine max rel diff %.2e (tol %.0e); "
                  "late start (after the agreed instant, worst rank) p50 %.1f us, p95 %.1f us" % (
                      "yes" if all(res["same_rows"]) else "NO", max(res["combine_rel_diff"]),
