@@ -30,9 +30,7 @@ std::unique_ptr<Transport> connect(Bootstrap& bootstrap, const ConnectOptions& o
   ConnectKind kind = options.kind;
   if (kind == ConnectKind::kAuto) kind = discover_nodes(bootstrap).num_nodes == 1 ? ConnectKind::kShm : ConnectKind::kShmem;
   if (kind == ConnectKind::kShm) return detail::connect_shm(bootstrap, options);
-  if (kind == ConnectKind::kShmem) return detail::connect_shmem(bootstrap, options);
-  throw Error(ErrorCode::kUnsupported, std::string("connect: the ") + to_string(kind) +
-                                           " transport over a '" + bootstrap.name() + "' bootstrap is not built yet");
+  return detail::connect_shmem(bootstrap, options);  // kUnsupported in a build without OpenSHMEM
 }
 
 }  // namespace epx
