@@ -38,7 +38,7 @@ struct ShmemPeerInfo {
   bool mapped = false;          ///< shmem_ptr gave a pointer: puts are plain copies
   std::uint64_t puts = 0;       ///< put / put_flagged calls to this peer since allocate()
   std::uint64_t put_bytes = 0;  ///< their bytes (flag words and signals not counted)
-  /// Of put_bytes, those into the window's payload region (rows; Transport::set_payload_region),
+  /// Of put_bytes, those into the window's payload region (rows; spi::PayloadRegionListener, told by the engine),
   /// the rest being headers and metadata.
   std::uint64_t payload_bytes = 0;
 };

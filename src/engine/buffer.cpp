@@ -151,7 +151,8 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
   }
   geo = detail::Geometry(detail::GeometryShape::of(c, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
   t.allocate(geo.total_bytes(), geo.num_signals());
-  if (model) model->set_payload_region(geo.payload_begin(), geo.total_bytes());
+  if (auto* listener = dynamic_cast<spi::PayloadRegionListener*>(&t))
+    listener->set_payload_region(geo.payload_begin(), geo.total_bytes());
 }
 
 Status Buffer::Impl::make_status(ErrorCode code, const std::string& what) const {

@@ -6,9 +6,11 @@
 
 #include <cstddef>
 
+#include "epx/spi/payload_region.hpp"
+
 namespace epx::sim {
 
-class ModelTransport {
+class ModelTransport : public spi::PayloadRegionListener {
  public:
   virtual ~ModelTransport() = default;
 
@@ -18,11 +20,10 @@ class ModelTransport {
   /// received rows and of the outputs are unspecified.
   virtual bool moves_payload() const noexcept = 0;
 
-  /// After every allocate of a Buffer's window: bytes [begin, end) of every window hold bulk
-  /// payload (rows), the rest control data (headers, metadata). With moves_payload() false
-  /// the transport may skip copying puts inside it, and must then treat wait_flag on a
-  /// block there as satisfied once the block's put was issued.
-  virtual void set_payload_region(std::size_t begin, std::size_t end) = 0;
+  // set_payload_region (spi::PayloadRegionListener), after every allocate of a Buffer's
+  // window: with moves_payload() false the transport may skip copying puts inside the
+  // payload region, and must then treat wait_flag on a block there as satisfied once the
+  // block's put was issued.
 
   /// The engine's rank thread has joined the workers it forked for a task (after every
   /// fork/join). A transport that records each thread's operations as its own stream

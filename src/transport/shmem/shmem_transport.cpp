@@ -123,7 +123,6 @@ ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const Node
   caps_.put_completes_on_return = all_mapped;
   caps_.max_queues = 64;                  // queues are labels here: quiet completes all of them
   caps_.flagged_puts = true;              // bytes, shmem_fence, atomic set of the flag
-  caps_.moves_payload = true;
   for (int p = 0; p < num_ranks_; ++p) reset_counters(p), outstanding_[static_cast<std::size_t>(p)] = false;
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }

@@ -34,6 +34,7 @@
 #include "epx/bootstrap.hpp"
 #include "epx/connect.hpp"
 #include "epx/shmem.hpp"
+#include "epx/spi/payload_region.hpp"
 #include "epx/transport.hpp"
 
 namespace epx::detail {
@@ -44,7 +45,7 @@ class ShmemRuntime;
 /// OpenSHMEM runtime of this job: same rank and size as shmem_my_pe / shmem_n_pes.
 std::unique_ptr<Transport> connect_shmem(Bootstrap& bootstrap, const ConnectOptions& options);
 
-class ShmemTransport final : public Transport {
+class ShmemTransport final : public Transport, public spi::PayloadRegionListener {
  public:
   ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const NodeMap& nodes, std::chrono::milliseconds timeout);
   ~ShmemTransport() override;
