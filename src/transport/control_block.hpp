@@ -15,7 +15,7 @@ enum class RankState : std::int32_t { kRunning = 0, kDone = 1, kFailed = 2 };
 
 inline constexpr std::size_t kPhaseChars = 48;
 
-struct RankSlot {
+struct alignas(8) RankSlot {  // 8-aligned: the window table follows the slots
   std::atomic<std::int32_t> state{0};
   std::atomic<std::int32_t> pid{0};
   std::int32_t error_code = 0;
@@ -59,6 +59,7 @@ struct ControlBlock {
   std::byte** window_table() noexcept {
     return reinterpret_cast<std::byte**>(ranks() + num_ranks);
   }
+  static_assert(sizeof(RankSlot) % alignof(std::byte*) == 0);
   static std::size_t bytes_for(int num_ranks) noexcept {
     return sizeof(ControlBlock) + static_cast<std::size_t>(num_ranks) * (sizeof(RankSlot) + sizeof(std::byte*));
   }
