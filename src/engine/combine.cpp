@@ -24,7 +24,9 @@ Buffer::Impl::Replies::Replies(Impl& m, const HandleState& h, const CombineArgs&
       h_(h),
       a_(a),
       y_(a.y.as<std::uint16_t>()),
-      stage_(m.reply_stage.data() + static_cast<std::size_t>(worker * kReplyStageRows * m.config.hidden)),
+      // No stage at all where this combine needs none (reply_stage empty): never offset a null pointer.
+      stage_(m.reply_stage.empty() ? nullptr
+                                   : m.reply_stage.data() + static_cast<std::size_t>(worker * kReplyStageRows * m.config.hidden)),
       slot_rows_(static_cast<std::size_t>(m.config.num_topk)),
       slot_weights_(static_cast<std::size_t>(m.config.num_topk)) {}
 

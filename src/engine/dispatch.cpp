@@ -211,6 +211,7 @@ DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchAr
 
 void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed,
                             bool rows_first) {
+  transport.enter_phase("epilogue");  // no wait of its own: a rank that dies here is reported in it
   const std::int64_t N = h.num_recv(), rows = h.out_rows, H = config.hidden;
   const int K = config.num_topk;
   const DType dt = a.x.dtype;

@@ -179,11 +179,10 @@ class FaultTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// The phases of a call the issue names, as the engine and transport call them. "epilogue"
-// has no wait of its own: it joins this list once the engine calls
-// Transport::enter_phase("epilogue") (until then a death there is reported in the phase of
-// the last wait before it, "dispatch data").
-const char* const kPhases[] = {"allocate: created", "buffer create", "dispatch notify", "dispatch data", "combine data"};
+// The phases of a call the issue names, as the engine and transport call them ("epilogue"
+// has no wait of its own: the engine announces it with Transport::enter_phase).
+const char* const kPhases[] = {"allocate: created", "buffer create", "dispatch notify", "dispatch data", "epilogue",
+                               "combine data"};
 
 TEST_F(FaultTest, KillOrStopEachRankAtEachPhase) {
   const std::chrono::milliseconds timeout(400);
