@@ -10,6 +10,8 @@ The GIL is released while a call runs.
 import sys
 import warnings
 
+import numpy as np
+
 from . import _convert as cv
 from . import _epx
 from .errors import Error
@@ -272,3 +274,92 @@ class EPBuffer:
             ev._result = finish(pending, ev)
             return ev._result
         return EventOverlap(pending, finish)
+
+    # -- redundant experts (epx/lb.hpp) ---------------------------------------------
+    def lb_prefetch_weights(self, redundant_weights, expert_weights, mapping):
+        """Collective: every used redundant slot receives a bitwise copy of its logical
+        expert's weights from the expert's home rank (DeepEP's ``lb_prefetch_weights``).
+
+        ``expert_weights``: a list of weight kinds (w1, w2, ...), each a C-contiguous CPU
+        tensor or array ``[L, ...]`` of this rank's L home experts (logical expert e lives on
+        rank e // L); ``redundant_weights``: the same kinds, ``[B, ...]``, this rank's B slots
+        (written; unused slots are left alone); ``mapping``: ``[P, B]`` integer, the logical
+        expert of every slot of every rank (-1 unused), the same on every rank. Any dtype: the
+        bytes travel as they are, over this buffer's own dispatch (so no other call may run
+        meanwhile). Returns when this rank's slots hold the bytes."""
+        self._lb(False, redundant_weights, expert_weights, mapping)
+
+    def lb_reduce_grads(self, redundant_grads, expert_grads, mapping):
+        """Collective, in place (DeepEP's ``lb_reduce_grads``): every home expert's gradient
+        ``expert_grads[kind][j]`` += its replicas' ``redundant_grads[kind][b]``, as
+        ``home = ((home + g_0) + g_1) + ...`` in float32 over the slots holding that expert in
+        ascending global slot (rank * B + b): the same bits on every run. float32 only; the
+        shapes as in :meth:`lb_prefetch_weights`."""
+        self._lb(True, redundant_grads, expert_grads, mapping)
+
+    def _lb(self, reduce, slots, homes, mapping):
+        what = "lb_reduce_grads" if reduce else "lb_prefetch_weights"
+        problem = ""
+        slot_kinds, home_kinds, flat, L, B = [], [], [], 1, 0
+        try:
+            if not isinstance(slots, (list, tuple)):
+                slots = [slots]
+            if not isinstance(homes, (list, tuple)):
+                homes = [homes]
+            m = np.asarray(mapping.detach().cpu().numpy() if cv.is_torch(mapping) else mapping)
+            if m.ndim != 2 or m.shape[0] != self.group_size or not np.issubdtype(m.dtype, np.integer):
+                raise ValueError(f"mapping must be an integer [P = {self.group_size}, B] array, got "
+                                 f"{m.dtype} {list(m.shape)}")
+            B = int(m.shape[1])
+            flat = [int(v) for v in m.reshape(-1)]
+            if len(slots) != len(homes) or not homes:
+                raise ValueError(f"redundant and expert tensors must list the same weight kinds (>= 1), got "
+                                 f"{len(slots)} and {len(homes)}")
+            L = int(_lb_rows(homes[0], "expert tensor 0"))
+            for k, (sl, ho) in enumerate(zip(slots, homes)):
+                hp, hb, hn = _lb_memory(ho, f"{what}: expert tensor {k}", reduce, writes=reduce)
+                sp, sb, sn = _lb_memory(sl, f"{what}: redundant tensor {k}", reduce, writes=not reduce)
+                if hn != L:
+                    raise ValueError(f"expert tensor {k} has {hn} experts, expert tensor 0 has {L}")
+                if sn != B:
+                    raise ValueError(f"redundant tensor {k} has {sn} slots, mapping has B = {B}")
+                per = hb // L
+                if B and sb // B != per:
+                    raise ValueError(f"redundant tensor {k} has {sb // B} bytes per slot, its expert tensor "
+                                     f"{per} bytes per expert")
+                home_kinds.append((hp, per))
+                slot_kinds.append((sp, per))
+        except (ValueError, TypeError) as e:
+            problem = f"{what}: {e}"
+        code = "invalid_argument" if problem else ""
+        self._b.lb(reduce, slot_kinds, home_kinds, L, B, flat, problem, code)
+
+
+
+def _lb_rows(t, name):
+    shape = tuple(t.shape)
+    if not shape:
+        raise ValueError(f"{name} must have a leading expert dimension, got a scalar")
+    return shape[0]
+
+
+def _lb_memory(t, name, float32, writes):
+    """(address, bytes, leading count) of a C-contiguous CPU tensor or array."""
+    if cv.is_torch(t):
+        import torch
+        if t.device.type != "cpu":
+            raise ValueError(f"{name} must be on the CPU, got {t.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be C-contiguous")
+        if float32 and t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+        return t.data_ptr(), t.numel() * t.element_size(), _lb_rows(t, name)
+    if isinstance(t, np.ndarray):
+        if not t.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+        if writes and not t.flags.writeable:
+            raise ValueError(f"{name} is written by this call but is read-only")
+        if float32 and t.dtype != np.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+        return t.ctypes.data, t.nbytes, _lb_rows(t, name)
+    raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(t).__name__}")

@@ -31,6 +31,7 @@
 #include "epx/connect.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
+#include "epx/lb.hpp"
 #include "tensors.hpp"
 
 namespace epx::py {
@@ -340,6 +341,36 @@ class PyBuffer {
     return start(std::move(run), std::move(keep), flavor_of(flavor), background);
   }
 
+  /// lb_prefetch_weights (reduce = false) / lb_reduce_grads (reduce = true), epx/lb.hpp:
+  /// `slots` and `homes` are one (address, bytes per expert) per weight kind, their memory
+  /// kept alive by the caller for the call; `mapping` [P, B] row-major. A problem the Python
+  /// layer found (`py_problem`) still fails the collective on every rank: this rank runs it
+  /// with an invalid placement (the others fail naming it) and raises the problem.
+  void lb(bool reduce, const std::vector<std::pair<std::uintptr_t, std::size_t>>& slots,
+          const std::vector<std::pair<std::uintptr_t, std::size_t>>& homes, int home_experts, int num_slots,
+          const std::vector<std::int64_t>& mapping, const std::string& py_problem, const std::string& py_code) {
+    Buffer& b = live();
+    finish_previous();
+    auto kinds = [](const std::vector<std::pair<std::uintptr_t, std::size_t>>& v) {
+      std::vector<ExpertTensors> out;
+      for (const auto& [address, bytes] : v) out.push_back({reinterpret_cast<void*>(address), bytes});
+      return out;
+    };
+    const auto s = kinds(slots), h = kinds(homes);
+    auto run = [&](const LbPlacement& pl) {
+      if (reduce) reduce_grads(b, s, h, pl);
+      else prefetch_weights(b, s, h, pl);
+    };
+    if (!py_problem.empty()) fail_collectively([&] { run(LbPlacement{}); }, py_problem, code_of(py_code));
+    try {
+      pyb::gil_scoped_release nogil;
+      run(LbPlacement{home_experts, num_slots, mapping});
+    } catch (const Error&) {
+      interrupt_->rethrow_if_interrupted();
+      throw;
+    }
+  }
+
  private:
   Buffer& live() {
     if (!buffer_) throw Error(ErrorCode::kBadHandle, "this EPBuffer was destroyed (destroy() was called)");
@@ -516,6 +547,8 @@ PYBIND11_MODULE(_epx, m) {
            pyb::arg("topk_weights"), pyb::arg("handle"), pyb::arg("expanded"), pyb::arg("alignment"), pyb::arg("worst"),
            pyb::arg("deterministic"), pyb::arg("zero_padding"), pyb::arg("flavor"), pyb::arg("background"),
            pyb::arg("problem") = "", pyb::arg("problem_code") = "")
+      .def("lb", &PyBuffer::lb, pyb::arg("reduce"), pyb::arg("slots"), pyb::arg("homes"), pyb::arg("home_experts"),
+           pyb::arg("num_slots"), pyb::arg("mapping"), pyb::arg("problem") = "", pyb::arg("problem_code") = "")
       .def("combine", &PyBuffer::combine, pyb::arg("y"), pyb::arg("handle"), pyb::arg("bias0"), pyb::arg("bias1"),
            pyb::arg("weighted"), pyb::arg("flavor"), pyb::arg("background"), pyb::arg("problem") = "",
            pyb::arg("problem_code") = "");

@@ -5,3 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
 sys.path.insert(0, os.path.dirname(__file__))
+# This checkout's build first: the epx.pth in Debian's site directory names the last checkout built.
+_build = os.path.join(os.path.dirname(__file__), "..", "..", "build", "python")
+if os.path.isdir(os.path.join(_build, "epx")):
+    sys.path.insert(0, os.path.abspath(_build))
