@@ -1,13 +1,19 @@
 #include "bench_eplb.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <tuple>
 
 #include "epx/eplb.hpp"
 #include "epx/lb.hpp"
+#include "bench_dataplane.hpp"
+#include "bench_runner.hpp"
+#include "epx/buffer.hpp"
 #include "epx/error.hpp"
+#include "epx/spi/resources.hpp"
 
 namespace epx::tools {
 
@@ -225,10 +231,100 @@ void print_eplb_report(std::FILE* f, const EplbReport& e) {
   std::fprintf(f, "  %-28s busiest rank %lld -> %lld (t, k) rows: %lld rows off it, %.1f per replica moved\n", "compute balanced",
                static_cast<long long>(max_without), static_cast<long long>(max_with), static_cast<long long>(off),
                e.replicas_used > 0 ? static_cast<double>(off) / e.replicas_used : 0.0);
+  if (!e.prefetch_us.empty()) {
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double moved = static_cast<double>(e.expert_bytes) * e.replicas_used;
+    const double pf = median(e.prefetch_us), rd = median(e.reduce_us);
+    std::fprintf(f, "  %-28s prefetch_weights %.3f ms (%d replicas x %s = %s, %.2f GB/s), reduce_grads (float32) %.3f ms,\n"
+                    "  %-28s median of %zu; bytes and sums checked on every rank (--eplb-expert-bytes)\n",
+                 "weights moved, timed", pf / 1e3, e.replicas_used, detail::format_bytes(e.expert_bytes).c_str(),
+                 detail::format_bytes(static_cast<std::uint64_t>(moved)).c_str(), pf > 0 ? moved / pf / 1e3 : 0.0, rd / 1e3, "",
+                 e.prefetch_us.size());
+  }
   std::fprintf(f, "  %-28s one replica = 6 H I bytes (bf16 SwiGLU expert, I = its intermediate size) = the bytes of 3 I\n"
                   "  %-28s dispatch rows; it pays when rows-off-per-replica > FLOP/s / link bytes/s (e.g. 990 TFLOP/s over\n"
                   "  %-28s 50 GB/s: 19800; over 450 GB/s: 2200 -- datasheet examples, not measured) or when prefetch is hidden\n",
                "weights vs rows", "", "");
+}
+
+void time_lb_transfers(const BenchOptions& o, const BenchProblem& p, const LaunchOptions& launch_options, int iters,
+                       const std::string& scratch_dir, EplbReport& e) {
+  e.expert_bytes = parse_byte_size(o.eplb_expert_bytes);
+  if (!e.dynamic || e.expert_bytes == 0 || iters < 1) return;
+  const int P = e.ranks, L = e.logical_experts / P, B = e.slots_per_rank;
+  const std::size_t n = e.expert_bytes;
+  // Home weights and slots, and their float32 gradients, on every rank.
+  detail::check_memory_fits("epx bench --eplb-expert-bytes: ", "the expert weights and gradients",
+                            detail::mul_sat(n, 2 * static_cast<std::uint64_t>(L + B)), P, false);
+  const LbPlacement pl{L, B, e.mapping};
+  const std::string times_path = scratch_dir + "/lb_times.bin";
+  launch(launch_options, [&](Transport& t) {
+    BufferConfig cfg;
+    cfg.num_experts = p.experts;
+    cfg.hidden = p.hidden;
+    cfg.num_topk = p.topk;
+    cfg.max_tokens_per_rank = p.max_tokens;
+    cfg.num_workers = o.workers;
+    cfg.dataplane = o.dataplane;
+    cfg.ring_rows = o.ring_rows;
+    Buffer buf(t, cfg);
+    const int r = t.rank();
+    const auto byte_of = [](std::int64_t expert) { return static_cast<std::uint8_t>(expert % 251 + 1); };
+    std::vector<std::uint8_t> home(n * static_cast<std::size_t>(L)), slots(n * static_cast<std::size_t>(B));
+    for (int j = 0; j < L; ++j) std::memset(home.data() + n * static_cast<std::size_t>(j), byte_of(r * L + j), n);
+    std::vector<float> grad_home(n / 4 * static_cast<std::size_t>(L)), grad_slots(n / 4 * static_cast<std::size_t>(B), 1.0f);
+    std::vector<double> prefetch, reduce;
+    for (int it = 0; it <= iters; ++it) {  // the first pair warms the Buffer and the pages
+      std::fill(slots.begin(), slots.end(), std::uint8_t{0});
+      std::fill(grad_home.begin(), grad_home.end(), 0.0f);
+      t.barrier("bench: lb prefetch");
+      const double t0 = bench_now_us();
+      prefetch_weights(buf, {{slots.data(), n}}, {{home.data(), n}}, pl);
+      t.barrier("bench: lb prefetch done");
+      const double t1 = bench_now_us();
+      reduce_grads(buf, {{grad_slots.data(), n}}, {{grad_home.data(), n}}, pl);
+      t.barrier("bench: lb reduce done");
+      const double t2 = bench_now_us();
+      if (it > 0) prefetch.push_back(t1 - t0), reduce.push_back(t2 - t1);
+    }
+    // What moved: every used slot holds its expert's bytes; every home gradient is the count
+    // of its replicas (each replica's gradient is all 1.0f).
+    for (int b = 0; b < B; ++b) {
+      const std::int64_t ex = pl.mapping[static_cast<std::size_t>(r * B + b)];
+      const std::uint8_t* s = slots.data() + n * static_cast<std::size_t>(b);
+      if (ex >= 0 && std::any_of(s, s + n, [&](std::uint8_t v) { return v != byte_of(ex); }))
+        throw Error(ErrorCode::kInternal, "epx bench: rank " + std::to_string(r) + ": slot " + std::to_string(b) +
+                                              " does not hold expert " + std::to_string(ex) + "'s weights after prefetch");
+    }
+    for (int j = 0; j < L; ++j) {
+      const auto c = static_cast<float>(std::count(pl.mapping.begin(), pl.mapping.end(), r * L + j));
+      const float* g = grad_home.data() + n / 4 * static_cast<std::size_t>(j);
+      if (std::any_of(g, g + n / 4, [&](float v) { return v != c; }))
+        throw Error(ErrorCode::kInternal, "epx bench: rank " + std::to_string(r) + ": expert " + std::to_string(r * L + j) +
+                                              "'s gradient is not the sum of its " + std::to_string(static_cast<int>(c)) +
+                                              " replicas' after reduce_grads");
+    }
+    if (r == 0) {
+      std::ofstream f(times_path, std::ios::binary | std::ios::trunc);
+      const std::uint64_t k = prefetch.size();
+      f.write(reinterpret_cast<const char*>(&k), sizeof k);
+      f.write(reinterpret_cast<const char*>(prefetch.data()), static_cast<std::streamsize>(k * sizeof(double)));
+      f.write(reinterpret_cast<const char*>(reduce.data()), static_cast<std::streamsize>(k * sizeof(double)));
+      if (!f.flush()) throw Error(ErrorCode::kIo, "epx bench: cannot write " + times_path);
+    }
+  });
+  std::ifstream f(times_path, std::ios::binary);
+  std::uint64_t k = 0;
+  f.read(reinterpret_cast<char*>(&k), sizeof k);
+  if (!f || k != static_cast<std::uint64_t>(iters)) throw Error(ErrorCode::kIo, "epx bench: cannot read " + times_path);
+  e.prefetch_us.resize(k);
+  e.reduce_us.resize(k);
+  f.read(reinterpret_cast<char*>(e.prefetch_us.data()), static_cast<std::streamsize>(k * sizeof(double)));
+  f.read(reinterpret_cast<char*>(e.reduce_us.data()), static_cast<std::streamsize>(k * sizeof(double)));
+  if (!f) throw Error(ErrorCode::kIo, "epx bench: cannot read " + times_path);
 }
 
 nlohmann::ordered_json eplb_json(const EplbReport& e) {
@@ -266,7 +362,9 @@ nlohmann::ordered_json eplb_json(const EplbReport& e) {
   j["with"] = side_json(e.with);
   j["with"]["measured_slowest_rank"] = e.measured_slowest_rank;
   if (e.dynamic) {
-    j["dynamic"] = {{"slots_per_rank", e.slots_per_rank}, {"replicas_used", e.replicas_used}, {"mapping", e.mapping}};
+    j["dynamic"] = {{"slots_per_rank", e.slots_per_rank}, {"replicas_used", e.replicas_used}, {"mapping", e.mapping},
+                    {"expert_bytes", e.expert_bytes}, {"weight_bytes_moved", e.expert_bytes * static_cast<std::uint64_t>(e.replicas_used)},
+                    {"prefetch_us", e.prefetch_us}, {"reduce_us", e.reduce_us}};
   }
   j["rows_imbalance_ratio"] = e.without.rows_imbalance > 0 ? e.with.rows_imbalance / e.without.rows_imbalance : 0.0;
   return j;

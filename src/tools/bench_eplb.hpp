@@ -11,6 +11,7 @@
 
 #include "bench_options.hpp"
 #include "bench_routing.hpp"
+#include "epx/launch.hpp"
 
 namespace epx::tools {
 
@@ -44,6 +45,10 @@ struct EplbReport {
   int slots_per_rank = 0;            ///< B = (R - E) / P
   int replicas_used = 0;             ///< slots the planner filled (<= P * B): expert weights moved by prefetch
   std::vector<std::int64_t> mapping; ///< [P, B] logical expert of each slot, -1 unused
+  /// The weights the plan moves, timed (time_lb_transfers; empty when not timed):
+  std::uint64_t expert_bytes = 0;    ///< --eplb-expert-bytes
+  std::vector<double> prefetch_us;   ///< per iteration: barrier to barrier around prefetch_weights
+  std::vector<double> reduce_us;     ///< the same around reduce_grads (float32 gradients of expert_bytes)
 };
 
 /// --eplb: plans R replicas (--eplb-choice dynamic: plan_dynamic_replicas from the batch's own
@@ -53,6 +58,15 @@ struct EplbReport {
 /// expert it came from and counts both routings. Throws epx::Error(kInvalidArgument) for
 /// --eplb-* values that do not fit the shape, kInternal if the mapping check fails.
 EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p);
+
+/// --eplb-choice dynamic with --eplb-expert-bytes > 0: on P fresh ranks of `launch` (a
+/// Buffer of the run's shape), times prefetch_weights of one weight tensor of expert_bytes
+/// per expert into e.mapping's slots, then reduce_grads of float32 gradients of the same
+/// size back, `iters` times each (after one untimed pair), into e.prefetch_us / e.reduce_us.
+/// The moved bytes are checked (every slot holds its expert's weights) and the reduced
+/// gradient against the count of replicas (all gradients 1.0f). Collective inside.
+void time_lb_transfers(const BenchOptions& o, const BenchProblem& p, const LaunchOptions& launch, int iters,
+                       const std::string& scratch_dir, EplbReport& e);
 
 /// The EPLB section of the text report.
 void print_eplb_report(std::FILE* f, const EplbReport& e);

@@ -183,6 +183,10 @@ void validate_options(const BenchOptions& o) {
     if (o.eplb_servers_of != 0) bad("--eplb-servers-of needs --eplb");
     return;
   }
+  if (o.eplb_expert_bytes != "1M" && eplb_choice_name(o) != "dynamic")
+    bad("--eplb-expert-bytes only applies to --eplb-choice dynamic");
+  if (parse_byte_size(o.eplb_expert_bytes) % 4 != 0)
+    bad("--eplb-expert-bytes must be a multiple of 4 (the gradients are float32), got " + o.eplb_expert_bytes);
   if (o.eplb_replicas < 0) bad("--eplb-replicas must be >= 0 (0 = default), got " + std::to_string(o.eplb_replicas));
   const std::string choice = eplb_choice_name(o);
   if (choice != "spread" && choice != "rank" && choice != "server" && choice != "dynamic")
@@ -259,6 +263,10 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
                   "token's own rank if any) | server (one on the token's own server if any) | dynamic (replicas chosen from "
                   "this batch's counts by plan_dynamic_replicas, (R - E) / P slots per rank, exact shares)")
       ->type_name("CHOICE");
+  sub->add_option("--eplb-expert-bytes", o.eplb_expert_bytes,
+                  "--eplb-choice dynamic: bytes of one expert's weights (K/M/G); the bench times prefetch_weights of the "
+                  "planned replicas and reduce_grads of their float32 gradients of that size (0 = not timed)")
+      ->capture_default_str();
   sub->add_option("--eplb-servers-of", o.eplb_servers_of, "ranks per server for --eplb-choice server (divides P; default 1)")
       ->type_name("N");
   add_dataplane_options(sub, o.dataplane);

@@ -49,6 +49,9 @@ struct BenchOptions {
   int eplb_replicas = 0;        ///< R physical experts; 0 = default_eplb_replicas(E, P)
   std::string eplb_choice;      ///< "" (= spread) | spread | rank | server
   int eplb_servers_of = 0;      ///< ranks per server for --eplb-choice server; 0 = default 1
+  /// --eplb-choice dynamic: bytes of one expert's weights, for timing prefetch_weights and
+  /// reduce_grads of the planned replicas (K/M/G suffixes); "0" skips the timing.
+  std::string eplb_expert_bytes = "1M";
   // Data plane: BufferConfig::dataplane of every rank (--topology, --schedule, ...).
   DataPlaneOptions dataplane;
   // --sweep KEY=V1,V2,...: one run per combination of the values (bench_sweep.hpp).

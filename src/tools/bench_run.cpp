@@ -62,6 +62,7 @@ BenchMeasurement measure_bench(const BenchOptions& o) {
   lo.transport = parse_transport_kind(o.transport);
   lo.timeout = checked_timeout(o.timeout_ms);
   launch(lo, [&](Transport& t) { run_bench_rank(t, problem, count, o, tmp.path()); });
+  if (eplb.dynamic) time_lb_transfers(o, problem, lo, std::max(1, std::min(o.iters, 5)), tmp.path().string(), eplb);
 
   std::vector<BenchRankRecord> records;
   for (int r = 0; r < problem.ranks; ++r) records.push_back(read_bench_record(bench_record_path(tmp.path(), r)));

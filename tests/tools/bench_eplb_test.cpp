@@ -209,6 +209,13 @@ TEST_F(BenchEplb, DynamicReplicasFromTheBatchBalanceTheSlots) {
   EXPECT_EQ(sum(e["with"]["recv_slots_per_rank"]), sum(e["without"]["recv_slots_per_rank"]));
   EXPECT_LT(e["with"]["slots_imbalance"].get<double>(), e["without"]["slots_imbalance"].get<double>());
   EXPECT_EQ(e["with"]["recv_slots_per_rank"], e["with"]["planned_gpu_load"]);
+  // The weights the plan moves were moved (and checked on every rank) and timed.
+  EXPECT_EQ(e["dynamic"]["expert_bytes"], 1u << 20);
+  EXPECT_EQ(e["dynamic"]["weight_bytes_moved"], static_cast<std::uint64_t>(used) << 20);
+  ASSERT_EQ(e["dynamic"]["prefetch_us"].size(), e["dynamic"]["reduce_us"].size());
+  ASSERT_FALSE(e["dynamic"]["prefetch_us"].empty());
+  for (const auto& v : e["dynamic"]["prefetch_us"]) EXPECT_GT(v.get<double>(), 0.0);
+  for (const auto& v : e["dynamic"]["reduce_us"]) EXPECT_GT(v.get<double>(), 0.0);
 }
 
 TEST_F(BenchEplb, WithoutEplbThereIsNoEplbObject) {
