@@ -262,15 +262,7 @@ void time_lb_transfers(const BenchOptions& o, const BenchProblem& p, const Launc
   const LbPlacement pl{L, B, e.mapping};
   const std::string times_path = scratch_dir + "/lb_times.bin";
   launch(launch_options, [&](Transport& t) {
-    BufferConfig cfg;
-    cfg.num_experts = p.experts;
-    cfg.hidden = p.hidden;
-    cfg.num_topk = p.topk;
-    cfg.max_tokens_per_rank = p.max_tokens;
-    cfg.num_workers = o.workers;
-    cfg.dataplane = o.dataplane;
-    cfg.ring_rows = o.ring_rows;
-    Buffer buf(t, cfg);
+    Buffer buf(t, bench_buffer_config(o, p));
     const int r = t.rank();
     const auto byte_of = [](std::int64_t expert) { return static_cast<std::uint8_t>(expert % 251 + 1); };
     std::vector<std::uint8_t> home(n * static_cast<std::size_t>(L)), slots(n * static_cast<std::size_t>(B));

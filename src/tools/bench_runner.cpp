@@ -118,14 +118,7 @@ struct MemcpyRef {
 
 }  // namespace
 
-void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, const BenchOptions& o,
-                    const fs::path& record_dir) {
-  const int r = t.rank();
-  const BenchRankInput& in = p.rank[static_cast<std::size_t>(r)];
-  const bool want_hash = o.baseline == "mpi" && !p.fp8;
-
-  BenchRankRecord rec;
-  rec.rank = r;
+BufferConfig bench_buffer_config(const BenchOptions& o, const BenchProblem& p) {
   BufferConfig cfg;
   cfg.num_experts = p.experts;
   cfg.hidden = p.hidden;
@@ -134,6 +127,18 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
   cfg.num_workers = o.workers;
   cfg.dataplane = o.dataplane;
   cfg.ring_rows = o.ring_rows;
+  return cfg;
+}
+
+void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, const BenchOptions& o,
+                    const fs::path& record_dir) {
+  const int r = t.rank();
+  const BenchRankInput& in = p.rank[static_cast<std::size_t>(r)];
+  const bool want_hash = o.baseline == "mpi" && !p.fp8;
+
+  BenchRankRecord rec;
+  rec.rank = r;
+  const BufferConfig cfg = bench_buffer_config(o, p);
 
   DispatchArgs fresh;
   fresh.x = in.x.view();

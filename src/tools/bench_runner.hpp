@@ -9,6 +9,7 @@
 
 #include "bench_options.hpp"
 #include "bench_routing.hpp"
+#include "epx/config.hpp"
 #include "epx/stats.hpp"
 #include "epx/transport.hpp"
 
@@ -40,6 +41,9 @@ struct BenchRankRecord {
 
 /// Microseconds of CLOCK_MONOTONIC.
 double bench_now_us() noexcept;
+
+/// The Buffer of a bench run: the problem's shape with the options' data plane, workers and ring.
+BufferConfig bench_buffer_config(const BenchOptions& o, const BenchProblem& p);
 
 /// FNV-1a 64 of `n` bytes (what epx_mpi_baseline hashes its outputs with).
 std::uint64_t fnv1a64(const void* data, std::size_t n) noexcept;
