@@ -122,7 +122,7 @@ Topology parse_topology_json(const std::string& text, const std::string& where) 
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number no double holds (1E99999)
     fail(where, std::string("malformed JSON: ") + e.what());
   }
   if (!doc.is_object()) fail(where, "expected a JSON object {\"name\": ..., \"ranks\": [...]}");
