@@ -99,6 +99,7 @@ case "$cmd" in
     # (copied: the run's finds stay out of the tree). Any crash, sanitizer report, leak, hang
     # (-timeout, seconds per input) or excess memory (-rss_limit_mb) fails the run; the final
     # stats (executions, cov: edges, ft: features) go to build-fuzz/fuzz_stats.txt.
+    # A fixed seed (EPX_FUZZ_SEED, default 1): CI explores the same inputs in the same order as the run that landed.
     secs=${EPX_FUZZ_SECONDS:-20}
     : > build-fuzz/fuzz_stats.txt
     # EPX_FUZZ_TARGETS="..." picks the targets (fuzz_replay found a null-pointer offset in the
@@ -107,7 +108,7 @@ case "$cmd" in
       work=$(mktemp -d); cp -r "fuzz/corpus/$t/." "$work/"
       echo "fuzz: $t for ${secs} s" >&2
       ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-        timeout $((secs + 60)) "./build-fuzz/fuzz/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+        timeout $((secs + 60)) "./build-fuzz/fuzz/$t" -max_total_time="$secs" -seed="${EPX_FUZZ_SEED:-1}" -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix=build-fuzz/"$t"- "$work" > "build-fuzz/$t.log" 2>&1 \
         || { tail -40 "build-fuzz/$t.log" >&2; rm -rf "$work"; echo "fuzz: $t FAILED (artifact in build-fuzz/)" >&2; exit 1; }
       rm -rf "$work"
