@@ -25,6 +25,10 @@ std::size_t dtype_size(DType t) noexcept;
 /// Name of `t`, e.g. "bf16", "fp8_e4m3", "float32".
 const char* to_string(DType t) noexcept;
 
+/// NumPy's type string of `t` (SPEC §7: bf16 as "<u2" raw bits, FP8 and bool as "|u1",
+/// "<f4", "<i4", "<i8"): the .npy header's descr and __array_interface__'s typestr.
+const char* numpy_typestr(DType t) noexcept;
+
 /// f32(b): widens a bf16 exactly.
 inline float bf16_to_f32(std::uint16_t b) noexcept {
   std::uint32_t u = static_cast<std::uint32_t>(b) << 16;

@@ -81,18 +81,6 @@ DLDataType from_typestr(const std::string& t) {
   return {0, 0, 0};
 }
 
-const char* typestr_of(DType d) {
-  switch (d) {
-    case DType::kBF16: return "<u2";
-    case DType::kFP8E4M3: return "|u1";
-    case DType::kF32: return "<f4";
-    case DType::kI32: return "<i4";
-    case DType::kI64: return "<i8";
-    case DType::kBool: return "|u1";
-  }
-  return "|u1";
-}
-
 std::byte g_empty_storage[64];  // where a zero-element output points
 
 }  // namespace
@@ -234,7 +222,7 @@ pyb::dict Exported::array_interface() {
   void* data = tensor_->data() != nullptr ? tensor_->data() : g_empty_storage;
   pyb::dict d;
   d["shape"] = shape;
-  d["typestr"] = typestr_of(tensor_->dtype());
+  d["typestr"] = numpy_typestr(tensor_->dtype());
   d["data"] = pyb::make_tuple(reinterpret_cast<std::uintptr_t>(data), false);
   d["strides"] = pyb::none();
   d["version"] = 3;

@@ -81,4 +81,16 @@ std::uint8_t f32_to_e4m3(float f) noexcept {
   return sign | static_cast<std::uint8_t>((biased << 3) | static_cast<int>(man));
 }
 
+const char* numpy_typestr(DType t) noexcept {
+  switch (t) {
+    case DType::kBF16: return "<u2";
+    case DType::kFP8E4M3: return "|u1";
+    case DType::kF32: return "<f4";
+    case DType::kI32: return "<i4";
+    case DType::kI64: return "<i8";
+    case DType::kBool: return "|u1";
+  }
+  return "|u1";
+}
+
 }  // namespace epx

@@ -29,23 +29,9 @@ TensorView view_npy(const NpyArray& a, const std::string& what, DType byte_dtype
   return TensorView(a.data.data(), t, s);
 }
 
-namespace {
-const char* descr_of(DType t) {
-  switch (t) {
-    case DType::kBF16: return "<u2";
-    case DType::kFP8E4M3: return "|u1";
-    case DType::kF32: return "<f4";
-    case DType::kI32: return "<i4";
-    case DType::kI64: return "<i8";
-    case DType::kBool: return "|u1";
-  }
-  return "|u1";
-}
-}  // namespace
-
 void write_tensor(const std::filesystem::path& path, const Tensor& t) {
   std::vector<std::int64_t> shape(t.shape().dims.begin(), t.shape().dims.begin() + t.shape().ndim);
-  write_npy(path, descr_of(t.dtype()), shape, t.data(), t.nbytes());
+  write_npy(path, numpy_typestr(t.dtype()), shape, t.data(), t.nbytes());
 }
 
 void write_i64(const std::filesystem::path& path, const std::vector<std::int64_t>& v) {

@@ -18,15 +18,6 @@ namespace {
 int g_pipe_write = -1;  // this process's end; -1 until the janitor runs
 pid_t g_owner = 0;      // the process that started it (a forked child must not write)
 
-void unlink_prefix(const std::string& prefix) {
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return;
-  std::vector<std::string> names;
-  while (dirent* e = readdir(dir))
-    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.emplace_back(e->d_name);
-  closedir(dir);
-  for (const std::string& n : names) shm_unlink(("/" + n).c_str());
-}
 
 [[noreturn]] void janitor_main(int read_fd) {
   signal(SIGINT, SIG_IGN);
@@ -62,7 +53,7 @@ void unlink_prefix(const std::string& prefix) {
       std::error_code ec;
       std::filesystem::remove_all(line.substr(1), ec);
     } else if (line[0] == 'S') {
-      unlink_prefix(line.substr(1));
+      unlink_segments(line.substr(1));
     }
   }
   _exit(0);
@@ -113,6 +104,16 @@ void janitor_after_fork_in_child() noexcept {
     close(g_pipe_write);
     g_pipe_write = -1;
   }
+}
+
+void unlink_segments(const std::string& prefix) noexcept {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  std::vector<std::string> names;
+  while (dirent* e = readdir(dir))
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.emplace_back(e->d_name);
+  closedir(dir);
+  for (const std::string& n : names) shm_unlink(("/" + n).c_str());
 }
 
 }  // namespace epx::detail

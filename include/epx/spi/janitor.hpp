@@ -20,6 +20,9 @@ void remove_at_exit(const std::string& path);
 /// Unlinks every /dev/shm segment whose name starts with `prefix` (no '/') at exit.
 void unlink_segments_at_exit(const std::string& prefix);
 
+/// Unlinks every /dev/shm segment whose name starts with `prefix` (no '/') now.
+void unlink_segments(const std::string& prefix) noexcept;
+
 /// In a freshly forked child (a rank): closes this process's end of the janitor's pipe so
 /// that the janitor only waits for the process that registered with it. Async-signal-safe.
 void janitor_after_fork_in_child() noexcept;

@@ -1,6 +1,5 @@
 #include "shm/shm_transport.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,6 +9,7 @@
 #include <cstring>
 
 #include "epx/error.hpp"
+#include "epx/spi/janitor.hpp"
 #include "epx/spi/resources.hpp"
 
 namespace epx::detail {
@@ -97,15 +97,6 @@ void ShmTransport::map_segments(std::size_t window_bytes, std::size_t num_signal
   set_segments(mapped_, window_bytes, num_signals);
 }
 
-void ShmTransport::unlink_leftovers(std::uint64_t job_id) noexcept {
-  const std::string prefix = segment_prefix(job_id);
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return;
-  std::vector<std::string> names;
-  while (dirent* e = readdir(dir))
-    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.emplace_back(e->d_name);
-  closedir(dir);
-  for (const std::string& n : names) shm_unlink(("/" + n).c_str());
-}
+void ShmTransport::unlink_leftovers(std::uint64_t job_id) noexcept { unlink_segments(segment_prefix(job_id)); }
 
 }  // namespace epx::detail
