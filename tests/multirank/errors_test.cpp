@@ -340,18 +340,20 @@ TEST(Errors, PeerDeathFailsEveryRankAndLeavesNoSegment) {
   }
 }
 
-// A rank that stops answering: the others time out naming it and the phase.
+// A rank that stops answering: the others time out naming it and the phase. The silent
+// rank stays away far longer than the timeout (4 s against 600 ms), so that on a loaded
+// machine the others still reach their notify wait and time out there before it returns.
 TEST(Errors, SilentPeerTimesOutNamingPeerAndPhase) {
   const ref::Problem p = problem();
   for (TransportKind kind : kTransports) {
     const auto before = epx_segments();
-    LaunchOptions lo{kRanks, kind, std::chrono::milliseconds(300)};
+    LaunchOptions lo{kRanks, kind, std::chrono::milliseconds(600)};
     std::vector<std::string> messages;
     try {
       launch(lo, [&](Transport& t) {
         Buffer b(t, config_for(p));
         if (t.rank() == 2) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          std::this_thread::sleep_for(std::chrono::milliseconds(4000));
           return;
         }
         try {
