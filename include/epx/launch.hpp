@@ -3,9 +3,8 @@
 //   epx::launch({.num_ranks = 8}, [](epx::Transport& t) { ... this runs on every rank ... });
 //
 // `threads`: ranks are threads of this process (fast tests, ThreadSanitizer).
-// `sim`: like `threads`, and every transport operation is recorded for the discrete-event
-// model of `epx sim` (epx/sim/trace.hpp); LaunchOptions::sim picks copy or model-only mode
-// and where the records go.
+// `sim`: like `threads`, on the simulator's transport (copy mode, nothing kept); the
+// recording options of `epx sim` (model-only mode, the trace) are in epx/sim/launch.hpp.
 // `shm` (default): ranks are P forked processes; each rank's window is a POSIX
 // shared-memory segment (mode 0600, per-job unique name, unlinked as soon as every rank
 // mapped it). launch() is called by one thread of a single-threaded process; it returns
@@ -28,7 +27,6 @@
 #include <string>
 #include <string_view>
 
-#include "epx/sim/trace.hpp"
 #include "epx/transport.hpp"
 
 namespace epx {
@@ -57,7 +55,6 @@ struct LaunchOptions {
   int num_ranks = 1;                             ///< 1 <= P <= max_ranks(transport)
   TransportKind transport = TransportKind::kShm;
   std::chrono::milliseconds timeout{60000};      ///< every wait of every rank (checked_timeout's rule)
-  sim::SimTransportOptions sim{};                ///< kSim only: mode and trace sink
 };
 
 /// The function every rank runs. It may throw: the exception becomes the launch's error

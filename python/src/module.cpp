@@ -31,6 +31,7 @@
 #include "epx/connect.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
+#include "epx/sim/launch.hpp"
 #include "epx/lb.hpp"
 #include "tensors.hpp"
 
@@ -491,10 +492,11 @@ std::size_t size_hint(int num_ranks, const BufferConfig& c) {
   LaunchOptions o;
   o.num_ranks = num_ranks;
   o.transport = TransportKind::kSim;
-  o.sim.model_only = true;
+  sim::SimTransportOptions so;
+  so.model_only = true;
   {
     pyb::gil_scoped_release nogil;
-    launch(o, [&](Transport& t) {
+    sim::launch(o, so, [&](Transport& t) {
       Buffer b(t, c);
       if (t.rank() == 0) bytes = t.window_bytes();
     });

@@ -15,6 +15,7 @@
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
+#include "epx/sim/launch.hpp"
 #include "epx/sim/model_transport.hpp"
 
 namespace epx::tools {
@@ -144,8 +145,9 @@ bool engine_supports_model_only() {
     LaunchOptions lo;
     lo.num_ranks = 1;
     lo.transport = TransportKind::kSim;
-    lo.sim.model_only = true;
-    launch(lo, [&](Transport& t) {
+    sim::SimTransportOptions so;
+    so.model_only = true;
+    sim::launch(lo, so, [&](Transport& t) {
       BufferConfig c;
       c.num_experts = 2;
       c.hidden = 128;
@@ -231,8 +233,9 @@ SimRun collect_run(const SimOptions& o, int ep) {
   lo.num_ranks = ep;
   lo.transport = TransportKind::kSim;
   lo.timeout = std::chrono::milliseconds(600000);
-  lo.sim.model_only = run.model_only;
-  lo.sim.trace = &run.trace;
+  sim::SimTransportOptions so;
+  so.model_only = run.model_only;
+  so.trace = &run.trace;
   if (o.collect_stats) {
     run.dispatch_counters.resize(static_cast<std::size_t>(ep));
     run.combine_counters.resize(static_cast<std::size_t>(ep));
@@ -248,7 +251,7 @@ SimRun collect_run(const SimOptions& o, int ep) {
     }
     return c;
   };
-  launch(lo, [&](Transport& t) {
+  sim::launch(lo, so, [&](Transport& t) {
     const int r = t.rank();
     const auto ur = static_cast<std::size_t>(r);
     const BenchRankInput& in = problem.rank[static_cast<std::size_t>(r)];

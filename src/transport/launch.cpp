@@ -1,6 +1,7 @@
 // The launcher: P ranks as threads or as forked processes, failures collected in the
 // control block, leftovers cleaned.
 #include "epx/launch.hpp"
+#include "epx/sim/launch.hpp"
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -122,7 +123,7 @@ void launch_threads(const LaunchOptions& opt, const RankFn& fn) {
   throw_if_failed(control);
 }
 
-void launch_sim(const LaunchOptions& opt, const RankFn& fn) {
+void launch_sim(const LaunchOptions& opt, const sim::SimTransportOptions& so, const RankFn& fn) {
   const std::size_t bytes = ControlBlock::bytes_for(opt.num_ranks);
   std::unique_ptr<std::byte[]> memory(new std::byte[bytes]);
   ControlBlock* control = ControlBlock::create(memory.get(), opt.num_ranks, new_job_id());
@@ -133,9 +134,9 @@ void launch_sim(const LaunchOptions& opt, const RankFn& fn) {
   threads.reserve(static_cast<std::size_t>(opt.num_ranks));
   for (int r = 0; r < opt.num_ranks; ++r) {
     threads.emplace_back([&, r] {
-      detail::SimTransport transport(control, r, opt.timeout, &shared, opt.sim);
+      detail::SimTransport transport(control, r, opt.timeout, &shared, so);
       run_rank(control, r, transport, fn);
-      if (opt.sim.trace != nullptr) {
+      if (so.trace != nullptr) {
         traces[static_cast<std::size_t>(r)] = transport.take_trace();
         calls[static_cast<std::size_t>(r)] = transport.call_names();
       }
@@ -144,10 +145,10 @@ void launch_sim(const LaunchOptions& opt, const RankFn& fn) {
   for (auto& t : threads) t.join();
   detail::SimTransport::free_all(control, shared);
   throw_if_failed(control);
-  if (opt.sim.trace != nullptr) {
-    opt.sim.trace->num_ranks = opt.num_ranks;
-    opt.sim.trace->ranks = std::move(traces);
-    opt.sim.trace->calls = calls.empty() ? std::vector<std::string>{"setup"} : calls[0];
+  if (so.trace != nullptr) {
+    so.trace->num_ranks = opt.num_ranks;
+    so.trace->ranks = std::move(traces);
+    so.trace->calls = calls.empty() ? std::vector<std::string>{"setup"} : calls[0];
   }
 }
 
@@ -303,9 +304,7 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
   munmap(memory, bytes);
 }
 
-}  // namespace
-
-void launch(const LaunchOptions& options, const RankFn& fn) {
+void check_launch_options(const LaunchOptions& options) {
   const int most = max_ranks(options.transport);
   if (options.num_ranks < 1 || options.num_ranks > most)
     throw Error(ErrorCode::kInvalidArgument,
@@ -313,12 +312,25 @@ void launch(const LaunchOptions& options, const RankFn& fn) {
                     "' (at most " + std::to_string(kMaxRanks) + ", and " + std::to_string(kMaxRanksPerCore) +
                     " per online core for processes), got " + std::to_string(options.num_ranks));
   checked_timeout(options.timeout.count(), "launch: timeout");
+}
+
+}  // namespace
+
+void launch(const LaunchOptions& options, const RankFn& fn) {
+  check_launch_options(options);
   if (options.transport == TransportKind::kThreads)
     launch_threads(options, fn);
   else if (options.transport == TransportKind::kSim)
-    launch_sim(options, fn);
+    launch_sim(options, sim::SimTransportOptions{}, fn);
   else
     launch_processes(options, fn);
+}
+
+void sim::launch(const LaunchOptions& options, const SimTransportOptions& sim, const RankFn& fn) {
+  LaunchOptions o = options;
+  o.transport = TransportKind::kSim;
+  check_launch_options(o);
+  launch_sim(o, sim, fn);
 }
 
 }  // namespace epx

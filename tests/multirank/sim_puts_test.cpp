@@ -6,7 +6,9 @@
 #include <mutex>
 
 #include "epx/launch.hpp"
+#include "epx/sim/launch.hpp"
 #include "epx/sim/replay.hpp"
+#include "epx/sim/launch.hpp"
 #include "epx/sim/trace.hpp"
 #include "multirank_support.hpp"
 
@@ -91,8 +93,9 @@ TEST_P(SimPuts, SameAsThreadsPerPeerAndQueue) {
   });
   sim::Trace trace;
   lo.transport = TransportKind::kSim;
-  lo.sim.trace = &trace;
-  launch(lo, [&](Transport& t) { body(t, nullptr); });
+  sim::SimTransportOptions so;
+  so.trace = &trace;
+  sim::launch(lo, so, [&](Transport& t) { body(t, nullptr); });
 
   ASSERT_EQ(trace.calls.size(), 3u);
   for (int call = 0; call < 3; ++call) {

@@ -11,6 +11,7 @@
 #include "epx/launch.hpp"
 #include "epx/schedule.hpp"
 #include "epx/topology.hpp"
+#include "epx/sim/launch.hpp"
 #include "epx/sim/replay.hpp"
 #include "epx/sim/events.hpp"
 #include "epx/sim/hardware.hpp"
@@ -339,9 +340,10 @@ TEST(SimReplay, GoldenSmallEngineRun) {
   LaunchOptions lo;
   lo.num_ranks = 4;
   lo.transport = TransportKind::kSim;
-  lo.sim.model_only = true;
-  lo.sim.trace = &trace;
-  launch(lo, [&](Transport& t) {
+  sim::SimTransportOptions so;
+  so.model_only = true;
+  so.trace = &trace;
+  sim::launch(lo, so, [&](Transport& t) {
     BufferConfig c;
     c.num_experts = 16;
     c.hidden = 7168;
@@ -401,9 +403,10 @@ Times run(const std::function<void(BufferConfig&)>& tweak, const std::string& to
   LaunchOptions lo;
   lo.num_ranks = 4;
   lo.transport = TransportKind::kSim;
-  lo.sim.model_only = true;
-  lo.sim.trace = &trace;
-  launch(lo, [&](Transport& t) {
+  sim::SimTransportOptions so;
+  so.model_only = true;
+  so.trace = &trace;
+  sim::launch(lo, so, [&](Transport& t) {
     BufferConfig c;
     c.num_experts = E;
     c.hidden = H;
