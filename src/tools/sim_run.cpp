@@ -369,6 +369,7 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
         {"sum's memory traffic", [](sim::RankCompute& c) { c.reduction_memory = false; }},
         {"expert pre-sum", [](sim::RankCompute& c) { c.presum_per_payload_byte = 0; }},
         {"expert reads", [](sim::RankCompute& c) { c.read_per_payload_byte = 1; }},
+        {"per-peer release", [](sim::RankCompute& c) { c.peer_release = false; }},
     };
     for (const auto& [name, change] : without) {
       std::vector<sim::RankCompute> compute = run.combine_compute;

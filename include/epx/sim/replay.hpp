@@ -50,6 +50,9 @@ struct RankCompute {
   /// Whether the source's sum moves bytes through the memory (false: vector units only;
   /// attribution of the contention with the incoming writes).
   bool reduction_memory = true;
+  /// Whether the source hands each peer's receive area back after its partials are summed
+  /// (HardwareModel::combine_peer_release per peer, serially; false: attribution).
+  bool peer_release = true;
   /// Payload bytes are multiplied by this (runs at a reduced hidden size: H / H_run).
   double payload_scale = 1.0;
   /// Experiment knob: charged once at the call's end on the rank thread (e.g. a modelled
