@@ -69,7 +69,7 @@ constexpr const char* kAscend950 = R"json({
     "launch_init":            {"value": 1900,  "unit": "ns",    "source": "published: kernel launch + init ~1.9 us"},
     "memory_bandwidth":       {"value": 2645,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18)"},
     "reduce_bandwidth":       {"value": 1201,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18)"},
-    "combine_peer_release":   {"value": 3501,  "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18); one credit round trip from the assumed latencies, 2 x link_latency + poll_latency + signal_issue, is 3150 ns"},
+    "combine_peer_release":   {"value": 501,   "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; issue #18) fitted 3501 ns per peer for bookkeeping + round trip; at EP8/16/32 every peer is in frame 0, so the round trip is 2 x link_latency = 3000 ns and this is the rest"},
     "plan_per_slot":          {"value": 0.05,  "unit": "ns",    "source": "assumption: 64 workers scan S*K slots (~3 ns per slot per worker)"},
     "plan_per_count":         {"value": 0.02,  "unit": "ns",    "source": "assumption: 64 workers, prefix sums over P*(P+E) counts"},
     "dense_scan_per_cell":    {"value": 0.05,  "unit": "ns",    "source": "assumption: 64 workers scan a dense [S,P] bool table"},

@@ -595,25 +595,27 @@ class Replay {
     dst.landed_rows[from] = rows;
   }
 
-  // The source's per-peer completion of a combine (combine_peer_release): a peer's receive
-  // area is handed back once every partial it sent has been summed, one peer after another
-  // (ring bookkeeping + a credit to the peer). Local partials need no hand-back. With the
-  // last sums at the end of the call, this adds (peers - 1) x the cost after the last sum.
+  // The source's per-peer completion of a combine: a peer's receive area is handed back
+  // once every partial it sent has been summed, one peer after another — ring bookkeeping
+  // (combine_peer_release) and a credit to the peer whose acknowledgement comes back before
+  // the next (the round trip to that peer, from the topology). Local partials need no
+  // hand-back. With the last sums at the end of the call, this adds, after the last sum,
+  // the sum over the R-1 remote peers of (bookkeeping + round trip).
   void release_peers(int r) {
     const auto& red = compute_of(r).reduction;
-    if (!red || !compute_of(r).peer_release || hw_.combine_peer_release.ns <= 0) return;
+    if (!red || !compute_of(r).peer_release) return;
     Rank& rk = rank(r);
-    std::vector<Picoseconds> ready;
+    std::vector<std::pair<Picoseconds, int>> ready;  // (its last sum done, peer)
     for (int p = 0; p < P_; ++p) {
       const std::vector<std::int32_t>& tokens = red->from[static_cast<std::size_t>(p)];
       if (p == r || tokens.empty()) continue;
       Picoseconds last{0};
       for (std::int32_t t : tokens) last = max(last, rk.summed[static_cast<std::size_t>(t)]);
-      ready.push_back(last);
+      ready.emplace_back(last, p);
     }
     std::sort(ready.begin(), ready.end());
     Picoseconds done{0};
-    for (Picoseconds t : ready) done = max(done, t) + hw_.combine_peer_release.to_ps();
+    for (const auto& [t, p] : ready) done = max(done, t) + hw_.combine_peer_release.to_ps() + lat(r, p) + lat(p, r);
     rk.reduce_end = max(rk.reduce_end, done);
   }
 

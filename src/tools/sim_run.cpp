@@ -440,7 +440,7 @@ std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareMo
     os << line;
   }
   if (!points.empty() && points.front().combine_split.reduce_tail_us > 0) {
-    os << "combine's sums after the rank's last transport op (us, average over ranks; part of the data plane):";
+    os << "combine's sums and per-peer hand-backs after the rank's last transport op (us, average over ranks; part of the data plane):";
     for (const SimPoint& p : points) {
       std::snprintf(line, sizeof line, " EP%d %.1f", p.ep, p.combine_split.reduce_tail_us);
       os << line;

@@ -289,8 +289,7 @@ Trace two_senders_trace(std::uint64_t kRow) {
 TEST(SimReplay, CombineSumsFollowTheLastPartial) {
   constexpr std::uint64_t kRow = 1 << 20;
   Trace t = two_senders_trace(kRow);
-  HardwareModel hw = load_hardware("ascend950-supernode");
-  hw.set("combine_peer_release", 0, "test: the sums alone (the hand-back has its own test)");
+  const HardwareModel hw = load_hardware("ascend950-supernode");
   const Topology flat = load_topology("builtin:flat", 3);
   const CallTiming plain = replay_call(t, 1, hw, {}, flat);
   auto red = std::make_shared<SourceReduction>();
@@ -299,6 +298,7 @@ TEST(SimReplay, CombineSumsFollowTheLastPartial) {
   red->row_bytes = kRow;
   std::vector<RankCompute> compute(3);
   compute[1].reduction = red;
+  compute[1].peer_release = false;  // the sums alone (the hand-back has its own test)
   const CallTiming summed = replay_call(t, 1, hw, compute, flat);
   const double sum_us = hw.reduce_bandwidth.time_for(Bytes{8 * kRow}).us();
   const double signal_us = (hw.link_latency.ns + hw.poll_latency.ns + hw.quiet_latency.ns) / 1000 + 2 * hw.link_latency.ns / 1000;
@@ -321,13 +321,13 @@ TEST(SimReplay, CombineSumsFollowTheLastPartial) {
   EXPECT_GT(pre.ranks[0].total, plain.ranks[0].total);
 }
 
-// The source's per-peer hand-back (HardwareModel::combine_peer_release): once every partial
-// a peer sent has been summed, its receive area is handed back, one peer after another. On
-// the trace above (4 tokens, each with a partial from ranks 0 and 2) both peers' last sums
-// are the same token's, so rank 1 ends at its last sum + 2 x the cost: its time grows by
-// exactly one cost per remote peer (the closed form x cost of docs/sim.md §3b), by
-// one cost when only one peer sends partials, and not at all at cost 0 or with the
-// mechanism switched off (attribution); the senders never wait for it.
+// The source's per-peer hand-back (RankCompute::peer_release): once every partial a peer
+// sent has been summed, its receive area is handed back, one peer after another, each
+// costing HardwareModel::combine_peer_release + the round trip to the peer. On the trace
+// above (4 tokens, each with a partial from ranks 0 and 2) both peers' last sums are the
+// same token's, so rank 1 ends at its last sum + 2 x (cost + 2 x link_latency): one
+// hand-back per remote peer (the closed form of docs/sim.md §3b), one when only one peer
+// sends partials; the senders never wait for it.
 TEST(SimReplay, CombinePeerReleaseCostsOnePerPeerAfterTheLastSum) {
   constexpr std::uint64_t kRow = 1 << 20;
   const Trace t = two_senders_trace(kRow);
@@ -343,17 +343,17 @@ TEST(SimReplay, CombinePeerReleaseCostsOnePerPeerAfterTheLastSum) {
     hw.set("combine_peer_release", cost_ns, "test");
     return replay_call(t, 1, hw, compute, flat);
   };
-  const CallTiming none = at(0);
-  const CallTiming one = at(50000), two = at(100000);  // 50 / 100 us: longer than any signal's way
+  const double round_trip_us = 2 * hw.link_latency.ns / 1000;
+  compute[1].peer_release = false;
+  const CallTiming none = at(50000);
   EXPECT_GT(none.ranks[1].reduce_tail.us(), 0.0);  // rank 1 ends at its last sum
-  EXPECT_NEAR((one.ranks[1].total - none.ranks[1].total).us(), 2 * 50.0, 1e-3);
+  compute[1].peer_release = true;
+  const CallTiming one = at(50000), two = at(100000);  // 50 / 100 us: longer than any signal's way
+  EXPECT_NEAR((one.ranks[1].total - none.ranks[1].total).us(), 2 * (50.0 + round_trip_us), 1e-3);
   EXPECT_NEAR((two.ranks[1].total - one.ranks[1].total).us(), 2 * 50.0, 1e-3);
   EXPECT_EQ(one.ranks[0].total, none.ranks[0].total);
   EXPECT_EQ(one.ranks[2].total, none.ranks[2].total);
-  compute[1].peer_release = false;
-  EXPECT_EQ(at(50000).ranks[1].total, none.ranks[1].total);
-  compute[1].peer_release = true;
-  // Only rank 0 sends partials: one hand-back per cost.
+  // Only rank 0 sends partials: one hand-back.
   red->from = {{0, 1, 2, 3}, {}, {}};
   red->partials = {1, 1, 1, 1};
   EXPECT_NEAR((at(100000).ranks[1].total - at(50000).ranks[1].total).us(), 50.0, 1e-3);

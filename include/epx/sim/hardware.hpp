@@ -28,8 +28,9 @@
 //                         (BF16 input bytes per second; combine's pre-sum at the expert
 //                         and the source's sum share them)             [GB/s]
 //   combine_peer_release  per peer, at the source of a combine: once every partial a peer
-//                         sent has been summed, its receive area is handed back (ring
-//                         bookkeeping + a credit to the peer), one peer after another [ns]
+//                         sent has been summed, its receive area is handed back, one peer
+//                         after another: this bookkeeping, plus the credit's round trip to
+//                         the peer (2 x its latency, from the topology)       [ns]
 //   plan_per_slot         compact route plan per (token, k) slot       [ns]
 //   plan_per_count        prefix sums per gathered count (P x (P+E))   [ns]
 //   dense_scan_per_cell   a dense [S, P] route scan per cell           [ns]
