@@ -36,6 +36,7 @@ constexpr Spec kSpecs[] = {
     {"launch_init", "ns"},
     {"memory_bandwidth", "GB/s"},
     {"reduce_bandwidth", "GB/s"},
+    {"combine_peer_release", "ns"},
     {"plan_per_slot", "ns"},
     {"plan_per_count", "ns"},
     {"dense_scan_per_cell", "ns"},
@@ -52,12 +53,12 @@ constexpr const char* kAscend950 = R"json({
     "frames":                 {"value": 2,     "unit": "count", "source": "published: DeepEP-Ascend notes, 2 frames x 64 ranks"},
     "ranks_per_frame":        {"value": 64,    "unit": "count", "source": "published: DeepEP-Ascend notes"},
     "workers_per_rank":       {"value": 64,    "unit": "count", "source": "published: 64 vector workers per rank"},
-    "link_bandwidth":         {"value": 336.6, "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's sums and the paced local copy, issue #18)"},
+    "link_bandwidth":         {"value": 337.1, "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18)"},
     "link_latency":           {"value": 1500,  "unit": "ns",    "source": "assumption: one netlayer-1 Clos hop incl. switch"},
     "frame_crossing_latency": {"value": 500,   "unit": "ns",    "source": "assumption: extra switch stage between frames"},
     "local_latency":          {"value": 200,   "unit": "ns",    "source": "assumption: write into own HBM window"},
     "chunk_bytes":            {"value": 65536, "unit": "bytes", "source": "assumption: port arbitration granularity"},
-    "queue_wr_time":          {"value": 5.079, "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's sums and the paced local copy, issue #18)"},
+    "queue_wr_time":          {"value": 4.457, "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18)"},
     "doorbell":               {"value": 100,   "unit": "ns",    "source": "assumption: one MMIO doorbell per batch of puts"},
     "put_issue":              {"value": 50,    "unit": "ns",    "source": "assumption: descriptor build per put on one vector worker"},
     "signal_issue":           {"value": 50,    "unit": "ns",    "source": "assumption: like put_issue"},
@@ -66,8 +67,9 @@ constexpr const char* kAscend950 = R"json({
     "barrier_base":           {"value": 1000,  "unit": "ns",    "source": "published: barrier ~4 us at 8 ranks (split base/slope is an assumption)"},
     "barrier_per_log2":       {"value": 1000,  "unit": "ns",    "source": "published: barrier ~4 us at 8 ranks (split base/slope is an assumption)"},
     "launch_init":            {"value": 1900,  "unit": "ns",    "source": "published: kernel launch + init ~1.9 us"},
-    "memory_bandwidth":       {"value": 2592,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's sums and the paced local copy, issue #18)"},
-    "reduce_bandwidth":       {"value": 1105,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's sums and the paced local copy, issue #18)"},
+    "memory_bandwidth":       {"value": 2645,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18)"},
+    "reduce_bandwidth":       {"value": 1201,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18)"},
+    "combine_peer_release":   {"value": 501,   "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; issue #18) fitted 3501 ns per peer for bookkeeping + round trip; at EP8/16/32 every peer is in frame 0, so the round trip is 2 x link_latency = 3000 ns and this is the rest"},
     "plan_per_slot":          {"value": 0.05,  "unit": "ns",    "source": "assumption: 64 workers scan S*K slots (~3 ns per slot per worker)"},
     "plan_per_count":         {"value": 0.02,  "unit": "ns",    "source": "assumption: 64 workers, prefix sums over P*(P+E) counts"},
     "dense_scan_per_cell":    {"value": 0.05,  "unit": "ns",    "source": "assumption: 64 workers scan a dense [S,P] bool table"},
@@ -102,6 +104,7 @@ void refresh(HardwareModel& m) {
   m.launch_init = ns("launch_init");
   m.memory_bandwidth = GBps{v("memory_bandwidth")};
   m.reduce_bandwidth = GBps{v("reduce_bandwidth")};
+  m.combine_peer_release = ns("combine_peer_release");
   m.plan_per_slot = ns("plan_per_slot");
   m.plan_per_count = ns("plan_per_count");
   m.dense_scan_per_cell = ns("dense_scan_per_cell");

@@ -127,6 +127,7 @@ struct Rank {
   std::vector<std::uint64_t> landed_bytes;
   std::vector<std::size_t> landed_rows;
   std::vector<std::uint8_t> waiting;
+  std::vector<Picoseconds> summed;  // [token] its sum is done (0: not summed)
   Picoseconds reduce_end{0};
   std::unordered_map<std::uint64_t, std::uint64_t> slots, flags;
   std::unordered_map<std::uint64_t, std::vector<Waiter>> slot_waiters, flag_waiters;
@@ -174,6 +175,7 @@ class Replay {
         rk.landed_bytes.assign(static_cast<std::size_t>(P_), 0);
         rk.landed_rows.assign(static_cast<std::size_t>(P_), 0);
         rk.waiting = red->partials;
+        rk.summed.assign(red->partials.size(), Picoseconds{0});
       }
       const RankTrace& rt = trace.ranks[static_cast<std::size_t>(r)];
       int active = 0;
@@ -233,6 +235,7 @@ class Replay {
                                                 std::to_string(s.pos) + " (" + to_string(s.ops[s.pos]->kind) + ")");
         end = max(end, s.end);
       }
+      release_peers(r);
       const Stream& main = streams_[rk.streams[0]];
       t.control = main.control;
       t.data = main.data;
@@ -586,9 +589,34 @@ class Replay {
       const Picoseconds summed = dst.vector.serve(now, static_cast<std::uint64_t>(n * row));
       const Picoseconds moved =
           compute_of(rec.peer).reduction_memory ? dst.memory.serve(now, static_cast<std::uint64_t>((n + 1) * row)) : now;
-      dst.reduce_end = max(dst.reduce_end, max(summed, moved));
+      dst.summed[t] = max(summed, moved);
+      dst.reduce_end = max(dst.reduce_end, dst.summed[t]);
     }
     dst.landed_rows[from] = rows;
+  }
+
+  // The source's per-peer completion of a combine: a peer's receive area is handed back
+  // once every partial it sent has been summed, one peer after another — ring bookkeeping
+  // (combine_peer_release) and a credit to the peer whose acknowledgement comes back before
+  // the next (the round trip to that peer, from the topology). Local partials need no
+  // hand-back. With the last sums at the end of the call, this adds, after the last sum,
+  // the sum over the R-1 remote peers of (bookkeeping + round trip).
+  void release_peers(int r) {
+    const auto& red = compute_of(r).reduction;
+    if (!red || !compute_of(r).peer_release) return;
+    Rank& rk = rank(r);
+    std::vector<std::pair<Picoseconds, int>> ready;  // (its last sum done, peer)
+    for (int p = 0; p < P_; ++p) {
+      const std::vector<std::int32_t>& tokens = red->from[static_cast<std::size_t>(p)];
+      if (p == r || tokens.empty()) continue;
+      Picoseconds last{0};
+      for (std::int32_t t : tokens) last = max(last, rk.summed[static_cast<std::size_t>(t)]);
+      ready.emplace_back(last, p);
+    }
+    std::sort(ready.begin(), ready.end());
+    Picoseconds done{0};
+    for (const auto& [t, p] : ready) done = max(done, t) + hw_.combine_peer_release.to_ps() + lat(r, p) + lat(p, r);
+    rk.reduce_end = max(rk.reduce_end, done);
   }
 
   void handle(Picoseconds now, RecordDone& ev) {

@@ -24,7 +24,8 @@ const std::vector<CalibrationTarget>& ascend950_targets() {
 }
 
 const std::vector<std::string>& calibration_free_parameters() {
-  static const std::vector<std::string> p = {"link_bandwidth", "memory_bandwidth", "queue_wr_time", "reduce_bandwidth"};
+  static const std::vector<std::string> p = {"link_bandwidth", "memory_bandwidth", "queue_wr_time", "reduce_bandwidth",
+                                             "combine_peer_release"};
   return p;
 }
 
@@ -64,8 +65,8 @@ Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int 
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<SimRun> runs = calibration_runs(o);
   const std::vector<std::string>& names = calibration_free_parameters();
-  constexpr int N = 4;
-  if (names.size() != N) throw Error(ErrorCode::kInternal, "epx sim calibrate: the fit moves exactly 4 parameters");
+  constexpr int N = 5;
+  if (names.size() != N) throw Error(ErrorCode::kInternal, "epx sim calibrate: the fit moves exactly 5 parameters");
   Calibration cal;
   cal.model = start;
   auto model_at = [&](const std::array<double, N>& x) {

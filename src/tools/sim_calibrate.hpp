@@ -33,7 +33,7 @@ struct Calibration {
 
 /// Runs the engine once per calibration EP size, then fits the free parameters
 /// (Nelder-Mead in log space on the squared relative errors to the range middles).
-Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int max_evaluations = 80);
+Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int max_evaluations = 110);
 /// The calibrated points of a model, without fitting (runs and replays only).
 std::vector<CalibrationPoint> calibration_points(const SimOptions& o, const sim::HardwareModel& hw);
 std::string calibration_report(const Calibration& c);

@@ -372,6 +372,7 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
         {"sum's memory traffic", [](sim::RankCompute& c) { c.reduction_memory = false; }},
         {"expert pre-sum", [](sim::RankCompute& c) { c.presum_per_payload_byte = 0; }},
         {"expert reads", [](sim::RankCompute& c) { c.read_per_payload_byte = 1; }},
+        {"per-peer release", [](sim::RankCompute& c) { c.peer_release = false; }},
     };
     for (const auto& [name, change] : without) {
       std::vector<sim::RankCompute> compute = run.combine_compute;
@@ -442,7 +443,7 @@ std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareMo
     os << line;
   }
   if (!points.empty() && points.front().combine_split.reduce_tail_us > 0) {
-    os << "combine's sums after the rank's last transport op (us, average over ranks; part of the data plane):";
+    os << "combine's sums and per-peer hand-backs after the rank's last transport op (us, average over ranks; part of the data plane):";
     for (const SimPoint& p : points) {
       std::snprintf(line, sizeof line, " EP%d %.1f", p.ep, p.combine_split.reduce_tail_us);
       os << line;

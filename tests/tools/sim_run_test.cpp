@@ -48,6 +48,36 @@ TEST(SimRun, SteadyStateCallsGoRowsFirst) {
   }
 }
 
+// Combine's per-peer hand-back on the engine's own run (calibration shape, fewer tokens):
+// with the cost large enough to follow the last sum, every rank hands back all R-1 remote
+// peers one after another, so doubling the cost from X to 2X adds exactly x X to
+// every rank's time after its last transport op — the closed form the EP trend comes from
+// (docs/sim.md §3b) — and the attribution without it is faster, by more at EP16 than at EP8.
+TEST(SimRun, CombinePeerReleaseGrowsWithThePeers) {
+  SimOptions o;
+  o.tokens = 1024;
+  o.progress = false;
+  o.attribution = true;
+  sim::HardwareModel hw = sim::load_hardware("ascend950-supernode");
+  const double x_us = 100;  // longer than the gaps between the peers' last sums
+  double gain[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const int ep = i == 0 ? 8 : 16;
+    const SimRun run = collect_run(o, ep);
+    const SimPoint stored = evaluate_run(run, hw, o);
+    ASSERT_EQ(stored.combine_without.back().first, "per-peer release");
+    gain[i] = stored.combine_without.back().second / stored.combine_gbps - 1;
+    EXPECT_GT(gain[i], 0.0) << "EP" << ep;
+    sim::HardwareModel h = hw;
+    h.set("combine_peer_release", x_us * 1000, "test");
+    const double tail1 = evaluate_run(run, h, o).combine_split.reduce_tail_us;
+    h.set("combine_peer_release", 2 * x_us * 1000, "test");
+    const double tail2 = evaluate_run(run, h, o).combine_split.reduce_tail_us;
+    EXPECT_NEAR(tail2 - tail1, (ep - 1) * x_us, 1e-3 * (ep - 1) * x_us) << "EP" << ep;
+  }
+  EXPECT_GT(gain[1], gain[0]);
+}
+
 // The built-in profile against the published points it was fitted on (EP8/16/32, the
 // calibration shape; docs/sim.md §3): every error within the 3 % asked for. The held-out
 // EP64/128 points are not in the code at all.

@@ -27,6 +27,10 @@
 //   reduce_bandwidth      per rank, the vector units summing BF16 partials in FP32
 //                         (BF16 input bytes per second; combine's pre-sum at the expert
 //                         and the source's sum share them)             [GB/s]
+//   combine_peer_release  per peer, at the source of a combine: once every partial a peer
+//                         sent has been summed, its receive area is handed back, one peer
+//                         after another: this bookkeeping, plus the credit's round trip to
+//                         the peer (2 x its latency, from the topology)       [ns]
 //   plan_per_slot         compact route plan per (token, k) slot       [ns]
 //   plan_per_count        prefix sums per gathered count (P x (P+E))   [ns]
 //   dense_scan_per_cell   a dense [S, P] route scan per cell           [ns]
@@ -62,6 +66,7 @@ struct HardwareModel {
   Nanoseconds launch_init;
   GBps memory_bandwidth;
   GBps reduce_bandwidth;
+  Nanoseconds combine_peer_release;
   Nanoseconds plan_per_slot, plan_per_count, dense_scan_per_cell;
   GBps payload_limit_low, payload_limit_high;
   /// Every parameter as read (file order), with unit and source.

@@ -50,6 +50,10 @@ struct RankCompute {
   /// Whether the source's sum moves bytes through the memory (false: vector units only;
   /// attribution of the contention with the incoming writes).
   bool reduction_memory = true;
+  /// Whether the source hands each peer's receive area back after its partials are summed
+  /// (per peer, serially: HardwareModel::combine_peer_release + the round trip to the peer;
+  /// false: attribution).
+  bool peer_release = true;
   /// Payload bytes are multiplied by this (runs at a reduced hidden size: H / H_run).
   double payload_scale = 1.0;
   /// Experiment knob: charged once at the call's end on the rank thread (e.g. a modelled
@@ -63,7 +67,8 @@ struct RankTiming {
   Picoseconds control{0};  ///< launch + planning + issuing puts/signals
   Picoseconds data{0};     ///< waiting for payload to drain or arrive
   Picoseconds sync{0};     ///< quiet latency, barriers, waits for control-only signals
-  /// Of `data`: the source's combine sum running past the rank's last operation.
+  /// Of `data`: the source's combine sums and per-peer hand-backs running past the rank's
+  /// last operation.
   Picoseconds reduce_tail{0};
   std::uint64_t puts = 0;            ///< puts issued (all streams)
   std::uint64_t payload_bytes = 0;   ///< payload bytes sent (scaled)
