@@ -16,6 +16,7 @@
 #include "bench_routing.hpp"
 #include "bench_run.hpp"
 #include "bench_runner.hpp"
+#include "launched_job.hpp"
 #include "epx/connect.hpp"
 #include "epx/error.hpp"
 #include "epx/shmem.hpp"
@@ -38,35 +39,6 @@ std::string read_file(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-/// Every rank's `mine` (any length) at rank 0's index r; collective.
-std::vector<std::string> gather_blobs(Bootstrap& boot, const std::string& mine) {
-  const auto P = static_cast<std::size_t>(boot.size());
-  std::uint64_t len = mine.size();
-  std::vector<std::uint64_t> lens(P);
-  boot.allgather(&len, lens.data(), sizeof len);
-  const std::size_t max = *std::max_element(lens.begin(), lens.end());
-  std::string padded = mine;
-  padded.resize(max);
-  std::string all(max * P, '\0');
-  boot.allgather(padded.data(), all.data(), max);
-  std::vector<std::string> out(P);
-  for (std::size_t r = 0; r < P; ++r) out[r] = all.substr(r * max, lens[r]);
-  return out;
-}
-
-/// "node 0 (host): ranks 0-1; node 1 (host): ranks 2-3" from the bootstrap's node map.
-std::string describe_nodes(Bootstrap& boot, const NodeMap& nodes) {
-  const std::string id = local_node_identity();
-  const auto hosts = gather_blobs(boot, id.substr(id.rfind('/') + 1));
-  std::string s;
-  for (int n = 0; n < nodes.num_nodes; ++n) {
-    const auto ranks = nodes.ranks_of(n);
-    s += (n ? "; node " : "node ") + std::to_string(n) + " (" + hosts[static_cast<std::size_t>(ranks.front())] + "): ranks";
-    for (int r : ranks) s += " " + std::to_string(r);
-  }
-  return s;
-}
-
 }  // namespace
 
 int run_bench_shmem(const BenchOptions& given, std::FILE* out, BenchReport* report) {
@@ -81,16 +53,7 @@ int run_bench_shmem(const BenchOptions& given, std::FILE* out, BenchReport* repo
   BenchOptions o = given;
   o.ranks = boot->size();  // from the launcher
   // The hierarchical schedule follows the job's real node layout unless --topology says otherwise.
-  if (o.dataplane.schedule.kind == ScheduleKind::kHierarchical && o.dataplane.topology == DataPlaneOptions{}.topology &&
-      nodes.num_nodes > 1) {
-    const int per = nodes.uniform_ranks_per_node();
-    bool consecutive = per > 0;
-    for (int r = 0; consecutive && r < o.ranks; ++r) consecutive = nodes.node_of_rank[static_cast<std::size_t>(r)] == r / per;
-    if (!consecutive)
-      throw Error(ErrorCode::kInvalidArgument, "epx bench: --schedule hierarchical needs equal, consecutive ranks per node "
-                                               "(the launcher placed " + describe_nodes(*boot, nodes) + "); pass --topology");
-    o.dataplane.topology = "builtin:servers:" + std::to_string(per);
-  }
+  default_topology_from_nodes(o.dataplane, *boot, nodes, "epx bench");
   validate_options(o);
   const std::string layout = describe_nodes(*boot, nodes);
   BenchProblem problem = make_problem(o);
