@@ -62,12 +62,13 @@ def G(P, E, H, K, tokens, mask=0.0, zipf=0.0, fp8=False, seed=0, C=None, probes=
                 zipf=zipf, fp8=fp8, seed=seed, max_tokens=C, probes=probes)
 
 
-def O(layout, A=1, worst=None, det=False, zp=False, weighted=False, threads=False, dataplane=()):
+def O(layout, A=1, worst=None, det=False, zp=False, weighted=False, threads=False, dataplane=(), launched=False):
     """worst: None, an int, "exact" (= the largest need over the ranks) or
     ("extra", n) (= that + n). dataplane: extra epx flags (schedule, queues, protocol...),
-    which must not change a single bit of the outputs."""
+    which must not change a single bit of the outputs. launched: only with --launch (ranks
+    from a launcher over several machines: the node layout comes from the job)."""
     return dict(layout=layout, alignment=A, worst=worst, deterministic=det, zero_padding=zp,
-                weighted=weighted, threads=threads, dataplane=list(dataplane))
+                weighted=weighted, threads=threads, dataplane=list(dataplane), launched=launched)
 
 
 def success_cases():
@@ -160,6 +161,9 @@ def success_cases():
             "--protocol", "flag", "--queues", "4", "--queue-split", "bytes")), True),
         ("p8_hierarchical_servers4", g_p8t, O("expanded", 4, weighted=True, dataplane=(
             "--schedule", "hierarchical", "--topology", "builtin:servers:4")), True),
+        # --schedule hierarchical without --topology: the job's real node layout (several machines).
+        ("p4_hierarchical_job_nodes", g_wt, O("expanded", 4, weighted=True, dataplane=(
+            "--schedule", "hierarchical"), launched=True), False),
         ("p8_ring2_flat", g_p8t, O("compact", 1, worst=("extra", 2), dataplane=(
             "--schedule", "flat", "--ring-rows", "2")), False),
     ]
@@ -690,7 +694,7 @@ def main(argv=None):
         if a.repeat > 1:
             matrix = [("%s#%d" % (n, i + 1), g, o, q) for i in range(a.repeat) for n, g, o, q in matrix]
         for name, g, opts, q in matrix:
-            if not wanted(name, q):
+            if not wanted(name, q) or (opts["launched"] and LAUNCH is None):
                 continue
             try:
                 fails, secs, cmd = check_success(name, g, opts, epx, tmp, a.timeout)

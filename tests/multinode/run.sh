@@ -15,8 +15,10 @@
 #   2 machines x 2 ranks: every case; the bytes that crossed the veth against epx's count;
 #       the hierarchical schedule puts across machines only to same-lane ranks
 #   2 machines x 4 ranks: a subset (both layouts, FP8 + worst, tail; flag runs at 2 x 2: a fence per 512-byte block)
+#   epx replay --transport shmem: cases of tests/e2e/check_replay.py (numpy reference) in one
+#       namespace and at 2 x 2 (one FP8 case at 2 + 1), errors naming the rank at fault
 #   faults, 2 x 2: SIGKILL of a rank on the other machine, SIGKILL of the other machine's
-#       daemon (orted), the other machine's link cut mid-call (section 5 says what each
+#       daemon (orted), the other machine's link cut mid-call (section 6 says what each
 #       does): the job exits non-zero, no epx rank is left in either namespace (so neither
 #       private /dev/shm survives), nothing new in the host's /dev/shm; on a cut link the
 #       survivors name peer + phase within epx's timeout.
@@ -150,7 +152,34 @@ across two-machines-x4 8 hosts4 150 --timeout-ms 30000 --cases compact,expanded_
 check_pass two-machines-x4 $? 4
 fi
 
-# 5. Faults (2 x 2). What Open MPI 4.1 does, as measured here: a rank or daemon that dies is
+# 5. epx replay --transport shmem (ranks from oshrun) against the numpy reference, bit for bit
+# (tests/e2e/check_replay.py --launch: its cases, run under this launcher line): one "machine"
+# (a namespace with its private /dev/shm: every peer mapped) and 2 machines x 2 ranks.
+replay_check() {
+  local name=$1 hosts=$2 limit=$3 names=$4
+  local launch
+  launch="ip netns exec $ns1 oshrun $(printf '%q ' "${across[@]}") --hostfile $work/$hosts -np {np}"
+  rm -f "$work"/shm-*
+  timeout "$limit" /usr/bin/python3 "$repo/tests/e2e/check_replay.py" --epx "$build/src/tools/epx" --timeout 60 \
+    --launch "$launch" --names "$names" >"$work/$name.out" 2>&1
+  local rc=$? f
+  for f in "$work"/shm-*; do
+    [ -e "$f" ] && [ -s "$f" ] && { fail "$name: /dev/shm of $(basename "$f") kept: $(tr '\n' ' ' <"$f")"; rc=1; }
+  done
+  if [ "$rc" -ne 0 ]; then fail "$name: exit $rc"; grep -v '^PASS' "$work/$name.out" | tail -20
+  else echo "PASS: $name ($(grep -c '^PASS' "$work/$name.out") cases, $(tail -2 "$work/$name.out" | head -1))"; fi
+}
+printf '%s slots=4\n' "$ns1" >"$work/hosts1"
+if want replay-one; then
+  replay_check replay-one-machine hosts1 150 \
+    order_p4_L12_expanded_a4,order_p3_L9_compact,p4_zipf_expanded_det_threads,worst_expanded_a128_exact,weighted_expanded_det,fp8_expanded_a4_worst_zp,zeropad_expanded_a4_worst,p8_flag_4q_bytes,err_idx_out_of_range_rank3,err_x_rows_rank2
+fi
+if want replay-x2; then
+  replay_check replay-two-machines-x2 hosts2 200 \
+    order_p4_L12_expanded_a4,p4_zipf_compact,order_p4_L12_weighted_det,worst_compact,large_fp8_p4_H2048_compact,fp8_expanded_a4_det,p4_hierarchical_job_nodes,err_idx_out_of_range_rank3,err_weights_shape_rank2
+fi
+
+# 6. Faults (2 x 2). What Open MPI 4.1 does, as measured here: a rank or daemon that dies is
 # seen by the runtime itself, which kills the job within ~1-5 s (rc 137 / 205), before
 # epx's timeout; a cut link is seen by nobody but epx: its waits time out, and a put that
 # shmem_quiet / shmem_fence can never complete is caught by the transport's watchdog; each
