@@ -2,6 +2,8 @@
 // mpirun); epx forks nothing. Every rank builds the same problem, runs its part through
 // the shmem transport, and sends its record to rank 0 through the bootstrap; rank 0
 // aggregates and prints the report (with the node layout), the others print nothing.
+// --baseline mpi runs epx_mpi_baseline's dispatcher afterwards in the same processes
+// (MPI_COMM_WORLD = the PEs), on the same routing, and the report compares the two.
 #include <stdlib.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <string>
 
 #include "bench_dataplane.hpp"
+#include "bench_mpi.hpp"
 #include "bench_output.hpp"
 #include "bench_routing.hpp"
 #include "bench_run.hpp"
@@ -42,10 +45,6 @@ std::string read_file(const fs::path& p) {
 }  // namespace
 
 int run_bench_shmem(const BenchOptions& given, std::FILE* out, BenchReport* report) {
-  if (given.baseline == "mpi")
-    throw Error(ErrorCode::kUnsupported,
-                "epx bench --transport shmem --baseline mpi: run bench/epx_mpi_baseline with the same launcher line and "
-                "routing instead (README, 'Across machines')");
   if (!given.sweep.empty() || given.eplb || !given.trace.empty())
     throw Error(ErrorCode::kUnsupported, "epx bench --transport shmem: --sweep, --eplb and --trace need the fork launcher");
   auto boot = shmem_bootstrap();
@@ -74,6 +73,12 @@ int run_bench_shmem(const BenchOptions& given, std::FILE* out, BenchReport* repo
     record = read_file(bench_record_path(dir, me));
   }
   const auto blobs = gather_blobs(*boot, record);
+  // --baseline mpi: the same ranks of this job, the same routing, after epx's run.
+  BaselineResult baseline;
+  if (o.baseline == "mpi") {
+    if (o.progress && me == 0) std::fprintf(stderr, "epx bench: running the MPI baseline in this job ...\n");
+    baseline = run_mpi_baseline_in_job(o, problem, me, dir);
+  }
   int status = 0;
   if (me == 0) {
     std::vector<BenchRankRecord> records;
@@ -82,6 +87,8 @@ int run_bench_shmem(const BenchOptions& given, std::FILE* out, BenchReport* repo
       records.push_back(read_bench_record(bench_record_path(dir, r)));
     }
     BenchReport rep = aggregate_bench(o, problem, count, records);
+    if (o.baseline == "mpi") attach_baseline(rep, std::move(baseline), records, count);
+    status = bench_status(rep);
     std::fprintf(out, "transport shmem (ranks from the launcher): %d nodes; %s\n", nodes.num_nodes, layout.c_str());
     print_bench_report(out, rep);
     if (!o.json.empty()) {

@@ -17,8 +17,9 @@
 #   2 machines x 4 ranks: a subset (both layouts, FP8 + worst, tail; flag runs at 2 x 2: a fence per 512-byte block)
 #   epx replay --transport shmem: cases of tests/e2e/check_replay.py (numpy reference) in one
 #       namespace and at 2 x 2 (one FP8 case at 2 + 1), errors naming the rank at fault
+#   epx bench --transport shmem --baseline mpi, 2 x 2: the baseline's report lines and ratios
 #   faults, 2 x 2: SIGKILL of a rank on the other machine, SIGKILL of the other machine's
-#       daemon (orted), the other machine's link cut mid-call (section 6 says what each
+#       daemon (orted), the other machine's link cut mid-call (section 7 says what each
 #       does): the job exits non-zero, no epx rank is left in either namespace (so neither
 #       private /dev/shm survives), nothing new in the host's /dev/shm; on a cut link the
 #       survivors name peer + phase within epx's timeout.
@@ -81,13 +82,15 @@ across=("${common[@]}" --mca plm_rsh_agent "$here/agent.sh" --mca oob_tcp_if_inc
 quiet_noise() { grep -v -e 'setpgid' -e 'rdma_create_event_channel' -e '^$' "$1" || true; }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# across NAME NP HOSTFILE TIMEOUT_S [rank args...]: one job over the two namespaces.
-across() {
+# across_run NAME NP HOSTFILE TIMEOUT_S PROGRAM [args...]: one job over the two namespaces.
+across_run() {
   local name=$1 np=$2 hosts=$3 limit=$4; shift 4
   rm -f "$work"/shm-*
-  timeout "$limit" ip netns exec "$ns1" oshrun "${across[@]}" --hostfile "$work/$hosts" -np "$np" "$bin" "$@" \
+  timeout "$limit" ip netns exec "$ns1" oshrun "${across[@]}" --hostfile "$work/$hosts" -np "$np" "$@" \
     >"$work/$name.out" 2>"$work/$name.err"
 }
+# across NAME NP HOSTFILE TIMEOUT_S [rank args...]: the test rank program over the two namespaces.
+across() { local name=$1 np=$2 hosts=$3 limit=$4; shift 4; across_run "$name" "$np" "$hosts" "$limit" "$bin" "$@"; }
 
 # check_pass NAME RC WANT: rc 0, WANT PASS lines in NAME.out, nothing left in any machine's /dev/shm.
 check_pass() {
@@ -179,7 +182,33 @@ if want replay-x2; then
     order_p4_L12_expanded_a4,p4_zipf_compact,order_p4_L12_weighted_det,worst_compact,large_fp8_p4_H2048_compact,fp8_expanded_a4_det,p4_hierarchical_job_nodes,err_idx_out_of_range_rank3,err_weights_shape_rank2
 fi
 
-# 6. Faults (2 x 2). What Open MPI 4.1 does, as measured here: a rank or daemon that dies is
+# 6. epx bench --transport shmem --baseline mpi at 2 x 2: the MPI_Alltoallv baseline in the
+# same job (the same ranks, layout and routing); the report's lines exist, the baseline
+# produced the same rows, and the ratios are positive numbers (no speed threshold).
+if want baseline; then
+  across_run bench-baseline-x2 4 hosts2 120 "$build/src/tools/epx" bench --transport shmem --baseline mpi \
+    --tokens 128 --hidden 1024 --experts 16 --topk 4 --iters 5 --warmup 1 --timeout-ms 20000
+  rc=$?
+  out=$work/bench-baseline-x2.out ok=1
+  [ "$rc" -eq 0 ] || { fail "bench-baseline-x2: exit $rc"; quiet_noise "$work/bench-baseline-x2.err" | tail -10; ok=0; }
+  grep -q '^transport shmem (ranks from the launcher): 2 nodes; ' "$out" || { fail "bench-baseline-x2: no node layout line"; ok=0; }
+  grep -q '^MPI BASELINE' "$out" || { fail "bench-baseline-x2: no MPI BASELINE section"; ok=0; }
+  grep -q '^  verified: same dispatch rows and combine output on all 4 ranks' "$out" ||
+    { fail "bench-baseline-x2: baseline not verified: $(grep -E 'verified|MISMATCH|unavailable' "$out")"; ok=0; }
+  # positive RATIO: a number > 0 (the report prints 2 decimals)
+  positive() { [ -n "$1" ] && awk -v r="$1" 'BEGIN { exit !(r + 0 > 0) }'; }
+  for op in dispatch combine 'round trip'; do
+    r=$(grep -m1 "^  $op  " "$out" | grep -Eo '[0-9]+\.[0-9]+x \((epx|mpi) faster\)' | grep -Eo '^[0-9.]+')
+    positive "$r" || { fail "bench-baseline-x2: no positive '$op' ratio: $(grep -m1 "^  $op  " "$out")"; ok=0; }
+  done
+  for op in dispatch combine; do
+    r=$(grep -m1 "^  $op .* GB/s" "$out" | grep -Eo "[0-9]+\.[0-9]+x the MPI baseline's speed" | grep -Eo '^[0-9.]+')
+    positive "$r" || { fail "bench-baseline-x2: SUMMARY $op lacks a positive baseline ratio"; ok=0; }
+  done
+  [ "$ok" = 1 ] && echo "PASS: bench-baseline-x2 ($(grep -m1 '^  round trip' "$out" | sed 's/  */ /g'))"
+fi
+
+# 7. Faults (2 x 2). What Open MPI 4.1 does, as measured here: a rank or daemon that dies is
 # seen by the runtime itself, which kills the job within ~1-5 s (rc 137 / 205), before
 # epx's timeout; a cut link is seen by nobody but epx: its waits time out, and a put that
 # shmem_quiet / shmem_fence can never complete is caught by the transport's watchdog; each
