@@ -183,12 +183,14 @@ if want replay-x2; then
     order_p4_L12_expanded_a4,p4_zipf_compact,order_p4_L12_weighted_det,worst_compact,large_fp8_p4_H2048_compact,fp8_expanded_a4_det,p4_hierarchical_job_nodes,err_idx_out_of_range_rank3,err_weights_shape_rank2
 fi
 
-# 6. epx bench --transport shmem --baseline mpi at 2 x 2: the MPI_Alltoallv baseline in the
-# same job (the same ranks, layout and routing); the report's lines exist, the baseline
+# 6. epx bench --transport shmem --baseline mpi --routing CASE at 2 x 2: the MPI_Alltoallv
+# baseline in the same job (the same ranks, layout and routing); the report's lines exist, the baseline
 # produced the same rows, and the ratios are positive numbers (no speed threshold).
 if want baseline; then
+  /usr/bin/python3 "$repo/tests/e2e/gen_case.py" --out "$work/bench-case" --ranks 4 --experts 16 --hidden 1024 --topk 4 \
+    --tokens 128 --seed 3 >/dev/null || fail "bench-baseline-x2: gen_case.py failed"
   across_run bench-baseline-x2 4 hosts2 120 "$build/src/tools/epx" bench --transport shmem --baseline mpi \
-    --tokens 128 --hidden 1024 --experts 16 --topk 4 --iters 5 --warmup 1 --timeout-ms 20000
+    --routing "$work/bench-case" --iters 5 --warmup 1 --timeout-ms 20000
   rc=$?
   out=$work/bench-baseline-x2.out ok=1
   [ "$rc" -eq 0 ] || { fail "bench-baseline-x2: exit $rc"; quiet_noise "$work/bench-baseline-x2.err" | tail -10; ok=0; }
