@@ -217,8 +217,8 @@ fi
 # waits, so no survivor is left to report; the test asserts what is true then: the job
 # exits non-zero within seconds, mpirun names the dead rank or daemon, no rank is left and
 # no /dev/shm (the host's or a machine's) keeps a segment. Letting the survivors run on to
-# their own epx error (mpirun --mca orte_enable_recovery 1, with or without
-# orte_abort_on_non_zero_status 0) works for the ranks -- each names the dead peer and the
+# their own epx error (mpirun --mca orte_enable_recovery 1, or --mca
+# orte_abort_on_non_zero_status 0, or both) works for the ranks -- each names the dead peer and the
 # phase -- but then mpirun and its daemons never end (EPX_MN_MCA="--mca
 # orte_enable_recovery 1" EPX_MN_ONLY=fault-rank shows it). A cut link is seen by nobody
 # but epx: its waits time out, and a put that shmem_quiet / shmem_fence can never complete
