@@ -27,7 +27,9 @@ void default_topology_from_nodes(DataPlaneOptions& dp, Bootstrap& boot, const No
 /// epx::Error or another std::exception), every rank throws the error of the lowest such
 /// rank (its code, message and origin rank), so a bad input on one machine fails the whole
 /// job with the same message. A kTimeout or kPeerFailed error is rethrown at once, without
-/// the agreement: the peer it names may be gone, and the agreement has no deadline. Collective.
+/// the agreement: the peer it names may be gone, and the agreement has no deadline. Collective;
+/// `step` may be collective itself only if it fails on every rank or by a timeout (the
+/// engine's calls do).
 void agree(Bootstrap& boot, const std::function<void()>& step);
 
 }  // namespace epx::tools

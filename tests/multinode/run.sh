@@ -16,7 +16,8 @@
 #       the hierarchical schedule puts across machines only to same-lane ranks
 #   2 machines x 4 ranks: a subset (both layouts, FP8 + worst, tail; flag runs at 2 x 2: a fence per 512-byte block)
 #   epx replay --transport shmem: cases of tests/e2e/check_replay.py (numpy reference) in one
-#       namespace and at 2 x 2 (one FP8 case at 2 + 1), errors naming the rank at fault
+#       namespace and at 2 x 2 (one FP8 case at 2 + 1), errors naming the rank at fault; a
+#       launcher whose P is not meta.json's refused on every rank
 #   epx bench --transport shmem --baseline mpi, 2 x 2: the baseline's report lines and ratios
 #   faults, 2 x 2: SIGKILL of a rank on the other machine, SIGKILL of the other machine's
 #       daemon (orted), the other machine's link cut mid-call (section 7 says what each
@@ -177,6 +178,16 @@ printf '%s slots=4\n' "$ns1" >"$work/hosts1"
 if want replay-one; then
   replay_check replay-one-machine hosts1 150 \
     order_p4_L12_expanded_a4,order_p3_L9_compact,p4_zipf_expanded_det_threads,worst_expanded_a128_exact,weighted_expanded_det,fp8_expanded_a4_worst_zp,zeropad_expanded_a4_worst,p8_flag_4q_bytes,err_idx_out_of_range_rank3,err_x_rows_rank2
+fi
+if want replay-np; then  # P from the launcher must be meta.json's num_ranks: refused on every rank, no OUT
+  /usr/bin/python3 "$repo/tests/e2e/gen_case.py" --out "$work/np-case" --ranks 4 --experts 8 --hidden 128 --topk 2 \
+    --tokens 6 --seed 1 >/dev/null
+  across_run replay-np-mismatch 2 hosts1 60 "$build/src/tools/epx" replay --transport shmem --in "$work/np-case" \
+    --out "$work/np-out"
+  rc=$?
+  n=$(grep -c 'num_ranks is 4 but the launcher started 2 ranks' "$work/replay-np-mismatch.err")
+  if [ "$rc" -ne 0 ] && [ "$n" = 2 ] && [ ! -e "$work/np-out/rank0" ]; then echo "PASS: replay-np-mismatch (exit $rc, both ranks said why)"
+  else fail "replay-np-mismatch: exit $rc, $n of 2 ranks named the mismatch"; quiet_noise "$work/replay-np-mismatch.err" | tail -5; fi
 fi
 if want replay-x2; then
   replay_check replay-two-machines-x2 hosts2 200 \
