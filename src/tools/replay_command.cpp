@@ -277,8 +277,8 @@ void run_replay_shmem(const ReplayOptions& given) {
     if (!c_given) meta.max_tokens_per_rank = std::max<std::int64_t>(meta.max_tokens_per_rank, std::stoll(f));
     if (f.substr(f.find(' ')) != facts[0].substr(facts[0].find(' ')))
       throw Error(ErrorCode::kDtypeMismatch, "rank " + std::to_string(r) + ": its x is " + f.substr(f.find(' ') + 1) +
-                                                 " (" + (fp8 ? "x.npy" : "x_fp8.npy") + " missing?), rank 0's is " +
-                                                 facts[0].substr(facts[0].find(' ') + 1),
+                                                 ", rank 0's is " + facts[0].substr(facts[0].find(' ') + 1) +
+                                                 " (every rank has x.npy, bf16, or every rank x_fp8.npy + x_scales.npy)",
                   r);
   }
   default_topology_from_nodes(o.dataplane, *boot, nodes, "epx replay");
