@@ -23,6 +23,9 @@
 //             the dispatch output itself.
 //
 // It depends only on MPI, the C++ standard library and nlohmann-json: no epx header.
+// This file is the library (epx_mpi_baseline::run, bench/mpi_baseline.hpp: `epx bench
+// --transport shmem --baseline mpi` calls it inside the oshrun job); mpi_baseline_main.cpp
+// is the program:
 //
 //   mpirun -np P epx_mpi_baseline --routing DIR --iters N --warmup M --json OUT.json
 //          [--layout compact|expanded] [--alignment A] [--verify-expert identity|replay]
@@ -32,6 +35,8 @@
 // (identity expert, as timed), or with --verify-expert replay the fixed expert function of
 // `epx replay` (SPEC.md section 7), so the hash equals that of replay's combined_x.npy and
 // a wrong float32 addition order shows on order-probe inputs.
+
+#include "mpi_baseline.hpp"
 
 #include <mpi.h>
 
@@ -250,12 +255,13 @@ struct Options {
   int warmup = 5;
   int alignment = 1;
   bool replay_expert = false;
+  bool quiet = false;  // no summary line on stdout (the JSON only)
 };
 
 const char* kUsage =
     "usage: mpirun -np P epx_mpi_baseline --routing DIR --iters N --warmup M --json OUT.json\n"
     "                                     [--layout compact|expanded] [--alignment A]\n"
-    "                                     [--verify-expert identity|replay]";
+    "                                     [--verify-expert identity|replay] [--quiet]";
 
 int parse_int(const std::string& flag, const std::string& v, int lo) {
   std::size_t used = 0;
@@ -300,6 +306,8 @@ Options parse_options(int argc, char** argv) {
         throw InputError("--verify-expert must be identity or replay, got '" + v + "'", true);
       }
       o.replay_expert = v == "replay";
+    } else if (a == "--quiet") {
+      o.quiet = true;
     } else if (a == "--alignment") {
       o.alignment = parse_int(a, value(), 1);
     } else {
@@ -737,6 +745,10 @@ nlohmann::ordered_json stats(std::vector<double> v) {
   return j;
 }
 
+}  // namespace
+
+namespace epx_mpi_baseline {
+
 int run(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -864,7 +876,7 @@ int run(int argc, char** argv) {
     if (!f) {
       std::fprintf(stderr, "%s: error on rank 0: cannot write %s\n", kProg, opt.json_out.c_str());
       write_failed = 1;
-    } else {
+    } else if (!opt.quiet) {
       std::printf("%s: P=%d E=%d H=%d K=%d layout=%s iters=%d  dispatch avg %.1f us p50 %.1f "
                   "p95 %.1f | combine avg %.1f us p50 %.1f p95 %.1f  -> %s\n",
                   kProg, world, meta.E, meta.H, meta.K, opt.layout.c_str(), opt.iters,
@@ -880,20 +892,4 @@ int run(int argc, char** argv) {
   return write_failed ? 1 : 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rc = 0;
-  try {
-    rc = run(argc, argv);
-  } catch (const std::exception& e) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::fprintf(stderr, "%s: error on rank %d: %s\n", kProg, rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 3);
-  }
-  MPI_Finalize();
-  return rc;
-}
+}  // namespace epx_mpi_baseline

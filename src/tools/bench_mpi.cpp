@@ -130,7 +130,7 @@ std::string hex64(std::uint64_t v) {
 
 }  // namespace
 
-void write_routing_dir(const BenchProblem& p, const fs::path& dir) {
+void write_routing_dir(const BenchProblem& p, const fs::path& dir, int only_rank) {
   fs::create_directories(dir);
   {
     nlohmann::json meta = {{"num_ranks", p.ranks},
@@ -143,6 +143,7 @@ void write_routing_dir(const BenchProblem& p, const fs::path& dir) {
     if (!f) throw Error(ErrorCode::kIo, (dir / "meta.json").string() + ": cannot write");
   }
   for (int r = 0; r < p.ranks; ++r) {
+    if (only_rank >= 0 && r != only_rank) continue;
     const BenchRankInput& in = p.rank[static_cast<std::size_t>(r)];
     const fs::path rd = dir / ("rank" + std::to_string(r));
     fs::create_directories(rd);
@@ -187,24 +188,28 @@ BaselineResult run_mpi_baseline(const BenchOptions& o, const BenchProblem& p, co
   if (geteuid() == 0) argv.push_back("--allow-run-as-root");
   for (const char* a : {"--oversubscribe", "--mca", "btl", "self,vader", "--mca", "osc", "^rdma", "-np"}) argv.push_back(a);
   argv.push_back(std::to_string(p.ranks));
-  for (const std::string& a :
-       {bin, std::string("--routing"), routing.string(), std::string("--iters"), std::to_string(o.iters),
-        std::string("--warmup"), std::to_string(o.warmup), std::string("--json"), out.string(), std::string("--layout"),
-        o.layout, std::string("--alignment"), std::to_string(o.alignment)})
-    argv.push_back(a);
+  argv.push_back(bin);
+  for (const std::string& a : baseline_args(o, routing, out)) argv.push_back(a);
   for (const std::string& a : argv) b.command += (b.command.empty() ? "" : " ") + shell_quote(a);
   const std::string failed = run_process(argv, log, std::chrono::seconds(600));
   if (!failed.empty()) {
     b.why_not = "epx_mpi_baseline failed (" + failed + "): " + tail_of(log, 600);
     return b;
   }
+  read_baseline_json(out, o.iters, b);
+  if (!b.why_not.empty()) return b;
+  b.ran = true;
+  return b;
+}
+
+void read_baseline_json(const fs::path& out, int iters, BaselineResult& b) {
   try {
     std::ifstream f(out);
     if (!f) throw std::runtime_error("no JSON written at " + out.string());
     const nlohmann::json j = nlohmann::json::parse(f);
     b.dispatch = summary_of(j.at("dispatch").at("max_rank_us"));
     b.combine = summary_of(j.at("combine").at("max_rank_us"));
-    b.dispatch.n = b.combine.n = static_cast<std::size_t>(o.iters);
+    b.dispatch.n = b.combine.n = static_cast<std::size_t>(iters);
     b.dispatch_rank_us = j.at("dispatch").at("rank_us").get<std::vector<double>>();
     b.combine_rank_us = j.at("combine").at("rank_us").get<std::vector<double>>();
     b.recv_rows = j.at("recv_rows").get<std::vector<std::int64_t>>();
@@ -213,10 +218,12 @@ BaselineResult run_mpi_baseline(const BenchOptions& o, const BenchProblem& p, co
     if (j.contains("payload_bytes_per_rank")) b.payload_bytes = j["payload_bytes_per_rank"].get<std::vector<std::int64_t>>();
   } catch (const std::exception& e) {
     b.why_not = std::string("cannot read epx_mpi_baseline's JSON: ") + e.what();
-    return b;
   }
-  b.ran = true;
-  return b;
+}
+
+std::vector<std::string> baseline_args(const BenchOptions& o, const fs::path& routing, const fs::path& json) {
+  return {"--routing", routing.string(), "--iters", std::to_string(o.iters), "--warmup", std::to_string(o.warmup),
+          "--json", json.string(), "--layout", o.layout, "--alignment", std::to_string(o.alignment)};
 }
 
 void verify_baseline(BaselineResult& b, const std::vector<BenchRankRecord>& records) {

@@ -249,7 +249,8 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_flag("!--no-progress", o.progress, "no progress line on stderr");
   sub->add_option("--baseline", o.baseline,
                   "mpi: also run epx_mpi_baseline (Megatron-style MPI all-to-all dispatcher) via mpirun on the same "
-                  "routing, check it produces the same rows and print it side by side");
+                  "routing (--transport shmem: inside this oshrun job, on the same ranks), check it produces the same "
+                  "rows and print it side by side");
   sub->add_option("--mpi-baseline", o.mpi_baseline, "path of epx_mpi_baseline (default: <build>/bench/, then PATH)")->type_name("PATH");
   sub->add_option("--mpirun", o.mpirun, "path of mpirun (default: PATH)")->type_name("PATH");
   sub->add_flag("--eplb", o.eplb,

@@ -186,14 +186,14 @@ BenchProblem load(const BenchOptions& o) {
   p.fp8 = o.fp8 || fs::exists(in / "rank0" / "x_fp8.npy");
   p.source = "read from " + o.routing;
   check_shape(p.ranks, p.experts, p.hidden, p.topk, p.fp8, (in / "meta.json").string());
-  check_ranks(p.ranks, o.transport, (in / "meta.json").string());
+  if (o.transport != "shmem") check_ranks(p.ranks, o.transport, (in / "meta.json").string());  // shmem: P is the launcher's
   check_workers(o.workers, p.ranks, "epx bench");
   // Every file's header against meta.json, then the memory, before any array is read or made.
   const std::vector<std::int64_t> tokens = check_replay_inputs(in, meta, true);
   const RankFootprint f = rank_footprint(p.ranks, p.hidden, p.topk, *std::max_element(tokens.begin(), tokens.end()),
                                          p.max_tokens, 0);
   check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.total - f.window)}, p.ranks,
-                  parse_transport_kind(o.transport) == TransportKind::kShm);
+                  o.transport == "shm");
   const int K = p.topk, H = p.hidden;
   p.rank.resize(static_cast<std::size_t>(p.ranks));
   for (int r = 0; r < p.ranks; ++r) {

@@ -47,6 +47,24 @@ class TempDir {
 
 }  // namespace
 
+void attach_baseline(BenchReport& rep, BaselineResult baseline, const std::vector<BenchRankRecord>& records,
+                     const RouteCount& count) {
+  rep.baseline_requested = true;
+  rep.baseline = std::move(baseline);
+  if (!rep.baseline.ran) return;
+  verify_baseline(rep.baseline, records);
+  if (!rep.baseline.payload_bytes.empty()) {
+    std::vector<std::int64_t> mine;
+    for (std::size_t r = 0; r < records.size(); ++r) mine.push_back(count.dispatch_bytes(static_cast<int>(r)));
+    if (rep.baseline.payload_bytes != mine)
+      rep.warnings.push_back("the MPI baseline counts different dispatch payload bytes per rank than epx bench");
+  }
+}
+
+int bench_status(const BenchReport& rep) {
+  return rep.baseline_requested && rep.baseline.ran && !rep.baseline.verified ? 3 : 0;
+}
+
 BenchMeasurement measure_bench(const BenchOptions& o) {
   const auto wall0 = std::chrono::steady_clock::now();
   validate_options(o);
@@ -77,18 +95,9 @@ BenchMeasurement measure_bench(const BenchOptions& o) {
   if (o.baseline == "mpi") {
     rep.baseline_requested = true;
     if (o.progress) std::fprintf(stderr, "epx bench: running the MPI baseline ...\n");
-    rep.baseline = run_mpi_baseline(o, problem, tmp.path());
-    if (rep.baseline.ran) {
-      verify_baseline(rep.baseline, records);
-      if (!rep.baseline.payload_bytes.empty()) {
-        std::vector<std::int64_t> mine;
-        for (int r = 0; r < problem.ranks; ++r) mine.push_back(count.dispatch_bytes(r));
-        if (rep.baseline.payload_bytes != mine)
-          rep.warnings.push_back("the MPI baseline counts different dispatch payload bytes per rank than epx bench");
-      }
-    } else if (o.progress) {
+    attach_baseline(rep, run_mpi_baseline(o, problem, tmp.path()), records, count);
+    if (!rep.baseline.ran && o.progress)
       std::fprintf(stderr, "epx bench: MPI baseline unavailable: %s\n", rep.baseline.why_not.c_str());
-    }
   }
   rep.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return {std::move(rep), std::move(records)};
@@ -108,7 +117,7 @@ int run_bench(const BenchOptions& o, std::FILE* out, BenchReport* report) {
     std::fprintf(out, "wrote %s (open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace.c_str());
   }
   std::fflush(out);
-  const int status = rep.baseline_requested && rep.baseline.ran && !rep.baseline.verified ? 3 : 0;
+  const int status = bench_status(rep);
   if (report) *report = std::move(rep);
   return status;
 }

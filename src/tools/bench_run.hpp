@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "bench_mpi.hpp"
 #include "bench_options.hpp"
 #include "bench_report.hpp"
 #include "bench_runner.hpp"
@@ -15,6 +16,14 @@ struct BenchMeasurement {
   BenchReport report;
   std::vector<BenchRankRecord> records;
 };
+
+/// The MPI baseline's result into the report: checked against the ranks' records (same
+/// rows and combine output) and its payload bytes against `count`'s.
+void attach_baseline(BenchReport& rep, BaselineResult baseline, const std::vector<BenchRankRecord>& records,
+                     const RouteCount& count);
+
+/// The bench's exit status: 0, or 3 when the MPI baseline produced different rows than epx.
+int bench_status(const BenchReport& rep);
 
 /// Validates `o`, builds the routing, runs the P ranks once, aggregates their records and
 /// runs the MPI baseline if asked. Prints nothing but the progress lines on stderr.

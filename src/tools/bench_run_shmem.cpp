@@ -2,6 +2,8 @@
 // mpirun); epx forks nothing. Every rank builds the same problem, runs its part through
 // the shmem transport, and sends its record to rank 0 through the bootstrap; rank 0
 // aggregates and prints the report (with the node layout), the others print nothing.
+// --baseline mpi runs epx_mpi_baseline's dispatcher afterwards in the same processes
+// (MPI_COMM_WORLD = the PEs), on the same routing, and the report compares the two.
 #include <stdlib.h>
 
 #include <algorithm>
@@ -12,10 +14,12 @@
 #include <string>
 
 #include "bench_dataplane.hpp"
+#include "bench_mpi.hpp"
 #include "bench_output.hpp"
 #include "bench_routing.hpp"
 #include "bench_run.hpp"
 #include "bench_runner.hpp"
+#include "launched_job.hpp"
 #include "epx/connect.hpp"
 #include "epx/error.hpp"
 #include "epx/shmem.hpp"
@@ -38,42 +42,9 @@ std::string read_file(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-/// Every rank's `mine` (any length) at rank 0's index r; collective.
-std::vector<std::string> gather_blobs(Bootstrap& boot, const std::string& mine) {
-  const auto P = static_cast<std::size_t>(boot.size());
-  std::uint64_t len = mine.size();
-  std::vector<std::uint64_t> lens(P);
-  boot.allgather(&len, lens.data(), sizeof len);
-  const std::size_t max = *std::max_element(lens.begin(), lens.end());
-  std::string padded = mine;
-  padded.resize(max);
-  std::string all(max * P, '\0');
-  boot.allgather(padded.data(), all.data(), max);
-  std::vector<std::string> out(P);
-  for (std::size_t r = 0; r < P; ++r) out[r] = all.substr(r * max, lens[r]);
-  return out;
-}
-
-/// "node 0 (host): ranks 0-1; node 1 (host): ranks 2-3" from the bootstrap's node map.
-std::string describe_nodes(Bootstrap& boot, const NodeMap& nodes) {
-  const std::string id = local_node_identity();
-  const auto hosts = gather_blobs(boot, id.substr(id.rfind('/') + 1));
-  std::string s;
-  for (int n = 0; n < nodes.num_nodes; ++n) {
-    const auto ranks = nodes.ranks_of(n);
-    s += (n ? "; node " : "node ") + std::to_string(n) + " (" + hosts[static_cast<std::size_t>(ranks.front())] + "): ranks";
-    for (int r : ranks) s += " " + std::to_string(r);
-  }
-  return s;
-}
-
 }  // namespace
 
 int run_bench_shmem(const BenchOptions& given, std::FILE* out, BenchReport* report) {
-  if (given.baseline == "mpi")
-    throw Error(ErrorCode::kUnsupported,
-                "epx bench --transport shmem --baseline mpi: run bench/epx_mpi_baseline with the same launcher line and "
-                "routing instead (README, 'Across machines')");
   if (!given.sweep.empty() || given.eplb || !given.trace.empty())
     throw Error(ErrorCode::kUnsupported, "epx bench --transport shmem: --sweep, --eplb and --trace need the fork launcher");
   auto boot = shmem_bootstrap();
@@ -81,16 +52,7 @@ int run_bench_shmem(const BenchOptions& given, std::FILE* out, BenchReport* repo
   BenchOptions o = given;
   o.ranks = boot->size();  // from the launcher
   // The hierarchical schedule follows the job's real node layout unless --topology says otherwise.
-  if (o.dataplane.schedule.kind == ScheduleKind::kHierarchical && o.dataplane.topology == DataPlaneOptions{}.topology &&
-      nodes.num_nodes > 1) {
-    const int per = nodes.uniform_ranks_per_node();
-    bool consecutive = per > 0;
-    for (int r = 0; consecutive && r < o.ranks; ++r) consecutive = nodes.node_of_rank[static_cast<std::size_t>(r)] == r / per;
-    if (!consecutive)
-      throw Error(ErrorCode::kInvalidArgument, "epx bench: --schedule hierarchical needs equal, consecutive ranks per node "
-                                               "(the launcher placed " + describe_nodes(*boot, nodes) + "); pass --topology");
-    o.dataplane.topology = "builtin:servers:" + std::to_string(per);
-  }
+  default_topology_from_nodes(o.dataplane, *boot, nodes, "epx bench");
   validate_options(o);
   const std::string layout = describe_nodes(*boot, nodes);
   BenchProblem problem = make_problem(o);
@@ -111,6 +73,12 @@ int run_bench_shmem(const BenchOptions& given, std::FILE* out, BenchReport* repo
     record = read_file(bench_record_path(dir, me));
   }
   const auto blobs = gather_blobs(*boot, record);
+  // --baseline mpi: the same ranks of this job, the same routing, after epx's run.
+  BaselineResult baseline;
+  if (o.baseline == "mpi") {
+    if (o.progress && me == 0) std::fprintf(stderr, "epx bench: running the MPI baseline in this job ...\n");
+    baseline = run_mpi_baseline_in_job(o, problem, me, dir);
+  }
   int status = 0;
   if (me == 0) {
     std::vector<BenchRankRecord> records;
@@ -119,6 +87,8 @@ int run_bench_shmem(const BenchOptions& given, std::FILE* out, BenchReport* repo
       records.push_back(read_bench_record(bench_record_path(dir, r)));
     }
     BenchReport rep = aggregate_bench(o, problem, count, records);
+    if (o.baseline == "mpi") attach_baseline(rep, std::move(baseline), records, count);
+    status = bench_status(rep);
     std::fprintf(out, "transport shmem (ranks from the launcher): %d nodes; %s\n", nodes.num_nodes, layout.c_str());
     print_bench_report(out, rep);
     if (!o.json.empty()) {

@@ -13,6 +13,24 @@ namespace fs = std::filesystem;
 namespace epx::tools {
 
 ReplayMeta read_replay_meta(const fs::path& in) {
+  bool given = false;
+  ReplayMeta m = read_replay_meta_file(in, &given);
+  if (!given) {
+    for (int r = 0; r < m.num_ranks; ++r) {
+      const fs::path idx = in / ("rank" + std::to_string(r)) / "topk_idx.npy";
+      NpyArray a;
+      try {
+        a = read_npy_header(idx);
+      } catch (const Error& e) {
+        throw Error(e.code(), "rank " + std::to_string(r) + ": " + e.what(), r);
+      }
+      if (!a.shape.empty()) m.max_tokens_per_rank = std::max(m.max_tokens_per_rank, a.shape[0]);
+    }
+  }
+  return m;
+}
+
+ReplayMeta read_replay_meta_file(const fs::path& in, bool* max_tokens_given) {
   const fs::path path = in / "meta.json";
   // Bounded (a huge or endless meta.json is refused) and parsed whole: trailing bytes after
   // the object are an error, not ignored.
@@ -48,17 +66,9 @@ ReplayMeta read_replay_meta(const fs::path& in) {
       throw Error(ErrorCode::kInvalidArgument,
                   path.string() + ": \"num_max_tokens_per_rank\" must be an integer >= 0, got " + c.dump());
     m.max_tokens_per_rank = c.get<std::int64_t>();
+    *max_tokens_given = true;
   } else {
-    for (int r = 0; r < m.num_ranks; ++r) {
-      const fs::path idx = in / ("rank" + std::to_string(r)) / "topk_idx.npy";
-      NpyArray a;
-      try {
-        a = read_npy_header(idx);
-      } catch (const Error& e) {
-        throw Error(e.code(), "rank " + std::to_string(r) + ": " + e.what(), r);
-      }
-      if (!a.shape.empty()) m.max_tokens_per_rank = std::max(m.max_tokens_per_rank, a.shape[0]);
-    }
+    *max_tokens_given = false;
   }
   return m;
 }
@@ -95,28 +105,30 @@ NpyArray expect_header(const fs::path& in, int r, const std::string& name, const
 
 }  // namespace
 
+std::int64_t check_replay_rank_inputs(const fs::path& in, const ReplayMeta& m, int r, bool fp8, bool x_optional) {
+  const fs::path rd = in / ("rank" + std::to_string(r));
+  const NpyArray idx = expect_header(in, r, "topk_idx.npy", "<i8", -1, m.num_topk);
+  const std::int64_t S = idx.shape[0];
+  if (S > m.max_tokens_per_rank)
+    input_error(r, ErrorCode::kCapacityExceeded,
+                "topk_idx.npy has S = " + std::to_string(S) + " tokens but num_max_tokens_per_rank is " +
+                    std::to_string(m.max_tokens_per_rank));
+  if (!x_optional || fs::exists(rd / "topk_weights.npy")) expect_header(in, r, "topk_weights.npy", "<f4", S, m.num_topk);
+  if (fp8) {
+    expect_header(in, r, "x_fp8.npy", "|u1", S, m.hidden);
+    if (m.hidden % 128 != 0)
+      input_error(r, ErrorCode::kInvalidArgument, "FP8 input needs hidden % 128 == 0, meta.json says " + std::to_string(m.hidden));
+    expect_header(in, r, "x_scales.npy", "<f4", S, m.hidden / 128);
+  } else if (!x_optional || fs::exists(rd / "x.npy")) {
+    expect_header(in, r, "x.npy", "<u2", S, m.hidden);
+  }
+  return S;
+}
+
 std::vector<std::int64_t> check_replay_inputs(const fs::path& in, const ReplayMeta& m, bool x_optional) {
   std::vector<std::int64_t> tokens;
   const bool fp8 = fs::exists(in / "rank0" / "x_fp8.npy");
-  for (int r = 0; r < m.num_ranks; ++r) {
-    const fs::path rd = in / ("rank" + std::to_string(r));
-    const NpyArray idx = expect_header(in, r, "topk_idx.npy", "<i8", -1, m.num_topk);
-    const std::int64_t S = idx.shape[0];
-    if (S > m.max_tokens_per_rank)
-      input_error(r, ErrorCode::kCapacityExceeded,
-                  "topk_idx.npy has S = " + std::to_string(S) + " tokens but num_max_tokens_per_rank is " +
-                      std::to_string(m.max_tokens_per_rank));
-    if (!x_optional || fs::exists(rd / "topk_weights.npy")) expect_header(in, r, "topk_weights.npy", "<f4", S, m.num_topk);
-    if (fp8) {
-      expect_header(in, r, "x_fp8.npy", "|u1", S, m.hidden);
-      if (m.hidden % 128 != 0)
-        input_error(r, ErrorCode::kInvalidArgument, "FP8 input needs hidden % 128 == 0, meta.json says " + std::to_string(m.hidden));
-      expect_header(in, r, "x_scales.npy", "<f4", S, m.hidden / 128);
-    } else if (!x_optional || fs::exists(rd / "x.npy")) {
-      expect_header(in, r, "x.npy", "<u2", S, m.hidden);
-    }
-    tokens.push_back(S);
-  }
+  for (int r = 0; r < m.num_ranks; ++r) tokens.push_back(check_replay_rank_inputs(in, m, r, fp8, x_optional));
   return tokens;
 }
 

@@ -19,6 +19,9 @@ struct ReplayMeta {
 /// meta.json is read whole with a bound (kMaxMetaBytes; devices and FIFOs refused) and must be
 /// one JSON object with nothing after it. The default C reads only the .npy headers.
 ReplayMeta read_replay_meta(const std::filesystem::path& in);
+/// meta.json alone (no .npy header read): without num_max_tokens_per_rank, `*max_tokens_given`
+/// is false and max_tokens_per_rank 0 (the caller takes the largest S_r, e.g. all-gathered).
+ReplayMeta read_replay_meta_file(const std::filesystem::path& in, bool* max_tokens_given);
 inline constexpr std::size_t kMaxMetaBytes = std::size_t{1} << 20;
 
 /// Checks every rank's input headers against meta.json before anything is loaded or
@@ -27,6 +30,10 @@ inline constexpr std::size_t kMaxMetaBytes = std::size_t{1} << 20;
 /// real width is refused here). `x_optional`: x and the weights may be absent (epx bench
 /// --routing). Returns S_r per rank. Throws epx::Error naming the rank and the file.
 std::vector<std::int64_t> check_replay_inputs(const std::filesystem::path& in, const ReplayMeta& meta, bool x_optional);
+/// The same for rank `r` alone (ranks from a launcher each read their own inputs); `fp8`:
+/// x_fp8 + x_scales instead of x. Returns S_r.
+std::int64_t check_replay_rank_inputs(const std::filesystem::path& in, const ReplayMeta& meta, int r, bool fp8,
+                                      bool x_optional);
 
 /// What one rank of a dispatch + combine of this shape needs at least: the window (P*C
 /// received rows + C*min(K,P) replies of 2H bytes) and, in total, the window plus inputs and

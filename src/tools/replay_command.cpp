@@ -13,10 +13,13 @@
 #include "bench_dataplane.hpp"
 #include "commands.hpp"
 #include "epx/buffer.hpp"
+#include "epx/connect.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
+#include "epx/shmem.hpp"
 #include "epx/spi/janitor.hpp"
 #include "bench_options.hpp"
+#include "launched_job.hpp"
 #include "replay.hpp"
 #include "tensor_io.hpp"
 
@@ -154,18 +157,42 @@ void check_in_out(const fs::path& in, const fs::path& out) {
                                                  "remove the inputs; give an output directory apart from the inputs");
 }
 
+// The options that depend on nothing else (either launcher).
+void check_replay_options(const ReplayOptions& o) {
+  if (o.layout != "compact" && o.layout != "expanded")
+    throw Error(ErrorCode::kInvalidArgument, "--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
+  if (o.worst < 0) throw Error(ErrorCode::kInvalidArgument, "--worst must be >= 0 (0 = off), got " + std::to_string(o.worst));
+}
+
+// An old OUT/rank<r> that epx replay did not write is never replaced.
+void check_old_output(const fs::path& out, int r) {
+  const fs::path old = out / rank_dir(r);
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(old, ec)) && !is_replay_output(old))
+    throw Error(ErrorCode::kInvalidArgument, old.string() +
+                                                 " exists and holds something epx replay does not write; refusing to "
+                                                 "replace it (remove it or choose another --out)");
+}
+
+// OUT/rank<r> := the staged results of rank r (an earlier epx replay output is replaced).
+void publish_rank(const fs::path& staging, const fs::path& out, int r) {
+  if (is_replay_output(out / rank_dir(r))) fs::remove_all(out / rank_dir(r));
+  fs::rename(staging / rank_dir(r), out / rank_dir(r));
+}
+
+void run_replay_shmem(const ReplayOptions& o);
+
 void run_replay(const ReplayOptions& o) {
+  if (o.transport == "shmem") return run_replay_shmem(o);
   const fs::path in(o.in), out(o.out);
   check_in_out(in, out);
   const ReplayMeta meta = read_replay_meta(in);
-  if (o.layout != "compact" && o.layout != "expanded")
-    throw Error(ErrorCode::kInvalidArgument, "--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
+  check_replay_options(o);
   LaunchOptions lo;
   lo.transport = parse_transport_kind(o.transport);
   lo.timeout = checked_timeout(o.timeout_ms);
   check_ranks(meta.num_ranks, o.transport, (in / "meta.json").string());
   check_workers(o.workers, meta.num_ranks, "epx replay");
-  if (o.worst < 0) throw Error(ErrorCode::kInvalidArgument, "--worst must be >= 0 (0 = off), got " + std::to_string(o.worst));
   check_dataplane(o.dataplane, meta.num_ranks);
   // Sizes against the inputs first (every header against meta.json), then the memory.
   const std::vector<std::int64_t> tokens = check_replay_inputs(in, meta, false);
@@ -174,14 +201,7 @@ void run_replay(const ReplayOptions& o) {
                                  *std::max_element(tokens.begin(), tokens.end()), meta.max_tokens_per_rank, o.worst),
                   meta.num_ranks, lo.transport == TransportKind::kShm);
   lo.num_ranks = meta.num_ranks;
-  for (int r = 0; r < meta.num_ranks; ++r) {
-    const fs::path old = out / rank_dir(r);
-    std::error_code ec;
-    if (fs::exists(fs::symlink_status(old, ec)) && !is_replay_output(old))
-      throw Error(ErrorCode::kInvalidArgument, old.string() +
-                                                   " exists and holds something epx replay does not write; refusing to "
-                                                   "replace it (remove it or choose another --out)");
-  }
+  for (int r = 0; r < meta.num_ranks; ++r) check_old_output(out, r);
 
   // Results appear as OUT/rank<r> only when every rank succeeded; a failed run leaves no
   // OUT/rank<r> (an earlier run's results, which epx wrote, are removed) that could pass for
@@ -207,13 +227,95 @@ void run_replay(const ReplayOptions& o) {
     drop_results();
     throw;
   }
-  for (int r = 0; r < meta.num_ranks; ++r) {
-    if (is_replay_output(out / rank_dir(r))) fs::remove_all(out / rank_dir(r));
-    fs::rename(staging / rank_dir(r), out / rank_dir(r));
-  }
+  for (int r = 0; r < meta.num_ranks; ++r) publish_rank(staging, out, r);
   fs::remove_all(staging);
   std::printf("epx replay: %d ranks (%s), %s layout, %s; wrote %s/rank0..rank%d\n", meta.num_ranks, o.transport.c_str(),
               o.layout.c_str(), describe_dataplane(o.dataplane).c_str(), o.out.c_str(), meta.num_ranks - 1);
+}
+
+// --transport shmem: this process is rank PE of a job oshrun / mpirun started (epx forks
+// nothing). Every rank reads IN/meta.json and its own IN/rank<r> (so IN may be a copy per
+// machine), writes OUT/rank<r> (staged, renamed once every rank succeeded); an input error
+// on any rank fails every rank with that rank's message. Rank 0 prints the summary line.
+void run_replay_shmem(const ReplayOptions& given) {
+  const fs::path in(given.in), out(given.out);
+  // Staged under a name of this process, removed however it ends (the janitor is forked
+  // here, before the OpenSHMEM runtime starts).
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const fs::path staging = out / (".epx-replay-" + std::string(host) + "-" + std::to_string(getpid()));
+  detail::remove_at_exit(fs::absolute(staging).string());
+  auto boot = shmem_bootstrap();
+  const NodeMap nodes = discover_nodes(*boot);
+  const int me = boot->rank(), P = boot->size();
+  const int local = static_cast<int>(nodes.ranks_of(nodes.node_of_rank[static_cast<std::size_t>(me)]).size());
+  ReplayOptions o = given;
+  ReplayMeta meta;
+  bool c_given = false, fp8 = false;
+  std::int64_t S = 0;
+  // Options, meta.json and this rank's input headers: an error on any rank fails all of them.
+  agree(*boot, [&] {
+    check_in_out(in, out);
+    check_replay_options(o);
+    checked_timeout(o.timeout_ms);
+    meta = read_replay_meta_file(in, &c_given);
+    if (meta.num_ranks != P)
+      throw Error(ErrorCode::kInvalidArgument, (in / "meta.json").string() + ": num_ranks is " +
+                                                   std::to_string(meta.num_ranks) + " but the launcher started " +
+                                                   std::to_string(P) + " ranks");
+    check_workers(o.workers, local, "epx replay");
+    fp8 = fs::exists(in / rank_dir(me) / "x_fp8.npy");
+    ReplayMeta bound = meta;
+    if (!c_given) bound.max_tokens_per_rank = INT64_MAX;  // the default C is the largest S_r, known below
+    S = check_replay_rank_inputs(in, bound, me, fp8, false);
+    check_old_output(out, me);
+  });
+  // C defaults to the largest S_r; every rank's x is of one kind (bf16 or FP8).
+  const auto facts = gather_blobs(*boot, std::to_string(S) + (fp8 ? " fp8" : " bf16"));
+  for (int r = 0; r < P; ++r) {
+    const std::string& f = facts[static_cast<std::size_t>(r)];
+    if (!c_given) meta.max_tokens_per_rank = std::max<std::int64_t>(meta.max_tokens_per_rank, std::stoll(f));
+    if (f.substr(f.find(' ')) != facts[0].substr(facts[0].find(' ')))
+      throw Error(ErrorCode::kDtypeMismatch, "rank " + std::to_string(r) + ": its x is " + f.substr(f.find(' ') + 1) +
+                                                 ", rank 0's is " + facts[0].substr(facts[0].find(' ') + 1) +
+                                                 " (every rank has x.npy, bf16, or every rank x_fp8.npy + x_scales.npy)",
+                  r);
+  }
+  default_topology_from_nodes(o.dataplane, *boot, nodes, "epx replay");
+  agree(*boot, [&] {
+    check_dataplane(o.dataplane, P);
+    check_footprint("epx replay: rank " + std::to_string(me) + ": ",
+                    rank_footprint(P, meta.hidden, meta.num_topk, S, meta.max_tokens_per_rank, o.worst), local, false);
+    fs::create_directories(out);
+    fs::create_directory(staging);
+  });
+  std::string layout;
+  auto drop = [&] {
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+    if (is_replay_output(out / rank_dir(me))) fs::remove_all(out / rank_dir(me), ec);
+  };
+  try {
+    layout = describe_nodes(*boot, nodes);
+    ConnectOptions co;
+    co.kind = ConnectKind::kShmem;
+    co.timeout = checked_timeout(o.timeout_ms);
+    auto t = connect(*boot, co);
+    // Collective errors (a bad topk_idx on one rank) are agreed; a timed-out or dead peer is not (it may be gone).
+    agree(*boot, [&] { replay_rank(*t, meta, o, staging); });
+    agree(*boot, [&] {
+      publish_rank(staging, out, me);
+      fs::remove_all(staging);
+    });
+  } catch (...) {
+    drop();
+    throw;
+  }
+  if (me == 0)
+    std::printf("epx replay: %d ranks (shmem, ranks from the launcher: %s), %s layout, %s; wrote %s/rank0..rank%d\n", P,
+                layout.c_str(), o.layout.c_str(), describe_dataplane(o.dataplane).c_str(), o.out.c_str(), P - 1);
+  std::fflush(stdout);
+  boot->barrier();
 }
 
 }  // namespace
@@ -233,7 +335,8 @@ void add_replay_command(CLI::App& app) {
   sub->add_flag("--deterministic", o->deterministic, "expanded rows sorted by (s, t) in each expert (always the case in epx)");
   sub->add_flag("--zero-padding", o->zero_padding, "padding rows of recv_x are zero (always the case in epx replay)");
   sub->add_flag("--weighted", o->weighted, "weighted combine (expanded layout only)");
-  sub->add_option("--transport", o->transport, "shm (ranks are processes) | threads")->capture_default_str();
+  sub->add_option("--transport", o->transport, "shm (ranks are processes) | threads | shmem (one rank per process, started by "
+                  "oshrun / mpirun: README 'Across machines')")->capture_default_str();
   sub->add_option("--workers", o->workers, "worker threads per rank (0 = auto)")->capture_default_str();
   sub->add_option("--ring-rows", o->ring_rows, "bounded receive area: a ring of N rows per source (0 = a slot per row)")
       ->capture_default_str();

@@ -3,7 +3,13 @@
 reference epx_ref.py.
 
     /usr/bin/python3 tests/e2e/check_replay.py --epx build/src/tools/epx [--quick]
-        [--keep] [--filter SUBSTRING] [--timeout SECONDS] [--repeat N]
+        [--keep] [--filter SUBSTRING] [--names N1,N2,...] [--timeout SECONDS] [--repeat N]
+        [--launch 'oshrun ... -np {np}']
+
+With --launch, every case runs as `LAUNCH epx replay ... --transport shmem` ({np} = the
+case's number of ranks): one rank per process, started by that launcher (the
+multi-"machine" tests, tests/multinode/run.sh, pass their oshrun line); the threads
+cases run on shmem too.
 
 Generates a matrix of random cases in a temporary directory, runs
 `epx replay --in IN --out OUT [options]` on each (some with
@@ -22,6 +28,7 @@ import argparse
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -55,12 +62,13 @@ def G(P, E, H, K, tokens, mask=0.0, zipf=0.0, fp8=False, seed=0, C=None, probes=
                 zipf=zipf, fp8=fp8, seed=seed, max_tokens=C, probes=probes)
 
 
-def O(layout, A=1, worst=None, det=False, zp=False, weighted=False, threads=False, dataplane=()):
+def O(layout, A=1, worst=None, det=False, zp=False, weighted=False, threads=False, dataplane=(), launched=False):
     """worst: None, an int, "exact" (= the largest need over the ranks) or
     ("extra", n) (= that + n). dataplane: extra epx flags (schedule, queues, protocol...),
-    which must not change a single bit of the outputs."""
+    which must not change a single bit of the outputs. launched: only with --launch (ranks
+    from a launcher over several machines: the node layout comes from the job)."""
     return dict(layout=layout, alignment=A, worst=worst, deterministic=det, zero_padding=zp,
-                weighted=weighted, threads=threads, dataplane=list(dataplane))
+                weighted=weighted, threads=threads, dataplane=list(dataplane), launched=launched)
 
 
 def success_cases():
@@ -153,6 +161,9 @@ def success_cases():
             "--protocol", "flag", "--queues", "4", "--queue-split", "bytes")), True),
         ("p8_hierarchical_servers4", g_p8t, O("expanded", 4, weighted=True, dataplane=(
             "--schedule", "hierarchical", "--topology", "builtin:servers:4")), True),
+        # --schedule hierarchical without --topology: the job's real node layout (several machines).
+        ("p4_hierarchical_job_nodes", g_wt, O("expanded", 4, weighted=True, dataplane=(
+            "--schedule", "hierarchical"), launched=True), False),
         ("p8_ring2_flat", g_p8t, O("compact", 1, worst=("extra", 2), dataplane=(
             "--schedule", "flat", "--ring-rows", "2")), False),
     ]
@@ -427,7 +438,10 @@ def shm_leaks(before):
 # ----------------------------------------------------------------------------
 
 
-def replay_cmd(epx, in_dir, out_dir, opts, worst):
+LAUNCH = None  # --launch: the launcher's command line, "{np}" = the case's ranks
+
+
+def replay_cmd(epx, in_dir, out_dir, opts, worst, ranks):
     cmd = [epx, "replay", "--in", in_dir, "--out", out_dir,
            "--layout", opts["layout"], "--alignment", str(opts["alignment"])]
     if worst:
@@ -438,7 +452,9 @@ def replay_cmd(epx, in_dir, out_dir, opts, worst):
         cmd.append("--zero-padding")
     if opts["weighted"]:
         cmd.append("--weighted")
-    if opts.get("threads"):
+    if LAUNCH is not None:
+        cmd = [a.replace("{np}", str(ranks)) for a in shlex.split(LAUNCH)] + cmd + ["--transport", "shmem"]
+    elif opts.get("threads"):
         cmd += ["--transport", "threads"]
     return cmd + opts.get("dataplane", [])
 
@@ -489,7 +505,7 @@ def check_success(name, g, opts, epx, tmp, timeout, mutate=None, either_bad_rank
                       opts["zero_padding"], opts["weighted"]) if worst else plain
     if mutate is not None:
         mutate(in_dir)
-    cmd = replay_cmd(epx, in_dir, out_dir, opts, worst)
+    cmd = replay_cmd(epx, in_dir, out_dir, opts, worst, case.P)
     if either_bad_rank is not None:
         rc, out, err, secs, leaks = run(cmd, timeout)
         if rc not in (0, None):
@@ -563,7 +579,7 @@ def check_error(name, g, opts, bad, epx, tmp, timeout):
     out_dir = os.path.join(tmp, name, "out")
     gen_case.generate(in_dir, **g)
     worst = opts["worst"] if isinstance(opts["worst"], int) else 0
-    cmd = replay_cmd(epx, in_dir, out_dir, opts, worst)
+    cmd = replay_cmd(epx, in_dir, out_dir, opts, worst, g["ranks"])
     return run_error(name, cmd, out_dir, bad, [], timeout)
 
 
@@ -629,10 +645,17 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="smaller matrix (< 60 s)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--filter", default=None, help="only cases whose name contains this")
+    ap.add_argument("--names", default=None, help="only these cases (comma-separated names)")
+    ap.add_argument("--launch", default=None,
+                    help="run each case under this launcher with --transport shmem ({np} = its ranks)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds per epx run")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run every valid case this many times (races show as flaky cases)")
     a = ap.parse_args(argv)
+    global LAUNCH
+    LAUNCH = a.launch
+    names = set(a.names.split(",")) if a.names else None
+    seen = set()
     epx = os.path.abspath(a.epx)
     if not (os.path.isfile(epx) and os.access(epx, os.X_OK)):
         print("FAIL setup: %s is not an executable" % epx)
@@ -661,6 +684,9 @@ def main(argv=None):
     def wanted(name, in_quick):
         if a.quick and not in_quick:
             return False
+        if names is not None and name.split("#")[0] not in names:
+            return False
+        seen.add(name.split("#")[0])
         return a.filter is None or a.filter in name
 
     try:
@@ -668,7 +694,7 @@ def main(argv=None):
         if a.repeat > 1:
             matrix = [("%s#%d" % (n, i + 1), g, o, q) for i in range(a.repeat) for n, g, o, q in matrix]
         for name, g, opts, q in matrix:
-            if not wanted(name, q):
+            if not wanted(name, q) or (opts["launched"] and LAUNCH is None):
                 continue
             try:
                 fails, secs, cmd = check_success(name, g, opts, epx, tmp, a.timeout)
@@ -706,7 +732,7 @@ def main(argv=None):
             try:
                 in_dir, bad, need, W = find_single_overflow(tmp, name, layout)
                 out_dir = os.path.join(tmp, name, "out")
-                cmd = replay_cmd(epx, in_dir, out_dir, O(layout, 1, threads=threads), W)
+                cmd = replay_cmd(epx, in_dir, out_dir, O(layout, 1, threads=threads), W, 4)
                 fails, secs, cmd, _ = run_error(name, cmd, out_dir, bad, [need, W], a.timeout)
             except OSError as e:
                 fails, secs, cmd = ["OS error (could not run epx?): %s" % e], 0.0, ""
@@ -719,6 +745,9 @@ def main(argv=None):
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    for n in sorted((names or set()) - seen):
+        failed += 1
+        print("FAIL %s: no such case (--names)" % n)
     print("total %.1fs" % (time.time() - t_start))
     print("%d passed, %d failed" % (passed, failed))
     return 1 if failed else 0
