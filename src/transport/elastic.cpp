@@ -68,6 +68,7 @@ class ElasticShmTransport final : public ShmTransport {
         root_(root),
         root_ranks_(std::move(root_ranks)) {
     disarm_fault_hook();
+    mirror_phases_to(root_, root_ranks_[static_cast<std::size_t>(rank)]);
   }
 
   ~ElasticShmTransport() override {

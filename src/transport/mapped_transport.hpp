@@ -80,6 +80,9 @@ class MappedTransport : public Transport {
   /// The fault-injection hook (EPX_FAULT_INJECT) names ranks of the launched group: a
   /// rebuilt group (elastic.cpp) turns it off.
   void disarm_fault_hook() noexcept { fault_.fired = true; }
+  /// Phases are also recorded in `control`'s slot `rank` (a rebuilt group: the launcher
+  /// reads the launch's control block, by the rank's number there).
+  void mirror_phases_to(ControlBlock* control, int rank) noexcept { mirror_ = control, mirror_rank_ = rank; }
   /// Called by check_peers while a wait yields: a transport whose peers no launcher
   /// watches checks their liveness here (and may throw kPeerFailed). Default: nothing.
   virtual void check_alive(const char* phase) const { (void)phase; }
@@ -100,6 +103,8 @@ class MappedTransport : public Transport {
   std::uint64_t barrier_epoch_ = 0;
   std::atomic<const char*> last_phase_{nullptr};
   FaultPlan fault_;
+  ControlBlock* mirror_ = nullptr;
+  int mirror_rank_ = -1;
 };
 
 }  // namespace epx::detail

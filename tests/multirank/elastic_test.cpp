@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <set>
@@ -64,8 +65,9 @@ struct HandMasked {
 
 /// The masked routing written apart from the library: the live replicas of each pair's
 /// expert in plan order, the t-th of them (kSpread), renumbered as the survivors' group
-/// numbers its slots (new rank * slots per rank + local slot).
-HandMasked mask_by_hand(const std::vector<std::int64_t>& topk_idx, const EplbPlan& plan, int victim) {
+/// numbers its slots (new rank * slots per rank + local slot). `lost`: launched-group ranks.
+HandMasked mask_by_hand(const std::vector<std::int64_t>& topk_idx, const EplbPlan& plan, const std::vector<int>& lost) {
+  auto is_lost = [&](std::int64_t r) { return std::find(lost.begin(), lost.end(), r) != lost.end(); };
   HandMasked m;
   m.topk_idx.assign(topk_idx.size(), -1);
   for (std::size_t t = 0; t < topk_idx.size() / kTopk; ++t) {
@@ -75,14 +77,15 @@ HandMasked mask_by_hand(const std::vector<std::int64_t>& topk_idx, const EplbPla
       if (topk_idx[i] < 0) continue;
       std::vector<std::int64_t> live;
       for (std::int64_t p : replicas_of(plan, topk_idx[i]))
-        if (p / kPerRank != victim) live.push_back(p);
+        if (!is_lost(p / kPerRank)) live.push_back(p);
       if (live.empty()) {
         ++m.pairs;
         token_dropped = true;
         continue;
       }
       const std::int64_t p = live[t % live.size()];
-      const std::int64_t old_rank = p / kPerRank, new_rank = old_rank < victim ? old_rank : old_rank - 1;
+      std::int64_t new_rank = p / kPerRank;
+      for (int l : lost) new_rank -= l < p / kPerRank;
       m.topk_idx[i] = new_rank * kPerRank + p % kPerRank;
     }
     m.tokens += token_dropped;
@@ -127,10 +130,10 @@ void run_pair(Buffer& buffer, const Pair& pair, int pr, const RankViews& v, int 
   expect_bits(r, "combined_x", buffer.combine(c).combined_x.data(), pair.combined[u]);
 }
 
-/// The victim SIGKILLs itself in its first wait of `phase` once armed: inside a call.
+/// The victim SIGKILLs (or SIGSTOPs) itself in its first wait of `phase` once armed: inside a call.
 class KillingTransport final : public ForwardingTransport {
  public:
-  KillingTransport(Transport& t, const char* phase) : ForwardingTransport(t), t_(t), phase_(phase) {}
+  KillingTransport(Transport& t, const char* phase, bool stop) : ForwardingTransport(t), t_(t), phase_(phase), stop_(stop) {}
   void arm() { armed_.store(true); }
   void wait_signal(std::size_t slot, std::uint64_t v, const WaitPoint& w) override {
     maybe_die(w.phase);
@@ -145,10 +148,12 @@ class KillingTransport final : public ForwardingTransport {
   void maybe_die(const char* phase) {
     if (!armed_.load() || std::strcmp(phase, phase_) != 0) return;
     t_.enter_phase(phase);  // the launcher's report names it
-    raise(SIGKILL);
+    if (stop_ && !armed_.exchange(false)) return;  // one worker stops the rank
+    raise(stop_ ? SIGSTOP : SIGKILL);
   }
   Transport& t_;
   const char* phase_;
+  bool stop_;
   std::atomic<bool> armed_{false};
 };
 
@@ -184,115 +189,179 @@ int victim_covered_by_replicas(const EplbPlan& plan) {
   return -1;
 }
 
-void kill_and_continue(const EplbPlan& plan, int victim, const char* phase, bool expect_drops) {
-  SCOPED_TRACE("victim rank " + std::to_string(victim) + " killed in '" + phase + "'");
-  // Before: the 8-rank physical routing. After: the survivors' inputs, masked by hand.
-  std::vector<Pair> before, after;
-  for (int i = 0; i < kPairsBefore; ++i) {
-    ref::Problem q = logical_problem(100 + static_cast<std::uint64_t>(i));
-    q.num_experts = kReplicas;
-    for (int r = 0; r < kP; ++r) {
-      auto& idx = q.ranks[static_cast<std::size_t>(r)].topk_idx;
-      idx = map_to_replicas(idx, kTopk, plan, {0, r, kP, 1, ReplicaChoice::kSpread});
-    }
-    before.push_back(reference_pair(std::move(q), options_for(i)));
-  }
-  std::vector<std::vector<HandMasked>> hand(kPairsAfter);  // [pair][old rank]
-  std::vector<ref::Problem> logical_after;
-  std::int64_t total_pairs = 0, total_tokens = 0;
-  for (int j = 0; j < kPairsAfter; ++j) {
-    const ref::Problem p = logical_problem(200 + static_cast<std::uint64_t>(j));
+/// A rank lost inside pair kKillPair of a stage: `victim` is its rank in the launched group.
+struct Fault {
+  int victim;
+  const char* phase;
+  bool stop = false;  ///< SIGSTOP instead of SIGKILL: the survivors time out and leave it out
+};
+
+/// What one stage (one group) runs: the survivors' inputs masked by hand and the reference
+/// results over them.
+struct Stage {
+  std::vector<int> survivors;  // launched-group ranks, ascending
+  std::vector<int> lost;       // launched-group ranks, ascending
+  std::vector<ref::Problem> logical;
+  std::vector<std::vector<HandMasked>> hand;  // [pair][new rank]
+  std::vector<Pair> pairs;
+  std::int64_t dropped_pairs = 0;
+};
+
+Stage make_stage(const EplbPlan& plan, std::vector<int> lost, std::uint64_t seed, int num_pairs) {
+  Stage st;
+  std::sort(lost.begin(), lost.end());
+  st.lost = lost;
+  for (int r = 0; r < kP; ++r)
+    if (!std::binary_search(lost.begin(), lost.end(), r)) st.survivors.push_back(r);
+  for (int j = 0; j < num_pairs; ++j) {
+    const ref::Problem p = logical_problem(seed + static_cast<std::uint64_t>(j));
     ref::Problem q = p;
-    q.num_ranks = kP - 1;
-    q.num_experts = kPerRank * (kP - 1);
+    q.num_ranks = static_cast<int>(st.survivors.size());
+    q.num_experts = kPerRank * q.num_ranks;
     q.ranks.clear();
-    for (int r = 0; r < kP; ++r) {
-      hand[static_cast<std::size_t>(j)].push_back(r == victim ? HandMasked{} : mask_by_hand(p.ranks[static_cast<std::size_t>(r)].topk_idx, plan, victim));
-      if (r == victim) continue;
+    st.hand.emplace_back();
+    for (int r : st.survivors) {
+      st.hand.back().push_back(mask_by_hand(p.ranks[static_cast<std::size_t>(r)].topk_idx, plan, lost));
       q.ranks.push_back(p.ranks[static_cast<std::size_t>(r)]);
-      q.ranks.back().topk_idx = hand[static_cast<std::size_t>(j)][static_cast<std::size_t>(r)].topk_idx;
-      total_pairs += hand[static_cast<std::size_t>(j)][static_cast<std::size_t>(r)].pairs;
-      total_tokens += hand[static_cast<std::size_t>(j)][static_cast<std::size_t>(r)].tokens;
+      q.ranks.back().topk_idx = st.hand.back().back().topk_idx;
+      st.dropped_pairs += st.hand.back().back().pairs;
     }
-    logical_after.push_back(p);
-    after.push_back(reference_pair(std::move(q), options_for(j)));
+    st.logical.push_back(p);
+    st.pairs.push_back(reference_pair(std::move(q), options_for(j)));
   }
-  if (expect_drops)
-    ASSERT_GT(total_pairs, 0) << "the victim's only-copy experts are never routed to: the case tests nothing";
-  else
-    ASSERT_EQ(total_pairs, 0) << "the replicas do not cover the victim's experts";
+  return st;
+}
+
+/// Every rank checks the library's masking against the hand-made one (topk_idx, dropped
+/// counts, their sum over the group), then dispatches and combines bit for bit.
+void check_pair(Buffer& buffer, Transport& group, const EplbPlan& plan, const Stage& st, int j, int orig) {
+  const int me = group.rank();
+  const ref::Problem& p = st.logical[static_cast<std::size_t>(j)];
+  const HandMasked& want = st.hand[static_cast<std::size_t>(j)][static_cast<std::size_t>(me)];
+  const MaskedRouting got = map_to_live_replicas(p.ranks[static_cast<std::size_t>(orig)].topk_idx, kTopk, plan,
+                                                 {0, orig, kP, 1, ReplicaChoice::kSpread}, st.lost);
+  expect_bits(orig, "masked topk_idx", got.topk_idx.data(), want.topk_idx);
+  if (got.num_experts != kPerRank * group.num_ranks() || got.dropped_pairs != want.pairs || got.dropped_tokens != want.tokens)
+    fail(orig, "dropped " + std::to_string(got.dropped_pairs) + " pairs / " + std::to_string(got.dropped_tokens) +
+                   " tokens, want " + std::to_string(want.pairs) + " / " + std::to_string(want.tokens));
+  const std::vector<std::int64_t> total = sum_over_group(group, {got.dropped_pairs, got.dropped_tokens});
+  std::int64_t want_pairs = 0, want_tokens = 0;
+  for (const HandMasked& h : st.hand[static_cast<std::size_t>(j)]) want_pairs += h.pairs, want_tokens += h.tokens;
+  if (total != std::vector<std::int64_t>{want_pairs, want_tokens}) fail(orig, "sum_over_group of the dropped counts is wrong");
+  RankViews v = views_of(st.pairs[static_cast<std::size_t>(j)].problem, me);
+  v.topk_idx = TensorView(got.topk_idx.data(), DType::kI64, {p.ranks[static_cast<std::size_t>(orig)].num_tokens, kTopk});
+  run_pair(buffer, st.pairs[static_cast<std::size_t>(j)], me, v, orig);
+}
+
+/// 8 ranks; before each fault, pairs until the victim is lost inside pair kKillPair; then the
+/// survivors agree, rebuild and go on; after the last fault kPairsAfter pairs. Returns the
+/// last stage (its dropped count is the caller's to check).
+Stage lose_ranks_and_continue(const EplbPlan& plan, const std::vector<Fault>& faults, std::chrono::milliseconds timeout) {
+  std::vector<Stage> stages;
+  std::vector<int> lost;
+  for (std::size_t s = 0; s <= faults.size(); ++s) {
+    const bool last = s == faults.size();
+    stages.push_back(make_stage(plan, lost, 100 * (s + 1), last ? kPairsAfter : kPairsBefore));
+    if (!last) lost.push_back(faults[s].victim);
+  }
+  std::sort(lost.begin(), lost.end());
 
   const auto segments_before = segments();
-  std::vector<int> lost;
-  LaunchOptions lo{kP, TransportKind::kShm, std::chrono::milliseconds(10000)};
+  std::vector<int> lost_reported;
+  LaunchOptions lo{kP, TransportKind::kShm, timeout};
   lo.elastic = true;
-  lo.lost = &lost;
+  lo.lost = &lost_reported;
   launch(lo, [&](Transport& t) {
-    const int r = t.rank();
-    int completed = 0;
-    try {
-      KillingTransport killing(t, phase);
-      BufferConfig cfg = config_for(before[0].problem);
-      Buffer buffer(killing, cfg);
-      for (int i = 0; i < kPairsBefore; ++i, ++completed) {
-        if (r == victim && i == kKillPair) killing.arm();
-        run_pair(buffer, before[static_cast<std::size_t>(i)], r, views_of(before[static_cast<std::size_t>(i)].problem, r), r);
+    const int orig = t.rank();
+    std::vector<std::unique_ptr<Transport>> groups;  // each rebuilt from the one before: kept alive
+    Transport* now = &t;
+    for (std::size_t s = 0; s < stages.size(); ++s) {
+      const Stage& st = stages[s];
+      const bool last = s + 1 == stages.size();
+      const auto pos = std::find(st.survivors.begin(), st.survivors.end(), orig) - st.survivors.begin();
+      if (now->rank() != pos || now->num_ranks() != static_cast<int>(st.survivors.size()))
+        fail(orig, "stage " + std::to_string(s) + ": rank " + std::to_string(now->rank()) + " of " +
+                       std::to_string(now->num_ranks()) + ", want " + std::to_string(pos) + " of " +
+                       std::to_string(st.survivors.size()));
+      const Fault* f = last ? nullptr : &faults[s];
+      // The victim's rank in this group.
+      const int victim = f ? static_cast<int>(std::find(st.survivors.begin(), st.survivors.end(), f->victim) - st.survivors.begin()) : -1;
+      int completed = 0;
+      try {
+        KillingTransport killing(*now, f ? f->phase : "", f && f->stop);
+        Buffer buffer(killing, config_for(st.pairs[0].problem));
+        for (int j = 0; j < static_cast<int>(st.pairs.size()); ++j, ++completed) {
+          if (f && orig == f->victim && j == kKillPair) killing.arm();
+          check_pair(buffer, *now, plan, st, j, orig);
+        }
+        if (last) break;
+        fail(orig, "every pair completed: the victim's death went unnoticed");
+      } catch (const Error& e) {
+        if (last) throw;
+        const std::string what = e.what(), peer = "rank " + std::to_string(victim);
+        // A kill is named (the rank and the phase it died in) by every survivor; a stop makes
+        // some rank time out waiting for it and the others, maybe, for that rank.
+        if (!is_peer_loss(e) ||
+            (!f->stop && (e.origin_rank() != victim || what.find("peer " + peer) == std::string::npos ||
+                          what.find("SIGKILL) in phase '" + std::string(f->phase) + "'") == std::string::npos)))
+          fail(orig, "the error does not name the victim and its phase: " + what);
       }
-      fail(r, "every pair completed: the victim's death went unnoticed");
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      if (!is_peer_loss(e) || e.origin_rank() != victim || what.find("peer rank " + std::to_string(victim)) == std::string::npos ||
-          what.find("SIGKILL) in phase '" + std::string(phase) + "'") == std::string::npos)
-        fail(r, "the error does not name the victim and its phase: " + what);
-    }
-    if (completed < kKillPair || completed > kKillPair + 1)
-      fail(r, "failed after " + std::to_string(completed) + " pairs, not in the victim's pair or the next");
+      if (completed < kKillPair || completed > kKillPair + 1)
+        fail(orig, "failed after " + std::to_string(completed) + " pairs, not in the victim's pair or the next");
 
-    const Membership m = agree_survivors(t);
-    if (m.lost != std::vector<int>{victim} || m.survivors.size() != kP - 1 || m.new_rank != (r < victim ? r : r - 1))
-      fail(r, "agree_survivors: lost " + std::to_string(m.lost.size()) + " ranks, new rank " + std::to_string(m.new_rank));
-    std::unique_ptr<Transport> group = rebuild_group(t, m);
-    if (group->rank() != m.new_rank || group->num_ranks() != kP - 1) fail(r, "the rebuilt group has the wrong rank or size");
-
-    Buffer buffer(*group, config_for(after[0].problem));
-    for (int j = 0; j < kPairsAfter; ++j) {
-      const ref::Problem& p = logical_after[static_cast<std::size_t>(j)];
-      const HandMasked& want = hand[static_cast<std::size_t>(j)][static_cast<std::size_t>(r)];
-      const MaskedRouting got = map_to_live_replicas(p.ranks[static_cast<std::size_t>(r)].topk_idx, kTopk, plan,
-                                                     {0, r, kP, 1, ReplicaChoice::kSpread}, m.lost);
-      expect_bits(r, "masked topk_idx", got.topk_idx.data(), want.topk_idx);
-      if (got.num_experts != kPerRank * (kP - 1) || got.dropped_pairs != want.pairs || got.dropped_tokens != want.tokens)
-        fail(r, "dropped " + std::to_string(got.dropped_pairs) + " pairs / " + std::to_string(got.dropped_tokens) +
-                    " tokens, want " + std::to_string(want.pairs) + " / " + std::to_string(want.tokens));
-      const std::vector<std::int64_t> total = sum_over_group(*group, {got.dropped_pairs, got.dropped_tokens});
-      std::int64_t want_pairs = 0, want_tokens = 0;
-      for (const HandMasked& h : hand[static_cast<std::size_t>(j)]) want_pairs += h.pairs, want_tokens += h.tokens;
-      if (total != std::vector<std::int64_t>{want_pairs, want_tokens}) fail(r, "sum_over_group of the dropped counts is wrong");
-      RankViews v = views_of(after[static_cast<std::size_t>(j)].problem, m.new_rank);
-      v.topk_idx = TensorView(got.topk_idx.data(), DType::kI64, {p.ranks[static_cast<std::size_t>(r)].num_tokens, kTopk});
-      run_pair(buffer, after[static_cast<std::size_t>(j)], m.new_rank, v, r);
+      const Membership m = agree_survivors(*now);
+      if (m.lost != std::vector<int>{victim} || m.new_rank != m.new_rank_of(now->rank()) ||
+          m.new_rank != (now->rank() < victim ? now->rank() : now->rank() - 1))
+        fail(orig, "agree_survivors: lost " + std::to_string(m.lost.size()) + " ranks, new rank " + std::to_string(m.new_rank));
+      groups.push_back(rebuild_group(*now, m));
+      now = groups.back().get();
     }
   });
-  EXPECT_EQ(lost, std::vector<int>{victim});
+  EXPECT_EQ(lost_reported, lost);
   std::set<std::string> left;
   for (const std::string& n : segments())
     if (segments_before.count(n) == 0) left.insert(n);
   EXPECT_TRUE(left.empty()) << "a /dev/shm segment was left (" << *left.begin()
                             << "; or another job's appeared meanwhile: re-run)";
+  return stages.back();
 }
+
+constexpr std::chrono::milliseconds kTimeout(10000);
 
 TEST(ElasticTest, SurvivorsRebuildAndContinueWhenTheOnlyCopyOfAnExpertDies) {
   const EplbPlan plan = the_plan();
   const int victim = victim_with_only_copy(plan);
   ASSERT_GE(victim, 0);
-  kill_and_continue(plan, victim, "dispatch data", true);
+  const Stage st = lose_ranks_and_continue(plan, {{victim, "dispatch data"}}, kTimeout);
+  EXPECT_GT(st.dropped_pairs, 0) << "the victim's only-copy experts are never routed to: nothing was dropped";
 }
 
 TEST(ElasticTest, SurvivorsRebuildAndContinueWhenReplicasCoverTheLostRank) {
   const EplbPlan plan = the_plan();
   const int victim = victim_covered_by_replicas(plan);
   ASSERT_GE(victim, 0) << "the plan has no rank whose experts all have a replica elsewhere";
-  kill_and_continue(plan, victim, "combine data", false);
+  const Stage st = lose_ranks_and_continue(plan, {{victim, "combine data"}}, kTimeout);
+  EXPECT_EQ(st.dropped_pairs, 0);
+}
+
+// A rebuilt group loses a rank too: 8 -> 7 -> 6, the second victim's death read from the
+// launch's record through the rebuilt group.
+TEST(ElasticTest, ARebuiltGroupLosesASecondRank) {
+  const EplbPlan plan = the_plan();
+  const int first = victim_covered_by_replicas(plan), second = victim_with_only_copy(plan);
+  ASSERT_GE(first, 0);
+  ASSERT_GE(second, 0);
+  ASSERT_NE(first, second);
+  const Stage st = lose_ranks_and_continue(plan, {{first, "combine data"}, {second, "dispatch data"}}, kTimeout);
+  EXPECT_EQ(st.survivors.size(), 6u);
+  EXPECT_GT(st.dropped_pairs, 0);
+}
+
+// A rank that stops (SIGSTOP) inside a call: the survivors time out, agree without it after
+// the timeout and go on; the launcher kills it once every other rank has ended.
+TEST(ElasticTest, AStoppedRankIsLeftOut) {
+  const EplbPlan plan = the_plan();
+  lose_ranks_and_continue(plan, {{3, "dispatch data", true}}, std::chrono::milliseconds(1500));
 }
 
 TEST(ElasticTest, OnlyLaunchedShmGroups) {
