@@ -8,7 +8,6 @@
 // replica of an expert (tokens are dropped and counted), one whose experts all have a
 // replica elsewhere (nothing is dropped). Nothing is left behind: every rank is reaped by
 // launch(), no /dev/shm segment remains.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -157,16 +156,6 @@ class KillingTransport final : public ForwardingTransport {
   std::atomic<bool> armed_{false};
 };
 
-std::set<std::string> segments() {
-  std::set<std::string> names;
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d))
-      if (std::string(e->d_name).rfind("epx-", 0) == 0) names.emplace(e->d_name);
-    closedir(d);
-  }
-  return names;
-}
-
 /// Victims for the two cases: a rank holding the only replica of an expert the routing
 /// uses, and a rank all of whose experts have a replica on another rank.
 int victim_with_only_copy(const EplbPlan& plan) {
@@ -266,7 +255,7 @@ Stage lose_ranks_and_continue(const EplbPlan& plan, const std::vector<Fault>& fa
   }
   std::sort(lost.begin(), lost.end());
 
-  const auto segments_before = segments();
+  const auto segments_before = epx_segments();
   std::vector<int> lost_reported;
   LaunchOptions lo{kP, TransportKind::kShm, timeout};
   lo.elastic = true;
@@ -319,7 +308,7 @@ Stage lose_ranks_and_continue(const EplbPlan& plan, const std::vector<Fault>& fa
   });
   EXPECT_EQ(lost_reported, lost);
   std::set<std::string> left;
-  for (const std::string& n : segments())
+  for (const std::string& n : epx_segments())
     if (segments_before.count(n) == 0) left.insert(n);
   EXPECT_TRUE(left.empty()) << "a /dev/shm segment was left (" << *left.begin()
                             << "; or another job's appeared meanwhile: re-run)";
