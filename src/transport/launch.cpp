@@ -248,6 +248,7 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
   // (they see the failure in their next wait), then they are killed.
   int alive = 0;
   for (pid_t p : pids) alive += p > 0;
+  const int started = alive;
   auto kill_deadline = std::chrono::steady_clock::time_point::max();
   bool killed = false;
   const auto grace = std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::milliseconds(5000));
@@ -303,8 +304,8 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
         kill_deadline = std::chrono::steady_clock::now() + grace;
     }
     if (reaped) continue;
-    if (opt.elastic && kill_deadline == std::chrono::steady_clock::time_point::max()) {
-      bool all_stopped = true;  // nobody left who could still end by itself
+    if (opt.elastic && alive < started && kill_deadline == std::chrono::steady_clock::time_point::max()) {
+      bool all_stopped = true;  // some rank ended, and nobody is left who could still end by itself
       for (int r = 0; r < P; ++r)
         if (pids[static_cast<std::size_t>(r)] > 0) all_stopped &= !stopped_in[static_cast<std::size_t>(r)].empty();
       if (all_stopped)
