@@ -353,6 +353,24 @@ TEST(ElasticTest, AStoppedRankIsLeftOut) {
   lose_ranks_and_continue(plan, {{3, "dispatch data", true}}, std::chrono::milliseconds(1500));
 }
 
+// Elastic is about ranks that die: a rank that throws still fails the launch, with its error.
+TEST(ElasticTest, ARankThatThrowsStillFailsTheLaunch) {
+  std::vector<int> lost{42};
+  LaunchOptions lo{3, TransportKind::kShm, std::chrono::milliseconds(2000)};
+  lo.elastic = true;
+  lo.lost = &lost;
+  try {
+    launch(lo, [](Transport& t) {
+      if (t.rank() == 1) throw Error(ErrorCode::kInvalidArgument, "rank 1: a bad input", 1);
+    });
+    ADD_FAILURE() << "the launch returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.origin_rank(), 1);
+    EXPECT_NE(std::string(e.what()).find("a bad input"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(lost.empty());
+}
+
 TEST(ElasticTest, OnlyLaunchedShmGroups) {
   EXPECT_THROW(launch({2, TransportKind::kThreads, std::chrono::milliseconds(1000), {}, true}, [](Transport&) {}), Error);
   launch({2, TransportKind::kThreads, std::chrono::milliseconds(1000)}, [](Transport& t) {
