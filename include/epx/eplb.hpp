@@ -87,6 +87,29 @@ struct ReplicaRouting {
 std::vector<std::int64_t> map_to_replicas(const std::vector<std::int64_t>& topk_idx, int num_topk,
                                           const EplbPlan& plan, const ReplicaRouting& routing);
 
+/// The routing of a group that lost ranks (epx/elastic.hpp): physical slots in the
+/// survivors' numbering, and what could not be served.
+struct MaskedRouting {
+  std::vector<std::int64_t> topk_idx;  ///< [S, K] int64 in [-1, num_experts): -1 where dropped (or -1 before)
+  int num_experts = 0;                 ///< physical slots of the survivors' group: (num_replicas / P) * survivors
+  std::int64_t dropped_pairs = 0;      ///< (t, k) whose logical expert has no replica on a live rank
+  std::int64_t dropped_tokens = 0;     ///< tokens with at least one dropped pair
+};
+
+/// map_to_replicas for a group that lost `lost_ranks` (ranks of the group the plan was made
+/// for, P = routing.num_ranks): each (t, k) picks, by the same rule, among the replicas of its
+/// logical expert that live on a surviving rank (ReplicaChoice over those; routing.rank is
+/// the token's rank in the old numbering); a pair whose expert has no live replica becomes -1
+/// and is counted — never silently. Slots are renumbered densely for the rebuilt group
+/// (epx::rebuild_group): the slots of the survivors, rank by rank in ascending old rank, so
+/// old slot p of rank r = p / (num_replicas / P) becomes p - (num_replicas / P) * (lost ranks
+/// below r). Dispatch the result with num_experts = MaskedRouting::num_experts on the rebuilt
+/// group; phy2log of the old slot gives the logical expert. With no lost rank: exactly
+/// map_to_replicas. Local and pure. Throws kInvalidArgument as map_to_replicas does, and on a
+/// lost rank outside [0, P) or named twice, or a routing.rank that is lost.
+MaskedRouting map_to_live_replicas(const std::vector<std::int64_t>& topk_idx, int num_topk, const EplbPlan& plan,
+                                   const ReplicaRouting& routing, const std::vector<int>& lost_ranks);
+
 namespace eplb_detail {
 
 /// The building blocks, exposed for tests. `weight` is [rows, n] row-major.

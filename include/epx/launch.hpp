@@ -26,6 +26,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "epx/transport.hpp"
 
@@ -55,6 +56,15 @@ struct LaunchOptions {
   int num_ranks = 1;                             ///< 1 <= P <= max_ranks(transport)
   TransportKind transport = TransportKind::kShm;
   std::chrono::milliseconds timeout{60000};      ///< every wait of every rank (checked_timeout's rule)
+  /// kShm only (epx/elastic.hpp): a rank that dies (killed, or exited without returning)
+  /// does not end the job. The others keep running — their next wait throws kPeerFailed
+  /// naming it, and they may agree_survivors / rebuild_group and go on — and launch()
+  /// returns normally if every rank that did not die returned normally (a rank that throws
+  /// still fails the launch, as without elastic). A rank that is stopped when all the others
+  /// have ended is killed and counted as lost. kThreads / kSim: kUnsupported.
+  bool elastic = false;
+  /// With `elastic`: if set, receives the ranks that died (ascending); empty if none did.
+  std::vector<int>* lost = nullptr;
 };
 
 /// The function every rank runs. It may throw: the exception becomes the launch's error

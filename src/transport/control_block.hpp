@@ -14,6 +14,10 @@ namespace epx::detail {
 enum class RankState : std::int32_t { kRunning = 0, kDone = 1, kFailed = 2 };
 
 inline constexpr std::size_t kPhaseChars = 48;
+/// Values one elastic sum carries (epx::sum_over_group).
+inline constexpr std::size_t kSumWords = 4;
+/// Words of a member bit set: one bit per rank, for up to epx::kMaxRanks (1024) ranks.
+inline constexpr std::size_t kMemberWords = 1024 / 64;
 
 struct alignas(8) RankSlot {  // 8-aligned: the window table follows the slots
   std::atomic<std::int32_t> state{0};
@@ -28,6 +32,11 @@ struct alignas(8) RankSlot {  // 8-aligned: the window table follows the slots
   char phase[kPhaseChars] = "startup";
   // Bootstrap barriers this rank has arrived at (names who is missing on a timeout).
   std::atomic<std::uint32_t> barriers_arrived{0};
+  // Elastic (epx/elastic.hpp, src/transport/elastic.cpp): the last survivors' agreement round
+  // this rank arrived at, and its contribution to the group's small sums (two parities).
+  std::atomic<std::uint32_t> elastic_round{0};
+  std::atomic<std::uint32_t> sum_round{0};
+  std::atomic<std::int64_t> sum_words[2][kSumWords] = {};
 
   void set_phase(const char* p) noexcept;
   /// A copy of `phase` (NUL-terminated).
@@ -53,6 +62,15 @@ struct ControlBlock {
   std::int32_t num_ranks = 0;
   std::atomic<std::uint32_t> barrier_arrived{0};
   std::atomic<std::uint32_t> barrier_generation{0};
+  // Elastic: the survivors' agreement of round g is claimed by one rank (claim: g-1 -> g),
+  // which writes the members' bit set (parity g % 2) and then publishes decided = g; the
+  // rebuilt group's control block is announced by its lowest member (ready = g, or
+  // ready_failed = g when it could not create it).
+  std::atomic<std::uint32_t> elastic_claim{0};
+  std::atomic<std::uint32_t> elastic_decided{0};
+  std::atomic<std::uint32_t> elastic_ready{0};
+  std::atomic<std::uint32_t> elastic_ready_failed{0};
+  std::atomic<std::uint64_t> elastic_members[2][kMemberWords] = {};
   // Threads transport only: every rank's window base, published in allocate().
   // (Processes map segments by name instead.)
   RankSlot* ranks() noexcept { return reinterpret_cast<RankSlot*>(this + 1); }

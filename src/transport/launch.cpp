@@ -92,12 +92,27 @@ void run_rank(ControlBlock* control, int rank, Transport& transport, const RankF
 
 // The error of the rank at fault: a rank that blames itself (its own bad input or death)
 // first, else the lowest rank that reported an error naming someone, else any failure.
-void throw_if_failed(ControlBlock* control) {
+// With `lost` (an elastic launch): the ranks that died are not the launch's failure as long
+// as some rank ended normally, and a survivor's own failure is reported before them.
+void throw_if_failed(ControlBlock* control, const std::vector<bool>* lost = nullptr) {
   const int P = control->num_ranks;
   int pick = -1, pick_quality = 0;
+  bool survivor_failed = false;
+  if (lost != nullptr) {
+    bool some_done = false, others_done = true;
+    for (int r = 0; r < P; ++r) {
+      if ((*lost)[static_cast<std::size_t>(r)]) continue;
+      const bool done = control->ranks()[r].state.load(std::memory_order_acquire) == static_cast<std::int32_t>(RankState::kDone);
+      some_done |= done;
+      others_done &= done;
+      survivor_failed |= !done;
+    }
+    if (some_done && others_done) return;
+  }
   for (int r = 0; r < P; ++r) {
     const detail::RankSlot& s = control->ranks()[r];
     if (s.state.load(std::memory_order_acquire) != static_cast<std::int32_t>(RankState::kFailed)) continue;
+    if (survivor_failed && (*lost)[static_cast<std::size_t>(r)]) continue;
     const int quality = s.origin_rank == r ? 3 : s.origin_rank >= 0 ? 2 : 1;
     if (quality > pick_quality) pick = r, pick_quality = quality;
   }
@@ -234,10 +249,14 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
   // (they see the failure in their next wait), then they are killed.
   int alive = 0;
   for (pid_t p : pids) alive += p > 0;
+  const int started = alive;
   auto kill_deadline = std::chrono::steady_clock::time_point::max();
   bool killed = false;
   const auto grace = std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::milliseconds(5000));
   std::vector<std::string> stopped_in(static_cast<std::size_t>(P));  // "was stopped by signal 19 ..." while stopped
+  // Elastic: ranks that died (the others go on without them), and stopped ranks killed once
+  // every other rank had ended.
+  std::vector<bool> lost(static_cast<std::size_t>(P), false), killed_stopped(static_cast<std::size_t>(P), false);
   while (alive > 0) {
     bool reaped = false;
     for (int r = 0; r < P; ++r) {
@@ -259,12 +278,17 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
       --alive;
       pids[static_cast<std::size_t>(r)] = -1;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && control->ranks()[r].state.load() != static_cast<std::int32_t>(RankState::kFailed)) {
+      // Died rather than failed: it recorded no error of its own (an elastic launch goes on).
+      const bool died = !ok && control->ranks()[r].state.load() != static_cast<std::int32_t>(RankState::kFailed);
+      if (died) {
         // Killed by us after another rank failed: a consequence, not the cause.
-        const bool by_us = killed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+        const bool by_us = (killed || killed_stopped[static_cast<std::size_t>(r)]) && WIFSIGNALED(status) &&
+                           WTERMSIG(status) == SIGKILL;
         const std::string& was_stopped = stopped_in[static_cast<std::size_t>(r)];
         std::string msg = "rank " + std::to_string(r);
-        if (by_us && !was_stopped.empty())
+        if (killed_stopped[static_cast<std::size_t>(r)])
+          msg += " " + was_stopped + " and was killed when every other rank had ended";
+        else if (by_us && !was_stopped.empty())
           msg += " " + was_stopped + " and was killed after the timeout";  // the stalled rank itself
         else if (by_us)
           msg += " did not stop after another rank failed and was killed";
@@ -273,10 +297,25 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
         control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), by_us && was_stopped.empty() ? -1 : r,
                                 msg.c_str());
       }
+      if (opt.elastic && died && !killed) {
+        lost[static_cast<std::size_t>(r)] = true;
+        continue;
+      }
       if (!ok && kill_deadline == std::chrono::steady_clock::time_point::max())
         kill_deadline = std::chrono::steady_clock::now() + grace;
     }
     if (reaped) continue;
+    if (opt.elastic && alive < started && kill_deadline == std::chrono::steady_clock::time_point::max()) {
+      bool all_stopped = true;  // some rank ended, and nobody is left who could still end by itself
+      for (int r = 0; r < P; ++r)
+        if (pids[static_cast<std::size_t>(r)] > 0) all_stopped &= !stopped_in[static_cast<std::size_t>(r)].empty();
+      if (all_stopped)
+        for (int r = 0; r < P; ++r)
+          if (pids[static_cast<std::size_t>(r)] > 0 && !killed_stopped[static_cast<std::size_t>(r)]) {
+            killed_stopped[static_cast<std::size_t>(r)] = true;
+            kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+          }
+    }
     if (g_interrupted && kill_deadline == std::chrono::steady_clock::time_point::max()) {
       for (int r = 0; r < P; ++r)
         control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), -1, "interrupted");
@@ -294,8 +333,13 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
   detail::ShmTransport::unlink_leftovers(control->job_id);
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  if (opt.lost != nullptr) {
+    opt.lost->clear();
+    for (int r = 0; r < P; ++r)
+      if (lost[static_cast<std::size_t>(r)]) opt.lost->push_back(r);
+  }
   try {
-    throw_if_failed(control);
+    throw_if_failed(control, opt.elastic ? &lost : nullptr);
   } catch (...) {
     munmap(memory, bytes);
     if (g_interrupted) raise(g_interrupted);
@@ -312,6 +356,10 @@ void check_launch_options(const LaunchOptions& options) {
                     "' (at most " + std::to_string(kMaxRanks) + ", and " + std::to_string(kMaxRanksPerCore) +
                     " per online core for processes), got " + std::to_string(options.num_ranks));
   checked_timeout(options.timeout.count(), "launch: timeout");
+  if (options.elastic && options.transport != TransportKind::kShm)
+    throw Error(ErrorCode::kUnsupported, std::string("launch: elastic needs the shm transport (a process per rank: a rank "
+                                                     "that dies must not take the others with it), not '") +
+                                             to_string(options.transport) + "'");
 }
 
 }  // namespace

@@ -162,6 +162,7 @@ void MappedTransport::note_phase(const char* phase) noexcept {
   if (phase == last_phase_.load(std::memory_order_relaxed)) return;
   last_phase_.store(phase, std::memory_order_relaxed);
   control_->enter_phase(rank_, phase);
+  if (mirror_ != nullptr) mirror_->enter_phase(mirror_rank_, phase);
   fault_.maybe_fire(rank_, phase);
 }
 

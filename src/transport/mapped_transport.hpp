@@ -61,6 +61,12 @@ class MappedTransport : public Transport {
     return windows_.empty() ? nullptr : windows_[static_cast<std::size_t>(peer)];
   }
 
+  /// The group's control block (elastic agreement and sums, src/transport/elastic.cpp).
+  ControlBlock* control_block() const noexcept { return control_; }
+  /// Throws kPeerFailed if any rank failed, or if `peer` (>= 0) already finished.
+  void check_peers(const char* phase, int peer) const;
+  [[noreturn]] void throw_timeout(const char* phase, int peer) const;
+
  protected:
   /// Bytes of one rank's segment: the window, then the signal slots (user + barrier).
   std::size_t segment_bytes(std::size_t window_bytes, std::size_t num_signals) const noexcept;
@@ -69,11 +75,14 @@ class MappedTransport : public Transport {
                     std::size_t num_signals);
   /// Barrier through the control block (usable before any window exists).
   void bootstrap_barrier(const char* phase);
-  /// Throws kPeerFailed if any rank failed, or if `peer` (>= 0) already finished.
-  void check_peers(const char* phase, int peer) const;
-  [[noreturn]] void throw_timeout(const char* phase, int peer) const;
   /// Records `phase` in this rank's control-block slot (skipped if it is the last one).
   void note_phase(const char* phase) noexcept;
+  /// The fault-injection hook (EPX_FAULT_INJECT) names ranks of the launched group: a
+  /// rebuilt group (elastic.cpp) turns it off.
+  void disarm_fault_hook() noexcept { fault_.fired = true; }
+  /// Phases are also recorded in `control`'s slot `rank` (a rebuilt group: the launcher
+  /// reads the launch's control block, by the rank's number there).
+  void mirror_phases_to(ControlBlock* control, int rank) noexcept { mirror_ = control, mirror_rank_ = rank; }
   /// Called by check_peers while a wait yields: a transport whose peers no launcher
   /// watches checks their liveness here (and may throw kPeerFailed). Default: nothing.
   virtual void check_alive(const char* phase) const { (void)phase; }
@@ -94,6 +103,8 @@ class MappedTransport : public Transport {
   std::uint64_t barrier_epoch_ = 0;
   std::atomic<const char*> last_phase_{nullptr};
   FaultPlan fault_;
+  ControlBlock* mirror_ = nullptr;
+  int mirror_rank_ = -1;
 };
 
 }  // namespace epx::detail

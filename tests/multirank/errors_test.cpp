@@ -1,7 +1,6 @@
 // SPEC §6: every bad input, raised on each rank in turn, makes every rank's call fail with
 // an error naming the rank at fault — never a hang — and the buffer keeps working after.
 // A peer that dies or stops answering fails the others within the timeout, naming it.
-#include <dirent.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -215,16 +214,6 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, BadInputOnEachRank,
                          [](const auto& info) {
                            return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
                          });
-
-std::set<std::string> epx_segments() {
-  std::set<std::string> names;
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d))
-      if (std::string(e->d_name).find("epx") != std::string::npos) names.emplace(e->d_name);
-    closedir(d);
-  }
-  return names;
-}
 
 // True when no epx segment that was not there `before` remains. Another epx job on the
 // machine may hold a segment for a moment (between creating and unlinking it), so wait a

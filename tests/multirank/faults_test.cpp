@@ -6,7 +6,6 @@
 //
 // Also here: a soak (EPX_SOAK_PAIRS=N, default off): N dispatch/combine pairs with changing
 // routing, each bit-exact against the reference (README "Reliability").
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
@@ -45,16 +44,6 @@ ref::Problem fault_problem(std::uint64_t seed = 7) {
   f.tokens = 12;
   f.seed = seed;
   return ref::make_problem(f);
-}
-
-std::set<std::string> segments() {
-  std::set<std::string> names;
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d))
-      if (std::string(e->d_name).rfind("epx-", 0) == 0) names.emplace(e->d_name);
-    closedir(d);
-  }
-  return names;
 }
 
 bool pid_gone(pid_t pid) {
@@ -154,7 +143,7 @@ void expect_nothing_left(const Outcome& o, const std::set<std::string>& before) 
   bool leaked = true;
   while (leaked && std::chrono::steady_clock::now() < deadline) {
     leaked = false;
-    for (const std::string& n : segments()) leaked |= before.count(n) == 0;
+    for (const std::string& n : epx_segments()) leaked |= before.count(n) == 0;
     if (leaked) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_FALSE(leaked) << "a /dev/shm segment was left (or another job's appeared meanwhile: re-run)";
@@ -192,7 +181,7 @@ TEST_F(FaultTest, KillOrStopEachRankAtEachPhase) {
       for (int victim = 0; victim < kP; ++victim) {
         const std::string fault = std::to_string(victim) + ":" + phase + ":" + action;
         SCOPED_TRACE(fault);
-        const auto before = segments();
+        const auto before = epx_segments();
         const Outcome o = run_with_fault(fault, fresh(), timeout);
         ASSERT_TRUE(WIFEXITED(o.launcher_status)) << "the launcher child died";
         if (o.error.empty()) {  // this rank never waited in this phase: counted below
@@ -230,7 +219,7 @@ TEST_F(FaultTest, LauncherKilledOrInterrupted) {
     for (const char* phase : {"allocate: created", "dispatch data"}) {
       const std::string fault = std::string("1:") + phase + ":" + action;
       SCOPED_TRACE(fault);
-      const auto before = segments();
+      const auto before = epx_segments();
       const Outcome o = run_with_fault(fault, fresh(), std::chrono::milliseconds(20000));
       ASSERT_TRUE(WIFSIGNALED(o.launcher_status)) << "the launcher was not ended by the signal";
       const int want = std::string(action) == "KILL_LAUNCHER" ? SIGKILL : std::string(action) == "TERM_LAUNCHER" ? SIGTERM : SIGINT;
@@ -245,7 +234,7 @@ TEST_F(FaultTest, LauncherKilledOrInterrupted) {
 // is the one named: the others' bootstrap barrier names the lowest rank that has not arrived.
 TEST_F(FaultTest, RankStalledAtStartupIsNamed) {
   const fs::path dir = fresh();
-  const auto before = segments();
+  const auto before = epx_segments();
   std::fflush(nullptr);
   const pid_t child = fork();
   if (child == 0) {

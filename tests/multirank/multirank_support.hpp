@@ -4,7 +4,10 @@
 // by throwing (the launcher carries the message back), never with gtest macros.
 #pragma once
 
+#include <dirent.h>
+
 #include <cstring>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -117,6 +120,18 @@ class ForwardingTransport : public Transport, public sim::ModelTransport {
   Transport& t_;
   sim::ModelTransport* model_;
 };
+
+/// The epx segments in /dev/shm now (every name epx gives starts with "epx-"), for the
+/// tests' leak checks.
+inline std::set<std::string> epx_segments() {
+  std::set<std::string> names;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind("epx-", 0) == 0) names.emplace(e->d_name);
+    closedir(d);
+  }
+  return names;
+}
 
 [[noreturn]] inline void fail(int rank, const std::string& what) {
   throw std::runtime_error("rank " + std::to_string(rank) + ": " + what);

@@ -96,6 +96,8 @@ class ConnectedShmTransport final : public ShmTransport {
     munmap(control_, control_bytes_);
   }
 
+  bool launcher_watched() const noexcept override { return false; }
+
  protected:
   void check_alive(const char* phase) const override {
     using Clock = std::chrono::steady_clock;

@@ -15,7 +15,10 @@
 namespace epx::detail {
 
 ShmTransport::ShmTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout)
-    : MappedTransport(control, rank, timeout, mapped_caps("shm")) {}
+    : ShmTransport(control, rank, timeout, segment_prefix(control->job_id)) {}
+
+ShmTransport::ShmTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout, std::string prefix)
+    : MappedTransport(control, rank, timeout, mapped_caps("shm")), prefix_(std::move(prefix)) {}
 
 ShmTransport::~ShmTransport() { unmap_all(); }
 
@@ -26,7 +29,12 @@ std::string ShmTransport::segment_prefix(std::uint64_t job_id) {
 }
 
 std::string ShmTransport::segment_name(int rank) const {
-  return "/" + segment_prefix(control_->job_id) + std::to_string(rank) + "-" + std::to_string(generation_);
+  return "/" + prefix_ + std::to_string(rank) + "-" + std::to_string(generation_);
+}
+
+void ShmTransport::release_windows() noexcept {
+  unmap_all();
+  set_segments({}, 0, 0);
 }
 
 void ShmTransport::unmap_all() noexcept {

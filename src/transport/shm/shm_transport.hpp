@@ -18,10 +18,27 @@ class ShmTransport : public MappedTransport {
   ~ShmTransport() override;
   void allocate(std::size_t window_bytes, std::size_t num_signals) override;
 
+  // Elastic (epx/elastic.hpp, src/transport/elastic.cpp).
+  /// Prefix of this group's segment names (without '/'): segment_prefix(job) for a launched
+  /// or connected group, the parent's prefix + "e<round>-" for a rebuilt one.
+  const std::string& prefix() const noexcept { return prefix_; }
+  /// Where the launcher records how ranks ended (kFailed = died or gave up): the launch's
+  /// control block, and rank p of this group's number there.
+  virtual ControlBlock* root_control() const noexcept { return control_; }
+  virtual int root_rank(int p) const noexcept { return p; }
+  /// False where no launcher records deaths (a connect()-ed group): no elastic rebuild.
+  virtual bool launcher_watched() const noexcept { return true; }
+  /// Unmaps every window (after a rebuild: the old group is never used again). Local.
+  void release_windows() noexcept;
+
   /// Prefix of every segment name of job `job_id` (without the leading '/').
   static std::string segment_prefix(std::uint64_t job_id);
   /// Unlinks every leftover segment of job `job_id` (the launcher's last word).
   static void unlink_leftovers(std::uint64_t job_id) noexcept;
+
+ protected:
+  /// A group whose segments are named "/<prefix><rank>-<generation>".
+  ShmTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout, std::string prefix);
 
  private:
   void unmap_all() noexcept;
@@ -31,6 +48,7 @@ class ShmTransport : public MappedTransport {
   std::vector<std::byte*> mapped_;
   std::size_t mapped_bytes_ = 0;
   unsigned generation_ = 0;
+  std::string prefix_;
 };
 
 }  // namespace epx::detail

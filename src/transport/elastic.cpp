@@ -1,0 +1,268 @@
+// Elastic groups (epx/elastic.hpp): the survivors' agreement and the group's small sums
+// through the control block, and the rebuilt group: a shm transport over a new control
+// block, whose members' deaths are read from the launch's control block (the launcher
+// records them there by the ranks' original numbers).
+#include "epx/elastic.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "control_block.hpp"
+#include "epx/launch.hpp"
+#include "shm/shm_transport.hpp"
+
+namespace epx {
+
+static_assert(detail::kMemberWords * 64 >= static_cast<std::size_t>(kMaxRanks));
+static_assert(detail::kSumWords == kMaxSumValues);
+
+bool is_peer_loss(const Error& error) noexcept {
+  return error.code() == ErrorCode::kPeerFailed || error.code() == ErrorCode::kTimeout;
+}
+
+int Membership::new_rank_of(int old_rank) const noexcept {
+  const auto it = std::lower_bound(survivors.begin(), survivors.end(), old_rank);
+  return it != survivors.end() && *it == old_rank ? static_cast<int>(it - survivors.begin()) : -1;
+}
+
+namespace detail {
+namespace {
+
+constexpr auto kRunning = static_cast<std::int32_t>(RankState::kRunning);
+constexpr auto kFailed = static_cast<std::int32_t>(RankState::kFailed);
+
+ShmTransport& elastic_shm(Transport& t, const char* what) {
+  auto* shm = dynamic_cast<ShmTransport*>(&t);
+  if (shm == nullptr || !shm->launcher_watched())
+    throw Error(ErrorCode::kUnsupported,
+                std::string(what) + ": elastic groups need the shm transport of epx::launch (a process per rank, " +
+                    "LaunchOptions::elastic); this transport is '" + t.caps().name +
+                    (shm != nullptr ? "' started by another launcher" : "'"));
+  return *shm;
+}
+
+/// Rank p of `t`'s group has ended for good: the launcher recorded its death (or it gave up),
+/// or it left the group (its transport was destroyed: done).
+bool is_lost(const ShmTransport& t, int p) {
+  ControlBlock* root = t.root_control();
+  if (root->ranks()[t.root_rank(p)].state.load(std::memory_order_acquire) == kFailed) return true;
+  return t.control_block()->ranks()[p].state.load(std::memory_order_acquire) != kRunning;
+}
+
+std::string rank_str(int r) { return "rank " + std::to_string(r); }
+
+/// A group rebuilt over the survivors: the shm transport over a new control block (mapped
+/// from "/<prefix>ctl"), which checks its members against the launch's control block.
+class ElasticShmTransport final : public ShmTransport {
+ public:
+  ElasticShmTransport(ControlBlock* control, std::size_t control_bytes, int rank, std::chrono::milliseconds timeout,
+                      std::string prefix, ControlBlock* root, std::vector<int> root_ranks)
+      : ShmTransport(control, rank, timeout, std::move(prefix)),
+        control_bytes_(control_bytes),
+        root_(root),
+        root_ranks_(std::move(root_ranks)) {
+    disarm_fault_hook();
+    mirror_phases_to(root_, root_ranks_[static_cast<std::size_t>(rank)]);
+  }
+
+  ~ElasticShmTransport() override {
+    // A peer still waiting for this rank fails at once ("finished without answering").
+    std::int32_t running = kRunning;
+    control_->ranks()[rank()].state.compare_exchange_strong(running, static_cast<std::int32_t>(RankState::kDone),
+                                                             std::memory_order_acq_rel);
+    munmap(control_, control_bytes_);
+  }
+
+  ControlBlock* root_control() const noexcept override { return root_; }
+  int root_rank(int p) const noexcept override { return root_ranks_[static_cast<std::size_t>(p)]; }
+
+  /// Collective: every member has mapped the control block (then its name can go).
+  void join(const char* phase) { bootstrap_barrier(phase); }
+
+ protected:
+  void check_alive(const char* phase) const override {
+    for (int p = 0; p < num_ranks(); ++p) {
+      const int o = root_ranks_[static_cast<std::size_t>(p)];
+      if (p == rank() || root_->ranks()[o].state.load(std::memory_order_acquire) != kFailed) continue;
+      const std::string msg = rank_str(rank()) + ": peer rank " + std::to_string(p) + " (rank " + std::to_string(o) +
+                              " of the launched group) failed while this rank waited in phase '" + phase +
+                              "': " + root_->ranks()[o].message;
+      control_->record_failure(p, static_cast<int>(ErrorCode::kPeerFailed), p, msg.c_str());
+      throw Error(ErrorCode::kPeerFailed, msg, p);
+    }
+  }
+
+ private:
+  std::size_t control_bytes_;
+  ControlBlock* root_;
+  std::vector<int> root_ranks_;
+};
+
+/// Spin-then-yield until done(); false once the timeout has passed.
+template <class Done>
+bool wait_for(std::chrono::milliseconds timeout, Done done) {
+  Backoff backoff(timeout);
+  while (!done())
+    if (!backoff.step()) return done();
+  return true;
+}
+
+}  // namespace
+}  // namespace detail
+
+Membership agree_survivors(Transport& transport) {
+  using namespace detail;
+  ShmTransport& t = elastic_shm(transport, "agree_survivors");
+  ControlBlock* c = t.control_block();
+  const int P = t.num_ranks(), me = t.rank();
+  const std::string who = rank_str(me) + ": agree_survivors";
+  t.enter_phase("elastic agree");
+  const std::uint32_t g = c->ranks()[me].elastic_round.load(std::memory_order_relaxed) + 1;
+  c->ranks()[me].elastic_round.store(g, std::memory_order_release);
+  auto arrived = [&](int p) { return c->ranks()[p].elastic_round.load(std::memory_order_acquire) >= g; };
+
+  // Everyone is here or gone (or the timeout passed): one rank decides, in a single CAS.
+  wait_for(t.timeout(), [&] {
+    if (c->elastic_decided.load(std::memory_order_acquire) >= g) return true;
+    for (int p = 0; p < P; ++p)
+      if (p != me && !arrived(p) && !is_lost(t, p)) return false;
+    return true;
+  });
+  std::uint32_t expected = g - 1;
+  if (c->elastic_claim.compare_exchange_strong(expected, g, std::memory_order_acq_rel)) {
+    std::atomic<std::uint64_t>* words = c->elastic_members[g % 2];
+    for (std::size_t w = 0; w < kMemberWords; ++w) words[w].store(0, std::memory_order_relaxed);
+    for (int p = 0; p < P; ++p)
+      if (p == me || (arrived(p) && !is_lost(t, p)))
+        words[p / 64].fetch_or(std::uint64_t{1} << (p % 64), std::memory_order_relaxed);
+    c->elastic_decided.store(g, std::memory_order_release);
+  }
+  if (!wait_for(t.timeout(), [&] { return c->elastic_decided.load(std::memory_order_acquire) >= g; }))
+    throw Error(ErrorCode::kTimeout,
+                who + ": no survivor published the decision of round " + std::to_string(g) + " within " +
+                    std::to_string(t.timeout().count()) + " ms (the deciding rank died while deciding?)",
+                -1);
+
+  Membership m;
+  m.round = static_cast<int>(g);
+  m.old_num_ranks = P;
+  const std::atomic<std::uint64_t>* words = c->elastic_members[g % 2];
+  for (int p = 0; p < P; ++p) {
+    const bool in = (words[p / 64].load(std::memory_order_relaxed) >> (p % 64)) & 1u;
+    (in ? m.survivors : m.lost).push_back(p);
+  }
+  m.new_rank = m.new_rank_of(me);
+  if (m.new_rank < 0)
+    throw Error(ErrorCode::kPeerFailed,
+                who + ": this rank was left out of the survivors' group of round " + std::to_string(g) +
+                    " (it arrived after the others decided without it)",
+                me);
+  return m;
+}
+
+std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership& m) {
+  using namespace detail;
+  ShmTransport& t = elastic_shm(old_group, "rebuild_group");
+  ControlBlock* c = t.control_block();
+  const int me = t.rank();
+  const std::string who = rank_str(me) + ": rebuild_group";
+  if (m.old_num_ranks != t.num_ranks() || m.new_rank < 0 || m.survivors.empty() ||
+      m.survivors[static_cast<std::size_t>(m.new_rank)] != me)
+    throw Error(ErrorCode::kInvalidArgument, who + ": the membership is not one agree_survivors gave this rank", me);
+  t.enter_phase("elastic rebuild");
+  t.release_windows();  // nobody touches the old windows any more
+
+  const int P = static_cast<int>(m.survivors.size());
+  const int leader = m.survivors[0];
+  const auto g = static_cast<std::uint32_t>(m.round);
+  const std::string prefix = t.prefix() + "e" + std::to_string(g) + "-";
+  const std::string name = "/" + prefix + "ctl";
+  const std::size_t bytes = (ControlBlock::bytes_for(P) + 4095) / 4096 * 4096;
+  void* memory = MAP_FAILED;
+
+  if (me == leader) {
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) {
+      if (ftruncate(fd, static_cast<off_t>(bytes)) == 0)
+        memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+    }
+    if (memory == MAP_FAILED) {
+      const int err = errno;
+      shm_unlink(name.c_str());
+      c->elastic_ready_failed.store(g, std::memory_order_release);
+      throw Error(ErrorCode::kIo, who + ": cannot create the group's control block " + name + ": " + std::strerror(err), me);
+    }
+    ControlBlock::create(memory, P, c->job_id);
+    c->elastic_ready.store(g, std::memory_order_release);
+  } else {
+    const bool ready = wait_for(t.timeout(), [&] {
+      return c->elastic_ready.load(std::memory_order_acquire) >= g ||
+             c->elastic_ready_failed.load(std::memory_order_acquire) >= g || is_lost(t, leader);
+    });
+    if (!ready || c->elastic_ready.load(std::memory_order_acquire) < g)
+      throw Error(ready ? ErrorCode::kPeerFailed : ErrorCode::kTimeout,
+                  who + ": rank " + std::to_string(leader) + " (the new group's rank 0) " +
+                      (!ready ? "did not create the group's control block within " + std::to_string(t.timeout().count()) + " ms"
+                              : std::string("failed to create the group's control block or died")),
+                  leader);
+    const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+    if (fd >= 0) {
+      memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+    }
+    if (memory == MAP_FAILED)
+      throw Error(ErrorCode::kIo, who + ": cannot map the group's control block " + name + ": " + std::strerror(errno), leader);
+  }
+
+  std::vector<int> root_ranks(static_cast<std::size_t>(P));
+  for (int i = 0; i < P; ++i) root_ranks[static_cast<std::size_t>(i)] = t.root_rank(m.survivors[static_cast<std::size_t>(i)]);
+  auto group = std::make_unique<ElasticShmTransport>(static_cast<ControlBlock*>(memory), bytes, m.new_rank, t.timeout(),
+                                                     prefix, t.root_control(), std::move(root_ranks));
+  try {
+    group->join("elastic rebuild");
+  } catch (...) {
+    if (me == leader) shm_unlink(name.c_str());
+    throw;
+  }
+  if (me == leader) shm_unlink(name.c_str());  // every member maps it: nothing left in /dev/shm
+  return group;
+}
+
+std::vector<std::int64_t> sum_over_group(Transport& transport, const std::vector<std::int64_t>& values) {
+  using namespace detail;
+  ShmTransport& t = elastic_shm(transport, "sum_over_group");
+  if (values.empty() || values.size() > kSumWords)
+    throw Error(ErrorCode::kInvalidArgument,
+                rank_str(t.rank()) + ": sum_over_group takes 1 to " + std::to_string(kSumWords) + " values, got " +
+                    std::to_string(values.size()),
+                t.rank());
+  ControlBlock* c = t.control_block();
+  const int P = t.num_ranks(), me = t.rank();
+  const char* phase = "elastic sum";
+  t.enter_phase(phase);
+  // Two parities: a rank can be at most one sum ahead of a peer still reading (it cannot
+  // finish sum n+1 before that peer arrived at it, which the peer does after reading sum n).
+  const std::uint32_t n = c->ranks()[me].sum_round.load(std::memory_order_relaxed) + 1;
+  for (std::size_t i = 0; i < values.size(); ++i) c->ranks()[me].sum_words[n % 2][i].store(values[i], std::memory_order_relaxed);
+  c->ranks()[me].sum_round.store(n, std::memory_order_release);
+  std::vector<std::int64_t> total(values.size(), 0);
+  for (int p = 0; p < P; ++p) {
+    RankSlot& s = c->ranks()[p];
+    Backoff backoff(t.timeout());
+    while (s.sum_round.load(std::memory_order_acquire) < n) {
+      if (!backoff.step()) t.throw_timeout(phase, p);
+      if (backoff.yielding() && s.sum_round.load(std::memory_order_acquire) < n) t.check_peers(phase, p);
+    }
+    for (std::size_t i = 0; i < values.size(); ++i) total[i] += s.sum_words[n % 2][i].load(std::memory_order_relaxed);
+  }
+  return total;
+}
+
+}  // namespace epx
