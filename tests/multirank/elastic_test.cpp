@@ -372,7 +372,7 @@ TEST(ElasticTest, ARankThatThrowsStillFailsTheLaunch) {
 }
 
 TEST(ElasticTest, OnlyLaunchedShmGroups) {
-  EXPECT_THROW(launch({2, TransportKind::kThreads, std::chrono::milliseconds(1000), {}, true}, [](Transport&) {}), Error);
+  EXPECT_THROW(launch({2, TransportKind::kThreads, std::chrono::milliseconds(1000), true}, [](Transport&) {}), Error);
   launch({2, TransportKind::kThreads, std::chrono::milliseconds(1000)}, [](Transport& t) {
     try {
       agree_survivors(t);
