@@ -578,7 +578,6 @@ bool PendingDispatch::ready() const noexcept { return call_ && call_->ready(); }
 DispatchResult PendingDispatch::finish() {
   if (!call_) throw Error(ErrorCode::kInvalidArgument, "finish(): an empty PendingDispatch");
   call_->finish();
-  outputs_ = DispatchResult{};
   return std::move(std::get<DispatchResult>(call_->result));
 }
 
@@ -600,7 +599,6 @@ bool PendingCombine::ready() const noexcept { return call_ && call_->ready(); }
 CombineResult PendingCombine::finish() {
   if (!call_) throw Error(ErrorCode::kInvalidArgument, "finish(): an empty PendingCombine");
   call_->finish();
-  outputs_ = CombineResult{};
   return std::move(std::get<CombineResult>(call_->result));
 }
 
