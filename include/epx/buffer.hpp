@@ -20,6 +20,7 @@
 //   epx::DispatchResult d = p.finish();                     // the rows have landed: d.recv_x holds them
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -145,6 +146,8 @@ class PendingDispatch {
   /// finish() would not block (kBackground: the call has completed or failed; kAtFinish:
   /// its puts are done).
   bool ready() const noexcept;
+  /// Waits up to `timeout` for ready(); true if it is (e.g. to check for signals meanwhile).
+  bool wait_for(std::chrono::milliseconds timeout) const;
   /// Waits for the call (kAtFinish: runs its back half here) and returns its result, or
   /// throws its epx::Error — every rank's finish() throws when the call failed after its
   /// header exchange (a peer that failed is named). Once; the Buffer accepts calls again.
@@ -169,6 +172,7 @@ class PendingCombine {
   /// values only once finish() returned.
   const CombineResult& outputs() const noexcept { return outputs_; }
   bool ready() const noexcept;
+  bool wait_for(std::chrono::milliseconds timeout) const;
   CombineResult finish();
 
  private:

@@ -6,6 +6,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <exception>
 #include <thread>
 #include <variant>
@@ -37,11 +40,19 @@ class AsyncCall {
       } catch (...) {
         error_ = std::current_exception();
       }
+      std::lock_guard<std::mutex> lock(mutex_);
       thread_done_.store(true, std::memory_order_release);
+      done_cv_.notify_all();
     });
   }
   bool finished() const noexcept { return finished_; }
   bool ready() const noexcept { return finished_ || thread_done_.load(std::memory_order_acquire); }
+  /// Waits up to `timeout` for ready().
+  bool wait_for(std::chrono::milliseconds timeout) {
+    if (ready()) return true;
+    std::unique_lock<std::mutex> lock(mutex_);
+    return done_cv_.wait_for(lock, timeout, [&] { return thread_done_.load(std::memory_order_acquire); });
+  }
   /// Joins the thread, runs the back half if it is due here, and rethrows the call's error.
   void finish() {
     if (finished_) throw Error(ErrorCode::kInvalidArgument, "finish(): this asynchronous call was already finished");
@@ -80,6 +91,8 @@ class AsyncCall {
   Completion completion_ = Completion::kBackground;
   std::thread thread_;
   std::atomic<bool> thread_done_{false};
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
   std::exception_ptr error_;
   bool finished_ = false;
 };

@@ -106,9 +106,13 @@ def run_case(buf, rank, expanded, use_weights, alignment=1, worst=0, async_op=Fa
     xin = x if use_fp8 else x.bfloat16()
     kw = dict(do_expand=expanded, expert_alignment=alignment, num_worst_tokens=worst,
               do_zero_padding=True)
-    got = ea.dispatch(buf, xin, idx[rank], wt, async_with_compute_stream=async_op,
-                      use_fp8=use_fp8, **kw)
-    if async_op:
+    got = ea.dispatch(buf, xin, idx[rank], wt, async_with_compute_stream=async_op == "async",
+                      defer_epilogue=async_op == "defer", use_fp8=use_fp8, **kw)
+    if async_op == "async":  # the tuple at once, its values after the wait
+        assert isinstance(got, tuple) and got[0].shape[0] == got[3].num_recv_rows
+        got[4].current_stream_wait()
+    elif async_op == "defer":  # an event whose wait returns the tuple
+        assert not isinstance(got, tuple)
         got = got.current_stream_wait()
     recv_x, recv_idx, recv_w, handle, _ = got
     if cached:  # a second, cached dispatch of the same x: its gradient must add up too
@@ -178,7 +182,10 @@ CASES = {
     "expanded_weights": dict(expanded=True, use_weights=True, alignment=4),
     "expanded_worst": dict(expanded=True, use_weights=True, alignment=2, worst=40),
     "compact_worst": dict(expanded=False, use_weights=True, worst=24),
-    "expanded_async": dict(expanded=True, use_weights=True, async_op=True),
+    "expanded_async": dict(expanded=True, use_weights=True, async_op="async"),
+    "compact_fp8_async": dict(expanded=False, use_weights=True, use_fp8=True, async_op="async"),
+    "expanded_defer": dict(expanded=True, use_weights=True, alignment=4, async_op="defer"),
+    "compact_defer": dict(expanded=False, use_weights=False, async_op="defer"),
     "compact_fp8": dict(expanded=False, use_weights=True, use_fp8=True),
     "expanded_fp8": dict(expanded=True, use_weights=False, use_fp8=True, alignment=4),
     "expanded_cached": dict(expanded=True, use_weights=True, cached=True),
