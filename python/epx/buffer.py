@@ -65,9 +65,9 @@ class EPHandle:
     def __init__(self, buffer, raw, r, opts, topk_idx, recv_weights):
         self._buffer = buffer
         self._raw = r["handle"]
-        self.num_recv_tokens_per_expert = list(r["num_recv_tokens_per_expert"])
-        self.num_recv_tokens_per_expert_aligned = list(r["num_recv_tokens_per_expert_aligned"])
-        self.expert_offsets = list(r["expert_offsets"])
+        self.num_recv_tokens_per_expert = r["num_recv_tokens_per_expert"]  # fresh lists from the binding
+        self.num_recv_tokens_per_expert_aligned = r["num_recv_tokens_per_expert_aligned"]
+        self.expert_offsets = r["expert_offsets"]
         self.recv_src = raw["recv_src"]
         self.num_recv_rows = self._raw.num_recv_rows
         self.do_expand, self.expert_alignment, self.num_worst_tokens, self.num_tokens = opts

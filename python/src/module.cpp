@@ -96,14 +96,14 @@ Flavor flavor_of(const std::string& f) { return f == "numpy" ? Flavor::kNumpy : 
 /// An output (shared with the engine's tensor: an asynchronous call's still fills it).
 pyb::object out(const Tensor& t, Flavor f) {
   if (!t.defined()) return pyb::none();
-  return pyb::cast(Exported(t.alias(), f));
+  return export_tensor(t.alias(), f);
 }
 
 template <class T>
 pyb::object out_vector(const std::vector<T>& v, DType dtype, Flavor f) {
   Tensor t(dtype, {static_cast<std::int64_t>(v.size())});
   if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(T));
-  return pyb::cast(Exported(std::move(t), f));
+  return export_tensor(std::move(t), f);
 }
 
 class PyHandle {
