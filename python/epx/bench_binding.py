@@ -5,7 +5,8 @@
 
 One rank (epx.launch), S=16 H=128 E=4 K=4, expanded layout: the latency (median over
 --calls back-to-back calls, the first 20 dropped) of EPBuffer.dispatch, of the native
-_epx dispatch call alone, and of EPBuffer.combine, with torch tensors. Back to back, not
+_epx dispatch call alone, of an async dispatch waited on at once (the price of handing
+the call to a thread of its own and back) and of EPBuffer.combine, with torch tensors. Back to back, not
 after a sleep: on a shared machine a call that starts after a sleep runs on cold caches and
 costs ~10x more (even `x.__dlpack__()` does), which is not the binding's cost.
 --compare DIR: another build of the package (a directory holding `epx/`) measured the same
@@ -48,6 +49,10 @@ def rank_main(rank, n, calls, workers):
         except TypeError:
             native = lambda: b.dispatch(x, None, idx, w, None, True, 1, 0, False, False, "torch", False, "", "")
         timed("native dispatch", native)
+        def async_wait():  # an older build returned only the event
+            r = buf.dispatch(x, idx, w, do_expand=True, async_with_compute_stream=True)
+            (r[4] if isinstance(r, tuple) else r).wait()
+        timed("async dispatch + wait", async_wait)
         r = buf.dispatch(x, idx, w, do_expand=True)
         timed("combine", lambda: buf.combine(r[0], r[3]))
     return out

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "multirank_support.hpp"
 
@@ -87,10 +88,12 @@ void run_async_case(TransportKind kind, const AsyncCase& c, Completion mode) {
     CombineArgs ca;
     ca.y = TensorView(y[ur].data(), DType::kBF16, {want[ur].rows, p.hidden});
 
-    // Fresh: issued, the caller's own work meanwhile, then finished.
+    // Fresh: issued, the caller's own work meanwhile until epx's thread has done its part
+    // (ready() only looks; wait_for and finish would take over a step not begun), then finished.
     PendingDispatch pd = buffer.dispatch_async(args, mode);
     std::vector<std::uint32_t> work(1 << 14, 1);
-    for (auto& v : work) v = v * 2654435761u + 1;
+    while (!pd.ready())
+      for (auto& v : work) v = v * 2654435761u + 1;
     DispatchResult d = pd.finish();
     expect_outputs_are_final(r, pd, d);
     expect_dispatch(r, p, o, want[ur], d);
@@ -99,6 +102,7 @@ void run_async_case(TransportKind kind, const AsyncCase& c, Completion mode) {
     ca.handle = &d.handle;
     PendingCombine pc = buffer.combine_async(ca, mode);
     const Tensor early = pc.outputs().combined_x.alias();
+    while (!pc.ready()) std::this_thread::yield();
     CombineResult cr = pc.finish();
     if (early.data() != cr.combined_x.data()) fail(r, "combine outputs() at return are not the finished tensor");
     expect_bits(r, "combined_x (async)", cr.combined_x.data(), combined[ur]);
