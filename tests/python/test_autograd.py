@@ -151,6 +151,30 @@ def weights_exact(buf, rank, expanded):
     return {"rel": err / max(scale, 1e-30)}
 
 
+def weighted_combine(buf, rank, mode):
+    """A weighted combine (expanded; the weights are the handle's) of the identity expert:
+    out[t] = sum_k w_k x[t], and the gradients of x and of topk_weights (passed to the
+    combine) as in expected_dense, bit for bit; mode None, "async" or "defer"."""
+    idx, w = routing(8)
+    x0 = ints((TOKENS[rank], H), 100 + rank)
+    probe = ints((TOKENS[rank], H), 110 + rank, -2, 3)
+    x = x0.clone().requires_grad_(True)
+    wt = w[rank].clone().requires_grad_(True)
+    recv_x, _, _, handle, _ = ea.dispatch(buf, x.bfloat16(), idx[rank], wt, do_expand=True, expert_alignment=2,
+                                          do_zero_padding=True)
+    if mode == "async":  # combined_x at once, its values after the wait
+        out, ev = ea.combine(buf, recv_x, handle, wt, weighted=True, async_with_compute_stream=True)
+        assert tuple(out.shape) == (TOKENS[rank], H)
+        ev.current_stream_wait()
+    elif mode == "defer":
+        out = ea.combine(buf, recv_x, handle, wt, weighted=True, defer_epilogue=True).wait()
+    else:
+        out = ea.combine(buf, recv_x, handle, wt, weighted=True)
+    (out.float() * probe).sum().backward()
+    want_out, want_gx, want_gw = expected_dense(rank, idx, w, x0, probe, True)
+    return {"out": rel_err(out, want_out), "grad_x": rel_err(x.grad, want_gx), "grad_w": rel_err(wt.grad, want_gw)}
+
+
 def combine_adjoint(buf, rank, expanded, alignment, worst):
     """<combine(y, bias), p> == <y, grad_y> + <bias, grad_bias> summed over ranks; padding
     rows of grad_y are zero; grad_bias == p."""
@@ -205,6 +229,8 @@ def _worker(rank, num_ranks):
         out["adjoint_compact"] = combine_adjoint(buf, rank, False, 1, 0)
         out["adjoint_expanded"] = combine_adjoint(buf, rank, True, 4, 0)
         out["adjoint_expanded_worst"] = combine_adjoint(buf, rank, True, 2, 40)
+        for mode in (None, "async", "defer"):
+            out["weighted_%s" % mode] = weighted_combine(buf, rank, mode)
     return out
 
 
@@ -227,6 +253,13 @@ def test_dispatch_combine_gradients_match_dense(results, name):
 def test_weight_gradient_is_unrounded(results, layout):
     for rank in range(P):
         assert results[rank]["weights_exact_" + layout]["rel"] <= 1e-6, rank
+
+
+@pytest.mark.parametrize("mode", [None, "async", "defer"], ids=["sync", "async", "defer"])
+def test_weighted_combine_gradients_match_dense(results, mode):
+    for rank in range(P):
+        for what, err in results[rank]["weighted_%s" % mode].items():
+            assert err == 0.0, (rank, mode, what, err)
 
 
 @pytest.mark.parametrize("case", ["compact", "expanded", "expanded_worst"])
