@@ -1,6 +1,6 @@
 // Asynchronous dispatch and combine (Buffer::dispatch_async / combine_async): the same
-// bits as the synchronous calls and the reference, both completion modes, on threads and
-// shm; the outputs' final shapes as soon as the call returns; every other call refused
+// bits as the synchronous calls and the reference, both completion modes, on threads, shm
+// and the simulator (copy mode); the outputs' final shapes as soon as the call returns; every other call refused
 // while one is pending; a call that fails after its header exchange raises at finish() on
 // every rank.
 #include <gtest/gtest.h>
@@ -135,10 +135,11 @@ TEST_P(AsyncDispatchCombine, SameBitsAsSyncAndReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllTransports, AsyncDispatchCombine,
-    ::testing::Combine(::testing::ValuesIn(kTransports), ::testing::ValuesIn(async_cases()),
+    ::testing::Combine(::testing::ValuesIn(kDataTransports), ::testing::ValuesIn(async_cases()),
                        ::testing::Values(Completion::kBackground, Completion::kAtFinish)),
     [](const auto& info) {
-      return std::string(std::get<0>(info.param) == TransportKind::kThreads ? "threads" : "shm") + "_" +
+      const TransportKind k = std::get<0>(info.param);
+      return std::string(k == TransportKind::kThreads ? "threads" : k == TransportKind::kShm ? "shm" : "sim") + "_" +
              std::get<1>(info.param).name + (std::get<2>(info.param) == Completion::kBackground ? "_background" : "_at_finish");
     });
 
