@@ -1,8 +1,8 @@
 // Asynchronous dispatch and combine (Buffer::dispatch_async / combine_async): the same
 // bits as the synchronous calls and the reference, both completion modes, on threads, shm
-// and the simulator (copy mode); the outputs' final shapes as soon as the call returns; every other call refused
-// while one is pending; a call that fails after its header exchange raises at finish() on
-// every rank.
+// and the simulator (copy mode); the outputs' final shapes as soon as the call returns;
+// every other call refused while one is pending; a call that fails after its header
+// exchange raises at finish() on every rank.
 #include <gtest/gtest.h>
 
 #include <atomic>
