@@ -108,7 +108,10 @@ def fp8_dequant(data, scales):
 def _result_of(r):
     """The finished result tuple of an EPBuffer call: its tuple (waited on: the event of a
     synchronous call is done already), or what its event's wait returns (defer_epilogue)."""
-    return r[-1].wait() if isinstance(r, tuple) else r.wait()
+    if isinstance(r, tuple):
+        r[-1].wait()
+        return r
+    return r.wait()
 
 
 def _padding_rows(handle):

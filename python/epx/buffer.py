@@ -23,13 +23,16 @@ _ALIGN = 2 << 20
 class EventOverlap:
     """An asynchronous call in flight. ``wait()`` (alias ``current_stream_wait()``) blocks
     until the call finished (Ctrl-C ends the wait; a call that failed raises its epx.Error
-    here, on every rank) and returns the call's result tuple; after it the tensors the call
-    returned hold their values. Waiting again returns the tuple at once.
+    here, on every rank); after it the tensors the call returned hold their values. Waiting
+    again returns at once.
 
     ``async_with_compute_stream=True``: the call already returned its tuple (the tensors with
-    their final shapes) and this event in it; epx's threads carry the call on. With
-    ``defer_epilogue=True`` the call returns only this event, and wait() runs the call's
-    back half (completion and epilogue) on the waiting thread, then returns the tuple."""
+    their final shapes) and this event in it; epx's threads carry the call on, and wait()
+    returns None. With ``defer_epilogue=True`` the call returns only this event, and wait()
+    runs the call's back half (completion and epilogue) on the waiting thread, then returns
+    the result tuple (whose own event is a finished one). A synchronous call's event is
+    finished already. (No event refers to a tuple holding it: no reference cycle keeps a
+    call's tensors, and their pooled memory, alive after the caller dropped them.)"""
 
     def __init__(self, pending=None, result=None):
         self._pending, self._result, self._after = pending, result, None
@@ -242,8 +245,10 @@ class EPBuffer:
             recv_idx, recv_w = cv.out(r["recv_topk_idx"], f), cv.out(r["recv_topk_weights"], f)
         h = EPHandle(self, raw, r, opts, src_idx, recv_w)
         h._weights_given = with_weights
-        ev._result = (recv_x, recv_idx, recv_w if with_weights else None, h, ev)
-        return ev if defer_epilogue else ev._result
+        if defer_epilogue:
+            ev._result = (recv_x, recv_idx, recv_w if with_weights else None, h, EventOverlap())
+            return ev
+        return (recv_x, recv_idx, recv_w if with_weights else None, h, ev)
 
     # -- combine --------------------------------------------------------------------
     def combine(self, x, handle, topk_weights=None, bias=None, *, weighted=False, async_with_compute_stream=False,
@@ -279,8 +284,10 @@ class EPBuffer:
         mode = 2 if defer_epilogue else 1 if async_with_compute_stream else 0
         r = self._b.combine(x, handle._raw, b0, b1, bool(weighted), f, mode, problem, code)
         ev = EventOverlap(r.get("pending"))
-        ev._result = (cv.out(r["combined_x"], f), cv.out(r["combined_topk_weights"], f), ev)
-        return ev if defer_epilogue else ev._result
+        if defer_epilogue:
+            ev._result = (cv.out(r["combined_x"], f), cv.out(r["combined_topk_weights"], f), EventOverlap())
+            return ev
+        return (cv.out(r["combined_x"], f), cv.out(r["combined_topk_weights"], f), ev)
 
     # -- redundant experts (epx/lb.hpp) ---------------------------------------------
     def lb_prefetch_weights(self, redundant_weights, expert_weights, mapping):
