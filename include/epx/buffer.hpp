@@ -146,8 +146,10 @@ class PendingDispatch {
   /// finish() would not block (kBackground: the call has completed or failed; kAtFinish:
   /// its puts are done).
   bool ready() const noexcept;
-  /// Waits up to `timeout` for ready(); true if it is (e.g. to check for signals meanwhile).
-  bool wait_for(std::chrono::milliseconds timeout) const;
+  /// Waits up to `timeout` for ready(); true if it is (e.g. to check for signals between
+  /// waits). A step epx's thread has not begun yet (a busy machine may not have run it) runs
+  /// here first: each step runs once, on whichever thread comes first. finish() does the same.
+  bool wait_for(std::chrono::milliseconds timeout);
   /// Waits for the call (kAtFinish: runs its back half here) and returns its result, or
   /// throws its epx::Error — every rank's finish() throws when the call failed after its
   /// header exchange (a peer that failed is named). Once; the Buffer accepts calls again.
@@ -172,7 +174,7 @@ class PendingCombine {
   /// values only once finish() returned.
   const CombineResult& outputs() const noexcept { return outputs_; }
   bool ready() const noexcept;
-  bool wait_for(std::chrono::milliseconds timeout) const;
+  bool wait_for(std::chrono::milliseconds timeout);
   CombineResult finish();
 
  private:

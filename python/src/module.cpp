@@ -171,7 +171,7 @@ class Pending {
     try {
       {
         pyb::gil_scoped_release nogil;
-        auto ready = [&] { return std::visit([](const auto& p) { return p.wait_for(std::chrono::milliseconds(50)); }, *call_); };
+        auto ready = [&] { return std::visit([](auto& p) { return p.wait_for(std::chrono::milliseconds(50)); }, *call_); };
         while (!ready()) {
           pyb::gil_scoped_acquire gil;
           interrupt_->check_signals();  // the call's wait hook sees `requested` and gives up

@@ -44,7 +44,8 @@ class AsyncCall {
   bool finished() const noexcept { return finished_; }
   bool ready() const noexcept {
     const int s = stage_.load(std::memory_order_acquire);
-    return finished_ || s == kDone || (completion_ == Completion::kAtFinish && s == kPut);
+    return finished_ || s == kDone || (completion_ == Completion::kAtFinish && s == kPut) ||
+           abandoned_.load(std::memory_order_acquire);  // the Buffer is gone: finish() throws at once
   }
   /// Waits up to `timeout` for ready(). A step epx's thread has not begun yet (on a busy
   /// machine it may not have run at all) runs here instead, before the wait.

@@ -575,7 +575,7 @@ PendingDispatch::~PendingDispatch() {
     }
 }
 bool PendingDispatch::ready() const noexcept { return call_ && call_->ready(); }
-bool PendingDispatch::wait_for(std::chrono::milliseconds timeout) const { return call_ && call_->wait_for(timeout); }
+bool PendingDispatch::wait_for(std::chrono::milliseconds timeout) { return call_ && call_->wait_for(timeout); }
 DispatchResult PendingDispatch::finish() {
   if (!call_) throw Error(ErrorCode::kInvalidArgument, "finish(): an empty PendingDispatch");
   call_->finish();
@@ -597,7 +597,7 @@ PendingCombine::~PendingCombine() {
     }
 }
 bool PendingCombine::ready() const noexcept { return call_ && call_->ready(); }
-bool PendingCombine::wait_for(std::chrono::milliseconds timeout) const { return call_ && call_->wait_for(timeout); }
+bool PendingCombine::wait_for(std::chrono::milliseconds timeout) { return call_ && call_->wait_for(timeout); }
 CombineResult PendingCombine::finish() {
   if (!call_) throw Error(ErrorCode::kInvalidArgument, "finish(): an empty PendingCombine");
   call_->finish();
