@@ -109,11 +109,11 @@ class MoELayer(torch.nn.Module):
         cfg = self.cfg
         scores = torch.softmax(x.float() @ self.router, dim=-1)
         topk_weights, topk_idx = torch.topk(scores, cfg.topk, dim=-1)
-        pending = ea.dispatch(self.buffer, x, topk_idx, topk_weights, do_expand=True,
-                              expert_alignment=cfg.alignment, do_zero_padding=True,
-                              async_with_compute_stream=True, use_fp8=cfg.use_fp8)
+        recv_x, _, recv_w, handle, event = ea.dispatch(
+            self.buffer, x, topk_idx, topk_weights, do_expand=True, expert_alignment=cfg.alignment,
+            do_zero_padding=True, async_with_compute_stream=True, use_fp8=cfg.use_fp8)
         shared = swiglu(x.float(), self.shared_in, self.shared_out)  # while the rows move
-        recv_x, _, recv_w, handle, _ = pending.current_stream_wait()
+        event.current_stream_wait()  # now recv_x, recv_w and handle hold the rows
         offsets = list(handle.expert_offsets)
         rows = recv_x.float()
         ys = [swiglu(rows[offsets[j]:offsets[j + 1]], self.w_in[j], self.w_out[j])

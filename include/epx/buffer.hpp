@@ -9,9 +9,18 @@
 // Collective calls must be made by every rank of the group, in the same order. A bad
 // input on any rank makes the call throw epx::Error on every rank, naming the rank at
 // fault (Error::origin_rank()); a peer that dies or stops answering makes every other
-// rank throw within the transport's timeout. A Buffer is used by one thread at a time.
+// rank throw within the transport's timeout. A Buffer is used by one thread at a time;
+// while an asynchronous call is pending, any other dispatch or combine on it throws
+// epx::Error (kInvalidArgument, naming the pending call) on that rank without entering the
+// collective.
+//
+// Asynchronous calls (DeepEP's async_with_compute_stream / defer_epilogue):
+//   epx::PendingDispatch p = buffer.dispatch_async(args);  // returns once the puts are handed to epx's threads
+//   ... the caller computes (e.g. the shared expert); p.outputs() has the final shapes ...
+//   epx::DispatchResult d = p.finish();                     // the rows have landed: d.recv_x holds them
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -31,6 +40,7 @@ enum class RecvLayout {
 
 namespace detail {
 struct HandleState;
+class AsyncCall;
 }
 
 /// The routing plan of one dispatch and everything combine needs: returned by dispatch,
@@ -109,6 +119,70 @@ struct CombineResult {
   Tensor topk_weights;  ///< [S, K] float32, the dispatch's weights unchanged
 };
 
+/// Where the back half of an asynchronous call (waiting for the peers' rows, the epilogue or
+/// the reduction) runs. Either way its puts are issued on a thread of epx's (with the
+/// Buffer's workers) while the caller goes on.
+enum class Completion {
+  kBackground,  ///< on epx's thread right after the puts: finish() only waits (DeepEP's async_with_compute_stream)
+  kAtFinish,    ///< on the thread that calls finish() (DeepEP's defer_epilogue: "issue now, take the result later")
+};
+
+/// A dispatch in flight (Buffer::dispatch_async). Move-only; local (finish() is not a
+/// collective step: every rank's call already is one). Until finish() returns, the Buffer
+/// refuses every other dispatch or combine, and the call's inputs (x, x_scales, topk_idx,
+/// topk_weights) must stay alive and unchanged.
+class PendingDispatch {
+ public:
+  PendingDispatch() noexcept;
+  PendingDispatch(PendingDispatch&&) noexcept;
+  PendingDispatch& operator=(PendingDispatch&&) noexcept;
+  /// Finishes a call that was not finished (waits for it; its error, if any, is dropped).
+  ~PendingDispatch();
+  bool valid() const noexcept { return call_ != nullptr; }
+  /// The outputs with their final shapes, counts, offsets, layout and handle, as soon as
+  /// dispatch_async returns: the tensors share their bytes with finish()'s, whose values
+  /// they hold only once finish() returned. The handle may be used only after finish().
+  const DispatchResult& outputs() const noexcept { return outputs_; }
+  /// finish() would not block (kBackground: the call has completed or failed; kAtFinish:
+  /// its puts are done).
+  bool ready() const noexcept;
+  /// Waits up to `timeout` for ready(); true if it is (e.g. to check for signals between
+  /// waits). A step epx's thread has not begun yet (a busy machine may not have run it) runs
+  /// here first: each step runs once, on whichever thread comes first. finish() does the same.
+  bool wait_for(std::chrono::milliseconds timeout);
+  /// Waits for the call (kAtFinish: runs its back half here) and returns its result, or
+  /// throws its epx::Error — every rank's finish() throws when the call failed after its
+  /// header exchange (a peer that failed is named). Once; the Buffer accepts calls again.
+  DispatchResult finish();
+
+ private:
+  friend class Buffer;
+  std::shared_ptr<detail::AsyncCall> call_;
+  DispatchResult outputs_;
+};
+
+/// A combine in flight (Buffer::combine_async): as PendingDispatch. The call's y and biases
+/// must stay alive and unchanged until finish().
+class PendingCombine {
+ public:
+  PendingCombine() noexcept;
+  PendingCombine(PendingCombine&&) noexcept;
+  PendingCombine& operator=(PendingCombine&&) noexcept;
+  ~PendingCombine();
+  bool valid() const noexcept { return call_ != nullptr; }
+  /// combined_x [S, H] and topk_weights [S, K] (the latter already final); combined_x's
+  /// values only once finish() returned.
+  const CombineResult& outputs() const noexcept { return outputs_; }
+  bool ready() const noexcept;
+  bool wait_for(std::chrono::milliseconds timeout);
+  CombineResult finish();
+
+ private:
+  friend class Buffer;
+  std::shared_ptr<detail::AsyncCall> call_;
+  CombineResult outputs_;
+};
+
 class Buffer {
  public:
   /// Collective: checks that every rank passes the same config and allocates the
@@ -127,8 +201,22 @@ class Buffer {
   /// Collective: SPEC §4 with the handle of a dispatch of this Buffer.
   CombineResult combine(const CombineArgs& args);
 
+  /// Collective, asynchronous: the same call as dispatch(args) — the same result bit for
+  /// bit, the same errors — in two halves. On the caller's thread: validation, plan, the
+  /// header exchange (an input error throws here, on every rank) and the outputs' allocation
+  /// with their final shapes; then the puts go to a thread of epx's and the call returns.
+  /// The back half (waiting for the peers' rows, the epilogue) runs as `completion` says.
+  /// A dispatch right after a combine that puts its rows before the header exchange ("rows
+  /// first", docs/engine.md) has issued them by the time this returns.
+  PendingDispatch dispatch_async(const DispatchArgs& args, Completion completion = Completion::kBackground);
+
+  /// Collective, asynchronous: combine(args) in two halves, as dispatch_async. The handle
+  /// must be a finished dispatch's.
+  PendingCombine combine_async(const CombineArgs& args, Completion completion = Completion::kBackground);
+
   /// Where the time of the last dispatch or combine on this rank went (empty `workers`
-  /// unless config().collect_stats). Local.
+  /// unless config().collect_stats). Local; not meaningful while an asynchronous call is
+  /// pending (its back half writes it).
   const CallStats& last_stats() const noexcept;
 
   const BufferConfig& config() const noexcept;

@@ -59,6 +59,8 @@ class Tensor {
   static Tensor zeros(DType dtype, Shape shape);
   /// A tensor over `storage` (at least numel * dtype_size bytes), which it keeps alive.
   static Tensor adopt(std::shared_ptr<std::byte> storage, DType dtype, Shape shape);
+  /// Another tensor over the same bytes (shared: they live until both are gone).
+  Tensor alias() const { return adopt(bytes_, dtype_, shape_); }
 
   DType dtype() const noexcept { return dtype_; }
   const Shape& shape() const noexcept { return shape_; }

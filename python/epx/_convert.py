@@ -9,9 +9,17 @@ def _torch():
     return sys.modules.get("torch")
 
 
+_tensor_type = None  # torch.Tensor, once torch is imported (epx never imports it itself)
+
+
 def is_torch(x):
-    t = _torch()
-    return t is not None and isinstance(x, t.Tensor)
+    global _tensor_type
+    if _tensor_type is None:
+        t = _torch()
+        if t is None:
+            return False
+        _tensor_type = t.Tensor
+    return isinstance(x, _tensor_type)
 
 
 def flavor_of(x):
@@ -22,9 +30,10 @@ def flavor_of(x):
 
 
 def out(exported, flavor):
-    """An epx output (or None) as a torch tensor or numpy array."""
-    if exported is None:
-        return None
+    """An epx output (or None) as a torch tensor or numpy array (the binding hands torch
+    outputs out as tensors already)."""
+    if exported is None or is_torch(exported):
+        return exported
     if flavor == "torch":
         import torch.utils.dlpack
         return torch.utils.dlpack.from_dlpack(exported.__dlpack__())

@@ -26,9 +26,19 @@ return what those return (combine: only `combined_x`). What is differentiable:
   (`fp8_cast`), dispatched as (data, scales), and `recv_x` comes back dequantized to float32
   (`fp8_dequant`, exact). The gradient takes the cast as the identity (straight-through)
   and is combined in bf16, as FP8 training recipes do.
-- `async_with_compute_stream=True` (or `defer_epilogue=True`): as with `EPBuffer.dispatch`,
-  the call is issued and an event is returned at once; compute meanwhile, then
-  `event.current_stream_wait()` (alias `wait()`) returns the differentiable tuple.
+- `async_with_compute_stream=True`: as with `EPBuffer.dispatch` / `combine`, the call returns
+  once its puts are issued — dispatch its differentiable tuple, combine `(combined_x,
+  event)` — the tensors with their final shapes; compute meanwhile, then
+  `event.current_stream_wait()` (alias `wait()`) finishes the call (FP8: and fills the
+  dequantized recv_x); use the tensors' values only after it. `defer_epilogue=True`: the
+  call returns an event whose wait() finishes it and returns the differentiable tuple
+  (combine: combined_x).
+- Weighted combine (`weighted=True`, expanded layout): combined = sum over the token's rows
+  of weight * row, the weights the handle's (its dispatch's topk_weights). Pass that
+  dispatch's `topk_weights` as `topk_weights=` to get its gradient (the sum over the row's
+  hidden values of row * grad, back to its (token, slot) through one more combine, as for
+  dispatch's recv_topk_weights); the gradient of x is the cached dispatch of grad times
+  each row's weight.
 
 Collectiveness: every backward above is a collective epx call on the buffer, so every rank
 must run backward over the same graph (as DDP requires) while the buffer is alive; the
@@ -96,8 +106,12 @@ def fp8_dequant(data, scales):
 # ----------------------------------------------------------------------------------------
 
 def _result_of(r):
-    """The result tuple of an EPBuffer call that returned it, or an event to wait for it."""
-    return r if isinstance(r, tuple) else r.current_stream_wait()
+    """The finished result tuple of an EPBuffer call: its tuple (waited on: the event of a
+    synchronous call is done already), or what its event's wait returns (defer_epilogue)."""
+    if isinstance(r, tuple):
+        r[-1].wait()
+        return r
+    return r.wait()
 
 
 def _padding_rows(handle):
@@ -146,7 +160,20 @@ class _Dispatch(torch.autograd.Function):
     def forward(ctx, buffer, finish, use_fp8, x, topk_weights):
         recv_x, recv_idx, recv_w, handle, event = finish()
         if use_fp8:
-            recv_x = fp8_dequant(*recv_x)
+            if event.done():
+                recv_x = fp8_dequant(*recv_x)
+            else:  # async: dequantized into the output once the rows are there
+                data, scales = recv_x
+                recv_x = torch.empty(data.shape, dtype=torch.float32)
+                out, after = recv_x, event._after
+
+                def fill():
+                    if after is not None:
+                        after()
+                    with torch.no_grad():  # the values only: the graph stays this Function's
+                        out.copy_(fp8_dequant(data, scales))
+
+                event._after = fill
         ctx.buffer, ctx.handle = buffer, handle
         ctx.x_dtype, ctx.hidden = x.dtype, x.shape[1]
         ctx.num_topk = None if topk_weights is None else topk_weights.shape[1]
@@ -172,28 +199,47 @@ class _Dispatch(torch.autograd.Function):
 
 
 class _Combine(torch.autograd.Function):
+    """forward(issue, ...): `issue()` makes the EPBuffer.combine call and returns its
+    result (a tuple, or an event with defer_epilogue); the Function returns combined_x."""
+
     @staticmethod
-    def forward(ctx, buffer, x, handle, bias0, bias1):
-        bias = None
-        if bias1 is not None:
-            bias = (None if bias0 is None else _bf16(bias0), _bf16(bias1))
-        elif bias0 is not None:
-            bias = _bf16(bias0)
-        combined = _result_of(buffer.combine(_bf16(x), handle, bias=bias))[0]
-        ctx.buffer, ctx.handle, ctx.x_dtype = buffer, handle, x.dtype
+    def forward(ctx, buffer, issue, handle, weighted, x, topk_weights, bias0, bias1):
+        r = issue(_bf16(x), _bias(bias0, bias1))
+        combined = (r.wait() if not isinstance(r, tuple) else r)[0]
+        ctx.buffer, ctx.handle, ctx.x_dtype, ctx.weighted = buffer, handle, x.dtype, weighted
         ctx.bias_dtypes = [None if b is None else b.dtype for b in (bias0, bias1)]
+        ctx.num_topk = None if topk_weights is None else topk_weights.shape[1]
+        if weighted and ctx.needs_input_grad[5]:
+            ctx.save_for_backward(_bf16(x))  # the rows as combine read them
+        ctx.event = r[-1] if isinstance(r, tuple) else None
         return combined
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad_x = None
-        if ctx.needs_input_grad[1]:
+        grad_x = grad_w = None
+        if ctx.event is not None:
+            ctx.event.wait()  # an async combine never waited on: finish it first
+        if ctx.needs_input_grad[4] or ctx.needs_input_grad[5]:
             g = grad_out.to(torch.bfloat16).contiguous()
             recv = _result_of(ctx.buffer.dispatch(g, handle=ctx.handle))[0]
             recv[_padding_rows(ctx.handle)] = 0
-            grad_x = recv.to(ctx.x_dtype)
+            if ctx.weighted:
+                w = torch.as_tensor(ctx.handle._recv_weights).float()  # [rows], 0 on padding
+                if ctx.needs_input_grad[5]:
+                    (y,) = ctx.saved_tensors
+                    dots = (y.float() * recv.float()).sum(dim=1)
+                    grad_w = _weights_back(ctx.buffer, ctx.handle, dots, ctx.num_topk, y.shape[1], True)
+                grad_x = (recv.float() * w[:, None]).to(ctx.x_dtype) if ctx.needs_input_grad[4] else None
+            elif ctx.needs_input_grad[4]:
+                grad_x = recv.to(ctx.x_dtype)
         gb = [None if dt is None else grad_out.to(dt) for dt in ctx.bias_dtypes]
-        return None, grad_x, None, gb[0], gb[1]
+        return None, None, None, None, grad_x, grad_w, gb[0], gb[1]
+
+
+def _bias(bias0, bias1):
+    if bias1 is not None:
+        return (None if bias0 is None else _bf16(bias0), _bf16(bias1))
+    return None if bias0 is None else _bf16(bias0)
 
 
 def _bf16(t):
@@ -201,8 +247,9 @@ def _bf16(t):
 
 
 class _AsyncDispatch:
-    """What an async `epx.autograd.dispatch` returns: `current_stream_wait()` (alias
-    `wait()`) finishes the dispatch and returns the differentiable tuple."""
+    """What `epx.autograd.dispatch` / `combine` return with defer_epilogue=True:
+    `current_stream_wait()` (alias `wait()`) finishes the call and returns the
+    differentiable result."""
 
     def __init__(self, run):
         self._run, self._result = run, None
@@ -224,18 +271,35 @@ def dispatch(buffer, x, topk_idx=None, topk_weights=None, *, use_fp8=False,
     returns that tuple."""
     payload = fp8_cast(x) if use_fp8 else x.detach()
     w = None if topk_weights is None else topk_weights.detach()
-    later = async_with_compute_stream or defer_epilogue
     issued = buffer.dispatch(payload, topk_idx, w, async_with_compute_stream=async_with_compute_stream,
                              defer_epilogue=defer_epilogue, **kwargs)
-
-    def run():
-        return _Dispatch.apply(buffer, lambda: _result_of(issued), use_fp8, x, topk_weights)
-
-    return _AsyncDispatch(run) if later else run()
+    if defer_epilogue:
+        return _AsyncDispatch(lambda: _Dispatch.apply(buffer, issued.wait, use_fp8, x, topk_weights))
+    return _Dispatch.apply(buffer, lambda: issued, use_fp8, x, topk_weights)
 
 
-def combine(buffer, x, handle, bias=None):
-    """Differentiable `buffer.combine(x, handle, bias=bias)` (module docstring): returns
-    combined_x [S, H] bf16. `handle`: the handle of the dispatch whose rows `x` holds."""
+def combine(buffer, x, handle, topk_weights=None, bias=None, *, weighted=False, async_with_compute_stream=False,
+            defer_epilogue=False):
+    """Differentiable `buffer.combine(x, handle, bias=bias, weighted=weighted)` (module
+    docstring): returns combined_x [S, H] bf16; with async_with_compute_stream the pair
+    (combined_x, event), with defer_epilogue an event whose wait() returns combined_x.
+    `handle`: the handle of the dispatch whose rows `x` holds; `topk_weights`: that
+    dispatch's weights, for their gradient through a weighted combine."""
     b0, b1 = bias if isinstance(bias, (tuple, list)) else (bias, None)
-    return _Combine.apply(buffer, x, handle, b0, b1)
+
+    def issue(y, b):
+        return buffer.combine(y, handle, bias=b, weighted=weighted, async_with_compute_stream=async_with_compute_stream,
+                              defer_epilogue=defer_epilogue)
+
+    if defer_epilogue:
+        return _AsyncDispatch(lambda: _Combine.apply(buffer, issue, handle, weighted, x, topk_weights, b0, b1))
+    if async_with_compute_stream:
+        box = []
+
+        def issue_async(y, b):
+            box.append(issue(y, b))
+            return box[0]
+
+        out = _Combine.apply(buffer, issue_async, handle, weighted, x, topk_weights, b0, b1)
+        return out, box[0][-1]
+    return _Combine.apply(buffer, issue, handle, weighted, x, topk_weights, b0, b1)

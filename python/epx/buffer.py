@@ -21,23 +21,34 @@ _ALIGN = 2 << 20
 
 
 class EventOverlap:
-    """The result of a call that runs on: ``wait()`` (alias ``current_stream_wait()``)
-    blocks until the call finished (Ctrl-C ends the wait) and returns the call's result
-    tuple. For a call that already finished, wait() returns its result at once."""
+    """An asynchronous call in flight. ``wait()`` (alias ``current_stream_wait()``) blocks
+    until the call finished (Ctrl-C ends the wait; a call that failed raises its epx.Error
+    here, on every rank); after it the tensors the call returned hold their values. Waiting
+    again returns at once.
 
-    def __init__(self, pending=None, finish=None, result=None):
-        self._pending, self._finish, self._result = pending, finish, result
+    ``async_with_compute_stream=True``: the call already returned its tuple (the tensors with
+    their final shapes) and this event in it; epx's threads carry the call on, and wait()
+    returns None. With ``defer_epilogue=True`` the call returns only this event, and wait()
+    runs the call's back half (completion and epilogue) on the waiting thread, then returns
+    the result tuple (whose own event is a finished one). A synchronous call's event is
+    finished already. (No event refers to a tuple holding it: no reference cycle keeps a
+    call's tensors, and their pooled memory, alive after the caller dropped them.)"""
+
+    def __init__(self, pending=None, result=None):
+        self._pending, self._result, self._after = pending, result, None
 
     def wait(self):
         if self._pending is not None:
-            raw = self._pending.wait()
-            self._result = self._finish(raw, self)
-            self._pending = self._finish = None
+            p, self._pending = self._pending, None
+            p.wait()
+            if self._after is not None:
+                self._after()
         return self._result
 
     current_stream_wait = wait
 
     def done(self):
+        """True when wait() would not block."""
         return self._pending is None or self._pending.done()
 
 
@@ -57,9 +68,9 @@ class EPHandle:
     def __init__(self, buffer, raw, r, opts, topk_idx, recv_weights):
         self._buffer = buffer
         self._raw = r["handle"]
-        self.num_recv_tokens_per_expert = list(r["num_recv_tokens_per_expert"])
-        self.num_recv_tokens_per_expert_aligned = list(r["num_recv_tokens_per_expert_aligned"])
-        self.expert_offsets = list(r["expert_offsets"])
+        self.num_recv_tokens_per_expert = r["num_recv_tokens_per_expert"]  # fresh lists from the binding
+        self.num_recv_tokens_per_expert_aligned = r["num_recv_tokens_per_expert_aligned"]
+        self.expert_offsets = r["expert_offsets"]
         self.recv_src = raw["recv_src"]
         self.num_recv_rows = self._raw.num_recv_rows
         self.do_expand, self.expert_alignment, self.num_worst_tokens, self.num_tokens = opts
@@ -174,10 +185,14 @@ class EPBuffer:
         do_zero_padding: padding rows of recv_x are zeros. deterministic (default: the
         buffer's): expanded rows sorted by (source rank, token) in each expert.
         do_cpu_sync: accepted for DeepEP's signature; on CPU the counts are always known.
-        async_with_compute_stream / defer_epilogue: the call runs on in the background
-        (GIL released) and dispatch returns an EventOverlap at once; event.wait() (alias
-        current_stream_wait()) finishes it and returns the tuple above. The buffer
-        accepts its next call meanwhile only after that (a new call waits for it).
+        async_with_compute_stream=True: returns the tuple above once the rows' puts are
+        handed to epx's threads — recv_x, recv_topk_idx, recv_topk_weights and handle with
+        their final shapes and counts, their values only after event.wait() (alias
+        current_stream_wait()), which finishes the call; compute meanwhile. The handle may
+        be used only after that. defer_epilogue=True: returns an EventOverlap whose wait()
+        runs the rest of the call (completion, epilogue) and returns the tuple. Until the
+        wait, the inputs must stay unchanged, and any other dispatch or combine on this
+        buffer raises epx.Error naming the pending call.
         """
         f = cv.flavor_of(x)
         problem, code = "", ""
@@ -205,33 +220,35 @@ class EPBuffer:
             topk_weights = cv.zeros_f32(tuple(topk_idx.shape), topk_idx)
         raw_handle = handle._raw if isinstance(handle, EPHandle) else None
         data, scales, topk_idx, topk_weights = map(cv.plain, (data, scales, topk_idx, topk_weights))
-        pending = self._b.dispatch(data, scales, topk_idx, topk_weights, raw_handle, do_expand, expert_alignment,
-                                   num_worst_tokens, deterministic, do_zero_padding, f,
-                                   bool(async_with_compute_stream or defer_epilogue), problem, code)
+        mode = 2 if defer_epilogue else 1 if async_with_compute_stream else 0
+        r = self._b.dispatch(data, scales, topk_idx, topk_weights, raw_handle, do_expand, expert_alignment,
+                             num_worst_tokens, deterministic, do_zero_padding, f, mode, problem, code)
         src_idx = handle._topk_idx if isinstance(handle, EPHandle) else topk_idx
         opts = (do_expand, expert_alignment, num_worst_tokens,
                 int(data.shape[0]) if hasattr(data, "shape") else 0)
         with_weights = weights_given or (isinstance(handle, EPHandle) and handle._weights_given)
 
-        def finish(r, event):
-            recv_x = cv.out(r["recv_x"], f)
-            if fp8:
-                s = cv.out(r["recv_x_scales"], f)
-                recv_x = (recv_x, cv.col_major(s) if use_tma_aligned_col_major_sf else s)
-            raw = {"recv_src": cv.out(r["recv_src"], f)}
-            if do_expand:
-                recv_idx, recv_w = None, cv.out(r["recv_weights"], f)
-            else:
-                recv_idx, recv_w = cv.out(r["recv_topk_idx"], f), cv.out(r["recv_topk_weights"], f)
-            h = EPHandle(self, raw, r, opts, src_idx, recv_w)
-            h._weights_given = with_weights
-            return (recv_x, recv_idx, recv_w if with_weights else None, h, event)
-
-        if isinstance(pending, dict):
-            ev = EventOverlap()
-            ev._result = finish(pending, ev)
-            return ev._result
-        return EventOverlap(pending, finish)
+        ev = EventOverlap(r.get("pending"))
+        recv_x = cv.out(r["recv_x"], f)
+        if fp8:
+            s = cv.out(r["recv_x_scales"], f)
+            if use_tma_aligned_col_major_sf:  # a column-major copy: (re)filled once the values are there
+                cm = cv.col_major(s)
+                if mode:
+                    ev._after = lambda: cm.__setitem__(Ellipsis, s)
+                s = cm
+            recv_x = (recv_x, s)
+        raw = {"recv_src": cv.out(r["recv_src"], f)}
+        if do_expand:
+            recv_idx, recv_w = None, cv.out(r["recv_weights"], f)
+        else:
+            recv_idx, recv_w = cv.out(r["recv_topk_idx"], f), cv.out(r["recv_topk_weights"], f)
+        h = EPHandle(self, raw, r, opts, src_idx, recv_w)
+        h._weights_given = with_weights
+        if defer_epilogue:
+            ev._result = (recv_x, recv_idx, recv_w if with_weights else None, h, EventOverlap())
+            return ev
+        return (recv_x, recv_idx, recv_w if with_weights else None, h, ev)
 
     # -- combine --------------------------------------------------------------------
     def combine(self, x, handle, topk_weights=None, bias=None, *, weighted=False, async_with_compute_stream=False,
@@ -245,7 +262,8 @@ class EPBuffer:
         multiplied by its routing weight (the handle's). topk_weights: accepted for
         DeepEP's signature; epx takes the weights from the handle and returns the
         dispatch's topk_weights as combined_topk_weights. async_with_compute_stream /
-        defer_epilogue: as in dispatch (returns an EventOverlap).
+        defer_epilogue: as in dispatch (the tuple at once with combined_x's values after
+        event.wait(); or only the EventOverlap, whose wait() reduces and returns the tuple).
         """
         f = cv.flavor_of(x)
         problem, code = "", ""
@@ -263,17 +281,13 @@ class EPBuffer:
         else:
             b0, b1 = bias, None
         x, b0, b1 = map(cv.plain, (x, b0, b1))
-        pending = self._b.combine(x, handle._raw, b0, b1, bool(weighted), f,
-                                  bool(async_with_compute_stream or defer_epilogue), problem, code)
-
-        def finish(r, event):
-            return (cv.out(r["combined_x"], f), cv.out(r["combined_topk_weights"], f), event)
-
-        if isinstance(pending, dict):
-            ev = EventOverlap()
-            ev._result = finish(pending, ev)
-            return ev._result
-        return EventOverlap(pending, finish)
+        mode = 2 if defer_epilogue else 1 if async_with_compute_stream else 0
+        r = self._b.combine(x, handle._raw, b0, b1, bool(weighted), f, mode, problem, code)
+        ev = EventOverlap(r.get("pending"))
+        if defer_epilogue:
+            ev._result = (cv.out(r["combined_x"], f), cv.out(r["combined_topk_weights"], f), EventOverlap())
+            return ev
+        return (cv.out(r["combined_x"], f), cv.out(r["combined_topk_weights"], f), ev)
 
     # -- redundant experts (epx/lb.hpp) ---------------------------------------------
     def lb_prefetch_weights(self, redundant_weights, expert_weights, mapping):

@@ -2,14 +2,16 @@
 // epx/bootstrap.hpp, epx/launch.hpp). Everything Python-specific (torch / numpy flavours,
 // the DeepEP-shaped tuples, EPHandle, EventOverlap, groups) lives in python/epx/*.py.
 //
-// Threading: every collective call releases the GIL. A call may run on a background thread
-// (`background=True`: the binding's Pending object; the Buffer is still used by one thread
-// at a time — a new call first waits for the previous one). Ctrl-C: while a call waits, the
-// transport's wait hook (ConnectOptions::wait_hook, every 50 ms of a yielding wait) checks
-// Python's signals on the main thread, and Pending.wait checks them while it blocks; a
-// signal abandons the wait with an epx::Error on this rank and the Python exception of the
-// handler (KeyboardInterrupt) is raised. The other ranks then fail naming this rank once
-// its process exits or its buffer is destroyed.
+// Threading: every collective call releases the GIL. An asynchronous call (`mode` 1 =
+// Completion::kBackground, async_with_compute_stream; 2 = kAtFinish, defer_epilogue) is the
+// engine's Buffer::dispatch_async / combine_async: the front half runs here, the outputs go
+// out at once, and the binding's Pending object finishes it (the engine refuses any other
+// call on the Buffer meanwhile). Ctrl-C: while a call waits, the transport's wait hook
+// (ConnectOptions::wait_hook, every 50 ms of a yielding wait) checks Python's signals on the
+// main thread, and Pending.wait checks them while it blocks; a signal abandons the wait with
+// an epx::Error on this rank and the Python exception of the handler (KeyboardInterrupt) is
+// raised. The other ranks then fail naming this rank once its process exits or its buffer
+// is destroyed.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -73,52 +75,6 @@ struct Keep {
   }
 };
 
-using Result = std::variant<std::monostate, DispatchResult, CombineResult>;
-
-/// One call on a background thread.
-struct Job {
-  std::thread thread;
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
-  bool joined = false;
-  Result result;
-  std::exception_ptr error;
-  std::shared_ptr<Interrupt> interrupt;
-
-  // The thread never touches Python, so joining it needs no GIL (an event dropped unwaited).
-  ~Job() {
-    if (thread.joinable()) thread.join();
-  }
-
-  void finish(Result r, std::exception_ptr e) {
-    std::lock_guard<std::mutex> lock(mutex);
-    result = std::move(r);
-    error = e;
-    done = true;
-    cv.notify_all();
-  }
-  /// GIL held on entry; released while waiting; checks signals every 50 ms.
-  void join() {
-    if (joined || !thread.joinable()) return;
-    {
-      pyb::gil_scoped_release nogil;
-      std::unique_lock<std::mutex> lock(mutex);
-      while (!cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; })) {
-        lock.unlock();
-        {
-          pyb::gil_scoped_acquire gil;
-          interrupt->check_signals();  // the background wait's hook sees `requested` and gives up
-        }
-        lock.lock();
-      }
-      lock.unlock();
-      thread.join();
-    }
-    joined = true;
-  }
-};
-
 std::string code_name(ErrorCode c) { return to_string(c); }
 
 /// The code named `name` ("bad_handle", ...); kInvalidArgument for an unknown name.
@@ -138,16 +94,17 @@ ErrorCode input_code(const std::string& problem) {
 
 Flavor flavor_of(const std::string& f) { return f == "numpy" ? Flavor::kNumpy : Flavor::kTorch; }
 
-pyb::object out(Tensor& t, Flavor f) {
+/// An output (shared with the engine's tensor: an asynchronous call's still fills it).
+pyb::object out(const Tensor& t, Flavor f) {
   if (!t.defined()) return pyb::none();
-  return pyb::cast(Exported(std::move(t), f));
+  return export_tensor(t.alias(), f);
 }
 
 template <class T>
 pyb::object out_vector(const std::vector<T>& v, DType dtype, Flavor f) {
   Tensor t(dtype, {static_cast<std::int64_t>(v.size())});
   if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(T));
-  return pyb::cast(Exported(std::move(t), f));
+  return export_tensor(std::move(t), f);
 }
 
 class PyHandle {
@@ -156,7 +113,7 @@ class PyHandle {
   DispatchHandle handle;
 };
 
-pyb::dict dispatch_dict(DispatchResult& d, Flavor f) {
+pyb::dict dispatch_dict(const DispatchResult& d, Flavor f) {
   pyb::dict r;
   r["recv_x"] = out(d.recv_x, f);
   r["recv_x_scales"] = out(d.recv_x_scales, f);
@@ -171,39 +128,78 @@ pyb::dict dispatch_dict(DispatchResult& d, Flavor f) {
   return r;
 }
 
-pyb::dict combine_dict(CombineResult& c, Flavor f) {
+pyb::dict combine_dict(const CombineResult& c, Flavor f) {
   pyb::dict r;
   r["combined_x"] = out(c.combined_x, f);
   r["combined_topk_weights"] = out(c.topk_weights, f);
   return r;
 }
 
-/// A call running on a background thread; wait() returns its result dict.
+/// An epx::Error of a call on rank `rank` (Buffer with hidden size `hidden`) in the binding's
+/// words: another rank's poisoned call ("x must be ..., got [0, H] bool") is described by
+/// where the real message is (that rank's error names the argument).
+[[noreturn]] void explain_error(const Error& e, int rank, std::int64_t hidden) {
+  const std::string m = e.what();
+  const std::string marks[] = {"got [0, " + std::to_string(hidden) + "] bool", "got [0] bool"};
+  for (const std::string& mark : marks)
+    if (m.size() >= mark.size() && m.compare(m.size() - mark.size(), mark.size(), mark) == 0)
+      throw Error(e.code(),
+                  "rank " + std::to_string(rank) + ": rank " + std::to_string(e.origin_rank()) +
+                      "'s input to this call was rejected by the Python binding (a dtype, device, stride or handle "
+                      "problem; rank " + std::to_string(e.origin_rank()) + "'s error names the argument)",
+                  e.origin_rank());
+  throw e;
+}
+
+/// An asynchronous call (PendingDispatch or PendingCombine) and the inputs it reads.
+/// wait() finishes it (GIL released; signals checked every 50 ms) and returns None.
 class Pending {
  public:
-  Pending(std::shared_ptr<Job> job, Keep keep, Flavor f) : job_(std::move(job)), keep_(std::move(keep)), flavor_(f) {}
-  bool done() {
-    std::lock_guard<std::mutex> lock(job_->mutex);
-    return job_->done;
+  using Call = std::variant<PendingDispatch, PendingCombine>;
+  Pending(Call call, Keep keep, std::shared_ptr<Interrupt> interrupt, int rank, std::int64_t hidden)
+      : call_(std::move(call)), keep_(std::move(keep)), interrupt_(std::move(interrupt)), rank_(rank), hidden_(hidden) {}
+  Pending(Pending&&) = default;
+  // An event dropped unwaited: the call is finished without the GIL (its error dropped).
+  ~Pending() {
+    pyb::gil_scoped_release nogil;
+    call_.reset();
   }
-  pyb::object wait() {
-    if (taken_) return *taken_;
-    job_->join();
-    job_->interrupt->rethrow_if_interrupted();
-    if (job_->error) std::rethrow_exception(job_->error);
-    pyb::dict r;
-    if (auto* d = std::get_if<DispatchResult>(&job_->result)) r = dispatch_dict(*d, flavor_);
-    if (auto* c = std::get_if<CombineResult>(&job_->result)) r = combine_dict(*c, flavor_);
-    keep_.objects.clear();
-    taken_ = r;
-    return r;
+  bool done() const {
+    return !call_ || std::visit([](const auto& p) { return p.ready(); }, *call_);
+  }
+  void wait() {
+    if (!call_) return;
+    try {
+      {
+        pyb::gil_scoped_release nogil;
+        auto ready = [&] { return std::visit([](auto& p) { return p.wait_for(std::chrono::milliseconds(50)); }, *call_); };
+        while (!ready()) {
+          pyb::gil_scoped_acquire gil;
+          interrupt_->check_signals();  // the call's wait hook sees `requested` and gives up
+        }
+        std::visit([](auto& p) { p.finish(); }, *call_);
+      }
+      done_();
+    } catch (const Error& e) {
+      done_();
+      interrupt_->rethrow_if_interrupted();
+      explain_error(e, rank_, hidden_);
+    }
   }
 
  private:
-  std::shared_ptr<Job> job_;
+  void done_() {
+    {
+      pyb::gil_scoped_release nogil;
+      call_.reset();
+    }
+    keep_.objects.clear();
+  }
+  std::optional<Call> call_;
   Keep keep_;
-  Flavor flavor_;
-  std::optional<pyb::object> taken_;
+  std::shared_ptr<Interrupt> interrupt_;
+  int rank_;
+  std::int64_t hidden_;
 };
 
 /// The transport (from a bootstrap over a Python all-gather) and the Buffer on it.
@@ -245,10 +241,7 @@ class PyBuffer {
 
   ~PyBuffer() { close_all(); }
 
-  void close() {
-    finish_previous();
-    close_all();
-  }
+  void close() { close_all(); }
 
   bool closed() const { return buffer_ == nullptr; }
   int rank() const { return transport_ ? transport_->rank() : -1; }
@@ -276,10 +269,9 @@ class PyBuffer {
 
   pyb::object dispatch(pyb::handle x, pyb::handle x_scales, pyb::handle topk_idx, pyb::handle topk_weights,
                        std::optional<PyHandle*> handle, bool expanded, int alignment, std::int64_t worst,
-                       bool deterministic, bool zero_padding, const std::string& flavor, bool background,
+                       bool deterministic, bool zero_padding, const std::string& flavor, int mode,
                        const std::string& py_problem, const std::string& py_code) {
     live();
-    finish_previous();
     std::string problem;
     const bool fp8 = !x_scales.is_none();
     Keep keep;
@@ -304,18 +296,23 @@ class PyBuffer {
     a.handle = handle ? &cached : nullptr;
     if (!py_problem.empty()) poison_dispatch(a, py_problem, code_of(py_code));
     if (!problem.empty()) poison_dispatch(a, problem, input_code(problem));
-    auto run = [this, a, cached]() mutable -> Result {
-      if (a.handle) a.handle = &cached;
-      return buffer_->dispatch(a);
-    };
-    return start(std::move(run), std::move(keep), flavor_of(flavor), background);
+    const Flavor f = flavor_of(flavor);
+    if (mode == 0) {
+      DispatchResult d;
+      call([&] { d = buffer_->dispatch(a); });
+      return dispatch_dict(d, f);
+    }
+    PendingDispatch p;
+    call([&] { p = buffer_->dispatch_async(a, completion_of(mode)); });
+    pyb::dict r = dispatch_dict(p.outputs(), f);
+    r["pending"] = make_pending(std::move(p), std::move(keep));
+    return r;
   }
 
   pyb::object combine(pyb::handle y, PyHandle* handle, pyb::handle bias0, pyb::handle bias1, bool weighted,
-                      const std::string& flavor, bool background, const std::string& py_problem,
+                      const std::string& flavor, int mode, const std::string& py_problem,
                       const std::string& py_code) {
     live();
-    finish_previous();
     std::string problem;
     Keep keep;
     auto take = [&](pyb::handle o, const char* name, Want w) {
@@ -335,11 +332,18 @@ class PyBuffer {
       if (!py_problem.empty()) fail_collectively([&] { buffer_->combine(a); }, py_problem, code_of(py_code));
       fail_collectively([&] { buffer_->combine(a); }, problem, input_code(problem));
     }
-    auto run = [this, a, h]() mutable -> Result {
-      a.handle = &h;
-      return buffer_->combine(a);
-    };
-    return start(std::move(run), std::move(keep), flavor_of(flavor), background);
+    a.handle = &h;
+    const Flavor f = flavor_of(flavor);
+    if (mode == 0) {
+      CombineResult c;
+      call([&] { c = buffer_->combine(a); });
+      return combine_dict(c, f);
+    }
+    PendingCombine p;
+    call([&] { p = buffer_->combine_async(a, completion_of(mode)); });
+    pyb::dict r = combine_dict(p.outputs(), f);
+    r["pending"] = make_pending(std::move(p), std::move(keep));
+    return r;
   }
 
   /// lb_prefetch_weights (reduce = false) / lb_reduce_grads (reduce = true), epx/lb.hpp:
@@ -351,7 +355,6 @@ class PyBuffer {
           const std::vector<std::pair<std::uintptr_t, std::size_t>>& homes, int home_experts, int num_slots,
           const std::vector<std::int64_t>& mapping, const std::string& py_problem, const std::string& py_code) {
     Buffer& b = live();
-    finish_previous();
     auto kinds = [](const std::vector<std::pair<std::uintptr_t, std::size_t>>& v) {
       std::vector<ExpertTensors> out;
       for (const auto& [address, bytes] : v) out.push_back({reinterpret_cast<void*>(address), bytes});
@@ -380,16 +383,11 @@ class PyBuffer {
     return *buffer_;
   }
 
-  void finish_previous() {
-    if (auto j = last_.lock(); j && !j->joined) j->join();
-  }
-
   // GIL held on entry: the bootstrap holds a Python callable, the rest is released without it.
   void close_all() {
     {
       pyb::gil_scoped_release nogil;
-      if (auto j = last_.lock(); j && j->thread.joinable()) j->thread.join();
-      buffer_.reset();
+      buffer_.reset();  // a pending call's thread is joined first (its wait then fails)
       transport_.reset();
     }
     bootstrap_.reset();
@@ -418,58 +416,31 @@ class PyBuffer {
 
   /// The engine's words for another rank's poisoned call ("x must be ..., got [0, H] bool")
   /// describe the poison, not the problem: say where the real message is.
-  [[noreturn]] void explain(const Error& e) const {
-    const std::string m = e.what();
-    const std::string marks[] = {"got [0, " + std::to_string(buffer_->config().hidden) + "] bool", "got [0] bool"};
-    for (const std::string& mark : marks)
-      if (m.size() >= mark.size() && m.compare(m.size() - mark.size(), mark.size(), mark) == 0)
-        throw Error(e.code(),
-                    "rank " + std::to_string(rank()) + ": rank " + std::to_string(e.origin_rank()) +
-                        "'s input to this call was rejected by the Python binding (a dtype, device, stride or handle "
-                        "problem; rank " + std::to_string(e.origin_rank()) + "'s error names the argument)",
-                    e.origin_rank());
-    throw e;
+  [[noreturn]] void explain(const Error& e) const { explain_error(e, rank(), buffer_->config().hidden); }
+
+  /// Runs an engine call without the GIL; its error in the binding's words.
+  template <class Call>
+  void call(Call c) {
+    try {
+      pyb::gil_scoped_release nogil;
+      c();
+    } catch (const Error& e) {
+      interrupt_->rethrow_if_interrupted();
+      explain(e);
+    }
   }
 
-  template <class Run>
-  pyb::object start(Run run, Keep keep, Flavor f, bool background) {
-    if (!background) {
-      Result r;
-      try {
-        pyb::gil_scoped_release nogil;
-        r = run();
-      } catch (const Error& e) {
-        interrupt_->rethrow_if_interrupted();
-        explain(e);
-      }
-      if (auto* d = std::get_if<DispatchResult>(&r)) return dispatch_dict(*d, f);
-      return combine_dict(std::get<CombineResult>(r), f);
-    }
-    auto job = std::make_shared<Job>();
-    job->interrupt = interrupt_;
-    Job* raw = job.get();
-    job->thread = std::thread([this, raw, run]() mutable {
-      try {
-        raw->finish(run(), nullptr);
-      } catch (const Error& e) {
-        try {
-          explain(e);
-        } catch (...) {
-          raw->finish({}, std::current_exception());
-        }
-      } catch (...) {
-        raw->finish({}, std::current_exception());
-      }
-    });
-    last_ = job;
-    return pyb::cast(Pending(std::move(job), std::move(keep), f));
+  static Completion completion_of(int mode) { return mode == 2 ? Completion::kAtFinish : Completion::kBackground; }
+
+  pyb::object make_pending(Pending::Call p, Keep keep) {
+    return pyb::cast(Pending(std::move(p), std::move(keep), interrupt_, rank(), buffer_->config().hidden),
+                     pyb::return_value_policy::move);
   }
 
   std::shared_ptr<Interrupt> interrupt_;
   std::unique_ptr<Bootstrap> bootstrap_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Buffer> buffer_;
-  std::weak_ptr<Job> last_;
 };
 
 BufferConfig make_config(int num_experts, int hidden, int num_topk, std::int64_t max_tokens, std::int64_t max_recv_rows,
@@ -547,12 +518,12 @@ PYBIND11_MODULE(_epx, m) {
       .def("layout", &PyBuffer::layout)
       .def("dispatch", &PyBuffer::dispatch, pyb::arg("x"), pyb::arg("x_scales"), pyb::arg("topk_idx"),
            pyb::arg("topk_weights"), pyb::arg("handle"), pyb::arg("expanded"), pyb::arg("alignment"), pyb::arg("worst"),
-           pyb::arg("deterministic"), pyb::arg("zero_padding"), pyb::arg("flavor"), pyb::arg("background"),
+           pyb::arg("deterministic"), pyb::arg("zero_padding"), pyb::arg("flavor"), pyb::arg("mode"),
            pyb::arg("problem") = "", pyb::arg("problem_code") = "")
       .def("lb", &PyBuffer::lb, pyb::arg("reduce"), pyb::arg("slots"), pyb::arg("homes"), pyb::arg("home_experts"),
            pyb::arg("num_slots"), pyb::arg("mapping"), pyb::arg("problem") = "", pyb::arg("problem_code") = "")
       .def("combine", &PyBuffer::combine, pyb::arg("y"), pyb::arg("handle"), pyb::arg("bias0"), pyb::arg("bias1"),
-           pyb::arg("weighted"), pyb::arg("flavor"), pyb::arg("background"), pyb::arg("problem") = "",
+           pyb::arg("weighted"), pyb::arg("flavor"), pyb::arg("mode"), pyb::arg("problem") = "",
            pyb::arg("problem_code") = "");
   m.def(
       "size_hint",

@@ -143,18 +143,52 @@ Input read_array_interface(pyb::handle obj, const std::string& a, Want want, std
 
 }  // namespace
 
+namespace {
+
+/// torch's C-level DLPack functions, looked up once torch is imported (the binding never
+/// imports it): torch._C._to_dlpack / _from_dlpack skip the checks of Tensor.__dlpack__ and
+/// torch.utils.dlpack.from_dlpack written in Python (~10 us a call here), which the binding
+/// makes itself (CPU, strides) or needs not (its capsules are CPU and contiguous).
+struct Torch {
+  PyTypeObject* tensor_type = nullptr;
+  pyb::object to_dlpack, from_dlpack;
+};
+
+const Torch* torch_api() {
+  static Torch* api = nullptr;
+  if (api != nullptr) return api;
+  PyObject* mod = PyImport_GetModule(pyb::str("torch").ptr());  // new reference, or null without error
+  if (mod == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  pyb::object torch = pyb::reinterpret_steal<pyb::object>(mod);
+  auto* t = new Torch;  // kept for the process: Python objects must not die at exit
+  t->tensor_type = reinterpret_cast<PyTypeObject*>(torch.attr("Tensor").ptr());
+  Py_INCREF(t->tensor_type);
+  pyb::object c = torch.attr("_C");
+  t->to_dlpack = c.attr("_to_dlpack");
+  t->from_dlpack = c.attr("_from_dlpack");
+  api = t;
+  return api;
+}
+
+}  // namespace
+
 Input read_input(pyb::handle obj, const char* arg, Want want, std::string& problem) {
   Input in;
   if (obj.is_none()) return in;
   const std::string a = arg;
-  if (pyb::hasattr(obj, "__array_interface__")) return read_array_interface(obj, a, want, problem);
-  if (!pyb::hasattr(obj, "__dlpack__")) {
+  const Torch* torch = torch_api();
+  const bool is_torch = torch != nullptr && PyObject_TypeCheck(obj.ptr(), torch->tensor_type);
+  if (!is_torch && pyb::hasattr(obj, "__array_interface__")) return read_array_interface(obj, a, want, problem);
+  if (!is_torch && !pyb::hasattr(obj, "__dlpack__")) {
     problem = a + ": expected a tensor with __dlpack__ (torch.Tensor or numpy.ndarray), got " +
               std::string(pyb::str(obj.get_type().attr("__name__")));
     return in;
   }
   try {
-    in.capsule = obj.attr("__dlpack__")();
+    in.capsule = is_torch ? torch->to_dlpack(obj) : obj.attr("__dlpack__")();
   } catch (pyb::error_already_set& e) {
     problem = a + ": cannot be exported by DLPack (" + e.what() + ")";
     return in;
@@ -210,6 +244,16 @@ pyb::object Exported::dlpack(pyb::object /*stream*/) {
   m->manager_ctx = ctx.release();
   m->deleter = delete_managed;
   return pyb::reinterpret_steal<pyb::object>(PyCapsule_New(m, "dltensor", capsule_destructor));
+}
+
+pyb::object export_tensor(Tensor t, Flavor flavor) {
+  if (flavor == Flavor::kTorch) {
+    if (const Torch* torch = torch_api()) {
+      Exported e(std::move(t), flavor);
+      return torch->from_dlpack(e.dlpack(pyb::none()));
+    }
+  }
+  return pyb::cast(Exported(std::move(t), flavor));
 }
 
 pyb::tuple Exported::device() const { return pyb::make_tuple(static_cast<int>(kDLCPU), 0); }

@@ -50,6 +50,11 @@ class Exported {
   Flavor flavor_;
 };
 
+/// An epx output for Python: with the torch flavour (and torch imported) a torch.Tensor over
+/// the Tensor's bytes (zero-copy, by DLPack), else an Exported (numpy takes it by
+/// np.asarray).
+pyb::object export_tensor(Tensor t, Flavor flavor);
+
 /// Registers Exported in module `m`.
 void bind_tensors(pyb::module_& m);
 

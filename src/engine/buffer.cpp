@@ -255,7 +255,10 @@ MaybeStatus Buffer::Impl::check_combine(const CombineArgs& a) const {
 Buffer::Buffer(Transport& transport, const BufferConfig& config)
     : impl_(std::make_unique<Impl>(transport, config)) {}
 
-Buffer::~Buffer() = default;
+Buffer::~Buffer() {
+  // A pending asynchronous call: its thread finishes (or fails) before the window goes.
+  if (detail::AsyncCall* pending = impl_->calls.pending()) pending->abandon();
+}
 
 const BufferConfig& Buffer::config() const noexcept { return impl_->config; }
 const CallStats& Buffer::last_stats() const noexcept { return impl_->stats; }
@@ -274,169 +277,331 @@ DispatchLayout Buffer::get_dispatch_layout(const TensorView& topk_idx) const {
   return make_dispatch_layout(build_routing_plan(topk_idx.as<std::int64_t>(), shape));
 }
 
-DispatchResult Buffer::dispatch(const DispatchArgs& a) {
-  Impl& m = *impl_;
-  ++m.epoch;
-  const bool fresh = a.handle == nullptr;
-  m.begin_stats(false, !fresh);
-  m.stats.pulled = false;
-  std::optional<Impl::PhaseTimer> plan_timer(std::in_place, m, 0, Phase::kPlan);
-  const MaybeStatus status = m.check_dispatch(a);
+// One dispatch (SPEC §3) in three steps. Every step runs the same phases in the same order
+// whether the call is synchronous (dispatch: all three on the caller's thread) or not
+// (dispatch_async: front on the caller's thread, puts — and back, with kBackground — on the
+// call's thread): the same bits, the same errors.
+struct Buffer::Impl::DispatchCall : detail::AsyncCall {
+  Impl& m;
+  DispatchArgs a;         // the caller's; a.handle points at `cached`
+  DispatchHandle cached;  // the handle of a cached dispatch (copied: the caller's may go)
+  bool fresh, fp8, ring, data_first = false;
+  MaybeStatus status;
   std::shared_ptr<HandleState> made;
-  const HandleState* h;
-  std::vector<std::int32_t> counts;
-  if (fresh) {
-    made = std::make_shared<HandleState>();
-    made->buffer_id = m.buffer_id;
-    made->dispatch_epoch = m.epoch;
-    made->rank = m.rank;
-    made->layout = a.layout;
-    made->alignment = a.expert_alignment;
-    made->worst = a.num_worst_tokens;
-    if (!status) {
-      made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
-                                      RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});
-      counts.reserve(static_cast<std::size_t>(m.num_counts()));
-      for (int d = 0; d < m.P; ++d) counts.push_back(made->plan.tokens_to(d));
-      counts.insert(counts.end(), made->plan.slots_per_expert.begin(), made->plan.slots_per_expert.end());
-      if (m.hierarchical()) {
-        const std::vector<std::int32_t> relayed = m.relay_counts(*made);
-        counts.insert(counts.end(), relayed.begin(), relayed.end());
-      }
-    }
-    h = made.get();
-  } else {
-    h = status ? nullptr : a.handle->state_.get();
+  const HandleState* h = nullptr;
+  std::vector<std::int32_t> counts, expert_base;
+  Impl::Peers peers;
+  DispatchResult& out;
+
+  DispatchCall(Impl& impl, const DispatchArgs& args)
+      : m(impl),
+        a(args),
+        cached(args.handle != nullptr ? *args.handle : DispatchHandle{}),
+        fresh(args.handle == nullptr),
+        fp8(args.x.dtype == DType::kFP8E4M3),
+        ring(impl.config.ring_rows > 0),
+        out(result.emplace<DispatchResult>()) {
+    if (!fresh) a.handle = &cached;
   }
 
-  NotifyHeader mine{};
-  mine.handle_epoch = fresh || h == nullptr ? 0 : h->dispatch_epoch;
-  mine.dtype = static_cast<std::int32_t>(a.x.dtype);
-  mine.expanded = a.layout == RecvLayout::kExpanded;
-  mine.alignment = a.expert_alignment;
-  mine.worst = a.num_worst_tokens;
-  mine.has_counts = fresh;
-  mine.recv_view = a.recv_in_window;
-  plan_timer.reset();
-  const bool ring = m.config.ring_rows > 0;
-  // Rows first: a dispatch right after a combine needs no exchange before its rows. That
-  // combine's exchange told every rank that every peer is done with its receive area and
-  // holds no view of it; when the area has a stretch of C rows per source (the default P·C
-  // rows), each rank puts its rows (fresh: and their metadata) at rank·C + their position
-  // in its segment — the per-source slots of DeepEP's low-latency mode, known without the
-  // counts — and the header exchange after them completes them and brings the counts: one
-  // synchronisation instead of two. The receiver reads each source's stretch (and places
-  // expanded rows itself: the senders did not know its layout). It still fails every rank
-  // on a bad input, a stale handle or a fresh/cached mix, and ranks that disagree still
-  // write only their own stretches.
-  const bool data_first = m.calls.begin_dispatch(m.rows_first_allowed() && m.geo.has_stretches(), a.recv_in_window);
-  m.stats.data_first = data_first;
-  const Impl::Peers peers = [&] {
-    if (data_first) {
+  /// Validation, plan, header exchange (rows first: after the rows), slots, outputs.
+  void front() {
+    ++m.epoch;
+    m.begin_stats(false, !fresh);
+    m.stats.pulled = false;
+    std::optional<Impl::PhaseTimer> plan_timer(std::in_place, m, 0, Phase::kPlan);
+    status = m.check_dispatch(a);
+    if (fresh) {
+      made = std::make_shared<HandleState>();
+      made->buffer_id = m.buffer_id;
+      made->dispatch_epoch = m.epoch;
+      made->rank = m.rank;
+      made->layout = a.layout;
+      made->alignment = a.expert_alignment;
+      made->worst = a.num_worst_tokens;
       if (!status) {
-        // Expert bases of 0: the metadata carries each slot's rank among my tokens for its expert.
-        const std::vector<std::int32_t> local(static_cast<std::size_t>(fresh ? m.config.num_experts : 0), 0);
-        m.send_rows(*h, a, fresh ? &local : nullptr, true);
+        made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
+                                        RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});
+        counts.reserve(static_cast<std::size_t>(m.num_counts()));
+        for (int d = 0; d < m.P; ++d) counts.push_back(made->plan.tokens_to(d));
+        counts.insert(counts.end(), made->plan.slots_per_expert.begin(), made->plan.slots_per_expert.end());
+        if (m.hierarchical()) {
+          const std::vector<std::int32_t> relayed = m.relay_counts(*made);
+          counts.insert(counts.end(), relayed.begin(), relayed.end());
+        }
       }
-      Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
-      return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
-                                fresh ? "dispatch data" : "cached dispatch data");
+      h = made.get();
+    } else {
+      h = status ? nullptr : a.handle->state_.get();
     }
-    Impl::PhaseTimer timer(m, 0, Phase::kNotify);
-    return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
-                              fresh ? "dispatch notify" : "cached dispatch notify");
-  }();
-  // Every peer sent this header after its last combine had read its reply area.
-  m.calls.dispatch_exchanged(!m.none_holds_a_view(peers), h->dispatch_epoch);
-  std::vector<std::int32_t> expert_base;
-  if (fresh) {
-    Impl::PhaseTimer timer(m, 0, Phase::kPlan);
-    m.plan_slots(*made, peers);
-    if (m.hierarchical()) m.plan_relay(*made, peers);
-    if (!data_first) expert_base = m.expert_row_base(peers);
+
+    NotifyHeader mine{};
+    mine.handle_epoch = fresh || h == nullptr ? 0 : h->dispatch_epoch;
+    mine.dtype = static_cast<std::int32_t>(a.x.dtype);
+    mine.expanded = a.layout == RecvLayout::kExpanded;
+    mine.alignment = a.expert_alignment;
+    mine.worst = a.num_worst_tokens;
+    mine.has_counts = fresh;
+    mine.recv_view = a.recv_in_window;
+    plan_timer.reset();
+    // Rows first: a dispatch right after a combine needs no exchange before its rows. That
+    // combine's exchange told every rank that every peer is done with its receive area and
+    // holds no view of it; when the area has a stretch of C rows per source (the default P·C
+    // rows), each rank puts its rows (fresh: and their metadata) at rank·C + their position
+    // in its segment — the per-source slots of DeepEP's low-latency mode, known without the
+    // counts — and the header exchange after them completes them and brings the counts: one
+    // synchronisation instead of two. The receiver reads each source's stretch (and places
+    // expanded rows itself: the senders did not know its layout). It still fails every rank
+    // on a bad input, a stale handle or a fresh/cached mix, and ranks that disagree still
+    // write only their own stretches.
+    data_first = m.calls.begin_dispatch(m.rows_first_allowed() && m.geo.has_stretches(), a.recv_in_window);
+    m.stats.data_first = data_first;
+    peers = [&] {
+      if (data_first) {
+        if (!status) {
+          // Expert bases of 0: the metadata carries each slot's rank among my tokens for its expert.
+          const std::vector<std::int32_t> local(static_cast<std::size_t>(fresh ? m.config.num_experts : 0), 0);
+          m.send_rows(*h, a, fresh ? &local : nullptr, true);
+        }
+        Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
+        return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
+                                  fresh ? "dispatch data" : "cached dispatch data");
+      }
+      Impl::PhaseTimer timer(m, 0, Phase::kNotify);
+      return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
+                                fresh ? "dispatch notify" : "cached dispatch notify");
+    }();
+    // Every peer sent this header after its last combine had read its reply area.
+    m.calls.dispatch_exchanged(!m.none_holds_a_view(peers), h->dispatch_epoch);
+    if (fresh) {
+      Impl::PhaseTimer timer(m, 0, Phase::kPlan);
+      m.plan_slots(*made, peers);
+      if (m.hierarchical()) m.plan_relay(*made, peers);
+      if (!data_first) expert_base = m.expert_row_base(peers);
+    }
+    out = m.make_outputs(*h, a, fp8);
+    if (fresh) {
+      out.layout = make_dispatch_layout(made->plan);
+      out.handle.state_ = made;
+    } else {
+      out.handle = cached;
+    }
   }
-  const bool fp8 = a.x.dtype == DType::kFP8E4M3;
-  DispatchResult result;
-  if (ring) {  // rows go from the rings straight into the output
-    result = m.make_outputs(*h, a, fp8);
-    m.exchange_through_ring(*h, a, fresh ? &expert_base : nullptr, result);
-  } else if (!data_first) {
-    m.send_rows(*h, a, fresh ? &expert_base : nullptr, false);
-    m.wait_rows(*h, fresh, static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype),
-                fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0);
+
+  /// The rows to their slots (rows first: already sent; the ring: rows both ways).
+  void puts() override {
+    if (ring) m.exchange_through_ring(*h, a, fresh ? &expert_base : nullptr, out);
+    else if (!data_first) m.send_rows(*h, a, fresh ? &expert_base : nullptr, false);
   }
-  if (fresh) {
-    m.receive_meta(*made, data_first ? &peers : nullptr);
-    if (m.hierarchical()) m.keep_reply_rows(*made);
-    made->topk_weights = Tensor(DType::kF32, a.topk_weights.shape);
-    if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
-      std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
+
+  /// Until every row has landed, the received metadata into the handle, the epilogue.
+  void back() override {
+    if (!ring && !data_first)
+      m.wait_rows(*h, fresh, static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype),
+                  fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0);
+    if (fresh) {
+      m.receive_meta(*made, data_first ? &peers : nullptr);
+      if (m.hierarchical()) m.keep_reply_rows(*made);
+      made->topk_weights = Tensor(DType::kF32, a.topk_weights.shape);
+      if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
+        std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
+    }
+    m.epilogue(*h, a, fp8, out, ring, data_first);
+    m.end_stats();
   }
-  if (!ring) result = m.make_outputs(*h, a, fp8);
-  m.epilogue(*h, a, fp8, result, ring, data_first);
-  if (fresh) {
-    result.layout = make_dispatch_layout(made->plan);
-    result.handle.state_ = made;
-  } else {
-    result.handle = *a.handle;
+};
+
+// One combine (SPEC §4) in three steps, as DispatchCall.
+struct Buffer::Impl::CombineCall : detail::AsyncCall {
+  Impl& m;
+  CombineArgs a;           // the caller's; a.handle points at `handle`
+  DispatchHandle handle;   // copied: the caller's may go
+  bool data_first = false, pull = false;
+  const HandleState* h = nullptr;
+  Impl::Peers peers;
+  CombineResult& out;
+
+  CombineCall(Impl& impl, const CombineArgs& args)
+      : m(impl), a(args), handle(args.handle != nullptr ? *args.handle : DispatchHandle{}), out(result.emplace<CombineResult>()) {
+    if (a.handle != nullptr) a.handle = &handle;
   }
-  m.end_stats();
-  return result;
+
+  /// Validation, header exchange (replies first: after the replies), push or pull, outputs.
+  void front() {
+    ++m.epoch;
+    m.begin_stats(true, false);
+    // Right after a dispatch without window views, with the handle it used, the replies
+    // go first, as the rows of a rows-first dispatch do: that dispatch's exchange freed every
+    // reply area, and with no view nobody can pull, so every rank pushes and the exchange
+    // after the replies completes them. A rank with a bad input or another handle exchanges
+    // first and sends nothing (so no two ranks' plans write the same reply rows); the
+    // exchange fails every rank.
+    const MaybeStatus status = m.check_combine(a);
+    data_first = m.calls.begin_combine(m.rows_first_allowed(), status ? 0 : a.handle->state_->dispatch_epoch);
+    NotifyHeader mine{};
+    mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
+    mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
+    mine.tokens = status ? 0 : a.handle->state_->plan.shape.num_tokens;
+    mine.recv_view = m.calls.holds_view();
+    m.stats.data_first = data_first;
+    peers = [&] {
+      if (data_first) {
+        m.send_replies(*a.handle->state_, a, false);
+        Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
+        return m.exchange_headers(status, mine, nullptr, "combine data");
+      }
+      Impl::PhaseTimer timer(m, 0, Phase::kNotify);
+      return m.exchange_headers(status, mine, nullptr, "combine notify");
+    }();
+    // Every peer is in this combine, so done with its last dispatch's receive area: free for
+    // the next dispatch's rows unless some rank still holds a view of it.
+    m.calls.combine_exchanged(!m.none_holds_a_view(peers));
+    h = a.handle->state_.get();
+    // Pull only when every rank's rows can be read in place (each decides for its own y).
+    pull = !data_first && std::all_of(peers.header.begin(), peers.header.end(),
+                                      [](const NotifyHeader* p) { return p->y_in_window != 0; });
+    m.stats.pulled = pull;  // reported even without collect_stats
+    out.combined_x = m.combined_output(h->plan.shape.num_tokens);
+    out.topk_weights = m.outputs.make(DType::kF32, h->topk_weights.shape());
+    std::memcpy(out.topk_weights.data(), h->topk_weights.data(), h->topk_weights.nbytes());
+  }
+
+  /// The replies to their sources (replies first: already sent; pull: none; the ring: both ways).
+  void puts() override {
+    if (data_first || pull) return;
+    if (m.config.ring_rows > 0) m.combine_through_ring(*h, a, peers, out.combined_x);
+    else m.send_replies(*h, a, true);
+  }
+
+  /// Until every reply has landed (relays: after forwarding), the ordered reduction.
+  void back() override {
+    if (data_first) {
+      m.reduce(*h, a, false, out.combined_x);
+    } else if (pull) {
+      m.reduce(*h, a, true, out.combined_x);
+      m.finish_pull();
+    } else if (m.config.ring_rows == 0) {
+      if (m.hierarchical()) m.forward_replies(*h);
+      m.wait_replies(*h);
+      m.reduce(*h, a, false, out.combined_x);
+    }
+    m.end_stats();
+  }
+};
+
+namespace {
+template <class Result>
+Result aliases(const Result& r);
+template <>
+DispatchResult aliases(const DispatchResult& r) {
+  DispatchResult o;
+  o.recv_x = r.recv_x.alias();
+  o.recv_x_scales = r.recv_x_scales.alias();
+  o.recv_topk_idx = r.recv_topk_idx.alias();
+  o.recv_topk_weights = r.recv_topk_weights.alias();
+  o.recv_weights = r.recv_weights.alias();
+  o.recv_src = r.recv_src.alias();
+  o.num_recv_tokens_per_expert = r.num_recv_tokens_per_expert;
+  o.num_recv_tokens_per_expert_aligned = r.num_recv_tokens_per_expert_aligned;
+  o.expert_offsets = r.expert_offsets;
+  o.layout.num_tokens_per_rank = r.layout.num_tokens_per_rank;
+  o.layout.num_tokens_per_expert = r.layout.num_tokens_per_expert;
+  o.layout.is_token_in_rank = r.layout.is_token_in_rank.alias();
+  o.handle = r.handle;
+  return o;
+}
+template <>
+CombineResult aliases(const CombineResult& r) {
+  CombineResult o;
+  o.combined_x = r.combined_x.alias();
+  o.topk_weights = r.topk_weights.alias();
+  return o;
+}
+}  // namespace
+
+DispatchResult Buffer::dispatch(const DispatchArgs& a) {
+  impl_->calls.refuse_while_pending("dispatch", impl_->rank);
+  Impl::DispatchCall call(*impl_, a);
+  call.front();
+  call.puts();
+  call.back();
+  return std::move(call.out);
 }
 
 CombineResult Buffer::combine(const CombineArgs& a) {
-  Impl& m = *impl_;
-  ++m.epoch;
-  m.begin_stats(true, false);
-  // Right after a dispatch without window views, with the handle it used, the replies
-  // go first, as the rows of a rows-first dispatch do: that dispatch's exchange freed every
-  // reply area, and with no view nobody can pull, so every rank pushes and the exchange
-  // after the replies completes them. A rank with a bad input or another handle exchanges
-  // first and sends nothing (so no two ranks' plans write the same reply rows); the
-  // exchange fails every rank.
-  const MaybeStatus status = m.check_combine(a);
-  const bool data_first = m.calls.begin_combine(m.rows_first_allowed(), status ? 0 : a.handle->state_->dispatch_epoch);
-  NotifyHeader mine{};
-  mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
-  mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
-  mine.tokens = status ? 0 : a.handle->state_->plan.shape.num_tokens;
-  mine.recv_view = m.calls.holds_view();
-  m.stats.data_first = data_first;
-  const Impl::Peers peers = [&] {
-    if (data_first) {
-      m.send_replies(*a.handle->state_, a, false);
-      Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
-      return m.exchange_headers(status, mine, nullptr, "combine data");
+  impl_->calls.refuse_while_pending("combine", impl_->rank);
+  Impl::CombineCall call(*impl_, a);
+  call.front();
+  call.puts();
+  call.back();
+  return std::move(call.out);
+}
+
+PendingDispatch Buffer::dispatch_async(const DispatchArgs& a, Completion completion) {
+  impl_->calls.refuse_while_pending("dispatch", impl_->rank);
+  auto call = std::make_shared<Impl::DispatchCall>(*impl_, a);
+  call->front();
+  PendingDispatch p;
+  p.outputs_ = aliases(call->out);
+  call->start(impl_->calls, "dispatch (call " + std::to_string(impl_->epoch) + ")", completion);
+  p.call_ = std::move(call);
+  return p;
+}
+
+PendingCombine Buffer::combine_async(const CombineArgs& a, Completion completion) {
+  impl_->calls.refuse_while_pending("combine", impl_->rank);
+  auto call = std::make_shared<Impl::CombineCall>(*impl_, a);
+  call->front();
+  PendingCombine p;
+  p.outputs_ = aliases(call->out);
+  call->start(impl_->calls, "combine (call " + std::to_string(impl_->epoch) + ")", completion);
+  p.call_ = std::move(call);
+  return p;
+}
+
+// The pending calls: finish() once, the destructor finishes an unfinished one.
+PendingDispatch::PendingDispatch() noexcept = default;
+PendingDispatch::PendingDispatch(PendingDispatch&&) noexcept = default;
+PendingDispatch& PendingDispatch::operator=(PendingDispatch&& o) noexcept {
+  PendingDispatch old(std::move(*this));  // finishes the call this one held
+  call_ = std::move(o.call_);
+  outputs_ = std::move(o.outputs_);
+  return *this;
+}
+PendingDispatch::~PendingDispatch() {
+  if (call_ && !call_->finished()) try {
+      call_->finish();
+    } catch (...) {  // dropped: nobody asked for the result
     }
-    Impl::PhaseTimer timer(m, 0, Phase::kNotify);
-    return m.exchange_headers(status, mine, nullptr, "combine notify");
-  }();
-  // Every peer is in this combine, so done with its last dispatch's receive area: free for
-  // the next dispatch's rows unless some rank still holds a view of it.
-  m.calls.combine_exchanged(!m.none_holds_a_view(peers));
-  const HandleState& h = *a.handle->state_;
-  // Pull only when every rank's rows can be read in place (each decides for its own y).
-  const bool pull = !data_first && std::all_of(peers.header.begin(), peers.header.end(),
-                                               [](const NotifyHeader* p) { return p->y_in_window != 0; });
-  m.stats.pulled = pull;  // reported even without collect_stats
-  CombineResult out;
-  if (data_first) {
-    out.combined_x = m.reduce(h, a, false);
-  } else if (pull) {
-    out.combined_x = m.reduce(h, a, true);
-    m.finish_pull();
-  } else if (m.config.ring_rows > 0) {
-    out.combined_x = m.combine_through_ring(h, a, peers);
-  } else {
-    m.send_replies(h, a, true);
-    if (m.hierarchical()) m.forward_replies(h);
-    m.wait_replies(h);
-    out.combined_x = m.reduce(h, a, false);
-  }
-  out.topk_weights = m.outputs.make(DType::kF32, h.topk_weights.shape());
-  std::memcpy(out.topk_weights.data(), h.topk_weights.data(), h.topk_weights.nbytes());
-  m.end_stats();
-  return out;
+}
+bool PendingDispatch::ready() const noexcept { return call_ && call_->ready(); }
+bool PendingDispatch::wait_for(std::chrono::milliseconds timeout) { return call_ && call_->wait_for(timeout); }
+DispatchResult PendingDispatch::finish() {
+  if (!call_) throw Error(ErrorCode::kInvalidArgument, "finish(): an empty PendingDispatch");
+  call_->finish();
+  return std::move(std::get<DispatchResult>(call_->result));
+}
+
+PendingCombine::PendingCombine() noexcept = default;
+PendingCombine::PendingCombine(PendingCombine&&) noexcept = default;
+PendingCombine& PendingCombine::operator=(PendingCombine&& o) noexcept {
+  PendingCombine old(std::move(*this));  // finishes the call this one held
+  call_ = std::move(o.call_);
+  outputs_ = std::move(o.outputs_);
+  return *this;
+}
+PendingCombine::~PendingCombine() {
+  if (call_ && !call_->finished()) try {
+      call_->finish();
+    } catch (...) {  // dropped: nobody asked for the result
+    }
+}
+bool PendingCombine::ready() const noexcept { return call_ && call_->ready(); }
+bool PendingCombine::wait_for(std::chrono::milliseconds timeout) { return call_ && call_->wait_for(timeout); }
+CombineResult PendingCombine::finish() {
+  if (!call_) throw Error(ErrorCode::kInvalidArgument, "finish(): an empty PendingCombine");
+  call_->finish();
+  return std::move(std::get<CombineResult>(call_->result));
 }
 
 }  // namespace epx

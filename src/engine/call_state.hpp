@@ -4,12 +4,18 @@
 // decides whether a call may put its data before the header exchange ("rows first" for a
 // dispatch, "replies first" for a combine; docs/engine.md). The state is the same on every
 // rank, because every input to it comes from the headers every rank sees alike (or from
-// the call itself, which every rank makes in the same order).
+// the call itself, which every rank makes in the same order). It also knows the
+// asynchronous call in flight, if any: until it finishes, every other call is refused.
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "epx/error.hpp"
 
 namespace epx::detail {
+
+class AsyncCall;
 
 class CallState {
  public:
@@ -44,7 +50,27 @@ class CallState {
   /// My latest dispatch returned views of my receive area (sent in every header).
   bool holds_view() const noexcept { return view_; }
 
+  /// Local, before a call touches anything: throws if an asynchronous call is pending.
+  /// `call`: what was asked ("dispatch", "combine"), `rank`: this rank.
+  void refuse_while_pending(const char* call, int rank) const {
+    if (pending_ == nullptr) return;
+    throw Error(ErrorCode::kInvalidArgument,
+                "rank " + std::to_string(rank) + ": " + call + " refused: the asynchronous " + pending_name_ +
+                    " on this Buffer is still pending; finish it first (PendingDispatch/PendingCombine::finish, "
+                    "Python: event.wait())",
+                rank);
+  }
+  /// An asynchronous call (`name`, e.g. "dispatch (call 7)") is in flight until finished().
+  void begin_async(AsyncCall* call, std::string name) {
+    pending_ = call;
+    pending_name_ = std::move(name);
+  }
+  void end_async() noexcept { pending_ = nullptr; }
+  AsyncCall* pending() const noexcept { return pending_; }
+
  private:
+  AsyncCall* pending_ = nullptr;
+  std::string pending_name_;
   bool view_ = false;
   bool receive_areas_free_ = false;
   bool reply_areas_free_ = false;

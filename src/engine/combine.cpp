@@ -195,10 +195,9 @@ Tensor Buffer::Impl::combined_output(std::int64_t S) {
                        shape);
 }
 
-Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pull) {
+void Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pull, Tensor& out) {
   const std::int64_t S = h.plan.shape.num_tokens;
-  Tensor out = combined_output(S);
-  if (!moves_payload) return out;
+  if (!moves_payload) return;
   // Where the row answering entry e (token t at destination d) is: push, my reply area at
   // d's block; pull, d's receive area (its y in place) at my segment.
   std::vector<const std::uint16_t*> rows_of(static_cast<std::size_t>(P));
@@ -215,7 +214,6 @@ Tensor Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pul
     const auto [t0, t1] = split_range(S, w, W);
     reduce_tokens(h, a, t0, t1, rows_of, first_row, out.as<std::uint16_t>(), pulls);
   });
-  return out;
 }
 
 }  // namespace epx

@@ -206,6 +206,12 @@ DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchAr
     out.recv_topk_idx = outputs.make(DType::kI64, {rows, K});
     out.recv_topk_weights = outputs.make(DType::kF32, {rows, K});
   }
+  out.num_recv_tokens_per_expert = h.expert_count;
+  out.num_recv_tokens_per_expert_aligned.resize(static_cast<std::size_t>(L));
+  for (int j = 0; j < L; ++j)
+    out.num_recv_tokens_per_expert_aligned[static_cast<std::size_t>(j)] =
+        align_rows(h.expert_count[static_cast<std::size_t>(j)], h.alignment);
+  if (expanded) out.expert_offsets = h.expert_offset;
   return out;
 }
 
@@ -315,13 +321,6 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
       pad(expanded ? h.expert_offset.back() : N, rows);
     }
   });
-
-  out.num_recv_tokens_per_expert = h.expert_count;
-  out.num_recv_tokens_per_expert_aligned.resize(static_cast<std::size_t>(L));
-  for (int j = 0; j < L; ++j)
-    out.num_recv_tokens_per_expert_aligned[static_cast<std::size_t>(j)] =
-        align_rows(h.expert_count[static_cast<std::size_t>(j)], h.alignment);
-  if (expanded) out.expert_offsets = h.expert_offset;
 }
 
 }  // namespace epx

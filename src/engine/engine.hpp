@@ -21,6 +21,7 @@
 #include "epx/sim/model_transport.hpp"
 #include "epx/spi/support.hpp"
 #include "epx/topology.hpp"
+#include "async_call.hpp"
 #include "call_state.hpp"
 #include "geometry.hpp"
 #include "handle.hpp"
@@ -66,6 +67,12 @@ namespace epx {
 
 struct Buffer::Impl {
   Impl(Transport& transport, const BufferConfig& config);
+
+  // buffer.cpp: one dispatch / combine in three steps — front (validation, plan, header
+  // exchange, outputs), puts, back (completion, epilogue / reduction) — run in a row by
+  // dispatch() and combine(), split across threads by dispatch_async() and combine_async().
+  struct DispatchCall;
+  struct CombineCall;
 
   // buffer.cpp
   detail::MaybeStatus check_dispatch(const DispatchArgs& a) const;
@@ -170,8 +177,9 @@ struct Buffer::Impl {
   // places the rows arriving from its sources straight into the output.
   void exchange_through_ring(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
                              DispatchResult& out);
-  /// Combine with the bounded reply area: rounds of ring_rows / 2 tokens (ring.cpp).
-  Tensor combine_through_ring(const detail::HandleState& h, const CombineArgs& a, const Peers& peers);
+  /// Combine with the bounded reply area: rounds of ring_rows / 2 tokens (ring.cpp), into
+  /// `out` (combined_output's [S, H]).
+  void combine_through_ring(const detail::HandleState& h, const CombineArgs& a, const Peers& peers, Tensor& out);
 
   // dispatch.cpp. Each worker puts its rows at their slots and completes them with the
   // configured protocol; `rows_first`: at rank·C + their position in my segment instead,
@@ -187,7 +195,7 @@ struct Buffer::Impl {
   /// rows of source s sit at s·C, and expanded slots carry their rank among s's tokens for
   /// the expert, to which the receiver adds the expert's base.
   void receive_meta(detail::HandleState& h, const Peers* rows_first);
-  /// The output tensors (from the pool, or views of the window).
+  /// The output tensors (from the pool, or views of the window) and the per-expert counts.
   DispatchResult make_outputs(const detail::HandleState& h, const DispatchArgs& a, bool fp8);
   /// Receive area → the requested layout (rows_placed: the ring already put recv_x's rows;
   /// rows_first: the rows of source s sit at s·C).
@@ -225,8 +233,9 @@ struct Buffer::Impl {
   bool y_readable_in_place(const detail::HandleState& h, const CombineArgs& a) const;
   /// Combine's [S, H] bf16 output: from the pool, or (modelling transport) a view of the replies.
   Tensor combined_output(std::int64_t S);
-  /// SPEC §4's sums per token: from my reply area (push), or from the peers' windows (pull).
-  Tensor reduce(const detail::HandleState& h, const CombineArgs& a, bool pull);
+  /// SPEC §4's sums per token into `out` (combined_output's [S, H]): from my reply area
+  /// (push), or from the peers' windows (pull).
+  void reduce(const detail::HandleState& h, const CombineArgs& a, bool pull, Tensor& out);
   /// The sums of tokens [t0, t1) into o: the row answering entry e (token t at rank d) is
   /// rows_of[d] + (first_row[d] + entry_position[e]) rows. `pulls`: count the rows as pulled.
   void reduce_tokens(const detail::HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,

@@ -194,7 +194,7 @@ void Buffer::Impl::exchange_through_ring(const HandleState& h, const DispatchArg
 // hands the half back. Rounds per source: ceil(S_s / C), S_s from its combine header.
 // Signals reuse the ring slots: tails from the experts, credits from the sources, values
 // epoch << 32 | rounds (monotonic across calls, like the dispatch ring's counts).
-Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArgs& a, const Peers& peers) {
+void Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArgs& a, const Peers& peers, Tensor& out) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
   const std::int64_t C = geo.reply_round_tokens();
@@ -205,7 +205,6 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
   auto rounds_of = [&](std::int64_t tokens) { return (tokens + C - 1) / C; };
   auto count_of = [&](std::uint64_t v) -> std::int64_t { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; };
   if (h.layout == RecvLayout::kExpanded) reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * H);
-  Tensor out = combined_output(S);
   const auto* replies_base = reinterpret_cast<const std::uint16_t*>(transport.window() + geo.region(Region::kReplies));
 
   // Expert side, per source s: rounds sent, and the next of my received rows from s.
@@ -298,7 +297,6 @@ Tensor Buffer::Impl::combine_through_ring(const HandleState& h, const CombineArg
   };
   progress_until_done(transport.timeout(), rank, "combine ring", sources.empty() ? -1 : sources.front().peer, pass, waiting);
   send.flush();
-  return out;
 }
 
 }  // namespace epx

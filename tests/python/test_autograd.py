@@ -106,9 +106,13 @@ def run_case(buf, rank, expanded, use_weights, alignment=1, worst=0, async_op=Fa
     xin = x if use_fp8 else x.bfloat16()
     kw = dict(do_expand=expanded, expert_alignment=alignment, num_worst_tokens=worst,
               do_zero_padding=True)
-    got = ea.dispatch(buf, xin, idx[rank], wt, async_with_compute_stream=async_op,
-                      use_fp8=use_fp8, **kw)
-    if async_op:
+    got = ea.dispatch(buf, xin, idx[rank], wt, async_with_compute_stream=async_op == "async",
+                      defer_epilogue=async_op == "defer", use_fp8=use_fp8, **kw)
+    if async_op == "async":  # the tuple at once, its values after the wait
+        assert isinstance(got, tuple) and got[0].shape[0] == got[3].num_recv_rows
+        got[4].current_stream_wait()
+    elif async_op == "defer":  # an event whose wait returns the tuple
+        assert not isinstance(got, tuple)
         got = got.current_stream_wait()
     recv_x, recv_idx, recv_w, handle, _ = got
     if cached:  # a second, cached dispatch of the same x: its gradient must add up too
@@ -147,6 +151,30 @@ def weights_exact(buf, rank, expanded):
     return {"rel": err / max(scale, 1e-30)}
 
 
+def weighted_combine(buf, rank, mode):
+    """A weighted combine (expanded; the weights are the handle's) of the identity expert:
+    out[t] = sum_k w_k x[t], and the gradients of x and of topk_weights (passed to the
+    combine) as in expected_dense, bit for bit; mode None, "async" or "defer"."""
+    idx, w = routing(8)
+    x0 = ints((TOKENS[rank], H), 100 + rank)
+    probe = ints((TOKENS[rank], H), 110 + rank, -2, 3)
+    x = x0.clone().requires_grad_(True)
+    wt = w[rank].clone().requires_grad_(True)
+    recv_x, _, _, handle, _ = ea.dispatch(buf, x.bfloat16(), idx[rank], wt, do_expand=True, expert_alignment=2,
+                                          do_zero_padding=True)
+    if mode == "async":  # combined_x at once, its values after the wait
+        out, ev = ea.combine(buf, recv_x, handle, wt, weighted=True, async_with_compute_stream=True)
+        assert tuple(out.shape) == (TOKENS[rank], H)
+        ev.current_stream_wait()
+    elif mode == "defer":
+        out = ea.combine(buf, recv_x, handle, wt, weighted=True, defer_epilogue=True).wait()
+    else:
+        out = ea.combine(buf, recv_x, handle, wt, weighted=True)
+    (out.float() * probe).sum().backward()
+    want_out, want_gx, want_gw = expected_dense(rank, idx, w, x0, probe, True)
+    return {"out": rel_err(out, want_out), "grad_x": rel_err(x.grad, want_gx), "grad_w": rel_err(wt.grad, want_gw)}
+
+
 def combine_adjoint(buf, rank, expanded, alignment, worst):
     """<combine(y, bias), p> == <y, grad_y> + <bias, grad_bias> summed over ranks; padding
     rows of grad_y are zero; grad_bias == p."""
@@ -178,7 +206,10 @@ CASES = {
     "expanded_weights": dict(expanded=True, use_weights=True, alignment=4),
     "expanded_worst": dict(expanded=True, use_weights=True, alignment=2, worst=40),
     "compact_worst": dict(expanded=False, use_weights=True, worst=24),
-    "expanded_async": dict(expanded=True, use_weights=True, async_op=True),
+    "expanded_async": dict(expanded=True, use_weights=True, async_op="async"),
+    "compact_fp8_async": dict(expanded=False, use_weights=True, use_fp8=True, async_op="async"),
+    "expanded_defer": dict(expanded=True, use_weights=True, alignment=4, async_op="defer"),
+    "compact_defer": dict(expanded=False, use_weights=False, async_op="defer"),
     "compact_fp8": dict(expanded=False, use_weights=True, use_fp8=True),
     "expanded_fp8": dict(expanded=True, use_weights=False, use_fp8=True, alignment=4),
     "expanded_cached": dict(expanded=True, use_weights=True, cached=True),
@@ -198,6 +229,8 @@ def _worker(rank, num_ranks):
         out["adjoint_compact"] = combine_adjoint(buf, rank, False, 1, 0)
         out["adjoint_expanded"] = combine_adjoint(buf, rank, True, 4, 0)
         out["adjoint_expanded_worst"] = combine_adjoint(buf, rank, True, 2, 40)
+        for mode in (None, "async", "defer"):
+            out["weighted_%s" % mode] = weighted_combine(buf, rank, mode)
     return out
 
 
@@ -220,6 +253,13 @@ def test_dispatch_combine_gradients_match_dense(results, name):
 def test_weight_gradient_is_unrounded(results, layout):
     for rank in range(P):
         assert results[rank]["weights_exact_" + layout]["rel"] <= 1e-6, rank
+
+
+@pytest.mark.parametrize("mode", [None, "async", "defer"], ids=["sync", "async", "defer"])
+def test_weighted_combine_gradients_match_dense(results, mode):
+    for rank in range(P):
+        for what, err in results[rank]["weighted_%s" % mode].items():
+            assert err == 0.0, (rank, mode, what, err)
 
 
 @pytest.mark.parametrize("case", ["compact", "expanded", "expanded_worst"])

@@ -31,9 +31,19 @@ def _round_trip(rank, n, expanded, fp8, flavor, alignment, worst, async_mode):
         same("is_token_in_rank", inr, res.ranks[rank]["is_token_in_rank"], rank)
         kw = dict(do_expand=expanded, expert_alignment=alignment, num_worst_tokens=worst, deterministic=True,
                   do_zero_padding=True)
-        if async_mode:
-            ev = buf.dispatch(x, idx, w, **{async_mode: True}, **kw)
+        if async_mode == "async_with_compute_stream":
+            # the tuple at once: outputs with their final shapes; the values after the wait
+            got = buf.dispatch(x, idx, w, async_with_compute_stream=True, **kw)
+            recv_x, recv_idx, recv_w, handle, ev = got
+            rows = res.ranks[rank]["recv_x_fp8" if fp8 else "recv_x"].shape[0]
+            assert (recv_x[0] if fp8 else recv_x).shape[0] == rows == handle.num_recv_rows
+            assert list(handle.num_recv_tokens_per_expert) == list(res.ranks[rank]["num_recv_tokens_per_expert"])
+            _refused_while_pending(buf, x, idx, w, rank)
+            assert ev.wait() is None and ev.done()
+        elif async_mode == "defer_epilogue":
+            ev = buf.dispatch(x, idx, w, defer_epilogue=True, **kw)
             assert isinstance(ev, epx.EventOverlap)
+            _refused_while_pending(buf, x, idx, w, rank)
             recv_x, recv_idx, recv_w, handle, _ = ev.wait()
         else:
             recv_x, recv_idx, recv_w, handle, _ = buf.dispatch(x, idx, w, **kw)
@@ -41,8 +51,13 @@ def _round_trip(rank, n, expanded, fp8, flavor, alignment, worst, async_mode):
         assert isinstance(recv_x[0] if fp8 else recv_x, flavor_type)
         check_dispatch(case, res, rank, (recv_x, recv_idx, recv_w, handle), expanded, fp8)
         y = to_flavor(expert_y(case, recv_x, recv_idx, handle, expanded), flavor)
-        if async_mode:
-            combined, cw, _ = buf.combine(y, handle, **{async_mode: True}).wait()
+        if async_mode == "async_with_compute_stream":
+            combined, cw, ev = buf.combine(y, handle, async_with_compute_stream=True)
+            assert tuple(combined.shape) == tuple(res.ranks[rank]["combined_x"].shape)
+            _refused_while_pending(buf, x, idx, w, rank)
+            ev.current_stream_wait()
+        elif async_mode == "defer_epilogue":
+            combined, cw, _ = buf.combine(y, handle, defer_epilogue=True).wait()
         else:
             combined, cw, _ = buf.combine(y, handle)
         same("combined_x", combined, res.ranks[rank]["combined_x"], rank)
@@ -66,9 +81,22 @@ def test_worst_tokens(expanded):
     assert launch(_round_trip, expanded, False, "numpy", 2 if expanded else 1, 120, None) == [True] * P
 
 
+def _refused_while_pending(buf, x, idx, w, rank):
+    """Any other call on the buffer while one is pending: epx.Error naming it, on this rank only."""
+    with pytest.raises(epx.Error, match="still pending") as e:
+        buf.dispatch(x, idx, w)
+    assert e.value.code == "invalid_argument" and e.value.origin_rank == rank
+
+
 @pytest.mark.parametrize("mode", ["async_with_compute_stream", "defer_epilogue"])
-def test_async_and_deferred(mode):
-    assert launch(_round_trip, True, False, "torch", 1, 0, mode) == [True] * P
+@pytest.mark.parametrize("expanded", [False, True], ids=["compact", "expanded"])
+def test_async_and_deferred(mode, expanded):
+    assert launch(_round_trip, expanded, False, "torch", 4 if expanded else 1, 0, mode) == [True] * P
+
+
+@pytest.mark.parametrize("mode", ["async_with_compute_stream", "defer_epilogue"])
+def test_async_and_deferred_fp8_numpy(mode):
+    assert launch(_round_trip, True, True, "numpy", 2, 0, mode) == [True] * P
 
 
 def _cached(rank, n, expanded, flavor):

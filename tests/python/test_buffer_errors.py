@@ -111,6 +111,25 @@ def test_destroyed_buffer_is_an_error():
     assert launch(_destroy) == [("bad_handle", True)] * P
 
 
+def _destroy_while_pending(rank, n, mode):
+    case = make_case(n, 8, 2, 128, [2, 2, 2, 2], seed=76)
+    x, idx, w = inputs(case, rank, "torch")
+    buf = epx.EPBuffer(None, 2, 128, 2, 8)
+    r = buf.dispatch(x, idx, w, **{mode: True})
+    ev = r if mode == "defer_epilogue" else r[4]
+    buf.destroy()  # waits for the call's thread; its back half (if still due) never runs
+    try:
+        ev.wait()
+    except epx.Error as e:
+        return e.code, "destroyed" in str(e)
+    return None
+
+
+@pytest.mark.parametrize("mode", ["async_with_compute_stream", "defer_epilogue"])
+def test_destroy_while_pending_fails_the_wait(mode):
+    assert launch(_destroy_while_pending, mode) == [("bad_handle", True)] * P
+
+
 def _size_hint(rank, n, shape):
     S, H, K, E = shape
     hint = epx.EPBuffer.get_buffer_size_hint(None, S, H, K, num_experts=E)

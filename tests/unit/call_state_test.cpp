@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <string>
+
 namespace epx::detail {
 namespace {
 
@@ -64,6 +67,34 @@ TEST(CallState, NotPossibleNeverGoesFirst) {
   EXPECT_FALSE(s.begin_combine(false, 1));  // ring, relay, flag protocol, or no stretches
   s.combine_exchanged(false);
   EXPECT_FALSE(s.begin_dispatch(false, false));
+}
+
+// An asynchronous call in flight: every other call is refused on this rank, naming it,
+// until it is finished; the refusal changes nothing of the rows-first state.
+TEST(CallState, RefusesEveryCallWhileOneIsPending) {
+  CallState s;
+  EXPECT_NO_THROW(s.refuse_while_pending("dispatch", 2));
+  EXPECT_FALSE(s.begin_dispatch(true, false));
+  s.dispatch_exchanged(false, 1);
+  auto* call = reinterpret_cast<AsyncCall*>(std::uintptr_t{0x1000});  // never dereferenced
+  s.begin_async(call, "dispatch (call 1)");
+  EXPECT_EQ(s.pending(), call);
+  for (const char* what : {"dispatch", "combine"}) {
+    try {
+      s.refuse_while_pending(what, 2);
+      ADD_FAILURE() << what << " accepted while a call is pending";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(e.origin_rank(), 2);
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string("rank 2: ") + what + " refused"), std::string::npos) << m;
+      EXPECT_NE(m.find("dispatch (call 1)"), std::string::npos) << m;
+    }
+  }
+  s.end_async();
+  EXPECT_EQ(s.pending(), nullptr);
+  EXPECT_NO_THROW(s.refuse_while_pending("combine", 2));
+  EXPECT_TRUE(s.begin_combine(true, 1));  // still right after that dispatch: replies first
 }
 
 }  // namespace
