@@ -21,9 +21,10 @@
 #   epx bench --transport shmem --baseline mpi, 2 x 2: the baseline's report lines and ratios
 #   faults, 2 x 2: SIGKILL of a rank on the other machine, SIGKILL of the other machine's
 #       daemon (orted), the other machine's link cut mid-call (section 7 says what each
-#       does): the job exits non-zero, no epx rank is left in either namespace (so neither
-#       private /dev/shm survives), nothing new in the host's /dev/shm; on a cut link the
-#       survivors name peer + phase within epx's timeout.
+#       does): the job exits non-zero, every survivor names peer + phase (on a cut link by
+#       its own timeout; after a SIGKILL in the line its SIGTERM from the launcher makes it
+#       print), no epx rank is left in either namespace (so neither private /dev/shm
+#       survives), nothing new in the host's /dev/shm.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -223,37 +224,51 @@ if want baseline; then
 fi
 
 # 7. Faults (2 x 2). What Open MPI 4.1 does, as measured here (docs/transport.md, "Faults
-# across machines"): a rank or daemon that dies is seen by the runtime itself, which kills
+# across machines"): a rank or daemon that dies is seen by the runtime itself, which ends
 # every other rank within ~1-5 s (rc 137 / 205), before or as epx's timeout ends their
-# waits, so no survivor is left to report; the test asserts what is true then: the job
-# exits non-zero within seconds, mpirun names the dead rank or daemon, no rank is left and
-# no /dev/shm (the host's or a machine's) keeps a segment. Letting the survivors run on to
-# their own epx error (mpirun --mca orte_enable_recovery 1, or --mca
-# orte_abort_on_non_zero_status 0, or both) works for the ranks -- each names the dead peer and the
-# phase -- but then mpirun and its daemons never end (EPX_MN_MCA="--mca
+# waits: each daemon sends its ranks SIGTERM, then SIGKILL after odls_base_sigkill_timeout
+# (1 s). The shmem transport's SIGTERM handler (liboshmem's own ignores SIGTERM) makes each
+# such rank say where it was: "epx: rank R (node N) ended by the launcher (SIGTERM) in
+# phase '...' while waiting for rank P (...)" (or in which shmem_quiet / shmem_fence, to
+# which peers). The test asserts: the job exits non-zero within seconds, mpirun names the
+# dead rank or daemon, every survivor printed that line or its own epx timeout (each names
+# a phase and a peer), at least one of them names the dead rank / a rank of the lost
+# machine (a survivor may be waiting for a same-machine survivor that itself waits for the
+# lost machine), no rank is left and no /dev/shm (the host's or a machine's) keeps a
+# segment. Letting the survivors run on to their own epx error (mpirun --mca
+# orte_enable_recovery 1, or --mca orte_abort_on_non_zero_status 0, or both) works for the
+# ranks, but then mpirun and its daemons never end (EPX_MN_MCA="--mca
 # orte_enable_recovery 1" EPX_MN_ONLY=fault-rank shows it). A cut link is seen by nobody
 # but epx: its waits time out, and a put that shmem_quiet / shmem_fence can never complete
 # is caught by the transport's watchdog; each survivor the launcher can still hear names
 # peer + phase and exits 1; mpirun then hangs in its abort (it cannot reach the cut
 # machine's daemon) until `timeout` ends it.
 fault_ms=2000
-# fault_check NAME RC SECONDS_AFTER_FAULT ALLOW_124 MAX_SECONDS LAUNCHER_SAYS SURVIVORS...:
+# fault_check NAME RC SECONDS_AFTER_FAULT ALLOW_124 MAX_SECONDS LAUNCHER_SAYS HOW NAMED SURVIVORS...:
 # a non-zero exit within MAX_SECONDS of the fault, the launcher's stderr matching
 # LAUNCHER_SAYS (an ERE naming the dead rank or daemon; "" = not checked), each listed
-# survivor said "timed out after 2000 ms in phase '...' waiting for rank N", no epx rank is
-# left in either namespace (so neither private /dev/shm survives) and the machines' /dev/shm
-# listings taken when their daemons ended are empty.
+# survivor said "timed out after 2000 ms in phase '...' waiting for rank N" or, with HOW =
+# term, that or "ended by the launcher (SIGTERM) in phase '...' ... rank N (node M...)";
+# one of those lines names NAMED (an ERE, "" = not checked); no epx rank is left in either
+# namespace (so neither private /dev/shm survives) and the machines' /dev/shm listings
+# taken when their daemons ended are empty.
 fault_check() {
-  local name=$1 rc=$2 took=$3 allow124=$4 max=$5 says=$6; shift 6
+  local name=$1 rc=$2 took=$3 allow124=$4 max=$5 says=$6 how=$7 named=$8; shift 8
   local ok=1 r f
   [ "$rc" -ne 0 ] || { fail "$name: the job exited 0"; ok=0; }
   [ "$rc" -ne 124 ] || [ "$allow124" = 1 ] || { fail "$name: the job did not end (timeout)"; ok=0; }
   [ "$took" -le "$max" ] || { fail "$name: the job ended ${took}s after the fault (more than ${max}s)"; ok=0; }
   [ -z "$says" ] || grep -Eq "$says" "$work/$name.err" || { fail "$name: the launcher did not say /$says/"; ok=0; }
+  local said_by=$work/$name.said
+  : >"$said_by"
   for r in "$@"; do
-    grep -q "rank $r: timed out after $fault_ms ms in phase '[^']*' waiting for rank [0-9]" "$work/$name.err" ||
-      { fail "$name: rank $r did not name peer and phase"; ok=0; }
+    local timed="rank $r: timed out after $fault_ms ms in phase '[^']*' waiting for rank [0-9]"
+    local termed="^epx: rank $r \(node [0-9]+\) ended by the launcher \(SIGTERM\) in phase '[^']+'.* rank [0-9]+ \(node [0-9]+, (this node|another machine)\)"
+    if grep -q "$timed" "$work/$name.err"; then grep -m1 "$timed" "$work/$name.err" >>"$said_by"
+    elif [ "$how" = term ] && grep -Eq "$termed" "$work/$name.err"; then grep -E -m1 "$termed" "$work/$name.err" >>"$said_by"
+    else fail "$name: rank $r did not name peer and phase"; ok=0; fi
   done
+  [ -z "$named" ] || grep -Eq "$named" "$said_by" || { fail "$name: no survivor named /$named/"; ok=0; }
   for f in "$work"/shm-*; do
     [ -e "$f" ] && [ -s "$f" ] && { fail "$name: /dev/shm of $(basename "$f") kept: $(tr '\n' ' ' <"$f")"; ok=0; }
   done
@@ -265,9 +280,9 @@ fault_check() {
   [ -z "$left" ] || { fail "$name: epx ranks left in the namespaces:$left"; ok=0; }
   if [ "$ok" = 1 ]; then
     local said
-    said=$(grep -h -m1 'timed out' "$work/$name.err" | sed 's/^epx: //; s/^epx_multinode_rank: //')
+    said=$(grep -m1 -E "${named:-.}" "$said_by" | sed 's/^epx: //; s/^epx_multinode_rank: //')
     [ -n "$says" ] && said="${said:+$said; }the launcher: $(grep -Eo "$says" "$work/$name.err" | head -1)"
-    echo "PASS: $name (exit $rc, ${took}s after the fault; ${said:-the runtime ended the job before the epx timeout})"
+    echo "PASS: $name (exit $rc, ${took}s after the fault; $# survivors named peer + phase, e.g. ${said})"
   else
     quiet_noise "$work/$name.err" | grep -v 'Internal error\|flush.c' | tail -8
   fi
@@ -275,16 +290,16 @@ fault_check() {
   for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
 }
 
-# SIGKILL of rank 3 (machine 2) between a dispatch and its combine.
+# SIGKILL of rank 3 (machine 2) between a dispatch and its combine; ranks 0-2 survive it.
 if want fault-rank; then
   s=$(date +%s)
   across fault-sigkill-remote-rank 4 hosts2 60 --timeout-ms $fault_ms --fault kill-rank:3
   rc=$?
   fault_check fault-sigkill-remote-rank $rc $(( $(date +%s) - s )) 0 10 \
-    "process rank 3 with PID [0-9]+ on node $ns2 exited on signal 9"
+    "process rank 3 with PID [0-9]+ on node $ns2 exited on signal 9" term "rank 3 \(node 1," 0 1 2
 fi
 
-# fault_async NAME LIMIT ALLOW_124 MAX_SECONDS LAUNCHER_SAYS ACTION SURVIVORS...: start the
+# fault_async NAME LIMIT ALLOW_124 MAX_SECONDS LAUNCHER_SAYS ACTION HOW NAMED SURVIVORS...: start the
 # loop, wait for its marker, then ACTION; fault_check the rest.
 fault_async() {
   local name=$1 limit=$2 allow124=$3 max=$4 says=$5 action=$6; shift 6
@@ -306,9 +321,11 @@ kill_orted() {
     [ "$(cat /proc/"$p"/comm 2>/dev/null)" = orted ] && kill -9 "$p"
   done
 }
-want fault-daemon && fault_async fault-sigkill-remote-daemon 60 0 10 "Remote daemon: \[\[[0-9]+,0\],2\] on node $ns2" kill_orted
+# Ranks 2 and 3 lose their daemon with it (nobody reports for them); ranks 0 and 1 survive.
+want fault-daemon && fault_async fault-sigkill-remote-daemon 60 0 10 "Remote daemon: \[\[[0-9]+,0\],2\] on node $ns2" kill_orted \
+  term "rank [23] \(node 1," 0 1
 if want fault-link; then
-  fault_async fault-link-cut 25 1 25 "" "ip -n $ns2 link set eth1 down" 0 1
+  fault_async fault-link-cut 25 1 25 "" "ip -n $ns2 link set eth1 down" timeout "" 0 1
   ip -n "$ns2" link set eth1 up
 fi
 

@@ -17,7 +17,14 @@
 //     incomplete puts and the last phase) when one of them outlasts the timeout; the
 //     launcher then ends the job;
 //   * barrier: signals through the window like the mapped transports (a deadline, unlike
-//     shmem_barrier_all).
+//     shmem_barrier_all);
+//   * while a transport lives, a SIGTERM handler writes one line naming this rank, its node,
+//     the phase and the peer awaited (Open MPI's daemons send SIGTERM, then SIGKILL after
+//     odls_base_sigkill_timeout, to the ranks they end when another rank or daemon died),
+//     then ends the process by SIGTERM's default action (replacing liboshmem's handler, which
+//     ignores SIGTERM, so the rank would die of the SIGKILL a second later, silently). The
+//     line's pieces are built when the transport is made; the handler only copies them and
+//     the current phase and peer (async-signal-safe).
 #pragma once
 
 #include <atomic>
@@ -28,8 +35,11 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include <signal.h>
 
 #include "epx/bootstrap.hpp"
 #include "epx/connect.hpp"
@@ -66,6 +76,7 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   const std::byte* peer_window(int peer) const noexcept override;
   void quiet(int queue) override;
   void barrier(const char* phase) override;
+  void enter_phase(const char* phase) noexcept override { last_phase_.store(phase, std::memory_order_relaxed); }
   std::chrono::milliseconds timeout() const noexcept override { return timeout_; }
   void set_payload_region(std::size_t begin, std::size_t end) override { payload_begin_ = begin, payload_end_ = end; }
 
@@ -92,6 +103,12 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   void reset_counters(int peer) noexcept;
   void count(int peer, std::size_t offset, std::size_t bytes) noexcept;
   [[noreturn]] void fail_timeout(const WaitPoint& where);
+  /// "rank 3 (node 1, another machine)"; -1: "the other ranks".
+  std::string describe_peer(int peer) const;
+  static bool replaceable_term_action(const struct sigaction& old);
+  void install_term_note();
+  void remove_term_note() noexcept;
+  static void on_term(int sig) noexcept;
 
   std::shared_ptr<ShmemRuntime> runtime_;
   int rank_;
@@ -109,7 +126,15 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   std::size_t payload_begin_ = 0, payload_end_ = 0;
   std::unique_ptr<std::atomic<std::uint64_t>[]> puts_, put_bytes_, payload_bytes_;  // [P] since allocate
   std::unique_ptr<std::atomic<bool>[]> outstanding_;  // [P] network puts went to this peer (for the watchdog's message)
-  std::atomic<const char*> last_phase_{"setup"};      // of the last wait, for the watchdog's message
+  std::atomic<const char*> last_phase_{"setup"};      // of the last wait or enter_phase (watchdog, SIGTERM line)
+  std::atomic<int> last_peer_{-1};                    // the peer of the last wait (SIGTERM line)
+  std::atomic<int> waiting_{0};                       // threads inside a wait that did not return at once
+  std::atomic<int> blocked_{0};                       // threads inside guarded() (shmem_fence / shmem_quiet)
+  std::atomic<const char*> blocked_call_{""};         // the last of them, and its peer (-1: every peer
+  std::atomic<int> blocked_peer_{-1};                 //   with outstanding puts)
+  // The SIGTERM line's fixed pieces: head + phase + one of while_ / in_ / after_ + peers.
+  std::string term_head_, term_while_, term_after_;
+  std::vector<std::string> term_peer_;                // [P + 1]: the other ranks, rank 0, ...
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
   std::list<Blocking> blocking_;
