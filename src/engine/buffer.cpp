@@ -39,12 +39,14 @@ std::string check_config(const BufferConfig& c, int P) {
   if (c.max_recv_rows < 0) return "max_recv_rows must be >= 0, got " + std::to_string(c.max_recv_rows);
   if (c.num_workers < 0) return "num_workers must be >= 0, got " + std::to_string(c.num_workers);
   if (c.ring_rows < 0) return "ring_rows must be >= 0, got " + std::to_string(c.ring_rows);
+  if (c.output_pool_bytes < -1)
+    return "output_pool_bytes must be >= 0 (or -1: auto), got " + std::to_string(c.output_pool_bytes);
   return {};
 }
 
 // What every rank sends at construction: its config and whether it is valid.
 struct ConfigMessage {
-  std::int64_t values[15];
+  std::int64_t values[16];
   std::int32_t valid;
   char message[480];
 };
@@ -80,11 +82,13 @@ std::vector<std::int64_t> agreed_values(const BufferConfig& c, int W) {
   return {c.num_experts, c.hidden, c.num_topk, c.max_tokens_per_rank, c.max_recv_rows, W,
           static_cast<std::int64_t>(std::hash<std::string>{}(o.topology) >> 1), static_cast<std::int64_t>(o.schedule.kind),
           o.schedule.group_width, o.queues, static_cast<std::int64_t>(o.queue_split.kind), ratio,
-          static_cast<std::int64_t>(o.aggregate_bytes), static_cast<std::int64_t>(o.protocol), c.ring_rows};
+          static_cast<std::int64_t>(o.aggregate_bytes), static_cast<std::int64_t>(o.protocol), c.ring_rows,
+          c.output_pool_bytes};
 }
 constexpr const char* kAgreedNames[] = {"num_experts", "hidden", "num_topk", "max_tokens_per_rank", "max_recv_rows",
                                         "num_workers", "topology", "schedule", "schedule group width", "queues",
-                                        "queue split", "queue split ratio", "aggregate_bytes", "protocol", "ring_rows"};
+                                        "queue split", "queue split ratio", "aggregate_bytes", "protocol", "ring_rows",
+                                        "output_pool_bytes"};
 constexpr std::size_t kAgreed = std::size(kAgreedNames);
 
 }  // namespace
@@ -151,6 +155,7 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
   }
   geo = detail::Geometry(detail::GeometryShape::of(c, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
   t.allocate(geo.total_bytes(), geo.num_signals());
+  blocks = detail::BlockPool(t.window() + geo.region(detail::Region::kOutputs), geo.output_pool_bytes());
   if (auto* listener = dynamic_cast<spi::PayloadRegionListener*>(&t))
     listener->set_payload_region(geo.payload_begin(), geo.total_bytes());
 }
@@ -309,7 +314,17 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
     h = status ? nullptr : a.handle->state_.get();
   }
 
+  // One copy: the output block this rank offers its senders (the header names it).
+  const bool fp8 = !status && a.x.dtype == DType::kFP8E4M3;
+  const std::size_t row_bytes = status ? 0 : static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype);
+  const std::size_t scale_bytes = fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0;
+  const char* why_copy = "";
+  detail::BlockPool::Reservation block;
+  if (!status) block = m.reserve_output(fresh ? nullptr : h, a, row_bytes, scale_bytes, why_copy);
+
   NotifyHeader mine{};
+  mine.out_block = static_cast<std::int64_t>(block.offset());
+  mine.out_block_bytes = static_cast<std::int64_t>(block.bytes());
   mine.handle_epoch = fresh || h == nullptr ? 0 : h->dispatch_epoch;
   mine.dtype = static_cast<std::int32_t>(a.x.dtype);
   mine.expanded = a.layout == RecvLayout::kExpanded;
@@ -336,7 +351,8 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
       if (!status) {
         // Expert bases of 0: the metadata carries each slot's rank among my tokens for its expert.
         const std::vector<std::int32_t> local(static_cast<std::size_t>(fresh ? m.config.num_experts : 0), 0);
-        m.send_rows(*h, a, fresh ? &local : nullptr, true);
+        m.send_rows(*h, a, fresh ? &local : nullptr, true,
+                    std::vector<detail::Landing>(static_cast<std::size_t>(m.P), m.geo.receive_area()));
       }
       Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
       return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
@@ -355,15 +371,17 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
     if (m.hierarchical()) m.plan_relay(*made, peers);
     if (!data_first) expert_base = m.expert_row_base(peers);
   }
-  const bool fp8 = a.x.dtype == DType::kFP8E4M3;
+  // Where every destination's rows land: its output block if it offered one big enough.
+  const std::vector<detail::Landing> landing = m.landings(*h, peers, row_bytes, scale_bytes);
+  const detail::Landing& mine_at = landing[static_cast<std::size_t>(m.rank)];
+  if (!mine_at.block && block.bytes() > 0) why_copy = "output pool exhausted";
   DispatchResult result;
   if (ring) {  // rows go from the rings straight into the output
-    result = m.make_outputs(*h, a, fp8);
+    result = m.make_outputs(*h, a, fp8, nullptr, nullptr);
     m.exchange_through_ring(*h, a, fresh ? &expert_base : nullptr, result);
   } else if (!data_first) {
-    m.send_rows(*h, a, fresh ? &expert_base : nullptr, false);
-    m.wait_rows(*h, fresh, static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype),
-                fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0);
+    m.send_rows(*h, a, fresh ? &expert_base : nullptr, false, landing);
+    m.wait_rows(*h, fresh, row_bytes, scale_bytes);
   }
   if (fresh) {
     m.receive_meta(*made, data_first ? &peers : nullptr);
@@ -372,8 +390,13 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
     if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
       std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
   }
-  if (!ring) result = m.make_outputs(*h, a, fp8);
-  m.epilogue(*h, a, fp8, result, ring, data_first);
+  if (!ring) result = m.make_outputs(*h, a, fp8, mine_at.block ? &mine_at : nullptr, &block);
+  m.epilogue(*h, a, fp8, result, ring, data_first, mine_at.block);
+  // A receiver with no output rows copies nothing either way.
+  m.stats.output = a.recv_in_window || !m.moves_payload ? OutputKind::kView
+                   : mine_at.block || h->out_rows == 0  ? OutputKind::kOneCopy
+                                                        : OutputKind::kCopy;
+  m.stats.output_why = m.stats.output == OutputKind::kCopy ? why_copy : "";
   if (fresh) {
     result.layout = make_dispatch_layout(made->plan);
     result.handle.state_ = made;
@@ -398,7 +421,8 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   const bool data_first = m.calls.begin_combine(m.rows_first_allowed(), status ? 0 : a.handle->state_->dispatch_epoch);
   NotifyHeader mine{};
   mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
-  mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
+  mine.y_offset = status ? -1 : m.y_offset_in_window(*a.handle->state_, a);
+  mine.y_in_window = mine.y_offset >= 0;
   mine.tokens = status ? 0 : a.handle->state_->plan.shape.num_tokens;
   mine.recv_view = m.calls.holds_view();
   m.stats.data_first = data_first;
@@ -421,9 +445,9 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   m.stats.pulled = pull;  // reported even without collect_stats
   CombineResult out;
   if (data_first) {
-    out.combined_x = m.reduce(h, a, false);
+    out.combined_x = m.reduce(h, a, nullptr);
   } else if (pull) {
-    out.combined_x = m.reduce(h, a, true);
+    out.combined_x = m.reduce(h, a, &peers);
     m.finish_pull();
   } else if (m.config.ring_rows > 0) {
     out.combined_x = m.combine_through_ring(h, a, peers);
@@ -431,7 +455,7 @@ CombineResult Buffer::combine(const CombineArgs& a) {
     m.send_replies(h, a, true);
     if (m.hierarchical()) m.forward_replies(h);
     m.wait_replies(h);
-    out.combined_x = m.reduce(h, a, false);
+    out.combined_x = m.reduce(h, a, nullptr);
   }
   out.topk_weights = m.outputs.make(DType::kF32, h.topk_weights.shape());
   std::memcpy(out.topk_weights.data(), h.topk_weights.data(), h.topk_weights.nbytes());

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "deferred_put_transport.hpp"
+#include "epx/spi/support.hpp"
 #include "multirank_support.hpp"
 
 namespace epx::testing {
@@ -91,9 +92,28 @@ std::vector<Case> cases() {
   return v;
 }
 
+// What recv_x of a dispatch that is not a view must be: a block of the output pool (one
+// copy) where the support table allows it, else a copy that says why.
+void expect_output(int r, const Buffer& b, RecvLayout layout, const char* when, bool may_be_full = false) {
+  const CallStats& st = b.last_stats();
+  if (may_be_full && st.output == OutputKind::kCopy && std::string(st.output_why) == "output pool exhausted") return;
+  const char* why = spi::why_copy(b.config(), layout);
+  const bool sim = st.output == OutputKind::kView && !b.last_stats().combine && *why == '\0';  // model transport: views
+  if (sim) return;
+  if (*why == '\0') {
+    EXPECT_EQ(st.output, OutputKind::kOneCopy) << "rank " << r << ", " << when << ": " << st.output_why;
+    EXPECT_EQ(st.epilogue_copy_bytes, 0u) << "rank " << r << ", " << when;
+  } else if (st.output != OutputKind::kOneCopy) {  // a rank with no output rows copies nothing
+    EXPECT_EQ(st.output, OutputKind::kCopy) << "rank " << r << ", " << when;
+    EXPECT_STREQ(st.output_why, why) << "rank " << r << ", " << when;
+  }
+}
+
 // One case: fresh dispatch, combine, cached dispatch of the same x and of new x, combine
-// through the cached handle — every output against the reference.
-void run_case(const TestTransport& where, const Case& c) {
+// through the cached handle — every output against the reference. `pool` -1: one-copy
+// outputs (the default, with a pool for every output the case holds); 0: no output pool:
+// copies, and calls right after one of the other kind go rows first.
+void run_case(const TestTransport& where, const Case& c, std::int64_t pool) {
   const ref::Problem p = ref::make_problem(c.fx);
   const int P = p.num_ranks;
   const auto want = ref::dispatch_all(p, c.d);
@@ -129,10 +149,16 @@ void run_case(const TestTransport& where, const Case& c) {
   launch_on(where, lo, [&](Transport& t) {
     const int r = t.rank();
     const auto ur = static_cast<std::size_t>(r);
-    Buffer buffer(t, config_for(p, c.workers));
+    BufferConfig cfg = config_for(p, c.workers);
+    // Room for the (at most five) outputs this case holds at once; exhaustion has its own tests.
+    cfg.output_pool_bytes = pool == 0 ? 0 : 8 * p.num_ranks * cfg.max_tokens_per_rank * 2 * p.hidden + (1 << 20);
+    Buffer buffer(t, cfg);
+    const RecvLayout layout = c.d.expanded ? RecvLayout::kExpanded : RecvLayout::kCompact;
+    const bool first = spi::allows(spi::Path::kRowsFirst, cfg);  // no output pool: rows / replies first
     const RankViews v = views_of(p, r);
     DispatchResult d = buffer.dispatch(dispatch_args(v, c.d));
     expect_dispatch(r, p, c.d, want[ur], d);
+    expect_output(r, buffer, layout, "fresh dispatch");
     const ref::Layout lay = ref::layout(p, r);
     expect_bits(r, "num_tokens_per_rank", d.layout.num_tokens_per_rank.data(), lay.num_tokens_per_rank);
     expect_bits(r, "num_tokens_per_expert", d.layout.num_tokens_per_expert.data(), lay.num_tokens_per_expert);
@@ -151,7 +177,7 @@ void run_case(const TestTransport& where, const Case& c) {
     }
     const CombineResult out = buffer.combine(ca);
     expect_bits(r, "combined_x", out.combined_x.data(), combined[ur]);
-    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;  // right after a dispatch: replies first
+    EXPECT_EQ(buffer.last_stats().data_first, first) << "rank " << r;  // right after a dispatch: replies first
     expect_bits(r, "combine topk_weights", out.topk_weights.data(), p.ranks[ur].topk_weights);
 
     // Cached dispatch: same x gives the same bits; new x lands exactly where the
@@ -160,14 +186,16 @@ void run_case(const TestTransport& where, const Case& c) {
     DispatchArgs cached = dispatch_args(v, c.d);
     cached.handle = &d.handle;
     expect_dispatch(r, p, c.d, want[ur], buffer.dispatch(cached));
-    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;
+    EXPECT_EQ(buffer.last_stats().data_first, first) << "rank " << r;
+    expect_output(r, buffer, layout, "cached dispatch");
     cached.x = views_of(p2, r).x;
     DispatchResult d2 = buffer.dispatch(cached);
     expect_dispatch(r, p2, c.d, want2[ur], d2);
     EXPECT_FALSE(buffer.last_stats().data_first) << "rank " << r;
+    expect_output(r, buffer, layout, "cached dispatch while the previous output is held", true);
     const CombineResult out2 = buffer.combine(ca);  // the first handle again
     expect_bits(r, "combined_x (second combine)", out2.combined_x.data(), combined[ur]);
-    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;
+    EXPECT_EQ(buffer.last_stats().data_first, first) << "rank " << r;
     CombineArgs wide;
     wide.y = TensorView(y_wide[ur].data(), DType::kBF16, {want[ur].rows, p.hidden});
     wide.handle = &d.handle;
@@ -176,9 +204,12 @@ void run_case(const TestTransport& where, const Case& c) {
 
     // A fresh dispatch right after a combine goes rows first as well, each source's rows in
     // its own stretch of the receive area; its handle serves combine like any other.
+    d2 = DispatchResult();  // its block goes back: the pool has room for two outputs again
     DispatchResult d3 = buffer.dispatch(dispatch_args(v, c.d));
     expect_dispatch(r, p, c.d, want[ur], d3);
-    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;
+    EXPECT_EQ(buffer.last_stats().data_first, first) << "rank " << r;
+    expect_output(r, buffer, layout, "fresh dispatch after a combine");
+    expect_dispatch(r, p, c.d, want[ur], d);  // every output held so far is still intact
     CombineArgs c3 = ca;
     c3.handle = &d3.handle;
     expect_bits(r, "combined_x (handle of a rows-first fresh dispatch)", buffer.combine(c3).combined_x.data(), combined[ur]);
@@ -228,20 +259,36 @@ void run_case(const TestTransport& where, const Case& c) {
       if (r == 0) mixed.y = ca.y;
       expect_bits(r, "combined_x (rank 0's y not in the window)", buffer.combine(mixed).combined_x.data(), combined[ur]);
       EXPECT_FALSE(buffer.last_stats().pulled) << "rank " << r;
+      // The same with a one-copy recv_x (a block of the output pool) overwritten in place.
+      DispatchResult d1 = buffer.dispatch(dispatch_args(v, c.d));
+      expect_dispatch(r, p, c.d, want[ur], d1);
+      const bool one_copy = buffer.last_stats().output == OutputKind::kOneCopy && want[ur].rows > 0;
+      if (bytes > 0) std::memcpy(d1.recv_x.data(), y[ur].data(), bytes);
+      CombineArgs pull1 = ca;
+      pull1.handle = &d1.handle;
+      pull1.y = d1.recv_x.view();
+      expect_bits(r, "combined_x (pull, y over a one-copy recv_x)", buffer.combine(pull1).combined_x.data(), combined[ur]);
+      if (one_copy) {
+        EXPECT_EQ(buffer.last_stats().pulled, mapped && pool != 0) << "rank " << r;
+      }
     }
   });
 }
 
-class DispatchCombine : public ::testing::TestWithParam<std::tuple<TestTransport, Case>> {};
+class DispatchCombine : public ::testing::TestWithParam<std::tuple<TestTransport, Case, std::int64_t>> {};
 
 TEST_P(DispatchCombine, MatchesReferenceBitForBit) {
-  const auto& [where, c] = GetParam();
-  run_case(where, c);
+  const auto& [where, c, pool] = GetParam();
+  run_case(where, c, pool);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, DispatchCombine,
-                         ::testing::Combine(::testing::ValuesIn(kConformanceTransports), ::testing::ValuesIn(cases())),
-                         [](const auto& info) { return std::get<0>(info.param).name() + "_" + std::get<1>(info.param).name; });
+                         ::testing::Combine(::testing::ValuesIn(kConformanceTransports), ::testing::ValuesIn(cases()),
+                                            ::testing::Values<std::int64_t>(-1, 0)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name() + "_" + std::get<1>(info.param).name +
+                                  (std::get<2>(info.param) == 0 ? "_copy" : "");
+                         });
 
 // A receive area sized by the user below P·C rows (max_recv_rows) has no stretch per
 // source: dispatches exchange headers first, combines still put their replies first, and
@@ -340,7 +387,7 @@ TEST(DispatchCombine, RepeatedRunsAreIdentical) {
   Case c{"repeat", fx(4, 16, 4, {20, 13, 0, 9}, 40), {}};
   c.d.expanded = true;
   c.d.alignment = 8;
-  for (int i = 0; i < 3; ++i) run_case({TransportKind::kShm}, c);
+  for (int i = 0; i < 3; ++i) run_case({TransportKind::kShm}, c, -1);
 }
 
 }  // namespace
