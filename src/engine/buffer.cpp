@@ -374,7 +374,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
   // Where every destination's rows land: its output block if it offered one big enough.
   const std::vector<detail::Landing> landing = m.landings(*h, peers, row_bytes, scale_bytes);
   const detail::Landing& mine_at = landing[static_cast<std::size_t>(m.rank)];
-  if (!mine_at.block && block.bytes() > 0) why_copy = "output pool exhausted";
+  if (!mine_at.block && *why_copy == '\0') why_copy = "output pool exhausted";  // (a view reports none)
   DispatchResult result;
   if (ring) {  // rows go from the rings straight into the output
     result = m.make_outputs(*h, a, fp8, nullptr, nullptr);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 
 #include "deferred_put_transport.hpp"
 #include "epx/spi/support.hpp"
@@ -90,23 +91,6 @@ std::vector<Case> cases() {
   many.workers = 4;
   v.push_back(many);
   return v;
-}
-
-// What recv_x of a dispatch that is not a view must be: a block of the output pool (one
-// copy) where the support table allows it, else a copy that says why.
-void expect_output(int r, const Buffer& b, RecvLayout layout, const char* when, bool may_be_full = false) {
-  const CallStats& st = b.last_stats();
-  if (may_be_full && st.output == OutputKind::kCopy && std::string(st.output_why) == "output pool exhausted") return;
-  const char* why = spi::why_copy(b.config(), layout);
-  const bool sim = st.output == OutputKind::kView && !b.last_stats().combine && *why == '\0';  // model transport: views
-  if (sim) return;
-  if (*why == '\0') {
-    EXPECT_EQ(st.output, OutputKind::kOneCopy) << "rank " << r << ", " << when << ": " << st.output_why;
-    EXPECT_EQ(st.epilogue_copy_bytes, 0u) << "rank " << r << ", " << when;
-  } else if (st.output != OutputKind::kOneCopy) {  // a rank with no output rows copies nothing
-    EXPECT_EQ(st.output, OutputKind::kCopy) << "rank " << r << ", " << when;
-    EXPECT_STREQ(st.output_why, why) << "rank " << r << ", " << when;
-  }
 }
 
 // One case: fresh dispatch, combine, cached dispatch of the same x and of new x, combine
@@ -291,7 +275,8 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, DispatchCombine,
                          });
 
 // A receive area sized by the user below P·C rows (max_recv_rows) has no stretch per
-// source: dispatches exchange headers first, combines still put their replies first, and
+// source: dispatches (copies: no output pool) exchange headers first, combines still put
+// their replies first, and
 // every result is exact. One row fewer than a rank receives fails every rank, naming it.
 TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
   const ref::Problem p = ref::make_problem(fx(4, 16, 4, {20, 13, 0, 9}, 31));
@@ -310,6 +295,7 @@ TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
       const auto ur = static_cast<std::size_t>(r);
       BufferConfig cfg = config_for(p);
       cfg.max_recv_rows = most;
+      cfg.output_pool_bytes = 0;  // copies: combines may go replies first
       Buffer buffer(t, cfg);
       const RankViews v = views_of(p, r);
       CombineArgs ca;
@@ -339,6 +325,103 @@ TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
         EXPECT_EQ(e.origin_rank(), busiest) << e.what();
         EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(busiest)), std::string::npos) << e.what();
       }
+    });
+  }
+}
+
+// One-copy outputs are the caller's: a Buffer's outputs (blocks of its output pool) stay
+// exact across any number of later calls — fresh, cached, compact, expanded, FP8, combines
+// reading them in place — while the caller holds them. When the pool has no room for the
+// next output, that output is a copy and the stats say so; once the caller drops what it
+// holds (from another thread), outputs are one copy again.
+TEST(DispatchCombine, HeldOutputsStayExactAndThePoolFallsBackToCopies) {
+  const ref::Problem p = ref::make_problem(fx(4, 16, 4, {20, 13, 0, 9}, 41));
+  ref::FixtureOptions f8 = fx(4, 16, 4, {20, 13, 0, 9}, 41);
+  f8.fp8 = true;
+  const ref::Problem pf = ref::make_problem(f8);
+  ref::DispatchOptions compact, expanded;
+  expanded.expanded = true;
+  expanded.alignment = 4;
+  const auto want_c = ref::dispatch_all(p, compact), want_e = ref::dispatch_all(p, expanded), want_f = ref::dispatch_all(pf, compact);
+  ref::Problem p2 = p;  // the same routing, new x (cached dispatches)
+  for (int r = 0; r < 4; ++r)
+    p2.ranks[static_cast<std::size_t>(r)].x = ref::random_bf16(900 + static_cast<std::uint64_t>(r), p.ranks[static_cast<std::size_t>(r)].num_tokens * p.hidden);
+  const auto want_c2 = ref::dispatch_all(p2, compact);
+  std::vector<std::vector<std::uint16_t>> y;
+  for (int r = 0; r < 4; ++r) y.push_back(ref::expert_fn(p, want_c[static_cast<std::size_t>(r)], compact));
+  for (const TestTransport& where : std::vector<TestTransport>{{TransportKind::kThreads}, {TransportKind::kShm}}) {
+    SCOPED_TRACE(where.name());
+    launch_on(where, {4, where.kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      const int r = t.rank();
+      const auto ur = static_cast<std::size_t>(r);
+      Buffer buffer(t, config_for(p));  // the default output pool: one output of the largest size
+      struct Held {
+        DispatchResult d;
+        const ref::Problem* p;
+        ref::DispatchOptions o;
+        const ref::DispatchOut* want;
+      };
+      std::vector<Held> held;
+      int one_copy = 0, exhausted = 0;
+      auto dispatch = [&](const ref::Problem& q, const ref::DispatchOptions& o, const ref::DispatchOut& want,
+                          const DispatchHandle* handle) -> DispatchResult& {
+        DispatchArgs a = dispatch_args(views_of(q, r), o);
+        a.handle = handle;
+        held.push_back({buffer.dispatch(a), &q, o, &want});
+        const CallStats& st = buffer.last_stats();
+        expect_dispatch(r, q, o, want, held.back().d);
+        if (o.expanded) {
+          if (st.output != OutputKind::kCopy || std::string(st.output_why) != "expanded layout")
+            fail(r, std::string("an expanded output should be a copy (expanded layout), got ") + to_string(st.output));
+        } else if (st.output == OutputKind::kOneCopy) {
+          ++one_copy;
+          if (st.epilogue_copy_bytes != 0) fail(r, "a one-copy output whose epilogue copied bytes");
+        } else if (st.output == OutputKind::kCopy && std::string(st.output_why) == "output pool exhausted") {
+          ++exhausted;
+          if (st.epilogue_copy_bytes == 0) fail(r, "an output the stats call a copy, but the epilogue copied nothing");
+        } else {
+          fail(r, std::string("unexpected output kind ") + to_string(st.output) + " (" + st.output_why + ")");
+        }
+        return held.back().d;
+      };
+      for (int round = 0; round < 4; ++round) {
+        DispatchResult& fresh = dispatch(p, compact, want_c[ur], nullptr);
+        const DispatchHandle h = fresh.handle;
+        dispatch(p2, compact, want_c2[ur], &h);
+        dispatch(p, expanded, want_e[ur], nullptr);
+        const DispatchHandle hf = dispatch(pf, compact, want_f[ur], nullptr).handle;
+        dispatch(pf, compact, want_f[ur], &hf);
+        CombineArgs c;
+        c.y = TensorView(y[ur].data(), DType::kBF16, {want_c[ur].rows, p.hidden});
+        c.handle = &h;
+        expect_bits(r, "combined_x", buffer.combine(c).combined_x.data(),
+                    ref::combine(p, compact, want_c, y, nullptr, nullptr, false, r));
+      }
+      // Every held output, bit for bit, after all those calls.
+      for (const Held& x : held) expect_dispatch(r, *x.p, x.o, *x.want, x.d);
+      if (one_copy == 0) fail(r, "no output was one copy");
+      if (exhausted == 0) fail(r, "holding 16 compact outputs never exhausted the output pool");
+      // Dropped on another thread, every block returns: the next outputs are one copy again.
+      std::thread([&] { held.clear(); }).join();
+      for (int i = 0; i < 2; ++i) {
+        one_copy = exhausted = 0;
+        dispatch(p, compact, want_c[ur], nullptr);
+        if (one_copy != 1) fail(r, "after every output was dropped, a dispatch was not one copy");
+        held.clear();
+      }
+      // An output and the combine that reads it in place (its y) after the Buffer is used
+      // for more calls: still exact.
+      DispatchResult& kept = dispatch(p, compact, want_c[ur], nullptr);
+      const std::size_t bytes = y[ur].size() * sizeof(std::uint16_t);
+      if (bytes > 0) std::memcpy(kept.recv_x.data(), y[ur].data(), bytes);
+      CombineArgs in_place;
+      in_place.y = kept.recv_x.view();
+      in_place.handle = &kept.handle;
+      const std::vector<std::uint16_t> combined = ref::combine(p, compact, want_c, y, nullptr, nullptr, false, r);
+      expect_bits(r, "combined_x (y over the one-copy recv_x)", buffer.combine(in_place).combined_x.data(), combined);
+      if (buffer.last_stats().pulled != (t.peer_window(r) != nullptr)) fail(r, "y in the output pool was not pulled in place");
+      dispatch(p, expanded, want_e[ur], nullptr);
+      expect_bits(r, "recv_x held across a combine and a dispatch (now y)", kept.recv_x.data(), y[ur]);
     });
   }
 }
