@@ -157,8 +157,8 @@ void validate_options(const BenchOptions& o) {
     // window, outputs and a copy of its inputs.
     if (forked) {
       check_ranks(o.ranks, o.transport, "epx bench");
-      const RankFootprint f = rank_footprint(o.ranks, o.hidden, o.topk, o.tokens, o.tokens, 0);
-      check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.total - f.window)}, o.ranks,
+      const RankFootprint f = rank_footprint(o.ranks, o.hidden, o.topk, o.tokens, o.tokens, 0, o.output_pool);
+      check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.inputs), f.inputs}, o.ranks,
                       parse_transport_kind(o.transport) == TransportKind::kShm);
     }
   }
