@@ -160,6 +160,7 @@ ordered_json bench_json(const BenchReport& r) {
   j["wall_s"] = r.wall_s;
   j["window_bytes"] = r.window_bytes;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["anon_rss_bytes"] = r.anon_rss_bytes;
   j["output"] = {{"one_copy", r.one_copy_calls}, {"copy", r.copy_calls}, {"view", r.view_calls}, {"copy_why", r.copy_why}};
   j["dispatch"] = op_json(r.dispatch, rc, true);
   j["combine"] = op_json(r.combine, rc, false);

@@ -290,6 +290,7 @@ BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const 
   for (const BenchRankRecord& rec : records) {
     r.window_bytes = std::max(r.window_bytes, rec.window_bytes);
     r.peak_rss_bytes.push_back(rec.peak_rss_bytes);
+    r.anon_rss_bytes.push_back(rec.anon_rss_bytes);
     r.one_copy_calls += rec.one_copy_calls;
     r.copy_calls += rec.copy_calls;
     r.view_calls += rec.view_calls;
@@ -490,9 +491,12 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
                static_cast<double>(r.window_bytes) / (1 << 20),
                o.output_pool < 0 ? "auto" : o.output_pool == 0 ? "off" : fmt("%lld B", static_cast<long long>(o.output_pool)).c_str());
   if (!r.peak_rss_bytes.empty()) {
-    std::string rss;
+    std::string rss, anon;
     for (std::uint64_t b : r.peak_rss_bytes) rss += fmt(" %.0f", static_cast<double>(b) / (1 << 20));
-    std::fprintf(f, "  peak RSS per rank (MiB, getrusage; shared window pages count where touched):%s\n", rss.c_str());
+    for (std::uint64_t b : r.anon_rss_bytes) anon += fmt(" %.0f", static_cast<double>(b) / (1 << 20));
+    std::fprintf(f, "  peak RSS per rank, MiB (getrusage; every window page the rank touched counts, its peers' too):%s\n",
+                 rss.c_str());
+    std::fprintf(f, "  private RSS per rank at the end, MiB (RssAnon: heap, inputs, outputs off the window):%s\n", anon.c_str());
   }
   std::fprintf(f, "  %d timed iterations after %d warmup, counters %s; latency = wall time of the call after a barrier; wall %.1f s\n",
                o.iters, o.warmup, o.counters ? "on" : "off", r.wall_s);

@@ -112,7 +112,8 @@ struct BenchReport {
   EplbReport eplb;  ///< --eplb (enabled == false otherwise); experts, count, route are then the physical routing's
   double wall_s = 0;
   std::uint64_t window_bytes = 0;  ///< largest window of a rank
-  std::vector<std::uint64_t> peak_rss_bytes;  ///< [P] the rank's process
+  std::vector<std::uint64_t> peak_rss_bytes;  ///< [P] the rank's process (shared window pages it touched count)
+  std::vector<std::uint64_t> anon_rss_bytes;  ///< [P] its private memory at the end
   std::uint64_t one_copy_calls = 0, copy_calls = 0, view_calls = 0;  ///< timed dispatches, all ranks
   std::string copy_why;  ///< why the last copy was one (a rank's CallStats::output_why)
 };

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -296,6 +297,11 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
   progress.done();
   rusage ru{};
   if (getrusage(RUSAGE_SELF, &ru) == 0) rec.peak_rss_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+  {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("RssAnon:", 0) == 0) rec.anon_rss_bytes = std::strtoull(line.c_str() + 8, nullptr, 10) * 1024;
+  }
   write_bench_record(bench_record_path(record_dir, r), rec);
 }
 
@@ -404,6 +410,7 @@ void write_bench_record(const fs::path& path, const BenchRankRecord& r) {
     o.pod(r.view_calls);
     o.vec(std::vector<char>(r.copy_why.begin(), r.copy_why.end()));
     o.pod(r.peak_rss_bytes);
+    o.pod(r.anon_rss_bytes);
     if (!o.ok()) throw Error(ErrorCode::kIo, tmp.string() + ": cannot write the rank's bench record", r.rank);
   }
   fs::rename(tmp, path);
@@ -431,6 +438,7 @@ BenchRankRecord read_bench_record(const fs::path& path) {
   const std::vector<char> why = in.vec<char>();
   r.copy_why.assign(why.begin(), why.end());
   r.peak_rss_bytes = in.pod<std::uint64_t>();
+  r.anon_rss_bytes = in.pod<std::uint64_t>();
   return r;
 }
 
