@@ -496,7 +496,7 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
     for (std::uint64_t b : r.anon_rss_bytes) anon += fmt(" %.0f", static_cast<double>(b) / (1 << 20));
     std::fprintf(f, "  peak RSS per rank, MiB (getrusage; every window page the rank touched counts, its peers' too):%s\n",
                  rss.c_str());
-    std::fprintf(f, "  private RSS per rank at the end, MiB (RssAnon: heap, inputs, outputs off the window):%s\n", anon.c_str());
+    std::fprintf(f, "  private RSS per rank after the timed loop, MiB (RssAnon: heap, inputs, outputs off the window):%s\n", anon.c_str());
   }
   std::fprintf(f, "  %d timed iterations after %d warmup, counters %s; latency = wall time of the call after a barrier; wall %.1f s\n",
                o.iters, o.warmup, o.counters ? "on" : "off", r.wall_s);

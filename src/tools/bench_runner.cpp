@@ -292,16 +292,16 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
       }
       progress.update(timed ? "iter" : "warmup", timed ? it - o.warmup + 1 : it + 1, timed ? o.iters : o.warmup, d_us, c_us);
     }
+    // Private memory while the timed Buffer (and its heap output pool) still lives.
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("RssAnon:", 0) == 0) rec.anon_rss_bytes = std::strtoull(line.c_str() + 8, nullptr, 10) * 1024;
   }
   comparison_block(1);
   progress.done();
   rusage ru{};
   if (getrusage(RUSAGE_SELF, &ru) == 0) rec.peak_rss_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
-  {
-    std::ifstream status("/proc/self/status");
-    for (std::string line; std::getline(status, line);)
-      if (line.rfind("RssAnon:", 0) == 0) rec.anon_rss_bytes = std::strtoull(line.c_str() + 8, nullptr, 10) * 1024;
-  }
+
   write_bench_record(bench_record_path(record_dir, r), rec);
 }
 
