@@ -409,6 +409,18 @@ TEST(DispatchCombine, HeldOutputsStayExactAndThePoolFallsBackToCopies) {
         if (one_copy != 1) fail(r, "after every output was dropped, a dispatch was not one copy");
         held.clear();
       }
+      // A hole too small for the next output: hold bf16, FP8, bf16 outputs, drop the FP8
+      // one (its block is smaller than a bf16 output's); the next bf16 dispatch must not
+      // spill out of the hole into the output after it.
+      dispatch(p, compact, want_c[ur], nullptr);
+      DispatchResult& small = dispatch(pf, compact, want_f[ur], nullptr);
+      dispatch(p, compact, want_c[ur], nullptr);
+      small = DispatchResult();
+      one_copy = exhausted = 0;
+      dispatch(p, compact, want_c[ur], nullptr);
+      for (const Held& x : held)
+        if (x.d.recv_x.defined()) expect_dispatch(r, *x.p, x.o, *x.want, x.d);
+      held.clear();
       // An output and the combine that reads it in place (its y) after the Buffer is used
       // for more calls: still exact.
       DispatchResult& kept = dispatch(p, compact, want_c[ur], nullptr);
