@@ -153,10 +153,11 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
       else reply_sources[static_cast<std::size_t>(relay_rank(topology, d, rank))].push_back(d);
     }
   }
-  // A model-only simulator moves no payload (outputs are views of its window): no output
-  // pool, so its calls go rows first as the copying engine's do.
-  if (!moves_payload) config.output_pool_bytes = 0;
   geo = detail::Geometry(detail::GeometryShape::of(config, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
+  // A model-only simulator moves no payload (outputs are views of its window): its window
+  // has the pool's bytes (the size a real one has) but no output uses it, so its calls go
+  // rows first as the copying engine's do.
+  if (!moves_payload) config.output_pool_bytes = 0;
   t.allocate(geo.total_bytes(), geo.num_signals());
   blocks = detail::BlockPool(t.window() + geo.region(detail::Region::kOutputs), geo.output_pool_bytes());
   if (auto* listener = dynamic_cast<spi::PayloadRegionListener*>(&t))
