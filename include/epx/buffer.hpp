@@ -79,16 +79,25 @@ struct DispatchArgs {
   /// recv_src, weights and recv_topk_idx of padding rows are always -1 / 0.
   bool zero_padding = false;
   /// Compact layout only: recv_x and recv_x_scales are views of this Buffer's receive
-  /// window, where the senders put the rows — no copy at all. They stay valid until the
-  /// next dispatch on this Buffer (combine leaves them alone) or its destruction.
+  /// area, where the senders put the rows (one copy, as the default output pool's blocks,
+  /// but no block is held). They stay valid only until the next dispatch on this Buffer
+  /// (combine leaves them alone) or its destruction.
   bool recv_in_window = false;
   /// Cached dispatch: reuse this handle's plan; x must have the handle's S and H.
   const DispatchHandle* handle = nullptr;
 };
 
+/// Every tensor is the caller's: valid and unchanged across any number of later calls on
+/// the Buffer, until the caller destroys it (and every Tensor sharing its storage) — but
+/// not beyond the Buffer's destruction. Exception: recv_in_window views (below).
 struct DispatchResult {
-  Tensor recv_x;             ///< [N, H] x's dtype
-  Tensor recv_x_scales;      ///< [N, H/128] float32 (fp8 only)
+  /// [N, H] x's dtype. Compact layout, by default: a block of the Buffer's output pool
+  /// (BufferConfig::output_pool_bytes) the senders put the rows into — one copy per row; it
+  /// returns to the pool when the last Tensor over it (recv_x, recv_x_scales) is destroyed,
+  /// from any thread. A copy out of the receive area when the pool has no room, in the
+  /// expanded layout, with a ring, relays or the flag protocol (CallStats::output says which).
+  Tensor recv_x;
+  Tensor recv_x_scales;      ///< [N, H/128] float32 (fp8 only); in recv_x's block when recv_x is one copy
   Tensor recv_topk_idx;      ///< compact: [N, K] int64, local expert or -1
   Tensor recv_topk_weights;  ///< compact: [N, K] float32 (0 where idx is -1)
   Tensor recv_weights;       ///< expanded: [N] float32
@@ -102,8 +111,9 @@ struct DispatchResult {
 
 struct CombineArgs {
   /// Rows of the handle's dispatch output on this rank ([N, H] bf16, padding ignored).
-  /// Zero-copy combine: if y is the recv_x of a `recv_in_window` dispatch (the experts
-  /// wrote their output over it in place) on every rank, and the transport maps peers'
+  /// Zero-copy combine: if y lies in this Buffer's window on every rank — the recv_x of a
+  /// `recv_in_window` dispatch or a one-copy recv_x (a block of the output pool), the
+  /// experts having written their output over it in place — and the transport maps peers'
   /// windows, nothing is put: each source reads its rows in place (docs/engine.md, pull
   /// mode). Combine returns only after every peer read this rank's rows, so y may be
   /// overwritten as soon as it returns. Any other y works as well (the rows are put).

@@ -24,6 +24,18 @@ struct BufferConfig {
   /// Needs the compact or expanded output as a copy (not recv_in_window), a schedule other
   /// than hierarchical and a protocol other than flag.
   std::int64_t ring_rows = 0;
+  /// Bytes of this rank's window set aside for dispatch outputs (the output pool): a
+  /// compact dispatch output (recv_x, recv_x_scales) is a block of it, and senders put the
+  /// rows straight into that block — one copy per row (docs/engine.md, "One copy"). The
+  /// returned Tensors keep their block; it returns to the pool when the last of them (and
+  /// of any Tensor sharing its storage) is destroyed, from any thread. A receiver whose
+  /// pool has no free block big enough for a call's output gets a copy instead
+  /// (CallStats::output says which, and why). -1 = auto: room for one output of the
+  /// largest size (max_recv_rows x 2H, plus FP8 scales); 0 = no pool: every output is a
+  /// copy out of the receive area, and a call right after one of the other kind may put
+  /// its rows before the header exchange (rows first). Part of the window: counted in the
+  /// memory check before the window is allocated.
+  std::int64_t output_pool_bytes = -1;
   /// Worker threads per rank (the SM / vector-core analogue); 0 = auto: the cores of this
   /// machine divided by the ranks on it, at least 1.
   int num_workers = 0;

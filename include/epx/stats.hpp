@@ -42,6 +42,15 @@ struct WorkerStats {
   std::uint64_t local_pulled_bytes = 0;
 };
 
+/// Where a dispatch's recv_x (and recv_x_scales) came from.
+enum class OutputKind : int {
+  kNone,     ///< combine (its output is always a tensor of its own)
+  kOneCopy,  ///< a block of the output pool the senders put the rows into: one copy per row
+  kCopy,     ///< copied out of the receive area by the epilogue (two copies per row); see output_why
+  kView,     ///< recv_in_window: a view of the receive area (no copy; valid until the next dispatch)
+};
+const char* to_string(OutputKind k) noexcept;
+
 struct CallStats {
   bool combine = false;   ///< false: dispatch
   bool cached = false;    ///< dispatch with a handle
@@ -51,6 +60,14 @@ struct CallStats {
   /// wait_data). A dispatch right after a combine, and a combine right after a dispatch,
   /// when no rank holds a zero-copy view (docs/engine.md). Set even without collect_stats.
   bool data_first = false;
+  /// Dispatch: where recv_x came from; kCopy says why in output_why (a static string: "output
+  /// pool exhausted", "output pool off", "expanded layout", "ring_rows", "flag protocol",
+  /// "hierarchical schedule", "model transport"). Set even without collect_stats.
+  OutputKind output = OutputKind::kNone;
+  const char* output_why = "";
+  /// Dispatch: payload bytes (rows and scales) the epilogue copied out of the receive area
+  /// into recv_x: 0 for kOneCopy and kView. Set even without collect_stats.
+  std::uint64_t epilogue_copy_bytes = 0;
   double total_us = 0;    ///< the whole call on this rank
   std::vector<WorkerStats> workers;  ///< [num_workers]
 };

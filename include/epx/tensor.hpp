@@ -46,8 +46,9 @@ struct TensorView {
 };
 
 /// Owning C-order tensor. Move-only; bytes are uninitialised unless made with `zeros`.
-/// The bytes may come from a pool (epx's outputs do): they return to it when the tensor
-/// is destroyed, so steady-state calls do not page-fault fresh memory.
+/// The bytes may come from a pool (epx's outputs do: a heap pool, or a Buffer's output
+/// pool in its shared window): they return to it when the last tensor sharing them is
+/// destroyed, so steady-state calls do not page-fault fresh memory.
 class Tensor {
  public:
   Tensor() = default;

@@ -60,4 +60,14 @@ void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept {
   std::memcpy(dst, src, bytes);
 }
 
+void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
+#ifdef EPX_HAVE_STREAM_COPY
+  if (kHasAvx2) {
+    stream_copy_avx2(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
 }  // namespace epx

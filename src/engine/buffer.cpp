@@ -39,12 +39,14 @@ std::string check_config(const BufferConfig& c, int P) {
   if (c.max_recv_rows < 0) return "max_recv_rows must be >= 0, got " + std::to_string(c.max_recv_rows);
   if (c.num_workers < 0) return "num_workers must be >= 0, got " + std::to_string(c.num_workers);
   if (c.ring_rows < 0) return "ring_rows must be >= 0, got " + std::to_string(c.ring_rows);
+  if (c.output_pool_bytes < -1)
+    return "output_pool_bytes must be >= 0 (or -1: auto), got " + std::to_string(c.output_pool_bytes);
   return {};
 }
 
 // What every rank sends at construction: its config and whether it is valid.
 struct ConfigMessage {
-  std::int64_t values[15];
+  std::int64_t values[16];
   std::int32_t valid;
   char message[480];
 };
@@ -80,11 +82,13 @@ std::vector<std::int64_t> agreed_values(const BufferConfig& c, int W) {
   return {c.num_experts, c.hidden, c.num_topk, c.max_tokens_per_rank, c.max_recv_rows, W,
           static_cast<std::int64_t>(std::hash<std::string>{}(o.topology) >> 1), static_cast<std::int64_t>(o.schedule.kind),
           o.schedule.group_width, o.queues, static_cast<std::int64_t>(o.queue_split.kind), ratio,
-          static_cast<std::int64_t>(o.aggregate_bytes), static_cast<std::int64_t>(o.protocol), c.ring_rows};
+          static_cast<std::int64_t>(o.aggregate_bytes), static_cast<std::int64_t>(o.protocol), c.ring_rows,
+          c.output_pool_bytes};
 }
 constexpr const char* kAgreedNames[] = {"num_experts", "hidden", "num_topk", "max_tokens_per_rank", "max_recv_rows",
                                         "num_workers", "topology", "schedule", "schedule group width", "queues",
-                                        "queue split", "queue split ratio", "aggregate_bytes", "protocol", "ring_rows"};
+                                        "queue split", "queue split ratio", "aggregate_bytes", "protocol", "ring_rows",
+                                        "output_pool_bytes"};
 constexpr std::size_t kAgreed = std::size(kAgreedNames);
 
 }  // namespace
@@ -149,8 +153,13 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
       else reply_sources[static_cast<std::size_t>(relay_rank(topology, d, rank))].push_back(d);
     }
   }
-  geo = detail::Geometry(detail::GeometryShape::of(c, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
+  geo = detail::Geometry(detail::GeometryShape::of(config, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
+  // A model-only simulator moves no payload (outputs are views of its window): its window
+  // has the pool's bytes (the size a real one has) but no output uses it, so its calls go
+  // rows first as the copying engine's do.
+  if (!moves_payload) config.output_pool_bytes = 0;
   t.allocate(geo.total_bytes(), geo.num_signals());
+  blocks = detail::BlockPool(t.window() + geo.region(detail::Region::kOutputs), geo.output_pool_bytes());
   if (auto* listener = dynamic_cast<spi::PayloadRegionListener*>(&t))
     listener->set_payload_region(geo.payload_begin(), geo.total_bytes());
 }
@@ -287,6 +296,12 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
   DispatchHandle cached;  // the handle of a cached dispatch (copied: the caller's may go)
   bool fresh, fp8, ring, data_first = false;
   MaybeStatus status;
+  // One copy: the output block this rank offers its senders (the header names it), and
+  // where every destination's rows land (its output block if it offered one big enough).
+  std::size_t row_bytes = 0, scale_bytes = 0;
+  const char* why_copy = "";
+  detail::BlockPool::Reservation block;
+  std::vector<detail::Landing> landing;
   std::shared_ptr<HandleState> made;
   const HandleState* h = nullptr;
   std::vector<std::int32_t> counts, expert_base;
@@ -334,8 +349,15 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
     } else {
       h = status ? nullptr : a.handle->state_.get();
     }
+    if (!status) {
+      row_bytes = static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype);
+      scale_bytes = fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0;
+      block = m.reserve_output(fresh ? nullptr : h, a, row_bytes, scale_bytes, why_copy);
+    }
 
     NotifyHeader mine{};
+    mine.out_block = static_cast<std::int64_t>(block.offset());
+    mine.out_block_bytes = static_cast<std::int64_t>(block.bytes());
     mine.handle_epoch = fresh || h == nullptr ? 0 : h->dispatch_epoch;
     mine.dtype = static_cast<std::int32_t>(a.x.dtype);
     mine.expanded = a.layout == RecvLayout::kExpanded;
@@ -361,7 +383,8 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
         if (!status) {
           // Expert bases of 0: the metadata carries each slot's rank among my tokens for its expert.
           const std::vector<std::int32_t> local(static_cast<std::size_t>(fresh ? m.config.num_experts : 0), 0);
-          m.send_rows(*h, a, fresh ? &local : nullptr, true);
+          m.send_rows(*h, a, fresh ? &local : nullptr, true,
+                      std::vector<detail::Landing>(static_cast<std::size_t>(m.P), m.geo.receive_area()));
         }
         Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
         return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
@@ -379,7 +402,12 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
       if (m.hierarchical()) m.plan_relay(*made, peers);
       if (!data_first) expert_base = m.expert_row_base(peers);
     }
-    out = m.make_outputs(*h, a, fp8);
+    landing = m.landings(*h, peers, row_bytes, scale_bytes);
+    const detail::Landing& mine_at = landing[static_cast<std::size_t>(m.rank)];
+    if (!mine_at.block && *why_copy == '\0') why_copy = "output pool exhausted";  // (a view reports none)
+    // The ring puts rows from the rings straight into the output.
+    out = ring ? m.make_outputs(*h, a, fp8, nullptr, nullptr)
+               : m.make_outputs(*h, a, fp8, mine_at.block ? &mine_at : nullptr, &block);
     if (fresh) {
       out.layout = make_dispatch_layout(made->plan);
       out.handle.state_ = made;
@@ -391,14 +419,12 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
   /// The rows to their slots (rows first: already sent; the ring: rows both ways).
   void puts() override {
     if (ring) m.exchange_through_ring(*h, a, fresh ? &expert_base : nullptr, out);
-    else if (!data_first) m.send_rows(*h, a, fresh ? &expert_base : nullptr, false);
+    else if (!data_first) m.send_rows(*h, a, fresh ? &expert_base : nullptr, false, landing);
   }
 
   /// Until every row has landed, the received metadata into the handle, the epilogue.
   void back() override {
-    if (!ring && !data_first)
-      m.wait_rows(*h, fresh, static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype),
-                  fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0);
+    if (!ring && !data_first) m.wait_rows(*h, fresh, row_bytes, scale_bytes);
     if (fresh) {
       m.receive_meta(*made, data_first ? &peers : nullptr);
       if (m.hierarchical()) m.keep_reply_rows(*made);
@@ -406,7 +432,13 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
       if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
         std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
     }
-    m.epilogue(*h, a, fp8, out, ring, data_first);
+    const bool in_block = landing[static_cast<std::size_t>(m.rank)].block;
+    m.epilogue(*h, a, fp8, out, ring, data_first, in_block);
+    // A receiver with no output rows copies nothing either way.
+    m.stats.output = a.recv_in_window || !m.moves_payload ? OutputKind::kView
+                     : in_block || h->out_rows == 0       ? OutputKind::kOneCopy
+                                                          : OutputKind::kCopy;
+    m.stats.output_why = m.stats.output == OutputKind::kCopy ? why_copy : "";
     m.end_stats();
   }
 };
@@ -440,7 +472,8 @@ struct Buffer::Impl::CombineCall : detail::AsyncCall {
     data_first = m.calls.begin_combine(m.rows_first_allowed(), status ? 0 : a.handle->state_->dispatch_epoch);
     NotifyHeader mine{};
     mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
-    mine.y_in_window = !status && m.y_readable_in_place(*a.handle->state_, a);
+    mine.y_offset = status ? -1 : m.y_offset_in_window(*a.handle->state_, a);
+    mine.y_in_window = mine.y_offset >= 0;
     mine.tokens = status ? 0 : a.handle->state_->plan.shape.num_tokens;
     mine.recv_view = m.calls.holds_view();
     m.stats.data_first = data_first;
@@ -476,14 +509,14 @@ struct Buffer::Impl::CombineCall : detail::AsyncCall {
   /// Until every reply has landed (relays: after forwarding), the ordered reduction.
   void back() override {
     if (data_first) {
-      m.reduce(*h, a, false, out.combined_x);
+      m.reduce(*h, a, nullptr, out.combined_x);
     } else if (pull) {
-      m.reduce(*h, a, true, out.combined_x);
+      m.reduce(*h, a, &peers, out.combined_x);
       m.finish_pull();
     } else if (m.config.ring_rows == 0) {
       if (m.hierarchical()) m.forward_replies(*h);
       m.wait_replies(*h);
-      m.reduce(*h, a, false, out.combined_x);
+      m.reduce(*h, a, nullptr, out.combined_x);
     }
     m.end_stats();
   }

@@ -58,13 +58,7 @@ void Buffer::Impl::Sender::put_rows(int d, Region region, std::int64_t row, cons
   const auto* from = static_cast<const std::byte*>(src);
   if (n <= 0 || row_bytes == 0) return;
   if (!m_.flag_protocol()) {
-    const std::size_t limit = m_.config.dataplane.aggregate_bytes;
-    const std::int64_t per_put = std::max<std::int64_t>(1, static_cast<std::int64_t>(limit / row_bytes));
-    for (std::int64_t i = 0; i < n; i += per_put) {
-      const std::int64_t rows = std::min(per_put, n - i);
-      put(d, m_.geo.row(region, row + i, row_bytes), from + static_cast<std::size_t>(i) * row_bytes,
-          static_cast<std::size_t>(rows) * row_bytes);
-    }
+    put_run(d, m_.geo.row(region, row, row_bytes), from, n, row_bytes);
     return;
   }
   const int q = queue_of_[static_cast<std::size_t>(d)];
@@ -87,6 +81,23 @@ void Buffer::Impl::Sender::put_rows(int d, Region region, std::int64_t row, cons
       if (stats_) m_.count_put(*stats_, d, kFlagPayload + sizeof(std::uint64_t), q);
     }
   }
+}
+
+void Buffer::Impl::Sender::put_run(int d, std::size_t first, const std::byte* src, std::int64_t n, std::size_t row_bytes) {
+  const std::size_t limit = m_.config.dataplane.aggregate_bytes;
+  const std::int64_t per_put = std::max<std::int64_t>(1, static_cast<std::int64_t>(limit / row_bytes));
+  for (std::int64_t i = 0; i < n; i += per_put) {
+    const std::int64_t rows = std::min(per_put, n - i);
+    put(d, first + static_cast<std::size_t>(i) * row_bytes, src + static_cast<std::size_t>(i) * row_bytes,
+        static_cast<std::size_t>(rows) * row_bytes);
+  }
+}
+
+void Buffer::Impl::Sender::put_landed(int d, const detail::Landing& at, Region region, std::int64_t row, const void* src,
+                                      std::int64_t n, std::size_t row_bytes) {
+  if (!at.block) return put_rows(d, region, row, src, n, row_bytes);
+  if (n <= 0 || row_bytes == 0) return;
+  put_run(d, detail::Geometry::landed_row(at, region, row, row_bytes), static_cast<const std::byte*>(src), n, row_bytes);
 }
 
 void Buffer::Impl::Sender::end_channel(int d) {

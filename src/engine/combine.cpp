@@ -7,6 +7,7 @@
 // the rows where they lie, then says it is done. Bounded replies (ring_rows): ring.cpp.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "engine.hpp"
 #include "reduce_row.hpp"
@@ -140,12 +141,23 @@ void Buffer::Impl::wait_replies(const HandleState& h) {
   });
 }
 
-bool Buffer::Impl::y_readable_in_place(const HandleState& h, const CombineArgs& a) const {
+std::int64_t Buffer::Impl::y_offset_in_window(const HandleState& h, const CombineArgs& a) {
   // y must be the zero-copy recv_x (rows where the senders put them, at send_base + the
-  // token's position), on a transport that maps peers' windows.
-  return spi::allows(spi::Path::kPull, config, transport.peer_window(rank) != nullptr) &&
-         (h.layout == RecvLayout::kCompact || spi::rule(spi::Path::kPull).expanded) &&
-         a.y.data == transport.window() + geo.region(Region::kData);
+  // token's position) or rows inside the output pool (a one-copy recv_x, rows in the same
+  // order, overwritten in place), on a transport that maps peers' windows.
+  if (!spi::allows(spi::Path::kPull, config, transport.peer_window(rank) != nullptr) ||
+      !(h.layout == RecvLayout::kCompact || spi::rule(spi::Path::kPull).expanded))
+    return -1;
+  if (h.out_rows == 0) return static_cast<std::int64_t>(geo.region(Region::kData));  // no rows anyone reads
+  if (a.y.data == nullptr) return -1;
+  const auto* y = static_cast<const std::byte*>(a.y.data);
+  const std::byte* window_base = transport.window();
+  if (y == window_base + geo.region(Region::kData)) return static_cast<std::int64_t>(geo.region(Region::kData));
+  const std::byte* pool = window_base + geo.region(Region::kOutputs);
+  const std::size_t bytes = a.y.shape.numel() > 0 ? static_cast<std::size_t>(a.y.shape.numel()) * sizeof(std::uint16_t) : 0;
+  if (std::less_equal<const std::byte*>()(pool, y) && std::less_equal<const std::byte*>()(y + bytes, pool + geo.output_pool_bytes()))
+    return static_cast<std::int64_t>(y - window_base);
+  return -1;
 }
 
 void Buffer::Impl::finish_pull() {
@@ -195,7 +207,7 @@ Tensor Buffer::Impl::combined_output(std::int64_t S) {
                        shape);
 }
 
-void Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pull, Tensor& out) {
+void Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, const Peers* pull, Tensor& out) {
   const std::int64_t S = h.plan.shape.num_tokens;
   if (!moves_payload) return;
   // Where the row answering entry e (token t at destination d) is: push, my reply area at
@@ -204,13 +216,14 @@ void Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, bool pull,
   std::vector<std::int64_t> first_row(static_cast<std::size_t>(P));
   for (int d = 0; d < P; ++d) {
     const auto du = static_cast<std::size_t>(d);
-    rows_of[du] = reinterpret_cast<const std::uint16_t*>((pull ? transport.peer_window(d) + geo.region(Region::kData)
-                                                              : transport.window() + geo.region(Region::kReplies)));
+    rows_of[du] = reinterpret_cast<const std::uint16_t*>(
+        pull ? transport.peer_window(d) + static_cast<std::size_t>(pull->header[du]->y_offset)
+             : transport.window() + geo.region(Region::kReplies));
     first_row[du] = pull ? geo.send_row(h, d, 0, false) : geo.replied_row(h, d, 0);
   }
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
-    WorkerStats* pulls = pull && config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
+    WorkerStats* pulls = pull != nullptr && config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
     const auto [t0, t1] = split_range(S, w, W);
     reduce_tokens(h, a, t0, t1, rows_of, first_row, out.as<std::uint16_t>(), pulls);
   });

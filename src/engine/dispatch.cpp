@@ -4,6 +4,7 @@
 // (up to the aggregation limit). The Sender completes the puts by the configured protocol.
 // The receiver turns its receive area into the requested layout.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "engine.hpp"
@@ -17,7 +18,8 @@ using detail::RowMetaView;
 using detail::split_range;
 
 void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
-                             const std::vector<std::int32_t>* expert_base, bool rows_first) {
+                             const std::vector<std::int32_t>* expert_base, bool rows_first,
+                             const std::vector<detail::Landing>& landing) {
   const RoutingPlan& plan = h.plan;
   const std::int64_t S = plan.shape.num_tokens;
   const bool fp8 = a.x.dtype == DType::kFP8E4M3;
@@ -77,8 +79,9 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
         std::int64_t q = p + 1;
         while (q < p1 && seg[q] == seg[q - 1] + 1) ++q;
         const auto t = static_cast<std::size_t>(seg[p]);
-        send.put_rows(d, Region::kData, base + p, x + t * row_bytes, q - p, row_bytes);
-        if (fp8) send.put_rows(d, Region::kScales, base + p, scales + t * scale_bytes, q - p, scale_bytes);
+        const detail::Landing& at = landing[static_cast<std::size_t>(d)];
+        send.put_landed(d, at, Region::kData, base + p, x + t * row_bytes, q - p, row_bytes);
+        if (fp8) send.put_landed(d, at, Region::kScales, base + p, scales + t * scale_bytes, q - p, scale_bytes);
         p = q;
       }
       if (with_meta && p1 > p0) {
@@ -181,7 +184,8 @@ namespace {
 std::int64_t align_rows(std::int64_t n, std::int64_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
-DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchArgs& a, bool fp8) {
+DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchArgs& a, bool fp8, const detail::Landing* block,
+                                          detail::BlockPool::Reservation* reserved) {
   const std::int64_t rows = h.out_rows, H = config.hidden;
   const int K = config.num_topk;
   const DType dt = a.x.dtype;
@@ -189,7 +193,14 @@ DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchAr
   DispatchResult out;
   // A modelling transport moves no payload: rows are views of the window whose values are
   // unspecified, and the epilogue reads or writes no payload bytes.
-  if (a.recv_in_window || !moves_payload) {  // views: the rows already sit where the compact output wants them
+  if (block != nullptr) {  // one copy: the senders put the rows into this block, which the tensors keep
+    const std::size_t row_bytes = static_cast<std::size_t>(H) * dtype_size(dt);
+    const std::size_t scale_bytes = fp8 ? static_cast<std::size_t>(H / 128) * sizeof(float) : 0;
+    std::shared_ptr<std::byte> kept = reserved->keep(detail::Geometry::output_block_bytes(rows, row_bytes, scale_bytes));
+    std::byte* window_base = transport.window();
+    out.recv_x = Tensor::adopt(kept, dt, {rows, H});
+    if (fp8) out.recv_x_scales = Tensor::adopt(std::shared_ptr<std::byte>(kept, window_base + block->scales), DType::kF32, {rows, H / 128});
+  } else if (a.recv_in_window || !moves_payload) {  // views: the rows already sit where the compact output wants them
     std::byte* base = transport.window();
     out.recv_x = Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + geo.region(Region::kData)), dt, {rows, H});
     if (fp8)
@@ -216,7 +227,7 @@ DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchAr
 }
 
 void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed,
-                            bool rows_first) {
+                            bool rows_first, bool in_block) {
   transport.enter_phase("epilogue");  // no wait of its own: a rank that dies here is reported in it
   const std::int64_t N = h.num_recv(), rows = h.out_rows, H = config.hidden;
   const int K = config.num_topk;
@@ -229,7 +240,10 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
   const bool expanded = h.layout == RecvLayout::kExpanded;
   const bool payload = moves_payload;
   const bool in_window = a.recv_in_window || !payload;
-  const bool place_rows = payload && !rows_placed;  // the bounded ring places rows as they arrive
+  const bool in_place = in_window || in_block;  // recv_x is where the rows landed: nothing to copy
+  const bool place_rows = payload && !rows_placed && !in_block;  // the bounded ring places rows as they arrive
+  // Row bytes copied out of the receive area per output row (the ring's copies as they arrive count too).
+  const std::size_t copied_row = payload && !in_block ? row_bytes : 0;
   auto* rx = static_cast<std::byte*>(out.recv_x.data());
   auto* rs = static_cast<std::byte*>(fp8 ? out.recv_x_scales.data() : nullptr);
   auto* src = out.recv_src.as<std::int64_t>();
@@ -281,12 +295,16 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
     }
   }
 
+  std::atomic<std::uint64_t> copied{0};  // payload bytes copied out of the receive area (CallStats)
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     const auto [r0, r1] = split_range(N, w, W);
+    std::uint64_t slot_bytes = 0;
     if (!expanded) {
-      if (!in_window && place_rows) copy_rows(rx, data, r0, r1, row_bytes);
-      if (fp8 && !in_window) copy_rows(rs, scales, r0, r1, scale_bytes);
+      if (!in_place && place_rows) copy_rows(rx, data, r0, r1, row_bytes);
+      if (fp8 && !in_place) copy_rows(rs, scales, r0, r1, scale_bytes);
+      if (!in_place) copied.fetch_add(static_cast<std::uint64_t>(r1 - r0) * (copied_row + scale_bytes),
+                                      std::memory_order_relaxed);
       for (std::int64_t r = r0; r < r1; ++r) {
         src[r * 2] = source_of[static_cast<std::size_t>(r)];
         src[r * 2 + 1] = h.recv_token[static_cast<std::size_t>(r)];
@@ -306,12 +324,14 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
           if (fp8 && payload)
             std::memcpy(rs + static_cast<std::size_t>(row) * scale_bytes, scales + static_cast<std::size_t>(window_row(r)) * scale_bytes,
                         scale_bytes);
+          slot_bytes += copied_row + (fp8 && payload ? scale_bytes : 0);
           out.recv_weights.as<float>()[row] = h.recv_slot_weight[i];
           src[row * 3] = source_of[static_cast<std::size_t>(r)];
           src[row * 3 + 1] = h.recv_token[static_cast<std::size_t>(r)];
           src[row * 3 + 2] = k;
         }
       }
+      copied.fetch_add(slot_bytes, std::memory_order_relaxed);
     }
     if (w == 0) {
       if (expanded)
@@ -321,6 +341,8 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
       pad(expanded ? h.expert_offset.back() : N, rows);
     }
   });
+
+  stats.epilogue_copy_bytes = copied.load();
 }
 
 }  // namespace epx

@@ -22,6 +22,7 @@
 #include "epx/spi/support.hpp"
 #include "epx/topology.hpp"
 #include "async_call.hpp"
+#include "block_pool.hpp"
 #include "call_state.hpp"
 #include "geometry.hpp"
 #include "handle.hpp"
@@ -51,6 +52,9 @@ struct NotifyHeader {
   std::int32_t y_in_window;   // combine: my y lies where my peers can read it in place (pull)
   std::int64_t tokens;        // combine: my S (the bounded reply area's rounds)
   std::int32_t recv_view;     // my latest dispatch's output is a view of my receive area
+  std::int64_t out_block;       // dispatch: my output block's first byte in my output pool
+  std::int64_t out_block_bytes; // ... and its bytes (0: none, my rows land in my receive area)
+  std::int64_t y_offset;        // combine, y_in_window: where y's first row lies in my window
   char message[512];
   // followed by std::int32_t counts[P + E]: tokens to each rank, slots to each expert
 };
@@ -97,6 +101,16 @@ struct Buffer::Impl {
   /// rows), relays or the flag protocol (they complete rows their own way).
   bool rows_first_allowed() const noexcept { return spi::allows(spi::Path::kRowsFirst, config); }
   void plan_slots(detail::HandleState& h, const Peers& peers);
+  /// Dispatch, before the header exchange: the output block this rank offers its senders
+  /// (none when its output is a view or must be a copy; `why` then says why, CallStats::
+  /// output_why). Fresh: the largest free extent up to the biggest output it may need;
+  /// cached: exactly the handle's output, or none.
+  detail::BlockPool::Reservation reserve_output(const detail::HandleState* cached, const DispatchArgs& a,
+                                                std::size_t row_bytes, std::size_t scale_bytes, const char*& why);
+  /// After the exchange: where each destination's rows land this call — its output block
+  /// when its header offered one big enough for its output, else its receive area.
+  std::vector<detail::Landing> landings(const detail::HandleState& h, const Peers& peers, std::size_t row_bytes,
+                                        std::size_t scale_bytes) const;
   std::vector<std::int32_t> expert_row_base(const Peers& peers) const;
 
   // Stats (stats.cpp): a scoped timer that adds to `phase` of `worker` when collecting.
@@ -124,6 +138,10 @@ struct Buffer::Impl {
     /// consecutive in src): merged into puts of at most aggregate_bytes, or, with the flag
     /// protocol, one flagged block at a time.
     void put_rows(int d, detail::Region region, std::int64_t row, const void* src, std::int64_t n, std::size_t row_bytes);
+    /// Dispatch rows (region kData or kScales) into peer d's landing of this call: its
+    /// receive area (as put_rows) or its output block (not with the flag protocol).
+    void put_landed(int d, const detail::Landing& at, detail::Region region, std::int64_t row, const void* src,
+                    std::int64_t n, std::size_t row_bytes);
     /// This worker has put everything for peer d (tail: its ordered signal goes now).
     void end_channel(int d);
     /// Completes the call's puts (explicit: quiet every queue, then signal every peer).
@@ -138,6 +156,8 @@ struct Buffer::Impl {
 
    private:
     void put(int d, std::size_t offset, const void* src, std::size_t bytes);
+    /// n consecutive rows from window offset `first` on: puts of at most aggregate_bytes.
+    void put_run(int d, std::size_t first, const std::byte* src, std::int64_t n, std::size_t row_bytes);
     Impl& m_;
     const std::vector<int>& peers_;  // visiting order: the peers this call completes
     std::size_t signal_slot_;        // my completion slot at every peer
@@ -185,7 +205,7 @@ struct Buffer::Impl {
   // configured protocol; `rows_first`: at rank·C + their position in my segment instead,
   // only quieted (the caller's header exchange completes them).
   void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
-                 bool rows_first);
+                 bool rows_first, const std::vector<detail::Landing>& landing);
   /// Waits for every source's and worker's completion signal of one group (dispatch or combine).
   using CompletionSlot = std::size_t (detail::Geometry::*)(int, int) const noexcept;
   void wait_phase(CompletionSlot slot, const char* phase);
@@ -195,12 +215,15 @@ struct Buffer::Impl {
   /// rows of source s sit at s·C, and expanded slots carry their rank among s's tokens for
   /// the expert, to which the receiver adds the expert's base.
   void receive_meta(detail::HandleState& h, const Peers* rows_first);
-  /// The output tensors (from the pool, or views of the window) and the per-expert counts.
-  DispatchResult make_outputs(const detail::HandleState& h, const DispatchArgs& a, bool fp8);
+  /// The output tensors (recv_x and its scales: a kept output block when `block` is my
+  /// landing's, views of the window, or from the heap pool; the rest from the heap pool).
+  DispatchResult make_outputs(const detail::HandleState& h, const DispatchArgs& a, bool fp8, const detail::Landing* block,
+                              detail::BlockPool::Reservation* reserved);
   /// Receive area → the requested layout (rows_placed: the ring already put recv_x's rows;
   /// rows_first: the rows of source s sit at s·C).
+  /// `in_block`: the rows already lie in recv_x (its output block): nothing to copy.
   void epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed,
-                bool rows_first);
+                bool rows_first, bool in_block);
 
   // combine.cpp. Push mode: the expert ranks put their rows (or partial sums) into the
   // sources' reply areas, the sources reduce them. Pull mode (every rank's y is the
@@ -229,13 +252,15 @@ struct Buffer::Impl {
     std::vector<float> slot_weights_;
   };
   static constexpr std::int64_t kReplyStageRows = 32;  // per worker, in reply_stage
-  /// Whether this rank's y can be read in place by its peers (sent in the combine header).
-  bool y_readable_in_place(const detail::HandleState& h, const CombineArgs& a) const;
+  /// Where this rank's y lies in its window if its peers can read it in place (sent in the
+  /// combine header), else -1: the zero-copy recv_x, or rows inside the output pool (a
+  /// one-copy recv_x the experts overwrote in place).
+  std::int64_t y_offset_in_window(const detail::HandleState& h, const CombineArgs& a);
   /// Combine's [S, H] bf16 output: from the pool, or (modelling transport) a view of the replies.
   Tensor combined_output(std::int64_t S);
   /// SPEC §4's sums per token into `out` (combined_output's [S, H]): from my reply area
-  /// (push), or from the peers' windows (pull).
-  void reduce(const detail::HandleState& h, const CombineArgs& a, bool pull, Tensor& out);
+  /// (push), or (`pull`: the headers, with each peer's y_offset) from the peers' windows.
+  void reduce(const detail::HandleState& h, const CombineArgs& a, const Peers* pull, Tensor& out);
   /// The sums of tokens [t0, t1) into o: the row answering entry e (token t at rank d) is
   /// rows_of[d] + (first_row[d] + entry_position[e]) rows. `pulls`: count the rows as pulled.
   void reduce_tokens(const detail::HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
@@ -265,7 +290,8 @@ struct Buffer::Impl {
   detail::CallState calls;  // what the previous calls freed, views out, the last handle (call_state.hpp)
   detail::Geometry geo;  // every window region, signal slot and row address (geometry.hpp)
   detail::WorkerPool pool;
-  detail::TensorPool outputs;  // every tensor a call returns
+  detail::TensorPool outputs;  // every tensor a call returns but one-copy outputs
+  detail::BlockPool blocks;    // the window's output pool (Geometry's region kOutputs)
   std::vector<int> visit_order;           // peers in the schedule's order (all rounds)
   std::vector<int> reply_order;           // combine's channels: visit_order; hierarchical: my server's ranks
   std::vector<std::vector<int>> reply_sources;  // [P] sources whose replies travel to a channel's peer

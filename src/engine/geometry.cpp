@@ -25,6 +25,15 @@ GeometryShape GeometryShape::of(const BufferConfig& c, int P, int W, int servers
   s.flag_protocol = c.dataplane.protocol == Protocol::kFlag;
   s.tail_protocol = c.dataplane.protocol == Protocol::kTail;
   s.hierarchical = c.dataplane.schedule.kind == ScheduleKind::kHierarchical;
+  // Auto: one output of the largest size a compact dispatch can return (bf16, or FP8 rows
+  // and scales, whichever is bigger).
+  const std::int64_t rows = c.max_recv_rows > 0 ? c.max_recv_rows : static_cast<std::int64_t>(P) * c.max_tokens_per_rank;
+  const auto H = static_cast<std::size_t>(std::max(c.hidden, 0));
+  const std::size_t scale_row = H % 128 == 0 ? H / 128 * sizeof(float) : 0;
+  s.output_pool_bytes = c.output_pool_bytes >= 0
+                            ? static_cast<std::int64_t>(align_up(static_cast<std::size_t>(c.output_pool_bytes), 4096))
+                            : static_cast<std::int64_t>(std::max(Geometry::output_block_bytes(rows, 2 * H, 0),
+                                                                 Geometry::output_block_bytes(rows, H, scale_row)));
   return s;
 }
 
@@ -67,7 +76,18 @@ Geometry::Geometry(const GeometryShape& g) : s_(g) {
   relay_ = align_up(flag_replies_ + reply * reply_record_, 4096);
   relay_scales_ = align_up(relay_ + relay * 2 * H, 64);
   relay_replies_ = align_up(relay_scales_ + relay * scale_row, 4096);
-  total_ = relay_replies_ + relay * lanes * 2 * H;
+  outputs_ = align_up(relay_replies_ + relay * lanes * 2 * H, 4096);
+  total_ = outputs_ + static_cast<std::size_t>(g.output_pool_bytes);
+}
+
+std::size_t Geometry::output_block_bytes(std::int64_t rows, std::size_t row_bytes, std::size_t scale_bytes) noexcept {
+  const auto n = static_cast<std::size_t>(std::max<std::int64_t>(rows, 0));
+  return align_up(align_up(n * row_bytes, 64) + n * scale_bytes, 4096);
+}
+
+Landing Geometry::output_block(std::size_t block, std::int64_t rows, std::size_t row_bytes) const noexcept {
+  const std::size_t data = outputs_ + block;
+  return {data, data + align_up(static_cast<std::size_t>(rows) * row_bytes, 64), true};
 }
 
 std::size_t Geometry::region(Region r) const noexcept {
@@ -80,6 +100,7 @@ std::size_t Geometry::region(Region r) const noexcept {
     case Region::kRelayScales: return relay_scales_;
     case Region::kRelayRecord: return relay_records_;
     case Region::kRelayReplies: return relay_replies_;
+    case Region::kOutputs: return outputs_;
   }
   return 0;
 }

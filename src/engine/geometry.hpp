@@ -18,6 +18,8 @@
 //   relay        relay_rows x 2H                        hierarchical: rows to forward
 //   relay_scales relay_rows x scale row                 hierarchical: their scales
 //   relay_replies relay_rows x lanes x 2H               hierarchical: replies to forward
+//   outputs      output_pool_bytes                      dispatch outputs: blocks of rows the
+//                                                       senders put straight into (one copy)
 //
 // Signal slots (stride: 1, or a 512-byte line per completion slot with the tail protocol):
 //
@@ -39,7 +41,15 @@
 namespace epx::detail {
 
 /// The window regions rows are put into.
-enum class Region { kData, kScales, kMeta, kReplies, kRelay, kRelayScales, kRelayRecord, kRelayReplies };
+enum class Region { kData, kScales, kMeta, kReplies, kRelay, kRelayScales, kRelayRecord, kRelayReplies, kOutputs };
+
+/// Where a receiver's dispatch rows (kData) and their FP8 scales (kScales) land in one call:
+/// its receive area, or a block of its output pool (the caller's output itself: one copy).
+struct Landing {
+  std::size_t data = 0;    // window offset of row 0
+  std::size_t scales = 0;  // window offset of scale row 0
+  bool block = false;      // an output block
+};
 
 /// Flag protocol: a row travels as 512-byte blocks of 480 payload bytes + an 8-byte epoch.
 inline constexpr std::size_t kFlagBlock = 512;
@@ -79,6 +89,7 @@ struct GeometryShape {
   bool flag_protocol = false;
   bool tail_protocol = false;
   bool hierarchical = false;
+  std::int64_t output_pool_bytes = 0;  // resolved (never -1): bytes of the output pool
 
   static GeometryShape of(const BufferConfig& c, int P, int W, int servers, int lanes);
 };
@@ -122,6 +133,20 @@ class Geometry {
   /// Byte offset of relay record `row` in a block of records.
   std::size_t relay_record_offset(std::int64_t row) const noexcept {
     return static_cast<std::size_t>(row) * relay_record_bytes_;
+  }
+
+  // ---- The output pool: blocks of region kOutputs, each one dispatch output on this rank.
+  std::size_t output_pool_bytes() const noexcept { return static_cast<std::size_t>(s_.output_pool_bytes); }
+  /// Bytes of an output block of `rows` rows of `row_bytes` (x's dtype) and of `scale_bytes`
+  /// (FP8 scales; 0 for bf16): rows, then scales at the next 64 bytes; whole 4 KiB pages.
+  static std::size_t output_block_bytes(std::int64_t rows, std::size_t row_bytes, std::size_t scale_bytes) noexcept;
+  /// The landing of an output block at byte `block` of the pool holding `rows` rows.
+  Landing output_block(std::size_t block, std::int64_t rows, std::size_t row_bytes) const noexcept;
+  /// The landing of the receive area (regions kData and kScales).
+  Landing receive_area() const noexcept { return {data_, scales_, false}; }
+  /// Row `row` (of `row_bytes`) of a landing's kData or kScales rows.
+  static std::size_t landed_row(const Landing& l, Region r, std::int64_t row, std::size_t row_bytes) noexcept {
+    return (r == Region::kScales ? l.scales : l.data) + static_cast<std::size_t>(row) * row_bytes;
   }
 
   // ---- Where rows go and lie (rows of the data / meta / scales regions).
@@ -182,7 +207,7 @@ class Geometry {
   std::size_t meta_ = 0, meta_bytes_ = 0, flag_meta_ = 0;
   std::size_t data_ = 0, replies_ = 0, scales_ = 0, flag_rows_ = 0, flag_replies_ = 0;
   std::size_t meta_record_ = 0, row_record_ = 0, reply_record_ = 0;
-  std::size_t relay_records_ = 0, relay_ = 0, relay_scales_ = 0, relay_replies_ = 0;
+  std::size_t relay_records_ = 0, relay_ = 0, relay_scales_ = 0, relay_replies_ = 0, outputs_ = 0;
   std::size_t relay_record_bytes_ = 0, relay_slots_bytes_ = 0;
   std::size_t total_ = 0;
   std::int64_t relay_rows_ = 0, reply_rows_ = 0, recv_rows_ = 0, reply_round_ = 1;

@@ -25,6 +25,7 @@ struct HandleState {
   // Receiver side, per source s: first row of my replies in s's combine area.
   std::vector<std::int64_t> reply_base;  // [P]
   std::int64_t out_rows = 0;             // rows of the dispatch output
+  std::vector<std::int64_t> out_rows_at;  // [P] rows of every receiver's output (sizes its output block)
   std::vector<std::int64_t> expert_count;   // [L] unaligned n_j
   std::vector<std::int64_t> expert_offset;  // [L + 1] expanded; o_L = aligned total
   // Receiver side, per received row r and slot k: expanded layout, the output row of the

@@ -85,6 +85,7 @@ void Buffer::Impl::plan_slots(HandleState& h, const Peers& peers) {
   auto slots = [&](int s, int e) -> std::int64_t { return peers.counts(s)[P + e]; };
 
   // Every rank checks every receiver's needs, so all fail together naming the same rank.
+  h.out_rows_at.assign(static_cast<std::size_t>(P), 0);
   for (int d = 0; d < P; ++d) {
     const NotifyHeader& hd = *peers.header[static_cast<std::size_t>(d)];
     std::int64_t compact = 0;
@@ -109,6 +110,7 @@ void Buffer::Impl::plan_slots(HandleState& h, const Peers& peers) {
                   "rank " + std::to_string(d) + ": needs " + std::to_string(needed) +
                       " output rows but num_worst_tokens is " + std::to_string(hd.worst),
                   d);
+    h.out_rows_at[static_cast<std::size_t>(d)] = hd.worst > 0 ? hd.worst : needed;
   }
 
   h.send_base.assign(static_cast<std::size_t>(P), 0);
@@ -132,6 +134,35 @@ void Buffer::Impl::plan_slots(HandleState& h, const Peers& peers) {
   else
     h.out_rows = h.num_recv();
   if (h.worst > 0) h.out_rows = h.worst;
+}
+
+detail::BlockPool::Reservation Buffer::Impl::reserve_output(const HandleState* cached, const DispatchArgs& a,
+                                                            std::size_t row_bytes, std::size_t scale_bytes, const char*& why) {
+  why = "";
+  if (a.recv_in_window) return {};  // a view: the rows land in the receive area
+  why = moves_payload ? spi::why_copy(config, a.layout) : "model transport";
+  if (*why != '\0') return {};
+  const std::int64_t rows = cached ? cached->out_rows : std::max(geo.recv_rows(), a.num_worst_tokens);
+  const std::size_t need = detail::Geometry::output_block_bytes(rows, row_bytes, scale_bytes);
+  detail::BlockPool::Reservation block = blocks.reserve(need);
+  if (cached && block.bytes() < need) {
+    why = "output pool exhausted";
+    return {};
+  }
+  return block;
+}
+
+std::vector<detail::Landing> Buffer::Impl::landings(const HandleState& h, const Peers& peers, std::size_t row_bytes,
+                                                    std::size_t scale_bytes) const {
+  std::vector<detail::Landing> at(static_cast<std::size_t>(P), geo.receive_area());
+  for (int d = 0; d < P; ++d) {
+    const NotifyHeader& hd = *peers.header[static_cast<std::size_t>(d)];
+    const std::int64_t rows = h.out_rows_at[static_cast<std::size_t>(d)];
+    const std::size_t need = detail::Geometry::output_block_bytes(rows, row_bytes, scale_bytes);
+    if (hd.out_block_bytes > 0 && need > 0 && static_cast<std::size_t>(hd.out_block_bytes) >= need)
+      at[static_cast<std::size_t>(d)] = geo.output_block(static_cast<std::size_t>(hd.out_block), rows, row_bytes);
+  }
+  return at;
 }
 
 std::vector<std::int32_t> Buffer::Impl::expert_row_base(const Peers& peers) const {

@@ -15,6 +15,16 @@ const char* to_string(Phase p) noexcept {
   return "unknown";
 }
 
+const char* to_string(OutputKind k) noexcept {
+  switch (k) {
+    case OutputKind::kNone: return "none";
+    case OutputKind::kOneCopy: return "one_copy";
+    case OutputKind::kCopy: return "copy";
+    case OutputKind::kView: return "view";
+  }
+  return "unknown";
+}
+
 Buffer::Impl::PhaseTimer::PhaseTimer(Impl& m, int worker, Phase phase)
     : slot_(m.config.collect_stats
                 ? &m.stats.workers[static_cast<std::size_t>(worker)].phase_us[static_cast<std::size_t>(phase)]
@@ -28,6 +38,9 @@ Buffer::Impl::PhaseTimer::~PhaseTimer() {
 }
 
 void Buffer::Impl::begin_stats(bool combine, bool cached) {
+  stats.output = OutputKind::kNone;
+  stats.output_why = "";
+  stats.epilogue_copy_bytes = 0;
   if (!config.collect_stats) return;
   stats.combine = combine;
   stats.cached = cached;

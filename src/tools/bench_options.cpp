@@ -41,6 +41,14 @@ const char* bench_definitions() {
                row by row, between pre-faulted private buffers. memcpy GB/s = total moved /
                avg max-rank memcpy time; ratio = epx algbw / memcpy GB/s for the same bytes.
                Top-level memcpy_gbps = (dispatch + combine bytes) / (both max-rank times).
+  limit        the faster of that memcpy and a streaming-store copy (epx::stream_copy,
+               non-temporal AVX2 stores) of the same bytes, row by row, by the same
+               processes right after it; the report names which one it was. ratio vs
+               limit = epx algbw / limit GB/s.
+  output       where each timed dispatch's recv_x came from (CallStats::output): one copy
+               (a block of the output pool the senders put into), copy (out of the receive
+               area, with the reason: output pool exhausted / off, expanded layout, ...) or
+               view (--zero-copy). Also the window bytes and peak RSS per rank.
   puts         epx's own counters (per call, summed over workers): remote puts + puts into
                the rank's own window; bytes/put = their bytes / their number. Dispatch puts
                also carry row metadata, so epx's byte count exceeds the payload by that.
@@ -149,13 +157,14 @@ void validate_options(const BenchOptions& o) {
     // window, outputs and a copy of its inputs.
     if (forked) {
       check_ranks(o.ranks, o.transport, "epx bench");
-      const RankFootprint f = rank_footprint(o.ranks, o.hidden, o.topk, o.tokens, o.tokens, 0);
-      check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.total - f.window)}, o.ranks,
+      const RankFootprint f = rank_footprint(o.ranks, o.hidden, o.topk, o.tokens, o.tokens, 0, o.output_pool);
+      check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.inputs), f.inputs}, o.ranks,
                       parse_transport_kind(o.transport) == TransportKind::kShm);
     }
   }
   if (o.layout != "compact" && o.layout != "expanded") bad("--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
   if (o.zero_copy && o.layout != "compact") bad("--zero-copy needs --layout compact");
+  if (o.output_pool < -1) bad("--output-pool must be >= 0 or -1 (auto)");
   if (o.alignment < 1) bad("--alignment must be >= 1, got " + std::to_string(o.alignment));
   check_workers(o.workers, o.routing.empty() ? o.ranks : 1, "epx bench");
   if (o.iters < 1) bad("--iters must be >= 1, got " + std::to_string(o.iters));
@@ -222,6 +231,11 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
                 "compact layout: recv_x is a view of the receive window where the senders put the rows "
                 "(DispatchArgs::recv_in_window), so dispatch copies each row once; the identity expert's y is that "
                 "recv_x in place, so combine runs in pull mode on shm/threads (sources read the rows where they lie)");
+  sub->add_option("--output-pool", o.output_pool,
+                  "bytes of each rank's window for one-copy dispatch outputs (BufferConfig::output_pool_bytes; "
+                  "-1 = auto: one output of the largest size; 0 = no pool: recv_x is a copy out of the receive area, "
+                  "the behaviour before one copy became the default)")
+      ->capture_default_str();
   sub->add_option("--ring-rows", o.ring_rows,
                   "bounded receive area: a ring of N rows per source with credits (0 = a slot for every row; "
                   "BufferConfig::ring_rows)")

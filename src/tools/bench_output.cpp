@@ -60,6 +60,11 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
   j["memcpy_max_rank_us"] = summary_json(op.memcpy_max_rank);
   j["memcpy_rank_us"] = op.memcpy_rank_us;
   j["ratio_vs_memcpy"] = op.ratio_vs_memcpy;
+  j["stream_gbps"] = op.stream_gbps;
+  j["stream_max_rank_us"] = summary_json(op.stream_max_rank);
+  j["limit_gbps"] = op.limit_gbps;
+  j["limit"] = op.limit_name;
+  j["ratio_vs_limit"] = op.ratio_vs_limit;
   j["counters"] = op.counters;
   j["pulled"] = op.pulled;  // combine read the expert ranks' rows in place (no puts)
   j["data_first"] = op.data_first;  // rows before the header exchange (docs/engine.md, rows first)
@@ -133,6 +138,7 @@ ordered_json bench_config_json(const BenchReport& r) {
   j["alignment"] = o.alignment;
   j["cached"] = o.cached;
   j["zero_copy"] = o.zero_copy;
+  j["output_pool"] = o.output_pool;
   j["ring_rows"] = o.ring_rows;
   j["transport"] = o.transport;
   j["workers"] = r.workers;
@@ -153,6 +159,9 @@ ordered_json bench_json(const BenchReport& r) {
   j["memcpy_gbps"] = r.memcpy_gbps;
   j["wall_s"] = r.wall_s;
   j["window_bytes"] = r.window_bytes;
+  j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["anon_rss_bytes"] = r.anon_rss_bytes;
+  j["output"] = {{"one_copy", r.one_copy_calls}, {"copy", r.copy_calls}, {"view", r.view_calls}, {"copy_why", r.copy_why}};
   j["dispatch"] = op_json(r.dispatch, rc, true);
   j["combine"] = op_json(r.combine, rc, false);
 

@@ -49,6 +49,10 @@ struct OpReport {
   std::vector<double> memcpy_rank_us;   ///< [P] avg
   Summary memcpy_max_rank;
   double memcpy_gbps = 0, ratio_vs_memcpy = 0;
+  Summary stream_max_rank;  ///< the streaming-store copy of the same bytes
+  double stream_gbps = 0;
+  double limit_gbps = 0, ratio_vs_limit = 0;  ///< the faster of memcpy and the streaming copy
+  std::string limit_name;                     ///< "memcpy" | "streaming copy"
   // Engine counters (counters == false: none of these).
   bool counters = false;
   bool pulled = false;    ///< combine read the expert ranks' rows in place (pull mode: no puts)
@@ -108,6 +112,10 @@ struct BenchReport {
   EplbReport eplb;  ///< --eplb (enabled == false otherwise); experts, count, route are then the physical routing's
   double wall_s = 0;
   std::uint64_t window_bytes = 0;  ///< largest window of a rank
+  std::vector<std::uint64_t> peak_rss_bytes;  ///< [P] the rank's process (shared window pages it touched count)
+  std::vector<std::uint64_t> anon_rss_bytes;  ///< [P] its private memory at the end
+  std::uint64_t one_copy_calls = 0, copy_calls = 0, view_calls = 0;  ///< timed dispatches, all ranks
+  std::string copy_why;  ///< why the last copy was one (a rank's CallStats::output_why)
 };
 
 /// Aggregates the ranks' records; cross-checks the engine's byte counters and output rows

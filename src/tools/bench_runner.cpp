@@ -1,10 +1,12 @@
 #include "bench_runner.hpp"
 
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -13,6 +15,7 @@
 
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
+#include "epx/spi/copy.hpp"
 
 namespace fs = std::filesystem;
 
@@ -95,24 +98,31 @@ struct MemcpyRef {
     dst.assign(std::max({send_tokens.size() * (data_row + scale_row), expand_bytes, combine_bytes}), std::byte{3});
   }
 
-  void dispatch(const BenchRankInput& in) {
+  // `copy`: std::memcpy (glibc) or epx::stream_copy (streaming stores), row by row.
+  using Copy = void* (*)(void*, const void*, std::size_t);
+  static void* streamed(void* d, const void* s, std::size_t n) {
+    stream_copy(d, s, n);
+    return d;
+  }
+  static void* plain(void* d, const void* s, std::size_t n) { return std::memcpy(d, s, n); }
+  void dispatch(const BenchRankInput& in, Copy copy) {
     const auto* x = static_cast<const std::byte*>(in.x.data());
     const auto* s = static_cast<const std::byte*>(in.x_scales.data());
     std::byte* out = dst.data();
     for (const std::int32_t t : send_tokens) {
-      std::memcpy(out, x + static_cast<std::size_t>(t) * data_row, data_row);
+      copy(out, x + static_cast<std::size_t>(t) * data_row, data_row);
       out += data_row;
       if (scale_row) {
-        std::memcpy(out, s + static_cast<std::size_t>(t) * scale_row, scale_row);
+        copy(out, s + static_cast<std::size_t>(t) * scale_row, scale_row);
         out += scale_row;
       }
     }
     const std::size_t row = data_row + scale_row;  // the received rows, expanded into slots
-    for (std::size_t at = 0; at + row <= expand_bytes; at += row) std::memcpy(dst.data() + at, src.data() + at, row);
+    for (std::size_t at = 0; at + row <= expand_bytes; at += row) copy(dst.data() + at, src.data() + at, row);
   }
-  void combine() {
+  void combine(Copy copy) {
     for (std::int64_t i = 0; i < combine_rows; ++i)
-      std::memcpy(dst.data() + static_cast<std::size_t>(i) * y_row, src.data() + static_cast<std::size_t>(i) * y_row, y_row);
+      copy(dst.data() + static_cast<std::size_t>(i) * y_row, src.data() + static_cast<std::size_t>(i) * y_row, y_row);
   }
 };
 
@@ -127,6 +137,7 @@ BufferConfig bench_buffer_config(const BenchOptions& o, const BenchProblem& p) {
   cfg.num_workers = o.workers;
   cfg.dataplane = o.dataplane;
   cfg.ring_rows = o.ring_rows;
+  cfg.output_pool_bytes = o.output_pool;
   return cfg;
 }
 
@@ -167,6 +178,9 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
       dr->lat_us = t1 - t0;
       dr->workers = buf.last_stats().workers;
       dr->data_first = buf.last_stats().data_first;
+      const OutputKind kind = buf.last_stats().output;
+      ++(kind == OutputKind::kOneCopy ? rec.one_copy_calls : kind == OutputKind::kView ? rec.view_calls : rec.copy_calls);
+      if (kind == OutputKind::kCopy) rec.copy_why = buf.last_stats().output_why;
     }
     if (!buf.last_stats().workers.empty()) rec.workers = static_cast<int>(buf.last_stats().workers.size());
     rec.window_bytes = t.window_bytes();
@@ -205,19 +219,29 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
   };
 
   // The memcpy reference, right after each epx iteration, in the same processes.
+  // The streaming-store copy of the same bytes right after each memcpy: the limit the
+  // report compares with is the faster of the two.
   struct MemcpyTimes {
-    double d0, d_us, c0, c_us;
+    double d0, d_us, c0, c_us, sd_us, sc_us;
   };
   auto memcpy_round = [&]() {
     MemcpyTimes m{};
     t.barrier("bench: memcpy dispatch");
     m.d0 = bench_now_us();
-    ref.dispatch(in);
+    ref.dispatch(in, MemcpyRef::plain);
     m.d_us = bench_now_us() - m.d0;
+    t.barrier("bench: streaming copy dispatch");
+    double s0 = bench_now_us();
+    ref.dispatch(in, MemcpyRef::streamed);
+    m.sd_us = bench_now_us() - s0;
     t.barrier("bench: memcpy combine");
     m.c0 = bench_now_us();
-    ref.combine();
+    ref.combine(MemcpyRef::plain);
     m.c_us = bench_now_us() - m.c0;
+    t.barrier("bench: streaming copy combine");
+    s0 = bench_now_us();
+    ref.combine(MemcpyRef::streamed);
+    m.sc_us = bench_now_us() - s0;
     return m;
   };
 
@@ -261,14 +285,23 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
         rec.memcpy_dispatch_us.push_back(m.d_us);
         rec.memcpy_combine_start_us.push_back(m.c0);
         rec.memcpy_combine_us.push_back(m.c_us);
+        rec.stream_dispatch_us.push_back(m.sd_us);
+        rec.stream_combine_us.push_back(m.sc_us);
         main_d.push_back(d_us);
         main_c.push_back(c_us);
       }
       progress.update(timed ? "iter" : "warmup", timed ? it - o.warmup + 1 : it + 1, timed ? o.iters : o.warmup, d_us, c_us);
     }
+    // Private memory while the timed Buffer (and its heap output pool) still lives.
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("RssAnon:", 0) == 0) rec.anon_rss_bytes = std::strtoull(line.c_str() + 8, nullptr, 10) * 1024;
   }
   comparison_block(1);
   progress.done();
+  rusage ru{};
+  if (getrusage(RUSAGE_SELF, &ru) == 0) rec.peak_rss_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+
   write_bench_record(bench_record_path(record_dir, r), rec);
 }
 
@@ -276,7 +309,7 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
 
 namespace {
 
-constexpr std::uint64_t kMagic = 0x3130484342585045ULL;  // "EPXBCH01"
+constexpr std::uint64_t kMagic = 0x3230484342585045ULL;  // "EPXBCH02"
 
 class Out {
  public:
@@ -365,13 +398,19 @@ void write_bench_record(const fs::path& path, const BenchRankRecord& r) {
     write_calls(o, r.dispatch);
     write_calls(o, r.combine);
     for (const auto* v : {&r.memcpy_dispatch_start_us, &r.memcpy_dispatch_us, &r.memcpy_combine_start_us,
-                          &r.memcpy_combine_us, &r.off_dispatch_us, &r.off_combine_us, &r.on_dispatch_us,
-                          &r.on_combine_us})
+                          &r.memcpy_combine_us, &r.stream_dispatch_us, &r.stream_combine_us, &r.off_dispatch_us,
+                          &r.off_combine_us, &r.on_dispatch_us, &r.on_combine_us})
       o.vec(*v);
     o.pod(r.out_rows);
     o.pod(r.hashed);
     o.pod(r.dispatch_hash);
     o.pod(r.combine_hash);
+    o.pod(r.one_copy_calls);
+    o.pod(r.copy_calls);
+    o.pod(r.view_calls);
+    o.vec(std::vector<char>(r.copy_why.begin(), r.copy_why.end()));
+    o.pod(r.peak_rss_bytes);
+    o.pod(r.anon_rss_bytes);
     if (!o.ok()) throw Error(ErrorCode::kIo, tmp.string() + ": cannot write the rank's bench record", r.rank);
   }
   fs::rename(tmp, path);
@@ -387,12 +426,19 @@ BenchRankRecord read_bench_record(const fs::path& path) {
   r.dispatch = read_calls(in);
   r.combine = read_calls(in);
   for (auto* v : {&r.memcpy_dispatch_start_us, &r.memcpy_dispatch_us, &r.memcpy_combine_start_us, &r.memcpy_combine_us,
-                  &r.off_dispatch_us, &r.off_combine_us, &r.on_dispatch_us, &r.on_combine_us})
+                  &r.stream_dispatch_us, &r.stream_combine_us, &r.off_dispatch_us, &r.off_combine_us, &r.on_dispatch_us, &r.on_combine_us})
     *v = in.vec<double>();
   r.out_rows = in.pod<std::int64_t>();
   r.hashed = in.pod<bool>();
   r.dispatch_hash = in.pod<std::uint64_t>();
   r.combine_hash = in.pod<std::uint64_t>();
+  r.one_copy_calls = in.pod<std::uint64_t>();
+  r.copy_calls = in.pod<std::uint64_t>();
+  r.view_calls = in.pod<std::uint64_t>();
+  const std::vector<char> why = in.vec<char>();
+  r.copy_why.assign(why.begin(), why.end());
+  r.peak_rss_bytes = in.pod<std::uint64_t>();
+  r.anon_rss_bytes = in.pod<std::uint64_t>();
   return r;
 }
 

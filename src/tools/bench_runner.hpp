@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include "bench_options.hpp"
@@ -31,6 +32,13 @@ struct BenchRankRecord {
   std::vector<BenchCall> dispatch, combine;  ///< [iters]
   std::vector<double> memcpy_dispatch_start_us, memcpy_dispatch_us;  ///< [iters]
   std::vector<double> memcpy_combine_start_us, memcpy_combine_us;    ///< [iters]
+  /// The same bytes copied with streaming stores (epx::stream_copy), right after the memcpy.
+  std::vector<double> stream_dispatch_us, stream_combine_us;  ///< [iters]
+  /// Timed dispatches by where recv_x came from (CallStats::output), and why the last copy was one.
+  std::uint64_t one_copy_calls = 0, copy_calls = 0, view_calls = 0;
+  std::string copy_why;
+  std::uint64_t peak_rss_bytes = 0;  ///< getrusage(RUSAGE_SELF) ru_maxrss at the end (the rank's process; threads share one)
+  std::uint64_t anon_rss_bytes = 0;  ///< /proc/self/status RssAnon at the end: private memory (heap), no shared window pages
   /// Counters off / on latencies: the timed loop's, and those of the comparison blocks with
   /// the other setting (before and after the timed loop).
   std::vector<double> off_dispatch_us, off_combine_us, on_dispatch_us, on_combine_us;

@@ -132,19 +132,24 @@ std::vector<std::int64_t> check_replay_inputs(const fs::path& in, const ReplayMe
   return tokens;
 }
 
-RankFootprint rank_footprint(int P, int H, int K, std::int64_t S, std::int64_t C, std::int64_t W) {
+RankFootprint rank_footprint(int P, int H, int K, std::int64_t S, std::int64_t C, std::int64_t W,
+                             std::int64_t output_pool_bytes) {
   using detail::add_sat;
   using detail::mul_sat;
   const std::uint64_t row = mul_sat(2, static_cast<std::uint64_t>(H));
   const std::uint64_t recv_rows = mul_sat(static_cast<std::uint64_t>(P), static_cast<std::uint64_t>(C));
   const std::uint64_t reply_rows = mul_sat(static_cast<std::uint64_t>(C), static_cast<std::uint64_t>(std::min(K, P)));
+  const std::uint64_t pool = output_pool_bytes < 0 ? mul_sat(recv_rows, row) : static_cast<std::uint64_t>(output_pool_bytes);
   RankFootprint f;
-  // The window holds at least a row per receivable (source, token) and a reply per (token, destination).
-  f.window = mul_sat(add_sat(recv_rows, reply_rows), row);
-  // Inputs (x, topk_idx, topk_weights), recv_x and the expert output y (W rows with --worst), combined_x.
+  // The window holds at least a row per receivable (source, token) and a reply per (token,
+  // destination), and the output pool.
+  f.window = add_sat(mul_sat(add_sat(recv_rows, reply_rows), row), pool);
+  // Inputs (x, topk_idx, topk_weights), the expert output y and — without a pool — recv_x
+  // (W rows with --worst), combined_x.
   const std::uint64_t out_rows = std::max(recv_rows, static_cast<std::uint64_t>(std::max<std::int64_t>(W, 0)));
-  const std::uint64_t inputs = mul_sat(static_cast<std::uint64_t>(S), add_sat(row, mul_sat(12, static_cast<std::uint64_t>(K))));
-  f.total = add_sat(add_sat(f.window, inputs), add_sat(mul_sat(mul_sat(2, out_rows), row), mul_sat(static_cast<std::uint64_t>(S), row)));
+  f.inputs = mul_sat(static_cast<std::uint64_t>(S), add_sat(row, mul_sat(12, static_cast<std::uint64_t>(K))));
+  const std::uint64_t outputs = mul_sat(mul_sat(pool > 0 ? 1 : 2, out_rows), row);
+  f.total = add_sat(add_sat(f.window, f.inputs), add_sat(outputs, mul_sat(static_cast<std::uint64_t>(S), row)));
   return f;
 }
 

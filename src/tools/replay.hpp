@@ -36,12 +36,15 @@ std::int64_t check_replay_rank_inputs(const std::filesystem::path& in, const Rep
                                       bool x_optional);
 
 /// What one rank of a dispatch + combine of this shape needs at least: the window (P*C
-/// received rows + C*min(K,P) replies of 2H bytes) and, in total, the window plus inputs and
-/// outputs (recv_x and the expert's y of max(P*C, W) rows, combined_x). Saturating.
+/// received rows + C*min(K,P) replies of 2H bytes, + the output pool: `output_pool_bytes`,
+/// -1 = auto = P*C rows of 2H) and, in total, the window plus inputs and outputs (the
+/// expert's y and — without an output pool, where recv_x is a heap copy — recv_x, of
+/// max(P*C, W) rows; combined_x). `inputs`: x, topk_idx, topk_weights alone. Saturating.
 struct RankFootprint {
-  std::uint64_t window = 0, total = 0;
+  std::uint64_t window = 0, total = 0, inputs = 0;
 };
-RankFootprint rank_footprint(int P, int H, int K, std::int64_t S, std::int64_t C, std::int64_t W);
+RankFootprint rank_footprint(int P, int H, int K, std::int64_t S, std::int64_t C, std::int64_t W,
+                             std::int64_t output_pool_bytes);
 
 /// Throws kCapacityExceeded (before anything big is allocated) if P ranks of `f` do not fit
 /// in the available memory, and with `shm` P windows in /dev/shm's free space.

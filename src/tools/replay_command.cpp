@@ -198,7 +198,8 @@ void run_replay(const ReplayOptions& o) {
   const std::vector<std::int64_t> tokens = check_replay_inputs(in, meta, false);
   check_footprint("epx replay: ",
                   rank_footprint(meta.num_ranks, meta.hidden, meta.num_topk,
-                                 *std::max_element(tokens.begin(), tokens.end()), meta.max_tokens_per_rank, o.worst),
+                                 *std::max_element(tokens.begin(), tokens.end()), meta.max_tokens_per_rank, o.worst,
+                                 -1),  // replay's Buffers have the default output pool
                   meta.num_ranks, lo.transport == TransportKind::kShm);
   lo.num_ranks = meta.num_ranks;
   for (int r = 0; r < meta.num_ranks; ++r) check_old_output(out, r);

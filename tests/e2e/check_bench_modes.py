@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""epx bench end to end in the modes its own checks cover: default (push), --zero-copy
-(combine pulls the experts' rows in place), --ring-rows (bounded dispatch rings and
-combine rounds) and --cached. Without zero-copy views every call goes rows first (a
-dispatch right after a combine, a combine right after a dispatch: the rows before the
-header exchange); with views, or the ring, the header exchange comes first.
+"""epx bench end to end in the modes its own checks cover: default (one-copy outputs in the
+output pool; the identity expert's y is that recv_x in place, so combine pulls), the old
+copying default (--output-pool 0: every call goes rows first — a dispatch right after a
+combine, a combine right after a dispatch: the rows before the header exchange), --zero-copy
+(combine pulls the experts' rows in place), --ring-rows (bounded dispatch rings and combine
+rounds) and --cached. With the output pool, views, or the ring, the header exchange comes first.
 Each run must finish, report no warning (the bench cross-checks epx's byte counters against
 an independent count of the routing, and the payload of every rank against the reference),
-and say which dispatch and combine paths ran.
+say which dispatch and combine paths ran and where recv_x came from.
 
     tests/e2e/check_bench_modes.py --epx build/src/tools/epx
 """
@@ -17,14 +18,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-# name, extra options, combine pulled, dispatch data_first, combine data_first
+# name, extra options, combine pulled, dispatch data_first, combine data_first, recv_x (one_copy/copy/view)
 CASES = [
-    ("push (fresh dispatch rows first into per-source stretches)", [], False, True, True),
-    ("zero-copy pull", ["--zero-copy"], True, False, False),
-    ("bounded rings", ["--ring-rows", "8"], False, False, False),
-    ("zero-copy threads", ["--zero-copy", "--transport", "threads"], True, False, False),
-    ("cached, rows first", ["--cached"], False, True, True),
-    ("cached zero-copy (views held: header first)", ["--cached", "--zero-copy"], True, False, False),
+    ("one copy (default): y in place, pull", [], True, False, False, "one_copy"),
+    ("copy, push (fresh dispatch rows first into per-source stretches)", ["--output-pool", "0"], False, True, True, "copy"),
+    ("zero-copy pull", ["--zero-copy"], True, False, False, "view"),
+    ("bounded rings", ["--ring-rows", "8"], False, False, False, "copy"),
+    ("zero-copy threads", ["--zero-copy", "--transport", "threads"], True, False, False, "view"),
+    ("one copy threads", ["--transport", "threads"], True, False, False, "one_copy"),
+    ("cached one copy", ["--cached"], True, False, False, "one_copy"),
+    ("cached copy, rows first", ["--cached", "--output-pool", "0"], False, True, True, "copy"),
+    ("cached zero-copy (views held: header first)", ["--cached", "--zero-copy"], True, False, False, "view"),
 ]
 
 
@@ -34,7 +38,7 @@ def main():
     args = ap.parse_args()
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, extra, pulled, dispatch_first, combine_first in CASES:
+        for name, extra, pulled, dispatch_first, combine_first, output in CASES:
             out = Path(tmp) / "bench.json"
             cmd = [args.epx, "bench", "--ranks", "4", "--tokens", "96", "--hidden", "512", "--iters", "2",
                    "--warmup", "1", "--counters-overhead", "0", "--no-progress", "--json", str(out)] + extra
@@ -48,6 +52,10 @@ def main():
                     problems.append("warnings: %s" % report["warnings"])
                 if report["combine"].get("pulled") != pulled:
                     problems.append("combine pulled = %s, expected %s" % (report["combine"].get("pulled"), pulled))
+                kinds = report.get("output", {})
+                calls = sum(kinds.get(k, 0) for k in ("one_copy", "copy", "view"))
+                if calls == 0 or kinds.get(output) != calls:
+                    problems.append("recv_x: %s, expected every dispatch %s" % (kinds, output))
                 for op, want in (("dispatch", dispatch_first), ("combine", combine_first)):
                     if report[op].get("data_first") != want:
                         problems.append("%s data_first = %s, expected %s" % (op, report[op].get("data_first"), want))

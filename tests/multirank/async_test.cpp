@@ -67,7 +67,10 @@ void expect_outputs_are_final(int r, const PendingDispatch& p, const DispatchRes
     fail(r, "outputs() at return have other counts");
 }
 
-void run_async_case(TransportKind kind, const AsyncCase& c, Completion mode) {
+// pool: the output pool on (the default: every call exchanges headers first, recv_x one
+// copy) or off (output_pool_bytes = 0: copies, and a cached dispatch after a combine goes
+// rows first).
+void run_async_case(TransportKind kind, const AsyncCase& c, Completion mode, bool pool) {
   const ref::Problem p = problem_of(c);
   ref::DispatchOptions o;
   o.expanded = c.expanded;
@@ -83,7 +86,9 @@ void run_async_case(TransportKind kind, const AsyncCase& c, Completion mode) {
   launch({P, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
     const int r = t.rank();
     const auto ur = static_cast<std::size_t>(r);
-    Buffer buffer(t, config_for(p));
+    BufferConfig cfg = config_for(p);
+    if (!pool) cfg.output_pool_bytes = 0;
+    Buffer buffer(t, cfg);
     const DispatchArgs args = dispatch_args(views_of(p, r), o);
     CombineArgs ca;
     ca.y = TensorView(y[ur].data(), DType::kBF16, {want[ur].rows, p.hidden});
@@ -108,11 +113,14 @@ void run_async_case(TransportKind kind, const AsyncCase& c, Completion mode) {
     expect_bits(r, "combined_x (async)", cr.combined_x.data(), combined[ur]);
     expect_bits(r, "topk_weights (async)", cr.topk_weights.data(), p.ranks[ur].topk_weights);
 
-    // Cached, right after a combine (rows first), then right after a dispatch (exchange first).
+    // Cached, right after a combine (rows first without the pool), then right after a
+    // dispatch (exchange first).
     DispatchArgs cached = args;
     cached.handle = &d.handle;
     expect_dispatch(r, p, o, want[ur], buffer.dispatch_async(cached, mode).finish());
-    if (!buffer.last_stats().data_first) fail(r, "cached dispatch after a combine did not go rows first");
+    if (buffer.last_stats().data_first != !pool)
+      fail(r, pool ? "cached dispatch with the output pool went rows first"
+                   : "cached dispatch after a combine did not go rows first");
     PendingDispatch second = buffer.dispatch_async(cached, mode);
     DispatchResult d2 = second.finish();
     expect_dispatch(r, p, o, want[ur], d2);
@@ -130,7 +138,8 @@ class AsyncDispatchCombine : public ::testing::TestWithParam<std::tuple<Transpor
 
 TEST_P(AsyncDispatchCombine, SameBitsAsSyncAndReference) {
   const auto& [kind, c, mode] = GetParam();
-  run_async_case(kind, c, mode);
+  run_async_case(kind, c, mode, true);
+  run_async_case(kind, c, mode, false);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -26,9 +26,10 @@ struct Combo {
   QueueChoice queues;
   std::string protocol;
   std::size_t aggregate;
+  bool copy = false;  // no output pool (copies; calls right after one of the other kind go rows first)
   std::string name() const {
     std::string n = schedule + "_q" + std::to_string(queues.queues) + "_" + queues.split + "_" + protocol + "_agg" +
-                    std::to_string(aggregate);
+                    std::to_string(aggregate) + (copy ? "_copy" : "");
     for (char& ch : n)
       if (ch == ':') ch = 'x';
     return n;
@@ -62,7 +63,10 @@ bool supported(const Combo& c) {
 // each (path, protocol): every pair of values of two of them appears in some combination
 // (row (i, j) of queue choice i and schedule j takes aggregation (i + j) % 3, so for a fixed
 // queue choice the schedules walk all three aggregations, and for a fixed schedule the
-// queue choices do). EPX_FULL_CONFORMANCE=1 runs the whole cross product instead.
+// queue choices do). The output pool (one-copy outputs, the default, or none: copies and
+// rows first) alternates with (i + j) (relays: (i + k)), so it meets every value of the
+// other three too. EPX_FULL_CONFORMANCE=1 runs the whole cross product instead (the pool
+// still alternating).
 std::vector<Combo> combos() {
   const QueueChoice queue_choices[] = {{1, "rr"},  {2, "rr"},  {2, "1:1"}, {2, "3:1"},
                                        {2, "1:3"}, {2, "bytes"}, {4, "rr"}, {4, "bytes"}};
@@ -77,7 +81,8 @@ std::vector<Combo> combos() {
         for (std::size_t j = 0; j < schedules.size(); ++j)
           for (std::size_t k = 0; k < std::size(aggregates); ++k) {
             if (!full && schedules.size() > 1 && k != (i + j) % std::size(aggregates)) continue;
-            if (const Combo c{schedules[j], queue_choices[i], protocol, aggregates[k]}; supported(c)) v.push_back(c);
+            const bool copy = (i + j + (schedules.size() > 1 ? 0 : k)) % 2 == 1;
+            if (const Combo c{schedules[j], queue_choices[i], protocol, aggregates[k], copy}; supported(c)) v.push_back(c);
           }
   return v;
 }
@@ -123,11 +128,14 @@ Expected expect(const ref::FixtureOptions& f, bool expanded, bool weighted) {
 void check_round_trip(Buffer& buffer, int r, const Expected& e) {
   const auto ur = static_cast<std::size_t>(r);
   const RankViews v = views_of(e.p, r);
+  const RecvLayout layout = e.d.expanded ? RecvLayout::kExpanded : RecvLayout::kCompact;
   DispatchResult d = buffer.dispatch(dispatch_args(v, e.d));
   expect_dispatch(r, e.p, e.d, e.out[ur], d);
+  expect_output(r, buffer, layout, "fresh dispatch");
   DispatchArgs cached = dispatch_args(v, e.d);
   cached.handle = &d.handle;
   expect_dispatch(r, e.p, e.d, e.out[ur], buffer.dispatch(cached));
+  expect_output(r, buffer, layout, "cached dispatch while the fresh one's output is held", true);
   CombineArgs ca;
   ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, e.p.hidden});
   ca.handle = &d.handle;
@@ -141,6 +149,8 @@ void check_round_trip(Buffer& buffer, int r, const Expected& e) {
   expect_bits(r, "combined_x (after the cached dispatch)", buffer.combine(ca).combined_x.data(), e.combined[ur]);
   DispatchResult again = buffer.dispatch(dispatch_args(v, e.d));
   expect_dispatch(r, e.p, e.d, e.out[ur], again);
+  expect_output(r, buffer, layout, "second fresh dispatch", true);
+  expect_dispatch(r, e.p, e.d, e.out[ur], d);  // the first output, held across every call since
   EXPECT_EQ(buffer.last_stats().data_first, data_first) << "rank " << r << ", fresh dispatch after a combine";
   ca.handle = &again.handle;
   expect_bits(r, "combined_x (handle of the second fresh dispatch)", buffer.combine(ca).combined_x.data(), e.combined[ur]);
@@ -161,6 +171,7 @@ TEST_P(DataPlaneConformance, MatchesReferenceBitForBit) {
     BufferConfig c = config_for(compact.p, 2);
     c.max_tokens_per_rank = 16;
     c.dataplane = combo.options();
+    c.output_pool_bytes = combo.copy ? 0 : -1;
     c.collect_stats = true;
     Buffer buffer(t, c);
     check_round_trip(buffer, t.rank(), compact);
@@ -196,6 +207,7 @@ TEST_P(DeferredPutConformance, MatchesReferenceBitForBit) {
     BufferConfig c = config_for(compact.p, 2);
     c.max_tokens_per_rank = 16;
     c.dataplane = combo.options();
+    c.output_pool_bytes = combo.copy ? 0 : -1;
     Buffer buffer(deferred, c);
     check_round_trip(buffer, t.rank(), compact);
     check_round_trip(buffer, t.rank(), expanded);

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 
 #include "deferred_put_transport.hpp"
+#include "epx/spi/support.hpp"
 #include "multirank_support.hpp"
 
 namespace epx::testing {
@@ -92,8 +94,10 @@ std::vector<Case> cases() {
 }
 
 // One case: fresh dispatch, combine, cached dispatch of the same x and of new x, combine
-// through the cached handle — every output against the reference.
-void run_case(const TestTransport& where, const Case& c) {
+// through the cached handle — every output against the reference. `pool` -1: one-copy
+// outputs (the default, with a pool for every output the case holds); 0: no output pool:
+// copies, and calls right after one of the other kind go rows first.
+void run_case(const TestTransport& where, const Case& c, std::int64_t pool) {
   const ref::Problem p = ref::make_problem(c.fx);
   const int P = p.num_ranks;
   const auto want = ref::dispatch_all(p, c.d);
@@ -129,10 +133,16 @@ void run_case(const TestTransport& where, const Case& c) {
   launch_on(where, lo, [&](Transport& t) {
     const int r = t.rank();
     const auto ur = static_cast<std::size_t>(r);
-    Buffer buffer(t, config_for(p, c.workers));
+    BufferConfig cfg = config_for(p, c.workers);
+    // Room for the (at most five) outputs this case holds at once; exhaustion has its own tests.
+    cfg.output_pool_bytes = pool == 0 ? 0 : 8 * p.num_ranks * cfg.max_tokens_per_rank * 2 * p.hidden + (1 << 20);
+    Buffer buffer(t, cfg);
+    const RecvLayout layout = c.d.expanded ? RecvLayout::kExpanded : RecvLayout::kCompact;
+    const bool first = spi::allows(spi::Path::kRowsFirst, cfg);  // no output pool: rows / replies first
     const RankViews v = views_of(p, r);
     DispatchResult d = buffer.dispatch(dispatch_args(v, c.d));
     expect_dispatch(r, p, c.d, want[ur], d);
+    expect_output(r, buffer, layout, "fresh dispatch");
     const ref::Layout lay = ref::layout(p, r);
     expect_bits(r, "num_tokens_per_rank", d.layout.num_tokens_per_rank.data(), lay.num_tokens_per_rank);
     expect_bits(r, "num_tokens_per_expert", d.layout.num_tokens_per_expert.data(), lay.num_tokens_per_expert);
@@ -151,7 +161,7 @@ void run_case(const TestTransport& where, const Case& c) {
     }
     const CombineResult out = buffer.combine(ca);
     expect_bits(r, "combined_x", out.combined_x.data(), combined[ur]);
-    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;  // right after a dispatch: replies first
+    EXPECT_EQ(buffer.last_stats().data_first, first) << "rank " << r;  // right after a dispatch: replies first
     expect_bits(r, "combine topk_weights", out.topk_weights.data(), p.ranks[ur].topk_weights);
 
     // Cached dispatch: same x gives the same bits; new x lands exactly where the
@@ -160,14 +170,16 @@ void run_case(const TestTransport& where, const Case& c) {
     DispatchArgs cached = dispatch_args(v, c.d);
     cached.handle = &d.handle;
     expect_dispatch(r, p, c.d, want[ur], buffer.dispatch(cached));
-    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;
+    EXPECT_EQ(buffer.last_stats().data_first, first) << "rank " << r;
+    expect_output(r, buffer, layout, "cached dispatch");
     cached.x = views_of(p2, r).x;
     DispatchResult d2 = buffer.dispatch(cached);
     expect_dispatch(r, p2, c.d, want2[ur], d2);
     EXPECT_FALSE(buffer.last_stats().data_first) << "rank " << r;
+    expect_output(r, buffer, layout, "cached dispatch while the previous output is held", true);
     const CombineResult out2 = buffer.combine(ca);  // the first handle again
     expect_bits(r, "combined_x (second combine)", out2.combined_x.data(), combined[ur]);
-    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;
+    EXPECT_EQ(buffer.last_stats().data_first, first) << "rank " << r;
     CombineArgs wide;
     wide.y = TensorView(y_wide[ur].data(), DType::kBF16, {want[ur].rows, p.hidden});
     wide.handle = &d.handle;
@@ -176,9 +188,12 @@ void run_case(const TestTransport& where, const Case& c) {
 
     // A fresh dispatch right after a combine goes rows first as well, each source's rows in
     // its own stretch of the receive area; its handle serves combine like any other.
+    d2 = DispatchResult();  // its block goes back: the pool has room for two outputs again
     DispatchResult d3 = buffer.dispatch(dispatch_args(v, c.d));
     expect_dispatch(r, p, c.d, want[ur], d3);
-    EXPECT_TRUE(buffer.last_stats().data_first) << "rank " << r;
+    EXPECT_EQ(buffer.last_stats().data_first, first) << "rank " << r;
+    expect_output(r, buffer, layout, "fresh dispatch after a combine");
+    expect_dispatch(r, p, c.d, want[ur], d);  // every output held so far is still intact
     CombineArgs c3 = ca;
     c3.handle = &d3.handle;
     expect_bits(r, "combined_x (handle of a rows-first fresh dispatch)", buffer.combine(c3).combined_x.data(), combined[ur]);
@@ -228,23 +243,40 @@ void run_case(const TestTransport& where, const Case& c) {
       if (r == 0) mixed.y = ca.y;
       expect_bits(r, "combined_x (rank 0's y not in the window)", buffer.combine(mixed).combined_x.data(), combined[ur]);
       EXPECT_FALSE(buffer.last_stats().pulled) << "rank " << r;
+      // The same with a one-copy recv_x (a block of the output pool) overwritten in place.
+      DispatchResult d1 = buffer.dispatch(dispatch_args(v, c.d));
+      expect_dispatch(r, p, c.d, want[ur], d1);
+      const bool one_copy = buffer.last_stats().output == OutputKind::kOneCopy && want[ur].rows > 0;
+      if (bytes > 0) std::memcpy(d1.recv_x.data(), y[ur].data(), bytes);
+      CombineArgs pull1 = ca;
+      pull1.handle = &d1.handle;
+      pull1.y = d1.recv_x.view();
+      expect_bits(r, "combined_x (pull, y over a one-copy recv_x)", buffer.combine(pull1).combined_x.data(), combined[ur]);
+      if (one_copy) {
+        EXPECT_EQ(buffer.last_stats().pulled, mapped && pool != 0) << "rank " << r;
+      }
     }
   });
 }
 
-class DispatchCombine : public ::testing::TestWithParam<std::tuple<TestTransport, Case>> {};
+class DispatchCombine : public ::testing::TestWithParam<std::tuple<TestTransport, Case, std::int64_t>> {};
 
 TEST_P(DispatchCombine, MatchesReferenceBitForBit) {
-  const auto& [where, c] = GetParam();
-  run_case(where, c);
+  const auto& [where, c, pool] = GetParam();
+  run_case(where, c, pool);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, DispatchCombine,
-                         ::testing::Combine(::testing::ValuesIn(kConformanceTransports), ::testing::ValuesIn(cases())),
-                         [](const auto& info) { return std::get<0>(info.param).name() + "_" + std::get<1>(info.param).name; });
+                         ::testing::Combine(::testing::ValuesIn(kConformanceTransports), ::testing::ValuesIn(cases()),
+                                            ::testing::Values<std::int64_t>(-1, 0)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name() + "_" + std::get<1>(info.param).name +
+                                  (std::get<2>(info.param) == 0 ? "_copy" : "");
+                         });
 
 // A receive area sized by the user below P·C rows (max_recv_rows) has no stretch per
-// source: dispatches exchange headers first, combines still put their replies first, and
+// source: dispatches (copies: no output pool) exchange headers first, combines still put
+// their replies first, and
 // every result is exact. One row fewer than a rank receives fails every rank, naming it.
 TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
   const ref::Problem p = ref::make_problem(fx(4, 16, 4, {20, 13, 0, 9}, 31));
@@ -263,6 +295,7 @@ TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
       const auto ur = static_cast<std::size_t>(r);
       BufferConfig cfg = config_for(p);
       cfg.max_recv_rows = most;
+      cfg.output_pool_bytes = 0;  // copies: combines may go replies first
       Buffer buffer(t, cfg);
       const RankViews v = views_of(p, r);
       CombineArgs ca;
@@ -292,6 +325,115 @@ TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
         EXPECT_EQ(e.origin_rank(), busiest) << e.what();
         EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(busiest)), std::string::npos) << e.what();
       }
+    });
+  }
+}
+
+// One-copy outputs are the caller's: a Buffer's outputs (blocks of its output pool) stay
+// exact across any number of later calls — fresh, cached, compact, expanded, FP8, combines
+// reading them in place — while the caller holds them. When the pool has no room for the
+// next output, that output is a copy and the stats say so; once the caller drops what it
+// holds (from another thread), outputs are one copy again.
+TEST(DispatchCombine, HeldOutputsStayExactAndThePoolFallsBackToCopies) {
+  const ref::Problem p = ref::make_problem(fx(4, 16, 4, {20, 13, 0, 9}, 41));
+  ref::FixtureOptions f8 = fx(4, 16, 4, {20, 13, 0, 9}, 41);
+  f8.fp8 = true;
+  const ref::Problem pf = ref::make_problem(f8);
+  ref::DispatchOptions compact, expanded;
+  expanded.expanded = true;
+  expanded.alignment = 4;
+  const auto want_c = ref::dispatch_all(p, compact), want_e = ref::dispatch_all(p, expanded), want_f = ref::dispatch_all(pf, compact);
+  ref::Problem p2 = p;  // the same routing, new x (cached dispatches)
+  for (int r = 0; r < 4; ++r)
+    p2.ranks[static_cast<std::size_t>(r)].x = ref::random_bf16(900 + static_cast<std::uint64_t>(r), p.ranks[static_cast<std::size_t>(r)].num_tokens * p.hidden);
+  const auto want_c2 = ref::dispatch_all(p2, compact);
+  std::vector<std::vector<std::uint16_t>> y;
+  for (int r = 0; r < 4; ++r) y.push_back(ref::expert_fn(p, want_c[static_cast<std::size_t>(r)], compact));
+  for (const TestTransport& where : std::vector<TestTransport>{{TransportKind::kThreads}, {TransportKind::kShm}}) {
+    SCOPED_TRACE(where.name());
+    launch_on(where, {4, where.kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      const int r = t.rank();
+      const auto ur = static_cast<std::size_t>(r);
+      Buffer buffer(t, config_for(p));  // the default output pool: one output of the largest size
+      struct Held {
+        DispatchResult d;
+        const ref::Problem* p;
+        ref::DispatchOptions o;
+        const ref::DispatchOut* want;
+      };
+      std::vector<Held> held;
+      int one_copy = 0, exhausted = 0;
+      auto dispatch = [&](const ref::Problem& q, const ref::DispatchOptions& o, const ref::DispatchOut& want,
+                          const DispatchHandle* handle) -> DispatchResult& {
+        DispatchArgs a = dispatch_args(views_of(q, r), o);
+        a.handle = handle;
+        held.push_back({buffer.dispatch(a), &q, o, &want});
+        const CallStats& st = buffer.last_stats();
+        expect_dispatch(r, q, o, want, held.back().d);
+        if (o.expanded) {
+          if (st.output != OutputKind::kCopy || std::string(st.output_why) != "expanded layout")
+            fail(r, std::string("an expanded output should be a copy (expanded layout), got ") + to_string(st.output));
+        } else if (st.output == OutputKind::kOneCopy) {
+          ++one_copy;
+          if (st.epilogue_copy_bytes != 0) fail(r, "a one-copy output whose epilogue copied bytes");
+        } else if (st.output == OutputKind::kCopy && std::string(st.output_why) == "output pool exhausted") {
+          ++exhausted;
+          if (st.epilogue_copy_bytes == 0) fail(r, "an output the stats call a copy, but the epilogue copied nothing");
+        } else {
+          fail(r, std::string("unexpected output kind ") + to_string(st.output) + " (" + st.output_why + ")");
+        }
+        return held.back().d;
+      };
+      for (int round = 0; round < 4; ++round) {
+        DispatchResult& fresh = dispatch(p, compact, want_c[ur], nullptr);
+        const DispatchHandle h = fresh.handle;
+        dispatch(p2, compact, want_c2[ur], &h);
+        dispatch(p, expanded, want_e[ur], nullptr);
+        const DispatchHandle hf = dispatch(pf, compact, want_f[ur], nullptr).handle;
+        dispatch(pf, compact, want_f[ur], &hf);
+        CombineArgs c;
+        c.y = TensorView(y[ur].data(), DType::kBF16, {want_c[ur].rows, p.hidden});
+        c.handle = &h;
+        expect_bits(r, "combined_x", buffer.combine(c).combined_x.data(),
+                    ref::combine(p, compact, want_c, y, nullptr, nullptr, false, r));
+      }
+      // Every held output, bit for bit, after all those calls.
+      for (const Held& x : held) expect_dispatch(r, *x.p, x.o, *x.want, x.d);
+      if (one_copy == 0) fail(r, "no output was one copy");
+      if (exhausted == 0) fail(r, "holding 16 compact outputs never exhausted the output pool");
+      // Dropped on another thread, every block returns: the next outputs are one copy again.
+      std::thread([&] { held.clear(); }).join();
+      for (int i = 0; i < 2; ++i) {
+        one_copy = exhausted = 0;
+        dispatch(p, compact, want_c[ur], nullptr);
+        if (one_copy != 1) fail(r, "after every output was dropped, a dispatch was not one copy");
+        held.clear();
+      }
+      // A hole too small for the next output: hold bf16, FP8, bf16 outputs, drop the FP8
+      // one (its block is smaller than a bf16 output's); the next bf16 dispatch must not
+      // spill out of the hole into the output after it.
+      dispatch(p, compact, want_c[ur], nullptr);
+      DispatchResult& small = dispatch(pf, compact, want_f[ur], nullptr);
+      dispatch(p, compact, want_c[ur], nullptr);
+      small = DispatchResult();
+      one_copy = exhausted = 0;
+      dispatch(p, compact, want_c[ur], nullptr);
+      for (const Held& x : held)
+        if (x.d.recv_x.defined()) expect_dispatch(r, *x.p, x.o, *x.want, x.d);
+      held.clear();
+      // An output and the combine that reads it in place (its y) after the Buffer is used
+      // for more calls: still exact.
+      DispatchResult& kept = dispatch(p, compact, want_c[ur], nullptr);
+      const std::size_t bytes = y[ur].size() * sizeof(std::uint16_t);
+      if (bytes > 0) std::memcpy(kept.recv_x.data(), y[ur].data(), bytes);
+      CombineArgs in_place;
+      in_place.y = kept.recv_x.view();
+      in_place.handle = &kept.handle;
+      const std::vector<std::uint16_t> combined = ref::combine(p, compact, want_c, y, nullptr, nullptr, false, r);
+      expect_bits(r, "combined_x (y over the one-copy recv_x)", buffer.combine(in_place).combined_x.data(), combined);
+      if (buffer.last_stats().pulled != (t.peer_window(r) != nullptr)) fail(r, "y in the output pool was not pulled in place");
+      dispatch(p, expanded, want_e[ur], nullptr);
+      expect_bits(r, "recv_x held across a combine and a dispatch (now y)", kept.recv_x.data(), y[ur]);
     });
   }
 }
@@ -340,7 +482,7 @@ TEST(DispatchCombine, RepeatedRunsAreIdentical) {
   Case c{"repeat", fx(4, 16, 4, {20, 13, 0, 9}, 40), {}};
   c.d.expanded = true;
   c.d.alignment = 8;
-  for (int i = 0; i < 3; ++i) run_case({TransportKind::kShm}, c);
+  for (int i = 0; i < 3; ++i) run_case({TransportKind::kShm}, c, -1);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "epx/buffer.hpp"
 #include "epx/launch.hpp"
+#include "epx/spi/support.hpp"
 #include "epx/sim/model_transport.hpp"
 #include "reference/fixtures.hpp"
 #include "reference/reference.hpp"
@@ -182,6 +183,24 @@ inline void expect_dispatch(int r, const ref::Problem& p, const ref::DispatchOpt
   expect_bits(r, "num_recv_tokens_per_expert", got.num_recv_tokens_per_expert.data(), want.num_recv_tokens_per_expert);
   expect_bits(r, "num_recv_tokens_per_expert_aligned", got.num_recv_tokens_per_expert_aligned.data(),
               want.num_recv_tokens_per_expert_aligned);
+}
+
+// What recv_x of a dispatch that is not a view must be: a block of the output pool (one
+// copy) where the support table allows it, else a copy that says why.
+inline void expect_output(int r, const Buffer& b, RecvLayout layout, const char* when, bool may_be_full = false) {
+  const CallStats& st = b.last_stats();
+  const std::string got = std::string(to_string(st.output)) + " (" + st.output_why + ", epilogue copied " +
+                          std::to_string(st.epilogue_copy_bytes) + " B)";
+  if (may_be_full && st.output == OutputKind::kCopy && std::string(st.output_why) == "output pool exhausted") return;
+  const char* why = spi::why_copy(b.config(), layout);
+  if (st.output == OutputKind::kView) return;  // a model-only simulator: views of its window
+  if (*why == '\0') {
+    if (st.output != OutputKind::kOneCopy || st.epilogue_copy_bytes != 0)
+      fail(r, std::string(when) + ": recv_x should be one copy (a block of the output pool), got " + got);
+  } else if (st.output != OutputKind::kOneCopy) {  // a rank with no output rows copies nothing
+    if (st.output != OutputKind::kCopy || std::string(st.output_why) != why)
+      fail(r, std::string(when) + ": recv_x should be a copy (" + why + "), got " + got);
+  }
 }
 
 inline DispatchArgs dispatch_args(const RankViews& v, const ref::DispatchOptions& o) {

@@ -94,7 +94,16 @@ TEST_F(BenchRun, JsonHasEveryRequiredFieldAndTheIndependentPayload) {
     EXPECT_GT(d["algbw_gbps"].get<double>(), 0);
     EXPECT_GT(d["ratio_vs_memcpy"].get<double>(), 0);
     ASSERT_TRUE(d["puts"].is_number());
-    EXPECT_GT(d["puts"].get<double>(), 0);
+    // The default combine reads the one-copy recv_x (the identity expert's y) in place: no puts.
+    const bool pulled = !is_dispatch && d["pulled"].get<bool>();
+    EXPECT_EQ(pulled, !is_dispatch && o.transport != "sim") << "the default combine pulls on mapped transports";
+    if (!pulled) {
+      EXPECT_GT(d["puts"].get<double>(), 0);
+    }
+    ASSERT_TRUE(d["limit_gbps"].is_number());
+    EXPECT_GT(d["limit_gbps"].get<double>(), 0);
+    EXPECT_TRUE(d["limit"] == "memcpy" || d["limit"] == "streaming copy") << d["limit"];
+    EXPECT_GT(d["ratio_vs_limit"].get<double>(), 0);
     ASSERT_TRUE(d["phases_us"].is_object());
     for (const char* ph : {"plan", "notify", "put_issue", "wait_data", "barrier", "epilogue", "other"}) {
       ASSERT_TRUE(d["phases_us"].contains(ph)) << ph;
@@ -104,6 +113,10 @@ TEST_F(BenchRun, JsonHasEveryRequiredFieldAndTheIndependentPayload) {
     EXPECT_TRUE(d.contains("counters_overhead"));
   }
   EXPECT_TRUE(j["warnings"].empty()) << j["warnings"].dump();
+  // Every timed dispatch of every rank: a one-copy recv_x (the default output pool).
+  EXPECT_EQ(j["output"]["one_copy"].get<int>(), 2 * o.iters) << j["output"].dump();
+  EXPECT_EQ(j["output"]["copy"].get<int>(), 0) << j["output"].dump();
+  EXPECT_EQ(j["peak_rss_bytes"].size(), 2u);
   const json& wc = j["worker_counters"];
   ASSERT_EQ(wc["dispatch"].size(), 2u);  // [rank][worker][metric]
   EXPECT_EQ(wc["dispatch"][0][0].size(), wc["metrics"].size());

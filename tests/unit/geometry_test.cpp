@@ -2,7 +2,7 @@
 // regions overlap and every one fits the window; signal-slot groups are disjoint and fill
 // exactly num_signals(); rows go where the plan says on both sides (a sender's row for d
 // is the receiver's row of that source, direct and rows first); ring and reply-ring rows
-// stay inside their region.
+// stay inside their region; output blocks lie in the output pool, their scales after their rows.
 #include "geometry.hpp"
 
 #include <gtest/gtest.h>
@@ -53,6 +53,7 @@ std::vector<Span> regions(const Geometry& g) {
       {"relay scales", g.region(Region::kRelayScales), g.region(Region::kRelayScales) + relay * scale},
       {"relay replies", g.region(Region::kRelayReplies),
        g.region(Region::kRelayReplies) + relay * static_cast<std::size_t>(s.lanes) * row},
+      {"outputs", g.region(Region::kOutputs), g.region(Region::kOutputs) + g.output_pool_bytes()},
   };
   if (s.flag_protocol) {
     const std::size_t rec = kFlagBlock * (flag_blocks(row) + flag_blocks(scale));
@@ -197,6 +198,50 @@ TEST(Geometry, SendAndReceiveSidesAgree) {
           EXPECT_EQ(g.reply_row(receiver, s, r), g.replied_row(sender, d, p));
         }
     }
+  }
+}
+
+}  // namespace
+}  // namespace epx::detail
+
+namespace epx::detail {
+namespace {
+
+// The output pool: auto = one output of the largest size (bf16 rows, or FP8 rows + scales);
+// a block's rows and scales stay inside the block, which Geometry sizes in whole pages.
+TEST(GeometryOutputs, BlocksFitThePoolAndKeepScalesAfterRows) {
+  for (const int hidden : {256, 7168}) {
+    BufferConfig c;
+    c.num_experts = 16;
+    c.hidden = hidden;
+    c.num_topk = 4;
+    c.max_tokens_per_rank = 37;
+    const Geometry g(GeometryShape::of(c, 4, 1, 1, 1));
+    const std::int64_t rows = g.recv_rows();
+    const auto H = static_cast<std::size_t>(hidden), scale = H / 128 * sizeof(float);
+    EXPECT_EQ(g.output_pool_bytes(), std::max(Geometry::output_block_bytes(rows, 2 * H, 0), Geometry::output_block_bytes(rows, H, scale)));
+    EXPECT_EQ(g.output_pool_bytes() % 4096, 0u);
+    for (const auto& [row, sc] : {std::pair{2 * H, std::size_t{0}}, std::pair{H, scale}}) {
+      for (const std::int64_t n : {std::int64_t{1}, rows / 3, rows}) {
+        const std::size_t bytes = Geometry::output_block_bytes(n, row, sc);
+        EXPECT_EQ(bytes % 4096, 0u);
+        const Landing l = g.output_block(g.output_pool_bytes() - bytes, n, row);  // the pool's last block
+        EXPECT_TRUE(l.block);
+        EXPECT_EQ(l.data, g.region(Region::kOutputs) + g.output_pool_bytes() - bytes);
+        EXPECT_GE(l.scales, Geometry::landed_row(l, Region::kData, n, row));  // scales after the rows
+        EXPECT_EQ(l.scales % 64, 0u);
+        EXPECT_LE(Geometry::landed_row(l, Region::kScales, n, sc), l.data + bytes);
+        EXPECT_EQ(Geometry::landed_row(l, Region::kData, 2, row), l.data + 2 * row);
+      }
+    }
+    const Landing area = g.receive_area();
+    EXPECT_FALSE(area.block);
+    EXPECT_EQ(Geometry::landed_row(area, Region::kData, 5, 2 * H), g.row(Region::kData, 5, 2 * H));
+    EXPECT_EQ(Geometry::landed_row(area, Region::kScales, 5, scale), g.row(Region::kScales, 5, scale));
+    c.output_pool_bytes = 0;
+    EXPECT_EQ(Geometry(GeometryShape::of(c, 4, 1, 1, 1)).output_pool_bytes(), 0u);
+    c.output_pool_bytes = 5000;
+    EXPECT_EQ(Geometry(GeometryShape::of(c, 4, 1, 1, 1)).output_pool_bytes(), 8192u);
   }
 }
 

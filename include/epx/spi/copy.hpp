@@ -21,4 +21,8 @@ std::size_t stream_min_bytes() noexcept;
 /// of this thread (a release-store signal or flag), as after a memcpy.
 void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept;
 
+/// memcpy(dst, src, bytes) with streaming stores at any size when the CPU has AVX2 (else
+/// memcpy), then a store fence: the bench's streaming-copy reference.
+void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept;
+
 }  // namespace epx

@@ -33,6 +33,12 @@ struct PathRule {
   bool expanded;         ///< the expanded layout possible
   bool variant_of_direct;///< a per-call variant, only where the base path is direct
   bool needs_peer_window;///< needs Transport::peer_window (mapped peers)
+  /// Why dispatch rows on this path cannot land in the receiver's output block (one copy;
+  /// BufferConfig::output_pool_bytes), or nullptr if they can.
+  const char* why_copy;
+  /// Usable while the Buffer has an output pool (rows first is not: its rows go before the
+  /// header exchange that names the receiver's block).
+  bool with_pool;
 };
 
 struct ProtocolRule {
@@ -42,26 +48,27 @@ struct ProtocolRule {
   const char* needs_text;      ///< ... in words, for the refusal
   bool views;                  ///< zero-copy output possible
   const char* why_no_views;
+  const char* why_copy;        ///< why rows cannot land in the receiver's output block (nullptr: they can)
 };
 
 inline constexpr PathRule kPaths[kNumPaths] = {
-    {Path::kDirect, "direct", {true, true, true}, "", true, true, false, false},
+    {Path::kDirect, "direct", {true, true, true}, "", true, true, false, false, nullptr, true},
     {Path::kRelay, "schedule 'hierarchical'", {true, true, false},
-     "relays forward a source's rows when its signal arrives (use explicit or tail)", true, true, false, false},
+     "relays forward a source's rows when its signal arrives (use explicit or tail)", true, true, false, false, "hierarchical schedule", true},
     {Path::kRing, "ring_rows (bounded receive area)", {true, true, false},
-     "ring counts travel as signals (use explicit or tail)", false, true, false, false},
+     "ring counts travel as signals (use explicit or tail)", false, true, false, false, "ring_rows", true},
     {Path::kRowsFirst, "rows first", {true, true, false}, "flagged rows complete themselves, not by the exchange", true, true,
-     true, false},
-    {Path::kPull, "pull", {true, true, false}, "flagged rows are not where y lies", true, false, true, true},
+     true, false, "rows first", false},
+    {Path::kPull, "pull", {true, true, false}, "flagged rows are not where y lies", true, false, true, true, "pull", true},
 };
 
 inline constexpr ProtocolRule kProtocols[3] = {
-    {Protocol::kExplicit, "explicit", nullptr, "", true, ""},
+    {Protocol::kExplicit, "explicit", nullptr, "", true, "", nullptr},
     {Protocol::kTail, "tail", &TransportCaps::ordered_signal_per_queue,
-     "signals ordered after earlier puts on their queue", true, ""},
+     "signals ordered after earlier puts on their queue", true, "", nullptr},
     {Protocol::kFlag, "flag", &TransportCaps::flagged_puts,
      "flagged puts (a block's flag visible only after its bytes)", false,
-     "recv_in_window needs rows stored contiguously, but the flag protocol delivers 512-byte blocks"},
+     "recv_in_window needs rows stored contiguously, but the flag protocol delivers 512-byte blocks", "flag protocol"},
 };
 
 inline const PathRule& rule(Path p) noexcept { return kPaths[static_cast<int>(p)]; }
@@ -113,8 +120,21 @@ inline std::string refuse_output(const BufferConfig& c, RecvLayout layout, bool 
 inline bool allows(Path variant, const BufferConfig& c, bool peer_window = false) noexcept {
   const PathRule& v = rule(variant);
   if (v.variant_of_direct && base_path(c) != Path::kDirect) return false;
+  if (!v.with_pool && c.output_pool_bytes != 0) return false;
   if (v.needs_peer_window && !peer_window) return false;
   return v.protocols[static_cast<int>(c.dataplane.protocol)];
+}
+
+/// Why a dispatch output of this layout on a Buffer of this config is a copy out of the
+/// receive area rather than a block of the output pool the senders put into ("" = one copy
+/// possible; the pool may still be exhausted at the call). A static string
+/// (CallStats::output_why).
+inline const char* why_copy(const BufferConfig& c, RecvLayout layout) noexcept {
+  if (c.output_pool_bytes == 0) return "output pool off";
+  if (const char* why = rule(base_path(c)).why_copy) return why;
+  if (const char* why = rule(c.dataplane.protocol).why_copy) return why;
+  if (layout != RecvLayout::kCompact) return "expanded layout";
+  return "";
 }
 
 }  // namespace epx::spi
