@@ -286,7 +286,7 @@ void run_replay_shmem(const ReplayOptions& given) {
   agree(*boot, [&] {
     check_dataplane(o.dataplane, P);
     check_footprint("epx replay: rank " + std::to_string(me) + ": ",
-                    rank_footprint(P, meta.hidden, meta.num_topk, S, meta.max_tokens_per_rank, o.worst), local, false);
+                    rank_footprint(P, meta.hidden, meta.num_topk, S, meta.max_tokens_per_rank, o.worst, -1), local, false);
     fs::create_directories(out);
     fs::create_directory(staging);
   });
