@@ -88,8 +88,9 @@ struct DispatchArgs {
 };
 
 /// Every tensor is the caller's: valid and unchanged across any number of later calls on
-/// the Buffer, until the caller destroys it (and every Tensor sharing its storage) — but
-/// not beyond the Buffer's destruction. Exception: recv_in_window views (below).
+/// the Buffer, until the caller destroys it (and every Tensor sharing its storage). A
+/// one-copy recv_x lies in the transport's window: it may outlive the Buffer (its pool
+/// block does no harm then) but not the Transport. Exception: recv_in_window views (below).
 struct DispatchResult {
   /// [N, H] x's dtype. Compact layout, by default: a block of the Buffer's output pool
   /// (BufferConfig::output_pool_bytes) the senders put the rows into — one copy per row; it

@@ -95,9 +95,16 @@ ErrorCode input_code(const std::string& problem) {
 Flavor flavor_of(const std::string& f) { return f == "numpy" ? Flavor::kNumpy : Flavor::kTorch; }
 
 /// An output (shared with the engine's tensor: an asynchronous call's still fills it).
-pyb::object out(const Tensor& t, Flavor f) {
+/// `owner`, when set, lives as long as the exported tensor: a dispatch's recv_x may be a
+/// block of the Buffer's window (the one-copy output pool), so the tensor keeps the
+/// transport (the window's mapping) alive after destroy() until it is dropped. The Buffer
+/// itself goes at destroy() (a pending call's wait then fails); its pool's blocks outlive it.
+pyb::object out(const Tensor& t, Flavor f, const std::shared_ptr<const void>& owner = nullptr) {
   if (!t.defined()) return pyb::none();
-  return export_tensor(t.alias(), f);
+  if (!owner) return export_tensor(t.alias(), f);
+  auto holder = std::make_shared<std::pair<Tensor, std::shared_ptr<const void>>>(t.alias(), owner);
+  std::shared_ptr<std::byte> bytes(holder, static_cast<std::byte*>(holder->first.data()));
+  return export_tensor(Tensor::adopt(std::move(bytes), t.dtype(), t.shape()), f);
 }
 
 template <class T>
@@ -113,10 +120,10 @@ class PyHandle {
   DispatchHandle handle;
 };
 
-pyb::dict dispatch_dict(const DispatchResult& d, Flavor f) {
+pyb::dict dispatch_dict(const DispatchResult& d, Flavor f, const std::shared_ptr<const void>& owner) {
   pyb::dict r;
-  r["recv_x"] = out(d.recv_x, f);
-  r["recv_x_scales"] = out(d.recv_x_scales, f);
+  r["recv_x"] = out(d.recv_x, f, owner);
+  r["recv_x_scales"] = out(d.recv_x_scales, f, owner);
   r["recv_topk_idx"] = out(d.recv_topk_idx, f);
   r["recv_topk_weights"] = out(d.recv_topk_weights, f);
   r["recv_weights"] = out(d.recv_weights, f);
@@ -128,9 +135,9 @@ pyb::dict dispatch_dict(const DispatchResult& d, Flavor f) {
   return r;
 }
 
-pyb::dict combine_dict(const CombineResult& c, Flavor f) {
+pyb::dict combine_dict(const CombineResult& c, Flavor f, const std::shared_ptr<const void>& owner) {
   pyb::dict r;
-  r["combined_x"] = out(c.combined_x, f);
+  r["combined_x"] = out(c.combined_x, f, owner);
   r["combined_topk_weights"] = out(c.topk_weights, f);
   return r;
 }
@@ -237,6 +244,7 @@ class PyBuffer {
     pyb::gil_scoped_release nogil;
     transport_ = connect(*bootstrap_, o);
     buffer_ = std::make_unique<Buffer>(*transport_, config);
+    owner_ = transport_;
   }
 
   ~PyBuffer() { close_all(); }
@@ -300,11 +308,11 @@ class PyBuffer {
     if (mode == 0) {
       DispatchResult d;
       call([&] { d = buffer_->dispatch(a); });
-      return dispatch_dict(d, f);
+      return dispatch_dict(d, f, owner_);
     }
     PendingDispatch p;
     call([&] { p = buffer_->dispatch_async(a, completion_of(mode)); });
-    pyb::dict r = dispatch_dict(p.outputs(), f);
+    pyb::dict r = dispatch_dict(p.outputs(), f, owner_);
     r["pending"] = make_pending(std::move(p), std::move(keep));
     return r;
   }
@@ -337,11 +345,11 @@ class PyBuffer {
     if (mode == 0) {
       CombineResult c;
       call([&] { c = buffer_->combine(a); });
-      return combine_dict(c, f);
+      return combine_dict(c, f, owner_);
     }
     PendingCombine p;
     call([&] { p = buffer_->combine_async(a, completion_of(mode)); });
-    pyb::dict r = combine_dict(p.outputs(), f);
+    pyb::dict r = combine_dict(p.outputs(), f, owner_);
     r["pending"] = make_pending(std::move(p), std::move(keep));
     return r;
   }
@@ -387,6 +395,8 @@ class PyBuffer {
   void close_all() {
     {
       pyb::gil_scoped_release nogil;
+      // Outputs still held keep the transport (owner_, the window) until they are dropped.
+      owner_.reset();
       buffer_.reset();  // a pending call's thread is joined first (its wait then fails)
       transport_.reset();
     }
@@ -439,8 +449,11 @@ class PyBuffer {
 
   std::shared_ptr<Interrupt> interrupt_;
   std::unique_ptr<Bootstrap> bootstrap_;
-  std::unique_ptr<Transport> transport_;
-  std::unique_ptr<Buffer> buffer_;
+  std::shared_ptr<Transport> transport_;
+  std::shared_ptr<Buffer> buffer_;
+  // What an exported recv_x / combined_x keeps alive: the transport (its window). Not the
+  // bootstrap: it holds a Python callable.
+  std::shared_ptr<const void> owner_;
 };
 
 BufferConfig make_config(int num_experts, int hidden, int num_topk, std::int64_t max_tokens, std::int64_t max_recv_rows,

@@ -203,3 +203,28 @@ def _numpy_readonly_in_writable_out(rank, n):
 
 def test_numpy_read_only_inputs_and_writable_outputs():
     assert launch(_numpy_readonly_in_writable_out) == [True] * P
+
+
+def _outputs_outlive_destroy(rank, n, flavor):
+    # recv_x is a block of the window's output pool (one copy): after destroy(), and while a
+    # second buffer on the same ranks moves other rows, the held outputs keep their bytes.
+    H = 256
+    case = make_case(n, 16, 4, H, TOKENS, seed=11)
+    res = epx_ref.compute(case, layout="compact", deterministic=True, zero_padding=True)
+    x, idx, w = inputs(case, rank, flavor)
+    buf = epx.EPBuffer(None, max(TOKENS), H, 4, 16, explicitly_destroy=True)
+    held = [buf.dispatch(x, idx, w) for _ in range(3)]
+    buf.destroy()
+    other = make_case(n, 16, 4, H, TOKENS, seed=12)
+    x2, idx2, w2 = inputs(other, rank, flavor)
+    with epx.EPBuffer(None, max(TOKENS), H, 4, 16) as buf2:
+        for _ in range(2):
+            buf2.dispatch(x2, idx2, w2)
+    for recv_x, recv_idx, recv_w, handle, _ in held:
+        check_dispatch(case, res, rank, (recv_x, recv_idx, recv_w, handle), False, False)
+    return True
+
+
+@pytest.mark.parametrize("flavor", ["torch", "numpy"])
+def test_outputs_outlive_destroy(flavor):
+    assert launch(_outputs_outlive_destroy, flavor) == [True] * P
