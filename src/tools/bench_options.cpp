@@ -157,7 +157,7 @@ void validate_options(const BenchOptions& o) {
     // window, outputs and a copy of its inputs.
     if (forked) {
       check_ranks(o.ranks, o.transport, "epx bench");
-      const RankFootprint f = rank_footprint(o.ranks, o.hidden, o.topk, o.tokens, o.tokens, 0, o.output_pool);
+      const RankFootprint f = rank_footprint(o.ranks, o.hidden, o.topk, o.tokens, o.tokens, 0, o.output_pool_bytes());
       check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.inputs), f.inputs}, o.ranks,
                       parse_transport_kind(o.transport) == TransportKind::kShm);
     }
@@ -233,7 +233,7 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
                 "recv_x in place, so combine runs in pull mode on shm/threads (sources read the rows where they lie)");
   sub->add_option("--output-pool", o.output_pool,
                   "bytes of each rank's window for one-copy dispatch outputs (BufferConfig::output_pool_bytes; "
-                  "-1 = auto: one output of the largest size; 0 = no pool: recv_x is a copy out of the receive area, "
+                  "-1 = auto: one output of the largest size (none with --layout expanded or --zero-copy, which do not use it); 0 = no pool: recv_x is a copy out of the receive area, "
                   "the behaviour before one copy became the default)")
       ->capture_default_str();
   sub->add_option("--ring-rows", o.ring_rows,

@@ -59,6 +59,9 @@ struct BenchOptions {
   std::vector<std::string> sweep;
 
   bool expanded() const noexcept { return layout == "expanded"; }
+  /// The pool the run's Buffers get: --output-pool, except that auto (-1) is no pool (0) for
+  /// the expanded layout and --zero-copy, whose outputs never use it (a copy / a view).
+  std::int64_t output_pool_bytes() const noexcept { return output_pool == -1 && (expanded() || zero_copy) ? 0 : output_pool; }
 };
 
 /// Throws epx::Error(kInvalidArgument) naming the option for values out of range (the

@@ -138,7 +138,7 @@ ordered_json bench_config_json(const BenchReport& r) {
   j["alignment"] = o.alignment;
   j["cached"] = o.cached;
   j["zero_copy"] = o.zero_copy;
-  j["output_pool"] = o.output_pool;
+  j["output_pool"] = o.output_pool_bytes();
   j["ring_rows"] = o.ring_rows;
   j["transport"] = o.transport;
   j["workers"] = r.workers;

@@ -489,7 +489,7 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
   std::fprintf(f, "  data plane: %s; receive area: %s; window %.1f MiB per rank (output pool: %s)\n", describe_dataplane(o.dataplane).c_str(),
                o.ring_rows > 0 ? fmt("ring of %lld rows per source", static_cast<long long>(o.ring_rows)).c_str() : "a slot per row",
                static_cast<double>(r.window_bytes) / (1 << 20),
-               o.output_pool < 0 ? "auto" : o.output_pool == 0 ? "off" : fmt("%lld B", static_cast<long long>(o.output_pool)).c_str());
+               o.output_pool_bytes() < 0 ? "auto" : o.output_pool_bytes() == 0 ? "off" : fmt("%lld B", static_cast<long long>(o.output_pool_bytes())).c_str());
   if (!r.peak_rss_bytes.empty()) {
     std::string rss, anon;
     for (std::uint64_t b : r.peak_rss_bytes) rss += fmt(" %.0f", static_cast<double>(b) / (1 << 20));

@@ -191,7 +191,7 @@ BenchProblem load(const BenchOptions& o) {
   // Every file's header against meta.json, then the memory, before any array is read or made.
   const std::vector<std::int64_t> tokens = check_replay_inputs(in, meta, true);
   const RankFootprint f = rank_footprint(p.ranks, p.hidden, p.topk, *std::max_element(tokens.begin(), tokens.end()),
-                                         p.max_tokens, 0, o.output_pool);
+                                         p.max_tokens, 0, o.output_pool_bytes());
   check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.inputs), f.inputs}, p.ranks,
                   o.transport == "shm");
   const int K = p.topk, H = p.hidden;

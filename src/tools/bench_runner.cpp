@@ -137,7 +137,7 @@ BufferConfig bench_buffer_config(const BenchOptions& o, const BenchProblem& p) {
   cfg.num_workers = o.workers;
   cfg.dataplane = o.dataplane;
   cfg.ring_rows = o.ring_rows;
-  cfg.output_pool_bytes = o.output_pool;
+  cfg.output_pool_bytes = o.output_pool_bytes();
   return cfg;
 }
 
