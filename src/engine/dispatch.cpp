@@ -17,6 +17,11 @@ using detail::Region;
 using detail::RowMetaView;
 using detail::split_range;
 
+namespace {
+/// Bytes of x rows a worker sends to every destination before the next ones (fits L2).
+constexpr std::size_t kSendBlockBytes = std::size_t{256} << 10;
+}  // namespace
+
 void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
                              const std::vector<std::int32_t>* expert_base, bool rows_first,
                              const std::vector<detail::Landing>& landing) {
@@ -65,27 +70,45 @@ void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
     }
     Sender send(*this, w, rows_first ? Sender::kNoSignal : geo.dispatch_signal(rank, w), channel_bytes, visit_order);
     for (int d : visit_order) {
-      if (is_relay(d)) {
-        put_relayed_rows(send, h, a, d, t0, t1, expert_base,
-                         relay_stage.data() + geo.relay_record_offset(static_cast<std::int64_t>(relay_first[static_cast<std::size_t>(d)])));
-        send.end_channel(d);
-        continue;
+      if (!is_relay(d)) continue;
+      put_relayed_rows(send, h, a, d, t0, t1, expert_base,
+                       relay_stage.data() + geo.relay_record_offset(static_cast<std::int64_t>(relay_first[static_cast<std::size_t>(d)])));
+      send.end_channel(d);
+    }
+    // Rows in blocks of my tokens, each block to every destination in the visiting order:
+    // a block's x rows are read from memory once and stay in cache for their ~K copies
+    // (destination by destination, each row would be read from memory once per copy).
+    // Within a destination the rows still go in ascending slot order, runs of consecutive
+    // tokens one put each.
+    const std::int64_t block = std::max<std::int64_t>(1, static_cast<std::int64_t>(kSendBlockBytes / (row_bytes + scale_bytes)));
+    std::vector<std::int64_t> at = first;
+    for (std::int64_t b0 = t0; b0 < t1; b0 += block) {
+      const std::int64_t b1 = std::min(t1, b0 + block);
+      for (int d : visit_order) {
+        if (is_relay(d)) continue;
+        const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+        const std::int64_t base = geo.send_row(h, d, 0, rows_first);
+        const detail::Landing& land = landing[static_cast<std::size_t>(d)];
+        std::int64_t p = at[static_cast<std::size_t>(d)];
+        const std::int64_t p1 = last[static_cast<std::size_t>(d)];
+        while (p < p1 && seg[p] < b1) {
+          std::int64_t q = p + 1;
+          while (q < p1 && seg[q] < b1 && seg[q] == seg[q - 1] + 1) ++q;
+          const auto t = static_cast<std::size_t>(seg[p]);
+          send.put_landed(d, land, Region::kData, base + p, x + t * row_bytes, q - p, row_bytes);
+          if (fp8) send.put_landed(d, land, Region::kScales, base + p, scales + t * scale_bytes, q - p, scale_bytes);
+          p = q;
+        }
+        at[static_cast<std::size_t>(d)] = p;
       }
-      const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+    }
+    for (int d : visit_order) {
+      if (is_relay(d)) continue;
       const std::int64_t p0 = first[static_cast<std::size_t>(d)], p1 = last[static_cast<std::size_t>(d)];
-      const std::int64_t base = geo.send_row(h, d, 0, rows_first);
-      // Rows: runs of consecutive tokens (their slots are consecutive too).
-      for (std::int64_t p = p0; p < p1;) {
-        std::int64_t q = p + 1;
-        while (q < p1 && seg[q] == seg[q - 1] + 1) ++q;
-        const auto t = static_cast<std::size_t>(seg[p]);
-        const detail::Landing& at = landing[static_cast<std::size_t>(d)];
-        send.put_landed(d, at, Region::kData, base + p, x + t * row_bytes, q - p, row_bytes);
-        if (fp8) send.put_landed(d, at, Region::kScales, base + p, scales + t * scale_bytes, q - p, scale_bytes);
-        p = q;
-      }
       if (with_meta && p1 > p0) {
         // Metadata for the same rows: built in plan order, sent as consecutive rows.
+        const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+        const std::int64_t base = geo.send_row(h, d, 0, rows_first);
         const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
         for (std::int64_t p = p0; p < p1; ++p)
           fill_meta(geo.meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
