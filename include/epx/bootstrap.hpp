@@ -61,6 +61,19 @@ class FunctionBootstrap final : public Bootstrap {
   std::string name_;
 };
 
+/// Collective: every rank's `mine` (any length, different per rank), indexed by rank.
+/// Two all-gathers through `bootstrap` (the lengths, then the strings padded to the longest).
+std::vector<std::string> allgather_strings(Bootstrap& bootstrap, const std::string& mine);
+
+/// Collective setup step: runs `step` on this rank (a rank with nothing to do passes a step
+/// that does nothing), then all-gathers whether it threw. If any rank's step threw, every
+/// rank throws the same epx::Error: the lowest failing rank's code and message, with
+/// origin_rank = the rank that error named (or, if it named none, the rank that threw).
+/// Exceptions other than epx::Error become kInternal naming the rank. A kTimeout or
+/// kPeerFailed from the step is rethrown at once on its rank, without the agreement: a
+/// dead or silent peer cannot take part in it.
+void agree_on_step(Bootstrap& bootstrap, const std::function<void()>& step);
+
 /// Which ranks share a node, i.e. can map each other's POSIX shared memory: ranks whose
 /// kernel boot id and `/dev/shm` filesystem are the same (two network namespaces with
 /// private /dev/shm mounts are two nodes, as two machines would be).

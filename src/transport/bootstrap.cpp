@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -55,23 +56,50 @@ std::string local_node_identity() {
   return boot_id + "/" + shm_dev + "/" + host.data();
 }
 
+std::vector<std::string> allgather_strings(Bootstrap& bootstrap, const std::string& mine) {
+  const auto P = static_cast<std::size_t>(bootstrap.size());
+  const std::uint64_t len = mine.size();
+  std::vector<std::uint64_t> lens(P);
+  bootstrap.allgather(&len, lens.data(), sizeof len);
+  const std::size_t longest = *std::max_element(lens.begin(), lens.end());
+  std::string padded = mine;
+  padded.resize(longest);
+  std::string all(longest * P, '\0');
+  if (longest > 0) bootstrap.allgather(padded.data(), all.data(), longest);
+  std::vector<std::string> out(P);
+  for (std::size_t r = 0; r < P; ++r) out[r] = all.substr(r * longest, lens[r]);
+  return out;
+}
+
+void agree_on_step(Bootstrap& bootstrap, const std::function<void()>& step) {
+  // "" = done; else <code>\n<origin rank>\n<message>.
+  std::string mine;
+  try {
+    step();
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerFailed) throw;
+    mine = std::to_string(static_cast<int>(e.code())) + "\n" +
+           std::to_string(e.origin_rank() >= 0 ? e.origin_rank() : bootstrap.rank()) + "\n" + e.what();
+  } catch (const std::exception& e) {
+    mine = std::to_string(static_cast<int>(ErrorCode::kInternal)) + "\n" + std::to_string(bootstrap.rank()) + "\n" +
+           "rank " + std::to_string(bootstrap.rank()) + ": " + e.what();
+  }
+  for (const std::string& s : allgather_strings(bootstrap, mine)) {
+    if (s.empty()) continue;
+    const auto a = s.find('\n'), b = s.find('\n', a + 1);
+    throw Error(static_cast<ErrorCode>(std::stoi(s.substr(0, a))), s.substr(b + 1), std::stoi(s.substr(a + 1, b - a - 1)));
+  }
+}
+
 NodeMap discover_nodes(Bootstrap& bootstrap) {
-  constexpr std::size_t kBytes = 256;
-  std::array<char, kBytes> mine{};
-  const std::string id = local_node_identity();
-  std::memcpy(mine.data(), id.data(), std::min(id.size(), kBytes - 1));
-  const int p = bootstrap.size();
-  std::vector<char> all(kBytes * static_cast<std::size_t>(p));
-  bootstrap.allgather(mine.data(), all.data(), kBytes);
+  const auto ids = allgather_strings(bootstrap, local_node_identity());
   NodeMap map;
-  map.node_of_rank.resize(static_cast<std::size_t>(p));
+  map.node_of_rank.resize(ids.size());
   std::map<std::string, int> index;
-  for (int r = 0; r < p; ++r) {
-    const char* s = all.data() + kBytes * static_cast<std::size_t>(r);
-    const std::string key(s, strnlen(s, kBytes));
-    auto [it, fresh] = index.emplace(key, map.num_nodes);
+  for (std::size_t r = 0; r < ids.size(); ++r) {
+    auto [it, fresh] = index.emplace(ids[r], map.num_nodes);
     if (fresh) ++map.num_nodes;
-    map.node_of_rank[static_cast<std::size_t>(r)] = it->second;
+    map.node_of_rank[r] = it->second;
   }
   return map;
 }

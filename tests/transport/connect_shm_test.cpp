@@ -194,6 +194,44 @@ TEST(ConnectShm, AutoPicksShmOnOneNode) {
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
 }
 
+// The bootstrap's setup helpers over real forked ranks: strings of different lengths (one
+// empty, one longer than any fixed buffer) come back whole and in rank order; a failed
+// step fails every rank with the lowest failing rank's error, named as that rank.
+TEST(ConnectShm, BootstrapGathersStringsAndAgreesOnTheLowestFailure) {
+  const auto status = run_forked(3, [&](Bootstrap& b) {
+    auto check = [&](bool ok, const std::string& what) {
+      if (!ok) throw std::runtime_error("rank " + std::to_string(b.rank()) + ": " + what);
+    };
+    auto text_of = [](int r) { return std::string(static_cast<std::size_t>(r) * 700, static_cast<char>('a' + r)); };
+    const auto all = allgather_strings(b, text_of(b.rank()));
+    check(all.size() == 3, "allgather_strings gave " + std::to_string(all.size()) + " strings, expected 3");
+    for (int r = 0; r < 3; ++r) check(all[static_cast<std::size_t>(r)] == text_of(r), "rank " + std::to_string(r) + "'s string differs");
+    agree_on_step(b, [] {});  // nobody fails: returns on every rank
+    // Ranks 1 and 2 fail with different errors: every rank gets rank 1's.
+    try {
+      agree_on_step(b, [&] {
+        if (b.rank() == 1) throw Error(ErrorCode::kIo, "rank 1: cannot open the thing");
+        if (b.rank() == 2) throw Error(ErrorCode::kInvalidArgument, "rank 2: bad size", 0);
+      });
+      check(false, "a failed step returned");
+    } catch (const Error& e) {
+      check(e.code() == ErrorCode::kIo && e.origin_rank() == 1 && std::string(e.what()).find("rank 1: cannot open") != std::string::npos,
+            std::string("got ") + e.what() + " from rank " + std::to_string(e.origin_rank()));
+    }
+    // A non-epx exception on rank 2 only: kInternal, origin rank 2, its text kept.
+    try {
+      agree_on_step(b, [&] {
+        if (b.rank() == 2) throw std::runtime_error("out of luck");
+      });
+      check(false, "a failed step returned");
+    } catch (const Error& e) {
+      check(e.code() == ErrorCode::kInternal && e.origin_rank() == 2 && std::string(e.what()).find("out of luck") != std::string::npos,
+            std::string("got ") + e.what());
+    }
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+}
+
 // Rank 2 dies (SIGKILL) after the buffer exists; ranks 0, 1, 3 are in dispatch and must
 // fail well before the 30 s timeout with kPeerFailed naming rank 2 and the phase.
 TEST(ConnectShm, KilledPeerFailsEveryOtherRankNamingIt) {

@@ -51,31 +51,6 @@ std::uint64_t pid_namespace() {
   return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
 }
 
-/// A status word and message, all-gathered after each setup step.
-struct StepStatus {
-  std::int32_t failed = 0;
-  std::int32_t code = 0;
-  char message[480] = {};
-};
-
-/// Collective: throws on every rank the error of the lowest rank that failed this step.
-void agree(Bootstrap& b, const StepStatus& mine) {
-  std::vector<StepStatus> all(static_cast<std::size_t>(b.size()));
-  b.allgather(&mine, all.data(), sizeof(StepStatus));
-  for (int r = 0; r < b.size(); ++r) {
-    const StepStatus& s = all[static_cast<std::size_t>(r)];
-    if (s.failed) throw Error(static_cast<ErrorCode>(s.code), s.message, r);
-  }
-}
-
-StepStatus status_of(const Error& e) {
-  StepStatus s;
-  s.failed = 1;
-  s.code = static_cast<std::int32_t>(e.code());
-  std::snprintf(s.message, sizeof s.message, "%s", e.what());
-  return s;
-}
-
 /// The shm transport plus what a foreign launcher does not provide: the control block's
 /// mapping, the peers' liveness and the caller's wait hook.
 class ConnectedShmTransport final : public ShmTransport {
@@ -180,16 +155,10 @@ std::unique_ptr<Transport> connect_shm(Bootstrap& b, const ConnectOptions& optio
     memory = MAP_FAILED;
   };
   auto step = [&](bool mine_to_do, auto&& body) {
-    StepStatus st;
-    if (mine_to_do) {
-      try {
-        body();
-      } catch (const Error& e) {
-        st = status_of(e);
-      }
-    }
     try {
-      agree(b, st);
+      agree_on_step(b, [&] {
+        if (mine_to_do) body();
+      });
     } catch (...) {
       shm_unlink(name.c_str());
       unmap();
