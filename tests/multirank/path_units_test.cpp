@@ -39,6 +39,7 @@ BufferConfig config_of(const ref::Problem& p, const PathCase& c) {
   BufferConfig config = config_for(p, 2);
   config.max_tokens_per_rank = 16;
   config.dataplane.protocol = c.protocol;
+  config.dataplane.queues = 2;  // two queues: what one queue's quiet frees must not be another's
   config.collect_stats = true;
   if (c.path == spi::Path::kRelay) {
     config.dataplane.schedule = parse_schedule("hierarchical");
@@ -89,30 +90,32 @@ void expect_path(int r, const Buffer& b, spi::Path want, const char* call) {
 // takes the case's path where it applies to that kind of call (rows first: both kinds, each
 // call following one of the other kind; pull: combines), the base path otherwise — and so
 // does a new Buffer's first dispatch (`first`: nothing proved its peers' areas free yet).
+// A combine of `from` (a dispatch of e) on the case's path: checks the path it took and its bits.
+void combine_of(Buffer& b, int r, const Expected& e, DispatchResult& from, spi::Path want, const char* what) {
+  const auto ur = static_cast<std::size_t>(r);
+  const std::int64_t H = e.p.hidden;
+  CombineArgs ca;
+  ca.handle = &from.handle;
+  ca.weighted = e.weighted;
+  if (want == spi::Path::kPull) {  // y where the peers can read it: overwrite the one-copy recv_x in place
+    if (!e.y[ur].empty()) std::memcpy(from.recv_x.data(), e.y[ur].data(), e.y[ur].size() * sizeof(std::uint16_t));
+    ca.y = TensorView(from.recv_x.data(), DType::kBF16, {e.out[ur].rows, H});
+  } else {
+    ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, H});
+  }
+  const CombineResult got = b.combine(ca);
+  expect_path(r, b, want, what);
+  expect_bits(r, std::string(what) + ": combined_x", got.combined_x.data(), e.combined[ur]);
+}
+
 void run(Buffer& b, int r, const Expected& e, spi::Path path, bool first) {
   const auto ur = static_cast<std::size_t>(r);
   const BufferConfig& c = b.config();
   const spi::Path base = spi::base_path(c);
   const spi::Path dispatches = path == spi::Path::kRowsFirst ? path : base;
   const spi::Path combines = path == spi::Path::kPull || path == spi::Path::kRowsFirst ? path : base;
-  const bool pull = path == spi::Path::kPull;
   const RankViews v = views_of(e.p, r);
-  const std::int64_t H = e.p.hidden;
-
-  auto combine = [&](DispatchResult& from, const char* what) {
-    CombineArgs ca;
-    ca.handle = &from.handle;
-    ca.weighted = e.weighted;
-    if (pull) {  // y where the peers can read it: overwrite the one-copy recv_x in place
-      if (!e.y[ur].empty()) std::memcpy(from.recv_x.data(), e.y[ur].data(), e.y[ur].size() * sizeof(std::uint16_t));
-      ca.y = TensorView(from.recv_x.data(), DType::kBF16, {e.out[ur].rows, H});
-    } else {
-      ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, H});
-    }
-    const CombineResult got = b.combine(ca);
-    expect_path(r, b, combines, what);
-    expect_bits(r, std::string(what) + ": combined_x", got.combined_x.data(), e.combined[ur]);
-  };
+  auto combine = [&](DispatchResult& from, const char* what) { combine_of(b, r, e, from, combines, what); };
 
   DispatchResult d = b.dispatch(dispatch_args(v, e.d));
   expect_path(r, b, first ? base : dispatches, first ? "the Buffer's first dispatch" : "fresh dispatch");
@@ -130,6 +133,17 @@ void run(Buffer& b, int r, const Expected& e, spi::Path path, bool first) {
   combine(again, "combine of the second fresh dispatch");
 }
 
+// A combine with an older handle, after a fresh dispatch of another routing: what the
+// window holds of a dispatch (the relays' records, the metadata) is the newer one's now, so
+// the combine must go by its handle alone (and, rows first, cannot go replies first).
+void older_handle(Buffer& b, int r, const Expected& e, const Expected& other, spi::Path path) {
+  const auto ur = static_cast<std::size_t>(r);
+  DispatchResult d = b.dispatch(dispatch_args(views_of(e.p, r), e.d));
+  expect_dispatch(r, e.p, e.d, e.out[ur], d);
+  expect_dispatch(r, other.p, other.d, other.out[ur], b.dispatch(dispatch_args(views_of(other.p, r), other.d)));
+  combine_of(b, r, e, d, path == spi::Path::kPull ? path : spi::base_path(b.config()), "combine with an older handle");
+}
+
 class PathUnit : public ::testing::TestWithParam<PathCase> {};
 
 TEST_P(PathUnit, TakesItsPathAndMatchesReferenceBitForBit) {
@@ -139,6 +153,7 @@ TEST_P(PathUnit, TakesItsPathAndMatchesReferenceBitForBit) {
   problems.push_back(expect(fixture(false, 70), false, false));
   if (rule.expanded) problems.push_back(expect(fixture(false, 71), true, true));
   if (c.path != spi::Path::kPull) problems.push_back(expect(fixture(true, 72), false, false));  // pull: y is bf16 over recv_x
+  const Expected other = expect(fixture(false, 73), false, false);  // another routing
   const BufferConfig config = config_of(problems[0].p, c);
   // The support table must name this path for this config (else the case tests nothing).
   ASSERT_TRUE(c.path == spi::base_path(config) || spi::allows(c.path, config, true)) << c.name();
@@ -148,6 +163,7 @@ TEST_P(PathUnit, TakesItsPathAndMatchesReferenceBitForBit) {
     Transport& on = deferred_puts ? static_cast<Transport&>(deferred) : t;
     Buffer buffer(on, config);
     for (const Expected& e : problems) run(buffer, t.rank(), e, c.path, &e == &problems.front());
+    older_handle(buffer, t.rank(), problems.front(), other, c.path);
     if (deferred_puts && deferred.delivered() == 0) fail(t.rank(), "no put went through the deferred transport");
   });
 }
