@@ -11,13 +11,14 @@
 #include <cstring>
 
 #include "deferred_put_transport.hpp"
+#include "round_trip_cases.hpp"
 #include "epx/spi/support.hpp"
 #include "multirank_support.hpp"
 
 namespace epx::testing {
 namespace {
 
-constexpr int kRanks = 4;
+constexpr int kRanks = kCaseRanks;
 
 struct PathCase {
   spi::Path path;
@@ -48,37 +49,6 @@ BufferConfig config_of(const ref::Problem& p, const PathCase& c) {
   if (c.path == spi::Path::kRing) config.ring_rows = 3;  // far fewer rows than a rank receives: many credits
   if (c.path == spi::Path::kRowsFirst) config.output_pool_bytes = 0;
   return config;
-}
-
-ref::FixtureOptions fixture(bool fp8, std::uint64_t seed) {
-  ref::FixtureOptions f;
-  f.num_ranks = kRanks;
-  f.num_experts = 8;
-  f.num_topk = 3;
-  f.hidden = 384;  // bf16 rows of 768 bytes: a full and a padded flag block
-  f.fp8 = fp8;
-  f.tokens_per_rank = {9, 0, 14, 5};
-  f.seed = seed;
-  return f;
-}
-
-struct Expected {
-  ref::Problem p;
-  ref::DispatchOptions d;
-  std::vector<ref::DispatchOut> out;
-  std::vector<std::vector<std::uint16_t>> y, combined;
-  bool weighted;
-};
-
-Expected expect(const ref::FixtureOptions& f, bool expanded, bool weighted) {
-  Expected e{ref::make_problem(f), {}, {}, {}, {}, weighted};
-  e.d.expanded = expanded;
-  e.d.alignment = expanded ? 4 : 1;
-  e.out = ref::dispatch_all(e.p, e.d);
-  for (int r = 0; r < kRanks; ++r)
-    e.y.push_back(wide_bf16(900 + static_cast<std::uint64_t>(r), e.out[static_cast<std::size_t>(r)].rows * f.hidden));
-  for (int r = 0; r < kRanks; ++r) e.combined.push_back(ref::combine(e.p, e.d, e.out, e.y, nullptr, nullptr, weighted, r));
-  return e;
 }
 
 void expect_path(int r, const Buffer& b, spi::Path want, const char* call) {
