@@ -1,13 +1,13 @@
-// Combine, ring path (spi::Path::kRing: the bounded reply area, ring_rows > 0).
-// A source's tokens come back in rounds
-// of C = max(1, ring_rows / 2) tokens. The reply area holds two rounds (while the source
-// reduces one, the experts fill the other), each with C rows per expert rank: 2·P·C rows,
-// the same as the dispatch rings' P·ring_rows. Round i of source s lives in half i % 2.
-// An expert rank puts its rows for round i of s once s has reduced round i - 2 (s's
-// credit), then signals the round; s reduces round i once every rank signalled it and
-// hands the half back. Rounds per source: ceil(S_s / C), S_s from its combine header.
-// Signals reuse the ring slots: tails from the experts, credits from the sources, values
-// epoch << 32 | rounds (monotonic across calls, like the dispatch ring's counts).
+// Combine, ring path (spi::Path::kRing: the bounded reply area, ring_rows > 0). A source's
+// tokens come back in rounds of C = max(1, ring_rows / 2) tokens. The reply area holds two
+// rounds (while the source reduces one, the experts fill the other), each with C rows per
+// expert rank: 2·P·C rows, the same as the dispatch rings' P·ring_rows. Round i of source s
+// lives in half i % 2. An expert rank puts its rows for round i of s once s has reduced
+// round i - 2 (s's credit), then signals the round; s reduces round i once every rank
+// signalled it and hands the half back. Rounds per source: ceil(S_s / C), S_s from its
+// combine header. Signals reuse the ring slots: tails from the experts, credits from the
+// sources, values epoch << 32 | rounds (monotonic across calls, like the dispatch ring's
+// counts). Both sides run in one loop on the rank thread (send); receive has nothing left.
 #include <algorithm>
 
 #include "../path.hpp"
