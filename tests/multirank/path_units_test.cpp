@@ -5,7 +5,9 @@
 // and runs on threads. Every (path x protocol the table allows for it) is one test; every
 // call checks CallStats::path (the unit that ran) and the reference's bits: compact,
 // expanded with weights (where the path takes it) and FP8, fresh and cached dispatches and
-// the combines between them.
+// the combines between them, on two queues, and a combine with an older handle after a
+// dispatch of another routing. tests/multirank/mutants.py runs each known-bug mutant
+// against its path's cases here too (docs/engine.md, "Tests, and the bugs ...").
 #include <gtest/gtest.h>
 
 #include <cstring>
