@@ -2,7 +2,8 @@
 // config and call sequence make the support table name exactly that path, on the
 // deferred-put transport (puts complete late, in reverse order; deferred_put_transport.hpp)
 // — except pull, which by definition reads mapped peers (the deferred transport maps none)
-// and runs on threads. Every (path x protocol the table allows for it) is one test; every
+// and runs on threads. Every (path x protocol the table allows for it) is one test (named
+// DeferredPuts/PathUnit.*/<path>_<protocol>, so the ThreadSanitizer run picks them up); every
 // call checks CallStats::path (the unit that ran) and the reference's bits: compact,
 // expanded with weights (where the path takes it) and FP8, fresh and cached dispatches and
 // the combines between them, on two queues, and a combine with an older handle after a
@@ -140,7 +141,7 @@ TEST_P(PathUnit, TakesItsPathAndMatchesReferenceBitForBit) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryPathAndProtocol, PathUnit, ::testing::ValuesIn(cases()),
+INSTANTIATE_TEST_SUITE_P(DeferredPuts, PathUnit, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name(); });
 
 // The table names one path per call, from the config and the call's facts (and refuses,
