@@ -234,8 +234,11 @@ class Buffer {
   int rank() const noexcept;
   int num_ranks() const noexcept;
 
- private:
+  /// The engine's state: an opaque type, defined only inside the library (src/engine), where
+  /// the data-path units (src/engine/paths) work on it.
   struct Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

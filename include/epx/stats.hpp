@@ -60,6 +60,10 @@ struct CallStats {
   /// wait_data). A dispatch right after a combine, and a combine right after a dispatch,
   /// when no rank holds a zero-copy view (docs/engine.md). Set even without collect_stats.
   bool data_first = false;
+  /// The data path this call took, as the support table names it (spi::PathRule::key):
+  /// "direct" (combine: push), "relay", "ring", "rows_first" (combine: replies first) or
+  /// "pull". A static string; set even without collect_stats.
+  const char* path = "";
   /// Dispatch: where recv_x came from; kCopy says why in output_why (a static string: "output
   /// pool exhausted", "output pool off", "expanded layout", "ring_rows", "flag protocol",
   /// "hierarchical schedule", "model transport"). Set even without collect_stats.

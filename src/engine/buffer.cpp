@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "engine.hpp"
+#include "path.hpp"
 #include "epx/spi/support.hpp"
 #include "epx/topology.hpp"
 
@@ -164,6 +165,17 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
     listener->set_payload_region(geo.payload_begin(), geo.total_bytes());
 }
 
+std::vector<int> Buffer::Impl::relayed_sources() const {
+  const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
+  std::vector<int> sources;
+  for (int i = 1; i < P; ++i) {
+    const int s = (rank + i) % P;
+    const RankPlace& place = topology.ranks[static_cast<std::size_t>(s)];
+    if (place.server != me.server && place.lane == me.lane) sources.push_back(s);
+  }
+  return sources;
+}
+
 Status Buffer::Impl::make_status(ErrorCode code, const std::string& what) const {
   return Status{code, "rank " + std::to_string(rank) + ": " + what};
 }
@@ -289,16 +301,18 @@ DispatchLayout Buffer::get_dispatch_layout(const TensorView& topk_idx) const {
 // One dispatch (SPEC §3) in three steps. Every step runs the same phases in the same order
 // whether the call is synchronous (dispatch: all three on the caller's thread) or not
 // (dispatch_async: front on the caller's thread, puts — and back, with kBackground — on the
-// call's thread): the same bits, the same errors.
+// call's thread): the same bits, the same errors. How the rows travel is the path's (picked
+// once in front from the support table, path.hpp): front → path.send → path.receive → back.
 struct Buffer::Impl::DispatchCall : detail::AsyncCall {
   Impl& m;
   DispatchArgs a;         // the caller's; a.handle points at `cached`
   DispatchHandle cached;  // the handle of a cached dispatch (copied: the caller's may go)
-  bool fresh, fp8, ring, data_first = false;
+  bool fresh, fp8;
+  const detail::DispatchPath* path = nullptr;
+  detail::DispatchStep step;
   MaybeStatus status;
   // One copy: the output block this rank offers its senders (the header names it), and
   // where every destination's rows land (its output block if it offered one big enough).
-  std::size_t row_bytes = 0, scale_bytes = 0;
   const char* why_copy = "";
   detail::BlockPool::Reservation block;
   std::vector<detail::Landing> landing;
@@ -314,18 +328,25 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
         cached(args.handle != nullptr ? *args.handle : DispatchHandle{}),
         fresh(args.handle == nullptr),
         fp8(args.x.dtype == DType::kFP8E4M3),
-        ring(impl.config.ring_rows > 0),
         out(result.emplace<DispatchResult>()) {
     if (!fresh) a.handle = &cached;
   }
 
-  /// Validation, plan, header exchange (rows first: after the rows), slots, outputs.
+  /// Validation, the path, plan, header exchange (rows first: after the rows), slots, outputs.
   void front() {
     ++m.epoch;
     m.begin_stats(false, !fresh);
     m.stats.pulled = false;
     std::optional<Impl::PhaseTimer> plan_timer(std::in_place, m, 0, Phase::kPlan);
     status = m.check_dispatch(a);
+    // The path, once: rows first when the previous call (a combine) freed every receive area
+    // and no rank holds a view of it, where the table allows it (docs/engine.md), else the
+    // Buffer's base path.
+    const bool rows_first = m.calls.begin_dispatch(m.rows_first_allowed() && m.geo.has_stretches(), a.recv_in_window);
+    const spi::Path kind = spi::dispatch_path(m.config, rows_first);
+    path = &detail::dispatch_unit(kind);
+    m.stats.data_first = path->rows_before_exchange();
+    m.stats.path = spi::rule(kind).key;
     if (fresh) {
       made = std::make_shared<HandleState>();
       made->buffer_id = m.buffer_id;
@@ -340,19 +361,19 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
         counts.reserve(static_cast<std::size_t>(m.num_counts()));
         for (int d = 0; d < m.P; ++d) counts.push_back(made->plan.tokens_to(d));
         counts.insert(counts.end(), made->plan.slots_per_expert.begin(), made->plan.slots_per_expert.end());
-        if (m.hierarchical()) {
-          const std::vector<std::int32_t> relayed = m.relay_counts(*made);
-          counts.insert(counts.end(), relayed.begin(), relayed.end());
-        }
+        path->add_counts(m, *made, counts);
       }
       h = made.get();
     } else {
       h = status ? nullptr : a.handle->state_.get();
     }
+    step.h = h;
+    step.a = &a;
+    step.fresh = fresh;
     if (!status) {
-      row_bytes = static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype);
-      scale_bytes = fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0;
-      block = m.reserve_output(fresh ? nullptr : h, a, row_bytes, scale_bytes, why_copy);
+      step.row_bytes = static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype);
+      step.scale_bytes = fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0;
+      block = m.reserve_output(fresh ? nullptr : h, a, step.row_bytes, step.scale_bytes, why_copy);
     }
 
     NotifyHeader mine{};
@@ -366,74 +387,57 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
     mine.has_counts = fresh;
     mine.recv_view = a.recv_in_window;
     plan_timer.reset();
-    // Rows first: a dispatch right after a combine needs no exchange before its rows. That
-    // combine's exchange told every rank that every peer is done with its receive area and
-    // holds no view of it; when the area has a stretch of C rows per source (the default P·C
-    // rows), each rank puts its rows (fresh: and their metadata) at rank·C + their position
-    // in its segment — the per-source slots of DeepEP's low-latency mode, known without the
-    // counts — and the header exchange after them completes them and brings the counts: one
-    // synchronisation instead of two. The receiver reads each source's stretch (and places
-    // expanded rows itself: the senders did not know its layout). It still fails every rank
-    // on a bad input, a stale handle or a fresh/cached mix, and ranks that disagree still
-    // write only their own stretches.
-    data_first = m.calls.begin_dispatch(m.rows_first_allowed() && m.geo.has_stretches(), a.recv_in_window);
-    m.stats.data_first = data_first;
-    peers = [&] {
-      if (data_first) {
-        if (!status) {
-          // Expert bases of 0: the metadata carries each slot's rank among my tokens for its expert.
-          const std::vector<std::int32_t> local(static_cast<std::size_t>(fresh ? m.config.num_experts : 0), 0);
-          m.send_rows(*h, a, fresh ? &local : nullptr, true,
-                      std::vector<detail::Landing>(static_cast<std::size_t>(m.P), m.geo.receive_area()));
-        }
-        Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
-        return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
-                                  fresh ? "dispatch data" : "cached dispatch data");
-      }
-      Impl::PhaseTimer timer(m, 0, Phase::kNotify);
-      return m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
-                                fresh ? "dispatch notify" : "cached dispatch notify");
-    }();
+    // Rows first: the rows go now and the exchange completes them (one synchronisation
+    // instead of two); it still fails every rank on a bad input, a stale handle or a
+    // fresh/cached mix, and ranks that disagree write only their own stretches.
+    const bool early = path->rows_before_exchange();
+    if (early && !status) path->send(m, step);
+    {
+      Impl::PhaseTimer timer(m, 0, early ? Phase::kWaitData : Phase::kNotify);
+      peers = m.exchange_headers(status, mine, counts.empty() ? nullptr : counts.data(),
+                                 early ? (fresh ? "dispatch data" : "cached dispatch data")
+                                       : (fresh ? "dispatch notify" : "cached dispatch notify"));
+    }
     // Every peer sent this header after its last combine had read its reply area.
     m.calls.dispatch_exchanged(!m.none_holds_a_view(peers), h->dispatch_epoch);
     if (fresh) {
       Impl::PhaseTimer timer(m, 0, Phase::kPlan);
       m.plan_slots(*made, peers);
-      if (m.hierarchical()) m.plan_relay(*made, peers);
-      if (!data_first) expert_base = m.expert_row_base(peers);
+      path->plan(m, *made, peers);
+      expert_base = m.expert_row_base(peers);
+      step.expert_base = &expert_base;
     }
-    landing = m.landings(*h, peers, row_bytes, scale_bytes);
+    landing = m.landings(*h, peers, step.row_bytes, step.scale_bytes);
     const detail::Landing& mine_at = landing[static_cast<std::size_t>(m.rank)];
     if (!mine_at.block && *why_copy == '\0') why_copy = "output pool exhausted";  // (a view reports none)
-    // The ring puts rows from the rings straight into the output.
-    out = ring ? m.make_outputs(*h, a, fp8, nullptr, nullptr)
-               : m.make_outputs(*h, a, fp8, mine_at.block ? &mine_at : nullptr, &block);
+    out = m.make_outputs(*h, a, fp8, mine_at.block ? &mine_at : nullptr, &block);
     if (fresh) {
       out.layout = make_dispatch_layout(made->plan);
       out.handle.state_ = made;
     } else {
       out.handle = cached;
     }
+    step.landing = &landing;
+    step.out = &out;
   }
 
-  /// The rows to their slots (rows first: already sent; the ring: rows both ways).
+  /// The rows to their slots (rows first: already sent).
   void puts() override {
-    if (ring) m.exchange_through_ring(*h, a, fresh ? &expert_base : nullptr, out);
-    else if (!data_first) m.send_rows(*h, a, fresh ? &expert_base : nullptr, false, landing);
+    if (!path->rows_before_exchange()) path->send(m, step);
   }
 
   /// Until every row has landed, the received metadata into the handle, the epilogue.
   void back() override {
-    if (!ring && !data_first) m.wait_rows(*h, fresh, row_bytes, scale_bytes);
+    path->receive(m, step);
     if (fresh) {
-      m.receive_meta(*made, data_first ? &peers : nullptr);
-      if (m.hierarchical()) m.keep_reply_rows(*made);
+      m.receive_meta(*made, path->rows_at() == detail::RowsAt::kStretches ? &peers : nullptr);
+      path->keep(m, *made);
       made->topk_weights = Tensor(DType::kF32, a.topk_weights.shape);
       if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
         std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
     }
     const bool in_block = landing[static_cast<std::size_t>(m.rank)].block;
-    m.epilogue(*h, a, fp8, out, ring, data_first, in_block);
+    m.epilogue(*h, a, fp8, out, path->rows_at(), in_block);
     // A receiver with no output rows copies nothing either way.
     m.stats.output = a.recv_in_window || !m.moves_payload ? OutputKind::kView
                      : in_block || h->out_rows == 0       ? OutputKind::kOneCopy
@@ -443,13 +447,15 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
   }
 };
 
-// One combine (SPEC §4) in three steps, as DispatchCall.
+// One combine (SPEC §4) in three steps, as DispatchCall; the path is picked once — before
+// the exchange when the replies go first (the call state knows it then), else after it
+// (pull needs every rank's header).
 struct Buffer::Impl::CombineCall : detail::AsyncCall {
   Impl& m;
   CombineArgs a;           // the caller's; a.handle points at `handle`
   DispatchHandle handle;   // copied: the caller's may go
-  bool data_first = false, pull = false;
-  const HandleState* h = nullptr;
+  const detail::CombinePath* path = nullptr;
+  detail::CombineStep step;
   Impl::Peers peers;
   CombineResult& out;
 
@@ -458,7 +464,14 @@ struct Buffer::Impl::CombineCall : detail::AsyncCall {
     if (a.handle != nullptr) a.handle = &handle;
   }
 
-  /// Validation, header exchange (replies first: after the replies), push or pull, outputs.
+  void pick(spi::Path kind) {
+    path = &detail::combine_unit(kind);
+    m.stats.data_first = path->replies_before_exchange();
+    m.stats.pulled = kind == spi::Path::kPull;  // reported even without collect_stats
+    m.stats.path = spi::rule(kind).key;
+  }
+
+  /// Validation, header exchange (replies first: after the replies), the path, outputs.
   void front() {
     ++m.epoch;
     m.begin_stats(true, false);
@@ -469,55 +482,49 @@ struct Buffer::Impl::CombineCall : detail::AsyncCall {
     // first and sends nothing (so no two ranks' plans write the same reply rows); the
     // exchange fails every rank.
     const MaybeStatus status = m.check_combine(a);
-    data_first = m.calls.begin_combine(m.rows_first_allowed(), status ? 0 : a.handle->state_->dispatch_epoch);
+    const bool replies_first = m.calls.begin_combine(m.rows_first_allowed(), status ? 0 : a.handle->state_->dispatch_epoch);
     NotifyHeader mine{};
     mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
     mine.y_offset = status ? -1 : m.y_offset_in_window(*a.handle->state_, a);
     mine.y_in_window = mine.y_offset >= 0;
     mine.tokens = status ? 0 : a.handle->state_->plan.shape.num_tokens;
     mine.recv_view = m.calls.holds_view();
-    m.stats.data_first = data_first;
-    peers = [&] {
-      if (data_first) {
-        m.send_replies(*a.handle->state_, a, false);
-        Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
-        return m.exchange_headers(status, mine, nullptr, "combine data");
+    step.a = &a;
+    if (replies_first) {
+      step.h = a.handle->state_.get();
+      pick(spi::combine_path(m.config, true, false));
+      path->send(m, step);
+      Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
+      peers = m.exchange_headers(status, mine, nullptr, "combine data");
+    } else {
+      {
+        Impl::PhaseTimer timer(m, 0, Phase::kNotify);
+        peers = m.exchange_headers(status, mine, nullptr, "combine notify");
       }
-      Impl::PhaseTimer timer(m, 0, Phase::kNotify);
-      return m.exchange_headers(status, mine, nullptr, "combine notify");
-    }();
+      // Pull only when every rank's rows can be read in place (each decides for its own y).
+      pick(spi::combine_path(m.config, false, std::all_of(peers.header.begin(), peers.header.end(),
+                                                          [](const NotifyHeader* p) { return p->y_in_window != 0; })));
+    }
     // Every peer is in this combine, so done with its last dispatch's receive area: free for
     // the next dispatch's rows unless some rank still holds a view of it.
     m.calls.combine_exchanged(!m.none_holds_a_view(peers));
-    h = a.handle->state_.get();
-    // Pull only when every rank's rows can be read in place (each decides for its own y).
-    pull = !data_first && std::all_of(peers.header.begin(), peers.header.end(),
-                                      [](const NotifyHeader* p) { return p->y_in_window != 0; });
-    m.stats.pulled = pull;  // reported even without collect_stats
+    const HandleState* h = a.handle->state_.get();
     out.combined_x = m.combined_output(h->plan.shape.num_tokens);
     out.topk_weights = m.outputs.make(DType::kF32, h->topk_weights.shape());
     std::memcpy(out.topk_weights.data(), h->topk_weights.data(), h->topk_weights.nbytes());
+    step.h = h;
+    step.peers = &peers;
+    step.out = &out.combined_x;
   }
 
-  /// The replies to their sources (replies first: already sent; pull: none; the ring: both ways).
+  /// The replies to their sources (replies first: already sent).
   void puts() override {
-    if (data_first || pull) return;
-    if (m.config.ring_rows > 0) m.combine_through_ring(*h, a, peers, out.combined_x);
-    else m.send_replies(*h, a, true);
+    if (!path->replies_before_exchange()) path->send(m, step);
   }
 
-  /// Until every reply has landed (relays: after forwarding), the ordered reduction.
+  /// Until every reply has landed, the ordered reduction.
   void back() override {
-    if (data_first) {
-      m.reduce(*h, a, nullptr, out.combined_x);
-    } else if (pull) {
-      m.reduce(*h, a, &peers, out.combined_x);
-      m.finish_pull();
-    } else if (m.config.ring_rows == 0) {
-      if (m.hierarchical()) m.forward_replies(*h);
-      m.wait_replies(*h);
-      m.reduce(*h, a, nullptr, out.combined_x);
-    }
+    path->receive(m, step);
     m.end_stats();
   }
 };

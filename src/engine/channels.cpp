@@ -145,4 +145,25 @@ void Buffer::Impl::receive_flagged(Region region, std::int64_t r0, std::int64_t 
   }
 }
 
+void Buffer::Impl::await_rows(CompletionSlot slot, const char* phase, const std::vector<std::int64_t>& begin,
+                              std::initializer_list<RowGroup> groups) {
+  if (!flag_protocol()) {  // explicit, tail: one signal per source and worker
+    PhaseTimer timer(*this, 0, Phase::kWaitData);
+    for (int s = 0; s < P; ++s)
+      for (int w = 0; w < W; ++w) transport.wait_signal((geo.*slot)(s, w), epoch, {phase, s});
+    return;
+  }
+  // Flag: every block carries its own epoch; the workers unpack a range of rows each.
+  const std::int64_t n = begin.back();
+  std::vector<std::int32_t> source_of(static_cast<std::size_t>(n));
+  for (int s = 0; s < P; ++s)
+    std::fill(source_of.begin() + begin[static_cast<std::size_t>(s)], source_of.begin() + begin[static_cast<std::size_t>(s) + 1], s);
+  run_workers([&](int w) {
+    PhaseTimer timer(*this, w, Phase::kWaitData);
+    const auto [r0, r1] = detail::split_range(n, w, W);
+    for (const RowGroup& g : groups)
+      if (g.row_bytes > 0) receive_flagged(g.region, r0, r1, g.row_bytes, source_of.data(), phase);
+  });
+}
+
 }  // namespace epx

@@ -3,8 +3,9 @@
 // itself) and puts it back into the source's window at the slot the dispatch plan gave
 // that (token, destination) pair. The source adds bias0, bias1 and the partials in the
 // fixed order of SPEC §4 in float32 and rounds once (reduce_row.hpp).
-// Pull mode (y in place in every rank's window, mapped peers): no puts; each source reads
-// the rows where they lie, then says it is done. Bounded replies (ring_rows): ring.cpp.
+// These are the combine paths' building blocks (the paths: path.hpp, paths/combine_*.cpp):
+// the replies' puts along the reply channels (send_replies), the partial sums (Replies),
+// where y lies for pull (y_offset_in_window), the ordered reduction (reduce, reduce_tokens).
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -107,40 +108,6 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
   });
 }
 
-void Buffer::Impl::wait_replies(const HandleState& h) {
-  if (hierarchical()) {
-    // My server's ranks answer directly; each other server's answers come from its relay.
-    PhaseTimer timer(*this, 0, Phase::kWaitData);
-    for (int d : server_members)
-      for (int w = 0; w < W; ++w) transport.wait_signal(geo.combine_signal(d, w), epoch, {"combine data", d});
-    const int my_server = topology.ranks[static_cast<std::size_t>(rank)].server;
-    for (int d = 0; d < P; ++d) {
-      const int relay = relay_rank(topology, rank, d);
-      if (topology.ranks[static_cast<std::size_t>(d)].server != my_server && relay == d)
-        transport.wait_signal(geo.forward_signal(relay), epoch, {"combine data (relayed)", relay});
-    }
-    return;
-  }
-  if (!flag_protocol()) {
-    wait_phase(&detail::Geometry::combine_signal, "combine data");
-    return;
-  }
-  // Reply row i answers plan entry i in segment order (destination d's rows start at
-  // segment_begin[d]).
-  const RoutingPlan& plan = h.plan;
-  const std::int64_t n = plan.num_entries();
-  std::vector<std::int32_t> peer_of(static_cast<std::size_t>(n));
-  for (int d = 0; d < P; ++d)
-    std::fill(peer_of.begin() + plan.segment_begin[static_cast<std::size_t>(d)],
-              peer_of.begin() + plan.segment_begin[static_cast<std::size_t>(d) + 1], d);
-  run_workers([&](int w) {
-    PhaseTimer timer(*this, w, Phase::kWaitData);
-    const auto [r0, r1] = split_range(n, w, W);
-    receive_flagged(Region::kReplies, r0, r1, static_cast<std::size_t>(config.hidden) * sizeof(std::uint16_t),
-                    peer_of.data(), "combine data");
-  });
-}
-
 std::int64_t Buffer::Impl::y_offset_in_window(const HandleState& h, const CombineArgs& a) {
   // y must be the zero-copy recv_x (rows where the senders put them, at send_base + the
   // token's position) or rows inside the output pool (a one-copy recv_x, rows in the same
@@ -158,14 +125,6 @@ std::int64_t Buffer::Impl::y_offset_in_window(const HandleState& h, const Combin
   if (std::less_equal<const std::byte*>()(pool, y) && std::less_equal<const std::byte*>()(y + bytes, pool + geo.output_pool_bytes()))
     return static_cast<std::int64_t>(y - window_base);
   return -1;
-}
-
-void Buffer::Impl::finish_pull() {
-  PhaseTimer timer(*this, 0, Phase::kBarrier);
-  // My reads are plain loads that completed before this store (release orders them), so a
-  // peer that sees it may overwrite the rows I read (its user's next y, the next dispatch).
-  for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, geo.pull_done_signal(rank), epoch, 0);
-  for (int s = 0; s < P; ++s) transport.wait_signal(geo.pull_done_signal(s), epoch, {"combine pull done", s});
 }
 
 void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,

@@ -1,8 +1,9 @@
-// Data plane and epilogue of dispatch. Each worker owns a contiguous range of this rank's
-// tokens and, for every destination in the schedule's order, puts that range's part of the
-// destination's segment straight into its planned slots: consecutive tokens become one put
-// (up to the aggregation limit). The Sender completes the puts by the configured protocol.
-// The receiver turns its receive area into the requested layout.
+// The dispatch paths' building blocks (the paths themselves: path.hpp, paths/). A worker
+// owns a contiguous range of this rank's tokens; its part of a destination's segment goes
+// straight into the planned slots (put_segment): consecutive tokens become one put (up to
+// the aggregation limit), with their metadata (fill_meta). The receiver reads the rows'
+// metadata into the handle (receive_meta) and turns its receive area into the requested
+// layout (make_outputs, epilogue).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -17,147 +18,55 @@ using detail::Region;
 using detail::RowMetaView;
 using detail::split_range;
 
-namespace {
-/// Bytes of x rows a worker sends to every destination before the next ones (fits L2).
-constexpr std::size_t kSendBlockBytes = std::size_t{256} << 10;
-}  // namespace
+void Buffer::Impl::stage_meta(const HandleState& h) {
+  meta_stage.resize(static_cast<std::size_t>(h.plan.num_entries()) * geo.meta_bytes());
+}
 
-void Buffer::Impl::send_rows(const HandleState& h, const DispatchArgs& a,
-                             const std::vector<std::int32_t>* expert_base, bool rows_first,
-                             const std::vector<detail::Landing>& landing) {
+std::pair<std::int64_t, std::int64_t> Buffer::Impl::segment_part(const RoutingPlan& plan, int d, std::int64_t t0,
+                                                                 std::int64_t t1) {
+  const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+  const std::int64_t n = plan.tokens_to(d);
+  return {std::lower_bound(seg, seg + n, t0) - seg, std::lower_bound(seg, seg + n, t1) - seg};
+}
+
+void Buffer::Impl::put_segment(Sender& send, const HandleState& h, const DispatchArgs& a,
+                               const std::vector<std::int32_t>* expert_base, int d, std::int64_t p0, std::int64_t p1,
+                               std::int64_t base, const detail::Landing& at) {
+  put_segment_rows(send, h, a, d, p0, p1, base, at);
+  put_segment_meta(send, h, a, expert_base, d, p0, p1, base);
+}
+
+void Buffer::Impl::put_segment_rows(Sender& send, const HandleState& h, const DispatchArgs& a, int d, std::int64_t p0,
+                                    std::int64_t p1, std::int64_t base, const detail::Landing& at) {
   const RoutingPlan& plan = h.plan;
-  const std::int64_t S = plan.shape.num_tokens;
   const bool fp8 = a.x.dtype == DType::kFP8E4M3;
   const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * dtype_size(a.x.dtype);
   const std::size_t scale_bytes = fp8 ? static_cast<std::size_t>(config.hidden / 128) * sizeof(float) : 0;
   const auto* x = static_cast<const std::byte*>(a.x.data);
   const auto* scales = static_cast<const std::byte*>(a.x_scales.data);
-  const bool with_meta = expert_base != nullptr;
-  const std::size_t meta_bytes = with_meta ? geo.meta_bytes() : 0;
-  if (with_meta) meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * geo.meta_bytes());
-
-  // Hierarchical: rows for other servers go to their relays (visit_order holds my server's
-  // ranks and one relay per other server); each relay's records are staged apart.
-  const bool relayed = hierarchical();
-  std::vector<std::size_t> relay_first(static_cast<std::size_t>(P) + 1, 0);
-  if (relayed) {
-    for (int r = 0; r < P; ++r)
-      relay_first[static_cast<std::size_t>(r) + 1] = relay_first[static_cast<std::size_t>(r)] + h.relay_tokens[static_cast<std::size_t>(r)].size();
-    relay_stage.resize(relay_first.back() * geo.relay_record_bytes());
+  const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+  // Rows: runs of consecutive tokens (their slots are consecutive too).
+  for (std::int64_t p = p0; p < p1;) {
+    std::int64_t q = p + 1;
+    while (q < p1 && seg[q] == seg[q - 1] + 1) ++q;
+    const auto t = static_cast<std::size_t>(seg[p]);
+    send.put_landed(d, at, Region::kData, base + p, x + t * row_bytes, q - p, row_bytes);
+    if (fp8) send.put_landed(d, at, Region::kScales, base + p, scales + t * scale_bytes, q - p, scale_bytes);
+    p = q;
   }
-  auto is_relay = [&](int d) {
-    return relayed && topology.ranks[static_cast<std::size_t>(d)].server != topology.ranks[static_cast<std::size_t>(rank)].server;
-  };
-
-  run_workers([&](int w) {
-    PhaseTimer timer(*this, w, Phase::kPutIssue);
-    // My part of each destination's segment: the plan positions [p0, p1) of my tokens.
-    const auto [t0, t1] = split_range(S, w, W);
-    std::vector<std::int64_t> first(static_cast<std::size_t>(P)), last(static_cast<std::size_t>(P));
-    std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
-    for (int d = 0; d < P; ++d) {
-      const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
-      const std::int64_t n = plan.tokens_to(d);
-      first[static_cast<std::size_t>(d)] = std::lower_bound(seg, seg + n, t0) - seg;
-      last[static_cast<std::size_t>(d)] = std::lower_bound(seg, seg + n, t1) - seg;
-      channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(last[static_cast<std::size_t>(d)] - first[static_cast<std::size_t>(d)]) *
-                                                   (row_bytes + scale_bytes + meta_bytes);
-      if (is_relay(d)) {
-        const auto& tokens = h.relay_tokens[static_cast<std::size_t>(d)];
-        const auto n = std::lower_bound(tokens.begin(), tokens.end(), t1) - std::lower_bound(tokens.begin(), tokens.end(), t0);
-        channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(n) * (row_bytes + scale_bytes + geo.relay_record_bytes());
-      }
-    }
-    Sender send(*this, w, rows_first ? Sender::kNoSignal : geo.dispatch_signal(rank, w), channel_bytes, visit_order);
-    for (int d : visit_order) {
-      if (!is_relay(d)) continue;
-      put_relayed_rows(send, h, a, d, t0, t1, expert_base,
-                       relay_stage.data() + geo.relay_record_offset(static_cast<std::int64_t>(relay_first[static_cast<std::size_t>(d)])));
-      send.end_channel(d);
-    }
-    // Rows in blocks of my tokens, each block to every destination in the visiting order:
-    // a block's x rows are read from memory once and stay in cache for their ~K copies
-    // (destination by destination, each row would be read from memory once per copy).
-    // Within a destination the rows still go in ascending slot order, runs of consecutive
-    // tokens one put each.
-    const std::int64_t block = std::max<std::int64_t>(1, static_cast<std::int64_t>(kSendBlockBytes / (row_bytes + scale_bytes)));
-    std::vector<std::int64_t> at = first;
-    for (std::int64_t b0 = t0; b0 < t1; b0 += block) {
-      const std::int64_t b1 = std::min(t1, b0 + block);
-      for (int d : visit_order) {
-        if (is_relay(d)) continue;
-        const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
-        const std::int64_t base = geo.send_row(h, d, 0, rows_first);
-        const detail::Landing& land = landing[static_cast<std::size_t>(d)];
-        std::int64_t p = at[static_cast<std::size_t>(d)];
-        const std::int64_t p1 = last[static_cast<std::size_t>(d)];
-        while (p < p1 && seg[p] < b1) {
-          std::int64_t q = p + 1;
-          while (q < p1 && seg[q] < b1 && seg[q] == seg[q - 1] + 1) ++q;
-          const auto t = static_cast<std::size_t>(seg[p]);
-          send.put_landed(d, land, Region::kData, base + p, x + t * row_bytes, q - p, row_bytes);
-          if (fp8) send.put_landed(d, land, Region::kScales, base + p, scales + t * scale_bytes, q - p, scale_bytes);
-          p = q;
-        }
-        at[static_cast<std::size_t>(d)] = p;
-      }
-    }
-    for (int d : visit_order) {
-      if (is_relay(d)) continue;
-      const std::int64_t p0 = first[static_cast<std::size_t>(d)], p1 = last[static_cast<std::size_t>(d)];
-      if (with_meta && p1 > p0) {
-        // Metadata for the same rows: built in plan order, sent as consecutive rows.
-        const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
-        const std::int64_t base = geo.send_row(h, d, 0, rows_first);
-        const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
-        for (std::int64_t p = p0; p < p1; ++p)
-          fill_meta(geo.meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
-        send.put_rows(d, Region::kMeta, base + p0, meta_stage.data() + stage_row * geo.meta_bytes(), p1 - p0,
-                      geo.meta_bytes());
-      }
-      send.end_channel(d);
-    }
-    send.finish();
-  });
 }
 
-void Buffer::Impl::wait_rows(const HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes) {
-  if (hierarchical()) {
-    forward_relayed(h, with_meta, row_bytes, scale_bytes);
-    // Same server: the source's own signals; other servers: the relay's, one per source.
-    PhaseTimer timer(*this, 0, Phase::kWaitData);
-    const int my_server = topology.ranks[static_cast<std::size_t>(rank)].server;
-    for (int s = 0; s < P; ++s) {
-      if (topology.ranks[static_cast<std::size_t>(s)].server == my_server) {
-        for (int w = 0; w < W; ++w) transport.wait_signal(geo.dispatch_signal(s, w), epoch, {"dispatch data", s});
-      } else {
-        transport.wait_signal(geo.forward_signal(s), epoch, {"dispatch data (relayed)", relay_rank(topology, s, rank)});
-      }
-    }
-    return;
-  }
-  if (!flag_protocol()) {
-    wait_phase(&detail::Geometry::dispatch_signal, "dispatch data");
-    return;
-  }
-  const std::int64_t N = h.num_recv();
-  std::vector<std::int32_t> source_of(static_cast<std::size_t>(N));
-  for (int s = 0; s < P; ++s)
-    std::fill(source_of.begin() + h.recv_begin[static_cast<std::size_t>(s)],
-              source_of.begin() + h.recv_begin[static_cast<std::size_t>(s) + 1], s);
-  run_workers([&](int w) {
-    PhaseTimer timer(*this, w, Phase::kWaitData);
-    const auto [r0, r1] = split_range(N, w, W);
-    if (with_meta) receive_flagged(Region::kMeta, r0, r1, geo.meta_bytes(), source_of.data(), "dispatch data");
-    receive_flagged(Region::kData, r0, r1, row_bytes, source_of.data(), "dispatch data");
-    if (scale_bytes) receive_flagged(Region::kScales, r0, r1, scale_bytes, source_of.data(), "dispatch data");
-  });
-}
-
-void Buffer::Impl::wait_phase(CompletionSlot slot, const char* phase) {
-  PhaseTimer timer(*this, 0, Phase::kWaitData);
-  for (int s = 0; s < P; ++s)
-    for (int w = 0; w < W; ++w) transport.wait_signal((geo.*slot)(s, w), epoch, {phase, s});
+void Buffer::Impl::put_segment_meta(Sender& send, const HandleState& h, const DispatchArgs& a,
+                                    const std::vector<std::int32_t>* expert_base, int d, std::int64_t p0,
+                                    std::int64_t p1, std::int64_t base) {
+  if (expert_base == nullptr || p1 <= p0) return;
+  const RoutingPlan& plan = h.plan;
+  const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+  // Metadata for the same rows: built in plan order, sent as consecutive rows.
+  const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
+  for (std::int64_t p = p0; p < p1; ++p)
+    fill_meta(geo.meta_row(meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
+  send.put_rows(d, Region::kMeta, base + p0, meta_stage.data() + stage_row * geo.meta_bytes(), p1 - p0, geo.meta_bytes());
 }
 
 void Buffer::Impl::receive_meta(HandleState& h, const Peers* rows_first) {
@@ -200,6 +109,24 @@ void Buffer::Impl::receive_meta(HandleState& h, const Peers* rows_first) {
       h.recv_slot_row[i] = slot;
       h.recv_slot_weight[i] = here ? m.weights[k] : 0.0f;
     }
+  }
+}
+
+void Buffer::Impl::fill_meta(RowMetaView m, const HandleState& h, const DispatchArgs& a, int d, std::int32_t t,
+                             const std::vector<std::int32_t>& expert_base) const {
+  const int K = config.num_topk;
+  *m.token = t;
+  *m.relay_row = -1;
+  const std::int64_t* idx = a.topk_idx.as<std::int64_t>() + static_cast<std::int64_t>(t) * K;
+  const float* wts = a.topk_weights.as<float>() + static_cast<std::int64_t>(t) * K;
+  for (int k = 0; k < K; ++k) {
+    m.topk_idx[k] = idx[k];
+    m.weights[k] = wts[k];
+    const bool here = idx[k] >= 0 && idx[k] / L == d;
+    const std::int32_t eb = here ? expert_base[static_cast<std::size_t>(idx[k])] : -1;
+    m.slot_row[k] = eb >= 0 ? eb + h.plan.slot_rank_in_expert[static_cast<std::size_t>(t) * static_cast<std::size_t>(K) +
+                                                               static_cast<std::size_t>(k)]
+                            : -1;
   }
 }
 
@@ -249,8 +176,9 @@ DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchAr
   return out;
 }
 
-void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed,
-                            bool rows_first, bool in_block) {
+void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, detail::RowsAt at,
+                            bool in_block) {
+  const bool rows_placed = at == detail::RowsAt::kPlaced, rows_first = at == detail::RowsAt::kStretches;
   transport.enter_phase("epilogue");  // no wait of its own: a rank that dies here is reported in it
   const std::int64_t N = h.num_recv(), rows = h.out_rows, H = config.hidden;
   const int K = config.num_topk;

@@ -5,15 +5,19 @@
 //   notify.cpp    — control plane: status + counts exchange, prefix sums, row slots
 //   channels.cpp  — a worker's puts: queues, aggregation, completion protocol (Sender),
 //                   and the flag protocol's receiving side
-//   dispatch.cpp  — data plane (puts into peers' windows) and the receiver's epilogue
-//   combine.cpp   — partial sums at the expert ranks, puts back, ordered reduction
+//   dispatch.cpp  — dispatch building blocks: a worker's segment puts, metadata, the
+//                   receiver's metadata and epilogue
+//   combine.cpp   — combine building blocks: partial sums, the replies' puts, the ordered reduction
+//   path.hpp, paths/ — the data paths, one unit each (how rows and replies travel)
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "epx/buffer.hpp"
@@ -59,6 +63,11 @@ struct NotifyHeader {
   // followed by std::int32_t counts[P + E]: tokens to each rank, slots to each expert
 };
 
+/// Where a dispatch's received rows lie once its path is done (DispatchPath::rows_at):
+/// at their planned slots of the receive area (or the output block), in each source's
+/// stretch of C rows (rows first), or already placed in recv_x (the ring).
+enum class RowsAt { kSlots, kStretches, kPlaced };
+
 /// Counts in a fresh dispatch's header: tokens per rank, slots per expert, and with the
 /// hierarchical schedule tokens per relay.
 inline int num_counts(const BufferConfig& c, int P) {
@@ -77,6 +86,9 @@ struct Buffer::Impl {
   // dispatch() and combine(), split across threads by dispatch_async() and combine_async().
   struct DispatchCall;
   struct CombineCall;
+
+  /// A group of completion signals: slot (source, worker) of Geometry's dispatch or combine group.
+  using CompletionSlot = std::size_t (detail::Geometry::*)(int, int) const noexcept;
 
   // buffer.cpp
   detail::MaybeStatus check_dispatch(const DispatchArgs& a) const;
@@ -170,47 +182,44 @@ struct Buffer::Impl {
   /// row becomes a plain one).
   void receive_flagged(detail::Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,
                        const std::int32_t* source_of, const char* phase);
+  /// The completion protocol's receive side for one group of rows: explicit and tail wait
+  /// for every source's and worker's signal `slot`; flag waits for every block of rows
+  /// [0, begin[P]) of each region and unpacks it (row r comes from the rank s with
+  /// begin[s] <= r < begin[s + 1]). Regions of 0 bytes per row are skipped.
+  struct RowGroup {
+    detail::Region region;
+    std::size_t row_bytes;
+  };
+  void await_rows(CompletionSlot slot, const char* phase, const std::vector<std::int64_t>& begin,
+                  std::initializer_list<RowGroup> groups);
   bool flag_protocol() const noexcept { return config.dataplane.protocol == Protocol::kFlag; }
   bool hierarchical() const noexcept { return config.dataplane.schedule.kind == ScheduleKind::kHierarchical; }
 
-  // relay.cpp: the hierarchical schedule. A token crossing servers goes once to the
-  // same-lane rank of the target server, which forwards it to its final ranks there.
-  std::vector<std::int32_t> relay_counts(detail::HandleState& h) const;  // fills relay_tokens
-  void plan_relay(detail::HandleState& h, const Peers& peers) const;
-  /// My rows in [t0, t1) that cross to relay's server, with their records (built in
-  /// `records`, the relay's part of relay_stage, which outlives the puts).
-  void put_relayed_rows(Sender& send, const detail::HandleState& h, const DispatchArgs& a, int relay, std::int64_t t0,
-                        std::int64_t t1, const std::vector<std::int32_t>* expert_base, std::byte* records);
-  void forward_relayed(const detail::HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes);
-  /// Combine, at a relay: its server's replies to other servers' sources of my lane go on
-  /// to those sources (after every member's completion signal), then one signal each.
-  void forward_replies(const detail::HandleState& h);
+  // The hierarchical schedule (paths/dispatch_relay.cpp, paths/combine_relay.cpp): a token
+  // crossing servers goes once to the same-lane rank of the target server, which forwards it.
   /// Other-server ranks of my lane, rotated from me: the sources whose rows I relay.
   std::vector<int> relayed_sources() const;
-  /// Fresh dispatch, at a relay: keeps the records' reply rows for this handle's combines.
-  void keep_reply_rows(detail::HandleState& h) const;
+  /// A dispatch row's metadata for destination d (expert_base: each expert's first row there).
   void fill_meta(detail::RowMetaView m, const detail::HandleState& h, const DispatchArgs& a, int d, std::int32_t t,
                  const std::vector<std::int32_t>& expert_base) const;
 
-  // ring.cpp: the bounded receive area (BufferConfig::ring_rows): every worker sends its
-  // destinations' rows a chunk at a time into per-source rings, as credits allow, and
-  // places the rows arriving from its sources straight into the output.
-  void exchange_through_ring(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
-                             DispatchResult& out);
-  /// Combine with the bounded reply area: rounds of ring_rows / 2 tokens (ring.cpp), into
-  /// `out` (combined_output's [S, H]).
-  void combine_through_ring(const detail::HandleState& h, const CombineArgs& a, const Peers& peers, Tensor& out);
-
-  // dispatch.cpp. Each worker puts its rows at their slots and completes them with the
-  // configured protocol; `rows_first`: at rank·C + their position in my segment instead,
-  // only quieted (the caller's header exchange completes them).
-  void send_rows(const detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>* expert_base,
-                 bool rows_first, const std::vector<detail::Landing>& landing);
-  /// Waits for every source's and worker's completion signal of one group (dispatch or combine).
-  using CompletionSlot = std::size_t (detail::Geometry::*)(int, int) const noexcept;
-  void wait_phase(CompletionSlot slot, const char* phase);
-  /// Until every row of this dispatch has landed here (flag protocol: and is unpacked).
-  void wait_rows(const detail::HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes);
+  // dispatch.cpp: the dispatch paths' building blocks.
+  /// Fresh dispatch: room for every plan entry's metadata in meta_stage (before the workers).
+  void stage_meta(const detail::HandleState& h);
+  /// The plan positions [p0, p1) of my tokens [t0, t1) in my segment for d.
+  static std::pair<std::int64_t, std::int64_t> segment_part(const RoutingPlan& plan, int d, std::int64_t t0, std::int64_t t1);
+  /// One worker's rows for destination d: positions [p0, p1) of my segment for d, at rows
+  /// base + p of d's landing `at` (with their FP8 scales; fresh, `expert_base` non-null:
+  /// their metadata, built in meta_stage, at the same rows of d's receive area).
+  void put_segment(Sender& send, const detail::HandleState& h, const DispatchArgs& a,
+                   const std::vector<std::int32_t>* expert_base, int d, std::int64_t p0, std::int64_t p1,
+                   std::int64_t base, const detail::Landing& at);
+  /// put_segment's two halves: the rows (and scales) of positions [p0, p1), and their metadata.
+  void put_segment_rows(Sender& send, const detail::HandleState& h, const DispatchArgs& a, int d, std::int64_t p0,
+                        std::int64_t p1, std::int64_t base, const detail::Landing& at);
+  void put_segment_meta(Sender& send, const detail::HandleState& h, const DispatchArgs& a,
+                        const std::vector<std::int32_t>* expert_base, int d, std::int64_t p0, std::int64_t p1,
+                        std::int64_t base);
   /// The received rows' metadata into the handle. `rows_first` (the counts, non-null): the
   /// rows of source s sit at s·C, and expanded slots carry their rank among s's tokens for
   /// the expert, to which the receiver adds the expert's base.
@@ -219,11 +228,11 @@ struct Buffer::Impl {
   /// landing's, views of the window, or from the heap pool; the rest from the heap pool).
   DispatchResult make_outputs(const detail::HandleState& h, const DispatchArgs& a, bool fp8, const detail::Landing* block,
                               detail::BlockPool::Reservation* reserved);
-  /// Receive area → the requested layout (rows_placed: the ring already put recv_x's rows;
-  /// rows_first: the rows of source s sit at s·C).
+  /// Receive area → the requested layout (`at`: where the path left the rows — kPlaced: the
+  /// ring already put recv_x's rows; kStretches: the rows of source s sit at s·C).
   /// `in_block`: the rows already lie in recv_x (its output block): nothing to copy.
-  void epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, bool rows_placed,
-                bool rows_first, bool in_block);
+  void epilogue(const detail::HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, detail::RowsAt at,
+                bool in_block);
 
   // combine.cpp. Push mode: the expert ranks put their rows (or partial sums) into the
   // sources' reply areas, the sources reduce them. Pull mode (every rank's y is the
@@ -231,8 +240,6 @@ struct Buffer::Impl {
   // reading the expert ranks' rows in place — one pass, no puts — then tells them it is done.
   /// `signal` false: the puts are only quieted (the caller's header exchange completes them).
   void send_replies(const detail::HandleState& h, const CombineArgs& a, bool signal);
-  /// Until every reply to this rank has landed (flag protocol: and is unpacked).
-  void wait_replies(const detail::HandleState& h);
   /// At an expert rank, one worker's replies: received row r's is y's row where it passes
   /// unchanged (compact; expanded with one unweighted slot), else the bf16 partial sum of
   /// its slots, built in the worker's slice of reply_stage (reused after a quiet).
@@ -266,8 +273,6 @@ struct Buffer::Impl {
   void reduce_tokens(const detail::HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
                      const std::vector<const std::uint16_t*>& rows_of, const std::vector<std::int64_t>& first_row,
                      std::uint16_t* o, WorkerStats* pulls) const;
-  /// Pull mode: tells every peer I have read its rows, and waits until every peer has read mine.
-  void finish_pull();
 
   /// Runs `task` on every worker (the rank thread is worker 0) and joins them; a modelling
   /// transport hears of the join (sim::ModelTransport::workers_joined). Every fork goes through here.

@@ -40,6 +40,7 @@ Buffer::Impl::PhaseTimer::~PhaseTimer() {
 void Buffer::Impl::begin_stats(bool combine, bool cached) {
   stats.output = OutputKind::kNone;
   stats.output_why = "";
+  stats.path = "";
   stats.epilogue_copy_bytes = 0;
   if (!config.collect_stats) return;
   stats.combine = combine;

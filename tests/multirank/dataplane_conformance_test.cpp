@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "deferred_put_transport.hpp"
+#include "round_trip_cases.hpp"
 #include "epx/spi/support.hpp"
 #include "multirank_support.hpp"
 
@@ -87,39 +88,7 @@ std::vector<Combo> combos() {
   return v;
 }
 
-constexpr int kRanks = 4;
-
-ref::FixtureOptions fixture(bool fp8, std::uint64_t seed) {
-  ref::FixtureOptions f;
-  f.num_ranks = kRanks;
-  f.num_experts = 8;
-  f.num_topk = 3;
-  f.hidden = 384;  // bf16 rows of 768 bytes: a full and a padded flag block
-  f.fp8 = fp8;
-  f.tokens_per_rank = {9, 0, 14, 5};
-  f.seed = seed;
-  return f;
-}
-
-// Expected outputs of one routing: dispatch per layout, combine of wide-range y.
-struct Expected {
-  ref::Problem p;
-  ref::DispatchOptions d;
-  std::vector<ref::DispatchOut> out;
-  std::vector<std::vector<std::uint16_t>> y, combined;
-  bool weighted = false;
-};
-
-Expected expect(const ref::FixtureOptions& f, bool expanded, bool weighted) {
-  Expected e{ref::make_problem(f), {}, {}, {}, {}, weighted};
-  e.d.expanded = expanded;
-  e.d.alignment = expanded ? 4 : 1;
-  e.out = ref::dispatch_all(e.p, e.d);
-  for (int r = 0; r < e.p.num_ranks; ++r)
-    e.y.push_back(wide_bf16(700 + static_cast<std::uint64_t>(r), e.out[static_cast<std::size_t>(r)].rows * f.hidden));
-  for (int r = 0; r < e.p.num_ranks; ++r) e.combined.push_back(ref::combine(e.p, e.d, e.out, e.y, nullptr, nullptr, weighted, r));
-  return e;
-}
+constexpr int kRanks = kCaseRanks;
 
 // Dispatch, cached dispatch, combine, cached dispatch, combine, fresh dispatch and combine
 // of one expected routing on this rank's buffer. Every call after the first cached one (a

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # The engine's known-bug mutants (issue #14 §6): applies one at a time to the source,
-# rebuilds the multi-rank tests in build/, runs the filter that should catch it, prints how
-# many tests failed (each must be > 0), and restores the file. Run from anywhere:
+# rebuilds the multi-rank tests in build/, runs the suites' filter that should catch it and
+# the path unit tests of the path it breaks (path_units_test.cpp), prints how many tests of
+# each failed (each must be > 0), and restores the file. Run from anywhere:
 #   /usr/bin/python3 tests/multirank/mutants.py [index ...]
 # Leaves the tree as it was (the file is restored even on error) and rebuilds once at the end.
 import subprocess, sys, re, os, time
@@ -9,24 +10,24 @@ os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 M = [
  ("flag wait accepts epoch-1", "src/engine/channels.cpp",
   "transport.wait_flag(block + kFlagPayload, epoch, {phase, source_of[r]});",
-  "transport.wait_flag(block + kFlagPayload, epoch - 1, {phase, source_of[r]});", "*lag*"),
- ("ring writes one row past its credit", "src/engine/ring.cpp",
-  "credit + ring - f.done, chunk", "credit + ring + 1 - f.done, chunk", "*Ring*"),
- ("relay reads the window's records (not the handle's reply rows)", "src/engine/relay.cpp",
+  "transport.wait_flag(block + kFlagPayload, epoch - 1, {phase, source_of[r]});", "*lag*", "*PathUnit*/direct_flag"),
+ ("ring writes one row past its credit", "src/engine/paths/dispatch_ring.cpp",
+  "credit + ring - f.done, chunk", "credit + ring + 1 - f.done, chunk", "*Ring*", "*PathUnit*/ring_*"),
+ ("relay reads the window's records (not the handle's reply rows)", "src/engine/paths/combine_relay.cpp",
   "const std::int32_t* reply_row = h.relayed_reply_row.data() + static_cast<std::size_t>(i) * lanes;",
-  "const std::int32_t* reply_row = geo.relay_record(transport.window() + geo.region(Region::kRelayRecord), i).reply_row;",
-  "*hierarchical*:*Relay*"),
+  "const std::int32_t* reply_row = m.geo.relay_record(m.transport.window() + m.geo.region(Region::kRelayRecord), i).reply_row;",
+  "*hierarchical*:*Relay*", "*PathUnit*/relay_*"),
  ("rows-first puts not quieted before the exchange", "src/engine/channels.cpp",
   "void Buffer::Impl::Sender::finish() {\n  flush();",
-  "void Buffer::Impl::Sender::finish() {\n  if (signal_slot_ != kNoSignal) flush();", "*deferred*:*Deferred*"),
+  "void Buffer::Impl::Sender::finish() {\n  if (signal_slot_ != kNoSignal) flush();", "*deferred*:*Deferred*", "*PathUnit*/rows_first_*"),
  ("one flag staging block shared by every queue", "src/engine/channels.cpp",
   "std::byte* stage = stage_.data() + static_cast<std::size_t>(q) * kFlagPayload;",
-  "std::byte* stage = stage_.data();", "*Deferred*flag*:*deferred_Flag*"),
+  "std::byte* stage = stage_.data();", "*Deferred*flag*:*deferred_Flag*", "*PathUnit*/direct_flag"),
 ]
 which = [int(a) for a in sys.argv[1:]] or range(len(M))
 caught = True
 for i in which:
-    name, path, old, new, filt = M[i]
+    name, path, old, new, filt, unit = M[i]
     src = open(path).read()
     assert src.count(old) == 1, name
     open(path, 'w').write(src.replace(old, new))
@@ -36,16 +37,18 @@ for i in which:
             caught = False
             print(f"MUTANT {i} {name}: BUILD FAILED\n{b.stdout[-2000:]}", flush=True)
             continue
-        t0 = time.time()
-        r = subprocess.run(['timeout', '900', './build/tests/epx_multirank_tests', '--gtest_brief=1', '--gtest_filter=' + filt],
-                           capture_output=True, text=True)
-        out = r.stdout
-        ran = re.search(r'(\d+) tests? from .* ran', out)
-        passed = re.search(r'PASSED  \] (\d+) test', out)
-        failed = int(ran.group(1)) - (int(passed.group(1)) if passed else 0) if ran else '?'
-        caught = caught and failed not in (0, '?')
-        print(f"MUTANT {i} {name}: filter {filt}: ran {ran.group(1) if ran else '?'}, failed {failed}"
-              f", rc {r.returncode}, {time.time()-t0:.0f} s", flush=True)
+        for f in (filt, unit):
+            t0 = time.time()
+            r = subprocess.run(['timeout', '900', './build/tests/epx_multirank_tests', '--gtest_brief=1', '--gtest_filter=' + f],
+                               capture_output=True, text=True)
+            out = r.stdout
+            ran = re.search(r'(\d+) tests? from .* ran', out)
+            passed = re.search(r'PASSED  \] (\d+) test', out)
+            failed = int(ran.group(1)) - (int(passed.group(1)) if passed else 0) if ran else '?'
+            caught = caught and failed not in (0, '?')
+            names = sorted(set(re.findall(r'\[  FAILED  \] (\S+)', out)))
+            print(f"MUTANT {i} {name}: filter {f}: ran {ran.group(1) if ran else '?'}, failed {failed}"
+                  f", rc {r.returncode}, {time.time()-t0:.0f} s; failed e.g. {names[:4]}", flush=True)
     finally:
         open(path, 'w').write(src)
 subprocess.run(['cmake', '--build', 'build', '-j2', '--target', 'epx_multirank_tests'], capture_output=True)

@@ -1,8 +1,10 @@
 // epx/spi/support.hpp — the one table of what the engine supports: data path x completion
 // protocol x transport guarantee x output layout. The Buffer consults it at construction
-// (refuse_config), per dispatch (refuse_output) and per call (allows: whether a call may take
-// the rows-first or pull path); the conformance tests enumerate it instead of re-deriving
-// it. Adding a path or a protocol = a row here, its unit in src/engine, and its tests.
+// (refuse_config), per dispatch (refuse_output) and once per call for the path the call
+// takes (dispatch_path / combine_path, from allows: whether a call may take the rows-first or
+// pull path); the conformance and path unit tests enumerate it instead of re-deriving it.
+// Adding a path or a protocol = a row here, its unit in src/engine/paths (path.hpp), and its
+// tests (docs/engine.md: "Add a data path", "Add a completion protocol").
 #pragma once
 
 #include <string>
@@ -39,6 +41,8 @@ struct PathRule {
   /// Usable while the Buffer has an output pool (rows first is not: its rows go before the
   /// header exchange that names the receiver's block).
   bool with_pool;
+  const char* key;       ///< short name (CallStats::path, test names)
+  bool dispatch;         ///< a dispatch path (pull is combine only)
 };
 
 struct ProtocolRule {
@@ -52,14 +56,14 @@ struct ProtocolRule {
 };
 
 inline constexpr PathRule kPaths[kNumPaths] = {
-    {Path::kDirect, "direct", {true, true, true}, "", true, true, false, false, nullptr, true},
+    {Path::kDirect, "direct", {true, true, true}, "", true, true, false, false, nullptr, true, "direct", true},
     {Path::kRelay, "schedule 'hierarchical'", {true, true, false},
-     "relays forward a source's rows when its signal arrives (use explicit or tail)", true, true, false, false, "hierarchical schedule", true},
+     "relays forward a source's rows when its signal arrives (use explicit or tail)", true, true, false, false, "hierarchical schedule", true, "relay", true},
     {Path::kRing, "ring_rows (bounded receive area)", {true, true, false},
-     "ring counts travel as signals (use explicit or tail)", false, true, false, false, "ring_rows", true},
+     "ring counts travel as signals (use explicit or tail)", false, true, false, false, "ring_rows", true, "ring", true},
     {Path::kRowsFirst, "rows first", {true, true, false}, "flagged rows complete themselves, not by the exchange", true, true,
-     true, false, "rows first", false},
-    {Path::kPull, "pull", {true, true, false}, "flagged rows are not where y lies", true, false, true, true, "pull", true},
+     true, false, "rows first", false, "rows_first", true},
+    {Path::kPull, "pull", {true, true, false}, "flagged rows are not where y lies", true, false, true, true, "pull", true, "pull", false},
 };
 
 inline constexpr ProtocolRule kProtocols[3] = {
@@ -123,6 +127,23 @@ inline bool allows(Path variant, const BufferConfig& c, bool peer_window = false
   if (!v.with_pool && c.output_pool_bytes != 0) return false;
   if (v.needs_peer_window && !peer_window) return false;
   return v.protocols[static_cast<int>(c.dataplane.protocol)];
+}
+
+/// The path one dispatch takes (named once per call): rows first when the call state chose
+/// it (`rows_first`: the previous call was a combine that freed every receive area and no
+/// rank holds a view; CallState::begin_dispatch) and the table allows it, else the base path.
+inline Path dispatch_path(const BufferConfig& c, bool rows_first) noexcept {
+  return rows_first && allows(Path::kRowsFirst, c) ? Path::kRowsFirst : base_path(c);
+}
+
+/// The path one combine takes (named once per call): replies first when the call state chose
+/// it (CallState::begin_combine; known before the exchange), pull when every rank's y lies
+/// in its window (`all_y_in_window`, from the headers; each rank offers it only where
+/// allows(kPull) holds), else the base path (direct = push, relay, ring).
+inline Path combine_path(const BufferConfig& c, bool replies_first, bool all_y_in_window) noexcept {
+  if (replies_first && allows(Path::kRowsFirst, c)) return Path::kRowsFirst;
+  if (!replies_first && all_y_in_window && allows(Path::kPull, c, true)) return Path::kPull;
+  return base_path(c);
 }
 
 /// Why a dispatch output of this layout on a Buffer of this config is a copy out of the

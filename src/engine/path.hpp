@@ -1,0 +1,83 @@
+// The data paths' seam: one small interface for how a dispatch's rows and a combine's
+// replies travel. A call picks its path once, from the support table (spi::dispatch_path /
+// spi::combine_path), and runs front → path.send → path.receive → back without knowing
+// which path it is. Each path is one unit in src/engine/paths/, read top to bottom:
+//   dispatch_direct.cpp   direct (rows at their planned slots) and its rows-first variant
+//   dispatch_relay.cpp    hierarchical schedule: cross-server rows through a same-lane relay
+//   dispatch_ring.cpp     bounded receive area: rows paced by credits, placed as they arrive
+//   combine_push.cpp      push (replies into the sources' reply areas) and replies first
+//   combine_pull.cpp      pull: sources read the experts' rows in place
+//   combine_relay.cpp     push through the relays (they forward other servers' replies)
+//   combine_ring.cpp      bounded reply area: rounds of replies paced by credits
+// The units share the building blocks of Buffer::Impl (Sender and the protocols' receive
+// side in channels.cpp, Geometry, put_segment / fill_meta, receive_meta, the epilogue,
+// send_replies / reduce). Granularity: one virtual call per step of a call, never per row.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine.hpp"
+
+namespace epx::detail {
+
+using Impl = Buffer::Impl;
+using Peers = Buffer::Impl::Peers;
+
+/// One dispatch as its path sees it (DispatchCall fills it; fields after the exchange are
+/// null before it).
+struct DispatchStep {
+  const HandleState* h = nullptr;
+  const DispatchArgs* a = nullptr;
+  bool fresh = false;
+  std::size_t row_bytes = 0, scale_bytes = 0;  // per row of x / of its FP8 scales (0: bf16)
+  /// After the exchange (fresh): each of my experts' first row at every receiver; null: cached.
+  const std::vector<std::int32_t>* expert_base = nullptr;
+  const std::vector<Landing>* landing = nullptr;  // after the exchange: where each destination's rows land
+  DispatchResult* out = nullptr;                  // after the exchange: the outputs (final shapes)
+};
+
+class DispatchPath {
+ public:
+  virtual ~DispatchPath() = default;
+  /// The rows travel before the header exchange, which completes them (rows first): send
+  /// runs before the exchange (the step has no expert_base, landing or out yet).
+  virtual bool rows_before_exchange() const noexcept { return false; }
+  /// Where the received rows lie once receive is done (what receive_meta and the epilogue read).
+  virtual RowsAt rows_at() const noexcept { return RowsAt::kSlots; }
+  /// Fresh dispatch, before the exchange: counts this path adds to the header.
+  virtual void add_counts(Impl&, HandleState&, std::vector<std::int32_t>&) const {}
+  /// Fresh dispatch, after plan_slots: the path's own plan from the gathered counts.
+  virtual void plan(Impl&, HandleState&, const Peers&) const {}
+  /// This rank's rows to their destinations (and, for a path that needs it, the rows arriving here).
+  virtual void send(Impl&, const DispatchStep&) const = 0;
+  /// Until every row of this dispatch has landed here (rows first, ring: already).
+  virtual void receive(Impl&, const DispatchStep&) const = 0;
+  /// Fresh dispatch, after receive_meta: what the handle keeps for this path's combines.
+  virtual void keep(Impl&, HandleState&) const {}
+};
+
+/// One combine as its path sees it.
+struct CombineStep {
+  const HandleState* h = nullptr;
+  const CombineArgs* a = nullptr;
+  const Peers* peers = nullptr;  // after the exchange
+  Tensor* out = nullptr;         // after the exchange: combined_x [S, H]
+};
+
+class CombinePath {
+ public:
+  virtual ~CombinePath() = default;
+  /// The replies travel before the header exchange, which completes them (replies first).
+  virtual bool replies_before_exchange() const noexcept { return false; }
+  /// The replies (or partials) of this rank's received rows to their sources.
+  virtual void send(Impl&, const CombineStep&) const = 0;
+  /// Until every reply to this rank has landed, then SPEC §4's sums into out.
+  virtual void receive(Impl&, const CombineStep&) const = 0;
+};
+
+/// The unit of each path (paths/*.cpp); a path the table names for dispatch or combine.
+const DispatchPath& dispatch_unit(spi::Path p);
+const CombinePath& combine_unit(spi::Path p);
+
+}  // namespace epx::detail

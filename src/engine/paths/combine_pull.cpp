@@ -1,0 +1,39 @@
+// Combine, pull path (spi::Path::kPull). When every rank's y lies in its window — its
+// zero-copy recv_x, or rows inside the output pool such as a one-copy recv_x the experts
+// overwrote in place (each rank says so in its combine header, with y's offset) — and the
+// transport maps peers' windows, nobody puts: each source reduces reading the expert
+// ranks' rows where they lie (reduce with the headers), one pass, then tells every peer it
+// has read its rows and waits until every peer has read its own (so nobody overwrites rows
+// still being read: the user's next y, the next dispatch).
+#include "../path.hpp"
+
+namespace epx::detail {
+namespace {
+
+// My reads are plain loads that completed before this store (release orders them), so a
+// peer that sees it may overwrite the rows I read.
+void finish_pull(Impl& m) {
+  Impl::PhaseTimer timer(m, 0, Phase::kBarrier);
+  // My reads are plain loads that completed before this store (release orders them), so a
+  // peer that sees it may overwrite the rows I read (its user's next y, the next dispatch).
+  for (int i = 0; i < m.P; ++i) m.transport.signal((m.rank + i) % m.P, m.geo.pull_done_signal(m.rank), m.epoch, 0);
+  for (int s = 0; s < m.P; ++s) m.transport.wait_signal(m.geo.pull_done_signal(s), m.epoch, {"combine pull done", s});
+}
+
+class Pull final : public CombinePath {
+ public:
+  void send(Impl&, const CombineStep&) const override {}  // nothing moves: the sources read in place
+  void receive(Impl& m, const CombineStep& s) const override {
+    m.reduce(*s.h, *s.a, s.peers, *s.out);
+    finish_pull(m);
+  }
+};
+
+}  // namespace
+
+const CombinePath& pull_combine() {
+  static const Pull unit;
+  return unit;
+}
+
+}  // namespace epx::detail

@@ -1,0 +1,49 @@
+// Combine, push path (spi::Path::kDirect) and its replies-first variant (kRowsFirst).
+//
+// Push: after the header exchange every expert rank puts, for each source, its received
+// rows (compact: y's rows themselves, one put per contiguous block; expanded: each token's
+// partial sum, or the row itself where one unweighted slot passes unchanged) into the
+// source's reply area at the slot its dispatch plan gave the (token, destination) pair
+// (send_replies), completed by the configured protocol. The source waits for them by the
+// same protocol (await_rows) and adds them up in SPEC §4's order (reduce).
+//
+// Replies first: a combine right after the dispatch whose handle it uses, when that
+// dispatch's headers said no rank's output is a view of its window (CallState): that
+// dispatch's exchange proved every reply area read, and without views nobody can pull, so
+// every rank pushes before the exchange, only quieted; the exchange completes the replies.
+#include "../path.hpp"
+
+namespace epx::detail {
+namespace {
+
+class Push final : public CombinePath {
+ public:
+  void send(Impl& m, const CombineStep& s) const override { m.send_replies(*s.h, *s.a, true); }
+  void receive(Impl& m, const CombineStep& s) const override {
+    // Reply row i answers plan entry i in segment order (destination d's rows start at segment_begin[d]).
+    const std::vector<std::int32_t>& seg = s.h->plan.segment_begin;
+    m.await_rows(&Geometry::combine_signal, "combine data", std::vector<std::int64_t>(seg.begin(), seg.end()),
+                 {{Region::kReplies, static_cast<std::size_t>(m.config.hidden) * sizeof(std::uint16_t)}});
+    m.reduce(*s.h, *s.a, nullptr, *s.out);
+  }
+};
+
+class RepliesFirst final : public CombinePath {
+ public:
+  bool replies_before_exchange() const noexcept override { return true; }
+  void send(Impl& m, const CombineStep& s) const override { m.send_replies(*s.h, *s.a, false); }
+  void receive(Impl& m, const CombineStep& s) const override { m.reduce(*s.h, *s.a, nullptr, *s.out); }  // the exchange completed them
+};
+
+}  // namespace
+
+const CombinePath& push_combine() {
+  static const Push unit;
+  return unit;
+}
+const CombinePath& replies_first_combine() {
+  static const RepliesFirst unit;
+  return unit;
+}
+
+}  // namespace epx::detail

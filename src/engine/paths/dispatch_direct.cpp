@@ -1,0 +1,109 @@
+// Dispatch, direct path (spi::Path::kDirect) and its rows-first variant (kRowsFirst).
+//
+// Direct: after the header exchange every worker takes a contiguous range of my tokens and,
+// a block of 256 KiB of rows at a time, for every destination in the schedule's order, puts
+// the block's part of the destination's segment at its planned slots — in the destination's receive area or, one
+// copy, its output block (the landing) — with the rows' metadata on a fresh dispatch. The
+// Sender completes the puts by the configured protocol; the receiver waits for them by the
+// same protocol (await_rows: signals, or unpacking flagged blocks).
+//
+// Rows first: a dispatch right after a combine that freed every receive area (CallState)
+// puts the same rows before the exchange, at rank·C + their position in my segment (the
+// per-source stretches of DeepEP's low-latency layout, known without the counts), only
+// quieted; the header exchange after them completes them. The receiver reads each source's
+// stretch (RowsAt::kStretches) and places expanded rows itself: the senders send each
+// slot's rank among their tokens for the expert (expert bases of 0).
+#include <algorithm>
+
+#include "../path.hpp"
+
+namespace epx::detail {
+namespace {
+
+/// Bytes of x rows a worker sends to every destination before its next ones (fits L2).
+constexpr std::size_t kSendBlockBytes = std::size_t{256} << 10;
+
+// Every worker's part of every destination's segment, in the schedule's order.
+// `rows_first`: at the stretches of the receive area, signalling nobody.
+void send_segments(Impl& m, const DispatchStep& s, const std::vector<std::int32_t>* expert_base, bool rows_first,
+                   const std::vector<Landing>& landing) {
+  const HandleState& h = *s.h;
+  const RoutingPlan& plan = h.plan;
+  const std::size_t per_row = s.row_bytes + s.scale_bytes + (expert_base ? m.geo.meta_bytes() : 0);
+  if (expert_base) m.stage_meta(h);
+  m.run_workers([&](int w) {
+    Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+    const auto [t0, t1] = split_range(plan.shape.num_tokens, w, m.W);
+    std::vector<std::pair<std::int64_t, std::int64_t>> part(static_cast<std::size_t>(m.P));
+    std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(m.P));
+    for (int d = 0; d < m.P; ++d) {
+      const auto ud = static_cast<std::size_t>(d);
+      part[ud] = Impl::segment_part(plan, d, t0, t1);
+      channel_bytes[ud] = static_cast<std::uint64_t>(part[ud].second - part[ud].first) * per_row;
+    }
+    Impl::Sender send(m, w, rows_first ? Impl::Sender::kNoSignal : m.geo.dispatch_signal(m.rank, w), channel_bytes,
+                      m.visit_order);
+    // My tokens in blocks of kSendBlockBytes of rows, each block to every destination: a
+    // block's x rows are read from memory once for their ~K copies (destination after
+    // destination over all my tokens, each copy read x from memory again). Each
+    // destination still gets its rows in ascending slot order; a run ends at a block edge.
+    const std::int64_t block = std::max<std::int64_t>(1, static_cast<std::int64_t>(kSendBlockBytes / (s.row_bytes + s.scale_bytes)));
+    std::vector<std::int64_t> at(static_cast<std::size_t>(m.P));
+    for (int d = 0; d < m.P; ++d) at[static_cast<std::size_t>(d)] = part[static_cast<std::size_t>(d)].first;
+    for (std::int64_t b0 = t0; b0 < t1; b0 += block) {
+      const std::int64_t b1 = std::min(t1, b0 + block);
+      for (int d : m.visit_order) {
+        const auto ud = static_cast<std::size_t>(d);
+        const auto* seg = plan.segment_token.data() + plan.segment_begin[ud];
+        std::int64_t p = at[ud];
+        while (p < part[ud].second && seg[p] < b1) ++p;
+        m.put_segment_rows(send, h, *s.a, d, at[ud], p, m.geo.send_row(h, d, 0, rows_first), landing[ud]);
+        at[ud] = p;
+      }
+    }
+    for (int d : m.visit_order) {
+      const auto ud = static_cast<std::size_t>(d);
+      m.put_segment_meta(send, h, *s.a, expert_base, d, part[ud].first, part[ud].second, m.geo.send_row(h, d, 0, rows_first));
+      send.end_channel(d);
+    }
+    send.finish();
+  });
+}
+
+class Direct final : public DispatchPath {
+ public:
+  void send(Impl& m, const DispatchStep& s) const override { send_segments(m, s, s.expert_base, false, *s.landing); }
+
+  void receive(Impl& m, const DispatchStep& s) const override {
+    m.await_rows(&Geometry::dispatch_signal, "dispatch data", s.h->recv_begin,
+                 {{Region::kMeta, s.fresh ? m.geo.meta_bytes() : 0}, {Region::kData, s.row_bytes}, {Region::kScales, s.scale_bytes}});
+  }
+};
+
+class RowsFirst final : public DispatchPath {
+ public:
+  bool rows_before_exchange() const noexcept override { return true; }
+  RowsAt rows_at() const noexcept override { return RowsAt::kStretches; }
+
+  void send(Impl& m, const DispatchStep& s) const override {
+    // Expert bases of 0: the metadata carries each slot's rank among my tokens for its expert.
+    const std::vector<std::int32_t> local(static_cast<std::size_t>(s.fresh ? m.config.num_experts : 0), 0);
+    send_segments(m, s, s.fresh ? &local : nullptr, true,
+                  std::vector<Landing>(static_cast<std::size_t>(m.P), m.geo.receive_area()));
+  }
+
+  void receive(Impl&, const DispatchStep&) const override {}  // the header exchange completed the rows
+};
+
+}  // namespace
+
+const DispatchPath& direct_dispatch() {
+  static const Direct unit;
+  return unit;
+}
+const DispatchPath& rows_first_dispatch() {
+  static const RowsFirst unit;
+  return unit;
+}
+
+}  // namespace epx::detail

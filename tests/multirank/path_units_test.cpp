@@ -1,0 +1,173 @@
+// Each data path unit (src/engine/paths/) driven alone, through a minimal Buffer whose
+// config and call sequence make the support table name exactly that path, on the
+// deferred-put transport (puts complete late, in reverse order; deferred_put_transport.hpp)
+// — except pull, which by definition reads mapped peers (the deferred transport maps none)
+// and runs on threads. Every (path x protocol the table allows for it) is one test (named
+// DeferredPuts/PathUnit.*/<path>_<protocol>, so the ThreadSanitizer run picks them up); every
+// call checks CallStats::path (the unit that ran) and the reference's bits: compact,
+// expanded with weights (where the path takes it) and FP8, fresh and cached dispatches and
+// the combines between them, on two queues, and a combine with an older handle after a
+// dispatch of another routing. tests/multirank/mutants.py runs each known-bug mutant
+// against its path's cases here too (docs/engine.md, "Tests, and the bugs ...").
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "deferred_put_transport.hpp"
+#include "round_trip_cases.hpp"
+#include "epx/spi/support.hpp"
+#include "multirank_support.hpp"
+
+namespace epx::testing {
+namespace {
+
+constexpr int kRanks = kCaseRanks;
+
+struct PathCase {
+  spi::Path path;
+  Protocol protocol;
+  std::string name() const { return std::string(spi::rule(path).key) + "_" + to_string(protocol); }
+};
+
+// Every path of the table x every protocol its row takes.
+std::vector<PathCase> cases() {
+  std::vector<PathCase> v;
+  for (const spi::PathRule& r : spi::kPaths)
+    for (int p = 0; p < 3; ++p)
+      if (r.protocols[p]) v.push_back({r.path, static_cast<Protocol>(p)});
+  return v;
+}
+
+// The config under which the table names `path` (base path; rows first: no output pool).
+BufferConfig config_of(const ref::Problem& p, const PathCase& c) {
+  BufferConfig config = config_for(p, 2);
+  config.max_tokens_per_rank = 16;
+  config.dataplane.protocol = c.protocol;
+  config.dataplane.queues = 2;  // two queues: what one queue's quiet frees must not be another's
+  config.collect_stats = true;
+  if (c.path == spi::Path::kRelay) {
+    config.dataplane.schedule = parse_schedule("hierarchical");
+    config.dataplane.topology = "builtin:servers:2";
+  }
+  if (c.path == spi::Path::kRing) config.ring_rows = 3;  // far fewer rows than a rank receives: many credits
+  if (c.path == spi::Path::kRowsFirst) config.output_pool_bytes = 0;
+  return config;
+}
+
+void expect_path(int r, const Buffer& b, spi::Path want, const char* call) {
+  const std::string got = b.last_stats().path;
+  if (got != spi::rule(want).key) fail(r, std::string(call) + " took path '" + got + "', want '" + spi::rule(want).key + "'");
+}
+
+// Fresh dispatch, combine, cached dispatch, combine, fresh dispatch, combine: every call
+// takes the case's path where it applies to that kind of call (rows first: both kinds, each
+// call following one of the other kind; pull: combines), the base path otherwise — and so
+// does a new Buffer's first dispatch (`first`: nothing proved its peers' areas free yet).
+// A combine of `from` (a dispatch of e) on the case's path: checks the path it took and its bits.
+void combine_of(Buffer& b, int r, const Expected& e, DispatchResult& from, spi::Path want, const char* what) {
+  const auto ur = static_cast<std::size_t>(r);
+  const std::int64_t H = e.p.hidden;
+  CombineArgs ca;
+  ca.handle = &from.handle;
+  ca.weighted = e.weighted;
+  if (want == spi::Path::kPull) {  // y where the peers can read it: overwrite the one-copy recv_x in place
+    if (!e.y[ur].empty()) std::memcpy(from.recv_x.data(), e.y[ur].data(), e.y[ur].size() * sizeof(std::uint16_t));
+    ca.y = TensorView(from.recv_x.data(), DType::kBF16, {e.out[ur].rows, H});
+  } else {
+    ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, H});
+  }
+  const CombineResult got = b.combine(ca);
+  expect_path(r, b, want, what);
+  expect_bits(r, std::string(what) + ": combined_x", got.combined_x.data(), e.combined[ur]);
+}
+
+void run(Buffer& b, int r, const Expected& e, spi::Path path, bool first) {
+  const auto ur = static_cast<std::size_t>(r);
+  const BufferConfig& c = b.config();
+  const spi::Path base = spi::base_path(c);
+  const spi::Path dispatches = path == spi::Path::kRowsFirst ? path : base;
+  const spi::Path combines = path == spi::Path::kPull || path == spi::Path::kRowsFirst ? path : base;
+  const RankViews v = views_of(e.p, r);
+  auto combine = [&](DispatchResult& from, const char* what) { combine_of(b, r, e, from, combines, what); };
+
+  DispatchResult d = b.dispatch(dispatch_args(v, e.d));
+  expect_path(r, b, first ? base : dispatches, first ? "the Buffer's first dispatch" : "fresh dispatch");
+  expect_dispatch(r, e.p, e.d, e.out[ur], d);
+  combine(d, "combine");
+  DispatchArgs cached = dispatch_args(v, e.d);
+  cached.handle = &d.handle;
+  DispatchResult dc = b.dispatch(cached);
+  expect_path(r, b, dispatches, "cached dispatch");
+  expect_dispatch(r, e.p, e.d, e.out[ur], dc);
+  combine(dc, "combine after the cached dispatch");
+  DispatchResult again = b.dispatch(dispatch_args(v, e.d));
+  expect_path(r, b, dispatches, "fresh dispatch after a combine");
+  expect_dispatch(r, e.p, e.d, e.out[ur], again);
+  combine(again, "combine of the second fresh dispatch");
+}
+
+// A combine with an older handle, after a fresh dispatch of another routing: what the
+// window holds of a dispatch (the relays' records, the metadata) is the newer one's now, so
+// the combine must go by its handle alone (and, rows first, cannot go replies first).
+void older_handle(Buffer& b, int r, const Expected& e, const Expected& other, spi::Path path) {
+  const auto ur = static_cast<std::size_t>(r);
+  DispatchResult d = b.dispatch(dispatch_args(views_of(e.p, r), e.d));
+  expect_dispatch(r, e.p, e.d, e.out[ur], d);
+  expect_dispatch(r, other.p, other.d, other.out[ur], b.dispatch(dispatch_args(views_of(other.p, r), other.d)));
+  combine_of(b, r, e, d, path == spi::Path::kPull ? path : spi::base_path(b.config()), "combine with an older handle");
+}
+
+class PathUnit : public ::testing::TestWithParam<PathCase> {};
+
+TEST_P(PathUnit, TakesItsPathAndMatchesReferenceBitForBit) {
+  const PathCase& c = GetParam();
+  const spi::PathRule& rule = spi::rule(c.path);
+  std::vector<Expected> problems;
+  problems.push_back(expect(fixture(false, 70), false, false));
+  if (rule.expanded) problems.push_back(expect(fixture(false, 71), true, true));
+  if (c.path != spi::Path::kPull) problems.push_back(expect(fixture(true, 72), false, false));  // pull: y is bf16 over recv_x
+  const Expected other = expect(fixture(false, 73), false, false);  // another routing
+  const BufferConfig config = config_of(problems[0].p, c);
+  // The support table must name this path for this config (else the case tests nothing).
+  ASSERT_TRUE(c.path == spi::base_path(config) || spi::allows(c.path, config, true)) << c.name();
+  const bool deferred_puts = !rule.needs_peer_window;
+  launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+    DeferredPutTransport deferred(t, c.protocol == Protocol::kTail, c.protocol == Protocol::kFlag);
+    Transport& on = deferred_puts ? static_cast<Transport&>(deferred) : t;
+    Buffer buffer(on, config);
+    for (const Expected& e : problems) run(buffer, t.rank(), e, c.path, &e == &problems.front());
+    older_handle(buffer, t.rank(), problems.front(), other, c.path);
+    if (deferred_puts && deferred.delivered() == 0) fail(t.rank(), "no put went through the deferred transport");
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(DeferredPuts, PathUnit, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// The table names one path per call, from the config and the call's facts (and refuses,
+// with the same function, what the paths cannot do).
+TEST(PathTable, NamesOnePathPerCall) {
+  BufferConfig c;
+  c.output_pool_bytes = 0;
+  EXPECT_EQ(spi::dispatch_path(c, false), spi::Path::kDirect);
+  EXPECT_EQ(spi::dispatch_path(c, true), spi::Path::kRowsFirst);
+  EXPECT_EQ(spi::combine_path(c, true, true), spi::Path::kRowsFirst);
+  EXPECT_EQ(spi::combine_path(c, false, true), spi::Path::kPull);
+  EXPECT_EQ(spi::combine_path(c, false, false), spi::Path::kDirect);
+  c.output_pool_bytes = -1;  // with the pool, rows never go first
+  EXPECT_EQ(spi::dispatch_path(c, true), spi::Path::kDirect);
+  EXPECT_EQ(spi::combine_path(c, true, false), spi::Path::kDirect);
+  c.dataplane.protocol = Protocol::kFlag;  // flagged rows are not where y lies
+  EXPECT_EQ(spi::combine_path(c, false, true), spi::Path::kDirect);
+  c.dataplane.protocol = Protocol::kExplicit;
+  c.ring_rows = 4;
+  EXPECT_EQ(spi::dispatch_path(c, true), spi::Path::kRing);
+  EXPECT_EQ(spi::combine_path(c, false, true), spi::Path::kRing);
+  c.ring_rows = 0;
+  c.dataplane.schedule = parse_schedule("hierarchical");
+  EXPECT_EQ(spi::dispatch_path(c, false), spi::Path::kRelay);
+  EXPECT_EQ(spi::combine_path(c, false, true), spi::Path::kRelay);
+}
+
+}  // namespace
+}  // namespace epx::testing
