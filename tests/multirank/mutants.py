@@ -23,6 +23,8 @@ M = [
  ("one flag staging block shared by every queue", "src/engine/channels.cpp",
   "std::byte* stage = stage_.data() + static_cast<std::size_t>(q) * kFlagPayload;",
   "std::byte* stage = stage_.data();", "*Deferred*flag*:*deferred_Flag*", "*PathUnit*/direct_flag"),
+ ("the blocked send skips a token at every block edge", "src/engine/paths/dispatch_direct.cpp",
+  "b0 < t1; b0 += block) {", "b0 < t1; b0 += block + 1) {", "*Deferred*", "DeferredPutBlocks.*"),
 ]
 which = [int(a) for a in sys.argv[1:]] or range(len(M))
 caught = True
