@@ -1,0 +1,44 @@
+// `epx sim calibrate` and `epx sim experiments`.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "epx/sim/runner/run.hpp"
+
+namespace epx::tools {
+
+/// A published measurement the profile is fitted on (GB/s per rank, README definition).
+struct CalibrationTarget {
+  int ep;
+  double dispatch_lo, dispatch_hi, combine_lo, combine_hi;
+};
+/// Ascend 950DT, 16384 tokens/rank, H=7168, top-6 of 256, FP8 dispatch, BF16 combine, A=128.
+const std::vector<CalibrationTarget>& ascend950_targets();
+/// The free parameters the fit moves (everything else is published or an assumption).
+const std::vector<std::string>& calibration_free_parameters();
+
+struct CalibrationPoint {
+  CalibrationTarget target;
+  double dispatch_gbps = 0, combine_gbps = 0;
+  double dispatch_error_pct = 0, combine_error_pct = 0;  ///< vs the middle of the range
+};
+
+struct Calibration {
+  sim::HardwareModel model;
+  std::vector<CalibrationPoint> points;
+  int evaluations = 0;
+  double seconds = 0;
+};
+
+/// Runs the engine once per calibration EP size, then fits the free parameters
+/// (Nelder-Mead in log space on the squared relative errors to the range middles).
+Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int max_evaluations = 110);
+/// The calibrated points of a model, without fitting (runs and replays only).
+std::vector<CalibrationPoint> calibration_points(const SimOptions& o, const sim::HardwareModel& hw);
+std::string calibration_report(const Calibration& c);
+
+/// The experiment table at 128 ranks and the search, as printed text.
+std::string run_experiments(const SimOptions& o, const sim::HardwareModel& hw);
+
+}  // namespace epx::tools
