@@ -50,22 +50,29 @@ CallTotals totals(const BenchCall& c) {
   return t;
 }
 
-OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o, const RouteCount& rc,
-                      const std::vector<BenchRankRecord>& recs, std::vector<std::string>& warnings) {
-  const int P = static_cast<int>(recs.size());
-  OpReport op;
-  op.name = name;
-  auto calls = [&](int r) -> const std::vector<BenchCall>& { return is_dispatch ? recs[at(r)].dispatch : recs[at(r)].combine; };
+// What aggregate_op reads: one op's calls on every rank, and where its warnings go.
+struct OpInput {
+  const char* name;
+  bool is_dispatch;
+  const BenchOptions& o;
+  const RouteCount& rc;
+  const std::vector<BenchRankRecord>& recs;
+  std::vector<std::string>& warnings;
 
-  // Latency.
-  std::vector<std::vector<double>> memcpy_series(at(P)), stream_series(at(P));
+  int ranks() const { return static_cast<int>(recs.size()); }
+  const std::vector<BenchCall>& calls(int r) const { return is_dispatch ? recs[at(r)].dispatch : recs[at(r)].combine; }
+  const std::vector<double>& memcpy_us(int r) const { return is_dispatch ? recs[at(r)].memcpy_dispatch_us : recs[at(r)].memcpy_combine_us; }
+  const std::vector<double>& stream_us(int r) const { return is_dispatch ? recs[at(r)].stream_dispatch_us : recs[at(r)].stream_combine_us; }
+};
+
+// Latency per rank and max over ranks, the span and start skew of each iteration.
+void aggregate_latency(const OpInput& in, OpReport& op) {
+  const int P = in.ranks();
   op.rank_series.resize(at(P));
   for (int r = 0; r < P; ++r) {
-    for (const BenchCall& c : calls(r)) op.rank_series[at(r)].push_back(c.lat_us);
+    for (const BenchCall& c : in.calls(r)) op.rank_series[at(r)].push_back(c.lat_us);
     op.rank.push_back(summarize(op.rank_series[at(r)]));
-    memcpy_series[at(r)] = is_dispatch ? recs[at(r)].memcpy_dispatch_us : recs[at(r)].memcpy_combine_us;
-    stream_series[at(r)] = is_dispatch ? recs[at(r)].stream_dispatch_us : recs[at(r)].stream_combine_us;
-    op.memcpy_rank_us.push_back(mean(memcpy_series[at(r)]));
+    op.memcpy_rank_us.push_back(mean(in.memcpy_us(r)));
     if (op.rank[at(r)].avg > op.rank[at(op.slowest_rank)].avg) op.slowest_rank = r;
   }
   op.max_rank_series = max_over(op.rank_series);
@@ -74,7 +81,7 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
   for (size_t i = 0; i < op.max_rank_series.size(); ++i) {
     double first = 1e300, last_start = -1e300, last_end = -1e300;
     for (int r = 0; r < P; ++r) {
-      const BenchCall& c = calls(r)[i];
+      const BenchCall& c = in.calls(r)[i];
       first = std::min(first, c.start_us);
       last_start = std::max(last_start, c.start_us);
       last_end = std::max(last_end, c.start_us + c.lat_us);
@@ -84,13 +91,21 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
   }
   op.span = summarize(span);
   op.start_skew_us = mean(skew);
+}
 
-  // Payload (the independent count) and bandwidth.
+// Payload (the independent count), bandwidth, and the limit: the faster of the memcpy and
+// the streaming copy of the same bytes.
+void aggregate_bandwidth(const OpInput& in, OpReport& op) {
+  const int P = in.ranks();
+  const RouteCount& rc = in.rc;
+  std::vector<std::vector<double>> memcpy_series(at(P)), stream_series(at(P));
   for (int r = 0; r < P; ++r) {
-    op.payload_bytes.push_back(is_dispatch ? rc.dispatch_bytes(r) : rc.combine_bytes(r));
-    op.local_bytes.push_back(is_dispatch ? rc.dispatch_local_bytes(r) : rc.combine_local_bytes(r));
+    memcpy_series[at(r)] = in.memcpy_us(r);
+    stream_series[at(r)] = in.stream_us(r);
+    op.payload_bytes.push_back(in.is_dispatch ? rc.dispatch_bytes(r) : rc.combine_bytes(r));
+    op.local_bytes.push_back(in.is_dispatch ? rc.dispatch_local_bytes(r) : rc.combine_local_bytes(r));
     op.total_payload += op.payload_bytes.back();
-    op.moved_bytes.push_back(op.payload_bytes.back() + (is_dispatch ? rc.expansion_bytes(r) : 0));
+    op.moved_bytes.push_back(op.payload_bytes.back() + (in.is_dispatch ? rc.expansion_bytes(r) : 0));
     op.total_moved += op.moved_bytes.back();
     op.algbw_rank_gbps.push_back(gbps(static_cast<double>(op.moved_bytes.back()), op.rank[at(r)].avg));
   }
@@ -106,133 +121,158 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
 
   op.data_first = P > 0;
   for (int r = 0; r < P; ++r)
-    for (const BenchCall& c : calls(r)) op.data_first = op.data_first && c.data_first;
+    for (const BenchCall& c : in.calls(r)) op.data_first = op.data_first && c.data_first;
+}
 
-  // Engine counters.
+// Rank r's phases (avg over calls of the max over workers, "other" = not covered) and its
+// per-worker metrics (avg over calls).
+void rank_phases(const std::vector<BenchCall>& cs, OpReport& op) {
+  const auto& names = worker_metric_names();
+  const double n = static_cast<double>(cs.size());
+  std::array<double, kBenchPhases> ph{};
+  const size_t W = cs.front().workers.size();
+  std::vector<std::vector<double>> wm(W, std::vector<double>(names.size(), 0.0));
+  for (const BenchCall& c : cs) {
+    double covered = 0;
+    for (int p = 0; p < kNumPhases; ++p) {
+      double m = 0;
+      for (const WorkerStats& w : c.workers) m = std::max(m, w.phase_us[at(p)]);
+      ph[at(p)] += m / n;
+      covered += m;
+    }
+    ph[at(kNumPhases)] += (c.lat_us - covered) / n;
+    for (size_t w = 0; w < std::min(W, c.workers.size()); ++w) {
+      const WorkerStats& s = c.workers[w];
+      std::vector<double> v(s.phase_us.begin(), s.phase_us.end());
+      for (std::uint64_t x : {s.puts, s.put_bytes, s.local_puts, s.local_bytes}) v.push_back(static_cast<double>(x));
+      for (std::uint64_t x : s.queue_puts) v.push_back(static_cast<double>(x));
+      for (std::uint64_t x : s.queue_bytes) v.push_back(static_cast<double>(x));
+      for (double x : s.queue_wait_us) v.push_back(x);
+      for (size_t m = 0; m < v.size() && m < names.size(); ++m) wm[w][m] += v[m] / n;
+    }
+  }
+  op.worker_metrics.push_back(std::move(wm));
+  op.phases_rank.push_back(ph);
+  op.dominant_rank.push_back(static_cast<int>(std::max_element(ph.begin(), ph.end()) - ph.begin()));
+}
+
+// Rank r's puts, bytes and wait per queue (avg over calls) into the op's totals; checks
+// that every put is counted on exactly one queue, and only on queues < --queues.
+void rank_queues(const OpInput& in, int r, int Q, const CallTotals& first, OpReport& op) {
+  const auto& cs = in.calls(r);
+  const double n = static_cast<double>(cs.size());
+  const int P = in.ranks();
+  std::vector<double> qp(at(Q), 0.0), qb(at(Q), 0.0), qw(at(Q), 0.0);
+  for (const BenchCall& c : cs)
+    for (const WorkerStats& s : c.workers)
+      for (int q = 0; q < Q; ++q) {
+        qp[at(q)] += static_cast<double>(s.queue_puts[at(q)]) / n;
+        qb[at(q)] += static_cast<double>(s.queue_bytes[at(q)]) / n;
+        qw[at(q)] += s.queue_wait_us[at(q)] / n;
+      }
+  for (int q = 0; q < Q; ++q) {
+    op.queue_puts[at(q)] += qp[at(q)];
+    op.queue_bytes[at(q)] += qb[at(q)];
+    op.queue_wait_us[at(q)] += qw[at(q)] / P;
+  }
+  op.queue_puts_rank.push_back(std::move(qp));
+  op.queue_bytes_rank.push_back(std::move(qb));
+  op.queue_wait_us_rank.push_back(std::move(qw));
+  std::uint64_t queued_puts = 0, queued_bytes = 0, beyond = 0;
+  for (const WorkerStats& s : cs.front().workers)
+    for (int q = 0; q < kMaxStatQueues; ++q) {
+      queued_puts += s.queue_puts[at(q)];
+      queued_bytes += s.queue_bytes[at(q)];
+      if (q >= Q) beyond += s.queue_puts[at(q)];
+    }
+  if (queued_puts != first.puts + first.local_puts || queued_bytes != first.put_bytes + first.local_bytes)
+    in.warnings.push_back(fmt("%s: rank %d: the per-queue counters (%llu puts, %llu bytes) do not add up to the puts (%llu, %llu bytes)",
+                              in.name, r, static_cast<unsigned long long>(queued_puts), static_cast<unsigned long long>(queued_bytes),
+                              static_cast<unsigned long long>(first.puts + first.local_puts),
+                              static_cast<unsigned long long>(first.put_bytes + first.local_bytes)));
+  if (beyond > 0)
+    in.warnings.push_back(fmt("%s: rank %d: %llu puts on queues >= --queues %d", in.name, r, static_cast<unsigned long long>(beyond), Q));
+}
+
+// Cross-check: epx's bytes = payload + the same metadata bytes for every row it sent.
+// A pull-mode combine moves the same rows, counted at the reader (the token's source):
+// one row per (token, destination) of its dispatch.
+void check_rank_bytes(const OpInput& in, int r, const CallTotals& first, OpReport& op) {
+  const RouteCount& rc = in.rc;
+  const bool pulled = first.pulled_bytes + first.local_pulled_bytes > 0;
+  if (pulled) op.pulled = true;
+  const std::int64_t rows = in.is_dispatch || pulled ? rc.sent_rows[at(r)] : rc.recv_rows[at(r)];
+  const std::int64_t local_rows = in.is_dispatch || pulled ? rc.sent_local_rows[at(r)] : rc.recv_local_rows[at(r)];
+  const auto engine = static_cast<std::int64_t>(pulled ? first.pulled_bytes + first.local_pulled_bytes
+                                                       : first.put_bytes + first.local_bytes);
+  const auto engine_local = static_cast<std::int64_t>(pulled ? first.local_pulled_bytes : first.local_bytes);
+  const std::int64_t expected = pulled ? rows * static_cast<std::int64_t>(rc.y_row_bytes) : op.payload_bytes[at(r)];
+  const std::int64_t expected_local = pulled ? local_rows * static_cast<std::int64_t>(rc.y_row_bytes) : op.local_bytes[at(r)];
+  const std::int64_t extra = engine - expected;
+  const std::int64_t extra_local = engine_local - expected_local;
+  const bool meta_expected = in.is_dispatch && !in.o.cached;
+  const std::int64_t per_row = rows > 0 ? extra / rows : 0;
+  op.metadata_bytes_per_row.push_back(rows > 0 ? static_cast<double>(extra) / static_cast<double>(rows) : 0.0);
+  const std::int64_t bound = meta_expected ? 8 + 16 * static_cast<std::int64_t>(rc.topk) + 64 : 0;
+  // Flag blocks (480 B payload + flag + padding) and relays (rows forwarded once more,
+  // with records) put more than payload + metadata: there the check is a lower bound.
+  const bool ok = moves_rows_once(in.o) ? extra >= 0 && (rows == 0 ? extra == 0 : extra == per_row * rows) && per_row <= bound &&
+                                              extra_local == per_row * local_rows
+                                        : extra >= 0;
+  if (!ok)
+    in.warnings.push_back(fmt("%s: rank %d: epx counted %lld bytes (%lld local) but the routing gives %lld payload bytes "
+                              "(%lld local) for %lld rows: the difference is not %s",
+                              in.name, r, static_cast<long long>(engine), static_cast<long long>(engine_local),
+                              static_cast<long long>(expected), static_cast<long long>(expected_local),
+                              static_cast<long long>(rows),
+                              meta_expected ? "the same small metadata size per row" : "zero (no metadata expected)"));
+}
+
+// Engine counters (none when any call of any rank ran with counters off).
+void aggregate_counters(const OpInput& in, OpReport& op) {
+  const int P = in.ranks();
   op.counters = P > 0;
   for (int r = 0; r < P; ++r)
-    for (const BenchCall& c : calls(r))
+    for (const BenchCall& c : in.calls(r))
       if (c.workers.empty()) op.counters = false;
-  if (op.counters) {
-    const auto& names = worker_metric_names();
-    const int Q = std::clamp(o.dataplane.queues, 1, kMaxStatQueues);
-    op.queue_puts.assign(at(Q), 0.0);
-    op.queue_bytes.assign(at(Q), 0.0);
-    op.queue_wait_us.assign(at(Q), 0.0);
-    for (int r = 0; r < P; ++r) {
-      const auto& cs = calls(r);
-      const double n = static_cast<double>(cs.size());
-      const CallTotals first = totals(cs.front());
-      bool varies = false;
-      std::array<double, kBenchPhases> ph{};
-      const size_t W = cs.front().workers.size();
-      std::vector<std::vector<double>> wm(W, std::vector<double>(names.size(), 0.0));
-      for (const BenchCall& c : cs) {
-        if (!(totals(c) == first)) varies = true;
-        double covered = 0;
-        for (int p = 0; p < kNumPhases; ++p) {
-          double m = 0;
-          for (const WorkerStats& w : c.workers) m = std::max(m, w.phase_us[at(p)]);
-          ph[at(p)] += m / n;
-          covered += m;
-        }
-        ph[at(kNumPhases)] += (c.lat_us - covered) / n;
-        for (size_t w = 0; w < std::min(W, c.workers.size()); ++w) {
-          const WorkerStats& s = c.workers[w];
-          std::vector<double> v(s.phase_us.begin(), s.phase_us.end());
-          for (std::uint64_t x : {s.puts, s.put_bytes, s.local_puts, s.local_bytes}) v.push_back(static_cast<double>(x));
-          for (std::uint64_t x : s.queue_puts) v.push_back(static_cast<double>(x));
-          for (std::uint64_t x : s.queue_bytes) v.push_back(static_cast<double>(x));
-          for (double x : s.queue_wait_us) v.push_back(x);
-          for (size_t m = 0; m < v.size() && m < names.size(); ++m) wm[w][m] += v[m] / n;
-        }
-      }
-      op.worker_metrics.push_back(std::move(wm));
-      std::vector<double> qp(at(Q), 0.0), qb(at(Q), 0.0), qw(at(Q), 0.0);
-      for (const BenchCall& c : cs)
-        for (const WorkerStats& s : c.workers)
-          for (int q = 0; q < Q; ++q) {
-            qp[at(q)] += static_cast<double>(s.queue_puts[at(q)]) / n;
-            qb[at(q)] += static_cast<double>(s.queue_bytes[at(q)]) / n;
-            qw[at(q)] += s.queue_wait_us[at(q)] / n;
-          }
-      for (int q = 0; q < Q; ++q) {
-        op.queue_puts[at(q)] += qp[at(q)];
-        op.queue_bytes[at(q)] += qb[at(q)];
-        op.queue_wait_us[at(q)] += qw[at(q)] / P;
-      }
-      op.queue_puts_rank.push_back(std::move(qp));
-      op.queue_bytes_rank.push_back(std::move(qb));
-      op.queue_wait_us_rank.push_back(std::move(qw));
-      // Cross-check: every put is counted on exactly one queue, and only on queues < --queues.
-      std::uint64_t queued_puts = 0, queued_bytes = 0, beyond = 0;
-      for (const WorkerStats& s : cs.front().workers)
-        for (int q = 0; q < kMaxStatQueues; ++q) {
-          queued_puts += s.queue_puts[at(q)];
-          queued_bytes += s.queue_bytes[at(q)];
-          if (q >= Q) beyond += s.queue_puts[at(q)];
-        }
-      if (queued_puts != first.puts + first.local_puts || queued_bytes != first.put_bytes + first.local_bytes)
-        warnings.push_back(fmt("%s: rank %d: the per-queue counters (%llu puts, %llu bytes) do not add up to the puts (%llu, %llu bytes)",
-                               name, r, static_cast<unsigned long long>(queued_puts), static_cast<unsigned long long>(queued_bytes),
-                               static_cast<unsigned long long>(first.puts + first.local_puts),
-                               static_cast<unsigned long long>(first.put_bytes + first.local_bytes)));
-      if (beyond > 0)
-        warnings.push_back(fmt("%s: rank %d: %llu puts on queues >= --queues %d", name, r, static_cast<unsigned long long>(beyond), Q));
-      op.phases_rank.push_back(ph);
-      op.dominant_rank.push_back(static_cast<int>(std::max_element(ph.begin(), ph.end()) - ph.begin()));
-      for (int p = 0; p < kBenchPhases; ++p) op.phases_avg[at(p)] += ph[at(p)] / P;
-      op.puts_rank.push_back(static_cast<double>(first.puts + first.local_puts));
-      op.remote_puts_rank.push_back(static_cast<double>(first.puts));
-      op.bytes_rank.push_back(static_cast<double>(first.put_bytes + first.local_bytes));
-      op.remote_bytes_rank.push_back(static_cast<double>(first.put_bytes));
-      op.puts += op.puts_rank.back();
-      op.remote_puts += op.remote_puts_rank.back();
-      if (varies) warnings.push_back(fmt("%s: rank %d: epx's put counters differ between iterations of the same routing", name, r));
-
-      // Cross-check: epx's bytes = payload + the same metadata bytes for every row it sent.
-      // A pull-mode combine moves the same rows, counted at the reader (the token's source):
-      // one row per (token, destination) of its dispatch.
-      const bool pulled = first.pulled_bytes + first.local_pulled_bytes > 0;
-      if (pulled) op.pulled = true;
-      const std::int64_t rows = is_dispatch || pulled ? rc.sent_rows[at(r)] : rc.recv_rows[at(r)];
-      const std::int64_t local_rows = is_dispatch || pulled ? rc.sent_local_rows[at(r)] : rc.recv_local_rows[at(r)];
-      const auto engine = static_cast<std::int64_t>(pulled ? first.pulled_bytes + first.local_pulled_bytes
-                                                           : first.put_bytes + first.local_bytes);
-      const auto engine_local = static_cast<std::int64_t>(pulled ? first.local_pulled_bytes : first.local_bytes);
-      const std::int64_t expected = pulled ? rows * static_cast<std::int64_t>(rc.y_row_bytes) : op.payload_bytes[at(r)];
-      const std::int64_t expected_local = pulled ? local_rows * static_cast<std::int64_t>(rc.y_row_bytes) : op.local_bytes[at(r)];
-      const std::int64_t extra = engine - expected;
-      const std::int64_t extra_local = engine_local - expected_local;
-      const bool meta_expected = is_dispatch && !o.cached;
-      const std::int64_t per_row = rows > 0 ? extra / rows : 0;
-      op.metadata_bytes_per_row.push_back(rows > 0 ? static_cast<double>(extra) / static_cast<double>(rows) : 0.0);
-      const std::int64_t bound = meta_expected ? 8 + 16 * static_cast<std::int64_t>(rc.topk) + 64 : 0;
-      // Flag blocks (480 B payload + flag + padding) and relays (rows forwarded once more,
-      // with records) put more than payload + metadata: there the check is a lower bound.
-      const bool ok = moves_rows_once(o) ? extra >= 0 && (rows == 0 ? extra == 0 : extra == per_row * rows) && per_row <= bound &&
-                                               extra_local == per_row * local_rows
-                                         : extra >= 0;
-      if (!ok)
-        warnings.push_back(fmt("%s: rank %d: epx counted %lld bytes (%lld local) but the routing gives %lld payload bytes "
-                               "(%lld local) for %lld rows: the difference is not %s",
-                               name, r, static_cast<long long>(engine), static_cast<long long>(engine_local),
-                               static_cast<long long>(expected), static_cast<long long>(expected_local),
-                               static_cast<long long>(rows),
-                               meta_expected ? "the same small metadata size per row" : "zero (no metadata expected)"));
-    }
-    const double all_puts = op.puts;
-    double all_bytes = 0;
-    for (double b : op.bytes_rank) all_bytes += b;
-    op.bytes_per_put = all_puts > 0 ? all_bytes / all_puts : 0;
-    op.dominant = static_cast<int>(std::max_element(op.phases_avg.begin(), op.phases_avg.end()) - op.phases_avg.begin());
+  if (!op.counters) return;
+  const int Q = std::clamp(in.o.dataplane.queues, 1, kMaxStatQueues);
+  op.queue_puts.assign(at(Q), 0.0);
+  op.queue_bytes.assign(at(Q), 0.0);
+  op.queue_wait_us.assign(at(Q), 0.0);
+  for (int r = 0; r < P; ++r) {
+    const auto& cs = in.calls(r);
+    const CallTotals first = totals(cs.front());
+    bool varies = false;
+    for (const BenchCall& c : cs)
+      if (!(totals(c) == first)) varies = true;
+    rank_phases(cs, op);
+    rank_queues(in, r, Q, first, op);
+    for (int p = 0; p < kBenchPhases; ++p) op.phases_avg[at(p)] += op.phases_rank.back()[at(p)] / P;
+    op.puts_rank.push_back(static_cast<double>(first.puts + first.local_puts));
+    op.remote_puts_rank.push_back(static_cast<double>(first.puts));
+    op.bytes_rank.push_back(static_cast<double>(first.put_bytes + first.local_bytes));
+    op.remote_bytes_rank.push_back(static_cast<double>(first.put_bytes));
+    op.puts += op.puts_rank.back();
+    op.remote_puts += op.remote_puts_rank.back();
+    if (varies) in.warnings.push_back(fmt("%s: rank %d: epx's put counters differ between iterations of the same routing", in.name, r));
+    check_rank_bytes(in, r, first, op);
   }
+  const double all_puts = op.puts;
+  double all_bytes = 0;
+  for (double b : op.bytes_rank) all_bytes += b;
+  op.bytes_per_put = all_puts > 0 ? all_bytes / all_puts : 0;
+  op.dominant = static_cast<int>(std::max_element(op.phases_avg.begin(), op.phases_avg.end()) - op.phases_avg.begin());
+}
 
-  // Counters off vs on.
+// Counters off vs on, and the drift between the comparison blocks before and after.
+void aggregate_overhead(const OpInput& in, OpReport& op) {
+  const int P = in.ranks();
+  const auto& recs = in.recs;
   std::vector<std::vector<double>> off(at(P)), on(at(P));
   for (int r = 0; r < P; ++r) {
-    off[at(r)] = is_dispatch ? recs[at(r)].off_dispatch_us : recs[at(r)].off_combine_us;
-    on[at(r)] = is_dispatch ? recs[at(r)].on_dispatch_us : recs[at(r)].on_combine_us;
+    off[at(r)] = in.is_dispatch ? recs[at(r)].off_dispatch_us : recs[at(r)].off_combine_us;
+    on[at(r)] = in.is_dispatch ? recs[at(r)].on_dispatch_us : recs[at(r)].on_combine_us;
   }
   op.off = summarize(max_over(off));
   op.on = summarize(max_over(on));
@@ -240,7 +280,7 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
   op.counters_ratio = op.overhead && op.off.p50 > 0 ? op.on.p50 / op.off.p50 : 0;
   std::vector<std::vector<double>> before(at(P)), after(at(P));
   for (int r = 0; r < P; ++r) {
-    const auto& other = o.counters ? off[at(r)] : on[at(r)];
+    const auto& other = in.o.counters ? off[at(r)] : on[at(r)];
     const size_t half = other.size() / 2;
     before[at(r)].assign(other.begin(), other.begin() + static_cast<std::ptrdiff_t>(half));
     after[at(r)].assign(other.begin() + static_cast<std::ptrdiff_t>(half), other.end());
@@ -248,6 +288,17 @@ OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o,
   op.compare_before = summarize(max_over(before));
   op.compare_after = summarize(max_over(after));
   op.drift = op.compare_after.p50 > 0 ? std::fabs(op.compare_before.p50 / op.compare_after.p50 - 1) : 0;
+}
+
+OpReport aggregate_op(const char* name, bool is_dispatch, const BenchOptions& o, const RouteCount& rc,
+                      const std::vector<BenchRankRecord>& recs, std::vector<std::string>& warnings) {
+  const OpInput in{name, is_dispatch, o, rc, recs, warnings};
+  OpReport op;
+  op.name = name;
+  aggregate_latency(in, op);
+  aggregate_bandwidth(in, op);
+  aggregate_counters(in, op);
+  aggregate_overhead(in, op);
   return op;
 }
 

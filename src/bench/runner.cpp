@@ -141,168 +141,194 @@ BufferConfig bench_buffer_config(const BenchOptions& o, const BenchProblem& p) {
   return cfg;
 }
 
-void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, const BenchOptions& o,
-                    const fs::path& record_dir) {
-  const int r = t.rank();
-  const BenchRankInput& in = p.rank[static_cast<std::size_t>(r)];
-  const bool want_hash = o.baseline == "mpi" && !p.fp8;
+namespace {
 
-  BenchRankRecord rec;
-  rec.rank = r;
-  const BufferConfig cfg = bench_buffer_config(o, p);
+// One rank's bench: the timed dispatch/combine loop, the interleaved memcpy and streaming
+// copy reference, the counters comparison blocks; fills the rank's record.
+class RankBench {
+ public:
+  RankBench(Transport& t, const BenchProblem& p, const RouteCount& rc, const BenchOptions& o)
+      : t_(t), p_(p), o_(o), r_(t.rank()), in_(p.rank[static_cast<std::size_t>(r_)]), cfg_(bench_buffer_config(o, p)),
+        fresh_(fresh_args()), ref_(p, rc, r_), progress_(o.progress && r_ == 0, o.warmup + o.iters + 2 * o.overhead_iters) {
+    rec_.rank = r_;
+  }
 
-  DispatchArgs fresh;
-  fresh.x = in.x.view();
-  if (p.fp8) fresh.x_scales = in.x_scales.view();
-  fresh.topk_idx = TensorView(in.topk_idx.data(), DType::kI64, {in.tokens, p.topk});
-  fresh.topk_weights = TensorView(in.topk_weights.data(), DType::kF32, {in.tokens, p.topk});
-  fresh.layout = o.expanded() ? RecvLayout::kExpanded : RecvLayout::kCompact;
-  fresh.expert_alignment = o.alignment;
-  fresh.zero_padding = true;  // the hashes compare padding rows too
-  fresh.recv_in_window = o.zero_copy;
+  BenchRankRecord run() {
+    comparison_block(0);
+    timed_loop();
+    comparison_block(1);
+    progress_.done();
+    rusage ru{};
+    if (getrusage(RUSAGE_SELF, &ru) == 0) rec_.peak_rss_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+    return std::move(rec_);
+  }
 
-  MemcpyRef ref(p, rc, r);
-  Tensor y_fp8;  // the combine input when x is fp8 (combine is bf16; its values do not matter)
-
-  // One dispatch + combine on `buf`; returns the two latencies; records into dr/cr if given.
-  DispatchHandle cached_handle;
-  auto round = [&](Buffer& buf, BenchCall* dr, BenchCall* cr, bool hash) -> std::pair<double, double> {
-    DispatchArgs a = fresh;
-    if (o.cached) a.handle = &cached_handle;
-    t.barrier("bench: dispatch");
-    const double t0 = bench_now_us();
-    DispatchResult d = buf.dispatch(a);
-    const double t1 = bench_now_us();
-    if (dr) {
-      dr->start_us = t0;
-      dr->lat_us = t1 - t0;
-      dr->workers = buf.last_stats().workers;
-      dr->data_first = buf.last_stats().data_first;
-      const OutputKind kind = buf.last_stats().output;
-      ++(kind == OutputKind::kOneCopy ? rec.one_copy_calls : kind == OutputKind::kView ? rec.view_calls : rec.copy_calls);
-      if (kind == OutputKind::kCopy) rec.copy_why = buf.last_stats().output_why;
-    }
-    if (!buf.last_stats().workers.empty()) rec.workers = static_cast<int>(buf.last_stats().workers.size());
-    rec.window_bytes = t.window_bytes();
-    rec.out_rows = d.recv_x.shape()[0];
-    CombineArgs c;
-    if (p.fp8) {
-      if (!y_fp8.defined() || y_fp8.shape()[0] != rec.out_rows) y_fp8 = Tensor::zeros(DType::kBF16, {rec.out_rows, p.hidden});
-      c.y = y_fp8.view();
-    } else {
-      c.y = d.recv_x.view();  // the identity expert
-    }
-    c.handle = &d.handle;
-    t.barrier("bench: combine");
-    const double t2 = bench_now_us();
-    const CombineResult out = buf.combine(c);
-    const double t3 = bench_now_us();
-    if (cr) {
-      cr->start_us = t2;
-      cr->lat_us = t3 - t2;
-      cr->workers = buf.last_stats().workers;
-      cr->data_first = buf.last_stats().data_first;
-    }
-    if (hash) {
-      rec.hashed = true;
-      rec.dispatch_hash = fnv1a64(d.recv_x.data(), d.recv_x.nbytes());
-      rec.combine_hash = fnv1a64(out.combined_x.data(), out.combined_x.nbytes());
-    }
-    return {t1 - t0, t3 - t2};
-  };
-  auto make_buffer = [&](bool stats) {
-    BufferConfig c = cfg;
-    c.collect_stats = stats;
-    auto buf = std::make_unique<Buffer>(t, c);
-    if (o.cached) cached_handle = buf->dispatch(fresh).handle;
-    return buf;
-  };
-
+ private:
   // The memcpy reference, right after each epx iteration, in the same processes.
   // The streaming-store copy of the same bytes right after each memcpy: the limit the
   // report compares with is the faster of the two.
   struct MemcpyTimes {
     double d0, d_us, c0, c_us, sd_us, sc_us;
   };
-  auto memcpy_round = [&]() {
+
+  DispatchArgs fresh_args() const {
+    DispatchArgs a;
+    a.x = in_.x.view();
+    if (p_.fp8) a.x_scales = in_.x_scales.view();
+    a.topk_idx = TensorView(in_.topk_idx.data(), DType::kI64, {in_.tokens, p_.topk});
+    a.topk_weights = TensorView(in_.topk_weights.data(), DType::kF32, {in_.tokens, p_.topk});
+    a.layout = o_.expanded() ? RecvLayout::kExpanded : RecvLayout::kCompact;
+    a.expert_alignment = o_.alignment;
+    a.zero_padding = true;  // the hashes compare padding rows too
+    a.recv_in_window = o_.zero_copy;
+    return a;
+  }
+
+  void record_call(Buffer& buf, BenchCall& call, double t0, double t1) {
+    call.start_us = t0;
+    call.lat_us = t1 - t0;
+    call.workers = buf.last_stats().workers;
+    call.data_first = buf.last_stats().data_first;
+  }
+
+  // One dispatch + combine on `buf`; returns the two latencies; records into dr/cr if given.
+  std::pair<double, double> round(Buffer& buf, BenchCall* dr, BenchCall* cr, bool hash) {
+    DispatchArgs a = fresh_;
+    if (o_.cached) a.handle = &cached_handle_;
+    t_.barrier("bench: dispatch");
+    const double t0 = bench_now_us();
+    DispatchResult d = buf.dispatch(a);
+    const double t1 = bench_now_us();
+    if (dr) {
+      record_call(buf, *dr, t0, t1);
+      const OutputKind kind = buf.last_stats().output;
+      ++(kind == OutputKind::kOneCopy ? rec_.one_copy_calls : kind == OutputKind::kView ? rec_.view_calls : rec_.copy_calls);
+      if (kind == OutputKind::kCopy) rec_.copy_why = buf.last_stats().output_why;
+    }
+    if (!buf.last_stats().workers.empty()) rec_.workers = static_cast<int>(buf.last_stats().workers.size());
+    rec_.window_bytes = t_.window_bytes();
+    rec_.out_rows = d.recv_x.shape()[0];
+    CombineArgs c;
+    if (p_.fp8) {
+      if (!y_fp8_.defined() || y_fp8_.shape()[0] != rec_.out_rows) y_fp8_ = Tensor::zeros(DType::kBF16, {rec_.out_rows, p_.hidden});
+      c.y = y_fp8_.view();
+    } else {
+      c.y = d.recv_x.view();  // the identity expert
+    }
+    c.handle = &d.handle;
+    t_.barrier("bench: combine");
+    const double t2 = bench_now_us();
+    const CombineResult out = buf.combine(c);
+    const double t3 = bench_now_us();
+    if (cr) record_call(buf, *cr, t2, t3);
+    if (hash) {
+      rec_.hashed = true;
+      rec_.dispatch_hash = fnv1a64(d.recv_x.data(), d.recv_x.nbytes());
+      rec_.combine_hash = fnv1a64(out.combined_x.data(), out.combined_x.nbytes());
+    }
+    return {t1 - t0, t3 - t2};
+  }
+
+  std::unique_ptr<Buffer> make_buffer(bool stats) {
+    BufferConfig c = cfg_;
+    c.collect_stats = stats;
+    auto buf = std::make_unique<Buffer>(t_, c);
+    if (o_.cached) cached_handle_ = buf->dispatch(fresh_).handle;
+    return buf;
+  }
+
+  MemcpyTimes memcpy_round() {
     MemcpyTimes m{};
-    t.barrier("bench: memcpy dispatch");
+    t_.barrier("bench: memcpy dispatch");
     m.d0 = bench_now_us();
-    ref.dispatch(in, MemcpyRef::plain);
+    ref_.dispatch(in_, MemcpyRef::plain);
     m.d_us = bench_now_us() - m.d0;
-    t.barrier("bench: streaming copy dispatch");
+    t_.barrier("bench: streaming copy dispatch");
     double s0 = bench_now_us();
-    ref.dispatch(in, MemcpyRef::streamed);
+    ref_.dispatch(in_, MemcpyRef::streamed);
     m.sd_us = bench_now_us() - s0;
-    t.barrier("bench: memcpy combine");
+    t_.barrier("bench: memcpy combine");
     m.c0 = bench_now_us();
-    ref.combine(MemcpyRef::plain);
+    ref_.combine(MemcpyRef::plain);
     m.c_us = bench_now_us() - m.c0;
-    t.barrier("bench: streaming copy combine");
+    t_.barrier("bench: streaming copy combine");
     s0 = bench_now_us();
-    ref.combine(MemcpyRef::streamed);
+    ref_.combine(MemcpyRef::streamed);
     m.sc_us = bench_now_us() - s0;
     return m;
-  };
+  }
 
   // Counters off vs on, in the same run with the same iteration structure: a block of
   // iterations with the other setting before the timed loop and one after it (a fresh
   // Buffer each: a transport holds one window), so a linear drift of the machine cancels.
-  const bool other_mode = !o.counters;
-  auto& other_d = other_mode ? rec.on_dispatch_us : rec.off_dispatch_us;
-  auto& other_c = other_mode ? rec.on_combine_us : rec.off_combine_us;
-  auto& main_d = o.counters ? rec.on_dispatch_us : rec.off_dispatch_us;
-  auto& main_c = o.counters ? rec.on_combine_us : rec.off_combine_us;
-  const int total = o.warmup + o.iters;
-  Progress progress(o.progress && r == 0, total + 2 * o.overhead_iters);
-  const std::string other_label = std::string("counters ") + (other_mode ? "on" : "off") + " comparison";
-  auto comparison_block = [&](int block) {
-    if (o.overhead_iters <= 0) return;
+  void comparison_block(int block) {
+    if (o_.overhead_iters <= 0) return;
+    const bool other_mode = !o_.counters;
+    auto& other_d = other_mode ? rec_.on_dispatch_us : rec_.off_dispatch_us;
+    auto& other_c = other_mode ? rec_.on_combine_us : rec_.off_combine_us;
+    const std::string other_label = std::string("counters ") + (other_mode ? "on" : "off") + " comparison";
     std::unique_ptr<Buffer> buf = make_buffer(other_mode);
     round(*buf, nullptr, nullptr, false);  // warm the new window
     memcpy_round();
-    for (int it = 0; it < o.overhead_iters; ++it) {
+    for (int it = 0; it < o_.overhead_iters; ++it) {
       const auto [d_us, c_us] = round(*buf, nullptr, nullptr, false);
       memcpy_round();
       other_d.push_back(d_us);
       other_c.push_back(c_us);
-      progress.update(other_label.c_str(), block * o.overhead_iters + it + 1, 2 * o.overhead_iters, d_us, c_us);
+      progress_.update(other_label.c_str(), block * o_.overhead_iters + it + 1, 2 * o_.overhead_iters, d_us, c_us);
     }
-  };
+  }
 
-  comparison_block(0);
-  {
-    std::unique_ptr<Buffer> buf = make_buffer(o.counters);
+  void timed_loop() {
+    const bool want_hash = o_.baseline == "mpi" && !p_.fp8;
+    auto& main_d = o_.counters ? rec_.on_dispatch_us : rec_.off_dispatch_us;
+    auto& main_c = o_.counters ? rec_.on_combine_us : rec_.off_combine_us;
+    const int total = o_.warmup + o_.iters;
+    std::unique_ptr<Buffer> buf = make_buffer(o_.counters);
     for (int it = 0; it < total; ++it) {
-      const bool timed = it >= o.warmup;
+      const bool timed = it >= o_.warmup;
       BenchCall dc, cc;
       const auto [d_us, c_us] = round(*buf, timed ? &dc : nullptr, timed ? &cc : nullptr, want_hash && it == total - 1);
       const MemcpyTimes m = memcpy_round();
       if (timed) {
-        rec.dispatch.push_back(std::move(dc));
-        rec.combine.push_back(std::move(cc));
-        rec.memcpy_dispatch_start_us.push_back(m.d0);
-        rec.memcpy_dispatch_us.push_back(m.d_us);
-        rec.memcpy_combine_start_us.push_back(m.c0);
-        rec.memcpy_combine_us.push_back(m.c_us);
-        rec.stream_dispatch_us.push_back(m.sd_us);
-        rec.stream_combine_us.push_back(m.sc_us);
+        rec_.dispatch.push_back(std::move(dc));
+        rec_.combine.push_back(std::move(cc));
+        rec_.memcpy_dispatch_start_us.push_back(m.d0);
+        rec_.memcpy_dispatch_us.push_back(m.d_us);
+        rec_.memcpy_combine_start_us.push_back(m.c0);
+        rec_.memcpy_combine_us.push_back(m.c_us);
+        rec_.stream_dispatch_us.push_back(m.sd_us);
+        rec_.stream_combine_us.push_back(m.sc_us);
         main_d.push_back(d_us);
         main_c.push_back(c_us);
       }
-      progress.update(timed ? "iter" : "warmup", timed ? it - o.warmup + 1 : it + 1, timed ? o.iters : o.warmup, d_us, c_us);
+      progress_.update(timed ? "iter" : "warmup", timed ? it - o_.warmup + 1 : it + 1, timed ? o_.iters : o_.warmup, d_us, c_us);
     }
     // Private memory while the timed Buffer (and its heap output pool) still lives.
     std::ifstream status("/proc/self/status");
     for (std::string line; std::getline(status, line);)
-      if (line.rfind("RssAnon:", 0) == 0) rec.anon_rss_bytes = std::strtoull(line.c_str() + 8, nullptr, 10) * 1024;
+      if (line.rfind("RssAnon:", 0) == 0) rec_.anon_rss_bytes = std::strtoull(line.c_str() + 8, nullptr, 10) * 1024;
   }
-  comparison_block(1);
-  progress.done();
-  rusage ru{};
-  if (getrusage(RUSAGE_SELF, &ru) == 0) rec.peak_rss_bytes = static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
 
-  write_bench_record(bench_record_path(record_dir, r), rec);
+  Transport& t_;
+  const BenchProblem& p_;
+  const BenchOptions& o_;
+  const int r_;
+  const BenchRankInput& in_;
+  const BufferConfig cfg_;
+  const DispatchArgs fresh_;
+  MemcpyRef ref_;
+  Tensor y_fp8_;  // the combine input when x is fp8 (combine is bf16; its values do not matter)
+  DispatchHandle cached_handle_;
+  Progress progress_;
+  BenchRankRecord rec_;
+};
+
+}  // namespace
+
+void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, const BenchOptions& o,
+                    const fs::path& record_dir) {
+  write_bench_record(bench_record_path(record_dir, t.rank()), RankBench(t, p, rc, o).run());
 }
 
 // ---- the record file: a private binary format (same binary writes and reads it) --------

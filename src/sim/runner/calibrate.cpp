@@ -170,71 +170,77 @@ std::string calibration_report(const Calibration& c) {
 
 namespace {
 
-struct Variant {
-  std::string name, plane;
-  SimOptions o;
-};
-
 std::string engine_key(const SimOptions& o) {
   return std::to_string(o.tokens) + "|" + o.schedule + "|" + std::to_string(o.queues) + "|" + o.queue_split + "|" + std::to_string(o.aggregate) + "|" + o.protocol +
          "|" + o.topology + "|" + std::to_string(o.ring_rows);
 }
 
-}  // namespace
+std::string variant_key(const SimOptions& o) { return engine_key(o) + "|" + (o.dense_scan ? "dense" : "compact") + "|" + o.sync; }
 
-std::string run_experiments(const SimOptions& base_in, const sim::HardwareModel& hw) {
-  const auto t_start = std::chrono::steady_clock::now();
-  SimOptions base = base_in;
-  base.ep = {128};
-  // Engine runs are the expensive part (~20-30 s each at 128 ranks) and a trace at 128
-  // ranks takes ~1 GB, so runs are not kept: every variant that needs the same engine run
-  // (same engine key; model-only knobs like the dense scan or the modelled sync differ)
-  // is evaluated on it while it exists, then it is dropped.
-  std::map<std::string, SimPoint> points;  // by variant key (engine key + model knobs)
-  int engine_runs = 0;
-  auto variant_key = [](const SimOptions& o) { return engine_key(o) + "|" + (o.dense_scan ? "dense" : "compact") + "|" + o.sync; };
-  auto evaluate_all = [&](const std::vector<SimOptions>& todo) {
+// Engine runs are the expensive part (~20-30 s each at 128 ranks) and a trace at 128
+// ranks takes ~1 GB, so runs are not kept: every variant that needs the same engine run
+// (same engine key; model-only knobs like the dense scan or the modelled sync differ)
+// is evaluated on it while it exists, then it is dropped.
+class ExperimentPoints {
+ public:
+  ExperimentPoints(const sim::HardwareModel& hw, bool progress) : hw_(hw), progress_(progress) {}
+
+  void evaluate_all(const std::vector<SimOptions>& todo) {
     std::map<std::string, std::vector<SimOptions>> by_engine;
     std::vector<std::string> order;
     std::set<std::string> queued;
     for (const SimOptions& o : todo) {
-      if (points.count(variant_key(o)) || !queued.insert(variant_key(o)).second) continue;
+      if (points_.count(variant_key(o)) || !queued.insert(variant_key(o)).second) continue;
       const std::string k = engine_key(o);
       if (!by_engine.count(k)) order.push_back(k);
       by_engine[k].push_back(o);
     }
-    for (const std::string& k : order) {
-      const std::vector<SimOptions>& group = by_engine[k];
-      if (base.progress) std::fprintf(stderr, "[epx sim experiments] engine run %d: %s\n", engine_runs + 1, k.c_str());
-      ++engine_runs;
-      try {
-        const SimRun run = collect_run(group.front(), 128);
-        for (const SimOptions& o : group) {
-          const SimPoint& p = points[variant_key(o)] = evaluate_run(run, hw, o);
-          if (base.progress)
-            std::fprintf(stderr, "[epx sim experiments]   %s: dispatch %.1f us %.1f GB/s, combine %.1f us %.1f GB/s\n",
-                         variant_key(o).c_str(), p.dispatch_us, p.dispatch_gbps, p.combine_us, p.combine_gbps);
-        }
-      } catch (const std::exception& e) {
-        if (base.progress) std::fprintf(stderr, "[epx sim experiments] failed %s: %s\n", k.c_str(), e.what());
-        for (const SimOptions& o : group) {
-          SimPoint failed;
-          failed.dispatch_us = failed.combine_us = -1;
-          points[variant_key(o)] = failed;
-        }
+    for (const std::string& k : order) run_group(k, by_engine[k]);
+  }
+  const SimPoint& point(const SimOptions& o) {
+    if (!points_.count(variant_key(o))) evaluate_all({o});
+    return points_.at(variant_key(o));
+  }
+  int engine_runs() const { return engine_runs_; }
+  std::size_t evaluations() const { return points_.size(); }
+
+ private:
+  // One engine run at 128 ranks, every variant of `group` evaluated on it (a failed run:
+  // latencies -1).
+  void run_group(const std::string& k, const std::vector<SimOptions>& group) {
+    if (progress_) std::fprintf(stderr, "[epx sim experiments] engine run %d: %s\n", engine_runs_ + 1, k.c_str());
+    ++engine_runs_;
+    try {
+      const SimRun run = collect_run(group.front(), 128);
+      for (const SimOptions& o : group) {
+        const SimPoint& p = points_[variant_key(o)] = evaluate_run(run, hw_, o);
+        if (progress_)
+          std::fprintf(stderr, "[epx sim experiments]   %s: dispatch %.1f us %.1f GB/s, combine %.1f us %.1f GB/s\n",
+                       variant_key(o).c_str(), p.dispatch_us, p.dispatch_gbps, p.combine_us, p.combine_gbps);
+      }
+    } catch (const std::exception& e) {
+      if (progress_) std::fprintf(stderr, "[epx sim experiments] failed %s: %s\n", k.c_str(), e.what());
+      for (const SimOptions& o : group) {
+        SimPoint failed;
+        failed.dispatch_us = failed.combine_us = -1;
+        points_[variant_key(o)] = failed;
       }
     }
-  };
-  auto point = [&](const SimOptions& o) -> const SimPoint& {
-    if (!points.count(variant_key(o))) evaluate_all({o});
-    return points.at(variant_key(o));
-  };
+  }
 
-  std::vector<Variant> v;
+  const sim::HardwareModel& hw_;
+  bool progress_;
+  std::map<std::string, SimPoint> points_;  // by variant key (engine key + model knobs)
+  int engine_runs_ = 0;
+};
+
+// The experiment table's rows, the baseline first (points not filled in yet).
+std::vector<ExperimentVariant> experiment_variants(const SimOptions& base) {
+  std::vector<ExperimentVariant> v;
   auto add = [&](const std::string& name, const std::string& plane, auto change) {
     SimOptions o = base;
     change(o);
-    v.push_back({name, plane, o});
+    v.push_back({name, plane, o, {}});
   };
   add("baseline (rotated, 1 queue, aggregate 1 MiB, explicit)", "-", [](SimOptions&) {});
   for (int w : {8, 16, 32, 128})
@@ -269,26 +275,87 @@ std::string run_experiments(const SimOptions& base_in, const sim::HardwareModel&
         o.schedule = "hierarchical";
         o.tokens = hier_tokens;
       });
-  {
-    std::vector<SimOptions> all;
-    for (const Variant& x : v) all.push_back(x.o);
-    evaluate_all(all);
-  }
+  return v;
+}
 
+// Search: coordinate descent over the engine's data-plane knobs (a full grid is 48
+// engine runs at 128 ranks, ~30 min on 2 cores): from the baseline, try every value of one
+// knob with the others fixed, keep the best (dispatch + combine latency), next knob; stop
+// after a pass that changes nothing. Compact plan, no modelled sync during the search
+// (the modelled per-group credits add the same constant to every candidate, so they do
+// not change the ranking and would need their own engine runs); the winner is then also
+// reported with per-group credits (16), the synchronisation a reusable buffer needs.
+struct Knob {
+  const char* name;
+  std::vector<std::function<void(SimOptions&)>> values;
+};
+
+std::vector<Knob> search_knobs() {
+  std::vector<Knob> knobs;
+  Knob k{"schedule", {}};
+  for (const char* s : {"rotated", "flat", "grouped:8", "grouped:16", "grouped:32", "grouped:128"})  // hierarchical: see above
+    k.values.push_back([s](SimOptions& o) { o.schedule = s; });
+  knobs.push_back(k);
+  Knob q{"queues", {}};
+  q.values.push_back([](SimOptions& o) { o.queues = 1, o.queue_split = "rr"; });
+  for (const char* r : {"1:1", "3:1", "1:3"}) q.values.push_back([r](SimOptions& o) { o.queues = 2, o.queue_split = r; });
+  q.values.push_back([](SimOptions& o) { o.queues = 4, o.queue_split = "rr"; });
+  knobs.push_back(q);
+  Knob a{"aggregate", {}};
+  for (std::int64_t agg : {std::int64_t{0}, std::int64_t{1} << 18, std::int64_t{1} << 20, std::int64_t{4} << 20})
+    a.values.push_back([agg](SimOptions& o) { o.aggregate = agg; });
+  knobs.push_back(a);
+  Knob p{"protocol", {}};
+  for (const char* pr : {"explicit", "tail"}) p.values.push_back([pr](SimOptions& o) { o.protocol = pr; });
+  knobs.push_back(p);
+  return knobs;
+}
+
+// The coordinate descent from `e.base`: e.search, e.best, e.best_point, e.candidates.
+void coordinate_search(ExperimentPoints& points, Experiments& e) {
+  const std::vector<Knob> knobs = search_knobs();
+  auto total = [](const SimPoint& p) { return p.dispatch_us < 0 ? 1e300 : p.dispatch_us + p.combine_us; };
+  e.best = e.base;
+  e.best_point = points.point(e.best);
+  std::set<std::string> tried = {variant_key(e.best)};
+  for (int pass = 0; pass < 3; ++pass) {
+    bool changed = false;
+    for (const Knob& k : knobs) {
+      std::vector<SimOptions> cands;
+      for (const auto& set : k.values) {
+        SimOptions o = e.best;
+        set(o);
+        cands.push_back(o);
+      }
+      points.evaluate_all(cands);
+      for (const SimOptions& o : cands) {
+        const SimPoint& p = points.point(o);
+        tried.insert(variant_key(o));
+        if (total(p) + 0.05 < total(e.best_point)) e.best = o, e.best_point = p, changed = true;
+      }
+      e.search.push_back({pass + 1, k.name, e.best, e.best_point});
+    }
+    if (!changed) break;
+  }
+  e.candidates = tried.size();
+}
+
+std::string variant_table(const Experiments& e, const sim::HardwareModel& hw) {
+  const SimOptions& base = e.base;
   std::ostringstream os;
   char line[512];
   os << "epx sim experiments: 128 ranks, " << base.tokens << " tokens/rank, H=" << base.hidden << ", top-" << base.topk << " of "
      << base.experts << ", hardware " << hw.name << ", topology " << (base.topology == "auto" ? sim::default_topology_spec(128) : base.topology)
      << "\n";
   os << "variant                                              | dispatch us  GB/s | combine us  GB/s | moves\n";
-  const SimPoint ref = point(v[0].o);
-  for (const Variant& x : v) {
-    const SimPoint p = point(x.o);
+  const SimPoint& ref = e.variants.front().point;
+  for (const ExperimentVariant& x : e.variants) {
+    const SimPoint& p = x.point;
     const double dd = p.dispatch_us - ref.dispatch_us, dc = p.combine_us - ref.combine_us;
     std::string verdict = x.plane;
     if (p.dispatch_us < 0)
       verdict += ": the engine run failed (see stderr)";
-    else if (x.o.tokens != base.tokens) {
+    else if (x.options.tokens != base.tokens) {
       char b[128];
       std::snprintf(b, sizeof b, ": %+.1f / %+.1f GB/s vs baseline (fewer tokens: compare GB/s, not us)",
                     p.dispatch_gbps - ref.dispatch_gbps, p.combine_gbps - ref.combine_gbps);
@@ -305,89 +372,72 @@ std::string run_experiments(const SimOptions& base_in, const sim::HardwareModel&
                   p.combine_us, p.combine_gbps, verdict.c_str());
     os << line;
   }
+  return os.str();
+}
 
-  // Search: coordinate descent over the engine's data-plane knobs (a full grid is 48
-  // engine runs at 128 ranks, ~30 min on 2 cores): from the baseline, try every value of one
-  // knob with the others fixed, keep the best (dispatch + combine latency), next knob; stop
-  // after a pass that changes nothing. Compact plan, no modelled sync during the search
-  // (the modelled per-group credits add the same constant to every candidate, so they do
-  // not change the ranking and would need their own engine runs); the winner is then also
-  // reported with per-group credits (16), the synchronisation a reusable buffer needs.
-  struct Knob {
-    const char* name;
-    std::vector<std::function<void(SimOptions&)>> values;
-  };
-  std::vector<Knob> knobs;
-  {
-    Knob k{"schedule", {}};
-    for (const char* s : {"rotated", "flat", "grouped:8", "grouped:16", "grouped:32", "grouped:128"})  // hierarchical: see above
-      k.values.push_back([s](SimOptions& o) { o.schedule = s; });
-    knobs.push_back(k);
-    Knob q{"queues", {}};
-    q.values.push_back([](SimOptions& o) { o.queues = 1, o.queue_split = "rr"; });
-    for (const char* r : {"1:1", "3:1", "1:3"}) q.values.push_back([r](SimOptions& o) { o.queues = 2, o.queue_split = r; });
-    q.values.push_back([](SimOptions& o) { o.queues = 4, o.queue_split = "rr"; });
-    knobs.push_back(q);
-    Knob a{"aggregate", {}};
-    for (std::int64_t agg : {std::int64_t{0}, std::int64_t{1} << 18, std::int64_t{1} << 20, std::int64_t{4} << 20})
-      a.values.push_back([agg](SimOptions& o) { o.aggregate = agg; });
-    knobs.push_back(a);
-    Knob p{"protocol", {}};
-    for (const char* pr : {"explicit", "tail"}) p.values.push_back([pr](SimOptions& o) { o.protocol = pr; });
-    knobs.push_back(p);
-  }
+std::string search_text(const Experiments& e, const sim::HardwareModel& hw) {
+  std::ostringstream os;
+  char line[512];
   os << "\nsearch (coordinate descent over schedule, queues, aggregation, protocol; compact plan; hierarchical not searched: "
         "it does not fit in memory at full size):\n";
-  SimOptions best_o = base;
-  auto total = [](const SimPoint& p) { return p.dispatch_us < 0 ? 1e300 : p.dispatch_us + p.combine_us; };
-  SimPoint best_p = point(best_o);
-  std::set<std::string> tried = {variant_key(best_o)};
-  for (int pass = 0; pass < 3; ++pass) {
-    bool changed = false;
-    for (const Knob& k : knobs) {
-      std::vector<SimOptions> cands;
-      for (const auto& set : k.values) {
-        SimOptions o = best_o;
-        set(o);
-        cands.push_back(o);
-      }
-      evaluate_all(cands);
-      for (const SimOptions& o : cands) {
-        const SimPoint& p = point(o);
-        tried.insert(variant_key(o));
-        if (total(p) + 0.05 < total(best_p)) best_o = o, best_p = p, changed = true;
-      }
-      std::snprintf(line, sizeof line, "  pass %d, %-9s -> schedule %s, queues %d (%s), aggregate %lld, protocol %s: %.1f + %.1f us\n",
-                    pass + 1, k.name, best_o.schedule.c_str(), best_o.queues, best_o.queue_split.c_str(),
-                    static_cast<long long>(best_o.aggregate), best_o.protocol.c_str(), best_p.dispatch_us, best_p.combine_us);
-      os << line;
-    }
-    if (!changed) break;
+  for (const ExperimentSearchStep& st : e.search) {
+    std::snprintf(line, sizeof line, "  pass %d, %-9s -> schedule %s, queues %d (%s), aggregate %lld, protocol %s: %.1f + %.1f us\n",
+                  st.pass, st.knob.c_str(), st.best.schedule.c_str(), st.best.queues, st.best.queue_split.c_str(),
+                  static_cast<long long>(st.best.aggregate), st.best.protocol.c_str(), st.best_point.dispatch_us,
+                  st.best_point.combine_us);
+    os << line;
   }
+  const SimOptions& best_o = e.best;
+  const SimPoint& best_p = e.best_point;
   std::snprintf(line, sizeof line,
                 "best: schedule %s, queues %d (%s), aggregate %lld, protocol %s: dispatch %.1f us (%.1f GB/s), combine %.1f us "
                 "(%.1f GB/s)\n",
                 best_o.schedule.c_str(), best_o.queues, best_o.queue_split.c_str(), static_cast<long long>(best_o.aggregate),
                 best_o.protocol.c_str(), best_p.dispatch_us, best_p.dispatch_gbps, best_p.combine_us, best_p.combine_gbps);
   os << line;
-  {
-    SimOptions with_credits = best_o;
-    with_credits.sync = "credits:16";
-    const SimPoint& c = point(with_credits);
-    std::snprintf(line, sizeof line, "best with per-group credits (16): dispatch %.1f us (%.1f GB/s), combine %.1f us (%.1f GB/s)\n",
-                  c.dispatch_us, c.dispatch_gbps, c.combine_us, c.combine_gbps);
-    os << line;
-  }
+  const SimPoint& c = e.best_with_credits;
+  std::snprintf(line, sizeof line, "best with per-group credits (16): dispatch %.1f us (%.1f GB/s), combine %.1f us (%.1f GB/s)\n",
+                c.dispatch_us, c.dispatch_gbps, c.combine_us, c.combine_gbps);
+  os << line;
   std::snprintf(line, sizeof line,
                 "physical payload limit %.0f-%.0f GB/s per rank: the best dispatch reaches %.0f-%.0f%%, combine %.0f-%.0f%% of it\n",
                 hw.payload_limit_low.gbps, hw.payload_limit_high.gbps, 100 * best_p.dispatch_gbps / hw.payload_limit_high.gbps,
                 100 * best_p.dispatch_gbps / hw.payload_limit_low.gbps, 100 * best_p.combine_gbps / hw.payload_limit_high.gbps,
                 100 * best_p.combine_gbps / hw.payload_limit_low.gbps);
   os << line;
-  std::snprintf(line, sizeof line, "(%d engine runs at 128 ranks, %zu model evaluations, %zu search candidates, %.0f s)\n", engine_runs,
-                points.size(), tried.size(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+  std::snprintf(line, sizeof line, "(%d engine runs at 128 ranks, %zu model evaluations, %zu search candidates, %.0f s)\n", e.engine_runs,
+                e.evaluations, e.candidates, e.seconds);
   os << line;
   return os.str();
+}
+
+}  // namespace
+
+Experiments run_experiments(const SimOptions& base_in, const sim::HardwareModel& hw) {
+  const auto t_start = std::chrono::steady_clock::now();
+  Experiments e;
+  e.base = base_in;
+  e.base.ep = {128};
+  ExperimentPoints points(hw, e.base.progress);
+  e.variants = experiment_variants(e.base);
+  {
+    std::vector<SimOptions> all;
+    for (const ExperimentVariant& x : e.variants) all.push_back(x.options);
+    points.evaluate_all(all);
+  }
+  for (ExperimentVariant& x : e.variants) x.point = points.point(x.options);
+  coordinate_search(points, e);
+  SimOptions with_credits = e.best;
+  with_credits.sync = "credits:16";
+  e.best_with_credits = points.point(with_credits);
+  e.engine_runs = points.engine_runs();
+  e.evaluations = points.evaluations();
+  e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return e;
+}
+
+std::string experiments_report(const Experiments& e, const sim::HardwareModel& hw) {
+  return variant_table(e, hw) + search_text(e, hw);
 }
 
 }  // namespace epx::tools

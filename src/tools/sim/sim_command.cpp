@@ -95,7 +95,7 @@ void add_sim_command(CLI::App& app) {
   exp->callback([o] {
     validate_sim_options(*o);
     const sim::HardwareModel hw = sim::load_hardware(o->hardware);
-    std::fputs(run_experiments(*o, hw).c_str(), stdout);
+    std::fputs(experiments_report(run_experiments(*o, hw), hw).c_str(), stdout);
   });
 
   auto lo = std::make_shared<SimOptions>();

@@ -38,7 +38,39 @@ Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int 
 std::vector<CalibrationPoint> calibration_points(const SimOptions& o, const sim::HardwareModel& hw);
 std::string calibration_report(const Calibration& c);
 
-/// The experiment table at 128 ranks and the search, as printed text.
-std::string run_experiments(const SimOptions& o, const sim::HardwareModel& hw);
+/// One row of the experiment table: a variant of the base options and its modelled point.
+struct ExperimentVariant {
+  std::string name;   ///< "group width 16"
+  std::string plane;  ///< what it moves: "data plane (incast / port contention)", ...
+  SimOptions options;
+  SimPoint point;     ///< dispatch_us < 0: the engine run failed
+};
+
+/// The best combination after one knob of one pass of the search.
+struct ExperimentSearchStep {
+  int pass = 0;       ///< 1-based
+  std::string knob;   ///< schedule | queues | aggregate | protocol
+  SimOptions best;
+  SimPoint best_point;
+};
+
+/// `epx sim experiments`: the variants at 128 ranks, then a coordinate descent over the
+/// engine's data-plane knobs (schedule, queues, aggregation, protocol).
+struct Experiments {
+  SimOptions base;                          ///< the options with ep = {128}
+  std::vector<ExperimentVariant> variants;  ///< [0] the baseline
+  std::vector<ExperimentSearchStep> search;
+  SimOptions best;
+  SimPoint best_point, best_with_credits;   ///< the winner, and it with per-group credits (16)
+  int engine_runs = 0;                      ///< engine runs at 128 ranks
+  std::size_t evaluations = 0, candidates = 0;  ///< model evaluations; distinct search candidates
+  double seconds = 0;
+};
+
+/// Runs the experiment table and the search (progress on stderr with o.progress).
+Experiments run_experiments(const SimOptions& o, const sim::HardwareModel& hw);
+
+/// The table and the search as `epx sim experiments` prints them.
+std::string experiments_report(const Experiments& e, const sim::HardwareModel& hw);
 
 }  // namespace epx::tools
