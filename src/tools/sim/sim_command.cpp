@@ -22,15 +22,22 @@ namespace {
 
 void write_file(const std::string& path, const std::string& text) { write_text_file(path, "output", text); }
 
-// The shape of a run (what `epx sim ledger` and `epx sim hybridep` take themselves).
-void add_shape_options(CLI::App* sub, SimOptions& o) {
-  sub->add_option("--ep", o.ep, "EP sizes, comma-separated")->delimiter(',')->capture_default_str();
-  sub->add_option("--tokens", o.tokens, "S: tokens per rank")->capture_default_str();
-  sub->add_option("--hidden", o.hidden, "H: hidden size")->capture_default_str();
-  sub->add_option("--topk", o.topk, "K: experts per token")->capture_default_str();
-  sub->add_option("--experts", o.experts, "E: experts")->capture_default_str();
-  sub->add_flag("!--bf16", o.fp8, "dispatch bf16 x (default: FP8 E4M3 with row-major float32 scales)");
-  sub->add_flag("--fp8", o.fp8, "dispatch FP8 E4M3 x with float32 scales (the default)");
+// S, H, K, E and the dispatch dtype: the shape flags of every `epx sim` command.
+void add_shape_flags(CLI::App* sub, std::int64_t& tokens, int& hidden, int& topk, int& experts, bool& fp8, const char* bf16_help,
+                     const char* fp8_help) {
+  sub->add_option("--tokens", tokens, "S: tokens per rank")->capture_default_str();
+  sub->add_option("--hidden", hidden, "H: hidden size")->capture_default_str();
+  sub->add_option("--topk", topk, "K: experts per token")->capture_default_str();
+  sub->add_option("--experts", experts, "E: experts")->capture_default_str();
+  sub->add_flag("!--bf16", fp8, bf16_help);
+  sub->add_flag("--fp8", fp8, fp8_help);
+}
+
+// The EP sizes and the shape of a run (`epx sim`, `epx sim ledger`).
+void add_shape_options(CLI::App* sub, SimOptions& o, const char* ep_help) {
+  sub->add_option("--ep", o.ep, ep_help)->delimiter(',')->capture_default_str();
+  add_shape_flags(sub, o.tokens, o.hidden, o.topk, o.experts, o.fp8, "dispatch bf16 x (default: FP8 E4M3 with row-major float32 scales)",
+                  "dispatch FP8 E4M3 x with float32 scales (the default)");
 }
 
 void add_sim_options(CLI::App* sub, SimOptions& o) {
@@ -39,13 +46,7 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
                   "rank positions for the engine and the model: builtin:flat | builtin:servers:N | builtin:supernode128 | "
                   "FILE.json; auto = builtin:supernode128 at 128 ranks, else builtin:servers:8")
       ->capture_default_str();
-  sub->add_option("--ep", o.ep, "EP sizes to simulate, comma-separated")->delimiter(',')->capture_default_str();
-  sub->add_option("--tokens", o.tokens, "S: tokens per rank")->capture_default_str();
-  sub->add_option("--hidden", o.hidden, "H: hidden size")->capture_default_str();
-  sub->add_option("--topk", o.topk, "K: experts per token")->capture_default_str();
-  sub->add_option("--experts", o.experts, "E: experts")->capture_default_str();
-  sub->add_flag("!--bf16", o.fp8, "dispatch bf16 x (default: FP8 E4M3 with row-major float32 scales)");
-  sub->add_flag("--fp8", o.fp8, "dispatch FP8 E4M3 x with float32 scales (the default)");
+  add_shape_options(sub, o, "EP sizes to simulate, comma-separated");
   sub->add_option("--layout", o.layout, "compact | expanded")->capture_default_str();
   sub->add_option("--alignment", o.alignment, "expert_alignment of the expanded layout")->capture_default_str();
   sub->add_option("--seed", o.seed, "seed of the uniform top-k routing (the bench's generator)")->capture_default_str();
@@ -100,7 +101,7 @@ void add_sim_command(CLI::App& app) {
 
   auto lo = std::make_shared<SimOptions>();
   CLI::App* led = sub->add_subcommand("ledger", "bytes per token and per layer per EP size: closed form vs the engine's counters");
-  add_shape_options(led, *lo);
+  add_shape_options(led, *lo, "EP sizes, comma-separated");
   led->add_option("--topology", lo->topology, "rank positions (servers for the cross-server columns); auto as for epx sim")
       ->capture_default_str();
   led->add_option("--seed", lo->seed, "seed of the uniform top-k routing")->capture_default_str();
@@ -121,12 +122,8 @@ void add_sim_command(CLI::App& app) {
   hyb->add_option("--hardware", *hw_name, "profile of the inside of a domain (link_bandwidth, link_latency)")->capture_default_str();
   hyb->add_option("--ep", ho->ranks, "R: all ranks")->capture_default_str();
   hyb->add_option("--domains", ho->domains, "D: domains joined by the slow link")->capture_default_str();
-  hyb->add_option("--tokens", ho->tokens, "S: tokens per rank")->capture_default_str();
-  hyb->add_option("--hidden", ho->hidden, "H: hidden size")->capture_default_str();
-  hyb->add_option("--topk", ho->topk, "K: experts per token")->capture_default_str();
-  hyb->add_option("--experts", ho->experts, "E: experts")->capture_default_str();
-  hyb->add_flag("!--bf16", ho->fp8, "dispatch bf16 rows (default: fp8 + scales)");
-  hyb->add_flag("--fp8", ho->fp8, "dispatch fp8 rows with float32 scales (the default)");
+  add_shape_flags(hyb, ho->tokens, ho->hidden, ho->topk, ho->experts, ho->fp8, "dispatch bf16 rows (default: fp8 + scales)",
+                  "dispatch fp8 rows with float32 scales (the default)");
   hyb->add_option("--p", ho->p, "fractions of the other domains' experts copied, comma-separated")->delimiter(',')->capture_default_str();
   hyb->add_option("--cross-bandwidth", ho->cross_bandwidth, "slow link, GB/s per domain each direction")->capture_default_str();
   hyb->add_option("--cross-latency", ho->cross_latency_us, "slow link, one-way latency in us")->capture_default_str();
