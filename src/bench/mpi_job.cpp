@@ -1,5 +1,5 @@
 // run_mpi_baseline_in_job: epx_mpi_baseline::run inside the oshrun job (built when the
-// baseline library and the shmem transport are; bench_mpi_job_unavailable.cpp otherwise).
+// baseline library and the shmem transport are; mpi_job_unavailable.cpp otherwise).
 #include <mpi.h>
 
 #include <string>

@@ -56,7 +56,7 @@ void check_shape(int ranks, int experts, int hidden, int topk, bool fp8, const s
 }
 
 void validate_options(const BenchOptions& o) {
-  // shmem: one rank per process, started by oshrun/mpirun (bench_run_shmem.cpp): P is the launcher's.
+  // shmem: one rank per process, started by oshrun/mpirun (run_shmem.cpp): P is the launcher's.
   const bool forked = o.transport != "shmem";
   if (forked) parse_transport_kind(o.transport);
   if (o.routing.empty()) {

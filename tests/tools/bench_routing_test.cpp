@@ -1,4 +1,4 @@
-// `epx bench`: the payload count and the generated routings (src/tools/bench_routing.hpp),
+// `epx bench`: the payload count and the generated routings (epx/bench/routing.hpp),
 // checked against a brute-force count written here.
 #include "epx/bench/routing.hpp"
 

@@ -1,4 +1,4 @@
-// Unit tests of the .npy reader/writer (src/tools/npy.hpp).
+// Unit tests of the .npy reader/writer (epx/io/npy.hpp).
 #include "epx/io/npy.hpp"
 
 #include <gtest/gtest.h>

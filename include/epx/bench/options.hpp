@@ -54,7 +54,7 @@ struct BenchOptions {
   std::string eplb_expert_bytes = "1M";
   // Data plane: BufferConfig::dataplane of every rank (--topology, --schedule, ...).
   DataPlaneOptions dataplane;
-  // --sweep KEY=V1,V2,...: one run per combination of the values (bench_sweep.hpp).
+  // --sweep KEY=V1,V2,...: one run per combination of the values (epx/bench/sweep.hpp).
   std::vector<std::string> sweep;
 
   bool expanded() const noexcept { return layout == "expanded"; }
