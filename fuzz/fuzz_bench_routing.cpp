@@ -3,11 +3,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "bench_options.hpp"
-#include "bench_routing.hpp"
+#include "epx/bench/options.hpp"
+#include "epx/bench/routing.hpp"
 #include "epx/error.hpp"
 #include "fuzz_support.hpp"
-#include "replay.hpp"
+#include "epx/io/replay.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto in = epx::fuzz::make_input_dir(data, size);

@@ -4,7 +4,7 @@
 
 #include "epx/error.hpp"
 #include "fuzz_support.hpp"
-#include "replay.hpp"
+#include "epx/io/replay.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto dir = epx::fuzz::work_dir() / "meta";

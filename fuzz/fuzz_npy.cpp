@@ -4,7 +4,7 @@
 
 #include "epx/error.hpp"
 #include "fuzz_support.hpp"
-#include "npy.hpp"
+#include "epx/io/npy.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto path = epx::fuzz::work_dir() / "a.npy";

@@ -9,7 +9,7 @@
 #include "commands.hpp"
 #include "epx/error.hpp"
 #include "fuzz_support.hpp"
-#include "replay.hpp"
+#include "epx/io/replay.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto in = epx::fuzz::make_input_dir(data, size);

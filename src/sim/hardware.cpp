@@ -44,7 +44,7 @@ constexpr Spec kSpecs[] = {
     {"payload_limit_high", "GB/s"},
 };
 
-// The calibrated values come from `epx sim calibrate` (src/tools/sim_calibrate.cpp); the
+// The calibrated values come from `epx sim calibrate` (src/sim/runner/calibrate.cpp); the
 // calibration shape and the fitted points are in docs/sim.md.
 constexpr const char* kAscend950 = R"json({
   "name": "ascend950-supernode",

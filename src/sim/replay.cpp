@@ -317,10 +317,10 @@ class Replay {
     }
   }
 
+  // Runs stream si's ops from `now` until one blocks it or takes time (then it runs again
+  // at the time the op ends); each op kind's handler says whether the stream goes on at once.
   void step(std::uint32_t si, Picoseconds now) {
     Stream& s = streams_[si];
-    Rank& rk = rank(s.rank);
-    const RankCompute& comp = compute_of(s.rank);
     while (true) {
       release_joiners(s, now);
       if (s.pos >= s.ops.size()) {
@@ -328,170 +328,211 @@ class Replay {
         s.end = now;
         return;
       }
-      const TraceOp& op = *s.ops[s.pos];
-      const auto q = static_cast<std::size_t>(op.queue);
-      switch (op.kind) {
-        case OpKind::kAfterMainWait: {
-          if (op.key == 0) {
-            ++s.pos;
-            continue;
-          }
-          auto it = rk.main_wait_done.find(op.key);
-          if (it != rk.main_wait_done.end()) {
-            ++s.pos;
-            if (it->second > now) {
-              run_at(si, it->second);
-              return;
-            }
-            continue;
-          }
-          if (!main_has_wait(s.rank, op.key)) {  // the fork point lies in an earlier call
-            ++s.pos;
-            continue;
-          }
-          s.block = Block::kDep;
-          rk.dep_waiters[op.key].push_back(si);
-          return;
-        }
-        case OpKind::kJoin: {
-          const auto k = static_cast<std::size_t>(op.peer);
-          const std::int64_t wi = k < rk.of_trace.size() ? rk.of_trace[k] : -1;
-          if (wi < 0) {  // that worker did nothing in this call
-            ++s.pos;
-            continue;
-          }
-          Stream& w = streams_[static_cast<std::size_t>(wi)];
-          const std::size_t need = op.key > w.first_op ? std::min<std::size_t>(op.key - w.first_op, w.ops.size()) : 0;
-          if (w.pos >= need) {
-            ++s.pos;
-            if (w.ready > now) {  // its last op is still under way
-              s.data += w.ready - now;
-              run_at(si, w.ready);
-              return;
-            }
-            continue;
-          }
-          s.block = Block::kDep;
-          s.block_start = now;
-          w.joiners.push_back({need, si});
-          return;
-        }
-        case OpKind::kPut:
-        case OpKind::kPutFlagged: {
-          // One doorbell per batch: a put record is a batch (consecutive puts to one (peer,
-          // queue) are coalesced); data-as-flag blocks are recorded one by one (each has its
-          // flag) but a run of them to the same (peer, queue) is one batch too.
-          const TraceOp* prev = s.pos > 0 ? s.ops[s.pos - 1] : nullptr;
-          const bool same_batch = op.kind == OpKind::kPutFlagged && prev != nullptr && prev->kind == OpKind::kPutFlagged &&
-                                  prev->peer == op.peer && prev->queue == op.queue;
-          const Picoseconds cost = (same_batch ? Picoseconds{0} : hw_.doorbell.to_ps()) +
-                                   Nanoseconds{hw_.put_issue.ns * static_cast<double>(op.count) / rk.parallel}.to_ps();
-          const Picoseconds t_end = now + cost;
-          s.control += cost;
-          Picoseconds& qf = rk.queue_free[q];
-          qf = max(now, qf) + Nanoseconds{hw_.queue_wr_time.ns * static_cast<double>(op.count)}.to_ps();
-          const Picoseconds ready = max(qf, t_end);
-          const auto payload = static_cast<std::uint64_t>(static_cast<double>(op.payload_bytes) * comp.payload_scale);
-          Record rec{};
-          rec.stream = si;
-          rec.src = s.rank;
-          rec.peer = op.peer;
-          rec.queue = op.queue;
-          rec.seq = ++s.issued[q];
-          rec.bytes = op.bytes - op.payload_bytes + payload;
-          rec.raw_payload = op.payload_bytes;
-          rec.pre_mem = static_cast<std::uint64_t>(static_cast<double>(payload) * comp.read_per_payload_byte);
-          rec.pre_vec = static_cast<std::uint64_t>(static_cast<double>(payload) * comp.presum_per_payload_byte);
-          rec.flagged = op.kind == OpKind::kPutFlagged;
-          rec.flag_key = op.key;
-          rec.flag_value = op.value;
-          s.incomplete[q].insert(rec.seq);
-          s.last_peer[q] = op.peer;
-          if (payload > 0) s.payload_issued = true;
-          rk.timing.puts += op.count;
-          rk.timing.payload_bytes += payload;
-          if (op.peer != s.rank) rk.timing.remote_bytes += rec.bytes;
-          records_.push_back(rec);
-          launch_record(static_cast<std::uint32_t>(records_.size() - 1), now, ready);
-          ++s.pos;
-          run_at(si, t_end);
-          return;
-        }
-        case OpKind::kSignal: {
-          const Picoseconds cost = hw_.signal_issue.to_ps();
-          const Picoseconds t_end = now + cost;
-          s.control += cost;
-          Picoseconds& qf = rk.queue_free[q];
-          qf = max(now, qf) + hw_.queue_wr_time.to_ps();
-          const Picoseconds ready = max(qf, t_end);
-          if (s.incomplete[q].empty())
-            q_.schedule(ready + lat(s.rank, op.peer), Deliver{op.peer, op.key, op.value, false, s.payload_issued});
-          else
-            s.pending[q].push_back({s.issued[q], op.peer, op.key, op.value, ready, s.payload_issued});
-          ++s.pos;
-          run_at(si, t_end);
-          return;
-        }
-        case OpKind::kQuiet: {
-          // A quiet in the middle of a put loop (the next op is a put: a staging buffer is
-          // reused) stalls only one of the hardware workers this stream stands for; the
-          // others keep issuing, so with parallel > 1 it costs its latency share only.
-          // (A run of quiets, one per queue, followed by a put is the same staging reuse.)
-          std::size_t next = s.pos + 1;
-          while (next < s.ops.size() && s.ops[next]->kind == OpKind::kQuiet) ++next;
-          const bool staging = rk.parallel > 1 && next < s.ops.size() &&
-                               (s.ops[next]->kind == OpKind::kPut || s.ops[next]->kind == OpKind::kPutFlagged);
-          if (staging) {
-            const Picoseconds t = now + Picoseconds{hw_.quiet_latency.to_ps().ps / rk.parallel};
-            s.sync += t - now;
-            ++s.pos;
-            run_at(si, t);
-            return;
-          }
-          if (s.incomplete[q].empty()) {
-            const Picoseconds t = now + hw_.quiet_latency.to_ps();
-            s.sync += hw_.quiet_latency.to_ps();
-            ++s.pos;
-            run_at(si, t);
-            return;
-          }
-          s.block = Block::kQuiet;
-          s.block_queue = op.queue;
-          s.block_start = now;
-          return;
-        }
-        case OpKind::kPollSignal:
-          if (poll_already_satisfied(rk, op)) {
-            ++s.pos;
-            continue;
-          }
-          [[fallthrough]];
-        case OpKind::kWaitSignal:
-        case OpKind::kWaitFlag: {
-          const bool flag = op.kind == OpKind::kWaitFlag;
-          auto& values = flag ? rk.flags : rk.slots;
-          auto it = values.find(op.key);
-          if (it != values.end() && it->second >= op.value) {
-            ++s.pos;
-            if (op.wait_index > 0) main_wait_done(s.rank, op.wait_index, now);
-            continue;
-          }
-          s.block = Block::kWait;
-          s.block_start = now;
-          (flag ? rk.flag_waiters : rk.slot_waiters)[op.key].push_back({si, op.value});
-          return;
-        }
-        case OpKind::kBarrier: {
-          s.block = Block::kBarrier;
-          s.block_start = now;
-          barrier_waiting_.push_back(si);
-          barrier_latest_ = max(barrier_latest_, now);
-          if (static_cast<int>(barrier_waiting_.size()) == P_)
-            q_.schedule(barrier_latest_ + hw_.barrier_cost(P_), BarrierRelease{});
-          return;
-        }
-      }
+      if (!step_op(si, *s.ops[s.pos], now)) return;
     }
+  }
+
+  bool step_op(std::uint32_t si, const TraceOp& op, Picoseconds now) {
+    Stream& s = streams_[si];
+    switch (op.kind) {
+      case OpKind::kAfterMainWait:
+        return after_main_wait(si, op, now);
+      case OpKind::kJoin:
+        return join(si, op, now);
+      case OpKind::kPut:
+      case OpKind::kPutFlagged:
+        issue_put(si, op, now);
+        return false;
+      case OpKind::kSignal:
+        issue_signal(si, op, now);
+        return false;
+      case OpKind::kQuiet:
+        quiet(si, op, now);
+        return false;
+      case OpKind::kPollSignal:
+        if (poll_already_satisfied(rank(s.rank), op)) {
+          ++s.pos;
+          return true;
+        }
+        [[fallthrough]];
+      case OpKind::kWaitSignal:
+      case OpKind::kWaitFlag:
+        return wait(si, op, now);
+      case OpKind::kBarrier:
+        barrier(si, now);
+        return false;
+    }
+    return false;
+  }
+
+  bool after_main_wait(std::uint32_t si, const TraceOp& op, Picoseconds now) {
+    Stream& s = streams_[si];
+    Rank& rk = rank(s.rank);
+    if (op.key == 0) {
+      ++s.pos;
+      return true;
+    }
+    auto it = rk.main_wait_done.find(op.key);
+    if (it != rk.main_wait_done.end()) {
+      ++s.pos;
+      if (it->second > now) {
+        run_at(si, it->second);
+        return false;
+      }
+      return true;
+    }
+    if (!main_has_wait(s.rank, op.key)) {  // the fork point lies in an earlier call
+      ++s.pos;
+      return true;
+    }
+    s.block = Block::kDep;
+    rk.dep_waiters[op.key].push_back(si);
+    return false;
+  }
+
+  bool join(std::uint32_t si, const TraceOp& op, Picoseconds now) {
+    Stream& s = streams_[si];
+    Rank& rk = rank(s.rank);
+    const auto k = static_cast<std::size_t>(op.peer);
+    const std::int64_t wi = k < rk.of_trace.size() ? rk.of_trace[k] : -1;
+    if (wi < 0) {  // that worker did nothing in this call
+      ++s.pos;
+      return true;
+    }
+    Stream& w = streams_[static_cast<std::size_t>(wi)];
+    const std::size_t need = op.key > w.first_op ? std::min<std::size_t>(op.key - w.first_op, w.ops.size()) : 0;
+    if (w.pos >= need) {
+      ++s.pos;
+      if (w.ready > now) {  // its last op is still under way
+        s.data += w.ready - now;
+        run_at(si, w.ready);
+        return false;
+      }
+      return true;
+    }
+    s.block = Block::kDep;
+    s.block_start = now;
+    w.joiners.push_back({need, si});
+    return false;
+  }
+
+  // One doorbell per batch: a put record is a batch (consecutive puts to one (peer,
+  // queue) are coalesced); data-as-flag blocks are recorded one by one (each has its
+  // flag) but a run of them to the same (peer, queue) is one batch too.
+  void issue_put(std::uint32_t si, const TraceOp& op, Picoseconds now) {
+    Stream& s = streams_[si];
+    Rank& rk = rank(s.rank);
+    const RankCompute& comp = compute_of(s.rank);
+    const auto q = static_cast<std::size_t>(op.queue);
+    const TraceOp* prev = s.pos > 0 ? s.ops[s.pos - 1] : nullptr;
+    const bool same_batch = op.kind == OpKind::kPutFlagged && prev != nullptr && prev->kind == OpKind::kPutFlagged &&
+                            prev->peer == op.peer && prev->queue == op.queue;
+    const Picoseconds cost = (same_batch ? Picoseconds{0} : hw_.doorbell.to_ps()) +
+                             Nanoseconds{hw_.put_issue.ns * static_cast<double>(op.count) / rk.parallel}.to_ps();
+    const Picoseconds t_end = now + cost;
+    s.control += cost;
+    Picoseconds& qf = rk.queue_free[q];
+    qf = max(now, qf) + Nanoseconds{hw_.queue_wr_time.ns * static_cast<double>(op.count)}.to_ps();
+    const Picoseconds ready = max(qf, t_end);
+    const auto payload = static_cast<std::uint64_t>(static_cast<double>(op.payload_bytes) * comp.payload_scale);
+    Record rec{};
+    rec.stream = si;
+    rec.src = s.rank;
+    rec.peer = op.peer;
+    rec.queue = op.queue;
+    rec.seq = ++s.issued[q];
+    rec.bytes = op.bytes - op.payload_bytes + payload;
+    rec.raw_payload = op.payload_bytes;
+    rec.pre_mem = static_cast<std::uint64_t>(static_cast<double>(payload) * comp.read_per_payload_byte);
+    rec.pre_vec = static_cast<std::uint64_t>(static_cast<double>(payload) * comp.presum_per_payload_byte);
+    rec.flagged = op.kind == OpKind::kPutFlagged;
+    rec.flag_key = op.key;
+    rec.flag_value = op.value;
+    s.incomplete[q].insert(rec.seq);
+    s.last_peer[q] = op.peer;
+    if (payload > 0) s.payload_issued = true;
+    rk.timing.puts += op.count;
+    rk.timing.payload_bytes += payload;
+    if (op.peer != s.rank) rk.timing.remote_bytes += rec.bytes;
+    records_.push_back(rec);
+    launch_record(static_cast<std::uint32_t>(records_.size() - 1), now, ready);
+    ++s.pos;
+    run_at(si, t_end);
+  }
+
+  void issue_signal(std::uint32_t si, const TraceOp& op, Picoseconds now) {
+    Stream& s = streams_[si];
+    Rank& rk = rank(s.rank);
+    const auto q = static_cast<std::size_t>(op.queue);
+    const Picoseconds cost = hw_.signal_issue.to_ps();
+    const Picoseconds t_end = now + cost;
+    s.control += cost;
+    Picoseconds& qf = rk.queue_free[q];
+    qf = max(now, qf) + hw_.queue_wr_time.to_ps();
+    const Picoseconds ready = max(qf, t_end);
+    if (s.incomplete[q].empty())
+      q_.schedule(ready + lat(s.rank, op.peer), Deliver{op.peer, op.key, op.value, false, s.payload_issued});
+    else
+      s.pending[q].push_back({s.issued[q], op.peer, op.key, op.value, ready, s.payload_issued});
+    ++s.pos;
+    run_at(si, t_end);
+  }
+
+  // A quiet in the middle of a put loop (the next op is a put: a staging buffer is
+  // reused) stalls only one of the hardware workers this stream stands for; the
+  // others keep issuing, so with parallel > 1 it costs its latency share only.
+  // (A run of quiets, one per queue, followed by a put is the same staging reuse.)
+  void quiet(std::uint32_t si, const TraceOp& op, Picoseconds now) {
+    Stream& s = streams_[si];
+    const Rank& rk = rank(s.rank);
+    const auto q = static_cast<std::size_t>(op.queue);
+    std::size_t next = s.pos + 1;
+    while (next < s.ops.size() && s.ops[next]->kind == OpKind::kQuiet) ++next;
+    const bool staging = rk.parallel > 1 && next < s.ops.size() &&
+                         (s.ops[next]->kind == OpKind::kPut || s.ops[next]->kind == OpKind::kPutFlagged);
+    if (staging) {
+      const Picoseconds t = now + Picoseconds{hw_.quiet_latency.to_ps().ps / rk.parallel};
+      s.sync += t - now;
+      ++s.pos;
+      run_at(si, t);
+      return;
+    }
+    if (s.incomplete[q].empty()) {
+      const Picoseconds t = now + hw_.quiet_latency.to_ps();
+      s.sync += hw_.quiet_latency.to_ps();
+      ++s.pos;
+      run_at(si, t);
+      return;
+    }
+    s.block = Block::kQuiet;
+    s.block_queue = op.queue;
+    s.block_start = now;
+  }
+
+  bool wait(std::uint32_t si, const TraceOp& op, Picoseconds now) {
+    Stream& s = streams_[si];
+    Rank& rk = rank(s.rank);
+    const bool flag = op.kind == OpKind::kWaitFlag;
+    auto& values = flag ? rk.flags : rk.slots;
+    auto it = values.find(op.key);
+    if (it != values.end() && it->second >= op.value) {
+      ++s.pos;
+      if (op.wait_index > 0) main_wait_done(s.rank, op.wait_index, now);
+      return true;
+    }
+    s.block = Block::kWait;
+    s.block_start = now;
+    (flag ? rk.flag_waiters : rk.slot_waiters)[op.key].push_back({si, op.value});
+    return false;
+  }
+
+  void barrier(std::uint32_t si, Picoseconds now) {
+    Stream& s = streams_[si];
+    s.block = Block::kBarrier;
+    s.block_start = now;
+    barrier_waiting_.push_back(si);
+    barrier_latest_ = max(barrier_latest_, now);
+    if (static_cast<int>(barrier_waiting_.size()) == P_) q_.schedule(barrier_latest_ + hw_.barrier_cost(P_), BarrierRelease{});
   }
 
   // A poll loop that observed `value`: its next ops wait for it. A value older than this

@@ -196,27 +196,11 @@ std::string describe_exit(int status, const char* phase, std::int64_t oom_kills_
   return "exited with status " + std::to_string(WEXITSTATUS(status)) + in;
 }
 
-void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
+// Forks the P rank processes over `control`; a failed fork is recorded as rank r's failure
+// and ends the forking. Returns the pids (-1 where none was started).
+std::vector<pid_t> fork_ranks(const LaunchOptions& opt, ControlBlock* control, const RankFn& fn, pid_t launcher,
+                              const struct sigaction& old_int, const struct sigaction& old_term) {
   const int P = opt.num_ranks;
-  const std::size_t bytes = ControlBlock::bytes_for(P);
-  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (memory == MAP_FAILED) throw Error(ErrorCode::kIo, "launch: cannot map the control block");
-  ControlBlock* control = ControlBlock::create(memory, P, new_job_id());
-  // If this launcher is SIGKILLed, its ranks die with it (PR_SET_PDEATHSIG) and the
-  // janitor unlinks whatever segment a rank had not unlinked yet.
-  detail::unlink_segments_at_exit(detail::ShmTransport::segment_prefix(control->job_id));
-  const std::int64_t oom_kills_before = detail::cgroup_oom_kills();
-  const pid_t launcher = getpid();
-
-  // Until every child is reaped, Ctrl-C / SIGTERM only set a flag: the launcher still
-  // stops the ranks and removes their segments.
-  struct sigaction sa{}, old_int{}, old_term{};
-  sa.sa_handler = on_interrupt;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  g_interrupted = 0;
-
   std::fflush(nullptr);
   std::vector<pid_t> pids(static_cast<std::size_t>(P), -1);
   for (int r = 0; r < P; ++r) {
@@ -244,95 +228,160 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
     pids[static_cast<std::size_t>(r)] = pid;
     control->ranks()[r].pid.store(pid);
   }
+  return pids;
+}
 
-  // Reap. After the first failure the others get a grace period to fail by themselves
-  // (they see the failure in their next wait), then they are killed.
-  int alive = 0;
-  for (pid_t p : pids) alive += p > 0;
-  const int started = alive;
-  auto kill_deadline = std::chrono::steady_clock::time_point::max();
-  bool killed = false;
-  const auto grace = std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::milliseconds(5000));
-  std::vector<std::string> stopped_in(static_cast<std::size_t>(P));  // "was stopped by signal 19 ..." while stopped
-  // Elastic: ranks that died (the others go on without them), and stopped ranks killed once
-  // every other rank had ended.
-  std::vector<bool> lost(static_cast<std::size_t>(P), false), killed_stopped(static_cast<std::size_t>(P), false);
-  while (alive > 0) {
-    bool reaped = false;
-    for (int r = 0; r < P; ++r) {
-      const pid_t rp = pids[static_cast<std::size_t>(r)];
-      if (rp <= 0) continue;
-      int status = 0;
-      // WUNTRACED: a stopped rank (SIGSTOP) is named as the one at fault, in its phase.
-      const pid_t pid = waitpid(rp, &status, WNOHANG | WUNTRACED | WCONTINUED);
-      if (pid != rp) continue;
-      char phase[detail::kPhaseChars];
-      control->ranks()[r].get_phase(phase);
-      if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
-        // Not a failure by itself (Ctrl-Z stops the whole job); the peers' timeouts name it,
-        // and if it is still stopped when the launcher kills it, that is its report.
-        stopped_in[static_cast<std::size_t>(r)] = WIFSTOPPED(status) ? describe_exit(status, phase, oom_kills_before) : "";
-        continue;
-      }
-      reaped = true;
-      --alive;
-      pids[static_cast<std::size_t>(r)] = -1;
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      // Died rather than failed: it recorded no error of its own (an elastic launch goes on).
-      const bool died = !ok && control->ranks()[r].state.load() != static_cast<std::int32_t>(RankState::kFailed);
-      if (died) {
-        // Killed by us after another rank failed: a consequence, not the cause.
-        const bool by_us = (killed || killed_stopped[static_cast<std::size_t>(r)]) && WIFSIGNALED(status) &&
-                           WTERMSIG(status) == SIGKILL;
-        const std::string& was_stopped = stopped_in[static_cast<std::size_t>(r)];
-        std::string msg = "rank " + std::to_string(r);
-        if (killed_stopped[static_cast<std::size_t>(r)])
-          msg += " " + was_stopped + " and was killed when every other rank had ended";
-        else if (by_us && !was_stopped.empty())
-          msg += " " + was_stopped + " and was killed after the timeout";  // the stalled rank itself
-        else if (by_us)
-          msg += " did not stop after another rank failed and was killed";
-        else
-          msg += " " + describe_exit(status, phase, oom_kills_before);
-        control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), by_us && was_stopped.empty() ? -1 : r,
-                                msg.c_str());
-      }
-      if (opt.elastic && died && !killed) {
-        lost[static_cast<std::size_t>(r)] = true;
-        continue;
-      }
-      if (!ok && kill_deadline == std::chrono::steady_clock::time_point::max())
-        kill_deadline = std::chrono::steady_clock::now() + grace;
-    }
-    if (reaped) continue;
-    if (opt.elastic && alive < started && kill_deadline == std::chrono::steady_clock::time_point::max()) {
-      bool all_stopped = true;  // some rank ended, and nobody is left who could still end by itself
-      for (int r = 0; r < P; ++r)
-        if (pids[static_cast<std::size_t>(r)] > 0) all_stopped &= !stopped_in[static_cast<std::size_t>(r)].empty();
-      if (all_stopped)
-        for (int r = 0; r < P; ++r)
-          if (pids[static_cast<std::size_t>(r)] > 0 && !killed_stopped[static_cast<std::size_t>(r)]) {
-            killed_stopped[static_cast<std::size_t>(r)] = true;
-            kill(pids[static_cast<std::size_t>(r)], SIGKILL);
-          }
-    }
-    if (g_interrupted && kill_deadline == std::chrono::steady_clock::time_point::max()) {
-      for (int r = 0; r < P; ++r)
-        control->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), -1, "interrupted");
-      for (pid_t p : pids)
-        if (p > 0) kill(p, SIGTERM);
-      kill_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-    }
-    if (!killed && std::chrono::steady_clock::now() > kill_deadline) {
-      for (pid_t p : pids)
-        if (p > 0) kill(p, SIGKILL);
-      killed = true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+// Reaps the rank processes. After the first failure the others get a grace period to fail
+// by themselves (they see the failure in their next wait), then they are killed.
+class RankReaper {
+ public:
+  RankReaper(const LaunchOptions& opt, ControlBlock* control, std::vector<pid_t> pids, std::int64_t oom_kills_before)
+      : opt_(opt), control_(control), P_(opt.num_ranks), pids_(std::move(pids)), oom_kills_before_(oom_kills_before),
+        grace_(std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::milliseconds(5000))),
+        stopped_in_(at(P_)), lost_(at(P_), false), killed_stopped_(at(P_), false) {
+    for (pid_t p : pids_) alive_ += p > 0;
+    started_ = alive_;
   }
+
+  // Until every started rank is reaped.
+  void run() {
+    while (alive_ > 0) {
+      bool reaped = false;
+      for (int r = 0; r < P_; ++r) reaped = poll(r) || reaped;
+      if (reaped) continue;
+      if (opt_.elastic) kill_if_only_stopped_left();
+      stop_on_interrupt();
+      kill_after_deadline();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  /// Elastic: the ranks that died (the others went on without them).
+  const std::vector<bool>& lost() const { return lost_; }
+
+ private:
+  static std::size_t at(int r) { return static_cast<std::size_t>(r); }
+  bool no_deadline() const { return kill_deadline_ == std::chrono::steady_clock::time_point::max(); }
+
+  // Rank r's process, if it changed state: true when it ended (and was reaped).
+  bool poll(int r) {
+    const pid_t rp = pids_[at(r)];
+    if (rp <= 0) return false;
+    int status = 0;
+    // WUNTRACED: a stopped rank (SIGSTOP) is named as the one at fault, in its phase.
+    const pid_t pid = waitpid(rp, &status, WNOHANG | WUNTRACED | WCONTINUED);
+    if (pid != rp) return false;
+    char phase[detail::kPhaseChars];
+    control_->ranks()[r].get_phase(phase);
+    if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
+      // Not a failure by itself (Ctrl-Z stops the whole job); the peers' timeouts name it,
+      // and if it is still stopped when the launcher kills it, that is its report.
+      stopped_in_[at(r)] = WIFSTOPPED(status) ? describe_exit(status, phase, oom_kills_before_) : "";
+      return false;
+    }
+    --alive_;
+    pids_[at(r)] = -1;
+    ended(r, status, phase);
+    return true;
+  }
+
+  void ended(int r, int status, const char* phase) {
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    // Died rather than failed: it recorded no error of its own (an elastic launch goes on).
+    const bool died = !ok && control_->ranks()[r].state.load() != static_cast<std::int32_t>(RankState::kFailed);
+    if (died) record_death(r, status, phase);
+    if (opt_.elastic && died && !killed_) {
+      lost_[at(r)] = true;
+      return;
+    }
+    if (!ok && no_deadline()) kill_deadline_ = std::chrono::steady_clock::now() + grace_;
+  }
+
+  void record_death(int r, int status, const char* phase) {
+    // Killed by us after another rank failed: a consequence, not the cause.
+    const bool by_us = (killed_ || killed_stopped_[at(r)]) && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    const std::string& was_stopped = stopped_in_[at(r)];
+    std::string msg = "rank " + std::to_string(r);
+    if (killed_stopped_[at(r)])
+      msg += " " + was_stopped + " and was killed when every other rank had ended";
+    else if (by_us && !was_stopped.empty())
+      msg += " " + was_stopped + " and was killed after the timeout";  // the stalled rank itself
+    else if (by_us)
+      msg += " did not stop after another rank failed and was killed";
+    else
+      msg += " " + describe_exit(status, phase, oom_kills_before_);
+    control_->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), by_us && was_stopped.empty() ? -1 : r, msg.c_str());
+  }
+
+  // Elastic: stopped ranks are killed (as lost) once some rank ended and nobody is left who
+  // could still end by itself.
+  void kill_if_only_stopped_left() {
+    if (alive_ >= started_ || !no_deadline()) return;
+    bool all_stopped = true;
+    for (int r = 0; r < P_; ++r)
+      if (pids_[at(r)] > 0) all_stopped &= !stopped_in_[at(r)].empty();
+    if (!all_stopped) return;
+    for (int r = 0; r < P_; ++r)
+      if (pids_[at(r)] > 0 && !killed_stopped_[at(r)]) {
+        killed_stopped_[at(r)] = true;
+        kill(pids_[at(r)], SIGKILL);
+      }
+  }
+
+  void stop_on_interrupt() {
+    if (!g_interrupted || !no_deadline()) return;
+    for (int r = 0; r < P_; ++r) control_->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), -1, "interrupted");
+    for (pid_t p : pids_)
+      if (p > 0) kill(p, SIGTERM);
+    kill_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  }
+
+  void kill_after_deadline() {
+    if (killed_ || std::chrono::steady_clock::now() <= kill_deadline_) return;
+    for (pid_t p : pids_)
+      if (p > 0) kill(p, SIGKILL);
+    killed_ = true;
+  }
+
+  const LaunchOptions& opt_;
+  ControlBlock* control_;
+  const int P_;
+  std::vector<pid_t> pids_;
+  const std::int64_t oom_kills_before_;
+  const std::chrono::milliseconds grace_;
+  int alive_ = 0, started_ = 0;
+  std::chrono::steady_clock::time_point kill_deadline_ = std::chrono::steady_clock::time_point::max();
+  bool killed_ = false;
+  std::vector<std::string> stopped_in_;  // "was stopped by signal 19 ..." while stopped
+  std::vector<bool> lost_, killed_stopped_;  // died; stopped and killed once every other rank had ended
+};
+
+void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
+  const int P = opt.num_ranks;
+  const std::size_t bytes = ControlBlock::bytes_for(P);
+  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) throw Error(ErrorCode::kIo, "launch: cannot map the control block");
+  ControlBlock* control = ControlBlock::create(memory, P, new_job_id());
+  // If this launcher is SIGKILLed, its ranks die with it (PR_SET_PDEATHSIG) and the
+  // janitor unlinks whatever segment a rank had not unlinked yet.
+  detail::unlink_segments_at_exit(detail::ShmTransport::segment_prefix(control->job_id));
+  const std::int64_t oom_kills_before = detail::cgroup_oom_kills();
+
+  // Until every child is reaped, Ctrl-C / SIGTERM only set a flag: the launcher still
+  // stops the ranks and removes their segments.
+  struct sigaction sa{}, old_int{}, old_term{};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  g_interrupted = 0;
+
+  RankReaper reaper(opt, control, fork_ranks(opt, control, fn, getpid(), old_int, old_term), oom_kills_before);
+  reaper.run();
   detail::ShmTransport::unlink_leftovers(control->job_id);
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
+  const std::vector<bool>& lost = reaper.lost();
   if (opt.lost != nullptr) {
     opt.lost->clear();
     for (int r = 0; r < P; ++r)

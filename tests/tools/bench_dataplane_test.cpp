@@ -11,9 +11,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "bench_dataplane.hpp"
-#include "bench_options.hpp"
-#include "bench_run.hpp"
+#include "epx/bench/dataplane_options.hpp"
+#include "epx/bench/options.hpp"
+#include "bench/bench_cli.hpp"
+#include "bench/run_bench.hpp"
 #include "bench_test_support.hpp"
 #include "commands.hpp"
 #include "epx/error.hpp"

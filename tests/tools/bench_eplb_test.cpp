@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "bench_options.hpp"
-#include "bench_routing.hpp"
-#include "bench_run.hpp"
+#include "epx/bench/options.hpp"
+#include "epx/bench/routing.hpp"
+#include "bench/run_bench.hpp"
 #include "epx/eplb.hpp"
 #include "epx/error.hpp"
 

@@ -13,10 +13,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "bench_mpi.hpp"
-#include "bench_routing.hpp"
-#include "bench_run.hpp"
-#include "bench_runner.hpp"
+#include "epx/bench/mpi.hpp"
+#include "epx/bench/routing.hpp"
+#include "bench/run_bench.hpp"
+#include "epx/bench/runner.hpp"
 #include "epx/error.hpp"
 
 namespace fs = std::filesystem;

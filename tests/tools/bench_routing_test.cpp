@@ -1,6 +1,6 @@
-// `epx bench`: the payload count and the generated routings (src/tools/bench_routing.hpp),
+// `epx bench`: the payload count and the generated routings (epx/bench/routing.hpp),
 // checked against a brute-force count written here.
-#include "bench_routing.hpp"
+#include "epx/bench/routing.hpp"
 
 #include <gtest/gtest.h>
 

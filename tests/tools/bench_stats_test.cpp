@@ -1,5 +1,5 @@
 // `epx bench`: the one definition of avg / nearest-rank percentiles (bench_stats.hpp).
-#include "bench_stats.hpp"
+#include "epx/bench/stats.hpp"
 
 #include <gtest/gtest.h>
 

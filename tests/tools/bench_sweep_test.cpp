@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "bench_sweep.hpp"
+#include "bench/sweep_print.hpp"
 #include "bench_test_support.hpp"
 #include "epx/error.hpp"
 

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <string>
 
-#include "bench_options.hpp"
+#include "epx/bench/options.hpp"
 
 namespace epx::testing {
 

@@ -22,7 +22,7 @@
 
 #include "commands.hpp"
 #include "epx/error.hpp"
-#include "npy.hpp"
+#include "epx/io/npy.hpp"
 
 namespace fs = std::filesystem;
 using epx::EplbPlan;

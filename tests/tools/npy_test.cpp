@@ -1,5 +1,5 @@
-// Unit tests of the .npy reader/writer (src/tools/npy.hpp).
-#include "npy.hpp"
+// Unit tests of the .npy reader/writer (epx/io/npy.hpp).
+#include "epx/io/npy.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

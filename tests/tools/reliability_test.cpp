@@ -22,18 +22,18 @@
 
 #include <CLI/CLI.hpp>
 
-#include "bench_options.hpp"
-#include "bench_output.hpp"
-#include "bench_report.hpp"
-#include "bench_run.hpp"
-#include "bench_runner.hpp"
+#include "epx/bench/options.hpp"
+#include "bench/output.hpp"
+#include "epx/bench/report.hpp"
+#include "epx/bench/run.hpp"
+#include "epx/bench/runner.hpp"
 #include "commands.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
 #include "epx/topology.hpp"
-#include "file_io.hpp"
-#include "npy.hpp"
-#include "replay.hpp"
+#include "epx/io/file_io.hpp"
+#include "epx/io/npy.hpp"
+#include "epx/io/replay.hpp"
 
 namespace fs = std::filesystem;
 using epx::Error;

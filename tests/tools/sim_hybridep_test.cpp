@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "epx/error.hpp"
-#include "sim_hybridep.hpp"
+#include "epx/sim/runner/hybridep.hpp"
 
 namespace epx::tools {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "bench_routing.hpp"
-#include "sim_ledger.hpp"
+#include "epx/bench/routing.hpp"
+#include "epx/sim/runner/ledger.hpp"
 
 namespace epx::tools {
 namespace {

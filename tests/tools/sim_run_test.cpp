@@ -5,8 +5,8 @@
 #include <cstdio>
 
 #include "epx/sim/hardware.hpp"
-#include "sim_calibrate.hpp"
-#include "sim_run.hpp"
+#include "epx/sim/runner/calibrate.hpp"
+#include "epx/sim/runner/run.hpp"
 
 namespace epx::tools {
 namespace {

@@ -1,0 +1,130 @@
+// `epx sim` runs: the real epx::Buffer on sim-transport ranks (one dispatch, one combine;
+// with `steady` or `cached` a second pair after them, which is what is timed), then the
+// recorded trace replayed through the hardware model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epx/bench/routing.hpp"
+#include "epx/sim/replay.hpp"
+#include "epx/sim/hardware.hpp"
+#include "epx/sim/trace.hpp"
+
+namespace epx::tools {
+
+struct SimOptions {
+  std::string hardware = "ascend950-supernode";
+  /// Rank positions for the engine (hierarchical servers, grouped blocks) and the model
+  /// (frame crossings). auto: sim::default_topology_spec(P) — builtin:supernode128 at 128
+  /// ranks, else builtin:servers:8 (or flat). A table for another P is an error.
+  std::string topology = "auto";
+  std::vector<int> ep = {8, 16, 32, 64, 128};
+  // The calibration shape (Ascend 950DT notes).
+  std::int64_t tokens = 16384;
+  int hidden = 7168;
+  int topk = 6;
+  int experts = 256;
+  bool fp8 = true;
+  int alignment = 128;
+  std::string layout = "expanded";
+  std::uint64_t seed = 1;
+  // Data plane (BufferConfig::dataplane).
+  std::string schedule = "rotated";
+  int queues = 1;
+  std::string queue_split = "rr";
+  std::int64_t aggregate = std::int64_t{1} << 20;
+  std::string protocol = "explicit";
+  std::int64_t ring_rows = 0;  ///< BufferConfig::ring_rows (0 = a slot for every row)
+  /// Time a second dispatch and combine, after a first pair: the steady state of a model's
+  /// layers, where each call follows one of the other kind and goes rows first where the
+  /// data plane allows it (docs/engine.md).
+  bool steady = false;
+  /// Steady, and the second dispatch is cached (the first dispatch's handle).
+  bool cached = false;
+  // How the engine runs.
+  int workers = 1;       ///< engine workers per rank (the model spreads them over the hardware's)
+  int run_hidden = 0;    ///< 0 = auto: H in model-only mode, else 128 with payload scaled by H/128
+  // Model-only knobs (what the engine does not do itself; experiments).
+  bool dense_scan = false;        ///< charge a dense [S, P] route scan instead of the compact plan
+  std::string sync = "none";      ///< none | barrier (global barrier per call) | credits:W (per-group)
+  bool progress = true;
+  /// Keep the engine's own counters of every call (BufferConfig::collect_stats): SimRun's
+  /// dispatch_counters / combine_counters (`epx sim ledger`).
+  bool collect_stats = false;
+  /// Also replay each combine with one of its mechanisms removed (docs/sim.md §3b):
+  /// SimPoint::combine_without.
+  bool attribution = false;
+  std::string json, svg;
+};
+
+/// One rank's put counters of one call, summed over its workers (epx::CallStats).
+struct EngineCounters {
+  std::uint64_t puts = 0, bytes = 0;              ///< puts to other ranks and their bytes
+  std::uint64_t local_puts = 0, local_bytes = 0;  ///< puts into the rank's own window
+};
+
+/// One EP size's engine run: the trace and what the model charges besides it.
+struct SimRun {
+  int ep = 0;
+  std::int64_t tokens = 0;  ///< S of the run (a dense [S, P] scan is charged from it)
+  sim::Trace trace;
+  Topology topology;  ///< the table the engine ran with; the replay places ranks by it
+  int dispatch_call = 1, combine_call = 2;  ///< the timed calls (the second pair when steady)
+  bool steady = false, cached = false;
+  std::vector<sim::RankCompute> dispatch_compute, combine_compute;
+  std::vector<std::int64_t> recv_rows;  ///< [P] compact rows received in dispatch
+  double dispatch_row_bytes = 0;        ///< logical bytes per received token (x + scales + idx + weights)
+  double combine_row_bytes = 0;         ///< logical bytes per combined token (bf16 x)
+  bool model_only = false;
+  int run_hidden = 0;
+  double engine_seconds = 0;
+  double engine_cpu_seconds = 0;  ///< process CPU time (all threads) of the engine run
+  /// With SimOptions::collect_stats: [P] the engine's counters of the first dispatch and
+  /// combine, and the rows the dispatch handle says it received.
+  std::vector<EngineCounters> dispatch_counters, combine_counters;
+  std::vector<std::int64_t> engine_recv_rows;
+};
+
+struct Split {
+  double data_us = 0, control_us = 0, sync_us = 0, tail_us = 0;
+  double reduce_tail_us = 0;  ///< of data_us: combine's sums after the rank's last op
+};
+
+struct SimPoint {
+  int ep = 0;
+  double dispatch_gbps = 0, dispatch_gbps_slowest = 0, combine_gbps = 0, combine_gbps_slowest = 0;
+  double dispatch_us = 0, combine_us = 0;  ///< max-rank latency
+  Split dispatch_split, combine_split;     ///< averages over ranks
+  double engine_seconds = 0, replay_seconds = 0;
+  double engine_cpu_seconds = 0, replay_cpu_seconds = 0;  ///< process CPU time (wall time depends on the machine's load)
+  std::uint64_t events = 0;
+  bool model_only = false;
+  bool steady = false;  ///< the numbers are of a second dispatch and combine
+  bool cached = false;  ///< ... whose dispatch is cached
+  int run_hidden = 0;
+  /// With SimOptions::attribution: combine GB/s (avg) with one mechanism removed, by name.
+  std::vector<std::pair<std::string, double>> combine_without;
+};
+
+/// Whether the engine announces its payload region and skips payload loops on a
+/// model-only transport (probed once with one rank).
+bool engine_supports_model_only();
+
+void validate_sim_options(const SimOptions& o);
+/// The routing `epx sim` runs on `ep` ranks (uniform top-k from o.seed; x is not used).
+BenchProblem sim_problem(const SimOptions& o, int ep);
+/// Runs the engine on `ep` sim ranks.
+SimRun collect_run(const SimOptions& o, int ep);
+/// Replays a run with a hardware model.
+SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o);
+/// collect + evaluate for every o.ep, with progress on stderr.
+std::vector<SimPoint> simulate(const SimOptions& o, const sim::HardwareModel& hw);
+
+/// Output helpers.
+std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareModel& hw);
+std::string sim_json(const std::vector<SimPoint>& points);
+std::string sim_svg(const std::vector<SimPoint>& points, const sim::HardwareModel& hw);
+
+}  // namespace epx::tools

@@ -1,0 +1,124 @@
+#include "epx/bench/dataplane_options.hpp"
+
+#include <charconv>
+#include <limits>
+
+#include "epx/error.hpp"
+#include "epx/schedule.hpp"
+#include "epx/topology.hpp"
+
+namespace epx::tools {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); }
+
+}  // namespace
+
+const std::vector<std::string>& dataplane_option_names() {
+  static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol"};
+  return names;
+}
+
+std::size_t parse_byte_size(const std::string& text) {
+  const auto fail = [&]() -> std::size_t {
+    bad("'" + text + "' is not a byte count (an integer >= 0, optionally with K, M or G = 2^10, 2^20, 2^30)");
+  };
+  if (text.empty()) return fail();
+  std::string_view digits(text);
+  int shift = 0;
+  switch (digits.back()) {
+    case 'k': case 'K': shift = 10; break;
+    case 'm': case 'M': shift = 20; break;
+    case 'g': case 'G': shift = 30; break;
+    default: break;
+  }
+  if (shift) digits.remove_suffix(1);
+  unsigned long long n = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) return fail();
+  if (n > (std::numeric_limits<std::size_t>::max() >> shift)) return fail();
+  return static_cast<std::size_t>(n) << shift;
+}
+
+std::string byte_size_text(std::size_t bytes) {
+  for (const auto& [shift, suffix] : {std::pair{30, "G"}, std::pair{20, "M"}, std::pair{10, "K"}}) {
+    const std::size_t unit = std::size_t{1} << shift;
+    if (bytes > 0 && bytes % unit == 0) return std::to_string(bytes / unit) + suffix;
+  }
+  return std::to_string(bytes);
+}
+
+void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const std::string& value) {
+  try {
+    if (name == "topology") {
+      if (value.empty()) bad("empty (builtin:flat, builtin:servers:N, builtin:supernode128 or a JSON file)");
+      d.topology = value;  // checked against P by check_dataplane
+    } else if (name == "schedule") {
+      d.schedule = parse_schedule(value);
+    } else if (name == "queues") {
+      if (value != "1" && value != "2" && value != "4") bad("'" + value + "' is not one of: 1, 2, 4");
+      d.queues = value[0] - '0';
+    } else if (name == "queue-split") {
+      d.queue_split = parse_queue_split(value);
+    } else if (name == "aggregate") {
+      d.aggregate_bytes = parse_byte_size(value);
+    } else if (name == "protocol") {
+      d.protocol = parse_protocol(value);
+    } else {
+      bad("unknown data-plane option '" + name + "'");
+    }
+  } catch (const Error& e) {
+    const std::string flag = "--" + name;
+    const std::string what = e.what();
+    throw Error(e.code(), what.rfind(flag, 0) == 0 ? what : flag + ": " + what);
+  }
+}
+
+std::string dataplane_option_value(const DataPlaneOptions& d, const std::string& name) {
+  if (name == "topology") return d.topology;
+  if (name == "schedule") return to_string(d.schedule);
+  if (name == "queues") return std::to_string(d.queues);
+  if (name == "queue-split") return to_string(d.queue_split);
+  if (name == "aggregate") return byte_size_text(d.aggregate_bytes);
+  if (name == "protocol") return to_string(d.protocol);
+  bad("unknown data-plane option '" + name + "'");
+}
+
+void check_dataplane(const DataPlaneOptions& d, int ranks) {
+  if (d.queue_split.kind == QueueSplitKind::kRatio && static_cast<int>(d.queue_split.ratio.size()) != d.queues)
+    bad("--queue-split " + to_string(d.queue_split) + " has " + std::to_string(d.queue_split.ratio.size()) +
+        " parts but --queues is " + std::to_string(d.queues) + " (a ratio needs one part per queue)");
+  if (ranks <= 0) return;
+  // The table and the schedule the engine will build, so a mismatch fails before any rank starts.
+  Topology topology;
+  try {
+    topology = load_topology(d.topology, ranks);
+  } catch (const Error& e) {
+    bad(std::string("--topology: ") + e.what());
+  }
+  try {
+    for (int r = 0; r < ranks; ++r) peer_rounds(d.schedule, topology, r);
+  } catch (const Error& e) {
+    bad("--schedule " + to_string(d.schedule) + ": " + e.what());
+  }
+}
+
+std::string describe_dataplane(const DataPlaneOptions& d) {
+  return "topology " + d.topology + ", schedule " + to_string(d.schedule) + ", " + std::to_string(d.queues) +
+         (d.queues == 1 ? " queue" : " queues") + " (split " + to_string(d.queue_split) + "), aggregate " +
+         (d.aggregate_bytes == 0 ? std::string("off") : byte_size_text(d.aggregate_bytes)) + ", protocol " + to_string(d.protocol);
+}
+
+nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
+  nlohmann::ordered_json j;
+  j["topology"] = d.topology;
+  j["schedule"] = to_string(d.schedule);
+  j["queues"] = d.queues;
+  j["queue_split"] = to_string(d.queue_split);
+  j["aggregate_bytes"] = d.aggregate_bytes;
+  j["protocol"] = to_string(d.protocol);
+  return j;
+}
+
+}  // namespace epx::tools

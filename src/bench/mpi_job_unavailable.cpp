@@ -1,0 +1,13 @@
+// run_mpi_baseline_in_job in a build without the MPI baseline library or the shmem transport.
+#include "epx/bench/mpi.hpp"
+
+namespace epx::tools {
+
+BaselineResult run_mpi_baseline_in_job(const BenchOptions&, const BenchProblem&, int, const std::filesystem::path&) {
+  BaselineResult b;
+  b.why_not = "this build has no MPI baseline library in epx (needs Open MPI with OpenSHMEM: apt-get install "
+              "libopenmpi-dev openmpi-bin, and a build that is not a sanitizer build)";
+  return b;
+}
+
+}  // namespace epx::tools

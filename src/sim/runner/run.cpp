@@ -1,0 +1,533 @@
+#include "epx/sim/runner/run.hpp"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "epx/bench/routing.hpp"
+#include "epx/buffer.hpp"
+#include "epx/error.hpp"
+#include "epx/launch.hpp"
+#include "epx/sim/launch.hpp"
+#include "epx/sim/model_transport.hpp"
+
+namespace epx::tools {
+
+namespace {
+
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); }
+
+double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// Zero-filled memory that costs nothing until written: untouched anonymous pages read as 0.
+class ZeroMap {
+ public:
+  explicit ZeroMap(std::size_t bytes) : bytes_(std::max<std::size_t>(bytes, 4096)) {
+    p_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p_ == MAP_FAILED) throw Error(ErrorCode::kCapacityExceeded, "epx sim: cannot map " + std::to_string(bytes_) + " bytes");
+  }
+  ~ZeroMap() { munmap(p_, bytes_); }
+  ZeroMap(const ZeroMap&) = delete;
+  ZeroMap& operator=(const ZeroMap&) = delete;
+  void* data() const noexcept { return p_; }
+
+ private:
+  std::size_t bytes_;
+  void* p_;
+};
+
+std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+// The engine's window layout (src/engine/buffer.cpp make_layout) for the payload region, used
+// only while the engine does not announce it itself (set_payload_region): copy mode at a
+// reduced hidden size then scales exactly these puts by H / H_run.
+std::pair<std::size_t, std::size_t> fallback_payload_region(const BufferConfig& c, int P) {
+  const std::size_t H = static_cast<std::size_t>(c.hidden), K = static_cast<std::size_t>(c.num_topk);
+  constexpr std::size_t kNotifyHeader = 560;  // sizeof(detail::NotifyHeader)
+  const std::size_t header = align_up(kNotifyHeader + 4 * static_cast<std::size_t>(P + c.num_experts), 64);
+  const auto recv_rows = static_cast<std::size_t>(P) * static_cast<std::size_t>(c.max_tokens_per_rank);
+  const std::size_t reply_rows = static_cast<std::size_t>(c.max_tokens_per_rank) * std::min<std::size_t>(K, static_cast<std::size_t>(P));
+  const std::size_t data = align_up(2 * static_cast<std::size_t>(P) * header, 4096);
+  const std::size_t replies = align_up(data + recv_rows * 2 * H, 4096);
+  const std::size_t scales = align_up(replies + reply_rows * 2 * H, 64);
+  const std::size_t scale_row = H % 128 == 0 ? H / 128 * 4 : 0;
+  const std::size_t meta = align_up(scales + recv_rows * scale_row, 64);
+  return {data, meta};
+}
+
+std::string topology_for(const std::string& spec, int P) { return spec == "auto" ? sim::default_topology_spec(P) : spec; }
+
+BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, int P) {
+  BufferConfig c;
+  c.num_experts = o.experts;
+  c.hidden = hidden;
+  c.num_topk = o.topk;
+  c.max_tokens_per_rank = o.tokens;
+  c.num_workers = o.workers;
+  c.dataplane.topology = topology_for(o.topology, P);
+  c.dataplane.schedule = parse_schedule(o.schedule);
+  c.dataplane.queues = o.queues;
+  c.dataplane.queue_split = parse_queue_split(o.queue_split);
+  c.dataplane.aggregate_bytes = static_cast<std::size_t>(std::llround(static_cast<double>(o.aggregate) * agg_scale));
+  c.dataplane.protocol = parse_protocol(o.protocol);
+  c.ring_rows = o.ring_rows;
+  c.collect_stats = o.collect_stats;
+  return c;
+}
+
+sim::Picoseconds extra_sync(const SimOptions& o, const sim::HardwareModel& hw, int P) {
+  if (o.sync == "barrier") return hw.barrier_cost(P);
+  if (o.sync.rfind("credits:", 0) == 0) {
+    const int w = std::max(1, std::atoi(o.sync.c_str() + 8));
+    // Each rank returns one credit to each of the W-1 other members of its group and waits
+    // for theirs: one hop, W-1 signal issues, one poll.
+    return hw.link_latency.to_ps() + sim::Nanoseconds{hw.signal_issue.ns * (w - 1)}.to_ps() + hw.poll_latency.to_ps();
+  }
+  return sim::Picoseconds{0};
+}
+
+// Combine's two sums, from the routing (docs/sim.md §2): at the expert rank the slots of a
+// row with several slots are summed into its partial on the vector units (a row with one
+// slot passes through, unweighted); at the source, each token's partials are summed once
+// the last has landed. Only where the replies travel straight to their source in the
+// dispatch plan's order (not through relays or a bounded ring, whose order differs).
+void add_combine_reduction(SimRun& run, const BenchProblem& problem, bool expanded, const SimOptions& o, std::uint64_t row_bytes) {
+  if (o.schedule == "hierarchical" || o.ring_rows > 0) return;
+  const int P = run.ep, K = o.topk, L = o.experts / P;
+  std::vector<std::int64_t> presum_slots(static_cast<std::size_t>(P), 0);
+  std::vector<std::int32_t> slots_at(static_cast<std::size_t>(P), 0);
+  for (int s = 0; s < P; ++s) {
+    auto red = std::make_shared<sim::SourceReduction>();
+    red->from.resize(static_cast<std::size_t>(P));
+    red->row_bytes = row_bytes;
+    const BenchRankInput& in = problem.rank[static_cast<std::size_t>(s)];
+    red->partials.assign(static_cast<std::size_t>(in.tokens), 0);
+    for (std::int64_t t = 0; t < in.tokens; ++t) {
+      std::fill(slots_at.begin(), slots_at.end(), 0);
+      for (int k = 0; k < K; ++k) {
+        const std::int64_t e = in.topk_idx[static_cast<std::size_t>(t * K + k)];
+        if (e >= 0) ++slots_at[static_cast<std::size_t>(e / L)];
+      }
+      for (int d = 0; d < P; ++d) {
+        const std::int32_t n = slots_at[static_cast<std::size_t>(d)];
+        if (n == 0) continue;
+        red->from[static_cast<std::size_t>(d)].push_back(static_cast<std::int32_t>(t));
+        ++red->partials[static_cast<std::size_t>(t)];
+        if (n > 1) presum_slots[static_cast<std::size_t>(d)] += n;
+      }
+    }
+    run.combine_compute[static_cast<std::size_t>(s)].reduction = std::move(red);
+  }
+  for (int d = 0; d < P; ++d) {
+    const auto rows = static_cast<double>(run.recv_rows[static_cast<std::size_t>(d)]);
+    if (expanded && rows > 0)
+      run.combine_compute[static_cast<std::size_t>(d)].presum_per_payload_byte =
+          static_cast<double>(presum_slots[static_cast<std::size_t>(d)]) / rows;
+  }
+}
+
+}  // namespace
+
+bool engine_supports_model_only() {
+  static const bool supported = [] {
+    bool saw = false;
+    LaunchOptions lo;
+    lo.num_ranks = 1;
+    lo.transport = TransportKind::kSim;
+    sim::SimTransportOptions so;
+    so.model_only = true;
+    sim::launch(lo, so, [&](Transport& t) {
+      BufferConfig c;
+      c.num_experts = 2;
+      c.hidden = 128;
+      c.num_topk = 1;
+      c.max_tokens_per_rank = 1;
+      c.num_workers = 1;
+      Buffer b(t, c);
+      saw = sim::sim_saw_payload_region(t);
+    });
+    return saw;
+  }();
+  return supported;
+}
+
+void validate_sim_options(const SimOptions& o) {
+  if (o.ep.empty()) bad("--ep needs at least one EP size");
+  for (int p : o.ep) check_shape(p, o.experts, o.hidden, o.topk, o.fp8, "epx sim --ep " + std::to_string(p));
+  if (o.tokens < 1) bad("--tokens must be >= 1, got " + std::to_string(o.tokens));
+  if (o.layout != "compact" && o.layout != "expanded") bad("--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
+  if (o.alignment < 1) bad("--alignment must be >= 1");
+  if (o.workers < 1) bad("--workers must be >= 1 (engine workers per rank in the simulated run)");
+  if (o.queues < 1 || o.queues > 4) bad("--queues must be 1, 2 or 4, got " + std::to_string(o.queues));
+  if (o.aggregate < 0) bad("--aggregate must be >= 0 bytes (0 = off)");
+  if (o.run_hidden < 0 || (o.run_hidden > 0 && o.fp8 && o.run_hidden % 128 != 0))
+    bad("--run-hidden must be 0 (auto) or a positive size (a multiple of 128 with --fp8)");
+  if (o.sync != "none" && o.sync != "barrier" && o.sync.rfind("credits:", 0) != 0)
+    bad("--sync must be none, barrier or credits:W");
+  parse_schedule(o.schedule);
+  parse_queue_split(o.queue_split);
+  parse_protocol(o.protocol);
+  if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));
+  if (o.ring_rows > 0 && o.protocol == "flag") bad("--ring-rows needs --protocol explicit or tail");
+  if (o.ring_rows > 0 && o.schedule == "hierarchical") bad("--ring-rows cannot be combined with --schedule hierarchical");
+  // Every EP size must have a table of its size (an explicit --topology names one P).
+  for (int p : o.ep) {
+    try {
+      load_topology(topology_for(o.topology, p), p);
+    } catch (const Error& e) {
+      bad("--topology at --ep " + std::to_string(p) + ": " + e.what());
+    }
+  }
+}
+
+BenchProblem sim_problem(const SimOptions& o, int ep) {
+  // The bench's generator (uniform top-k, per-rank streams of the seed); its x is made at a
+  // tiny hidden size and not used — every rank of a run reads one shared zero x.
+  BenchOptions bo;
+  bo.ranks = ep;
+  bo.tokens = o.tokens;
+  bo.hidden = 64;
+  bo.topk = o.topk;
+  bo.experts = o.experts;
+  bo.seed = o.seed;
+  return make_problem(bo);
+}
+
+SimRun collect_run(const SimOptions& o, int ep) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_seconds();
+  SimRun run;
+  run.ep = ep;
+  run.tokens = o.tokens;
+  run.steady = o.steady || o.cached;
+  run.cached = o.cached;
+  run.model_only = o.run_hidden == 0 && engine_supports_model_only();
+  run.run_hidden = o.run_hidden > 0 ? o.run_hidden : run.model_only ? o.hidden : std::min(o.hidden, o.fp8 ? 128 : 64);
+  const int Hr = run.run_hidden;
+  const double scale = static_cast<double>(o.hidden) / Hr;
+
+  BenchProblem problem = sim_problem(o, ep);
+  const bool expanded = o.layout == "expanded";
+  const RouteCount count = count_routes(problem, expanded, o.alignment);
+  for (auto& r : problem.rank) r.x = Tensor();
+
+  const std::size_t x_row = o.fp8 ? static_cast<std::size_t>(Hr) : static_cast<std::size_t>(Hr) * 2;
+  ZeroMap x(static_cast<std::size_t>(o.tokens) * x_row);
+  ZeroMap scales(static_cast<std::size_t>(o.tokens) * static_cast<std::size_t>(std::max(1, Hr / 128)) * 4);
+  const BufferConfig cfg = buffer_config(o, Hr, 1.0 / scale, ep);
+  run.topology = load_topology(cfg.dataplane.topology, ep);
+  const auto fallback = fallback_payload_region(cfg, ep);
+
+  LaunchOptions lo;
+  lo.num_ranks = ep;
+  lo.transport = TransportKind::kSim;
+  lo.timeout = std::chrono::milliseconds(600000);
+  sim::SimTransportOptions so;
+  so.model_only = run.model_only;
+  so.trace = &run.trace;
+  if (o.collect_stats) {
+    run.dispatch_counters.resize(static_cast<std::size_t>(ep));
+    run.combine_counters.resize(static_cast<std::size_t>(ep));
+    run.engine_recv_rows.resize(static_cast<std::size_t>(ep));
+  }
+  auto counters = [](const CallStats& cs) {
+    EngineCounters c;
+    for (const WorkerStats& w : cs.workers) {
+      c.puts += w.puts;
+      c.bytes += w.put_bytes;
+      c.local_puts += w.local_puts;
+      c.local_bytes += w.local_bytes;
+    }
+    return c;
+  };
+  sim::launch(lo, so, [&](Transport& t) {
+    const int r = t.rank();
+    const auto ur = static_cast<std::size_t>(r);
+    const BenchRankInput& in = problem.rank[static_cast<std::size_t>(r)];
+    Buffer buffer(t, cfg);
+    if (!sim::sim_saw_payload_region(t))
+      if (auto* model = dynamic_cast<sim::ModelTransport*>(&t)) model->set_payload_region(fallback.first, fallback.second);
+    DispatchArgs a;
+    a.x = TensorView(x.data(), o.fp8 ? DType::kFP8E4M3 : DType::kBF16, {o.tokens, Hr});
+    if (o.fp8) a.x_scales = TensorView(scales.data(), DType::kF32, {o.tokens, Hr / 128});
+    a.topk_idx = TensorView(in.topk_idx.data(), DType::kI64, {o.tokens, o.topk});
+    a.topk_weights = TensorView(in.topk_weights.data(), DType::kF32, {o.tokens, o.topk});
+    a.layout = expanded ? RecvLayout::kExpanded : RecvLayout::kCompact;
+    a.expert_alignment = o.alignment;
+    sim::sim_begin_call(t, "dispatch");
+    DispatchResult d = buffer.dispatch(a);
+    const std::int64_t rows = d.handle.num_recv_rows();
+    if (o.collect_stats && !run.steady) run.dispatch_counters[ur] = counters(buffer.last_stats());
+    d.recv_x = Tensor();  // only the handle is needed from here on
+    ZeroMap y(static_cast<std::size_t>(rows) * static_cast<std::size_t>(Hr) * 2);
+    CombineArgs c;
+    c.y = TensorView(y.data(), DType::kBF16, {rows, Hr});
+    c.handle = &d.handle;
+    sim::sim_begin_call(t, "combine");
+    buffer.combine(c);
+    if (o.collect_stats && !run.steady) {  // each rank writes only its own entries
+      run.engine_recv_rows[ur] = rows;
+      run.combine_counters[ur] = counters(buffer.last_stats());
+    }
+    if (run.steady) {
+      if (o.cached) a.handle = &d.handle;
+      const int dispatch_call = sim::sim_begin_call(t, o.cached ? "cached dispatch" : "dispatch");
+      DispatchResult d2 = buffer.dispatch(a);
+      d2.recv_x = Tensor();
+      c.handle = &d2.handle;
+      const int combine_call = sim::sim_begin_call(t, "combine");
+      buffer.combine(c);
+      if (r == 0) run.dispatch_call = dispatch_call, run.combine_call = combine_call;  // the same on every rank
+    }
+  });
+
+  const int P = ep;
+  run.recv_rows = count.recv_rows;
+  run.dispatch_compute.resize(static_cast<std::size_t>(P));
+  run.combine_compute.resize(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    sim::RankCompute& dc = run.dispatch_compute[static_cast<std::size_t>(r)];
+    if (!o.cached) {  // a cached dispatch reuses the handle's plan
+      dc.plan_slots = static_cast<std::uint64_t>(o.tokens * o.topk);
+      dc.plan_counts = static_cast<std::uint64_t>(P) * static_cast<std::uint64_t>(P + o.experts);
+    }
+    dc.payload_scale = scale;
+    sim::RankCompute& cc = run.combine_compute[static_cast<std::size_t>(r)];
+    cc.payload_scale = scale;
+    const double rows = static_cast<double>(count.recv_rows[static_cast<std::size_t>(r)]);
+    const double slots = static_cast<double>(count.recv_slots[static_cast<std::size_t>(r)]);
+    // Expanded combine: the expert rank reads every slot row; a row with several slots is
+    // summed into a staged partial (written, then read again by the put).
+    if (expanded && rows > 0) cc.read_per_payload_byte = (slots + 2 * (slots - rows)) / rows;
+  }
+  add_combine_reduction(run, problem, expanded, o, 2 * static_cast<std::uint64_t>(Hr));
+  const double H = o.hidden, K = o.topk;
+  run.dispatch_row_bytes = (o.fp8 ? H + H / 128 * 4 : 2 * H) + K * 8 + K * 4;
+  run.combine_row_bytes = 2 * H;
+  run.engine_seconds = seconds_since(t0);
+  run.engine_cpu_seconds = cpu_seconds() - c0;
+  return run;
+}
+
+SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_seconds();
+  SimPoint pt;
+  pt.ep = run.ep;
+  pt.model_only = run.model_only;
+  pt.steady = run.steady;
+  pt.cached = run.cached;
+  pt.run_hidden = run.run_hidden;
+  pt.engine_seconds = run.engine_seconds;
+  pt.engine_cpu_seconds = run.engine_cpu_seconds;
+  const int P = run.ep;
+  const sim::Picoseconds extra = extra_sync(o, hw, P);
+  // Model-only knobs come from `o`, not from the options the run was made with (a run is
+  // shared by variants that differ only in them).
+  const std::uint64_t dense_cells = o.dense_scan ? static_cast<std::uint64_t>(run.tokens) * static_cast<std::uint64_t>(P) : 0;
+  auto one = [&](int call, std::vector<sim::RankCompute> compute, double row_bytes, double& avg, double& slowest,
+                 double& max_us, Split& split) {
+    for (auto& c : compute) {
+      c.extra_sync = extra;
+      if (call == run.dispatch_call && !run.cached) c.dense_cells = dense_cells;
+    }
+    const sim::CallTiming t = sim::replay_call(run.trace, call, hw, compute, run.topology);
+    pt.events += t.events;
+    max_us = t.max_rank.us();
+    int worst = 0;
+    for (int r = 0; r < P; ++r) {
+      const sim::RankTiming& rt = t.ranks[static_cast<std::size_t>(r)];
+      const double bytes = static_cast<double>(run.recv_rows[static_cast<std::size_t>(r)]) * row_bytes;
+      avg += bytes / (rt.total.us() * 1e3) / P;
+      if (rt.total > t.ranks[static_cast<std::size_t>(worst)].total) worst = r;
+      split.data_us += rt.data.us() / P;
+      split.reduce_tail_us += rt.reduce_tail.us() / P;
+      split.control_us += rt.control.us() / P;
+      split.sync_us += rt.sync.us() / P;
+      split.tail_us += (t.max_rank - rt.total).us() / P;
+    }
+    slowest = static_cast<double>(run.recv_rows[static_cast<std::size_t>(worst)]) * row_bytes /
+              (t.ranks[static_cast<std::size_t>(worst)].total.us() * 1e3);
+  };
+  one(run.dispatch_call, run.dispatch_compute, run.dispatch_row_bytes, pt.dispatch_gbps, pt.dispatch_gbps_slowest,
+      pt.dispatch_us, pt.dispatch_split);
+  one(run.combine_call, run.combine_compute, run.combine_row_bytes, pt.combine_gbps, pt.combine_gbps_slowest,
+      pt.combine_us, pt.combine_split);
+  if (o.attribution) {
+    // The same run, each combine mechanism of the model removed in turn (the engine's
+    // trace — rows per token, local fraction — stays).
+    const std::vector<std::pair<std::string, std::function<void(sim::RankCompute&)>>> without = {
+        {"source sum", [](sim::RankCompute& c) { c.reduction.reset(); }},
+        {"sum's memory traffic", [](sim::RankCompute& c) { c.reduction_memory = false; }},
+        {"expert pre-sum", [](sim::RankCompute& c) { c.presum_per_payload_byte = 0; }},
+        {"expert reads", [](sim::RankCompute& c) { c.read_per_payload_byte = 1; }},
+        {"per-peer release", [](sim::RankCompute& c) { c.peer_release = false; }},
+    };
+    for (const auto& [name, change] : without) {
+      std::vector<sim::RankCompute> compute = run.combine_compute;
+      for (auto& c : compute) change(c);
+      double avg = 0, slowest = 0, max_us = 0;
+      Split split;
+      one(run.combine_call, compute, run.combine_row_bytes, avg, slowest, max_us, split);
+      pt.combine_without.emplace_back(name, avg);
+    }
+  }
+  pt.replay_seconds = seconds_since(t0);
+  pt.replay_cpu_seconds = cpu_seconds() - c0;
+  return pt;
+}
+
+std::vector<SimPoint> simulate(const SimOptions& o, const sim::HardwareModel& hw) {
+  std::vector<SimPoint> out;
+  for (int ep : o.ep) {
+    if (o.progress) std::fprintf(stderr, "[epx sim] EP%d: running the engine on %d sim ranks...\n", ep, ep);
+    const SimRun run = collect_run(o, ep);
+    if (o.progress)
+      std::fprintf(stderr, "[epx sim] EP%d: engine %.2f s wall, %.2f s CPU (%s, hidden %d); replaying...\n", ep, run.engine_seconds,
+                   run.engine_cpu_seconds,
+                   run.model_only ? "model-only" : "copy mode, payload scaled", run.run_hidden);
+    SimPoint pt = evaluate_run(run, hw, o);
+    if (o.progress)
+      std::fprintf(stderr, "[epx sim] EP%d: replay %.2f s wall, %.2f s CPU (%llu events)\n", ep, pt.replay_seconds, pt.replay_cpu_seconds,
+                   static_cast<unsigned long long>(pt.events));
+    out.push_back(pt);
+  }
+  return out;
+}
+
+std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareModel& hw) {
+  std::ostringstream os;
+  char line[512];
+  std::snprintf(line, sizeof line, "hardware: %s (physical payload limit %.0f-%.0f GB/s per rank)\n", hw.name.c_str(),
+                hw.payload_limit_low.gbps, hw.payload_limit_high.gbps);
+  os << line;
+  if (!points.empty() && points.front().steady)
+    os << (points.front().cached ? "steady state: a cached dispatch and a combine after a first pair (rows first)\n"
+                                 : "steady state: a second dispatch and combine after a first pair (rows first)\n");
+  os << "  EP | dispatch GB/s avg  slowest | max-rank us | combine GB/s avg  slowest | max-rank us\n";
+  for (const SimPoint& p : points) {
+    std::snprintf(line, sizeof line, "%4d | %17.1f %8.1f | %11.1f | %16.1f %8.1f | %11.1f\n", p.ep, p.dispatch_gbps,
+                  p.dispatch_gbps_slowest, p.dispatch_us, p.combine_gbps, p.combine_gbps_slowest, p.combine_us);
+    os << line;
+  }
+  if (!points.empty() && !points.front().combine_without.empty()) {
+    os << "combine GB/s (avg) with one mechanism of the model removed (same engine run):\n  EP |     full";
+    for (const auto& [name, v] : points.front().combine_without) os << " | w/o " << name;
+    os << "\n";
+    for (const SimPoint& p : points) {
+      std::snprintf(line, sizeof line, "%4d | %8.1f", p.ep, p.combine_gbps);
+      os << line;
+      for (const auto& [name, v] : p.combine_without) {
+        std::snprintf(line, sizeof line, " | %*.1f", static_cast<int>(name.size() + 4), v);
+        os << line;
+      }
+      os << "\n";
+    }
+  }
+  os << "time split (us, average over ranks): data plane / control plane / sync / tail\n";
+  for (const SimPoint& p : points) {
+    std::snprintf(line, sizeof line, "%4d | dispatch %7.1f %7.1f %7.1f %7.1f | combine %7.1f %7.1f %7.1f %7.1f\n", p.ep,
+                  p.dispatch_split.data_us, p.dispatch_split.control_us, p.dispatch_split.sync_us, p.dispatch_split.tail_us,
+                  p.combine_split.data_us, p.combine_split.control_us, p.combine_split.sync_us, p.combine_split.tail_us);
+    os << line;
+  }
+  if (!points.empty() && points.front().combine_split.reduce_tail_us > 0) {
+    os << "combine's sums and per-peer hand-backs after the rank's last transport op (us, average over ranks; part of the data plane):";
+    for (const SimPoint& p : points) {
+      std::snprintf(line, sizeof line, " EP%d %.1f", p.ep, p.combine_split.reduce_tail_us);
+      os << line;
+    }
+    os << "\n";
+  }
+  os << "run time per EP size (engine on sim ranks + replay):\n";
+  for (const SimPoint& p : points) {
+    std::snprintf(line, sizeof line, "%4d | engine %.2f s (%.2f s CPU; %s, hidden %d) + replay %.2f s (%.2f s CPU), %llu events\n", p.ep,
+                  p.engine_seconds, p.engine_cpu_seconds, p.model_only ? "model-only" : "copy, payload scaled", p.run_hidden,
+                  p.replay_seconds, p.replay_cpu_seconds,
+                  static_cast<unsigned long long>(p.events));
+    os << line;
+  }
+  return os.str();
+}
+
+std::string sim_json(const std::vector<SimPoint>& points) {
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  auto split = [](const Split& s) {
+    return nlohmann::ordered_json{{"data_us", s.data_us},
+                                  {"control_us", s.control_us},
+                                  {"sync_us", s.sync_us},
+                                  {"tail_us", s.tail_us},
+                                  {"reduce_tail_us", s.reduce_tail_us}};
+  };
+  for (const SimPoint& p : points) {
+    nlohmann::ordered_json without = nlohmann::ordered_json::object();
+    for (const auto& [name, v] : p.combine_without) without[name] = v;
+    list.push_back({{"ep", p.ep},
+                    {"dispatch_gbps", p.dispatch_gbps},
+                    {"combine_gbps", p.combine_gbps},
+                    {"dispatch_us", p.dispatch_us},
+                    {"combine_us", p.combine_us},
+                    {"dispatch_gbps_slowest", p.dispatch_gbps_slowest},
+                    {"combine_gbps_slowest", p.combine_gbps_slowest},
+                    {"dispatch_split", split(p.dispatch_split)},
+                    {"combine_split", split(p.combine_split)},
+                    {"mode", p.model_only ? "model-only" : "copy-scaled"},
+                    {"steady", p.steady},
+                    {"cached", p.cached},
+                    {"run_hidden", p.run_hidden},
+                    {"engine_seconds", p.engine_seconds},
+                    {"replay_seconds", p.replay_seconds},
+                    {"engine_cpu_seconds", p.engine_cpu_seconds},
+                    {"replay_cpu_seconds", p.replay_cpu_seconds},
+                    {"events", p.events},
+                    {"combine_gbps_without", without}});
+  }
+  return list.dump(2) + "\n";
+}
+
+std::string sim_svg(const std::vector<SimPoint>& points, const sim::HardwareModel& hw) {
+  const double W = 640, Hh = 400, left = 60, right = 20, top = 30, bottom = 50;
+  double ymax = hw.payload_limit_high.gbps * 1.1;
+  for (const SimPoint& p : points) ymax = std::max({ymax, p.dispatch_gbps * 1.1, p.combine_gbps * 1.1});
+  const std::size_t n = points.size();
+  auto x = [&](std::size_t i) { return left + (n <= 1 ? 0.5 : static_cast<double>(i) / static_cast<double>(n - 1)) * (W - left - right); };
+  auto y = [&](double v) { return top + (1 - v / ymax) * (Hh - top - bottom); };
+  std::ostringstream os;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << Hh << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  os << "<text x=\"" << left << "\" y=\"18\">epx sim: predicted GB/s per rank vs EP size (" << hw.name << ")</text>\n";
+  os << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
+  os << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
+  for (int v = 0; v <= static_cast<int>(ymax); v += 100)
+    os << "<text x=\"" << left - 35 << "\" y=\"" << y(v) + 4 << "\">" << v << "</text>\n";
+  os << "<rect x=\"" << left << "\" y=\"" << y(hw.payload_limit_high.gbps) << "\" width=\"" << W - left - right << "\" height=\""
+     << y(hw.payload_limit_low.gbps) - y(hw.payload_limit_high.gbps) << "\" fill=\"#ddd\"/>\n";
+  auto poly = [&](const char* color, auto get) {
+    os << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\" points=\"";
+    for (std::size_t i = 0; i < n; ++i) os << x(i) << "," << y(get(points[i])) << " ";
+    os << "\"/>\n";
+    for (std::size_t i = 0; i < n; ++i)
+      os << "<circle cx=\"" << x(i) << "\" cy=\"" << y(get(points[i])) << "\" r=\"3\" fill=\"" << color << "\"/>\n";
+  };
+  poly("#1f77b4", [](const SimPoint& p) { return p.dispatch_gbps; });
+  poly("#d62728", [](const SimPoint& p) { return p.combine_gbps; });
+  for (std::size_t i = 0; i < n; ++i)
+    os << "<text x=\"" << x(i) - 12 << "\" y=\"" << Hh - bottom + 18 << "\">EP" << points[i].ep << "</text>\n";
+  os << "<text x=\"" << W - 220 << "\" y=\"" << top + 12 << "\" fill=\"#1f77b4\">dispatch (avg per rank)</text>\n";
+  os << "<text x=\"" << W - 220 << "\" y=\"" << top + 28 << "\" fill=\"#d62728\">combine (avg per rank)</text>\n";
+  os << "<text x=\"" << W - 220 << "\" y=\"" << top + 44 << "\" fill=\"#777\">grey band: physical payload limit</text>\n";
+  os << "</svg>\n";
+  return os.str();
+}
+
+}  // namespace epx::tools

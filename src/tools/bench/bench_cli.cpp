@@ -1,0 +1,176 @@
+// `epx bench` on the command line: its options (CLI11) and the --help footer.
+#include "bench/bench_cli.hpp"
+
+#include "dataplane_cli.hpp"
+
+namespace epx::tools {
+
+const char* bench_definitions() {
+  return R"(What the numbers count (the same way on every run):
+  latency      wall time of one dispatch() or combine() call on one rank (CLOCK_MONOTONIC),
+               after a barrier that aligns the ranks; warmup iterations are not counted.
+  max-rank     per iteration, the largest latency over the ranks (what a training step waits
+               for); avg/p50/p95/max are taken over the timed iterations. p50/p95 are
+               nearest-rank percentiles: the smallest sample with at least 50% / 95% of the
+               samples <= it.
+  payload      counted from the routing itself, not from epx's counters. Dispatch: a token
+               counts once per unique destination rank of its valid experts, times one x row
+               (bf16: H*2 bytes; fp8: H + H/128*4 bytes incl. its scales), at the sending
+               rank; "local" is the part whose destination is the sender itself, "remote" the
+               rest. Combine: the same (token, destination) rows flowing back, bf16 (H*2
+               bytes), counted at the sender of the combine (the expert rank) = the compact
+               rows it received in dispatch. Metadata (indices, weights) is not payload.
+  moved        payload, plus for an expanded dispatch the receivers' local expansion copies
+               (one x row per slot routed to the rank's experts).
+  algbw        moved bytes / time, GB/s = 1e9 B/s. Per rank: its bytes / its avg latency;
+               total: the sum of all ranks' bytes / avg max-rank latency.
+  memcpy       measured in the same run, interleaved with the epx iterations, in the same P
+               processes at once: each rank memcpy()s exactly its moved bytes for the op,
+               row by row, between pre-faulted private buffers. memcpy GB/s = total moved /
+               avg max-rank memcpy time; ratio = epx algbw / memcpy GB/s for the same bytes.
+               Top-level memcpy_gbps = (dispatch + combine bytes) / (both max-rank times).
+  limit        the faster of that memcpy and a streaming-store copy (epx::stream_copy,
+               non-temporal AVX2 stores) of the same bytes, row by row, by the same
+               processes right after it; the report names which one it was. ratio vs
+               limit = epx algbw / limit GB/s.
+  output       where each timed dispatch's recv_x came from (CallStats::output): one copy
+               (a block of the output pool the senders put into), copy (out of the receive
+               area, with the reason: output pool exhausted / off, expanded layout, ...) or
+               view (--zero-copy). Also the window bytes and peak RSS per rank.
+  puts         epx's own counters (per call, summed over workers): remote puts + puts into
+               the rank's own window; bytes/put = their bytes / their number. Dispatch puts
+               also carry row metadata, so epx's byte count exceeds the payload by that.
+  queues       per queue q < --queues, per call: puts and bytes summed over the ranks and
+               workers (every put counts on exactly one queue); wait = the senders' quiet()
+               wait for that queue's puts to complete, summed over a rank's workers, avg
+               over ranks (~0 on shm/threads, where a put completes when it returns).
+  data plane   --topology --schedule --queues --queue-split --aggregate --protocol set
+               BufferConfig::dataplane on every rank (epx/dataplane.hpp). All choices give
+               the same results; they differ in put order, put count and synchronisation.
+  sweep        --sweep KEY=V1,V2,... (repeatable): one full bench (same warmup, iterations,
+               memcpy reference and payload check) per combination of the values, the last
+               --sweep varying fastest; combinations whose options do not fit together are
+               skipped with the reason. Table columns: # = combination; swept keys topo,
+               sched, q (queues), split, aggr, proto, S (tokens), W (workers), ring (ring-rows); d_ = dispatch,
+               c_ = combine: us = avg max-rank latency, GB/s = algbw total, xmc = ratio vs
+               memcpy, puts = puts per call (all ranks), B/put = bytes per put; q_bytes% =
+               each queue's share of the dispatch + combine bytes; wait_us = the queues'
+               completion wait (quiet) per dispatch + combine, avg over ranks; chk = ok if the payload
+               check passed, WARN otherwise (the warnings are listed under the table).
+  phases       per rank, avg over iterations of the max over workers of the time a worker
+               spent in the phase (plan, notify, put_issue, wait_data, barrier, epilogue);
+               "other" = latency minus their sum (output allocation, receiving row metadata,
+               building the handle and layout, worker fork/join).
+  rows first   a call right after one of the other kind (no zero-copy views, no ring) puts
+               its rows before the header exchange, which then completes them: no notify
+               phase, the exchange counts as wait_data (docs/engine.md). JSON data_first:
+               every timed call of the op on every rank went that way; pulled: every combine
+               read the experts' rows in place.
+  counters     epx's per-worker counters are on for the timed loop (--no-counters: off).
+               --counters-overhead N: N iterations with the other setting (fresh Buffer, same
+               iteration structure incl. memcpy) before and N after the timed loop; ratio =
+               median max-rank latency with counters on / off.
+  span, skew   per iteration, first rank's call start to last rank's call end, and the spread
+               of the call starts (how well the barrier aligned the ranks).
+  slowest rank the rank with the highest avg latency (per op; for the route histogram: of
+               dispatch + combine). "dominant" = the phase with the most time.
+  baseline     --baseline mpi: epx_mpi_baseline (MPI_Alltoallv) on the same routing and
+               iterations, each op timed after an MPI_Barrier, the same max-rank and
+               percentile definitions; speed ratio = MPI time / epx time (> 1: epx faster).
+               The outputs are compared by FNV-1a 64 hashes of every rank's recv_x and of
+               combined_x with the identity expert (exit status 3 if they differ).
+  routing      uniform: each token picks K distinct experts uniformly; --skew s > 0: expert e
+               is drawn with weight 1/(e+1)^s (no repeats), so low experts and ranks are hot.
+  eplb         --eplb: the load of each logical expert = its (t, k) slots over all ranks of
+               this very routing (an oracle: a deployment plans from past batches) is given
+               to rebalance_experts(load, 1 layer, E, R, 1 group, 1 node, P GPUs); every
+               rank's topk_idx is mapped to physical experts with map_to_replicas (choice
+               spread: token index mod replicas; rank / server: a replica on the token's own
+               rank / server if any) and the timed dispatch/combine, the payload, the route
+               histogram and "experts" are those of the PHYSICAL routing (R experts). The
+               EPLB section compares, per rank, the compact rows and the slots received
+               without replicas (logical routing, not timed) and with them (physical,
+               timed): imbalance = max / avg over the ranks; most loaded rank = the one
+               with the most rows; planned load = the planner's per-GPU load (slots,
+               eplb_gpu_load*). Every physical slot is checked to map back (phy2log) to the
+               logical expert it came from.)";
+}
+
+void add_bench_options(CLI::App* sub, BenchOptions& o) {
+  sub->add_option("--ranks", o.ranks, "P: ranks (processes with shm, threads with --transport threads)")->capture_default_str();
+  sub->add_option("--tokens", o.tokens, "S: tokens per rank")->capture_default_str();
+  sub->add_option("--hidden", o.hidden, "H: hidden size")->capture_default_str();
+  sub->add_option("--topk", o.topk, "K: experts per token")->capture_default_str();
+  sub->add_option("--experts", o.experts, "E: experts (a multiple of P)")->capture_default_str();
+  sub->add_flag("--fp8", o.fp8, "dispatch FP8 E4M3 x with float32 scales (H % 128 == 0); combine stays bf16");
+  sub->add_option("--layout", o.layout, "dispatch output layout: compact | expanded")->capture_default_str();
+  sub->add_option("--alignment", o.alignment, "expert_alignment A of the expanded layout")->capture_default_str();
+  sub->add_flag("--cached", o.cached, "time cached dispatches (the handle of one fresh dispatch made before warmup)");
+  sub->add_flag("--zero-copy", o.zero_copy,
+                "compact layout: recv_x is a view of the receive window where the senders put the rows "
+                "(DispatchArgs::recv_in_window), so dispatch copies each row once; the identity expert's y is that "
+                "recv_x in place, so combine runs in pull mode on shm/threads (sources read the rows where they lie)");
+  sub->add_option("--output-pool", o.output_pool,
+                  "bytes of each rank's window for one-copy dispatch outputs (BufferConfig::output_pool_bytes; "
+                  "-1 = auto: one output of the largest size (none with --layout expanded or --zero-copy, which do not use it); 0 = no pool: recv_x is a copy out of the receive area, "
+                  "the behaviour before one copy became the default)")
+      ->capture_default_str();
+  sub->add_option("--ring-rows", o.ring_rows,
+                  "bounded receive area: a ring of N rows per source with credits (0 = a slot for every row; "
+                  "BufferConfig::ring_rows)")
+      ->capture_default_str();
+  sub->add_option("--workers", o.workers, "worker threads per rank (0 = auto: cores / ranks)")->capture_default_str();
+  sub->add_option("--warmup", o.warmup, "untimed iterations first")->capture_default_str();
+  sub->add_option("--iters", o.iters, "timed iterations (one dispatch + one combine each)")->capture_default_str();
+  sub->add_option("--routing", o.routing,
+                  "read the routing from a SPEC 7 input directory (meta.json, rank<r>/topk_idx.npy; optional "
+                  "topk_weights.npy and x.npy or x_fp8.npy + x_scales.npy; random x when absent). P, E, H, K "
+                  "and the tokens come from there")
+      ->type_name("DIR");
+  sub->add_option("--skew", o.skew, "generated routing: 0 = uniform top-k, s > 0 = Zipf-like, expert e drawn with weight 1/(e+1)^s")
+      ->capture_default_str();
+  sub->add_option("--seed", o.seed, "seed of the generated routing and x")->capture_default_str();
+  sub->add_option("--json", o.json, "write every number of the report, machine-readable, to FILE")->type_name("FILE");
+  sub->add_option("--trace", o.trace, "write a Chrome trace (Perfetto, chrome://tracing): a track per rank and worker, a slice per phase and iteration")
+      ->type_name("FILE");
+  sub->add_option("--transport", o.transport, "shm (ranks are processes) | threads | shmem (one rank per process started by oshrun/mpirun)")->capture_default_str();
+  sub->add_option("--timeout-ms", o.timeout_ms, "a rank that waits longer than this fails")->capture_default_str();
+  sub->add_flag("!--no-counters", o.counters, "time with epx's per-worker counters off (no phases, no put counts)");
+  sub->add_option("--counters-overhead", o.overhead_iters,
+                  "counters off-vs-on ratio: N iterations with the other counters setting before and N after the timed loop (0 = skip)")
+      ->capture_default_str();
+  sub->add_flag("!--no-progress", o.progress, "no progress line on stderr");
+  sub->add_option("--baseline", o.baseline,
+                  "mpi: also run epx_mpi_baseline (Megatron-style MPI all-to-all dispatcher) via mpirun on the same "
+                  "routing (--transport shmem: inside this oshrun job, on the same ranks), check it produces the same "
+                  "rows and print it side by side");
+  sub->add_option("--mpi-baseline", o.mpi_baseline, "path of epx_mpi_baseline (default: <build>/bench/, then PATH)")->type_name("PATH");
+  sub->add_option("--mpirun", o.mpirun, "path of mpirun (default: PATH)")->type_name("PATH");
+  sub->add_flag("--eplb", o.eplb,
+                "dispatch through EPLB replicas planned from this routing's own expert load (oracle) and report the "
+                "per-rank received rows and their max/avg imbalance without and with replicas");
+  sub->add_option("--eplb-replicas", o.eplb_replicas,
+                  "R physical experts, >= E and a multiple of P (0 = default: E + ceil(E/4) rounded up to a multiple of P)")
+      ->capture_default_str();
+  sub->add_option("--eplb-choice", o.eplb_choice,
+                  "which replica a (token, slot) uses: spread (token index mod replicas, the default) | rank (one on the "
+                  "token's own rank if any) | server (one on the token's own server if any) | dynamic (replicas chosen from "
+                  "this batch's counts by plan_dynamic_replicas, (R - E) / P slots per rank, exact shares)")
+      ->type_name("CHOICE");
+  sub->add_option("--eplb-expert-bytes", o.eplb_expert_bytes,
+                  "--eplb-choice dynamic: bytes of one expert's weights (K/M/G); the bench times prefetch_weights of the "
+                  "planned replicas and reduce_grads of their float32 gradients of that size (0 = not timed)")
+      ->capture_default_str();
+  sub->add_option("--eplb-servers-of", o.eplb_servers_of, "ranks per server for --eplb-choice server (divides P; default 1)")
+      ->type_name("N");
+  add_dataplane_options(sub, o.dataplane);
+  sub->add_option("--sweep", o.sweep,
+                  "run every combination of the values and print one comparison table: KEY=V1,V2,... with KEY one of "
+                  "topology, schedule, queues, queue-split, aggregate, protocol, tokens, workers, ring-rows (repeatable; the "
+                  "first --sweep varies slowest)")
+      ->type_name("KEY=V1,V2,...")
+      ->allow_extra_args(false);
+  sub->footer(bench_definitions());
+}
+
+}  // namespace epx::tools

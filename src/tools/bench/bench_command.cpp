@@ -1,0 +1,31 @@
+// `epx bench`: dispatch and combine timed over P ranks on one routing, against this
+// machine's memcpy (and optionally an MPI baseline), with epx's per-worker counters.
+#include <cstdio>
+#include <memory>
+
+#include "bench/bench_cli.hpp"
+#include "bench/run_bench.hpp"
+#include "bench/sweep_print.hpp"
+#include "commands.hpp"
+
+namespace epx::tools {
+
+void add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "bench",
+      "Time dispatch and combine over P ranks (default: the DeepSeek-V3 shape H=7168 K=8 E=256 on 8 processes) and say "
+      "where the time goes: per-rank latency, payload bytes and bandwidth against this machine's memcpy, puts, phases "
+      "per rank and worker, the route histogram; --json, --trace, --baseline mpi.");
+  add_bench_options(sub, *o);
+  sub->callback([o, sub] {
+    if (!o->routing.empty())
+      for (const char* shape : {"--ranks", "--tokens", "--hidden", "--topk", "--experts"})
+        if (sub->count(shape) > 0)
+          std::fprintf(stderr, "epx bench: note: %s is ignored, the shape comes from %s/meta.json\n", shape, o->routing.c_str());
+    const int status = o->sweep.empty() ? run_bench(*o) : run_bench_sweep(*o);
+    if (status != 0) throw CLI::RuntimeError(status);
+  });
+}
+
+}  // namespace epx::tools

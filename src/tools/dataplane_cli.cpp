@@ -1,0 +1,41 @@
+// The data-plane options on the command line (`epx bench`, `epx replay`): CLI11 flags over
+// the text forms of epx/bench/dataplane_options.hpp.
+#include "dataplane_cli.hpp"
+
+#include "epx/bench/dataplane_options.hpp"
+#include "epx/error.hpp"
+
+namespace epx::tools {
+
+void add_dataplane_options(CLI::App* sub, DataPlaneOptions& d) {
+  struct Flag {
+    const char* name;
+    const char* type;
+    const char* help;
+  };
+  static const Flag flags[] = {
+      {"topology", "SPEC", "where each rank sits: builtin:flat | builtin:servers:N | builtin:supernode128 | a JSON file"},
+      {"schedule", "KIND", "order of destinations: flat | rotated | grouped:W | hierarchical"},
+      {"queues", "N", "transport queues per worker: 1 | 2 | 4"},
+      {"queue-split", "SPLIT", "channels over queues: rr | bytes | a:b[:..] (one weight per queue, e.g. 3:1)"},
+      {"aggregate", "BYTES", "merge consecutive rows to the same peer into puts of up to BYTES (K/M/G suffixes; 0 = off)"},
+      {"protocol", "KIND", "completion: explicit (quiet + signal) | tail (ordered signal per queue) | flag (data-as-flag)"},
+  };
+  for (const Flag& f : flags) {
+    const std::string name = f.name;
+    sub->add_option_function<std::string>(
+           "--" + name,
+           [&d, name](const std::string& value) {
+             try {
+               set_dataplane_option(d, name, value);
+             } catch (const Error& e) {
+               throw CLI::ValidationError(e.what());  // already "--name: why"
+             }
+           },
+           f.help)
+        ->type_name(f.type)
+        ->default_str(dataplane_option_value(d, name));
+  }
+}
+
+}  // namespace epx::tools
