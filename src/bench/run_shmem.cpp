@@ -67,7 +67,7 @@ ShmemBenchMeasurement measure_bench_shmem(const BenchOptions& given) {
     run_bench_rank(*t, problem, count, o, dir);
     record = read_file(bench_record_path(dir, me));
   }
-  const auto blobs = gather_blobs(*boot, record);
+  const auto blobs = allgather_strings(*boot, record);
   // --baseline mpi: the same ranks of this job, the same routing, after epx's run.
   BaselineResult baseline;
   if (o.baseline == "mpi") {

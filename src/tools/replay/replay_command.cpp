@@ -256,7 +256,7 @@ void run_replay_shmem(const ReplayOptions& given) {
   bool c_given = false, fp8 = false;
   std::int64_t S = 0;
   // Options, meta.json and this rank's input headers: an error on any rank fails all of them.
-  agree(*boot, [&] {
+  agree_on_step(*boot, [&] {
     check_in_out(in, out);
     check_replay_options(o);
     checked_timeout(o.timeout_ms);
@@ -273,7 +273,7 @@ void run_replay_shmem(const ReplayOptions& given) {
     check_old_output(out, me);
   });
   // C defaults to the largest S_r; every rank's x is of one kind (bf16 or FP8).
-  const auto facts = gather_blobs(*boot, std::to_string(S) + (fp8 ? " fp8" : " bf16"));
+  const auto facts = allgather_strings(*boot, std::to_string(S) + (fp8 ? " fp8" : " bf16"));
   for (int r = 0; r < P; ++r) {
     const std::string& f = facts[static_cast<std::size_t>(r)];
     if (!c_given) meta.max_tokens_per_rank = std::max<std::int64_t>(meta.max_tokens_per_rank, std::stoll(f));
@@ -284,7 +284,7 @@ void run_replay_shmem(const ReplayOptions& given) {
                   r);
   }
   default_topology_from_nodes(o.dataplane, *boot, nodes, "epx replay");
-  agree(*boot, [&] {
+  agree_on_step(*boot, [&] {
     check_dataplane(o.dataplane, P);
     check_footprint("epx replay: rank " + std::to_string(me) + ": ",
                     rank_footprint(P, meta.hidden, meta.num_topk, S, meta.max_tokens_per_rank, o.worst, -1), local, false);
@@ -304,8 +304,8 @@ void run_replay_shmem(const ReplayOptions& given) {
     co.timeout = checked_timeout(o.timeout_ms);
     auto t = connect(*boot, co);
     // Collective errors (a bad topk_idx on one rank) are agreed; a timed-out or dead peer is not (it may be gone).
-    agree(*boot, [&] { replay_rank(*t, meta, o, staging); });
-    agree(*boot, [&] {
+    agree_on_step(*boot, [&] { replay_rank(*t, meta, o, staging); });
+    agree_on_step(*boot, [&] {
       publish_rank(staging, out, me);
       fs::remove_all(staging);
     });
