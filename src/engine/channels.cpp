@@ -1,20 +1,17 @@
 // A worker's side of the data plane: which queue each channel (this worker's visit to one
-// peer) uses, how rows are merged into puts, and how the peer learns they have landed —
-// the completion protocol (epx/dataplane.hpp says what each relies on):
-//   explicit  puts; quiet every queue; one signal per peer
-//   tail      puts; right after a peer's last put, its ordered signal on the same queue
-//   flag      every 480 payload bytes carry their own epoch flag; no signal at all
+// peer) uses and how rows are merged into puts. How the peer learns they have landed is the
+// completion protocol's unit (protocol.hpp, protocols/: explicit, tail, flag), which the
+// Sender calls at its put, channel-end, signal and finish points, and whose receive side
+// await_rows runs.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "engine.hpp"
+#include "protocol.hpp"
 
 namespace epx {
 
 using detail::Region;
-using detail::kFlagBlock;
-using detail::kFlagPayload;
 
 void Buffer::Impl::count_put(WorkerStats& ws, int peer, std::size_t bytes, int queue) const noexcept {
   if (peer == rank) {
@@ -31,6 +28,7 @@ void Buffer::Impl::count_put(WorkerStats& ws, int peer, std::size_t bytes, int q
 Buffer::Impl::Sender::Sender(Impl& m, int worker, std::size_t first_signal, const std::vector<std::uint64_t>& channel_bytes,
                              const std::vector<int>& peers)
     : m_(m),
+      proto_(detail::protocol_unit(m.config.dataplane.protocol)),
       peers_(peers),
       signal_slot_(first_signal),
       queue_of_(static_cast<std::size_t>(m.P), 0),
@@ -44,7 +42,11 @@ Buffer::Impl::Sender::Sender(Impl& m, int worker, std::size_t first_signal, cons
     const std::vector<int> queues = assign_queues(o.queue_split, o.queues, bytes);
     for (std::size_t i = 0; i < peers.size(); ++i) queue_of_[static_cast<std::size_t>(peers[i])] = queues[i];
   }
-  if (m.flag_protocol()) stage_.assign(static_cast<std::size_t>(o.queues) * kFlagPayload, std::byte{0});
+  stage_.assign(static_cast<std::size_t>(o.queues) * proto_.stage_bytes(), std::byte{0});
+}
+
+std::byte* Buffer::Impl::Sender::stage(int q) noexcept {
+  return stage_.data() + static_cast<std::size_t>(q) * proto_.stage_bytes();
 }
 
 void Buffer::Impl::Sender::put(int d, std::size_t offset, const void* src, std::size_t bytes) {
@@ -55,32 +57,8 @@ void Buffer::Impl::Sender::put(int d, std::size_t offset, const void* src, std::
 
 void Buffer::Impl::Sender::put_rows(int d, Region region, std::int64_t row, const void* src, std::int64_t n,
                                     std::size_t row_bytes) {
-  const auto* from = static_cast<const std::byte*>(src);
   if (n <= 0 || row_bytes == 0) return;
-  if (!m_.flag_protocol()) {
-    put_run(d, m_.geo.row(region, row, row_bytes), from, n, row_bytes);
-    return;
-  }
-  const int q = queue_of_[static_cast<std::size_t>(d)];
-  const bool reuse_needs_quiet = !m_.transport.caps().put_completes_on_return;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::byte* r = from + static_cast<std::size_t>(i) * row_bytes;
-    std::size_t block = m_.geo.flag_block(region, row + i);
-    for (std::size_t done = 0; done < row_bytes; done += kFlagPayload, block += kFlagBlock) {
-      const std::size_t bytes = std::min(kFlagPayload, row_bytes - done);
-      const std::byte* payload = r + done;
-      if (bytes < kFlagPayload) {  // the flag sits at a fixed place: pad the last block
-        // In q's own stage block: a quiet of q is what makes its previous put's source free.
-        std::byte* stage = stage_.data() + static_cast<std::size_t>(q) * kFlagPayload;
-        if (reuse_needs_quiet) m_.transport.quiet(q);
-        std::memcpy(stage, payload, bytes);
-        std::memset(stage + bytes, 0, kFlagPayload - bytes);
-        payload = stage;
-      }
-      m_.transport.put_flagged(d, block, payload, kFlagPayload, m_.epoch, q);
-      if (stats_) m_.count_put(*stats_, d, kFlagPayload + sizeof(std::uint64_t), q);
-    }
-  }
+  proto_.put_rows(*this, d, region, row, static_cast<const std::byte*>(src), n, row_bytes);
 }
 
 void Buffer::Impl::Sender::put_run(int d, std::size_t first, const std::byte* src, std::int64_t n, std::size_t row_bytes) {
@@ -100,21 +78,17 @@ void Buffer::Impl::Sender::put_landed(int d, const detail::Landing& at, Region r
   put_run(d, detail::Geometry::landed_row(at, region, row, row_bytes), static_cast<const std::byte*>(src), n, row_bytes);
 }
 
-void Buffer::Impl::Sender::end_channel(int d) {
-  if (m_.config.dataplane.protocol != Protocol::kTail || signal_slot_ == kNoSignal) return;
-  m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
-}
+void Buffer::Impl::Sender::end_channel(int d) { proto_.end_channel(*this, d); }
 
 void Buffer::Impl::Sender::signal(int d, std::size_t slot, std::uint64_t value) {
   const int q = queue_of_[static_cast<std::size_t>(d)];
-  if (m_.config.dataplane.protocol == Protocol::kExplicit) m_.transport.quiet(q);
+  proto_.before_signal(*this, q);
   m_.transport.signal(d, slot, value, q);
 }
 
 void Buffer::Impl::Sender::finish() {
   flush();
-  if (m_.config.dataplane.protocol != Protocol::kExplicit || signal_slot_ == kNoSignal) return;
-  for (int d : peers_) m_.transport.signal(d, signal_slot_, m_.epoch, queue_of_[static_cast<std::size_t>(d)]);
+  proto_.finish(*this);
 }
 
 void Buffer::Impl::Sender::flush() {
@@ -129,41 +103,34 @@ void Buffer::Impl::Sender::flush() {
   }
 }
 
-void Buffer::Impl::receive_flagged(Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,
-                                   const std::int32_t* source_of, const char* phase) {
-  const bool copy = moves_payload || region == Region::kMeta;
-  std::byte* window_base = transport.window();
-  for (std::int64_t r = r0; r < r1; ++r) {
-    std::byte* to = window_base + geo.row(region, r, row_bytes);
-    std::size_t block = geo.flag_block(region, r);
-    for (std::size_t done = 0; done < row_bytes; done += kFlagPayload, block += kFlagBlock) {
-      transport.wait_flag(block + kFlagPayload, epoch, {phase, source_of[r]});
-      if (copy)
-        std::memcpy(to + done, window_base + block,
-                    std::min(kFlagPayload, row_bytes - done));
-    }
-  }
-}
-
 void Buffer::Impl::await_rows(CompletionSlot slot, const char* phase, const std::vector<std::int64_t>& begin,
                               std::initializer_list<RowGroup> groups) {
-  if (!flag_protocol()) {  // explicit, tail: one signal per source and worker
-    PhaseTimer timer(*this, 0, Phase::kWaitData);
-    for (int s = 0; s < P; ++s)
-      for (int w = 0; w < W; ++w) transport.wait_signal((geo.*slot)(s, w), epoch, {phase, s});
-    return;
-  }
-  // Flag: every block carries its own epoch; the workers unpack a range of rows each.
-  const std::int64_t n = begin.back();
-  std::vector<std::int32_t> source_of(static_cast<std::size_t>(n));
-  for (int s = 0; s < P; ++s)
-    std::fill(source_of.begin() + begin[static_cast<std::size_t>(s)], source_of.begin() + begin[static_cast<std::size_t>(s) + 1], s);
-  run_workers([&](int w) {
-    PhaseTimer timer(*this, w, Phase::kWaitData);
-    const auto [r0, r1] = detail::split_range(n, w, W);
-    for (const RowGroup& g : groups)
-      if (g.row_bytes > 0) receive_flagged(g.region, r0, r1, g.row_bytes, source_of.data(), phase);
-  });
+  detail::protocol_unit(config.dataplane.protocol).await_rows(*this, slot, phase, begin, groups);
 }
 
 }  // namespace epx
+
+namespace epx::detail {
+
+void CompletionProtocol::put_rows(Sender& s, int d, Region region, std::int64_t row, const std::byte* src, std::int64_t n,
+                                  std::size_t row_bytes) const {
+  s.put_run(d, s.impl().geo.row(region, row, row_bytes), src, n, row_bytes);
+}
+
+void CompletionProtocol::await_rows(Buffer::Impl& m, Buffer::Impl::CompletionSlot slot, const char* phase,
+                                    const std::vector<std::int64_t>&, std::initializer_list<Buffer::Impl::RowGroup>) const {
+  Buffer::Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
+  for (int s = 0; s < m.P; ++s)
+    for (int w = 0; w < m.W; ++w) m.transport.wait_signal((m.geo.*slot)(s, w), m.epoch, {phase, s});
+}
+
+const CompletionProtocol& protocol_unit(Protocol p) {
+  switch (p) {
+    case Protocol::kExplicit: return explicit_unit();
+    case Protocol::kTail: return tail_unit();
+    case Protocol::kFlag: return flag_unit();
+  }
+  return explicit_unit();
+}
+
+}  // namespace epx::detail

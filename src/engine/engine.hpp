@@ -3,8 +3,8 @@
 // offset, signal slot and row address in geometry.hpp (the one owner of the geometry).
 //   buffer.cpp    — construction, input validation, the public entry points
 //   notify.cpp    — control plane: status + counts exchange, prefix sums, row slots
-//   channels.cpp  — a worker's puts: queues, aggregation, completion protocol (Sender),
-//                   and the flag protocol's receiving side
+//   channels.cpp  — a worker's puts: queues, aggregation (Sender), which calls the
+//                   completion protocol's unit (protocol.hpp, protocols/*.cpp)
 //   dispatch.cpp  — dispatch building blocks: a worker's segment puts, metadata, the
 //                   receiver's metadata and epilogue
 //   combine.cpp   — combine building blocks: partial sums, the replies' puts, the ordered reduction
@@ -34,6 +34,8 @@
 #include "worker_pool.hpp"
 
 namespace epx::detail {
+
+class CompletionProtocol;  // protocol.hpp
 
 /// An input problem found on this rank, reported to every rank before anything moves.
 struct Status {
@@ -166,26 +168,35 @@ struct Buffer::Impl {
 
     static constexpr std::size_t kNoSignal = ~std::size_t{0};
 
-   private:
-    void put(int d, std::size_t offset, const void* src, std::size_t bytes);
+    // For the completion protocol units (protocol.hpp, protocols/).
+    Impl& impl() const noexcept { return m_; }
+    int queue_of(int d) const noexcept { return queue_of_[static_cast<std::size_t>(d)]; }
+    std::size_t signal_slot() const noexcept { return signal_slot_; }
+    const std::vector<int>& peers() const noexcept { return peers_; }
+    /// Queue q's staging bytes (the protocol's stage_bytes() each).
+    std::byte* stage(int q) noexcept;
     /// n consecutive rows from window offset `first` on: puts of at most aggregate_bytes.
     void put_run(int d, std::size_t first, const std::byte* src, std::int64_t n, std::size_t row_bytes);
+    /// Counts one put of `bytes` to d on queue q (when collecting).
+    void count(int d, std::size_t bytes, int q) noexcept {
+      if (stats_) m_.count_put(*stats_, d, bytes, q);
+    }
+
+   private:
+    void put(int d, std::size_t offset, const void* src, std::size_t bytes);
     Impl& m_;
+    const detail::CompletionProtocol& proto_;  // the configured protocol's unit
     const std::vector<int>& peers_;  // visiting order: the peers this call completes
     std::size_t signal_slot_;        // my completion slot at every peer
     std::vector<int> queue_of_;      // [P]
-    std::vector<std::byte> stage_;   // flag protocol: per queue, the zero-padded last block of a row
+    std::vector<std::byte> stage_;   // per queue, the protocol's staging (flag: the zero-padded last block of a row)
     WorkerStats* stats_;             // null: not collecting
   };
-  /// Flag protocol, receiver: waits for every block of rows [r0, r1) of `region` (rows
-  /// from `source_of`) and unpacks them into the region (a flagged meta/data/scales/reply
-  /// row becomes a plain one).
-  void receive_flagged(detail::Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,
-                       const std::int32_t* source_of, const char* phase);
-  /// The completion protocol's receive side for one group of rows: explicit and tail wait
-  /// for every source's and worker's signal `slot`; flag waits for every block of rows
-  /// [0, begin[P]) of each region and unpacks it (row r comes from the rank s with
-  /// begin[s] <= r < begin[s + 1]). Regions of 0 bytes per row are skipped.
+  /// The completion protocol's receive side for one group of rows (its unit's await_rows,
+  /// protocol.hpp): explicit and tail wait for every source's and worker's signal `slot`;
+  /// flag waits for every block of rows [0, begin[P]) of each region and unpacks it (row r
+  /// comes from the rank s with begin[s] <= r < begin[s + 1]). Regions of 0 bytes per row
+  /// are skipped.
   struct RowGroup {
     detail::Region region;
     std::size_t row_bytes;

@@ -9,8 +9,8 @@
 //   combine_pull.cpp      pull: sources read the experts' rows in place
 //   combine_relay.cpp     push through the relays (they forward other servers' replies)
 //   combine_ring.cpp      bounded reply area: rounds of replies paced by credits
-// The units share the building blocks of Buffer::Impl (Sender and the protocols' receive
-// side in channels.cpp, Geometry, put_segment / fill_meta, receive_meta, the epilogue,
+// The units share the building blocks of Buffer::Impl (Sender in channels.cpp, the
+// completion protocols' units behind it and await_rows, protocol.hpp; Geometry, put_segment / fill_meta, receive_meta, the epilogue,
 // send_replies / reduce). Granularity: one virtual call per step of a call, never per row.
 #pragma once
 

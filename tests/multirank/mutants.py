@@ -8,9 +8,9 @@
 import subprocess, sys, re, os, time
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 M = [
- ("flag wait accepts epoch-1", "src/engine/channels.cpp",
-  "transport.wait_flag(block + kFlagPayload, epoch, {phase, source_of[r]});",
-  "transport.wait_flag(block + kFlagPayload, epoch - 1, {phase, source_of[r]});", "*lag*", "*PathUnit*/direct_flag"),
+ ("flag wait accepts epoch-1", "src/engine/protocols/flag.cpp",
+  "m.transport.wait_flag(block + kFlagPayload, m.epoch, {phase, source_of[r]});",
+  "m.transport.wait_flag(block + kFlagPayload, m.epoch - 1, {phase, source_of[r]});", "*lag*", "*PathUnit*/direct_flag"),
  ("ring writes one row past its credit", "src/engine/paths/dispatch_ring.cpp",
   "credit + ring - f.done, chunk", "credit + ring + 1 - f.done, chunk", "*Ring*", "*PathUnit*/ring_*"),
  ("relay reads the window's records (not the handle's reply rows)", "src/engine/paths/combine_relay.cpp",
@@ -21,8 +21,8 @@ M = [
   "void Buffer::Impl::Sender::finish() {\n  flush();",
   "void Buffer::Impl::Sender::finish() {\n  if (signal_slot_ != kNoSignal) flush();", "*deferred*:*Deferred*", "*PathUnit*/rows_first_*"),
  ("one flag staging block shared by every queue", "src/engine/channels.cpp",
-  "std::byte* stage = stage_.data() + static_cast<std::size_t>(q) * kFlagPayload;",
-  "std::byte* stage = stage_.data();", "*Deferred*flag*:*deferred_Flag*", "*PathUnit*/direct_flag"),
+  "return stage_.data() + static_cast<std::size_t>(q) * proto_.stage_bytes();",
+  "return stage_.data() + 0 * q;", "*Deferred*flag*:*deferred_Flag*", "*PathUnit*/direct_flag"),
  ("the blocked send skips a token at every block edge", "src/engine/paths/dispatch_direct.cpp",
   "b0 < t1; b0 += block) {", "b0 < t1; b0 += block + 1) {", "*Deferred*", "DeferredPutBlocks.*"),
 ]

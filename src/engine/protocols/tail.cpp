@@ -1,0 +1,25 @@
+// The tail completion protocol (Protocol::kTail): plain puts; right after a worker's last
+// put to a peer, its signal on the same queue, ordered after those puts by the transport
+// (caps().ordered_signal). No quiet before it. The receiver waits for every source's and
+// worker's signal (the default).
+#include "../protocol.hpp"
+
+namespace epx::detail {
+namespace {
+
+class Tail final : public CompletionProtocol {
+ public:
+  void end_channel(Sender& s, int d) const override {
+    if (s.signal_slot() == Sender::kNoSignal) return;
+    s.impl().transport.signal(d, s.signal_slot(), s.impl().epoch, s.queue_of(d));
+  }
+};
+
+}  // namespace
+
+const CompletionProtocol& tail_unit() {
+  static const Tail unit;
+  return unit;
+}
+
+}  // namespace epx::detail
