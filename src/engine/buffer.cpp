@@ -133,27 +133,11 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
                         std::to_string(all[p].values[i]) + " vs " + std::to_string(all[0].values[i]),
                     p);
   // 2. The real window, sized from the agreed config.
-  reply_order = visit_order;
-  reply_sources.assign(static_cast<std::size_t>(P), {});
-  for (int s = 0; s < P; ++s) reply_sources[static_cast<std::size_t>(s)] = {s};
-  int servers = 1;
-  if (hierarchical()) {
-    // Combine reverses the path: replies to another server's source go to its relay in my
-    // server (the rank with the source's lane), which forwards them.
-    const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
-    for (int d = 0; d < P; ++d)
-      if (topology.ranks[static_cast<std::size_t>(d)].server == me.server) server_members.push_back(d);
-    std::sort(server_members.begin(), server_members.end(), [&](int u, int v) {
-      return topology.ranks[static_cast<std::size_t>(u)].lane < topology.ranks[static_cast<std::size_t>(v)].lane;
-    });
-    servers = P / static_cast<int>(server_members.size());
-    reply_order.clear();
-    for (int i = 0; i < P; ++i) {
-      const int d = (rank + i) % P;
-      if (topology.ranks[static_cast<std::size_t>(d)].server == me.server) reply_order.push_back(d);
-      else reply_sources[static_cast<std::size_t>(relay_rank(topology, d, rank))].push_back(d);
-    }
-  }
+  detail::ReplyChannels channels = detail::reply_channels(topology, rank, P, visit_order, hierarchical());
+  reply_order = std::move(channels.order);
+  reply_sources = std::move(channels.sources);
+  server_members = std::move(channels.members);
+  const int servers = channels.servers;
   geo = detail::Geometry(detail::GeometryShape::of(config, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
   // A model-only simulator moves no payload (outputs are views of its window): its window
   // has the pool's bytes (the size a real one has) but no output uses it, so its calls go

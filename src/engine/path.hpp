@@ -76,6 +76,21 @@ class CombinePath {
   virtual void receive(Impl&, const CombineStep&) const = 0;
 };
 
+/// Combine's reply channels of this rank, fixed per Buffer (paths/combine_relay.cpp owns
+/// them): the peers its workers visit, in order, and per peer the sources whose replies
+/// travel to it. Flat: every peer in the schedule's visiting order, carrying its own
+/// replies. Hierarchical: my server's ranks only, each also carrying the replies to the
+/// other servers' sources it relays for; `members` = my server's ranks by lane, `servers`
+/// the servers (1 when flat).
+struct ReplyChannels {
+  std::vector<int> order;
+  std::vector<std::vector<int>> sources;  // [P]
+  std::vector<int> members;
+  int servers = 1;
+};
+ReplyChannels reply_channels(const Topology& topology, int rank, int P, const std::vector<int>& visit_order,
+                             bool hierarchical);
+
 /// The unit of each path (paths/*.cpp); a path the table names for dispatch or combine.
 const DispatchPath& dispatch_unit(spi::Path p);
 const CombinePath& combine_unit(spi::Path p);

@@ -7,6 +7,8 @@
 // gave, kept in the handle) and signals the source once. The relay does not add partials:
 // that would change the order of additions SPEC §4 fixes. The source then waits for its
 // own server's ranks and each other server's relay, and reduces as push does.
+#include <algorithm>
+
 #include "../path.hpp"
 
 namespace epx::detail {
@@ -66,6 +68,31 @@ class Relay final : public CombinePath {
 };
 
 }  // namespace
+
+ReplyChannels reply_channels(const Topology& topology, int rank, int P, const std::vector<int>& visit_order,
+                             bool hierarchical) {
+  ReplyChannels c;
+  c.order = visit_order;
+  c.sources.assign(static_cast<std::size_t>(P), {});
+  for (int s = 0; s < P; ++s) c.sources[static_cast<std::size_t>(s)] = {s};
+  if (!hierarchical) return c;
+  // Combine reverses the path: replies to another server's source go to its relay in my
+  // server (the rank with the source's lane), which forwards them.
+  const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
+  for (int d = 0; d < P; ++d)
+    if (topology.ranks[static_cast<std::size_t>(d)].server == me.server) c.members.push_back(d);
+  std::sort(c.members.begin(), c.members.end(), [&](int u, int v) {
+    return topology.ranks[static_cast<std::size_t>(u)].lane < topology.ranks[static_cast<std::size_t>(v)].lane;
+  });
+  c.servers = P / static_cast<int>(c.members.size());
+  c.order.clear();
+  for (int i = 0; i < P; ++i) {
+    const int d = (rank + i) % P;
+    if (topology.ranks[static_cast<std::size_t>(d)].server == me.server) c.order.push_back(d);
+    else c.sources[static_cast<std::size_t>(relay_rank(topology, d, rank))].push_back(d);
+  }
+  return c;
+}
 
 const CombinePath& relay_combine() {
   static const Relay unit;
