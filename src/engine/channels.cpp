@@ -52,7 +52,7 @@ std::byte* Buffer::Impl::Sender::stage(int q) noexcept {
 void Buffer::Impl::Sender::put(int d, std::size_t offset, const void* src, std::size_t bytes) {
   const int q = queue_of_[static_cast<std::size_t>(d)];
   m_.transport.put(d, offset, src, bytes, q);
-  if (stats_) m_.count_put(*stats_, d, bytes, q);
+  count(d, bytes, q);
 }
 
 void Buffer::Impl::Sender::put_rows(int d, Region region, std::int64_t row, const void* src, std::int64_t n,

@@ -203,7 +203,6 @@ struct Buffer::Impl {
   };
   void await_rows(CompletionSlot slot, const char* phase, const std::vector<std::int64_t>& begin,
                   std::initializer_list<RowGroup> groups);
-  bool flag_protocol() const noexcept { return config.dataplane.protocol == Protocol::kFlag; }
   bool hierarchical() const noexcept { return config.dataplane.schedule.kind == ScheduleKind::kHierarchical; }
 
   // The hierarchical schedule (paths/dispatch_relay.cpp, paths/combine_relay.cpp): a token
