@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace epx {
@@ -121,6 +122,17 @@ class Transport {
 
   /// Timeout applied to every wait of this transport.
   virtual std::chrono::milliseconds timeout() const noexcept = 0;
+
+  /// Collective: a new endpoint of the same group — the same ranks, caps and timeout — with
+  /// a window and signal slots of its own (none until its allocate()), independent of this
+  /// transport's and of every other endpoint's: its puts, signals, waits and barriers never
+  /// touch theirs, and allocating or destroying it leaves them alone. Every buffer opens one
+  /// (epx/buffer_base.hpp), so any number of buffers share a group. Every rank opens and
+  /// destroys endpoints in the same order; destroying one is local (BufferBase::destroy()
+  /// puts a barrier before it). An endpoint must not outlive the transport it came from.
+  /// nullptr: this transport has only its one window (then a buffer uses it directly, one
+  /// buffer at a time) — the default, for wrappers that do not forward it.
+  virtual std::unique_ptr<Transport> open_endpoint() { return nullptr; }
 };
 
 }  // namespace epx
