@@ -85,7 +85,7 @@ void Buffer::Impl::put_segment_scales(Sender& send, const HandleState& h, const 
   // This worker's scale rows for d gathered in slot order (plan order in scale_stage, as the
   // metadata), then sent as consecutive rows: not one small put per run of rows.
   std::byte* stage = scale_stage.data() + (first + static_cast<std::size_t>(p0)) * scale_bytes;
-  for (std::int64_t p = p0; p < p1; ++p)
+  for (std::int64_t p = p0; p < p1 && moves_payload; ++p)  // (a model transport moves no payload bytes)
     std::memcpy(stage + static_cast<std::size_t>(p - p0) * scale_bytes, scales + static_cast<std::size_t>(seg[p]) * scale_bytes, scale_bytes);
   send.put_landed(d, at, Region::kScales, base + p0, stage, p1 - p0, scale_bytes);
 }

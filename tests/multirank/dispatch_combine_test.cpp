@@ -384,6 +384,7 @@ TEST(DispatchCombine, HeldOutputsStayExactAndThePoolFallsBackToCopies) {
         }
         return held.back().d;
       };
+      dispatch(p, expanded, want_e[ur], nullptr);  // into the empty pool: one copy, a row per slot
       for (int round = 0; round < 4; ++round) {
         DispatchResult& fresh = dispatch(p, compact, want_c[ur], nullptr);
         const DispatchHandle h = fresh.handle;
