@@ -216,6 +216,19 @@ class Buffer : public BufferBase {
   /// Collective: SPEC §4 with the handle of a dispatch of this Buffer.
   CombineResult combine(const CombineArgs& args);
 
+  /// Local: a bf16 [N, H] tensor for the experts to write combine's y into (N = the
+  /// handle's output rows on this rank, compact or expanded), placed in this Buffer's window
+  /// where it can be — its receive area, which a one-copy dispatch leaves unused — so that a
+  /// combine given it as y reads the rows in place on every rank (pull mode, as with a y
+  /// written over a one-copy recv_x): the way to a zero-copy combine after an FP8 dispatch,
+  /// whose recv_x cannot hold bf16 rows. Valid (and in the window) until the next dispatch on
+  /// this Buffer, which may land rows there; its bytes are unspecified until written. A
+  /// tensor of its own (combine then puts the rows, as for any y) where the window cannot
+  /// hold it: no mapped peers, a ring, relays, the flag protocol, more rows than the receive
+  /// area, this rank's latest output a view of the receive area, or an asynchronous call in
+  /// flight. Throws kInvalidArgument for a handle of another Buffer or rank.
+  Tensor combine_buffer(const DispatchHandle& handle);
+
   /// Collective, asynchronous: the same call as dispatch(args) — the same result bit for
   /// bit, the same errors — in two halves. On the caller's thread: validation, plan, the
   /// header exchange (an input error throws here, on every rank) and the outputs' allocation

@@ -138,6 +138,13 @@ BufferConfig bench_buffer_config(const BenchOptions& o, const BenchProblem& p) {
   cfg.dataplane = o.dataplane;
   cfg.ring_rows = o.ring_rows;
   cfg.output_pool_bytes = o.output_pool_bytes();
+  if (o.expanded() && cfg.output_pool_bytes == -1) {
+    // Auto sizes the pool for a compact output of max_recv_rows; an expanded output has a
+    // row per slot (plus padding): room for the largest rank's.
+    const RouteCount rc = count_routes(p, true, o.alignment);
+    const std::int64_t rows = *std::max_element(rc.out_rows.begin(), rc.out_rows.end());
+    cfg.output_pool_bytes = static_cast<std::int64_t>(output_block_bytes(rows, p.hidden, p.fp8 ? DType::kFP8E4M3 : DType::kBF16));
+  }
   return cfg;
 }
 
@@ -210,7 +217,11 @@ class RankBench {
     rec_.out_rows = d.recv_x.shape()[0];
     CombineArgs c;
     if (p_.fp8) {
-      if (!y_fp8_.defined() || y_fp8_.shape()[0] != rec_.out_rows) y_fp8_ = Tensor::zeros(DType::kBF16, {rec_.out_rows, p_.hidden});
+      // The experts' bf16 output, written where the window holds it (Buffer::combine_buffer):
+      // combine reads it in place as it reads a bf16 y over recv_x. Its values do not matter
+      // (zeros, written outside the timed calls, as an expert would write them).
+      y_fp8_ = buf.combine_buffer(d.handle);
+      if (y_fp8_.nbytes() > 0) std::memset(y_fp8_.data(), 0, y_fp8_.nbytes());
       c.y = y_fp8_.view();
     } else {
       c.y = d.recv_x.view();  // the identity expert

@@ -142,7 +142,7 @@ detail::BlockPool::Reservation Buffer::Impl::reserve_output(const HandleState* c
   if (a.recv_in_window) return {};  // a view: the rows land in the receive area
   why = moves_payload ? spi::why_copy(config, a.layout) : "model transport";
   if (*why != '\0') return {};
-  const std::int64_t rows = cached ? cached->out_rows : std::max(geo.recv_rows(), a.num_worst_tokens);
+  const std::int64_t rows = cached ? cached->out_rows : std::max(max_output_rows(a), a.num_worst_tokens);
   const std::size_t need = detail::Geometry::output_block_bytes(rows, row_bytes, scale_bytes);
   detail::BlockPool::Reservation block = blocks.reserve(need);
   if (cached && block.bytes() < need) {
@@ -152,6 +152,13 @@ detail::BlockPool::Reservation Buffer::Impl::reserve_output(const HandleState* c
   return block;
 }
 
+std::int64_t Buffer::Impl::max_output_rows(const DispatchArgs& a) const {
+  if (a.layout == RecvLayout::kCompact) return geo.recv_rows();
+  // Expanded: every received row once per local slot (at most min(K, L)), each expert's
+  // rows rounded up to the alignment.
+  return geo.recv_rows() * std::min(config.num_topk, L) + static_cast<std::int64_t>(L) * (a.expert_alignment - 1);
+}
+
 std::vector<detail::Landing> Buffer::Impl::landings(const HandleState& h, const Peers& peers, std::size_t row_bytes,
                                                     std::size_t scale_bytes) const {
   std::vector<detail::Landing> at(static_cast<std::size_t>(P), geo.receive_area());
@@ -159,8 +166,10 @@ std::vector<detail::Landing> Buffer::Impl::landings(const HandleState& h, const 
     const NotifyHeader& hd = *peers.header[static_cast<std::size_t>(d)];
     const std::int64_t rows = h.out_rows_at[static_cast<std::size_t>(d)];
     const std::size_t need = detail::Geometry::output_block_bytes(rows, row_bytes, scale_bytes);
-    if (hd.out_block_bytes > 0 && need > 0 && static_cast<std::size_t>(hd.out_block_bytes) >= need)
+    if (hd.out_block_bytes > 0 && need > 0 && static_cast<std::size_t>(hd.out_block_bytes) >= need) {
       at[static_cast<std::size_t>(d)] = geo.output_block(static_cast<std::size_t>(hd.out_block), rows, row_bytes);
+      at[static_cast<std::size_t>(d)].expanded = hd.expanded != 0;
+    }
   }
   return at;
 }
