@@ -145,11 +145,11 @@ SweepResult measure_sweep(const BenchOptions& o) {
 
   std::vector<SweepRow> rows;
   const std::size_t n = combinations.size();
-  ProgressLine progress("epx bench: sweep", static_cast<double>(n), o.progress);
+  ProgressLine progress("epx bench sweep", static_cast<double>(n), o.progress);
   for (std::size_t i = 0; i < n; ++i) {
     SweepCombination& c = combinations[i];
     SweepRow row{c.values, c.options, c.skip_reason, {}};
-    const std::string label = fmt("%zu/%zu: ", i + 1, n) + combination_text(axes, c.values);
+    const std::string label = fmt("%zu/%zu ", i + 1, n) + combination_text(axes, c.values);
     if (row.skipped.empty()) {
       progress.update(static_cast<double>(i), label);
       row.options.progress = false;  // one line for the sweep, not one per iteration

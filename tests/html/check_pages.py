@@ -108,6 +108,7 @@ def page_data(path):
 
 CHARTS_JS = """JSON.stringify({
   drawn: document.body.dataset.drawn || null,
+  draw_ms: +document.body.dataset.drawMs,
   error: (document.getElementById('page-error') || {}).textContent || null,
   text_report: !!document.querySelector('#text-report pre'),
   charts: [...document.querySelectorAll('figure.chart')].map(f => {
@@ -186,7 +187,8 @@ def check_page(browser, path, expected, png, want_text):
     if want_text and not report["text_report"]:
         problems.append("no text report under the charts")
     marks = sum(c["marks"] for c in report["charts"])
-    print("%s: %d charts, %d marks, %s" % (path, len(report["charts"]), marks, "OK" if not problems else "FAILED"))
+    print("%s: %d charts, %d marks drawn in %d ms, %s" % (path, len(report["charts"]), marks, report["draw_ms"] or 0,
+                                                          "OK" if not problems else "FAILED"))
     print("  screenshot: %s" % os.path.abspath(png))
     for p in sorted(set(problems), key=problems.index):
         n = problems.count(p)

@@ -80,8 +80,12 @@
     return out;
   }
 
-  // Category labels thinned to about MAX_RANK_LABELS.
-  function labelEvery(n) { return Math.max(1, Math.ceil(n / MAX_RANK_LABELS)); }
+  // Every how many of n labels to print so that labels of up to `chars` characters fit in `span` px.
+  function labelEvery(n, span, chars) {
+    const fit = Math.max(1, Math.floor(span / (6.5 * Math.max(1, chars) + 8)));
+    return Math.max(1, Math.ceil(n / Math.min(fit, MAX_RANK_LABELS)));
+  }
+  function longest(labels) { return labels.reduce((a, l) => Math.max(a, String(l).length), 1); }
 
   // ---- chart frame ----------------------------------------------------------------------
 
@@ -142,7 +146,7 @@
 
   // Category x axis: n bands, a label under every k-th.
   function xBands(c, labels, title) {
-    const n = labels.length, band = (c.x1 - c.x0) / Math.max(1, n), every = labelEvery(n);
+    const n = labels.length, band = (c.x1 - c.x0) / Math.max(1, n), every = labelEvery(n, c.x1 - c.x0, longest(labels));
     const g = svg('g', { class: 'axis' }, c.root);
     labels.forEach((lab, i) => {
       if (i % every === 0) svg('text', { x: c.x0 + band * (i + 0.5), y: c.y0 + 14, 'text-anchor': 'middle' }, g, lab);
@@ -240,7 +244,7 @@
     if (spec.band) {
       svg('rect', { x: c.x0, width: c.x1 - c.x0, y: y(spec.band.hi), height: y(spec.band.lo) - y(spec.band.hi), fill: '#dcdfe5', 'fill-opacity': 0.7 }, c.root);
     }
-    const g = svg('g', { class: 'axis' }, c.root), every = labelEvery(xs.length);
+    const g = svg('g', { class: 'axis' }, c.root), every = labelEvery(xs.length, c.x1 - c.x0, longest(xs.map(spec.xLabel || String)));
     xs.forEach((v, i) => {
       if (i % every === 0) svg('text', { x: x(v), y: c.y0 + 14, 'text-anchor': 'middle' }, g, (spec.xLabel || String)(v));
     });
@@ -279,8 +283,7 @@
   function heatmap(parent, id, title, spec) {
     const R = spec.matrix.length, C = R > 0 ? spec.matrix[0].length : 0;
     const cell = Math.max(3, Math.min(44, Math.floor(440 / Math.max(R, C, 1))));
-    const longest = spec.rowLabels.reduce((a, l) => Math.max(a, String(l).length), 1);
-    const m = { l: 30 + 6.5 * longest, r: 90, t: 14, b: 46 };
+    const m = { l: 30 + 6.5 * longest(spec.rowLabels), r: 90, t: 14, b: 46 };
     const c = chart(parent, id, title, { width: m.l + m.r + cell * C, height: m.t + m.b + cell * R, margin: m, note: spec.note });
     let top = 0;
     for (const row of spec.matrix) top = Math.max(top, maxOf(row));
@@ -293,7 +296,7 @@
           (spec.rowTitle || '') + ' ' + spec.rowLabels[r] + ' → ' + (spec.colTitle || '') + ' ' + spec.colLabels[k] + ': ' + fmt(v));
       }
     }
-    const every = labelEvery(Math.max(R, C));
+    const every = Math.max(labelEvery(C, C * cell, longest(spec.colLabels)), Math.ceil(13 / cell));  // rows need ~13 px
     for (let r = 0; r < R; r += every) svg('text', { x: m.l - 4, y: m.t + (r + 0.5) * cell + 4, 'text-anchor': 'end' }, g, spec.rowLabels[r]);
     for (let k = 0; k < C; k += every) svg('text', { x: m.l + (k + 0.5) * cell, y: m.t + R * cell + 13, 'text-anchor': 'middle' }, g, spec.colLabels[k]);
     svg('text', { class: 'axis-title', x: m.l + (C * cell) / 2, y: c.H - 6, 'text-anchor': 'middle' }, g, spec.colTitle);
@@ -604,10 +607,12 @@
   }
 
   try {
+    const t0 = performance.now();
     const data = JSON.parse(document.getElementById('epx-data').textContent);
     if (document.body.dataset.kind === 'sim') simPage(data);
     else benchPage(data);
     document.body.dataset.charts = String(document.querySelectorAll('figure.chart').length);
+    document.body.dataset.drawMs = (performance.now() - t0).toFixed(0);
     document.body.dataset.drawn = 'yes';
   } catch (e) {
     fail(e);
