@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
           python3-numpy libopenmpi-dev openmpi-bin libucx-dev ucx-utils iproute2 util-linux
-          python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-torch python3-pytest libhwy-dev)
+          python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-torch python3-pytest libhwy-dev
+          chromium)  # chromium: the HTML reports opened headless by `test` (~350 MB, ~1.5 min to install)
 JOBS=${EPX_JOBS:-2}
 # ccache (when installed) shares objects between checkouts of the tree: paths relative to it.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
@@ -80,6 +81,8 @@ case "$cmd" in
     /usr/bin/python3 tests/e2e/check_replay.py --epx build/src/tools/epx
     /usr/bin/python3 tests/e2e/check_bench_modes.py --epx build/src/tools/epx  # push, pull, rings: no warnings
     bash tests/e2e/check_mpi_baseline.sh build/bench/epx_mpi_baseline  # says SKIP without Open MPI
+    # epx bench/sim --html and epx html opened in headless Chromium: no console error, every chart drawn; screenshots in build/html/.
+    timeout 300 /usr/bin/python3 tests/html/check_pages.py --epx build/src/tools/epx --out build/html
     timeout 420 bash tests/multinode/run.sh build  # shmem across network namespaces; SKIP without root
     ;;
   sanitize)

@@ -13,6 +13,8 @@
 #include <optional>
 #include <type_traits>
 
+#include "epx/bench/progress.hpp"
+#include "epx/bench/report.hpp"
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
 #include "epx/spi/copy.hpp"
@@ -39,28 +41,20 @@ std::uint64_t fnv1a64(const void* data, std::size_t n) noexcept {
 
 namespace {
 
-// Rank 0's progress line on stderr: '\r'-updated on a terminal, else a line now and then.
+// Rank 0's progress line (epx/bench/progress.hpp): the iteration running and the time left
+// over every iteration of the run (warmup, timed, the counters-overhead blocks).
 class Progress {
  public:
-  Progress(bool on, int total) : on_(on), total_(total), tty_(on && isatty(2) != 0) {}
+  Progress(bool on, int total) : line_("epx bench", total, on) {}
   void update(const char* what, int done, int of, double d_us, double c_us) {
-    if (!on_) return;
     ++step_;
-    const int every = std::max(1, total_ / 5);
-    if (!tty_ && step_ % every != 0 && done != of) return;
-    std::fprintf(stderr, "%sepx bench: %s %d/%d  rank 0: dispatch %.0f us, combine %.0f us%s", tty_ ? "\r\033[K" : "", what,
-                 done, of, d_us, c_us, tty_ ? "" : "\n");
-    std::fflush(stderr);
+    if (line_.shown())
+      line_.update(step_, fmt("%s %d/%d  rank 0: dispatch %.0f us, combine %.0f us", what, done, of, d_us, c_us));
   }
-  void done() {
-    if (on_ && tty_) std::fprintf(stderr, "\r\033[K");
-    if (on_) std::fflush(stderr);
-  }
+  void done() { line_.finish(); }
 
  private:
-  bool on_;
-  int total_;
-  bool tty_;
+  ProgressLine line_;
   int step_ = 0;
 };
 

@@ -39,6 +39,7 @@ struct BenchOptions {
   // Outputs.
   std::string json;   ///< --json FILE
   std::string trace;  ///< --trace FILE (Chrome trace events)
+  std::string html;   ///< --html FILE (the report as one self-contained page)
   bool progress = true;
   // Baseline.
   std::string baseline;      ///< "" | "mpi"
