@@ -201,8 +201,9 @@ void Buffer::Impl::epilogue(const HandleState& h, const DispatchArgs& a, bool fp
 
   // Padding rows (expanded: the tail of each expert's aligned range; both: rows past the
   // real ones up to num_worst_tokens) have source -1, weight 0, and zero data when asked
-  // (zero_padding; SPEC §3.2: unspecified otherwise).
-  const bool zero_rows = payload && a.zero_padding;
+  // (zero_padding — a cached dispatch's too when its handle's dispatch asked; SPEC §3.2:
+  // unspecified otherwise).
+  const bool zero_rows = payload && (a.zero_padding || h.zero_padding);
   auto pad = [&](std::int64_t r0, std::int64_t r1) {
     if (r1 <= r0) return;
     if (zero_rows) std::memset(rx + static_cast<std::size_t>(r0) * row_bytes, 0, static_cast<std::size_t>(r1 - r0) * row_bytes);

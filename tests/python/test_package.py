@@ -23,7 +23,7 @@ def test_buffer_needs_a_group():
     import torch.distributed as dist
     assert not dist.is_initialized()
     try:
-        epx.EPBuffer(None, 4, 128, 2, 8)
+        epx.EPBuffer(None, num_max_tokens_per_rank=4, hidden=128, num_topk=2, num_experts=8)
     except epx.Error as e:
         assert e.code == "invalid_argument" and "init_process_group" in str(e)
     else:
