@@ -68,9 +68,12 @@ def _rank_main(payload, rank, num_ranks, store_path, results, timeout_secs):
         dist.init_process_group("gloo", init_method="file://" + store_path, rank=rank, world_size=num_ranks,
                                 timeout=datetime.timedelta(seconds=timeout_secs))
         value = fn(rank, num_ranks, *args)
-        results.put((rank, True, value))
+        # pickled here with the plain pickler: torch tensors travel as copies, not as shared
+        # memory whose file descriptors vanish with this process
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the launcher
-        results.put((rank, False, _failure(rank, e, traceback.format_exception(type(e), e, e.__traceback__))))
+        err = _failure(rank, e, traceback.format_exception(type(e), e, e.__traceback__))
+        results.put((rank, False, pickle.dumps(err)))
     finally:
         try:
             if dist.is_initialized():
@@ -150,7 +153,7 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
             while len(values) + len(errors) < num_ranks:
                 try:
                     rank, ok, v = results.get(timeout=0.1)
-                    (values if ok else errors)[rank] = v
+                    (values if ok else errors)[rank] = pickle.loads(v)
                     if not ok and deadline is None:
                         deadline = time.monotonic() + timeout_secs
                     continue
@@ -162,7 +165,7 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
                         try:
                             while True:
                                 rank, ok, v = results.get_nowait()
-                                (values if ok else errors)[rank] = v
+                                (values if ok else errors)[rank] = pickle.loads(v)
                         except queue.Empty:
                             pass
                         if r not in values and r not in errors:

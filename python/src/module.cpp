@@ -89,7 +89,8 @@ ErrorCode code_of(const std::string& name) {
 ErrorCode input_code(const std::string& problem) {
   if (problem.find("C-contiguous") != std::string::npos || problem.find("dimensions") != std::string::npos)
     return ErrorCode::kShapeMismatch;
-  if (problem.find("expected a CPU") != std::string::npos) return ErrorCode::kUnsupported;
+  if (problem.find("expected a CPU") != std::string::npos || problem.find("cannot be exported") != std::string::npos)
+    return ErrorCode::kUnsupported;  // another device (a meta or CUDA tensor)
   return ErrorCode::kDtypeMismatch;
 }
 

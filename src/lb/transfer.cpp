@@ -200,15 +200,10 @@ void run_transfer(Buffer& buffer, const char* what, const LbTransfer& tr, const 
     // No copy where the Buffer allows it: the rows are read where the senders put them.
     a.recv_in_window = cfg.ring_rows == 0 && cfg.dataplane.protocol != Protocol::kFlag;
     // A bad rank's dispatch fails every rank's with its own words.
-    const Error mine(ErrorCode::kInvalidArgument, "rank " + std::to_string(me) + ": " + bad, me);
+    const Error mine(ErrorCode::kInvalidArgument, "rank " + std::to_string(me) + ": " + what + ": " + bad, me);
     if (!bad.empty()) a.caller_error = &mine;
-    DispatchResult d;
-    try {
-      d = buffer.dispatch(a);
-    } catch (const Error& e) {
-      if (!bad.empty() && e.origin_rank() == me) invalid(std::string(what) + ": rank " + std::to_string(me) + ": " + bad, me);
-      throw Error(e.code(), std::string(what) + ", round " + std::to_string(r) + ": " + e.what(), e.origin_rank());
-    }
+    // Its error is the same on every rank (the engine's rule): passed on as it is.
+    DispatchResult d = buffer.dispatch(a);
     if (!bad.empty()) invalid(std::string(what) + ": rank " + std::to_string(me) + ": " + bad, me);
     // Every received row must be a token of the table that names this rank, carrying the
     // table's fingerprint; and every such token must arrive.
