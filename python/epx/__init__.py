@@ -14,12 +14,14 @@ section, docs/python.md, and docs/deepep.md (every DeepEP call and its status he
 from ._version import __version__
 from . import utils
 from .buffer import EPBuffer, EPHandle, MAX_LOCAL_EXPERTS, get_num_allocation_alignment
+
+ElasticBuffer = EPBuffer  # the name DeepEP V2's README uses for it
 from .errors import Error
 from .events import EventHandle, EventOverlap
 from .group import launch
 from .legacy import Buffer, Config
 
-__all__ = ["EPBuffer", "EPHandle", "EventOverlap", "EventHandle", "Buffer", "Config", "Error", "launch",
+__all__ = ["EPBuffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "Buffer", "Config", "Error", "launch",
            "get_num_allocation_alignment", "MAX_LOCAL_EXPERTS", "topk_idx_t", "__version__"]
 
 

@@ -140,7 +140,12 @@ class EPBuffer:
         self.num_max_tokens_per_rank, self.hidden, self.num_topk = num_max_tokens_per_rank, hidden, num_topk
         self.num_experts = num_experts or None
         self.use_fp8_dispatch, self.deterministic = use_fp8_dispatch, deterministic
-        self.num_bytes = num_bytes
+        # num_bytes: the budget when given (DeepEP's num_bytes); else what the shape needs for
+        # one expert count, as DeepEP reports it (get_buffer_size_hint), when it is known
+        self._budget = num_bytes
+        self.num_bytes = num_bytes if num_bytes is not None or not (num_max_tokens_per_rank and hidden) else \
+            self.get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch,
+                                      num_experts=num_experts, num_workers=num_workers, max_recv_rows=max_recv_rows)
         self.allow_hybrid_mode, self.allow_multiple_reduction = allow_hybrid_mode, allow_multiple_reduction
         self.prefer_overlap_with_compute, self.sl_idx = prefer_overlap_with_compute, sl_idx
         self.num_allocated_qps, self.num_gpu_timeout_secs = num_allocated_qps, num_gpu_timeout_secs
@@ -181,14 +186,14 @@ class EPBuffer:
         if missing:
             return (f"EPBuffer: {', '.join(missing)} unknown: pass them to EPBuffer() (or num_max_tokens_per_rank "
                     "to the first dispatch)", "invalid_argument")
-        if self.num_bytes is not None:
+        if self._budget is not None:
             _, workers, recv_rows = self._opts
             need = _round_up(_epx.size_hint(P, num_experts, self.hidden, self.num_topk, self.num_max_tokens_per_rank,
                                             recv_rows, workers))
             used = sum(_round_up(e.window_bytes) for e in self._engines.values())
-            if used + need > self.num_bytes:
-                return (f"EPBuffer(num_bytes = {self.num_bytes}): the state for num_experts = {num_experts} needs "
-                        f"{need} bytes, {self.num_bytes - used} are left", "capacity_exceeded")
+            if used + need > self._budget:
+                return (f"EPBuffer(num_bytes = {self._budget}): the state for num_experts = {num_experts} needs "
+                        f"{need} bytes, {self._budget - used} are left", "capacity_exceeded")
         return "", ""
 
     def _learn_shape(self, x, topk_idx, C):
@@ -291,15 +296,17 @@ class EPBuffer:
         return 1, self.group_size
 
     def get_theoretical_num_sms(self, num_experts=None, num_topk=None, *args, **kwargs):
-        """epx's analogue of SMs: the worker threads per rank (0 = auto: cores / ranks here)."""
-        return self._opts[1]
+        """epx's analogue of SMs: the worker threads per rank (num_workers; auto: this
+        machine's cores / ranks, at least 1). Passing it back as num_sms has no effect."""
+        import os
+        return self._opts[1] or max(1, (os.cpu_count() or 1) // self.group_size)
 
     def get_theoretical_num_qps(self, num_sms=0):
         """0: no queue pairs on CPU."""
         return 0
 
     def lb_get_theoretical_num_sms(self):
-        return self._opts[1]
+        return self.get_theoretical_num_sms()
 
     def print_memory_usage(self):
         """Prints this rank's windows (one per expert count) and their total."""
