@@ -53,6 +53,21 @@ class EPHandle:
     num_max_tokens_per_rank. num_sms: 0 (no SMs on CPU).
     """
 
+    num_recv_tokens_per_expert: list
+    num_recv_tokens_per_expert_aligned: list
+    num_recv_tokens_per_expert_list: list
+    expert_offsets: list
+    recv_src: object
+    num_recv_rows: int
+    num_tokens: int
+    do_expand: bool
+    expert_alignment: int
+    num_worst_tokens: int
+    do_zero_padding: bool
+    num_experts: int
+    num_max_tokens_per_rank: int
+    num_sms: int
+
     def __init__(self, owner, engine, r, opts, topk_idx, recv_src, recv_idx, recv_weights):
         self._owner, self._engine = owner, engine
         self._raw = r["handle"]
