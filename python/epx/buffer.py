@@ -17,7 +17,7 @@ from . import _lb
 from . import _weights
 from .errors import Error
 from .events import EventHandle, EventOverlap
-from .group import bootstrap_of
+from .group import bootstrap_of, transport_of
 
 _ALIGN = 2 << 20
 #: The most local experts (num_experts / group size) an EPBuffer supports; a size hint
@@ -149,7 +149,7 @@ class EPBuffer:
         if use_fp8_dispatch and hidden % 128 != 0:
             raise Error(f"EPBuffer: use_fp8_dispatch needs hidden % 128 == 0, got hidden = {hidden}",
                         "shape_mismatch")
-        rank, size, self._allgather = bootstrap_of(group)
+        rank, size, _ = bootstrap_of(group, need_allgather=False)
         self.group, self.rank, self.group_size = group, rank, size
         self.rank_idx, self.num_ranks = rank, size  # DeepEP's names
         self.num_max_tokens_per_rank, self.hidden, self.num_topk = num_max_tokens_per_rank, hidden, num_topk
@@ -180,8 +180,8 @@ class EPBuffer:
         b = self._engines.get(num_experts)
         if b is None:
             transport, workers, recv_rows = self._opts
-            b = _epx.Buffer(self.rank, self.group_size, self._allgather, transport, float(self.num_cpu_timeout_secs),
-                            num_experts, self.hidden, self.num_topk, self.num_max_tokens_per_rank, recv_rows, workers)
+            b = _epx.Buffer(transport_of(self.group, transport, self.num_cpu_timeout_secs), num_experts, self.hidden,
+                            self.num_topk, self.num_max_tokens_per_rank, recv_rows, workers)
             self._engines[num_experts] = b
             self._transport_name = b.transport
         return b

@@ -27,7 +27,7 @@ std::string check_words(const NotifyHeader& h, int s) {
 
 /// The error of a call some rank failed, the same on every rank (all see the same headers):
 /// the lowest failing rank's; when every rank failed the same check (same code and words),
-/// that check once, "every rank: ...", blaming no single rank (origin -1).
+/// that check once, "every rank: ..." (as BufferBase says it), blaming no single rank (origin -1).
 void throw_if_failed(const std::vector<const NotifyHeader*>& headers) {
   const auto first = std::find_if(headers.begin(), headers.end(), [](const NotifyHeader* h) { return h->failed != 0; });
   if (first == headers.end()) return;
@@ -38,7 +38,7 @@ void throw_if_failed(const std::vector<const NotifyHeader*>& headers) {
   bool all_same = headers.size() > 1;
   for (std::size_t r = 0; r < headers.size() && all_same; ++r)
     all_same = headers[r]->failed == h.failed && check_words(*headers[r], static_cast<int>(r)) == words;
-  if (all_same) throw Error(code, "every rank (all " + std::to_string(headers.size()) + "): " + words, -1);
+  if (all_same) throw Error(code, "every rank: " + words, -1);
   throw Error(code, h.message, s);
 }
 

@@ -268,7 +268,7 @@ TEST(Errors, EveryRankFailingTheSameCheckIsSaidSo) {
         b.dispatch(a);
         fail(r, "cached dispatch with another alignment accepted");
       } catch (const Error& e) {
-        const std::string want = "every rank (all " + std::to_string(kRanks) + "): cached dispatch: layout";
+        const std::string want = "every rank: cached dispatch: layout";
         if (e.code() != ErrorCode::kBadHandle || e.origin_rank() != -1 || std::string(e.what()).rfind(want, 0) != 0)
           fail(r, std::string("same check on every rank: ") + to_string(e.code()) + " origin " +
                       std::to_string(e.origin_rank()) + ": " + e.what());
