@@ -49,7 +49,15 @@ def _budget(rank, n):
     hint8 = epx.EPBuffer.get_buffer_size_hint(None, C, H, K, num_experts=8)
     case8 = make_case(P, 8, K, H, TOKENS, seed=299)
     case16 = make_case(P, 16, K, H, TOKENS, seed=300)
-    with epx.EPBuffer(None, num_bytes=hint8) as buf:
+    class Plan:  # DeepEP's BufferAllocator protocol: num_bytes, materialize(storage)
+        num_bytes = 4096
+
+        def materialize(self, storage):
+            self.storage = storage
+
+    plan = Plan()
+    with epx.EPBuffer(None, num_bytes=hint8, lb_allocation_plan_or_num_bytes=plan) as buf:
+        assert buf.lb_storage is plan.storage and buf.lb_storage.numel() == 4096 and buf.num_lb_bytes == 4096
         out = buf.dispatch(*inputs(case8, rank, "torch"), num_experts=8, num_max_tokens_per_rank=C)
         check_dispatch(case8, epx_ref.compute(case8, layout="compact"), rank, out[:4], False, False)
         learned = (buf.hidden, buf.num_topk, buf.num_max_tokens_per_rank)
