@@ -15,6 +15,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
           python3-numpy libopenmpi-dev openmpi-bin libucx-dev ucx-utils iproute2 util-linux
           python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-torch python3-pytest libhwy-dev
+          python3-setuptools python3-wheel python3-build python3-venv python3-pip
           chromium)  # chromium: the HTML reports opened headless by `test` (~350 MB, ~1.5 min to install)
 JOBS=${EPX_JOBS:-2}
 # ccache (when installed) shares objects between checkouts of the tree: paths relative to it.
@@ -71,6 +72,8 @@ case "$cmd" in
     ctest --test-dir build --output-on-failure -j "$JOBS"
     # The Python package (Debian's Python; pytest exit 5 = no tests collected is not a failure).
     timeout 300 /usr/bin/python3 -m pytest -q tests/python || [ $? -eq 5 ]
+    # ... and installed like any Python package: pip install . and a wheel, in fresh venvs.
+    timeout 420 bash tests/packaging/check_install.sh build
     # C++ users: cmake --install, then a project of its own finds it (tests/consumer).
     rm -rf build/install-test build/consumer
     cmake --install build --prefix "$PWD/build/install-test" >/dev/null

@@ -151,6 +151,7 @@ std::string got(const TensorView& v) { return v.shape.str() + " " + to_string(v.
 }  // namespace
 
 MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
+  if (a.caller_error != nullptr) return Status{a.caller_error->code(), a.caller_error->what()};
   const BufferConfig& c = config;
   const TensorView& x = a.x;
   if (x.dtype != DType::kBF16 && x.dtype != DType::kFP8E4M3)
@@ -216,6 +217,7 @@ MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
 }
 
 MaybeStatus Buffer::Impl::check_combine(const CombineArgs& a) const {
+  if (a.caller_error != nullptr) return Status{a.caller_error->code(), a.caller_error->what()};
   if (a.handle == nullptr || !a.handle->valid())
     return make_status(ErrorCode::kBadHandle, "combine needs the handle of a dispatch (got an empty one)");
   const HandleState* h = a.handle->state_.get();
@@ -320,6 +322,7 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
       made->layout = a.layout;
       made->alignment = a.expert_alignment;
       made->worst = a.num_worst_tokens;
+      made->zero_padding = a.zero_padding;
       if (!status) {
         made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
                                         RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});

@@ -261,7 +261,7 @@ class Epilogue {
         in_place_(a.recv_in_window || !m.moves_payload || in_block),
         // the bounded ring places rows as they arrive; an output block holds them already
         place_rows_(m.moves_payload && at != detail::RowsAt::kPlaced && !in_block),
-        copy_scales_(fp8 && !in_place_), zero_rows_(m.moves_payload && a.zero_padding),
+        copy_scales_(fp8 && !in_place_), zero_rows_(m.moves_payload && (a.zero_padding || h.zero_padding)),  // a cached dispatch keeps its handle's choice
         row_bytes_(static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype)),
         scale_bytes_(fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0),
         // row bytes copied out of the receive area per output row (the ring's copies as they arrive count too)

@@ -17,6 +17,7 @@ struct HandleState {
   RecvLayout layout = RecvLayout::kCompact;
   int alignment = 1;
   std::int64_t worst = 0;
+  bool zero_padding = true;  // its padding rows were zeroed: so are its cached dispatches'
   RoutingPlan plan;  // sender side: who sends which row where
   // Sender side, per destination d: first row of my segment in d's receive area.
   std::vector<std::int64_t> send_base;  // [P]

@@ -479,6 +479,36 @@ TEST(DispatchCombine, ZeroPaddingOnlyWhenAsked) {
   });
 }
 
+// Zero padding is the default, and a cached dispatch keeps its handle's choice: with a
+// handle whose dispatch padded, its padding rows are zero though this call says false and
+// its output block is a recycled one full of other bytes.
+TEST(DispatchCombine, ZeroPaddingByDefaultAndKeptByCachedDispatch) {
+  static_assert(DispatchArgs{}.zero_padding, "padding rows are zero unless the caller opts out");
+  const ref::Problem p = ref::make_problem(fx(4, 16, 4, {20, 13, 0, 9}, 34));
+  ref::DispatchOptions o;
+  o.expanded = true;
+  o.alignment = 8;
+  const auto want = ref::dispatch_all(p, o);
+  launch_on({TransportKind::kThreads}, {4, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+    const int r = t.rank();
+    const auto ur = static_cast<std::size_t>(r);
+    Buffer buffer(t, config_for(p));
+    DispatchArgs a = dispatch_args(views_of(p, r), o);
+    a.zero_padding = true;
+    DispatchHandle h;
+    {
+      DispatchResult d = buffer.dispatch(a);
+      h = d.handle;
+      std::memset(d.recv_x.data(), 0xab, static_cast<std::size_t>(d.recv_x.nbytes()));  // back to the pool dirty
+    }
+    DispatchArgs c = a;
+    c.handle = &h;
+    c.zero_padding = false;
+    DispatchResult d = buffer.dispatch(c);
+    expect_bits(r, "cached recv_x (padding rows zero as the handle's)", d.recv_x.data(), want[ur].recv_x);
+  });
+}
+
 // Deterministic mode: the same inputs give the same bits across independent runs.
 TEST(DispatchCombine, RepeatedRunsAreIdentical) {
   Case c{"repeat", fx(4, 16, 4, {20, 13, 0, 9}, 40), {}};
