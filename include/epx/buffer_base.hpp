@@ -34,6 +34,7 @@
 
 #include "epx/buffer_allocator.hpp"
 #include "epx/error.hpp"
+#include "epx/spi/agreement.hpp"
 #include "epx/transport.hpp"
 
 namespace epx {
@@ -44,11 +45,6 @@ struct AgreedValue {
   std::string value;  ///< e.g. "7168", "grads:[1048576]:float32@0"
 };
 
-/// A rank's verdict on one collective call before anything moves: nullopt = fine.
-struct CallProblem {
-  ErrorCode code = ErrorCode::kInvalidArgument;
-  std::string message;  ///< names the argument and what was expected, without the "rank r: " prefix
-};
 
 namespace detail {
 /// What a rank says in one agreement round (src/buffers/buffer_base.cpp).
@@ -110,19 +106,18 @@ class BufferBase {
   /// This rank's window (the kind's bytes at offset 0); nullptr after destroy().
   std::byte* window() noexcept;
 
-  /// Collective, per call, before anything moves: every rank passes its verdict. If any rank
-  /// has a problem, every rank throws an Error with the lowest such rank's code and
-  /// origin_rank; its message on that rank is "rank o: <call>: <message>", on the others
-  /// "rank r: <call> failed on rank o (<code>): <message>". When every rank has the same
-  /// problem (code and message), every rank throws "every rank: <call>: <message>" with
-  /// origin_rank -1 (no one rank is at fault). Costs one exchange of the base's agreement
-  /// area (P small puts and signals per rank).
+  /// Collective, per call, before anything moves: every rank passes its verdict; every rank
+  /// then throws the same error if any rank has a problem (epx/spi/agreement.hpp: the lowest
+  /// such rank's code, origin and words; "every rank: ..." with origin -1 when all ranks have
+  /// the same one). Costs one exchange of the base's agreement area (P small puts and
+  /// signals per rank).
   void agree_call(const char* call, const std::optional<CallProblem>& mine);
 
-  /// The agreement rule of agree_call(), for a kind that carries its ranks' verdicts in its
-  /// own first exchange instead: `all[p]` is rank p's verdict. Returns if none has a problem,
-  /// else throws as agree_call() does. Local.
-  void resolve_call_problems(const char* call, const std::vector<std::optional<CallProblem>>& all) const;
+  /// The same rule, for a kind that carries its ranks' verdicts in its own first exchange
+  /// instead: `all[p]` is rank p's verdict. Local.
+  void resolve_call_problems(const char* call, const std::vector<std::optional<CallProblem>>& all) const {
+    spi::throw_agreed_error(call, all, rank_);
+  }
 
   /// Called by destroy() before the window goes: a kind releases what lies in it.
   virtual void on_destroy() noexcept {}

@@ -202,29 +202,6 @@ void BufferBase::agree_call(const char* call, const std::optional<CallProblem>& 
   resolve_call_problems(call, problems);
 }
 
-void BufferBase::resolve_call_problems(const char* call, const std::vector<std::optional<CallProblem>>& all) const {
-  int origin = -1;
-  bool same = true;
-  for (std::size_t p = 0; p < all.size(); ++p) {
-    if (!all[p]) {
-      same = false;
-      continue;
-    }
-    if (origin < 0) origin = static_cast<int>(p);
-    const CallProblem& first = *all[static_cast<std::size_t>(origin)];
-    same = same && all[p]->code == first.code && all[p]->message == first.message;
-  }
-  if (origin < 0) return;
-  const CallProblem& o = *all[static_cast<std::size_t>(origin)];
-  if (same && all.size() > 1) throw Error(o.code, std::string("every rank: ") + call + ": " + o.message, -1);
-  if (origin == rank_) throw Error(o.code, "rank " + std::to_string(origin) + ": " + call + ": " + o.message, origin);
-  std::string msg = "rank " + std::to_string(rank_) + ": " + call + " failed on rank " + std::to_string(origin) + " (" +
-                    to_string(o.code) + "): " + o.message;
-  const std::optional<CallProblem>& own = all[static_cast<std::size_t>(rank_)];
-  if (own && own->message != o.message) msg += "; this rank's own problem: " + own->message;
-  throw Error(o.code, msg, origin);
-}
-
 void BufferBase::destroy() {
   if (destroyed_) return;
   on_destroy();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "epx/spi/agreement.hpp"
 
 namespace epx {
 
@@ -25,21 +26,14 @@ std::string check_words(const NotifyHeader& h, int s) {
   return m.compare(0, prefix.size(), prefix) == 0 ? m.substr(prefix.size()) : m;
 }
 
-/// The error of a call some rank failed, the same on every rank (all see the same headers):
-/// the lowest failing rank's; when every rank failed the same check (same code and words),
-/// that check once, "every rank: ..." (as BufferBase says it), blaming no single rank (origin -1).
-void throw_if_failed(const std::vector<const NotifyHeader*>& headers) {
-  const auto first = std::find_if(headers.begin(), headers.end(), [](const NotifyHeader* h) { return h->failed != 0; });
-  if (first == headers.end()) return;
-  const int s = static_cast<int>(first - headers.begin());
-  const NotifyHeader& h = **first;
-  const auto code = static_cast<ErrorCode>(h.failed - 1);
-  const std::string words = check_words(h, s);
-  bool all_same = headers.size() > 1;
-  for (std::size_t r = 0; r < headers.size() && all_same; ++r)
-    all_same = headers[r]->failed == h.failed && check_words(*headers[r], static_cast<int>(r)) == words;
-  if (all_same) throw Error(code, "every rank: " + words, -1);
-  throw Error(code, h.message, s);
+/// The error of a call some rank failed, the same on every rank (all see the same headers),
+/// by the one agreement rule (epx/spi/agreement.hpp).
+void throw_if_failed(const std::vector<const NotifyHeader*>& headers, int me) {
+  std::vector<std::optional<CallProblem>> all(headers.size());
+  for (std::size_t s = 0; s < headers.size(); ++s)
+    if (headers[s]->failed != 0)
+      all[s] = CallProblem{static_cast<ErrorCode>(headers[s]->failed - 1), check_words(*headers[s], static_cast<int>(s))};
+  spi::throw_agreed_error("", all, me);
 }
 
 }  // namespace
@@ -72,7 +66,7 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
         reinterpret_cast<const NotifyHeader*>(transport.window() + geo.header(epoch, s));
   }
   // Every rank sees the same headers, so every rank throws the same error.
-  throw_if_failed(peers.header);
+  throw_if_failed(peers.header, rank);
   // Every rank must pass the handle of the same dispatch; a rank with an older one than
   // the newest in use holds a stale handle and is the rank at fault.
   std::uint64_t newest = 0;
