@@ -83,8 +83,9 @@ class BufferBase {
   /// used itself: then it holds one buffer at a time.
   BufferBase(Transport& transport, const char* kind);
 
-  /// Collective, before allocate(): every rank passes its values (the same names in the same
-  /// order) and its own problem with them ("" if none). Throws kInvalidArgument on every rank:
+  /// Collective, at construction or at any time between collective calls (it runs in the
+  /// base's own agreement area, which exists before and after allocate()): every rank passes
+  /// its values (the same names in the same order) and its own problem with them ("" if none). Throws kInvalidArgument on every rank:
   /// the lowest rank's problem if any rank has one ("rank r: <problem>", origin r), else the
   /// first value that differs from rank 0's ("rank r: <kind> config differs from rank 0's:
   /// name = a vs b", origin r).

@@ -49,6 +49,8 @@ struct TransportCaps {
   int max_queues = 1;
   /// put_flagged's flag word becomes visible only after the block's bytes (data-as-flag).
   bool flagged_puts = false;
+  /// get() reads peers' windows one-sided (mapped: a copy; OpenSHMEM: shmem_getmem_nbi).
+  bool one_sided_get = false;
 };
 
 /// Where a wait happens, for the timeout / peer-failure error message.
@@ -108,7 +110,13 @@ class Transport {
   /// (the default: OpenSHMEM-like transports and the simulator, which models puts only).
   virtual const std::byte* peer_window(int peer) const noexcept { (void)peer; return nullptr; }
 
-  /// Every put this thread issued on `queue` has completed at its target.
+  /// One-sided read of `bytes` bytes of `peer`'s window at `offset` into `dst` (any memory
+  /// of this process). Non-blocking: `dst` holds the bytes after quiet(queue) (or when get
+  /// returns, where caps().put_completes_on_return). Peer may be this rank. Only with
+  /// caps().one_sided_get; the default throws kUnsupported. Thread-safety as put.
+  virtual void get(int peer, std::size_t offset, void* dst, std::size_t bytes, int queue);
+
+  /// Every put (and get) this thread issued on `queue` has completed.
   virtual void quiet(int queue) = 0;
 
   /// Collective: returns when every rank has called barrier (with the same phase name).

@@ -88,6 +88,7 @@ TransportCaps mapped_caps(const char* name) {
   c.put_completes_on_return = true;
   c.max_queues = 64;
   c.flagged_puts = true;
+  c.one_sided_get = true;
   return c;
 }
 
@@ -129,6 +130,10 @@ std::atomic<std::uint64_t>* MappedTransport::signals_of(int peer) const noexcept
 
 void MappedTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int) {
   bulk_copy(windows_[static_cast<std::size_t>(peer)] + offset, src, bytes);
+}
+
+void MappedTransport::get(int peer, std::size_t offset, void* dst, std::size_t bytes, int) {
+  std::memcpy(dst, windows_[static_cast<std::size_t>(peer)] + offset, bytes);
 }
 
 void MappedTransport::signal(int peer, std::size_t slot, std::uint64_t value, int) {

@@ -48,6 +48,8 @@ class MappedTransport : public Transport {
   std::chrono::milliseconds timeout() const noexcept override { return timeout_; }
 
   void put(int peer, std::size_t offset, const void* src, std::size_t bytes, int queue) override;
+  /// A copy out of the peer's mapped window (complete on return).
+  void get(int peer, std::size_t offset, void* dst, std::size_t bytes, int queue) override;
   void signal(int peer, std::size_t slot, std::uint64_t value, int queue) override;
   void wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) override;
   std::uint64_t read_signal(std::size_t slot) noexcept override;

@@ -97,6 +97,38 @@ TEST_P(OnEveryTransport, OneCopyOutputsOutliveTheirBuffer) {
   });
 }
 
+TEST_P(OnEveryTransport, EndpointsGetPeersWindowsOneSided) {
+  launch({.num_ranks = kCaseRanks, .transport = GetParam()}, [&](Transport& t) {
+    const int r = t.rank(), P = t.num_ranks();
+    std::unique_ptr<Transport> ep = t.open_endpoint();
+    if (ep == nullptr) fail(r, "no endpoint");
+    constexpr std::size_t kBytes = 4096 + 24;  // not a multiple of the page or of 16
+    ep->allocate(P * kBytes, 1);
+    std::byte* mine = ep->window();
+    for (std::size_t i = 0; i < kBytes; ++i) mine[static_cast<std::size_t>(r) * kBytes + i] = static_cast<std::byte>(r * 31 + i % 251);
+    ep->barrier("get test: written");
+    if (!ep->caps().one_sided_get) {  // the simulator models puts only
+      try {
+        std::byte b;
+        ep->get(0, 0, &b, 1, 0);
+        fail(r, "get on a transport without one_sided_get did not throw");
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kUnsupported) throw;
+      }
+      return;
+    }
+    std::vector<std::byte> got(kBytes);
+    for (int p = 0; p < P; ++p) {
+      ep->get(p, static_cast<std::size_t>(p) * kBytes, got.data(), kBytes, 0);
+      ep->quiet(0);
+      for (std::size_t i = 0; i < kBytes; ++i)
+        if (got[i] != static_cast<std::byte>(p * 31 + i % 251)) fail(r, "get from rank " + std::to_string(p) + " differs at byte " + std::to_string(i));
+    }
+    ep->barrier("get test: read");
+    ep->allocate(0, 0);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Buffers, OnEveryTransport, ::testing::ValuesIn(kDataTransports), transport_name);
 
 // A buffer kind of the tests' own: the base's agreements, nothing else.

@@ -133,6 +133,7 @@ ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const Node
   caps_.put_completes_on_return = all_mapped;
   caps_.max_queues = 64;                  // queues are labels here: quiet completes all of them
   caps_.flagged_puts = true;              // bytes, shmem_fence, atomic set of the flag
+  caps_.one_sided_get = true;             // shmem_getmem_nbi, completed by shmem_quiet
   for (int p = 0; p < num_ranks_; ++p) reset_counters(p), outstanding_[static_cast<std::size_t>(p)] = false;
   install_term_note();
   watchdog_ = std::thread([this] { watchdog_loop(); });
@@ -384,6 +385,12 @@ void ShmemTransport::put(int peer, std::size_t offset, const void* src, std::siz
   if (std::byte* dst = peer_base_[static_cast<std::size_t>(peer)]) return bulk_copy(dst + offset, src, bytes);
   outstanding_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
   shmem_putmem_nbi(base_ + offset, src, bytes, peer);
+}
+
+void ShmemTransport::get(int peer, std::size_t offset, void* dst, std::size_t bytes, int) {
+  if (const std::byte* src = peer_base_[static_cast<std::size_t>(peer)]) return static_cast<void>(std::memcpy(dst, src + offset, bytes));
+  outstanding_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
+  shmem_getmem_nbi(dst, base_ + offset, bytes, peer);
 }
 
 void ShmemTransport::ordered_set(int peer, std::size_t offset, std::uint64_t value) {

@@ -72,6 +72,8 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   std::byte* window() noexcept override { return base_; }
   std::size_t window_bytes() const noexcept override { return window_bytes_; }
   void put(int peer, std::size_t offset, const void* src, std::size_t bytes, int queue) override;
+  /// A copy from a mapped peer, else shmem_getmem_nbi (complete after quiet).
+  void get(int peer, std::size_t offset, void* dst, std::size_t bytes, int queue) override;
   void signal(int peer, std::size_t slot, std::uint64_t value, int queue) override;
   void wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) override;
   std::uint64_t read_signal(std::size_t slot) noexcept override;

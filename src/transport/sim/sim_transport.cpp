@@ -13,7 +13,12 @@ namespace epx::detail {
 
 namespace {
 
-TransportCaps sim_caps() { return mapped_caps("sim"); }
+// The model has puts only: no in-place reads (peer_window) and no gets.
+TransportCaps sim_caps() {
+  TransportCaps c = mapped_caps("sim");
+  c.one_sided_get = false;
+  return c;
+}
 
 std::atomic<std::uint64_t> g_instances{0};
 

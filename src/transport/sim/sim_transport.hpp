@@ -58,8 +58,11 @@ class SimTransport : public MappedTransport, public sim::ModelTransport {
   void set_payload_region(std::size_t begin, std::size_t end) override;
   /// Records a join on the rank thread's stream for each worker stream with new ops.
   void workers_joined() override;
-  /// The model has puts, not reads of peer memory: in-place reads are not offered.
+  /// The model has puts, not reads of peer memory: in-place reads and gets are not offered.
   const std::byte* peer_window(int) const noexcept override { return nullptr; }
+  void get(int peer, std::size_t offset, void* dst, std::size_t bytes, int queue) override {
+    Transport::get(peer, offset, dst, bytes, queue);  // kUnsupported
+  }
 
   /// Starts call `name` on this rank (rank thread only).
   int begin_call(const std::string& name);
