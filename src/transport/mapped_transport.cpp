@@ -3,6 +3,9 @@
 #include "epx/spi/cpu_relax.hpp"
 #include <sched.h>
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -95,6 +98,8 @@ TransportCaps mapped_caps(const char* name) {
 Backoff::Backoff(std::chrono::milliseconds timeout)
     : deadline_(std::chrono::steady_clock::now() + timeout) {}
 
+bool Backoff::expired() const { return std::chrono::steady_clock::now() >= deadline_; }
+
 bool Backoff::step() {
   if (spins_ < kSpins) {
     ++spins_;
@@ -105,14 +110,27 @@ bool Backoff::step() {
   return std::chrono::steady_clock::now() < deadline_;
 }
 
+WaitMode wait_mode_from_env() noexcept {
+  const char* env = std::getenv("EPX_WAIT");
+  return env != nullptr && std::string(env) == "sleep" ? WaitMode::kSleep : WaitMode::kSpin;
+}
+
 MappedTransport::MappedTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout,
                                  TransportCaps caps)
     : control_(control), rank_(rank), num_ranks_(control->num_ranks), timeout_(timeout), caps_(caps),
-      fault_(FaultPlan::from_env()) {}
+      wait_mode_(wait_mode_from_env()), fault_(FaultPlan::from_env()) {}
+
+namespace {
+// A segment: the window (whole pages), the signal slots (the user's, then the barrier's P),
+// then the doorbell on a cache line of its own.
+std::size_t doorbell_at(std::size_t window_bytes, std::size_t num_signals, int P) {
+  const std::size_t slots = (window_bytes + 4095) / 4096 * 4096 + (num_signals + static_cast<std::size_t>(P)) * sizeof(std::uint64_t);
+  return (slots + 63) / 64 * 64;
+}
+}  // namespace
 
 std::size_t MappedTransport::segment_bytes(std::size_t window_bytes, std::size_t num_signals) const noexcept {
-  const std::size_t window = (window_bytes + 4095) / 4096 * 4096;
-  return window + (num_signals + static_cast<std::size_t>(num_ranks_)) * sizeof(std::uint64_t);
+  return doorbell_at(window_bytes, num_signals, num_ranks_) + 64;
 }
 
 void MappedTransport::set_segments(const std::vector<std::byte*>& bases, std::size_t window_bytes,
@@ -120,12 +138,28 @@ void MappedTransport::set_segments(const std::vector<std::byte*>& bases, std::si
   windows_ = bases;
   window_bytes_ = window_bytes;
   signal_offset_ = (window_bytes + 4095) / 4096 * 4096;
+  doorbell_offset_ = doorbell_at(window_bytes, num_signals, num_ranks_);
   num_signals_ = num_signals;
   barrier_epoch_ = 0;
 }
 
 std::atomic<std::uint64_t>* MappedTransport::signals_of(int peer) const noexcept {
   return reinterpret_cast<std::atomic<std::uint64_t>*>(windows_[static_cast<std::size_t>(peer)] + signal_offset_);
+}
+
+std::atomic<std::uint32_t>* MappedTransport::doorbell_of(int peer) const noexcept {
+  return reinterpret_cast<std::atomic<std::uint32_t>*>(windows_[static_cast<std::size_t>(peer)] + doorbell_offset_);
+}
+
+void MappedTransport::ring(int peer) const noexcept {
+  if (wait_mode_ != WaitMode::kSleep) return;
+  // Dekker with the sleeper (wait_for): either it sees the store before it sleeps, or this
+  // sees it counted among the sleepers and rings.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::atomic<std::uint32_t>* bell = doorbell_of(peer);
+  if (bell[1].load(std::memory_order_relaxed) == 0) return;
+  bell[0].fetch_add(1, std::memory_order_seq_cst);
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell[0]), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
 void MappedTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int) {
@@ -138,30 +172,49 @@ void MappedTransport::get(int peer, std::size_t offset, void* dst, std::size_t b
 
 void MappedTransport::signal(int peer, std::size_t slot, std::uint64_t value, int) {
   signals_of(peer)[slot].store(value, std::memory_order_release);
+  ring(peer);
 }
 
 std::uint64_t MappedTransport::read_signal(std::size_t slot) noexcept {
   return signals_of(rank_)[slot].load(std::memory_order_acquire);
 }
 
-namespace {
-/// Spin-then-yield until load() >= at_least; while yielding, `check` may throw (a failed or
-/// finished peer), unless the value arrived meanwhile (a peer may write and then finish).
-template <class Load, class Check, class Timeout>
-void wait_until(Load load, std::uint64_t at_least, std::chrono::milliseconds timeout, Check check, Timeout on_timeout) {
-  Backoff backoff(timeout);
+template <class Load>
+void MappedTransport::wait_for(Load load, std::uint64_t at_least, const WaitPoint& where) {
+  Backoff backoff(timeout_);
+  std::atomic<std::uint32_t>* bell = wait_mode_ == WaitMode::kSleep ? doorbell_of(rank_) : nullptr;
+  // Sleep mode yields for a while first: most waits end within a few scheduler slices.
+  constexpr auto kYieldFirst = std::chrono::microseconds(500);
+  std::chrono::steady_clock::time_point sleep_after{};
   while (load() < at_least) {
-    if (!backoff.step()) on_timeout();
-    if (!backoff.yielding()) continue;
-    try {
-      check();
-    } catch (const Error&) {
+    if (!backoff.yielding()) {
+      backoff.step();  // the short spin
+      continue;
+    }
+    if (bell == nullptr || std::chrono::steady_clock::now() < sleep_after) {
+      if (sleep_after.time_since_epoch().count() == 0) sleep_after = std::chrono::steady_clock::now() + kYieldFirst;
+      if (!backoff.step()) throw_timeout(where.phase, where.peer);  // sched_yield
+    } else {
+      // Sleep until a signal or flagged put to this rank rings (ring()), or 2 ms have passed
+      // (then the peers and the deadline are looked at, as after a yield).
+      bell[1].fetch_add(1, std::memory_order_seq_cst);
+      const std::uint32_t seen = bell[0].load(std::memory_order_seq_cst);
+      if (load() < at_least) {
+        const timespec nap{0, 2'000'000};
+        syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell[0]), FUTEX_WAIT, seen, &nap, nullptr, 0);
+      }
+      bell[1].fetch_sub(1, std::memory_order_relaxed);
       if (load() >= at_least) return;
+      if (backoff.expired()) throw_timeout(where.phase, where.peer);
+    }
+    try {
+      check_peers(where.phase, where.peer);
+    } catch (const Error&) {
+      if (load() >= at_least) return;  // a peer may write and then fail or finish
       throw;
     }
   }
 }
-}  // namespace
 
 void MappedTransport::note_phase(const char* phase) noexcept {
   if (phase == last_phase_.load(std::memory_order_relaxed)) return;
@@ -174,8 +227,7 @@ void MappedTransport::note_phase(const char* phase) noexcept {
 void MappedTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) {
   note_phase(where.phase);
   std::atomic<std::uint64_t>& s = signals_of(rank_)[slot];
-  wait_until([&] { return s.load(std::memory_order_acquire); }, at_least, timeout_,
-             [&] { check_peers(where.phase, where.peer); }, [&] { throw_timeout(where.phase, where.peer); });
+  wait_for([&] { return s.load(std::memory_order_acquire); }, at_least, where);
 }
 
 void MappedTransport::put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes,
@@ -184,13 +236,13 @@ void MappedTransport::put_flagged(int peer, std::size_t offset, const void* src,
   bulk_copy(block, src, bytes);
   // The release store orders the block's bytes before the flag for an acquiring reader.
   std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(block + bytes)).store(flag, std::memory_order_release);
+  ring(peer);
 }
 
 void MappedTransport::wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) {
   note_phase(where.phase);
   std::atomic_ref<std::uint64_t> flag(*reinterpret_cast<std::uint64_t*>(windows_[static_cast<std::size_t>(rank_)] + offset));
-  wait_until([&] { return flag.load(std::memory_order_acquire); }, at_least, timeout_,
-             [&] { check_peers(where.phase, where.peer); }, [&] { throw_timeout(where.phase, where.peer); });
+  wait_for([&] { return flag.load(std::memory_order_acquire); }, at_least, where);
 }
 
 void MappedTransport::quiet(int) {
@@ -210,8 +262,10 @@ void MappedTransport::barrier(const char* phase) {
   if (windows_.empty()) return bootstrap_barrier(phase);
   ++barrier_epoch_;
   const std::size_t base = num_signals_;
-  for (int p = 0; p < num_ranks_; ++p)
+  for (int p = 0; p < num_ranks_; ++p) {
     signals_of(p)[base + static_cast<std::size_t>(rank_)].store(barrier_epoch_, std::memory_order_release);
+    ring(p);
+  }
   for (int p = 0; p < num_ranks_; ++p)
     wait_signal(base + static_cast<std::size_t>(p), barrier_epoch_, WaitPoint{phase, p});
 }

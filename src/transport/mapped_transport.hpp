@@ -24,6 +24,8 @@ class Backoff {
   /// One waiting step; returns false once the deadline has passed.
   bool step();
   bool yielding() const noexcept { return spins_ >= kSpins; }
+  /// The deadline has passed.
+  bool expired() const;
 
  private:
   static constexpr int kSpins = 256;
@@ -34,6 +36,17 @@ class Backoff {
 /// What every mapped transport guarantees: puts are memcpys that complete on return,
 /// so a later release-store signal orders them on any queue.
 TransportCaps mapped_caps(const char* name);
+
+/// How a mapped transport's waits pass the time once their short spin is over
+/// (EPX_WAIT = spin | sleep, read when a transport is made; default spin):
+///   spin  — sched_yield between looks (the waiter stays runnable);
+///   sleep — yield for 500 us, then a futex on the waiting rank's doorbell word, rung by every
+///           signal and flagged put to that rank while a waiter sleeps (the waiter leaves the
+///           run queue). Measured with 8 shm ranks on 2 cores, 128 tokens: 1.15-1.4x slower
+///           than spin (the wake-ups' syscalls and scheduler latency cost more than the
+///           yielding ranks' slices; BENCHMARKS.md, "Sleeping waits"), so it is opt-in.
+enum class WaitMode { kSpin, kSleep };
+WaitMode wait_mode_from_env() noexcept;
 
 class MappedTransport : public Transport {
  public:
@@ -101,6 +114,15 @@ class MappedTransport : public Transport {
 
  private:
   std::atomic<std::uint64_t>* signals_of(int peer) const noexcept;
+  /// `peer`'s doorbell: [0] rings (bumped by a signaller that saw sleepers), [1] sleepers.
+  std::atomic<std::uint32_t>* doorbell_of(int peer) const noexcept;
+  /// After a store a waiter of `peer` may sleep on: wakes it (seq_cst fence, then a look at
+  /// its sleepers; a syscall only when there are some).
+  void ring(int peer) const noexcept;
+  /// Waits until load() >= at_least (spin, then yield or sleep as wait_mode_), with the
+  /// peer checks and the timeout of `where`.
+  template <class Load>
+  void wait_for(Load load, std::uint64_t at_least, const WaitPoint& where);
 
   int rank_;
   int num_ranks_;
@@ -109,6 +131,8 @@ class MappedTransport : public Transport {
   std::vector<std::byte*> windows_;
   std::size_t window_bytes_ = 0;
   std::size_t signal_offset_ = 0;  // from a segment base to its signal slots
+  std::size_t doorbell_offset_ = 0;  // from a segment base to its doorbell (after the slots)
+  WaitMode wait_mode_;
   std::size_t num_signals_ = 0;    // user slots; the barrier's P slots follow
   std::uint64_t barrier_epoch_ = 0;
   std::atomic<const char*> last_phase_{nullptr};
