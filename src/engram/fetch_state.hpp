@@ -1,0 +1,49 @@
+// One fetch of an EngramBuffer (implementer header): the indices, what each layer still
+// needs, the views once a layer is done, and the path counters. The buffer makes it; the
+// hooks (EngramFetch::layer) finish layer by layer through `Core`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "epx/engram.hpp"
+#include "epx/transport.hpp"
+#include "layout.hpp"
+
+namespace epx::engram {
+
+enum class Path { kLocal, kMapped, kGet, kServed };
+const char* to_string(Path p) noexcept;
+
+/// What the hooks need of the buffer: valid while the buffer lives (State checks `live`).
+struct Core {
+  Transport* endpoint = nullptr;
+  std::byte* window = nullptr;
+  std::size_t num_bytes = 0;  // the fetch area; storage follows
+  const Layout* layout = nullptr;
+  Path path = Path::kLocal;
+  int rank = 0;
+};
+
+struct FetchState {
+  /// The buffer's fetch counter: this fetch is stale once it differs from `generation`
+  /// (a later fetch, or destroy(), which sets it to 0).
+  std::shared_ptr<std::uint64_t> live;
+  std::uint64_t generation = 0;
+  engram::Core core;
+  std::vector<std::int32_t> indices;  // [L, T, E'] as passed
+  std::int64_t num_tokens = 0;
+  std::vector<char> done;  // per layer
+  std::vector<const std::byte*> bases;  // per owner: its window here (this rank's, a mapped peer's), else null
+  /// Served path: per layer, the output positions of the served rows in reply order, the
+  /// first reply row of the layer, and the reply signal value that completes it.
+  std::vector<std::vector<std::int32_t>> served_pos;
+  std::vector<std::size_t> reply_base;
+  std::vector<std::uint64_t> reply_target;
+  EngramFetchStats stats;
+
+  bool stale() const noexcept { return !live || *live != generation; }
+};
+
+}  // namespace epx::engram
