@@ -46,7 +46,7 @@ struct PPConfig {
   /// window holds num_max_inflight_tensors slots for each rank linked to it, so a pipeline
   /// passes its stages' links (pp_ring_links, pp_chain_links) to keep windows small.
   /// Every rank passes the same links (checked at construction).
-  std::vector<std::pair<int, int>> links;
+  std::vector<std::pair<int, int>> links{};
 };
 
 /// Links of a ring of `num_ranks`: r with (r + 1) % num_ranks (DeepEP's neighbours).

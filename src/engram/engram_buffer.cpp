@@ -81,25 +81,25 @@ const char* EngramBuffer::path() const noexcept { return engram::to_string(impl_
 
 void EngramBuffer::set_config(const EngramConfig& config) {
   endpoint("engram.set_config");
-  std::string problem = engram::config_problem(config);
-  std::optional<engram::Layout> l;
-  if (problem.empty()) {
-    l.emplace(num_ranks(), config);
-    if (l->num_bytes() > impl_->num_bytes || l->num_storage_bytes() > impl_->num_storage_bytes)
-      problem = "engram.set_config: the config needs num_bytes = " + std::to_string(l->num_bytes()) +
-                " and num_storage_bytes = " + std::to_string(l->num_storage_bytes()) + ", the buffer has " +
-                std::to_string(impl_->num_bytes) + " and " + std::to_string(impl_->num_storage_bytes) +
-                " (get_storage_size_hint gives what a config needs)";
-  }
+  const std::string problem = engram::config_problem(config);
   agree({{"num_entries_per_layer", list_of(config.num_entries_per_layer)},
          {"hidden", std::to_string(config.hidden)},
          {"num_max_tokens", std::to_string(config.num_max_tokens)},
          {"num_entries_per_token", std::to_string(config.num_entries_per_token)},
          {"dtype", to_string(config.dtype)},
          {"num_sf_packs", std::to_string(config.num_sf_packs)}},
-        problem);
+        problem.empty() ? "" : "engram.set_config: " + problem);
+  engram::Layout l(num_ranks(), config);
+  std::optional<CallProblem> fits;
+  if (l.num_bytes() > impl_->num_bytes || l.num_storage_bytes() > impl_->num_storage_bytes)
+    fits = CallProblem{ErrorCode::kCapacityExceeded,
+                       "the config needs num_bytes = " + std::to_string(l.num_bytes()) + " and num_storage_bytes = " +
+                           std::to_string(l.num_storage_bytes()) + ", the buffer has " + std::to_string(impl_->num_bytes) +
+                           " and " + std::to_string(impl_->num_storage_bytes) +
+                           " (get_storage_size_hint gives what a config needs)"};
+  agree_call("engram.set_config", fits);
   *impl_->live += 1;  // outstanding fetches refer to the old layout: stale now
-  impl_->layout = std::move(l);
+  impl_->layout.emplace(std::move(l));
   impl_->written = false;
   config_ = config;
 }
