@@ -63,12 +63,6 @@ def check_hash(b):
         return int(np.sum(mix(w ^ mix(np.arange(len(w), dtype=np.uint64))), dtype=np.uint64))
 
 
-def summary(v):
-    v = sorted(v)
-    at = lambda q: v[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
-    return {"avg": sum(v) / len(v), "p50": at(0.5), "p95": at(0.95), "max": v[-1]}
-
-
 def max_over_ranks(dist, torch, x):
     t = torch.tensor([x], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -122,8 +116,8 @@ def run_pp(a, me, P, dist, torch):
         h = check_hash(out.numpy()) if (ring or me % 2 == 1) else 0
         hs = [torch.zeros(1, dtype=torch.int64) for _ in range(P)]
         dist.all_gather(hs, torch.tensor([np.uint64(h).astype(np.int64)], dtype=torch.int64))
-        results.append({"bytes": n, "stream_us": summary(st),
-                        "pair_latency_us": [summary([it[p] for it in lat]) for p in range(0, P - 1, 2)],
+        results.append({"bytes": n, "stream_us": st,
+                        "pair_latency_us": [[it[p] for it in lat] for p in range(0, P - 1, 2)],
                         "hash": ["0x%016x" % (int(t[0]) & 0xFFFFFFFFFFFFFFFF) for t in hs]})
     return {"op": "pp", "ranks": P, "pattern": a.pattern, "messages": a.messages, "results": results}
 
@@ -176,7 +170,7 @@ def run_engram(a, me, P, dist, torch):
     h = sum(check_hash(o) for o in out) & 0xFFFFFFFFFFFFFFFF
     hs = [torch.zeros(1, dtype=torch.int64) for _ in range(P)]
     dist.all_gather(hs, torch.tensor([np.uint64(h).astype(np.int64)], dtype=torch.int64))
-    return {"op": "engram", "ranks": P, "max_rank_us": summary(times), "rows_per_rank": L * count,
+    return {"op": "engram", "ranks": P, "max_rank_us": times, "rows_per_rank": L * count,
             "hash": ["0x%016x" % (int(t[0]) & 0xFFFFFFFFFFFFFFFF) for t in hs]}
 
 

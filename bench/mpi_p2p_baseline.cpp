@@ -9,7 +9,8 @@
 // ranks send first). Per size: a stream (every iteration: a barrier, then `messages`
 // MPI_Send / MPI_Recv of the size on each link; the time per message at the receiver,
 // max over receivers) and a ping-pong between 2k and 2k+1 (one-way = round trip / 2, per
-// pair). The receivers hash the last message (p2p_data.hpp: check_hash).
+// pair). The receivers hash the last message (p2p_data.hpp: check_hash). The JSON has the
+// samples (us, one per timed iteration); epx bench summarises them as its own.
 // engram: the request/response gather: every rank counts its remote rows per owner
 // (MPI_Alltoall), sends (layer, local row) requests to the owners (MPI_Alltoallv), the
 // owners gather the rows in request order and MPI_Alltoallv them back, and the requester
@@ -77,14 +78,6 @@ Args parse(int argc, char** argv) {
   if (a.pattern != "pairs" && a.pattern != "ring") die("--pattern pairs|ring");
   if (a.iters < 1 || a.warmup < 0 || a.messages < 1) die("bad --iters / --warmup / --messages");
   return a;
-}
-
-nlohmann::json summary(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  double sum = 0;
-  for (double x : v) sum += x;
-  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))]; };
-  return {{"avg", sum / static_cast<double>(v.size())}, {"p50", at(0.5)}, {"p95", at(0.95)}, {"max", v.back()}};
 }
 
 double max_over_ranks(double x) {
@@ -157,12 +150,12 @@ nlohmann::json run_pp(const Args& a, int me, int P) {
     const unsigned long long h = receiver ? check_hash(out.data(), n) : 0;
     std::vector<unsigned long long> hashes(static_cast<std::size_t>(P));
     MPI_Gather(&h, 1, MPI_UNSIGNED_LONG_LONG, hashes.data(), 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-    nlohmann::json r = {{"bytes", n}, {"stream_us", summary(stream)}};
+    nlohmann::json r = {{"bytes", n}, {"stream_us", stream}};
     nlohmann::json per_pair = nlohmann::json::array(), hs = nlohmann::json::array();
     for (int p = 0; p + 1 < P; p += 2) {
       std::vector<double> v;
       for (const auto& it : lat) v.push_back(it[static_cast<std::size_t>(p)]);
-      per_pair.push_back(summary(v));
+      per_pair.push_back(v);
     }
     for (auto x : hashes) hs.push_back(hex(x));
     r["pair_latency_us"] = per_pair;
@@ -268,7 +261,7 @@ nlohmann::json run_engram(const Args& a, int me, int P) {
   MPI_Gather(&h, 1, MPI_UNSIGNED_LONG_LONG, hashes.data(), 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
   nlohmann::json hs = nlohmann::json::array();
   for (auto x : hashes) hs.push_back(hex(x));
-  return {{"op", "engram"}, {"ranks", P}, {"max_rank_us", summary(times)}, {"hash", hs},
+  return {{"op", "engram"}, {"ranks", P}, {"max_rank_us", times}, {"hash", hs},
           {"rows_per_rank", static_cast<std::int64_t>(a.layers) * g.count}};
 }
 
