@@ -10,6 +10,8 @@
 namespace epx::tools {
 
 struct BenchOptions {
+  /// --op: what to time (src/tools/bench/bench_ops.hpp lists them); "dispatch" = dispatch + combine.
+  std::string op = "dispatch";
   // Shape (ignored with --routing, which brings its own meta.json).
   int ranks = 8;
   std::int64_t tokens = 512;  ///< tokens per rank (S)

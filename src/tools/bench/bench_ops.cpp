@@ -1,0 +1,35 @@
+#include "bench/bench_ops.hpp"
+
+#include "bench/run_bench.hpp"
+#include "bench/sweep_print.hpp"
+#include "epx/error.hpp"
+
+namespace epx::tools {
+
+namespace {
+
+/// --op dispatch: dispatch + combine on one routing (one run, or --sweep's table).
+int run_dispatch(const BenchOptions& o, std::FILE* out) { return o.sweep.empty() ? run_bench(o, out) : run_bench_sweep(o, out); }
+
+}  // namespace
+
+const std::vector<BenchOp>& bench_ops() {
+  static const std::vector<BenchOp> ops = {
+      {"dispatch", "dispatch + combine over a routing (the default; --tokens --hidden --topk --experts ...)", run_dispatch},
+  };
+  return ops;
+}
+
+const BenchOp& find_bench_op(const std::string& name) {
+  for (const BenchOp& op : bench_ops())
+    if (name == op.name) return op;
+  throw Error(ErrorCode::kInvalidArgument, "--op " + name + ": unknown, expected one of " + bench_op_names());
+}
+
+std::string bench_op_names() {
+  std::string s;
+  for (const BenchOp& op : bench_ops()) s += (s.empty() ? "" : " | ") + std::string(op.name);
+  return s;
+}
+
+}  // namespace epx::tools
