@@ -59,6 +59,20 @@ struct BenchOptions {
   // --sweep KEY=V1,V2,...: one run per combination of the values (epx/bench/sweep.hpp).
   std::vector<std::string> sweep;
 
+  // --op pp / --op engram (epx/bench/p2p.hpp); --ranks, --tokens, --seed, --warmup, --iters,
+  // --transport, --timeout-ms, --mpirun and --no-progress apply to them too.
+  std::string pp_pattern = "pairs";          ///< --pp-pattern pairs | ring
+  std::vector<std::uint64_t> pp_sizes;       ///< --pp-sizes (empty: 16 KiB .. 64 MiB)
+  std::vector<int> pp_inflight;              ///< --pp-inflight (empty: 1, 2, 3)
+  int pp_messages = 4;                       ///< --pp-messages per link per iteration
+  int engram_layers = 2;                     ///< --engram-layers
+  std::int64_t engram_rows = 131072;         ///< --engram-rows N_l per rank
+  int engram_hidden = 256;                   ///< --engram-hidden
+  int engram_entries = 24;                   ///< --engram-entries E' per token
+  bool engram_fp8 = false;                   ///< --engram-fp8
+  std::vector<std::string> peers = {"mpi", "gloo"};  ///< --peers of pp / engram (none: none)
+  std::string peer_python;                   ///< --peer-python (default /usr/bin/python3)
+
   bool expanded() const noexcept { return layout == "expanded"; }
   /// The pool the run's Buffers get: --output-pool, except that auto (-1) is no pool (0) for
   /// the expanded layout and --zero-copy, whose outputs never use it (a copy / a view).

@@ -6,6 +6,7 @@
 
 #include "bench/bench_cli.hpp"
 #include "bench/bench_ops.hpp"
+#include "bench/p2p_ops.hpp"
 #include "commands.hpp"
 
 namespace epx::tools {
@@ -18,6 +19,7 @@ void add_bench_command(CLI::App& app) {
       "where the time goes: per-rank latency, payload bytes and bandwidth against this machine's memcpy, puts, phases "
       "per rank and worker, the route histogram; --json, --trace, --baseline mpi. --op times another call the same way.");
   add_bench_options(sub, *o);
+  add_p2p_options(sub, *o);
   std::string ops = "what to time: ";
   for (const BenchOp& op : bench_ops()) ops += std::string("\n  ") + op.name + ": " + op.help;
   sub->add_option("--op", o->op, ops)->capture_default_str()->check([](const std::string& v) {

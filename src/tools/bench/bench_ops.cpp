@@ -1,5 +1,7 @@
 #include "bench/bench_ops.hpp"
 
+#include "bench/p2p_ops.hpp"
+
 #include "bench/run_bench.hpp"
 #include "bench/sweep_print.hpp"
 #include "epx/error.hpp"
@@ -16,6 +18,8 @@ int run_dispatch(const BenchOptions& o, std::FILE* out) { return o.sweep.empty()
 const std::vector<BenchOp>& bench_ops() {
   static const std::vector<BenchOp> ops = {
       {"dispatch", "dispatch + combine over a routing (the default; --tokens --hidden --topk --experts ...)", run_dispatch},
+      {"pp", "PPBuffer send/recv: 16 KiB .. 64 MiB, 1-3 in flight, per-pair latency, vs MPI_Send/MPI_Recv and gloo (--pp-*)", run_pp_op},
+      {"engram", "EngramBuffer fetch: rows/s, bytes vs memcpy, local-row hit rate, vs MPI/gloo request-response (--engram-*)", run_engram_op},
   };
   return ops;
 }
