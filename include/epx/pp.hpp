@@ -98,8 +98,11 @@ class PPBuffer : public BufferBase {
   void recv(const MutableView& out, int src_rank);
 
   /// Receives the next message from `src_rank` without copying it: a view of its slot.
-  /// The slot is the sender's again only after release(view). Same errors as recv.
-  PPView recv_view(int src_rank);
+  /// The slot is the sender's again only after release(view). Same errors as recv; with
+  /// `expect_nbytes` (not kAnyBytes) a message of another byte count is refused as recv
+  /// refuses it (and stays).
+  static constexpr std::size_t kAnyBytes = ~std::size_t{0};
+  PPView recv_view(int src_rank, std::size_t expect_nbytes = kAnyBytes);
   /// Gives a view's slot back to its sender (views of one pair may be released in any
   /// order). Throws kBadHandle for a view already released or not of this buffer.
   void release(PPView& view);
@@ -111,7 +114,7 @@ class PPBuffer : public BufferBase {
   std::uint64_t in_flight(int dst_rank);
 
  private:
-  PPView peek(int src_rank);      // the next message from src_rank, not taken yet
+  PPView peek(int src_rank, std::size_t expect_nbytes, const char* what);  // the next message, not taken yet
   void take(const PPView& view);  // counts it received (its slot is held until release)
 
   struct Impl;

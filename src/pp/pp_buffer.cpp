@@ -184,7 +184,7 @@ std::uint64_t token_of(int src, std::uint64_t seq) { return (seq + 1) << 12 | st
 
 }  // namespace
 
-PPView PPBuffer::peek(int src_rank) {
+PPView PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const char* what) {
   Transport& t = endpoint("pp.recv");
   Impl& m = *impl_;
   const int me = rank();
@@ -219,6 +219,12 @@ PPView PPBuffer::peek(int src_rank) {
   if (h.seq != n)
     throw Error(ErrorCode::kInternal, r_of(me) + ": pp.recv from rank " + std::to_string(src_rank) + ": slot holds message " +
                                           std::to_string(h.seq) + ", expected " + std::to_string(n), me);
+  if (expect_nbytes != kAnyBytes && h.nbytes != expect_nbytes)
+    throw Error(ErrorCode::kShapeMismatch,
+                r_of(me) + ": pp.recv from rank " + std::to_string(src_rank) + ": message " + std::to_string(n) +
+                    " has " + std::to_string(h.nbytes) + " bytes, " + what + " has " + std::to_string(expect_nbytes) +
+                    " (the message stays first in the FIFO)",
+                me);
   PPView v;
   v.data = base + pp::kHeaderBytes;
   v.nbytes = static_cast<std::size_t>(h.nbytes);
@@ -230,23 +236,17 @@ PPView PPBuffer::peek(int src_rank) {
 
 void PPBuffer::recv(const MutableView& out, int src_rank) {
   const std::size_t want = out.nbytes();
-  const int me = rank();
   if (want > 0 && out.data == nullptr)
-    throw Error(ErrorCode::kInvalidArgument, r_of(me) + ": pp.recv: the receive tensor has no data", me);
-  PPView v = peek(src_rank);
-  if (v.nbytes != want)
-    throw Error(ErrorCode::kShapeMismatch,
-                r_of(me) + ": pp.recv from rank " + std::to_string(src_rank) + ": message " + std::to_string(v.seq) +
-                    " has " + std::to_string(v.nbytes) + " bytes, the receive tensor " + out.shape.str() + " " +
-                    to_string(out.dtype) + " has " + std::to_string(want) + " (the message stays first in the FIFO)",
-                me);
+    throw Error(ErrorCode::kInvalidArgument, r_of(rank()) + ": pp.recv: the receive tensor has no data", rank());
+  const std::string what = "the receive tensor " + out.shape.str() + " " + to_string(out.dtype);
+  PPView v = peek(src_rank, want, what.c_str());
   take(v);
   if (want > 0) bulk_copy(out.data, v.data, want);
   release(v);
 }
 
-PPView PPBuffer::recv_view(int src_rank) {
-  PPView v = peek(src_rank);
+PPView PPBuffer::recv_view(int src_rank, std::size_t expect_nbytes) {
+  PPView v = peek(src_rank, expect_nbytes, "the view asked for");
   take(v);
   return v;
 }
