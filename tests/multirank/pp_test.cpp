@@ -5,54 +5,10 @@
 
 #include <thread>
 
-#include "epx/pp.hpp"
-#include "multirank_support.hpp"
-#include "reference/pp_engram.hpp"
+#include "pp_engram_checks.hpp"
 
 namespace epx::testing {
 namespace {
-
-TensorView bytes_view(const std::vector<std::uint8_t>& v) {
-  return TensorView(v.data(), DType::kFP8E4M3, {static_cast<std::int64_t>(v.size())});
-}
-MutableView bytes_out(std::vector<std::uint8_t>& v) {
-  return MutableView{v.data(), DType::kFP8E4M3, {static_cast<std::int64_t>(v.size())}};
-}
-
-void expect_message(int r, const ref::PPEvent& e, const void* got, std::size_t nbytes) {
-  if (nbytes != e.nbytes)
-    fail(r, "message " + std::to_string(e.seq) + " from rank " + std::to_string(e.peer) + " has " +
-                std::to_string(nbytes) + " bytes, want " + std::to_string(e.nbytes));
-  expect_bits(r, "message " + std::to_string(e.seq) + " from rank " + std::to_string(e.peer), got,
-              ref::pp_message(e.peer, r, e.seq, e.nbytes));
-}
-
-/// Runs rank r's events of `prog` on `pp`, checking every received byte.
-void run_program(PPBuffer& pp, const ref::PPProgram& prog, int r) {
-  for (const ref::PPEvent& e : prog.ranks[static_cast<std::size_t>(r)]) {
-    if (e.send) {
-      pp.send(bytes_view(ref::pp_message(r, e.peer, e.seq, e.nbytes)), e.peer);
-    } else if (e.as_view) {
-      PPView v = pp.recv_view(e.peer);
-      if (v.seq != e.seq) fail(r, "view of message " + std::to_string(v.seq) + ", want " + std::to_string(e.seq));
-      expect_message(r, e, v.data, v.nbytes);
-      pp.release(v);
-    } else {
-      std::vector<std::uint8_t> got(e.nbytes, 0xee);
-      pp.recv(bytes_out(got), e.peer);
-      expect_message(r, e, got.data(), got.size());
-    }
-  }
-}
-
-std::vector<std::pair<int, int>> both_ways(const std::vector<std::pair<int, int>>& links) {
-  std::vector<std::pair<int, int>> d;
-  for (auto [a, b] : links) {
-    d.emplace_back(a, b);
-    if (a != b) d.emplace_back(b, a);
-  }
-  return d;
-}
 
 struct ProgramCase {
   TransportKind kind;
