@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "epx/bench/p2p.hpp"
@@ -49,7 +50,9 @@ void write_shards(EngramBuffer& b, const EngramConfig& c, std::uint64_t seed, in
   b.write(tv, sv);
 }
 
-void run_engram_rank(Transport& t, const EngramBenchOptions& o, const std::filesystem::path& dir) {
+}  // namespace
+
+std::string run_engram_rank(Transport& t, const EngramBenchOptions& o) {
   const int me = t.rank(), P = t.num_ranks();
   const EngramConfig c = config_of(o);
   const EngramSizes z = EngramBuffer::get_storage_size_hint(P, c);
@@ -93,33 +96,19 @@ void run_engram_rank(Transport& t, const EngramBenchOptions& o, const std::files
   const EngramFetchStats st = f.stats();
   nlohmann::json rec = {{"fetch", fetch_us}, {"copy", copy_us}, {"hash", hash}, {"correct", correct},
                         {"rows", st.rows}, {"local", st.rows_local}, {"bytes", st.bytes}, {"path", st.path}};
-  std::ofstream(dir / ("engram_rank" + std::to_string(me) + ".json")) << rec.dump();
   b.destroy();
+  return rec.dump();
 }
 
-}  // namespace
-
-EngramBenchReport measure_engram(const EngramBenchOptions& o) {
-  const auto wall0 = Clock::now();
+EngramBenchReport aggregate_engram(const EngramBenchOptions& o, const std::vector<std::string>& records) {
   EngramBenchReport rep;
   rep.options = o;
-  rep.ranks = o.common.ranks > 0 ? o.common.ranks : 4;
-  EngramConfig c = config_of(o);
-  EngramBuffer::get_storage_size_hint(rep.ranks, c);  // checks the shape (kInvalidArgument)
-  if (o.hidden % 4 != 0) throw Error(ErrorCode::kInvalidArgument, "--hidden must be a multiple of 4 for --op engram");
-  if (o.common.iters < 1 || o.common.warmup < 0) throw Error(ErrorCode::kInvalidArgument, "--iters must be >= 1");
-  TempDir tmp;
-  LaunchOptions lo;
-  lo.num_ranks = rep.ranks;
-  lo.transport = parse_transport_kind(o.common.transport);
-  lo.timeout = checked_timeout(o.common.timeout_ms);
-  if (o.common.progress) std::fprintf(stderr, "epx bench: engram on %d %s ranks ...\n", rep.ranks, o.common.transport.c_str());
-  launch(lo, [&](Transport& t) { run_engram_rank(t, o, tmp.path()); });
+  rep.ranks = static_cast<int>(records.size());
   std::vector<std::vector<double>> fetch, copy;
   std::int64_t rows = 0, local = 0;
   rep.correct = true;
-  for (int r = 0; r < rep.ranks; ++r) {
-    const auto j = nlohmann::json::parse(std::ifstream(tmp.path() / ("engram_rank" + std::to_string(r) + ".json")));
+  for (const std::string& text : records) {
+    const auto j = nlohmann::json::parse(text);
     fetch.push_back(j["fetch"].get<std::vector<double>>());
     copy.push_back(j["copy"].get<std::vector<double>>());
     rep.hashes.push_back(j["hash"].get<std::uint64_t>());
@@ -132,6 +121,36 @@ EngramBenchReport measure_engram(const EngramBenchOptions& o) {
   rep.fetch_us = summarize(max_over(fetch));
   rep.copy_us = summarize(max_over(copy));
   rep.local_hit_rate = rows > 0 ? static_cast<double>(local) / static_cast<double>(rows) : 0.0;
+  return rep;
+}
+
+void check_engram_options(const EngramBenchOptions& o, int ranks) {
+  EngramBuffer::get_storage_size_hint(ranks, config_of(o));  // the shape's checks (kInvalidArgument)
+  if (o.hidden % 4 != 0) throw Error(ErrorCode::kInvalidArgument, "--engram-hidden must be a multiple of 4");
+  if (static_cast<double>(ranks) * static_cast<double>(o.rows) > 2147483647.0)
+    throw Error(ErrorCode::kInvalidArgument, "--engram-rows x ranks must fit an int32 index");
+  if (o.common.iters < 1 || o.common.warmup < 0) throw Error(ErrorCode::kInvalidArgument, "--iters must be >= 1");
+}
+
+EngramBenchReport measure_engram(const EngramBenchOptions& o) {
+  const auto wall0 = Clock::now();
+  const int ranks = o.common.ranks > 0 ? o.common.ranks : 4;
+  check_engram_options(o, ranks);
+  TempDir tmp;
+  LaunchOptions lo;
+  lo.num_ranks = ranks;
+  lo.transport = parse_transport_kind(o.common.transport);
+  lo.timeout = checked_timeout(o.common.timeout_ms);
+  if (o.common.progress) std::fprintf(stderr, "epx bench: engram on %d %s ranks ...\n", ranks, o.common.transport.c_str());
+  launch(lo, [&](Transport& t) {
+    std::ofstream(tmp.path() / ("engram_rank" + std::to_string(t.rank()) + ".json")) << run_engram_rank(t, o);
+  });
+  std::vector<std::string> records;
+  for (int r = 0; r < ranks; ++r) {
+    std::ifstream in(tmp.path() / ("engram_rank" + std::to_string(r) + ".json"));
+    records.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  EngramBenchReport rep = aggregate_engram(o, records);
   run_engram_peers(o, rep, tmp.path());
   rep.wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
   return rep;

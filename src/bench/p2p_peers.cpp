@@ -90,52 +90,69 @@ std::vector<double> samples(const nlohmann::json& j) { return j.get<std::vector<
 
 }  // namespace
 
+std::vector<std::string> pp_peer_args(const PPBenchOptions& o) {
+  return {"--op", "pp", "--sizes", join(o.sizes), "--pattern", o.pattern, "--messages", std::to_string(o.messages)};
+}
+
+std::vector<std::string> engram_peer_args(const EngramBenchOptions& o) {
+  return {"--op",     "engram", "--layers", std::to_string(o.layers),  "--rows",    std::to_string(o.rows),
+          "--hidden", std::to_string(o.hidden), "--tokens", std::to_string(o.tokens), "--entries", std::to_string(o.entries),
+          "--seed",   std::to_string(o.seed)};
+}
+
+void attach_pp_peer(PeerRun run, const nlohmann::json& j, PPBenchReport& rep) {
+  for (std::size_t si = 0; si < rep.sizes.size(); ++si) {
+    PPSizeResult& s = rep.sizes[si];
+    if (!run.ran) {
+      s.peer_stream_us.emplace_back();
+      s.peer_pair_latency_us.emplace_back();
+      continue;
+    }
+    const nlohmann::json& r = j.at("results").at(si);
+    s.peer_stream_us.push_back(summarize(samples(r.at("stream_us"))));
+    std::vector<Summary> lat;
+    for (const auto& p : r.at("pair_latency_us")) lat.push_back(summarize(samples(p)));
+    s.peer_pair_latency_us.push_back(lat);
+  }
+  if (run.ran) {
+    run.verified = true;
+    for (std::size_t si = 0; si < rep.sizes.size() && run.verified; ++si)
+      verify(run, j.at("results").at(si).at("hash"), rep.sizes[si].hashes, "last message of every size");
+  }
+  rep.peers.push_back(std::move(run));
+}
+
+void attach_engram_peer(PeerRun run, const nlohmann::json& j, EngramBenchReport& rep) {
+  if (run.ran) {
+    rep.peer_us.push_back(summarize(samples(j.at("max_rank_us"))));
+    verify(run, j.at("hash"), rep.hashes, "rows");
+  } else {
+    rep.peer_us.emplace_back();
+  }
+  rep.peers.push_back(std::move(run));
+}
+
 void run_pp_peers(const PPBenchOptions& o, PPBenchReport& rep, const fs::path& dir) {
-  const std::vector<std::string> args = {"--op",      "pp", "--sizes", join(o.sizes), "--pattern", o.pattern,
-                                         "--messages", std::to_string(o.messages)};
   for (const std::string& peer : o.common.peers) {
     if (peer == "none") continue;
     PeerRun run;
-    const nlohmann::json j = run_peer(o.common, peer, rep.ranks, args, dir, run);
-    for (std::size_t si = 0; si < rep.sizes.size(); ++si) {
-      PPSizeResult& s = rep.sizes[si];
-      if (!run.ran) {
-        s.peer_stream_us.emplace_back();
-        s.peer_pair_latency_us.emplace_back();
-        continue;
-      }
-      const nlohmann::json& r = j.at("results").at(si);
-      s.peer_stream_us.push_back(summarize(samples(r.at("stream_us"))));
-      std::vector<Summary> lat;
-      for (const auto& p : r.at("pair_latency_us")) lat.push_back(summarize(samples(p)));
-      s.peer_pair_latency_us.push_back(lat);
-    }
-    if (run.ran) {
-      run.verified = true;
-      for (std::size_t si = 0; si < rep.sizes.size() && run.verified; ++si)
-        verify(run, j.at("results").at(si).at("hash"), rep.sizes[si].hashes, "last message of every size");
-    }
-    rep.peers.push_back(std::move(run));
+    const nlohmann::json j = run_peer(o.common, peer, rep.ranks, pp_peer_args(o), dir, run);
+    attach_pp_peer(std::move(run), j, rep);
   }
 }
 
 void run_engram_peers(const EngramBenchOptions& o, EngramBenchReport& rep, const fs::path& dir) {
-  const std::vector<std::string> args = {"--op",      "engram", "--layers",  std::to_string(o.layers),
-                                         "--rows",    std::to_string(o.rows), "--hidden", std::to_string(o.hidden),
-                                         "--tokens",  std::to_string(o.tokens), "--entries", std::to_string(o.entries),
-                                         "--seed",    std::to_string(o.seed)};
   for (const std::string& peer : o.common.peers) {
     if (peer == "none") continue;
     PeerRun run;
+    nlohmann::json j;
     if (o.fp8) {
       run.name = peer;
       run.why_not = "the peers gather bf16 rows only (this run is --engram-fp8)";
-    } else if (const nlohmann::json j = run_peer(o.common, peer, rep.ranks, args, dir, run); run.ran) {
-      rep.peer_us.push_back(summarize(samples(j.at("max_rank_us"))));
-      verify(run, j.at("hash"), rep.hashes, "rows");
+    } else {
+      j = run_peer(o.common, peer, rep.ranks, engram_peer_args(o), dir, run);
     }
-    if (!run.ran) rep.peer_us.emplace_back();
-    rep.peers.push_back(std::move(run));
+    attach_engram_peer(std::move(run), j, rep);
   }
 }
 

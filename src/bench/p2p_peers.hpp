@@ -4,10 +4,26 @@
 #pragma once
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "epx/bench/p2p.hpp"
 
 namespace epx::tools {
+
+/// The peers' arguments for the op's problem (their --iters/--warmup/--json come apart).
+std::vector<std::string> pp_peer_args(const PPBenchOptions& o);
+std::vector<std::string> engram_peer_args(const EngramBenchOptions& o);
+
+/// A peer's JSON (null when it did not run) into the report, checked against epx's hashes.
+void attach_pp_peer(PeerRun run, const nlohmann::json& j, PPBenchReport& rep);
+void attach_engram_peer(PeerRun run, const nlohmann::json& j, EngramBenchReport& rep);
+
+/// In an oshrun job: epx_mpi_p2p_baseline::run over MPI_COMM_WORLD (the PEs) with `args`;
+/// collective. Rank 0 gets the JSON; run says why when it could not run (on every rank).
+nlohmann::json run_mpi_p2p_in_job(const P2PCommon& c, const std::vector<std::string>& args, int rank,
+                                  const std::filesystem::path& dir, PeerRun& run);
 
 void run_pp_peers(const PPBenchOptions& o, PPBenchReport& rep, const std::filesystem::path& dir);
 void run_engram_peers(const EngramBenchOptions& o, EngramBenchReport& rep, const std::filesystem::path& dir);

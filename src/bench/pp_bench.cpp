@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "epx/bench/p2p.hpp"
@@ -18,6 +19,11 @@ namespace epx::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
 
 double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
 
@@ -83,7 +89,9 @@ std::vector<std::pair<int, int>> links_of(const std::string& pattern, int P) {
   return pattern == "ring" ? pp_ring_links(P) : pp_chain_links(P, 2);
 }
 
-void run_pp_rank(Transport& t, const PPBenchOptions& o, const std::filesystem::path& dir) {
+}  // namespace
+
+std::string run_pp_rank(Transport& t, const PPBenchOptions& o) {
   const int me = t.rank(), P = t.num_ranks();
   std::uint64_t largest = 0;
   for (auto s : o.sizes) largest = std::max(largest, s);
@@ -117,8 +125,10 @@ void run_pp_rank(Transport& t, const PPBenchOptions& o, const std::filesystem::p
     }
     pp.destroy();
   }
-  std::ofstream(dir / ("pp_rank" + std::to_string(me) + ".json")) << rec.dump();
+  return rec.dump();
 }
+
+namespace {
 
 /// Per iteration, the max over ranks of rec[r][key] (a sample list or a map of them).
 Summary max_rank(const std::vector<nlohmann::json>& recs, std::size_t si, const std::string& key, const std::string& sub = "") {
@@ -130,37 +140,14 @@ Summary max_rank(const std::vector<nlohmann::json>& recs, std::size_t si, const 
   return summarize(max_over(series));
 }
 
-void check_pp_options(const PPBenchOptions& o, int P) {
-  if (o.pattern != "pairs" && o.pattern != "ring")
-    throw Error(ErrorCode::kInvalidArgument, "--pp-pattern " + o.pattern + ": expected pairs or ring");
-  if (P < 2 || P % 2 != 0) throw Error(ErrorCode::kInvalidArgument, "--op pp needs an even number of ranks >= 2, got " + std::to_string(P));
-  if (o.sizes.empty() || o.inflight.empty() || o.messages < 1 || o.common.iters < 1 || o.common.warmup < 0)
-    throw Error(ErrorCode::kInvalidArgument, "--op pp: --pp-sizes, --pp-inflight, --pp-messages and --iters need values >= 1");
-  for (auto s : o.sizes)
-    if (s < 1 || s > (std::uint64_t{1} << 31) - 1)
-      throw Error(ErrorCode::kInvalidArgument, "--pp-sizes: " + std::to_string(s) + " is outside 1 .. 2^31-1 bytes");
-  for (int k : o.inflight)
-    if (k < 1 || k > kMaxPPInflight) throw Error(ErrorCode::kInvalidArgument, "--pp-inflight: " + std::to_string(k) + " is outside 1..64");
-}
-
 }  // namespace
 
-PPBenchReport measure_pp(const PPBenchOptions& o) {
-  const auto wall0 = Clock::now();
+PPBenchReport aggregate_pp(const PPBenchOptions& o, const std::vector<std::string>& records) {
   PPBenchReport rep;
   rep.options = o;
-  rep.ranks = o.common.ranks > 0 ? o.common.ranks : 8;
-  check_pp_options(o, rep.ranks);
-  TempDir tmp;
-  LaunchOptions lo;
-  lo.num_ranks = rep.ranks;
-  lo.transport = parse_transport_kind(o.common.transport);
-  lo.timeout = checked_timeout(o.common.timeout_ms);
-  if (o.common.progress) std::fprintf(stderr, "epx bench: pp on %d %s ranks ...\n", rep.ranks, o.common.transport.c_str());
-  launch(lo, [&](Transport& t) { run_pp_rank(t, o, tmp.path()); });
+  rep.ranks = static_cast<int>(records.size());
   std::vector<nlohmann::json> recs;
-  for (int r = 0; r < rep.ranks; ++r)
-    recs.push_back(nlohmann::json::parse(std::ifstream(tmp.path() / ("pp_rank" + std::to_string(r) + ".json"))));
+  for (const std::string& r : records) recs.push_back(nlohmann::json::parse(r));
   for (std::size_t si = 0; si < o.sizes.size(); ++si) {
     PPSizeResult s;
     s.bytes = o.sizes[si];
@@ -170,7 +157,8 @@ PPBenchReport measure_pp(const PPBenchOptions& o) {
       s.view_us.push_back(max_rank(recs, si, "view", std::to_string(k)));
     }
     s.copy_us = max_rank(recs, si, "copy");
-    for (int p = 0; p + 1 < rep.ranks; p += 2) s.pair_latency_us.push_back(summarize(recs[static_cast<std::size_t>(p)][si]["latency"].get<std::vector<double>>()));
+    for (int p = 0; p + 1 < rep.ranks; p += 2)
+      s.pair_latency_us.push_back(summarize(recs[static_cast<std::size_t>(p)][si]["latency"].get<std::vector<double>>()));
     s.correct = true;
     for (const auto& r : recs) {
       s.hashes.push_back(r[si].value("hash", std::uint64_t{0}));
@@ -178,6 +166,40 @@ PPBenchReport measure_pp(const PPBenchOptions& o) {
     }
     rep.sizes.push_back(std::move(s));
   }
+  return rep;
+}
+
+void check_pp_options(const PPBenchOptions& o, int ranks) {
+  if (o.pattern != "pairs" && o.pattern != "ring")
+    throw Error(ErrorCode::kInvalidArgument, "--pp-pattern " + o.pattern + ": expected pairs or ring");
+  if (ranks < 2 || ranks % 2 != 0)
+    throw Error(ErrorCode::kInvalidArgument, "--op pp needs an even number of ranks >= 2, got " + std::to_string(ranks));
+  if (o.sizes.empty() || o.inflight.empty() || o.messages < 1 || o.common.iters < 1 || o.common.warmup < 0)
+    throw Error(ErrorCode::kInvalidArgument, "--op pp: --pp-sizes, --pp-inflight, --pp-messages and --iters need values >= 1");
+  for (auto s : o.sizes)
+    if (s < 1 || s > (std::uint64_t{1} << 31) - 1)
+      throw Error(ErrorCode::kInvalidArgument, "--pp-sizes: " + std::to_string(s) + " is outside 1 .. 2^31-1 bytes");
+  for (int k : o.inflight)
+    if (k < 1 || k > kMaxPPInflight)
+      throw Error(ErrorCode::kInvalidArgument, "--pp-inflight: " + std::to_string(k) + " is outside 1..64");
+}
+
+PPBenchReport measure_pp(const PPBenchOptions& o) {
+  const auto wall0 = Clock::now();
+  const int ranks = o.common.ranks > 0 ? o.common.ranks : 8;
+  check_pp_options(o, ranks);
+  TempDir tmp;
+  LaunchOptions lo;
+  lo.num_ranks = ranks;
+  lo.transport = parse_transport_kind(o.common.transport);
+  lo.timeout = checked_timeout(o.common.timeout_ms);
+  if (o.common.progress) std::fprintf(stderr, "epx bench: pp on %d %s ranks ...\n", ranks, o.common.transport.c_str());
+  launch(lo, [&](Transport& t) {
+    std::ofstream(tmp.path() / ("pp_rank" + std::to_string(t.rank()) + ".json")) << run_pp_rank(t, o);
+  });
+  std::vector<std::string> records;
+  for (int r = 0; r < ranks; ++r) records.push_back(read_text(tmp.path() / ("pp_rank" + std::to_string(r) + ".json")));
+  PPBenchReport rep = aggregate_pp(o, records);
   run_pp_peers(o, rep, tmp.path());
   rep.wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
   return rep;

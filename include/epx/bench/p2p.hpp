@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "epx/bench/stats.hpp"
+#include "epx/transport.hpp"
 
 namespace epx::tools {
 
@@ -102,10 +103,32 @@ struct EngramBenchReport {
   double wall_s = 0;
 };
 
+/// One rank's timed loops on `t` (collective: every rank of t calls it with the same
+/// options): its samples, as the JSON text the aggregation reads.
+std::string run_pp_rank(Transport& t, const PPBenchOptions& o);
+std::string run_engram_rank(Transport& t, const EngramBenchOptions& o);
+/// The report of every rank's record (by rank), without peers.
+PPBenchReport aggregate_pp(const PPBenchOptions& o, const std::vector<std::string>& records);
+EngramBenchReport aggregate_engram(const EngramBenchOptions& o, const std::vector<std::string>& records);
+/// The options' checks for `ranks` ranks (kInvalidArgument).
+void check_pp_options(const PPBenchOptions& o, int ranks);
+void check_engram_options(const EngramBenchOptions& o, int ranks);
+
 /// Runs the op (epx, the plane, then the peers) and aggregates. Throws kInvalidArgument for
 /// bad options; peers that cannot run say why in their PeerRun.
 PPBenchReport measure_pp(const PPBenchOptions& o);
 EngramBenchReport measure_engram(const EngramBenchOptions& o);
+
+/// --transport shmem: this process is one rank of an oshrun job (every rank calls it; the
+/// MPI peer runs in the same job). Only rank 0 (root) has the report.
+template <class Report>
+struct P2PJobResult {
+  bool root = false;
+  std::string node_layout;  ///< which ranks share a machine
+  Report report;
+};
+P2PJobResult<PPBenchReport> measure_pp_shmem(const PPBenchOptions& o);
+P2PJobResult<EngramBenchReport> measure_engram_shmem(const EngramBenchOptions& o);
 
 /// 0, or 3 when epx's bytes are wrong or a peer's differ from epx's (epx bench's exit status).
 int p2p_status(const std::vector<PeerRun>& peers, bool epx_correct);

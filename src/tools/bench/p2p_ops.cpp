@@ -170,7 +170,15 @@ int run_pp_op(const BenchOptions& o, std::FILE* out) {
   if (!o.pp_sizes.empty()) p.sizes = o.pp_sizes;
   if (!o.pp_inflight.empty()) p.inflight = o.pp_inflight;
   p.messages = o.pp_messages;
-  const PPBenchReport r = measure_pp(p);
+  PPBenchReport r;
+  if (o.transport == "shmem") {
+    auto m = measure_pp_shmem(p);
+    if (!m.root) return 0;
+    std::fprintf(out, "%s\n", m.node_layout.c_str());
+    r = std::move(m.report);
+  } else {
+    r = measure_pp(p);
+  }
   print_pp(r, out);
   if (!o.json.empty()) write_json_file(o.json, pp_json(r));
   bool ok = true;
@@ -188,7 +196,15 @@ int run_engram_op(const BenchOptions& o, std::FILE* out) {
   e.tokens = o.tokens;
   e.entries = o.engram_entries;
   e.seed = o.seed;
-  const EngramBenchReport r = measure_engram(e);
+  EngramBenchReport r;
+  if (o.transport == "shmem") {
+    auto m = measure_engram_shmem(e);
+    if (!m.root) return 0;
+    std::fprintf(out, "%s\n", m.node_layout.c_str());
+    r = std::move(m.report);
+  } else {
+    r = measure_engram(e);
+  }
   print_engram(r, out);
   if (!o.json.empty()) write_json_file(o.json, engram_json(r));
   return p2p_status(r.peers, r.correct);
