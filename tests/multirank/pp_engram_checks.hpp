@@ -149,4 +149,22 @@ inline void fetch_and_check(EngramBuffer& b, const EngramConfig& c, int P, int r
   if (std::string(s.path) != b.path()) fail(r, "stats.path is not the buffer's");
 }
 
+/// A small reference problem for `P` ranks and its dispatch outputs, for an EPBuffer that
+/// runs next to the PP / Engram buffers.
+struct EPCheck {
+  ref::Problem p;
+  ref::DispatchOptions o;
+  std::vector<ref::DispatchOut> want;
+  explicit EPCheck(int P) {
+    ref::FixtureOptions f;
+    f.num_ranks = P, f.num_experts = 2 * P, f.num_topk = 2, f.hidden = 128, f.tokens = 6, f.seed = 5;
+    p = ref::make_problem(f);
+    want = ref::dispatch_all(p, o);
+  }
+  /// One dispatch on `ep` (made with config_for(p)), checked bit for bit.
+  void run(Buffer& ep, int r) const {
+    expect_dispatch(r, p, o, want[static_cast<std::size_t>(r)], ep.dispatch(dispatch_args(views_of(p, r), o)));
+  }
+};
+
 }  // namespace epx::testing

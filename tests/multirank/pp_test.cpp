@@ -202,5 +202,34 @@ TEST(PPErrors, AWindowTooBigForMemorySuggestsLinks) {
   });
 }
 
+// PP and Engram buffers on the ranks of an EP buffer, used in turns and destroyed out of
+// order: none touches the others' memory or signals.
+TEST(PPEngramNextToOtherBuffers, EveryBufferStaysCorrect) {
+  for (TransportKind kind : kDataTransports) {
+    const int P = 4;
+    const EPCheck check(P);
+    const EngramConfig ec = engram_config(DType::kBF16);
+    const auto prog = ref::pp_random_program(P, 2, 3000, 120, 9);
+    LaunchOptions lo{.num_ranks = P, .transport = kind, .timeout = std::chrono::milliseconds(20000)};
+    launch(lo, [&](Transport& t) {
+      const int r = t.rank();
+      Buffer ep(t, config_for(check.p));
+      PPBuffer pp(t, {.num_max_tensor_bytes = 3000, .num_max_inflight_tensors = 2});
+      const EngramSizes z = EngramBuffer::get_storage_size_hint(P, ec);
+      EngramBuffer engram(t, z.num_bytes, z.num_storage_bytes);
+      engram.set_config(ec);
+      write_engram_shards(engram, ec, r);
+      check.run(ep, r);
+      run_program(pp, prog, r);
+      fetch_and_check(engram, ec, P, r, 17, 1, false);
+      check.run(ep, r);
+      pp.destroy();  // the others go on
+      fetch_and_check(engram, ec, P, r, 20, 2, true);
+      check.run(ep, r);
+      engram.destroy();
+    });
+  }
+}
+
 }  // namespace
 }  // namespace epx::testing
