@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "epx/buffer_base.hpp"
@@ -75,6 +76,8 @@ struct EngramFetchStats {
 struct EngramLayer {
   TensorView data;
   TensorView scales;  ///< empty for bf16
+  /// Keeps the window mapped while held (even after destroy(); not after the transport).
+  std::shared_ptr<const void> keep;
 };
 
 class EngramBuffer;
@@ -126,12 +129,19 @@ class EngramBuffer : public BufferBase {
   /// table's, as DeepEP takes them: this rank's rows are used). A wrong count, shape or
   /// dtype on any rank fails the call on every rank, before any table changes.
   void write(const std::vector<TensorView>& tables, const std::vector<TensorView>& sfs = {});
+  /// write() with a binding's own verdict on its inputs (a tensor it could not read): agreed
+  /// with the ranks' other problems, so it too fails the call on every rank.
+  void write(const std::vector<TensorView>& tables, const std::vector<TensorView>& sfs,
+             const std::optional<CallProblem>& caller_problem);
 
   /// Fetches indices int32 [L, T, E'] (T <= num_max_tokens) for every layer; returns the
   /// hooks. Collective on the served path only (see above). Errors: kDtypeMismatch /
   /// kShapeMismatch for indices, kInvalidArgument naming layer, token, entry and value for
   /// an index outside [-1, P * N_l), kInvalidArgument before set_config / write.
   EngramFetch fetch(const TensorView& indices);
+  /// fetch() with a binding's own verdict on `indices` (on the served path agreed like the
+  /// fetch's own checks; elsewhere thrown on this rank).
+  EngramFetch fetch(const TensorView& indices, const std::optional<CallProblem>& caller_problem);
 
   const EngramConfig& config() const noexcept { return config_; }
   /// "mapped", "get" or "served": how this buffer moves remote rows on its transport.

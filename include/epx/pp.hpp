@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -63,6 +64,9 @@ struct PPView {
   int src = -1;            ///< the sender
   std::uint64_t seq = 0;   ///< the message's number on the pair (0, 1, ...)
   std::uint64_t token = 0; ///< identifies the view to release() (0: empty / released)
+  /// Keeps the window mapped while held, even after destroy() (the bytes are the sender's
+  /// again after release() all the same).
+  std::shared_ptr<const void> keep;
 };
 
 /// Counters of one peer, since construction.

@@ -63,7 +63,7 @@ class PPView:
     def __init__(self, buffer, raw, dtype, shape):
         self._buffer, self._raw = buffer, raw
         self.nbytes, self.src, self.seq = raw.nbytes, raw.src, raw.seq
-        self.tensor = _view_tensor(raw.memory(), dtype, shape, self)
+        self.tensor = _view_tensor(raw, dtype, shape)
 
     def release(self):
         if self._raw is None:
@@ -79,17 +79,13 @@ class PPView:
             self.release()
 
 
-def _view_tensor(mem, dtype, shape, view):
-    torch = cv._torch()
-    is_torch_dtype = torch is not None and isinstance(dtype, torch.dtype)
-    if is_torch_dtype:
-        t = torch.frombuffer(mem, dtype=torch.uint8) if len(mem) else torch.empty(0, dtype=torch.uint8)
-        t = t.view(dtype)
+def _view_tensor(raw, dtype, shape):
+    """The slot's bytes (zero-copy) as `dtype` (torch or numpy; None: numpy uint8) and `shape`."""
+    if _is_torch_dtype(dtype):
+        t = cv.out(raw.bytes("torch"), "torch").view(dtype)
     else:
-        t = np.frombuffer(mem, dtype=np.uint8).view(np.dtype(dtype) if dtype is not None else np.uint8)
-    if shape is not None:
-        t = t.reshape(tuple(shape))
-    return t
+        t = cv.out(raw.bytes("numpy"), "numpy").view(np.dtype(dtype) if dtype is not None else np.uint8)
+    return t.reshape(tuple(shape)) if shape is not None else t
 
 
 class PPBuffer:

@@ -147,11 +147,16 @@ std::optional<CallProblem> write_problem(const engram::Layout& l, int P, const s
 }  // namespace
 
 void EngramBuffer::write(const std::vector<TensorView>& tables, const std::vector<TensorView>& sfs) {
+  write(tables, sfs, std::nullopt);
+}
+
+void EngramBuffer::write(const std::vector<TensorView>& tables, const std::vector<TensorView>& sfs,
+                         const std::optional<CallProblem>& caller_problem) {
   Transport& t = endpoint("engram.write");
   if (!impl_->layout)
     throw Error(ErrorCode::kInvalidArgument, r_of(rank()) + ": engram.write: call set_config first", rank());
   const engram::Layout& l = *impl_->layout;
-  agree_call("engram.write", write_problem(l, num_ranks(), tables, sfs));
+  agree_call("engram.write", caller_problem ? caller_problem : write_problem(l, num_ranks(), tables, sfs));
   *impl_->live += 1;  // views of an earlier fetch would show the new rows: stale
   for (int i = 0; i < l.num_layers(); ++i) {
     const auto n = static_cast<std::size_t>(l.entries(i));
@@ -200,7 +205,9 @@ std::optional<CallProblem> index_problem(const engram::Layout& l, const TensorVi
 
 }  // namespace
 
-EngramFetch EngramBuffer::fetch(const TensorView& indices) {
+EngramFetch EngramBuffer::fetch(const TensorView& indices) { return fetch(indices, std::nullopt); }
+
+EngramFetch EngramBuffer::fetch(const TensorView& indices, const std::optional<CallProblem>& caller_problem) {
   Transport& t = endpoint("engram.fetch");
   Impl& m = *impl_;
   if (!m.layout || !m.written)
@@ -208,13 +215,14 @@ EngramFetch EngramBuffer::fetch(const TensorView& indices) {
                 r_of(rank()) + ": engram.fetch: " + (m.layout ? "write the tables first" : "call set_config and write first"),
                 rank());
   const engram::Layout& l = *m.layout;
-  const std::optional<CallProblem> problem = index_problem(l, indices);
+  const std::optional<CallProblem> problem = caller_problem ? caller_problem : index_problem(l, indices);
   if (m.path == engram::Path::kServed) agree_call("engram.fetch", problem);
   else if (problem) throw Error(problem->code, r_of(rank()) + ": engram.fetch: " + problem->message, rank());
   auto s = std::make_shared<engram::FetchState>();
   s->live = m.live;
   s->generation = ++*m.live;
   s->core = {&t, window(), m.num_bytes, &l, m.path, rank()};
+  s->keep = endpoint_ref();
   s->num_tokens = indices.shape[1];
   const auto* v = indices.as<std::int32_t>();
   s->indices.assign(v, v + indices.shape.numel());
@@ -251,6 +259,7 @@ EngramLayer EngramFetch::layer(int l) {
   }
   const std::int64_t T = s.num_tokens, E = L.per_token();
   EngramLayer r;
+  r.keep = s.keep;
   r.data = TensorView(s.core.window + L.out_offset(l), L.dtype(), {T, E * L.hidden()});
   if (L.sf_packs() > 0) r.scales = TensorView(s.core.window + L.out_sf_offset(l), DType::kF32, {T, E * L.sf_packs()});
   return r;

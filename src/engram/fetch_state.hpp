@@ -31,7 +31,8 @@ struct FetchState {
   /// (a later fetch, or destroy(), which sets it to 0).
   std::shared_ptr<std::uint64_t> live;
   std::uint64_t generation = 0;
-  engram::Core core;
+  Core core;
+  std::shared_ptr<const void> keep;  // the endpoint: the outputs' window stays mapped
   std::vector<std::int32_t> indices;  // [L, T, E'] as passed
   std::int64_t num_tokens = 0;
   std::vector<char> done;  // per layer

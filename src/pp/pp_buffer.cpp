@@ -231,6 +231,7 @@ PPView PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const char* what)
   v.src = src_rank;
   v.seq = n;
   v.token = token_of(src_rank, n);
+  v.keep = endpoint_ref();
   return v;
 }
 
