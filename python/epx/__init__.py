@@ -9,6 +9,8 @@ See EPBuffer, EPHandle, EventOverlap, launch and Error; the README's "Python" se
 """
 from .buffer import EPBuffer, EPHandle, EventOverlap
 from .errors import Error
+from .engram import EngramBuffer
 from .group import launch
+from .pp import PPBuffer, PPView
 
-__all__ = ["EPBuffer", "EPHandle", "EventOverlap", "Error", "launch"]
+__all__ = ["EPBuffer", "EPHandle", "EventOverlap", "Error", "launch", "PPBuffer", "PPView", "EngramBuffer"]

@@ -39,6 +39,8 @@
 #include "tensors.hpp"
 
 namespace epx::py {
+void bind_pp(pybind11::module_& m);      // pp.cpp
+void bind_engram(pybind11::module_& m);  // engram.cpp
 namespace {
 
 /// Everything a call's inputs need to stay alive while it runs.
@@ -455,6 +457,8 @@ PYBIND11_MODULE(_epx, m) {
     }
   });
   bind_tensors(m);
+  bind_pp(m);
+  bind_engram(m);
   pyb::class_<PyHandle>(m, "Handle").def_property_readonly("num_recv_rows", [](const PyHandle& h) {
     return h.handle.num_recv_rows();
   });

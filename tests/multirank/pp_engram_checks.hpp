@@ -142,7 +142,7 @@ inline void fetch_and_check(EngramBuffer& b, const EngramConfig& c, int P, int r
   }
   const EngramFetchStats s = f.stats();
   const std::int64_t moved = s.rows_local + s.rows_mapped + s.rows_get + s.rows_served;
-  if (s.rows != L * T * E || moved + s.rows_padding != s.rows || s.rows_padding == 0 || s.rows_local == 0)
+  if (s.rows != L * T * E || moved + s.rows_padding != s.rows || (T > 0 && (s.rows_padding == 0 || s.rows_local == 0)))
     fail(r, "stats do not add up: rows " + std::to_string(s.rows) + ", padding " + std::to_string(s.rows_padding) +
                 ", local " + std::to_string(s.rows_local));
   if (s.bytes != static_cast<std::uint64_t>(moved) * (engram_row_bytes(c) + 4 * engram_sf_floats(c))) fail(r, "stats.bytes is wrong");
