@@ -36,56 +36,56 @@ void plan_rows(FetchState& s) {
     else if (c.path == Path::kMapped) s.bases[static_cast<std::size_t>(p)] = c.endpoint->peer_window(p);
   EngramFetchStats& st = s.stats;
   st.path = to_string(c.path);
+  const std::size_t n = layer_rows(s), sb = L.sf_row_bytes();
+  s.src.assign(static_cast<std::size_t>(L.num_layers()) * n, nullptr);
+  s.src_sf.assign(sb ? s.src.size() : 0, nullptr);
   for (int l = 0; l < L.num_layers(); ++l) {
     const std::int32_t* idx = layer_indices(s, l);
-    for (std::size_t i = 0; i < layer_rows(s); ++i) {
+    const std::int64_t N = L.entries(l);
+    for (std::size_t i = 0; i < n; ++i) {
       st.rows += 1;
       if (idx[i] < 0) {
         st.rows_padding += 1;
         continue;
       }
-      const auto owner = static_cast<int>(idx[i] / L.entries(l));
+      const auto owner = static_cast<int>(idx[i] / N);
       if (owner == c.rank) st.rows_local += 1;
       else if (c.path == Path::kMapped) st.rows_mapped += 1;
       else if (c.path == Path::kGet) st.rows_get += 1;
       else st.rows_served += 1;
+      const std::byte* base = s.bases[static_cast<std::size_t>(owner)];
+      if (base == nullptr) continue;  // moved by another path
+      const std::size_t k = static_cast<std::size_t>(l) * n + i;
+      s.src[k] = base + L.row_offset(c.num_bytes, l, idx[i] % N);
+      if (sb) s.src_sf[k] = base + L.sf_offset(c.num_bytes, l, idx[i] % N);
     }
   }
-  st.bytes = static_cast<std::uint64_t>(st.rows - st.rows_padding) * (L.row_bytes() + L.sf_row_bytes());
+  st.bytes = static_cast<std::uint64_t>(st.rows - st.rows_padding) * (L.row_bytes() + sb);
 }
 
 namespace {
 
-/// Copies layer l's rows whose owner's window is readable here; zero rows for -1.
+/// Copies layer l's rows whose owner's window is readable here (plan_rows found where they
+/// lie), reading kPrefetchRows rows ahead; zero rows for -1.
 void copy_readable_rows(FetchState& s, int l) {
   const Core& c = s.core;
   const Layout& L = *c.layout;
   const std::size_t rb = L.row_bytes(), sb = L.sf_row_bytes(), n = layer_rows(s);
-  const std::int64_t N = L.entries(l);
   const std::int32_t* idx = layer_indices(s, l);
+  const std::byte* const* src = s.src.data() + static_cast<std::size_t>(l) * n;
+  const std::byte* const* src_sf = sb ? s.src_sf.data() + static_cast<std::size_t>(l) * n : nullptr;
   std::byte* out = c.window + L.out_offset(l);
   std::byte* out_sf = c.window + L.out_sf_offset(l);
-  auto source = [&](std::size_t i) -> const std::byte* {
-    if (idx[i] < 0) return nullptr;
-    const std::byte* base = s.bases[static_cast<std::size_t>(idx[i] / N)];
-    return base == nullptr ? nullptr : base + L.row_offset(c.num_bytes, l, idx[i] % N);
-  };
   for (std::size_t i = 0; i < n && i < static_cast<std::size_t>(kPrefetchRows); ++i)
-    if (const std::byte* p = source(i)) prefetch_row(p, rb);
+    if (src[i]) prefetch_row(src[i], rb);
   for (std::size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchRows < n)
-      if (const std::byte* p = source(i + kPrefetchRows)) prefetch_row(p, rb);
-    if (idx[i] < 0) {
+    if (i + kPrefetchRows < n && src[i + kPrefetchRows]) prefetch_row(src[i + kPrefetchRows], rb);
+    if (src[i] != nullptr) {
+      std::memcpy(out + i * rb, src[i], rb);
+      if (sb) std::memcpy(out_sf + i * sb, src_sf[i], sb);
+    } else if (idx[i] < 0) {
       std::memset(out + i * rb, 0, rb);
       if (sb) std::memset(out_sf + i * sb, 0, sb);
-      continue;
-    }
-    const std::byte* src = source(i);
-    if (src == nullptr) continue;  // moved by the served path
-    std::memcpy(out + i * rb, src, rb);
-    if (sb) {
-      const std::byte* base = s.bases[static_cast<std::size_t>(idx[i] / N)];
-      std::memcpy(out_sf + i * sb, base + L.sf_offset(c.num_bytes, l, idx[i] % N), sb);
     }
   }
 }

@@ -37,6 +37,9 @@ struct FetchState {
   std::int64_t num_tokens = 0;
   std::vector<char> done;  // per layer
   std::vector<const std::byte*> bases;  // per owner: its window here (this rank's, a mapped peer's), else null
+  /// Per (layer, row) of the fetch: where the row (and its scale row) can be read here, null
+  /// for padding and for rows another path moves (plan_rows).
+  std::vector<const std::byte*> src, src_sf;
   /// Served path: per layer, the output positions of the served rows in reply order, the
   /// first reply row of the layer, and the reply signal value that completes it.
   std::vector<std::vector<std::int32_t>> served_pos;
