@@ -53,6 +53,7 @@ struct EngramBuffer::Impl {
   bool written = false;
   engram::Path path = engram::Path::kLocal;
   std::shared_ptr<std::uint64_t> live = std::make_shared<std::uint64_t>(0);
+  std::vector<std::byte> zero_row, zero_sf;  // the source of -1 entries
   engram::ServedState served;  // fetches and layers served so far (served path)
 };
 
@@ -71,7 +72,9 @@ EngramBuffer::EngramBuffer(Transport& transport, std::size_t num_bytes, std::siz
   impl_->path = path_of(endpoint("engram"));
 }
 
-EngramBuffer::~EngramBuffer() = default;
+EngramBuffer::~EngramBuffer() {
+  if (impl_) *impl_->live = 0;  // outstanding hooks are stale (the base's destroy() runs after this)
+}
 
 void EngramBuffer::on_destroy() noexcept {
   if (impl_) *impl_->live = 0;
@@ -99,6 +102,8 @@ void EngramBuffer::set_config(const EngramConfig& config) {
                            " (get_storage_size_hint gives what a config needs)"};
   agree_call("engram.set_config", fits);
   *impl_->live += 1;  // outstanding fetches refer to the old layout: stale now
+  impl_->zero_row.assign(l.row_bytes(), std::byte{0});
+  impl_->zero_sf.assign(l.sf_row_bytes(), std::byte{0});
   impl_->layout.emplace(std::move(l));
   impl_->written = false;
   config_ = config;
@@ -221,14 +226,14 @@ EngramFetch EngramBuffer::fetch(const TensorView& indices, const std::optional<C
   auto s = std::make_shared<engram::FetchState>();
   s->live = m.live;
   s->generation = ++*m.live;
-  s->core = {&t, window(), m.num_bytes, &l, m.path, rank()};
+  s->core = {&t, window(), m.num_bytes, &l, m.path, rank(), m.zero_row.data(), m.zero_sf.data()};
   s->keep = endpoint_ref();
   s->num_tokens = indices.shape[1];
-  const auto* v = indices.as<std::int32_t>();
-  s->indices.assign(v, v + indices.shape.numel());
+  s->indices = indices.as<std::int32_t>();
   s->done.assign(static_cast<std::size_t>(l.num_layers()), 0);
   engram::plan_rows(*s);
   if (m.path == engram::Path::kServed) engram::start_served(*s, m.served);
+  s->indices = nullptr;  // the caller's: the hooks need only the plan
   return EngramFetch(std::move(s));
 }
 

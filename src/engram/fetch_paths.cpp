@@ -13,7 +13,7 @@ constexpr int kPrefetchRows = 8;  // rows read ahead of the copy (random rows mi
 
 const std::int32_t* layer_indices(const FetchState& s, int l) {
   const Layout& L = *s.core.layout;
-  return s.indices.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(s.num_tokens * L.per_token());
+  return s.indices + static_cast<std::size_t>(l) * static_cast<std::size_t>(s.num_tokens * L.per_token());
 }
 
 std::size_t layer_rows(const FetchState& s) {
@@ -41,23 +41,25 @@ void plan_rows(FetchState& s) {
   s.src_sf.assign(sb ? s.src.size() : 0, nullptr);
   for (int l = 0; l < L.num_layers(); ++l) {
     const std::int32_t* idx = layer_indices(s, l);
-    const std::int64_t N = L.entries(l);
+    const auto N = static_cast<std::uint32_t>(L.entries(l));  // P * N_l fits int32 (the indices do)
     for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t k = static_cast<std::size_t>(l) * n + i;
       st.rows += 1;
       if (idx[i] < 0) {
         st.rows_padding += 1;
+        s.src[k] = c.zero_row;
+        if (sb) s.src_sf[k] = c.zero_sf;
         continue;
       }
-      const auto owner = static_cast<int>(idx[i] / N);
-      if (owner == c.rank) st.rows_local += 1;
+      const std::uint32_t g = static_cast<std::uint32_t>(idx[i]), owner = g / N, row = g % N;
+      if (static_cast<int>(owner) == c.rank) st.rows_local += 1;
       else if (c.path == Path::kMapped) st.rows_mapped += 1;
       else if (c.path == Path::kGet) st.rows_get += 1;
       else st.rows_served += 1;
-      const std::byte* base = s.bases[static_cast<std::size_t>(owner)];
+      const std::byte* base = s.bases[owner];
       if (base == nullptr) continue;  // moved by another path
-      const std::size_t k = static_cast<std::size_t>(l) * n + i;
-      s.src[k] = base + L.row_offset(c.num_bytes, l, idx[i] % N);
-      if (sb) s.src_sf[k] = base + L.sf_offset(c.num_bytes, l, idx[i] % N);
+      s.src[k] = base + L.row_offset(c.num_bytes, l, row);
+      if (sb) s.src_sf[k] = base + L.sf_offset(c.num_bytes, l, row);
     }
   }
   st.bytes = static_cast<std::uint64_t>(st.rows - st.rows_padding) * (L.row_bytes() + sb);
@@ -66,12 +68,11 @@ void plan_rows(FetchState& s) {
 namespace {
 
 /// Copies layer l's rows whose owner's window is readable here (plan_rows found where they
-/// lie), reading kPrefetchRows rows ahead; zero rows for -1.
+/// lie, and the zero row for -1), reading kPrefetchRows rows ahead.
 void copy_readable_rows(FetchState& s, int l) {
   const Core& c = s.core;
   const Layout& L = *c.layout;
   const std::size_t rb = L.row_bytes(), sb = L.sf_row_bytes(), n = layer_rows(s);
-  const std::int32_t* idx = layer_indices(s, l);
   const std::byte* const* src = s.src.data() + static_cast<std::size_t>(l) * n;
   const std::byte* const* src_sf = sb ? s.src_sf.data() + static_cast<std::size_t>(l) * n : nullptr;
   std::byte* out = c.window + L.out_offset(l);
@@ -80,13 +81,9 @@ void copy_readable_rows(FetchState& s, int l) {
     if (src[i]) prefetch_row(src[i], rb);
   for (std::size_t i = 0; i < n; ++i) {
     if (i + kPrefetchRows < n && src[i + kPrefetchRows]) prefetch_row(src[i + kPrefetchRows], rb);
-    if (src[i] != nullptr) {
-      std::memcpy(out + i * rb, src[i], rb);
-      if (sb) std::memcpy(out_sf + i * sb, src_sf[i], sb);
-    } else if (idx[i] < 0) {
-      std::memset(out + i * rb, 0, rb);
-      if (sb) std::memset(out_sf + i * sb, 0, sb);
-    }
+    if (src[i] == nullptr) continue;  // moved by the served path
+    std::memcpy(out + i * rb, src[i], rb);
+    if (sb) std::memcpy(out_sf + i * sb, src_sf[i], sb);
   }
 }
 

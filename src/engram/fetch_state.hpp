@@ -24,6 +24,8 @@ struct Core {
   const Layout* layout = nullptr;
   Path path = Path::kLocal;
   int rank = 0;
+  const std::byte* zero_row = nullptr;  // row_bytes zeros: the source of a -1 entry
+  const std::byte* zero_sf = nullptr;   // sf_row_bytes zeros
 };
 
 struct FetchState {
@@ -33,12 +35,12 @@ struct FetchState {
   std::uint64_t generation = 0;
   Core core;
   std::shared_ptr<const void> keep;  // the endpoint: the outputs' window stays mapped
-  std::vector<std::int32_t> indices;  // [L, T, E'] as passed
+  const std::int32_t* indices = nullptr;  // [L, T, E'], the caller's: only while fetch() runs
   std::int64_t num_tokens = 0;
   std::vector<char> done;  // per layer
   std::vector<const std::byte*> bases;  // per owner: its window here (this rank's, a mapped peer's), else null
-  /// Per (layer, row) of the fetch: where the row (and its scale row) can be read here, null
-  /// for padding and for rows another path moves (plan_rows).
+  /// Per (layer, row) of the fetch: where the row (and its scale row) can be read here (the
+  /// zero row for -1), null for rows another path moves (plan_rows).
   std::vector<const std::byte*> src, src_sf;
   /// Served path: per layer, the output positions of the served rows in reply order, the
   /// first reply row of the layer, and the reply signal value that completes it.
