@@ -33,16 +33,17 @@ def _gather(rank, size, fp8, order):
     if fp8:
         buf.write(raw, sfs)  # numpy: FP8 as uint8 raw bits
     else:
-        buf.write([torch.from_numpy(r.view(np.uint16)).view(torch.bfloat16) for r in raw])
+        buf.write([torch.from_numpy(r.view(np.int16)).view(torch.bfloat16) for r in raw])
     # the whole table, all-gathered, then indexed in numpy
     tables, scales = [], []
     for l in range(len(N)):
         parts = [torch.empty_like(torch.from_numpy(raw[l])) for _ in range(size)]
         dist.all_gather(parts, torch.from_numpy(raw[l]))
         tables.append(torch.cat(parts).numpy())
-        sparts = [torch.empty_like(torch.from_numpy(sfs[l])) for _ in range(size)]
-        dist.all_gather(sparts, torch.from_numpy(sfs[l]))
-        scales.append(torch.cat(sparts).numpy())
+        if fp8:  # (gloo cannot all-gather the empty [n, 0] scales of bf16)
+            sparts = [torch.empty_like(torch.from_numpy(sfs[l])) for _ in range(size)]
+            dist.all_gather(sparts, torch.from_numpy(sfs[l]))
+            scales.append(torch.cat(sparts).numpy())
     for it in range(2):
         rng = np.random.default_rng([11, rank, it])
         idx = np.stack([rng.integers(-1, size * n, (T, E)) for n in N]).astype(np.int32)
