@@ -163,8 +163,15 @@ void build_requests(FetchState& s, ServedState& st) {
   }
 }
 
+/// Layer l's request of one requester: how many rows, where its replies go.
+struct LayerAsk {
+  std::uint32_t count, reply_base;
+};
+static_assert(sizeof(LayerAsk) == 8);  // as build_requests writes them
+
 /// Serves requester q's block of this fetch: the rows it asked for, layer by layer, into its
-/// reply area, each layer's signal after its rows.
+/// reply rows, each layer's signal after its rows (staged in st.replies[q], kept until the
+/// quiet after every requester was served).
 void serve(FetchState& s, ServedState& st, int q) {
   const Core& c = s.core;
   const Layout& L = *c.layout;
@@ -178,27 +185,31 @@ void serve(FetchState& s, ServedState& st, int q) {
     throw Error(ErrorCode::kInternal, "rank " + std::to_string(c.rank) + ": engram.fetch: rank " + std::to_string(q) +
                                           "'s requests are of fetch " + std::to_string(h.fetch) + ", expected " +
                                           std::to_string(fetch), c.rank);
-  const std::byte* rows = block + Layout::request_meta_bytes(L.num_layers());
+  std::vector<LayerAsk> asks(static_cast<std::size_t>(L.num_layers()));
+  std::memcpy(asks.data(), block + sizeof h, 8 * asks.size());
   const std::size_t rb = L.row_bytes(), sb = L.sf_row_bytes();
+  std::size_t total = 0;
+  for (const LayerAsk& a : asks) total += a.count;
+  auto& staging = st.replies[static_cast<std::size_t>(q)];
+  staging.resize(total * (rb + sb));
+  const std::byte* rows = block + Layout::request_meta_bytes(L.num_layers());
+  std::byte* at = staging.data();
   for (int l = 0; l < L.num_layers(); ++l) {
-    std::uint32_t pair[2];
-    std::memcpy(pair, block + sizeof h + 8 * static_cast<std::size_t>(l), 8);
-    const std::size_t count = pair[0], bytes = count * (rb + sb);
-    if (st.replies.size() < bytes) st.replies.resize(bytes);
+    const std::size_t count = asks[static_cast<std::size_t>(l)].count;
     for (std::size_t k = 0; k < count; ++k) {
       std::int32_t r;
       std::memcpy(&r, rows + 4 * k, 4);
-      std::memcpy(st.replies.data() + k * rb, c.window + L.row_offset(c.num_bytes, l, r), rb);
-      if (sb) std::memcpy(st.replies.data() + count * rb + k * sb, c.window + L.sf_offset(c.num_bytes, l, r), sb);
+      std::memcpy(at + k * rb, c.window + L.row_offset(c.num_bytes, l, r), rb);
+      if (sb) std::memcpy(at + count * rb + k * sb, c.window + L.sf_offset(c.num_bytes, l, r), sb);
     }
     rows += 4 * count;
     if (count > 0) {
-      t.put(q, L.reply_offset(pair[1]), st.replies.data(), count * rb, 0);
-      if (sb) t.put(q, L.reply_sf_offset(pair[1]), st.replies.data() + count * rb, count * sb, 0);
+      t.put(q, L.reply_offset(asks[static_cast<std::size_t>(l)].reply_base), at, count * rb, 0);
+      if (sb) t.put(q, L.reply_sf_offset(asks[static_cast<std::size_t>(l)].reply_base), at + count * rb, count * sb, 0);
     }
     if (!t.caps().ordered_signal_per_queue && !t.caps().put_completes_on_return) t.quiet(0);
     t.signal(q, L.reply_signal(c.rank), st.layers + static_cast<std::uint64_t>(l) + 1, 0);
-    t.quiet(0);  // the staging is reused for the next layer
+    at += count * (rb + sb);
   }
 }
 
@@ -220,7 +231,9 @@ void start_served(FetchState& s, ServedState& st) {
     t.signal(p, Layout::request_signal(c.rank), st.fetches + 1, 0);
   }
   t.quiet(0);
+  st.replies.resize(static_cast<std::size_t>(P));
   for (int k = 1; k < P; ++k) serve(s, st, (c.rank + k) % P);
+  t.quiet(0);  // the replies' staging may be reused from here on
   s.reply_target.resize(static_cast<std::size_t>(L.num_layers()));
   for (int l = 0; l < L.num_layers(); ++l)
     s.reply_target[static_cast<std::size_t>(l)] = st.layers + static_cast<std::uint64_t>(l) + 1;

@@ -15,7 +15,7 @@ struct ServedState {
   std::uint64_t fetches = 0;
   std::uint64_t layers = 0;
   std::vector<std::vector<std::byte>> requests;  // per owner
-  std::vector<std::byte> replies;
+  std::vector<std::vector<std::byte>> replies;   // per requester
 };
 
 /// Sets s.bases (where each owner's rows can be read here) and the path counters of s.stats.

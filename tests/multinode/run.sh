@@ -19,6 +19,8 @@
 #       namespace and at 2 x 2 (one FP8 case at 2 + 1), errors naming the rank at fault; a
 #       launcher whose P is not meta.json's refused on every rank
 #   epx bench --transport shmem --baseline mpi, 2 x 2: the baseline's report lines and ratios
+#   PPBuffer / EngramBuffer, 2 x 2: random programs and fetches bit for bit; epx bench --op pp
+#       and --op engram --transport shmem against MPI in the same job
 #   faults, 2 x 2: SIGKILL of a rank on the other machine, SIGKILL of the other machine's
 #       daemon (orted), the other machine's link cut mid-call (section 7 says what each
 #       does): the job exits non-zero, every survivor names peer + phase (on a cut link by
@@ -221,6 +223,29 @@ if want baseline; then
     positive "$r" || { fail "bench-baseline-x2: SUMMARY $op lacks a positive baseline ratio"; ok=0; }
   done
   [ "$ok" = 1 ] && echo "PASS: bench-baseline-x2 ($(grep -m1 '^  round trip' "$out" | sed 's/  */ /g'))"
+fi
+
+# 6b. PPBuffer / EngramBuffer across machines (2 x 2): tests/multinode/pp_engram_rank.cpp's
+# cases bit for bit (random send/recv programs over every pair and the ring, Engram bf16 and
+# FP8 fetches, both next to an EP buffer), then epx bench --op pp / engram --transport shmem
+# --peers mpi: epx and MPI on the same ranks of one job (the ring crosses the machines: 1 -> 2,
+# 3 -> 0), checked to deliver the same bytes; the figures go to the log (no speed threshold).
+if want pp-engram; then
+  across_run pp-engram-x2 4 hosts2 150 "$build/tests/epx_multinode_pp_engram_rank" --timeout-ms 20000
+  check_pass pp-engram-x2 $? 5
+  grep -h '^engram path:' "$work/pp-engram-x2.out" | head -1
+  for op in pp engram; do
+    if [ "$op" = pp ]; then args=(--pp-pattern ring --pp-sizes 16384,1048576 --pp-inflight 1,2); else
+      args=(--engram-rows 16384 --tokens 128); fi
+    across_run "bench-$op-x2" 4 hosts2 180 "$build/src/tools/epx" bench --op "$op" --transport shmem --peers mpi \
+      --iters 5 --warmup 1 --timeout-ms 30000 "${args[@]}"
+    rc=$? out=$work/bench-$op-x2.out
+    if [ "$rc" -ne 0 ] || ! grep -q '^  mpi: checked' "$out" || ! grep -q '^check: epx \(delivered\|fetched\)' "$out"; then
+      fail "bench-$op-x2: exit $rc, $(grep -E '^check|^  mpi' "$out" | tr '\n' ' ')"; quiet_noise "$work/bench-$op-x2.err" | tail -10
+    else
+      echo "PASS: bench-$op-x2 (epx and MPI deliver the same bytes):"; grep -v -e '^  *'"'" -e '^wall' "$out" | sed 's/^/    /'
+    fi
+  done
 fi
 
 # 7. Faults (2 x 2). What Open MPI 4.1 does, as measured here (docs/transport.md, "Faults
