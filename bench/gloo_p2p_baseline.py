@@ -1,3 +1,4 @@
+#!/usr/bin/python3
 """The torch.distributed (gloo) baseline of `epx bench --op pp|engram`: what a PyTorch user
 writes without epx. Same problems, data and JSON as epx_mpi_p2p_baseline (p2p_data.hpp
 defines the data; this file follows it word for word in numpy).
@@ -7,8 +8,8 @@ defines the data; this file follows it word for word in numpy).
     python3 gloo_p2p_baseline.py --ranks P --op engram --layers 2 --rows 131072 --hidden 256
             --tokens 512 --entries 24 [--seed 1] --iters N --warmup W --json OUT
 
-pp: dist.send / dist.recv of uint8 tensors (a stream of --messages per iteration, and a
-ping-pong between 2k and 2k+1); engram: counts by all_to_all_single, (layer, row) requests
+pp: dist.send / dist.recv of uint8 tensors (a stream of --messages per iteration from a 0-byte
+"go" of each receiver, and a ping-pong between 2k and 2k+1 after an untimed round trip); engram: counts by all_to_all_single, (layer, row) requests
 by all_to_all_single, the owners' rows back the same way, then put in place.
 """
 import argparse
@@ -78,9 +79,16 @@ def run_pp(a, me, P, dist, torch):
         x = torch.from_numpy(message(me, n).copy())
         out = torch.empty(n, dtype=torch.uint8)
 
+        none = torch.empty(0, dtype=torch.uint8)
+
         def stream():
             dist.barrier()
             t0 = time.perf_counter()
+            go = dist.isend(none, src) if src >= 0 else None  # the receiver's "go" to its sender
+            if dst >= 0:
+                dist.recv(none, dst)
+            if go is not None:
+                go.wait()
             for _ in range(a.messages):
                 if ring and me % 2 == 1:
                     dist.recv(out, src)
@@ -93,16 +101,20 @@ def run_pp(a, me, P, dist, torch):
 
         def pingpong():
             peer = me + 1 if me % 2 == 0 else me - 1
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(4):
+
+            def round_trip():
                 if me % 2 == 0:
                     dist.send(x, peer)
                     dist.recv(out, peer)
                 else:
                     dist.recv(out, peer)
                     dist.send(x, peer)
-            return (time.perf_counter() - t0) * 1e6 / 8 if me % 2 == 0 else 0.0
+            dist.barrier()
+            round_trip()  # untimed: both ends in step
+            t0 = time.perf_counter()
+            for _ in range(8):
+                round_trip()
+            return (time.perf_counter() - t0) * 1e6 / 16 if me % 2 == 0 else 0.0
 
         st, lat = [], []
         for i in range(a.warmup + a.iters):

@@ -45,10 +45,21 @@ struct RankLoop {
 
   TensorView send_view(std::uint64_t n) const { return TensorView(msg.data(), DType::kFP8E4M3, {static_cast<std::int64_t>(n)}); }
 
-  /// One stream iteration: this rank's time per message as a receiver (0 if it receives none).
+  /// A 0-byte "go" from each receiver to its sender, after the barrier: a rank leaving the
+  /// barrier late does not count against the stream (the go's own trip does, once).
+  void go(PPBuffer& pp) {
+    const TensorView none(msg.data(), DType::kFP8E4M3, {0});
+    const MutableView into{out.data(), DType::kFP8E4M3, {0}};
+    if (peers.src >= 0) pp.send(none, peers.src);
+    if (peers.dst >= 0) pp.recv(into, peers.dst);
+  }
+
+  /// One stream iteration: this rank's time per message as a receiver (0 if it receives none),
+  /// from its go to the last message.
   double stream(PPBuffer& pp, std::uint64_t n, bool view) {
     t.barrier("pp bench stream");
     const auto t0 = Clock::now();
+    go(pp);
     for (int m = 0; m < o.messages; ++m) {
       if (peers.dst >= 0) pp.send(send_view(n), peers.dst);
       if (peers.src < 0) continue;
@@ -62,17 +73,20 @@ struct RankLoop {
     return peers.src >= 0 ? us_since(t0) / o.messages : 0.0;
   }
 
-  /// One ping-pong iteration between 2k and 2k+1: the one-way time on 2k (0 elsewhere).
+  /// One ping-pong iteration between 2k and 2k+1, after one untimed round trip: the one-way
+  /// time on 2k (0 elsewhere).
   double pingpong(PPBuffer& pp, std::uint64_t n) {
-    constexpr int kRounds = 4;
+    constexpr int kRounds = 8;
     const int me = t.rank(), peer = me % 2 == 0 ? me + 1 : me - 1;
     MutableView into{out.data(), DType::kFP8E4M3, {static_cast<std::int64_t>(n)}};
-    t.barrier("pp bench ping-pong");
-    const auto t0 = Clock::now();
-    for (int k = 0; k < kRounds; ++k) {
+    auto round = [&] {
       if (me % 2 == 0) pp.send(send_view(n), peer), pp.recv(into, peer);
       else pp.recv(into, peer), pp.send(send_view(n), peer);
-    }
+    };
+    t.barrier("pp bench ping-pong");
+    round();
+    const auto t0 = Clock::now();
+    for (int k = 0; k < kRounds; ++k) round();
     return me % 2 == 0 ? us_since(t0) / (2 * kRounds) : 0.0;
   }
 

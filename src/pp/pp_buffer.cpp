@@ -4,10 +4,15 @@
 // count, checks the header, copies (or lends the slot) and signals the released count back.
 #include "epx/pp.hpp"
 
+#include <immintrin.h>
+#include <sched.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <string>
+#include <thread>
 
 #include "epx/spi/copy.hpp"
 #include "layout.hpp"
@@ -31,6 +36,20 @@ std::string config_problem(const PPConfig& c) {
     return "pp: num_max_inflight_tensors = " + std::to_string(c.num_max_inflight_tensors) + ", expected 1.." +
            std::to_string(kMaxPPInflight);
   return "";
+}
+
+/// Looks at this rank's `slot` up to kPollLooks times before the transport's own wait (which
+/// spins, then yields, and owns the timeout and the peer-failure checks). With more ranks than
+/// cores the peer that will signal may need this very core: then every look yields it.
+constexpr int kPollLooks = 512;
+
+void wait_for(Transport& t, std::size_t slot, std::uint64_t target, const WaitPoint& where, bool yield) {
+  for (int i = 0; i < kPollLooks; ++i) {
+    if (t.read_signal(slot) >= target) return;
+    if (yield) sched_yield();
+    else _mm_pause();
+  }
+  t.wait_signal(slot, target, where);
 }
 
 std::uint64_t now_ns() {
@@ -64,6 +83,7 @@ struct PPBuffer::Impl {
   std::vector<std::deque<bool>> held;  // per source: messages received, not released in order (true = released)
   std::vector<PPPeerStats> stats;
   pp::SlotHeader header{};  // the send's header, put from here
+  bool yield = false;       // more ranks than this machine's cores: waits yield at once
 
   Impl(int P, const PPConfig& c)
       : layout(P, c.num_max_tensor_bytes, c.num_max_inflight_tensors, c.links),
@@ -81,6 +101,7 @@ PPBuffer::PPBuffer(Transport& transport, const PPConfig& config) : BufferBase(tr
   if (problem.empty()) {
     try {
       impl_ = std::make_unique<Impl>(num_ranks(), config);
+      impl_->yield = static_cast<unsigned>(num_ranks()) > std::max(1u, std::thread::hardware_concurrency());
     } catch (const Error& e) {
       problem = e.what();
     }
@@ -150,7 +171,7 @@ void PPBuffer::send(const TensorView& x, int dst_rank) {
     if (t.read_signal(slot) < n - M + 1) {
       const std::uint64_t t0 = now_ns();
       try {
-        t.wait_signal(slot, n - M + 1, {"pp send (waiting for a free slot)", dst_rank});
+        wait_for(t, slot, n - M + 1, {"pp send (waiting for a free slot)", dst_rank}, impl_->yield);
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kTimeout) throw;
         throw Error(ErrorCode::kTimeout,
@@ -202,7 +223,7 @@ PPView PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const char* what)
   if (t.read_signal(slot) < n + 1) {
     const std::uint64_t t0 = now_ns();
     try {
-      t.wait_signal(slot, n + 1, {"pp recv (waiting for a message)", src_rank});
+      wait_for(t, slot, n + 1, {"pp recv (waiting for a message)", src_rank}, impl_->yield);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kTimeout) throw;
       throw Error(ErrorCode::kTimeout,

@@ -6,9 +6,11 @@
 //
 // pp: links `pairs` (rank 2k sends to 2k+1: pipelines of two) or `ring` (r to r+1 mod P).
 //   stream: per timed iteration, every link carries `messages` messages; the time per
-//           message at the receiver (max over receivers), with `inflight` slots per pair,
+//           message at the receiver (max over receivers) from a 0-byte "go" it sends its
+//           sender after the barrier, with `inflight` slots per pair,
 //           received into a tensor (recv) and, apart, as slot views (recv_view + release);
-//   latency: ping-pong between 2k and 2k+1, one-way = round trip / 2, per pair;
+//   latency: ping-pong between 2k and 2k+1 after one untimed round trip, one-way = round
+//            trip / 2 over 8 rounds, per pair;
 //   copy:    `messages` memcpys of the size on every rank at once, per message.
 // engram: per timed iteration one fetch of L layers of T tokens x E' uniform random rows of
 //   the whole table and every hook; the slowest rank's time; rows/s = P * L * T * E' / that;
