@@ -129,7 +129,8 @@ void check_engram_options(const EngramBenchOptions& o, int ranks) {
   if (o.hidden % 4 != 0) throw Error(ErrorCode::kInvalidArgument, "--engram-hidden must be a multiple of 4");
   if (static_cast<double>(ranks) * static_cast<double>(o.rows) > 2147483647.0)
     throw Error(ErrorCode::kInvalidArgument, "--engram-rows x ranks must fit an int32 index");
-  if (o.common.iters < 1 || o.common.warmup < 0) throw Error(ErrorCode::kInvalidArgument, "--iters must be >= 1");
+  if (o.common.iters < 1 || o.common.warmup < 0 || o.common.rounds < 1)
+    throw Error(ErrorCode::kInvalidArgument, "--iters and --peer-rounds must be >= 1");
 }
 
 EngramBenchReport measure_engram(const EngramBenchOptions& o) {
@@ -142,16 +143,31 @@ EngramBenchReport measure_engram(const EngramBenchOptions& o) {
   lo.transport = parse_transport_kind(o.common.transport);
   lo.timeout = checked_timeout(o.common.timeout_ms);
   if (o.common.progress) std::fprintf(stderr, "epx bench: engram on %d %s ranks ...\n", ranks, o.common.transport.c_str());
-  launch(lo, [&](Transport& t) {
-    std::ofstream(tmp.path() / ("engram_rank" + std::to_string(t.rank()) + ".json")) << run_engram_rank(t, o);
-  });
-  std::vector<std::string> records;
-  for (int r = 0; r < ranks; ++r) {
-    std::ifstream in(tmp.path() / ("engram_rank" + std::to_string(r) + ".json"));
-    records.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  std::vector<nlohmann::json> records(static_cast<std::size_t>(ranks));
+  std::vector<nlohmann::json> peer_json(o.common.peers.size());
+  std::vector<PeerRun> peer_runs(o.common.peers.size());
+  for (int round = 0; round < o.common.rounds; ++round) {
+    launch(lo, [&](Transport& t) {
+      std::ofstream(tmp.path() / ("engram_rank" + std::to_string(t.rank()) + ".json")) << run_engram_rank(t, o);
+    });
+    for (int r = 0; r < ranks; ++r) {
+      std::ifstream in(tmp.path() / ("engram_rank" + std::to_string(r) + ".json"));
+      merge_samples(records[static_cast<std::size_t>(r)],
+                    nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>())));
+    }
+    for (std::size_t i = 0; i < o.common.peers.size(); ++i) {
+      if (o.common.peers[i] == "none" || (round > 0 && !peer_runs[i].ran)) continue;
+      PeerRun run;
+      if (o.fp8) run.name = o.common.peers[i], run.why_not = "the peers gather bf16 rows only (this run is --engram-fp8)";
+      else merge_samples(peer_json[i], run_peer(o.common, o.common.peers[i], ranks, engram_peer_args(o), tmp.path(), run));
+      if (round == 0 || !run.ran) peer_runs[i] = run;
+    }
   }
-  EngramBenchReport rep = aggregate_engram(o, records);
-  run_engram_peers(o, rep, tmp.path());
+  std::vector<std::string> texts;
+  for (const auto& r : records) texts.push_back(r.dump());
+  EngramBenchReport rep = aggregate_engram(o, texts);
+  for (std::size_t i = 0; i < o.common.peers.size(); ++i)
+    if (o.common.peers[i] != "none") attach_engram_peer(peer_runs[i], peer_json[i], rep);
   rep.wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
   return rep;
 }

@@ -45,7 +45,8 @@ std::vector<std::string> peer_command(const P2PCommon& c, const std::string& pee
   return {python, script, "--ranks", std::to_string(ranks)};
 }
 
-/// Runs `peer` with the op's arguments; returns its JSON (null when it did not run).
+}  // namespace
+
 nlohmann::json run_peer(const P2PCommon& c, const std::string& peer, int ranks, const std::vector<std::string>& args,
                         const fs::path& dir, PeerRun& run) {
   run.name = peer;
@@ -73,6 +74,8 @@ nlohmann::json run_peer(const P2PCommon& c, const std::string& peer, int ranks, 
   }
 }
 
+namespace {
+
 /// Compares the peer's per-rank hashes ("0x%016x") with epx's.
 void verify(PeerRun& run, const nlohmann::json& hashes, const std::vector<std::uint64_t>& epx, const std::string& what) {
   std::string diffs;
@@ -89,6 +92,23 @@ void verify(PeerRun& run, const nlohmann::json& hashes, const std::vector<std::u
 std::vector<double> samples(const nlohmann::json& j) { return j.get<std::vector<double>>(); }
 
 }  // namespace
+
+void merge_samples(nlohmann::json& into, const nlohmann::json& more) {
+  if (into.is_null()) {
+    into = more;
+    return;
+  }
+  if (into.is_boolean() && more.is_boolean()) {
+    into = into.get<bool>() && more.get<bool>();  // "correct" in every round
+  } else if (into.is_array() && !into.empty() && into[0].is_number() && more.is_array()) {
+    for (const auto& x : more) into.push_back(x);
+  } else if (into.is_array() && more.is_array()) {
+    for (std::size_t i = 0; i < into.size() && i < more.size(); ++i) merge_samples(into[i], more[i]);
+  } else if (into.is_object() && more.is_object()) {
+    for (auto it = into.begin(); it != into.end(); ++it)
+      if (more.contains(it.key())) merge_samples(it.value(), more[it.key()]);
+  }
+}
 
 std::vector<std::string> pp_peer_args(const PPBenchOptions& o) {
   return {"--op", "pp", "--sizes", join(o.sizes), "--pattern", o.pattern, "--messages", std::to_string(o.messages)};
@@ -130,30 +150,6 @@ void attach_engram_peer(PeerRun run, const nlohmann::json& j, EngramBenchReport&
     rep.peer_us.emplace_back();
   }
   rep.peers.push_back(std::move(run));
-}
-
-void run_pp_peers(const PPBenchOptions& o, PPBenchReport& rep, const fs::path& dir) {
-  for (const std::string& peer : o.common.peers) {
-    if (peer == "none") continue;
-    PeerRun run;
-    const nlohmann::json j = run_peer(o.common, peer, rep.ranks, pp_peer_args(o), dir, run);
-    attach_pp_peer(std::move(run), j, rep);
-  }
-}
-
-void run_engram_peers(const EngramBenchOptions& o, EngramBenchReport& rep, const fs::path& dir) {
-  for (const std::string& peer : o.common.peers) {
-    if (peer == "none") continue;
-    PeerRun run;
-    nlohmann::json j;
-    if (o.fp8) {
-      run.name = peer;
-      run.why_not = "the peers gather bf16 rows only (this run is --engram-fp8)";
-    } else {
-      j = run_peer(o.common, peer, rep.ranks, engram_peer_args(o), dir, run);
-    }
-    attach_engram_peer(std::move(run), j, rep);
-  }
 }
 
 }  // namespace epx::tools

@@ -25,7 +25,13 @@ void attach_engram_peer(PeerRun run, const nlohmann::json& j, EngramBenchReport&
 nlohmann::json run_mpi_p2p_in_job(const P2PCommon& c, const std::vector<std::string>& args, int rank,
                                   const std::filesystem::path& dir, PeerRun& run);
 
-void run_pp_peers(const PPBenchOptions& o, PPBenchReport& rep, const std::filesystem::path& dir);
-void run_engram_peers(const EngramBenchOptions& o, EngramBenchReport& rep, const std::filesystem::path& dir);
+/// Runs `peer` ("mpi" | "gloo") on `ranks` ranks with the op's arguments; its JSON, or null
+/// when it did not run (run.why_not says why).
+nlohmann::json run_peer(const P2PCommon& c, const std::string& peer, int ranks, const std::vector<std::string>& args,
+                        const std::filesystem::path& dir, PeerRun& run);
+
+/// Pools the samples of another round into `into` (number arrays concatenated, everything
+/// else — hashes, counts — kept from the first round).
+void merge_samples(nlohmann::json& into, const nlohmann::json& more);
 
 }  // namespace epx::tools

@@ -188,7 +188,8 @@ void check_pp_options(const PPBenchOptions& o, int ranks) {
     throw Error(ErrorCode::kInvalidArgument, "--pp-pattern " + o.pattern + ": expected pairs or ring");
   if (ranks < 2 || ranks % 2 != 0)
     throw Error(ErrorCode::kInvalidArgument, "--op pp needs an even number of ranks >= 2, got " + std::to_string(ranks));
-  if (o.sizes.empty() || o.inflight.empty() || o.messages < 1 || o.common.iters < 1 || o.common.warmup < 0)
+  if (o.sizes.empty() || o.inflight.empty() || o.messages < 1 || o.common.iters < 1 || o.common.warmup < 0 ||
+      o.common.rounds < 1)
     throw Error(ErrorCode::kInvalidArgument, "--op pp: --pp-sizes, --pp-inflight, --pp-messages and --iters need values >= 1");
   for (auto s : o.sizes)
     if (s < 1 || s > (std::uint64_t{1} << 31) - 1)
@@ -207,14 +208,30 @@ PPBenchReport measure_pp(const PPBenchOptions& o) {
   lo.num_ranks = ranks;
   lo.transport = parse_transport_kind(o.common.transport);
   lo.timeout = checked_timeout(o.common.timeout_ms);
-  if (o.common.progress) std::fprintf(stderr, "epx bench: pp on %d %s ranks ...\n", ranks, o.common.transport.c_str());
-  launch(lo, [&](Transport& t) {
-    std::ofstream(tmp.path() / ("pp_rank" + std::to_string(t.rank()) + ".json")) << run_pp_rank(t, o);
-  });
-  std::vector<std::string> records;
-  for (int r = 0; r < ranks; ++r) records.push_back(read_text(tmp.path() / ("pp_rank" + std::to_string(r) + ".json")));
-  PPBenchReport rep = aggregate_pp(o, records);
-  run_pp_peers(o, rep, tmp.path());
+  if (o.common.progress)
+    std::fprintf(stderr, "epx bench: pp on %d %s ranks, %d round(s) ...\n", ranks, o.common.transport.c_str(), o.common.rounds);
+  std::vector<nlohmann::json> records(static_cast<std::size_t>(ranks));
+  std::vector<nlohmann::json> peer_json(o.common.peers.size());
+  std::vector<PeerRun> peer_runs(o.common.peers.size());
+  for (int round = 0; round < o.common.rounds; ++round) {
+    launch(lo, [&](Transport& t) {
+      std::ofstream(tmp.path() / ("pp_rank" + std::to_string(t.rank()) + ".json")) << run_pp_rank(t, o);
+    });
+    for (int r = 0; r < ranks; ++r)
+      merge_samples(records[static_cast<std::size_t>(r)],
+                    nlohmann::json::parse(read_text(tmp.path() / ("pp_rank" + std::to_string(r) + ".json"))));
+    for (std::size_t i = 0; i < o.common.peers.size(); ++i) {
+      if (o.common.peers[i] == "none" || (round > 0 && !peer_runs[i].ran)) continue;
+      PeerRun run;
+      merge_samples(peer_json[i], run_peer(o.common, o.common.peers[i], ranks, pp_peer_args(o), tmp.path(), run));
+      if (round == 0 || !run.ran) peer_runs[i] = run;
+    }
+  }
+  std::vector<std::string> texts;
+  for (const auto& r : records) texts.push_back(r.dump());
+  PPBenchReport rep = aggregate_pp(o, texts);
+  for (std::size_t i = 0; i < o.common.peers.size(); ++i)
+    if (o.common.peers[i] != "none") attach_pp_peer(peer_runs[i], peer_json[i], rep);
   rep.wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
   return rep;
 }

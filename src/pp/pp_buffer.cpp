@@ -38,15 +38,18 @@ std::string config_problem(const PPConfig& c) {
   return "";
 }
 
-/// Looks at this rank's `slot` up to kPollLooks times before the transport's own wait (which
-/// spins, then yields, and owns the timeout and the peer-failure checks). With more ranks than
-/// cores the peer that will signal may need this very core: then every look yields it.
-constexpr int kPollLooks = 512;
+/// Looks at this rank's `slot` before the transport's own wait (which spins longer, then
+/// yields, and owns the timeout and the peer-failure checks): kSpinLooks looks a pause apart
+/// (the peer is running and about to signal), then kYieldLooks looks with the core yielded
+/// between them (the peer may need this very core: ranks outnumber cores, or the scheduler
+/// has not spread them yet). With more ranks than cores every look yields.
+constexpr int kSpinLooks = 64;
+constexpr int kYieldLooks = 512;
 
-void wait_for(Transport& t, std::size_t slot, std::uint64_t target, const WaitPoint& where, bool yield) {
-  for (int i = 0; i < kPollLooks; ++i) {
+void wait_for(Transport& t, std::size_t slot, std::uint64_t target, const WaitPoint& where, bool oversubscribed) {
+  for (int i = 0; i < kSpinLooks + kYieldLooks; ++i) {
     if (t.read_signal(slot) >= target) return;
-    if (yield) sched_yield();
+    if (oversubscribed || i >= kSpinLooks) sched_yield();
     else _mm_pause();
   }
   t.wait_signal(slot, target, where);

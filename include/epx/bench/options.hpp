@@ -72,6 +72,7 @@ struct BenchOptions {
   bool engram_fp8 = false;                   ///< --engram-fp8
   std::vector<std::string> peers = {"mpi", "gloo"};  ///< --peers of pp / engram (none: none)
   std::string peer_python;                   ///< --peer-python (default /usr/bin/python3)
+  int peer_rounds = 1;                       ///< --peer-rounds: epx and the peers in turns, samples pooled
 
   bool expanded() const noexcept { return layout == "expanded"; }
   /// The pool the run's Buffers get: --output-pool, except that auto (-1) is no pool (0) for

@@ -35,6 +35,9 @@ struct P2PCommon {
   std::int64_t timeout_ms = 60000;
   bool progress = true;
   std::vector<std::string> peers = {"mpi", "gloo"};  ///< which peers to run ("none": none)
+  /// epx and the peers run this many times in turns (epx, mpi, gloo, epx, ...), their samples
+  /// pooled: a machine whose load changes meanwhile weighs on all of them alike.
+  int rounds = 1;
   std::string mpirun;  ///< else on PATH
   std::string python;  ///< the peers' python3 (else /usr/bin/python3)
 };

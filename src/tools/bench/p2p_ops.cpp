@@ -21,6 +21,9 @@ void add_p2p_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--peers", o.peers, "--op pp|engram: peers run in the same invocation: mpi,gloo | mpi | gloo | none")
       ->delimiter(',')
       ->capture_default_str();
+  sub->add_option("--peer-rounds", o.peer_rounds,
+                  "--op pp|engram: run epx and the peers this many times in turns, their samples pooled")
+      ->capture_default_str();
   sub->add_option("--peer-python", o.peer_python, "--op pp|engram: python3 of the gloo peer (default /usr/bin/python3)")
       ->type_name("PATH");
 }
@@ -38,6 +41,7 @@ P2PCommon common_of(const BenchOptions& o) {
   c.peers = o.peers;
   c.mpirun = o.mpirun;
   c.python = o.peer_python;
+  c.rounds = o.peer_rounds;
   return c;
 }
 
@@ -60,9 +64,9 @@ double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
 void print_pp(const PPBenchReport& r, std::FILE* out) {
   const PPBenchOptions& o = r.options;
-  std::fprintf(out, "epx bench --op pp: %d %s ranks, %s, %d messages per link per iteration, %d timed iterations (p50, us per message)\n",
-               r.ranks, o.common.transport.c_str(), o.pattern == "ring" ? "one ring" : "pipelines of 2 (2k -> 2k+1)",
-               o.messages, o.common.iters);
+  std::fprintf(out, "epx bench --op pp: %d %s ranks, %s, %d messages per link per iteration, %d timed iterations x %d "
+               "round(s) (p50, us per message)\n", r.ranks, o.common.transport.c_str(),
+               o.pattern == "ring" ? "one ring" : "pipelines of 2 (2k -> 2k+1)", o.messages, o.common.iters, o.common.rounds);
   std::fprintf(out, "%-9s %3s %11s %11s %11s", "size", "k", "epx recv", "epx view", "copy");
   for (const PeerRun& p : r.peers) std::fprintf(out, " %11s", p.name.c_str());
   for (const PeerRun& p : r.peers) std::fprintf(out, " %9s", (p.name + "/epx").c_str());
@@ -71,8 +75,12 @@ void print_pp(const PPBenchReport& r, std::FILE* out) {
     for (std::size_t k = 0; k < s.inflight.size(); ++k) {
       const double e = s.stream_us[k].p50;
       std::fprintf(out, "%-9s %3d %11.1f %11.1f %11.1f", size_text(s.bytes).c_str(), s.inflight[k], e, s.view_us[k].p50, s.copy_us.p50);
-      for (const Summary& p : s.peer_stream_us) std::fprintf(out, " %11.1f", p.p50);
-      for (const Summary& p : s.peer_stream_us) std::fprintf(out, " %8.2fx", ratio(p.p50, e));
+      for (std::size_t i = 0; i < r.peers.size(); ++i)
+        if (r.peers[i].ran) std::fprintf(out, " %11.1f", s.peer_stream_us[i].p50);
+        else std::fprintf(out, " %11s", "-");
+      for (std::size_t i = 0; i < r.peers.size(); ++i)
+        if (r.peers[i].ran) std::fprintf(out, " %8.2fx", ratio(s.peer_stream_us[i].p50, e));
+        else std::fprintf(out, " %9s", "-");
       std::fprintf(out, " %8.2fx\n", ratio(s.copy_us.p50, e));
     }
   std::fprintf(out, "latency, one-way (ping-pong / 2), p50 us per pair (2k, 2k+1):\n");
@@ -80,6 +88,7 @@ void print_pp(const PPBenchReport& r, std::FILE* out) {
     std::fprintf(out, "  %-9s epx", size_text(s.bytes).c_str());
     for (const Summary& l : s.pair_latency_us) std::fprintf(out, " %.1f", l.p50);
     for (std::size_t i = 0; i < r.peers.size(); ++i) {
+      if (!r.peers[i].ran) continue;
       std::fprintf(out, " | %s", r.peers[i].name.c_str());
       double sum_ratio = 0;
       for (std::size_t p = 0; p < s.peer_pair_latency_us[i].size(); ++p) {
@@ -130,9 +139,9 @@ void print_engram(const EngramBenchReport& r, std::FILE* out) {
   const EngramBenchOptions& o = r.options;
   const double total_rows = static_cast<double>(r.rows_per_rank) * r.ranks;
   std::fprintf(out, "epx bench --op engram: %d %s ranks, %d layers x %lld rows per rank, H = %d %s, %lld tokens x %d entries, "
-               "uniform random rows; %d timed iterations (p50 of the slowest rank)\n", r.ranks, o.common.transport.c_str(),
-               o.layers, static_cast<long long>(o.rows), o.hidden, o.fp8 ? "fp8" : "bf16", static_cast<long long>(o.tokens),
-               o.entries, o.common.iters);
+               "uniform random rows; %d timed iterations x %d round(s) (p50 of the slowest rank)\n", r.ranks,
+               o.common.transport.c_str(), o.layers, static_cast<long long>(o.rows), o.hidden, o.fp8 ? "fp8" : "bf16",
+               static_cast<long long>(o.tokens), o.entries, o.common.iters, o.common.rounds);
   std::fprintf(out, "  epx (%s): fetch + hooks %.1f us, %.3g rows/s, %.2f GB/s per rank; local-row hit rate %.3f\n",
                r.path.c_str(), r.fetch_us.p50, ratio(total_rows, r.fetch_us.p50 * 1e-6),
                ratio(static_cast<double>(r.bytes_per_rank), r.fetch_us.p50 * 1e3), r.local_hit_rate);
