@@ -28,6 +28,8 @@ struct Piece {
 /// The elements member `k` reduces: reduce_scatter its shard of every tensor; all_reduce
 /// its share of all tensors' elements taken as one stream (64-byte aligned splits).
 std::vector<Piece> part_of(const BucketCall& c, int k);
+/// Part k of `parts` of all tensors' elements taken as one stream (64-byte aligned splits).
+std::vector<Piece> stream_part(const BucketCall& c, int parts, int k);
 /// `part` cut into chunks of at most `cap` elements (a piece may span chunks).
 std::vector<std::vector<Piece>> chunks_of(const std::vector<Piece>& part, std::uint64_t cap);
 /// Elements of a list of pieces.

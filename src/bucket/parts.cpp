@@ -19,6 +19,12 @@ std::vector<Piece> part_of(const BucketCall& c, int k) {
     }
     return part;
   }
+  return stream_part(c, c.n(), k);
+}
+
+std::vector<Piece> stream_part(const BucketCall& c, int parts, int k) {
+  std::vector<Piece> part;
+  const auto n = static_cast<std::uint64_t>(parts);
   std::uint64_t total = 0;
   for (const TensorDesc& d : c.mine.tensors) total += d.bytes / 4;
   const std::uint64_t share = (total + n * kLine - 1) / (n * kLine) * kLine;

@@ -91,8 +91,9 @@ Placement place(const Case& c, int n, int world_rank) {
   return p;
 }
 
-/// Runs case `c` on this rank and checks the storage bit for bit.
-void run_case(BucketBuffer& b, const Case& c) {
+/// Runs case `c` on this rank and checks the storage bit for bit (and, unless kNone, that
+/// the call ran `want`).
+void run_case(BucketBuffer& b, const Case& c, BucketAlgorithm algo = BucketAlgorithm::kNone) {
   const std::vector<int>& members = b.group_ranks(c.group);
   const int me = b.group_rank(c.group);
   if (me < 0) return;
@@ -147,6 +148,8 @@ void run_case(BucketBuffer& b, const Case& c) {
   else if (c.op == Op::kAllReduce) res = b.all_reduce(xs, c.scale, c.group);
   else res = b.reduce_scatter(xs, c.bf16 ? CommPrecision::kBF16 : CommPrecision::kFP32, c.scale, c.group);
   expect(res.size() == c.numels.size(), "rank " + std::to_string(r) + ": " + describe(c) + ": wrong number of results");
+  expect(algo == BucketAlgorithm::kNone || b.last_algorithm() == algo,
+         "rank " + std::to_string(r) + ": " + describe(c) + ": ran " + to_string(b.last_algorithm()) + ", expected " + to_string(algo));
   for (std::size_t i = 0; i < b.num_bytes(); ++i)
     if (s[i] != want[i]) {
       std::ostringstream m;
@@ -204,14 +207,27 @@ struct Param {
   int ranks;
   BucketAlgorithm algorithm;
   std::size_t chunk_bytes;
+  const char* topology = "";  ///< BucketOptions::topology (machines for the two-level all_reduce)
 };
 
 std::string param_name(const ::testing::TestParamInfo<Param>& i) {
   std::string a = to_string(i.param.algorithm);
   for (char& ch : a)
     if (ch == '-') ch = '_';
+  std::string topo = i.param.topology;
+  topo = topo.empty() ? "" : "_servers" + topo.substr(topo.rfind(':') + 1);
   return std::string(to_string(i.param.transport)) + "_P" + std::to_string(i.param.ranks) + "_" + a + "_chunk" +
-         std::to_string(i.param.chunk_bytes);
+         std::to_string(i.param.chunk_bytes) + topo;
+}
+
+/// The algorithm a forced option must give (kNone: not checked). Two-level: the world group
+/// only (the others do not span both machines in machine-major order).
+BucketAlgorithm forced_algorithm(const Param& p, const Case& c, int n) {
+  if (n == 1 || p.algorithm == BucketAlgorithm::kNone || p.algorithm == BucketAlgorithm::kStaged) return BucketAlgorithm::kNone;
+  if (c.op == Op::kAllGather) return p.algorithm == BucketAlgorithm::kDirect ? BucketAlgorithm::kDirect : BucketAlgorithm::kNone;
+  if (p.algorithm == BucketAlgorithm::kTwoLevel)
+    return c.op == Op::kAllReduce && c.group == 0 ? BucketAlgorithm::kTwoLevel : BucketAlgorithm::kNone;
+  return p.algorithm == BucketAlgorithm::kDirect ? BucketAlgorithm::kNone : p.algorithm;
 }
 
 class BucketCollectives : public ::testing::TestWithParam<Param> {};
@@ -220,10 +236,10 @@ TEST_P(BucketCollectives, EveryCaseBitExactOnEveryGroupWithGuardsIntact) {
   const Param prm = GetParam();
   launch({.num_ranks = prm.ranks, .transport = prm.transport}, [&](Transport& t) {
     const auto groups = groups_of(t.num_ranks());
-    BucketBuffer b(t, groups, std::size_t{2} << 20, {.topology = "", .chunk_bytes = prm.chunk_bytes, .algorithm = prm.algorithm});
+    BucketBuffer b(t, groups, std::size_t{2} << 20, {.topology = prm.topology, .chunk_bytes = prm.chunk_bytes, .algorithm = prm.algorithm});
     for (const Case& c0 : cases_of(static_cast<int>(groups.size()), 7)) {
       const Case c = fit(c0, static_cast<int>(groups[static_cast<std::size_t>(c0.group)].size()));
-      run_case(b, c);
+      run_case(b, c, forced_algorithm(prm, c, static_cast<int>(groups[static_cast<std::size_t>(c.group)].size())));
     }
   });
 }
@@ -239,7 +255,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{TransportKind::kShm, 8, BucketAlgorithm::kNone, 0},
                       Param{TransportKind::kShm, 4, BucketAlgorithm::kPipelined, 8192},
                       Param{TransportKind::kSim, 4, BucketAlgorithm::kNone, 4096},
-                      Param{TransportKind::kSim, 3, BucketAlgorithm::kNone, 0}),
+                      Param{TransportKind::kSim, 3, BucketAlgorithm::kNone, 0},
+                      Param{TransportKind::kThreads, 4, BucketAlgorithm::kTwoLevel, 4096, "builtin:servers:2"},
+                      Param{TransportKind::kThreads, 6, BucketAlgorithm::kTwoLevel, 8192, "builtin:servers:3"},
+                      Param{TransportKind::kThreads, 8, BucketAlgorithm::kTwoLevel, 4096, "builtin:servers:2"},
+                      Param{TransportKind::kSim, 4, BucketAlgorithm::kNone, 4096, "builtin:servers:2"}),
     param_name);
 
 }  // namespace
