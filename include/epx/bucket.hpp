@@ -79,6 +79,9 @@ enum class BucketAlgorithm {
   kDirect,    ///< all_gather: header exchange, then puts straight into the peers' outputs
 };
 const char* to_string(BucketAlgorithm a) noexcept;
+/// "auto" (kNone) | "staged" | "mapped" | "pipelined" | "two-level" | "direct"; throws
+/// kInvalidArgument naming the accepted values otherwise.
+BucketAlgorithm parse_bucket_algorithm(std::string_view name);
 
 struct BucketOptions {
   /// Where the ranks sit, for the two-level algorithms across machines: a topology spec

@@ -44,6 +44,9 @@ void validate_collective_options(const BenchOptions& o) {
     bad("--baseline must be mpi or gloo, got " + o.baseline);
   if (o.iters < 1 || o.warmup < 0) bad("--iters >= 1 and --warmup >= 0");
   if (!o.sweep.empty()) bad("--sweep times dispatch and combine only");
+  parse_bucket_algorithm(o.algorithm);
+  const std::size_t chunk = parse_byte_size(o.chunk_bytes);
+  if (chunk != 0 && (chunk < 256 || chunk % 64 != 0)) bad("--chunk-bytes: 0 (auto) or a multiple of 64 >= 256");
 }
 
 namespace {
@@ -54,7 +57,9 @@ class CollectiveRank {
   CollectiveRank(Transport& t, const BenchOptions& o)
       : t_(t), o_(o), P_(t.num_ranks()),
         each_(epx_collective::tensor_bytes(parse_byte_size(o.bytes), o.tensors, t.num_ranks())),
-        buffer_(t, {world_ranks(t.num_ranks())}, each_ * static_cast<std::size_t>(o.tensors)) {
+        buffer_(t, {world_ranks(t.num_ranks())}, each_ * static_cast<std::size_t>(o.tensors),
+                {.topology = o.dataplane.topology == DataPlaneOptions{}.topology ? "" : o.dataplane.topology,
+                 .chunk_bytes = parse_byte_size(o.chunk_bytes), .algorithm = parse_bucket_algorithm(o.algorithm)}) {
     const bool gather = o.op == "all_gather";
     const std::size_t in_bytes = gather ? each_ / static_cast<std::size_t>(P_) : each_;
     for (int k = 0; k < o.tensors; ++k) {

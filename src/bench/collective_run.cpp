@@ -112,6 +112,9 @@ CollectiveMeasurement measure_shmem(const BenchOptions& given) {
   const NodeMap nodes = discover_nodes(*boot);
   BenchOptions o = given;
   o.ranks = boot->size();
+  // The two-level all_reduce follows the job's node layout unless --topology says otherwise.
+  if (o.dataplane.topology == DataPlaneOptions{}.topology && nodes.num_nodes > 1) o.dataplane.topology = nodes.servers_topology();
+  if (o.dataplane.topology.empty()) o.dataplane.topology = DataPlaneOptions{}.topology;
   validate_collective_options(o);
   CollectiveMeasurement m;
   std::string record;

@@ -42,6 +42,15 @@ const char* to_string(BucketAlgorithm a) noexcept {
   return "?";
 }
 
+BucketAlgorithm parse_bucket_algorithm(std::string_view name) {
+  if (name == "auto") return BucketAlgorithm::kNone;
+  for (BucketAlgorithm a : {BucketAlgorithm::kStaged, BucketAlgorithm::kMapped, BucketAlgorithm::kPipelined,
+                            BucketAlgorithm::kTwoLevel, BucketAlgorithm::kDirect})
+    if (name == to_string(a)) return a;
+  throw Error(ErrorCode::kInvalidArgument, "algorithm: '" + std::string(name) +
+                                               "', expected auto, staged, mapped, pipelined, two-level or direct");
+}
+
 // ---- events ----------------------------------------------------------------------------
 
 BucketEvent::BucketEvent() noexcept = default;

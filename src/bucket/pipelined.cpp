@@ -4,7 +4,9 @@
 // the precision says so) while it sums chunk r of its own part from its slots, in member
 // order. all_reduce then puts each summed chunk into every member's tensor, and a done
 // round tells them it landed. Two slots per channel with credits: a member runs at most one
-// chunk ahead of the slowest receiver.
+// chunk ahead of the slowest receiver. Only the end waits for the puts to complete (quiet):
+// over a transport that moves puts while the receiver polls (UCX over TCP), every member
+// keeps several transfers in flight.
 #include <algorithm>
 
 #include "algorithms.hpp"
@@ -23,7 +25,7 @@ class Pipeline {
       chunks_.push_back(chunks_of(part_of(c, k), cap));
       rounds_ = std::max(rounds_, chunks_.back().size());
     }
-    pack_.resize(static_cast<std::size_t>(n_));
+    pack_.resize(2 * static_cast<std::size_t>(n_));
     srcs_.resize(static_cast<std::size_t>(n_));
     slot_.resize(static_cast<std::size_t>(n_));
   }
@@ -51,21 +53,22 @@ class Pipeline {
   void send(std::size_t r) {
     for (int s = 1; s < n_; ++s) {
       const int k = (c_.me + s) % n_;
-      if (const auto* pieces = chunk(k, r)) put_chunk(k, *pieces);
+      if (const auto* pieces = chunk(k, r)) put_chunk(k, *pieces, r);
     }
-    if (!ctx_.t.caps().put_completes_on_return) ctx_.t.quiet(0);  // the slots' bytes (and my packed bf16) are done
+    // No quiet: the signal is ordered after the puts, and a packed bf16 buffer is reused two
+    // rounds later, after the receiver's credit says it has read what it carried.
     for (int s = 1; s < n_; ++s) {
       const int k = (c_.me + s) % n_;
       if (chunk(k, r)) ctx_.ch.send(rank_of(k));
     }
   }
 
-  void put_chunk(int k, const std::vector<Piece>& pieces) {
+  void put_chunk(int k, const std::vector<Piece>& pieces, std::size_t r) {
     const int peer = rank_of(k);
     ctx_.ch.wait_credit(peer, "bucket chunk credit");
     std::size_t off = ctx_.ch.out_slot(peer) + kHeaderBytes;
     if (bf16_) {
-      auto& pack = pack_[static_cast<std::size_t>(k)];
+      auto& pack = pack_[static_cast<std::size_t>(2 * k) + r % 2];
       pack.resize(static_cast<std::size_t>(elems_of(pieces)));
       std::size_t at = 0;
       for (const Piece& p : pieces) {
@@ -115,7 +118,7 @@ class Pipeline {
   bool bf16_ = false;
   std::vector<std::vector<std::vector<Piece>>> chunks_;  ///< [member][round]
   std::size_t rounds_ = 0;
-  std::vector<std::vector<std::uint16_t>> pack_;  ///< [member] my bf16 contribution to its chunk
+  std::vector<std::vector<std::uint16_t>> pack_;  ///< [2 member + round % 2] my bf16 contribution to its chunk
   std::vector<ReduceSource> srcs_;
   std::vector<const std::byte*> slot_;
 };

@@ -37,7 +37,7 @@ class TwoLevel {
       lanes_.push_back(chunks_of(stream_part(c, L_, l), cap));
       rounds_ = std::max(rounds_, lanes_.back().size());
     }
-    partial_.resize(static_cast<std::size_t>(cap));
+    for (auto& p : partial_) p.resize(static_cast<std::size_t>(cap));
     srcs_.resize(static_cast<std::size_t>(L_) + 1);
   }
 
@@ -76,7 +76,6 @@ class TwoLevel {
         off += p.count * 4;
       }
     }
-    if (!ctx_.t.caps().put_completes_on_return) ctx_.t.quiet(0);
     for (int s = 1; s < L_; ++s)
       if (chunk((l_ + s) % L_, r)) ctx_.ch.send(rank_at(m_, (l_ + s) % L_));
   }
@@ -97,7 +96,7 @@ class TwoLevel {
         srcs_[static_cast<std::size_t>(k++)] = {lane == l_ ? static_cast<const void*>(own(p)) : slot[static_cast<std::size_t>(lane)] + pos * 4,
                                                 SourceKind::kF32};
       const bool last = m_ == M_ - 1;
-      float* out = last ? own(p) : partial_.data() + pos;
+      float* out = last ? own(p) : partial_[r % 2].data() + pos;
       reduce_into(out, srcs_.data(), k, static_cast<std::size_t>(p.count), last ? c_.scale : 1.0f);
       pos += p.count;
     }
@@ -107,15 +106,14 @@ class TwoLevel {
     if (m_ < M_ - 1) return send_partial(r, pos);
     spread(*pieces);
     for (int m = 0; m < M_ - 1; ++m) send_result(m, *pieces);
-    if (!ctx_.t.caps().put_completes_on_return) ctx_.t.quiet(0);
     for (int m = 0; m < M_ - 1; ++m) ctx_.ch.send(rank_at(m, l_));
   }
 
-  void send_partial(std::size_t, std::uint64_t elems) {
+  /// partial_[r % 2] is written again two rounds later, after the receiver's credit for it.
+  void send_partial(std::size_t r, std::uint64_t elems) {
     const int peer = rank_at(m_ + 1, l_);
     ctx_.ch.wait_credit(peer, "bucket partial credit");
-    ctx_.t.put(peer, ctx_.ch.out_slot(peer) + kHeaderBytes, partial_.data(), elems * 4, 0);
-    if (!ctx_.t.caps().put_completes_on_return) ctx_.t.quiet(0);  // partial_ is reused next round
+    ctx_.t.put(peer, ctx_.ch.out_slot(peer) + kHeaderBytes, partial_[r % 2].data(), elems * 4, 0);
     ctx_.ch.send(peer);
   }
 
@@ -160,7 +158,7 @@ class TwoLevel {
   int L_ = 1, M_ = 1, m_ = 0, l_ = 0;
   std::vector<std::vector<std::vector<Piece>>> lanes_;  ///< [lane][round]
   std::size_t rounds_ = 0;
-  std::vector<float> partial_;
+  std::vector<float> partial_[2];  ///< my machine's partial sums of rounds r % 2 (a put source until credited)
   std::vector<ReduceSource> srcs_;
 };
 

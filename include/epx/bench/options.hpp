@@ -16,6 +16,8 @@ struct BenchOptions {
   std::string bytes = "64M";   ///< N: the whole tensor of a call (K/M/G suffixes)
   int tensors = 1;             ///< T tensors of N / T bytes per call
   std::string dtype = "float32";  ///< float32 | bf16 (all_gather only: it moves bytes)
+  std::string chunk_bytes = "0";  ///< BucketOptions::chunk_bytes (0 = auto), for A/B runs
+  std::string algorithm = "auto";  ///< BucketOptions::algorithm: auto | staged | mapped | pipelined | two-level | direct
   // Shape (ignored with --routing, which brings its own meta.json).
   int ranks = 8;
   std::int64_t tokens = 512;  ///< tokens per rank (S)

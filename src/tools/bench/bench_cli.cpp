@@ -185,6 +185,11 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
                   "(all_gather's result, reduce_scatter's input; K/M/G suffixes)")->capture_default_str();
   sub->add_option("--tensors", o.tensors, "--op <collective>: T tensors of N / T bytes per call (1..64)")->capture_default_str();
   sub->add_option("--dtype", o.dtype, "--op all_gather: float32 | bf16 (the reductions are float32)")->capture_default_str();
+  sub->add_option("--chunk-bytes", o.chunk_bytes, "--op <collective>: BucketOptions::chunk_bytes, a staging slot's payload (0 = auto)")
+      ->capture_default_str();
+  sub->add_option("--algorithm", o.algorithm,
+                  "--op <collective>: auto | staged | mapped | pipelined | two-level | direct (BucketOptions::algorithm: "
+                  "the one to use where it can run; for A/B runs)")->capture_default_str();
   add_dataplane_options(sub, o.dataplane);
   sub->add_option("--sweep", o.sweep,
                   "run every combination of the values and print one comparison table: KEY=V1,V2,... with KEY one of "
