@@ -41,6 +41,7 @@
 // A BucketBuffer is used by one thread at a time (plus epx's own thread for async calls).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -124,6 +125,11 @@ class BucketEvent {
   bool valid() const noexcept { return call_ != nullptr; }
   /// wait() would not block.
   bool ready() const noexcept;
+  /// Waits up to `timeout` for the call (running it here if epx's thread has not begun it);
+  /// true when wait() would not block. For waits that check for signals in between.
+  bool wait_for(std::chrono::milliseconds timeout);
+  /// The result views wait() will return (their values only once it returned).
+  const std::vector<MutableView>& outputs() const;
   /// Waits for the call (running what epx's thread has not begun yet here) and returns its
   /// results, one per tensor: all_gather the gathered tensors (1-D, the srcs' dtype),
   /// reduce_scatter this member's shard of each x (1-D float32 views of the storage),
@@ -180,6 +186,9 @@ class BucketBuffer final : public BufferBase {
 
   /// This rank's storage (num_bytes() bytes, the same offsets on every rank); nullptr after destroy().
   std::byte* storage() noexcept;
+  /// The storage as a shared reference that keeps this rank's window mapped until it is
+  /// dropped, also after destroy() (for views handed to another owner, e.g. Python's).
+  std::shared_ptr<std::byte> storage_ref() const;
   std::size_t num_bytes() const noexcept { return num_bytes_; }
   /// A planned tensor (kInvalidArgument naming the plan's names if `name` is not one). Local.
   MutableView tensor(const std::string& name);

@@ -5,10 +5,15 @@
     recv_x, recv_topk_idx, recv_topk_weights, handle, event = buf.dispatch(x, topk_idx, topk_weights)
     combined_x, combined_topk_weights, event = buf.combine(y, handle)
 
-See EPBuffer, EPHandle, EventOverlap, launch and Error; the README's "Python" section.
+    bucket = epx.BucketBuffer(group, num_bytes)          # all_gather / reduce_scatter / all_reduce
+    bucket.all_reduce(grads, scale=1 / world).wait()
+
+See EPBuffer, EPHandle, EventOverlap, BucketBuffer, BufferAllocator, launch and Error; the
+README's "Python" section.
 """
+from .bucket import BucketBuffer, BucketSession, BufferAllocator
 from .buffer import EPBuffer, EPHandle, EventOverlap
 from .errors import Error
 from .group import launch
 
-__all__ = ["EPBuffer", "EPHandle", "EventOverlap", "Error", "launch"]
+__all__ = ["EPBuffer", "EPHandle", "EventOverlap", "BucketBuffer", "BucketSession", "BufferAllocator", "Error", "launch"]

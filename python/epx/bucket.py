@@ -116,8 +116,9 @@ class BufferAllocator:
         return placeholder
 
     def _entries(self):
-        """(name, [nbytes], dtype) per tensor: what the ranks agree on (the dtype in the name)."""
-        return [(f"{name} {list(shape)} {dname}", nbytes) for _, _, nbytes, name, shape, dname in self.allocations]
+        """(name, shape, dtype name, bytes) per tensor: what the ranks agree on (the dtype also in
+        the name, for the dtypes epx plans as raw bytes)."""
+        return [(f"{name} ({dname})", list(shape), dname, nbytes) for _, _, nbytes, name, shape, dname in self.allocations]
 
     def materialize(self, storage):
         """Makes every placeholder a view of `storage` (uint8, num_bytes long). Once."""
@@ -150,8 +151,9 @@ def _pack(*lists):
 
 class BucketSession:
     """``with buf.session() as s:`` — inside, the collectives also take tensors outside the
-    storage: they are staged into it (``offset`` onwards: by default past the plan's tensors)
-    and the results copied back at wait(): all_gather into its dsts, reduce_scatter into the
+    storage: they are staged into it (``offset`` onwards; by default the storage past the
+    plan's tensors — BucketBuffer(..., session_bytes=N) reserves room there — or the whole
+    storage of a buffer built from a byte count, as DeepEP) and the results copied back at wait(): all_gather into its dsts, reduce_scatter into the
     caller's own shard of its src, all_reduce into its src. ``s.allocate(shapes, dtype)``
     gives staging tensors for zero-copy use. Every collective of a session uses one group.
     Running out of staging space raises epx.Error (on every member) instead of overwriting."""
@@ -205,22 +207,28 @@ class BucketBuffer:
         storage) or the storage's size in bytes.
     transport, num_cpu_timeout_secs: as EPBuffer (the default group's shared transport).
     chunk_bytes, algorithm: epx::BucketOptions (0 / "auto" unless measuring).
+    session_bytes: storage for sessions' staging past the plan's tensors (or added to num_bytes).
     """
 
     def __init__(self, group, allocation_plan_or_num_bytes, *, transport="auto", num_cpu_timeout_secs=300,
-                 explicitly_destroy=False, chunk_bytes=0, algorithm="auto"):
+                 explicitly_destroy=False, chunk_bytes=0, algorithm="auto", session_bytes=0):
         plan = allocation_plan_or_num_bytes if isinstance(allocation_plan_or_num_bytes, BufferAllocator) else None
         num_bytes = plan.num_bytes if plan is not None else int(allocation_plan_or_num_bytes)
         if plan is not None and plan.materialized:
             raise Error("BucketBuffer: the allocation plan is materialised already", "invalid_argument")
+        entries = plan._entries() if plan is not None else []
+        if plan is not None and session_bytes > 0:  # staging room past the plan's tensors
+            entries.append(("session staging", [int(session_bytes)], "uint8", int(session_bytes)))
+            num_bytes += _align(int(session_bytes), _ALIGNMENT)
+        elif session_bytes > 0:
+            num_bytes += int(session_bytes)
         single = not isinstance(group, (list, tuple)) or (len(group) > 0 and all(isinstance(r, int) for r in group))
         self.groups = [group] if single else list(group)
         self.explicitly_destroy = explicitly_destroy
         self._session = None
-        self._plan_bytes = num_bytes if plan is not None else 0
+        self._plan_bytes = plan.num_bytes if plan is not None else 0
         self._transport = transport_of(None, transport, num_cpu_timeout_secs)
         ranks = _groups_ranks(self.groups)
-        entries = plan._entries() if plan is not None else []
         self.runtime = _epx.BucketBuffer(self._transport, ranks, num_bytes, entries, int(chunk_bytes), str(algorithm))
         self.rank, self.num_ranks, self.num_bytes = self.runtime.rank, self.runtime.num_ranks, num_bytes
         self._group_ranks = ranks
@@ -232,7 +240,13 @@ class BucketBuffer:
 
     # -- groups ------------------------------------------------------------------------
     def get_context_idx(self, group=None):
-        """The index of `group` among the buffer's groups (None: the only one)."""
+        """The index of `group` among the buffer's groups (None: the only one; an int: that
+        index), -1 if the buffer does not have it."""
+        if isinstance(group, int):
+            if not 0 <= group < len(self.groups):
+                raise Error(f"rank {self.rank}: BucketBuffer: group {group} unknown (this buffer has {len(self.groups)})",
+                            "invalid_argument", self.rank)
+            return group
         if group is None:
             if len(self.groups) > 1:
                 raise Error(f"rank {self.rank}: BucketBuffer: `group` is required when the buffer has "
@@ -379,6 +393,9 @@ class _SessionCall:
             problem = "group: every collective of a session uses one group"
         s.group = idx
         staged_in, staged_out, copy_back = [], [], []
+        base = b.runtime.storage_ptr
+        taken = [(_ptr(t) - base, _ptr(t) - base + _nbytes(t)) for t in self.srcs + self.dsts
+                 if _problem(t, "") is None and b._in_storage(t)]
         for i, src in enumerate(self.srcs):
             problem = problem or _problem(src, f"srcs[{i}]")
             if problem:
@@ -392,6 +409,10 @@ class _SessionCall:
                 continue
             whole = _nbytes(src) * (n if self.name == "all_gather" else 1)
             off = s._take(whole)
+            if off is not None and any(a < off + whole and off < e for a, e in taken):
+                problem = (f"srcs[{i}]: its staging at storage bytes [{off}, {off + whole}) would overwrite a tensor "
+                           f"of this call (open the session at another offset)")
+                break
             if off is None:
                 problem = (f"srcs[{i}]: out of session staging storage ({whole} bytes needed, "
                            f"{b.num_bytes - s.cursor} of {b.num_bytes - s.start} left)")

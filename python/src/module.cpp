@@ -35,6 +35,7 @@
 #include "epx/launch.hpp"
 #include "epx/sim/launch.hpp"
 #include "epx/lb.hpp"
+#include "bucket.hpp"
 #include "group_transport.hpp"
 #include "tensors.hpp"
 
@@ -460,6 +461,7 @@ PYBIND11_MODULE(_epx, m) {
   });
   pyb::class_<Pending>(m, "Pending").def("wait", &Pending::wait).def("done", &Pending::done);
   bind_transport(m);
+  bind_bucket(m);
   pyb::class_<PyBuffer>(m, "Buffer")
       .def(pyb::init([](std::shared_ptr<PyTransport> group, int num_experts, int hidden, int num_topk,
                         std::int64_t max_tokens, std::int64_t max_recv_rows, int num_workers) {

@@ -72,6 +72,13 @@ bool BucketEvent::ready() const noexcept {
   return call_->state == BucketCall::State::kDone;
 }
 
+bool BucketEvent::wait_for(std::chrono::milliseconds timeout) { return !call_ || call_->run_or_wait_for(timeout); }
+
+const std::vector<MutableView>& BucketEvent::outputs() const {
+  static const std::vector<MutableView> none;
+  return call_ ? call_->results : none;
+}
+
 std::vector<MutableView> BucketEvent::wait() {
   if (!call_) throw Error(ErrorCode::kInvalidArgument, "bucket: wait() on an event that holds no call (waited already?)");
   std::shared_ptr<BucketCall> c = std::move(call_);
@@ -83,6 +90,11 @@ std::vector<MutableView> BucketEvent::wait() {
 namespace detail {
 
 void BucketCall::run_or_wait() {
+  while (!run_or_wait_for(std::chrono::hours(24))) {
+  }
+}
+
+bool BucketCall::run_or_wait_for(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(m);
   if (state == State::kQueued) {
     state = State::kRunning;
@@ -95,9 +107,9 @@ void BucketCall::run_or_wait() {
     lock.lock();
     state = State::kDone;
     cv.notify_all();
-    return;
+    return true;
   }
-  cv.wait(lock, [&] { return state == State::kDone; });
+  return cv.wait_for(lock, timeout, [&] { return state == State::kDone; });
 }
 
 }  // namespace detail
@@ -217,6 +229,12 @@ void BucketBuffer::on_destroy() noexcept {
 }
 
 std::byte* BucketBuffer::storage() noexcept { return destroyed() ? nullptr : window(); }
+
+std::shared_ptr<std::byte> BucketBuffer::storage_ref() const {
+  require_alive("storage");
+  std::shared_ptr<Transport> ep = endpoint_ref();
+  return std::shared_ptr<std::byte>(ep, ep->window());
+}
 
 MutableView BucketBuffer::tensor(const std::string& name) {
   const std::ptrdiff_t i = plan_.find(name);

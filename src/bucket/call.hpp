@@ -2,6 +2,7 @@
 // header said, and the state an event waits on.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -83,6 +84,8 @@ struct BucketCall {
   /// Runs the data phase here unless another thread took it; waits for it either way.
   /// Returns with state kDone; rethrows nothing (see error).
   void run_or_wait();
+  /// As run_or_wait, but a wait for another thread's run ends after `timeout`; true when done.
+  bool run_or_wait_for(std::chrono::milliseconds timeout);
 };
 
 }  // namespace epx::detail

@@ -124,7 +124,12 @@ void BucketBuffer::check_verdicts(BucketCall& c) {
   if (std::none_of(by_member.begin(), by_member.end(), [](const auto& v) { return v.has_value(); })) return;
   for (int j = 0; j < c.n(); ++j)  // the slots go back before the throw: the channels stay in step
     if (j != c.me) impl_->channels.consume(c.members[static_cast<std::size_t>(j)]);
-  std::vector<std::optional<CallProblem>> by_rank(static_cast<std::size_t>(num_ranks()));
+  // By world rank, as the rule takes them; when every member has the same problem the ranks
+  // outside the group get it too, so that the rule's "every rank" case covers the group.
+  const bool alike = std::all_of(by_member.begin(), by_member.end(), [&](const auto& v) {
+    return v && v->code == by_member[0]->code && v->message == by_member[0]->message;
+  });
+  std::vector<std::optional<CallProblem>> by_rank(static_cast<std::size_t>(num_ranks()), alike ? by_member[0] : std::nullopt);
   for (int j = 0; j < c.n(); ++j) by_rank[static_cast<std::size_t>(c.members[static_cast<std::size_t>(j)])] = by_member[static_cast<std::size_t>(j)];
   resolve_call_problems(c.name(), by_rank);
   throw Error(ErrorCode::kInternal, "bucket: a verdict was not raised");
@@ -206,7 +211,9 @@ void BucketBuffer::fail_call(const std::vector<int>& ranks, const char* call, co
   auto c = std::make_shared<BucketCall>();
   c->members = ranks;
   const auto it = std::find(ranks.begin(), ranks.end(), rank());
-  if (it == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()))
+  const bool valid = std::all_of(ranks.begin(), ranks.end(), [&](int r) { return r >= 0 && r < num_ranks(); }) &&
+                     std::adjacent_find(ranks.begin(), ranks.end(), std::greater_equal<int>()) == ranks.end();
+  if (it == ranks.end() || !valid)
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": bucket." + call + ": " + problem);
   c->me = static_cast<int>(it - ranks.begin());
   c->mine.members_hash = detail::members_hash(ranks);
