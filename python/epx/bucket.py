@@ -306,17 +306,25 @@ class BucketBuffer:
         return BucketSession(self, offset)
 
     def destroy(self):
-        """Collective and idempotent. The planned tensors and storage views must not be used after it."""
+        """Collective (every rank of the default group) and idempotent. Views of the storage
+        that are still held keep its memory mapped; calls after it raise epx.Error."""
         if self.runtime is not None:
             self.runtime.destroy()
             self.runtime = None
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+        return False
+
     def __del__(self):
-        if not self.explicitly_destroy:
-            try:
-                self.destroy()
-            except Exception:  # noqa: BLE001 - a destructor must not raise
-                pass
+        # Dropped without destroy(): the buffer's endpoint is released locally (never a wait
+        # for the peers, which may be gone); with explicitly_destroy=True that is a mistake.
+        if getattr(self, "runtime", None) is not None and getattr(self, "explicitly_destroy", False):
+            import warnings
+            warnings.warn("BucketBuffer(explicitly_destroy=True) was garbage-collected without destroy()", ResourceWarning)
 
     @property
     def window_bytes(self):

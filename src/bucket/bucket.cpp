@@ -169,11 +169,11 @@ BucketBuffer::BucketBuffer(Transport& transport, const std::vector<std::vector<i
   init(groups, plan.total_bytes(), &plan, options);
 }
 
+// Not destroy(): a destructor may run while this rank unwinds from an error its peers do not
+// share, so it never waits for them; the base releases the endpoint locally. A call still
+// pending finishes first (or fails by the transport's timeout).
 BucketBuffer::~BucketBuffer() {
-  try {
-    destroy();
-  } catch (...) {  // a destructor may run while unwinding
-  }
+  if (impl_) impl_->worker.stop();
 }
 
 void BucketBuffer::init(const std::vector<std::vector<int>>& groups, std::size_t num_bytes, const BufferAllocator* plan,
