@@ -36,6 +36,7 @@
 #include "epx/sim/launch.hpp"
 #include "epx/lb.hpp"
 #include "epx/plan.hpp"
+#include "bucket.hpp"
 #include "group_transport.hpp"
 #include "tensors.hpp"
 
@@ -444,13 +445,14 @@ PYBIND11_MODULE(_epx, m) {
     }
   });
   bind_tensors(m);
-  bind_pp(m);
-  bind_engram(m);
   pyb::class_<PyHandle>(m, "Handle").def_property_readonly("num_recv_rows", [](const PyHandle& h) {
     return h.handle.num_recv_rows();
   });
   pyb::class_<Pending>(m, "Pending").def("wait", &Pending::wait).def("done", &Pending::done);
   bind_transport(m);
+  bind_bucket(m);
+  bind_pp(m);
+  bind_engram(m);
   pyb::class_<PyBuffer>(m, "Buffer")
       .def(pyb::init([](std::shared_ptr<PyTransport> group, int num_experts, int hidden, int num_topk,
                         std::int64_t max_tokens, std::int64_t max_recv_rows, int num_workers) {

@@ -13,9 +13,9 @@
 #include <sstream>
 #include <thread>
 
-#include "epx/bench/process.hpp"
 #include "epx/error.hpp"
 #include "epx/io/npy.hpp"
+#include "process.hpp"
 
 namespace fs = std::filesystem;
 
@@ -78,14 +78,14 @@ BaselineResult run_mpi_baseline(const BenchOptions& o, const BenchProblem& p, co
     return b;
   }
   const std::string mpirun = o.mpirun.empty() ? on_path("mpirun") : o.mpirun;
-  if (mpirun.empty() || !is_executable(mpirun)) {
+  if (mpirun.empty() || !executable(mpirun)) {
     b.why_not = o.mpirun.empty() ? "Open MPI is not installed (no mpirun on PATH); " + std::string(kInstallHint)
                                  : "--mpirun " + o.mpirun + " is not an executable file";
     return b;
   }
   std::string tried;
-  const std::string bin = o.mpi_baseline.empty() ? find_next_to_epx("epx_mpi_baseline", tried) : o.mpi_baseline;
-  if (bin.empty() || !is_executable(bin)) {
+  const std::string bin = o.mpi_baseline.empty() ? find_program_near_epx("epx_mpi_baseline", tried) : o.mpi_baseline;
+  if (bin.empty() || !executable(bin)) {
     b.why_not = o.mpi_baseline.empty()
                     ? "epx_mpi_baseline was not built (looked in " + tried + "); " + kInstallHint +
                           ", or pass --mpi-baseline PATH"

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "epx/bench/process.hpp"
+#include "process.hpp"
 
 namespace fs = std::filesystem;
 
@@ -26,8 +26,8 @@ std::vector<std::string> peer_command(const P2PCommon& c, const std::string& pee
   std::string tried;
   if (peer == "mpi") {
     const std::string mpirun = c.mpirun.empty() ? on_path("mpirun") : c.mpirun;
-    const std::string bin = find_next_to_epx("epx_mpi_p2p_baseline", tried);
-    if (mpirun.empty() || !is_executable(mpirun)) run.why_not = std::string("no mpirun; ") + kMpiHint;
+    const std::string bin = find_program_near_epx("epx_mpi_p2p_baseline", tried);
+    if (mpirun.empty() || !executable(mpirun)) run.why_not = std::string("no mpirun; ") + kMpiHint;
     else if (bin.empty()) run.why_not = "epx_mpi_p2p_baseline was not built (looked in " + tried + "); " + kMpiHint;
     if (!run.why_not.empty()) return {};
     std::vector<std::string> argv = {mpirun};
@@ -38,8 +38,8 @@ std::vector<std::string> peer_command(const P2PCommon& c, const std::string& pee
     return argv;
   }
   const std::string python = c.python.empty() ? "/usr/bin/python3" : c.python;
-  const std::string script = find_next_to_epx("gloo_p2p_baseline.py", tried);
-  if (!is_executable(python)) run.why_not = python + " is not an executable (--peer-python)";
+  const std::string script = find_program_near_epx("gloo_p2p_baseline.py", tried);
+  if (!executable(python)) run.why_not = python + " is not an executable (--peer-python)";
   else if (script.empty()) run.why_not = "gloo_p2p_baseline.py was not found (looked in " + tried + ")";
   if (!run.why_not.empty()) return {};
   return {python, script, "--ranks", std::to_string(ranks)};

@@ -1,4 +1,5 @@
-#include "epx/bench/process.hpp"
+// Helpers of the bench's baselines: finding and running another program.
+#include "process.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -16,7 +17,7 @@ namespace fs = std::filesystem;
 
 namespace epx::tools {
 
-bool is_executable(const fs::path& p) {
+bool executable(const fs::path& p) {
   std::error_code ec;
   return !p.empty() && fs::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
 }
@@ -29,21 +30,19 @@ std::string on_path(const std::string& name) {
   while (std::getline(ss, dir, ':')) {
     if (dir.empty()) continue;
     const fs::path c = fs::path(dir) / name;
-    if (is_executable(c)) return c.string();
+    if (executable(c)) return c.string();
   }
   return {};
 }
 
-// Next to the epx executable (<build>/src/tools/epx -> <build>/bench/), then PATH.
-std::string find_next_to_epx(const std::string& name, std::string& tried) {
+std::string find_program_near_epx(const std::string& name, std::string& tried) {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    for (const fs::path& c : {exe.parent_path() / ".." / ".." / "bench" / name,
-                              exe.parent_path() / ".." / "bench" / name}) {
+    for (const fs::path& c : {exe.parent_path() / ".." / ".." / "bench" / name, exe.parent_path() / ".." / "bench" / name}) {
       const fs::path n = c.lexically_normal();
       tried += n.string() + ", ";
-      if (is_executable(n)) return n.string();
+      if (executable(n)) return n.string();
     }
   }
   tried += "PATH";
@@ -64,10 +63,25 @@ std::string tail_of(const fs::path& p, std::size_t max_bytes) {
   return s;
 }
 
-std::string run_process(const std::vector<std::string>& argv, const fs::path& log, std::chrono::seconds limit) {
+std::string run_process(const std::vector<std::string>& argv, const fs::path& log, std::chrono::seconds limit,
+                        const std::vector<std::string>& env) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // The environment with `env`'s entries in place of the same names (built before fork:
+  // the child of a threaded process calls only async-signal-safe functions).
+  std::vector<std::string> vars;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string name = kv.substr(0, kv.find('='));
+    bool replaced = false;
+    for (const std::string& o : env) replaced = replaced || o.substr(0, o.find('=')) == name;
+    if (!replaced) vars.push_back(kv);
+  }
+  for (const std::string& o : env) vars.push_back(o);
+  std::vector<char*> envp;
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
   std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid < 0) return "fork failed";
@@ -78,7 +92,7 @@ std::string run_process(const std::vector<std::string>& argv, const fs::path& lo
       dup2(fd, 2);
       close(fd);
     }
-    execv(args[0], args.data());
+    execve(args[0], args.data(), envp.data());
     _exit(127);
   }
   const auto deadline = std::chrono::steady_clock::now() + limit;

@@ -12,6 +12,12 @@ namespace epx::tools {
 struct BenchOptions {
   /// --op: what to time (src/tools/bench/bench_ops.hpp lists them); "dispatch" = dispatch + combine.
   std::string op = "dispatch";
+  // --op all_gather | reduce_scatter | all_reduce (epx/bench/collective.hpp).
+  std::string bytes = "64M";   ///< N: the whole tensor of a call (K/M/G suffixes)
+  int tensors = 1;             ///< T tensors of N / T bytes per call
+  std::string dtype = "float32";  ///< float32 | bf16 (all_gather only: it moves bytes)
+  std::string chunk_bytes = "0";  ///< BucketOptions::chunk_bytes (0 = auto), for A/B runs
+  std::string algorithm = "auto";  ///< BucketOptions::algorithm: auto | staged | mapped | pipelined | two-level | direct
   // Shape (ignored with --routing, which brings its own meta.json).
   int ranks = 8;
   std::int64_t tokens = 512;  ///< tokens per rank (S)
@@ -44,7 +50,7 @@ struct BenchOptions {
   std::string html;   ///< --html FILE (the report as one self-contained page)
   bool progress = true;
   // Baseline.
-  std::string baseline;      ///< "" | "mpi"
+  std::string baseline;      ///< "" | "mpi" | "gloo" (gloo: the collectives only)
   std::string mpi_baseline;  ///< path of epx_mpi_baseline (else located next to epx, or on PATH)
   std::string mpirun;        ///< path of mpirun (else on PATH)
   // EPLB: dispatch through redundant experts planned from this batch's own expert load.
