@@ -84,6 +84,8 @@ struct NodeMap {
   std::vector<int> ranks_of(int node) const;
   /// Ranks per node if every node has the same count, else 0.
   int uniform_ranks_per_node() const noexcept;
+  /// "builtin:servers:L" (epx/topology.hpp) when every node holds L consecutive ranks, else "".
+  std::string servers_topology() const;
 };
 
 /// Collective: all-gathers each rank's node identity through `bootstrap`.

@@ -8,21 +8,29 @@ tensors.
                                                                            num_experts=E)
     combined_x, combined_topk_weights, event = buf.combine(y, handle)
 
-See EPBuffer, EPHandle, EventOverlap, Buffer, launch and Error; the README's "Python"
+    bucket = epx.BucketBuffer(group, num_bytes)          # all_gather / reduce_scatter / all_reduce
+    bucket.all_reduce(grads, scale=1 / world).wait()
+
+See EPBuffer, EPHandle, EventOverlap, Buffer, BucketBuffer, BufferAllocator, PPBuffer,
+EngramBuffer, launch and Error; the README's "Python"
 section, docs/python.md, and docs/deepep.md (every DeepEP call and its status here).
 """
 from ._version import __version__
 from . import utils
+from .bucket import BucketBuffer, BucketSession, BufferAllocator
 from .buffer import EPBuffer, EPHandle, MAX_LOCAL_EXPERTS, get_num_allocation_alignment
 
 ElasticBuffer = EPBuffer  # the name DeepEP V2's README uses for it
 from .errors import Error
 from .events import EventHandle, EventOverlap
+from .engram import EngramBuffer
 from .group import launch
+from .pp import PPBuffer, PPView
 from .legacy import Buffer, Config
 
 __all__ = ["EPBuffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "Buffer", "Config", "Error", "launch",
-           "get_num_allocation_alignment", "MAX_LOCAL_EXPERTS", "topk_idx_t", "__version__"]
+           "get_num_allocation_alignment", "MAX_LOCAL_EXPERTS", "topk_idx_t", "__version__",
+           "BucketBuffer", "BucketSession", "BufferAllocator", "PPBuffer", "PPView", "EngramBuffer"]
 
 
 def __getattr__(name):

@@ -36,10 +36,13 @@
 #include "epx/sim/launch.hpp"
 #include "epx/lb.hpp"
 #include "epx/plan.hpp"
+#include "bucket.hpp"
 #include "group_transport.hpp"
 #include "tensors.hpp"
 
 namespace epx::py {
+void bind_pp(pybind11::module_& m);      // pp.cpp
+void bind_engram(pybind11::module_& m);  // engram.cpp
 namespace {
 
 /// Everything a call's inputs need to stay alive while it runs.
@@ -447,6 +450,9 @@ PYBIND11_MODULE(_epx, m) {
   });
   pyb::class_<Pending>(m, "Pending").def("wait", &Pending::wait).def("done", &Pending::done);
   bind_transport(m);
+  bind_bucket(m);
+  bind_pp(m);
+  bind_engram(m);
   pyb::class_<PyBuffer>(m, "Buffer")
       .def(pyb::init([](std::shared_ptr<PyTransport> group, int num_experts, int hidden, int num_topk,
                         std::int64_t max_tokens, std::int64_t max_recv_rows, int num_workers) {

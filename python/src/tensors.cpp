@@ -15,6 +15,7 @@ const char* want_name(Want w) {
     case Want::kBF16: return "bf16 (torch.bfloat16, or uint16 raw bits)";
     case Want::kFP8: return "fp8 e4m3 as uint8 raw bits";
     case Want::kF32: return "float32";
+    case Want::kI32: return "int32";
     case Want::kI64: return "int64";
     case Want::kBool: return "uint8 or bool";
   }
@@ -42,6 +43,9 @@ bool matches(DLDataType t, Want w, DType& out) {
     case Want::kF32:
       out = DType::kF32;
       return t.bits == 32 && t.code == kDLFloat;
+    case Want::kI32:
+      out = DType::kI32;
+      return t.bits == 32 && t.code == kDLInt;
     case Want::kI64:
       out = DType::kI64;
       return t.bits == 64 && t.code == kDLInt;

@@ -25,7 +25,7 @@ struct Input {
 
 /// What an input may be. bf16 accepts torch.bfloat16 or uint16 raw bits; fp8 and bool
 /// accept uint8 raw bits (and bool).
-enum class Want { kBF16, kFP8, kF32, kI64, kBool };
+enum class Want { kBF16, kFP8, kF32, kI32, kI64, kBool };
 
 /// Reads `obj` (None: an empty view) as argument `arg`. Returns the problem in words
 /// ("x: expected a CPU tensor, got device type 2") instead of throwing, so that the caller

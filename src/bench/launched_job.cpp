@@ -23,13 +23,11 @@ std::string describe_nodes(Bootstrap& boot, const NodeMap& nodes) {
 void default_topology_from_nodes(DataPlaneOptions& dp, Bootstrap& boot, const NodeMap& nodes, const std::string& who) {
   if (dp.schedule.kind != ScheduleKind::kHierarchical || dp.topology != DataPlaneOptions{}.topology || nodes.num_nodes < 2)
     return;
-  const int per = nodes.uniform_ranks_per_node();
-  bool consecutive = per > 0;
-  for (int r = 0; consecutive && r < boot.size(); ++r) consecutive = nodes.node_of_rank[static_cast<std::size_t>(r)] == r / per;
-  if (!consecutive)
+  const std::string topo = nodes.servers_topology();
+  if (topo.empty())
     throw Error(ErrorCode::kInvalidArgument, who + ": --schedule hierarchical needs equal, consecutive ranks per node "
                                                    "(the launcher placed " + describe_nodes(boot, nodes) + "); pass --topology");
-  dp.topology = "builtin:servers:" + std::to_string(per);
+  dp.topology = topo;
 }
 
 }  // namespace epx::tools

@@ -15,6 +15,7 @@
 
 #include "epx/error.hpp"
 #include "epx/io/npy.hpp"
+#include "process.hpp"
 
 namespace fs = std::filesystem;
 
@@ -23,95 +24,6 @@ namespace epx::tools {
 namespace {
 
 constexpr const char* kInstallHint = "install with apt-get install libopenmpi-dev openmpi-bin and rebuild";
-
-bool executable(const fs::path& p) {
-  std::error_code ec;
-  return !p.empty() && fs::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
-}
-
-std::string on_path(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  if (path == nullptr) return {};
-  std::stringstream ss(path);
-  std::string dir;
-  while (std::getline(ss, dir, ':')) {
-    if (dir.empty()) continue;
-    const fs::path c = fs::path(dir) / name;
-    if (executable(c)) return c.string();
-  }
-  return {};
-}
-
-// Next to the epx executable (<build>/src/tools/epx -> <build>/bench/), then PATH.
-std::string find_baseline(std::string& tried) {
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    for (const fs::path& c : {exe.parent_path() / ".." / ".." / "bench" / "epx_mpi_baseline",
-                              exe.parent_path() / ".." / "bench" / "epx_mpi_baseline"}) {
-      const fs::path n = c.lexically_normal();
-      tried += n.string() + ", ";
-      if (executable(n)) return n.string();
-    }
-  }
-  tried += "PATH";
-  return on_path("epx_mpi_baseline");
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string tail_of(const fs::path& p, std::size_t max_bytes) {
-  std::ifstream f(p, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (s.size() > max_bytes) s = "..." + s.substr(s.size() - max_bytes);
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
-// Runs argv with stdout+stderr to `log`; returns the exit status text ("" = success).
-std::string run_process(const std::vector<std::string>& argv, const fs::path& log, std::chrono::seconds limit) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) return "fork failed";
-  if (pid == 0) {
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  for (;;) {
-    const pid_t w = waitpid(pid, &status, WNOHANG);
-    if (w == pid) break;
-    if (w < 0) return "waitpid failed";
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGTERM);
-      std::this_thread::sleep_for(std::chrono::seconds(2));
-      if (waitpid(pid, &status, WNOHANG) != pid) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-      }
-      return "timed out after " + std::to_string(limit.count()) + " s";
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return {};
-  if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-  return "failed";
-}
 
 Summary summary_of(const nlohmann::json& j) {
   Summary s;
@@ -172,7 +84,7 @@ BaselineResult run_mpi_baseline(const BenchOptions& o, const BenchProblem& p, co
     return b;
   }
   std::string tried;
-  const std::string bin = o.mpi_baseline.empty() ? find_baseline(tried) : o.mpi_baseline;
+  const std::string bin = o.mpi_baseline.empty() ? find_program_near_epx("epx_mpi_baseline", tried) : o.mpi_baseline;
   if (bin.empty() || !executable(bin)) {
     b.why_not = o.mpi_baseline.empty()
                     ? "epx_mpi_baseline was not built (looked in " + tried + "); " + kInstallHint +

@@ -5,8 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "collective_job.hpp"
 #include "epx/bench/mpi.hpp"
 #include "mpi_baseline.hpp"
+#include "mpi_collective.hpp"
 
 namespace fs = std::filesystem;
 
@@ -45,6 +47,18 @@ BaselineResult run_mpi_baseline_in_job(const BenchOptions& o, const BenchProblem
   }
   b.ran = true;
   return b;
+}
+
+std::string run_mpi_collective_in_job(std::vector<std::string> args) {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) return "MPI is not initialised in this process (the shmem runtime of Open MPI starts it)";
+  args.insert(args.begin(), "epx_mpi_collective");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int rc = epx_mpi_collective::run(static_cast<int>(args.size()), argv.data());
+  return rc == 0 ? "" : "epx_mpi_collective failed (exit status " + std::to_string(rc) + ")";
 }
 
 }  // namespace epx::tools

@@ -45,6 +45,14 @@ int NodeMap::uniform_ranks_per_node() const noexcept {
   return std::all_of(count.begin(), count.end(), [&](int c) { return c == count[0]; }) ? count[0] : 0;
 }
 
+std::string NodeMap::servers_topology() const {
+  const int per = uniform_ranks_per_node();
+  if (per == 0) return "";
+  for (std::size_t r = 0; r < node_of_rank.size(); ++r)
+    if (node_of_rank[r] != static_cast<int>(r) / per) return "";
+  return "builtin:servers:" + std::to_string(per);
+}
+
 std::string local_node_identity() {
   std::string boot_id;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot_id;

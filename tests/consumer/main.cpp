@@ -1,6 +1,8 @@
 // Two ranks (threads) dispatch and combine with an installed epx: every token goes to one
 // expert (K = 1), the experts return their rows unchanged, so combine must give x back
-// bit for bit. Exit status 0 when it does.
+// bit for bit; then a BucketBuffer on the same ranks all-reduces rank + 1 (= 3). Exit status
+// 0 when both hold.
+#include <epx/bucket.hpp>
 #include <epx/buffer.hpp>
 #include <epx/launch.hpp>
 
@@ -28,7 +30,12 @@ int main() {
     c.handle = &d.handle;
     epx::CombineResult r = buffer.combine(c);
     if (std::memcmp(r.combined_x.data(), x.data(), x.size() * 2) != 0) ok = false;
+    epx::BucketBuffer bucket(t, {epx::world_ranks(P)}, 64);
+    float* v = reinterpret_cast<float*>(bucket.storage());
+    v[0] = static_cast<float>(t.rank() + 1);
+    bucket.all_reduce({{v, epx::DType::kF32, epx::Shape{1}}});
+    if (v[0] != 3.0f) ok = false;
   });
-  std::printf("epx consumer: %s\n", ok ? "combine(dispatch(x)) == x on both ranks" : "MISMATCH");
+  std::printf("epx consumer: %s\n", ok ? "combine(dispatch(x)) == x and all_reduce on both ranks" : "MISMATCH");
   return ok ? 0 : 1;
 }

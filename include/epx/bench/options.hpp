@@ -10,6 +10,14 @@
 namespace epx::tools {
 
 struct BenchOptions {
+  /// --op: what to time (src/tools/bench/bench_ops.hpp lists them); "dispatch" = dispatch + combine.
+  std::string op = "dispatch";
+  // --op all_gather | reduce_scatter | all_reduce (epx/bench/collective.hpp).
+  std::string bytes = "64M";   ///< N: the whole tensor of a call (K/M/G suffixes)
+  int tensors = 1;             ///< T tensors of N / T bytes per call
+  std::string dtype = "float32";  ///< float32 | bf16 (all_gather only: it moves bytes)
+  std::string chunk_bytes = "0";  ///< BucketOptions::chunk_bytes (0 = auto), for A/B runs
+  std::string algorithm = "auto";  ///< BucketOptions::algorithm: auto | staged | mapped | pipelined | two-level | direct
   // Shape (ignored with --routing, which brings its own meta.json).
   int ranks = 8;
   std::int64_t tokens = 512;  ///< tokens per rank (S)
@@ -42,7 +50,7 @@ struct BenchOptions {
   std::string html;   ///< --html FILE (the report as one self-contained page)
   bool progress = true;
   // Baseline.
-  std::string baseline;      ///< "" | "mpi"
+  std::string baseline;      ///< "" | "mpi" | "gloo" (gloo: the collectives only)
   std::string mpi_baseline;  ///< path of epx_mpi_baseline (else located next to epx, or on PATH)
   std::string mpirun;        ///< path of mpirun (else on PATH)
   // EPLB: dispatch through redundant experts planned from this batch's own expert load.
@@ -57,6 +65,21 @@ struct BenchOptions {
   DataPlaneOptions dataplane;
   // --sweep KEY=V1,V2,...: one run per combination of the values (epx/bench/sweep.hpp).
   std::vector<std::string> sweep;
+
+  // --op pp / --op engram (epx/bench/p2p.hpp); --ranks, --tokens, --seed, --warmup, --iters,
+  // --transport, --timeout-ms, --mpirun and --no-progress apply to them too.
+  std::string pp_pattern = "pairs";          ///< --pp-pattern pairs | ring
+  std::vector<std::uint64_t> pp_sizes;       ///< --pp-sizes (empty: 16 KiB .. 64 MiB)
+  std::vector<int> pp_inflight;              ///< --pp-inflight (empty: 1, 2, 3)
+  int pp_messages = 4;                       ///< --pp-messages per link per iteration
+  int engram_layers = 2;                     ///< --engram-layers
+  std::int64_t engram_rows = 131072;         ///< --engram-rows N_l per rank
+  int engram_hidden = 256;                   ///< --engram-hidden
+  int engram_entries = 24;                   ///< --engram-entries E' per token
+  bool engram_fp8 = false;                   ///< --engram-fp8
+  std::vector<std::string> peers = {"mpi", "gloo"};  ///< --peers of pp / engram (none: none)
+  std::string peer_python;                   ///< --peer-python (default /usr/bin/python3)
+  int peer_rounds = 1;                       ///< --peer-rounds: epx and the peers in turns, samples pooled
 
   bool expanded() const noexcept { return layout == "expanded"; }
   /// The pool the run's Buffers get: --output-pool, except that auto (-1) is no pool (0) for

@@ -79,6 +79,23 @@ const char* bench_definitions() {
                percentile definitions; speed ratio = MPI time / epx time (> 1: epx faster).
                The outputs are compared by FNV-1a 64 hashes of every rank's recv_x and of
                combined_x with the identity expert (exit status 3 if they differ).
+  collectives  --op all_gather | reduce_scatter | all_reduce: one BucketBuffer call of --bytes N
+               (the whole tensor: all_gather's result, reduce_scatter's input) in --tensors T
+               tensors of N/T bytes (rounded down to a multiple of P x 64), float32 inputs
+               restored before every iteration (untimed), scale 1. latency = the call's wall
+               time (all T tensors); algbw = N / avg max-rank latency; busbw = algbw x
+               2(P-1)/P (all_reduce) or x (P-1)/P (all_gather, reduce_scatter), as nccl-tests.
+               limit = each rank copying N bytes at once (memcpy, then streaming stores),
+               interleaved with the calls in the same processes: per-rank GB/s = N / avg
+               max-rank copy time; busbw / limit is the ratio the targets quote. phases:
+               header exchange (every member's call header, and for small calls its data),
+               data (sum / copy / puts, including the wait for the other members' done
+               signals). results: every rank's outputs at 257 samples per tensor against
+               SPEC 8 (bit for bit); --baseline mpi (epx_mpi_collective: one MPI call per
+               tensor) or gloo (torch.distributed, python -m epx.bench_collective): the
+               same inputs and iterations, results compared bit for bit where the order
+               is the same (all_gather), else within float32 rounding; speed ratio =
+               baseline / epx avg max-rank latency.
   routing      uniform: each token picks K distinct experts uniformly; --skew s > 0: expert e
                is drawn with weight 1/(e+1)^s (no repeats), so low experts and ranks are hot.
   eplb         --eplb: the load of each logical expert = its (t, k) slots over all ranks of
@@ -146,7 +163,8 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--baseline", o.baseline,
                   "mpi: also run epx_mpi_baseline (Megatron-style MPI all-to-all dispatcher) via mpirun on the same "
                   "routing (--transport shmem: inside this oshrun job, on the same ranks), check it produces the same "
-                  "rows and print it side by side");
+                  "rows and print it side by side; with --op <collective>: mpi = epx_mpi_collective (MPI_Allgather / "
+                  "MPI_Reduce_scatter_block / MPI_Allreduce), gloo = torch.distributed gloo, on the same inputs");
   sub->add_option("--mpi-baseline", o.mpi_baseline, "path of epx_mpi_baseline (default: <build>/bench/, then PATH)")->type_name("PATH");
   sub->add_option("--mpirun", o.mpirun, "path of mpirun (default: PATH)")->type_name("PATH");
   sub->add_flag("--eplb", o.eplb,
@@ -166,6 +184,15 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
       ->capture_default_str();
   sub->add_option("--eplb-servers-of", o.eplb_servers_of, "ranks per server for --eplb-choice server (divides P; default 1)")
       ->type_name("N");
+  sub->add_option("--bytes", o.bytes, "--op all_gather | reduce_scatter | all_reduce: N bytes per call, the whole tensor "
+                  "(all_gather's result, reduce_scatter's input; K/M/G suffixes)")->capture_default_str();
+  sub->add_option("--tensors", o.tensors, "--op <collective>: T tensors of N / T bytes per call (1..64)")->capture_default_str();
+  sub->add_option("--dtype", o.dtype, "--op all_gather: float32 | bf16 (the reductions are float32)")->capture_default_str();
+  sub->add_option("--chunk-bytes", o.chunk_bytes, "--op <collective>: BucketOptions::chunk_bytes, a staging slot's payload (0 = auto)")
+      ->capture_default_str();
+  sub->add_option("--algorithm", o.algorithm,
+                  "--op <collective>: auto | staged | mapped | pipelined | two-level | direct (BucketOptions::algorithm: "
+                  "the one to use where it can run; for A/B runs)")->capture_default_str();
   add_dataplane_options(sub, o.dataplane);
   sub->add_option("--sweep", o.sweep,
                   "run every combination of the values and print one comparison table: KEY=V1,V2,... with KEY one of "

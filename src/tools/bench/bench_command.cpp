@@ -1,11 +1,12 @@
 // `epx bench`: dispatch and combine timed over P ranks on one routing, against this
-// machine's memcpy (and optionally an MPI baseline), with epx's per-worker counters.
+// machine's memcpy (and optionally an MPI baseline), with epx's per-worker counters; the
+// other buffers' calls with --op (the table of ops: bench/bench_ops.hpp).
 #include <cstdio>
 #include <memory>
 
 #include "bench/bench_cli.hpp"
-#include "bench/run_bench.hpp"
-#include "bench/sweep_print.hpp"
+#include "bench/bench_ops.hpp"
+#include "bench/p2p_ops.hpp"
 #include "commands.hpp"
 
 namespace epx::tools {
@@ -16,14 +17,22 @@ void add_bench_command(CLI::App& app) {
       "bench",
       "Time dispatch and combine over P ranks (default: the DeepSeek-V3 shape H=7168 K=8 E=256 on 8 processes) and say "
       "where the time goes: per-rank latency, payload bytes and bandwidth against this machine's memcpy, puts, phases "
-      "per rank and worker, the route histogram; --json, --trace, --baseline mpi.");
+      "per rank and worker, the route histogram; --json, --trace, --baseline mpi. --op times another call the same way.");
   add_bench_options(sub, *o);
+  add_p2p_options(sub, *o);
+  std::string ops = "what to time: ";
+  for (const BenchOp& op : bench_ops()) ops += std::string("\n  ") + op.name + ": " + op.help;
+  sub->add_option("--op", o->op, ops)->capture_default_str()->check([](const std::string& v) {
+    for (const BenchOp& op : bench_ops())
+      if (v == op.name) return std::string();
+    return "unknown op '" + v + "', expected one of " + bench_op_names();
+  });
   sub->callback([o, sub] {
     if (!o->routing.empty())
       for (const char* shape : {"--ranks", "--tokens", "--hidden", "--topk", "--experts"})
         if (sub->count(shape) > 0)
           std::fprintf(stderr, "epx bench: note: %s is ignored, the shape comes from %s/meta.json\n", shape, o->routing.c_str());
-    const int status = o->sweep.empty() ? run_bench(*o) : run_bench_sweep(*o);
+    const int status = find_bench_op(o->op).run(*o, stdout);
     if (status != 0) throw CLI::RuntimeError(status);
   });
 }

@@ -1,0 +1,129 @@
+// epx/pp.hpp — PPBuffer: pipeline-parallel send / receive between the ranks of a group
+// (DeepEP V2.5's PPBuffer), on every transport (threads, shm, OpenSHMEM, the simulator).
+//
+//   epx::PPBuffer pp(transport, {.num_max_tensor_bytes = 64 << 20, .num_max_inflight_tensors = 2});
+//   pp.send(activation, next_stage);          // returns once the bytes are in the peer's slot
+//   pp.recv(grad_out, next_stage);            // waits for the next message from that peer
+//   epx::PPView v = pp.recv_view(prev_stage); // or: use the bytes where they lie ...
+//   pp.release(v);                            // ... and give the slot back
+//
+// Semantics (SPEC §9): every ordered pair (s, d) of linked ranks has a FIFO of
+// num_max_inflight_tensors slots in d's window. The k-th recv from s on d gets the k-th
+// send to d on s, bitwise; the byte count travels with the data, and a receive tensor of
+// another byte count is an error naming both counts, the peer and the message's sequence
+// number (the message stays first in the FIFO: a receive of the right size gets it).
+// A send waits only while all slots of its pair are full (the receiver has not yet taken
+// or released that many messages): bounded by the transport's timeout, after which it
+// throws kTimeout naming the peer and saying its receives are behind. A receive waits for
+// its message (kTimeout naming the peer likewise). Any peer may be addressed, this rank
+// included, as long as the pair is linked (PPConfig::links).
+//
+// send and recv are point-to-point: they involve only the two ranks and fail only on the
+// calling rank. Construction and destroy() are collective (epx/buffer_base.hpp).
+// A PPBuffer is used by one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "epx/buffer_base.hpp"
+#include "epx/tensor.hpp"
+
+namespace epx {
+
+/// The most slots one ordered pair may have.
+inline constexpr int kMaxPPInflight = 64;
+
+struct PPConfig {
+  /// Largest message in bytes (>= 1); a larger one is refused before anything moves.
+  std::size_t num_max_tensor_bytes = 0;
+  /// Slots per ordered pair (1..kMaxPPInflight): sends a peer has not received yet.
+  int num_max_inflight_tensors = 1;
+  /// The pairs of ranks that exchange messages, in both directions ({a, b} with a == b
+  /// links a rank to itself). Empty: every pair, every rank to itself included. Each rank's
+  /// window holds num_max_inflight_tensors slots for each rank linked to it, so a pipeline
+  /// passes its stages' links (pp_ring_links, pp_chain_links) to keep windows small.
+  /// Every rank passes the same links (checked at construction).
+  std::vector<std::pair<int, int>> links{};
+};
+
+/// Links of a ring of `num_ranks`: r with (r + 1) % num_ranks (DeepEP's neighbours).
+std::vector<std::pair<int, int>> pp_ring_links(int num_ranks);
+/// Links of pipelines of `stages` consecutive ranks each: r with r + 1 inside a pipeline
+/// (num_ranks % stages == 0; 4 pipelines of 2 on 8 ranks: {0,1},{2,3},{4,5},{6,7}).
+std::vector<std::pair<int, int>> pp_chain_links(int num_ranks, int stages);
+
+/// A received message left in its slot (recv_view): `nbytes` bytes at `data`, in this rank's
+/// window, valid until release() or destroy().
+struct PPView {
+  void* data = nullptr;
+  std::size_t nbytes = 0;
+  int src = -1;            ///< the sender
+  std::uint64_t seq = 0;   ///< the message's number on the pair (0, 1, ...)
+  std::uint64_t token = 0; ///< identifies the view to release() (0: empty / released)
+  /// Keeps the window mapped while held, even after destroy() (the bytes are the sender's
+  /// again after release() all the same).
+  std::shared_ptr<const void> keep;
+};
+
+/// Counters of one peer, since construction.
+struct PPPeerStats {
+  std::uint64_t sent = 0, received = 0;             ///< messages
+  std::uint64_t bytes_sent = 0, bytes_received = 0;
+  std::uint64_t send_wait_ns = 0;  ///< time sends to this peer waited for a free slot
+  std::uint64_t recv_wait_ns = 0;  ///< time receives from this peer waited for the message
+};
+
+class PPBuffer : public BufferBase {
+ public:
+  /// Collective: every rank passes the same config (else kInvalidArgument on every rank
+  /// naming the first differing value). Throws kInvalidArgument for a size of 0, an
+  /// in-flight count outside 1..kMaxPPInflight or a link naming a rank outside the group,
+  /// kCapacityExceeded when the window (slots x linked ranks) does not fit in memory.
+  PPBuffer(Transport& transport, const PPConfig& config);
+  ~PPBuffer() override;
+
+  /// Bytes a window needs for `config` on `num_ranks` ranks (local, for planning).
+  static std::size_t get_buffer_size_hint(int num_ranks, const PPConfig& config);
+
+  /// Sends `x`'s bytes (x.shape.numel() * dtype_size) to `dst_rank`. Returns once they are
+  /// in the peer's slot; waits while the pair's slots are all full. Throws
+  /// kCapacityExceeded for more than num_max_tensor_bytes, kInvalidArgument for a rank
+  /// outside the group or not linked to this one (nothing moved), kTimeout as above.
+  void send(const TensorView& x, int dst_rank);
+
+  /// Receives the next message from `src_rank` into `out` (its bytes, any dtype / shape of
+  /// the same byte count). Throws kShapeMismatch when the byte counts differ (the message
+  /// stays), kInvalidArgument for a bad rank or when every slot of the pair holds a view not
+  /// released yet, kTimeout when no message came.
+  void recv(const MutableView& out, int src_rank);
+
+  /// Receives the next message from `src_rank` without copying it: a view of its slot.
+  /// The slot is the sender's again only after release(view). Same errors as recv; with
+  /// `expect_nbytes` (not kAnyBytes) a message of another byte count is refused as recv
+  /// refuses it (and stays).
+  static constexpr std::size_t kAnyBytes = ~std::size_t{0};
+  PPView recv_view(int src_rank, std::size_t expect_nbytes = kAnyBytes);
+  /// Gives a view's slot back to its sender (views of one pair may be released in any
+  /// order). Throws kBadHandle for a view already released or not of this buffer.
+  void release(PPView& view);
+
+  const PPConfig& config() const noexcept { return config_; }
+  /// This rank's counters for `peer`.
+  const PPPeerStats& stats(int peer) const;
+  /// Messages sent to `dst_rank` that it has not released yet (0..num_max_inflight_tensors).
+  std::uint64_t in_flight(int dst_rank);
+
+ private:
+  PPView peek(int src_rank, std::size_t expect_nbytes, const char* what);  // the next message, not taken yet
+  void take(const PPView& view);  // counts it received (its slot is held until release)
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  PPConfig config_;
+};
+
+}  // namespace epx

@@ -1,0 +1,62 @@
+#include "channels.hpp"
+
+#include <chrono>
+
+namespace epx::detail {
+
+namespace {
+constexpr std::size_t kPage = 4096;
+std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+std::size_t BucketLayout::slots_offset() const noexcept { return round_up(storage_bytes, kPage); }
+
+std::size_t BucketLayout::slot_offset(int source, int s) const noexcept {
+  return slots_offset() + (2 * static_cast<std::size_t>(source) + static_cast<std::size_t>(s)) * slot_bytes();
+}
+
+std::size_t BucketLayout::window_bytes() const noexcept {
+  return slots_offset() + 2 * static_cast<std::size_t>(num_ranks) * slot_bytes();
+}
+
+Channels::Channels(Transport& t, const BucketLayout& layout)
+    : t_(t), layout_(layout),
+      sent_(static_cast<std::size_t>(layout.num_ranks)), received_(sent_.size()),
+      done_sent_(sent_.size()), done_received_(sent_.size()) {}
+
+std::size_t Channels::out_slot(int to) const noexcept {
+  return layout_.slot_offset(t_.rank(), static_cast<int>(sent_[static_cast<std::size_t>(to)] % 2));
+}
+
+void Channels::wait_credit(int to, const char* phase) {
+  const std::uint64_t m = sent_[static_cast<std::size_t>(to)];
+  if (m >= 2) t_.wait_signal(layout_.credit_slot(to), m - 1, WaitPoint{phase, to});
+}
+
+void Channels::send(int to, int queue) {
+  std::uint64_t& m = sent_[static_cast<std::size_t>(to)];
+  t_.signal(to, layout_.msg_slot(t_.rank()), ++m, queue);
+}
+
+const std::byte* Channels::receive(int from, const char* phase) {
+  const std::uint64_t m = received_[static_cast<std::size_t>(from)];
+  t_.wait_signal(layout_.msg_slot(from), m + 1, WaitPoint{phase, from});
+  return t_.window() + layout_.slot_offset(from, static_cast<int>(m % 2));
+}
+
+void Channels::consume(int from, int queue) {
+  std::uint64_t& m = received_[static_cast<std::size_t>(from)];
+  t_.signal(from, layout_.credit_slot(t_.rank()), ++m, queue);
+}
+
+void Channels::send_done(int to, int queue) {
+  t_.signal(to, layout_.done_slot(t_.rank()), ++done_sent_[static_cast<std::size_t>(to)], queue);
+}
+
+void Channels::wait_done(int from, const char* phase) {
+  const auto t0 = std::chrono::steady_clock::now();
+  t_.wait_signal(layout_.done_slot(from), ++done_received_[static_cast<std::size_t>(from)], WaitPoint{phase, from});
+  done_wait_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace epx::detail

@@ -1,0 +1,80 @@
+// The bucket buffer's window past its storage, and the one-way message channels between
+// every pair of ranks that live there (the one owner of these offsets and signal slots).
+//
+// Window (the kind's bytes, BufferBase::allocate):
+//   [0, storage)                         the user's storage
+//   [slots_offset, + P * 2 * slot_bytes) inbound slots: source rank j, slot s at
+//                                        slots_offset + (2 j + s) * slot_bytes
+// A slot holds kHeaderBytes of call header, then up to chunk_bytes of payload.
+// Signal slots: msg[j] (messages from j), credit[k] (my messages k consumed), done[j].
+//
+// A channel j -> k carries messages numbered 0, 1, 2, ... over all calls of the buffer
+// (every group): message m lands in k's slot (j, m % 2). Before writing message m the
+// sender waits for k's credit (messages consumed) >= m - 1, so a slot is never written
+// while its previous message is being read; then it puts the bytes and signals k's
+// msg[j] = m + 1 (ordered after the puts). The receiver waits for msg[j] >= m + 1, reads the
+// slot and, once done with it, signals j's credit[k] = m + 1. Done signals (done[j]) count
+// separately: "every put of this call from j to me has landed".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "epx/transport.hpp"
+
+namespace epx::detail {
+
+/// Room for a call header in every slot (fixed fields, 64 tensors, the problem text).
+inline constexpr std::size_t kHeaderBytes = 4096;
+
+struct BucketLayout {
+  int num_ranks = 0;
+  std::size_t storage_bytes = 0;
+  std::size_t chunk_bytes = 0;  ///< payload bytes per slot
+  std::size_t slot_bytes() const noexcept { return kHeaderBytes + chunk_bytes; }
+  std::size_t slots_offset() const noexcept;
+  /// Offset (in the receiver's window) of slot `s` of messages from `source`.
+  std::size_t slot_offset(int source, int s) const noexcept;
+  std::size_t window_bytes() const noexcept;
+  std::size_t num_signals() const noexcept { return 3 * static_cast<std::size_t>(num_ranks); }
+  std::size_t msg_slot(int source) const noexcept { return static_cast<std::size_t>(source); }
+  std::size_t credit_slot(int receiver) const noexcept { return static_cast<std::size_t>(num_ranks + receiver); }
+  std::size_t done_slot(int source) const noexcept { return static_cast<std::size_t>(2 * num_ranks + source); }
+};
+
+/// The channels of this rank (one thread at a time; the counters are this rank's view).
+class Channels {
+ public:
+  Channels(Transport& t, const BucketLayout& layout);
+
+  /// Offset in `to`'s window where my next message to it goes (after wait_credit).
+  std::size_t out_slot(int to) const noexcept;
+  /// Waits until `to` has consumed my message before the previous one (its slot is free).
+  void wait_credit(int to, const char* phase);
+  /// Signals `to` that my next message (put into out_slot(to)) is complete.
+  void send(int to, int queue = 0);
+
+  /// Waits for the next message from `from`; returns its slot in my window.
+  const std::byte* receive(int from, const char* phase);
+  /// Done with the message receive() returned: its slot may be reused by `from`.
+  void consume(int from, int queue = 0);
+
+  /// done round: every put of this call to `to` came before this (ordered signal).
+  void send_done(int to, int queue = 0);
+  void wait_done(int from, const char* phase);
+
+  /// Microseconds spent in wait_done since the last reset (a call's done phase).
+  double done_wait_us = 0;
+
+  Transport& transport() noexcept { return t_; }
+  const BucketLayout& layout() const noexcept { return layout_; }
+  std::byte* window() noexcept { return t_.window(); }
+
+ private:
+  Transport& t_;
+  BucketLayout layout_;
+  std::vector<std::uint64_t> sent_, received_, done_sent_, done_received_;
+};
+
+}  // namespace epx::detail

@@ -1,0 +1,30 @@
+// BucketBuffer's state inside the library (src/bucket/bucket.cpp builds it, calls.cpp uses it).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "algorithms.hpp"
+#include "call.hpp"
+#include "channels.hpp"
+#include "worker.hpp"
+
+namespace epx {
+
+struct BucketBuffer::Impl {
+  Impl(Transport& t, const detail::BucketLayout& layout, bool read_peers, std::vector<int> machines, BucketAlgorithm forced)
+      : channels(t, layout), ctx{t, channels, read_peers, std::move(machines)}, forced(forced), header(detail::kHeaderBytes) {}
+  detail::Channels channels;
+  detail::BucketContext ctx;
+  BucketAlgorithm forced = BucketAlgorithm::kNone;
+  std::vector<std::byte> header;  ///< my encoded call header (a put source until the exchange's quiet)
+  std::shared_ptr<detail::BucketCall> pending;  ///< the last asynchronous call
+  detail::Worker worker;
+};
+
+namespace detail {
+/// FNV-1a of a group's ranks: what headers carry to tell groups apart.
+std::uint64_t members_hash(const std::vector<int>& ranks);
+}  // namespace detail
+
+}  // namespace epx

@@ -1,0 +1,76 @@
+// BucketBuffer across P ranks (SPEC §8), in the style of DeepEP's bucket tests: the cases of
+// bucket_cases.hpp (many sizes, 1-8 tensors per call, several groups on one buffer, scales
+// {1, 0, 0.25, -0.5, 2}, guards) with every algorithm on every transport it runs on.
+#include <gtest/gtest.h>
+
+#include "epx/error.hpp"
+#include "epx/launch.hpp"
+#include "multirank/bucket_cases.hpp"
+
+namespace epx::testing {
+namespace {
+
+using namespace bucket;
+
+struct Param {
+  TransportKind transport;
+  int ranks;
+  BucketAlgorithm algorithm;
+  std::size_t chunk_bytes;
+  const char* topology = "";  ///< BucketOptions::topology (machines for the two-level all_reduce)
+};
+
+std::string param_name(const ::testing::TestParamInfo<Param>& i) {
+  std::string a = to_string(i.param.algorithm);
+  for (char& ch : a)
+    if (ch == '-') ch = '_';
+  std::string topo = i.param.topology;
+  topo = topo.empty() ? "" : "_servers" + topo.substr(topo.rfind(':') + 1);
+  return std::string(to_string(i.param.transport)) + "_P" + std::to_string(i.param.ranks) + "_" + a + "_chunk" +
+         std::to_string(i.param.chunk_bytes) + topo;
+}
+
+/// The algorithm a forced option must give (kNone: not checked). Two-level: the world group
+/// only (the others do not span both machines in machine-major order).
+BucketAlgorithm forced_algorithm(const Param& p, const Case& c, int n) {
+  if (n == 1 || p.algorithm == BucketAlgorithm::kNone || p.algorithm == BucketAlgorithm::kStaged) return BucketAlgorithm::kNone;
+  if (c.op == Op::kAllGather) return p.algorithm == BucketAlgorithm::kDirect ? BucketAlgorithm::kDirect : BucketAlgorithm::kNone;
+  if (p.algorithm == BucketAlgorithm::kTwoLevel)
+    return c.op == Op::kAllReduce && c.group == 0 ? BucketAlgorithm::kTwoLevel : BucketAlgorithm::kNone;
+  return p.algorithm == BucketAlgorithm::kDirect ? BucketAlgorithm::kNone : p.algorithm;
+}
+
+class BucketCollectives : public ::testing::TestWithParam<Param> {};
+
+TEST_P(BucketCollectives, EveryCaseBitExactOnEveryGroupWithGuardsIntact) {
+  const Param prm = GetParam();
+  launch({.num_ranks = prm.ranks, .transport = prm.transport}, [&](Transport& t) {
+    const auto groups = groups_of(t.num_ranks());
+    BucketBuffer b(t, groups, std::size_t{2} << 20, {.topology = prm.topology, .chunk_bytes = prm.chunk_bytes, .algorithm = prm.algorithm});
+    for (const Case& c0 : cases_of(static_cast<int>(groups.size()), 7)) {
+      const Case c = fit(c0, static_cast<int>(groups[static_cast<std::size_t>(c0.group)].size()));
+      run_case(b, c, forced_algorithm(prm, c, static_cast<int>(groups[static_cast<std::size_t>(c.group)].size())));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transports, BucketCollectives,
+    ::testing::Values(Param{TransportKind::kThreads, 1, BucketAlgorithm::kNone, 0},
+                      Param{TransportKind::kThreads, 3, BucketAlgorithm::kNone, 0},
+                      Param{TransportKind::kThreads, 4, BucketAlgorithm::kNone, 4096},
+                      Param{TransportKind::kThreads, 4, BucketAlgorithm::kMapped, 4096},
+                      Param{TransportKind::kThreads, 5, BucketAlgorithm::kPipelined, 4096},
+                      Param{TransportKind::kThreads, 4, BucketAlgorithm::kDirect, 0},
+                      Param{TransportKind::kShm, 8, BucketAlgorithm::kNone, 0},
+                      Param{TransportKind::kShm, 4, BucketAlgorithm::kPipelined, 8192},
+                      Param{TransportKind::kSim, 4, BucketAlgorithm::kNone, 4096},
+                      Param{TransportKind::kSim, 3, BucketAlgorithm::kNone, 0},
+                      Param{TransportKind::kThreads, 4, BucketAlgorithm::kTwoLevel, 4096, "builtin:servers:2"},
+                      Param{TransportKind::kThreads, 6, BucketAlgorithm::kTwoLevel, 8192, "builtin:servers:3"},
+                      Param{TransportKind::kThreads, 8, BucketAlgorithm::kTwoLevel, 4096, "builtin:servers:2"},
+                      Param{TransportKind::kSim, 4, BucketAlgorithm::kNone, 4096, "builtin:servers:2"}),
+    param_name);
+
+}  // namespace
+}  // namespace epx::testing

@@ -1,0 +1,235 @@
+// PPBuffer across P ranks (SPEC §9): seeded random programs of sends to random peers with at
+// most the in-flight bound outstanding, every byte checked against the reference's message
+// function (tests/reference/pp_engram.hpp); the errors of send and recv.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "pp_engram_checks.hpp"
+
+namespace epx::testing {
+namespace {
+
+struct ProgramCase {
+  TransportKind kind;
+  const char* links;  // "all" | "ring" | "chain"
+  int inflight;
+};
+
+class PPRandom : public ::testing::TestWithParam<ProgramCase> {};
+
+TEST_P(PPRandom, EveryByteOfEveryMessageInOrder) {
+  const ProgramCase c = GetParam();
+  const int P = 4;
+  const std::string name = c.links;
+  const auto links = name == "ring" ? pp_ring_links(P) : name == "chain" ? pp_chain_links(P, 2)
+                                                                         : std::vector<std::pair<int, int>>{};
+  const std::uint64_t max_bytes = 5000;
+  for (std::uint64_t seed : {1u, 2u}) {
+    const ref::PPProgram prog = ref::pp_random_program(P, c.inflight, max_bytes, 240, seed, both_ways(links));
+    LaunchOptions lo;
+    lo.num_ranks = P;
+    lo.transport = c.kind;
+    lo.timeout = std::chrono::milliseconds(20000);
+    launch(lo, [&](Transport& t) {
+      PPBuffer pp(t, {.num_max_tensor_bytes = max_bytes, .num_max_inflight_tensors = c.inflight, .links = links});
+      run_program(pp, prog, t.rank());
+      for (int q = 0; q < P; ++q) {
+        std::uint64_t sent = 0;
+        for (const auto& e : prog.ranks[static_cast<std::size_t>(t.rank())]) sent += e.send && e.peer == q;
+        if (pp.stats(q).sent != sent) fail(t.rank(), "stats(" + std::to_string(q) + ").sent is wrong");
+      }
+      pp.destroy();
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, PPRandom,
+                         ::testing::Values(ProgramCase{TransportKind::kThreads, "all", 2},
+                                           ProgramCase{TransportKind::kThreads, "ring", 1},
+                                           ProgramCase{TransportKind::kShm, "all", 3},
+                                           ProgramCase{TransportKind::kShm, "chain", 2},
+                                           ProgramCase{TransportKind::kSim, "all", 2},
+                                           ProgramCase{TransportKind::kSim, "ring", 3}),
+                         [](const auto& info) {
+                           return std::string(to_string(info.param.kind)) + "_" + info.param.links + "_" +
+                                  std::to_string(info.param.inflight);
+                         });
+
+template <class F>
+void expect_error(int r, ErrorCode code, const std::vector<std::string>& words, F&& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    if (e.code() != code) fail(r, std::string("error code ") + to_string(e.code()) + ", want " + to_string(code) + ": " + e.what());
+    for (const auto& w : words)
+      if (std::string(e.what()).find(w) == std::string::npos) fail(r, "the error does not say '" + w + "': " + e.what());
+    return;
+  }
+  fail(r, "no error was raised");
+}
+
+TEST(PPErrors, ByteCountMismatchNamesBothCountsThePeerAndTheMessageWhichStays) {
+  for (TransportKind kind : kDataTransports) {
+    LaunchOptions lo{.num_ranks = 2, .transport = kind, .timeout = std::chrono::milliseconds(20000)};
+    launch(lo, [](Transport& t) {
+      PPBuffer pp(t, {.num_max_tensor_bytes = 256, .num_max_inflight_tensors = 2});
+      const int r = t.rank();
+      if (r == 0) {
+        pp.send(bytes_view(ref::pp_message(0, 1, 0, 100)), 1);
+        pp.send(bytes_view(ref::pp_message(0, 1, 1, 7)), 1);
+      } else {
+        std::vector<std::uint8_t> small(80);
+        expect_error(r, ErrorCode::kShapeMismatch, {"rank 1", "rank 0", "message 0", "100 bytes", "has 80"},
+                     [&] { pp.recv(bytes_out(small), 0); });
+        std::vector<std::uint8_t> right(100);
+        pp.recv(bytes_out(right), 0);  // the message stayed first
+        expect_bits(r, "message 0 after the mismatch", right.data(), ref::pp_message(0, 1, 0, 100));
+        PPView v = pp.recv_view(0);
+        expect_bits(r, "message 1", v.data, ref::pp_message(0, 1, 1, 7));
+        PPView copy = v;
+        pp.release(v);
+        expect_error(r, ErrorCode::kBadHandle, {"not a held view"}, [&] { pp.release(copy); });
+      }
+      pp.destroy();
+    });
+  }
+}
+
+TEST(PPErrors, OversizeAndBadPeersAreRefusedBeforeAnythingMoves) {
+  LaunchOptions lo{.num_ranks = 3, .transport = TransportKind::kThreads, .timeout = std::chrono::milliseconds(20000)};
+  launch(lo, [](Transport& t) {
+    PPBuffer pp(t, {.num_max_tensor_bytes = 64, .num_max_inflight_tensors = 1, .links = {{0, 1}}});
+    const int r = t.rank();
+    if (r == 0) {
+      expect_error(r, ErrorCode::kCapacityExceeded, {"65 bytes", "at most 64", "nothing was sent"},
+                   [&] { pp.send(bytes_view(std::vector<std::uint8_t>(65)), 1); });
+      expect_error(r, ErrorCode::kInvalidArgument, {"rank 2", "not linked"},
+                   [&] { pp.send(bytes_view(std::vector<std::uint8_t>(1)), 2); });
+      expect_error(r, ErrorCode::kInvalidArgument, {"dst_rank 3", "outside 0..2"},
+                   [&] { pp.send(bytes_view(std::vector<std::uint8_t>(1)), 3); });
+      pp.send(bytes_view(ref::pp_message(0, 1, 0, 64)), 1);
+    } else if (r == 1) {
+      std::vector<std::uint8_t> got(64);
+      pp.recv(bytes_out(got), 0);  // message 0 is the valid one: the refused sends moved nothing
+      expect_bits(r, "message 0", got.data(), ref::pp_message(0, 1, 0, 64));
+    } else {
+      expect_error(r, ErrorCode::kInvalidArgument, {"not linked"}, [&] { pp.recv_view(0); });
+    }
+    pp.destroy();
+  });
+}
+
+TEST(PPErrors, FullSlotsTimeOutNamingThePeerWhoseReceivesAreBehind) {
+  for (TransportKind kind : kTransports) {
+    LaunchOptions lo{.num_ranks = 2, .transport = kind, .timeout = std::chrono::milliseconds(400)};
+    launch(lo, [](Transport& t) {
+      PPBuffer pp(t, {.num_max_tensor_bytes = 16, .num_max_inflight_tensors = 2});
+      const std::vector<std::uint8_t> m(16, 7);
+      if (t.rank() == 0) {
+        pp.send(bytes_view(m), 1);
+        pp.send(bytes_view(m), 1);
+        if (pp.in_flight(1) != 2) fail(0, "in_flight(1) != 2");
+        try {
+          pp.send(bytes_view(m), 1);
+          fail(0, "the third send did not time out");
+        } catch (const Error& e) {
+          const std::string w = e.what();
+          if (e.code() != ErrorCode::kTimeout || e.origin_rank() != 1 || w.find("rank 1's receives are behind") == std::string::npos ||
+              w.find("all 2 slots") == std::string::npos)
+            fail(0, "unexpected error: " + w);
+        }
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(650));
+        std::vector<std::uint8_t> got(16);
+        pp.recv(bytes_out(got), 0);
+        pp.recv(bytes_out(got), 0);
+      }
+      pp.destroy();
+    });
+  }
+}
+
+TEST(PPViews, ReleasedOutOfOrderTheSlotsFreeInOrder) {
+  for (TransportKind kind : kDataTransports) {
+    LaunchOptions lo{.num_ranks = 2, .transport = kind, .timeout = std::chrono::milliseconds(20000)};
+    launch(lo, [](Transport& t) {
+      PPBuffer pp(t, {.num_max_tensor_bytes = 32, .num_max_inflight_tensors = 3});
+      const int r = t.rank();
+      if (r == 0) {
+        for (std::uint64_t n = 0; n < 6; ++n) pp.send(bytes_view(ref::pp_message(0, 1, n, 32)), 1);
+      } else {
+        std::vector<PPView> v;
+        for (int k = 0; k < 3; ++k) v.push_back(pp.recv_view(0));
+        expect_error(r, ErrorCode::kInvalidArgument, {"views not released", "messages 0..2"}, [&] { pp.recv_view(0); });
+        pp.release(v[2]);
+        pp.release(v[1]);
+        expect_error(r, ErrorCode::kBadHandle, {"not a held view"}, [&] { pp.release(v[1]); });
+        if (pp.stats(0).received != 3) fail(r, "stats(0).received != 3");
+        std::vector<std::uint8_t> first(32);
+        std::memcpy(first.data(), v[0].data, 32);
+        pp.release(v[0]);  // now rank 0's sends 3..5 can go
+        expect_bits(r, "message 0", first.data(), ref::pp_message(0, 1, 0, 32));
+        for (std::uint64_t n = 3; n < 6; ++n) {
+          std::vector<std::uint8_t> got(32);
+          pp.recv(bytes_out(got), 0);
+          expect_bits(r, "message " + std::to_string(n), got.data(), ref::pp_message(0, 1, n, 32));
+        }
+      }
+      pp.destroy();
+    });
+  }
+}
+
+TEST(PPErrors, ConfigThatDiffersFailsEveryRankNamingIt) {
+  LaunchOptions lo{.num_ranks = 3, .transport = TransportKind::kThreads, .timeout = std::chrono::milliseconds(20000)};
+  launch(lo, [](Transport& t) {
+    const int r = t.rank();
+    expect_error(r, ErrorCode::kInvalidArgument, {"rank 2", "num_max_inflight_tensors"}, [&] {
+      PPBuffer pp(t, {.num_max_tensor_bytes = 32, .num_max_inflight_tensors = r == 2 ? 3 : 2});
+    });
+    expect_error(r, ErrorCode::kInvalidArgument, {"num_max_inflight_tensors = 0"},
+                 [&] { PPBuffer pp(t, {.num_max_tensor_bytes = 32, .num_max_inflight_tensors = 0}); });
+  });
+}
+
+TEST(PPErrors, AWindowTooBigForMemorySuggestsLinks) {
+  LaunchOptions lo{.num_ranks = 2, .transport = TransportKind::kThreads, .timeout = std::chrono::milliseconds(20000)};
+  launch(lo, [](Transport& t) {
+    expect_error(t.rank(), ErrorCode::kCapacityExceeded, {"PPConfig::links"}, [&] {
+      PPBuffer pp(t, {.num_max_tensor_bytes = std::size_t{1} << 46, .num_max_inflight_tensors = 64});
+    });
+  });
+}
+
+// PP and Engram buffers on the ranks of an EP buffer, used in turns and destroyed out of
+// order: none touches the others' memory or signals.
+TEST(PPEngramNextToOtherBuffers, EveryBufferStaysCorrect) {
+  for (TransportKind kind : kDataTransports) {
+    const int P = 4;
+    const EPCheck check(P);
+    const EngramConfig ec = engram_config(DType::kBF16);
+    const auto prog = ref::pp_random_program(P, 2, 3000, 120, 9);
+    LaunchOptions lo{.num_ranks = P, .transport = kind, .timeout = std::chrono::milliseconds(20000)};
+    launch(lo, [&](Transport& t) {
+      const int r = t.rank();
+      Buffer ep(t, config_for(check.p));
+      PPBuffer pp(t, {.num_max_tensor_bytes = 3000, .num_max_inflight_tensors = 2});
+      const EngramSizes z = EngramBuffer::get_storage_size_hint(P, ec);
+      EngramBuffer engram(t, z.num_bytes, z.num_storage_bytes);
+      engram.set_config(ec);
+      write_engram_shards(engram, ec, r);
+      check.run(ep, r);
+      run_program(pp, prog, r);
+      fetch_and_check(engram, ec, P, r, 17, 1, false);
+      check.run(ep, r);
+      pp.destroy();  // the others go on
+      fetch_and_check(engram, ec, P, r, 20, 2, true);
+      check.run(ep, r);
+      engram.destroy();
+    });
+  }
+}
+
+}  // namespace
+}  // namespace epx::testing
