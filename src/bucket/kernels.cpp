@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "epx/dtype.hpp"
 
@@ -63,8 +64,13 @@ __attribute__((target_clones("avx2", "default"))) void reduce_block(float* acc, 
     for (std::size_t e = 0; e < count; ++e) acc[e] = acc[e] * scale;
 }
 
+float* reduce_accumulator() {
+  thread_local std::vector<float> acc(kReduceBlock);
+  return acc.data();
+}
+
 void reduce_into(float* out, const ReduceSource* srcs, int n, std::size_t count, float scale) noexcept {
-  alignas(64) float acc[kReduceBlock];
+  float* acc = reduce_accumulator();
   for (std::size_t off = 0; off < count; off += kReduceBlock) {
     const std::size_t m = std::min(kReduceBlock, count - off);
     reduce_block(acc, srcs, n, off, m, scale);
