@@ -21,7 +21,7 @@ const std::byte* peer_elem(BucketContext& ctx, const BucketCall& c, int j, int t
 
 void reduce_piece(BucketContext& ctx, const BucketCall& c, const Piece& p, std::vector<ReduceSource>& srcs) {
   const bool bf16 = c.op == BucketOp::kReduceScatter && c.precision == CommPrecision::kBF16;
-  alignas(64) float acc[kReduceBlock];
+  float* acc = reduce_accumulator();
   for (int j = 0; j < c.n(); ++j)
     srcs[static_cast<std::size_t>(j)] = {peer_elem(ctx, c, j, p.tensor, p.elem), bf16 ? SourceKind::kF32ToBF16 : SourceKind::kF32};
   for (std::uint64_t off = 0; off < p.count; off += kReduceBlock) {

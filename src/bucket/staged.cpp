@@ -1,9 +1,11 @@
 // Staged: one exchange. Every member's data travels in the message that carries its call
 // header (a slot of each receiver), and each receiver reduces (or copies) from its slots.
 // For small calls: a single round of signals, no second one.
+#include <algorithm>
 #include <cstring>
 
 #include "algorithms.hpp"
+#include "epx/spi/copy.hpp"
 #include "kernels.hpp"
 
 namespace epx::detail {
@@ -17,6 +19,14 @@ std::uint64_t staged_tensor_bytes(const BucketCall& c, int t) {
   const std::uint64_t bytes = c.mine.tensors[static_cast<std::size_t>(t)].bytes;
   if (c.op != BucketOp::kReduceScatter) return bytes;
   return bytes / 4 / static_cast<std::uint64_t>(c.n()) * wire_bytes(bf16_wire(c));
+}
+
+/// A put of staged data, which its receiver reads at once: on a transport whose puts are
+/// copies, in pieces below the streaming threshold (epx/spi/copy.hpp), so the bytes stay in
+/// the shared cache instead of going to memory and back.
+void put_cached(Transport& t, int peer, std::size_t offset, const std::byte* src, std::size_t bytes) {
+  const std::size_t piece = t.caps().put_completes_on_return && stream_min_bytes() > 64 ? stream_min_bytes() - 64 : bytes;
+  for (std::size_t at = 0; at < bytes; at += piece) t.put(peer, offset + at, src + at, std::min(piece, bytes - at), 0);
 }
 
 std::uint64_t staged_bytes(const BucketCall& c) {
@@ -85,7 +95,7 @@ void put_staged_payload(BucketContext& ctx, const BucketCall& c, int k, std::siz
       pack_bf16(scratch.back().data(), reinterpret_cast<const float*>(src), b / 2);
       src = reinterpret_cast<const std::byte*>(scratch.back().data());
     }
-    if (b > 0) ctx.t.put(peer, offset, src, b, 0);
+    if (b > 0) put_cached(ctx.t, peer, offset, src, b);
     offset += b;
   }
 }

@@ -38,10 +38,10 @@ int main_impl(int argc, char** argv) {
   const int r = t->rank();
   std::map<std::string, std::string> ran;  // op + group 0 -> algorithm
   {
-    BucketBuffer b(*t, groups, std::size_t{2} << 20, {.topology = topo, .chunk_bytes = chunk, .algorithm = BucketAlgorithm::kNone});
+    BucketBuffer b(*t, groups, std::size_t{4} << 20, {.topology = topo, .chunk_bytes = chunk, .algorithm = BucketAlgorithm::kNone});
     const auto t0 = std::chrono::steady_clock::now();
     int n = 0;
-    for (const bucket::Case& c0 : bucket::cases_of(static_cast<int>(groups.size()), 11)) {
+    for (const bucket::Case& c0 : bucket::cases_of(static_cast<int>(groups.size()), 11, false)) {
       const bucket::Case c = bucket::fit(c0, static_cast<int>(groups[static_cast<std::size_t>(c0.group)].size()));
       bucket::run_case(b, c);
       if (c.group == 0 && b.group_rank(0) >= 0) ran[std::string(bucket::name(c.op))] += std::string(ran.count(bucket::name(c.op)) ? "," : "") + to_string(b.last_algorithm());

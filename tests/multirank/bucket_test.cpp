@@ -46,8 +46,9 @@ TEST_P(BucketCollectives, EveryCaseBitExactOnEveryGroupWithGuardsIntact) {
   const Param prm = GetParam();
   launch({.num_ranks = prm.ranks, .transport = prm.transport}, [&](Transport& t) {
     const auto groups = groups_of(t.num_ranks());
-    BucketBuffer b(t, groups, std::size_t{2} << 20, {.topology = prm.topology, .chunk_bytes = prm.chunk_bytes, .algorithm = prm.algorithm});
-    for (const Case& c0 : cases_of(static_cast<int>(groups.size()), 7)) {
+    BucketBuffer b(t, groups, std::size_t{4} << 20, {.topology = prm.topology, .chunk_bytes = prm.chunk_bytes, .algorithm = prm.algorithm});
+    const bool big = prm.chunk_bytes == 0 || prm.algorithm == BucketAlgorithm::kMapped;
+    for (const Case& c0 : cases_of(static_cast<int>(groups.size()), 7, big)) {
       const Case c = fit(c0, static_cast<int>(groups[static_cast<std::size_t>(c0.group)].size()));
       run_case(b, c, forced_algorithm(prm, c, static_cast<int>(groups[static_cast<std::size_t>(c.group)].size())));
     }
