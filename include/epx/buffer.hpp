@@ -230,6 +230,11 @@ class Buffer {
   /// pending (its back half writes it).
   const CallStats& last_stats() const noexcept;
 
+  /// Always on: how long this rank waited for each peer's header and rows, per op, summed
+  /// over its calls (epx/stats.hpp; what epx::Diagnose gathers). Shared: it may outlive the
+  /// Buffer. Local.
+  std::shared_ptr<const PeerWaits> peer_waits() const noexcept;
+
   const BufferConfig& config() const noexcept;
   int rank() const noexcept;
   int num_ranks() const noexcept;

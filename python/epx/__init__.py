@@ -8,7 +8,8 @@
 See EPBuffer, EPHandle, EventOverlap, launch and Error; the README's "Python" section.
 """
 from .buffer import EPBuffer, EPHandle, EventOverlap
+from .diagnose import Diagnose
 from .errors import Error
 from .group import launch
 
-__all__ = ["EPBuffer", "EPHandle", "EventOverlap", "Error", "launch"]
+__all__ = ["EPBuffer", "EPHandle", "EventOverlap", "Diagnose", "Error", "launch"]

@@ -35,6 +35,7 @@
 #include "epx/launch.hpp"
 #include "epx/sim/launch.hpp"
 #include "epx/lb.hpp"
+#include "diagnose.hpp"
 #include "tensors.hpp"
 
 namespace epx::py {
@@ -256,6 +257,7 @@ class PyBuffer {
   int num_ranks() const { return transport_ ? transport_->num_ranks() : 0; }
   std::size_t window_bytes() const { return transport_ ? transport_->window_bytes() : 0; }
   std::string transport_name() const { return transport_ ? transport_->caps().name : ""; }
+  DiagnoseTarget diagnose_target() const { return {transport_, buffer_ ? buffer_->peer_waits() : nullptr}; }
 
   pyb::dict layout(pyb::handle topk_idx, const std::string& flavor) {
     Buffer& b = live();
@@ -507,6 +509,7 @@ PYBIND11_MODULE(_epx, m) {
     }
   });
   bind_tensors(m);
+  bind_diagnose(m, [](pyb::handle b) { return b.cast<const PyBuffer&>().diagnose_target(); });
   pyb::class_<PyHandle>(m, "Handle").def_property_readonly("num_recv_rows", [](const PyHandle& h) {
     return h.handle.num_recv_rows();
   });

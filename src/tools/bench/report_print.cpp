@@ -94,10 +94,11 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
     std::fprintf(f, "  %-28s (counters off: --no-counters)\n", "puts");
   }
   if (op.overhead) {
-    const bool on_main = rep.options.counters;
+    const bool on_main = rep.options.overhead_main_on();
+    const std::string& of = rep.options.overhead_of;
     std::fprintf(f, "  %-28s on/off = %.3f  (median max-rank latency %s us on, %zu iters; %s us off, %zu iters)\n",
-                 "counters overhead", op.counters_ratio, format_us(op.on.p50).c_str(), op.on.n, format_us(op.off.p50).c_str(), op.off.n);
-    std::fprintf(f, "  %-28s counters %s: %s us before the timed loop, %s us after: drift %.1f%%%s\n", "", on_main ? "off" : "on",
+                 (of + " overhead").c_str(), op.counters_ratio, format_us(op.on.p50).c_str(), op.on.n, format_us(op.off.p50).c_str(), op.off.n);
+    std::fprintf(f, "  %-28s %s %s: %s us before the timed loop, %s us after: drift %.1f%%%s\n", "", of.c_str(), on_main ? "off" : "on",
                  format_us(op.compare_before.p50).c_str(), format_us(op.compare_after.p50).c_str(), 100 * op.drift,
                  std::fabs(op.counters_ratio - 1) <= op.drift ? " >= |on/off - 1|: the difference is within this machine's noise"
                                                                : "");
@@ -270,6 +271,7 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
     std::fprintf(f, "  payload check: epx's byte counters >= the independent count of the routing on every rank (%s)\n",
                  o.dataplane.protocol == Protocol::kFlag ? "flag blocks carry flags and padding" : "relays forward rows once more");
   for (const std::string& w : r.warnings) std::fprintf(f, "  WARNING: %s\n", w.c_str());
+  if (r.diagnose.exchanges > 0) std::fprintf(f, "\nDIAGNOSE (the timed loop; epx::Diagnose)\n%s", format_report(r.diagnose).c_str());
 }
 
 }  // namespace epx::tools

@@ -1,0 +1,179 @@
+// The binding of epx::Diagnose: over an EPBuffer's transport (its waits watched), or over a
+// transport of its own connected through a Python all-gather (a torch group), which then
+// watches the buffers given to watch(). Every call that waits releases the GIL; the
+// background exchange is C++ only (no Python callback ever runs on its thread).
+#include "diagnose.hpp"
+
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <optional>
+
+#include "epx/bootstrap.hpp"
+#include "epx/connect.hpp"
+#include "epx/diagnose.hpp"
+#include "epx/error.hpp"
+
+namespace epx::py {
+namespace {
+
+namespace pyb = pybind11;
+
+DiagnoseOptions make_options(double interval_s, double row, double col, double point, const std::string& log_dir,
+                             std::uint64_t log_max_bytes, int log_backups) {
+  if (!(interval_s > 0) || interval_s > 86400.0 * 365)
+    throw Error(ErrorCode::kInvalidArgument, "Diagnose: interval must be > 0 seconds, got " + std::to_string(interval_s));
+  DiagnoseOptions o;
+  o.interval = std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(interval_s * 1000)));
+  o.thresholds = {row, col, point};
+  o.log_dir = log_dir;
+  o.log_max_bytes = log_max_bytes;
+  o.log_backups = log_backups;
+  return o;
+}
+
+pyb::dict verdict_dict(const MatrixVerdict& v, const std::vector<RankInfo>& ranks) {
+  pyb::list points, nodes;
+  for (const AbnormalPoint& p : v.points) {
+    points.append(pyb::make_tuple(p.src, p.dst, p.value_us, p.ratio));
+    auto node = [&](int r) { return static_cast<std::size_t>(r) < ranks.size() ? ranks[static_cast<std::size_t>(r)].node : ""; };
+    nodes.append(pyb::make_tuple(node(p.src), node(p.dst)));
+  }
+  pyb::dict d;
+  d["abnormal_rows"] = v.rows;
+  d["abnormal_cols"] = v.cols;
+  d["abnormal_points"] = points;
+  d["point_nodes"] = nodes;
+  return d;
+}
+
+pyb::dict report_dict(const DiagnoseReport& r) {
+  pyb::dict d;
+  d["exchanges"] = r.exchanges;
+  d["seconds"] = r.seconds;
+  d["error"] = r.error;
+  pyb::list ranks;
+  for (const RankInfo& i : r.ranks) {
+    pyb::dict x;
+    x["rank"] = i.rank;
+    x["pid"] = i.pid;
+    x["node"] = i.node;
+    ranks.append(x);
+  }
+  d["ranks"] = ranks;
+  pyb::dict t;
+  t["row"] = r.thresholds.row;
+  t["col"] = r.thresholds.col;
+  t["point"] = r.thresholds.point;
+  d["thresholds"] = t;
+  for (int op = 0; op < kNumWaitOps; ++op) {
+    const DiagnoseOp& o = r.ops[static_cast<std::size_t>(op)];
+    pyb::dict od = verdict_dict(o.verdict, r.ranks);
+    od["matrix_us"] = o.matrix_us;  // flat, [src * P + dst]: the Python side reshapes
+    od["calls"] = o.calls;
+    d[to_string(static_cast<WaitOp>(op))] = od;
+  }
+  d["text"] = format_report(r);
+  return d;
+}
+
+class PyDiagnose {
+ public:
+  PyDiagnose(DiagnoseTarget target, const DiagnoseOptions& o) : transport_(std::move(target.transport)) {
+    if (!transport_) throw Error(ErrorCode::kInvalidArgument, "Diagnose: the buffer was destroyed");
+    pyb::gil_scoped_release nogil;
+    diag_ = std::make_unique<Diagnose>(*transport_, o);
+    diag_->watch(target.waits);
+  }
+  PyDiagnose(int rank, int size, pyb::function allgather, const std::string& kind, double timeout_s, const DiagnoseOptions& o) {
+    auto fn = [allgather](const void* in, void* out, std::size_t bytes) {
+      pyb::gil_scoped_acquire gil;
+      try {
+        const std::string s = pyb::bytes(allgather(pyb::bytes(static_cast<const char*>(in), bytes)));
+        if (s.empty() || s.size() % bytes != 0)
+          throw Error(ErrorCode::kInternal, "Diagnose: bootstrap all-gather returned " + std::to_string(s.size()) + " bytes");
+        std::memcpy(out, s.data(), s.size());
+      } catch (pyb::error_already_set& e) {
+        throw Error(ErrorCode::kPeerFailed, std::string("Diagnose: bootstrap all-gather (torch.distributed) failed: ") + e.what());
+      }
+    };
+    bootstrap_ = std::make_unique<FunctionBootstrap>(rank, size, fn, "torch");
+    ConnectOptions c;
+    c.kind = parse_connect_kind(kind);
+    c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+    pyb::gil_scoped_release nogil;
+    transport_ = connect(*bootstrap_, c);
+    diag_ = std::make_unique<Diagnose>(*transport_, o);
+  }
+  ~PyDiagnose() { close(); }
+
+  void watch(const DiagnoseTarget& t) {
+    if (!t.waits) throw Error(ErrorCode::kInvalidArgument, "Diagnose.watch: the buffer was destroyed");
+    live().watch(t.waits);
+  }
+  void start() { live().start(); }
+  void stop() {
+    Diagnose& d = live();
+    pyb::gil_scoped_release nogil;
+    d.stop();
+  }
+  void exchange() {
+    Diagnose& d = live();
+    pyb::gil_scoped_release nogil;
+    d.exchange();
+  }
+  pyb::dict report() { return report_dict(live().report()); }
+  void close() {
+    pyb::gil_scoped_release nogil;
+    diag_.reset();
+    transport_.reset();
+    bootstrap_.reset();
+  }
+  bool closed() const { return diag_ == nullptr; }
+
+ private:
+  Diagnose& live() {
+    if (!diag_) throw Error(ErrorCode::kInvalidArgument, "Diagnose: closed");
+    return *diag_;
+  }
+  std::unique_ptr<Bootstrap> bootstrap_;      // the group form only
+  std::shared_ptr<Transport> transport_;
+  std::unique_ptr<Diagnose> diag_;
+};
+
+}  // namespace
+
+void bind_diagnose(pyb::module_& m, DiagnoseTargetOf target_of) {
+  pyb::class_<PyDiagnose>(m, "Diagnose")
+      .def(pyb::init([target_of](pyb::handle buffer, double interval_s, double row, double col, double point,
+                                 const std::string& log_dir, std::uint64_t log_max_bytes, int log_backups) {
+             return std::make_unique<PyDiagnose>(target_of(buffer),
+                                                 make_options(interval_s, row, col, point, log_dir, log_max_bytes, log_backups));
+           }),
+           pyb::arg("buffer"), pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"),
+           pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
+      .def(pyb::init([](int rank, int size, pyb::function allgather, const std::string& kind, double timeout_s,
+                        double interval_s, double row, double col, double point, const std::string& log_dir,
+                        std::uint64_t log_max_bytes, int log_backups) {
+             return std::make_unique<PyDiagnose>(rank, size, std::move(allgather), kind, timeout_s,
+                                                 make_options(interval_s, row, col, point, log_dir, log_max_bytes, log_backups));
+           }),
+           pyb::arg("rank"), pyb::arg("size"), pyb::arg("allgather"), pyb::arg("transport"), pyb::arg("timeout_s"),
+           pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"), pyb::arg("log_dir"),
+           pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
+      .def("watch", [target_of](PyDiagnose& d, pyb::handle buffer) { d.watch(target_of(buffer)); })
+      .def("start", &PyDiagnose::start)
+      .def("stop", &PyDiagnose::stop)
+      .def("exchange", &PyDiagnose::exchange)
+      .def("report", &PyDiagnose::report)
+      .def("close", &PyDiagnose::close)
+      .def_property_readonly("closed", &PyDiagnose::closed);
+  m.def(
+      "diagnose_matrix",
+      [](const std::vector<double>& flat, int num_ranks, double row, double col, double point) {
+        return verdict_dict(diagnose_matrix(flat, num_ranks, {row, col, point}), {});
+      },
+      pyb::arg("matrix"), pyb::arg("num_ranks"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"));
+}
+
+}  // namespace epx::py
