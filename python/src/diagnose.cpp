@@ -124,10 +124,12 @@ class PyDiagnose {
   }
   pyb::dict report() { return report_dict(live().report()); }
   void close() {
-    pyb::gil_scoped_release nogil;
-    diag_.reset();
-    transport_.reset();
-    bootstrap_.reset();
+    {
+      pyb::gil_scoped_release nogil;  // stop() and the barrier wait for the peers
+      diag_.reset();
+      transport_.reset();
+    }
+    bootstrap_.reset();  // holds a Python callable: with the GIL
   }
   bool closed() const { return diag_ == nullptr; }
 

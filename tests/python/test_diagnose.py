@@ -43,33 +43,33 @@ def _calls(buf, case, rank, n, late=-1, delay=0.0):
         buf.combine(recv_x, handle)
 
 
-def _late_rank(rank, n, log_dir):
+def _late_rank(rank, num_ranks, log_dir):
     case = make_case(P, 8, 2, 128, [16] * P, seed=11)
     out = {}
     with epx.EPBuffer(None, 16, 128, 2, 8) as buf:
         _calls(buf, case, rank, 2)
+        # Over the group: a transport of its own, the buffer watched.
+        with epx.Diagnose(None, interval=10) as diag:
+            diag.watch(buf)
+            _calls(buf, case, rank, 10, late=1, delay=0.025)
+            out["group"] = diag.exchange()
+            out["shape"] = diag.matrices()["combine"].shape
         # Over the buffer (an endpoint of its transport).
         with epx.Diagnose(buf, interval=0.05, log_dir=log_dir) as diag:
             diag.start()
-            _calls(buf, case, rank, 20, late=2, delay=0.01)
+            _calls(buf, case, rank, 20, late=2, delay=0.025)
             diag.stop()
             out["buffer"] = diag.diagnose()
             rep = diag.report()
             out["matrix"] = rep["dispatch"]["matrix_us"]
             out["exchanges"] = rep["exchanges"]
             out["ranks"] = diag.ranks()
-        # Over the group: a transport of its own, the buffer watched.
-        with epx.Diagnose(None, interval=10) as diag:
-            diag.watch(buf)
-            _calls(buf, case, rank, 10, late=1, delay=0.01)
-            out["group"] = diag.exchange()
-            out["shape"] = diag.matrices()["combine"].shape
     out["pid"] = os.getpid()
     return out
 
 
 def test_late_rank_is_the_slow_source(tmp_path):
-    got = epx.launch(_late_rank, P, 30, str(tmp_path), start_method="fork", timeout_secs=120)
+    got = epx.launch(_late_rank, P, str(tmp_path), start_method="fork", timeout_secs=120)
     for r, g in enumerate(got):
         assert g["buffer"]["dispatch"]["abnormal_rows"] == [2], (r, g["buffer"], g["matrix"])
         assert g["buffer"]["dispatch"]["abnormal_cols"] == [] and g["buffer"]["dispatch"]["abnormal_points"] == []
