@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _epx
 from .errors import Error
-from .group import bootstrap_of
+from .group import transport_of
 
 _OPS = ("dispatch", "combine")
 _DEFAULT_THRESHOLDS = {"row": 3.0, "col": 3.0, "point": 5.0}
@@ -46,9 +46,10 @@ class Diagnose:
     """Diagnose(buffer_or_group=None, interval=10, *, thresholds=None, log_dir=None,
              log_max_bytes=64 MiB, log_backups=2, transport="auto", timeout_secs=300)
 
-    Collective. `buffer_or_group`: an EPBuffer (its waits are watched; the exchange uses an
-    endpoint of its transport), or a torch.distributed group (None: the default group; the
-    exchange gets a transport of its own, and watch(buffer) adds the buffers to watch).
+    Collective. `buffer_or_group`: an EPBuffer (its waits are watched), or a
+    torch.distributed group (None: the default group; watch(buffer) adds the buffers to
+    watch). Either way the exchange runs on an endpoint of its own of the group's transport
+    (`transport` and `timeout_secs` pick that transport for a group, as EPBuffer's do).
     `interval`: seconds between background exchanges. `thresholds`: {"row", "col",
     "point"}, DeepEP's 3, 3, 5 by default."""
 
@@ -64,12 +65,12 @@ class Diagnose:
         opts = (interval, t["row"], t["col"], t["point"], str(log_dir), int(log_max_bytes), int(log_backups))
         self._d = None
         if isinstance(buffer_or_group, EPBuffer):
-            self._d = _epx.Diagnose(buffer_or_group._b, *opts)
+            self._d = _epx.Diagnose.over_buffer(buffer_or_group._b, *opts)
             self.rank, self.group_size = buffer_or_group.rank, buffer_or_group.group_size
         else:
-            rank, size, allgather = bootstrap_of(buffer_or_group)
-            self._d = _epx.Diagnose(rank, size, allgather, transport, float(timeout_secs), *opts)
-            self.rank, self.group_size = rank, size
+            t = transport_of(buffer_or_group, transport, timeout_secs)
+            self._d = _epx.Diagnose.over_transport(t, *opts)
+            self.rank, self.group_size = t.rank, t.num_ranks
 
     # -- life cycle ---------------------------------------------------------------------
     def watch(self, buffer):

@@ -1,16 +1,16 @@
-// The binding of epx::Diagnose: over an EPBuffer's transport (its waits watched), or over a
-// transport of its own connected through a Python all-gather (a torch group), which then
-// watches the buffers given to watch(). Every call that waits releases the GIL; the
+// The binding of epx::Diagnose: over an EPBuffer (an endpoint of its group's transport, its
+// waits watched), or over a group's transport (epx.group.transport_of), which then watches
+// the buffers given to watch(). Every call that waits releases the GIL; the
 // background exchange is C++ only (no Python callback ever runs on its thread).
 #include "diagnose.hpp"
 
 #include <pybind11/stl.h>
 
+#include "group_transport.hpp"
+
 #include <cstring>
 #include <optional>
 
-#include "epx/bootstrap.hpp"
-#include "epx/connect.hpp"
 #include "epx/diagnose.hpp"
 #include "epx/error.hpp"
 
@@ -79,30 +79,17 @@ pyb::dict report_dict(const DiagnoseReport& r) {
 
 class PyDiagnose {
  public:
+  /// Over an EPBuffer: an endpoint of its group's transport, the buffer's waits watched.
   PyDiagnose(DiagnoseTarget target, const DiagnoseOptions& o) : transport_(std::move(target.transport)) {
-    if (!transport_) throw Error(ErrorCode::kInvalidArgument, "Diagnose: the buffer was destroyed");
+    if (!transport_ || !target.waits) throw Error(ErrorCode::kInvalidArgument, "Diagnose: the buffer was destroyed");
     pyb::gil_scoped_release nogil;
     diag_ = std::make_unique<Diagnose>(*transport_, o);
     diag_->watch(target.waits);
   }
-  PyDiagnose(int rank, int size, pyb::function allgather, const std::string& kind, double timeout_s, const DiagnoseOptions& o) {
-    auto fn = [allgather](const void* in, void* out, std::size_t bytes) {
-      pyb::gil_scoped_acquire gil;
-      try {
-        const std::string s = pyb::bytes(allgather(pyb::bytes(static_cast<const char*>(in), bytes)));
-        if (s.empty() || s.size() % bytes != 0)
-          throw Error(ErrorCode::kInternal, "Diagnose: bootstrap all-gather returned " + std::to_string(s.size()) + " bytes");
-        std::memcpy(out, s.data(), s.size());
-      } catch (pyb::error_already_set& e) {
-        throw Error(ErrorCode::kPeerFailed, std::string("Diagnose: bootstrap all-gather (torch.distributed) failed: ") + e.what());
-      }
-    };
-    bootstrap_ = std::make_unique<FunctionBootstrap>(rank, size, fn, "torch");
-    ConnectOptions c;
-    c.kind = parse_connect_kind(kind);
-    c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+  /// Over a group's transport (epx.group.transport_of): an endpoint of it; watch() adds buffers.
+  PyDiagnose(std::shared_ptr<PyTransport> group, const DiagnoseOptions& o) : group_(std::move(group)) {
+    transport_ = group_->shared();
     pyb::gil_scoped_release nogil;
-    transport_ = connect(*bootstrap_, c);
     diag_ = std::make_unique<Diagnose>(*transport_, o);
   }
   ~PyDiagnose() { close(); }
@@ -124,12 +111,9 @@ class PyDiagnose {
   }
   pyb::dict report() { return report_dict(live().report()); }
   void close() {
-    {
-      pyb::gil_scoped_release nogil;  // stop() and the barrier wait for the peers
-      diag_.reset();
-      transport_.reset();
-    }
-    bootstrap_.reset();  // holds a Python callable: with the GIL
+    pyb::gil_scoped_release nogil;  // stop() and the barrier wait for the peers
+    diag_.reset();
+    transport_.reset();
   }
   bool closed() const { return diag_ == nullptr; }
 
@@ -138,7 +122,7 @@ class PyDiagnose {
     if (!diag_) throw Error(ErrorCode::kInvalidArgument, "Diagnose: closed");
     return *diag_;
   }
-  std::unique_ptr<Bootstrap> bootstrap_;      // the group form only
+  std::shared_ptr<PyTransport> group_;  // the group form: keeps the group's transport
   std::shared_ptr<Transport> transport_;
   std::unique_ptr<Diagnose> diag_;
 };
@@ -147,22 +131,24 @@ class PyDiagnose {
 
 void bind_diagnose(pyb::module_& m, DiagnoseTargetOf target_of) {
   pyb::class_<PyDiagnose>(m, "Diagnose")
-      .def(pyb::init([target_of](pyb::handle buffer, double interval_s, double row, double col, double point,
-                                 const std::string& log_dir, std::uint64_t log_max_bytes, int log_backups) {
-             return std::make_unique<PyDiagnose>(target_of(buffer),
-                                                 make_options(interval_s, row, col, point, log_dir, log_max_bytes, log_backups));
-           }),
-           pyb::arg("buffer"), pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"),
-           pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
-      .def(pyb::init([](int rank, int size, pyb::function allgather, const std::string& kind, double timeout_s,
-                        double interval_s, double row, double col, double point, const std::string& log_dir,
-                        std::uint64_t log_max_bytes, int log_backups) {
-             return std::make_unique<PyDiagnose>(rank, size, std::move(allgather), kind, timeout_s,
-                                                 make_options(interval_s, row, col, point, log_dir, log_max_bytes, log_backups));
-           }),
-           pyb::arg("rank"), pyb::arg("size"), pyb::arg("allgather"), pyb::arg("transport"), pyb::arg("timeout_s"),
-           pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"), pyb::arg("log_dir"),
-           pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
+      .def_static(
+          "over_buffer",
+          [target_of](pyb::handle buffer, double interval_s, double row, double col, double point, const std::string& log_dir,
+                      std::uint64_t log_max_bytes, int log_backups) {
+            return std::make_unique<PyDiagnose>(target_of(buffer),
+                                                make_options(interval_s, row, col, point, log_dir, log_max_bytes, log_backups));
+          },
+          pyb::arg("buffer"), pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"),
+          pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
+      .def_static(
+          "over_transport",
+          [](std::shared_ptr<PyTransport> group, double interval_s, double row, double col, double point,
+             const std::string& log_dir, std::uint64_t log_max_bytes, int log_backups) {
+            return std::make_unique<PyDiagnose>(std::move(group),
+                                                make_options(interval_s, row, col, point, log_dir, log_max_bytes, log_backups));
+          },
+          pyb::arg("transport"), pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"),
+          pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
       .def("watch", [target_of](PyDiagnose& d, pyb::handle buffer) { d.watch(target_of(buffer)); })
       .def("start", &PyDiagnose::start)
       .def("stop", &PyDiagnose::stop)
