@@ -19,7 +19,9 @@
 //   * abnormal column d: mean of column d / mean of the column means > thresholds.col   (3): a slow
 //                        destination — d waits for everyone (d itself is slow to take its rows in);
 //   * abnormal point:    M[s][d]          / mean of M                > thresholds.point (5): a slow link
-//                        s -> d; points in an abnormal row or column are not listed again.
+//                        s -> d; points in an abnormal row or column are not listed again —
+//                        except (thresholds.links, the one refinement) a point that alone makes
+//                        its row and its column abnormal: it is listed, they are not.
 // The ratios need a few ranks to mean anything: with P ranks a row can be at most P times the
 // mean, so rows and columns are never flagged at P <= 3, points never at P <= 2 (4 ranks: a
 // row is flagged when its waits exceed the rest of the matrix's, a point at 5x the mean).
@@ -56,6 +58,9 @@ struct DiagnoseThresholds {
   double row = 3.0;
   double col = 3.0;
   double point = 5.0;
+  /// A row and a column abnormal only through their crossing point are that point, a slow
+  /// link (see diagnose_matrix); false: DeepEP's verdict exactly (the row and the column).
+  bool links = true;
 };
 
 /// One slow link: M[src][dst] = value_us, ratio = value_us / mean(M).
@@ -75,8 +80,15 @@ struct MatrixVerdict {
 };
 
 /// Local, pure: DeepEP's rule (above) on the P x P matrix `m` (row-major, m[src * P + dst],
-/// every value >= 0). Throws kInvalidArgument unless m.size() == P * P, P >= 1, every value
-/// finite and >= 0, and every threshold > 0. An all-zero matrix flags nothing.
+/// every value >= 0), then, with thresholds.links, one refinement: DeepEP's rule reports a
+/// single dominant point (s, d) as abnormal row s and column d (a point's row and column
+/// carry at least 1/P of the whole matrix each, so at small P they cross 3x first) and
+/// suppresses the point. A point above the point threshold at the crossing of an abnormal
+/// row s and column d, with which set to the mean of the other values neither row s nor
+/// column d is abnormal, is reported as a point instead (largest first, repeatedly; the
+/// rest is judged on the matrix with those points set aside). Throws kInvalidArgument
+/// unless m.size() == P * P, P >= 1, every value finite and >= 0, and every threshold > 0.
+/// An all-zero matrix flags nothing.
 MatrixVerdict diagnose_matrix(const std::vector<double>& m, int num_ranks, const DiagnoseThresholds& thresholds = {});
 
 /// Where a rank runs: its process id and node (gethostname()).

@@ -14,7 +14,9 @@ are sources (the ranks waited for), columns destinations (the ranks that waited)
 verdict is DeepEP's rule: a row (slow source) or column (slow destination) whose mean is
 more than `thresholds["row"]` / `["col"]` (3) times the mean of the row / column means, a
 point (slow link) more than `thresholds["point"]` (5) times the matrix mean, points in an
-abnormal row or column not listed again. Every rank holds the same matrices and verdicts.
+abnormal row or column not listed again — except that a point which alone makes its row
+and its column abnormal is listed as the point (`thresholds["links"]`, default True; False:
+DeepEP's verdict exactly). Every rank holds the same matrices and verdicts.
 
 With `log_dir` (default: $EPX_DIAGNOSE_LOG_PATH, else no log), rank 0 appends each exchange's
 verdicts and matrices to log_dir/diagnose.log, rotated at `log_max_bytes` (.log.1, .log.2).
@@ -30,15 +32,15 @@ from .errors import Error
 from .group import transport_of
 
 _OPS = ("dispatch", "combine")
-_DEFAULT_THRESHOLDS = {"row": 3.0, "col": 3.0, "point": 5.0}
+_DEFAULT_THRESHOLDS = {"row": 3.0, "col": 3.0, "point": 5.0, "links": True}
 
 
 def _thresholds(thresholds):
     t = dict(_DEFAULT_THRESHOLDS)
     for k, v in (thresholds or {}).items():
         if k not in t:
-            raise Error(f"Diagnose: unknown threshold {k!r} (expected row, col, point)", "invalid_argument")
-        t[k] = float(v)
+            raise Error(f"Diagnose: unknown threshold {k!r} (expected row, col, point, links)", "invalid_argument")
+        t[k] = bool(v) if k == "links" else float(v)
     return t
 
 
@@ -62,7 +64,7 @@ class Diagnose:
         self.thresholds = _thresholds(thresholds)
         self.interval = interval
         t = self.thresholds
-        opts = (interval, t["row"], t["col"], t["point"], str(log_dir), int(log_max_bytes), int(log_backups))
+        opts = (interval, t["row"], t["col"], t["point"], t["links"], str(log_dir), int(log_max_bytes), int(log_backups))
         self._d = None
         if isinstance(buffer_or_group, EPBuffer):
             self._d = _epx.Diagnose.over_buffer(buffer_or_group._b, *opts)
@@ -135,13 +137,16 @@ class Diagnose:
         return self.report()["ranks"]
 
     @staticmethod
-    def diagnose_matrix(mat, thres_col=3.0, thres_row=3.0, thres_point=5.0):
+    def diagnose_matrix(mat, thres_col=3.0, thres_row=3.0, thres_point=5.0, links=True):
         """DeepEP's rule on any square matrix (the same C++ code as the exchange's verdicts):
-        {"abnormal_cols", "abnormal_rows", "abnormal_points": [[i, j, value, ratio], ...]}."""
+        {"abnormal_cols", "abnormal_rows", "abnormal_points": [[i, j, value, ratio], ...]}.
+        links=False: DeepEP's verdict exactly (a point that alone makes its row and column
+        abnormal is reported as that row and column, not as the point)."""
         m = np.asarray(mat, dtype=np.float64)
         if m.ndim != 2 or m.shape[0] != m.shape[1]:
             raise Error(f"Diagnose.diagnose_matrix: expected a square matrix, got shape {m.shape}", "shape_mismatch")
-        v = _epx.diagnose_matrix(m.ravel().tolist(), m.shape[0], float(thres_row), float(thres_col), float(thres_point))
+        v = _epx.diagnose_matrix(m.ravel().tolist(), m.shape[0], float(thres_row), float(thres_col), float(thres_point),
+                                 bool(links))
         return {"abnormal_cols": v["abnormal_cols"], "abnormal_rows": v["abnormal_rows"],
                 "abnormal_points": [list(p) for p in v["abnormal_points"]]}
 

@@ -19,13 +19,13 @@ namespace {
 
 namespace pyb = pybind11;
 
-DiagnoseOptions make_options(double interval_s, double row, double col, double point, const std::string& log_dir,
+DiagnoseOptions make_options(double interval_s, double row, double col, double point, bool links, const std::string& log_dir,
                              std::uint64_t log_max_bytes, int log_backups) {
   if (!(interval_s > 0) || interval_s > 86400.0 * 365)
     throw Error(ErrorCode::kInvalidArgument, "Diagnose: interval must be > 0 seconds, got " + std::to_string(interval_s));
   DiagnoseOptions o;
   o.interval = std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(interval_s * 1000)));
-  o.thresholds = {row, col, point};
+  o.thresholds = {row, col, point, links};
   o.log_dir = log_dir;
   o.log_max_bytes = log_max_bytes;
   o.log_backups = log_backups;
@@ -65,6 +65,7 @@ pyb::dict report_dict(const DiagnoseReport& r) {
   t["row"] = r.thresholds.row;
   t["col"] = r.thresholds.col;
   t["point"] = r.thresholds.point;
+  t["links"] = r.thresholds.links;
   d["thresholds"] = t;
   for (int op = 0; op < kNumWaitOps; ++op) {
     const DiagnoseOp& o = r.ops[static_cast<std::size_t>(op)];
@@ -133,22 +134,22 @@ void bind_diagnose(pyb::module_& m, DiagnoseTargetOf target_of) {
   pyb::class_<PyDiagnose>(m, "Diagnose")
       .def_static(
           "over_buffer",
-          [target_of](pyb::handle buffer, double interval_s, double row, double col, double point, const std::string& log_dir,
+          [target_of](pyb::handle buffer, double interval_s, double row, double col, double point, bool links, const std::string& log_dir,
                       std::uint64_t log_max_bytes, int log_backups) {
             return std::make_unique<PyDiagnose>(target_of(buffer),
-                                                make_options(interval_s, row, col, point, log_dir, log_max_bytes, log_backups));
+                                                make_options(interval_s, row, col, point, links, log_dir, log_max_bytes, log_backups));
           },
           pyb::arg("buffer"), pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"),
-          pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
+          pyb::arg("links"), pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
       .def_static(
           "over_transport",
           [](std::shared_ptr<PyTransport> group, double interval_s, double row, double col, double point,
-             const std::string& log_dir, std::uint64_t log_max_bytes, int log_backups) {
+             bool links, const std::string& log_dir, std::uint64_t log_max_bytes, int log_backups) {
             return std::make_unique<PyDiagnose>(std::move(group),
-                                                make_options(interval_s, row, col, point, log_dir, log_max_bytes, log_backups));
+                                                make_options(interval_s, row, col, point, links, log_dir, log_max_bytes, log_backups));
           },
           pyb::arg("transport"), pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"),
-          pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
+          pyb::arg("links"), pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
       .def("watch", [target_of](PyDiagnose& d, pyb::handle buffer) { d.watch(target_of(buffer)); })
       .def("start", &PyDiagnose::start)
       .def("stop", &PyDiagnose::stop)
@@ -158,10 +159,10 @@ void bind_diagnose(pyb::module_& m, DiagnoseTargetOf target_of) {
       .def_property_readonly("closed", &PyDiagnose::closed);
   m.def(
       "diagnose_matrix",
-      [](const std::vector<double>& flat, int num_ranks, double row, double col, double point) {
-        return verdict_dict(diagnose_matrix(flat, num_ranks, {row, col, point}), {});
+      [](const std::vector<double>& flat, int num_ranks, double row, double col, double point, bool links) {
+        return verdict_dict(diagnose_matrix(flat, num_ranks, {row, col, point, links}), {});
       },
-      pyb::arg("matrix"), pyb::arg("num_ranks"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"));
+      pyb::arg("matrix"), pyb::arg("num_ranks"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"), pyb::arg("links"));
 }
 
 }  // namespace epx::py

@@ -1,5 +1,6 @@
 // The verdict on a wait matrix (DeepEP's ratio-to-mean rule, epx/diagnose.hpp) and the
 // report as text (the log's and `epx bench --diagnose`'s).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -45,27 +46,79 @@ bool contains(const std::vector<int>& v, int x) {
 
 }  // namespace
 
-MatrixVerdict diagnose_matrix(const std::vector<double>& m, int P, const DiagnoseThresholds& t) {
-  check_matrix(m, P, t);
-  const auto n = static_cast<std::size_t>(P);
+namespace {
+
+// DeepEP's rule as it is: abnormal rows and columns by their means, points outside them.
+MatrixVerdict deepep_rule(const std::vector<double>& m, std::size_t n, const DiagnoseThresholds& t) {
   std::vector<double> row_mean(n, 0), col_mean(n, 0);
   double mean = 0;
   for (std::size_t s = 0; s < n; ++s)
     for (std::size_t d = 0; d < n; ++d) {
-      row_mean[s] += m[s * n + d] / static_cast<double>(P);
-      col_mean[d] += m[s * n + d] / static_cast<double>(P);
+      row_mean[s] += m[s * n + d] / static_cast<double>(n);
+      col_mean[d] += m[s * n + d] / static_cast<double>(n);
       mean += m[s * n + d];
     }
   mean /= static_cast<double>(n * n);
   MatrixVerdict v;
   v.rows = above(row_mean, t.row);
   v.cols = above(col_mean, t.col);
-  for (int s = 0; s < P; ++s)
-    for (int d = 0; d < P; ++d) {
-      const double x = m[static_cast<std::size_t>(s) * n + static_cast<std::size_t>(d)];
+  for (std::size_t s = 0; s < n; ++s)
+    for (std::size_t d = 0; d < n; ++d) {
+      const double x = m[s * n + d];
       const double ratio = x / (mean + kTiny);
-      if (ratio > t.point && !contains(v.rows, s) && !contains(v.cols, d)) v.points.push_back({s, d, x, ratio});
+      if (ratio > t.point && !contains(v.rows, static_cast<int>(s)) && !contains(v.cols, static_cast<int>(d)))
+        v.points.push_back({static_cast<int>(s), static_cast<int>(d), x, ratio});
     }
+  return v;
+}
+
+double mean_of(const std::vector<double>& m) {
+  double sum = 0;
+  for (double x : m) sum += x;
+  return sum / static_cast<double>(m.size());
+}
+
+// The largest point (s, d) at the crossing of an abnormal row s and an abnormal column d,
+// above the point threshold, that alone makes them abnormal: with it set to the mean of
+// the other values, neither is. Returns false if there is none; else `m` has it set so.
+bool set_aside_link(std::vector<double>& m, std::size_t n, const MatrixVerdict& v, const DiagnoseThresholds& t,
+                    AbnormalPoint& link) {
+  const double mean = mean_of(m);
+  bool found = false;
+  std::vector<double> best;
+  for (int s : v.rows)
+    for (int d : v.cols) {
+      const std::size_t at = static_cast<std::size_t>(s) * n + static_cast<std::size_t>(d);
+      const double x = m[at];
+      if (s == d || x / (mean + kTiny) <= t.point || (found && x <= link.value_us)) continue;
+      std::vector<double> repaired = m;
+      repaired[at] = (mean * static_cast<double>(n * n) - x) / static_cast<double>(n * n - 1);
+      const MatrixVerdict w = deepep_rule(repaired, n, t);
+      if (contains(w.rows, s) || contains(w.cols, d)) continue;
+      found = true;
+      link = {s, d, x, x / (mean + kTiny)};
+      best = std::move(repaired);
+    }
+  if (found) m = std::move(best);
+  return found;
+}
+
+}  // namespace
+
+MatrixVerdict diagnose_matrix(const std::vector<double>& matrix, int P, const DiagnoseThresholds& t) {
+  check_matrix(matrix, P, t);
+  const auto n = static_cast<std::size_t>(P);
+  std::vector<double> m = matrix;
+  MatrixVerdict v = deepep_rule(m, n, t);
+  std::vector<AbnormalPoint> links;
+  AbnormalPoint link;
+  while (t.links && links.size() < n && set_aside_link(m, n, v, t, link)) {
+    links.push_back(link);
+    v = deepep_rule(m, n, t);
+  }
+  v.points.insert(v.points.end(), links.begin(), links.end());
+  std::sort(v.points.begin(), v.points.end(),
+            [](const AbnormalPoint& a, const AbnormalPoint& b) { return a.src != b.src ? a.src < b.src : a.dst < b.dst; });
   return v;
 }
 

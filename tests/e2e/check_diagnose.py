@@ -34,6 +34,12 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 # A small problem: ~1 ms per call on a loaded 2-core machine; every rank sends to every rank.
 SHAPE = ["--tokens", "64", "--hidden", "1024", "--topk", "4", "--experts", "16", "--warmup", "3",
          "--counters-overhead", "0", "--no-counters", "--diagnose", "--timeout-ms", "30000"]
+# Across the namespaces (UCX over TCP on a veth): smaller rows, so that a shaped link is slow, not stalled.
+NETEM_SHAPE = [{"1024": "128", "64": "32"}.get(x, x) for x in SHAPE]
+# The tail protocol: each peer's rows complete with their own ordered signal. (With the
+# explicit protocol's one quiet before every signal, the slow link delays the sender's and
+# the receiver's signals to every rank: their rows rise together, docs/diagnose.md.)
+NETEM_EXTRA = os.environ.get("EPX_DIAG_NETEM_EXTRA", "--protocol tail --queues 4").split()
 PID_LINE = re.compile(r"epx bench: diagnose: rank pids:(.*)")
 failures = []
 
@@ -88,10 +94,10 @@ def run_bench(cmd, fault=None, limit=240):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def check_quiet(epx, runs, iters):
+def check_quiet(epx, runs, iters, ranks):
     bad = 0
     for i in range(runs):
-        rc, data, tail = run_bench([epx, "bench", "--ranks", "4", "--iters", str(iters), "--no-progress"] + SHAPE)
+        rc, data, tail = run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters), "--no-progress"] + SHAPE)
         if rc != 0 or data is None or "diagnose" not in data:
             fail(f"quiet run {i}: exit {rc}\n{tail}")
             return
@@ -101,7 +107,7 @@ def check_quiet(epx, runs, iters):
         if n:
             print(f"  quiet run {i}: flagged {describe(data['diagnose'])}", flush=True)
     rate = bad / (2 * runs)
-    print(f"quiet: {bad} of {2 * runs} verdicts (dispatch + combine of {runs} runs x {iters} iterations) flagged "
+    print(f"quiet: {bad} of {2 * runs} verdicts (dispatch + combine of {runs} runs x {iters} iterations, P = {ranks}) flagged "
           f"something: false-positive rate {100 * rate:.1f} %", flush=True)
     if bad:
         fail(f"quiet: {bad} false positives in {2 * runs} verdicts")
@@ -143,8 +149,8 @@ def sigstop_bursts(victim, stop_s=0.02, run_s=0.01):
     return fault
 
 
-def check_sigstop(epx, iters, victim=2):
-    rc, data, tail = run_bench([epx, "bench", "--ranks", "4", "--iters", str(iters)] + SHAPE, sigstop_bursts(victim))
+def check_sigstop(epx, iters, ranks, victim=2):
+    rc, data, tail = run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE, sigstop_bursts(victim))
     if rc != 0:
         fail(f"sigstop: exit {rc}\n{tail}")
         return
@@ -201,7 +207,7 @@ class CpuCgroup:
         fail(f"cgroup: could not remove {self.path}")
 
 
-def check_cgroup(epx, iters, victim=1):
+def check_cgroup(epx, iters, ranks, victim=1):
     try:
         cg = CpuCgroup(5)
     except OSError as e:
@@ -210,7 +216,7 @@ def check_cgroup(epx, iters, victim=1):
     try:
         def fault(pids, proc):
             cg.add(pids[victim])
-        rc, data, tail = run_bench([epx, "bench", "--ranks", "4", "--iters", str(iters)] + SHAPE, fault)
+        rc, data, tail = run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE, fault)
         if rc != 0:
             fail(f"cgroup: exit {rc}\n{tail}")
             return
@@ -252,14 +258,26 @@ class Machines:
             sh("ip", "-n", ns, "link", "set", "eth1", "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
 
-    def delay(self, src, dst, ms):
-        """netem on machine src's eth1 for packets to machine dst only (1-based)."""
+    def slow_link(self, src, dst, delay_ms, rate_kbit):
+        """Machine src's eth1 slows its packets to machine dst only (1-based): a u32 filter
+        into a netem delay of delay_ms, or, on a kernel without netem (sch_netem), into an
+        htb class of rate_kbit. Returns what it did, in words."""
         ns = self.ns[src - 1]
-        sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth1", "root", "handle", "1:", "prio")
-        sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth1", "parent", "1:3", "handle", "30:", "netem",
-           "delay", f"{ms}ms")
-        sh("ip", "netns", "exec", ns, "tc", "filter", "add", "dev", "eth1", "protocol", "ip", "parent", "1:0", "prio", "3",
-           "u32", "match", "ip", "dst", f"10.201.0.{dst}/32", "flowid", "1:3")
+        tc = ["ip", "netns", "exec", ns, "tc"]
+        to_dst = ["u32", "match", "ip", "dst", f"10.201.0.{dst}/32"]
+        try:
+            sh(*tc, "qdisc", "add", "dev", "eth1", "root", "handle", "1:", "prio")
+            sh(*tc, "qdisc", "add", "dev", "eth1", "parent", "1:3", "handle", "30:", "netem", "delay", f"{delay_ms}ms")
+            sh(*tc, "filter", "add", "dev", "eth1", "protocol", "ip", "parent", "1:0", "prio", "3", *to_dst, "flowid", "1:3")
+            return f"netem delay {delay_ms} ms"
+        except OSError:
+            sh(*tc, "qdisc", "del", "dev", "eth1", "root", check=False)
+        sh(*tc, "qdisc", "add", "dev", "eth1", "root", "handle", "1:", "htb", "default", "10")
+        sh(*tc, "class", "add", "dev", "eth1", "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit")
+        sh(*tc, "class", "add", "dev", "eth1", "parent", "1:", "classid", "1:20", "htb", "rate", f"{rate_kbit}kbit",
+           "ceil", f"{rate_kbit}kbit", "burst", "1600", "cburst", "1600")
+        sh(*tc, "filter", "add", "dev", "eth1", "protocol", "ip", "parent", "1:", "prio", "1", *to_dst, "flowid", "1:20")
+        return f"htb rate {rate_kbit} kbit/s (this kernel has no sch_netem)"
 
     def remove(self):
         for ns in self.ns:
@@ -286,7 +304,7 @@ def oshrun_cmd(m, hostfile, np):
             "-x", "UCX_TLS=tcp,sysv,posix,self", "-x", "UCX_NET_DEVICES=eth1"]
 
 
-def check_netem(epx, iters, delay_ms=15):
+def check_netem(epx, iters, delay_ms=15, rate_kbit=512, shape=True):
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc") or not shutil.which("oshrun"):
         print("SKIP: netem: needs root, ip, tc and oshrun", flush=True)
         return
@@ -298,15 +316,15 @@ def check_netem(epx, iters, delay_ms=15):
     try:
         try:
             m = Machines(4)
-            m.delay(1, 2, delay_ms)
+            how = m.slow_link(1, 2, delay_ms, rate_kbit) if shape else "nothing (quiet)"
         except OSError as e:
-            print(f"SKIP: netem: cannot make the namespaces: {e}", flush=True)
+            print(f"SKIP: netem: cannot make the namespaces or the qdisc: {e}", flush=True)
             return
         hosts = os.path.join(work, "hosts")
         with open(hosts, "w") as f:
             f.writelines(f"{ns} slots=1\n" for ns in m.ns)
-        cmd = oshrun_cmd(m, hosts, 4) + [epx, "bench", "--transport", "shmem", "--iters", str(iters), "--no-progress"] + SHAPE
-        rc, data, tail = run_bench(cmd, limit=180)
+        cmd = oshrun_cmd(m, hosts, 4) + [epx, "bench", "--transport", "shmem", "--iters", str(iters), "--no-progress"]
+        rc, data, tail = run_bench(cmd + NETEM_SHAPE + NETEM_EXTRA, limit=180)
         if rc != 0 or data is None:
             fail(f"netem: exit {rc}\n{tail}")
             return
@@ -317,11 +335,13 @@ def check_netem(epx, iters, delay_ms=15):
         f = flagged(data["diagnose"])
         points = {p for _, _, ps in f.values() for p in ps}
         rows_cols = [x for r, c, _ in f.values() for x in list(r) + list(c)]
-        if not points or not points <= between or rows_cols:
-            fail(f"netem: {delay_ms} ms between {m.ns[0]} (ranks {a}) and {m.ns[1]} (ranks {b}); verdict: "
-                 f"{describe(data['diagnose'])}")
+        print("  matrices (us): " + json.dumps({op: data["diagnose"][op]["matrix_us"] for op in ("dispatch", "combine")}),
+              flush=True)
+        ok = (not points and not rows_cols) if not shape else (points and points <= between and not rows_cols)
+        if not ok:
+            fail(f"netem: {how} from {m.ns[0]} (ranks {a}) to {m.ns[1]} (ranks {b}); verdict: {describe(data['diagnose'])}")
         else:
-            print(f"PASS: netem: the {delay_ms} ms link {m.ns[0]} -> {m.ns[1]} named as points {sorted(points)} "
+            print(f"PASS: netem: {how} from {m.ns[0]} to {m.ns[1]}: points {sorted(points)} "
                   f"({describe(data['diagnose'])})", flush=True)
     finally:
         if m:
@@ -332,21 +352,25 @@ def check_netem(epx, iters, delay_ms=15):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epx", required=True)
-    ap.add_argument("--only", default="quiet,sigstop,cgroup,netem")
+    ap.add_argument("--only", default="quiet,sigstop,cgroup,netem", help="also: netem-quiet (4 machines, no shaping)")
     ap.add_argument("--quiet-runs", type=int, default=4)
     ap.add_argument("--iters", type=int, default=400)
+    ap.add_argument("--netem-iters", type=int, default=20)
+    ap.add_argument("--ranks", type=int, default=8, help="P of the quiet and slow-rank runs (netem: 4 machines x 1)")
     a = ap.parse_args()
     epx = os.path.abspath(a.epx)
     only = a.only.split(",")
     t0 = time.time()
     if "quiet" in only:
-        check_quiet(epx, a.quiet_runs, a.iters)
+        check_quiet(epx, a.quiet_runs, a.iters, a.ranks)
     if "sigstop" in only:
-        check_sigstop(epx, a.iters)
+        check_sigstop(epx, a.iters, a.ranks)
     if "cgroup" in only:
-        check_cgroup(epx, a.iters)
+        check_cgroup(epx, a.iters, a.ranks)
     if "netem" in only:
-        check_netem(epx, max(50, a.iters // 4))
+        check_netem(epx, a.netem_iters)
+    if "netem-quiet" in only:
+        check_netem(epx, a.netem_iters, shape=False)
     print(f"check_diagnose: {time.time() - t0:.0f} s", flush=True)
     if failures:
         print(f"FAIL: check_diagnose: {len(failures)} check(s) failed", flush=True)

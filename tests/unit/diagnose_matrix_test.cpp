@@ -76,6 +76,42 @@ TEST(DiagnoseMatrix, RatiosByHand) {
   EXPECT_TRUE(low.points.empty());  // in an abnormal row: not listed again
 }
 
+// One dominant link at P = 4: all ones but [0][1] = 100 (sum 115, mean 7.1875). Row 0 and
+// column 1 have mean 103/4 = 25.75, 3.58x: DeepEP's rule flags them and suppresses the
+// point; set to the mean of the others (1), nothing is abnormal: it is the point, 13.9x.
+TEST(DiagnoseMatrix, DominantLinkIsAPointNotItsRowAndColumn) {
+  std::vector<double> m(16, 1.0);
+  m[0 * 4 + 1] = 100;
+  const MatrixVerdict deepep = diagnose_matrix(m, 4, {3, 3, 5, false});
+  EXPECT_EQ(deepep.rows, std::vector<int>{0});
+  EXPECT_EQ(deepep.cols, std::vector<int>{1});
+  EXPECT_TRUE(deepep.points.empty());
+  const MatrixVerdict v = diagnose_matrix(m, 4);
+  EXPECT_TRUE(v.rows.empty() && v.cols.empty());
+  ASSERT_EQ(v.points.size(), 1u);
+  EXPECT_EQ(v.points[0].src, 0);
+  EXPECT_EQ(v.points[0].dst, 1);
+  EXPECT_NEAR(v.points[0].ratio, 100 / (115.0 / 16), 1e-6);
+}
+
+// Both directions of one link at P = 8 (all ones, [0][1] = [1][0] = 100): two points. A
+// slow source (row 2 all 50) stays a row: one of its points set aside leaves it abnormal.
+TEST(DiagnoseMatrix, LinksBothWaysAndARowThatStaysARow) {
+  std::vector<double> m(64, 1.0);
+  m[0 * 8 + 1] = m[1 * 8 + 0] = 100;
+  const MatrixVerdict v = diagnose_matrix(m, 8);
+  EXPECT_TRUE(v.rows.empty() && v.cols.empty()) << v.rows.size() << " " << v.cols.size();
+  ASSERT_EQ(v.points.size(), 2u);
+  EXPECT_EQ(v.points[0].src * 8 + v.points[0].dst, 1);
+  EXPECT_EQ(v.points[1].src * 8 + v.points[1].dst, 8);
+  std::vector<double> r(64, 1.0);
+  for (int d = 0; d < 8; ++d) r[2 * 8 + d] = d == 2 ? 0 : 50;
+  r[3 * 8 + 2] = 30;  // and a stop inside one of its own waits: its column, one point (4.4x)
+  const MatrixVerdict row = diagnose_matrix(r, 8);
+  EXPECT_EQ(row.rows, std::vector<int>{2});
+  EXPECT_TRUE(row.points.empty());
+}
+
 TEST(DiagnoseMatrix, QuietAndZeroMatricesFlagNothing) {
   EXPECT_TRUE(diagnose_matrix(std::vector<double>(64, 0.0), 8).clean());
   std::vector<double> even(16);

@@ -149,7 +149,8 @@ ordered_json diagnose_json(const DiagnoseReport& d) {
         {"abnormal_rows", o.verdict.rows},
         {"abnormal_cols", o.verdict.cols},
         {"abnormal_points", points},
-        {"thresholds", {{"row", d.thresholds.row}, {"col", d.thresholds.col}, {"point", d.thresholds.point}}},
+        {"thresholds", {{"row", d.thresholds.row}, {"col", d.thresholds.col}, {"point", d.thresholds.point},
+                        {"links", d.thresholds.links}}},
         {"calls_per_rank", o.calls}};
   }
   j["seconds"] = d.seconds;
