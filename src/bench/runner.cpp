@@ -269,7 +269,7 @@ class RankBench {
   // iterations with the other setting before the timed loop and one after it (a fresh
   // Buffer each: a transport holds one window), so a linear drift of the machine cancels.
   void comparison_block(int block) {
-    if (o_.overhead_iters <= 0) return;
+    if (o_.overhead_iters <= 0 || interleaved()) return;
     const bool other_mode = !o_.overhead_main_on();
     auto& other_d = other_mode ? rec_.on_dispatch_us : rec_.off_dispatch_us;
     auto& other_c = other_mode ? rec_.on_combine_us : rec_.off_combine_us;
@@ -286,12 +286,21 @@ class RankBench {
     }
   }
 
+  // --overhead-of waits: the waits-off Buffer runs right after each timed iteration, on the
+  // same transport (its own endpoint), so that the machine's drift cancels pair by pair.
+  bool interleaved() const noexcept { return o_.overhead_of == "waits" && o_.overhead_iters > 0; }
+
   void timed_loop() {
     const bool want_hash = o_.baseline == "mpi" && !p_.fp8;
     auto& main_d = o_.overhead_main_on() ? rec_.on_dispatch_us : rec_.off_dispatch_us;
     auto& main_c = o_.overhead_main_on() ? rec_.on_combine_us : rec_.off_combine_us;
     const int total = o_.warmup + o_.iters;
     std::unique_ptr<Buffer> buf = make_buffer(o_.overhead_main_on());
+    std::unique_ptr<Buffer> other;  // --overhead-of waits: waits off, interleaved
+    if (interleaved()) {
+      other = make_buffer(false);
+      round(*other, nullptr, nullptr, false);  // warm its window
+    }
     std::optional<Diagnose> diag;  // --diagnose: on an endpoint of its own
     if (o_.diagnose) {
       diag.emplace(t_, *buf);
@@ -314,6 +323,12 @@ class RankBench {
         rec_.stream_combine_us.push_back(m.sc_us);
         main_d.push_back(d_us);
         main_c.push_back(c_us);
+      }
+      if (timed && other) {
+        const auto [od, oc] = round(*other, nullptr, nullptr, false);
+        memcpy_round();
+        rec_.off_dispatch_us.push_back(od);
+        rec_.off_combine_us.push_back(oc);
       }
       progress_.update(timed ? "iter" : "warmup", timed ? it - o_.warmup + 1 : it + 1, timed ? o_.iters : o_.warmup, d_us, c_us);
     }

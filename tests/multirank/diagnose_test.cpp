@@ -46,7 +46,7 @@ void run_calls(Buffer& b, const ref::Problem& p, int n, int late = -1, std::chro
 
 std::string verdict_text(const DiagnoseReport& r) { return format_report(r); }
 
-TEST(Diagnose, LateRankIsTheSlowSourceThreads) {
+TEST(Diagnose, threads_LateRankIsTheSlowSource) {
   const ref::Problem p = small_problem();
   std::mutex mu;
   std::vector<DiagnoseReport> reports(4);
@@ -76,7 +76,7 @@ TEST(Diagnose, LateRankIsTheSlowSourceThreads) {
   EXPECT_EQ(r.ranks[3].pid, static_cast<std::int64_t>(getpid()));  // threads: one process
 }
 
-TEST(Diagnose, BackgroundExchangeAndRotatingLogThreads) {
+TEST(Diagnose, threads_BackgroundExchangeAndRotatingLog) {
   const ref::Problem p = small_problem();
   char tmpl[] = "/tmp/epx_diagnose_test.XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -114,7 +114,7 @@ TEST(Diagnose, BackgroundExchangeAndRotatingLogThreads) {
   fs::remove_all(dir);
 }
 
-TEST(Diagnose, RankThatNeverAnswersEndsTheExchangeThreads) {
+TEST(Diagnose, threads_RankThatNeverAnswersEndsTheExchange) {
   std::mutex mu;
   std::vector<DiagnoseReport> reports(4);
   launch({4, TransportKind::kThreads, std::chrono::milliseconds(300)}, [&](Transport& t) {
@@ -134,7 +134,7 @@ TEST(Diagnose, RankThatNeverAnswersEndsTheExchangeThreads) {
   }
 }
 
-TEST(Diagnose, RefusesMisuseThreads) {
+TEST(Diagnose, threads_RefusesMisuse) {
   launch({2, TransportKind::kThreads, std::chrono::milliseconds(5000)}, [&](Transport& t) {
     DiagnoseOptions bad;
     bad.interval = std::chrono::milliseconds(0);
@@ -162,7 +162,7 @@ TEST(Diagnose, RefusesMisuseThreads) {
 }
 
 // Every Buffer records its waits, counters off (the default); record_waits = false is the off switch.
-TEST(Diagnose, PeerWaitsAlwaysOnThreads) {
+TEST(Diagnose, threads_PeerWaitsAlwaysOn) {
   const ref::Problem p = small_problem();
   for (bool on : {true, false}) {
     launch({4, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {

@@ -152,7 +152,7 @@ TEST(DiagnoseMatrix, ReportNamesNodes) {
 
 // One writer adds calls whose waits are s + 1 ns for source s; every snapshot a reader takes
 // meanwhile must be of whole calls (wait_ns[s] == calls * (s + 1)).
-TEST(PeerWaits, SnapshotsAreWholeCallsThreads) {
+TEST(PeerWaits, threads_SnapshotsAreWholeCalls) {
   constexpr int P = 6;
   PeerWaits w(P);
   std::vector<std::uint64_t> call(P);

@@ -39,8 +39,10 @@ struct BenchOptions {
   /// after the warmup and after the timed loop gives the timed loop's wait matrices and verdicts.
   bool diagnose = false;
   int overhead_iters = 3;   ///< iterations per comparison block with the other counters setting (0 = skip)
-  /// --overhead-of: what the comparison blocks turn the other way: "counters" (collect_stats)
-  /// or "waits" (BufferConfig::record_waits: on in the timed loop, off in the blocks).
+  /// --overhead-of: what --counters-overhead compares: "counters" (collect_stats: blocks of N
+  /// iterations with the other setting before and after the timed loop) or "waits"
+  /// (BufferConfig::record_waits: a second Buffer with it off runs right after each timed
+  /// iteration, interleaved; not with --cached).
   std::string overhead_of = "counters";
   /// The timed loop runs with the compared setting on.
   bool overhead_main_on() const noexcept { return overhead_of == "waits" || counters; }

@@ -98,8 +98,9 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
     const std::string& of = rep.options.overhead_of;
     std::fprintf(f, "  %-28s on/off = %.3f  (median max-rank latency %s us on, %zu iters; %s us off, %zu iters)\n",
                  (of + " overhead").c_str(), op.counters_ratio, format_us(op.on.p50).c_str(), op.on.n, format_us(op.off.p50).c_str(), op.off.n);
-    std::fprintf(f, "  %-28s %s %s: %s us before the timed loop, %s us after: drift %.1f%%%s\n", "", of.c_str(), on_main ? "off" : "on",
-                 format_us(op.compare_before.p50).c_str(), format_us(op.compare_after.p50).c_str(), 100 * op.drift,
+    std::fprintf(f, "  %-28s %s %s: %s us %s, %s us %s: drift %.1f%%%s\n", "", of.c_str(), on_main ? "off" : "on",
+                 format_us(op.compare_before.p50).c_str(), of == "waits" ? "in the first half (interleaved)" : "before the timed loop",
+                 format_us(op.compare_after.p50).c_str(), of == "waits" ? "in the second" : "after", 100 * op.drift,
                  std::fabs(op.counters_ratio - 1) <= op.drift ? " >= |on/off - 1|: the difference is within this machine's noise"
                                                                : "");
   }
