@@ -8,15 +8,21 @@
 #   bash scripts/run.sh build                       # just install + build (build/)
 #   bash scripts/run.sh fuzz                        # libFuzzer targets, ASan + UBSan, bounded time (build-fuzz/)
 #   bash scripts/run.sh soak                        # 10^4 dispatch/combine pairs, bit-exact (not in `test`)
+#   bash scripts/run.sh cross                       # the kernels and their tests for aarch64, run under qemu (build-aarch64/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
           python3-numpy libopenmpi-dev openmpi-bin libucx-dev ucx-utils iproute2 util-linux
-          python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-torch python3-pytest)
+          python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-torch python3-pytest libhwy-dev
+          python3-setuptools python3-wheel python3-build python3-venv python3-pip
+          chromium)  # chromium: the HTML reports opened headless by `test` (~350 MB, ~1.5 min to install)
 JOBS=${EPX_JOBS:-2}
 # ccache (when installed) shares objects between checkouts of the tree: paths relative to it.
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+
+# `cross` only: the aarch64 cross compiler (with its libc and libstdc++) and qemu-user.
+CROSS_PACKAGES=(g++-aarch64-linux-gnu qemu-user)
 
 # `fuzz` only: clang with libFuzzer and the sanitizer runtimes.
 FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev)
@@ -66,6 +72,8 @@ case "$cmd" in
     ctest --test-dir build --output-on-failure -j "$JOBS"
     # The Python package (Debian's Python; pytest exit 5 = no tests collected is not a failure).
     timeout 300 /usr/bin/python3 -m pytest -q tests/python || [ $? -eq 5 ]
+    # ... and installed like any Python package: pip install . and a wheel, in fresh venvs.
+    timeout 420 bash tests/packaging/check_install.sh build
     # C++ users: cmake --install, then a project of its own finds it (tests/consumer).
     rm -rf build/install-test build/consumer
     cmake --install build --prefix "$PWD/build/install-test" >/dev/null
@@ -79,6 +87,8 @@ case "$cmd" in
     # named, quiet runs clean (SKIPs what it cannot make: cgroup, namespaces, oshrun)
     timeout 300 /usr/bin/python3 tests/e2e/check_diagnose.py --epx build/src/tools/epx
     bash tests/e2e/check_mpi_baseline.sh build/bench/epx_mpi_baseline  # says SKIP without Open MPI
+    # epx bench/sim --html and epx html opened in headless Chromium: no console error, every chart drawn; screenshots in build/html/.
+    timeout 300 /usr/bin/python3 tests/html/check_pages.py --epx build/src/tools/epx --out build/html
     timeout 420 bash tests/multinode/run.sh build  # shmem across network namespaces; SKIP without root
     ;;
   sanitize)
@@ -92,6 +102,15 @@ case "$cmd" in
     ASAN_OPTIONS="detect_leaks=1" ./build-asan/tests/epx_multirank_tests --gtest_brief=1 \
       --gtest_filter='-EveryCombination/*shm*:EveryCombination/*sim*'
     ASAN_OPTIONS="detect_leaks=1" ./build-asan/tests/epx_unit_tests --gtest_brief=1
+    ;;
+  cross)
+    install_deps "${CROSS_PACKAGES[@]}"
+    # The kernels alone (tests/cross: src/core, reduce_row and their unit tests; no engine),
+    # cross-compiled for aarch64 and run under qemu-user: bit for bit as on x86 (SPEC §1/§4).
+    cmake -S tests/cross -B build-aarch64 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_TOOLCHAIN_FILE="$PWD/cmake/aarch64-linux-gnu.cmake" >/dev/null
+    cmake --build build-aarch64 -j "$JOBS"
+    timeout 600 qemu-aarch64 -L /usr/aarch64-linux-gnu build-aarch64/epx_kernel_tests --gtest_brief=1
     ;;
   fuzz)
     install_deps "${FUZZ_PACKAGES[@]}"

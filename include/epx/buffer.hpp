@@ -8,7 +8,9 @@
 //
 // Collective calls must be made by every rank of the group, in the same order. A bad
 // input on any rank makes the call throw epx::Error on every rank, naming the rank at
-// fault (Error::origin_rank()); a peer that dies or stops answering makes every other
+// fault (Error::origin_rank()) — the same code, origin and message on every rank: the
+// lowest failing rank's, or, when every rank failed the same check, that check with
+// origin -1 and a message beginning "every rank: "; a peer that dies or stops answering makes every other
 // rank throw within the transport's timeout. A Buffer is used by one thread at a time;
 // while an asynchronous call is pending, any other dispatch or combine on it throws
 // epx::Error (kInvalidArgument, naming the pending call) on that rank without entering the
@@ -27,6 +29,7 @@
 
 #include "epx/buffer_base.hpp"
 #include "epx/config.hpp"
+#include "epx/error.hpp"
 #include "epx/plan.hpp"
 #include "epx/stats.hpp"
 #include "epx/tensor.hpp"
@@ -75,10 +78,13 @@ struct DispatchArgs {
   /// prefix sums, never by arrival order, so its order is always this one: false permits
   /// any order and gets the sorted one at no cost (kept for DeepEP-style callers).
   bool deterministic = false;
-  /// SPEC §3.2/§3.3: padding rows of recv_x (and recv_x_scales) are all-zero bits. When
-  /// false their bytes are unspecified (not written; a recycled block keeps old bytes).
-  /// recv_src, weights and recv_topk_idx of padding rows are always -1 / 0.
-  bool zero_padding = false;
+  /// SPEC §3.2/§3.3: padding rows of recv_x (and recv_x_scales) are all-zero bits — the
+  /// default, so that an expert run over its whole aligned group (a grouped GEMM) reads no
+  /// leftover NaN. false saves one memset of the padding rows (at most L x (A - 1) rows in
+  /// the expanded layout, W - N with num_worst_tokens), leaving their bytes unspecified (a
+  /// recycled block keeps old bytes). recv_src, weights and recv_topk_idx of padding rows
+  /// are always -1 / 0. A cached dispatch pads whenever its handle's dispatch did.
+  bool zero_padding = true;
   /// Compact layout only: recv_x and recv_x_scales are views of this Buffer's receive
   /// area, where the senders put the rows (one copy, as the default output pool's blocks,
   /// but no block is held). They stay valid only until the next dispatch on this Buffer
@@ -86,6 +92,10 @@ struct DispatchArgs {
   bool recv_in_window = false;
   /// Cached dispatch: reuse this handle's plan; x must have the handle's S and H.
   const DispatchHandle* handle = nullptr;
+  /// Set: a problem the caller found in its own inputs (e.g. a language binding's dtype or
+  /// stride check). The call enters the collective only to fail: every rank throws this
+  /// error's code and message, naming this rank (the rules of Buffer's errors, below).
+  const Error* caller_error = nullptr;
 };
 
 /// Every tensor is the caller's: valid and unchanged across any number of later calls on
@@ -124,6 +134,8 @@ struct CombineArgs {
   TensorView bias0;  ///< optional [S, H] bf16
   TensorView bias1;  ///< optional [S, H] bf16
   bool weighted = false;  ///< expanded layout only: multiply each row by its routing weight
+  /// As DispatchArgs::caller_error (the handle need not be valid then).
+  const Error* caller_error = nullptr;
 };
 
 struct CombineResult {
@@ -215,6 +227,19 @@ class Buffer : public BufferBase {
 
   /// Collective: SPEC §4 with the handle of a dispatch of this Buffer.
   CombineResult combine(const CombineArgs& args);
+
+  /// Local: a bf16 [N, H] tensor for the experts to write combine's y into (N = the
+  /// handle's output rows on this rank, compact or expanded), placed in this Buffer's window
+  /// where it can be — its receive area, which a one-copy dispatch leaves unused — so that a
+  /// combine given it as y reads the rows in place on every rank (pull mode, as with a y
+  /// written over a one-copy recv_x): the way to a zero-copy combine after an FP8 dispatch,
+  /// whose recv_x cannot hold bf16 rows. Valid (and in the window) until the next dispatch on
+  /// this Buffer, which may land rows there; its bytes are unspecified until written. A
+  /// tensor of its own (combine then puts the rows, as for any y) where the window cannot
+  /// hold it: no mapped peers, a ring, relays, the flag protocol, more rows than the receive
+  /// area, this rank's latest output a view of the receive area, or an asynchronous call in
+  /// flight. Throws kInvalidArgument for a handle of another Buffer or rank.
+  Tensor combine_buffer(const DispatchHandle& handle);
 
   /// Collective, asynchronous: the same call as dispatch(args) — the same result bit for
   /// bit, the same errors — in two halves. On the caller's thread: validation, plan, the

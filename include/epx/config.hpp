@@ -2,9 +2,11 @@
 // the same values (Buffer's constructor checks this collectively).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "epx/dataplane.hpp"
+#include "epx/dtype.hpp"
 
 namespace epx {
 
@@ -48,5 +50,11 @@ struct BufferConfig {
   /// Topology, peer schedule, queues, put aggregation, completion protocol.
   DataPlaneOptions dataplane{};
 };
+
+/// Bytes one dispatch output of `rows` rows of `hidden` columns of `dtype` (FP8: with its
+/// float32 scales) takes in the output pool (BufferConfig::output_pool_bytes). The auto pool
+/// holds one compact output of max_recv_rows; an expanded output has a row per slot (plus
+/// each expert's padding), so a pool for expanded one-copy outputs is sized with this.
+std::size_t output_block_bytes(std::int64_t rows, int hidden, DType dtype) noexcept;
 
 }  // namespace epx

@@ -1,15 +1,33 @@
-"""epx: MoE expert-parallel dispatch and combine on CPU, for PyTorch and NumPy.
+"""epx: MoE expert-parallel dispatch and combine on CPU, for PyTorch and NumPy, with DeepEP's
+Python API (V2.5's EPBuffer, V1's Buffer): `import epx as deep_ep` runs DeepEP code on CPU
+tensors.
 
     import epx
-    buf = epx.EPBuffer(group, num_max_tokens_per_rank=S, hidden=H, num_topk=K, num_experts=E)
-    recv_x, recv_topk_idx, recv_topk_weights, handle, event = buf.dispatch(x, topk_idx, topk_weights)
+    buf = epx.EPBuffer(group, num_max_tokens_per_rank=S, hidden=H, num_topk=K)
+    recv_x, recv_topk_idx, recv_topk_weights, handle, event = buf.dispatch(x, topk_idx, topk_weights,
+                                                                           num_experts=E)
     combined_x, combined_topk_weights, event = buf.combine(y, handle)
 
-See EPBuffer, EPHandle, EventOverlap, launch and Error; the README's "Python" section.
+See EPBuffer, EPHandle, EventOverlap, Buffer, launch and Error; the README's "Python"
+section, docs/python.md, and docs/deepep.md (every DeepEP call and its status here).
 """
-from .buffer import EPBuffer, EPHandle, EventOverlap
+from ._version import __version__
+from . import utils
+from .buffer import EPBuffer, EPHandle, MAX_LOCAL_EXPERTS, get_num_allocation_alignment
 from .diagnose import Diagnose
-from .errors import Error
-from .group import launch
 
-__all__ = ["EPBuffer", "EPHandle", "EventOverlap", "Diagnose", "Error", "launch"]
+ElasticBuffer = EPBuffer  # the name DeepEP V2's README uses for it
+from .errors import Error
+from .events import EventHandle, EventOverlap
+from .group import launch
+from .legacy import Buffer, Config
+
+__all__ = ["EPBuffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "Buffer", "Config", "Diagnose", "Error", "launch",
+           "get_num_allocation_alignment", "MAX_LOCAL_EXPERTS", "topk_idx_t", "__version__"]
+
+
+def __getattr__(name):
+    if name == "topk_idx_t":  # DeepEP's dtype of topk_idx (epx never imports torch itself)
+        import torch
+        return torch.int64
+    raise AttributeError(f"module 'epx' has no attribute {name!r}")

@@ -72,3 +72,22 @@ def plain(t):
     """A torch tensor without autograd history (the same memory: DLPack refuses tensors
     that require grad); anything else unchanged."""
     return t.detach() if is_torch(t) and t.requires_grad else t
+
+
+def to_numpy(t):
+    """A torch tensor (CPU) or array as numpy (bf16 as uint16 bits), sharing memory."""
+    if is_torch(t):
+        import torch
+        t = t.detach()
+        return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+    return np.asarray(t)
+
+
+def from_numpy(a, flavor, bf16=False):
+    """A numpy array in this flavour (torch: a tensor over the same memory; bf16: uint16 bits
+    as torch.bfloat16)."""
+    if flavor != "torch":
+        return a
+    import torch
+    a = np.ascontiguousarray(a)
+    return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if bf16 else torch.from_numpy(a)

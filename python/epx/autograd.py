@@ -47,11 +47,10 @@ backward calls are synchronous. `topk_idx` is never differentiable.
 
 import torch
 
+from .events import EventOverlap
+
 __all__ = ["dispatch", "combine", "fp8_cast", "fp8_dequant"]
 
-# The parts an exact float32 weight gradient is split into on its way back (bf16 has an
-# 8-bit significand, float32 a 24-bit one).
-_WEIGHT_PARTS = 3
 _FP8_BLOCK, _FP8_MAX = 128, 448.0
 
 
@@ -106,12 +105,13 @@ def fp8_dequant(data, scales):
 # ----------------------------------------------------------------------------------------
 
 def _result_of(r):
-    """The finished result tuple of an EPBuffer call: its tuple (waited on: the event of a
-    synchronous call is done already), or what its event's wait returns (defer_epilogue)."""
+    """The finished result tuple of an EPBuffer call with its event: its tuple (waited on:
+    the event of a synchronous call is done already), or what its event's wait returns
+    (defer_epilogue: DeepEP's tuple without the event), a finished event appended."""
     if isinstance(r, tuple):
         r[-1].wait()
         return r
-    return r.wait()
+    return tuple(r.wait()) + (EventOverlap(),)
 
 
 def _padding_rows(handle):
@@ -119,37 +119,11 @@ def _padding_rows(handle):
     return torch.as_tensor(handle.recv_src)[:, 0] < 0
 
 
-def _split_f32(g, parts):
-    """float32 g -> `parts` bf16 tensors whose float32 sum is g (exact for 3 parts but in
-    the subnormal range)."""
-    out, rest = [], g.float()
-    for _ in range(parts):
-        p = rest.bfloat16()
-        out.append(p)
-        rest = rest - p.float()
-    return out
-
-
 def _weights_back(buffer, handle, grad_w, num_topk, hidden, expanded):
     """Every row's weight gradient back to its source slot, by a combine with the same
-    handle: grad_w is [N, K] (compact; 0 where the slot is not on this rank) or [N]
-    (expanded: the row of slot (s, t, k)). Returns [S, K] float32."""
-    parts = min(_WEIGHT_PARTS, hidden // num_topk)
-    if parts < 1:
-        raise ValueError("epx.autograd: a topk_weights gradient needs hidden >= num_topk "
-                         "(hidden %d, num_topk %d)" % (hidden, num_topk))
-    packed = torch.zeros(grad_w.shape[0], hidden, dtype=torch.bfloat16)
-    if expanded:
-        src = torch.as_tensor(handle.recv_src)
-        rows = torch.nonzero(src[:, 0] >= 0).flatten()
-        k = src[rows, 2]
-        for p, part in enumerate(_split_f32(grad_w[rows], parts)):
-            packed[rows, p * num_topk + k] = part
-    else:
-        for p, part in enumerate(_split_f32(grad_w, parts)):
-            packed[:, p * num_topk:(p + 1) * num_topk] = part
-    combined = _result_of(buffer.combine(packed, handle))[0].float()
-    return sum(combined[:, p * num_topk:(p + 1) * num_topk] for p in range(parts))
+    handle (EPBuffer._weights_back, epx/_weights.py): grad_w is [N, K] (compact; slots not
+    on this rank count as 0) or [N] (expanded: the row of slot (s, t, k)). [S, K] float32."""
+    return buffer._weights_back(handle, grad_w.float().contiguous(), "torch")
 
 
 class _Dispatch(torch.autograd.Function):
@@ -274,7 +248,7 @@ def dispatch(buffer, x, topk_idx=None, topk_weights=None, *, use_fp8=False,
     issued = buffer.dispatch(payload, topk_idx, w, async_with_compute_stream=async_with_compute_stream,
                              defer_epilogue=defer_epilogue, **kwargs)
     if defer_epilogue:
-        return _AsyncDispatch(lambda: _Dispatch.apply(buffer, issued.wait, use_fp8, x, topk_weights))
+        return _AsyncDispatch(lambda: _Dispatch.apply(buffer, lambda: _result_of(issued), use_fp8, x, topk_weights))
     return _Dispatch.apply(buffer, lambda: issued, use_fp8, x, topk_weights)
 
 

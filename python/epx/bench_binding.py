@@ -33,7 +33,7 @@ def rank_main(rank, n, calls, workers):
     w = torch.rand(S, K, generator=g)
     x = torch.randn(S, H, generator=g).bfloat16()
     out = {}
-    with epx.EPBuffer(None, S, H, K, E, num_workers=workers) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=S, hidden=H, num_topk=K, num_experts=E, num_workers=workers) as buf:
         def timed(name, fn):
             ts = []
             for _ in range(calls):

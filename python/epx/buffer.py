@@ -1,55 +1,40 @@
-"""EPBuffer: dispatch and combine for PyTorch and NumPy (DeepEP V2.5's names).
+"""EPBuffer: dispatch and combine for PyTorch and NumPy, with DeepEP V2.5's signatures.
 
-Every collective method must be called by every rank of the group in the same order. A
-bad input on any rank raises epx.Error on every rank, naming the rank at fault
-(``origin_rank``). Tensors come in and go out by DLPack without copies: torch in, torch
-out; numpy in, numpy out. bf16 is torch.bfloat16, or uint16 raw bits in numpy; FP8 input
-is a pair ``(data, scales)``, data uint8 raw E4M3 bits [S, H], scales float32 [S, H/128].
-The GIL is released while a call runs.
+Every collective method must be called by every rank of the group in the same order, with
+the same shape arguments (num_experts, num_max_tokens_per_rank, ...). A bad input on any
+rank raises epx.Error on every rank with the same code, message and ``origin_rank`` (the
+rank at fault). Tensors come in and go out by DLPack without copies: torch in, torch out;
+numpy in, numpy out. bf16 is torch.bfloat16, or uint16 raw bits in numpy; FP8 input is a
+pair ``(data, scales)``, data uint8 raw E4M3 bits [S, H], scales float32 [S, H/128]. The
+GIL is released while a call runs. docs/deepep.md: what matches DeepEP and what differs.
 """
 import sys
 import warnings
 
-import numpy as np
-
 from . import _convert as cv
 from . import _epx
+from . import _lb
+from . import _weights
 from .errors import Error
+from .events import EventHandle, EventOverlap
 from .group import bootstrap_of, transport_of
 
 _ALIGN = 2 << 20
+#: The most local experts (num_experts / group size) an EPBuffer supports; a size hint
+#: without num_experts is for this many.
+MAX_LOCAL_EXPERTS = 1024
+#: num_topk a size hint with num_topk=0 is for (the window grows with K).
+HINT_TOPK = 32
+_WEIGHT_PARTS = 3  # bf16 parts of an exact float32 weight on its way back (8 + 8 + 8 bits)
 
 
-class EventOverlap:
-    """An asynchronous call in flight. ``wait()`` (alias ``current_stream_wait()``) blocks
-    until the call finished (Ctrl-C ends the wait; a call that failed raises its epx.Error
-    here, on every rank); after it the tensors the call returned hold their values. Waiting
-    again returns at once.
+def get_num_allocation_alignment():
+    """DeepEP's allocation alignment: num_bytes and size hints are multiples of it (2 MiB)."""
+    return _ALIGN
 
-    ``async_with_compute_stream=True``: the call already returned its tuple (the tensors with
-    their final shapes) and this event in it; epx's threads carry the call on, and wait()
-    returns None. With ``defer_epilogue=True`` the call returns only this event, and wait()
-    runs the call's back half (completion and epilogue) on the waiting thread, then returns
-    the result tuple (whose own event is a finished one). A synchronous call's event is
-    finished already. (No event refers to a tuple holding it: no reference cycle keeps a
-    call's tensors, and their pooled memory, alive after the caller dropped them.)"""
 
-    def __init__(self, pending=None, result=None):
-        self._pending, self._result, self._after = pending, result, None
-
-    def wait(self):
-        if self._pending is not None:
-            p, self._pending = self._pending, None
-            p.wait()
-            if self._after is not None:
-                self._after()
-        return self._result
-
-    current_stream_wait = wait
-
-    def done(self):
-        """True when wait() would not block."""
-        return self._pending is None or self._pending.done()
+def _round_up(n):
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
 class EPHandle:
@@ -57,29 +42,60 @@ class EPHandle:
     cached dispatch (same routing, new x). Valid only with the EPBuffer that made it.
 
     num_recv_tokens_per_expert: list [L], unaligned counts per local expert.
-    num_recv_tokens_per_expert_aligned: list [L], each rounded up to expert_alignment.
+    num_recv_tokens_per_expert_aligned (DeepEP: num_recv_tokens_per_expert_list): list [L],
+        each rounded up to expert_alignment.
     expert_offsets: list [L + 1] (expanded layout; [] for compact): expert j's rows are
         [expert_offsets[j], expert_offsets[j] + count[j]).
     recv_src: int64 [N, 2] (s, t) compact, [N, 3] (s, t, k) expanded; -1 on padding rows.
-    num_recv_rows: N; num_tokens: this rank's S; do_expand, expert_alignment,
-    num_worst_tokens: the dispatch's layout options.
+    num_recv_rows: N; num_tokens: this rank's S; topk_idx: the dispatch's (raises if it was
+    modified in place since). The layout choices, kept by every cached dispatch: do_expand,
+    expert_alignment, num_worst_tokens, do_zero_padding, num_experts,
+    num_max_tokens_per_rank. num_sms: 0 (no SMs on CPU).
     """
 
-    def __init__(self, buffer, raw, r, opts, topk_idx, recv_weights):
-        self._buffer = buffer
+    num_recv_tokens_per_expert: list
+    num_recv_tokens_per_expert_aligned: list
+    num_recv_tokens_per_expert_list: list
+    expert_offsets: list
+    recv_src: object
+    num_recv_rows: int
+    num_tokens: int
+    do_expand: bool
+    expert_alignment: int
+    num_worst_tokens: int
+    do_zero_padding: bool
+    num_experts: int
+    num_max_tokens_per_rank: int
+    num_sms: int
+
+    def __init__(self, owner, engine, r, opts, topk_idx, recv_src, recv_idx, recv_weights):
+        self._owner, self._engine = owner, engine
         self._raw = r["handle"]
         self.num_recv_tokens_per_expert = r["num_recv_tokens_per_expert"]  # fresh lists from the binding
         self.num_recv_tokens_per_expert_aligned = r["num_recv_tokens_per_expert_aligned"]
+        self.num_recv_tokens_per_expert_list = self.num_recv_tokens_per_expert_aligned
         self.expert_offsets = r["expert_offsets"]
-        self.recv_src = raw["recv_src"]
+        self.recv_src = recv_src
         self.num_recv_rows = self._raw.num_recv_rows
-        self.do_expand, self.expert_alignment, self.num_worst_tokens, self.num_tokens = opts
+        (self.do_expand, self.expert_alignment, self.num_worst_tokens, self.num_tokens, self.do_zero_padding,
+         self.num_experts, self.num_max_tokens_per_rank) = opts
+        self.num_sms = 0
         self._topk_idx = topk_idx
         self._topk_version = cv.version_of(topk_idx)
-        self._recv_weights = recv_weights
+        self._recv_idx, self._recv_weights = recv_idx, recv_weights
+        self._weights_given = False
 
-    def _problem(self, buffer):
-        """Why this handle cannot be used with `buffer` (None if it can)."""
+    @property
+    def topk_idx(self):
+        p = self._problem()
+        if p:
+            raise Error(p, "bad_handle")
+        return self._topk_idx
+
+    def _problem(self, buffer=None):
+        """Why this handle cannot be used (with `buffer`; None if it can)."""
+        if buffer is not None and buffer is not self._owner:
+            return "handle: made by another EPBuffer's dispatch (a handle is valid only with its own buffer)"
         if self._topk_version is not None and cv.version_of(self._topk_idx) != self._topk_version:
             return ("handle: the topk_idx it was made from was modified in place since (torch version "
                     f"{self._topk_version} -> {cv.version_of(self._topk_idx)}); dispatch afresh")
@@ -89,45 +105,160 @@ class EPHandle:
 class EPBuffer:
     """Expert-parallel dispatch / combine over the ranks of a torch.distributed group.
 
-    EPBuffer(group, num_max_tokens_per_rank, hidden, num_topk, num_experts,
-             use_fp8_dispatch=False, deterministic=False, explicitly_destroy=False,
-             num_cpu_timeout_secs=300, *, num_workers=0, max_recv_rows=0, transport="auto")
+    EPBuffer(group, num_bytes=None, num_max_tokens_per_rank=0, hidden=0, num_topk=0,
+             use_fp8_dispatch=False, lb_allocation_plan_or_num_bytes=0, deterministic=False,
+             allow_hybrid_mode=True, allow_multiple_reduction=True,
+             prefer_overlap_with_compute=True, sl_idx=None, num_allocated_qps=0,
+             num_cpu_timeout_secs=300, num_gpu_timeout_secs=100, explicitly_destroy=False,
+             *, num_experts=None, num_workers=0, max_recv_rows=0, transport="auto")
 
-    Collective. `group`: a torch.distributed ProcessGroup (gloo on CPU; None = the default
-    group); it carries only setup traffic (window names and sizes, the config check), the
-    rows move over epx's transport ("auto": shared memory when every rank is on this
-    machine). num_experts % group size == 0; FP8 dispatch needs hidden % 128 == 0.
-    num_cpu_timeout_secs bounds every wait; a dead peer fails the others sooner.
-    With explicitly_destroy=True, destroy() must be called (a warning otherwise); any
-    buffer may be destroyed early with destroy() or by leaving a `with` block. Using a
-    destroyed buffer raises epx.Error.
+    DeepEP V2.5's arguments, then epx's own (keyword-only). Collective. `group`: a
+    torch.distributed ProcessGroup (gloo on CPU; None = the default group); it carries only
+    setup traffic, the rows move over epx's transport ("auto": shared memory when every
+    rank is on this machine).
+
+    Sizing, as DeepEP: num_max_tokens_per_rank / hidden / num_topk (what the buffer is
+    built for), and num_experts with each dispatch. A dispatch with an expert count the
+    buffer has not seen builds its state for that count (collective: every rank's first
+    dispatch with it; its own window, the size of get_buffer_size_hint with that
+    num_experts); `num_experts=` here builds it at once. `num_bytes` (a multiple of
+    get_num_allocation_alignment(), 2 MiB): the most this rank's windows may take in all
+    (a dispatch that would need more fails on every rank with capacity_exceeded); with
+    num_bytes alone, hidden, num_topk and num_max_tokens_per_rank come from the first
+    dispatch (its x, topk_idx and num_max_tokens_per_rank=). num_experts % group size == 0,
+    at most MAX_LOCAL_EXPERTS per rank; FP8 dispatch needs hidden % 128 == 0.
+
+    Accepted for DeepEP's signature, no effect here (no GPU): allow_hybrid_mode,
+    allow_multiple_reduction, prefer_overlap_with_compute, sl_idx, num_allocated_qps,
+    num_gpu_timeout_secs. lb_allocation_plan_or_num_bytes: a byte count is accepted (epx's
+    lb calls need no region); a BufferAllocator plan is materialised into a CPU storage of
+    its size (``lb_storage``). num_cpu_timeout_secs bounds every wait; a dead peer fails the
+    others sooner. With explicitly_destroy=True, destroy() must be called (a warning
+    otherwise); any buffer may be destroyed early with destroy() or by leaving a `with`
+    block. Using a destroyed buffer raises epx.Error.
     """
 
-    def __init__(self, group=None, num_max_tokens_per_rank=0, hidden=0, num_topk=0, num_experts=0,
-                 use_fp8_dispatch=False, deterministic=False, explicitly_destroy=False, num_cpu_timeout_secs=300,
-                 *, num_workers=0, max_recv_rows=0, transport="auto"):
+    def __init__(self, group=None, num_bytes=None, num_max_tokens_per_rank=0, hidden=0, num_topk=0,
+                 use_fp8_dispatch=False, lb_allocation_plan_or_num_bytes=0, deterministic=False,
+                 allow_hybrid_mode=True, allow_multiple_reduction=True, prefer_overlap_with_compute=True,
+                 sl_idx=None, num_allocated_qps=0, num_cpu_timeout_secs=300, num_gpu_timeout_secs=100,
+                 explicitly_destroy=False, *, num_experts=None, num_workers=0, max_recv_rows=0, transport="auto"):
+        self._engines, self._destroyed, self._transport_name = {}, False, None
+        self.explicitly_destroy = explicitly_destroy
+        _check_num_bytes(num_bytes)
         if use_fp8_dispatch and hidden % 128 != 0:
             raise Error(f"EPBuffer: use_fp8_dispatch needs hidden % 128 == 0, got hidden = {hidden}",
                         "shape_mismatch")
         rank, size, _ = bootstrap_of(group, need_allgather=False)
-        self._b = None
-        self.explicitly_destroy = explicitly_destroy
-        self._b = _epx.Buffer(transport_of(group, transport, num_cpu_timeout_secs), num_experts, hidden,
-                              num_topk, num_max_tokens_per_rank, max_recv_rows, num_workers)
-        self.rank, self.group_size = rank, size
-        self.num_max_tokens_per_rank, self.hidden, self.num_topk, self.num_experts = (
-            num_max_tokens_per_rank, hidden, num_topk, num_experts)
-        self.num_local_experts = num_experts // size
+        self.group, self.rank, self.group_size = group, rank, size
+        self.rank_idx, self.num_ranks = rank, size  # DeepEP's names
+        self.num_max_tokens_per_rank, self.hidden, self.num_topk = num_max_tokens_per_rank, hidden, num_topk
+        self.num_experts = num_experts or None
         self.use_fp8_dispatch, self.deterministic = use_fp8_dispatch, deterministic
-        self.window_bytes = self._b.window_bytes  # the symmetric window this rank allocated
-        self.transport = self._b.transport
+        # num_bytes: the budget when given (DeepEP's num_bytes); else what the shape needs for
+        # one expert count, as DeepEP reports it (get_buffer_size_hint), when it is known
+        self._budget = num_bytes
+        self.num_bytes = num_bytes if num_bytes is not None or not (num_max_tokens_per_rank and hidden) else \
+            self.get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch,
+                                      num_experts=num_experts, num_workers=num_workers, max_recv_rows=max_recv_rows)
+        self.allow_hybrid_mode, self.allow_multiple_reduction = allow_hybrid_mode, allow_multiple_reduction
+        self.prefer_overlap_with_compute, self.sl_idx = prefer_overlap_with_compute, sl_idx
+        self.num_allocated_qps, self.num_gpu_timeout_secs = num_allocated_qps, num_gpu_timeout_secs
+        self.num_cpu_timeout_secs = num_cpu_timeout_secs
+        self._opts = (transport, num_workers, max_recv_rows)
+        self.num_lb_bytes, self.lb_storage = _lb.materialize(lb_allocation_plan_or_num_bytes)
+        if self.num_experts:
+            problem, code = self._engine_problem(self.num_experts)
+            if problem:
+                raise Error(f"rank {rank}: {problem}", code, rank)
+            self._engine_for(self.num_experts)
+
+    # -- state per expert count -----------------------------------------------------
+    def _engine_for(self, num_experts):
+        """The engine Buffer for `num_experts` (the buffer's shape), built collectively on
+        first use; _engine_problem must have passed."""
+        b = self._engines.get(num_experts)
+        if b is None:
+            transport, workers, recv_rows = self._opts
+            b = _epx.Buffer(transport_of(self.group, transport, self.num_cpu_timeout_secs), num_experts, self.hidden,
+                            self.num_topk, self.num_max_tokens_per_rank, recv_rows, workers)
+            self._engines[num_experts] = b
+            self._transport_name = b.transport
+        return b
+
+    def _engine_problem(self, num_experts, x=None, topk_idx=None, C=None):
+        """(problem, code) that keeps an engine for `num_experts` from being built ("" if it
+        exists or can be): the count's range, the shape (a num_bytes-only buffer takes what it
+        does not know from this call's x / topk_idx / C), the num_bytes budget."""
+        if num_experts in self._engines:
+            return "", ""
+        self._live()
+        P = self.group_size
+        if num_experts <= 0 or num_experts % P or num_experts // P > MAX_LOCAL_EXPERTS:
+            return (f"num_experts = {num_experts}: expected a positive multiple of the group size {P}, at most "
+                    f"{MAX_LOCAL_EXPERTS} per rank", "invalid_argument")
+        missing = self._learn_shape(x, topk_idx, C)
+        if missing:
+            return (f"EPBuffer: {', '.join(missing)} unknown: pass them to EPBuffer() (or num_max_tokens_per_rank "
+                    "to the first dispatch)", "invalid_argument")
+        if self._budget is not None:
+            _, workers, recv_rows = self._opts
+            need = _round_up(_epx.size_hint(P, num_experts, self.hidden, self.num_topk, self.num_max_tokens_per_rank,
+                                            recv_rows, workers))
+            used = sum(_round_up(e.window_bytes) for e in self._engines.values())
+            if used + need > self._budget:
+                return (f"EPBuffer(num_bytes = {self._budget}): the state for num_experts = {num_experts} needs "
+                        f"{need} bytes, {self._budget - used} are left", "capacity_exceeded")
+        return "", ""
+
+    def _learn_shape(self, x, topk_idx, C):
+        """Fills in hidden, num_topk and num_max_tokens_per_rank a num_bytes-only buffer takes
+        from its first dispatch; returns the names still unknown."""
+        data = x[0] if isinstance(x, (tuple, list)) and x else x
+        if not self.hidden and hasattr(data, "shape") and len(data.shape) == 2:
+            self.hidden = int(data.shape[1])
+        if not self.num_topk and hasattr(topk_idx, "shape") and len(topk_idx.shape) == 2:
+            self.num_topk = int(topk_idx.shape[1])
+        if not self.num_max_tokens_per_rank and C:
+            self.num_max_tokens_per_rank = int(C)
+        return [n for n in ("hidden", "num_topk", "num_max_tokens_per_rank") if not getattr(self, n)]
+
+    def _any_engine(self):
+        """An engine to run a call on that needs no particular expert count (lb, or failing
+        a call collectively); None if the buffer has none yet."""
+        self._live()
+        return next(iter(self._engines.values()), None)
+
+    def _live(self):
+        if self._destroyed:
+            raise Error("this EPBuffer was destroyed (destroy() was called)", "bad_handle")
+
+    @property
+    def _b(self):  # the first engine (epx.bench_binding times its native calls)
+        return self._any_engine()
+
+    @property
+    def num_local_experts(self):
+        return self.num_experts // self.group_size if self.num_experts else None
+
+    @property
+    def window_bytes(self):
+        """Bytes of the symmetric windows this rank allocated (one per expert count)."""
+        return sum(e.window_bytes for e in self._engines.values())
+
+    @property
+    def transport(self):
+        """The transport's name ("shm", ...; None before the first window)."""
+        return self._transport_name
 
     # -- life cycle -----------------------------------------------------------------
     def destroy(self):
         """Collective in effect (peers waiting for this rank fail at once): frees the
-        window and the transport. Idempotent."""
-        if self._b is not None and not self._b.closed:
-            self._b.close()
+        windows and the transport. Idempotent."""
+        for e in self._engines.values():
+            if not e.closed:
+                e.close()
+        self._destroyed = True
 
     def __enter__(self):
         return self
@@ -137,243 +268,351 @@ class EPBuffer:
         return False
 
     def __del__(self):
-        b = getattr(self, "_b", None)
-        if b is not None and not b.closed and getattr(self, "explicitly_destroy", False) and sys is not None:
+        if (getattr(self, "explicitly_destroy", False) and not getattr(self, "_destroyed", True)
+                and getattr(self, "_engines", None) and sys is not None):
             warnings.warn("EPBuffer(explicitly_destroy=True) was garbage-collected without destroy()", ResourceWarning)
 
+    # -- sizes and DeepEP's helpers ---------------------------------------------------
     @staticmethod
-    def get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch=False,
-                             num_experts=None, *, num_workers=0, max_recv_rows=0):
-        """Bytes of the window an EPBuffer of this shape allocates per rank (its
-        ``window_bytes``), rounded up to 2 MiB. Local. num_experts is needed (the window
-        holds per-expert counts); the FP8 scales' space is always reserved when
-        hidden % 128 == 0, so use_fp8_dispatch does not change it."""
-        if num_experts is None:
-            raise Error("get_buffer_size_hint: num_experts is needed (the window holds per-expert counts)",
-                        "invalid_argument")
+    def get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, num_topk=0, use_fp8_dispatch=False,
+                             allow_hybrid_mode=True, allow_multiple_reduction=True, *, num_experts=None,
+                             num_workers=0, max_recv_rows=0):
+        """DeepEP's signature. Local. Bytes of the window an EPBuffer of this shape allocates
+        per rank for one expert count, rounded up to 2 MiB: for `num_experts` when given
+        (its ``window_bytes`` then), else for the largest count it supports (group size x
+        MAX_LOCAL_EXPERTS), which holds any. num_topk=0: sized for HINT_TOPK. The FP8 scales'
+        space is always reserved when hidden % 128 == 0, so use_fp8_dispatch does not change
+        it; allow_hybrid_mode / allow_multiple_reduction have no effect."""
         _, size, _ = bootstrap_of(group, need_allgather=False)
-        return _epx.size_hint(size, num_experts, hidden, num_topk, num_max_tokens_per_rank, max_recv_rows, num_workers)
+        E = num_experts if num_experts else size * MAX_LOCAL_EXPERTS
+        return _epx.size_hint(size, E, hidden, num_topk or HINT_TOPK, num_max_tokens_per_rank, max_recv_rows,
+                              num_workers)
+
+    def barrier(self):
+        """Collective: a barrier over the group (torch.distributed)."""
+        import torch.distributed as dist
+        dist.barrier(group=self.group)
+
+    @staticmethod
+    def capture():
+        """An EventHandle: on CPU, everything issued so far has happened."""
+        return EventHandle()
+
+    def get_comm_stream(self):
+        """None: there are no streams on CPU (epx's calls run on the caller's thread and epx's)."""
+        return None
+
+    def get_logical_domain_size(self):
+        """(scale-out ranks, scale-up ranks): (1, P) — epx does not split the group in Python."""
+        return 1, self.group_size
+
+    def get_physical_domain_size(self):
+        """(RDMA ranks, NVLink ranks): (1, P), as get_logical_domain_size."""
+        return 1, self.group_size
+
+    def get_theoretical_num_sms(self, num_experts=None, num_topk=None, *args, **kwargs):
+        """epx's analogue of SMs: the worker threads per rank (num_workers; auto: this
+        machine's cores / ranks, at least 1). Passing it back as num_sms has no effect."""
+        import os
+        return self._opts[1] or max(1, (os.cpu_count() or 1) // self.group_size)
+
+    def get_theoretical_num_qps(self, num_sms=0):
+        """0: no queue pairs on CPU."""
+        return 0
+
+    def lb_get_theoretical_num_sms(self):
+        return self.get_theoretical_num_sms()
+
+    def print_memory_usage(self):
+        """Prints this rank's windows (one per expert count) and their total."""
+        parts = ", ".join(f"num_experts {E}: {e.window_bytes} bytes" for E, e in self._engines.items())
+        print(f"EPBuffer rank {self.rank}: {parts or 'no window yet'}; total {self.window_bytes} bytes")
 
     # -- layout ---------------------------------------------------------------------
-    def get_dispatch_layout(self, topk_idx):
+    def get_dispatch_layout(self, topk_idx, num_experts=None):
         """Local. topk_idx int64 [S, K] -> (num_tokens_per_rank int32 [P],
-        num_tokens_per_expert int32 [E], is_token_in_rank bool [S, P]) (SPEC §2)."""
+        num_tokens_per_expert int32 [E], is_token_in_rank bool [S, P]) (SPEC §2).
+        num_experts: the buffer's when it was given one."""
+        E = num_experts or self.num_experts
+        if not E:
+            raise Error(f"rank {self.rank}: get_dispatch_layout: num_experts is needed (the buffer has none)",
+                        "invalid_argument", self.rank)
         f = cv.flavor_of(topk_idx)
-        r = self._b.layout(cv.plain(topk_idx), f)
+        r = _epx.dispatch_layout(cv.plain(topk_idx), E, self.group_size, self.rank, f)
         return (cv.out(r["num_tokens_per_rank"], f), cv.out(r["num_tokens_per_expert"], f),
                 cv.out_bool(r["is_token_in_rank"], f))
 
     # -- dispatch -------------------------------------------------------------------
-    def dispatch(self, x, topk_idx=None, topk_weights=None, *, handle=None, expert_alignment=None,
-                 num_worst_tokens=None, do_cpu_sync=True, do_expand=None, do_zero_padding=False,
-                 async_with_compute_stream=False, defer_epilogue=False, use_tma_aligned_col_major_sf=False,
+    def dispatch(self, x, topk_idx=None, topk_weights=None, cumulative_local_expert_recv_stats=None,
+                 num_experts=None, num_max_tokens_per_rank=None, expert_alignment=None, num_sms=0, num_qps=0,
+                 previous_event=None, async_with_compute_stream=False, allocate_on_comm_stream=False,
+                 handle=None, do_handle_copy=False, do_cpu_sync=None, do_expand=None, do_zero_padding=None,
+                 use_tma_aligned_col_major_sf=False, defer_epilogue=False, *, num_worst_tokens=None,
                  deterministic=None):
-        """Collective (SPEC §3). Returns (recv_x, recv_topk_idx, recv_topk_weights, handle, event).
+        """Collective (SPEC §3), DeepEP V2.5's signature. Returns (recv_x, recv_topk_idx,
+        recv_topk_weights, handle, event); with defer_epilogue=True only the event, whose
+        wait returns (recv_x, recv_topk_idx, recv_topk_weights, handle).
 
         x: bf16 [S, H], or (data uint8 [S, H], scales float32 [S, H/128]) for FP8; recv_x is
         then the pair (data [N, H], scales [N, H/128]), the scales row-major or, with
         use_tma_aligned_col_major_sf=True, column-major (strides (1, N)).
         topk_idx int64 [S, K] in [-1, E); topk_weights float32 [S, K] (None: zeros, and
-        recv_topk_weights is None). With `handle` (a cached dispatch) both are taken from
-        the handle, and do_expand / expert_alignment / num_worst_tokens default to its.
+        recv_topk_weights is None). num_experts: E (the buffer's when it was built with one).
+        num_max_tokens_per_rank: at most the buffer's (a num_bytes-only buffer takes it from
+        its first dispatch). With `handle` (a cached dispatch) topk_idx and the weights come
+        from the handle, and so does everything about the layout: do_expand,
+        expert_alignment, num_worst_tokens, num_experts and zero padding (a cached dispatch
+        pads whenever its handle's did).
         do_expand=False (compact, SPEC §3.1): one row per received token, recv_topk_idx
         int64 [N, K] (local expert or -1), recv_topk_weights float32 [N, K].
         do_expand=True (expanded, §3.2): one row per (token, slot) grouped by local expert,
         each expert's rows padded to expert_alignment; recv_topk_idx is None and
         recv_topk_weights float32 [N] (one weight per row); handle.expert_offsets says
-        where each expert's rows start. num_worst_tokens=W > 0: exactly W rows (§3.3).
-        do_zero_padding: padding rows of recv_x are zeros. deterministic (default: the
-        buffer's): expanded rows sorted by (source rank, token) in each expert.
-        do_cpu_sync: accepted for DeepEP's signature; on CPU the counts are always known.
+        where each expert's rows start. num_worst_tokens=W > 0 (epx's): exactly W rows (§3.3).
+        do_zero_padding (default True): padding rows of recv_x are zeros, so an expert run
+        over its whole aligned group (a grouped GEMM, and its weight gradient) reads no
+        leftover NaN; False skips one memset of the padding rows (at most L x (A - 1) rows,
+        W - N with num_worst_tokens) and leaves their bytes unspecified.
+        deterministic (default: the buffer's): expanded rows sorted by (source rank, token)
+        in each expert — epx's order always. cumulative_local_expert_recv_stats: an int
+        [L] tensor / array this rank's received (unaligned) counts per local expert are
+        added to. previous_event: an EventOverlap / EventHandle waited on first.
+        Accepted, no effect on CPU: num_sms, num_qps, allocate_on_comm_stream, do_cpu_sync
+        (the counts are always known); do_handle_copy must be False (as in DeepEP).
         async_with_compute_stream=True: returns the tuple above once the rows' puts are
         handed to epx's threads — recv_x, recv_topk_idx, recv_topk_weights and handle with
         their final shapes and counts, their values only after event.wait() (alias
         current_stream_wait()), which finishes the call; compute meanwhile. The handle may
-        be used only after that. defer_epilogue=True: returns an EventOverlap whose wait()
-        runs the rest of the call (completion, epilogue) and returns the tuple. Until the
-        wait, the inputs must stay unchanged, and any other dispatch or combine on this
-        buffer raises epx.Error naming the pending call.
+        be used only after that. defer_epilogue=True: the event's wait runs the rest of the
+        call (completion, epilogue). Until the wait, the inputs must stay unchanged, and any
+        other dispatch or combine on this buffer raises epx.Error naming the pending call.
         """
-        f = cv.flavor_of(x)
+        _wait_for(previous_event)
         problem, code = "", ""
+        fresh = handle is None
+        if not fresh and not isinstance(handle, EPHandle):
+            problem, code = f"handle: expected an EPHandle from this buffer's dispatch, got {type(handle).__name__}", "bad_handle"
+            handle, fresh = None, False
         if handle is not None:
-            if not isinstance(handle, EPHandle):
-                problem, code = f"handle: expected an EPHandle from this buffer's dispatch, got {type(handle).__name__}", "bad_handle"
-            else:
-                p = handle._problem(self)
-                if p:
-                    problem, code = p, "bad_handle"
-                do_expand = handle.do_expand if do_expand is None else do_expand
-                expert_alignment = handle.expert_alignment if expert_alignment is None else expert_alignment
-                num_worst_tokens = handle.num_worst_tokens if num_worst_tokens is None else num_worst_tokens
-        do_expand = bool(do_expand)
-        expert_alignment = 1 if expert_alignment is None else int(expert_alignment)
-        num_worst_tokens = 0 if num_worst_tokens is None else int(num_worst_tokens)
-        deterministic = self.deterministic if deterministic is None else bool(deterministic)
+            problem, code = _cached_problem(handle, self, num_experts, do_handle_copy)
+            engine = handle._engine if handle._owner is self else self._any_engine()
+            do_expand = handle.do_expand if do_expand is None else do_expand
+            expert_alignment = handle.expert_alignment if expert_alignment is None else expert_alignment
+            num_worst_tokens = handle.num_worst_tokens if num_worst_tokens is None else num_worst_tokens
+            num_experts, C = handle.num_experts, handle.num_max_tokens_per_rank
+            zero_padding = bool(do_zero_padding)  # the engine adds the handle's choice
+        else:
+            engine, num_experts, C, problem, code = self._fresh_engine(
+                num_experts, x, topk_idx, num_max_tokens_per_rank, problem, code, do_handle_copy)
+            zero_padding = True if do_zero_padding is None else bool(do_zero_padding)
+        stats_problem = _weights.check_stats(cumulative_local_expert_recv_stats, num_experts // self.group_size)
+        if stats_problem and not problem:
+            problem, code = stats_problem
+        opts = (bool(do_expand), 1 if expert_alignment is None else int(expert_alignment),
+                0 if num_worst_tokens is None else int(num_worst_tokens), zero_padding, num_experts, C)
+        out = self._dispatch_call(engine, x, topk_idx, topk_weights, handle, opts,
+                                  self.deterministic if deterministic is None else bool(deterministic),
+                                  2 if defer_epilogue else 1 if async_with_compute_stream else 0,
+                                  use_tma_aligned_col_major_sf, problem, code)
+        recv_x, recv_idx, recv_w, h, ev = out
+        _weights.add_stats(cumulative_local_expert_recv_stats, h.num_recv_tokens_per_expert)
+        if defer_epilogue:
+            ev._result = (recv_x, recv_idx, recv_w, h)
+            return ev
+        return out
+
+    def _fresh_engine(self, num_experts, x, topk_idx, C, problem, code, do_handle_copy):
+        """(engine, E, C, problem, code) of a fresh dispatch; a problem fails it on an engine
+        of any expert count (raised here, on this rank, when the buffer has none yet)."""
+        E = num_experts or self.num_experts
+        if do_handle_copy and not problem:
+            problem, code = "do_handle_copy must be False (handle copies are gone, as in DeepEP V2.5)", "invalid_argument"
+        if not E and not problem:
+            problem, code = "dispatch: num_experts is needed (the buffer was built without it)", "invalid_argument"
+        cap = self.num_max_tokens_per_rank
+        if C and cap and C > cap and not problem:
+            problem, code = (f"num_max_tokens_per_rank = {C} exceeds the buffer's {cap}", "capacity_exceeded")
+        if not problem:
+            problem, code = self._engine_problem(E, x, topk_idx, C)
+        if not problem:
+            return self._engine_for(E), E, C or self.num_max_tokens_per_rank, "", ""
+        engine = self._any_engine()
+        if engine is None:
+            raise Error(f"rank {self.rank}: {problem}", code, self.rank)
+        return engine, E or 0, C or cap, problem, code
+
+    def _dispatch_call(self, engine, x, topk_idx, topk_weights, handle, opts, deterministic, mode, col_major,
+                       problem, code):
+        """The binding's dispatch and its outputs in the caller's flavour (the 5-tuple)."""
+        do_expand, alignment, worst, zero_padding = opts[:4]
+        f = cv.flavor_of(x)
         fp8 = isinstance(x, (tuple, list))
         if fp8 and len(x) != 2:
-            problem, code = f"x: an FP8 input is the pair (data, scales), got {len(x)} items", "invalid_argument"
+            problem, code = problem or f"x: an FP8 input is the pair (data, scales), got {len(x)} items", code or "invalid_argument"
             x = (x[0] if x else None, None)
         data, scales = (x[0], x[1]) if fp8 else (x, None)
-        weights_given = topk_weights is not None
-        if handle is None and topk_weights is None and topk_idx is not None and hasattr(topk_idx, "shape"):
+        weights_given = topk_weights is not None or (handle is not None and handle._weights_given)
+        if handle is None and topk_weights is None and hasattr(topk_idx, "shape"):
             topk_weights = cv.zeros_f32(tuple(topk_idx.shape), topk_idx)
-        raw_handle = handle._raw if isinstance(handle, EPHandle) else None
         data, scales, topk_idx, topk_weights = map(cv.plain, (data, scales, topk_idx, topk_weights))
-        mode = 2 if defer_epilogue else 1 if async_with_compute_stream else 0
-        r = self._b.dispatch(data, scales, topk_idx, topk_weights, raw_handle, do_expand, expert_alignment,
-                             num_worst_tokens, deterministic, do_zero_padding, f, mode, problem, code)
-        src_idx = handle._topk_idx if isinstance(handle, EPHandle) else topk_idx
-        opts = (do_expand, expert_alignment, num_worst_tokens,
-                int(data.shape[0]) if hasattr(data, "shape") else 0)
-        with_weights = weights_given or (isinstance(handle, EPHandle) and handle._weights_given)
-
-        ev = EventOverlap(r.get("pending"))
+        r = engine.dispatch(data, scales, topk_idx, topk_weights, handle._raw if handle is not None else None,
+                            do_expand, alignment, worst, deterministic, zero_padding, f, mode, problem, code)
+        ev = EventOverlap._of(r.get("pending"))
         recv_x = cv.out(r["recv_x"], f)
         if fp8:
             s = cv.out(r["recv_x_scales"], f)
-            if use_tma_aligned_col_major_sf:  # a column-major copy: (re)filled once the values are there
+            if col_major:  # a column-major copy: (re)filled once the values are there
                 cm = cv.col_major(s)
                 if mode:
                     ev._after = lambda: cm.__setitem__(Ellipsis, s)
                 s = cm
             recv_x = (recv_x, s)
-        raw = {"recv_src": cv.out(r["recv_src"], f)}
         if do_expand:
             recv_idx, recv_w = None, cv.out(r["recv_weights"], f)
         else:
             recv_idx, recv_w = cv.out(r["recv_topk_idx"], f), cv.out(r["recv_topk_weights"], f)
-        h = EPHandle(self, raw, r, opts, src_idx, recv_w)
-        h._weights_given = with_weights
-        if defer_epilogue:
-            ev._result = (recv_x, recv_idx, recv_w if with_weights else None, h, EventOverlap())
-            return ev
-        return (recv_x, recv_idx, recv_w if with_weights else None, h, ev)
+        src_idx = handle._topk_idx if handle is not None else topk_idx
+        S = int(data.shape[0]) if hasattr(data, "shape") and len(data.shape) else 0
+        h = EPHandle(self, engine, r, (do_expand, alignment, worst, S, zero_padding or (handle is not None and
+                                                                                 handle.do_zero_padding)) + opts[4:],
+                     src_idx, cv.out(r["recv_src"], f), recv_idx, recv_w)
+        h._weights_given = weights_given
+        return recv_x, recv_idx, recv_w if weights_given else None, h, ev
 
     # -- combine --------------------------------------------------------------------
-    def combine(self, x, handle, topk_weights=None, bias=None, *, weighted=False, async_with_compute_stream=False,
-                defer_epilogue=False):
-        """Collective (SPEC §4). Returns (combined_x bf16 [S, H], combined_topk_weights
-        float32 [S, K], event).
+    def combine(self, x, handle, topk_weights=None, bias=None, num_sms=0, num_qps=0, previous_event=None,
+                async_with_compute_stream=False, allocate_on_comm_stream=False, defer_epilogue=False, *,
+                weighted=False):
+        """Collective (SPEC §4), DeepEP V2.5's signature. Returns (combined_x bf16 [S, H],
+        combined_topk_weights float32 [S, K], event); with defer_epilogue=True only the
+        event, whose wait reduces and returns (combined_x, combined_topk_weights).
 
         x: bf16 [N, H], the rows of `handle`'s dispatch output on this rank (padding rows
-        ignored). bias: None, a bf16 [S, H] tensor, or a pair (bias0, bias1); added in
-        SPEC §4's fixed order. weighted=True (expanded layout only): each row is first
-        multiplied by its routing weight (the handle's). topk_weights: accepted for
-        DeepEP's signature; epx takes the weights from the handle and returns the
-        dispatch's topk_weights as combined_topk_weights. async_with_compute_stream /
-        defer_epilogue: as in dispatch (the tuple at once with combined_x's values after
-        event.wait(); or only the EventOverlap, whose wait() reduces and returns the tuple).
+        ignored); an unweighted sum per token unless weighted=True. bias: None, a bf16
+        [S, H] tensor, or a pair (bias0, bias1); added in SPEC §4's fixed order.
+        weighted=True (epx's; expanded layout only): each row is first multiplied by its
+        routing weight (the handle's). topk_weights: float32 [N, K] (compact) or [N]
+        (expanded), e.g. the gradient of recv_topk_weights: reduced back to their tokens'
+        slots as combined_topk_weights [S, K] — exactly (float32) when H >= 3 K — by one
+        more combine on the same handle, before this one (every rank passes topk_weights or
+        none); compact slots whose expert is not on the receiving rank count as 0. Without
+        it, combined_topk_weights is the dispatch's topk_weights. previous_event: waited on
+        first. Accepted, no effect on CPU: num_sms, num_qps, allocate_on_comm_stream.
+        async_with_compute_stream / defer_epilogue: as in dispatch.
         """
-        f = cv.flavor_of(x)
+        _wait_for(previous_event)
         problem, code = "", ""
-        if not isinstance(handle, EPHandle):
-            raise Error(f"rank {self.rank}: combine needs the EPHandle of a dispatch, got {type(handle).__name__}",
-                        "bad_handle", self.rank)
-        p = handle._problem(self)
-        if p:
-            problem, code = p, "bad_handle"
+        if isinstance(handle, EPHandle) and handle._owner is self:
+            engine, raw = handle._engine, handle._raw
+            problem = handle._problem() or ""
+            code = "bad_handle" if problem else ""
+        else:
+            engine, raw = self._any_engine(), None
+            problem = (handle._problem(self) if isinstance(handle, EPHandle) else
+                       f"combine needs the EPHandle of a dispatch, got {type(handle).__name__}")
+            code = "bad_handle"
+            if engine is None:
+                raise Error(f"rank {self.rank}: {problem}", code, self.rank)
+        f = cv.flavor_of(x)
+        reduced = None
+        if topk_weights is not None and not problem:
+            reduced = self._weights_back(handle, topk_weights, f)
         if isinstance(bias, (tuple, list)):
             if len(bias) != 2:
-                problem, code = f"bias: expected a tensor or a pair (bias0, bias1), got {len(bias)} items", "invalid_argument"
+                problem = problem or f"bias: expected a tensor or a pair (bias0, bias1), got {len(bias)} items"
+                code = code or "invalid_argument"
                 bias = (None, None)
             b0, b1 = bias
         else:
             b0, b1 = bias, None
         x, b0, b1 = map(cv.plain, (x, b0, b1))
         mode = 2 if defer_epilogue else 1 if async_with_compute_stream else 0
-        r = self._b.combine(x, handle._raw, b0, b1, bool(weighted), f, mode, problem, code)
-        ev = EventOverlap(r.get("pending"))
+        r = engine.combine(x, raw, b0, b1, bool(weighted), f, mode, problem, code)
+        ev = EventOverlap._of(r.get("pending"))
+        result = (cv.out(r["combined_x"], f), reduced if reduced is not None else cv.out(r["combined_topk_weights"], f))
         if defer_epilogue:
-            ev._result = (cv.out(r["combined_x"], f), cv.out(r["combined_topk_weights"], f), EventOverlap())
+            ev._result = result
             return ev
-        return (cv.out(r["combined_x"], f), cv.out(r["combined_topk_weights"], f), ev)
+        return result + (ev,)
+
+    def _weights_back(self, handle, weights, flavor):
+        """Every row's weight back to its (token, slot) at the source, summed, by one combine
+        of the handle's rows (epx/_weights.py): [S, K] float32. A bad `weights` fails that
+        combine on every rank."""
+        K, H, problem = self.num_topk, self.hidden, ""
+        try:
+            packed, parts = _weights.pack(weights, handle.recv_src, handle._recv_idx, handle.do_expand, K, H,
+                                          _WEIGHT_PARTS)
+        except (ValueError, TypeError) as e:
+            packed, parts, problem = None, 0, f"combine: {e}"
+        y = None if packed is None else cv.from_numpy(packed, flavor, bf16=True)
+        r = handle._engine.combine(y, handle._raw, None, None, False, flavor, 0, problem,
+                                   "shape_mismatch" if problem else "")
+        return cv.from_numpy(_weights.unpack(cv.to_numpy(cv.out(r["combined_x"], flavor)), K, parts), flavor)
 
     # -- redundant experts (epx/lb.hpp) ---------------------------------------------
-    def lb_prefetch_weights(self, redundant_weights, expert_weights, mapping):
+    def lb_prefetch_weights(self, redundant_expert_weights, expert_weights, redundancy_mapping, num_sms=0,
+                            previous_event=None):
         """Collective: every used redundant slot receives a bitwise copy of its logical
         expert's weights from the expert's home rank (DeepEP's ``lb_prefetch_weights``).
+        Returns a finished EventOverlap.
 
-        ``expert_weights``: a list of weight kinds (w1, w2, ...), each a C-contiguous CPU
-        tensor or array ``[L, ...]`` of this rank's L home experts (logical expert e lives on
-        rank e // L); ``redundant_weights``: the same kinds, ``[B, ...]``, this rank's B slots
-        (written; unused slots are left alone); ``mapping``: ``[P, B]`` integer, the logical
-        expert of every slot of every rank (-1 unused), the same on every rank. Any dtype: the
-        bytes travel as they are, over this buffer's own dispatch (so no other call may run
-        meanwhile). Returns when this rank's slots hold the bytes."""
-        self._lb(False, redundant_weights, expert_weights, mapping)
+        ``expert_weights``: a tensor or list of weight kinds (w1, w2, ...), each a C-contiguous
+        CPU tensor or array ``[L, ...]`` of this rank's L home experts (logical expert e lives
+        on rank e // L); ``redundant_expert_weights``: the same kinds, ``[B, ...]``, this rank's
+        B slots (written; unused slots are left alone); ``redundancy_mapping``: ``[P, B]``
+        integer, the logical expert of every slot of every rank (-1 unused), the same on every
+        rank. Any dtype: the bytes travel as they are, over this buffer's own dispatch (so no
+        other call may run meanwhile). Returns when this rank's slots hold the bytes.
+        num_sms: no effect; previous_event: waited on first."""
+        _wait_for(previous_event)
+        self._lb(False, redundant_expert_weights, expert_weights, redundancy_mapping)
+        return EventOverlap()
 
-    def lb_reduce_grads(self, redundant_grads, expert_grads, mapping):
+    def lb_reduce_grads(self, redundant_expert_grads, expert_grads, redundancy_mapping, num_sms=0,
+                        previous_event=None):
         """Collective, in place (DeepEP's ``lb_reduce_grads``): every home expert's gradient
-        ``expert_grads[kind][j]`` += its replicas' ``redundant_grads[kind][b]``, as
+        ``expert_grads[kind][j]`` += its replicas' ``redundant_expert_grads[kind][b]``, as
         ``home = ((home + g_0) + g_1) + ...`` in float32 over the slots holding that expert in
         ascending global slot (rank * B + b): the same bits on every run. float32 only; the
-        shapes as in :meth:`lb_prefetch_weights`."""
-        self._lb(True, redundant_grads, expert_grads, mapping)
+        shapes as in :meth:`lb_prefetch_weights`. Returns a finished EventOverlap."""
+        _wait_for(previous_event)
+        self._lb(True, redundant_expert_grads, expert_grads, redundancy_mapping)
+        return EventOverlap()
 
     def _lb(self, reduce, slots, homes, mapping):
-        what = "lb_reduce_grads" if reduce else "lb_prefetch_weights"
-        problem = ""
-        slot_kinds, home_kinds, flat, L, B = [], [], [], 1, 0
-        try:
-            if not isinstance(slots, (list, tuple)):
-                slots = [slots]
-            if not isinstance(homes, (list, tuple)):
-                homes = [homes]
-            m = np.asarray(mapping.detach().cpu().numpy() if cv.is_torch(mapping) else mapping)
-            if m.ndim != 2 or m.shape[0] != self.group_size or not np.issubdtype(m.dtype, np.integer):
-                raise ValueError(f"mapping must be an integer [P = {self.group_size}, B] array, got "
-                                 f"{m.dtype} {list(m.shape)}")
-            B = int(m.shape[1])
-            flat = [int(v) for v in m.reshape(-1)]
-            if len(slots) != len(homes) or not homes:
-                raise ValueError(f"redundant and expert tensors must list the same weight kinds (>= 1), got "
-                                 f"{len(slots)} and {len(homes)}")
-            L = int(_lb_rows(homes[0], "expert tensor 0"))
-            for k, (sl, ho) in enumerate(zip(slots, homes)):
-                hp, hb, hn = _lb_memory(ho, f"{what}: expert tensor {k}", reduce, writes=reduce)
-                sp, sb, sn = _lb_memory(sl, f"{what}: redundant tensor {k}", reduce, writes=not reduce)
-                if hn != L:
-                    raise ValueError(f"expert tensor {k} has {hn} experts, expert tensor 0 has {L}")
-                if sn != B:
-                    raise ValueError(f"redundant tensor {k} has {sn} slots, mapping has B = {B}")
-                per = hb // L
-                if B and sb // B != per:
-                    raise ValueError(f"redundant tensor {k} has {sb // B} bytes per slot, its expert tensor "
-                                     f"{per} bytes per expert")
-                home_kinds.append((hp, per))
-                slot_kinds.append((sp, per))
-        except (ValueError, TypeError) as e:
-            problem = f"{what}: {e}"
-        code = "invalid_argument" if problem else ""
-        self._b.lb(reduce, slot_kinds, home_kinds, L, B, flat, problem, code)
+        engine = self._any_engine()
+        if engine is None:
+            raise Error(f"rank {self.rank}: lb calls need the buffer's dispatch state: build it with num_experts= "
+                        "or dispatch once first", "invalid_argument", self.rank)
+        engine.lb(reduce, *_lb.transfer_args(reduce, slots, homes, mapping, self.group_size))
 
 
+def _check_num_bytes(num_bytes):
+    if num_bytes is None:
+        return
+    if not isinstance(num_bytes, int) or num_bytes <= 0 or num_bytes % _ALIGN:
+        raise Error(f"EPBuffer: num_bytes = {num_bytes!r} is not a positive multiple of 2 MiB "
+                    "(get_num_allocation_alignment()). EPBuffer takes DeepEP V2.5's arguments, "
+                    "EPBuffer(group, num_bytes=None, num_max_tokens_per_rank=0, hidden=0, num_topk=0, ...): "
+                    "name the shape, e.g. EPBuffer(group, num_max_tokens_per_rank=S, hidden=H, num_topk=K, "
+                    "num_experts=E)", "invalid_argument")
 
-def _lb_rows(t, name):
-    shape = tuple(t.shape)
-    if not shape:
-        raise ValueError(f"{name} must have a leading expert dimension, got a scalar")
-    return shape[0]
+
+def _cached_problem(handle, buffer, num_experts, do_handle_copy):
+    """(problem, code) of a cached dispatch's own arguments on `buffer` ("" when fine)."""
+    p = handle._problem(buffer)
+    if p:
+        return p, "bad_handle"
+    if num_experts is not None and num_experts != handle.num_experts:
+        return (f"cached dispatch: num_experts = {num_experts} but the handle's dispatch had "
+                f"{handle.num_experts}", "bad_handle")
+    if do_handle_copy:
+        return "do_handle_copy must be False (handle copies are gone, as in DeepEP V2.5)", "invalid_argument"
+    return "", ""
 
 
-def _lb_memory(t, name, float32, writes):
-    """(address, bytes, leading count) of a C-contiguous CPU tensor or array."""
-    if cv.is_torch(t):
-        import torch
-        if t.device.type != "cpu":
-            raise ValueError(f"{name} must be on the CPU, got {t.device}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be C-contiguous")
-        if float32 and t.dtype != torch.float32:
-            raise TypeError(f"{name} must be float32, got {t.dtype}")
-        return t.data_ptr(), t.numel() * t.element_size(), _lb_rows(t, name)
-    if isinstance(t, np.ndarray):
-        if not t.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous")
-        if writes and not t.flags.writeable:
-            raise ValueError(f"{name} is written by this call but is read-only")
-        if float32 and t.dtype != np.float32:
-            raise TypeError(f"{name} must be float32, got {t.dtype}")
-        return t.ctypes.data, t.nbytes, _lb_rows(t, name)
-    raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(t).__name__}")
+def _wait_for(event):
+    """A DeepEP previous_event: an EventOverlap or EventHandle is waited on (None: nothing)."""
+    if event is not None and hasattr(event, "current_stream_wait"):
+        event.current_stream_wait()

@@ -16,5 +16,6 @@ class Error(RuntimeError):
         self.code = code
         self.origin_rank = origin_rank
 
-    def __reduce__(self):  # survives pickling (epx.launch carries errors back from the ranks)
-        return (Error, (str(self), self.code, self.origin_rank))
+    def __reduce__(self):  # survives pickling (epx.launch carries errors back from the ranks), with
+        # any attribute set on it (epx.launch's exc_type and rank_traceback, notes)
+        return (Error, (str(self), self.code, self.origin_rank), dict(self.__dict__))

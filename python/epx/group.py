@@ -4,6 +4,7 @@ itself."""
 import atexit
 import datetime
 import os
+import pickle
 import queue
 import tempfile
 import time
@@ -66,19 +67,40 @@ def transport_of(group=None, transport="auto", timeout_secs=300):
     return t
 
 
-def _rank_main(fn, rank, num_ranks, store_path, args, results, timeout_secs):
+_TAIL_LINES = 12  # of a failed rank's traceback, carried to the caller of launch
+
+
+def _failure(rank, e, tb):
+    """What a failed rank sends back: its epx.Error (code and origin kept), or an epx.Error
+    naming its exception's type and message; either way with the last lines of its
+    traceback, as ``.rank_traceback`` and as a note shown when the error is printed."""
+    if isinstance(e, Error):
+        err = e
+    else:
+        err = Error(f"rank {rank}: {type(e).__name__}: {e}", "internal", rank)
+    err.exc_type = type(e).__name__
+    lines = "".join(tb).rstrip("\n").split("\n")
+    err.rank_traceback = "\n".join(lines[-_TAIL_LINES:])
+    return err
+
+
+def _rank_main(payload, rank, num_ranks, store_path, results, timeout_secs):
     dist = _dist()
     try:
+        try:  # spawn: unpickled here, not by multiprocessing, so that a failure is reported
+            fn, args = pickle.loads(payload) if isinstance(payload, bytes) else payload
+        except Exception as e:  # noqa: BLE001
+            raise Error(f"rank {rank}: could not load the function to run ({type(e).__name__}: {e}); "
+                        f"{_SPAWN_HINT}", "invalid_argument", rank) from e
         dist.init_process_group("gloo", init_method="file://" + store_path, rank=rank, world_size=num_ranks,
                                 timeout=datetime.timedelta(seconds=timeout_secs))
         value = fn(rank, num_ranks, *args)
-        results.put((rank, True, value))
+        # pickled here with the plain pickler: torch tensors travel as copies, not as shared
+        # memory whose file descriptors vanish with this process
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the launcher
-        if isinstance(e, Error):
-            err = e
-        else:
-            err = Error(f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}", "internal", rank)
-        results.put((rank, False, err))
+        err = _failure(rank, e, traceback.format_exception(type(e), e, e.__traceback__))
+        results.put((rank, False, pickle.dumps(err)))
     finally:
         try:
             if dist.is_initialized():
@@ -87,22 +109,68 @@ def _rank_main(fn, rank, num_ranks, store_path, args, results, timeout_secs):
             pass
 
 
+_SPAWN_HINT = ("a spawned rank imports the function by its module and name, so it must be defined at module "
+               "level in an importable file (not in `python -c`, an interactive session or a notebook, nor "
+               "nested in another function); or pass start_method=\"fork\", which runs closures too")
+
+
+def _check_spawnable(fn):
+    """Refuses, before any process starts, a function a spawned rank cannot import."""
+    import sys
+    main = sys.modules.get("__main__")
+    where = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", "")
+    if where == "__main__" and not getattr(main, "__file__", None):
+        raise Error(f"epx.launch: {name or fn!r} is defined in the __main__ of `python -c` or an interactive "
+                    f"session; {_SPAWN_HINT}", "invalid_argument")
+    if "<locals>" in name or "<lambda>" in name:
+        raise Error(f"epx.launch: {name} is a nested function or lambda; {_SPAWN_HINT}", "invalid_argument")
+
+
+def _exit_words(code):
+    """"exit code 1", "killed by SIGKILL"."""
+    import signal
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
 def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
-    """Runs fn(rank, num_ranks, *args) on `num_ranks` processes of this machine, each with
-    torch.distributed initialised (gloo, a FileStore in a temporary directory), so that
-    EPBuffer() there uses the default group. Returns the list of fn's return values by
-    rank. If any rank fails, the others get `timeout_secs` to end (epx errors are
-    collective; a dead rank makes its peers fail within a second), stragglers are
-    killed, and the error of the rank at fault is raised (an epx.Error keeps its code and
-    origin rank, and carries .errors and .values: every rank's outcome). start_method "spawn" (default: safe with torch's thread pools) or
-    "fork" (faster to start; fn may be a closure)."""
+    """Runs fn(rank, num_ranks, *args) on `num_ranks` processes of this machine and returns
+    the list of fn's return values by rank. Each rank starts with torch.distributed
+    initialised — a gloo process group over a FileStore in a temporary directory, so
+    ``dist.is_initialized()`` is True in fn, which must not initialise it again — and
+    EPBuffer(None, ...) there uses that default group.
+
+    If any rank fails, the others get `timeout_secs` to end (epx errors are collective; a
+    dead rank makes its peers fail within a second), stragglers are killed, and an
+    epx.Error is raised: the rank at fault's own epx.Error (code and origin rank kept), or
+    for any other exception an epx.Error "rank r: TypeName: message" (``.exc_type`` the
+    type's name). Either carries the last lines of that rank's traceback
+    (``.rank_traceback``, also printed with it as a note) and every rank's outcome
+    (``.errors``: rank -> Error, ``.values``: rank -> fn's value).
+
+    start_method "spawn" (default: safe with torch's thread pools) imports fn in each rank by
+    its module and name, so fn must be a module-level function of an importable file —
+    not one defined under ``python -c`` or in an interactive session, nor a closure or
+    lambda (refused at once, saying so); "fork" is faster to start and runs any fn."""
     import multiprocessing as mp
     _dist()  # imported once here: forked ranks inherit torch instead of each importing it
+    if start_method != "fork":
+        _check_spawnable(fn)
+    try:
+        payload = pickle.dumps((fn, args)) if start_method != "fork" else None
+    except Exception as e:  # noqa: BLE001
+        raise Error(f"epx.launch: cannot send the function or its arguments to the ranks ({type(e).__name__}: "
+                    f"{e}); {_SPAWN_HINT}", "invalid_argument") from e
     ctx = mp.get_context(start_method)
     with tempfile.TemporaryDirectory(prefix="epx-launch-") as d:
         results = ctx.Queue()
-        procs = [ctx.Process(target=_rank_main, args=(fn, r, num_ranks, os.path.join(d, "store"), args, results,
-                                                      timeout_secs), daemon=True)
+        procs = [ctx.Process(target=_rank_main, args=(payload if payload is not None else (fn, args), r, num_ranks,
+                                                      os.path.join(d, "store"), results, timeout_secs), daemon=True)
                  for r in range(num_ranks)]
         for p in procs:
             p.start()
@@ -112,7 +180,7 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
             while len(values) + len(errors) < num_ranks:
                 try:
                     rank, ok, v = results.get(timeout=0.1)
-                    (values if ok else errors)[rank] = v
+                    (values if ok else errors)[rank] = pickle.loads(v)
                     if not ok and deadline is None:
                         deadline = time.monotonic() + timeout_secs
                     continue
@@ -124,11 +192,12 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
                         try:
                             while True:
                                 rank, ok, v = results.get_nowait()
-                                (values if ok else errors)[rank] = v
+                                (values if ok else errors)[rank] = pickle.loads(v)
                         except queue.Empty:
                             pass
                         if r not in values and r not in errors:
-                            errors[r] = Error(f"rank {r} died (exit code {p.exitcode})", "peer_failed", r)
+                            errors[r] = Error(f"rank {r} died ({_exit_words(p.exitcode)}) without reporting an error: "
+                                              "its own output (stderr) above says why", "peer_failed", r)
                             deadline = deadline or time.monotonic() + timeout_secs
                 if deadline is not None and time.monotonic() > deadline:
                     for r in range(num_ranks):
@@ -144,10 +213,19 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
                     p.join()
             results.close()
     if errors:
-        # the rank that blames itself first, else the lowest rank's error; every rank's
-        # outcome rides along (.errors: rank -> Error, .values: rank -> fn's value)
-        pick = next((e for r, e in sorted(errors.items()) if getattr(e, "origin_rank", -1) == r), None)
-        pick = pick if pick is not None else errors[min(errors)]
-        pick.errors, pick.values = errors, values
-        raise pick
+        raise _pick_error(errors, values)
     return [values[r] for r in range(num_ranks)]
+
+
+def _pick_error(errors, values):
+    """The error launch raises: the rank that blames itself first, else the lowest rank's;
+    every rank's outcome rides along (.errors: rank -> Error, .values: rank -> fn's value),
+    and its rank's traceback tail is a note of it (shown when it is printed)."""
+    rank, pick = next(((r, e) for r, e in sorted(errors.items()) if getattr(e, "origin_rank", -1) == r),
+                      min(errors.items()))
+    pick.errors, pick.values = errors, values
+    tail = getattr(pick, "rank_traceback", None)
+    if tail and hasattr(pick, "add_note") and not getattr(pick, "_noted", False):
+        pick.add_note(f"rank {rank}'s traceback (last lines):\n{tail}")
+        pick._noted = True
+    return pick

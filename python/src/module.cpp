@@ -35,6 +35,7 @@
 #include "epx/launch.hpp"
 #include "epx/sim/launch.hpp"
 #include "epx/lb.hpp"
+#include "epx/plan.hpp"
 #include "diagnose.hpp"
 #include "group_transport.hpp"
 #include "tensors.hpp"
@@ -63,7 +64,8 @@ ErrorCode code_of(const std::string& name) {
 ErrorCode input_code(const std::string& problem) {
   if (problem.find("C-contiguous") != std::string::npos || problem.find("dimensions") != std::string::npos)
     return ErrorCode::kShapeMismatch;
-  if (problem.find("expected a CPU") != std::string::npos) return ErrorCode::kUnsupported;
+  if (problem.find("expected a CPU") != std::string::npos || problem.find("cannot be exported") != std::string::npos)
+    return ErrorCode::kUnsupported;  // another device (a meta or CUDA tensor)
   return ErrorCode::kDtypeMismatch;
 }
 
@@ -117,29 +119,13 @@ pyb::dict combine_dict(const CombineResult& c, Flavor f, const std::shared_ptr<c
   return r;
 }
 
-/// An epx::Error of a call on rank `rank` (Buffer with hidden size `hidden`) in the binding's
-/// words: another rank's poisoned call ("x must be ..., got [0, H] bool") is described by
-/// where the real message is (that rank's error names the argument).
-[[noreturn]] void explain_error(const Error& e, int rank, std::int64_t hidden) {
-  const std::string m = e.what();
-  const std::string marks[] = {"got [0, " + std::to_string(hidden) + "] bool", "got [0] bool"};
-  for (const std::string& mark : marks)
-    if (m.size() >= mark.size() && m.compare(m.size() - mark.size(), mark.size(), mark) == 0)
-      throw Error(e.code(),
-                  "rank " + std::to_string(rank) + ": rank " + std::to_string(e.origin_rank()) +
-                      "'s input to this call was rejected by the Python binding (a dtype, device, stride or handle "
-                      "problem; rank " + std::to_string(e.origin_rank()) + "'s error names the argument)",
-                  e.origin_rank());
-  throw e;
-}
-
 /// An asynchronous call (PendingDispatch or PendingCombine) and the inputs it reads.
 /// wait() finishes it (GIL released; signals checked every 50 ms) and returns None.
 class Pending {
  public:
   using Call = std::variant<PendingDispatch, PendingCombine>;
-  Pending(Call call, Keep keep, std::shared_ptr<Interrupt> interrupt, int rank, std::int64_t hidden)
-      : call_(std::move(call)), keep_(std::move(keep)), interrupt_(std::move(interrupt)), rank_(rank), hidden_(hidden) {}
+  Pending(Call call, Keep keep, std::shared_ptr<Interrupt> interrupt)
+      : call_(std::move(call)), keep_(std::move(keep)), interrupt_(std::move(interrupt)) {}
   Pending(Pending&&) = default;
   // An event dropped unwaited: the call is finished without the GIL (its error dropped).
   ~Pending() {
@@ -162,10 +148,10 @@ class Pending {
         std::visit([](auto& p) { p.finish(); }, *call_);
       }
       done_();
-    } catch (const Error& e) {
+    } catch (const Error&) {
       done_();
       interrupt_->rethrow_if_interrupted();
-      explain_error(e, rank_, hidden_);
+      throw;
     }
   }
 
@@ -180,8 +166,6 @@ class Pending {
   std::optional<Call> call_;
   Keep keep_;
   std::shared_ptr<Interrupt> interrupt_;
-  int rank_;
-  std::int64_t hidden_;
 };
 
 /// The EP Buffer on its own endpoint of the group's transport (PyTransport).
@@ -205,24 +189,6 @@ class PyBuffer {
   std::size_t window_bytes() const { return buffer_ ? buffer_->window_bytes() : 0; }
   std::string transport_name() const { return transport_ ? transport_->caps().name : ""; }
   DiagnoseTarget diagnose_target() const { return {transport_, buffer_ ? buffer_->peer_waits() : nullptr}; }
-
-  pyb::dict layout(pyb::handle topk_idx, const std::string& flavor) {
-    Buffer& b = live();
-    std::string problem;
-    Input idx = read_input(topk_idx, "topk_idx", Want::kI64, problem);
-    if (!problem.empty()) throw Error(ErrorCode::kDtypeMismatch, "rank " + std::to_string(rank()) + ": " + problem, rank());
-    DispatchLayout l;
-    {
-      pyb::gil_scoped_release nogil;
-      l = b.get_dispatch_layout(idx.view);
-    }
-    const Flavor f = flavor_of(flavor);
-    pyb::dict r;
-    r["num_tokens_per_rank"] = out_vector(l.num_tokens_per_rank, DType::kI32, f);
-    r["num_tokens_per_expert"] = out_vector(l.num_tokens_per_expert, DType::kI32, f);
-    r["is_token_in_rank"] = out(l.is_token_in_rank, f);
-    return r;
-  }
 
   pyb::object dispatch(pyb::handle x, pyb::handle x_scales, pyb::handle topk_idx, pyb::handle topk_weights,
                        std::optional<PyHandle*> handle, bool expanded, int alignment, std::int64_t worst,
@@ -251,8 +217,8 @@ class PyBuffer {
     a.zero_padding = zero_padding;
     DispatchHandle cached = handle ? (*handle)->handle : DispatchHandle{};
     a.handle = handle ? &cached : nullptr;
-    if (!py_problem.empty()) poison_dispatch(a, py_problem, code_of(py_code));
-    if (!problem.empty()) poison_dispatch(a, problem, input_code(problem));
+    const std::optional<Error> mine = caller_error(py_problem, py_code, problem);
+    a.caller_error = mine ? &*mine : nullptr;
     const Flavor f = flavor_of(flavor);
     if (mode == 0) {
       DispatchResult d;
@@ -266,7 +232,7 @@ class PyBuffer {
     return r;
   }
 
-  pyb::object combine(pyb::handle y, PyHandle* handle, pyb::handle bias0, pyb::handle bias1, bool weighted,
+  pyb::object combine(pyb::handle y, std::optional<PyHandle*> handle, pyb::handle bias0, pyb::handle bias1, bool weighted,
                       const std::string& flavor, int mode, const std::string& py_problem,
                       const std::string& py_code) {
     live();
@@ -282,14 +248,10 @@ class PyBuffer {
     a.bias0 = take(bias0, "bias[0]", Want::kBF16);
     a.bias1 = take(bias1, "bias[1]", Want::kBF16);
     a.weighted = weighted;
-    DispatchHandle h = handle->handle;
-    if (!py_problem.empty() || !problem.empty()) {
-      a.handle = &h;
-      a.y = TensorView(nullptr, DType::kBool, {0});  // fails check_combine on this rank, collectively
-      if (!py_problem.empty()) fail_collectively([&] { buffer_->combine(a); }, py_problem, code_of(py_code));
-      fail_collectively([&] { buffer_->combine(a); }, problem, input_code(problem));
-    }
+    DispatchHandle h = handle ? (*handle)->handle : DispatchHandle{};
     a.handle = &h;
+    const std::optional<Error> mine = caller_error(py_problem, py_code, problem);
+    a.caller_error = mine ? &*mine : nullptr;
     const Flavor f = flavor_of(flavor);
     if (mode == 0) {
       CombineResult c;
@@ -322,7 +284,14 @@ class PyBuffer {
       if (reduce) reduce_grads(b, s, h, pl);
       else prefetch_weights(b, s, h, pl);
     };
-    if (!py_problem.empty()) fail_collectively([&] { run(LbPlacement{}); }, py_problem, code_of(py_code));
+    if (!py_problem.empty()) {
+      // The peers are in the transfer's first dispatch: this rank's fails it for all.
+      const std::optional<Error> mine = caller_error(py_problem, py_code, "");
+      DispatchArgs a;
+      a.caller_error = &*mine;
+      call([&] { b.dispatch(a); });
+      throw *mine;  // (not reached: the dispatch fails)
+    }
     try {
       pyb::gil_scoped_release nogil;
       run(LbPlacement{home_experts, num_slots, mapping});
@@ -353,47 +322,34 @@ class PyBuffer {
     group_.reset();
   }
 
-  // A local problem (dtype, device, strides) still has to fail the call on every rank:
-  // the call runs with an x the engine rejects, so the others fail naming this rank, and
-  // this rank raises the problem in the binding's words.
-  void poison_dispatch(DispatchArgs a, const std::string& problem, ErrorCode code) {
-    a.x = TensorView(nullptr, DType::kBool, {0, buffer_->config().hidden});
-    a.x_scales = TensorView();
-    fail_collectively([&] { buffer_->dispatch(a); }, problem, code);
+  // A problem the binding found in this rank's inputs (`py_problem` from the Python layer,
+  // else `problem` from read_input) still fails the call on every rank: the engine call
+  // carries it as its caller_error, and every rank raises it (or a lower rank's) with the
+  // same code, origin and message.
+  std::optional<Error> caller_error(const std::string& py_problem, const std::string& py_code,
+                                    const std::string& problem) const {
+    if (py_problem.empty() && problem.empty()) return std::nullopt;
+    const std::string& what = py_problem.empty() ? problem : py_problem;
+    const ErrorCode code = py_problem.empty() ? input_code(problem) : code_of(py_code);
+    return Error(code, "rank " + std::to_string(rank()) + ": " + what, rank());
   }
 
-  template <class Call>
-  [[noreturn]] void fail_collectively(Call call, const std::string& problem, ErrorCode code) {
-    const std::string msg = "rank " + std::to_string(rank()) + ": " + problem;
-    try {
-      pyb::gil_scoped_release nogil;
-      call();
-    } catch (const Error& e) {
-      if (e.origin_rank() != rank()) explain(e);  // another rank's fault came first
-    }
-    throw Error(code, msg, rank());
-  }
-
-  /// The engine's words for another rank's poisoned call ("x must be ..., got [0, H] bool")
-  /// describe the poison, not the problem: say where the real message is.
-  [[noreturn]] void explain(const Error& e) const { explain_error(e, rank(), buffer_->config().hidden); }
-
-  /// Runs an engine call without the GIL; its error in the binding's words.
+  /// Runs an engine call without the GIL (a Ctrl-C seen meanwhile is raised instead of its error).
   template <class Call>
   void call(Call c) {
     try {
       pyb::gil_scoped_release nogil;
       c();
-    } catch (const Error& e) {
+    } catch (const Error&) {
       interrupt_->rethrow_if_interrupted();
-      explain(e);
+      throw;
     }
   }
 
   static Completion completion_of(int mode) { return mode == 2 ? Completion::kAtFinish : Completion::kBackground; }
 
   pyb::object make_pending(Pending::Call p, Keep keep) {
-    return pyb::cast(Pending(std::move(p), std::move(keep), interrupt_, rank(), buffer_->config().hidden),
+    return pyb::cast(Pending(std::move(p), std::move(keep), interrupt_),
                      pyb::return_value_policy::move);
   }
 
@@ -405,6 +361,37 @@ class PyBuffer {
   // bootstrap: it holds a Python callable.
   std::shared_ptr<const void> owner_;
 };
+
+/// SPEC §2 for `topk_idx` ([S, K] int64) on `num_ranks` ranks with `num_experts` experts,
+/// local (no Buffer needed): the checks and the layout are the routing plan's own
+/// (epx/plan.hpp). Outputs in topk_idx's flavour.
+pyb::dict dispatch_layout(pyb::handle topk_idx, int num_experts, int num_ranks, int rank, const std::string& flavor) {
+  std::string problem;
+  Input idx = read_input(topk_idx, "topk_idx", Want::kI64, problem);
+  const std::string who = "rank " + std::to_string(rank) + ": get_dispatch_layout: ";
+  if (!problem.empty()) throw Error(input_code(problem), who + problem, rank);
+  const TensorView& v = idx.view;
+  if (v.shape.ndim != 2)
+    throw Error(ErrorCode::kShapeMismatch, who + "topk_idx must be [S, K] int64, got " + v.shape.str(), rank);
+  if (num_ranks <= 0 || num_experts <= 0 || num_experts % num_ranks != 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                who + "num_experts = " + std::to_string(num_experts) + " is not a positive multiple of the " +
+                    std::to_string(num_ranks) + " ranks",
+                rank);
+  const RoutingShape shape{v.shape[0], static_cast<int>(v.shape[1]), num_experts, num_ranks};
+  if (auto issue = check_topk_idx(v.as<std::int64_t>(), shape)) throw Error(ErrorCode::kInvalidArgument, who + issue->message, rank);
+  DispatchLayout l;
+  {
+    pyb::gil_scoped_release nogil;
+    l = make_dispatch_layout(build_routing_plan(v.as<std::int64_t>(), shape));
+  }
+  const Flavor f = flavor_of(flavor);
+  pyb::dict r;
+  r["num_tokens_per_rank"] = out_vector(l.num_tokens_per_rank, DType::kI32, f);
+  r["num_tokens_per_expert"] = out_vector(l.num_tokens_per_expert, DType::kI32, f);
+  r["is_token_in_rank"] = out(l.is_token_in_rank, f);
+  return r;
+}
 
 BufferConfig make_config(int num_experts, int hidden, int num_topk, std::int64_t max_tokens, std::int64_t max_recv_rows,
                          int num_workers) {
@@ -477,7 +464,6 @@ PYBIND11_MODULE(_epx, m) {
       .def_property_readonly("num_ranks", &PyBuffer::num_ranks)
       .def_property_readonly("window_bytes", &PyBuffer::window_bytes)
       .def_property_readonly("transport", &PyBuffer::transport_name)
-      .def("layout", &PyBuffer::layout)
       .def("dispatch", &PyBuffer::dispatch, pyb::arg("x"), pyb::arg("x_scales"), pyb::arg("topk_idx"),
            pyb::arg("topk_weights"), pyb::arg("handle"), pyb::arg("expanded"), pyb::arg("alignment"), pyb::arg("worst"),
            pyb::arg("deterministic"), pyb::arg("zero_padding"), pyb::arg("flavor"), pyb::arg("mode"),
@@ -487,6 +473,8 @@ PYBIND11_MODULE(_epx, m) {
       .def("combine", &PyBuffer::combine, pyb::arg("y"), pyb::arg("handle"), pyb::arg("bias0"), pyb::arg("bias1"),
            pyb::arg("weighted"), pyb::arg("flavor"), pyb::arg("mode"), pyb::arg("problem") = "",
            pyb::arg("problem_code") = "");
+  m.def("dispatch_layout", &dispatch_layout, pyb::arg("topk_idx"), pyb::arg("num_experts"), pyb::arg("num_ranks"),
+        pyb::arg("rank"), pyb::arg("flavor"));
   m.def(
       "size_hint",
       [](int num_ranks, int num_experts, int hidden, int num_topk, std::int64_t max_tokens, std::int64_t max_recv_rows,

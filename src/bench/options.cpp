@@ -96,6 +96,7 @@ void validate_options(const BenchOptions& o) {
     bad("--zero-copy cannot be combined with --protocol flag (flagged blocks are unpacked on arrival, so recv_x cannot be "
         "a view of the window)");
   if (!o.sweep.empty() && !o.trace.empty()) bad("--trace records one run; it cannot be combined with --sweep");
+  if (!o.sweep.empty() && !o.html.empty()) bad("--html draws one run; it cannot be combined with --sweep (its table is the report)");
   if (!o.sweep.empty() && !o.baseline.empty())
     bad("--baseline does not depend on the data-plane options; run it without --sweep");
   if (!o.eplb) {

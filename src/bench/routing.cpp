@@ -269,6 +269,7 @@ RouteCount count_routes(int ranks, int experts, int topk, const std::vector<cons
   c.recv_slots.assign(up(P), 0);
   c.out_rows.assign(up(P), 0);
   c.expert_rows.assign(up(E), 0);
+  c.pair_rows.assign(up(P) * up(P), 0);
   const int max_dest = std::min(K, P);
   c.unique_dest_hist.assign(up(P), std::vector<std::int64_t>(up(max_dest) + 1, 0));
   std::vector<std::int64_t> seen(up(P), -1);  // token id that last reached each rank
@@ -287,6 +288,7 @@ RouteCount count_routes(int ranks, int experts, int topk, const std::vector<cons
         ++unique;
         ++c.sent_rows[up(s)];
         ++c.recv_rows[up(d)];
+        ++c.pair_rows[up(s) * up(P) + up(d)];
         if (d == s) {
           ++c.sent_local_rows[up(s)];
           ++c.recv_local_rows[up(d)];

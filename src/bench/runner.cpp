@@ -13,6 +13,8 @@
 #include <optional>
 #include <type_traits>
 
+#include "epx/bench/progress.hpp"
+#include "epx/bench/report.hpp"
 #include "epx/buffer.hpp"
 #include "epx/diagnose.hpp"
 #include "epx/error.hpp"
@@ -40,28 +42,20 @@ std::uint64_t fnv1a64(const void* data, std::size_t n) noexcept {
 
 namespace {
 
-// Rank 0's progress line on stderr: '\r'-updated on a terminal, else a line now and then.
+// Rank 0's progress line (epx/bench/progress.hpp): the iteration running and the time left
+// over every iteration of the run (warmup, timed, the counters-overhead blocks).
 class Progress {
  public:
-  Progress(bool on, int total) : on_(on), total_(total), tty_(on && isatty(2) != 0) {}
+  Progress(bool on, int total) : line_("epx bench", total, on) {}
   void update(const char* what, int done, int of, double d_us, double c_us) {
-    if (!on_) return;
     ++step_;
-    const int every = std::max(1, total_ / 5);
-    if (!tty_ && step_ % every != 0 && done != of) return;
-    std::fprintf(stderr, "%sepx bench: %s %d/%d  rank 0: dispatch %.0f us, combine %.0f us%s", tty_ ? "\r\033[K" : "", what,
-                 done, of, d_us, c_us, tty_ ? "" : "\n");
-    std::fflush(stderr);
+    if (line_.shown())
+      line_.update(step_, fmt("%s %d/%d  rank 0: dispatch %.0f us, combine %.0f us", what, done, of, d_us, c_us));
   }
-  void done() {
-    if (on_ && tty_) std::fprintf(stderr, "\r\033[K");
-    if (on_) std::fflush(stderr);
-  }
+  void done() { line_.finish(); }
 
  private:
-  bool on_;
-  int total_;
-  bool tty_;
+  ProgressLine line_;
   int step_ = 0;
 };
 
@@ -139,6 +133,13 @@ BufferConfig bench_buffer_config(const BenchOptions& o, const BenchProblem& p) {
   cfg.dataplane = o.dataplane;
   cfg.ring_rows = o.ring_rows;
   cfg.output_pool_bytes = o.output_pool_bytes();
+  if (o.expanded() && cfg.output_pool_bytes == -1) {
+    // Auto sizes the pool for a compact output of max_recv_rows; an expanded output has a
+    // row per slot (plus padding): room for the largest rank's.
+    const RouteCount rc = count_routes(p, true, o.alignment);
+    const std::int64_t rows = *std::max_element(rc.out_rows.begin(), rc.out_rows.end());
+    cfg.output_pool_bytes = static_cast<std::int64_t>(output_block_bytes(rows, p.hidden, p.fp8 ? DType::kFP8E4M3 : DType::kBF16));
+  }
   return cfg;
 }
 
@@ -214,7 +215,11 @@ class RankBench {
     rec_.out_rows = d.recv_x.shape()[0];
     CombineArgs c;
     if (p_.fp8) {
-      if (!y_fp8_.defined() || y_fp8_.shape()[0] != rec_.out_rows) y_fp8_ = Tensor::zeros(DType::kBF16, {rec_.out_rows, p_.hidden});
+      // The experts' bf16 output, written where the window holds it (Buffer::combine_buffer):
+      // combine reads it in place as it reads a bf16 y over recv_x. Its values do not matter
+      // (zeros, written outside the timed calls, as an expert would write them).
+      y_fp8_ = buf.combine_buffer(d.handle);
+      if (y_fp8_.nbytes() > 0) std::memset(y_fp8_.data(), 0, y_fp8_.nbytes());
       c.y = y_fp8_.view();
     } else {
       c.y = d.recv_x.view();  // the identity expert

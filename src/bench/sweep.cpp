@@ -5,6 +5,7 @@
 #include <cstdarg>
 
 #include "epx/bench/dataplane_options.hpp"
+#include "epx/bench/progress.hpp"
 #include "epx/bench/run.hpp"
 #include "epx/error.hpp"
 #include "epx/io/replay.hpp"
@@ -144,13 +145,14 @@ SweepResult measure_sweep(const BenchOptions& o) {
 
   std::vector<SweepRow> rows;
   const std::size_t n = combinations.size();
+  ProgressLine progress("epx bench sweep", static_cast<double>(n), o.progress);
   for (std::size_t i = 0; i < n; ++i) {
     SweepCombination& c = combinations[i];
     SweepRow row{c.values, c.options, c.skip_reason, {}};
-    const std::string label = fmt("epx bench: sweep %zu/%zu: ", i + 1, n) + combination_text(axes, c.values);
+    const std::string label = fmt("%zu/%zu ", i + 1, n) + combination_text(axes, c.values);
     if (row.skipped.empty()) {
-      if (o.progress) std::fprintf(stderr, "%s ...\n", label.c_str());
-      row.options.progress = false;  // one line per combination, not per iteration
+      progress.update(static_cast<double>(i), label);
+      row.options.progress = false;  // one line for the sweep, not one per iteration
       try {
         row.report = measure_bench(row.options).report;
       } catch (const Error& e) {
@@ -160,9 +162,10 @@ SweepResult measure_sweep(const BenchOptions& o) {
         row.skipped = std::string("refused by epx: ") + e.what();
       }
     }
-    if (o.progress && !row.skipped.empty()) std::fprintf(stderr, "%s: skipped: %s\n", label.c_str(), row.skipped.c_str());
+    if (!row.skipped.empty()) progress.note(label + ": skipped: " + row.skipped);
     rows.push_back(std::move(row));
   }
+  progress.finish();
 
   return {axes, std::move(rows), ranks};
 }

@@ -1,16 +1,70 @@
-#include "epx/spi/copy.hpp"
+// Streaming copies, written once with Google Highway: every x86 target is compiled and the
+// widest the CPU has is chosen at run time. Other architectures copy with memcpy (Highway's
+// Stream is an ordinary store there, no faster than the C library's copy).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "copy.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define EPX_HAVE_STREAM_COPY 1
-#endif
+#include "epx/spi/copy.hpp"
 
+HWY_BEFORE_NAMESPACE();
 namespace epx {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Head up to an aligned destination, then four vectors per step, then the tail; false when
+// this target has no streaming stores (the caller copies with memcpy).
+bool StreamCopy(std::byte* dst, const std::byte* src, std::size_t bytes) {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  const hn::ScalableTag<std::uint8_t> d;
+  const std::size_t N = hn::Lanes(d);
+  auto* out = reinterpret_cast<std::uint8_t*>(dst);
+  const auto* in = reinterpret_cast<const std::uint8_t*>(src);
+  const std::size_t head = std::min(bytes, (N - reinterpret_cast<std::uintptr_t>(dst) % N) % N);
+  std::memcpy(out, in, head);
+  std::size_t i = head;
+  for (; i + 4 * N <= bytes; i += 4 * N) {
+    const auto a = hn::LoadU(d, in + i), b = hn::LoadU(d, in + i + N), c = hn::LoadU(d, in + i + 2 * N),
+               e = hn::LoadU(d, in + i + 3 * N);
+    hn::Stream(a, d, out + i);
+    hn::Stream(b, d, out + i + N);
+    hn::Stream(c, d, out + i + 2 * N);
+    hn::Stream(e, d, out + i + 3 * N);
+  }
+  std::memcpy(out + i, in + i, bytes - i);
+  // Streaming stores are weakly ordered: fence them before the caller's next signal.
+  hwy::FlushStream();
+  return true;
+#else
+  (void)dst, (void)src, (void)bytes;
+  return false;
+#endif
+}
+
+const char* Target() {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  return hwy::TargetName(HWY_TARGET);
+#else
+  return "memcpy";
+#endif
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace epx
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace epx {
+
+HWY_EXPORT(StreamCopy);
+HWY_EXPORT(Target);
 
 std::size_t stream_min_bytes() noexcept {
   static const std::size_t value = [] {
@@ -22,52 +76,17 @@ std::size_t stream_min_bytes() noexcept {
   return value;
 }
 
-#ifdef EPX_HAVE_STREAM_COPY
-namespace {
-
-__attribute__((target("avx2"))) void stream_copy_avx2(std::byte* dst, const std::byte* src, std::size_t bytes) {
-  // Head up to a 32-byte aligned destination, then 128 bytes per step, then the tail.
-  const std::size_t head = std::min(bytes, (32 - reinterpret_cast<std::uintptr_t>(dst) % 32) % 32);
-  std::memcpy(dst, src, head);
-  std::size_t i = head;
-  for (; i + 128 <= bytes; i += 128) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 64));
-    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 96));
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 64), c);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
-  }
-  std::memcpy(dst + i, src + i, bytes - i);
-  // Streaming stores are weakly ordered: fence them before the caller's next signal.
-  _mm_sfence();
+void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
+  if (!HWY_DYNAMIC_DISPATCH(StreamCopy)(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes))
+    std::memcpy(dst, src, bytes);
 }
-
-const bool kHasAvx2 = __builtin_cpu_supports("avx2");
-
-}  // namespace
-#endif
 
 void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept {
-#ifdef EPX_HAVE_STREAM_COPY
-  if (kHasAvx2 && bytes >= stream_min_bytes()) {
-    stream_copy_avx2(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
-    return;
-  }
-#endif
+  if (bytes >= stream_min_bytes()) return stream_copy(dst, src, bytes);
   std::memcpy(dst, src, bytes);
 }
 
-void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
-#ifdef EPX_HAVE_STREAM_COPY
-  if (kHasAvx2) {
-    stream_copy_avx2(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
-    return;
-  }
-#endif
-  std::memcpy(dst, src, bytes);
-}
+const char* stream_copy_target() noexcept { return HWY_DYNAMIC_DISPATCH(Target)(); }
 
 }  // namespace epx
+#endif

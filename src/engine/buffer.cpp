@@ -151,6 +151,7 @@ std::string got(const TensorView& v) { return v.shape.str() + " " + to_string(v.
 }  // namespace
 
 MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
+  if (a.caller_error != nullptr) return Status{a.caller_error->code(), a.caller_error->what()};
   const BufferConfig& c = config;
   const TensorView& x = a.x;
   if (x.dtype != DType::kBF16 && x.dtype != DType::kFP8E4M3)
@@ -216,6 +217,7 @@ MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
 }
 
 MaybeStatus Buffer::Impl::check_combine(const CombineArgs& a) const {
+  if (a.caller_error != nullptr) return Status{a.caller_error->code(), a.caller_error->what()};
   if (a.handle == nullptr || !a.handle->valid())
     return make_status(ErrorCode::kBadHandle, "combine needs the handle of a dispatch (got an empty one)");
   const HandleState* h = a.handle->state_.get();
@@ -320,6 +322,7 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
       made->layout = a.layout;
       made->alignment = a.expert_alignment;
       made->worst = a.num_worst_tokens;
+      made->zero_padding = a.zero_padding;
       if (!status) {
         made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
                                         RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});
@@ -370,6 +373,7 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
       m.plan_slots(*made, peers);
       path->plan(m, *made, peers);
       expert_base = m.expert_row_base(peers);
+      m.plan_expanded_slots(*made, a, expert_base);  // expanded receivers: where each of my slots lands
       step.expert_base = &expert_base;
     }
     landing = m.landings(*h, peers, step.row_bytes, step.scale_bytes);
@@ -542,6 +546,22 @@ CombineResult Buffer::combine(const CombineArgs& a) {
   call.puts();
   call.back();
   return std::move(call.out);
+}
+
+Tensor Buffer::combine_buffer(const DispatchHandle& handle) {
+  Impl& m = *impl_;
+  const HandleState* h = handle.state_.get();
+  if (h == nullptr || h->buffer_id != m.buffer_id || h->rank != m.rank)
+    throw Error(ErrorCode::kInvalidArgument,
+                "rank " + std::to_string(m.rank) + ": combine_buffer needs a handle of a dispatch of this Buffer on this rank", m.rank);
+  const Shape shape{h->out_rows, static_cast<std::int64_t>(m.config.hidden)};
+  // In the receive area (what pull reads as y_offset = the data region) only where pull is
+  // possible, the area holds the rows and nobody else may be using it.
+  const bool in_window = m.moves_payload && spi::allows(spi::Path::kPull, m.config, m.transport.peer_window(m.rank) != nullptr) &&
+                         h->out_rows <= m.geo.recv_rows() && !m.calls.holds_view() && !m.calls.pending();
+  if (!in_window) return m.outputs.make(DType::kBF16, shape);
+  std::byte* data = m.transport.window() + m.geo.region(detail::Region::kData);
+  return Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), data), DType::kBF16, shape);
 }
 
 PendingDispatch Buffer::dispatch_async(const DispatchArgs& a, Completion completion) {

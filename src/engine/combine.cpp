@@ -115,6 +115,8 @@ std::int64_t Buffer::Impl::y_offset_in_window(const HandleState& h, const Combin
   if (!spi::allows(spi::Path::kPull, config, transport.peer_window(rank) != nullptr) ||
       !(h.layout == RecvLayout::kCompact || spi::rule(spi::Path::kPull).expanded))
     return -1;
+  // Expanded: the sources read the slots' rows at the positions their handle kept.
+  if (h.layout == RecvLayout::kExpanded && h.slot_begin.empty() && h.plan.num_entries() > 0) return -1;
   if (h.out_rows == 0) return static_cast<std::int64_t>(geo.region(Region::kData));  // no rows anyone reads
   if (a.y.data == nullptr) return -1;
   const auto* y = static_cast<const std::byte*>(a.y.data);
@@ -129,32 +131,58 @@ std::int64_t Buffer::Impl::y_offset_in_window(const HandleState& h, const Combin
 
 void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
                                  const std::vector<const std::uint16_t*>& rows_of, const std::vector<std::int64_t>& first_row,
-                                 std::uint16_t* o, WorkerStats* pulls) const {
+                                 std::uint16_t* o, WorkerStats* pulls, bool at_slots) const {
   const RoutingPlan& plan = h.plan;
   const std::size_t H = static_cast<std::size_t>(config.hidden);
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
   const auto* b0 = a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>();
   const auto* b1 = a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>();
   const bool by_max_slot = h.layout == RecvLayout::kExpanded;
-  std::vector<std::pair<std::int32_t, const std::uint16_t*>> order;  // (sort key, reply row)
-  std::vector<const std::uint16_t*> terms;                           // bias1 (or zeros), then the replies
+  // Expanded, pulled (`at_slots`): no expert rank computed the partials; each group is the
+  // token's slots at one rank, read at their rows of its y (HandleState::slot_row).
+  const bool slots = by_max_slot && at_slots;
+  std::vector<std::pair<std::int32_t, std::int32_t>> order;  // (sort key, plan entry)
+  std::vector<const std::uint16_t*> terms;                   // bias1 (or zeros), then the replies or slot rows
+  std::vector<float> weights;                                // per term (grouped, weighted)
+  std::vector<std::int32_t> group_end;
+  const float* topk_w = a.weighted ? h.topk_weights.as<float>() : nullptr;
+  const int K = config.num_topk;
   for (std::int64_t t = t0; t < t1; ++t) {
     const std::size_t off = static_cast<std::size_t>(t) * H;
     // Expanded: groups in ascending order of their largest k; compact: ascending rank.
     order.clear();
-    for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {
-      const auto e = static_cast<std::size_t>(i);
-      const auto d = static_cast<std::size_t>(plan.entry_rank[e]);
-      const std::int32_t key = by_max_slot ? plan.entry_max_slot[e] : plan.entry_rank[e];
-      order.emplace_back(key, rows_of[d] + static_cast<std::size_t>(first_row[d] + plan.entry_position[e]) * H);
-      if (pulls) (plan.entry_rank[e] == rank ? pulls->local_pulled_bytes : pulls->pulled_bytes) += row_bytes;
-    }
+    for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i)
+      order.emplace_back(by_max_slot ? plan.entry_max_slot[static_cast<std::size_t>(i)] : plan.entry_rank[static_cast<std::size_t>(i)], i);
     if (by_max_slot) std::sort(order.begin(), order.end());
     // f32(bias0) + f32(bias1) first, a missing bias counting as 0: adding a row of +0.0
     // for a missing bias1 turns f32(bias0) = -0.0 into +0.0 exactly as "+ 0.0f" does.
     terms.assign(1, b1 ? b1 + off : zero_row.data());
-    for (const auto& [key, row] : order) terms.push_back(row);
-    reduce_row(o + off, RowTerms{b0 ? b0 + off : nullptr, terms.data(), nullptr, static_cast<int>(terms.size())}, H);
+    weights.assign(1, 0.0f);
+    group_end.clear();
+    for (const auto& [key, i] : order) {
+      const auto e = static_cast<std::size_t>(i);
+      const auto d = static_cast<std::size_t>(plan.entry_rank[e]);
+      const std::size_t first_term = terms.size();
+      if (!slots) {
+        terms.push_back(rows_of[d] + static_cast<std::size_t>(first_row[d] + plan.entry_position[e]) * H);
+      } else {
+        const auto seg = static_cast<std::size_t>(plan.segment_begin[d] + plan.entry_position[e]);
+        for (std::int32_t j = h.slot_begin[seg]; j < h.slot_begin[seg + 1]; ++j) {
+          terms.push_back(rows_of[d] + static_cast<std::size_t>(h.slot_row[static_cast<std::size_t>(j)]) * H);
+          weights.push_back(topk_w ? topk_w[t * K + h.slot_k[static_cast<std::size_t>(j)]] : 0.0f);
+        }
+        group_end.push_back(static_cast<std::int32_t>(terms.size()));
+      }
+      if (pulls) (plan.entry_rank[e] == rank ? pulls->local_pulled_bytes : pulls->pulled_bytes) += row_bytes * (terms.size() - first_term);
+    }
+    RowTerms rt{b0 ? b0 + off : nullptr, terms.data(), nullptr, static_cast<int>(terms.size())};
+    if (slots) {
+      rt.weights = topk_w ? weights.data() : nullptr;
+      rt.group_end = group_end.data();
+      rt.groups = static_cast<int>(group_end.size());
+      rt.lead = 1;
+    }
+    reduce_row(o + off, rt, H);
   }
 }
 
@@ -184,7 +212,7 @@ void Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, const Peer
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     WorkerStats* pulls = pull != nullptr && config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
     const auto [t0, t1] = split_range(S, w, W);
-    reduce_tokens(h, a, t0, t1, rows_of, first_row, out.as<std::uint16_t>(), pulls);
+    reduce_tokens(h, a, t0, t1, rows_of, first_row, out.as<std::uint16_t>(), pulls, pull != nullptr);
   });
 }
 

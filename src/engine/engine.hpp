@@ -128,6 +128,8 @@ struct Buffer::Impl {
   std::vector<detail::Landing> landings(const detail::HandleState& h, const Peers& peers, std::size_t row_bytes,
                                         std::size_t scale_bytes) const;
   std::vector<std::int32_t> expert_row_base(const Peers& peers) const;
+  /// The most output rows a fresh dispatch of this layout can return (before num_worst_tokens).
+  std::int64_t max_output_rows(const DispatchArgs& a) const;
 
   // Stats (stats.cpp): a scoped timer that adds to `phase` of `worker` when collecting.
   class PhaseTimer {
@@ -236,9 +238,19 @@ struct Buffer::Impl {
   void put_segment(Sender& send, const detail::HandleState& h, const DispatchArgs& a,
                    const std::vector<std::int32_t>* expert_base, int d, std::int64_t p0, std::int64_t p1,
                    std::int64_t base, const detail::Landing& at);
-  /// put_segment's two halves: the rows (and scales) of positions [p0, p1), and their metadata.
+  /// put_segment's two halves: the rows of positions [p0, p1) (with their FP8 scales, run by
+  /// run, when `run_scales`; an expanded landing takes each row and its scales once per slot),
+  /// and their metadata.
   void put_segment_rows(Sender& send, const detail::HandleState& h, const DispatchArgs& a, int d, std::int64_t p0,
-                        std::int64_t p1, std::int64_t base, const detail::Landing& at);
+                        std::int64_t p1, std::int64_t base, const detail::Landing& at, bool run_scales);
+  /// FP8, not an expanded landing: the scale rows of positions [p0, p1) gathered in
+  /// scale_stage (stage_scales sizes it, before the workers) and put as consecutive rows.
+  void stage_scales(const detail::HandleState& h, const DispatchArgs& a);
+  void put_segment_scales(Sender& send, const detail::HandleState& h, const DispatchArgs& a, int d, std::int64_t p0,
+                          std::int64_t p1, std::int64_t base, const detail::Landing& at);
+  /// Fresh dispatch, after the exchange: each of my segment entries' slot rows at receivers
+  /// with the expanded layout (HandleState::slot_begin / slot_row / slot_k).
+  void plan_expanded_slots(detail::HandleState& h, const DispatchArgs& a, const std::vector<std::int32_t>& expert_base) const;
   void put_segment_meta(Sender& send, const detail::HandleState& h, const DispatchArgs& a,
                         const std::vector<std::int32_t>* expert_base, int d, std::int64_t p0, std::int64_t p1,
                         std::int64_t base);
@@ -291,10 +303,12 @@ struct Buffer::Impl {
   /// (push), or (`pull`: the headers, with each peer's y_offset) from the peers' windows.
   void reduce(const detail::HandleState& h, const CombineArgs& a, const Peers* pull, Tensor& out);
   /// The sums of tokens [t0, t1) into o: the row answering entry e (token t at rank d) is
-  /// rows_of[d] + (first_row[d] + entry_position[e]) rows. `pulls`: count the rows as pulled.
+  /// rows_of[d] + (first_row[d] + entry_position[e]) rows — or, expanded and `at_slots`
+  /// (pulled), its slots' rows rows_of[d] + slot_row, summed as the expert rank would have
+  /// (SPEC §4's grouped sum). `pulls`: count the rows as pulled.
   void reduce_tokens(const detail::HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
                      const std::vector<const std::uint16_t*>& rows_of, const std::vector<std::int64_t>& first_row,
-                     std::uint16_t* o, WorkerStats* pulls) const;
+                     std::uint16_t* o, WorkerStats* pulls, bool at_slots = false) const;
 
   /// Runs `task` on every worker (the rank thread is worker 0) and joins them; a modelling
   /// transport hears of the join (sim::ModelTransport::workers_joined). Every fork goes through here.
@@ -325,6 +339,7 @@ struct Buffer::Impl {
   Topology topology;
   std::vector<int> server_members;        // hierarchical: my server's ranks by lane
   std::vector<std::byte> meta_stage;      // sender's row metadata, per plan entry
+  std::vector<std::byte> scale_stage;     // sender's FP8 scale rows, per plan entry (put_segment_scales)
   std::vector<std::byte> relay_stage;     // hierarchical: records of my relayed rows, per relay
   std::vector<std::uint16_t> reply_stage;  // combine partials that need rounding
   std::vector<std::uint16_t> zero_row;     // H bf16 zeros: the reduce's term for a missing bias1

@@ -140,3 +140,13 @@ RelayRecordView Geometry::relay_record(std::byte* base, std::int64_t row) const 
 }
 
 }  // namespace epx::detail
+
+namespace epx {
+
+std::size_t output_block_bytes(std::int64_t rows, int hidden, DType dtype) noexcept {
+  const auto H = static_cast<std::size_t>(std::max(hidden, 0));
+  const std::size_t scales = dtype == DType::kFP8E4M3 ? H / 128 * sizeof(float) : 0;
+  return detail::Geometry::output_block_bytes(rows, H * dtype_size(dtype), scales);
+}
+
+}  // namespace epx

@@ -45,10 +45,12 @@ enum class Region { kData, kScales, kMeta, kReplies, kRelay, kRelayScales, kRela
 
 /// Where a receiver's dispatch rows (kData) and their FP8 scales (kScales) land in one call:
 /// its receive area, or a block of its output pool (the caller's output itself: one copy).
+/// An expanded output block takes a row once per slot, at the slot's expanded row.
 struct Landing {
   std::size_t data = 0;    // window offset of row 0
   std::size_t scales = 0;  // window offset of scale row 0
   bool block = false;      // an output block
+  bool expanded = false;   // ... of the expanded layout (rows at HandleState::slot_row)
 };
 
 /// Flag protocol: a row travels as 512-byte blocks of 480 payload bytes + an 8-byte epoch.

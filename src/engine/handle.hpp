@@ -17,6 +17,7 @@ struct HandleState {
   RecvLayout layout = RecvLayout::kCompact;
   int alignment = 1;
   std::int64_t worst = 0;
+  bool zero_padding = true;  // its padding rows were zeroed: so are its cached dispatches'
   RoutingPlan plan;  // sender side: who sends which row where
   // Sender side, per destination d: first row of my segment in d's receive area.
   std::vector<std::int64_t> send_base;  // [P]
@@ -28,6 +29,13 @@ struct HandleState {
   std::vector<std::int64_t> out_rows_at;  // [P] rows of every receiver's output (sizes its output block)
   std::vector<std::int64_t> expert_count;   // [L] unaligned n_j
   std::vector<std::int64_t> expert_offset;  // [L + 1] expanded; o_L = aligned total
+  // Sender side, receivers with the expanded layout (fresh dispatch; kept for its cached
+  // dispatches and its pull combines): the slots of my segment entry i (segment order, as
+  // plan.segment_token) are slot_row[slot_begin[i] .. slot_begin[i+1]) — their rows in the
+  // receiver's expanded output, ascending k — and slot_k the k of each. Empty otherwise.
+  std::vector<std::int32_t> slot_begin;  // [entries + 1]
+  std::vector<std::int32_t> slot_row;    // [slots to expanded receivers]
+  std::vector<std::int32_t> slot_k;
   // Receiver side, per received row r and slot k: expanded layout, the output row of the
   // slot; compact layout, its local expert (-1 either way: the expert is not on this rank);
   // and the slot's routing weight (0 when not here). Plus each row's source token.

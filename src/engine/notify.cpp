@@ -7,6 +7,8 @@
 // sends and receives.
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "engine.hpp"
 
@@ -14,6 +16,33 @@ namespace epx {
 
 using detail::HandleState;
 using detail::NotifyHeader;
+
+namespace {
+
+/// A failed header's words without its "rank s: " prefix.
+std::string check_words(const NotifyHeader& h, int s) {
+  const std::string m = h.message, prefix = "rank " + std::to_string(s) + ": ";
+  return m.compare(0, prefix.size(), prefix) == 0 ? m.substr(prefix.size()) : m;
+}
+
+/// The error of a call some rank failed, the same on every rank (all see the same headers):
+/// the lowest failing rank's; when every rank failed the same check (same code and words),
+/// that check once, "every rank: ..." (as BufferBase says it), blaming no single rank (origin -1).
+void throw_if_failed(const std::vector<const NotifyHeader*>& headers) {
+  const auto first = std::find_if(headers.begin(), headers.end(), [](const NotifyHeader* h) { return h->failed != 0; });
+  if (first == headers.end()) return;
+  const int s = static_cast<int>(first - headers.begin());
+  const NotifyHeader& h = **first;
+  const auto code = static_cast<ErrorCode>(h.failed - 1);
+  const std::string words = check_words(h, s);
+  bool all_same = headers.size() > 1;
+  for (std::size_t r = 0; r < headers.size() && all_same; ++r)
+    all_same = headers[r]->failed == h.failed && check_words(*headers[r], static_cast<int>(r)) == words;
+  if (all_same) throw Error(code, "every rank: " + words, -1);
+  throw Error(code, h.message, s);
+}
+
+}  // namespace
 
 Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& status, const NotifyHeader& in,
                                                    const std::int32_t* counts, const char* phase) {
@@ -46,10 +75,7 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
         reinterpret_cast<const NotifyHeader*>(transport.window() + geo.header(epoch, s));
   }
   // Every rank sees the same headers, so every rank throws the same error.
-  for (int s = 0; s < P; ++s) {
-    const NotifyHeader& hs = *peers.header[static_cast<std::size_t>(s)];
-    if (hs.failed) throw Error(static_cast<ErrorCode>(hs.failed - 1), hs.message, s);
-  }
+  throw_if_failed(peers.header);
   // Every rank must pass the handle of the same dispatch; a rank with an older one than
   // the newest in use holds a stale handle and is the rank at fault.
   std::uint64_t newest = 0;
@@ -145,7 +171,7 @@ detail::BlockPool::Reservation Buffer::Impl::reserve_output(const HandleState* c
   if (a.recv_in_window) return {};  // a view: the rows land in the receive area
   why = moves_payload ? spi::why_copy(config, a.layout) : "model transport";
   if (*why != '\0') return {};
-  const std::int64_t rows = cached ? cached->out_rows : std::max(geo.recv_rows(), a.num_worst_tokens);
+  const std::int64_t rows = cached ? cached->out_rows : std::max(max_output_rows(a), a.num_worst_tokens);
   const std::size_t need = detail::Geometry::output_block_bytes(rows, row_bytes, scale_bytes);
   detail::BlockPool::Reservation block = blocks.reserve(need);
   if (cached && block.bytes() < need) {
@@ -155,6 +181,13 @@ detail::BlockPool::Reservation Buffer::Impl::reserve_output(const HandleState* c
   return block;
 }
 
+std::int64_t Buffer::Impl::max_output_rows(const DispatchArgs& a) const {
+  if (a.layout == RecvLayout::kCompact) return geo.recv_rows();
+  // Expanded: every received row once per local slot (at most min(K, L)), each expert's
+  // rows rounded up to the alignment.
+  return geo.recv_rows() * std::min(config.num_topk, L) + static_cast<std::int64_t>(L) * (a.expert_alignment - 1);
+}
+
 std::vector<detail::Landing> Buffer::Impl::landings(const HandleState& h, const Peers& peers, std::size_t row_bytes,
                                                     std::size_t scale_bytes) const {
   std::vector<detail::Landing> at(static_cast<std::size_t>(P), geo.receive_area());
@@ -162,8 +195,10 @@ std::vector<detail::Landing> Buffer::Impl::landings(const HandleState& h, const 
     const NotifyHeader& hd = *peers.header[static_cast<std::size_t>(d)];
     const std::int64_t rows = h.out_rows_at[static_cast<std::size_t>(d)];
     const std::size_t need = detail::Geometry::output_block_bytes(rows, row_bytes, scale_bytes);
-    if (hd.out_block_bytes > 0 && need > 0 && static_cast<std::size_t>(hd.out_block_bytes) >= need)
+    if (hd.out_block_bytes > 0 && need > 0 && static_cast<std::size_t>(hd.out_block_bytes) >= need) {
       at[static_cast<std::size_t>(d)] = geo.output_block(static_cast<std::size_t>(hd.out_block), rows, row_bytes);
+      at[static_cast<std::size_t>(d)].expanded = hd.expanded != 0;
+    }
   }
   return at;
 }

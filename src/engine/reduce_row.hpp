@@ -12,19 +12,33 @@ namespace epx::detail {
 /// null), then acc += f32(rows[j][c]) · weights[j] (no multiply when `weights` is null) for
 /// j = 0 .. count-1, then out[c] = bf16(acc). Rows are bf16 bits; they may live in any memory
 /// the caller can read (the window, a peer's mapped window, y).
+///
+/// Grouped (`group_end` not null; the expanded layout summed at the source, SPEC §4): rows
+/// [0, lead) are added as above, unweighted; then rows [lead, count) form groups, group g
+/// ending before row group_end[g] (g = 0 .. groups-1, group_end[groups-1] == count), and
+/// each group adds f32(p) for its partial p = bf16(0.0f + Σ f32(rows[j][c]) · weights[j]),
+/// in row order (no multiply when `weights` is null) — except that a group of one row
+/// without weights adds f32(rows[j][c]) itself (the partial passes unchanged).
 struct RowTerms {
   const std::uint16_t* first = nullptr;
   const std::uint16_t* const* rows = nullptr;
   const float* weights = nullptr;
   int count = 0;
+  const std::int32_t* group_end = nullptr;
+  int groups = 0;
+  int lead = 0;
 };
 
 /// out[0 .. n) = bf16 of the sum above, column by column. Keeps the float32 accumulators in
-/// registers across all the terms (one pass over every row), using AVX2 where the CPU has it.
+/// registers across all the terms (one pass over every row), with the widest SIMD the CPU
+/// has (Google Highway: AVX-512 / AVX2 / SSE4 on x86, NEON on Arm, chosen at run time on x86).
 void reduce_row(std::uint16_t* out, const RowTerms& terms, std::size_t n);
 
-/// The same sums with portable code only (what reduce_row() runs on CPUs without AVX2);
-/// exposed so the tests can hold both kernels to the same reference.
+/// The same sums with plain scalar code, term by term; exposed so the tests can hold both
+/// kernels to the same reference.
 void reduce_row_portable(std::uint16_t* out, const RowTerms& terms, std::size_t n);
+
+/// Which SIMD target reduce_row() runs on this CPU (e.g. "AVX2", "NEON"), for reports.
+const char* reduce_row_target() noexcept;
 
 }  // namespace epx::detail

@@ -1,6 +1,6 @@
 #include "worker_pool.hpp"
 
-#include <immintrin.h>
+#include "epx/spi/cpu_relax.hpp"
 #include <sched.h>
 
 #include <chrono>
@@ -36,7 +36,7 @@ void WorkerPool::run(const std::function<void(int)>& task) {
   }
   for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
     if (spins < 256)
-      _mm_pause();
+      epx::spi::cpu_relax();
     else
       sched_yield();
   }
@@ -51,7 +51,7 @@ void WorkerPool::worker_loop(int w) {
     auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
     for (int spins = 0; generation_.load(std::memory_order_acquire) == seen; ++spins) {
       if (spins < 256) {
-        _mm_pause();
+        epx::spi::cpu_relax();
       } else if (std::chrono::steady_clock::now() < until) {
         sched_yield();
       } else {

@@ -169,7 +169,7 @@ std::string args_error(const char* what, const std::vector<ExpertTensors>& slots
 // One collective over the Buffer: every rank sends its tokens of `tr` round by round,
 // `fill(token, row)` writing each token's row (all row_bytes bytes, padding included) and `deliver(token, row)`
 // taking each received one. A rank with bad arguments (`bad` non-empty) takes part in the
-// first round with an invalid routing, so that the dispatch fails on every rank, and throws.
+// first round with its problem as the dispatch's caller_error, which fails every rank.
 template <class Fill, class Deliver>
 void run_transfer(Buffer& buffer, const char* what, const LbTransfer& tr, const std::string& bad, Fill fill, Deliver deliver) {
   const BufferConfig& cfg = buffer.config();
@@ -185,10 +185,7 @@ void run_transfer(Buffer& buffer, const char* what, const LbTransfer& tr, const 
     const std::int64_t first = bad.empty() && r < tr.rounds ? tr.begin(me, r) : 0;
     const std::int64_t S = bad.empty() ? (r < tr.rounds ? tr.end(me, r) - first : 0) : 1;
     std::fill(idx.begin(), idx.end(), -1);
-    if (!bad.empty()) {
-      std::fill(x.begin(), x.begin() + H, std::uint16_t{0});
-      idx[0] = cfg.num_experts;  // invalid on purpose: every rank's dispatch throws, naming this rank
-    } else {
+    if (bad.empty()) {
       for (std::int64_t t = 0; t < S; ++t) {
         const LbToken& tok = tr.tokens[at(first + t)];
         fill(tok, reinterpret_cast<std::byte*>(x.data() + at(t * H)));
@@ -202,13 +199,11 @@ void run_transfer(Buffer& buffer, const char* what, const LbTransfer& tr, const 
     a.layout = RecvLayout::kCompact;
     // No copy where the Buffer allows it: the rows are read where the senders put them.
     a.recv_in_window = cfg.ring_rows == 0 && cfg.dataplane.protocol != Protocol::kFlag;
-    DispatchResult d;
-    try {
-      d = buffer.dispatch(a);
-    } catch (const Error& e) {
-      if (!bad.empty()) invalid(std::string(what) + ": rank " + std::to_string(me) + ": " + bad, me);
-      throw Error(e.code(), std::string(what) + ", round " + std::to_string(r) + ": " + e.what(), e.origin_rank());
-    }
+    // A bad rank's dispatch fails every rank's with its own words.
+    const Error mine(ErrorCode::kInvalidArgument, "rank " + std::to_string(me) + ": " + what + ": " + bad, me);
+    if (!bad.empty()) a.caller_error = &mine;
+    // Its error is the same on every rank (the engine's rule): passed on as it is.
+    DispatchResult d = buffer.dispatch(a);
     if (!bad.empty()) invalid(std::string(what) + ": rank " + std::to_string(me) + ": " + bad, me);
     // Every received row must be a token of the table that names this rank, carrying the
     // table's fingerprint; and every such token must arrive.

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   epx::tools::add_bench_command(app);
   epx::tools::add_eplb_command(app);
   epx::tools::add_sim_command(app);
+  epx::tools::add_html_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

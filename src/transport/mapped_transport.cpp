@@ -1,6 +1,6 @@
 #include "mapped_transport.hpp"
 
-#include <immintrin.h>
+#include "epx/spi/cpu_relax.hpp"
 #include <sched.h>
 
 #include <csignal>
@@ -97,7 +97,7 @@ Backoff::Backoff(std::chrono::milliseconds timeout)
 bool Backoff::step() {
   if (spins_ < kSpins) {
     ++spins_;
-    _mm_pause();
+    epx::spi::cpu_relax();
     return true;
   }
   sched_yield();

@@ -166,6 +166,23 @@ std::vector<BadInput> bad_inputs() {
                  if (!bad) a.handle = &h;
                  b.dispatch(a);
                }});
+  // A problem the caller found (a language binding's own check): the call fails every rank
+  // with the caller's code and words, naming the caller.
+  v.push_back({"caller_error_dispatch", ErrorCode::kUnsupported, [](Buffer& b, const ref::Problem& p, int r, bool bad) {
+                 const Error mine(ErrorCode::kUnsupported, "rank " + std::to_string(r) + ": x: expected a CPU tensor", r);
+                 DispatchArgs a = args_of(p, r);
+                 if (bad) a.caller_error = &mine, a.x = TensorView();  // nothing else is looked at
+                 b.dispatch(a);
+               }});
+  v.push_back({"caller_error_combine", ErrorCode::kDtypeMismatch, [](Buffer& b, const ref::Problem& p, int r, bool bad) {
+                 const Error mine(ErrorCode::kDtypeMismatch, "rank " + std::to_string(r) + ": x: expected bf16", r);
+                 DispatchResult d = b.dispatch(args_of(p, r));
+                 CombineArgs c;
+                 c.y = d.recv_x.view();
+                 c.handle = &d.handle;
+                 if (bad) c.caller_error = &mine, c.handle = nullptr;  // nor the handle
+                 b.combine(c);
+               }});
   return v;
 }
 
@@ -232,6 +249,42 @@ bool no_new_segments(const std::set<std::string>& before) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
+}
+
+// Every rank failing the same check is one error, said once for all (origin -1), not the
+// lowest rank's; checks whose words differ between ranks still name the lowest.
+TEST(Errors, EveryRankFailingTheSameCheckIsSaidSo) {
+  const ref::Problem p = problem();
+  for (TransportKind kind : kTransports) {
+    LaunchOptions lo{kRanks, kind, std::chrono::milliseconds(20000)};
+    launch(lo, [&](Transport& t) {
+      const int r = t.rank();
+      Buffer b(t, config_for(p));
+      DispatchResult d = b.dispatch(args_of(p, r));
+      DispatchArgs a = args_of(p, r);
+      a.handle = &d.handle;
+      a.expert_alignment = 4;  // every rank: differs from the handle's
+      try {
+        b.dispatch(a);
+        fail(r, "cached dispatch with another alignment accepted");
+      } catch (const Error& e) {
+        const std::string want = "every rank: cached dispatch: layout";
+        if (e.code() != ErrorCode::kBadHandle || e.origin_rank() != -1 || std::string(e.what()).rfind(want, 0) != 0)
+          fail(r, std::string("same check on every rank: ") + to_string(e.code()) + " origin " +
+                      std::to_string(e.origin_rank()) + ": " + e.what());
+      }
+      std::vector<std::int64_t> idx = p.ranks[static_cast<std::size_t>(r)].topk_idx;
+      idx[static_cast<std::size_t>(r)] = 6 + r;  // every rank's own out-of-range value and slot
+      DispatchArgs bad = args_of(p, r);
+      bad.topk_idx = TensorView(idx.data(), DType::kI64, bad.topk_idx.shape);
+      try {
+        b.dispatch(bad);
+        fail(r, "out-of-range topk_idx accepted");
+      } catch (const Error& e) {
+        if (e.origin_rank() != 0 || std::string(e.what()).rfind("rank 0: ", 0) != 0) fail(r, e.what());
+      }
+    });
+  }
 }
 
 TEST(Errors, ExpertsNotAMultipleOfRanks) {

@@ -51,6 +51,11 @@ BufferConfig config_of(const ref::Problem& p, const PathCase& c) {
   }
   if (c.path == spi::Path::kRing) config.ring_rows = 3;  // far fewer rows than a rank receives: many credits
   if (c.path == spi::Path::kRowsFirst) config.output_pool_bytes = 0;
+  // Pull reads y over one-copy outputs: room for the three expanded ones a run holds at once
+  // (a row per slot: more than the auto pool's one compact output).
+  if (c.path == spi::Path::kPull)
+    config.output_pool_bytes =
+        static_cast<std::int64_t>(6 * output_block_bytes(kRanks * config.max_tokens_per_rank, p.hidden, DType::kBF16));
   return config;
 }
 

@@ -24,7 +24,7 @@ def _round_trip(rank, n, expanded, fp8, flavor, alignment, worst, async_mode):
     x, idx, w = inputs(case, rank, flavor)
     if flavor == "torch" and not fp8:
         w.requires_grad_(True)  # a model's tensors: epx reads them without their autograd history
-    with epx.EPBuffer(None, max(TOKENS), H, 4, 16) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=max(TOKENS), hidden=H, num_topk=4, num_experts=16) as buf:
         ntr, nte, inr = buf.get_dispatch_layout(idx)
         same("num_tokens_per_rank", ntr, res.ranks[rank]["num_tokens_per_rank"], rank)
         same("num_tokens_per_expert", nte, res.ranks[rank]["num_tokens_per_expert"], rank)
@@ -44,7 +44,7 @@ def _round_trip(rank, n, expanded, fp8, flavor, alignment, worst, async_mode):
             ev = buf.dispatch(x, idx, w, defer_epilogue=True, **kw)
             assert isinstance(ev, epx.EventOverlap)
             _refused_while_pending(buf, x, idx, w, rank)
-            recv_x, recv_idx, recv_w, handle, _ = ev.wait()
+            recv_x, recv_idx, recv_w, handle = ev.wait()  # DeepEP: the tuple without its event
         else:
             recv_x, recv_idx, recv_w, handle, _ = buf.dispatch(x, idx, w, **kw)
         flavor_type = np.ndarray if flavor == "numpy" else __import__("torch").Tensor
@@ -57,7 +57,7 @@ def _round_trip(rank, n, expanded, fp8, flavor, alignment, worst, async_mode):
             _refused_while_pending(buf, x, idx, w, rank)
             ev.current_stream_wait()
         elif async_mode == "defer_epilogue":
-            combined, cw, _ = buf.combine(y, handle, defer_epilogue=True).wait()
+            combined, cw = buf.combine(y, handle, defer_epilogue=True).wait()
         else:
             combined, cw, _ = buf.combine(y, handle)
         same("combined_x", combined, res.ranks[rank]["combined_x"], rank)
@@ -107,7 +107,7 @@ def _cached(rank, n, expanded, flavor):
     res2 = epx_ref.compute(case2, layout=layout, alignment=2, deterministic=True, zero_padding=True)
     x, idx, w = inputs(case, rank, flavor)
     x2, _, _ = inputs(case2, rank, flavor)
-    with epx.EPBuffer(None, 11, H, 3, 8, deterministic=True) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=11, hidden=H, num_topk=3, num_experts=8, deterministic=True) as buf:
         _, _, _, handle, _ = buf.dispatch(x, idx, w, do_expand=expanded, expert_alignment=2, do_zero_padding=True)
         out = buf.dispatch(x2, handle=handle, do_zero_padding=True)  # layout options from the handle
         check_dispatch(case2, res2, rank, out[:4], expanded, False)
@@ -128,7 +128,7 @@ def _weighted_and_bias(rank, n):
     case = make_case(n, 8, 4, H, [7, 4, 9, 2], seed=41)
     res = epx_ref.compute(case, layout="expanded", deterministic=True, zero_padding=True, weighted=True)
     x, idx, w = inputs(case, rank, "torch")
-    with epx.EPBuffer(None, 9, H, 4, 8, deterministic=True) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=9, hidden=H, num_topk=4, num_experts=8, deterministic=True) as buf:
         recv_x, _, recv_w, handle, _ = buf.dispatch(x, idx, w, do_expand=True)
         y = to_flavor(expert_y(case, recv_x, None, handle, True), "torch")
         combined, _, _ = buf.combine(y, handle, weighted=True)
@@ -156,7 +156,7 @@ def _col_major_scales(rank, n):
     case = make_case(n, 8, 2, H, [5, 6, 7, 8], seed=51, fp8=True)
     res = epx_ref.compute(case, layout="compact", zero_padding=True)
     x, idx, w = inputs(case, rank, "torch")
-    with epx.EPBuffer(None, 8, H, 2, 8, use_fp8_dispatch=True) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=8, hidden=H, num_topk=2, num_experts=8, use_fp8_dispatch=True) as buf:
         (data, scales), _, _, handle, _ = buf.dispatch(x, idx, w, use_tma_aligned_col_major_sf=True)
         N = data.shape[0]
         assert scales.shape == (N, H // 128) and (N <= 1 or scales.stride() == (1, N)), scales.stride()
@@ -173,7 +173,7 @@ def _explicit_group(rank, n):
     group = dist.new_group(list(range(n)))
     case = make_case(n, 8, 2, 128, [3, 3, 3, 3], seed=61)
     x, idx, w = inputs(case, rank, "torch")
-    buf = epx.EPBuffer(group, 3, 128, 2, 8, explicitly_destroy=True)
+    buf = epx.EPBuffer(group, num_max_tokens_per_rank=3, hidden=128, num_topk=2, num_experts=8, explicitly_destroy=True)
     out = buf.dispatch(x, idx, w)
     check_dispatch(case, epx_ref.compute(case, layout="compact", zero_padding=True), rank, out[:4], False, False)
     buf.destroy()
@@ -190,7 +190,7 @@ def _numpy_readonly_in_writable_out(rank, n):
     x, idx, w = inputs(case, rank, "numpy")
     for a in (x, idx, w):
         a.flags.writeable = False  # numpy's own DLPack export refuses these
-    with epx.EPBuffer(None, 5, 128, 2, 8) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=5, hidden=128, num_topk=2, num_experts=8) as buf:
         recv_x, recv_idx, recv_w, handle, _ = buf.dispatch(x, idx, w)
         check_dispatch(case, res, rank, (recv_x, recv_idx, recv_w, handle), False, False)
         assert recv_x.flags.writeable and recv_x.dtype == np.uint16
@@ -212,12 +212,12 @@ def _outputs_outlive_destroy(rank, n, flavor):
     case = make_case(n, 16, 4, H, TOKENS, seed=11)
     res = epx_ref.compute(case, layout="compact", deterministic=True, zero_padding=True)
     x, idx, w = inputs(case, rank, flavor)
-    buf = epx.EPBuffer(None, max(TOKENS), H, 4, 16, explicitly_destroy=True)
+    buf = epx.EPBuffer(None, num_max_tokens_per_rank=max(TOKENS), hidden=H, num_topk=4, num_experts=16, explicitly_destroy=True)
     held = [buf.dispatch(x, idx, w) for _ in range(3)]
     buf.destroy()
     other = make_case(n, 16, 4, H, TOKENS, seed=12)
     x2, idx2, w2 = inputs(other, rank, flavor)
-    with epx.EPBuffer(None, max(TOKENS), H, 4, 16) as buf2:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=max(TOKENS), hidden=H, num_topk=4, num_experts=16) as buf2:
         for _ in range(2):
             buf2.dispatch(x2, idx2, w2)
     for recv_x, recv_idx, recv_w, handle, _ in held:

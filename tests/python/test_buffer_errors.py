@@ -23,7 +23,7 @@ def _bad_input(rank, n, what, culprit):
     import torch
     case = make_case(n, 8, 2, 128, [4, 4, 4, 4], seed=71)
     x, idx, w = inputs(case, rank, "torch")
-    with epx.EPBuffer(None, 4, 128, 2, 8) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=4, hidden=128, num_topk=2, num_experts=8) as buf:
         if rank == culprit:
             if what == "expert_out_of_range":
                 idx = idx.clone()
@@ -66,7 +66,7 @@ def _handles(rank, n):
     case = make_case(n, 8, 2, 128, [3, 3, 3, 3], seed=72)
     x, idx, w = inputs(case, rank, "torch")
     seen = []
-    with epx.EPBuffer(None, 3, 128, 2, 8) as a, epx.EPBuffer(None, 3, 128, 2, 8) as b:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=3, hidden=128, num_topk=2, num_experts=8) as a, epx.EPBuffer(None, num_max_tokens_per_rank=3, hidden=128, num_topk=2, num_experts=8) as b:
         recv_x, _, _, ha, _ = a.dispatch(x, idx, w)
         for call in (lambda: b.combine(recv_x, ha), lambda: b.dispatch(x, handle=ha)):
             try:
@@ -96,7 +96,7 @@ def test_foreign_and_stale_handles():
 def _destroy(rank, n):
     case = make_case(n, 8, 2, 128, [2, 2, 2, 2], seed=73)
     x, idx, w = inputs(case, rank, "numpy")
-    buf = epx.EPBuffer(None, 2, 128, 2, 8, explicitly_destroy=True)
+    buf = epx.EPBuffer(None, num_max_tokens_per_rank=2, hidden=128, num_topk=2, num_experts=8, explicitly_destroy=True)
     buf.dispatch(x, idx, w)
     buf.destroy()
     buf.destroy()  # idempotent
@@ -114,7 +114,7 @@ def test_destroyed_buffer_is_an_error():
 def _destroy_while_pending(rank, n, mode):
     case = make_case(n, 8, 2, 128, [2, 2, 2, 2], seed=76)
     x, idx, w = inputs(case, rank, "torch")
-    buf = epx.EPBuffer(None, 2, 128, 2, 8)
+    buf = epx.EPBuffer(None, num_max_tokens_per_rank=2, hidden=128, num_topk=2, num_experts=8)
     r = buf.dispatch(x, idx, w, **{mode: True})
     ev = r if mode == "defer_epilogue" else r[4]
     buf.destroy()  # waits for the call's thread; its back half (if still due) never runs
@@ -137,7 +137,7 @@ def test_destroy_while_pending_fails_the_wait(mode):
 def _size_hint(rank, n, shape):
     S, H, K, E = shape
     hint = epx.EPBuffer.get_buffer_size_hint(None, S, H, K, num_experts=E)
-    with epx.EPBuffer(None, S, H, K, E) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=S, hidden=H, num_topk=K, num_experts=E) as buf:
         return hint, buf.window_bytes
 
 
@@ -150,7 +150,7 @@ def test_size_hint_is_what_the_constructor_allocates(shape):
 def _killed_peer(rank, n):
     case = make_case(n, 8, 2, 128, [4, 4, 4, 4], seed=74)
     x, idx, w = inputs(case, rank, "torch")
-    buf = epx.EPBuffer(None, 4, 128, 2, 8, num_cpu_timeout_secs=60)
+    buf = epx.EPBuffer(None, num_max_tokens_per_rank=4, hidden=128, num_topk=2, num_experts=8, num_cpu_timeout_secs=60)
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     t = time.monotonic()
@@ -175,7 +175,7 @@ def test_killed_peer_fails_the_others_naming_it():
 def _interrupt(rank, n, background=False):
     case = make_case(n, 8, 2, 128, [2, 2], seed=75)
     x, idx, w = inputs(case, rank, "torch")
-    buf = epx.EPBuffer(None, 2, 128, 2, 8, num_cpu_timeout_secs=60)
+    buf = epx.EPBuffer(None, num_max_tokens_per_rank=2, hidden=128, num_topk=2, num_experts=8, num_cpu_timeout_secs=60)
     if rank == 1:
         time.sleep(3)  # rank 0 hangs in dispatch meanwhile
         try:

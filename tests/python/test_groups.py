@@ -29,15 +29,15 @@ def _two_buffers(rank, n):
     rb = epx_ref.compute(b, layout="expanded", alignment=4, deterministic=True, zero_padding=True)
     t = transport_of(None)
     assert transport_of(None) is t  # one transport per group
-    first = epx.EPBuffer(None, max(TOKENS), 256, 4, 16)
-    second = epx.EPBuffer(None, max(TOKENS), 512, 2, 8)
+    first = epx.EPBuffer(None, num_max_tokens_per_rank=max(TOKENS), hidden=256, num_topk=4, num_experts=16)
+    second = epx.EPBuffer(None, num_max_tokens_per_rank=max(TOKENS), hidden=512, num_topk=2, num_experts=8)
     assert transport_of(None) is t and first.window_bytes > 0 and second.window_bytes > 0
     for _ in range(2):
         _round(first, a, ra, rank, False)
         _round(second, b, rb, rank, True)
     first.destroy()  # the other goes on
     _round(second, b, rb, rank, True)
-    third = epx.EPBuffer(None, max(TOKENS), 256, 4, 16)
+    third = epx.EPBuffer(None, num_max_tokens_per_rank=max(TOKENS), hidden=256, num_topk=4, num_experts=16)
     _round(third, a, ra, rank, False)
     _round(second, b, rb, rank, True)
     second.destroy()

@@ -38,7 +38,7 @@ def _prefetch(rank, n, flavor):
     if flavor == "torch":
         import torch
         slots = [torch.from_numpy(s) for s in slots]
-    with epx.EPBuffer(None, 16, H, 4, P * L) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=16, hidden=H, num_topk=4, num_experts=P * L) as buf:
         buf.lb_prefetch_weights(slots, homes, np.array(MAPPING, dtype=np.int64))
     return [np.asarray(s).copy() for s in slots]
 
@@ -66,7 +66,7 @@ def slot_grads(rank):
 
 def _reduce(rank, n):
     homes = [np.asarray(h).copy() for h in home_weights(rank, "numpy", "f32")]
-    with epx.EPBuffer(None, 16, H, 4, P * L) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=16, hidden=H, num_topk=4, num_experts=P * L) as buf:
         buf.lb_reduce_grads(slot_grads(rank), homes, MAPPING)
     return homes
 
@@ -90,7 +90,7 @@ def _bad(rank, n, culprit):
     grads = slot_grads(rank)
     if rank == culprit:
         grads = [g.astype(np.float64) for g in grads]  # reduce_grads is float32 only
-    with epx.EPBuffer(None, 16, H, 4, P * L) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=16, hidden=H, num_topk=4, num_experts=P * L) as buf:
         try:
             buf.lb_reduce_grads(grads, homes, MAPPING)
         except epx.Error as e:

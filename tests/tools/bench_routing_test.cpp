@@ -18,6 +18,7 @@ namespace {
 
 struct Brute {
   std::vector<std::int64_t> sent, sent_local, recv, recv_local, slots, expert, out_rows;
+  std::vector<std::int64_t> pair;  // [s * P + d]
   std::vector<std::vector<std::int64_t>> hist;
 };
 
@@ -26,7 +27,7 @@ Brute brute_force(int P, int E, int K, const std::vector<std::vector<std::int64_
   const int L = E / P;
   Brute b;
   b.sent.assign(P, 0), b.sent_local.assign(P, 0), b.recv.assign(P, 0), b.recv_local.assign(P, 0);
-  b.slots.assign(P, 0), b.expert.assign(E, 0), b.out_rows.assign(P, 0);
+  b.slots.assign(P, 0), b.expert.assign(E, 0), b.out_rows.assign(P, 0), b.pair.assign(P * P, 0);
   b.hist.assign(P, std::vector<std::int64_t>(std::min(K, P) + 1, 0));
   for (int s = 0; s < P; ++s) {
     const std::int64_t S = static_cast<std::int64_t>(idx[s].size()) / K;
@@ -42,6 +43,7 @@ Brute brute_force(int P, int E, int K, const std::vector<std::vector<std::int64_
         ++n;
         ++b.sent[s];
         ++b.recv[d];
+        ++b.pair[s * P + d];
         if (d == s) ++b.sent_local[s], ++b.recv_local[d];
       }
       ++b.hist[s][n];
@@ -89,6 +91,7 @@ void expect_matches(const RouteCount& c, const Brute& b, std::size_t xrow, std::
     EXPECT_EQ(c.combine_local_bytes(r), b.recv_local[r] * static_cast<std::int64_t>(yrow));
   }
   EXPECT_EQ(c.expert_rows, b.expert);
+  EXPECT_EQ(c.pair_rows, b.pair);
 }
 
 }  // namespace
@@ -117,6 +120,8 @@ TEST(BenchRouting, PayloadMatchesBruteForceOnHandWrittenRouting) {
   EXPECT_EQ(c.dispatch_bytes(0), 6 * 14336);
   EXPECT_EQ(c.unique_dest_hist[0], (std::vector<std::int64_t>{1, 1, 1, 1}));
   EXPECT_EQ(c.sent_rows[1], 0);
+  // Rank 0's 6 rows by destination: 2 to itself, 2 to rank 1 (tokens 0, 3), 2 to rank 2 (tokens 1, 3).
+  EXPECT_EQ(std::vector<std::int64_t>(c.pair_rows.begin(), c.pair_rows.begin() + 3), (std::vector<std::int64_t>{2, 2, 2}));
 }
 
 TEST(BenchRouting, PayloadMatchesBruteForceOnGeneratedRoutings) {

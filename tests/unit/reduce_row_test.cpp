@@ -1,5 +1,6 @@
-// reduce_row (AVX2 where available) and reduce_row_portable against SPEC §4's sum written
-// out column by column here, on values chosen to catch a wrong order, a fused multiply-add,
+// reduce_row (Highway SIMD: AVX2 / AVX-512 on x86, NEON on aarch64 — CI runs this file under
+// qemu too) and reduce_row_portable against SPEC §4's sums written out column by column here
+// (the flat sum and the expanded layout's grouped one, partials rounded to bf16), on values chosen to catch a wrong order, a fused multiply-add,
 // a wrong rounding or a lost NaN: NaNs, infinities, signed zeros, rounding ties, subnormals
 // and random bits. Every result is bit for bit, except that a NaN result only has to be a
 // NaN: IEEE 754 leaves the sign and payload of a NaN sum open, and compilers may swap
@@ -7,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -49,6 +51,7 @@ std::uint16_t pick(std::mt19937& rng) {
 }
 
 TEST(ReduceRow, BothKernelsMatchTheSpecSumBitForBit) {
+  std::printf("reduce_row runs on %s\n", epx::detail::reduce_row_target());  // CI's log: which SIMD target was checked
   std::mt19937 rng(7);
   for (std::size_t n : {1u, 7u, 31u, 32u, 33u, 100u, 7168u}) {
     for (int count : {0, 1, 2, 5, 10}) {
@@ -88,7 +91,7 @@ TEST(ReduceRow, BothKernelsMatchTheSpecSumBitForBit) {
 // A sum whose result depends on the order: (2^30 - 2^30) + 1 = 1 but (2^30 + 1) - 2^30 = 0 in
 // float32, so a kernel that reorders or pairs up terms fails here.
 TEST(ReduceRow, AddsTermsInTheGivenOrder) {
-  const std::size_t n = 40;  // one AVX2 block and a tail
+  const std::size_t n = 200;  // SIMD blocks (32 columns with AVX2, 64 with AVX-512) and a tail
   std::vector<std::uint16_t> big(n, 0x4e80), minus_big(n, 0xce80), one(n, 0x3f80);
   const std::uint16_t* cancel_first[] = {big.data(), minus_big.data(), one.data()};
   const std::uint16_t* one_first[] = {big.data(), one.data(), minus_big.data()};
@@ -98,6 +101,79 @@ TEST(ReduceRow, AddsTermsInTheGivenOrder) {
   for (std::size_t c = 0; c < n; ++c) {
     EXPECT_EQ(a[c], 0x3f80) << c;
     EXPECT_EQ(b[c], 0x0000) << c;
+  }
+}
+
+// SPEC §4, expanded layout at the source: f32(first) + the lead rows, then per group the
+// bf16-rounded partial (from 0.0f, weighted when asked), a lone unweighted row as itself.
+std::vector<std::uint16_t> expected_grouped(const RowTerms& t, std::size_t n) {
+  std::vector<std::uint16_t> out(n);
+  for (std::size_t c = 0; c < n; ++c) {
+    float acc = t.first ? bf16_to_f32(t.first[c]) : 0.0f;
+    for (int j = 0; j < t.lead; ++j) acc += bf16_to_f32(t.rows[j][c]);
+    int b = t.lead;
+    for (int g = 0; g < t.groups; ++g) {
+      const int e = t.group_end[g];
+      if (e - b == 1 && t.weights == nullptr) {
+        acc += bf16_to_f32(t.rows[b][c]);
+      } else {
+        float p = 0.0f;
+        for (int j = b; j < e; ++j) {
+          volatile float v = t.weights ? bf16_to_f32(t.rows[j][c]) * t.weights[j] : bf16_to_f32(t.rows[j][c]);
+          p += v;
+        }
+        acc += bf16_to_f32(f32_to_bf16(p));
+      }
+      b = e;
+    }
+    out[c] = f32_to_bf16(acc);
+  }
+  return out;
+}
+
+TEST(ReduceRow, GroupedSumsRoundEachPartialLikeTheExpertRank) {
+  std::mt19937 rng(11);
+  // Group sizes per case: lone rows (pass through unless weighted), pairs, a group of 8.
+  const std::vector<std::vector<int>> shapes = {{1}, {2}, {1, 1, 1}, {3, 1, 2}, {8}, {1, 2, 1, 4}};
+  for (std::size_t n : {1u, 33u, 100u, 7168u}) {
+    for (const auto& sizes : shapes) {
+      for (int lead : {0, 1, 2}) {
+        for (bool weighted : {false, true}) {
+          std::vector<std::int32_t> ends;
+          int count = lead;
+          for (int sz : sizes) ends.push_back(count += sz);
+          std::vector<std::vector<std::uint16_t>> rows(static_cast<std::size_t>(count), std::vector<std::uint16_t>(n));
+          std::vector<const std::uint16_t*> ptrs;
+          for (auto& r : rows) {
+            for (auto& v : r) v = pick(rng);
+            ptrs.push_back(r.data());
+          }
+          std::vector<std::uint16_t> first(n);
+          for (auto& v : first) v = pick(rng);
+          std::vector<float> weights;
+          for (int j = 0; j < count; ++j) weights.push_back(bf16_to_f32(pick(rng)) * 0.37f);
+          RowTerms t{first.data(), ptrs.data(), weighted ? weights.data() : nullptr, count};
+          t.group_end = ends.data();
+          t.groups = static_cast<int>(ends.size());
+          t.lead = lead;
+          const std::vector<std::uint16_t> want = expected_grouped(t, n);
+          std::vector<std::uint16_t> fast(n, 0xdead), portable(n, 0xbeef);
+          epx::detail::reduce_row(fast.data(), t, n);
+          epx::detail::reduce_row_portable(portable.data(), t, n);
+          for (std::size_t c = 0; c < n; ++c) {
+            if (is_nan(want[c])) {
+              ASSERT_TRUE(is_nan(fast[c]) && is_nan(portable[c])) << "n=" << n << " column " << c;
+              continue;
+            }
+            ASSERT_EQ(fast[c], want[c]) << "reduce_row (" << epx::detail::reduce_row_target() << "): n=" << n
+                                        << " groups=" << t.groups << " lead=" << lead << " weighted=" << weighted
+                                        << " column " << c;
+            ASSERT_EQ(portable[c], want[c]) << "reduce_row_portable: n=" << n << " groups=" << t.groups << " lead=" << lead
+                                            << " weighted=" << weighted << " column " << c;
+          }
+        }
+      }
+    }
   }
 }
 

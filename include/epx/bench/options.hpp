@@ -49,6 +49,7 @@ struct BenchOptions {
   // Outputs.
   std::string json;   ///< --json FILE
   std::string trace;  ///< --trace FILE (Chrome trace events)
+  std::string html;   ///< --html FILE (the report as one self-contained page)
   bool progress = true;
   // Baseline.
   std::string baseline;      ///< "" | "mpi"
@@ -69,8 +70,9 @@ struct BenchOptions {
 
   bool expanded() const noexcept { return layout == "expanded"; }
   /// The pool the run's Buffers get: --output-pool, except that auto (-1) is no pool (0) for
-  /// the expanded layout and --zero-copy, whose outputs never use it (a copy / a view).
-  std::int64_t output_pool_bytes() const noexcept { return output_pool == -1 && (expanded() || zero_copy) ? 0 : output_pool; }
+  /// --zero-copy, whose outputs never use it (views), and — the expanded layout — room for
+  /// the largest rank's expanded output of the run's routing (bench_buffer_config sizes it).
+  std::int64_t output_pool_bytes() const noexcept { return output_pool == -1 && zero_copy ? 0 : output_pool; }
 };
 
 /// Throws epx::Error(kInvalidArgument) naming the option for values out of range (the

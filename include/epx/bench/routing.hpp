@@ -54,6 +54,9 @@ struct RouteCount {
   std::vector<std::int64_t> recv_slots;       ///< [P] (t, k) slots routed to the rank's experts
   std::vector<std::int64_t> out_rows;         ///< [P] dispatch output rows in the layout (incl. padding)
   std::vector<std::int64_t> expert_rows;      ///< [E] slots per expert
+  /// [P * P] (token, unique destination) rows from source s to destination d at [s * P + d]
+  /// (dispatch sends them s -> d, combine returns them d -> s).
+  std::vector<std::int64_t> pair_rows;
   /// [P][min(K, P) + 1]: tokens of rank r with n unique destination ranks (n = 0 .. min(K, P)).
   std::vector<std::vector<std::int64_t>> unique_dest_hist;
 

@@ -17,12 +17,16 @@ namespace epx {
 std::size_t stream_min_bytes() noexcept;
 
 /// memcpy(dst, src, bytes), with streaming stores when bytes >= stream_min_bytes() and the
-/// CPU has AVX2. Returns after a store fence: the bytes are ordered before any later store
-/// of this thread (a release-store signal or flag), as after a memcpy.
+/// CPU has them (x86: the widest of SSE4 / AVX2 / AVX-512, Google Highway picks at run time;
+/// elsewhere memcpy). Returns after a store fence: the bytes are ordered before any later
+/// store of this thread (a release-store signal or flag), as after a memcpy.
 void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept;
 
-/// memcpy(dst, src, bytes) with streaming stores at any size when the CPU has AVX2 (else
+/// memcpy(dst, src, bytes) with streaming stores at any size where the CPU has them (else
 /// memcpy), then a store fence: the bench's streaming-copy reference.
 void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept;
+
+/// The SIMD target the copies stream with on this CPU (e.g. "AVX2"; "memcpy" where none).
+const char* stream_copy_target() noexcept;
 
 }  // namespace epx

@@ -63,7 +63,7 @@ inline constexpr PathRule kPaths[kNumPaths] = {
      "ring counts travel as signals (use explicit or tail)", false, true, false, false, "ring_rows", true, "ring", true},
     {Path::kRowsFirst, "rows first", {true, true, false}, "flagged rows complete themselves, not by the exchange", true, true,
      true, false, "rows first", false, "rows_first", true},
-    {Path::kPull, "pull", {true, true, false}, "flagged rows are not where y lies", true, false, true, true, "pull", true, "pull", false},
+    {Path::kPull, "pull", {true, true, false}, "flagged rows are not where y lies", true, true, true, true, "pull", true, "pull", false},
 };
 
 inline constexpr ProtocolRule kProtocols[3] = {
@@ -154,7 +154,7 @@ inline const char* why_copy(const BufferConfig& c, RecvLayout layout) noexcept {
   if (c.output_pool_bytes == 0) return "output pool off";
   if (const char* why = rule(base_path(c)).why_copy) return why;
   if (const char* why = rule(c.dataplane.protocol).why_copy) return why;
-  if (layout != RecvLayout::kCompact) return "expanded layout";
+  (void)layout;  // both layouts land in output blocks (an expanded one takes a row per slot)
   return "";
 }
 

@@ -3,7 +3,9 @@
 // Direct: after the header exchange every worker takes a contiguous range of my tokens and,
 // a block of 256 KiB of rows at a time, for every destination in the schedule's order, puts
 // the block's part of the destination's segment at its planned slots — in the destination's receive area or, one
-// copy, its output block (the landing) — with the rows' metadata on a fresh dispatch. The
+// copy, its output block (the landing; an expanded block takes each row at each of its
+// slots' rows) — then per destination the FP8 scale rows of its whole part (gathered: one
+// put, not one per run of rows) and, on a fresh dispatch, the rows' metadata. The
 // Sender completes the puts by the configured protocol; the receiver waits for them by the
 // same protocol (await_rows: signals, or unpacking flagged blocks).
 //
@@ -31,6 +33,7 @@ void send_segments(Impl& m, const DispatchStep& s, const std::vector<std::int32_
   const RoutingPlan& plan = h.plan;
   const std::size_t per_row = s.row_bytes + s.scale_bytes + (expert_base ? m.geo.meta_bytes() : 0);
   if (expert_base) m.stage_meta(h);
+  m.stage_scales(h, *s.a);
   m.run_workers([&](int w) {
     Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
     const auto [t0, t1] = split_range(plan.shape.num_tokens, w, m.W);
@@ -57,13 +60,15 @@ void send_segments(Impl& m, const DispatchStep& s, const std::vector<std::int32_
         const auto* seg = plan.segment_token.data() + plan.segment_begin[ud];
         std::int64_t p = at[ud];
         while (p < part[ud].second && seg[p] < b1) ++p;
-        m.put_segment_rows(send, h, *s.a, d, at[ud], p, m.geo.send_row(h, d, 0, rows_first), landing[ud]);
+        m.put_segment_rows(send, h, *s.a, d, at[ud], p, m.geo.send_row(h, d, 0, rows_first), landing[ud], false);
         at[ud] = p;
       }
     }
     for (int d : m.visit_order) {
       const auto ud = static_cast<std::size_t>(d);
-      m.put_segment_meta(send, h, *s.a, expert_base, d, part[ud].first, part[ud].second, m.geo.send_row(h, d, 0, rows_first));
+      const std::int64_t base = m.geo.send_row(h, d, 0, rows_first);
+      m.put_segment_scales(send, h, *s.a, d, part[ud].first, part[ud].second, base, landing[ud]);
+      m.put_segment_meta(send, h, *s.a, expert_base, d, part[ud].first, part[ud].second, base);
       send.end_channel(d);
     }
     send.finish();

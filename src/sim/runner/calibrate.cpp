@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "epx/bench/progress.hpp"
 #include "epx/error.hpp"
 
 namespace epx::tools {
@@ -48,8 +49,13 @@ std::vector<CalibrationPoint> points_of(const std::vector<SimRun>& runs, const s
 
 std::vector<SimRun> calibration_runs(const SimOptions& o) {
   std::vector<SimRun> runs;
+  double total = 0;  // an EP size's engine run taken as proportional to its ranks
+  for (const CalibrationTarget& t : ascend950_targets()) total += t.ep;
+  ProgressLine progress("[epx sim calibrate]", total, o.progress);
   for (const CalibrationTarget& t : ascend950_targets()) {
-    if (o.progress) std::fprintf(stderr, "[epx sim calibrate] EP%d: running the engine...\n", t.ep);
+    double done = 0;
+    for (const SimRun& r : runs) done += r.ep;
+    progress.update(done, "EP" + std::to_string(t.ep) + ": running the engine");
     runs.push_back(collect_run(o, t.ep));
   }
   return runs;
@@ -69,6 +75,7 @@ Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int 
   if (names.size() != N) throw Error(ErrorCode::kInternal, "epx sim calibrate: the fit moves exactly 5 parameters");
   Calibration cal;
   cal.model = start;
+  ProgressLine progress("[epx sim calibrate]", max_evaluations, o.progress);  // at most this many (the fit may stop sooner)
   auto model_at = [&](const std::array<double, N>& x) {
     sim::HardwareModel m = start;
     for (int i = 0; i < N; ++i) m.set(names[static_cast<std::size_t>(i)], std::exp(x[static_cast<std::size_t>(i)]), "calibrating");
@@ -79,7 +86,9 @@ Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int 
     double c = 0;
     for (const CalibrationPoint& p : points_of(runs, model_at(x), o))
       c += p.dispatch_error_pct * p.dispatch_error_pct + p.combine_error_pct * p.combine_error_pct;
-    if (o.progress) std::fprintf(stderr, "[epx sim calibrate] evaluation %d: squared error %.4f %%^2\n", cal.evaluations, c);
+    char what[96];
+    std::snprintf(what, sizeof what, "fit: evaluation %d/%d, squared error %.4f %%^2", cal.evaluations, max_evaluations, c);
+    progress.update(cal.evaluations, what);
     return c;
   };
   // Nelder-Mead over log(parameter).
@@ -195,7 +204,12 @@ class ExperimentPoints {
       if (!by_engine.count(k)) order.push_back(k);
       by_engine[k].push_back(o);
     }
-    for (const std::string& k : order) run_group(k, by_engine[k]);
+    ProgressLine line("[epx sim experiments]", static_cast<double>(order.size()), progress_);
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      line.update(static_cast<double>(i), "engine run " + std::to_string(engine_runs_ + 1) + " at 128 ranks (" + std::to_string(i + 1) +
+                                              "/" + std::to_string(order.size()) + " of this step): " + order[i]);
+      run_group(order[i], by_engine[order[i]], line);
+    }
   }
   const SimPoint& point(const SimOptions& o) {
     if (!points_.count(variant_key(o))) evaluate_all({o});
@@ -207,19 +221,13 @@ class ExperimentPoints {
  private:
   // One engine run at 128 ranks, every variant of `group` evaluated on it (a failed run:
   // latencies -1).
-  void run_group(const std::string& k, const std::vector<SimOptions>& group) {
-    if (progress_) std::fprintf(stderr, "[epx sim experiments] engine run %d: %s\n", engine_runs_ + 1, k.c_str());
+  void run_group(const std::string& k, const std::vector<SimOptions>& group, ProgressLine& line) {
     ++engine_runs_;
     try {
       const SimRun run = collect_run(group.front(), 128);
-      for (const SimOptions& o : group) {
-        const SimPoint& p = points_[variant_key(o)] = evaluate_run(run, hw_, o);
-        if (progress_)
-          std::fprintf(stderr, "[epx sim experiments]   %s: dispatch %.1f us %.1f GB/s, combine %.1f us %.1f GB/s\n",
-                       variant_key(o).c_str(), p.dispatch_us, p.dispatch_gbps, p.combine_us, p.combine_gbps);
-      }
+      for (const SimOptions& o : group) points_[variant_key(o)] = evaluate_run(run, hw_, o);
     } catch (const std::exception& e) {
-      if (progress_) std::fprintf(stderr, "[epx sim experiments] failed %s: %s\n", k.c_str(), e.what());
+      line.note("failed " + k + ": " + e.what());
       for (const SimOptions& o : group) {
         SimPoint failed;
         failed.dispatch_us = failed.combine_us = -1;

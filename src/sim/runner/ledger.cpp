@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "epx/bench/progress.hpp"
 #include "epx/error.hpp"
 
 namespace epx::tools {
@@ -38,9 +39,13 @@ std::vector<LedgerRow> ledger(const SimOptions& in) {
   o.run_hidden = 0;
   std::vector<LedgerRow> out;
   const double rd = dispatch_row_bytes(o.hidden, o.topk, o.fp8), rc = combine_row_bytes(o.hidden);
+  double total = 0, done = 0;  // an EP size's work taken as proportional to its ranks
+  for (int P : o.ep) total += P;
+  ProgressLine progress("[epx sim ledger]", total, o.progress);
   for (int P : o.ep) {
-    if (o.progress) std::fprintf(stderr, "[epx sim ledger] EP%d: running the engine on %d sim ranks...\n", P, P);
+    progress.update(done, "EP" + std::to_string(P) + ": running the engine on " + std::to_string(P) + " sim ranks");
     const SimRun run = collect_run(o, P);
+    done += P;
     if (!run.model_only)  // copy mode runs at a reduced hidden size: its counters would not be this shape's bytes
       throw Error(ErrorCode::kUnsupported, "epx sim ledger: the engine did not announce its payload region on the sim transport "
                                            "(model-only mode); the counters would be of a reduced hidden size");

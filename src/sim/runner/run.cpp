@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "epx/bench/progress.hpp"
 #include "epx/bench/routing.hpp"
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
@@ -204,95 +205,76 @@ BenchProblem sim_problem(const SimOptions& o, int ep) {
   return make_problem(bo);
 }
 
-SimRun collect_run(const SimOptions& o, int ep) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const double c0 = cpu_seconds();
-  SimRun run;
-  run.ep = ep;
-  run.tokens = o.tokens;
-  run.steady = o.steady || o.cached;
-  run.cached = o.cached;
-  run.model_only = o.run_hidden == 0 && engine_supports_model_only();
-  run.run_hidden = o.run_hidden > 0 ? o.run_hidden : run.model_only ? o.hidden : std::min(o.hidden, o.fp8 ? 128 : 64);
-  const int Hr = run.run_hidden;
-  const double scale = static_cast<double>(o.hidden) / Hr;
+namespace {
 
-  BenchProblem problem = sim_problem(o, ep);
-  const bool expanded = o.layout == "expanded";
-  const RouteCount count = count_routes(problem, expanded, o.alignment);
-  for (auto& r : problem.rank) r.x = Tensor();
-
-  const std::size_t x_row = o.fp8 ? static_cast<std::size_t>(Hr) : static_cast<std::size_t>(Hr) * 2;
-  ZeroMap x(static_cast<std::size_t>(o.tokens) * x_row);
-  ZeroMap scales(static_cast<std::size_t>(o.tokens) * static_cast<std::size_t>(std::max(1, Hr / 128)) * 4);
-  const BufferConfig cfg = buffer_config(o, Hr, 1.0 / scale, ep);
-  run.topology = load_topology(cfg.dataplane.topology, ep);
-  const auto fallback = fallback_payload_region(cfg, ep);
-
-  LaunchOptions lo;
-  lo.num_ranks = ep;
-  lo.transport = TransportKind::kSim;
-  lo.timeout = std::chrono::milliseconds(600000);
-  sim::SimTransportOptions so;
-  so.model_only = run.model_only;
-  so.trace = &run.trace;
-  if (o.collect_stats) {
-    run.dispatch_counters.resize(static_cast<std::size_t>(ep));
-    run.combine_counters.resize(static_cast<std::size_t>(ep));
-    run.engine_recv_rows.resize(static_cast<std::size_t>(ep));
+EngineCounters sum_counters(const CallStats& cs) {
+  EngineCounters c;
+  for (const WorkerStats& w : cs.workers) {
+    c.puts += w.puts;
+    c.bytes += w.put_bytes;
+    c.local_puts += w.local_puts;
+    c.local_bytes += w.local_bytes;
   }
-  auto counters = [](const CallStats& cs) {
-    EngineCounters c;
-    for (const WorkerStats& w : cs.workers) {
-      c.puts += w.puts;
-      c.bytes += w.put_bytes;
-      c.local_puts += w.local_puts;
-      c.local_bytes += w.local_bytes;
-    }
-    return c;
-  };
-  sim::launch(lo, so, [&](Transport& t) {
-    const int r = t.rank();
-    const auto ur = static_cast<std::size_t>(r);
-    const BenchRankInput& in = problem.rank[static_cast<std::size_t>(r)];
-    Buffer buffer(t, cfg);
-    if (!sim::sim_saw_payload_region(t))
-      if (auto* model = dynamic_cast<sim::ModelTransport*>(&t)) model->set_payload_region(fallback.first, fallback.second);
-    DispatchArgs a;
-    a.x = TensorView(x.data(), o.fp8 ? DType::kFP8E4M3 : DType::kBF16, {o.tokens, Hr});
-    if (o.fp8) a.x_scales = TensorView(scales.data(), DType::kF32, {o.tokens, Hr / 128});
-    a.topk_idx = TensorView(in.topk_idx.data(), DType::kI64, {o.tokens, o.topk});
-    a.topk_weights = TensorView(in.topk_weights.data(), DType::kF32, {o.tokens, o.topk});
-    a.layout = expanded ? RecvLayout::kExpanded : RecvLayout::kCompact;
-    a.expert_alignment = o.alignment;
-    sim::sim_begin_call(t, "dispatch");
-    DispatchResult d = buffer.dispatch(a);
-    const std::int64_t rows = d.handle.num_recv_rows();
-    if (o.collect_stats && !run.steady) run.dispatch_counters[ur] = counters(buffer.last_stats());
-    d.recv_x = Tensor();  // only the handle is needed from here on
-    ZeroMap y(static_cast<std::size_t>(rows) * static_cast<std::size_t>(Hr) * 2);
-    CombineArgs c;
-    c.y = TensorView(y.data(), DType::kBF16, {rows, Hr});
-    c.handle = &d.handle;
-    sim::sim_begin_call(t, "combine");
-    buffer.combine(c);
-    if (o.collect_stats && !run.steady) {  // each rank writes only its own entries
-      run.engine_recv_rows[ur] = rows;
-      run.combine_counters[ur] = counters(buffer.last_stats());
-    }
-    if (run.steady) {
-      if (o.cached) a.handle = &d.handle;
-      const int dispatch_call = sim::sim_begin_call(t, o.cached ? "cached dispatch" : "dispatch");
-      DispatchResult d2 = buffer.dispatch(a);
-      d2.recv_x = Tensor();
-      c.handle = &d2.handle;
-      const int combine_call = sim::sim_begin_call(t, "combine");
-      buffer.combine(c);
-      if (r == 0) run.dispatch_call = dispatch_call, run.combine_call = combine_call;  // the same on every rank
-    }
-  });
+  return c;
+}
 
-  const int P = ep;
+// What every simulated rank shares: the zero x (and scales) all ranks send, the buffer
+// configuration and the payload region for copy mode.
+struct RunInputs {
+  const SimOptions& o;
+  BenchProblem& problem;  // TensorViews of its routing (read only)
+  BufferConfig cfg;
+  std::pair<std::size_t, std::size_t> fallback;
+  ZeroMap x, scales;
+};
+
+// One simulated rank: a dispatch and a combine (then, steady, a second pair, which is timed).
+void run_rank(Transport& t, const RunInputs& in, SimRun& run) {
+  const SimOptions& o = in.o;
+  const int r = t.rank(), Hr = run.run_hidden;
+  const auto ur = static_cast<std::size_t>(r);
+  BenchRankInput& rank = in.problem.rank[ur];
+  Buffer buffer(t, in.cfg);
+  if (!sim::sim_saw_payload_region(t))
+    if (auto* model = dynamic_cast<sim::ModelTransport*>(&t)) model->set_payload_region(in.fallback.first, in.fallback.second);
+  DispatchArgs a;
+  a.x = TensorView(in.x.data(), o.fp8 ? DType::kFP8E4M3 : DType::kBF16, {o.tokens, Hr});
+  if (o.fp8) a.x_scales = TensorView(in.scales.data(), DType::kF32, {o.tokens, Hr / 128});
+  a.topk_idx = TensorView(rank.topk_idx.data(), DType::kI64, {o.tokens, o.topk});
+  a.topk_weights = TensorView(rank.topk_weights.data(), DType::kF32, {o.tokens, o.topk});
+  a.layout = o.layout == "expanded" ? RecvLayout::kExpanded : RecvLayout::kCompact;
+  a.expert_alignment = o.alignment;
+  sim::sim_begin_call(t, "dispatch");
+  DispatchResult d = buffer.dispatch(a);
+  const std::int64_t rows = d.handle.num_recv_rows();
+  if (o.collect_stats && !run.steady) run.dispatch_counters[ur] = sum_counters(buffer.last_stats());
+  d.recv_x = Tensor();  // only the handle is needed from here on
+  ZeroMap y(static_cast<std::size_t>(rows) * static_cast<std::size_t>(Hr) * 2);
+  CombineArgs c;
+  c.y = TensorView(y.data(), DType::kBF16, {rows, Hr});
+  c.handle = &d.handle;
+  sim::sim_begin_call(t, "combine");
+  buffer.combine(c);
+  if (o.collect_stats && !run.steady) {  // each rank writes only its own entries
+    run.engine_recv_rows[ur] = rows;
+    run.combine_counters[ur] = sum_counters(buffer.last_stats());
+  }
+  if (!run.steady) return;
+  if (o.cached) a.handle = &d.handle;
+  const int dispatch_call = sim::sim_begin_call(t, o.cached ? "cached dispatch" : "dispatch");
+  DispatchResult d2 = buffer.dispatch(a);
+  d2.recv_x = Tensor();
+  c.handle = &d2.handle;
+  const int combine_call = sim::sim_begin_call(t, "combine");
+  buffer.combine(c);
+  if (r == 0) run.dispatch_call = dispatch_call, run.combine_call = combine_call;  // the same on every rank
+}
+
+// What the model charges besides the trace: the plan's scans, payload scaling, the expert
+// rank's reads and sums of an expanded combine, the source's sums.
+void add_compute(SimRun& run, const SimOptions& o, const BenchProblem& problem, const RouteCount& count, double scale) {
+  const int P = run.ep;
+  const bool expanded = o.layout == "expanded";
   run.recv_rows = count.recv_rows;
   run.dispatch_compute.resize(static_cast<std::size_t>(P));
   run.combine_compute.resize(static_cast<std::size_t>(P));
@@ -311,10 +293,50 @@ SimRun collect_run(const SimOptions& o, int ep) {
     // summed into a staged partial (written, then read again by the put).
     if (expanded && rows > 0) cc.read_per_payload_byte = (slots + 2 * (slots - rows)) / rows;
   }
-  add_combine_reduction(run, problem, expanded, o, 2 * static_cast<std::uint64_t>(Hr));
+  add_combine_reduction(run, problem, expanded, o, 2 * static_cast<std::uint64_t>(run.run_hidden));
   const double H = o.hidden, K = o.topk;
   run.dispatch_row_bytes = (o.fp8 ? H + H / 128 * 4 : 2 * H) + K * 8 + K * 4;
   run.combine_row_bytes = 2 * H;
+}
+
+}  // namespace
+
+SimRun collect_run(const SimOptions& o, int ep) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = cpu_seconds();
+  SimRun run;
+  run.ep = ep;
+  run.tokens = o.tokens;
+  run.steady = o.steady || o.cached;
+  run.cached = o.cached;
+  run.model_only = o.run_hidden == 0 && engine_supports_model_only();
+  run.run_hidden = o.run_hidden > 0 ? o.run_hidden : run.model_only ? o.hidden : std::min(o.hidden, o.fp8 ? 128 : 64);
+  const int Hr = run.run_hidden;
+  const double scale = static_cast<double>(o.hidden) / Hr;
+
+  BenchProblem problem = sim_problem(o, ep);
+  const RouteCount count = count_routes(problem, o.layout == "expanded", o.alignment);
+  for (auto& r : problem.rank) r.x = Tensor();
+  const std::size_t x_row = o.fp8 ? static_cast<std::size_t>(Hr) : static_cast<std::size_t>(Hr) * 2;
+  const BufferConfig cfg = buffer_config(o, Hr, 1.0 / scale, ep);
+  const RunInputs in{o, problem, cfg, fallback_payload_region(cfg, ep), ZeroMap(static_cast<std::size_t>(o.tokens) * x_row),
+                     ZeroMap(static_cast<std::size_t>(o.tokens) * static_cast<std::size_t>(std::max(1, Hr / 128)) * 4)};
+  run.topology = load_topology(cfg.dataplane.topology, ep);
+  if (o.collect_stats) {
+    run.dispatch_counters.resize(static_cast<std::size_t>(ep));
+    run.combine_counters.resize(static_cast<std::size_t>(ep));
+    run.engine_recv_rows.resize(static_cast<std::size_t>(ep));
+  }
+  LaunchOptions lo;
+  lo.num_ranks = ep;
+  lo.transport = TransportKind::kSim;
+  lo.timeout = std::chrono::milliseconds(600000);
+  sim::SimTransportOptions so;
+  so.model_only = run.model_only;
+  so.trace = &run.trace;
+  sim::launch(lo, so, [&](Transport& t) { run_rank(t, in, run); });
+
+  add_compute(run, o, problem, count, scale);
   run.engine_seconds = seconds_since(t0);
   run.engine_cpu_seconds = cpu_seconds() - c0;
   return run;
@@ -389,20 +411,21 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
 }
 
 std::vector<SimPoint> simulate(const SimOptions& o, const sim::HardwareModel& hw) {
+  // The time left from the work so far, an EP size's work taken as proportional to its ranks.
+  double total = 0, done = 0;
+  for (int ep : o.ep) total += ep;
+  ProgressLine progress("[epx sim]", total, o.progress);
   std::vector<SimPoint> out;
-  for (int ep : o.ep) {
-    if (o.progress) std::fprintf(stderr, "[epx sim] EP%d: running the engine on %d sim ranks...\n", ep, ep);
+  for (std::size_t i = 0; i < o.ep.size(); ++i) {
+    const int ep = o.ep[i];
+    const std::string at = "EP" + std::to_string(ep) + " (" + std::to_string(i + 1) + "/" + std::to_string(o.ep.size()) + ")";
+    progress.update(done, at + ": running the engine on " + std::to_string(ep) + " sim ranks");
     const SimRun run = collect_run(o, ep);
-    if (o.progress)
-      std::fprintf(stderr, "[epx sim] EP%d: engine %.2f s wall, %.2f s CPU (%s, hidden %d); replaying...\n", ep, run.engine_seconds,
-                   run.engine_cpu_seconds,
-                   run.model_only ? "model-only" : "copy mode, payload scaled", run.run_hidden);
-    SimPoint pt = evaluate_run(run, hw, o);
-    if (o.progress)
-      std::fprintf(stderr, "[epx sim] EP%d: replay %.2f s wall, %.2f s CPU (%llu events)\n", ep, pt.replay_seconds, pt.replay_cpu_seconds,
-                   static_cast<unsigned long long>(pt.events));
-    out.push_back(pt);
+    progress.update(done + 0.5 * ep, at + ": replaying the trace (" + (run.model_only ? "model-only" : "copy mode, payload scaled") + ")");
+    out.push_back(evaluate_run(run, hw, o));
+    done += ep;
   }
+  progress.finish();
   return out;
 }
 

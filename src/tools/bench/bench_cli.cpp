@@ -141,6 +141,9 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--json", o.json, "write every number of the report, machine-readable, to FILE")->type_name("FILE");
   sub->add_option("--trace", o.trace, "write a Chrome trace (Perfetto, chrome://tracing): a track per rank and worker, a slice per phase and iteration")
       ->type_name("FILE");
+  sub->add_option("--html", o.html,
+                  "write the report as one self-contained HTML page to FILE (charts drawn by the page itself; no network)")
+      ->type_name("FILE");
   sub->add_option("--transport", o.transport, "shm (ranks are processes) | threads | shmem (one rank per process started by oshrun/mpirun)")->capture_default_str();
   sub->add_option("--timeout-ms", o.timeout_ms, "a rank that waits longer than this fails")->capture_default_str();
   sub->add_flag("!--no-counters", o.counters, "time with epx's per-worker counters off (no phases, no put counts)");

@@ -15,10 +15,8 @@ namespace {
 using std::size_t;
 size_t at(std::int64_t i) { return static_cast<size_t>(i); }
 
-}  // namespace
-
-void print_eplb_report(std::FILE* f, const EplbReport& e) {
-  if (!e.enabled) return;
+// What the replicas were planned from, and how the copies spread over the experts.
+void print_eplb_plan(std::FILE* f, const EplbReport& e) {
   const int P = e.ranks, E = e.logical_experts, R = e.replicas;
   std::fprintf(f, "\nEPLB  (%d logical experts -> R = %d physical, %d per rank; replica choice: %s", E, R, P > 0 ? R / P : 0,
                e.choice.c_str());
@@ -47,9 +45,13 @@ void print_eplb_report(std::FILE* f, const EplbReport& e) {
                static_cast<long long>(e.logcnt.empty() ? 0 : e.logcnt[at(hot)]), hot_ranks.c_str());
   std::fprintf(f, "  %-28s %s: %lld (token, slot)s, each physical slot maps back (phy2log) to its logical expert\n",
                "mapping check", e.mapping_verified ? "ok" : "FAILED", static_cast<long long>(e.mapped_slots));
+}
+
+// Per rank: rows, slots and planned load without and with the replicas, then the totals.
+void print_eplb_ranks(std::FILE* f, const EplbReport& e) {
   std::fprintf(f, "  %-6s %27s   %27s\n", "", "without replicas (logical)", "with replicas (physical, timed)");
   std::fprintf(f, "  %-6s %9s %8s %8s   %9s %8s %8s\n", "rank", "recv_rows", "slots", "planned", "recv_rows", "slots", "planned");
-  for (int r = 0; r < P; ++r) {
+  for (int r = 0; r < e.ranks; ++r) {
     const auto row = [&](const EplbSide& s) {
       std::fprintf(f, "%9lld %8lld %8.1f", static_cast<long long>(s.recv_rows[at(r)]), static_cast<long long>(s.recv_slots[at(r)]),
                    s.planned_load[at(r)]);
@@ -69,6 +71,10 @@ void print_eplb_report(std::FILE* f, const EplbReport& e) {
                static_cast<long long>(e.with.total_slots), "");
   std::fprintf(f, "  %-6s %9.3f %8.3f %8.3f   %9.3f %8.3f %8.3f\n", "max/avg", e.without.rows_imbalance, e.without.slots_imbalance,
                e.without.planned_imbalance, e.with.rows_imbalance, e.with.slots_imbalance, e.with.planned_imbalance);
+}
+
+// Imbalance and the most loaded rank, without and with, and the rows moved.
+void print_eplb_balance(std::FILE* f, const EplbReport& e) {
   std::fprintf(f, "  %-28s rows %.3f -> %.3f, slots %.3f -> %.3f (planned %.3f -> %.3f)\n", "imbalance max/avg",
                e.without.rows_imbalance, e.with.rows_imbalance, e.without.slots_imbalance, e.with.slots_imbalance,
                e.without.planned_imbalance, e.with.planned_imbalance);
@@ -81,7 +87,10 @@ void print_eplb_report(std::FILE* f, const EplbReport& e) {
   std::fprintf(f, "  %-28s %lld -> %lld (local to the sender: %lld -> %lld); the routing without replicas is counted, not timed\n",
                "rows moved, all ranks", static_cast<long long>(e.without.total_rows), static_cast<long long>(e.with.total_rows),
                static_cast<long long>(e.without.local_rows), static_cast<long long>(e.with.local_rows));
-  if (!e.dynamic) return;
+}
+
+// --eplb-choice dynamic: the replicas used, the rows they took off the busiest rank, the weights moved.
+void print_eplb_dynamic(std::FILE* f, const EplbReport& e) {
   // When it pays: a replica's weights (3 H x I bf16 matrices: 6 H I bytes) cost the bytes of 3 I
   // dispatch rows (2 H bytes each); a row through the expert costs 6 H I FLOP forward (x3 with
   // backward, when the float32 gradients, 12 H I bytes, also travel home). Both scale with H I,
@@ -114,6 +123,16 @@ void print_eplb_report(std::FILE* f, const EplbReport& e) {
                   "  %-28s dispatch rows; it pays when rows-off-per-replica > FLOP/s / link bytes/s (e.g. 990 TFLOP/s over\n"
                   "  %-28s 50 GB/s: 19800; over 450 GB/s: 2200 -- datasheet examples, not measured) or when prefetch is hidden\n",
                "weights vs rows", "", "");
+}
+
+}  // namespace
+
+void print_eplb_report(std::FILE* f, const EplbReport& e) {
+  if (!e.enabled) return;
+  print_eplb_plan(f, e);
+  print_eplb_ranks(f, e);
+  print_eplb_balance(f, e);
+  if (e.dynamic) print_eplb_dynamic(f, e);
 }
 
 nlohmann::ordered_json eplb_json(const EplbReport& e) {

@@ -217,6 +217,10 @@ ordered_json bench_json(const BenchReport& r) {
   route["recv_slots_per_rank"] = rc.recv_slots;
   route["out_rows_per_rank"] = rc.out_rows;
   route["rows_per_expert"] = rc.expert_rows;
+  ordered_json pairs = ordered_json::array();  // [source][destination] rows (pair_rows)
+  for (int s = 0; s < r.ranks; ++s)
+    pairs.push_back(std::vector<std::int64_t>(rc.pair_rows.begin() + s * r.ranks, rc.pair_rows.begin() + (s + 1) * r.ranks));
+  route["rows_matrix"] = pairs;
   route["rank_recv"] = {{"min", h.recv_min}, {"avg", h.recv_avg}, {"max", h.recv_max}, {"max_rank", h.recv_max_rank},
                         {"imbalance", h.recv_imbalance}};
   route["expert_rows"] = {{"min", h.expert_min}, {"avg", h.expert_avg}, {"max", h.expert_max}, {"max_expert", h.expert_max_id},

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <cstdlib>
 #include <thread>
 
 #include "bench/eplb_print.hpp"
 #include "epx/bench/dataplane_options.hpp"
+#include "epx/error.hpp"
 
 namespace epx::tools {
 
@@ -41,9 +43,9 @@ std::string hist_text(const std::vector<std::int64_t>& hist) {
   return s;
 }
 
-void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_dispatch) {
+// The op's latency, bandwidth and limits, and how its output and rows went.
+void print_op_totals(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_dispatch) {
   const RouteCount& rc = rep.count;
-  const int P = rep.ranks;
   std::fprintf(f, "\n%s  (payload: %s)\n", is_dispatch ? "DISPATCH" : "COMBINE",
                is_dispatch ? fmt("each token once per unique destination rank, x row = %zu B", rc.x_row_bytes).c_str()
                            : fmt("the dispatched (token, rank) rows back, bf16 row = %zu B, at the expert rank", rc.y_row_bytes).c_str());
@@ -55,7 +57,7 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
                mb(static_cast<double>(op.total_payload)).c_str(),
                expansion > 0 ? (" + " + mb(static_cast<double>(expansion)) + " MB local expansion copies").c_str() : "");
   std::fprintf(f, "  %-28s %.2f GB/s  (same bytes, same %d ranks at once, max-rank avg %s us)  ->  epx = %.2fx memcpy\n",
-               "memcpy, this machine", op.memcpy_gbps, P, format_us(op.memcpy_max_rank.avg).c_str(), op.ratio_vs_memcpy);
+               "memcpy, this machine", op.memcpy_gbps, rep.ranks, format_us(op.memcpy_max_rank.avg).c_str(), op.ratio_vs_memcpy);
   std::fprintf(f, "  %-28s %.2f GB/s  (the same bytes with streaming stores, max-rank avg %s us)  ->  epx = %.2fx\n",
                "streaming copy", op.stream_gbps, format_us(op.stream_max_rank.avg).c_str(),
                op.stream_gbps > 0 ? op.algbw_gbps / op.stream_gbps : 0);
@@ -77,9 +79,13 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
     std::fprintf(f, "  %-28s every source read its tokens' rows in place in the expert ranks' windows and reduced them\n"
                     "  %-28s (y = the zero-copy recv_x on every rank): no puts, one pass; bytes counted at the reader\n",
                  "pull mode", "");
+}
+
+// The engine's put counters per call (all ranks, per queue) and the counters' own overhead.
+void print_op_counters(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_dispatch) {
   if (op.counters && !op.pulled) {
     std::int64_t rows = 0;
-    for (int r = 0; r < P; ++r) rows += is_dispatch ? rc.sent_rows[at(r)] : rc.recv_rows[at(r)];
+    for (int r = 0; r < rep.ranks; ++r) rows += is_dispatch ? rep.count.sent_rows[at(r)] : rep.count.recv_rows[at(r)];
     double meta = 0;
     for (double m : op.metadata_bytes_per_row) meta = std::max(meta, m);
     std::fprintf(f, "  %-28s %.0f per call (%.0f remote), %.0f B/put; %lld rows -> %.1f rows/put; epx bytes = payload + %.0f B/row metadata\n",
@@ -93,18 +99,19 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
   } else {
     std::fprintf(f, "  %-28s (counters off: --no-counters)\n", "puts");
   }
-  if (op.overhead) {
-    const bool on_main = rep.options.overhead_main_on();
-    const std::string& of = rep.options.overhead_of;
-    std::fprintf(f, "  %-28s on/off = %.3f  (median max-rank latency %s us on, %zu iters; %s us off, %zu iters)\n",
-                 (of + " overhead").c_str(), op.counters_ratio, format_us(op.on.p50).c_str(), op.on.n, format_us(op.off.p50).c_str(), op.off.n);
-    std::fprintf(f, "  %-28s %s %s: %s us %s, %s us %s: drift %.1f%%%s\n", "", of.c_str(), on_main ? "off" : "on",
-                 format_us(op.compare_before.p50).c_str(), of == "waits" ? "in the first half (interleaved)" : "before the timed loop",
-                 format_us(op.compare_after.p50).c_str(), of == "waits" ? "in the second" : "after", 100 * op.drift,
-                 std::fabs(op.counters_ratio - 1) <= op.drift ? " >= |on/off - 1|: the difference is within this machine's noise"
-                                                               : "");
-  }
+  if (!op.overhead) return;
+  const std::string& of = rep.options.overhead_of;
+  std::fprintf(f, "  %-28s on/off = %.3f  (median max-rank latency %s us on, %zu iters; %s us off, %zu iters)\n",
+               (of + " overhead").c_str(), op.counters_ratio, format_us(op.on.p50).c_str(), op.on.n, format_us(op.off.p50).c_str(), op.off.n);
+  std::fprintf(f, "  %-28s %s %s: %s us %s, %s us %s: drift %.1f%%%s\n", "", of.c_str(), rep.options.overhead_main_on() ? "off" : "on",
+               format_us(op.compare_before.p50).c_str(), of == "waits" ? "in the first half (interleaved)" : "before the timed loop",
+               format_us(op.compare_after.p50).c_str(), of == "waits" ? "in the second" : "after", 100 * op.drift,
+               std::fabs(op.counters_ratio - 1) <= op.drift ? " >= |on/off - 1|: the difference is within this machine's noise" : "");
+}
 
+// Per rank: latency, bytes, bandwidth, memcpy, puts; then the phases per rank.
+void print_op_ranks(std::FILE* f, const BenchReport& rep, const OpReport& op) {
+  const int P = rep.ranks;
   std::fprintf(f, "  rank    avg_us    p50_us    p95_us    max_us  remote_MB  local_MB  algbw_GB/s  memcpy_us%s\n",
                op.counters ? "   puts   B/put" : "");
   for (int r = 0; r < P; ++r) {
@@ -129,6 +136,12 @@ void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_
   }
 }
 
+void print_op(std::FILE* f, const BenchReport& rep, const OpReport& op, bool is_dispatch) {
+  print_op_totals(f, rep, op, is_dispatch);
+  print_op_counters(f, rep, op, is_dispatch);
+  print_op_ranks(f, rep, op);
+}
+
 // Shares of the avg latency: data plane, control plane, synchronisation, other.
 struct Planes {
   double data = 0, control = 0, sync = 0, other = 0;
@@ -145,9 +158,8 @@ Planes planes(const OpReport& op) {
   return p;
 }
 
-}  // namespace
-
-void print_bench_report(std::FILE* f, const BenchReport& r) {
+// The run: shape, data type and layout, data plane, memory, iterations.
+void print_header(std::FILE* f, const BenchReport& r) {
   const BenchOptions& o = r.options;
   const RouteCount& rc = r.count;
   const int P = r.ranks;
@@ -181,7 +193,30 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
   if (P > 0 && r.cores > 0 && static_cast<unsigned>(P * std::max(1, r.workers)) > r.cores)
     std::fprintf(f, "  note: %d ranks x %d worker(s) share %u cores: ranks are time-sliced, latencies include waiting for a core\n", P,
                  std::max(1, r.workers), r.cores);
+}
 
+// The slowest rank's load: its round trip, rows and its experts' slots.
+void print_slowest_rank(std::FILE* f, const BenchReport& r) {
+  const RouteCount& rc = r.count;
+  const RouteReport& h = r.route;
+  const int L = r.experts / r.ranks, s = h.slowest_rank;
+  std::int64_t mn = INT64_MAX, mx = 0, sum = 0;
+  int mx_e = 0;
+  for (int j = 0; j < L; ++j) {
+    const std::int64_t n = rc.expert_rows[at(s * L + j)];
+    mn = std::min(mn, n);
+    sum += n;
+    if (n > mx) mx = n, mx_e = s * L + j;
+  }
+  std::fprintf(f, "  slowest rank %d: dispatch+combine %s us (avg over ranks %s); receives %lld rows (avg %.1f); its experts "
+               "%d..%d get min %lld avg %.1f max %lld (expert %d) slots\n",
+               s, format_us(h.slowest_round_trip_us).c_str(), format_us(h.round_trip_avg_us).c_str(), static_cast<long long>(rc.recv_rows[at(s)]),
+               h.recv_avg, s * L, s * L + L - 1, static_cast<long long>(mn), L ? static_cast<double>(sum) / L : 0.0,
+               static_cast<long long>(mx), mx_e);
+}
+
+void print_routing(std::FILE* f, const BenchReport& r) {
+  const RouteCount& rc = r.count;
   const RouteReport& h = r.route;
   std::fprintf(f, "\nROUTING%s\n", r.eplb.enabled ? "  (the physical routing, after EPLB: experts are the R physical slots)" : "");
   std::fprintf(f, "  %-28s %s  (avg %.2f)\n", "unique dest ranks per token", hist_text(h.unique_dest_hist).c_str(), h.avg_unique_dest);
@@ -192,87 +227,95 @@ void print_bench_report(std::FILE* f, const BenchReport& r) {
                static_cast<long long>(h.expert_min), h.expert_avg, static_cast<long long>(h.expert_max), h.expert_max_id,
                h.expert_imbalance);
   std::fprintf(f, "  rank  tokens  sent_rows  (local)  recv_rows  (local)  slots  out_rows  unique dests per token\n");
-  for (int q = 0; q < P; ++q)
+  for (int q = 0; q < r.ranks; ++q)
     std::fprintf(f, "  %4d %7lld %10lld %8lld %10lld %8lld %6lld %9lld  %s%s\n", q, static_cast<long long>(rc.tokens[at(q)]),
                  static_cast<long long>(rc.sent_rows[at(q)]), static_cast<long long>(rc.sent_local_rows[at(q)]),
                  static_cast<long long>(rc.recv_rows[at(q)]), static_cast<long long>(rc.recv_local_rows[at(q)]),
                  static_cast<long long>(rc.recv_slots[at(q)]), static_cast<long long>(rc.out_rows[at(q)]),
                  hist_text(rc.unique_dest_hist[at(q)]).c_str(), q == h.slowest_rank ? "  <- slowest" : "");
-  if (P > 0) {
-    const int L = r.experts / P, s = h.slowest_rank;
-    std::int64_t mn = INT64_MAX, mx = 0, sum = 0;
-    int mx_e = 0;
-    for (int j = 0; j < L; ++j) {
-      const std::int64_t n = rc.expert_rows[at(s * L + j)];
-      mn = std::min(mn, n);
-      sum += n;
-      if (n > mx) mx = n, mx_e = s * L + j;
-    }
-    std::fprintf(f, "  slowest rank %d: dispatch+combine %s us (avg over ranks %s); receives %lld rows (avg %.1f); its experts "
-                 "%d..%d get min %lld avg %.1f max %lld (expert %d) slots\n",
-                 s, format_us(h.slowest_round_trip_us).c_str(), format_us(h.round_trip_avg_us).c_str(), static_cast<long long>(rc.recv_rows[at(s)]),
-                 h.recv_avg, s * L, s * L + L - 1, static_cast<long long>(mn), L ? static_cast<double>(sum) / L : 0.0,
-                 static_cast<long long>(mx), mx_e);
+  if (r.ranks > 0) print_slowest_rank(f, r);
+}
+
+void print_baseline(std::FILE* f, const BenchReport& r) {
+  const BaselineResult& b = r.baseline;
+  std::fprintf(f, "\nMPI BASELINE (epx_mpi_baseline: Megatron-style MPI_Alltoallv dispatcher, same routing, same iterations)\n");
+  if (!b.ran) {
+    std::fprintf(f, "  MPI baseline unavailable: %s\n", b.why_not.c_str());
+    return;
   }
+  std::fprintf(f, "  %-10s %12s %12s %12s %12s   %s\n", "max-rank us", "epx avg", "mpi avg", "epx p50", "mpi p50",
+               "epx speed / mpi speed (avg)");
+  auto row = [&](const char* name, const Summary& e, const Summary& m) {
+    std::fprintf(f, "  %-10s %12s %12s %12s %12s   %.2fx %s\n", name, format_us(e.avg).c_str(), format_us(m.avg).c_str(), format_us(e.p50).c_str(),
+                 format_us(m.p50).c_str(), e.avg > 0 ? m.avg / e.avg : 0, e.avg > 0 && m.avg >= e.avg ? "(epx faster)" : "(mpi faster)");
+  };
+  row("dispatch", r.dispatch.max_rank, b.dispatch);
+  row("combine", r.combine.max_rank, b.combine);
+  Summary et, mt;
+  et.avg = r.dispatch.max_rank.avg + r.combine.max_rank.avg;
+  et.p50 = r.dispatch.max_rank.p50 + r.combine.max_rank.p50;
+  mt.avg = b.dispatch.avg + b.combine.avg;
+  mt.p50 = b.dispatch.p50 + b.combine.p50;
+  row("round trip", et, mt);
+  std::fprintf(f, "  %s: %s\n", b.verified ? "verified" : "MISMATCH", b.verify_detail.c_str());
+}
 
-  print_eplb_report(f, r.eplb);
-
-  print_op(f, r, r.dispatch, true);
-  print_op(f, r, r.combine, false);
-
-  if (r.baseline_requested) {
-    const BaselineResult& b = r.baseline;
-    std::fprintf(f, "\nMPI BASELINE (epx_mpi_baseline: Megatron-style MPI_Alltoallv dispatcher, same routing, same iterations)\n");
-    if (!b.ran) {
-      std::fprintf(f, "  MPI baseline unavailable: %s\n", b.why_not.c_str());
-    } else {
-      std::fprintf(f, "  %-10s %12s %12s %12s %12s   %s\n", "max-rank us", "epx avg", "mpi avg", "epx p50", "mpi p50",
-                   "epx speed / mpi speed (avg)");
-      auto row = [&](const char* name, const Summary& e, const Summary& m) {
-        std::fprintf(f, "  %-10s %12s %12s %12s %12s   %.2fx %s\n", name, format_us(e.avg).c_str(), format_us(m.avg).c_str(), format_us(e.p50).c_str(),
-                     format_us(m.p50).c_str(), e.avg > 0 ? m.avg / e.avg : 0, e.avg > 0 && m.avg >= e.avg ? "(epx faster)" : "(mpi faster)");
-      };
-      row("dispatch", r.dispatch.max_rank, b.dispatch);
-      row("combine", r.combine.max_rank, b.combine);
-      Summary et, mt;
-      et.avg = r.dispatch.max_rank.avg + r.combine.max_rank.avg;
-      et.p50 = r.dispatch.max_rank.p50 + r.combine.max_rank.p50;
-      mt.avg = b.dispatch.avg + b.combine.avg;
-      mt.p50 = b.dispatch.p50 + b.combine.p50;
-      row("round trip", et, mt);
-      std::fprintf(f, "  %s: %s\n", b.verified ? "verified" : "MISMATCH", b.verify_detail.c_str());
-    }
+// One op's summary line: bandwidth against the limit and the peers, where the time went, the slowest rank.
+std::string summary_op_line(const BenchReport& r, const OpReport& op) {
+  std::string line = fmt("  %-8s %.2f GB/s = %.2fx the limit (%s), %.2fx memcpy", op.name.c_str(), op.algbw_gbps, op.ratio_vs_limit,
+                         op.limit_name.c_str(), op.ratio_vs_memcpy);
+  if (r.baseline_requested && r.baseline.ran) {
+    const Summary& m = &op == &r.dispatch ? r.baseline.dispatch : r.baseline.combine;
+    line += fmt(", %.2fx the MPI baseline's speed", op.max_rank.avg > 0 ? m.avg / op.max_rank.avg : 0);
   }
+  double rank_mean = 0;
+  for (const Summary& s : op.rank) rank_mean += s.avg / static_cast<double>(op.rank.size());
+  const double slow = op.rank.empty() || rank_mean <= 0 ? 0 : 100 * (op.rank[at(op.slowest_rank)].avg / rank_mean - 1);
+  if (op.counters) {
+    const Planes pl = planes(op);
+    line += fmt("; time: data plane %.0f%%, control plane %.0f%%, sync %.0f%%, other %.0f%%; dominant phase %s", 100 * pl.data,
+                100 * pl.control, 100 * pl.sync, 100 * pl.other, bench_phase_name(op.dominant));
+  }
+  return line + fmt("; slowest rank %d (+%.1f%% over the ranks' mean)", op.slowest_rank, slow);
+}
 
+void print_summary(std::FILE* f, const BenchReport& r) {
   std::fprintf(f, "\nSUMMARY\n");
-  for (const OpReport* op : {&r.dispatch, &r.combine}) {
-    std::string line = fmt("  %-8s %.2f GB/s = %.2fx the limit (%s), %.2fx memcpy", op->name.c_str(), op->algbw_gbps,
-                           op->ratio_vs_limit, op->limit_name.c_str(), op->ratio_vs_memcpy);
-    if (r.baseline_requested && r.baseline.ran) {
-      const Summary& m = op == &r.dispatch ? r.baseline.dispatch : r.baseline.combine;
-      line += fmt(", %.2fx the MPI baseline's speed", op->max_rank.avg > 0 ? m.avg / op->max_rank.avg : 0);
-    }
-    double rank_mean = 0;
-    for (const Summary& s : op->rank) rank_mean += s.avg / static_cast<double>(op->rank.size());
-    const double slow = op->rank.empty() || rank_mean <= 0 ? 0 : 100 * (op->rank[at(op->slowest_rank)].avg / rank_mean - 1);
-    if (op->counters) {
-      const Planes pl = planes(*op);
-      line += fmt("; time: data plane %.0f%%, control plane %.0f%%, sync %.0f%%, other %.0f%%; dominant phase %s", 100 * pl.data,
-                  100 * pl.control, 100 * pl.sync, 100 * pl.other, bench_phase_name(op->dominant));
-    }
-    line += fmt("; slowest rank %d (+%.1f%% over the ranks' mean)", op->slowest_rank, slow);
-    std::fprintf(f, "%s\n", line.c_str());
-  }
+  for (const OpReport* op : {&r.dispatch, &r.combine}) std::fprintf(f, "%s\n", summary_op_line(r, *op).c_str());
   std::fprintf(f, "  %-8s (data plane = put_issue + epilogue, control plane = plan + notify, sync = wait_data + barrier)\n", "");
   if (!r.dispatch.counters)
     std::fprintf(f, "  payload check: not done (epx's byte counters are off: --no-counters)\n");
-  else if (r.warnings.empty() && moves_rows_once(o))
+  else if (r.warnings.empty() && moves_rows_once(r.options))
     std::fprintf(f, "  payload check: epx's byte counters = the independent count of the routing (+ row metadata) on every rank\n");
   else if (r.warnings.empty())
     std::fprintf(f, "  payload check: epx's byte counters >= the independent count of the routing on every rank (%s)\n",
-                 o.dataplane.protocol == Protocol::kFlag ? "flag blocks carry flags and padding" : "relays forward rows once more");
+                 r.options.dataplane.protocol == Protocol::kFlag ? "flag blocks carry flags and padding" : "relays forward rows once more");
   for (const std::string& w : r.warnings) std::fprintf(f, "  WARNING: %s\n", w.c_str());
   if (r.diagnose.exchanges > 0) std::fprintf(f, "\nDIAGNOSE (the timed loop; epx::Diagnose)\n%s", format_report(r.diagnose).c_str());
+}
+
+}  // namespace
+
+void print_bench_report(std::FILE* f, const BenchReport& r) {
+  print_header(f, r);
+  print_routing(f, r);
+  print_eplb_report(f, r.eplb);
+  print_op(f, r, r.dispatch, true);
+  print_op(f, r, r.combine, false);
+  if (r.baseline_requested) print_baseline(f, r);
+  print_summary(f, r);
+}
+
+std::string bench_report_text(const BenchReport& r) {
+  char* buf = nullptr;
+  std::size_t size = 0;
+  std::FILE* f = open_memstream(&buf, &size);
+  if (f == nullptr) throw Error(ErrorCode::kIo, "epx bench: cannot open a memory stream for the text report");
+  print_bench_report(f, r);
+  std::fclose(f);
+  std::string text(buf, size);
+  std::free(buf);
+  return text;
 }
 
 }  // namespace epx::tools

@@ -15,6 +15,7 @@
 #include "epx/sim/runner/hybridep.hpp"
 #include "epx/sim/runner/ledger.hpp"
 #include "epx/sim/runner/run.hpp"
+#include "html/sim_page.hpp"
 
 namespace epx::tools {
 
@@ -76,10 +77,15 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
 void add_sim_command(CLI::App& app) {
   auto o = std::make_shared<SimOptions>();
   auto out = std::make_shared<std::string>();
+  auto html = std::make_shared<std::string>();
   CLI::App* sub = app.add_subcommand("sim", "simulate dispatch/combine on a model of a supernode (the real engine, simulated time)");
   add_sim_options(sub, *o);
   sub->add_option("--json", o->json, "write one JSON object per EP size to FILE")->type_name("FILE");
   sub->add_option("--svg", o->svg, "draw GB/s per rank against EP size to FILE")->type_name("FILE");
+  sub->add_option("--html", *html,
+                  "write the predictions as one self-contained HTML page to FILE: GB/s against EP size with the published "
+                  "points, latency, the time split (no network)")
+      ->type_name("FILE");
   sub->require_subcommand(0, 1);
 
   CLI::App* cal = sub->add_subcommand("calibrate", "fit the profile's free parameters on the published EP8/16/32 points");
@@ -140,14 +146,19 @@ void add_sim_command(CLI::App& app) {
     if (!ho->json.empty()) write_file(ho->json, hybrid_json(points, *ho));
   });
 
-  sub->callback([o, sub] {
+  sub->callback([o, sub, html] {
     if (!sub->get_subcommands().empty()) return;
     validate_sim_options(*o);
     const sim::HardwareModel hw = sim::load_hardware(o->hardware);
     const std::vector<SimPoint> points = simulate(*o, hw);
-    std::fputs(sim_table(points, hw).c_str(), stdout);
+    const std::string table = sim_table(points, hw);
+    std::fputs(table.c_str(), stdout);
     if (!o->json.empty()) write_file(o->json, sim_json(points));
     if (!o->svg.empty()) write_file(o->svg, sim_svg(points, hw));
+    if (!html->empty()) {
+      write_sim_html(*html, *o, {SimPageProfile{&hw, points, published_points(hw)}}, table);
+      std::printf("wrote %s (open it in a browser)\n", html->c_str());
+    }
   });
 }
 

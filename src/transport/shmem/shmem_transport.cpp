@@ -2,7 +2,7 @@
 
 #include <shmem.h>
 
-#include <immintrin.h>
+#include "epx/spi/cpu_relax.hpp"
 #include <sched.h>
 #include <signal.h>
 #include <unistd.h>
@@ -429,7 +429,7 @@ void ShmemTransport::wait_word(std::uint64_t* word, std::uint64_t at_least, cons
     opal_progress();
     if (w.load(std::memory_order_acquire) >= at_least) break;
     if (i < 64) {
-      _mm_pause();
+      epx::spi::cpu_relax();
       continue;
     }
     sched_yield();
