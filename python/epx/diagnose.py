@@ -24,6 +24,7 @@ $EPX_DIAGNOSE_INTERVAL overrides `interval`, as DeepEP's DEEPEP_DIAGNOSE_INTERVA
 The exchange runs on a window of its own (never the buffer's); see docs/diagnose.md.
 """
 import os
+import weakref
 
 import numpy as np
 
@@ -66,19 +67,28 @@ class Diagnose:
         t = self.thresholds
         opts = (interval, t["row"], t["col"], t["point"], t["links"], str(log_dir), int(log_max_bytes), int(log_backups))
         self._d = None
-        if isinstance(buffer_or_group, EPBuffer):
-            self._d = _epx.Diagnose.over_buffer(buffer_or_group._b, *opts)
-            self.rank, self.group_size = buffer_or_group.rank, buffer_or_group.group_size
-        else:
-            t = transport_of(buffer_or_group, transport, timeout_secs)
-            self._d = _epx.Diagnose.over_transport(t, *opts)
-            self.rank, self.group_size = t.rank, t.num_ranks
+        buf = buffer_or_group if isinstance(buffer_or_group, EPBuffer) else None
+        if buf is not None:  # the group's transport, as the buffer's engines use it
+            transport, timeout_secs = buf._opts[0], buf.num_cpu_timeout_secs
+        t = transport_of(buf.group if buf is not None else buffer_or_group, transport, timeout_secs)
+        self._d = _epx.Diagnose.over_transport(t, *opts)
+        self.rank, self.group_size = t.rank, t.num_ranks
+        if buf is not None:
+            self.watch(buf)
 
     # -- life cycle ---------------------------------------------------------------------
     def watch(self, buffer):
-        """Local: adds an EPBuffer's waits (of the same ranks) from now on. Every rank should
-        watch the same buffers."""
-        self._live().watch(buffer._b)
+        """Local: adds an EPBuffer's waits (of the same ranks) from now on — every engine it
+        holds (one per expert count) and those it builds later. Every rank should watch the
+        same buffers."""
+        d = self._live()
+        for engine in buffer._engines.values():
+            d.watch(engine)
+        buffer.__dict__.setdefault("_engine_watchers", []).append(weakref.WeakMethod(self._watch_engine))
+
+    def _watch_engine(self, engine):
+        if self._d is not None and not self._d.closed:
+            self._d.watch(engine)
 
     def start(self):
         """Collective: the background exchange, every `interval` seconds. Once."""

@@ -1,6 +1,5 @@
-// The binding of epx::Diagnose: over an EPBuffer (an endpoint of its group's transport, its
-// waits watched), or over a group's transport (epx.group.transport_of), which then watches
-// the buffers given to watch(). Every call that waits releases the GIL; the
+// The binding of epx::Diagnose over a group's transport (epx.group.transport_of: an
+// endpoint of it of its own), watching the engine Buffers given to watch(). Every call that waits releases the GIL; the
 // background exchange is C++ only (no Python callback ever runs on its thread).
 #include "diagnose.hpp"
 
@@ -80,13 +79,6 @@ pyb::dict report_dict(const DiagnoseReport& r) {
 
 class PyDiagnose {
  public:
-  /// Over an EPBuffer: an endpoint of its group's transport, the buffer's waits watched.
-  PyDiagnose(DiagnoseTarget target, const DiagnoseOptions& o) : transport_(std::move(target.transport)) {
-    if (!transport_ || !target.waits) throw Error(ErrorCode::kInvalidArgument, "Diagnose: the buffer was destroyed");
-    pyb::gil_scoped_release nogil;
-    diag_ = std::make_unique<Diagnose>(*transport_, o);
-    diag_->watch(target.waits);
-  }
   /// Over a group's transport (epx.group.transport_of): an endpoint of it; watch() adds buffers.
   PyDiagnose(std::shared_ptr<PyTransport> group, const DiagnoseOptions& o) : group_(std::move(group)) {
     transport_ = group_->shared();
@@ -95,9 +87,9 @@ class PyDiagnose {
   }
   ~PyDiagnose() { close(); }
 
-  void watch(const DiagnoseTarget& t) {
-    if (!t.waits) throw Error(ErrorCode::kInvalidArgument, "Diagnose.watch: the buffer was destroyed");
-    live().watch(t.waits);
+  void watch(std::shared_ptr<const PeerWaits> waits) {
+    if (!waits) throw Error(ErrorCode::kInvalidArgument, "Diagnose.watch: the buffer was destroyed");
+    live().watch(std::move(waits));
   }
   void start() { live().start(); }
   void stop() {
@@ -130,17 +122,8 @@ class PyDiagnose {
 
 }  // namespace
 
-void bind_diagnose(pyb::module_& m, DiagnoseTargetOf target_of) {
+void bind_diagnose(pyb::module_& m, WaitsOf waits_of) {
   pyb::class_<PyDiagnose>(m, "Diagnose")
-      .def_static(
-          "over_buffer",
-          [target_of](pyb::handle buffer, double interval_s, double row, double col, double point, bool links, const std::string& log_dir,
-                      std::uint64_t log_max_bytes, int log_backups) {
-            return std::make_unique<PyDiagnose>(target_of(buffer),
-                                                make_options(interval_s, row, col, point, links, log_dir, log_max_bytes, log_backups));
-          },
-          pyb::arg("buffer"), pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"),
-          pyb::arg("links"), pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
       .def_static(
           "over_transport",
           [](std::shared_ptr<PyTransport> group, double interval_s, double row, double col, double point,
@@ -150,7 +133,7 @@ void bind_diagnose(pyb::module_& m, DiagnoseTargetOf target_of) {
           },
           pyb::arg("transport"), pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"),
           pyb::arg("links"), pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
-      .def("watch", [target_of](PyDiagnose& d, pyb::handle buffer) { d.watch(target_of(buffer)); })
+      .def("watch", [waits_of](PyDiagnose& d, pyb::handle buffer) { d.watch(waits_of(buffer)); })
       .def("start", &PyDiagnose::start)
       .def("stop", &PyDiagnose::stop)
       .def("exchange", &PyDiagnose::exchange)

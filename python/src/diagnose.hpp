@@ -8,19 +8,13 @@
 #include <memory>
 
 #include "epx/stats.hpp"
-#include "epx/transport.hpp"
 
 namespace epx::py {
 
-/// What a Diagnose over an EPBuffer needs of its binding object: the transport it was built
-/// on (kept alive by the Diagnose) and its PeerWaits.
-struct DiagnoseTarget {
-  std::shared_ptr<Transport> transport;
-  std::shared_ptr<const PeerWaits> waits;
-};
-using DiagnoseTargetOf = std::function<DiagnoseTarget(pybind11::handle)>;
+/// A _epx.Buffer's PeerWaits (null once it was closed).
+using WaitsOf = std::function<std::shared_ptr<const PeerWaits>(pybind11::handle)>;
 
-/// Adds class Diagnose and function diagnose_matrix to `m`; `target_of` reads a _epx.Buffer.
-void bind_diagnose(pybind11::module_& m, DiagnoseTargetOf target_of);
+/// Adds class Diagnose and function diagnose_matrix to `m`; `waits_of` reads a _epx.Buffer.
+void bind_diagnose(pybind11::module_& m, WaitsOf waits_of);
 
 }  // namespace epx::py

@@ -1,6 +1,7 @@
 """epx.Diagnose: DeepEP's verdict rule on its own docstring's matrices, and over real calls
 on 4 ranks — a rank that is late to every dispatch (it sleeps first) is the slow source on
-every rank, over an EPBuffer and over a group with watch(); start()/stop(), the log."""
+every rank, over a group with watch() and over an EPBuffer whose engine its first dispatch
+builds; start()/stop(), the log."""
 import os
 import time
 
@@ -39,22 +40,23 @@ def _calls(buf, case, rank, n, late=-1, delay=0.0):
     for _ in range(n):
         if rank == late:
             time.sleep(delay)
-        recv_x, _, _, handle, _ = buf.dispatch(x, idx, w)
+        recv_x, _, _, handle, _ = buf.dispatch(x, idx, w, num_experts=8)
         buf.combine(recv_x, handle)
 
 
 def _late_rank(rank, num_ranks, log_dir):
     case = make_case(P, 8, 2, 128, [16] * P, seed=11)
     out = {}
-    with epx.EPBuffer(None, 16, 128, 2, 8) as buf:
+    with epx.EPBuffer(None, num_max_tokens_per_rank=16, hidden=128, num_topk=2, num_experts=8) as buf:
         _calls(buf, case, rank, 2)
-        # Over the group: a transport of its own, the buffer watched.
+        # Over the group (an endpoint of its transport), the buffer watched.
         with epx.Diagnose(None, interval=10) as diag:
             diag.watch(buf)
             _calls(buf, case, rank, 10, late=1, delay=0.025)
             out["group"] = diag.exchange()
             out["shape"] = diag.matrices()["combine"].shape
-        # Over the buffer (an endpoint of its transport).
+    # Over a buffer whose engine is built by its first dispatch (after the Diagnose).
+    with epx.EPBuffer(None, num_max_tokens_per_rank=16, hidden=128, num_topk=2) as buf:
         with epx.Diagnose(buf, interval=10, log_dir=log_dir) as diag:  # stop() makes the one exchange
             diag.start()
             _calls(buf, case, rank, 20, late=2, delay=0.025)
