@@ -291,9 +291,16 @@ class RankBench {
     }
   }
 
-  // --overhead-of waits: the waits-off Buffer runs right after each timed iteration, on the
-  // same transport (its own endpoint), so that the machine's drift cancels pair by pair.
+  // --overhead-of waits: the waits-off Buffer runs next to each timed iteration (after it,
+  // then before the next: neither always goes first), on the same transport (its own
+  // endpoint), so that the machine's drift cancels pair by pair.
   bool interleaved() const noexcept { return o_.overhead_of == "waits" && o_.overhead_iters > 0; }
+  void other_round(Buffer& other) {
+    const auto [d_us, c_us] = round(other, nullptr, nullptr, false);
+    memcpy_round();
+    rec_.off_dispatch_us.push_back(d_us);
+    rec_.off_combine_us.push_back(c_us);
+  }
 
   void timed_loop() {
     const bool want_hash = o_.baseline == "mpi" && !p_.fp8;
@@ -315,6 +322,7 @@ class RankBench {
       const bool timed = it >= o_.warmup;
       if (diag && it == o_.warmup) diag->exchange();  // the matrices cover the timed calls only
       BenchCall dc, cc;
+      if (timed && other && it % 2 == 1) other_round(*other);  // before and after the timed call in turn
       const auto [d_us, c_us] = round(*buf, timed ? &dc : nullptr, timed ? &cc : nullptr, want_hash && it == total - 1);
       const MemcpyTimes m = memcpy_round();
       if (timed) {
@@ -329,12 +337,7 @@ class RankBench {
         main_d.push_back(d_us);
         main_c.push_back(c_us);
       }
-      if (timed && other) {
-        const auto [od, oc] = round(*other, nullptr, nullptr, false);
-        memcpy_round();
-        rec_.off_dispatch_us.push_back(od);
-        rec_.off_combine_us.push_back(oc);
-      }
+      if (timed && other && it % 2 == 0) other_round(*other);
       progress_.update(timed ? "iter" : "warmup", timed ? it - o_.warmup + 1 : it + 1, timed ? o_.iters : o_.warmup, d_us, c_us);
     }
     if (diag) keep_diagnose(*diag);

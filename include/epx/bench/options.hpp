@@ -41,7 +41,7 @@ struct BenchOptions {
   int overhead_iters = 3;   ///< iterations per comparison block with the other counters setting (0 = skip)
   /// --overhead-of: what --counters-overhead compares: "counters" (collect_stats: blocks of N
   /// iterations with the other setting before and after the timed loop) or "waits"
-  /// (BufferConfig::record_waits: a second Buffer with it off runs right after each timed
+  /// (BufferConfig::record_waits: a second Buffer with it off runs next to each timed
   /// iteration, interleaved; not with --cached).
   std::string overhead_of = "counters";
   /// The timed loop runs with the compared setting on.

@@ -71,7 +71,8 @@ const char* bench_definitions() {
                iteration structure incl. memcpy) before and N after the timed loop; ratio =
                median max-rank latency with counters on / off. --overhead-of waits: the
                always-on waits per peer (what --diagnose reads) on / off, a waits-off
-               Buffer interleaved with the timed one (one iteration after each).
+               Buffer interleaved with the timed one (one iteration next to each, after
+               and before in turn).
   diagnose     --diagnose: matrix[src][dst] = us per call that rank dst waited for rank
                src's header and rows in the timed loop (epx::Diagnose over the Buffer's
                PeerWaits, exchanged on an endpoint of its own); abnormal rows (slow
