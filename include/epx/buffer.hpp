@@ -259,6 +259,11 @@ class Buffer : public BufferBase {
   /// pending (its back half writes it).
   const CallStats& last_stats() const noexcept;
 
+  /// Always on: how long this rank waited for each peer's header and rows, per op, summed
+  /// over its calls (epx/stats.hpp; what epx::Diagnose gathers). Shared: it may outlive the
+  /// Buffer. Local.
+  std::shared_ptr<const PeerWaits> peer_waits() const noexcept;
+
   const BufferConfig& config() const noexcept;
 
   /// The engine's state: an opaque type, defined only inside the library (src/engine), where

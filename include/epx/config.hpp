@@ -43,6 +43,10 @@ struct BufferConfig {
   int num_workers = 0;
   /// Record per-worker phase times and put counters of every call (Buffer::last_stats).
   bool collect_stats = false;
+  /// Record how long each call waited for each peer (Buffer::peer_waits, epx::Diagnose's
+  /// input): on by default, whatever collect_stats says. Off only to measure its cost (a
+  /// local setting: ranks may differ).
+  bool record_waits = true;
   /// Topology, peer schedule, queues, put aggregation, completion protocol.
   DataPlaneOptions dataplane{};
 };

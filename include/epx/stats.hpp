@@ -7,7 +7,9 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace epx {
@@ -74,6 +76,52 @@ struct CallStats {
   std::uint64_t epilogue_copy_bytes = 0;
   double total_us = 0;    ///< the whole call on this rank
   std::vector<WorkerStats> workers;  ///< [num_workers]
+};
+
+/// The two collectives whose waits PeerWaits keeps apart.
+enum class WaitOp : int { kDispatch, kCombine };
+inline constexpr int kNumWaitOps = 2;
+const char* to_string(WaitOp op) noexcept;
+
+/// Always on, whatever collect_stats says: for dispatch and for combine, how long this rank
+/// waited for each peer's header and rows, summed over its successful calls — this rank's
+/// column of the source x destination wait matrix that epx::Diagnose gathers
+/// (epx/diagnose.hpp). A wait for peer s is the time from the end of the previous wait of the
+/// same loop until s's signal (or, with the flag protocol, s's last flagged block of the
+/// worker's rows) was seen; the loops start at a source that rotates from call to call, so
+/// in a quiet run no source is favoured. Recorded: the header exchange (every call; rows
+/// first: it completes the rows), the completion protocols' await_rows (explicit, tail:
+/// every worker's signal; flag: each source's blocks, per worker), and the hierarchical
+/// relays' waits. Not recorded: the ring paths' credit and tail polling (their header
+/// exchange is). Cost: one clock read per source and wait loop (the flag protocol: per
+/// source and worker), and 2·(P+1) relaxed stores per call.
+///
+/// Threading: one writer (the Buffer, at the end of each call); totals() may be called from
+/// any thread at any time — a Buffer shares this object (Buffer::peer_waits()), so a reader
+/// may keep it beyond the Buffer's life (it then stops changing).
+class PeerWaits {
+ public:
+  struct Totals {
+    std::uint64_t calls = 0;             ///< successful calls recorded so far
+    std::vector<std::uint64_t> wait_ns;  ///< [P]: nanoseconds waited for each source, summed over those calls
+  };
+  /// num_ranks >= 1; every total starts at 0.
+  explicit PeerWaits(int num_ranks);
+  int num_ranks() const noexcept { return num_ranks_; }
+  /// A consistent snapshot of `op`'s totals (lock-free; retried while a call is being added).
+  Totals totals(WaitOp op) const;
+  /// Calls of `op` recorded so far (any thread).
+  std::uint64_t calls(WaitOp op) const noexcept;
+  /// The engine, at the end of a successful call: adds its waits (`wait_ns`: [P] ns). One writer.
+  void add_call(WaitOp op, const std::uint64_t* wait_ns) noexcept;
+
+ private:
+  std::atomic<std::uint64_t>& at(WaitOp op, int i) const noexcept {
+    return values_[static_cast<std::size_t>(op) * static_cast<std::size_t>(num_ranks_ + 1) + static_cast<std::size_t>(i)];
+  }
+  int num_ranks_;
+  std::atomic<std::uint64_t> seq_{0};  // odd while add_call writes (a seqlock)
+  std::unique_ptr<std::atomic<std::uint64_t>[]> values_;  // [op][0]: calls, [op][1 + s]: ns waited for s
 };
 
 }  // namespace epx

@@ -19,6 +19,7 @@ from ._version import __version__
 from . import utils
 from .bucket import BucketBuffer, BucketSession, BufferAllocator
 from .buffer import EPBuffer, EPHandle, MAX_LOCAL_EXPERTS, get_num_allocation_alignment
+from .diagnose import Diagnose
 
 ElasticBuffer = EPBuffer  # the name DeepEP V2's README uses for it
 from .errors import Error
@@ -28,7 +29,7 @@ from .group import launch
 from .pp import PPBuffer, PPView
 from .legacy import Buffer, Config
 
-__all__ = ["EPBuffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "Buffer", "Config", "Error", "launch",
+__all__ = ["EPBuffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "Buffer", "Config", "Diagnose", "Error", "launch",
            "get_num_allocation_alignment", "MAX_LOCAL_EXPERTS", "topk_idx_t", "__version__",
            "BucketBuffer", "BucketSession", "BufferAllocator", "PPBuffer", "PPView", "EngramBuffer"]
 

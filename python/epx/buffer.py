@@ -184,6 +184,10 @@ class EPBuffer:
                             self.num_topk, self.num_max_tokens_per_rank, recv_rows, workers)
             self._engines[num_experts] = b
             self._transport_name = b.transport
+            for ref in getattr(self, "_engine_watchers", ()):  # epx.Diagnose(buffer): this engine's waits too
+                watch = ref()
+                if watch is not None:
+                    watch(b)
         return b
 
     def _engine_problem(self, num_experts, x=None, topk_idx=None, C=None):

@@ -37,6 +37,7 @@
 #include "epx/lb.hpp"
 #include "epx/plan.hpp"
 #include "bucket.hpp"
+#include "diagnose.hpp"
 #include "group_transport.hpp"
 #include "tensors.hpp"
 
@@ -190,6 +191,7 @@ class PyBuffer {
   int num_ranks() const { return transport_ ? transport_->num_ranks() : 0; }
   std::size_t window_bytes() const { return buffer_ ? buffer_->window_bytes() : 0; }
   std::string transport_name() const { return transport_ ? transport_->caps().name : ""; }
+  std::shared_ptr<const PeerWaits> peer_waits() const { return buffer_ ? buffer_->peer_waits() : nullptr; }
 
   pyb::object dispatch(pyb::handle x, pyb::handle x_scales, pyb::handle topk_idx, pyb::handle topk_weights,
                        std::optional<PyHandle*> handle, bool expanded, int alignment, std::int64_t worst,
@@ -445,6 +447,7 @@ PYBIND11_MODULE(_epx, m) {
     }
   });
   bind_tensors(m);
+  bind_diagnose(m, [](pyb::handle b) { return b.cast<const PyBuffer&>().peer_waits(); });
   pyb::class_<PyHandle>(m, "Handle").def_property_readonly("num_recv_rows", [](const PyHandle& h) {
     return h.handle.num_recv_rows();
   });

@@ -79,6 +79,9 @@ void validate_options(const BenchOptions& o) {
   if (o.iters < 1) bad("--iters must be >= 1, got " + std::to_string(o.iters));
   if (o.warmup < 0) bad("--warmup must be >= 0, got " + std::to_string(o.warmup));
   if (o.overhead_iters < 0) bad("--counters-overhead must be >= 0, got " + std::to_string(o.overhead_iters));
+  if (o.overhead_of != "counters" && o.overhead_of != "waits")
+    bad("--overhead-of must be 'counters' or 'waits', got '" + o.overhead_of + "'");
+  if (o.overhead_of == "waits" && o.cached) bad("--overhead-of waits: not with --cached (two Buffers would need two handles)");
   if (o.skew < 0) bad("--skew must be >= 0 (0 = uniform), got " + std::to_string(o.skew));
   checked_timeout(o.timeout_ms);
   if (!o.baseline.empty() && o.baseline != "mpi") bad("--baseline must be 'mpi', got '" + o.baseline + "'");

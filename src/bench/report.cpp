@@ -280,7 +280,7 @@ void aggregate_overhead(const OpInput& in, OpReport& op) {
   op.counters_ratio = op.overhead && op.off.p50 > 0 ? op.on.p50 / op.off.p50 : 0;
   std::vector<std::vector<double>> before(at(P)), after(at(P));
   for (int r = 0; r < P; ++r) {
-    const auto& other = in.o.counters ? off[at(r)] : on[at(r)];
+    const auto& other = in.o.overhead_main_on() ? off[at(r)] : on[at(r)];
     const size_t half = other.size() / 2;
     before[at(r)].assign(other.begin(), other.begin() + static_cast<std::ptrdiff_t>(half));
     after[at(r)].assign(other.begin() + static_cast<std::ptrdiff_t>(half), other.end());
@@ -321,6 +321,24 @@ const std::vector<std::string>& worker_metric_names() {
   return names;
 }
 
+namespace {
+
+// --diagnose: rank 0's matrices of the timed loop, with DeepEP's verdict (the thresholds' defaults).
+DiagnoseReport diagnose_of(const BenchRankRecord& rec, const std::vector<RankInfo>& ranks) {
+  DiagnoseReport d;
+  d.exchanges = 1;
+  d.seconds = rec.diagnose_seconds;
+  d.ranks = ranks;
+  for (std::size_t op = 0; op < d.ops.size(); ++op) {
+    d.ops[op].matrix_us = rec.diagnose_us[op];
+    d.ops[op].calls = rec.diagnose_calls[op];
+    d.ops[op].verdict = diagnose_matrix(d.ops[op].matrix_us, static_cast<int>(ranks.size()), d.thresholds);
+  }
+  return d;
+}
+
+}  // namespace
+
 BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const RouteCount& rc,
                             const std::vector<BenchRankRecord>& records) {
   BenchReport r;
@@ -344,6 +362,8 @@ BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const 
     r.view_calls += rec.view_calls;
     if (!rec.copy_why.empty()) r.copy_why = rec.copy_why;
   }
+  for (const BenchRankRecord& rec : records) r.rank_info.push_back({rec.rank, rec.pid, rec.node});
+  if (!records.empty() && records[0].diagnosed) r.diagnose = diagnose_of(records[0], r.rank_info);
   r.dispatch = aggregate_op("dispatch", true, o, rc, records, r.warnings);
   r.combine = aggregate_op("combine", false, o, rc, records, r.warnings);
   const double mt = r.dispatch.memcpy_max_rank.avg + r.combine.memcpy_max_rank.avg;

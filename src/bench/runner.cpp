@@ -16,6 +16,7 @@
 #include "epx/bench/progress.hpp"
 #include "epx/bench/report.hpp"
 #include "epx/buffer.hpp"
+#include "epx/diagnose.hpp"
 #include "epx/error.hpp"
 #include "epx/spi/copy.hpp"
 
@@ -152,6 +153,9 @@ class RankBench {
       : t_(t), p_(p), o_(o), r_(t.rank()), in_(p.rank[static_cast<std::size_t>(r_)]), cfg_(bench_buffer_config(o, p)),
         fresh_(fresh_args()), ref_(p, rc, r_), progress_(o.progress && r_ == 0, o.warmup + o.iters + 2 * o.overhead_iters) {
     rec_.rank = r_;
+    rec_.pid = static_cast<std::int64_t>(getpid());
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) == 0) rec_.node = host;
   }
 
   BenchRankRecord run() {
@@ -234,9 +238,12 @@ class RankBench {
     return {t1 - t0, t3 - t2};
   }
 
-  std::unique_ptr<Buffer> make_buffer(bool stats) {
+  // `on`: the setting the counters-overhead blocks compare (--overhead-of) is on.
+  std::unique_ptr<Buffer> make_buffer(bool on) {
     BufferConfig c = cfg_;
-    c.collect_stats = stats;
+    const bool waits = o_.overhead_of == "waits";
+    c.collect_stats = waits ? o_.counters : on;
+    c.record_waits = waits ? on : true;
     auto buf = std::make_unique<Buffer>(t_, c);
     if (o_.cached) cached_handle_ = buf->dispatch(fresh_).handle;
     return buf;
@@ -267,11 +274,11 @@ class RankBench {
   // iterations with the other setting before the timed loop and one after it (a fresh
   // Buffer each: a transport holds one window), so a linear drift of the machine cancels.
   void comparison_block(int block) {
-    if (o_.overhead_iters <= 0) return;
-    const bool other_mode = !o_.counters;
+    if (o_.overhead_iters <= 0 || interleaved()) return;
+    const bool other_mode = !o_.overhead_main_on();
     auto& other_d = other_mode ? rec_.on_dispatch_us : rec_.off_dispatch_us;
     auto& other_c = other_mode ? rec_.on_combine_us : rec_.off_combine_us;
-    const std::string other_label = std::string("counters ") + (other_mode ? "on" : "off") + " comparison";
+    const std::string other_label = o_.overhead_of + (other_mode ? " on" : " off") + " comparison";
     std::unique_ptr<Buffer> buf = make_buffer(other_mode);
     round(*buf, nullptr, nullptr, false);  // warm the new window
     memcpy_round();
@@ -284,15 +291,38 @@ class RankBench {
     }
   }
 
+  // --overhead-of waits: the waits-off Buffer runs next to each timed iteration (after it,
+  // then before the next: neither always goes first), on the same transport (its own
+  // endpoint), so that the machine's drift cancels pair by pair.
+  bool interleaved() const noexcept { return o_.overhead_of == "waits" && o_.overhead_iters > 0; }
+  void other_round(Buffer& other) {
+    const auto [d_us, c_us] = round(other, nullptr, nullptr, false);
+    memcpy_round();
+    rec_.off_dispatch_us.push_back(d_us);
+    rec_.off_combine_us.push_back(c_us);
+  }
+
   void timed_loop() {
     const bool want_hash = o_.baseline == "mpi" && !p_.fp8;
-    auto& main_d = o_.counters ? rec_.on_dispatch_us : rec_.off_dispatch_us;
-    auto& main_c = o_.counters ? rec_.on_combine_us : rec_.off_combine_us;
+    auto& main_d = o_.overhead_main_on() ? rec_.on_dispatch_us : rec_.off_dispatch_us;
+    auto& main_c = o_.overhead_main_on() ? rec_.on_combine_us : rec_.off_combine_us;
     const int total = o_.warmup + o_.iters;
-    std::unique_ptr<Buffer> buf = make_buffer(o_.counters);
+    std::unique_ptr<Buffer> buf = make_buffer(o_.overhead_main_on());
+    std::unique_ptr<Buffer> other;  // --overhead-of waits: waits off, interleaved
+    if (interleaved()) {
+      other = make_buffer(false);
+      round(*other, nullptr, nullptr, false);  // warm its window
+    }
+    std::optional<Diagnose> diag;  // --diagnose: on an endpoint of its own
+    if (o_.diagnose) {
+      diag.emplace(t_, *buf);
+      if (o_.progress && r_ == 0) announce_ranks(diag->report().ranks);
+    }
     for (int it = 0; it < total; ++it) {
       const bool timed = it >= o_.warmup;
+      if (diag && it == o_.warmup) diag->exchange();  // the matrices cover the timed calls only
       BenchCall dc, cc;
+      if (timed && other && it % 2 == 1) other_round(*other);  // before and after the timed call in turn
       const auto [d_us, c_us] = round(*buf, timed ? &dc : nullptr, timed ? &cc : nullptr, want_hash && it == total - 1);
       const MemcpyTimes m = memcpy_round();
       if (timed) {
@@ -307,12 +337,33 @@ class RankBench {
         main_d.push_back(d_us);
         main_c.push_back(c_us);
       }
+      if (timed && other && it % 2 == 0) other_round(*other);
       progress_.update(timed ? "iter" : "warmup", timed ? it - o_.warmup + 1 : it + 1, timed ? o_.iters : o_.warmup, d_us, c_us);
     }
+    if (diag) keep_diagnose(*diag);
     // Private memory while the timed Buffer (and its heap output pool) still lives.
     std::ifstream status("/proc/self/status");
     for (std::string line; std::getline(status, line);)
       if (line.rfind("RssAnon:", 0) == 0) rec_.anon_rss_bytes = std::strtoull(line.c_str() + 8, nullptr, 10) * 1024;
+  }
+
+  // Where each rank runs, before the loop: what to attach a debugger or a profiler to.
+  static void announce_ranks(const std::vector<RankInfo>& ranks) {
+    std::string line = "epx bench: diagnose: rank pids:";
+    for (const RankInfo& i : ranks) line += " " + std::to_string(i.rank) + "=" + std::to_string(i.pid) + "@" + i.node;
+    std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
+  }
+
+  void keep_diagnose(Diagnose& diag) {
+    diag.exchange();
+    const DiagnoseReport r = diag.report();
+    rec_.diagnosed = true;
+    rec_.diagnose_seconds = r.seconds;
+    for (std::size_t op = 0; op < r.ops.size(); ++op) {
+      rec_.diagnose_us[op] = r.ops[op].matrix_us;
+      rec_.diagnose_calls[op] = r.ops[op].calls;
+    }
   }
 
   Transport& t_;
@@ -340,7 +391,7 @@ void run_bench_rank(Transport& t, const BenchProblem& p, const RouteCount& rc, c
 
 namespace {
 
-constexpr std::uint64_t kMagic = 0x3230484342585045ULL;  // "EPXBCH02"
+constexpr std::uint64_t kMagic = 0x3330484342585045ULL;  // "EPXBCH03"
 
 class Out {
  public:
@@ -442,6 +493,14 @@ void write_bench_record(const fs::path& path, const BenchRankRecord& r) {
     o.vec(std::vector<char>(r.copy_why.begin(), r.copy_why.end()));
     o.pod(r.peak_rss_bytes);
     o.pod(r.anon_rss_bytes);
+    o.pod(r.pid);
+    o.vec(std::vector<char>(r.node.begin(), r.node.end()));
+    o.pod(r.diagnosed);
+    o.pod(r.diagnose_seconds);
+    for (std::size_t op = 0; op < r.diagnose_us.size(); ++op) {
+      o.vec(r.diagnose_us[op]);
+      o.vec(r.diagnose_calls[op]);
+    }
     if (!o.ok()) throw Error(ErrorCode::kIo, tmp.string() + ": cannot write the rank's bench record", r.rank);
   }
   fs::rename(tmp, path);
@@ -470,6 +529,15 @@ BenchRankRecord read_bench_record(const fs::path& path) {
   r.copy_why.assign(why.begin(), why.end());
   r.peak_rss_bytes = in.pod<std::uint64_t>();
   r.anon_rss_bytes = in.pod<std::uint64_t>();
+  r.pid = in.pod<std::int64_t>();
+  const std::vector<char> node = in.vec<char>();
+  r.node.assign(node.begin(), node.end());
+  r.diagnosed = in.pod<bool>();
+  r.diagnose_seconds = in.pod<double>();
+  for (std::size_t op = 0; op < r.diagnose_us.size(); ++op) {
+    r.diagnose_us[op] = in.vec<double>();
+    r.diagnose_calls[op] = in.vec<std::uint64_t>();
+  }
   return r;
 }
 

@@ -120,8 +120,12 @@ void CompletionProtocol::put_rows(Sender& s, int d, Region region, std::int64_t 
 void CompletionProtocol::await_rows(Buffer::Impl& m, Buffer::Impl::CompletionSlot slot, const char* phase,
                                     const std::vector<std::int64_t>&, std::initializer_list<Buffer::Impl::RowGroup>) const {
   Buffer::Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
-  for (int s = 0; s < m.P; ++s)
+  Buffer::Impl::WaitClock::time_point since = Buffer::Impl::WaitClock::now();
+  for (int i = 0; i < m.P; ++i) {
+    const int s = m.wait_source(i);
     for (int w = 0; w < m.W; ++w) m.transport.wait_signal((m.geo.*slot)(s, w), m.epoch, {phase, s});
+    since = m.lap_wait(0, s, since);
+  }
 }
 
 const CompletionProtocol& protocol_unit(Protocol p) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -142,6 +143,16 @@ struct Buffer::Impl {
   void begin_stats(bool combine, bool cached);
   void count_put(WorkerStats& ws, int peer, std::size_t bytes, int queue) const noexcept;
   void end_stats();
+  // Always on (stats.cpp; epx/stats.hpp's PeerWaits): this call's waits per peer.
+  using WaitClock = std::chrono::steady_clock;
+  /// Adds the time since `since` to worker w's wait for source s this call; returns now
+  /// (the start of the loop's next wait).
+  WaitClock::time_point lap_wait(int w, int s, WaitClock::time_point since) noexcept;
+  void begin_waits(bool combine);  // by begin_stats
+  void end_waits();                // by end_stats
+  /// The i-th source of this call's wait loops: they start at a source that rotates from
+  /// call to call, so that no source is always waited for first.
+  int wait_source(int i) const noexcept { return (wait_first + i) % P; }
 
   // channels.cpp: one worker's puts of one call, on the queues of its channels (a
   // channel = this worker's visit to one peer), completed by the configured protocol.
@@ -334,6 +345,10 @@ struct Buffer::Impl {
   std::vector<std::uint16_t> zero_row;     // H bf16 zeros: the reduce's term for a missing bias1
   CallStats stats;
   std::chrono::steady_clock::time_point call_start;
+  std::shared_ptr<PeerWaits> waits = std::make_shared<PeerWaits>(transport.num_ranks());
+  std::vector<std::uint64_t> call_waits;  // this call's ns per (worker, source): [W][P]
+  WaitOp wait_op = WaitOp::kDispatch;
+  int wait_first = 0;
 };
 
 }  // namespace epx

@@ -60,8 +60,11 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
   for (int i = 0; i < P; ++i) transport.signal((rank + i) % P, geo.header_signal(rank), epoch, 0);
   Peers peers;
   peers.header.resize(static_cast<std::size_t>(P));
-  for (int s = 0; s < P; ++s) {
+  WaitClock::time_point since = WaitClock::now();
+  for (int i = 0; i < P; ++i) {
+    const int s = wait_source(i);
     transport.wait_signal(geo.header_signal(s), epoch, {phase, s});
+    since = lap_wait(0, s, since);
     peers.header[static_cast<std::size_t>(s)] =
         reinterpret_cast<const NotifyHeader*>(transport.window() + geo.header(epoch, s));
   }

@@ -1,4 +1,7 @@
-// Per-call statistics: phase timers and the bookkeeping around them.
+// Per-call statistics: phase timers and the bookkeeping around them; the always-on waits
+// per peer (PeerWaits, the diagnosis' raw numbers).
+#include <thread>
+
 #include "engine.hpp"
 
 namespace epx {
@@ -37,7 +40,70 @@ Buffer::Impl::PhaseTimer::~PhaseTimer() {
     *slot_ += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start_).count();
 }
 
+const char* to_string(WaitOp op) noexcept { return op == WaitOp::kCombine ? "combine" : "dispatch"; }
+
+PeerWaits::PeerWaits(int num_ranks)
+    : num_ranks_(num_ranks),
+      values_(std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(kNumWaitOps * (num_ranks + 1)))) {}
+
+std::uint64_t PeerWaits::calls(WaitOp op) const noexcept { return at(op, 0).load(std::memory_order_relaxed); }
+
+// A seqlock with one writer: the sequence is odd while add_call writes; a reader retries
+// until it read every value between two equal, even sequence numbers.
+void PeerWaits::add_call(WaitOp op, const std::uint64_t* wait_ns) noexcept {
+  const std::uint64_t s = seq_.load(std::memory_order_relaxed);
+  seq_.store(s + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  for (int i = 0; i <= num_ranks_; ++i) {
+    std::atomic<std::uint64_t>& v = at(op, i);
+    v.store(v.load(std::memory_order_relaxed) + (i == 0 ? 1 : wait_ns[i - 1]), std::memory_order_relaxed);
+  }
+  seq_.store(s + 2, std::memory_order_release);
+}
+
+PeerWaits::Totals PeerWaits::totals(WaitOp op) const {
+  Totals t;
+  t.wait_ns.resize(static_cast<std::size_t>(num_ranks_));
+  for (;;) {
+    const std::uint64_t s = seq_.load(std::memory_order_acquire);
+    if ((s & 1) == 0) {
+      t.calls = at(op, 0).load(std::memory_order_relaxed);
+      for (int i = 0; i < num_ranks_; ++i) t.wait_ns[static_cast<std::size_t>(i)] = at(op, i + 1).load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (seq_.load(std::memory_order_relaxed) == s) return t;
+    }
+    std::this_thread::yield();
+  }
+}
+
+std::shared_ptr<const PeerWaits> Buffer::peer_waits() const noexcept { return impl_->waits; }
+
+Buffer::Impl::WaitClock::time_point Buffer::Impl::lap_wait(int w, int s, WaitClock::time_point since) noexcept {
+  if (!config.record_waits) return since;
+  const WaitClock::time_point now = WaitClock::now();
+  call_waits[static_cast<std::size_t>(w) * static_cast<std::size_t>(P) + static_cast<std::size_t>(s)] +=
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count());
+  return now;
+}
+
+// Always on: this call's waits start at 0, its wait loops at a source that rotates per call.
+void Buffer::Impl::begin_waits(bool combine) {
+  wait_op = combine ? WaitOp::kCombine : WaitOp::kDispatch;
+  wait_first = static_cast<int>((static_cast<std::uint64_t>(rank) + waits->calls(wait_op)) % static_cast<std::uint64_t>(P));
+  call_waits.assign(static_cast<std::size_t>(W) * static_cast<std::size_t>(P), 0);
+}
+
+// The call's waits per source (summed over its workers) into the Buffer's PeerWaits.
+void Buffer::Impl::end_waits() {
+  if (!config.record_waits) return;
+  const auto p = static_cast<std::size_t>(P);
+  for (std::size_t w = 1; w < static_cast<std::size_t>(W); ++w)
+    for (std::size_t s = 0; s < p; ++s) call_waits[s] += call_waits[w * p + s];
+  waits->add_call(wait_op, call_waits.data());
+}
+
 void Buffer::Impl::begin_stats(bool combine, bool cached) {
+  begin_waits(combine);
   stats.output = OutputKind::kNone;
   stats.output_why = "";
   stats.path = "";
@@ -51,6 +117,7 @@ void Buffer::Impl::begin_stats(bool combine, bool cached) {
 }
 
 void Buffer::Impl::end_stats() {
+  end_waits();
   if (!config.collect_stats) return;
   stats.total_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - call_start).count();
 }

@@ -1,10 +1,11 @@
 // `epx bench` end to end on a tiny shape with threads as ranks: the JSON has every
 // required field with the right sizes and the independent payload count, the trace is
-// valid Chrome trace JSON with slices for every rank; the rank record file round-trips.
+// valid Chrome trace JSON with slices for every rank; the rank record file round-trips;
+// --diagnose's matrices and verdict.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "bench_test_support.hpp"
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -47,13 +48,53 @@ void expect_summary(const json& j, const char* what) {
 
 }  // namespace
 
+// --diagnose: the timed loop's matrices and verdict under "diagnose" (the shape
+// `epx bench --html` draws), and the text report's DIAGNOSE section.
+TEST_F(BenchRun, DiagnoseGoesIntoTheJsonAndTheReport) {
+  BenchOptions o = tiny();
+  o.ranks = 4, o.experts = 8, o.iters = 6;
+  o.diagnose = true;
+  o.json = (dir_ / "bench.json").string();
+  const std::filesystem::path text = dir_ / "report.txt";
+  std::FILE* out = std::fopen(text.c_str(), "w");
+  ASSERT_NE(out, nullptr);
+  ASSERT_EQ(run_bench(o, out), 0);
+  std::fclose(out);
+  const json j = read_json(o.json);
+  ASSERT_TRUE(j.contains("diagnose"));
+  for (const char* op : {"dispatch", "combine"}) {
+    const json& d = j["diagnose"][op];
+    ASSERT_EQ(d["matrix_us"].size(), 4u) << op;
+    for (const json& row : d["matrix_us"]) {
+      ASSERT_EQ(row.size(), 4u) << op;
+      for (const json& x : row) EXPECT_GE(x.get<double>(), 0) << op;
+    }
+    EXPECT_TRUE(d["abnormal_rows"].is_array() && d["abnormal_cols"].is_array() && d["abnormal_points"].is_array()) << op;
+    EXPECT_EQ(d["thresholds"]["row"], 3.0);
+    EXPECT_EQ(d["thresholds"]["col"], 3.0);
+    EXPECT_EQ(d["thresholds"]["point"], 5.0);
+    EXPECT_EQ(d["calls_per_rank"], json(std::vector<int>(4, 6))) << op;  // the timed calls only
+  }
+  std::ifstream in(text);
+  const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(report.find("DIAGNOSE (the timed loop"), std::string::npos);
+  EXPECT_NE(report.find("wait per call, us: matrix[src][dst] (calls per dst: 6 6 6 6)"), std::string::npos) << report;
+}
+
 TEST_F(BenchRun, JsonHasEveryRequiredFieldAndTheIndependentPayload) {
   BenchOptions o = tiny();
   o.json = (dir_ / "bench.json").string();
   o.trace = (dir_ / "trace.json").string();
   ASSERT_EQ(run_bench(o, sink_), 0);
   const json j = read_json(o.json);
-  EXPECT_EQ(j["ranks"], 2);
+  EXPECT_EQ(j["num_ranks"], 2);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(j["ranks"][r]["rank"], r);
+    EXPECT_EQ(j["ranks"][r]["pid"], static_cast<std::int64_t>(getpid()));  // threads: this process
+    EXPECT_FALSE(j["ranks"][r]["node"].get<std::string>().empty());
+  }
+  EXPECT_FALSE(j.contains("diagnose"));  // only with --diagnose
   EXPECT_EQ(j["tokens"], 16);
   EXPECT_EQ(j["hidden"], 256);
   EXPECT_EQ(j["topk"], 2);
@@ -220,6 +261,12 @@ TEST(BenchRecord, RoundTrips) {
   r.out_rows = 42;
   r.hashed = true;
   r.dispatch_hash = 0xdeadbeefULL;
+  r.pid = 4321;
+  r.node = "node-b";
+  r.diagnosed = true;
+  r.diagnose_seconds = 1.5;
+  r.diagnose_us[1] = {0.5, 7, 8, 0.25};
+  r.diagnose_calls[1] = {6, 6};
   const fs::path p = fs::temp_directory_path() / ("epx_bench_record_" + std::to_string(::getpid()));
   write_bench_record(p, r);
   const BenchRankRecord q = read_bench_record(p);
@@ -237,5 +284,12 @@ TEST(BenchRecord, RoundTrips) {
   EXPECT_EQ(q.out_rows, 42);
   EXPECT_TRUE(q.hashed);
   EXPECT_EQ(q.dispatch_hash, 0xdeadbeefULL);
+  EXPECT_EQ(q.pid, 4321);
+  EXPECT_EQ(q.node, "node-b");
+  EXPECT_TRUE(q.diagnosed);
+  EXPECT_EQ(q.diagnose_seconds, 1.5);
+  EXPECT_TRUE(q.diagnose_us[0].empty());
+  EXPECT_EQ(q.diagnose_us[1], (std::vector<double>{0.5, 7, 8, 0.25}));
+  EXPECT_EQ(q.diagnose_calls[1], (std::vector<std::uint64_t>{6, 6}));
   EXPECT_THROW(read_bench_record(p), epx::Error);
 }

@@ -187,7 +187,8 @@ TEST_F(BenchSweep, TwoByTwoOnThreadsMeasuresEveryCombination) {
   std::ifstream f(o.json);
   const json j = json::parse(f);
   EXPECT_EQ(j["tool"], "epx bench --sweep");
-  EXPECT_EQ(j["ranks"], 2);
+  EXPECT_EQ(j["num_ranks"], 2);
+  EXPECT_EQ(j["ranks"].size(), 2u);
   ASSERT_EQ(j["sweep"].size(), 4u);
   EXPECT_EQ(j["sweep"][3]["values"]["schedule"], "rotated");
   EXPECT_EQ(j["sweep"][3]["values"]["queues"], "2");

@@ -43,7 +43,17 @@ struct BenchOptions {
   std::int64_t timeout_ms = 60000;
   // Counters.
   bool counters = true;     ///< BufferConfig::collect_stats for the timed iterations
+  /// --diagnose: an epx::Diagnose over the timed Buffer (its own endpoint); its exchange
+  /// after the warmup and after the timed loop gives the timed loop's wait matrices and verdicts.
+  bool diagnose = false;
   int overhead_iters = 3;   ///< iterations per comparison block with the other counters setting (0 = skip)
+  /// --overhead-of: what --counters-overhead compares: "counters" (collect_stats: blocks of N
+  /// iterations with the other setting before and after the timed loop) or "waits"
+  /// (BufferConfig::record_waits: a second Buffer with it off runs next to each timed
+  /// iteration, interleaved; not with --cached).
+  std::string overhead_of = "counters";
+  /// The timed loop runs with the compared setting on.
+  bool overhead_main_on() const noexcept { return overhead_of == "waits" || counters; }
   // Outputs.
   std::string json;   ///< --json FILE
   std::string trace;  ///< --trace FILE (Chrome trace events)

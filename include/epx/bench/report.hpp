@@ -15,6 +15,7 @@
 #include "epx/bench/routing.hpp"
 #include "epx/bench/runner.hpp"
 #include "epx/bench/stats.hpp"
+#include "epx/diagnose.hpp"
 #include "epx/stats.hpp"
 
 namespace epx::tools {
@@ -116,6 +117,10 @@ struct BenchReport {
   std::vector<std::uint64_t> anon_rss_bytes;  ///< [P] its private memory at the end
   std::uint64_t one_copy_calls = 0, copy_calls = 0, view_calls = 0;  ///< timed dispatches, all ranks
   std::string copy_why;  ///< why the last copy was one (a rank's CallStats::output_why)
+  std::vector<RankInfo> rank_info;  ///< [P] each rank's pid and node
+  /// --diagnose: the timed loop's wait matrices and verdicts (rank 0's Diagnose exchange;
+  /// exchanges == 0 without --diagnose).
+  DiagnoseReport diagnose;
 };
 
 /// Whether every row travels exactly once with its metadata, so epx's byte counters must

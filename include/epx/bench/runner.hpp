@@ -3,6 +3,7 @@
 // launching process to aggregate (ranks may be forked processes).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -43,6 +44,14 @@ struct BenchRankRecord {
   /// the other setting (before and after the timed loop).
   std::vector<double> off_dispatch_us, off_combine_us, on_dispatch_us, on_combine_us;
   std::int64_t out_rows = 0;  ///< rows of the dispatch output
+  std::int64_t pid = 0;       ///< the rank's process
+  std::string node;           ///< gethostname()
+  /// --diagnose: the timed loop's wait matrices as every rank's Diagnose exchange gave them
+  /// ([WaitOp][src * P + dst] µs per call; [WaitOp][dst] calls), and the seconds covered.
+  bool diagnosed = false;
+  std::array<std::vector<double>, kNumWaitOps> diagnose_us;
+  std::array<std::vector<std::uint64_t>, kNumWaitOps> diagnose_calls;
+  double diagnose_seconds = 0;
   bool hashed = false;        ///< hashes computed (--baseline mpi, bf16)
   std::uint64_t dispatch_hash = 0, combine_hash = 0;
 };

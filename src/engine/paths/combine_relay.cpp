@@ -54,13 +54,18 @@ class Relay final : public CombinePath {
     forward_replies(m, *s.h);
     {  // My server's ranks answer directly; each other server's answers come from its relay.
       Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
-      for (int d : m.server_members)
+      Impl::WaitClock::time_point since = Impl::WaitClock::now();
+      for (int d : m.server_members) {
         for (int w = 0; w < m.W; ++w) m.transport.wait_signal(m.geo.combine_signal(d, w), m.epoch, {"combine data", d});
+        since = m.lap_wait(0, d, since);
+      }
       const int my_server = m.topology.ranks[static_cast<std::size_t>(m.rank)].server;
       for (int d = 0; d < m.P; ++d) {
         const int relay = relay_rank(m.topology, m.rank, d);
-        if (m.topology.ranks[static_cast<std::size_t>(d)].server != my_server && relay == d)
+        if (m.topology.ranks[static_cast<std::size_t>(d)].server != my_server && relay == d) {
           m.transport.wait_signal(m.geo.forward_signal(relay), m.epoch, {"combine data (relayed)", relay});
+          since = m.lap_wait(0, relay, since);
+        }
       }
     }
     m.reduce(*s.h, *s.a, nullptr, *s.out);

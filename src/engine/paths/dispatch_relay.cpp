@@ -114,7 +114,9 @@ void forward_relayed(Impl& m, const HandleState& h, bool with_meta, std::size_t 
       const int s = sources[k];
       {
         Impl::PhaseTimer timer(m, w, Phase::kWaitData);
+        const Impl::WaitClock::time_point since = Impl::WaitClock::now();
         for (int sw = 0; sw < m.W; ++sw) m.transport.wait_signal(m.geo.dispatch_signal(s, sw), m.epoch, {"dispatch relay", s});
+        m.lap_wait(w, s, since);
       }
       Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
       auto put = [&](int d, std::size_t offset, const std::byte* from, std::size_t bytes) {
@@ -211,12 +213,15 @@ class Relay final : public DispatchPath {
     forward_relayed(m, *s.h, s.fresh, s.row_bytes, s.scale_bytes);
     // Same server: the source's own signals; other servers: the relay's, one per source.
     Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
-    for (int src = 0; src < m.P; ++src) {
+    Impl::WaitClock::time_point since = Impl::WaitClock::now();
+    for (int i = 0; i < m.P; ++i) {
+      const int src = m.wait_source(i);
       if (!crosses(m, src)) {
         for (int w = 0; w < m.W; ++w) m.transport.wait_signal(m.geo.dispatch_signal(src, w), m.epoch, {"dispatch data", src});
       } else {
         m.transport.wait_signal(m.geo.forward_signal(src), m.epoch, {"dispatch data (relayed)", relay_rank(m.topology, src, m.rank)});
       }
+      since = m.lap_wait(0, src, since);
     }
   }
 

@@ -12,13 +12,31 @@
 namespace epx::detail {
 namespace {
 
+// One worker's wait for its rows, per source (PeerWaits): the time until each stretch of a
+// source's rows was unpacked is that source's.
+struct SourceLaps {
+  Buffer::Impl& m;
+  int worker;
+  int source = -1;
+  Buffer::Impl::WaitClock::time_point since = Buffer::Impl::WaitClock::now();
+  void at(int s) {
+    if (s == source) return;
+    if (source >= 0) since = m.lap_wait(worker, source, since);
+    source = s;
+  }
+  ~SourceLaps() { at(-1); }
+};
+
 // Waits for every block of rows [r0, r1) of `region` (rows from `source_of`) and unpacks
-// them into the region (a flagged meta/data/scales/reply row becomes a plain one).
-void receive_flagged(Buffer::Impl& m, Region region, std::int64_t r0, std::int64_t r1, std::size_t row_bytes,
-                     const std::int32_t* source_of, const char* phase) {
+// them into the region (a flagged meta/data/scales/reply row becomes a plain one). The rows
+// go from `first` on (r0 <= first <= r1), then from r0: this call's first source first.
+void receive_flagged(Buffer::Impl& m, Region region, std::int64_t r0, std::int64_t r1, std::int64_t first,
+                     std::size_t row_bytes, const std::int32_t* source_of, const char* phase, SourceLaps& laps) {
   const bool copy = m.moves_payload || region == Region::kMeta;
   std::byte* window_base = m.transport.window();
-  for (std::int64_t r = r0; r < r1; ++r) {
+  for (std::int64_t i = 0; i < r1 - r0; ++i) {
+    const std::int64_t r = first + i < r1 ? first + i : first + i - (r1 - r0);
+    laps.at(source_of[r]);
     std::byte* to = window_base + m.geo.row(region, r, row_bytes);
     std::size_t block = m.geo.flag_block(region, r);
     for (std::size_t done = 0; done < row_bytes; done += kFlagPayload, block += kFlagBlock) {
@@ -63,11 +81,14 @@ class Flag final : public CompletionProtocol {
     std::vector<std::int32_t> source_of(static_cast<std::size_t>(n));
     for (int s = 0; s < m.P; ++s)
       std::fill(source_of.begin() + begin[static_cast<std::size_t>(s)], source_of.begin() + begin[static_cast<std::size_t>(s) + 1], s);
+    const std::int64_t first_row = begin[static_cast<std::size_t>(m.wait_source(0))];
     m.run_workers([&](int w) {
       Buffer::Impl::PhaseTimer timer(m, w, Phase::kWaitData);
       const auto [r0, r1] = split_range(n, w, m.W);
+      const std::int64_t first = std::clamp(first_row, r0, r1);
+      SourceLaps laps{m, w};
       for (const Buffer::Impl::RowGroup& g : groups)
-        if (g.row_bytes > 0) receive_flagged(m, g.region, r0, r1, g.row_bytes, source_of.data(), phase);
+        if (g.row_bytes > 0) receive_flagged(m, g.region, r0, r1, first, g.row_bytes, source_of.data(), phase, laps);
     });
   }
 };

@@ -69,7 +69,16 @@ const char* bench_definitions() {
   counters     epx's per-worker counters are on for the timed loop (--no-counters: off).
                --counters-overhead N: N iterations with the other setting (fresh Buffer, same
                iteration structure incl. memcpy) before and N after the timed loop; ratio =
-               median max-rank latency with counters on / off.
+               median max-rank latency with counters on / off. --overhead-of waits: the
+               always-on waits per peer (what --diagnose reads) on / off, a waits-off
+               Buffer interleaved with the timed one (one iteration next to each, after
+               and before in turn).
+  diagnose     --diagnose: matrix[src][dst] = us per call that rank dst waited for rank
+               src's header and rows in the timed loop (epx::Diagnose over the Buffer's
+               PeerWaits, exchanged on an endpoint of its own); abnormal rows (slow
+               sources) and columns (slow destinations) at 3x the mean of the row / column
+               means, points (slow links) at 5x the matrix mean (DeepEP's rule,
+               docs/diagnose.md). JSON: "diagnose"; every rank's pid and node: "ranks".
   span, skew   per iteration, first rank's call start to last rank's call end, and the spread
                of the call starts (how well the barrier aligned the ranks).
   slowest rank the rank with the highest avg latency (per op; for the route histogram: of
@@ -156,8 +165,14 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--transport", o.transport, "shm (ranks are processes) | threads | shmem (one rank per process started by oshrun/mpirun)")->capture_default_str();
   sub->add_option("--timeout-ms", o.timeout_ms, "a rank that waits longer than this fails")->capture_default_str();
   sub->add_flag("!--no-counters", o.counters, "time with epx's per-worker counters off (no phases, no put counts)");
+  sub->add_flag("--diagnose", o.diagnose,
+                "the timed loop's wait matrices per op (rank src x rank dst, epx::Diagnose) and their verdict: slow ranks and links");
   sub->add_option("--counters-overhead", o.overhead_iters,
                   "counters off-vs-on ratio: N iterations with the other counters setting before and N after the timed loop (0 = skip)")
+      ->capture_default_str();
+  sub->add_option("--overhead-of", o.overhead_of,
+                  "what --counters-overhead compares: counters (collect_stats) | waits (the always-on waits per peer, "
+                  "BufferConfig::record_waits)")
       ->capture_default_str();
   sub->add_flag("!--no-progress", o.progress, "no progress line on stderr");
   sub->add_option("--baseline", o.baseline,

@@ -121,6 +121,42 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
   return j;
 }
 
+// [{"rank", "pid", "node"}] of every rank.
+ordered_json ranks_json(const BenchReport& r) {
+  ordered_json list = ordered_json::array();
+  for (int i = 0; i < r.ranks; ++i) {
+    const bool known = static_cast<std::size_t>(i) < r.rank_info.size();
+    list.push_back({{"rank", i}, {"pid", known ? r.rank_info[static_cast<std::size_t>(i)].pid : 0},
+                    {"node", known ? r.rank_info[static_cast<std::size_t>(i)].node : ""}});
+  }
+  return list;
+}
+
+// --diagnose: per op the [src][dst] matrix (µs per call), the verdict and its thresholds.
+ordered_json diagnose_json(const DiagnoseReport& d) {
+  ordered_json j;
+  const std::size_t P = d.ranks.size();
+  for (int op = 0; op < kNumWaitOps; ++op) {
+    const DiagnoseOp& o = d.ops[static_cast<std::size_t>(op)];
+    ordered_json m = ordered_json::array();
+    for (std::size_t s = 0; s < P; ++s)
+      m.push_back(std::vector<double>(o.matrix_us.begin() + static_cast<std::ptrdiff_t>(s * P),
+                                      o.matrix_us.begin() + static_cast<std::ptrdiff_t>((s + 1) * P)));
+    ordered_json points = ordered_json::array();
+    for (const AbnormalPoint& p : o.verdict.points) points.push_back({p.src, p.dst, p.value_us, p.ratio});
+    j[to_string(static_cast<WaitOp>(op))] = {
+        {"matrix_us", m},
+        {"abnormal_rows", o.verdict.rows},
+        {"abnormal_cols", o.verdict.cols},
+        {"abnormal_points", points},
+        {"thresholds", {{"row", d.thresholds.row}, {"col", d.thresholds.col}, {"point", d.thresholds.point},
+                        {"links", d.thresholds.links}}},
+        {"calls_per_rank", o.calls}};
+  }
+  j["seconds"] = d.seconds;
+  return j;
+}
+
 }  // namespace
 
 ordered_json bench_config_json(const BenchReport& r) {
@@ -128,7 +164,8 @@ ordered_json bench_config_json(const BenchReport& r) {
   const RouteCount& rc = r.count;
   ordered_json j;
   j["tool"] = "epx bench";
-  j["ranks"] = r.ranks;
+  j["num_ranks"] = r.ranks;
+  j["ranks"] = ranks_json(r);
   j["tokens"] = r.max_tokens;
   j["tokens_per_rank"] = rc.tokens;
   j["hidden"] = r.hidden;
@@ -148,6 +185,7 @@ ordered_json bench_config_json(const BenchReport& r) {
   j["warmup"] = o.warmup;
   j["iters"] = o.iters;
   j["counters"] = o.counters;
+  j["counters_overhead_of"] = o.overhead_of;  // what counters_overhead's on/off compares: counters | waits
   j["routing"] = {{"source", r.source}, {"dir", o.routing}, {"skew", o.skew}, {"seed", o.seed}};
   j["dataplane"] = dataplane_json(o.dataplane);
   return j;
@@ -196,6 +234,7 @@ ordered_json bench_json(const BenchReport& r) {
         std::vector<std::int64_t>(rc.expert_rows.begin() + s * L, rc.expert_rows.begin() + (s + 1) * L);
   }
   j["route"] = route;
+  if (r.diagnose.exchanges > 0) j["diagnose"] = diagnose_json(r.diagnose);
 
   if (r.dispatch.counters || r.combine.counters) {
     ordered_json wc;

@@ -100,10 +100,12 @@ void print_op_counters(std::FILE* f, const BenchReport& rep, const OpReport& op,
     std::fprintf(f, "  %-28s (counters off: --no-counters)\n", "puts");
   }
   if (!op.overhead) return;
+  const std::string& of = rep.options.overhead_of;
   std::fprintf(f, "  %-28s on/off = %.3f  (median max-rank latency %s us on, %zu iters; %s us off, %zu iters)\n",
-               "counters overhead", op.counters_ratio, format_us(op.on.p50).c_str(), op.on.n, format_us(op.off.p50).c_str(), op.off.n);
-  std::fprintf(f, "  %-28s counters %s: %s us before the timed loop, %s us after: drift %.1f%%%s\n", "", rep.options.counters ? "off" : "on",
-               format_us(op.compare_before.p50).c_str(), format_us(op.compare_after.p50).c_str(), 100 * op.drift,
+               (of + " overhead").c_str(), op.counters_ratio, format_us(op.on.p50).c_str(), op.on.n, format_us(op.off.p50).c_str(), op.off.n);
+  std::fprintf(f, "  %-28s %s %s: %s us %s, %s us %s: drift %.1f%%%s\n", "", of.c_str(), rep.options.overhead_main_on() ? "off" : "on",
+               format_us(op.compare_before.p50).c_str(), of == "waits" ? "in the first half (interleaved)" : "before the timed loop",
+               format_us(op.compare_after.p50).c_str(), of == "waits" ? "in the second" : "after", 100 * op.drift,
                std::fabs(op.counters_ratio - 1) <= op.drift ? " >= |on/off - 1|: the difference is within this machine's noise" : "");
 }
 
@@ -289,6 +291,7 @@ void print_summary(std::FILE* f, const BenchReport& r) {
     std::fprintf(f, "  payload check: epx's byte counters >= the independent count of the routing on every rank (%s)\n",
                  r.options.dataplane.protocol == Protocol::kFlag ? "flag blocks carry flags and padding" : "relays forward rows once more");
   for (const std::string& w : r.warnings) std::fprintf(f, "  WARNING: %s\n", w.c_str());
+  if (r.diagnose.exchanges > 0) std::fprintf(f, "\nDIAGNOSE (the timed loop; epx::Diagnose)\n%s", format_report(r.diagnose).c_str());
 }
 
 }  // namespace

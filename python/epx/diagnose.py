@@ -1,0 +1,166 @@
+"""epx.Diagnose: which rank or link is slow, in a running job (DeepEP's Diagnose).
+
+    diag = epx.Diagnose(buffer, interval=10)   # collective; or epx.Diagnose(group) + diag.watch(buffer)
+    diag.start()                               # an exchange of the waits every `interval` s, in the background
+    ...                                        # dispatch / combine as usual
+    diag.stop()                                # collective: one last exchange, the thread ends
+    diag.matrices()   # {"dispatch": [P, P] numpy array, "combine": ...}: matrix[src, dst], µs per call
+    diag.diagnose()   # {"dispatch": {"abnormal_rows": [...], "abnormal_cols": [...],
+                      #               "abnormal_points": [[src, dst, value, ratio], ...]}, "combine": {...}}
+
+matrix[src, dst] is the average time per call, in microseconds, that rank dst waited for rank
+src's header and rows during the last interval (every Buffer records it, always on). Rows
+are sources (the ranks waited for), columns destinations (the ranks that waited). The
+verdict is DeepEP's rule: a row (slow source) or column (slow destination) whose mean is
+more than `thresholds["row"]` / `["col"]` (3) times the mean of the row / column means, a
+point (slow link) more than `thresholds["point"]` (5) times the matrix mean, points in an
+abnormal row or column not listed again — except that a point which alone makes its row
+and its column abnormal is listed as the point (`thresholds["links"]`, default True; False:
+DeepEP's verdict exactly). Every rank holds the same matrices and verdicts.
+
+With `log_dir` (default: $EPX_DIAGNOSE_LOG_PATH, else no log), rank 0 appends each exchange's
+verdicts and matrices to log_dir/diagnose.log, rotated at `log_max_bytes` (.log.1, .log.2).
+$EPX_DIAGNOSE_INTERVAL overrides `interval`, as DeepEP's DEEPEP_DIAGNOSE_INTERVAL does.
+The exchange runs on a window of its own (never the buffer's); see docs/diagnose.md.
+"""
+import os
+import weakref
+
+import numpy as np
+
+from . import _epx
+from .errors import Error
+from .group import transport_of
+
+_OPS = ("dispatch", "combine")
+_DEFAULT_THRESHOLDS = {"row": 3.0, "col": 3.0, "point": 5.0, "links": True}
+
+
+def _thresholds(thresholds):
+    t = dict(_DEFAULT_THRESHOLDS)
+    for k, v in (thresholds or {}).items():
+        if k not in t:
+            raise Error(f"Diagnose: unknown threshold {k!r} (expected row, col, point, links)", "invalid_argument")
+        t[k] = bool(v) if k == "links" else float(v)
+    return t
+
+
+class Diagnose:
+    """Diagnose(buffer_or_group=None, interval=10, *, thresholds=None, log_dir=None,
+             log_max_bytes=64 MiB, log_backups=2, transport="auto", timeout_secs=300)
+
+    Collective. `buffer_or_group`: an EPBuffer (its waits are watched), or a
+    torch.distributed group (None: the default group; watch(buffer) adds the buffers to
+    watch). Either way the exchange runs on an endpoint of its own of the group's transport
+    (`transport` and `timeout_secs` pick that transport for a group, as EPBuffer's do).
+    `interval`: seconds between background exchanges. `thresholds`: {"row", "col",
+    "point"}, DeepEP's 3, 3, 5 by default."""
+
+    def __init__(self, buffer_or_group=None, interval=10, *, thresholds=None, log_dir=None,
+                 log_max_bytes=64 << 20, log_backups=2, transport="auto", timeout_secs=300):
+        from .buffer import EPBuffer
+        interval = float(os.environ.get("EPX_DIAGNOSE_INTERVAL", interval))
+        if log_dir is None:
+            log_dir = os.environ.get("EPX_DIAGNOSE_LOG_PATH", "")
+        self.thresholds = _thresholds(thresholds)
+        self.interval = interval
+        t = self.thresholds
+        opts = (interval, t["row"], t["col"], t["point"], t["links"], str(log_dir), int(log_max_bytes), int(log_backups))
+        self._d = None
+        buf = buffer_or_group if isinstance(buffer_or_group, EPBuffer) else None
+        if buf is not None:  # the group's transport, as the buffer's engines use it
+            transport, timeout_secs = buf._opts[0], buf.num_cpu_timeout_secs
+        t = transport_of(buf.group if buf is not None else buffer_or_group, transport, timeout_secs)
+        self._d = _epx.Diagnose.over_transport(t, *opts)
+        self.rank, self.group_size = t.rank, t.num_ranks
+        if buf is not None:
+            self.watch(buf)
+
+    # -- life cycle ---------------------------------------------------------------------
+    def watch(self, buffer):
+        """Local: adds an EPBuffer's waits (of the same ranks) from now on — every engine it
+        holds (one per expert count) and those it builds later. Every rank should watch the
+        same buffers."""
+        d = self._live()
+        for engine in buffer._engines.values():
+            d.watch(engine)
+        buffer.__dict__.setdefault("_engine_watchers", []).append(weakref.WeakMethod(self._watch_engine))
+
+    def _watch_engine(self, engine):
+        if self._d is not None and not self._d.closed:
+            self._d.watch(engine)
+
+    def start(self):
+        """Collective: the background exchange, every `interval` seconds. Once."""
+        self._live().start()
+        return self
+
+    def stop(self):
+        """Collective, idempotent: the background exchange's last round, then its thread ends."""
+        if self._d is not None and not self._d.closed:
+            self._d.stop()
+
+    def exchange(self):
+        """Collective: one exchange now (not while started); returns diagnose()."""
+        self._live().exchange()
+        return self.diagnose()
+
+    def close(self):
+        """Collective: stop(), then the exchange's window goes. Idempotent."""
+        if self._d is not None and not self._d.closed:
+            self._d.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # -- results ------------------------------------------------------------------------
+    def report(self):
+        """The latest exchange as a dict: "exchanges", "seconds", "error", "ranks" ([{rank,
+        pid, node}]), "thresholds", "text" (the log's text) and per op ("dispatch", "combine")
+        matrix_us ([P, P] numpy), calls ([P]: calls each rank made in the interval),
+        abnormal_rows, abnormal_cols, abnormal_points, point_nodes ([[src node, dst node]])."""
+        r = self._live().report()
+        P = len(r["ranks"])
+        for op in _OPS:
+            r[op]["matrix_us"] = np.asarray(r[op]["matrix_us"], dtype=np.float64).reshape(P, P)
+            r[op]["abnormal_points"] = [list(p) for p in r[op]["abnormal_points"]]
+            r[op]["point_nodes"] = [list(p) for p in r[op]["point_nodes"]]
+        return r
+
+    def matrices(self):
+        """{"dispatch": [P, P], "combine": [P, P]}: µs per call, matrix[src, dst], of the last interval."""
+        r = self.report()
+        return {op: r[op]["matrix_us"] for op in _OPS}
+
+    def diagnose(self):
+        """{"dispatch": {...}, "combine": {...}}, each {"abnormal_rows", "abnormal_cols",
+        "abnormal_points": [[src, dst, value, ratio], ...]} for the last interval."""
+        r = self.report()
+        return {op: {k: r[op][k] for k in ("abnormal_rows", "abnormal_cols", "abnormal_points")} for op in _OPS}
+
+    def ranks(self):
+        """[{"rank", "pid", "node"}] of every rank."""
+        return self.report()["ranks"]
+
+    @staticmethod
+    def diagnose_matrix(mat, thres_col=3.0, thres_row=3.0, thres_point=5.0, links=True):
+        """DeepEP's rule on any square matrix (the same C++ code as the exchange's verdicts):
+        {"abnormal_cols", "abnormal_rows", "abnormal_points": [[i, j, value, ratio], ...]}.
+        links=False: DeepEP's verdict exactly (a point that alone makes its row and column
+        abnormal is reported as that row and column, not as the point)."""
+        m = np.asarray(mat, dtype=np.float64)
+        if m.ndim != 2 or m.shape[0] != m.shape[1]:
+            raise Error(f"Diagnose.diagnose_matrix: expected a square matrix, got shape {m.shape}", "shape_mismatch")
+        v = _epx.diagnose_matrix(m.ravel().tolist(), m.shape[0], float(thres_row), float(thres_col), float(thres_point),
+                                 bool(links))
+        return {"abnormal_cols": v["abnormal_cols"], "abnormal_rows": v["abnormal_rows"],
+                "abnormal_points": [list(p) for p in v["abnormal_points"]]}
+
+    def _live(self):
+        if self._d is None or self._d.closed:
+            raise Error("Diagnose: closed", "invalid_argument")
+        return self._d

@@ -1,0 +1,84 @@
+"""epx.Diagnose: DeepEP's verdict rule on its own docstring's matrices, and over real calls
+on 4 ranks — a rank that is late to every dispatch (it sleeps first) is the slow source on
+every rank, over a group with watch() and over an EPBuffer whose engine its first dispatch
+builds; start()/stop(), the log."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+import epx
+from epx_cases import inputs, make_case
+
+P = 4
+
+
+def test_diagnose_matrix_deepep_examples():
+    base = np.array([[16, 13, 10, 17, 18, 18, 19, 12], [10, 19, 11, 18, 16, 16, 16, 13], [18, 18, 12, 10, 18, 19, 18, 15],
+                     [13, 18, 16, 12, 12, 11, 18, 18], [14, 20, 10, 14, 14, 16, 18, 16], [20, 20, 15, 14, 19, 13, 15, 18],
+                     [18, 17, 19, 17, 10, 17, 17, 19], [15, 17, 20, 18, 13, 13, 15, 14]], dtype=float)
+    col = base.copy()
+    col[:, 3] += 100
+    row = base.copy()
+    row[6, :] += 120
+    point = base.copy()
+    point[3, 4] = 125
+    assert epx.Diagnose.diagnose_matrix(col) == {"abnormal_cols": [3], "abnormal_rows": [], "abnormal_points": []}
+    assert epx.Diagnose.diagnose_matrix(row) == {"abnormal_cols": [], "abnormal_rows": [6], "abnormal_points": []}
+    v = epx.Diagnose.diagnose_matrix(point)
+    assert v["abnormal_rows"] == [] and v["abnormal_cols"] == []
+    assert [p[:3] for p in v["abnormal_points"]] == [[3, 4, 125.0]]
+    assert v["abnormal_points"][0][3] == pytest.approx(125 / point.mean())
+    assert epx.Diagnose.diagnose_matrix(point, thres_point=8.0)["abnormal_points"] == []
+    with pytest.raises(epx.Error):
+        epx.Diagnose.diagnose_matrix(np.zeros((3, 4)))
+
+
+def _calls(buf, case, rank, n, late=-1, delay=0.0):
+    x, idx, w = inputs(case, rank, "torch")
+    for _ in range(n):
+        if rank == late:
+            time.sleep(delay)
+        recv_x, _, _, handle, _ = buf.dispatch(x, idx, w, num_experts=8)
+        buf.combine(recv_x, handle)
+
+
+def _late_rank(rank, num_ranks, log_dir):
+    case = make_case(P, 8, 2, 128, [16] * P, seed=11)
+    out = {}
+    with epx.EPBuffer(None, num_max_tokens_per_rank=16, hidden=128, num_topk=2, num_experts=8) as buf:
+        _calls(buf, case, rank, 2)
+        # Over the group (an endpoint of its transport), the buffer watched.
+        with epx.Diagnose(None, interval=10) as diag:
+            diag.watch(buf)
+            _calls(buf, case, rank, 10, late=1, delay=0.025)
+            out["group"] = diag.exchange()
+            out["shape"] = diag.matrices()["combine"].shape
+    # Over a buffer whose engine is built by its first dispatch (after the Diagnose).
+    with epx.EPBuffer(None, num_max_tokens_per_rank=16, hidden=128, num_topk=2) as buf:
+        with epx.Diagnose(buf, interval=10, log_dir=log_dir) as diag:  # stop() makes the one exchange
+            diag.start()
+            _calls(buf, case, rank, 20, late=2, delay=0.025)
+            diag.stop()
+            out["buffer"] = diag.diagnose()
+            rep = diag.report()
+            out["matrix"] = rep["dispatch"]["matrix_us"]
+            out["exchanges"] = rep["exchanges"]
+            out["ranks"] = diag.ranks()
+    out["pid"] = os.getpid()
+    return out
+
+
+def test_late_rank_is_the_slow_source(tmp_path):
+    got = epx.launch(_late_rank, P, str(tmp_path), start_method="fork", timeout_secs=120)
+    for r, g in enumerate(got):
+        assert g["buffer"]["dispatch"]["abnormal_rows"] == [2], (r, g["buffer"], g["matrix"])
+        assert g["buffer"]["dispatch"]["abnormal_cols"] == [] and g["buffer"]["dispatch"]["abnormal_points"] == []
+        assert g["group"]["dispatch"]["abnormal_rows"] == [1], (r, g["group"])
+        assert g["shape"] == (P, P)
+        assert np.array_equal(g["matrix"], got[0]["matrix"]), r  # every rank holds the same matrix
+        assert g["exchanges"] == got[0]["exchanges"] >= 1
+        assert [x["pid"] for x in g["ranks"]] == [x["pid"] for x in got], r
+    assert (tmp_path / "diagnose.log").exists()
+    assert "slow sources (rows): 2" in (tmp_path / "diagnose.log").read_text()
