@@ -43,7 +43,9 @@ struct ShmemOptions {
 /// a Bootstrap whose rank/size are shmem_my_pe()/shmem_n_pes(). Before the first init it
 /// sets, where the launcher has not, what epx needs from Open MPI 4.1: the heap above and
 /// `osc ucx` (OMPI_MCA_osc; with the default osc every PE crashes in shmem_finalize), so a
-/// plain `oshrun -np N program` works (shmem_runtime_info() says what was set).
+/// plain `oshrun -np N program` works, and bigger UCX TCP segments (UCX_TCP_TX_SEG_SIZE=64K,
+/// UCX_TCP_RX_SEG_SIZE=512K: faster puts across machines over TCP); shmem_runtime_info()
+/// says what was set.
 /// allgather puts each rank's
 /// blob into a symmetric buffer on every PE, then shmem_barrier_all; barrier is
 /// shmem_barrier_all. Those two have no deadline of their own (setup traffic only; the

@@ -44,6 +44,8 @@ TEST(ShmemSettings, DefaultHeapIsTheNodesMemoryPerPeAndOscIsUcx) {
   EXPECT_EQ(s.heap_bytes, std::size_t{4} << 30);
   EXPECT_EQ(value_set(s, "SMA_SYMMETRIC_SIZE"), "4096M");
   EXPECT_EQ(value_set(s, "OMPI_MCA_osc"), "ucx");
+  EXPECT_EQ(value_set(s, "UCX_TCP_TX_SEG_SIZE"), "64K");
+  EXPECT_EQ(value_set(s, "UCX_TCP_RX_SEG_SIZE"), "512K");
   EXPECT_NE(s.heap_from.find("epx default"), std::string::npos) << s.heap_from;
   // Never below Open MPI's own default; unknown memory keeps that default.
   EXPECT_EQ(decide_shmem_settings(0, env, kGiB / 2).heap_bytes, std::size_t{256} << 20);
@@ -54,6 +56,8 @@ TEST(ShmemSettings, TheLaunchersSettingsStay) {
   Env env;
   env.vars["SMA_SYMMETRIC_SIZE"] = "2G";
   env.vars["OMPI_MCA_osc"] = "pt2pt";
+  env.vars["UCX_TCP_TX_SEG_SIZE"] = "8K";
+  env.vars["UCX_TCP_RX_SEG_SIZE"] = "64K";
   const auto s = decide_shmem_settings(0, env, 64 * kGiB);
   EXPECT_TRUE(s.set.empty());
   EXPECT_EQ(s.heap_bytes, std::size_t{2} << 30);

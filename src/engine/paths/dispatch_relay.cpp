@@ -195,9 +195,12 @@ void send_rows(Impl& m, const DispatchStep& s) {
         channel_bytes[ud] = static_cast<std::uint64_t>(n) * (s.row_bytes + s.scale_bytes + m.geo.relay_record_bytes());
       }
     }
-    // visit_order holds my server's ranks and one relay per other server.
+    // visit_order holds my server's ranks and one relay per other server; the relays go
+    // first, so the rows crossing servers travel while the local ones are copied.
     Impl::Sender send(m, w, m.geo.dispatch_signal(m.rank, w), channel_bytes, m.visit_order);
-    for (int d : m.visit_order) {
+    std::vector<int> order = m.visit_order;
+    std::stable_partition(order.begin(), order.end(), [&](int d) { return crosses(m, d); });
+    for (int d : order) {
       const auto ud = static_cast<std::size_t>(d);
       if (crosses(m, d))
         put_relayed_rows(m, send, h, *s.a, d, t0, t1, s.expert_base,

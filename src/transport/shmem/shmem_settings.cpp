@@ -77,6 +77,12 @@ ShmemSettings decide_shmem_settings(std::size_t heap_option, const std::function
   }
   // Without osc ucx, Open MPI 4.1's liboshmem crashes every PE in shmem_finalize.
   if (env("OMPI_MCA_osc") == nullptr) s.set.emplace_back("OMPI_MCA_osc", "ucx");
+  // UCX's TCP transport with bigger segments than its defaults (8K to send, 64K to receive):
+  // epx's puts across machines are runs of whole rows (aggregate_bytes, 1 MiB); measured
+  // over the two-namespace veth, 16 MiB each way in 1 MiB puts: ~50-60 MB/s instead of
+  // ~25-35 (docs/transport.md). Only read where UCX runs over TCP.
+  for (const auto& [name, value] : {std::pair{"UCX_TCP_TX_SEG_SIZE", "64K"}, std::pair{"UCX_TCP_RX_SEG_SIZE", "512K"}})
+    if (env(name) == nullptr) s.set.emplace_back(name, value);
   return s;
 }
 

@@ -137,6 +137,7 @@ std::atomic<const ShmemTransport*> g_term_transport{nullptr};
 struct sigaction g_old_term {};
 
 constexpr std::size_t kPage = 4096;
+constexpr std::size_t kProgressEveryBytes = std::size_t{256} << 10;  // of copies to mapped peers, when some peer is not
 std::size_t round_page(std::size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
 }  // namespace
@@ -406,7 +407,18 @@ void ShmemTransport::count(int peer, std::size_t offset, std::size_t bytes) noex
 
 void ShmemTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int) {
   count(peer, offset, bytes);
-  if (std::byte* dst = peer_base_[static_cast<std::size_t>(peer)]) return bulk_copy(dst + offset, src, bytes);
+  if (std::byte* dst = peer_base_[static_cast<std::size_t>(peer)]) {
+    bulk_copy(dst + offset, src, bytes);
+    // Over UCX's TCP transport the network puts (this PE's in flight, and the other
+    // machines' into this one) move only while this PE progresses: now and then during a
+    // stretch of local copies too, not only in the waits.
+    thread_local std::size_t copied = 0;
+    if (!caps_.peer_memory_mapped && (copied += bytes) >= kProgressEveryBytes) {
+      copied = 0;
+      opal_progress();
+    }
+    return;
+  }
   outstanding_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
   shmem_putmem_nbi(base_ + offset, src, bytes, peer);
 }
