@@ -25,6 +25,7 @@
 #include <memory>
 #include <vector>
 
+#include "epx/buffer_base.hpp"
 #include "epx/config.hpp"
 #include "epx/plan.hpp"
 #include "epx/stats.hpp"
@@ -194,12 +195,15 @@ class PendingCombine {
   CombineResult outputs_;
 };
 
-class Buffer {
+/// The EP buffer (DeepEP's EPBuffer): a BufferBase of kind "ep" (epx/buffer_base.hpp: its own
+/// endpoint of the transport, so other buffers may share the group; destroy() collective and
+/// idempotent; every call after it throws kInvalidArgument; window_bytes()).
+class Buffer : public BufferBase {
  public:
   /// Collective: checks that every rank passes the same config and allocates the
-  /// symmetric window through `transport`, which must outlive the Buffer.
+  /// symmetric window on its own endpoint of `transport`, which must outlive the Buffer.
   Buffer(Transport& transport, const BufferConfig& config);
-  ~Buffer();
+  ~Buffer() override;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
@@ -231,14 +235,13 @@ class Buffer {
   const CallStats& last_stats() const noexcept;
 
   const BufferConfig& config() const noexcept;
-  int rank() const noexcept;
-  int num_ranks() const noexcept;
 
   /// The engine's state: an opaque type, defined only inside the library (src/engine), where
   /// the data-path units (src/engine/paths) work on it.
   struct Impl;
 
  private:
+  void on_destroy() noexcept override;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -35,6 +35,10 @@ struct PlannedTensor {
   std::size_t nbytes = 0;  ///< shape.numel() * dtype_size(dtype)
 };
 
+/// "grads:[1048576]:float32@0": one entry as BufferAllocator::describe() and the plan
+/// agreement show it.
+std::string to_string(const PlannedTensor& t);
+
 /// A writable view of a tensor inside a buffer's window (valid until the buffer's destroy()).
 struct MutableView {
   void* data = nullptr;

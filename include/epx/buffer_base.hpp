@@ -50,6 +50,15 @@ struct CallProblem {
   std::string message;  ///< names the argument and what was expected, without the "rank r: " prefix
 };
 
+namespace detail {
+/// What a rank says in one agreement round (src/buffers/buffer_base.cpp).
+struct RoundMessage {
+  std::int32_t code = -1;  // -1: no problem, else an ErrorCode
+  std::uint32_t flags = 0;
+  std::string text;
+};
+}  // namespace detail
+
 class BufferBase {
  public:
   BufferBase(const BufferBase&) = delete;
@@ -68,6 +77,9 @@ class BufferBase {
   int num_ranks() const noexcept { return num_ranks_; }
   /// Bytes of this rank's window (the kind's bytes and the base's agreement area), 0 after destroy().
   std::size_t window_bytes() const noexcept;
+  /// This buffer's endpoint of the transport it was built on (what its calls run on: e.g.
+  /// peer_window() tells whether peers' windows are mapped here). Throws after destroy().
+  const Transport& transport() const;
 
  protected:
   /// Collective: opens this buffer's endpoint on `transport` (which must outlive the buffer)
@@ -93,6 +105,8 @@ class BufferBase {
   /// The endpoint, for the kind's puts, signals and waits. Throws kInvalidArgument
   /// "rank r: <kind>.<call>: the buffer was destroyed" after destroy().
   Transport& endpoint(const char* call);
+  /// Throws as endpoint() does after destroy(); a kind's entry points call it first.
+  void require_alive(const char* call) const;
   /// This rank's window (the kind's bytes at offset 0); nullptr after destroy().
   std::byte* window() noexcept;
 
@@ -113,17 +127,21 @@ class BufferBase {
   /// Called by destroy() before the window goes: a kind releases what lies in it.
   virtual void on_destroy() noexcept {}
 
+  /// The endpoint as a shared reference, for what must keep its window mapped after
+  /// destroy() (the EP buffer's one-copy outputs). Null after destroy().
+  std::shared_ptr<Transport> endpoint_ref() const noexcept;
+
  private:
-  void release() noexcept;
+  /// One agreement round over the base's area: every rank's message, by rank.
+  std::vector<detail::RoundMessage> round(const detail::RoundMessage& mine, const char* phase);
 
   Transport* transport_;
-  std::unique_ptr<Transport> own_;  // the endpoint (null: the transport itself is used)
-  Transport* endpoint_;
+  std::shared_ptr<Transport> endpoint_;  // own (open_endpoint), or the transport itself, not owned
   const char* kind_;
   int rank_;
   int num_ranks_;
-  std::size_t user_bytes_ = 0;      // the kind's bytes
-  std::size_t user_signals_ = 0;    // the kind's signal slots
+  std::size_t user_bytes_ = 0;    // the kind's bytes
+  std::size_t user_signals_ = 0;  // the kind's signal slots
   std::uint64_t agree_epoch_ = 0;
   bool destroyed_ = false;
 };

@@ -68,7 +68,7 @@ struct ShmemPeerInfo {
   int peer = -1;
   int node = -1;                ///< the peer's node (discover_nodes numbering)
   bool mapped = false;          ///< shmem_ptr gave a pointer: puts are plain copies
-  std::uint64_t puts = 0;       ///< put / put_flagged calls to this peer since allocate()
+  std::uint64_t puts = 0;       ///< put / put_flagged calls to this peer since the transport was made (its endpoints' included)
   std::uint64_t put_bytes = 0;  ///< their bytes (flag words and signals not counted)
   /// Of put_bytes, those into the window's payload region (rows; spi::PayloadRegionListener, told by the engine),
   /// the rest being headers and metadata.
@@ -76,7 +76,8 @@ struct ShmemPeerInfo {
 };
 
 /// Per peer (index = peer rank) of a transport made by connect(kShmem); throws
-/// kInvalidArgument for any other transport. Counters are since the last allocate().
+/// kInvalidArgument for any other transport. Counters run from the transport's making and
+/// include every endpoint's (every buffer's) puts: take differences around what you measure.
 std::vector<ShmemPeerInfo> shmem_peer_info(const Transport& transport);
 
 }  // namespace epx

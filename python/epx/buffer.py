@@ -15,7 +15,7 @@ import numpy as np
 from . import _convert as cv
 from . import _epx
 from .errors import Error
-from .group import bootstrap_of
+from .group import bootstrap_of, transport_of
 
 _ALIGN = 2 << 20
 
@@ -109,10 +109,10 @@ class EPBuffer:
         if use_fp8_dispatch and hidden % 128 != 0:
             raise Error(f"EPBuffer: use_fp8_dispatch needs hidden % 128 == 0, got hidden = {hidden}",
                         "shape_mismatch")
-        rank, size, allgather = bootstrap_of(group)
+        rank, size, _ = bootstrap_of(group, need_allgather=False)
         self._b = None
         self.explicitly_destroy = explicitly_destroy
-        self._b = _epx.Buffer(rank, size, allgather, transport, float(num_cpu_timeout_secs), num_experts, hidden,
+        self._b = _epx.Buffer(transport_of(group, transport, num_cpu_timeout_secs), num_experts, hidden,
                               num_topk, num_max_tokens_per_rank, max_recv_rows, num_workers)
         self.rank, self.group_size = rank, size
         self.num_max_tokens_per_rank, self.hidden, self.num_topk, self.num_experts = (

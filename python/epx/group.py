@@ -1,5 +1,7 @@
-"""Groups: the bootstrap of an EPBuffer from a torch.distributed ProcessGroup, and
-epx.launch, which starts the ranks itself."""
+"""Groups: the bootstrap of a buffer from a torch.distributed ProcessGroup, the group's
+transport that every buffer of the group shares, and epx.launch, which starts the ranks
+itself."""
+import atexit
 import datetime
 import os
 import queue
@@ -37,6 +39,31 @@ def bootstrap_of(group, need_allgather=True):
         return b"".join(p.numpy().tobytes() for p in parts)
 
     return rank, size, allgather
+
+
+# (id(group), transport kind, timeout) -> (group, _epx.Transport). The group object is kept
+# so that its id is not reused while the entry lives.
+_transports = {}
+atexit.register(_transports.clear)  # before the interpreter's teardown, with the GIL and torch alive
+
+
+def transport_of(group=None, transport="auto", timeout_secs=300):
+    """The epx transport of `group` (None: the default group) in this process: made on the
+    first call for that group, kind ("auto" = shared memory when every rank is on this
+    machine) and timeout — collectively, so every rank of the group must make the same
+    calls in the same order, as it does when it builds the same buffers — and shared by
+    every buffer of the group afterwards (EPBuffer, BucketBuffer, ...), each on its own
+    endpoint: an application may hold several buffers of several kinds on one group."""
+    rank, size, allgather = bootstrap_of(group)
+    from . import _epx
+    g = group if group is not None else _dist().group.WORLD
+    key = (id(g), str(transport), float(timeout_secs))
+    hit = _transports.get(key)
+    if hit is not None and hit[0] is g:
+        return hit[1]
+    t = _epx.Transport(rank, size, allgather, str(transport), float(timeout_secs))
+    _transports[key] = (g, t)
+    return t
 
 
 def _rank_main(fn, rank, num_ranks, store_path, args, results, timeout_secs):

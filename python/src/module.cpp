@@ -35,37 +35,11 @@
 #include "epx/launch.hpp"
 #include "epx/sim/launch.hpp"
 #include "epx/lb.hpp"
+#include "group_transport.hpp"
 #include "tensors.hpp"
 
 namespace epx::py {
 namespace {
-
-std::thread::id g_main_thread;
-
-/// A Ctrl-C seen while this buffer's call waited: the Python exception to raise.
-struct Interrupt {
-  std::atomic<bool> requested{false};
-  std::mutex mutex;
-  std::optional<pyb::error_already_set> exception;
-
-  /// With the GIL held: runs Python's signal handlers; true if one raised.
-  bool check_signals() {
-    if (PyErr_CheckSignals() == 0) return false;
-    std::lock_guard<std::mutex> lock(mutex);
-    exception.emplace();  // fetches (and clears) the handler's exception
-    requested = true;
-    return true;
-  }
-  /// Raises the handler's exception if there was one (GIL held).
-  void rethrow_if_interrupted() {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (exception) {
-      pyb::error_already_set e = std::move(*exception);
-      exception.reset();
-      throw e;
-    }
-  }
-};
 
 /// Everything a call's inputs need to stay alive while it runs.
 struct Keep {
@@ -209,40 +183,13 @@ class Pending {
   std::int64_t hidden_;
 };
 
-/// The transport (from a bootstrap over a Python all-gather) and the Buffer on it.
+/// The EP Buffer on its own endpoint of the group's transport (PyTransport).
 class PyBuffer {
  public:
-  PyBuffer(int rank, int size, pyb::function allgather, const std::string& kind, double timeout_s,
-           const BufferConfig& config)
-      : interrupt_(std::make_shared<Interrupt>()) {
-    auto fn = [allgather](const void* in, void* outp, std::size_t bytes) {
-      pyb::gil_scoped_acquire gil;
-      try {
-        pyb::bytes r = allgather(pyb::bytes(static_cast<const char*>(in), bytes));
-        const std::string s = r;
-        if (s.size() % bytes != 0 || s.empty())
-          throw Error(ErrorCode::kInternal, "bootstrap all-gather returned " + std::to_string(s.size()) + " bytes");
-        std::memcpy(outp, s.data(), s.size());
-      } catch (pyb::error_already_set& e) {
-        throw Error(ErrorCode::kPeerFailed, std::string("bootstrap all-gather (torch.distributed) failed: ") + e.what());
-      }
-    };
-    bootstrap_ = std::make_unique<FunctionBootstrap>(rank, size, fn, "torch");
-    ConnectOptions o;
-    o.kind = parse_connect_kind(kind);
-    o.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
-    const int me = rank;
-    auto st = interrupt_;
-    o.wait_hook = [st, me] {
-      if (!st->requested && std::this_thread::get_id() == g_main_thread) {
-        pyb::gil_scoped_acquire gil;
-        st->check_signals();
-      }
-      if (st->requested)
-        throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(me) + ": interrupted (a signal such as Ctrl-C) while waiting", me);
-    };
+  PyBuffer(std::shared_ptr<PyTransport> group, const BufferConfig& config)
+      : interrupt_(group->interrupt()), group_(std::move(group)) {
+    transport_ = group_->shared();
     pyb::gil_scoped_release nogil;
-    transport_ = connect(*bootstrap_, o);
     buffer_ = std::make_unique<Buffer>(*transport_, config);
     owner_ = transport_;
   }
@@ -254,7 +201,7 @@ class PyBuffer {
   bool closed() const { return buffer_ == nullptr; }
   int rank() const { return transport_ ? transport_->rank() : -1; }
   int num_ranks() const { return transport_ ? transport_->num_ranks() : 0; }
-  std::size_t window_bytes() const { return transport_ ? transport_->window_bytes() : 0; }
+  std::size_t window_bytes() const { return buffer_ ? buffer_->window_bytes() : 0; }
   std::string transport_name() const { return transport_ ? transport_->caps().name : ""; }
 
   pyb::dict layout(pyb::handle topk_idx, const std::string& flavor) {
@@ -391,16 +338,17 @@ class PyBuffer {
     return *buffer_;
   }
 
-  // GIL held on entry: the bootstrap holds a Python callable, the rest is released without it.
+  // GIL held on entry: the group's transport (its bootstrap holds a Python callable) is
+  // released with it, the rest without.
   void close_all() {
     {
       pyb::gil_scoped_release nogil;
-      // Outputs still held keep the transport (owner_, the window) until they are dropped.
+      // Outputs still held keep the transport (owner_) and the buffer's window until dropped.
       owner_.reset();
       buffer_.reset();  // a pending call's thread is joined first (its wait then fails)
       transport_.reset();
     }
-    bootstrap_.reset();
+    group_.reset();
   }
 
   // A local problem (dtype, device, strides) still has to fail the call on every rank:
@@ -448,7 +396,7 @@ class PyBuffer {
   }
 
   std::shared_ptr<Interrupt> interrupt_;
-  std::unique_ptr<Bootstrap> bootstrap_;
+  std::shared_ptr<PyTransport> group_;
   std::shared_ptr<Transport> transport_;
   std::shared_ptr<Buffer> buffer_;
   // What an exported recv_x / combined_x keeps alive: the transport (its window). Not the
@@ -482,7 +430,7 @@ std::size_t size_hint(int num_ranks, const BufferConfig& c) {
     pyb::gil_scoped_release nogil;
     sim::launch(o, so, [&](Transport& t) {
       Buffer b(t, c);
-      if (t.rank() == 0) bytes = t.window_bytes();
+      if (t.rank() == 0) bytes = b.window_bytes();
     });
   }
   constexpr std::size_t kAlign = std::size_t{2} << 20;
@@ -511,16 +459,14 @@ PYBIND11_MODULE(_epx, m) {
     return h.handle.num_recv_rows();
   });
   pyb::class_<Pending>(m, "Pending").def("wait", &Pending::wait).def("done", &Pending::done);
+  bind_transport(m);
   pyb::class_<PyBuffer>(m, "Buffer")
-      .def(pyb::init([](int rank, int size, pyb::function allgather, const std::string& kind, double timeout_s,
-                        int num_experts, int hidden, int num_topk, std::int64_t max_tokens, std::int64_t max_recv_rows,
-                        int num_workers) {
-             return std::make_unique<PyBuffer>(rank, size, std::move(allgather), kind, timeout_s,
-                                               make_config(num_experts, hidden, num_topk, max_tokens, max_recv_rows,
-                                                           num_workers));
+      .def(pyb::init([](std::shared_ptr<PyTransport> group, int num_experts, int hidden, int num_topk,
+                        std::int64_t max_tokens, std::int64_t max_recv_rows, int num_workers) {
+             return std::make_unique<PyBuffer>(std::move(group), make_config(num_experts, hidden, num_topk, max_tokens,
+                                                                             max_recv_rows, num_workers));
            }),
-           pyb::arg("rank"), pyb::arg("size"), pyb::arg("allgather"), pyb::arg("transport"), pyb::arg("timeout_s"),
-           pyb::arg("num_experts"), pyb::arg("hidden"), pyb::arg("num_topk"), pyb::arg("max_tokens_per_rank"),
+           pyb::arg("group_transport"), pyb::arg("num_experts"), pyb::arg("hidden"), pyb::arg("num_topk"), pyb::arg("max_tokens_per_rank"),
            pyb::arg("max_recv_rows"), pyb::arg("num_workers"))
       .def("close", &PyBuffer::close)
       .def_property_readonly("closed", &PyBuffer::closed)

@@ -206,7 +206,7 @@ class RankBench {
       if (kind == OutputKind::kCopy) rec_.copy_why = buf.last_stats().output_why;
     }
     if (!buf.last_stats().workers.empty()) rec_.workers = static_cast<int>(buf.last_stats().workers.size());
-    rec_.window_bytes = t_.window_bytes();
+    rec_.window_bytes = buf.window_bytes();
     rec_.out_rows = d.recv_x.shape()[0];
     CombineArgs c;
     if (p_.fp8) {

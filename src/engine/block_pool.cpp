@@ -12,6 +12,7 @@ std::size_t pages(std::size_t v) { return (v + 4095) / 4096 * 4096; }
 struct BlockPool::Reservation::State {
   std::mutex mutex;
   std::byte* base = nullptr;
+  std::shared_ptr<void> keep_alive;  // the window's owner: lives while a kept block does
   std::map<std::size_t, std::size_t> free;  // offset -> bytes, coalesced
   std::size_t free_bytes = 0;
 
@@ -36,8 +37,10 @@ struct BlockPool::Reservation::State {
   }
 };
 
-BlockPool::BlockPool(std::byte* base, std::size_t bytes) : state_(std::make_shared<Reservation::State>()), total_(bytes) {
+BlockPool::BlockPool(std::byte* base, std::size_t bytes, std::shared_ptr<void> keep_alive)
+    : state_(std::make_shared<Reservation::State>()), total_(bytes) {
   state_->base = base;
+  state_->keep_alive = std::move(keep_alive);
   if (bytes > 0) state_->free.emplace(0, bytes);
   state_->free_bytes = bytes;
 }
@@ -95,7 +98,8 @@ std::shared_ptr<std::byte> BlockPool::Reservation::keep(std::size_t bytes) {
   std::weak_ptr<State> weak = pool;
   const std::size_t offset = offset_;
   bytes_ = 0;
-  return std::shared_ptr<std::byte>(at, [weak, offset, bytes](std::byte*) {
+  return std::shared_ptr<std::byte>(at, [weak, offset, bytes, alive = pool->keep_alive](std::byte*) {
+    (void)alive;  // held, not used: the window stays mapped while the block lives
     if (auto p = weak.lock()) p->give_back(offset, bytes);
   });
 }

@@ -18,8 +18,9 @@ namespace epx::detail {
 class BlockPool {
  public:
   BlockPool() = default;
-  /// The pool over `bytes` bytes at `base` (a multiple of 4096).
-  BlockPool(std::byte* base, std::size_t bytes);
+  /// The pool over `bytes` bytes at `base` (a multiple of 4096). Every kept block also holds
+  /// `keep_alive` (the memory's owner: the Buffer's endpoint) until it returns.
+  BlockPool(std::byte* base, std::size_t bytes, std::shared_ptr<void> keep_alive = {});
 
   /// A reserved extent, released on destruction unless kept.
   class Reservation {

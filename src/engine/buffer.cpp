@@ -45,13 +45,6 @@ std::string check_config(const BufferConfig& c, int P) {
   return {};
 }
 
-// What every rank sends at construction: its config and whether it is valid.
-struct ConfigMessage {
-  std::int64_t values[17];
-  std::int32_t valid;
-  char message[480];
-};
-
 // The data-plane options that fit neither the transport nor the table, or "" if they do;
 // fills the table and the visiting order.
 std::string check_dataplane(const BufferConfig& c, const Transport& t, Topology& topology, std::vector<int>& visit_order) {
@@ -75,63 +68,50 @@ std::string check_dataplane(const BufferConfig& c, const Transport& t, Topology&
   return {};
 }
 
-// Everything that must be equal on every rank, as numbers (strings hashed).
-std::vector<std::int64_t> agreed_values(const BufferConfig& c, int W) {
+// Everything that must be equal on every rank.
+std::vector<AgreedValue> agreed_values(const BufferConfig& c, int W) {
   const DataPlaneOptions& o = c.dataplane;
-  std::int64_t ratio = 0;
-  for (int r : o.queue_split.ratio) ratio = ratio * 1000 + r;
-  return {c.num_experts, c.hidden, c.num_topk, c.max_tokens_per_rank, c.max_recv_rows, W,
-          static_cast<std::int64_t>(std::hash<std::string>{}(o.topology) >> 1), static_cast<std::int64_t>(o.schedule.kind),
-          o.schedule.group_width, o.queues, static_cast<std::int64_t>(o.queue_split.kind), ratio,
-          static_cast<std::int64_t>(o.aggregate_bytes), static_cast<std::int64_t>(o.protocol), c.ring_rows,
-          c.output_pool_bytes, static_cast<std::int64_t>(o.combine_order)};
+  std::string ratio;
+  for (int r : o.queue_split.ratio) ratio += (ratio.empty() ? "" : ":") + std::to_string(r);
+  const auto n = [](auto v) { return std::to_string(v); };
+  return {{"num_experts", n(c.num_experts)},
+          {"hidden", n(c.hidden)},
+          {"num_topk", n(c.num_topk)},
+          {"max_tokens_per_rank", n(c.max_tokens_per_rank)},
+          {"max_recv_rows", n(c.max_recv_rows)},
+          {"num_workers", n(W)},
+          {"topology", o.topology},
+          {"schedule", n(static_cast<int>(o.schedule.kind))},
+          {"schedule group width", n(o.schedule.group_width)},
+          {"queues", n(o.queues)},
+          {"queue split", n(static_cast<int>(o.queue_split.kind))},
+          {"queue split ratio", ratio},
+          {"aggregate_bytes", n(o.aggregate_bytes)},
+          {"protocol", n(static_cast<int>(o.protocol))},
+          {"ring_rows", n(c.ring_rows)},
+          {"output_pool_bytes", n(c.output_pool_bytes)},
+          {"combine order", to_string(o.combine_order)}};
 }
-constexpr const char* kAgreedNames[] = {"num_experts", "hidden", "num_topk", "max_tokens_per_rank", "max_recv_rows",
-                                        "num_workers", "topology", "schedule", "schedule group width", "queues",
-                                        "queue split", "queue split ratio", "aggregate_bytes", "protocol", "ring_rows",
-                                        "output_pool_bytes", "combine order"};
-constexpr std::size_t kAgreed = std::size(kAgreedNames);
 
 }  // namespace
 
-Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
-    : transport(t),
-      model(dynamic_cast<sim::ModelTransport*>(&t)),
+Buffer::Impl::Impl(Buffer& owner, const BufferConfig& c)
+    : transport(owner.endpoint("create")),
+      model(dynamic_cast<sim::ModelTransport*>(&transport)),
       moves_payload(model == nullptr || model->moves_payload()),
       config(c),
-      rank(t.rank()),
-      P(t.num_ranks()),
-      L(c.num_experts > 0 && c.num_experts % t.num_ranks() == 0 ? c.num_experts / t.num_ranks() : 1),
-      W(c.num_workers > 0 ? c.num_workers : auto_workers(t.num_ranks())),
+      rank(transport.rank()),
+      P(transport.num_ranks()),
+      L(c.num_experts > 0 && c.num_experts % transport.num_ranks() == 0 ? c.num_experts / transport.num_ranks() : 1),
+      W(c.num_workers > 0 ? c.num_workers : auto_workers(transport.num_ranks())),
       buffer_id(std::random_device{}() ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32)),
       pool(W),
       zero_row(static_cast<std::size_t>(std::max(c.hidden, 0)), 0) {
-  // 1. Agree on the config before sizing anything by it: a small window for the exchange.
+  Transport& t = transport;
+  // 1. Agree on the config before sizing anything by it (the base's small window).
   std::string problem = check_config(c, P);
   if (problem.empty()) problem = check_dataplane(c, t, topology, visit_order);
-  ConfigMessage mine{};
-  static_assert(std::size(ConfigMessage{}.values) == kAgreed);
-  const std::vector<std::int64_t> values = agreed_values(c, W);
-  std::copy(values.begin(), values.end(), mine.values);
-  mine.valid = problem.empty();
-  std::snprintf(mine.message, sizeof mine.message, "rank %d: %s", rank, problem.c_str());
-  t.allocate(sizeof(ConfigMessage) * static_cast<std::size_t>(P), static_cast<std::size_t>(P));
-  for (int p = 0; p < P; ++p) {
-    t.put(p, sizeof(ConfigMessage) * static_cast<std::size_t>(rank), &mine, sizeof mine, 0);
-    t.quiet(0);
-    t.signal(p, static_cast<std::size_t>(rank), 1, 0);
-  }
-  for (int p = 0; p < P; ++p) t.wait_signal(static_cast<std::size_t>(p), 1, {"buffer create", p});
-  const auto* all = reinterpret_cast<const ConfigMessage*>(t.window());
-  for (int p = 0; p < P; ++p)
-    if (!all[p].valid) throw Error(ErrorCode::kInvalidArgument, all[p].message, p);
-  for (int p = 1; p < P; ++p)
-    for (std::size_t i = 0; i < kAgreed; ++i)
-      if (all[p].values[i] != all[0].values[i])
-        throw Error(ErrorCode::kInvalidArgument,
-                    "rank " + std::to_string(p) + ": buffer config differs from rank 0's: " + kAgreedNames[i] + " = " +
-                        std::to_string(all[p].values[i]) + " vs " + std::to_string(all[0].values[i]),
-                    p);
+  owner.agree(agreed_values(c, W), problem);
   // 2. The real window, sized from the agreed config.
   detail::ReplyChannels channels = detail::reply_channels(topology, rank, P, visit_order, hierarchical());
   reply_order = std::move(channels.order);
@@ -143,8 +123,8 @@ Buffer::Impl::Impl(Transport& t, const BufferConfig& c)
   // has the pool's bytes (the size a real one has) but no output uses it, so its calls go
   // rows first as the copying engine's do.
   if (!moves_payload) config.output_pool_bytes = 0;
-  t.allocate(geo.total_bytes(), geo.num_signals());
-  blocks = detail::BlockPool(t.window() + geo.region(detail::Region::kOutputs), geo.output_pool_bytes());
+  owner.allocate(geo.total_bytes(), geo.num_signals());
+  blocks = detail::BlockPool(t.window() + geo.region(detail::Region::kOutputs), geo.output_pool_bytes(), owner.endpoint_ref());
   if (auto* listener = dynamic_cast<spi::PayloadRegionListener*>(&t))
     listener->set_payload_region(geo.payload_begin(), geo.total_bytes());
 }
@@ -258,19 +238,21 @@ MaybeStatus Buffer::Impl::check_combine(const CombineArgs& a) const {
 }
 
 Buffer::Buffer(Transport& transport, const BufferConfig& config)
-    : impl_(std::make_unique<Impl>(transport, config)) {}
+    : BufferBase(transport, "ep"), impl_(std::make_unique<Impl>(*this, config)) {}
 
-Buffer::~Buffer() {
+Buffer::~Buffer() { on_destroy(); }
+
+void Buffer::on_destroy() noexcept {
   // A pending asynchronous call: its thread finishes (or fails) before the window goes.
+  if (impl_ == nullptr) return;
   if (detail::AsyncCall* pending = impl_->calls.pending()) pending->abandon();
 }
 
 const BufferConfig& Buffer::config() const noexcept { return impl_->config; }
 const CallStats& Buffer::last_stats() const noexcept { return impl_->stats; }
-int Buffer::rank() const noexcept { return impl_->rank; }
-int Buffer::num_ranks() const noexcept { return impl_->P; }
 
 DispatchLayout Buffer::get_dispatch_layout(const TensorView& topk_idx) const {
+  require_alive("get_dispatch_layout");
   const Impl& m = *impl_;
   if (topk_idx.dtype != DType::kI64 || topk_idx.shape.ndim != 2 || topk_idx.shape[1] != m.config.num_topk)
     throw Error(ErrorCode::kShapeMismatch, "rank " + std::to_string(m.rank) + ": topk_idx must be [S, " +
@@ -544,6 +526,7 @@ CombineResult aliases(const CombineResult& r) {
 }  // namespace
 
 DispatchResult Buffer::dispatch(const DispatchArgs& a) {
+  require_alive("dispatch");
   impl_->calls.refuse_while_pending("dispatch", impl_->rank);
   Impl::DispatchCall call(*impl_, a);
   call.front();
@@ -553,6 +536,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& a) {
 }
 
 CombineResult Buffer::combine(const CombineArgs& a) {
+  require_alive("combine");
   impl_->calls.refuse_while_pending("combine", impl_->rank);
   Impl::CombineCall call(*impl_, a);
   call.front();
@@ -562,6 +546,7 @@ CombineResult Buffer::combine(const CombineArgs& a) {
 }
 
 PendingDispatch Buffer::dispatch_async(const DispatchArgs& a, Completion completion) {
+  require_alive("dispatch");
   impl_->calls.refuse_while_pending("dispatch", impl_->rank);
   auto call = std::make_shared<Impl::DispatchCall>(*impl_, a);
   call->front();
@@ -573,6 +558,7 @@ PendingDispatch Buffer::dispatch_async(const DispatchArgs& a, Completion complet
 }
 
 PendingCombine Buffer::combine_async(const CombineArgs& a, Completion completion) {
+  require_alive("combine");
   impl_->calls.refuse_while_pending("combine", impl_->rank);
   auto call = std::make_shared<Impl::CombineCall>(*impl_, a);
   call->front();

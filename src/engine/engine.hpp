@@ -81,7 +81,8 @@ inline int num_counts(const BufferConfig& c, int P) {
 namespace epx {
 
 struct Buffer::Impl {
-  Impl(Transport& transport, const BufferConfig& config);
+  /// Collective: agrees on `config` and allocates the window on `owner`'s endpoint.
+  Impl(Buffer& owner, const BufferConfig& config);
 
   // buffer.cpp: one dispatch / combine in three steps — front (validation, plan, header
   // exchange, outputs), puts, back (completion, epilogue / reduction) — run in a row by

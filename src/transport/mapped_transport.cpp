@@ -193,7 +193,16 @@ void MappedTransport::quiet(int) {
   // signal orders them for the reader.
 }
 
+void MappedTransport::inherit_from(const MappedTransport& parent) noexcept {
+  mirror_ = parent.mirror_;
+  mirror_rank_ = parent.mirror_rank_;
+  fault_ = parent.fault_;
+}
+
 void MappedTransport::barrier(const char* phase) {
+  // A transport whose buffers each opened an endpoint may have no window of its own: its
+  // barrier then goes through the control block.
+  if (windows_.empty()) return bootstrap_barrier(phase);
   ++barrier_epoch_;
   const std::size_t base = num_signals_;
   for (int p = 0; p < num_ranks_; ++p)
@@ -221,7 +230,14 @@ void MappedTransport::bootstrap_barrier(const char* phase) {
           throw_timeout(phase, p);
       throw_timeout(phase, -1);
     }
-    if (backoff.yielding()) check_peers(phase, -1);
+    if (!backoff.yielding()) continue;
+    try {
+      check_peers(phase, -1);
+    } catch (const Error&) {
+      // A peer that arrived last and then failed (or ended) completed the barrier first.
+      if (control_->barrier_generation.load(std::memory_order_acquire) != gen) return;
+      throw;
+    }
   }
 }
 

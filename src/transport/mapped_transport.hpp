@@ -65,11 +65,19 @@ class MappedTransport : public Transport {
   ControlBlock* control_block() const noexcept { return control_; }
   /// Throws kPeerFailed if any rank failed, or if `peer` (>= 0) already finished.
   void check_peers(const char* phase, int peer) const;
+  /// The liveness check this transport runs while a wait yields (check_alive), for its
+  /// endpoints, which check their peers as the transport they came from does.
+  void check_alive_of(const char* phase) const { check_alive(phase); }
   [[noreturn]] void throw_timeout(const char* phase, int peer) const;
 
  protected:
   /// Bytes of one rank's segment: the window, then the signal slots (user + barrier).
   std::size_t segment_bytes(std::size_t window_bytes, std::size_t num_signals) const noexcept;
+  /// An endpoint (open_endpoint) of `parent`: records phases where the parent does (its
+  /// mirror) and keeps the parent's fault hook state (a fired hook stays fired).
+  void inherit_from(const MappedTransport& parent) noexcept;
+  /// Drops the windows (allocate(0, 0), destruction): no window, no signal slots.
+  void clear_segments() noexcept { set_segments({}, 0, 0); }
   /// Points windows/signals at each rank's mapped segment base.
   void set_segments(const std::vector<std::byte*>& bases, std::size_t window_bytes,
                     std::size_t num_signals);

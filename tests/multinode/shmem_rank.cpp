@@ -181,7 +181,7 @@ void run_case(Transport& t, const Case& c) {
     pull.handle = &dz.handle;
     pull.y = TensorView(in_place, DType::kBF16, {want[ur].rows, p.hidden});
     expect_bits(r, "combined_x (y in the window)", buffer.combine(pull).combined_x.data(), combined);
-    if (buffer.last_stats().pulled != (t.peer_window(r) != nullptr)) fail(r, "pull mode does not follow peer_window");
+    if (buffer.last_stats().pulled != (buffer.transport().peer_window(r) != nullptr)) fail(r, "pull mode does not follow peer_window");
   }
 }
 

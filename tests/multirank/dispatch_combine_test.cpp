@@ -230,7 +230,7 @@ void run_case(const TestTransport& where, const Case& c, std::int64_t pool) {
       CombineArgs pull = ca;
       pull.handle = &dz.handle;
       pull.y = TensorView(in_place, DType::kBF16, {want[ur].rows, p.hidden});
-      const bool mapped = t.peer_window(r) != nullptr;
+      const bool mapped = buffer.transport().peer_window(r) != nullptr;
       for (const auto* y_now : {&y, &y_wide, &y}) {
         if (bytes > 0) std::memcpy(in_place, (*y_now)[ur].data(), bytes);
         const auto& expected = y_now == &y_wide ? combined_wide[ur] : combined[ur];
@@ -431,7 +431,7 @@ TEST(DispatchCombine, HeldOutputsStayExactAndThePoolFallsBackToCopies) {
       in_place.handle = &kept.handle;
       const std::vector<std::uint16_t> combined = ref::combine(p, compact, want_c, y, nullptr, nullptr, false, r);
       expect_bits(r, "combined_x (y over the one-copy recv_x)", buffer.combine(in_place).combined_x.data(), combined);
-      if (buffer.last_stats().pulled != (t.peer_window(r) != nullptr)) fail(r, "y in the output pool was not pulled in place");
+      if (buffer.last_stats().pulled != (buffer.transport().peer_window(r) != nullptr)) fail(r, "y in the output pool was not pulled in place");
       dispatch(p, expanded, want_e[ur], nullptr);
       expect_bits(r, "recv_x held across a combine and a dispatch (now y)", kept.recv_x.data(), y[ur]);
     });

@@ -170,7 +170,7 @@ class FaultTest : public ::testing::Test {
 
 // The phases of a call the issue names, as the engine and transport call them ("epilogue"
 // has no wait of its own: the engine announces it with Transport::enter_phase).
-const char* const kPhases[] = {"allocate: created", "buffer create", "dispatch notify", "dispatch data", "epilogue",
+const char* const kPhases[] = {"allocate: created", "ep create", "dispatch notify", "dispatch data", "epilogue",
                                "combine data"};
 
 TEST_F(FaultTest, KillOrStopEachRankAtEachPhase) {

@@ -22,6 +22,31 @@ ShmTransport::ShmTransport(ControlBlock* control, int rank, std::chrono::millise
 
 ShmTransport::~ShmTransport() { unmap_all(); }
 
+namespace {
+/// An endpoint of a shm group: its own segments, the group's control block, and the peers'
+/// liveness, phase mirror and launcher as its parent has them.
+class ShmEndpoint final : public ShmTransport {
+ public:
+  ShmEndpoint(const ShmTransport& parent, std::string prefix)
+      : ShmTransport(parent.control_block(), parent.rank(), parent.timeout(), std::move(prefix)), parent_(parent) {
+    inherit_from(parent);
+  }
+  ControlBlock* root_control() const noexcept override { return parent_.root_control(); }
+  int root_rank(int p) const noexcept override { return parent_.root_rank(p); }
+  bool launcher_watched() const noexcept override { return parent_.launcher_watched(); }
+
+ protected:
+  void check_alive(const char* phase) const override { parent_.check_alive_of(phase); }
+
+ private:
+  const ShmTransport& parent_;
+};
+}  // namespace
+
+std::unique_ptr<Transport> ShmTransport::open_endpoint() {
+  return std::make_unique<ShmEndpoint>(*this, prefix_ + "w" + std::to_string(++endpoints_) + "-");
+}
+
 std::string ShmTransport::segment_prefix(std::uint64_t job_id) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "epx-%016llx-", static_cast<unsigned long long>(job_id));
@@ -44,6 +69,7 @@ void ShmTransport::unmap_all() noexcept {
 }
 
 void ShmTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
+  if (window_bytes == 0 && num_signals == 0) return release_windows();
   const std::string me = "rank " + std::to_string(rank()) + ": ";
   const std::size_t bytes = (segment_bytes(window_bytes, num_signals) + 4095) / 4096 * 4096;
   // Checked on every rank before any segment of this generation exists (all ranks pass here

@@ -16,7 +16,11 @@ class ShmTransport : public MappedTransport {
  public:
   ShmTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout);
   ~ShmTransport() override;
+  /// allocate(0, 0) releases the window (local: unmapping is safe whatever the peers do).
   void allocate(std::size_t window_bytes, std::size_t num_signals) override;
+  /// An endpoint with segments "/<prefix>w<k>-<rank>-<generation>" (k counts this
+  /// transport's endpoints), checking its peers as this transport does.
+  std::unique_ptr<Transport> open_endpoint() override;
 
   // Elastic (epx/elastic.hpp, src/transport/elastic.cpp).
   /// Prefix of this group's segment names (without '/'): segment_prefix(job) for a launched
@@ -49,6 +53,7 @@ class ShmTransport : public MappedTransport {
   std::size_t mapped_bytes_ = 0;
   unsigned generation_ = 0;
   std::string prefix_;
+  unsigned endpoints_ = 0;
 };
 
 }  // namespace epx::detail

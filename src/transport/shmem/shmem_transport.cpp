@@ -173,9 +173,37 @@ ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const Node
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
+ShmemTransport::ShmemTransport(ShmemTransport& parent, int)
+    : runtime_(parent.runtime_),
+      heap_bytes_(parent.heap_bytes_),
+      parent_(&parent),
+      rank_(parent.rank_),
+      num_ranks_(parent.num_ranks_),
+      node_of_rank_(parent.node_of_rank_),
+      timeout_(parent.timeout_),
+      caps_(parent.caps_),
+      mapped_(parent.mapped_),
+      puts_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
+      put_bytes_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
+      payload_bytes_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
+      outstanding_(new std::atomic<bool>[static_cast<std::size_t>(num_ranks_)]) {
+  for (int p = 0; p < num_ranks_; ++p) reset_counters(p), outstanding_[static_cast<std::size_t>(p)] = false;
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+}
+
+std::unique_ptr<Transport> ShmemTransport::open_endpoint() {
+  return std::unique_ptr<Transport>(new ShmemTransport(*this, 0));
+}
+
+void ShmemTransport::note(const char* phase, int peer) noexcept {
+  last_phase_.store(phase, std::memory_order_relaxed);
+  last_peer_.store(peer, std::memory_order_relaxed);
+  if (parent_ != nullptr) parent_->note(phase, peer);
+}
+
 ShmemTransport::~ShmemTransport() {
   remove_term_note();
-  release_heap();
+  if (parent_ == nullptr) release_heap();  // an endpoint's block, if still held, goes with the job (free is collective)
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
     stop_watch_ = true;
@@ -344,6 +372,11 @@ void ShmemTransport::release_heap() noexcept {
 
 void ShmemTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
   release_heap();
+  if (window_bytes == 0 && num_signals == 0) return;
+  make_block(window_bytes, num_signals);
+}
+
+void ShmemTransport::make_block(std::size_t window_bytes, std::size_t num_signals) {
   signal_offset_ = round_page(window_bytes);
   const std::size_t bytes = signal_offset_ + (num_signals + static_cast<std::size_t>(num_ranks_)) * sizeof(std::uint64_t);
   check_heap(bytes);
@@ -362,7 +395,7 @@ void ShmemTransport::allocate(std::size_t window_bytes, std::size_t num_signals)
   num_signals_ = num_signals;
   barrier_epoch_ = 0;
   payload_begin_ = payload_end_ = 0;
-  for (int p = 0; p < num_ranks_; ++p) reset_counters(p);
+  // Counters run from the transport's construction (peer_info: take differences).
   shmem_barrier_all();  // every PE zeroed its block before anyone writes into it
 }
 
@@ -399,10 +432,13 @@ void ShmemTransport::reset_counters(int peer) noexcept {
 }
 
 void ShmemTransport::count(int peer, std::size_t offset, std::size_t bytes) noexcept {
-  const auto p = static_cast<std::size_t>(peer);
-  puts_[p].fetch_add(1, std::memory_order_relaxed);
-  put_bytes_[p].fetch_add(bytes, std::memory_order_relaxed);
-  if (offset >= payload_begin_ && offset < payload_end_) payload_bytes_[p].fetch_add(bytes, std::memory_order_relaxed);
+  const bool payload = offset >= payload_begin_ && offset < payload_end_;
+  for (ShmemTransport* t = this; t != nullptr; t = t->parent_) {  // an endpoint counts on its transport too
+    const auto p = static_cast<std::size_t>(peer);
+    t->puts_[p].fetch_add(1, std::memory_order_relaxed);
+    t->put_bytes_[p].fetch_add(bytes, std::memory_order_relaxed);
+    if (payload) t->payload_bytes_[p].fetch_add(bytes, std::memory_order_relaxed);
+  }
 }
 
 void ShmemTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int) {
@@ -452,8 +488,7 @@ std::uint64_t ShmemTransport::read_signal(std::size_t slot) noexcept {
 }
 
 void ShmemTransport::wait_word(std::uint64_t* word, std::uint64_t at_least, const WaitPoint& where) {
-  last_phase_.store(where.phase, std::memory_order_relaxed);
-  last_peer_.store(where.peer, std::memory_order_relaxed);
+  note(where.phase, where.peer);
   std::atomic_ref<std::uint64_t> w(*word);
   if (w.load(std::memory_order_acquire) >= at_least) return;
   struct Waiting {  // for the SIGTERM line: a thread is inside this wait (also when it throws)
@@ -494,6 +529,9 @@ void ShmemTransport::quiet(int) {
 }
 
 void ShmemTransport::barrier(const char* phase) {
+  // A transport whose buffers each opened an endpoint has no block of its own until its first
+  // barrier: then one with the barrier's slots only (collective, as the barrier is).
+  if (base_ == nullptr) make_block(0, 0);
   ++barrier_epoch_;
   const std::size_t base = num_signals_;
   for (int p = 0; p < num_ranks_; ++p) signal(p, base + static_cast<std::size_t>(rank_), barrier_epoch_, 0);

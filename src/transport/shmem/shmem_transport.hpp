@@ -66,7 +66,12 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   int rank() const noexcept override { return rank_; }
   int num_ranks() const noexcept override { return num_ranks_; }
   const TransportCaps& caps() const noexcept override { return caps_; }
+  /// allocate(0, 0) releases the window (shmem_free: collective).
   void allocate(std::size_t window_bytes, std::size_t num_signals) override;
+  /// An endpoint: its own shmem_malloc block per allocate (freed by allocate(0, 0); one still
+  /// held when the endpoint is destroyed stays in the heap until the job ends, since a free
+  /// is collective), counted in this transport's peer_info as well.
+  std::unique_ptr<Transport> open_endpoint() override;
   std::byte* window() noexcept override { return base_; }
   std::size_t window_bytes() const noexcept override { return window_bytes_; }
   void put(int peer, std::size_t offset, const void* src, std::size_t bytes, int queue) override;
@@ -79,18 +84,23 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   const std::byte* peer_window(int peer) const noexcept override;
   void quiet(int queue) override;
   void barrier(const char* phase) override;
-  void enter_phase(const char* phase) noexcept override { last_phase_.store(phase, std::memory_order_relaxed); }
+  void enter_phase(const char* phase) noexcept override { note(phase, last_peer_.load(std::memory_order_relaxed)); }
   std::chrono::milliseconds timeout() const noexcept override { return timeout_; }
   void set_payload_region(std::size_t begin, std::size_t end) override { payload_begin_ = begin, payload_end_ = end; }
 
   std::vector<ShmemPeerInfo> peer_info() const;
 
  private:
+  ShmemTransport(ShmemTransport& parent, int);  // an endpoint
+  void make_block(std::size_t window_bytes, std::size_t num_signals);
   void release_heap() noexcept;
   /// kCapacityExceeded (on every PE alike) if a block of `bytes` cannot fit in the heap.
   void check_heap(std::size_t bytes) const;
   /// The heap's size, where it comes from, and how to raise it.
   std::string heap_advice(std::size_t bytes) const;
+  /// Where this rank waits now (the watchdog's and the SIGTERM line's phase and peer), on
+  /// the transport the rank was given too when this is an endpoint.
+  void note(const char* phase, int peer) noexcept;
   /// A blocking runtime call (shmem_quiet / shmem_fence) under the watchdog.
   struct Blocking {
     std::chrono::steady_clock::time_point since;
@@ -120,6 +130,7 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   std::shared_ptr<ShmemRuntime> runtime_;
   std::size_t heap_bytes_;            // the heap every PE has (0: unknown)
   std::size_t block_bytes_ = 0;       // this transport's shmem_malloc block
+  ShmemTransport* parent_ = nullptr;  // an endpoint's transport
   int rank_;
   int num_ranks_;
   std::vector<int> node_of_rank_;
@@ -133,7 +144,7 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   std::size_t num_signals_ = 0;
   std::uint64_t barrier_epoch_ = 0;
   std::size_t payload_begin_ = 0, payload_end_ = 0;
-  std::unique_ptr<std::atomic<std::uint64_t>[]> puts_, put_bytes_, payload_bytes_;  // [P] since allocate
+  std::unique_ptr<std::atomic<std::uint64_t>[]> puts_, put_bytes_, payload_bytes_;  // [P] since construction (an endpoint's also on its transport)
   std::unique_ptr<std::atomic<bool>[]> outstanding_;  // [P] network puts went to this peer (for the watchdog's message)
   std::atomic<const char*> last_phase_{"setup"};      // of the last wait or enter_phase (watchdog, SIGTERM line)
   std::atomic<int> last_peer_{-1};                    // the peer of the last wait (SIGTERM line)

@@ -20,18 +20,30 @@
 
 namespace epx::detail {
 
-/// Shared by the ranks of one launch: each rank's mapping size (for unmapping).
+/// Shared by the ranks of one launch: each rank's mapping size (for unmapping), and the
+/// mappings endpoints let go (kept until the launch ends: a peer may still unwind through one).
 struct SimShared {
   explicit SimShared(int ranks) : mapped_bytes(static_cast<std::size_t>(ranks), 0) {}
   std::vector<std::size_t> mapped_bytes;
+  std::mutex graveyard_mutex;
+  std::vector<std::pair<std::byte*, std::size_t>> graveyard;
 };
+
+/// One rank's record (its streams, calls and main-thread waits), shared by the rank's
+/// transport and its endpoints: every buffer's operations land in the rank's one trace.
+struct SimRecorder;
 
 class SimTransport : public MappedTransport, public sim::ModelTransport {
  public:
   SimTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout, SimShared* shared,
                const sim::SimTransportOptions& options);
 
+  ~SimTransport() override;
+  /// allocate(0, 0) releases the window (kept mapped until the launch ends).
   void allocate(std::size_t window_bytes, std::size_t num_signals) override;
+  /// An endpoint recording into this rank's trace; its signal slots and flag offsets carry
+  /// the endpoint's number in their trace keys (bits 40+), so the replay keeps them apart.
+  std::unique_ptr<Transport> open_endpoint() override;
   void put(int peer, std::size_t offset, const void* src, std::size_t bytes, int queue) override;
   void signal(int peer, std::size_t slot, std::uint64_t value, int queue) override;
   void wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) override;
@@ -51,41 +63,37 @@ class SimTransport : public MappedTransport, public sim::ModelTransport {
 
   /// Starts call `name` on this rank (rank thread only).
   int begin_call(const std::string& name);
-  bool saw_payload_region() const noexcept { return payload_end_ > payload_begin_; }
+  /// Some buffer of this rank (this transport or an endpoint) announced its payload region.
+  bool saw_payload_region() const noexcept;
   /// Moves the records out (after the rank finished).
   sim::RankTrace take_trace();
-  std::vector<std::string> call_names() const { return call_names_; }
+  std::vector<std::string> call_names() const;
 
   /// Unmaps every rank's window (after all ranks finished).
-  static void free_all(ControlBlock* control, const SimShared& shared) noexcept;
+  static void free_all(ControlBlock* control, SimShared& shared) noexcept;
 
  private:
-  struct Stream;
-  Stream& stream();  // the calling thread's stream (creates it on first use)
+  SimTransport(const SimTransport& parent, unsigned endpoint);  // an endpoint
+  void let_go() noexcept;
   void record(sim::TraceOp op);
   void record_put(int peer, std::size_t offset, std::size_t bytes, int queue);
   bool in_payload(std::size_t offset, std::size_t bytes) const noexcept {
     return bytes > 0 && offset >= payload_begin_ && offset + bytes <= payload_end_;
   }
+  /// A signal slot or flag offset of this transport as the trace names it.
+  std::uint64_t key(std::size_t slot_or_offset) const noexcept { return key_tag_ | slot_or_offset; }
+  void count_main_wait();  // the rank thread's wait just recorded is a fork point
 
   SimShared* shared_;
   sim::SimTransportOptions options_;
-  std::uint64_t instance_;  // tells this transport's thread-local cache entries apart
+  std::shared_ptr<SimRecorder> rec_;
+  std::uint64_t key_tag_ = 0;          // endpoint k: k << 40
+  unsigned endpoints_ = 0;             // endpoints opened (the parent's count)
+  bool endpoint_ = false;
+  std::byte* mine_ = nullptr;          // an endpoint's mapping
+  std::size_t mine_bytes_ = 0;
   std::size_t payload_begin_ = 0, payload_end_ = 0;
-  struct Stream {
-    sim::StreamTrace trace;
-    std::uint64_t last_dep = 0;  // the main wait its last op followed
-    std::size_t joined = 0;      // worker: ops the rank thread's latest join waits for
-    bool sealed = false;         // worker: a join follows its last op (no put merges into it)
-    std::unordered_map<std::size_t, std::uint64_t> polled;  // slot -> last value read_signal saw
-  };
-  void count_main_wait();  // the rank thread's wait just recorded is a fork point
-  std::mutex streams_mutex_;
-  std::vector<std::unique_ptr<Stream>> streams_;
   bool in_barrier_ = false;  // the barrier's own waits are not recorded
-  std::atomic<std::uint32_t> call_{0};
-  std::atomic<std::uint64_t> main_waits_{0};  // completed waits of the rank thread
-  std::vector<std::string> call_names_{"setup"};
 };
 
 }  // namespace epx::detail

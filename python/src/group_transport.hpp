@@ -1,0 +1,66 @@
+// The group's transport in Python: one per torch.distributed group (and transport kind and
+// timeout) per process, made by epx.group.transport_of and shared by every buffer of the
+// group — EPBuffer, BucketBuffer, ... — each of which opens its own endpoint of it
+// (Transport::open_endpoint, epx/buffer_base.hpp). Bindings of buffer kinds take a
+// `PyTransport&` and build their C++ buffer over transport().
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "epx/bootstrap.hpp"
+#include "epx/transport.hpp"
+
+namespace epx::py {
+
+namespace pyb = pybind11;
+
+/// The module's main thread (set at import): only it runs Python's signal handlers.
+extern std::thread::id g_main_thread;
+
+/// A Ctrl-C seen while a call of the group's buffers waited: the Python exception to raise.
+/// Once requested, every wait of the group's transport gives up (the rank left a collective).
+struct Interrupt {
+  std::atomic<bool> requested{false};
+  std::mutex mutex;
+  std::optional<pyb::error_already_set> exception;
+
+  /// With the GIL held: runs Python's signal handlers; true if one raised.
+  bool check_signals();
+  /// Raises the handler's exception if there was one (GIL held).
+  void rethrow_if_interrupted();
+};
+
+class PyTransport {
+ public:
+  /// Collective over the group (every rank, the same kind and timeout): a bootstrap over
+  /// `allgather` (Python: bytes -> every rank's bytes), then epx::connect. GIL held.
+  PyTransport(int rank, int size, pyb::function allgather, const std::string& kind, double timeout_s);
+  ~PyTransport();
+  PyTransport(const PyTransport&) = delete;
+  PyTransport& operator=(const PyTransport&) = delete;
+
+  Transport& transport() noexcept { return *transport_; }
+  /// What an exported output keeps alive: the transport (every endpoint's window needs it).
+  std::shared_ptr<Transport> shared() const noexcept { return transport_; }
+  const std::shared_ptr<Interrupt>& interrupt() const noexcept { return interrupt_; }
+  int rank() const noexcept { return transport_->rank(); }
+  int num_ranks() const noexcept { return transport_->num_ranks(); }
+  std::string name() const { return transport_->caps().name; }
+
+ private:
+  std::shared_ptr<Interrupt> interrupt_;
+  std::unique_ptr<Bootstrap> bootstrap_;  // holds a Python callable: reset with the GIL
+  std::shared_ptr<Transport> transport_;
+};
+
+/// Registers `_epx.Transport`.
+void bind_transport(pyb::module_& m);
+
+}  // namespace epx::py
