@@ -30,8 +30,8 @@ struct ShmemOptions {
   /// (one shmem_malloc block per window). 0 = epx's default: what the launcher set
   /// (`-x SMA_SYMMETRIC_SIZE=...` or `-x SHMEM_SYMMETRIC_HEAP_SIZE=...`, the names Open MPI
   /// 4.1 reads; `SHMEM_SYMMETRIC_SIZE`, the OpenSHMEM 1.4 name, which Open MPI 4.1 ignores,
-  /// is passed on as SMA_SYMMETRIC_SIZE), else this node's physical memory divided by the
-  /// PEs on it (OMPI_COMM_WORLD_LOCAL_SIZE), at least Open MPI's 256 MiB: only touched pages
+  /// is passed on as SMA_SYMMETRIC_SIZE), else 3/4 of this node's physical memory divided
+  /// by the PEs on it (OMPI_COMM_WORLD_LOCAL_SIZE), at least Open MPI's 256 MiB: only touched pages
   /// cost memory, so every set of windows that fits in the machine fits in the heap (the
   /// engine still checks each window against the memory available). A value here overrides
   /// the launcher's.

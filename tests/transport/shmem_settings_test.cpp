@@ -41,8 +41,8 @@ TEST(ShmemSettings, DefaultHeapIsTheNodesMemoryPerPeAndOscIsUcx) {
   Env env;
   env.vars["OMPI_COMM_WORLD_LOCAL_SIZE"] = "4";
   const auto s = decide_shmem_settings(0, env, 16 * kGiB + 12345);
-  EXPECT_EQ(s.heap_bytes, std::size_t{4} << 30);
-  EXPECT_EQ(value_set(s, "SMA_SYMMETRIC_SIZE"), "4096M");
+  EXPECT_EQ(s.heap_bytes, std::size_t{3} << 30);  // 3/4 of the memory / 4 PEs
+  EXPECT_EQ(value_set(s, "SMA_SYMMETRIC_SIZE"), "3072M");
   EXPECT_EQ(value_set(s, "OMPI_MCA_osc"), "ucx");
   EXPECT_EQ(value_set(s, "UCX_TCP_TX_SEG_SIZE"), "64K");
   EXPECT_EQ(value_set(s, "UCX_TCP_RX_SEG_SIZE"), "512K");

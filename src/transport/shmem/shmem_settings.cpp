@@ -69,9 +69,11 @@ ShmemSettings decide_shmem_settings(std::size_t heap_option, const std::function
   } else {
     const char* local = env("OMPI_COMM_WORLD_LOCAL_SIZE");
     const long pes = local != nullptr ? std::max(1L, std::atol(local)) : 1L;
-    const std::uint64_t share = memory == UINT64_MAX ? kOpenMpiDefault : memory / static_cast<std::uint64_t>(pes);
+    // Three quarters: a heap segment as big as the machine is refused by the kernel (shmget
+    // ENOMEM, seen with one PE on a 24 GiB node), one that fits is only reserved.
+    const std::uint64_t share = memory == UINT64_MAX ? kOpenMpiDefault : memory / 4 * 3 / static_cast<std::uint64_t>(pes);
     s.heap_bytes = std::max<std::size_t>(kOpenMpiDefault, static_cast<std::size_t>(share) / kMiB * kMiB);
-    s.heap_from = "epx default: " + format_bytes(s.heap_bytes) + " = the node's memory / " + std::to_string(pes) +
+    s.heap_from = "epx default: " + format_bytes(s.heap_bytes) + " = 3/4 of the node's memory / " + std::to_string(pes) +
                   " PE(s) on it (" + kSma + "=" + mib(s.heap_bytes) + ")";
     s.set.emplace_back(kSma, mib(s.heap_bytes));
   }
