@@ -50,6 +50,12 @@ struct DataPlaneOptions {
   std::size_t aggregate_bytes = std::size_t{1} << 20;
   Protocol protocol = Protocol::kExplicit;
   CombineOrder combine_order = CombineOrder::kFlat;  ///< kNodeFirst needs schedule hierarchical
+  /// With an output pool: a combine right after the dispatch whose handle it uses pushes its
+  /// replies before the header exchange (one synchronisation instead of the pull's two,
+  /// for one more pass over the replies) when every rank's dispatch output holds at most
+  /// this many bytes; larger combines exchange headers first and pull where they can. 0 =
+  /// never. Without a pool replies go first whenever the call allows it (docs/engine.md).
+  std::size_t replies_first_max_bytes = std::size_t{16} << 20;
 };
 
 }  // namespace epx

@@ -17,7 +17,7 @@ namespace {
 
 const std::vector<std::string>& dataplane_option_names() {
   static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol",
-                                                     "combine-order"};
+                                                     "combine-order", "replies-first-max"};
   return names;
 }
 
@@ -68,6 +68,8 @@ void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const st
       d.protocol = parse_protocol(value);
     } else if (name == "combine-order") {
       d.combine_order = parse_combine_order(value);
+    } else if (name == "replies-first-max") {
+      d.replies_first_max_bytes = parse_byte_size(value);
     } else {
       bad("unknown data-plane option '" + name + "'");
     }
@@ -86,6 +88,7 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
   if (name == "aggregate") return byte_size_text(d.aggregate_bytes);
   if (name == "protocol") return to_string(d.protocol);
   if (name == "combine-order") return to_string(d.combine_order);
+  if (name == "replies-first-max") return byte_size_text(d.replies_first_max_bytes);
   bad("unknown data-plane option '" + name + "'");
 }
 
@@ -115,7 +118,11 @@ std::string describe_dataplane(const DataPlaneOptions& d) {
   return "topology " + d.topology + ", schedule " + to_string(d.schedule) + ", " + std::to_string(d.queues) +
          (d.queues == 1 ? " queue" : " queues") + " (split " + to_string(d.queue_split) + "), aggregate " +
          (d.aggregate_bytes == 0 ? std::string("off") : byte_size_text(d.aggregate_bytes)) + ", protocol " + to_string(d.protocol) +
-         (d.combine_order == CombineOrder::kFlat ? std::string() : std::string(", combine order ") + to_string(d.combine_order));
+         (d.combine_order == CombineOrder::kFlat ? std::string() : std::string(", combine order ") + to_string(d.combine_order)) +
+         (d.replies_first_max_bytes == DataPlaneOptions{}.replies_first_max_bytes
+              ? std::string()
+              : ", replies first up to " + (d.replies_first_max_bytes == 0 ? std::string("never (with a pool)")
+                                                                            : byte_size_text(d.replies_first_max_bytes)));
 }
 
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
@@ -127,6 +134,7 @@ nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
   j["aggregate_bytes"] = d.aggregate_bytes;
   j["protocol"] = to_string(d.protocol);
   j["combine_order"] = to_string(d.combine_order);
+  j["replies_first_max_bytes"] = d.replies_first_max_bytes;
   return j;
 }
 

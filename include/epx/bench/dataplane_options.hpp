@@ -13,7 +13,7 @@
 namespace epx::tools {
 
 /// The option names without "--", in DataPlaneOptions order: topology, schedule, queues,
-/// queue-split, aggregate, protocol, combine-order.
+/// queue-split, aggregate, protocol, combine-order, replies-first-max.
 const std::vector<std::string>& dataplane_option_names();
 
 /// Sets the option `name` (one of dataplane_option_names()) of `d` from its text.
@@ -42,7 +42,8 @@ void check_dataplane(const DataPlaneOptions& d, int ranks);
 /// "topology builtin:flat, schedule rotated, 1 queue (split rr), aggregate 1M, protocol explicit"
 std::string describe_dataplane(const DataPlaneOptions& d);
 
-/// {"topology", "schedule", "queues", "queue_split", "aggregate_bytes", "protocol", "combine_order"}
+/// {"topology", "schedule", "queues", "queue_split", "aggregate_bytes", "protocol", "combine_order",
+/// "replies_first_max_bytes"}
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d);
 
 }  // namespace epx::tools
