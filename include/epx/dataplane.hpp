@@ -28,6 +28,18 @@ enum class Protocol { kExplicit, kTail, kFlag };
 Protocol parse_protocol(const std::string& text);
 const char* to_string(Protocol protocol) noexcept;
 
+/// The order of combine's float32 additions (SPEC §4).
+///   kFlat       a token's partials added at its source in the flat order (default)
+///   kNodeFirst  hierarchical schedule only: a token's partials summed inside each server
+///               (node) first — at the relay, so each token's reply crosses once per server
+///               pair, as DeepEP's internode combine does — then the servers' sums added at
+///               the source in ascending server order ("combine reduced inside each node
+///               first"). Bit-exact to that order, which differs from the flat one.
+enum class CombineOrder { kFlat, kNodeFirst };
+/// "flat" | "node-first"; throws kInvalidArgument otherwise.
+CombineOrder parse_combine_order(const std::string& text);
+const char* to_string(CombineOrder order) noexcept;
+
 struct DataPlaneOptions {
   std::string topology = "builtin:flat";  ///< see epx/topology.hpp
   Schedule schedule{};                    ///< default: rotated
@@ -37,6 +49,13 @@ struct DataPlaneOptions {
   /// (one put per row). A single row larger than the limit is still one put.
   std::size_t aggregate_bytes = std::size_t{1} << 20;
   Protocol protocol = Protocol::kExplicit;
+  CombineOrder combine_order = CombineOrder::kFlat;  ///< kNodeFirst needs schedule hierarchical
+  /// With an output pool: a combine right after the dispatch whose handle it uses pushes its
+  /// replies before the header exchange (one synchronisation instead of the pull's two,
+  /// for one more pass over the replies) when every rank's dispatch output holds at most
+  /// this many bytes; larger combines exchange headers first and pull where they can. 0 =
+  /// never. Without a pool replies go first whenever the call allows it (docs/engine.md).
+  std::size_t replies_first_max_bytes = std::size_t{16} << 20;
 };
 
 }  // namespace epx

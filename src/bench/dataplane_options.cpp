@@ -16,7 +16,8 @@ namespace {
 }  // namespace
 
 const std::vector<std::string>& dataplane_option_names() {
-  static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol"};
+  static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol",
+                                                     "combine-order", "replies-first-max"};
   return names;
 }
 
@@ -65,6 +66,10 @@ void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const st
       d.aggregate_bytes = parse_byte_size(value);
     } else if (name == "protocol") {
       d.protocol = parse_protocol(value);
+    } else if (name == "combine-order") {
+      d.combine_order = parse_combine_order(value);
+    } else if (name == "replies-first-max") {
+      d.replies_first_max_bytes = parse_byte_size(value);
     } else {
       bad("unknown data-plane option '" + name + "'");
     }
@@ -82,6 +87,8 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
   if (name == "queue-split") return to_string(d.queue_split);
   if (name == "aggregate") return byte_size_text(d.aggregate_bytes);
   if (name == "protocol") return to_string(d.protocol);
+  if (name == "combine-order") return to_string(d.combine_order);
+  if (name == "replies-first-max") return byte_size_text(d.replies_first_max_bytes);
   bad("unknown data-plane option '" + name + "'");
 }
 
@@ -89,6 +96,9 @@ void check_dataplane(const DataPlaneOptions& d, int ranks) {
   if (d.queue_split.kind == QueueSplitKind::kRatio && static_cast<int>(d.queue_split.ratio.size()) != d.queues)
     bad("--queue-split " + to_string(d.queue_split) + " has " + std::to_string(d.queue_split.ratio.size()) +
         " parts but --queues is " + std::to_string(d.queues) + " (a ratio needs one part per queue)");
+  if (d.combine_order == CombineOrder::kNodeFirst && d.schedule.kind != ScheduleKind::kHierarchical)
+    bad("--combine-order node-first sums a token's partials at the relays of --schedule hierarchical (the schedule is " +
+        to_string(d.schedule) + ")");
   if (ranks <= 0) return;
   // The table and the schedule the engine will build, so a mismatch fails before any rank starts.
   Topology topology;
@@ -107,7 +117,12 @@ void check_dataplane(const DataPlaneOptions& d, int ranks) {
 std::string describe_dataplane(const DataPlaneOptions& d) {
   return "topology " + d.topology + ", schedule " + to_string(d.schedule) + ", " + std::to_string(d.queues) +
          (d.queues == 1 ? " queue" : " queues") + " (split " + to_string(d.queue_split) + "), aggregate " +
-         (d.aggregate_bytes == 0 ? std::string("off") : byte_size_text(d.aggregate_bytes)) + ", protocol " + to_string(d.protocol);
+         (d.aggregate_bytes == 0 ? std::string("off") : byte_size_text(d.aggregate_bytes)) + ", protocol " + to_string(d.protocol) +
+         (d.combine_order == CombineOrder::kFlat ? std::string() : std::string(", combine order ") + to_string(d.combine_order)) +
+         (d.replies_first_max_bytes == DataPlaneOptions{}.replies_first_max_bytes
+              ? std::string()
+              : ", replies first up to " + (d.replies_first_max_bytes == 0 ? std::string("never (with a pool)")
+                                                                            : byte_size_text(d.replies_first_max_bytes)));
 }
 
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
@@ -118,6 +133,8 @@ nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
   j["queue_split"] = to_string(d.queue_split);
   j["aggregate_bytes"] = d.aggregate_bytes;
   j["protocol"] = to_string(d.protocol);
+  j["combine_order"] = to_string(d.combine_order);
+  j["replies_first_max_bytes"] = d.replies_first_max_bytes;
   return j;
 }
 

@@ -20,6 +20,13 @@ std::string describe_nodes(Bootstrap& boot, const NodeMap& nodes) {
   return s;
 }
 
+bool default_schedule_across_nodes(DataPlaneOptions& dp, const NodeMap& nodes) {
+  if (nodes.num_nodes < 2 || nodes.servers_topology().empty()) return false;
+  dp.schedule = parse_schedule("hierarchical");
+  dp.combine_order = CombineOrder::kNodeFirst;
+  return true;
+}
+
 void default_topology_from_nodes(DataPlaneOptions& dp, Bootstrap& boot, const NodeMap& nodes, const std::string& who) {
   if (dp.schedule.kind != ScheduleKind::kHierarchical || dp.topology != DataPlaneOptions{}.topology || nodes.num_nodes < 2)
     return;

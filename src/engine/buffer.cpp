@@ -89,7 +89,9 @@ std::vector<AgreedValue> agreed_values(const BufferConfig& c, int W) {
           {"aggregate_bytes", n(o.aggregate_bytes)},
           {"protocol", n(static_cast<int>(o.protocol))},
           {"ring_rows", n(c.ring_rows)},
-          {"output_pool_bytes", n(c.output_pool_bytes)}};
+          {"output_pool_bytes", n(c.output_pool_bytes)},
+          {"combine order", to_string(o.combine_order)},
+          {"replies_first_max_bytes", n(o.replies_first_max_bytes)}};
 }
 
 }  // namespace
@@ -451,7 +453,8 @@ struct Buffer::Impl::CombineCall : detail::AsyncCall {
     // first and sends nothing (so no two ranks' plans write the same reply rows); the
     // exchange fails every rank.
     const MaybeStatus status = m.check_combine(a);
-    const bool replies_first = m.calls.begin_combine(m.rows_first_allowed(), status ? 0 : a.handle->state_->dispatch_epoch);
+    const bool replies_first = m.calls.begin_combine(!status && m.replies_first_allowed(*a.handle->state_),
+                                                     status ? 0 : a.handle->state_->dispatch_epoch);
     NotifyHeader mine{};
     mine.handle_epoch = status ? 0 : a.handle->state_->dispatch_epoch;
     mine.y_offset = status ? -1 : m.y_offset_in_window(*a.handle->state_, a);

@@ -116,6 +116,10 @@ struct Buffer::Impl {
   /// complete them ("rows first", docs/engine.md): not with the ring (its credits pace the
   /// rows), relays or the flag protocol (they complete rows their own way).
   bool rows_first_allowed() const noexcept { return spi::allows(spi::Path::kRowsFirst, config); }
+  /// A combine with handle `h` may push its replies before the exchange (the call state
+  /// decides the rest): the table allows it, and with an output pool every rank's dispatch
+  /// output of `h` is small (DataPlaneOptions::replies_first_max_bytes; the same on every rank).
+  bool replies_first_allowed(const detail::HandleState& h) const noexcept;
   void plan_slots(detail::HandleState& h, const Peers& peers);
   /// Dispatch, before the header exchange: the output block this rank offers its senders
   /// (none when its output is a view or must be a copy; `why` then says why, CallStats::

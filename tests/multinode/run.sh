@@ -11,14 +11,17 @@
 # (not root, no ip/unshare) or the build has no shmem transport.
 #
 # Checks (bit for bit against tests/reference inside epx_multinode_rank):
-#   one machine, no namespace, 4 ranks: every case (peers mapped by shmem_ptr: copies, pull)
-#   2 machines x 2 ranks: every case; the bytes that crossed the veth against epx's count;
-#       the hierarchical schedule puts across machines only to same-lane ranks
+#   one machine, no namespace, 4 ranks, no Open MPI flags: every case (peers mapped by
+#       shmem_ptr: copies, pull); epx set the heap and osc ucx
+#   2 machines x 2 ranks, the network's flags only: every case; the bytes that crossed the
+#       veth against epx's count; the hierarchical schedule, both combine orders, puts
+#       across machines only to same-lane ranks, node-first no more than flat
 #   2 machines x 4 ranks: a subset (both layouts, FP8 + worst, tail; flag runs at 2 x 2: a fence per 512-byte block)
 #   epx replay --transport shmem: cases of tests/e2e/check_replay.py (numpy reference) in one
 #       namespace and at 2 x 2 (one FP8 case at 2 + 1), errors naming the rank at fault; a
 #       launcher whose P is not meta.json's refused on every rank
-#   epx bench --transport shmem --baseline mpi, 2 x 2: the baseline's report lines and ratios
+#   epx bench --transport shmem --baseline mpi, 2 x 2, network settings only: hierarchical +
+#       node-first by default, epx's runtime settings, the baseline's report lines and ratios
 #   BucketBuffer, 1 machine x 4 and 2 x 2: every bucket case bit for bit (two-level all_reduce
 #       across machines); epx bench --op all_reduce --bytes 16M --baseline mpi at 2 x 2
 #   PPBuffer / EngramBuffer, 2 x 2: random programs and fetches bit for bit; epx bench --op pp
@@ -78,7 +81,12 @@ printf '%s slots=4\n%s slots=4\n' "$ns1" "$ns2" >"$work/hosts4"
 
 common=(--allow-run-as-root --oversubscribe --mca spml ucx --mca osc ucx --mca pml ucx
         --mca opal_common_ucx_tls any --mca opal_common_ucx_devices any)
-# Across namespaces: TCP on eth1 only; the daemons notice a dead link within ~5 s.
+# Across namespaces with only the network's settings (epx sets the rest: osc ucx, the heap,
+# UCX's TCP segments; src/transport/shmem/shmem_settings.cpp).
+net=(--allow-run-as-root --oversubscribe --mca plm_rsh_agent "$here/agent.sh" --mca oob_tcp_if_include 10.200.0.0/24
+     --mca btl self,tcp --mca btl_tcp_if_include 10.200.0.0/24 -x UCX_TLS=tcp,sysv,posix,self -x UCX_NET_DEVICES=eth1 -x EPX_MN_LOG)
+# Across namespaces (the fault sections' settings, as measured there): TCP on eth1 only; the
+# daemons notice a dead link within ~5 s.
 across=("${common[@]}" --mca plm_rsh_agent "$here/agent.sh" --mca oob_tcp_if_include 10.200.0.0/24
         --mca btl self,tcp --mca btl_tcp_if_include 10.200.0.0/24
         --mca oob_tcp_keepalive_time 3 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 2
@@ -89,11 +97,13 @@ across=("${common[@]}" --mca plm_rsh_agent "$here/agent.sh" --mca oob_tcp_if_inc
 quiet_noise() { grep -v -e 'setpgid' -e 'rdma_create_event_channel' -e '^$' "$1" || true; }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-# across_run NAME NP HOSTFILE TIMEOUT_S PROGRAM [args...]: one job over the two namespaces.
+# across_run NAME NP HOSTFILE TIMEOUT_S PROGRAM [args...]: one job over the two namespaces
+# (launcher settings: the array named by $flags, default across).
 across_run() {
   local name=$1 np=$2 hosts=$3 limit=$4; shift 4
+  local -n launch_flags=${flags:-across}
   rm -f "$work"/shm-*
-  timeout "$limit" ip netns exec "$ns1" oshrun "${across[@]}" --hostfile "$work/$hosts" -np "$np" "$@" \
+  timeout "$limit" ip netns exec "$ns1" oshrun "${launch_flags[@]}" --hostfile "$work/$hosts" -np "$np" "$@" \
     >"$work/$name.out" 2>"$work/$name.err"
 }
 # across NAME NP HOSTFILE TIMEOUT_S [rank args...]: the test rank program over the two namespaces.
@@ -120,24 +130,28 @@ t0=$(date +%s)
 only=${EPX_MN_ONLY:-.}  # a regex over the section names below, for debugging one of them
 want() { [[ $1 =~ $only ]]; }
 
-# 1. One machine, no namespace: every peer mapped (copies, pull mode).
+# 1. One machine, no namespace, no Open MPI flags at all (epx sets osc ucx and the heap):
+# every peer mapped (copies, pull mode).
 if want one; then
-timeout 120 oshrun "${common[@]}" --mca btl self,tcp -np 4 "$bin" --timeout-ms 20000 >"$work/one-machine.out" 2>"$work/one-machine.err"
+timeout 120 oshrun --allow-run-as-root --oversubscribe -np 4 "$bin" --timeout-ms 20000 >"$work/one-machine.out" 2>"$work/one-machine.err"
 check_pass one-machine $? $all_cases
 grep -q '0=mapped 1=mapped 2=mapped 3=mapped' "$work/one-machine.out" || fail "one-machine: peers not mapped"
+grep '^RUNTIME ' "$work/one-machine.out" | grep -q 'epx default: .*; set: SMA_SYMMETRIC_SIZE=[0-9]*M OMPI_MCA_osc=ucx' ||
+  fail "one-machine: epx did not set the heap and osc: $(grep '^RUNTIME' "$work/one-machine.out")"
 fi
 
-# 2. Two machines x 2 ranks: every case.
+# 2. Two machines x 2 ranks, only the network's launcher settings: every case.
 if want x2; then
-across two-machines-x2 4 hosts2 150 --timeout-ms 20000
+flags=net across two-machines-x2 4 hosts2 150 --timeout-ms 20000
 check_pass two-machines-x2 $? $all_cases
 grep -q 'rank 0 node 0 paths: 0=mapped 1=mapped 2=shmem 3=shmem' "$work/two-machines-x2.out" ||
   fail "two-machines-x2: unexpected paths: $(grep -h paths: "$work/two-machines-x2.out" | head -1)"
 fi
 
-# 3. Bytes across the veth against epx's count; the hierarchical schedule's cross-machine puts.
+# 3. Bytes across the veth against epx's count; the hierarchical schedule's cross-machine puts
+# in both combine orders (node first: no more bytes across than flat).
 if want bytes; then
-across bytes 4 hosts2 90 --timeout-ms 20000 --bytes --hierarchical-count
+flags=net across bytes 4 hosts2 90 --timeout-ms 20000 --bytes --hierarchical-count
 rc=$?
 if [ "$rc" -ne 0 ]; then
   fail "bytes/hierarchical: exit $rc"; quiet_noise "$work/bytes.err" | tail -10
@@ -205,12 +219,18 @@ fi
 if want baseline; then
   /usr/bin/python3 "$repo/tests/e2e/gen_case.py" --out "$work/bench-case" --ranks 4 --experts 16 --hidden 1024 --topk 4 \
     --tokens 128 --seed 3 >/dev/null || fail "bench-baseline-x2: gen_case.py failed"
-  across_run bench-baseline-x2 4 hosts2 120 "$build/src/tools/epx" bench --transport shmem --baseline mpi \
+  # Only the network's launcher settings, no schedule: across nodes the bench runs the
+  # hierarchical schedule with the node-first combine, and the baseline adds in that order.
+  flags=net across_run bench-baseline-x2 4 hosts2 120 "$build/src/tools/epx" bench --transport shmem --baseline mpi \
     --routing "$work/bench-case" --iters 5 --warmup 1 --timeout-ms 20000
   rc=$?
   out=$work/bench-baseline-x2.out ok=1
   [ "$rc" -eq 0 ] || { fail "bench-baseline-x2: exit $rc"; quiet_noise "$work/bench-baseline-x2.err" | tail -10; ok=0; }
   grep -q '^transport shmem (ranks from the launcher): 2 nodes; ' "$out" || { fail "bench-baseline-x2: no node layout line"; ok=0; }
+  grep -q '^shmem runtime: .*epx set SMA_SYMMETRIC_SIZE=.*OMPI_MCA_osc=ucx' "$out" ||
+    { fail "bench-baseline-x2: no shmem runtime line with epx's settings: $(grep '^shmem runtime' "$out")"; ok=0; }
+  grep -q 'schedule hierarchical, .*combine order node-first' "$out" ||
+    { fail "bench-baseline-x2: not hierarchical + node-first by default: $(grep -m1 'data plane' "$out")"; ok=0; }
   grep -q '^MPI BASELINE' "$out" || { fail "bench-baseline-x2: no MPI BASELINE section"; ok=0; }
   grep -q '^  verified: same dispatch rows and combine output on all 4 ranks' "$out" ||
     { fail "bench-baseline-x2: baseline not verified: $(grep -E 'verified|MISMATCH|unavailable' "$out")"; ok=0; }

@@ -241,7 +241,49 @@ void bytes_case(Bootstrap& boot, Transport& t, const NodeMap& nodes) {
   }
 }
 
-/// The hierarchical schedule on the real layout: puts to other nodes go to the same lane only.
+/// One round trip of `c` on the hierarchical schedule with `order`, bit for bit against the
+/// reference in that order; fails if rows went to another node's rank other than my lane's.
+/// Returns the bytes of rows this rank put to the other nodes: in the dispatch, in the combine.
+std::pair<std::uint64_t, std::uint64_t> hierarchical_round_trip(Transport& t, const NodeMap& nodes, const Case& c,
+                                                                CombineOrder order) {
+  const int P = t.num_ranks(), r = t.rank(), per = nodes.uniform_ranks_per_node();
+  const ref::Problem p = ref::make_problem(c.fx);
+  const auto want = ref::dispatch_all(p, c.d);
+  std::vector<std::vector<std::uint16_t>> y(static_cast<std::size_t>(P));
+  for (int s = 0; s < P; ++s) y[static_cast<std::size_t>(s)] = ref::expert_fn(p, want[static_cast<std::size_t>(s)], c.d);
+  const bool node_first = order == CombineOrder::kNodeFirst;
+  const auto combined = ref::combine(p, c.d, want, y, nullptr, nullptr, false, r, node_first ? &nodes.node_of_rank : nullptr);
+  BufferConfig cfg = config_of(p, c);
+  cfg.dataplane.topology = "builtin:servers:" + std::to_string(per);
+  cfg.dataplane.schedule = parse_schedule("hierarchical");
+  cfg.dataplane.combine_order = order;
+  Buffer buffer(t, cfg);
+  auto cross = [&](const std::vector<ShmemPeerInfo>& from, const std::vector<ShmemPeerInfo>& to) {
+    std::uint64_t bytes = 0;
+    for (int q = 0; q < P; ++q) {
+      const auto n = to[static_cast<std::size_t>(q)].payload_bytes - from[static_cast<std::size_t>(q)].payload_bytes;
+      if (nodes.node_of_rank[static_cast<std::size_t>(q)] == nodes.node_of_rank[static_cast<std::size_t>(r)]) continue;
+      if (q % per != r % per && n > 0)
+        fail(r, "hierarchical: " + std::to_string(n) + " bytes of rows put to rank " + std::to_string(q) + " on another node, not my lane");
+      bytes += n;
+    }
+    return bytes;
+  };
+  const auto before = shmem_peer_info(t);
+  DispatchResult d = buffer.dispatch(dispatch_args(views_of(p, r), c.d));
+  expect_dispatch(r, p, c.d, want[static_cast<std::size_t>(r)], d);
+  const auto dispatched = shmem_peer_info(t);
+  CombineArgs ca;
+  ca.y = TensorView(y[static_cast<std::size_t>(r)].data(), DType::kBF16, {want[static_cast<std::size_t>(r)].rows, p.hidden});
+  ca.handle = &d.handle;
+  expect_bits(r, std::string("combined_x (hierarchical, ") + to_string(order) + ")", buffer.combine(ca).combined_x.data(), combined);
+  t.barrier("hierarchical count");
+  return {cross(before, dispatched), cross(dispatched, shmem_peer_info(t))};
+}
+
+/// The hierarchical schedule on the real layout, both combine orders: puts to other nodes go
+/// to the same lane only, and the node-first combine sends no more bytes across than the
+/// flat one (one sum per token and node pair instead of one reply per rank).
 void hierarchical_count(Transport& t, const NodeMap& nodes) {
   const int P = t.num_ranks(), r = t.rank();
   const int per = nodes.uniform_ranks_per_node();
@@ -251,34 +293,13 @@ void hierarchical_count(Transport& t, const NodeMap& nodes) {
   for (bool exp : {false, true}) {
     Case c{"hierarchical", fx(P, 4, 40), {}};
     c.d.expanded = exp;
-    const ref::Problem p = ref::make_problem(c.fx);
-    const auto want = ref::dispatch_all(p, c.d);
-    std::vector<std::vector<std::uint16_t>> y(static_cast<std::size_t>(P));
-    for (int s = 0; s < P; ++s) y[static_cast<std::size_t>(s)] = ref::expert_fn(p, want[static_cast<std::size_t>(s)], c.d);
-    const auto combined = ref::combine(p, c.d, want, y, nullptr, nullptr, false, r);
-    BufferConfig cfg = config_of(p, c);
-    cfg.dataplane.topology = "builtin:servers:" + std::to_string(per);
-    cfg.dataplane.schedule = parse_schedule("hierarchical");
-    Buffer buffer(t, cfg);
-    const auto before = shmem_peer_info(t);
-    DispatchResult d = buffer.dispatch(dispatch_args(views_of(p, r), c.d));
-    expect_dispatch(r, p, c.d, want[static_cast<std::size_t>(r)], d);
-    CombineArgs ca;
-    ca.y = TensorView(y[static_cast<std::size_t>(r)].data(), DType::kBF16, {want[static_cast<std::size_t>(r)].rows, p.hidden});
-    ca.handle = &d.handle;
-    expect_bits(r, "combined_x (hierarchical)", buffer.combine(ca).combined_x.data(), combined);
-    t.barrier("hierarchical count");
-    const auto after = shmem_peer_info(t);
-    std::uint64_t cross = 0;
-    for (int q = 0; q < P; ++q) {
-      const auto n = after[static_cast<std::size_t>(q)].payload_bytes - before[static_cast<std::size_t>(q)].payload_bytes;
-      if (nodes.node_of_rank[static_cast<std::size_t>(q)] == nodes.node_of_rank[static_cast<std::size_t>(r)]) continue;
-      if (q % per != r % per && n > 0)
-        fail(r, "hierarchical: " + std::to_string(n) + " bytes of rows put to rank " + std::to_string(q) + " on another node, not my lane");
-      cross += n;
-    }
-    std::printf("HIER rank %d %s bytes of rows to the other node %llu (same lane only)\n", r, exp ? "expanded" : "compact",
-                static_cast<unsigned long long>(cross));
+    const auto flat = hierarchical_round_trip(t, nodes, c, CombineOrder::kFlat);
+    const auto node_first = hierarchical_round_trip(t, nodes, c, CombineOrder::kNodeFirst);
+    if (node_first.second > flat.second)
+      fail(r, "node-first combine put " + std::to_string(node_first.second) + " bytes across, the flat one " + std::to_string(flat.second));
+    std::printf("HIER rank %d %s bytes of rows to the other node %llu (same lane only); combine: flat %llu, node-first %llu\n", r,
+                exp ? "expanded" : "compact", static_cast<unsigned long long>(flat.first + flat.second),
+                static_cast<unsigned long long>(flat.second), static_cast<unsigned long long>(node_first.second));
   }
 }
 
@@ -358,6 +379,12 @@ int main_impl(int argc, char** argv) {
     os << "rank " << r << " node " << nodes.node_of_rank[static_cast<std::size_t>(r)] << " paths:";
     for (const auto& i : shmem_peer_info(*t)) os << ' ' << i.peer << '=' << (i.mapped ? "mapped" : "shmem");
     std::printf("%s\n", os.str().c_str());
+    if (r == 0) {  // what epx set for Open MPI because the launcher had not (epx::ShmemOptions)
+      const ShmemRuntimeInfo info = shmem_runtime_info();
+      std::printf("RUNTIME heap %zu (%s); set:", info.heap_bytes, info.heap_from.c_str());
+      for (const std::string& v : info.set_by_epx) std::printf(" %s", v.c_str());
+      std::printf("\n");
+    }
     std::fflush(stdout);
   }
   if (!fault.empty()) {

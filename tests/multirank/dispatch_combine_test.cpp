@@ -2,6 +2,7 @@
 // independent reference (tests/reference), for every routing shape SPEC §3–4 describe.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -138,7 +139,9 @@ void run_case(const TestTransport& where, const Case& c, std::int64_t pool) {
     cfg.output_pool_bytes = pool == 0 ? 0 : 8 * p.num_ranks * cfg.max_tokens_per_rank * 2 * p.hidden + (1 << 20);
     Buffer buffer(t, cfg);
     const RecvLayout layout = c.d.expanded ? RecvLayout::kExpanded : RecvLayout::kCompact;
-    const bool first = spi::allows(spi::Path::kRowsFirst, cfg);  // no output pool: rows / replies first
+    const bool first = spi::allows(spi::Path::kRowsFirst, cfg);  // no output pool: rows first
+    // Replies first without a pool, and with one at these sizes (replies_first_max_bytes).
+    const bool replies_first = spi::allows_replies_first(cfg);
     const RankViews v = views_of(p, r);
     DispatchResult d = buffer.dispatch(dispatch_args(v, c.d));
     expect_dispatch(r, p, c.d, want[ur], d);
@@ -161,7 +164,7 @@ void run_case(const TestTransport& where, const Case& c, std::int64_t pool) {
     }
     const CombineResult out = buffer.combine(ca);
     expect_bits(r, "combined_x", out.combined_x.data(), combined[ur]);
-    EXPECT_EQ(buffer.last_stats().data_first, first) << "rank " << r;  // right after a dispatch: replies first
+    EXPECT_EQ(buffer.last_stats().data_first, replies_first) << "rank " << r;  // right after a dispatch: replies first
     expect_bits(r, "combine topk_weights", out.topk_weights.data(), p.ranks[ur].topk_weights);
 
     // Cached dispatch: same x gives the same bits; new x lands exactly where the
@@ -179,7 +182,7 @@ void run_case(const TestTransport& where, const Case& c, std::int64_t pool) {
     expect_output(r, buffer, layout, "cached dispatch while the previous output is held", true);
     const CombineResult out2 = buffer.combine(ca);  // the first handle again
     expect_bits(r, "combined_x (second combine)", out2.combined_x.data(), combined[ur]);
-    EXPECT_EQ(buffer.last_stats().data_first, first) << "rank " << r;
+    EXPECT_EQ(buffer.last_stats().data_first, replies_first) << "rank " << r;
     CombineArgs wide;
     wide.y = TensorView(y_wide[ur].data(), DType::kBF16, {want[ur].rows, p.hidden});
     wide.handle = &d.handle;
@@ -329,6 +332,49 @@ TEST(DispatchCombine, ReceiveAreaBelowPTimesC) {
   }
 }
 
+// With the output pool, a combine right after its dispatch pushes its replies before the
+// exchange (one synchronisation) when every rank's dispatch output is at most
+// replies_first_max_bytes, and exchanges first — pulling y in place, on mapped transports —
+// when one is bigger; both give the reference's bits, and the limit is agreed at construction.
+TEST(DispatchCombine, SmallCombinesGoRepliesFirstWithThePool) {
+  const ref::Problem p = ref::make_problem(fx(4, 16, 4, {20, 13, 0, 9}, 43));
+  ref::DispatchOptions compact;
+  const auto want = ref::dispatch_all(p, compact);
+  std::vector<std::vector<std::uint16_t>> y;
+  for (int r = 0; r < 4; ++r) y.push_back(ref::expert_fn(p, want[static_cast<std::size_t>(r)], compact));
+  std::int64_t largest = 0;  // the biggest dispatch output, in bytes
+  for (const auto& w : want) largest = std::max<std::int64_t>(largest, w.rows * p.hidden * 2);
+  for (const std::size_t limit : {static_cast<std::size_t>(largest), static_cast<std::size_t>(largest) - 1}) {
+    launch({4, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      const int r = t.rank();
+      const auto ur = static_cast<std::size_t>(r);
+      BufferConfig cfg = config_for(p);
+      cfg.dataplane.replies_first_max_bytes = limit;
+      Buffer buffer(t, cfg);
+      DispatchResult d = buffer.dispatch(dispatch_args(views_of(p, r), compact));
+      if (!y[ur].empty()) std::memcpy(d.recv_x.data(), y[ur].data(), y[ur].size() * sizeof(std::uint16_t));
+      CombineArgs ca;
+      ca.y = d.recv_x.view();  // y over the one-copy recv_x: pullable where the combine exchanges first
+      ca.handle = &d.handle;
+      const auto combined = ref::combine(p, compact, want, y, nullptr, nullptr, false, r);
+      expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), combined);
+      const bool small = limit == static_cast<std::size_t>(largest);
+      EXPECT_EQ(buffer.last_stats().data_first, small) << "rank " << r << ", limit " << limit;
+      EXPECT_EQ(buffer.last_stats().pulled, !small) << "rank " << r << ", limit " << limit;
+    });
+  }
+  try {  // a limit that differs between ranks would split them between the two paths
+    launch({4, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      BufferConfig cfg = config_for(p);
+      if (t.rank() == 2) cfg.dataplane.replies_first_max_bytes = 1;
+      Buffer buffer(t, cfg);
+    });
+    ADD_FAILURE() << "ranks with different replies_first_max_bytes made a buffer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("replies_first_max_bytes"), std::string::npos) << e.what();
+  }
+}
+
 // One-copy outputs are the caller's: a Buffer's outputs (blocks of its output pool) stay
 // exact across any number of later calls — fresh, cached, compact, expanded, FP8, combines
 // reading them in place — while the caller holds them. When the pool has no room for the
@@ -354,7 +400,9 @@ TEST(DispatchCombine, HeldOutputsStayExactAndThePoolFallsBackToCopies) {
     launch_on(where, {4, where.kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
       const int r = t.rank();
       const auto ur = static_cast<std::size_t>(r);
-      Buffer buffer(t, config_for(p));  // the default output pool: one output of the largest size
+      BufferConfig cfg = config_for(p);  // the default output pool: one output of the largest size
+      cfg.dataplane.replies_first_max_bytes = 0;  // a combine right after its dispatch pulls (not replies first)
+      Buffer buffer(t, cfg);
       struct Held {
         DispatchResult d;
         const ref::Problem* p;

@@ -56,6 +56,9 @@ BufferConfig config_of(const ref::Problem& p, const PathCase& c) {
   if (c.path == spi::Path::kPull)
     config.output_pool_bytes =
         static_cast<std::int64_t>(6 * output_block_bytes(kRanks * config.max_tokens_per_rank, p.hidden, DType::kBF16));
+  // Direct and pull: combines right after their dispatch exchange first (else these small
+  // ones would go replies first with the pool, DataPlaneOptions::replies_first_max_bytes).
+  if (c.path == spi::Path::kDirect || c.path == spi::Path::kPull) config.dataplane.replies_first_max_bytes = 0;
   return config;
 }
 
@@ -191,9 +194,10 @@ TEST(PathTable, NamesOnePathPerCall) {
   EXPECT_EQ(spi::combine_path(c, true, true), spi::Path::kRowsFirst);
   EXPECT_EQ(spi::combine_path(c, false, true), spi::Path::kPull);
   EXPECT_EQ(spi::combine_path(c, false, false), spi::Path::kDirect);
-  c.output_pool_bytes = -1;  // with the pool, rows never go first
+  c.output_pool_bytes = -1;  // with the pool, rows never go first; replies may (the call's size decides)
   EXPECT_EQ(spi::dispatch_path(c, true), spi::Path::kDirect);
-  EXPECT_EQ(spi::combine_path(c, true, false), spi::Path::kDirect);
+  EXPECT_EQ(spi::combine_path(c, true, false), spi::Path::kRowsFirst);
+  EXPECT_TRUE(spi::allows_replies_first(c));
   c.dataplane.protocol = Protocol::kFlag;  // flagged rows are not where y lies
   EXPECT_EQ(spi::combine_path(c, false, true), spi::Path::kDirect);
   c.dataplane.protocol = Protocol::kExplicit;

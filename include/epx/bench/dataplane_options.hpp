@@ -13,7 +13,7 @@
 namespace epx::tools {
 
 /// The option names without "--", in DataPlaneOptions order: topology, schedule, queues,
-/// queue-split, aggregate, protocol.
+/// queue-split, aggregate, protocol, combine-order, replies-first-max.
 const std::vector<std::string>& dataplane_option_names();
 
 /// Sets the option `name` (one of dataplane_option_names()) of `d` from its text.
@@ -32,7 +32,8 @@ std::string byte_size_text(std::size_t bytes);
 
 /// The options against each other and the shape, before anything runs: a ratio split needs
 /// one part per queue; grouped:W needs W to divide the ranks; the builtin topologies
-/// (epx/topology.hpp) must fit the ranks, and hierarchical needs more than one server.
+/// (epx/topology.hpp) must fit the ranks, and hierarchical needs more than one server;
+/// combine order node-first needs the hierarchical schedule.
 /// Throws kInvalidArgument naming the options involved. ranks == 0 (not known yet): only the
 /// checks that do not need P. A topology file is checked by the engine (load_topology)
 /// when the Buffer is made.
@@ -41,7 +42,8 @@ void check_dataplane(const DataPlaneOptions& d, int ranks);
 /// "topology builtin:flat, schedule rotated, 1 queue (split rr), aggregate 1M, protocol explicit"
 std::string describe_dataplane(const DataPlaneOptions& d);
 
-/// {"topology", "schedule", "queues", "queue_split", "aggregate_bytes", "protocol"}
+/// {"topology", "schedule", "queues", "queue_split", "aggregate_bytes", "protocol", "combine_order",
+/// "replies_first_max_bytes"}
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d);
 
 }  // namespace epx::tools

@@ -89,6 +89,9 @@ inline Path base_path(const BufferConfig& c) noexcept {
 inline std::string refuse_config(const BufferConfig& c, const TransportCaps& caps) {
   if (c.ring_rows > 0 && c.dataplane.schedule.kind == ScheduleKind::kHierarchical)
     return "ring_rows (bounded receive area) does not combine with the hierarchical schedule";
+  if (c.dataplane.combine_order == CombineOrder::kNodeFirst && base_path(c) != Path::kRelay)
+    return "combine order 'node-first' sums a token's partials at the relays of the hierarchical schedule, but the schedule is '" +
+           to_string(c.dataplane.schedule) + "'";
   const Protocol p = c.dataplane.protocol;
   const PathRule& path = rule(base_path(c));
   const ProtocolRule& proto = rule(p);
@@ -129,6 +132,15 @@ inline bool allows(Path variant, const BufferConfig& c, bool peer_window = false
   return v.protocols[static_cast<int>(c.dataplane.protocol)];
 }
 
+/// Whether a combine may push its replies before the header exchange (replies first) at all:
+/// the rows-first row's rule, except that the output pool does not matter — replies land in
+/// the sources' reply areas, never in an output block. The call still needs its own
+/// conditions (CallState: right after the dispatch of its handle, no views) and, with a
+/// pool, a small enough call (DataPlaneOptions::replies_first_max_bytes).
+inline bool allows_replies_first(const BufferConfig& c) noexcept {
+  return base_path(c) == Path::kDirect && rule(Path::kRowsFirst).protocols[static_cast<int>(c.dataplane.protocol)];
+}
+
 /// The path one dispatch takes (named once per call): rows first when the call state chose
 /// it (`rows_first`: the previous call was a combine that freed every receive area and no
 /// rank holds a view; CallState::begin_dispatch) and the table allows it, else the base path.
@@ -141,7 +153,7 @@ inline Path dispatch_path(const BufferConfig& c, bool rows_first) noexcept {
 /// in its window (`all_y_in_window`, from the headers; each rank offers it only where
 /// allows(kPull) holds), else the base path (direct = push, relay, ring).
 inline Path combine_path(const BufferConfig& c, bool replies_first, bool all_y_in_window) noexcept {
-  if (replies_first && allows(Path::kRowsFirst, c)) return Path::kRowsFirst;
+  if (replies_first && allows_replies_first(c)) return Path::kRowsFirst;
   if (!replies_first && all_y_in_window && allows(Path::kPull, c, true)) return Path::kPull;
   return base_path(c);
 }

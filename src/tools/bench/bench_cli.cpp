@@ -209,6 +209,9 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
                   "--op <collective>: auto | staged | mapped | pipelined | two-level | direct (BucketOptions::algorithm: "
                   "the one to use where it can run; for A/B runs)")->capture_default_str();
   add_dataplane_options(sub, o.dataplane);
+  sub->parse_complete_callback([sub, &o] {
+    o.schedule_auto = sub->get_option("--schedule")->count() == 0 && sub->get_option("--combine-order")->count() == 0;
+  });
   sub->add_option("--sweep", o.sweep,
                   "run every combination of the values and print one comparison table: KEY=V1,V2,... with KEY one of "
                   "topology, schedule, queues, queue-split, aggregate, protocol, tokens, workers, ring-rows (repeatable; the "
