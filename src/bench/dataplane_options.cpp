@@ -16,7 +16,8 @@ namespace {
 }  // namespace
 
 const std::vector<std::string>& dataplane_option_names() {
-  static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol"};
+  static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol",
+                                                   "send-policy"};
   return names;
 }
 
@@ -39,6 +40,25 @@ std::size_t parse_byte_size(const std::string& text) {
   if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) return fail();
   if (n > (std::numeric_limits<std::size_t>::max() >> shift)) return fail();
   return static_cast<std::size_t>(n) << shift;
+}
+
+SendPolicy parse_send_policy(const std::string& text) {
+  if (text == "auto") return {SendPolicyKind::kAuto, 0};
+  if (text == "whole") return {SendPolicyKind::kWhole, 0};
+  if (text.rfind("block:", 0) == 0) {
+    const std::size_t bytes = parse_byte_size(text.substr(6));
+    if (bytes > 0) return {SendPolicyKind::kBlock, bytes};
+  }
+  bad("'" + text + "' is not one of: auto, whole, block:BYTES (BYTES > 0, K/M/G suffixes)");
+}
+
+std::string to_string(const SendPolicy& p) {
+  switch (p.kind) {
+    case SendPolicyKind::kAuto: return "auto";
+    case SendPolicyKind::kWhole: return "whole";
+    case SendPolicyKind::kBlock: return "block:" + byte_size_text(p.block_bytes);
+  }
+  return "?";
 }
 
 std::string byte_size_text(std::size_t bytes) {
@@ -65,6 +85,8 @@ void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const st
       d.aggregate_bytes = parse_byte_size(value);
     } else if (name == "protocol") {
       d.protocol = parse_protocol(value);
+    } else if (name == "send-policy") {
+      d.send_policy = parse_send_policy(value);
     } else {
       bad("unknown data-plane option '" + name + "'");
     }
@@ -82,6 +104,7 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
   if (name == "queue-split") return to_string(d.queue_split);
   if (name == "aggregate") return byte_size_text(d.aggregate_bytes);
   if (name == "protocol") return to_string(d.protocol);
+  if (name == "send-policy") return to_string(d.send_policy);
   bad("unknown data-plane option '" + name + "'");
 }
 
@@ -107,7 +130,8 @@ void check_dataplane(const DataPlaneOptions& d, int ranks) {
 std::string describe_dataplane(const DataPlaneOptions& d) {
   return "topology " + d.topology + ", schedule " + to_string(d.schedule) + ", " + std::to_string(d.queues) +
          (d.queues == 1 ? " queue" : " queues") + " (split " + to_string(d.queue_split) + "), aggregate " +
-         (d.aggregate_bytes == 0 ? std::string("off") : byte_size_text(d.aggregate_bytes)) + ", protocol " + to_string(d.protocol);
+         (d.aggregate_bytes == 0 ? std::string("off") : byte_size_text(d.aggregate_bytes)) + ", protocol " + to_string(d.protocol) +
+         ", send policy " + to_string(d.send_policy);
 }
 
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
@@ -118,6 +142,7 @@ nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
   j["queue_split"] = to_string(d.queue_split);
   j["aggregate_bytes"] = d.aggregate_bytes;
   j["protocol"] = to_string(d.protocol);
+  j["send_policy"] = to_string(d.send_policy);
   return j;
 }
 

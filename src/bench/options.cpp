@@ -4,6 +4,7 @@
 #include <string>
 
 #include "epx/bench/dataplane_options.hpp"
+#include "epx/bench/routing.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
 #include "epx/spi/resources.hpp"
@@ -80,6 +81,7 @@ void validate_options(const BenchOptions& o) {
   if (o.warmup < 0) bad("--warmup must be >= 0, got " + std::to_string(o.warmup));
   if (o.overhead_iters < 0) bad("--counters-overhead must be >= 0, got " + std::to_string(o.overhead_iters));
   if (o.skew < 0) bad("--skew must be >= 0 (0 = uniform), got " + std::to_string(o.skew));
+  check_group_limit(o.groups, o.topk_groups, o.experts, o.topk, o.skew);
   checked_timeout(o.timeout_ms);
   if (!o.baseline.empty() && o.baseline != "mpi") bad("--baseline must be 'mpi', got '" + o.baseline + "'");
   // With --routing, P is known once meta.json is read: run_bench checks the rest then.

@@ -87,10 +87,10 @@ TEST(SimCalibration, ProfileMatchesThePublishedEP8To32Within3Percent) {
   const std::vector<CalibrationPoint> points = calibration_points(o, sim::load_hardware("ascend950-supernode"));
   ASSERT_EQ(points.size(), 3u);
   for (const CalibrationPoint& p : points) {
-    std::printf("EP%d: dispatch %.1f GB/s (%+.2f %%), combine %.1f GB/s (%+.2f %%)\n", p.target.ep, p.dispatch_gbps,
+    std::printf("EP%d: dispatch %.1f GB/s (%+.2f %%), combine %.1f GB/s (%+.2f %%)\n", p.target.point.ep, p.dispatch_gbps,
                 p.dispatch_error_pct, p.combine_gbps, p.combine_error_pct);
-    EXPECT_LE(std::fabs(p.dispatch_error_pct), 3.0) << "EP" << p.target.ep;
-    EXPECT_LE(std::fabs(p.combine_error_pct), 3.0) << "EP" << p.target.ep;
+    EXPECT_LE(std::fabs(p.dispatch_error_pct), 3.0) << "EP" << p.target.point.ep;
+    EXPECT_LE(std::fabs(p.combine_error_pct), 3.0) << "EP" << p.target.point.ep;
   }
 }
 

@@ -76,8 +76,14 @@ TEST(SimHardware, BuiltinProfileHasEveryParameterWithUnitAndSource) {
     EXPECT_FALSE(p.unit.empty()) << p.name;
     EXPECT_FALSE(p.source.empty()) << p.name;
   }
-  EXPECT_GT(m.latency(0, 64, 0, 1), m.latency(0, 1, 0, 0));
-  EXPECT_EQ(m.latency(0, 64, 0, 1) - m.latency(0, 1, 0, 0), m.frame_crossing_latency.to_ps());
+  RankPlace f0, f1, s1;
+  f1.frame = 1;
+  s1.server = 1;
+  EXPECT_GT(m.latency(0, 64, f0, f1), m.latency(0, 1, f0, f0));
+  EXPECT_EQ(m.latency(0, 64, f0, f1) - m.latency(0, 1, f0, f0), m.frame_crossing_latency.to_ps());
+  // No scale-out network: another server is still on the scale-up fabric.
+  EXPECT_FALSE(m.scaleout(f0, s1));
+  EXPECT_EQ(m.latency(0, 8, f0, s1), m.latency(0, 1, f0, f0));
   // Round trip through JSON.
   const HardwareModel again = parse_hardware_json(to_json(m), "round trip");
   EXPECT_EQ(again.params.size(), m.params.size());
@@ -161,9 +167,11 @@ TEST(SimReplay, TopologyTablePlacesFrames) {
   EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}).max_rank, same.max_rank);  // default: servers of 8 / flat, one frame
   EXPECT_THROW(replay_call(two_rank_trace(), 1, hw, {}, load_topology("builtin:flat", 3)), Error);
   EXPECT_THROW(replay_call(two_rank_trace(), 1, hw, {}, two(2)), Error);  // the profile has 2 frames
-  EXPECT_EQ(default_topology_spec(128), "builtin:supernode128");
-  EXPECT_EQ(default_topology_spec(32), "builtin:servers:8");
-  EXPECT_EQ(default_topology_spec(4), "builtin:flat");
+  const HardwareModel ascend = load_hardware("ascend950-supernode"), h800 = load_hardware("h800-deepep");
+  EXPECT_EQ(default_topology_spec(128, ascend), "builtin:supernode128");
+  EXPECT_EQ(default_topology_spec(128, h800), "builtin:servers:8");  // one frame: servers of 8 at every size
+  EXPECT_EQ(default_topology_spec(32, ascend), "builtin:servers:8");
+  EXPECT_EQ(default_topology_spec(4, ascend), "builtin:flat");
 }
 
 // A worker stream that waits inside its task, and a poll loop (read_signal) recorded as a

@@ -13,7 +13,12 @@ namespace epx::detail {
 
 namespace {
 
-TransportCaps sim_caps() { return mapped_caps("sim"); }
+TransportCaps sim_caps(const sim::SimTransportOptions& o) {
+  TransportCaps c = mapped_caps("sim");
+  c.put_overhead_ns = o.put_overhead_ns;
+  c.put_gbps = o.put_gbps;
+  return c;
+}
 
 std::atomic<std::uint64_t> g_instances{0};
 
@@ -29,7 +34,7 @@ thread_local StreamCache t_cache;
 
 SimTransport::SimTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout, SimShared* shared,
                            const sim::SimTransportOptions& options)
-    : MappedTransport(control, rank, timeout, sim_caps()),
+    : MappedTransport(control, rank, timeout, sim_caps(options)),
       shared_(shared),
       options_(options),
       instance_(++g_instances) {
