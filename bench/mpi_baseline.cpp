@@ -19,7 +19,10 @@
 //             0.0f in ascending k, rounded to bf16; a single slot passes unchanged),
 //             MPI_Alltoallv back, and the source adds the partials in f32 from 0.0f
 //             (compact: ascending destination rank; expanded: ascending largest k of each
-//             destination's group) and rounds to bf16.  The expert is the identity: y is
+//             destination's group) and rounds to bf16 — or, with --node-of-rank, in SPEC.md
+//             section 4's node-first order (each node's partials summed and rounded first,
+//             ascending rank; then the nodes' sums in ascending node order), the order of
+//             epx's hierarchical node-first combine.  The expert is the identity: y is
 //             the dispatch output itself.
 //
 // It depends only on MPI, the C++ standard library and nlohmann-json: no epx header.
@@ -29,6 +32,7 @@
 //
 //   mpirun -np P epx_mpi_baseline --routing DIR --iters N --warmup M --json OUT.json
 //          [--layout compact|expanded] [--alignment A] [--verify-expert identity|replay]
+//          [--node-of-rank N0,N1,...]
 //
 // After the timed loop every rank hashes (FNV-1a 64) its dispatch output in the requested
 // layout and its combine output.  The combine that is hashed uses y = the dispatch output
@@ -256,12 +260,14 @@ struct Options {
   int alignment = 1;
   bool replay_expert = false;
   bool quiet = false;  // no summary line on stdout (the JSON only)
+  std::vector<int> node_of_rank;  // --node-of-rank: combine in the node-first order; empty = flat
 };
 
 const char* kUsage =
     "usage: mpirun -np P epx_mpi_baseline --routing DIR --iters N --warmup M --json OUT.json\n"
     "                                     [--layout compact|expanded] [--alignment A]\n"
-    "                                     [--verify-expert identity|replay] [--quiet]";
+    "                                     [--verify-expert identity|replay] [--quiet]\n"
+    "                                     [--node-of-rank N0,N1,... (one node per rank: node-first combine)]";
 
 int parse_int(const std::string& flag, const std::string& v, int lo) {
   std::size_t used = 0;
@@ -310,6 +316,9 @@ Options parse_options(int argc, char** argv) {
       o.quiet = true;
     } else if (a == "--alignment") {
       o.alignment = parse_int(a, value(), 1);
+    } else if (a == "--node-of-rank") {
+      std::stringstream list(value());
+      for (std::string n; std::getline(list, n, ',');) o.node_of_rank.push_back(parse_int(a, n, 0));
     } else {
       throw InputError("unknown option '" + a + "'\n" + kUsage, true);
     }
@@ -441,9 +450,10 @@ T* ptr(std::vector<T>& v) {
 
 class Dispatcher {
  public:
-  Dispatcher(const Meta& m, int rank, const RankInput& in, bool expanded, int alignment)
+  // `node_of_rank`: [P] the node of each rank for the node-first combine order; empty = flat.
+  Dispatcher(const Meta& m, int rank, const RankInput& in, bool expanded, int alignment, std::vector<int> node_of_rank = {})
       : m_(m), rank_(rank), in_(in), expanded_(expanded), A_(alignment),
-        H_(static_cast<std::size_t>(m.H)), K_(static_cast<std::size_t>(m.K)) {
+        H_(static_cast<std::size_t>(m.H)), K_(static_cast<std::size_t>(m.K)), node_of_(std::move(node_of_rank)) {
     MPI_Type_contiguous(m.H * 2, MPI_BYTE, &row_t_);
     MPI_Type_commit(&row_t_);
     MPI_Type_contiguous(m.K * 12, MPI_BYTE, &meta_t_);
@@ -455,6 +465,7 @@ class Dispatcher {
     rdispl_.assign(P, 0);
     out_.assign(static_cast<std::size_t>(in.S) * H_, 0);
     acc_.assign(H_, 0.0f);
+    node_acc_.assign(H_, 0.0f);
   }
   ~Dispatcher() {
     MPI_Type_free(&row_t_);
@@ -499,6 +510,7 @@ class Dispatcher {
     send_x_.resize(static_cast<std::size_t>(ns) * H_);
     send_meta_.resize(static_cast<std::size_t>(ns) * K * 12);
     comb_rows_.resize(static_cast<std::size_t>(S) * K);
+    comb_node_.resize(static_cast<std::size_t>(S) * K);
     comb_n_.assign(static_cast<std::size_t>(S), 0);
     cursor_.assign(sdispl_.begin(), sdispl_.end());
     std::vector<int>& pos = pos_;
@@ -530,6 +542,7 @@ class Dispatcher {
           if (last) rows[n++] = pos[static_cast<std::size_t>(d)];
         }
       }
+      if (!node_of_.empty()) n = node_first_rows(mark, pos, rows, &comb_node_[tk]);
       comb_n_[static_cast<std::size_t>(t)] = n;
     }
 
@@ -655,14 +668,31 @@ class Dispatcher {
     MPI_Alltoallv(const_cast<std::uint16_t*>(n_recv_ ? partial : &dummy_row_), recv_counts_.data(),
                   rdispl_.data(), row_t_, ptr(comb_recv_), send_counts_.data(), sdispl_.data(),
                   row_t_, MPI_COMM_WORLD);
-    // Source side: out[t] = bf16(0.0f + sum of the partials in the fixed order).
+    // Source side: out[t] = bf16(0.0f + sum of the partials in the fixed order); node
+    // first: a node's partials (consecutive in comb_rows_) summed and rounded first, a
+    // node with one partial passing it unchanged.
     float* acc = acc_.data();
+    float* node_acc = node_acc_.data();
     for (int t = 0; t < in_.S; ++t) {
       std::fill(acc, acc + H_, 0.0f);
       const int* rows = &comb_rows_[static_cast<std::size_t>(t) * K];
-      for (int g = 0; g < comb_n_[static_cast<std::size_t>(t)]; ++g) {
+      const int* nodes = &comb_node_[static_cast<std::size_t>(t) * K];
+      const int n = comb_n_[static_cast<std::size_t>(t)];
+      for (int g = 0; g < n;) {
+        int end = g + 1;
+        while (!node_of_.empty() && end < n && nodes[end] == nodes[g]) ++end;
         const std::uint16_t* src = &comb_recv_[static_cast<std::size_t>(rows[g]) * H_];
-        for (std::size_t h = 0; h < H_; ++h) acc[h] += bf16_to_f32(src[h]);
+        if (end == g + 1) {
+          for (std::size_t h = 0; h < H_; ++h) acc[h] += bf16_to_f32(src[h]);
+        } else {
+          std::fill(node_acc, node_acc + H_, 0.0f);
+          for (int i = g; i < end; ++i) {
+            const std::uint16_t* row = &comb_recv_[static_cast<std::size_t>(rows[i]) * H_];
+            for (std::size_t h = 0; h < H_; ++h) node_acc[h] += bf16_to_f32(row[h]);
+          }
+          for (std::size_t h = 0; h < H_; ++h) acc[h] += bf16_to_f32(f32_to_bf16(node_acc[h]));
+        }
+        g = end;
       }
       std::uint16_t* dst = &out_[static_cast<std::size_t>(t) * H_];
       for (std::size_t h = 0; h < H_; ++h) dst[h] = f32_to_bf16(acc[h]);
@@ -702,19 +732,34 @@ class Dispatcher {
 
 
  private:
+  // Node first: a token's partials by (node of the destination, destination) ascending;
+  // fills rows / nodes, returns their number.
+  int node_first_rows(const std::uint8_t* mark, const std::vector<int>& pos, int* rows, int* nodes) const {
+    int n = 0, last = 0;
+    for (int node : node_of_) last = std::max(last, node);
+    for (int node = 0; node <= last; ++node)
+      for (int d = 0; d < m_.P; ++d)
+        if (mark[d] && node_of_[static_cast<std::size_t>(d)] == node) {
+          rows[n] = pos[static_cast<std::size_t>(d)];
+          nodes[n++] = node;
+        }
+    return n;
+  }
+
   Meta m_;
   int rank_;
   const RankInput& in_;
   bool expanded_;
   int A_;
   std::size_t H_, K_;
+  std::vector<int> node_of_;
   MPI_Datatype row_t_{}, meta_t_{};
   std::uint16_t dummy_row_ = 0;
 
   std::vector<int> send_counts_, recv_counts_, sdispl_, rdispl_, cursor_, pos_;
   int n_send_ = 0, n_recv_ = 0, n_exp_ = 0;
   std::vector<std::uint8_t> dest_mark_;
-  std::vector<int> comb_rows_, comb_n_;
+  std::vector<int> comb_rows_, comb_node_, comb_n_;
   std::vector<std::uint16_t> send_x_, recv_x_;
   std::vector<char> send_meta_, recv_meta_;
   std::vector<std::int64_t> recv_topk_idx_;
@@ -723,7 +768,7 @@ class Dispatcher {
   std::vector<std::uint16_t> exp_x_;
   std::vector<float> exp_w_;
   std::vector<std::uint16_t> partial_, comb_recv_, out_;
-  std::vector<float> acc_;
+  std::vector<float> acc_, node_acc_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -761,6 +806,10 @@ int run(int argc, char** argv) {
     try {
       opt = parse_options(argc, argv);
       meta = read_meta(opt.routing, world);
+      if (!opt.node_of_rank.empty() && static_cast<int>(opt.node_of_rank.size()) != meta.P)
+        throw InputError("--node-of-rank names " + std::to_string(opt.node_of_rank.size()) + " ranks, the job has " +
+                             std::to_string(meta.P),
+                         true);
     } catch (const std::exception& e) {
       err = e.what();
     }
@@ -778,7 +827,7 @@ int run(int argc, char** argv) {
   }
 
   const bool expanded = opt.layout == "expanded";
-  Dispatcher disp(meta, rank, in, expanded, opt.alignment);
+  Dispatcher disp(meta, rank, in, expanded, opt.alignment, opt.node_of_rank);
 
   std::vector<double> d_us, c_us;
   d_us.reserve(static_cast<std::size_t>(opt.iters));

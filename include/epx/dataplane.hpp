@@ -45,6 +45,18 @@ struct SendPolicy {
   std::size_t block_bytes = 0;  ///< kBlock: bytes of x rows (data + scales) per block, > 0
 };
 
+/// The order of combine's float32 additions (SPEC §4).
+///   kFlat       a token's partials added at its source in the flat order (default)
+///   kNodeFirst  hierarchical schedule only: a token's partials summed inside each server
+///               (node) first — at the relay, so each token's reply crosses once per server
+///               pair, as DeepEP's internode combine does — then the servers' sums added at
+///               the source in ascending server order ("combine reduced inside each node
+///               first"). Bit-exact to that order, which differs from the flat one.
+enum class CombineOrder { kFlat, kNodeFirst };
+/// "flat" | "node-first"; throws kInvalidArgument otherwise.
+CombineOrder parse_combine_order(const std::string& text);
+const char* to_string(CombineOrder order) noexcept;
+
 struct DataPlaneOptions {
   std::string topology = "builtin:flat";  ///< see epx/topology.hpp
   Schedule schedule{};                    ///< default: rotated
@@ -55,6 +67,7 @@ struct DataPlaneOptions {
   std::size_t aggregate_bytes = std::size_t{1} << 20;
   Protocol protocol = Protocol::kExplicit;
   SendPolicy send_policy{};               ///< default: auto
+  CombineOrder combine_order = CombineOrder::kFlat;  ///< kNodeFirst needs schedule hierarchical
 };
 
 }  // namespace epx

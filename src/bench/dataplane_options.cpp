@@ -17,7 +17,7 @@ namespace {
 
 const std::vector<std::string>& dataplane_option_names() {
   static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol",
-                                                   "send-policy"};
+                                                   "send-policy", "combine-order"};
   return names;
 }
 
@@ -87,6 +87,8 @@ void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const st
       d.protocol = parse_protocol(value);
     } else if (name == "send-policy") {
       d.send_policy = parse_send_policy(value);
+    } else if (name == "combine-order") {
+      d.combine_order = parse_combine_order(value);
     } else {
       bad("unknown data-plane option '" + name + "'");
     }
@@ -105,6 +107,7 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
   if (name == "aggregate") return byte_size_text(d.aggregate_bytes);
   if (name == "protocol") return to_string(d.protocol);
   if (name == "send-policy") return to_string(d.send_policy);
+  if (name == "combine-order") return to_string(d.combine_order);
   bad("unknown data-plane option '" + name + "'");
 }
 
@@ -112,6 +115,9 @@ void check_dataplane(const DataPlaneOptions& d, int ranks) {
   if (d.queue_split.kind == QueueSplitKind::kRatio && static_cast<int>(d.queue_split.ratio.size()) != d.queues)
     bad("--queue-split " + to_string(d.queue_split) + " has " + std::to_string(d.queue_split.ratio.size()) +
         " parts but --queues is " + std::to_string(d.queues) + " (a ratio needs one part per queue)");
+  if (d.combine_order == CombineOrder::kNodeFirst && d.schedule.kind != ScheduleKind::kHierarchical)
+    bad("--combine-order node-first sums a token's partials at the relays of --schedule hierarchical (the schedule is " +
+        to_string(d.schedule) + ")");
   if (ranks <= 0) return;
   // The table and the schedule the engine will build, so a mismatch fails before any rank starts.
   Topology topology;
@@ -131,7 +137,8 @@ std::string describe_dataplane(const DataPlaneOptions& d) {
   return "topology " + d.topology + ", schedule " + to_string(d.schedule) + ", " + std::to_string(d.queues) +
          (d.queues == 1 ? " queue" : " queues") + " (split " + to_string(d.queue_split) + "), aggregate " +
          (d.aggregate_bytes == 0 ? std::string("off") : byte_size_text(d.aggregate_bytes)) + ", protocol " + to_string(d.protocol) +
-         ", send policy " + to_string(d.send_policy);
+         ", send policy " + to_string(d.send_policy) +
+         (d.combine_order == CombineOrder::kFlat ? std::string() : std::string(", combine order ") + to_string(d.combine_order));
 }
 
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
@@ -143,6 +150,7 @@ nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
   j["aggregate_bytes"] = d.aggregate_bytes;
   j["protocol"] = to_string(d.protocol);
   j["send_policy"] = to_string(d.send_policy);
+  j["combine_order"] = to_string(d.combine_order);
   return j;
 }
 

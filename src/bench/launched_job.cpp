@@ -20,13 +20,31 @@ std::string describe_nodes(Bootstrap& boot, const NodeMap& nodes) {
   return s;
 }
 
+namespace {
+
+// Equal, consecutive ranks per node: the layout builtin:servers:<per> describes.
+bool consecutive_nodes(const NodeMap& nodes) {
+  const int per = nodes.uniform_ranks_per_node();
+  bool consecutive = per > 0;
+  for (std::size_t r = 0; consecutive && r < nodes.node_of_rank.size(); ++r)
+    consecutive = nodes.node_of_rank[r] == static_cast<int>(r) / per;
+  return consecutive;
+}
+
+}  // namespace
+
+bool default_schedule_across_nodes(DataPlaneOptions& dp, const NodeMap& nodes) {
+  if (nodes.num_nodes < 2 || !consecutive_nodes(nodes)) return false;
+  dp.schedule = parse_schedule("hierarchical");
+  dp.combine_order = CombineOrder::kNodeFirst;
+  return true;
+}
+
 void default_topology_from_nodes(DataPlaneOptions& dp, Bootstrap& boot, const NodeMap& nodes, const std::string& who) {
   if (dp.schedule.kind != ScheduleKind::kHierarchical || dp.topology != DataPlaneOptions{}.topology || nodes.num_nodes < 2)
     return;
   const int per = nodes.uniform_ranks_per_node();
-  bool consecutive = per > 0;
-  for (int r = 0; consecutive && r < boot.size(); ++r) consecutive = nodes.node_of_rank[static_cast<std::size_t>(r)] == r / per;
-  if (!consecutive)
+  if (!consecutive_nodes(nodes))
     throw Error(ErrorCode::kInvalidArgument, who + ": --schedule hierarchical needs equal, consecutive ranks per node "
                                                    "(the launcher placed " + describe_nodes(boot, nodes) + "); pass --topology");
   dp.topology = "builtin:servers:" + std::to_string(per);

@@ -15,6 +15,7 @@
 
 #include "epx/error.hpp"
 #include "epx/io/npy.hpp"
+#include "epx/topology.hpp"
 
 namespace fs = std::filesystem;
 
@@ -222,8 +223,15 @@ void read_baseline_json(const fs::path& out, int iters, BaselineResult& b) {
 }
 
 std::vector<std::string> baseline_args(const BenchOptions& o, const fs::path& routing, const fs::path& json) {
-  return {"--routing", routing.string(), "--iters", std::to_string(o.iters), "--warmup", std::to_string(o.warmup),
-          "--json", json.string(), "--layout", o.layout, "--alignment", std::to_string(o.alignment)};
+  std::vector<std::string> args = {"--routing", routing.string(), "--iters", std::to_string(o.iters), "--warmup",
+                                   std::to_string(o.warmup), "--json", json.string(), "--layout", o.layout,
+                                   "--alignment", std::to_string(o.alignment)};
+  if (o.dataplane.combine_order == CombineOrder::kNodeFirst) {  // the same order of additions as epx's combine
+    std::string nodes;
+    for (const RankPlace& r : load_topology(o.dataplane.topology, o.ranks).ranks) nodes += (nodes.empty() ? "" : ",") + std::to_string(r.server);
+    args.insert(args.end(), {"--node-of-rank", nodes});
+  }
+  return args;
 }
 
 void verify_baseline(BaselineResult& b, const std::vector<BenchRankRecord>& records) {

@@ -34,6 +34,15 @@ std::string read_file(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// "heap 5.6 GiB per PE (epx default: ...); epx set OMPI_MCA_osc=ucx, SMA_SYMMETRIC_SIZE=5734M"
+std::string describe_runtime(const ShmemRuntimeInfo& info) {
+  std::string s = "heap " + (info.heap_bytes ? std::to_string(info.heap_bytes >> 20) + " MiB" : std::string("of unknown size")) +
+                  " per PE (" + info.heap_from + ")";
+  std::string set;
+  for (const std::string& v : info.set_by_epx) set += (set.empty() ? "" : ", ") + v;
+  return s + (set.empty() ? "; epx set nothing (the launcher had)" : "; epx set " + set + " (the launcher had not)");
+}
+
 }  // namespace
 
 ShmemBenchMeasurement measure_bench_shmem(const BenchOptions& given) {
@@ -43,12 +52,16 @@ ShmemBenchMeasurement measure_bench_shmem(const BenchOptions& given) {
   const NodeMap nodes = discover_nodes(*boot);
   BenchOptions o = given;
   o.ranks = boot->size();  // from the launcher
-  // The hierarchical schedule follows the job's real node layout unless --topology says otherwise.
+  // No schedule chosen: across nodes, each token crosses once per node pair (hierarchical,
+  // node-first combine). The hierarchical schedule follows the job's real node layout unless
+  // --topology says otherwise.
+  if (o.schedule_auto) default_schedule_across_nodes(o.dataplane, nodes);
   default_topology_from_nodes(o.dataplane, *boot, nodes, "epx bench");
   validate_options(o);
   ShmemBenchMeasurement m;
   m.num_nodes = nodes.num_nodes;
   m.node_layout = describe_nodes(*boot, nodes);
+  m.runtime = describe_runtime(shmem_runtime_info());
   BenchProblem problem = make_problem(o);
   if (problem.ranks != boot->size())
     throw Error(ErrorCode::kInvalidArgument, "epx bench: the routing has " + std::to_string(problem.ranks) +

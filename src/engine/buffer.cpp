@@ -47,7 +47,7 @@ std::string check_config(const BufferConfig& c, int P) {
 
 // What every rank sends at construction: its config and whether it is valid.
 struct ConfigMessage {
-  std::int64_t values[16];
+  std::int64_t values[17];
   std::int32_t valid;
   char message[480];
 };
@@ -84,12 +84,12 @@ std::vector<std::int64_t> agreed_values(const BufferConfig& c, int W) {
           static_cast<std::int64_t>(std::hash<std::string>{}(o.topology) >> 1), static_cast<std::int64_t>(o.schedule.kind),
           o.schedule.group_width, o.queues, static_cast<std::int64_t>(o.queue_split.kind), ratio,
           static_cast<std::int64_t>(o.aggregate_bytes), static_cast<std::int64_t>(o.protocol), c.ring_rows,
-          c.output_pool_bytes};
+          c.output_pool_bytes, static_cast<std::int64_t>(o.combine_order)};
 }
 constexpr const char* kAgreedNames[] = {"num_experts", "hidden", "num_topk", "max_tokens_per_rank", "max_recv_rows",
                                         "num_workers", "topology", "schedule", "schedule group width", "queues",
                                         "queue split", "queue split ratio", "aggregate_bytes", "protocol", "ring_rows",
-                                        "output_pool_bytes"};
+                                        "output_pool_bytes", "combine order"};
 constexpr std::size_t kAgreed = std::size(kAgreedNames);
 
 }  // namespace

@@ -44,6 +44,12 @@ struct HandleState {
   std::vector<std::int64_t> relayed_begin;  // [P + 1]
   // Relay side: per relayed row and lane of my server, the reply row at the source (-1: none).
   std::vector<std::int32_t> relayed_reply_row;  // [relayed rows x lanes]
+  // Node-first combine: a relay's sums for source s land in s's relay area (free during a
+  // combine) from row sums_at_source[s] on, one per relayed row; the sums for my tokens from
+  // relay r, one per token of relay_tokens[r], from row my_sums[r] on. Both = the source's
+  // tokens through relays below r (plan_relay, one formula).
+  std::vector<std::int64_t> sums_at_source;  // [P] relay side
+  std::vector<std::int64_t> my_sums;         // [P] source side
   std::int64_t num_recv() const noexcept { return recv_begin.back(); }
 };
 

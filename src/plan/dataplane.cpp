@@ -81,4 +81,18 @@ const char* to_string(Protocol p) noexcept {
   return "?";
 }
 
+CombineOrder parse_combine_order(const std::string& text) {
+  if (text == "flat") return CombineOrder::kFlat;
+  if (text == "node-first") return CombineOrder::kNodeFirst;
+  bad("combine order", text, "flat, node-first");
+}
+
+const char* to_string(CombineOrder o) noexcept {
+  switch (o) {
+    case CombineOrder::kFlat: return "flat";
+    case CombineOrder::kNodeFirst: return "node-first";
+  }
+  return "?";
+}
+
 }  // namespace epx

@@ -23,6 +23,8 @@ void add_dataplane_options(CLI::App* sub, DataPlaneOptions& d) {
       {"send-policy", "POLICY",
        "dispatch send order: auto (from P, row size, transport put costs) | whole (destination by destination) | "
        "block:BYTES (tokens in blocks of BYTES of rows, each block to every destination)"},
+      {"combine-order", "ORDER", "combine's additions (SPEC 4): flat | node-first (hierarchical: sums inside each server at the relay, "
+                                 "one reply per token and server pair)"},
   };
   for (const Flag& f : flags) {
     const std::string name = f.name;

@@ -28,9 +28,10 @@ struct Combo {
   std::string protocol;
   std::size_t aggregate;
   bool copy = false;  // no output pool (copies; calls right after one of the other kind go rows first)
+  bool node_first = false;  // hierarchical: combine order node-first
   std::string name() const {
-    std::string n = schedule + "_q" + std::to_string(queues.queues) + "_" + queues.split + "_" + protocol + "_agg" +
-                    std::to_string(aggregate) + (copy ? "_copy" : "");
+    std::string n = schedule + (node_first ? "_nodefirst" : "") + "_q" + std::to_string(queues.queues) + "_" + queues.split +
+                    "_" + protocol + "_agg" + std::to_string(aggregate) + (copy ? "_copy" : "");
     for (char& ch : n)
       if (ch == ':') ch = 'x';
     return n;
@@ -44,7 +45,13 @@ struct Combo {
     o.queue_split = parse_queue_split(queues.split);
     o.protocol = parse_protocol(protocol);
     o.aggregate_bytes = aggregate;
+    o.combine_order = node_first ? CombineOrder::kNodeFirst : CombineOrder::kFlat;
     return o;
+  }
+  // The node of each rank where the combine is node-first (builtin:servers:2), else null.
+  const std::vector<int>* nodes() const {
+    static const std::vector<int> two_servers = {0, 0, 1, 1};
+    return node_first ? &two_servers : nullptr;
   }
 };
 
@@ -74,16 +81,23 @@ std::vector<Combo> combos() {
   // off (a put per row), one bf16 row (two fp8 rows) per put, and the default.
   const std::size_t aggregates[] = {0, 1000, std::size_t{1} << 20};
   const bool full = std::getenv("EPX_FULL_CONFORMANCE") != nullptr && std::string(std::getenv("EPX_FULL_CONFORMANCE")) == "1";
-  const std::vector<std::vector<const char*>> paths = {{"flat", "rotated", "grouped:2", "grouped:4"}, {"hierarchical"}};
+  // The relays' node-first combine: queue choice x aggregation pairwise (k = i mod 3).
+  struct Paths {
+    std::vector<const char*> schedules;
+    bool node_first, pairwise;
+  };
+  const std::vector<Paths> paths = {
+      {{"flat", "rotated", "grouped:2", "grouped:4"}, false, true}, {{"hierarchical"}, false, false}, {{"hierarchical"}, true, true}};
   std::vector<Combo> v;
-  for (const auto& schedules : paths)
+  for (const Paths& path : paths)
     for (const char* protocol : {"explicit", "tail", "flag"})
       for (std::size_t i = 0; i < std::size(queue_choices); ++i)
-        for (std::size_t j = 0; j < schedules.size(); ++j)
+        for (std::size_t j = 0; j < path.schedules.size(); ++j)
           for (std::size_t k = 0; k < std::size(aggregates); ++k) {
-            if (!full && schedules.size() > 1 && k != (i + j) % std::size(aggregates)) continue;
-            const bool copy = (i + j + (schedules.size() > 1 ? 0 : k)) % 2 == 1;
-            if (const Combo c{schedules[j], queue_choices[i], protocol, aggregates[k], copy}; supported(c)) v.push_back(c);
+            if (!full && path.pairwise && k != (i + j) % std::size(aggregates)) continue;
+            const bool copy = (i + j + (path.schedules.size() > 1 ? 0 : k)) % 2 == 1;
+            const Combo c{path.schedules[j], queue_choices[i], protocol, aggregates[k], copy, path.node_first};
+            if (supported(c)) v.push_back(c);
           }
   return v;
 }
@@ -129,9 +143,9 @@ class DataPlaneConformance : public ::testing::TestWithParam<std::tuple<Transpor
 
 TEST_P(DataPlaneConformance, MatchesReferenceBitForBit) {
   const auto& [kind, combo] = GetParam();
-  const Expected compact = expect(fixture(false, 50), false, false);
-  const Expected expanded = expect(fixture(false, 51), true, true);
-  const Expected fp8 = expect(fixture(true, 52), false, false);
+  const Expected compact = expect(fixture(false, 50), false, false, combo.nodes());
+  const Expected expanded = expect(fixture(false, 51), true, true, combo.nodes());
+  const Expected fp8 = expect(fixture(true, 52), false, false, combo.nodes());
   LaunchOptions lo;
   lo.num_ranks = kRanks;
   lo.transport = kind;
@@ -167,9 +181,9 @@ class DeferredPutConformance : public ::testing::TestWithParam<Combo> {};
 
 TEST_P(DeferredPutConformance, MatchesReferenceBitForBit) {
   const Combo& combo = GetParam();
-  const Expected compact = expect(fixture(false, 50), false, false);
-  const Expected expanded = expect(fixture(false, 51), true, true);
-  const Expected fp8 = expect(fixture(true, 52), false, false);
+  const Expected compact = expect(fixture(false, 50), false, false, combo.nodes());
+  const Expected expanded = expect(fixture(false, 51), true, true, combo.nodes());
+  const Expected fp8 = expect(fixture(true, 52), false, false, combo.nodes());
   const Protocol protocol = parse_protocol(combo.protocol);
   launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
     DeferredPutTransport deferred(t, protocol == Protocol::kTail, protocol == Protocol::kFlag);
@@ -285,19 +299,30 @@ TEST(DataPlaneConformance, RefusesWhatItCannotHonour) {
   o.topology = "builtin:servers:2";
   o.protocol = Protocol::kFlag;
   refused(o, "protocol 'flag' is not supported");
+  o = DataPlaneOptions{};
+  o.combine_order = CombineOrder::kNodeFirst;  // sums at relays, but the schedule has none
+  refused(o, "combine order 'node-first'");
 }
 
-// Counts a rank's puts of payload (rows) per peer.
+// Counts a rank's puts of payload (rows) per peer, and their bytes.
 class PutCounter final : public ForwardingTransport {
  public:
-  explicit PutCounter(Transport& t) : ForwardingTransport(t), puts_(static_cast<std::size_t>(t.num_ranks())) {}
+  explicit PutCounter(Transport& t)
+      : ForwardingTransport(t), puts_(static_cast<std::size_t>(t.num_ranks())), bytes_(static_cast<std::size_t>(t.num_ranks())) {}
   std::vector<std::atomic<std::uint64_t>>& puts() { return puts_; }
+  std::vector<std::atomic<std::uint64_t>>& bytes() { return bytes_; }
+  void reset() {
+    for (auto& n : puts_) n = 0;
+    for (auto& n : bytes_) n = 0;
+  }
 
  private:
-  void on_put(int peer, std::size_t offset, std::size_t, int) override {
-    if (offset >= payload_begin_) ++puts_[static_cast<std::size_t>(peer)];
+  void on_put(int peer, std::size_t offset, std::size_t bytes, int) override {
+    if (offset < payload_begin_) return;
+    ++puts_[static_cast<std::size_t>(peer)];
+    bytes_[static_cast<std::size_t>(peer)] += bytes;
   }
-  std::vector<std::atomic<std::uint64_t>> puts_;
+  std::vector<std::atomic<std::uint64_t>> puts_, bytes_;
 };
 
 // A transport that guarantees less than the real one underneath.
@@ -380,6 +405,58 @@ TEST(DataPlaneConformance, HierarchicalCrossesServersOnlyBetweenSameLanes) {
   }
 }
 
+// Node first (SPEC §4, combine reduced inside each node first): the relay forwards one sum
+// per token of another server's source, where the flat order forwards each of its server's
+// ranks' replies; both bit for bit their order, and the two orders differ on this data.
+TEST(DataPlaneConformance, NodeFirstCombineCrossesServersOncePerToken) {
+  ref::FixtureOptions f = fixture(false, 57);
+  f.num_ranks = 8;
+  f.num_experts = 16;
+  f.num_topk = 6;
+  f.tokens_per_rank = {12, 0, 9, 16, 3, 11, 7, 14};
+  const std::vector<int> nodes = {0, 0, 0, 0, 1, 1, 1, 1};
+  for (bool expanded : {false, true}) {
+    const Expected flat = expect(f, expanded, expanded), node_first = expect(f, expanded, expanded, &nodes);
+    EXPECT_NE(flat.combined, node_first.combined) << "the data does not tell the two orders apart";
+    for (const Expected* e : {&flat, &node_first}) {
+      launch({8, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+        PutCounter counted(t);
+        BufferConfig c = config_for(e->p, 2);
+        c.dataplane.schedule = parse_schedule("hierarchical");
+        c.dataplane.topology = "builtin:servers:4";
+        c.dataplane.combine_order = e == &node_first ? CombineOrder::kNodeFirst : CombineOrder::kFlat;
+        Buffer buffer(counted, c);
+        const int r = t.rank();
+        const auto ur = static_cast<std::size_t>(r);
+        DispatchResult d = buffer.dispatch(dispatch_args(views_of(e->p, r), e->d));
+        expect_dispatch(r, e->p, e->d, e->out[ur], d);
+        counted.reset();
+        CombineArgs ca;
+        ca.y = TensorView(e->y[ur].data(), DType::kBF16, {e->out[ur].rows, e->p.hidden});
+        ca.handle = &d.handle;
+        ca.weighted = e->weighted;
+        expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e->combined[ur]);
+        // As the relay of the other server's same-lane source: one row per token (node first)
+        // or per (token, rank of my server it went to) (flat).
+        const int source = (r + 4) % 8;
+        const ref::Layout lay = ref::layout(e->p, source);
+        std::uint64_t want = 0;
+        for (std::int64_t tok = 0; tok < e->p.ranks[static_cast<std::size_t>(source)].num_tokens; ++tok) {
+          std::uint64_t hits = 0;
+          for (int lane = 0; lane < 4; ++lane) hits += lay.is_token_in_rank[static_cast<std::size_t>(tok * 8 + r / 4 * 4 + lane)];
+          want += e == &node_first ? (hits > 0 ? 1 : 0) : hits;
+        }
+        std::uint64_t got = 0;  // rows: the replies' bytes / a row's
+        for (int peer = 0; peer < 8; ++peer)
+          if (peer / 4 != r / 4) got += counted.bytes()[static_cast<std::size_t>(peer)] / (static_cast<std::uint64_t>(e->p.hidden) * 2);
+        if (got != want)
+          fail(r, std::string(e == &node_first ? "node first" : "flat") + ": " + std::to_string(got) +
+                      " reply rows to the other server, want " + std::to_string(want));
+      });
+    }
+  }
+}
+
 // Zero-copy output needs contiguous rows; the flag protocol's blocks are not.
 TEST(DataPlaneConformance, FlagProtocolRefusesZeroCopy) {
   const Expected e = expect(fixture(false, 55), false, false);
@@ -404,13 +481,15 @@ TEST(DataPlaneConformance, FlagProtocolRefusesZeroCopy) {
 // before its reader is done, show up as wrong bits. Calls of the same kind follow each
 // other (two dispatches, then two combines), so every region is rewritten by the very
 // next call that uses it.
-void stress(TestTransport where, Protocol protocol, int iterations, std::int64_t ring_rows = 0, bool relays = false) {
+void stress(TestTransport where, Protocol protocol, int iterations, std::int64_t ring_rows = 0, bool relays = false,
+            bool node_first = false) {
+  static const std::vector<int> two_servers = {0, 0, 1, 1};
   std::vector<Expected> rounds;
   for (int i = 0; i < 16; ++i) {
     ref::FixtureOptions f = fixture(false, 1000 + static_cast<std::uint64_t>(i));
     f.hidden = 64;
     f.tokens_per_rank = {1 + i % 7, (i * 5) % 9, 16 - i % 16, i % 3};
-    rounds.push_back(expect(f, i % 2 == 1, false));
+    rounds.push_back(expect(f, i % 2 == 1, false, node_first ? &two_servers : nullptr));
   }
   launch_on(where, {kRanks, where.kind, std::chrono::milliseconds(30000)}, [&](Transport& t) {
     const int r = t.rank();
@@ -424,6 +503,7 @@ void stress(TestTransport where, Protocol protocol, int iterations, std::int64_t
     if (relays) {  // two servers of two: combines with an older handle must use its relay rows
       c.dataplane.schedule = parse_schedule("hierarchical");
       c.dataplane.topology = "builtin:servers:2";
+      if (node_first) c.dataplane.combine_order = CombineOrder::kNodeFirst;
     }
     Buffer buffer(t, c);
     auto dispatch = [&](const Expected& e) {
@@ -462,6 +542,8 @@ TEST(DataPlaneStress, deferred_TailReusesSlotsSafely) { stress(kDeferred, Protoc
 TEST(DataPlaneStress, deferred_FlagReusesSlotsSafely) { stress(kDeferred, Protocol::kFlag, 300); }
 TEST(DataPlaneStress, deferred_RingReusesSlotsSafely) { stress(kDeferred, Protocol::kExplicit, 300, 3); }
 TEST(DataPlaneStress, deferred_RelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kTail, 300, 0, true); }
+TEST(DataPlaneStress, threads_NodeFirstRelaysReuseSlotsSafely) { stress(kThreads, Protocol::kExplicit, 300, 0, true, true); }
+TEST(DataPlaneStress, deferred_NodeFirstRelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kTail, 150, 0, true, true); }
 
 }  // namespace
 }  // namespace epx::testing

@@ -23,6 +23,12 @@ M = [
  ("one flag staging block shared by every queue", "src/engine/channels.cpp",
   "return stage_.data() + static_cast<std::size_t>(q) * proto_.stage_bytes();",
   "return stage_.data() + 0 * q;", "*Deferred*flag*:*deferred_Flag*", "*PathUnit*/direct_flag"),
+ ("node first: the relay forwards one reply of a server, not their sum", "src/engine/paths/combine_relay.cpp",
+  "if (n == 1) std::memcpy(out, rows_[0], row_bytes);", "if (n >= 1) std::memcpy(out, rows_[0], row_bytes);", "*nodefirst*", "*NodeFirst*"),
+ ("node first: the relay reads the window's records (not the handle's reply rows)", "src/engine/paths/combine_relay.cpp",
+  "const std::int32_t* reply_row = h.relayed_reply_row.data() + static_cast<std::size_t>(i) * lanes_.size();",
+  "const std::int32_t* reply_row = m_.geo.relay_record(m_.transport.window() + m_.geo.region(Region::kRelayRecord), i).reply_row;",
+  "*NodeFirst*:*nodefirst*", "*NodeFirstRelays*"),
  ("the blocked send skips a token at every block edge", "src/engine/paths/dispatch_direct.cpp",
   "b0 < t1; b0 += block) {", "b0 < t1; b0 += block + 1) {", "*Deferred*", "DeferredPutBlocks.*"),
 ]

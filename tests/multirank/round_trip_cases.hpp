@@ -36,14 +36,16 @@ struct Expected {
   bool weighted = false;
 };
 
-inline Expected expect(const ref::FixtureOptions& f, bool expanded, bool weighted) {
+/// `nodes` ([P], the node of each rank): the combine in SPEC §4's node-first order instead
+/// of the flat one.
+inline Expected expect(const ref::FixtureOptions& f, bool expanded, bool weighted, const std::vector<int>* nodes = nullptr) {
   Expected e{ref::make_problem(f), {}, {}, {}, {}, weighted};
   e.d.expanded = expanded;
   e.d.alignment = expanded ? 4 : 1;
   e.out = ref::dispatch_all(e.p, e.d);
   for (int r = 0; r < e.p.num_ranks; ++r)
     e.y.push_back(wide_bf16(700 + static_cast<std::uint64_t>(r), e.out[static_cast<std::size_t>(r)].rows * f.hidden));
-  for (int r = 0; r < e.p.num_ranks; ++r) e.combined.push_back(ref::combine(e.p, e.d, e.out, e.y, nullptr, nullptr, weighted, r));
+  for (int r = 0; r < e.p.num_ranks; ++r) e.combined.push_back(ref::combine(e.p, e.d, e.out, e.y, nullptr, nullptr, weighted, r, nodes));
   return e;
 }
 

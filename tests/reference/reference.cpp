@@ -361,8 +361,9 @@ std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o, c
                                    const std::vector<std::vector<std::uint16_t>>& y,
                                    const std::vector<std::vector<std::uint16_t>>* bias0,
                                    const std::vector<std::vector<std::uint16_t>>* bias1, bool weighted,
-                                   int rank) {
+                                   int rank, const std::vector<int>* node_of_rank) {
   validate(p);
+  if (node_of_rank != nullptr && node_of_rank->size() != idx(p.num_ranks)) bad("combine: node_of_rank needs one entry per rank");
   check_rank(p, rank);
   check_options(o);
   const int P = p.num_ranks;
@@ -443,31 +444,57 @@ std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o, c
     for (Group& g : groups)
       for (int k : g.slots) g.rows.push_back(find_row(g.dest, t, k));
 
+    // The partial of group g in column h: expanded p_G (or y[row] unchanged), compact y_d[row].
+    auto partial_of = [&](const Group& g, std::int64_t h) -> std::uint16_t {
+      const std::vector<std::uint16_t>& yd = y[idx(g.dest)];
+      if (!o.expanded || (!weighted && g.slots.size() == 1)) return yd[idx(g.rows[0] * H + h)];  // unchanged
+      float sum = 0.0f;
+      for (std::int64_t row : g.rows) {
+        float a = bf16_to_f32(yd[idx(row * H + h)]);
+        if (weighted) {
+          const float w = outs[idx(g.dest)].recv_weights[idx(row)];
+          a = a * w;
+        }
+        sum = sum + a;
+      }
+      return f32_to_bf16(sum);
+    };
+    // Node first: the nodes holding a group, ascending, and per node its groups by ascending dest.
+    std::vector<std::vector<const Group*>> by_node;
+    if (node_of_rank != nullptr) {
+      std::map<int, std::map<int, const Group*>> nodes;
+      for (const Group& g : groups) nodes[(*node_of_rank)[idx(g.dest)]][g.dest] = &g;
+      for (const auto& [node, members] : nodes) {
+        by_node.emplace_back();
+        for (const auto& [dest, g] : members) by_node.back().push_back(g);
+      }
+    }
+
     for (std::int64_t h = 0; h < H; ++h) {
       float acc = bias0 != nullptr ? bf16_to_f32((*bias0)[idx(s)][idx(t * H + h)]) : 0.0f;
       const float b1 = bias1 != nullptr ? bf16_to_f32((*bias1)[idx(s)][idx(t * H + h)]) : 0.0f;
       acc = acc + b1;
-      for (const Group& g : groups) {
-        const std::vector<std::uint16_t>& yd = y[idx(g.dest)];
-        std::uint16_t partial;
-        if (!o.expanded) {
-          partial = yd[idx(g.rows[0] * H + h)];
-        } else if (!weighted && g.slots.size() == 1) {
-          partial = yd[idx(g.rows[0] * H + h)];  // unchanged
-        } else {
-          float sum = 0.0f;
-          for (std::int64_t row : g.rows) {
-            float a = bf16_to_f32(yd[idx(row * H + h)]);
-            if (weighted) {
-              const float w = outs[idx(g.dest)].recv_weights[idx(row)];
-              a = a * w;
-            }
-            sum = sum + a;
-          }
-          partial = f32_to_bf16(sum);
+      if (node_of_rank == nullptr) {
+        for (const Group& g : groups) {
+          const float pf = bf16_to_f32(partial_of(g, h));
+          acc = acc + pf;
         }
-        const float pf = bf16_to_f32(partial);
-        acc = acc + pf;
+      } else {
+        for (const std::vector<const Group*>& node : by_node) {
+          std::uint16_t q;
+          if (node.size() == 1) {
+            q = partial_of(*node[0], h);  // a node with a single term passes it unchanged
+          } else {
+            float sum = 0.0f;
+            for (const Group* g : node) {
+              const float pf = bf16_to_f32(partial_of(*g, h));
+              sum = sum + pf;
+            }
+            q = f32_to_bf16(sum);
+          }
+          const float qf = bf16_to_f32(q);
+          acc = acc + qf;
+        }
       }
       result[idx(t * H + h)] = f32_to_bf16(acc);
     }

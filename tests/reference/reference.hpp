@@ -134,11 +134,19 @@ std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o,
 
 /// Same as above with every rank's dispatch output already computed (outs = dispatch_all()),
 /// so a loop over all ranks does not recompute the dispatches.
+///
+/// With `node_of_rank` ([P], the node of each rank), SPEC §4's node-first order instead
+/// (combine reduced inside each node first): the partials above (compact: f32(y_d[row]);
+/// expanded: f32(p_G), one per destination) are grouped by the node of their destination;
+///   q_n = the partial unchanged if node n holds one of them, else
+///   q_n = bf16(((0.0f + f32(partial_d1)) + f32(partial_d2)) + ...) over its d ascending;
+///   acc = f32(bias0) + f32(bias1) as above, then acc = acc + f32(q_n) for n ascending;
+///   out = bf16(acc).
 std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o, const std::vector<DispatchOut>& outs,
                                    const std::vector<std::vector<std::uint16_t>>& y,
                                    const std::vector<std::vector<std::uint16_t>>* bias0,
                                    const std::vector<std::vector<std::uint16_t>>* bias1, bool weighted,
-                                   int rank);
+                                   int rank, const std::vector<int>* node_of_rank = nullptr);
 
 // ---------------------------------------------------------------------------------------
 // Own conversions (independent of epx/dtype.hpp).

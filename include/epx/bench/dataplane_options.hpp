@@ -13,7 +13,7 @@
 namespace epx::tools {
 
 /// The option names without "--", in DataPlaneOptions order: topology, schedule, queues,
-/// queue-split, aggregate, protocol, send-policy.
+/// queue-split, aggregate, protocol, send-policy, combine-order.
 const std::vector<std::string>& dataplane_option_names();
 
 /// Sets the option `name` (one of dataplane_option_names()) of `d` from its text.
@@ -37,7 +37,8 @@ std::string to_string(const SendPolicy& policy);
 
 /// The options against each other and the shape, before anything runs: a ratio split needs
 /// one part per queue; grouped:W needs W to divide the ranks; the builtin topologies
-/// (epx/topology.hpp) must fit the ranks, and hierarchical needs more than one server.
+/// (epx/topology.hpp) must fit the ranks, and hierarchical needs more than one server;
+/// combine order node-first needs the hierarchical schedule.
 /// Throws kInvalidArgument naming the options involved. ranks == 0 (not known yet): only the
 /// checks that do not need P. A topology file is checked by the engine (load_topology)
 /// when the Buffer is made.
@@ -47,7 +48,7 @@ void check_dataplane(const DataPlaneOptions& d, int ranks);
 /// send policy auto"
 std::string describe_dataplane(const DataPlaneOptions& d);
 
-/// {"topology", "schedule", "queues", "queue_split", "aggregate_bytes", "protocol", "send_policy"}
+/// {"topology", "schedule", "queues", "queue_split", "aggregate_bytes", "protocol", "send_policy", "combine_order"}
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d);
 
 }  // namespace epx::tools

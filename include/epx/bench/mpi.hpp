@@ -31,7 +31,8 @@ struct BaselineResult {
 /// with `only_rank` >= 0 meta.json and that rank's directory only.
 void write_routing_dir(const BenchProblem& p, const std::filesystem::path& dir, int only_rank = -1);
 
-/// epx_mpi_baseline's arguments for the options' iterations and layout on `routing`, JSON to `json`.
+/// epx_mpi_baseline's arguments for the options' iterations and layout on `routing`, JSON to `json`;
+/// with the node-first combine order, the topology's servers as --node-of-rank (the same additions).
 std::vector<std::string> baseline_args(const BenchOptions& o, const std::filesystem::path& routing,
                                        const std::filesystem::path& json);
 

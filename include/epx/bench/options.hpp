@@ -59,6 +59,10 @@ struct BenchOptions {
   std::string eplb_expert_bytes = "1M";
   // Data plane: BufferConfig::dataplane of every rank (--topology, --schedule, ...).
   DataPlaneOptions dataplane;
+  /// Neither --schedule nor --combine-order was given: a --transport shmem job over several
+  /// nodes (equal, consecutive ranks per node) then runs the hierarchical schedule with the
+  /// node-first combine, each token crossing once per node pair (default_schedule_across_nodes).
+  bool schedule_auto = false;
   // --sweep KEY=V1,V2,...: one run per combination of the values (epx/bench/sweep.hpp).
   std::vector<std::string> sweep;
 

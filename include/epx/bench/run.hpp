@@ -36,6 +36,7 @@ struct ShmemBenchMeasurement {
   bool root = false;        ///< rank 0: `report` holds the job's report; other ranks get none
   int num_nodes = 0;        ///< nodes of the job (discover_nodes)
   std::string node_layout;  ///< describe_nodes: "node 0 (host): ranks 0 1; ..."
+  std::string runtime;      ///< the OpenSHMEM runtime's heap and what epx set (epx::shmem_runtime_info), rank 0's
   BenchReport report;
 };
 

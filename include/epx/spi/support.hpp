@@ -89,6 +89,9 @@ inline Path base_path(const BufferConfig& c) noexcept {
 inline std::string refuse_config(const BufferConfig& c, const TransportCaps& caps) {
   if (c.ring_rows > 0 && c.dataplane.schedule.kind == ScheduleKind::kHierarchical)
     return "ring_rows (bounded receive area) does not combine with the hierarchical schedule";
+  if (c.dataplane.combine_order == CombineOrder::kNodeFirst && base_path(c) != Path::kRelay)
+    return "combine order 'node-first' sums a token's partials at the relays of the hierarchical schedule, but the schedule is '" +
+           to_string(c.dataplane.schedule) + "'";
   const Protocol p = c.dataplane.protocol;
   const PathRule& path = rule(base_path(c));
   const ProtocolRule& proto = rule(p);

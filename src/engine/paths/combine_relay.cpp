@@ -4,18 +4,92 @@
 // reply channels are my server's ranks, each carrying the replies of the sources it relays
 // for, reply_sources) — and the relay, once every member of its server has signalled,
 // forwards every reply to the source's reply slot (the reply rows the dispatch's records
-// gave, kept in the handle) and signals the source once. The relay does not add partials:
-// that would change the order of additions SPEC §4 fixes. The source then waits for its
-// own server's ranks and each other server's relay, and reduces as push does.
+// gave, kept in the handle) and signals the source once. In the flat combine order the
+// relay does not add partials (that would change the order of additions SPEC §4 fixes for
+// it), and the source reduces as push does. In the node-first order (DataPlaneOptions::
+// combine_order, SPEC §4 "combine reduced inside each node first") the relay sums each
+// token's replies from its server's ranks, ascending rank, and forwards that one row — each
+// token crosses once per server pair, as in DeepEP's internode combine — into the source's
+// relay area, which no combine uses otherwise; the source sums its own server's replies the same way and
+// adds the servers' sums in ascending server order. The source waits for its own server's
+// ranks and each other server's relay in both orders.
 #include <algorithm>
+#include <cstring>
+#include <numeric>
 
 #include "../path.hpp"
+#include "../reduce_row.hpp"
 
 namespace epx::detail {
 namespace {
 
+bool node_first(const Impl& m) { return m.config.dataplane.combine_order == CombineOrder::kNodeFirst; }
+
+// Node first: the lanes of my server in ascending rank (a server's terms add up by ascending d).
+std::vector<std::size_t> lanes_by_rank(const Impl& m) {
+  std::vector<std::size_t> lanes(m.server_members.size());
+  std::iota(lanes.begin(), lanes.end(), std::size_t{0});
+  std::sort(lanes.begin(), lanes.end(), [&](std::size_t u, std::size_t v) { return m.server_members[u] < m.server_members[v]; });
+  return lanes;
+}
+
+// At a relay, node first: relayed row i's replies summed over my server's lanes that hold
+// it, ascending rank (a single reply passes unchanged), into `out`.
+class ServerSums {
+ public:
+  explicit ServerSums(const Impl& m) : m_(m), lanes_(lanes_by_rank(m)), rows_(lanes_.size()) {}
+
+  void sum(const HandleState& h, std::int64_t i, std::uint16_t* out) {
+    const std::size_t H = static_cast<std::size_t>(m_.config.hidden), row_bytes = H * sizeof(std::uint16_t);
+    const std::int32_t* reply_row = h.relayed_reply_row.data() + static_cast<std::size_t>(i) * lanes_.size();
+    const std::byte* base = m_.transport.window();
+    int n = 0;
+    for (std::size_t lane : lanes_)
+      if (reply_row[lane] >= 0)
+        rows_[static_cast<std::size_t>(n++)] = reinterpret_cast<const std::uint16_t*>(
+            base + m_.geo.row(Region::kRelayReplies, m_.geo.relay_reply_row(i, static_cast<int>(lane)), row_bytes));
+    if (!m_.moves_payload || n == 0) return;
+    if (n == 1) std::memcpy(out, rows_[0], row_bytes);
+    else reduce_row(out, RowTerms{nullptr, rows_.data(), nullptr, n}, H);
+  }
+
+ private:
+  const Impl& m_;
+  std::vector<std::size_t> lanes_;
+  std::vector<const std::uint16_t*> rows_;
+};
+
+// At a relay, node first: each source's sums, staged one row per relayed row, go into its
+// relay area (free during a combine; HandleState::sums_at_source) in puts of up to
+// aggregate_bytes, each issued as soon as its rows are summed; then one signal per source.
+void forward_sums(Impl& m, const HandleState& h, const std::vector<int>& sources) {
+  const std::size_t H = static_cast<std::size_t>(m.config.hidden), row_bytes = H * sizeof(std::uint16_t);
+  m.reply_stage.resize(static_cast<std::size_t>(h.relayed_begin.back()) * H);  // every sum has its own row until the quiet
+  const std::int64_t per_put = std::max<std::int64_t>(1, static_cast<std::int64_t>(m.config.dataplane.aggregate_bytes / row_bytes));
+  m.run_workers([&](int w) {
+    Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+    WorkerStats* ws = m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(w)] : nullptr;
+    ServerSums sums(m);
+    for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(m.W)) {
+      const int s = sources[k];
+      const std::int64_t b = h.relayed_begin[static_cast<std::size_t>(s)], e = h.relayed_begin[static_cast<std::size_t>(s) + 1];
+      for (std::int64_t i0 = b; i0 < e; i0 += per_put) {
+        const std::int64_t i1 = std::min(e, i0 + per_put);
+        for (std::int64_t i = i0; i < i1; ++i) sums.sum(h, i, m.reply_stage.data() + static_cast<std::size_t>(i) * H);
+        const std::size_t bytes = static_cast<std::size_t>(i1 - i0) * row_bytes;
+        m.transport.put(s, m.geo.row(Region::kRelay, h.sums_at_source[static_cast<std::size_t>(s)] + (i0 - b), row_bytes),
+                        m.reply_stage.data() + static_cast<std::size_t>(i0) * H, bytes, 0);
+        if (ws) m.count_put(*ws, s, bytes, 0);
+      }
+      m.transport.quiet(0);
+      m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
+    }
+  });
+}
+
 // At a relay: its server's replies to other servers' sources of my lane go on to those
-// sources (after every member's completion signal), then one signal each.
+// sources (after every member's completion signal), then one signal each: every reply on
+// its own (flat order), or one sum per token (node first: forward_sums).
 void forward_replies(Impl& m, const HandleState& h) {
   const std::vector<int> sources = m.relayed_sources();
   const std::byte* window_base = m.transport.window();
@@ -26,6 +100,7 @@ void forward_replies(Impl& m, const HandleState& h) {
     for (int d : m.server_members)
       for (int w = 0; w < m.W; ++w) m.transport.wait_signal(m.geo.combine_signal(d, w), m.epoch, {"combine relay", d});
   }
+  if (node_first(m)) return forward_sums(m, h, sources);
   m.run_workers([&](int w) {
     Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
     WorkerStats* ws = m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(w)] : nullptr;
@@ -46,6 +121,90 @@ void forward_replies(Impl& m, const HandleState& h) {
   });
 }
 
+// At the source, node first: per token, its replies grouped by the server of their rank,
+// servers ascending; my server's replies summed here (ascending rank; one passes unchanged),
+// each other server's sum read where its relay put it (my relay area: HandleState::my_sums
+// + the token's place among my tokens through that relay); then bias0 + bias1 + the
+// servers' sums, rounded once (SPEC §4).
+class NodeFirstReduce {
+ public:
+  NodeFirstReduce(Impl& m, const HandleState& h, const CombineArgs& a, std::int64_t t0)
+      : m_(m), h_(h), H_(static_cast<std::size_t>(m.config.hidden)), my_server_(server_of(m.rank)),
+        b0_(a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>()), b1_(a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>()),
+        replies_(reinterpret_cast<const std::uint16_t*>(m.transport.window() + m.geo.region(Region::kReplies))),
+        next_(static_cast<std::size_t>(m.P)), my_sum_(H_) {
+    for (int r = 0; r < m.P; ++r) {  // my first token through each relay at or after t0
+      const auto& tokens = h.relay_tokens[static_cast<std::size_t>(r)];
+      next_[static_cast<std::size_t>(r)] = std::lower_bound(tokens.begin(), tokens.end(), t0) - tokens.begin();
+    }
+  }
+
+  void token(std::int64_t t, std::uint16_t* out) {
+    const RoutingPlan& plan = h_.plan;
+    order_.clear();
+    for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {
+      const auto e = static_cast<std::size_t>(i);
+      const int d = plan.entry_rank[e];
+      order_.push_back({server_of(d), d, replies_ + static_cast<std::size_t>(m_.geo.replied_row(h_, d, plan.entry_position[e])) * H_});
+    }
+    std::sort(order_.begin(), order_.end(), [](const Term& u, const Term& v) { return u.server != v.server ? u.server < v.server : u.rank < v.rank; });
+    const std::size_t off = static_cast<std::size_t>(t) * H_;
+    terms_.assign(1, b1_ ? b1_ + off : m_.zero_row.data());  // as in reduce_tokens: a missing bias1 adds +0.0
+    for (std::size_t j = 0; j < order_.size();) {
+      std::size_t k = j;
+      while (k < order_.size() && order_[k].server == order_[j].server) ++k;
+      terms_.push_back(order_[j].server == my_server_ ? mine(j, k) : relayed_sum(t, order_[j].rank));
+      j = k;
+    }
+    reduce_row(out + off, RowTerms{b0_ ? b0_ + off : nullptr, terms_.data(), nullptr, static_cast<int>(terms_.size())}, H_);
+  }
+
+ private:
+  struct Term {
+    int server, rank;
+    const std::uint16_t* row;
+  };
+  int server_of(int d) const { return m_.topology.ranks[static_cast<std::size_t>(d)].server; }
+
+  // My server's replies order_[j, k): one passes unchanged, more are summed here.
+  const std::uint16_t* mine(std::size_t j, std::size_t k) {
+    if (k - j == 1) return order_[j].row;
+    rows_.clear();
+    for (std::size_t i = j; i < k; ++i) rows_.push_back(order_[i].row);
+    reduce_row(my_sum_.data(), RowTerms{nullptr, rows_.data(), nullptr, static_cast<int>(rows_.size())}, H_);
+    return my_sum_.data();
+  }
+
+  // The sum of token t's replies at d's server, from its relay.
+  const std::uint16_t* relayed_sum(std::int64_t t, int d) {
+    const auto r = static_cast<std::size_t>(relay_rank(m_.topology, m_.rank, d));
+    const auto& tokens = h_.relay_tokens[r];
+    while (tokens[static_cast<std::size_t>(next_[r])] < t) ++next_[r];
+    const std::size_t row_bytes = H_ * sizeof(std::uint16_t);
+    return reinterpret_cast<const std::uint16_t*>(m_.transport.window() + m_.geo.row(Region::kRelay, h_.my_sums[r] + next_[r], row_bytes));
+  }
+
+  Impl& m_;
+  const HandleState& h_;
+  std::size_t H_;
+  int my_server_;
+  const std::uint16_t *b0_, *b1_, *replies_;
+  std::vector<std::int64_t> next_;
+  std::vector<std::uint16_t> my_sum_;
+  std::vector<Term> order_;
+  std::vector<const std::uint16_t*> rows_, terms_;
+};
+
+void reduce_node_first(Impl& m, const HandleState& h, const CombineArgs& a, Tensor& out) {
+  if (!m.moves_payload) return;
+  m.run_workers([&](int w) {
+    Impl::PhaseTimer timer(m, w, Phase::kEpilogue);
+    const auto [t0, t1] = split_range(h.plan.shape.num_tokens, w, m.W);
+    NodeFirstReduce reduce(m, h, a, t0);
+    for (std::int64_t t = t0; t < t1; ++t) reduce.token(t, out.as<std::uint16_t>());
+  });
+}
+
 class Relay final : public CombinePath {
  public:
   void send(Impl& m, const CombineStep& s) const override { m.send_replies(*s.h, *s.a, true); }
@@ -63,7 +222,10 @@ class Relay final : public CombinePath {
           m.transport.wait_signal(m.geo.forward_signal(relay), m.epoch, {"combine data (relayed)", relay});
       }
     }
-    m.reduce(*s.h, *s.a, nullptr, *s.out);
+    if (node_first(m))
+      reduce_node_first(m, *s.h, *s.a, *s.out);
+    else
+      m.reduce(*s.h, *s.a, nullptr, *s.out);
   }
 };
 

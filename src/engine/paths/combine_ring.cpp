@@ -16,109 +16,150 @@
 namespace epx::detail {
 namespace {
 
-void combine_through_ring(Impl& m, const HandleState& h, const CombineArgs& a, const Peers& peers, Tensor& out) {
-  const RoutingPlan& plan = h.plan;
-  const std::int64_t S = plan.shape.num_tokens;
-  const std::int64_t C = m.geo.reply_round_tokens();
-  const std::size_t H = static_cast<std::size_t>(m.config.hidden);
-  const std::size_t row_bytes = H * sizeof(std::uint16_t);
-  const bool payload = m.moves_payload;
-  const std::uint64_t stamp = m.epoch << 32;
-  auto rounds_of = [&](std::int64_t tokens) { return (tokens + C - 1) / C; };
-  auto count_of = [&](std::uint64_t v) -> std::int64_t { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; };
-  if (h.layout == RecvLayout::kExpanded) m.reply_stage.resize(static_cast<std::size_t>(m.W * Impl::kReplyStageRows) * H);
-  const auto* replies_base = reinterpret_cast<const std::uint16_t*>(m.transport.window() + m.geo.region(Region::kReplies));
+// An expert rank's view of one source: its rounds, those sent, and the next of my received
+// rows from it.
+struct Source {
+  int peer;
+  std::int64_t rounds, sent, next_row;
+};
 
-  // Expert side, per source s: rounds sent, and the next of my received rows from s.
-  struct Source {
-    int peer;
-    std::int64_t rounds, sent, next_row;
-  };
-  std::vector<Source> sources;
-  std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(m.P));
-  for (int s : m.reply_order) {
-    const auto us = static_cast<std::size_t>(s);
-    sources.push_back({s, rounds_of(peers.header[us]->tokens), 0, h.recv_begin[us]});
-    channel_bytes[us] = static_cast<std::uint64_t>(h.recv_begin[us + 1] - h.recv_begin[us]) * row_bytes;
+// One ring combine on the rank thread: the expert side (rounds of replies to every source
+// its credit allows) and the source side (each round reduced once every rank signalled it).
+class RingCombine {
+ public:
+  RingCombine(Impl& m, const HandleState& h, const CombineArgs& a, const Peers& peers, Tensor& out)
+      : m_(m), h_(h), a_(a), out_(out), S_(h.plan.shape.num_tokens), C_(m.geo.reply_round_tokens()),
+        H_(static_cast<std::size_t>(m.config.hidden)), row_bytes_(H_ * sizeof(std::uint16_t)), stamp_(m.epoch << 32),
+        my_rounds_(rounds_of(S_)), round_start_(static_cast<std::size_t>(m.P), 0), rows_of_(static_cast<std::size_t>(m.P)),
+        first_row_(static_cast<std::size_t>(m.P)), timer_(m, 0, Phase::kPutIssue),
+        send_(m, 0, 0, channel_bytes(), m.reply_order), replies_(m, h, a, (reserve_stage(m, h), 0)) {
+    for (int s : m.reply_order)
+      sources_.push_back({s, rounds_of(peers.header[static_cast<std::size_t>(s)]->tokens), 0,
+                          h.recv_begin[static_cast<std::size_t>(s)]});
   }
-  // Source side: my rounds reduced, and per expert m.rank d the segment position of the
-  // first token of the round being reduced.
-  const std::int64_t my_rounds = rounds_of(S);
-  std::int64_t reduced = 0;
-  std::vector<std::int64_t> round_start(static_cast<std::size_t>(m.P), 0);
-  std::vector<const std::uint16_t*> rows_of(static_cast<std::size_t>(m.P));
-  std::vector<std::int64_t> first_row(static_cast<std::size_t>(m.P));
 
-  Impl::PhaseTimer timer(m, 0, Phase::kPutIssue);
-  Impl::Sender send(m, 0, 0, channel_bytes, m.reply_order);
-  Impl::Replies replies(m, h, a, 0);
-  auto send_round = [&](Source& src) {
+  void run() {
+    progress_until_done(m_.transport.timeout(), m_.rank, "combine ring", sources_.empty() ? -1 : sources_.front().peer,
+                        [this] { return pass(); }, [this] { return waiting(); });
+    send_.flush();
+  }
+
+ private:
+  std::int64_t rounds_of(std::int64_t tokens) const { return (tokens + C_ - 1) / C_; }
+  std::int64_t count_of(std::uint64_t v) const { return v >= stamp_ ? static_cast<std::int64_t>(v - stamp_) : 0; }
+  std::int64_t tail_of(int d) { return count_of(m_.transport.read_signal(m_.geo.ring_tail_signal(d))); }
+
+  // Expanded replies are partial sums built in reply_stage, which Replies finds at its construction.
+  static void reserve_stage(Impl& m, const HandleState& h) {
+    if (h.layout == RecvLayout::kExpanded)
+      m.reply_stage.resize(static_cast<std::size_t>(m.W * Impl::kReplyStageRows) * static_cast<std::size_t>(m.config.hidden));
+  }
+
+  // Bytes of replies to each source (decides the Sender's queues).
+  std::vector<std::uint64_t> channel_bytes() const {
+    std::vector<std::uint64_t> bytes(static_cast<std::size_t>(m_.P));
+    for (int s : m_.reply_order) {
+      const auto us = static_cast<std::size_t>(s);
+      bytes[us] = static_cast<std::uint64_t>(h_.recv_begin[us + 1] - h_.recv_begin[us]) * row_bytes_;
+    }
+    return bytes;
+  }
+
+  // Expert side: my replies to the next round of src's tokens, into that round's half, then its tail.
+  void send_round(Source& src) {
     const auto us = static_cast<std::size_t>(src.peer);
-    const std::int64_t end_token = (src.sent + 1) * C, end = h.recv_begin[us + 1];
-    std::int64_t r = src.next_row;
-    const std::int64_t first = r;
-    while (r < end && h.recv_token[static_cast<std::size_t>(r)] < end_token) ++r;
-    const std::int64_t dst = m.geo.reply_ring_row(src.sent, m.rank);
-    if (h.layout == RecvLayout::kCompact)
-      send.put_rows(src.peer, Region::kReplies, dst, replies.of(first), r - first, row_bytes);
+    const std::int64_t end_token = (src.sent + 1) * C_, end = h_.recv_begin[us + 1];
+    const std::int64_t first = src.next_row;
+    std::int64_t r = first;
+    while (r < end && h_.recv_token[static_cast<std::size_t>(r)] < end_token) ++r;
+    const std::int64_t dst = m_.geo.reply_ring_row(src.sent, m_.rank);
+    if (h_.layout == RecvLayout::kCompact)
+      send_.put_rows(src.peer, Region::kReplies, dst, replies_.of(first), r - first, row_bytes_);
     else
-      for (std::int64_t i = first; i < r; ++i) send.put_rows(src.peer, Region::kReplies, dst + (i - first), replies.of(i), 1, row_bytes);
+      for (std::int64_t i = first; i < r; ++i) send_.put_rows(src.peer, Region::kReplies, dst + (i - first), replies_.of(i), 1, row_bytes_);
     src.next_row = r;
     ++src.sent;
-    send.signal(src.peer, m.geo.ring_tail_signal(m.rank), stamp + static_cast<std::uint64_t>(src.sent));
-  };
-  auto reduce_round = [&]() {
-    const std::int64_t t0 = reduced * C, t1 = std::min(S, t0 + C);
-    for (int d = 0; d < m.P; ++d) {
-      const auto ud = static_cast<std::size_t>(d);
-      // My segment at d is token-ascending: the round's rows start where the last one ended.
-      const std::int32_t* seg = plan.segment_token.data() + plan.segment_begin[ud];
-      std::int64_t p = round_start[ud];
-      rows_of[ud] = replies_base + static_cast<std::size_t>(m.geo.reply_ring_row(reduced, d)) * H;
-      first_row[ud] = -p;
-      while (p < plan.tokens_to(d) && seg[p] < t1) ++p;
-      round_start[ud] = p;
-    }
-    if (payload)
-      m.run_workers([&](int w) {
-        const auto [u0, u1] = split_range(t1 - t0, w, m.W);
-        m.reduce_tokens(h, a, t0 + u0, t0 + u1, rows_of, first_row, out.as<std::uint16_t>(), nullptr);
-      });
-    ++reduced;
-    for (int i = 0; i < m.P; ++i) m.transport.signal((m.rank + i) % m.P, m.geo.ring_credit_signal(m.rank), stamp + static_cast<std::uint64_t>(reduced), 0);
-  };
+    send_.signal(src.peer, m_.geo.ring_tail_signal(m_.rank), stamp_ + static_cast<std::uint64_t>(src.sent));
+  }
 
-  auto pass = [&] {
+  // Source side: the round's rows at every expert rank d (my segment at d is token-ascending:
+  // the round's rows start where the last one ended), reduced, then the half handed back.
+  void reduce_round() {
+    const std::int64_t t0 = reduced_ * C_, t1 = std::min(S_, t0 + C_);
+    const RoutingPlan& plan = h_.plan;
+    const auto* replies_base = reinterpret_cast<const std::uint16_t*>(m_.transport.window() + m_.geo.region(Region::kReplies));
+    for (int d = 0; d < m_.P; ++d) {
+      const auto ud = static_cast<std::size_t>(d);
+      const std::int32_t* seg = plan.segment_token.data() + plan.segment_begin[ud];
+      std::int64_t p = round_start_[ud];
+      rows_of_[ud] = replies_base + static_cast<std::size_t>(m_.geo.reply_ring_row(reduced_, d)) * H_;
+      first_row_[ud] = -p;
+      while (p < plan.tokens_to(d) && seg[p] < t1) ++p;
+      round_start_[ud] = p;
+    }
+    if (m_.moves_payload)
+      m_.run_workers([&](int w) {
+        const auto [u0, u1] = split_range(t1 - t0, w, m_.W);
+        m_.reduce_tokens(h_, a_, t0 + u0, t0 + u1, rows_of_, first_row_, out_.as<std::uint16_t>(), nullptr);
+      });
+    ++reduced_;
+    for (int i = 0; i < m_.P; ++i)
+      m_.transport.signal((m_.rank + i) % m_.P, m_.geo.ring_credit_signal(m_.rank), stamp_ + static_cast<std::uint64_t>(reduced_), 0);
+  }
+
+  Progress pass() {
     Progress p;
-    for (Source& src : sources) {
+    for (Source& src : sources_) {
       if (src.sent == src.rounds) continue;
       p.pending = true;
       // Half sent % 2 is free once the source has reduced round sent - 2.
-      if (src.sent >= 2 && count_of(m.transport.read_signal(m.geo.ring_credit_signal(src.peer))) < src.sent - 1) continue;
+      if (src.sent >= 2 && count_of(m_.transport.read_signal(m_.geo.ring_credit_signal(src.peer))) < src.sent - 1) continue;
       send_round(src);
       p.moved = true;
     }
-    if (reduced < my_rounds) {
+    if (reduced_ < my_rounds_) {
       p.pending = true;
       bool all = true;
-      for (int d = 0; d < m.P && all; ++d) all = count_of(m.transport.read_signal(m.geo.ring_tail_signal(d))) > reduced;
+      for (int d = 0; d < m_.P && all; ++d) all = tail_of(d) > reduced_;
       if (all) {
         reduce_round();
         p.moved = true;
       }
     }
     return p;
-  };
-  auto waiting = [&] {
+  }
+
+  std::string waiting() {
     std::string what;
-    for (const Source& src : sources)
+    for (const Source& src : sources_)
       if (src.sent < src.rounds) what += " credit from rank " + std::to_string(src.peer);
-    for (int d = 0; d < m.P && reduced < my_rounds; ++d)
-      if (count_of(m.transport.read_signal(m.geo.ring_tail_signal(d))) <= reduced) what += " replies from rank " + std::to_string(d);
+    for (int d = 0; d < m_.P && reduced_ < my_rounds_; ++d)
+      if (tail_of(d) <= reduced_) what += " replies from rank " + std::to_string(d);
     return what;
-  };
-  progress_until_done(m.transport.timeout(), m.rank, "combine ring", sources.empty() ? -1 : sources.front().peer, pass, waiting);
-  send.flush();
+  }
+
+  Impl& m_;
+  const HandleState& h_;
+  const CombineArgs& a_;
+  Tensor& out_;
+  const std::int64_t S_, C_;
+  const std::size_t H_, row_bytes_;
+  const std::uint64_t stamp_;
+  std::vector<Source> sources_;
+  // Source side: my rounds reduced, and per expert rank d the segment position of the first
+  // token of the round being reduced.
+  const std::int64_t my_rounds_;
+  std::int64_t reduced_ = 0;
+  std::vector<std::int64_t> round_start_;
+  std::vector<const std::uint16_t*> rows_of_;
+  std::vector<std::int64_t> first_row_;
+  Impl::PhaseTimer timer_;
+  Impl::Sender send_;
+  Impl::Replies replies_;
+};
+
+void combine_through_ring(Impl& m, const HandleState& h, const CombineArgs& a, const Peers& peers, Tensor& out) {
+  RingCombine(m, h, a, peers, out).run();
 }
 
 class Ring final : public CombinePath {

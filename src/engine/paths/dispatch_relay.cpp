@@ -44,6 +44,19 @@ void plan_relay(Impl& m, HandleState& h, const Peers& peers) {
     for (int s = 0; s < m.rank; ++s) h.relay_base[static_cast<std::size_t>(r)] += peers.counts(s)[first + r];
   for (int s = 0; s < m.P; ++s)
     h.relayed_begin[static_cast<std::size_t>(s) + 1] = h.relayed_begin[static_cast<std::size_t>(s)] + peers.counts(s)[first + m.rank];
+  // Node-first combine: source s's tokens through relays below r = where r's sums for s start
+  // in s's relay area (paths/combine_relay.cpp).
+  auto sums_before = [&](int s, int relay) {
+    std::int64_t n = 0;
+    for (int r = 0; r < relay; ++r) n += peers.counts(s)[first + r];
+    return n;
+  };
+  h.sums_at_source.assign(static_cast<std::size_t>(m.P), 0);
+  h.my_sums.assign(static_cast<std::size_t>(m.P), 0);
+  for (int p = 0; p < m.P; ++p) {
+    h.sums_at_source[static_cast<std::size_t>(p)] = sums_before(p, m.rank);
+    h.my_sums[static_cast<std::size_t>(p)] = sums_before(m.rank, p);
+  }
   if (h.relayed_begin.back() > m.geo.relay_rows())
     throw Error(ErrorCode::kInternal, "rank " + std::to_string(m.rank) + ": relays " + std::to_string(h.relayed_begin.back()) +
                                           " rows but its relay area holds " + std::to_string(m.geo.relay_rows()), m.rank);

@@ -21,118 +21,156 @@
 namespace epx::detail {
 namespace {
 
-void exchange_through_ring(Impl& m, const HandleState& h, const DispatchArgs& a,
-                                         const std::vector<std::int32_t>* expert_base, DispatchResult& out) {
-  const RoutingPlan& plan = h.plan;
-  const int K = m.config.num_topk;
-  const std::int64_t ring = m.config.ring_rows;
-  const std::int64_t chunk = std::max<std::int64_t>(1, ring / 2);  // half a ring: the other half drains meanwhile
-  const bool fp8 = a.x.dtype == DType::kFP8E4M3;
-  const std::size_t row_bytes = static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype);
-  const std::size_t scale_bytes = fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0;
-  const auto* x = static_cast<const std::byte*>(a.x.data);
-  const auto* scales = static_cast<const std::byte*>(a.x_scales.data);
-  const bool with_meta = expert_base != nullptr;
-  const bool expanded = h.layout == RecvLayout::kExpanded;
-  const bool payload = m.moves_payload;
-  const std::uint64_t stamp = m.epoch << 32;
-  auto count_of = [&](std::uint64_t v) -> std::int64_t { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; };
-  if (with_meta) m.meta_stage.resize(static_cast<std::size_t>(plan.num_entries()) * m.geo.meta_bytes());
-  const std::byte* window_base = m.transport.window();
-  std::byte* meta = m.transport.window() + m.geo.region(Region::kMeta);
-  auto* rx = static_cast<std::byte*>(out.recv_x.data());
+// What every worker of one ring dispatch reads: the call's shape and where things lie.
+struct RingCall {
+  Impl& m;
+  const HandleState& h;
+  const DispatchArgs& a;
+  const std::vector<std::int32_t>* expert_base;  // fresh: rows travel with their metadata
+  std::int64_t ring, chunk;                      // chunk: half a ring, the other half drains meanwhile
+  bool fp8, expanded;
+  std::size_t row_bytes, scale_bytes;
+  std::uint64_t stamp;  // the call's epoch in the counts' high 32 bits
+  std::vector<std::uint64_t> channel_bytes;
+  void* out_rx;  // recv_x: where the rows are placed
 
-  std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(m.P));
-  for (int d = 0; d < m.P; ++d) channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(plan.tokens_to(d)) * row_bytes;
+  RingCall(Impl& m_, const HandleState& h_, const DispatchArgs& a_, const std::vector<std::int32_t>* base, void* rx)
+      : m(m_), h(h_), a(a_), expert_base(base), ring(m_.config.ring_rows), chunk(std::max<std::int64_t>(1, ring / 2)),
+        fp8(a_.x.dtype == DType::kFP8E4M3), expanded(h_.layout == RecvLayout::kExpanded),
+        row_bytes(static_cast<std::size_t>(m_.config.hidden) * dtype_size(a_.x.dtype)),
+        scale_bytes(fp8 ? static_cast<std::size_t>(m_.config.hidden / 128) * sizeof(float) : 0), stamp(m_.epoch << 32),
+        channel_bytes(static_cast<std::size_t>(m_.P)), out_rx(rx) {
+    for (int d = 0; d < m.P; ++d)
+      channel_bytes[static_cast<std::size_t>(d)] = static_cast<std::uint64_t>(h.plan.tokens_to(d)) * row_bytes;
+    if (expert_base != nullptr) m.meta_stage.resize(static_cast<std::size_t>(h.plan.num_entries()) * m.geo.meta_bytes());
+  }
+  std::int64_t count_of(std::uint64_t v) const { return v >= stamp ? static_cast<std::int64_t>(v - stamp) : 0; }
+};
 
-  m.run_workers([&](int w) {
-    Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
-    Impl::Sender send(m, w, 0, channel_bytes, m.visit_order);
-    struct Flow {
-      int peer;
-      std::int64_t done, total;
-    };
-    std::vector<Flow> sends, receives;
-    for (std::size_t i = static_cast<std::size_t>(w); i < m.visit_order.size(); i += static_cast<std::size_t>(m.W)) {
-      const int d = m.visit_order[i];
-      sends.push_back({d, 0, plan.tokens_to(d)});
-      const int s = (m.rank - static_cast<int>(i) + m.P) % m.P;  // sources in the mirrored order
-      receives.push_back({s, 0, h.recv_begin[static_cast<std::size_t>(s) + 1] - h.recv_begin[static_cast<std::size_t>(s)]});
+// A destination I send to or a source I receive from: rows done of its total.
+struct Flow {
+  int peer;
+  std::int64_t done, total;
+};
+
+// One worker's share of the ring dispatch: some destinations to fill, some sources to drain.
+class RingWorker {
+ public:
+  RingWorker(const RingCall& c, int w)
+      : c_(c), m_(c.m), timer_(c.m, w, Phase::kPutIssue), send_(c.m, w, 0, c.channel_bytes, c.m.visit_order) {
+    const HandleState& h = c.h;
+    for (std::size_t i = static_cast<std::size_t>(w); i < m_.visit_order.size(); i += static_cast<std::size_t>(m_.W)) {
+      const int d = m_.visit_order[i];
+      sends_.push_back({d, 0, h.plan.tokens_to(d)});
+      const int s = (m_.rank - static_cast<int>(i) + m_.P) % m_.P;  // sources in the mirrored order
+      receives_.push_back({s, 0, h.recv_begin[static_cast<std::size_t>(s) + 1] - h.recv_begin[static_cast<std::size_t>(s)]});
     }
+  }
 
-    // One chunk of my segment for d: positions [p0, p1) into ring slots p % ring.
-    auto send_chunk = [&](int d, std::int64_t p0, std::int64_t p1) {
-      const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
-      const std::int64_t base = m.geo.send_row(h, d, 0, false);
-      for (std::int64_t p = p0; p < p1;) {
-        std::int64_t q = p + 1;  // a run: consecutive tokens that don't wrap the ring
-        while (q < p1 && seg[q] == seg[q - 1] + 1 && q % ring != 0) ++q;
-        const auto t = static_cast<std::size_t>(seg[p]);
-        send.put_rows(d, Region::kData, m.geo.ring_row(m.rank, p), x + t * row_bytes, q - p, row_bytes);
-        if (fp8) send.put_rows(d, Region::kScales, base + p, scales + t * scale_bytes, q - p, scale_bytes);
-        p = q;
-      }
-      if (with_meta) {
-        const std::size_t stage_row = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + p0);
-        for (std::int64_t p = p0; p < p1; ++p)
-          m.fill_meta(m.geo.meta_row(m.meta_stage.data(), static_cast<std::int64_t>(stage_row) + (p - p0)), h, a, d, seg[p], *expert_base);
-        send.put_rows(d, Region::kMeta, base + p0, m.meta_stage.data() + stage_row * m.geo.meta_bytes(), p1 - p0, m.geo.meta_bytes());
-      }
-      send.signal(d, m.geo.ring_tail_signal(m.rank), stamp + static_cast<std::uint64_t>(p1));
-    };
-    // Rows [i0, i1) from s: out of the ring into the output, then their slots go back.
-    auto place = [&](int s, std::int64_t i0, std::int64_t i1) {
-      const std::int64_t first = h.recv_begin[static_cast<std::size_t>(s)];
-      for (std::int64_t i = i0; i < i1 && payload; ++i) {
-        const std::byte* row = window_base + m.geo.row(Region::kData, m.geo.ring_row(s, i), row_bytes);
-        const std::int64_t r = first + i;
-        if (!expanded) {
-          bulk_copy(rx + static_cast<std::size_t>(r) * row_bytes, row, row_bytes);
-          continue;
-        }
-        for (int k = 0; k < K; ++k) {
-          const std::int32_t to = with_meta ? m.geo.meta_row(meta, r).slot_row[k]
-                                            : h.recv_slot_row[static_cast<std::size_t>(r * K + k)];
-          if (to >= 0) bulk_copy(rx + static_cast<std::size_t>(to) * row_bytes, row, row_bytes);
-        }
-      }
-      m.transport.signal(s, m.geo.ring_credit_signal(m.rank), stamp + static_cast<std::uint64_t>(i1), 0);
-    };
+  void run() {
+    progress_until_done(m_.transport.timeout(), m_.rank, "dispatch ring", sends_.empty() ? -1 : sends_.front().peer,
+                        [this] { return pass(); }, [this] { return waiting(); });
+    send_.flush();
+  }
 
-    auto pass = [&] {
-      Progress p;
-      for (Flow& f : sends) {
-        if (f.done == f.total) continue;
-        p.pending = true;
-        const std::int64_t credit = count_of(m.transport.read_signal(m.geo.ring_credit_signal(f.peer)));
-        const std::int64_t n = std::min({f.total - f.done, credit + ring - f.done, chunk});
-        if (n <= 0) continue;
-        send_chunk(f.peer, f.done, f.done + n);
-        f.done += n;
-        p.moved = true;
-      }
-      for (Flow& f : receives) {
-        if (f.done == f.total) continue;
-        p.pending = true;
-        const std::int64_t tail = count_of(m.transport.read_signal(m.geo.ring_tail_signal(f.peer)));
-        if (tail <= f.done) continue;
-        place(f.peer, f.done, tail);
-        f.done = tail;
-        p.moved = true;
-      }
-      return p;
-    };
-    auto waiting = [&] {
-      std::string what;
-      for (const Flow& f : sends)
-        if (f.done < f.total) what += " credit from rank " + std::to_string(f.peer);
-      for (const Flow& f : receives)
-        if (f.done < f.total) what += " rows from rank " + std::to_string(f.peer);
-      return what;
-    };
-    progress_until_done(m.transport.timeout(), m.rank, "dispatch ring", sends.empty() ? -1 : sends.front().peer, pass, waiting);
-    send.flush();
-  });
+ private:
+  // One chunk of my segment for d: positions [p0, p1) into ring slots p % ring.
+  void send_chunk(int d, std::int64_t p0, std::int64_t p1) {
+    const RoutingPlan& plan = c_.h.plan;
+    const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+    const std::int64_t base = m_.geo.send_row(c_.h, d, 0, false);
+    const auto* x = static_cast<const std::byte*>(c_.a.x.data);
+    const auto* scales = static_cast<const std::byte*>(c_.a.x_scales.data);
+    for (std::int64_t p = p0; p < p1;) {
+      std::int64_t q = p + 1;  // a run: consecutive tokens that don't wrap the ring
+      while (q < p1 && seg[q] == seg[q - 1] + 1 && q % c_.ring != 0) ++q;
+      const auto t = static_cast<std::size_t>(seg[p]);
+      send_.put_rows(d, Region::kData, m_.geo.ring_row(m_.rank, p), x + t * c_.row_bytes, q - p, c_.row_bytes);
+      if (c_.fp8) send_.put_rows(d, Region::kScales, base + p, scales + t * c_.scale_bytes, q - p, c_.scale_bytes);
+      p = q;
+    }
+    if (c_.expert_base != nullptr) send_meta(d, p0, p1);
+    send_.signal(d, m_.geo.ring_tail_signal(m_.rank), c_.stamp + static_cast<std::uint64_t>(p1));
+  }
+
+  // The chunk's row metadata, staged at its place in my plan, to its full-size region at d.
+  void send_meta(int d, std::int64_t p0, std::int64_t p1) {
+    const RoutingPlan& plan = c_.h.plan;
+    const auto* seg = plan.segment_token.data() + plan.segment_begin[static_cast<std::size_t>(d)];
+    const std::int64_t stage_row = plan.segment_begin[static_cast<std::size_t>(d)] + p0;
+    for (std::int64_t p = p0; p < p1; ++p)
+      m_.fill_meta(m_.geo.meta_row(m_.meta_stage.data(), stage_row + (p - p0)), c_.h, c_.a, d, seg[p], *c_.expert_base);
+    send_.put_rows(d, Region::kMeta, m_.geo.send_row(c_.h, d, 0, false) + p0,
+                   m_.meta_stage.data() + static_cast<std::size_t>(stage_row) * m_.geo.meta_bytes(), p1 - p0,
+                   m_.geo.meta_bytes());
+  }
+
+  // Rows [i0, i1) from s: out of the ring into the output, then their slots go back.
+  void place(int s, std::int64_t i0, std::int64_t i1) {
+    const std::int64_t first = c_.h.recv_begin[static_cast<std::size_t>(s)];
+    for (std::int64_t i = i0; i < i1 && m_.moves_payload; ++i)
+      place_row(m_.transport.window() + m_.geo.row(Region::kData, m_.geo.ring_row(s, i), c_.row_bytes), first + i);
+    m_.transport.signal(s, m_.geo.ring_credit_signal(m_.rank), c_.stamp + static_cast<std::uint64_t>(i1), 0);
+  }
+
+  // Received row r (compact order) to its output row, or to each of its expanded slots.
+  void place_row(const std::byte* row, std::int64_t r) {
+    auto* rx = static_cast<std::byte*>(c_.out_rx);
+    if (!c_.expanded) return bulk_copy(rx + static_cast<std::size_t>(r) * c_.row_bytes, row, c_.row_bytes);
+    std::byte* meta = m_.transport.window() + m_.geo.region(Region::kMeta);
+    for (int k = 0; k < m_.config.num_topk; ++k) {
+      const std::int32_t to = c_.expert_base != nullptr ? m_.geo.meta_row(meta, r).slot_row[k]
+                                                        : c_.h.recv_slot_row[static_cast<std::size_t>(r * m_.config.num_topk + k)];
+      if (to >= 0) bulk_copy(rx + static_cast<std::size_t>(to) * c_.row_bytes, row, c_.row_bytes);
+    }
+  }
+
+  // One round over my flows: a chunk to each destination its credit allows, every source's
+  // arrived rows placed.
+  Progress pass() {
+    Progress p;
+    for (Flow& f : sends_) {
+      if (f.done == f.total) continue;
+      p.pending = true;
+      const std::int64_t credit = c_.count_of(m_.transport.read_signal(m_.geo.ring_credit_signal(f.peer)));
+      const std::int64_t n = std::min({f.total - f.done, credit + c_.ring - f.done, c_.chunk});
+      if (n <= 0) continue;
+      send_chunk(f.peer, f.done, f.done + n);
+      f.done += n;
+      p.moved = true;
+    }
+    for (Flow& f : receives_) {
+      if (f.done == f.total) continue;
+      p.pending = true;
+      const std::int64_t tail = c_.count_of(m_.transport.read_signal(m_.geo.ring_tail_signal(f.peer)));
+      if (tail <= f.done) continue;
+      place(f.peer, f.done, tail);
+      f.done = tail;
+      p.moved = true;
+    }
+    return p;
+  }
+
+  std::string waiting() const {
+    std::string what;
+    for (const Flow& f : sends_)
+      if (f.done < f.total) what += " credit from rank " + std::to_string(f.peer);
+    for (const Flow& f : receives_)
+      if (f.done < f.total) what += " rows from rank " + std::to_string(f.peer);
+    return what;
+  }
+
+  const RingCall& c_;
+  Impl& m_;
+  Impl::PhaseTimer timer_;
+  Impl::Sender send_;
+  std::vector<Flow> sends_, receives_;
+};
+
+void exchange_through_ring(Impl& m, const HandleState& h, const DispatchArgs& a,
+                           const std::vector<std::int32_t>* expert_base, DispatchResult& out) {
+  RingCall call(m, h, a, expert_base, out.recv_x.data());
+  m.run_workers([&](int w) { RingWorker(call, w).run(); });
 }
 
 class Ring final : public DispatchPath {

@@ -184,7 +184,7 @@ namespace {
 
 std::string engine_key(const SimOptions& o) {
   return std::to_string(o.tokens) + "|" + o.schedule + "|" + std::to_string(o.queues) + "|" + o.queue_split + "|" + std::to_string(o.aggregate) + "|" + o.protocol +
-         "|" + o.topology + "|" + std::to_string(o.ring_rows) + "|" + o.send_policy;
+         "|" + o.topology + "|" + std::to_string(o.ring_rows) + "|" + o.send_policy + "|" + o.combine_order;
 }
 
 std::string variant_key(const SimOptions& o) { return engine_key(o) + "|" + (o.dense_scan ? "dense" : "compact") + "|" + o.sync; }

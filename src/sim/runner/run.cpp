@@ -72,6 +72,16 @@ std::string topology_for(const SimOptions& o, int P) {
   return o.topology == "auto" ? sim::default_topology_spec(P, sim::load_hardware(o.hardware)) : o.topology;
 }
 
+// The schedule the engine runs: hierarchical on a table of one server has no other server
+// to relay to (the engine refuses it), and is then what it means inside a server — every
+// rank directly, in the rotated order (DeepEP's intranode kernels).
+std::string engine_schedule(const SimOptions& o, const Topology& topology) {
+  if (o.schedule != "hierarchical") return o.schedule;
+  for (const RankPlace& p : topology.ranks)
+    if (p.server != topology.ranks.front().server) return o.schedule;
+  return "rotated";
+}
+
 BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, int P) {
   BufferConfig c;
   c.num_experts = o.experts;
@@ -80,7 +90,10 @@ BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, in
   c.max_tokens_per_rank = o.tokens;
   c.num_workers = o.workers;
   c.dataplane.topology = topology_for(o, P);
-  c.dataplane.schedule = parse_schedule(o.schedule);
+  const std::string schedule = engine_schedule(o, load_topology(c.dataplane.topology, P));
+  c.dataplane.schedule = parse_schedule(schedule);
+  // Inside one server there is nothing to sum first: node-first is the flat order there.
+  c.dataplane.combine_order = parse_combine_order(schedule == "hierarchical" ? o.combine_order : "flat");
   c.dataplane.queues = o.queues;
   c.dataplane.queue_split = parse_queue_split(o.queue_split);
   c.dataplane.aggregate_bytes = static_cast<std::size_t>(std::llround(static_cast<double>(o.aggregate) * agg_scale));
@@ -111,7 +124,7 @@ sim::Picoseconds extra_sync(const SimOptions& o, const sim::HardwareModel& hw, i
 // the last has landed. Only where the replies travel straight to their source in the
 // dispatch plan's order (not through relays or a bounded ring, whose order differs).
 void add_combine_reduction(SimRun& run, const BenchProblem& problem, bool expanded, const SimOptions& o, std::uint64_t row_bytes) {
-  if (o.schedule == "hierarchical" || o.ring_rows > 0) return;
+  if (engine_schedule(o, run.topology) == "hierarchical" || o.ring_rows > 0) return;
   const int P = run.ep, K = o.topk, L = o.experts / P;
   std::vector<std::int64_t> presum_slots(static_cast<std::size_t>(P), 0);
   std::vector<std::int32_t> slots_at(static_cast<std::size_t>(P), 0);
@@ -237,6 +250,9 @@ void validate_sim_options(const SimOptions& o) {
   } catch (const Error& e) {
     bad(std::string("--send-policy: ") + e.what());
   }
+  parse_combine_order(o.combine_order);
+  if (o.combine_order == "node-first" && o.schedule != "hierarchical")
+    bad("--combine-order node-first sums at the relays of --schedule hierarchical (the schedule is " + o.schedule + ")");
   if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));
   if (o.ring_rows > 0 && o.protocol == "flag") bad("--ring-rows needs --protocol explicit or tail");
   if (o.ring_rows > 0 && o.schedule == "hierarchical") bad("--ring-rows cannot be combined with --schedule hierarchical");
@@ -279,7 +295,7 @@ void set_sim_option(SimOptions& o, const std::string& name, const std::string& v
   }
   std::string* text = name == "layout" ? &o.layout : name == "schedule" ? &o.schedule : name == "topology" ? &o.topology
                     : name == "queue-split" ? &o.queue_split : name == "protocol" ? &o.protocol
-                    : name == "send-policy" ? &o.send_policy : nullptr;
+                    : name == "send-policy" ? &o.send_policy : name == "combine-order" ? &o.combine_order : nullptr;
   if (!text) bad("unknown epx sim option '" + name + "'");
   *text = value;
 }

@@ -171,6 +171,9 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--eplb-servers-of", o.eplb_servers_of, "ranks per server for --eplb-choice server (divides P; default 1)")
       ->type_name("N");
   add_dataplane_options(sub, o.dataplane);
+  sub->parse_complete_callback([sub, &o] {
+    o.schedule_auto = sub->get_option("--schedule")->count() == 0 && sub->get_option("--combine-order")->count() == 0;
+  });
   sub->add_option("--sweep", o.sweep,
                   "run every combination of the values and print one comparison table: KEY=V1,V2,... with KEY one of "
                   "topology, schedule, queues, queue-split, aggregate, protocol, tokens, workers, ring-rows (repeatable; the "

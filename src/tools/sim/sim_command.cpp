@@ -65,6 +65,9 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
   sub->add_option("--send-policy", o.send_policy,
                   "dispatch send order: auto (from P, row size and the profile's put costs) | whole | block:BYTES")
       ->capture_default_str();
+  sub->add_option("--combine-order", o.combine_order,
+                  "flat | node-first (hierarchical: the relays sum a token's partials inside each server)")
+      ->capture_default_str();
   sub->add_option("--ring-rows", o.ring_rows, "bounded receive ring of this many rows per source (0 = off; BufferConfig::ring_rows)")
       ->capture_default_str();
   sub->add_flag("--steady", o.steady,
@@ -93,6 +96,7 @@ void add_sim_command(CLI::App& app) {
   sub->require_subcommand(0, 1);
 
   CLI::App* cal = sub->add_subcommand("calibrate", "fit the profile's \"calibrate\" parameters on its published points marked \"calibrate\"");
+  cal->add_option("--hardware", o->hardware, "the profile to fit (name or JSON file; as epx sim --hardware)")->capture_default_str();
   cal->add_option("--out", *out, "write the calibrated hardware JSON to FILE")->type_name("FILE");
   auto evaluations = std::make_shared<int>(110);
   cal->add_option("--evaluations", *evaluations, "at most this many model evaluations")->capture_default_str();
@@ -104,6 +108,7 @@ void add_sim_command(CLI::App& app) {
   });
 
   CLI::App* exp = sub->add_subcommand("experiments", "the data-plane experiment table at 128 ranks, then a search for the best combination");
+  exp->add_option("--hardware", o->hardware, "the profile (name or JSON file; as epx sim --hardware)")->capture_default_str();
   exp->callback([o] {
     validate_sim_options(*o);
     const sim::HardwareModel hw = sim::load_hardware(o->hardware);

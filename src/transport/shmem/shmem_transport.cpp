@@ -19,6 +19,8 @@
 
 #include "epx/error.hpp"
 #include "epx/spi/copy.hpp"
+#include "epx/spi/resources.hpp"
+#include "shmem/shmem_settings.hpp"
 
 // Open MPI's progress engine (libopen-pal): OpenSHMEM 1.4 has no call that only progresses,
 // and shmem_ulong_test does not; liboshmem registers its UCX worker with it.
@@ -32,27 +34,41 @@ namespace epx::detail {
 // would wait for the peer that is gone, and the launcher ends the job anyway.
 class ShmemRuntime {
  public:
-  static std::shared_ptr<ShmemRuntime> acquire() {
-    static std::mutex mu;
-    static std::weak_ptr<ShmemRuntime> current;
-    static bool started = false;
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto live = current.lock()) return live;
-    if (started)
+  static std::shared_ptr<ShmemRuntime> acquire(const ShmemOptions& options = {}) {
+    std::lock_guard<std::mutex> lock(mu());
+    if (auto live = current().lock()) return live;
+    if (started_)
       throw Error(ErrorCode::kUnsupported,
                   "shmem bootstrap: the OpenSHMEM runtime of this process was already finalised (it cannot start twice)");
+    // What epx needs from Open MPI, where the launcher has not set it (shmem_settings.hpp):
+    // read by shmem_init_thread, so set before it.
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    const std::uint64_t memory = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : UINT64_MAX;
+    ShmemSettings settings = decide_shmem_settings(options.heap_bytes, [](const char* n) { return std::getenv(n); }, memory);
+    for (const auto& [name, value] : settings.set) setenv(name.c_str(), value.c_str(), 1);
     int provided = -1;
     if (shmem_init_thread(SHMEM_THREAD_MULTIPLE, &provided) != 0)
       throw Error(ErrorCode::kUnsupported, "shmem bootstrap: shmem_init_thread failed (was the process started by oshrun?)");
-    started = true;
-    auto rt = std::shared_ptr<ShmemRuntime>(new ShmemRuntime());
+    started_ = true;
+    auto rt = std::shared_ptr<ShmemRuntime>(new ShmemRuntime(std::move(settings)));
     if (provided < SHMEM_THREAD_MULTIPLE) {
       shmem_finalize();
       throw Error(ErrorCode::kUnsupported, "shmem bootstrap: the OpenSHMEM runtime offers thread level " +
                                                std::to_string(provided) + ", epx's workers need SHMEM_THREAD_MULTIPLE");
     }
-    current = rt;
+    current() = rt;
     return rt;
+  }
+  /// The running runtime's settings; kUnsupported if none runs.
+  static ShmemRuntimeInfo info() {
+    std::lock_guard<std::mutex> lock(mu());
+    auto live = current().lock();
+    if (!live) throw Error(ErrorCode::kUnsupported, "shmem_runtime_info: no OpenSHMEM runtime runs in this process (call shmem_bootstrap() first)");
+    ShmemRuntimeInfo i;
+    i.heap_bytes = live->settings_.heap_bytes;
+    i.heap_from = live->settings_.heap_from;
+    for (const auto& [name, value] : live->settings_.set) i.set_by_epx.push_back(name + "=" + value);
+    return i;
   }
   ~ShmemRuntime() {
     if (!failed()) shmem_finalize();
@@ -60,9 +76,26 @@ class ShmemRuntime {
   static bool failed() noexcept { return failed_.load(std::memory_order_acquire); }
   static void mark_failed() noexcept { failed_.store(true, std::memory_order_release); }
 
+  /// This PE's symmetric heap as epx set or read it (0: unknown).
+  std::size_t heap_bytes() const noexcept { return settings_.heap_bytes; }
+  const std::string& heap_from() const noexcept { return settings_.heap_from; }
+  /// Bytes of the heap epx's transports hold now (every window of every endpoint).
+  std::atomic<std::size_t>& heap_in_use() noexcept { return in_use_; }
+
  private:
-  ShmemRuntime() = default;
+  explicit ShmemRuntime(ShmemSettings settings) : settings_(std::move(settings)) {}
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::weak_ptr<ShmemRuntime>& current() {
+    static std::weak_ptr<ShmemRuntime> c;
+    return c;
+  }
+  static inline bool started_ = false;
   static inline std::atomic<bool> failed_{false};
+  ShmemSettings settings_;
+  std::atomic<std::size_t> in_use_{0};
 };
 
 namespace {
@@ -109,8 +142,9 @@ std::size_t round_page(std::size_t n) { return (n + kPage - 1) / kPage * kPage; 
 }  // namespace
 
 ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const NodeMap& nodes,
-                               std::chrono::milliseconds timeout)
+                               std::chrono::milliseconds timeout, std::size_t heap_bytes)
     : runtime_(std::move(runtime)),
+      heap_bytes_(heap_bytes),
       rank_(shmem_my_pe()),
       num_ranks_(shmem_n_pes()),
       node_of_rank_(nodes.node_of_rank),
@@ -301,7 +335,9 @@ void ShmemTransport::release_heap() noexcept {
     shmem_quiet();
     shmem_free(base_);  // collective
   }
+  if (base_ != nullptr) runtime_->heap_in_use() -= block_bytes_;
   base_ = nullptr;
+  block_bytes_ = 0;
   peer_base_.clear();
 }
 
@@ -309,12 +345,13 @@ void ShmemTransport::allocate(std::size_t window_bytes, std::size_t num_signals)
   release_heap();
   signal_offset_ = round_page(window_bytes);
   const std::size_t bytes = signal_offset_ + (num_signals + static_cast<std::size_t>(num_ranks_)) * sizeof(std::uint64_t);
+  check_heap(bytes);
   base_ = static_cast<std::byte*>(shmem_malloc(bytes));  // collective, the same size on every PE
   if (base_ == nullptr)
-    throw Error(ErrorCode::kCapacityExceeded,
-                "rank " + std::to_string(rank_) + ": shmem: shmem_malloc(" + std::to_string(bytes) +
-                    " bytes) failed: the symmetric heap is too small (raise it with SHMEM_SYMMETRIC_SIZE, e.g. "
-                    "oshrun -x SHMEM_SYMMETRIC_SIZE=4G)");
+    throw Error(ErrorCode::kCapacityExceeded, "rank " + std::to_string(rank_) + ": shmem: shmem_malloc(" +
+                                                  format_bytes(bytes) + ") failed: " + heap_advice(bytes));
+  block_bytes_ = bytes;
+  runtime_->heap_in_use() += bytes;
   std::memset(base_, 0, bytes);  // zeroed and pre-faulted
   peer_base_.assign(static_cast<std::size_t>(num_ranks_), nullptr);
   for (int p = 0; p < num_ranks_; ++p)
@@ -326,6 +363,29 @@ void ShmemTransport::allocate(std::size_t window_bytes, std::size_t num_signals)
   payload_begin_ = payload_end_ = 0;
   for (int p = 0; p < num_ranks_; ++p) reset_counters(p);
   shmem_barrier_all();  // every PE zeroed its block before anyone writes into it
+}
+
+// Every PE allocates the same blocks and knows the same (agreed) heap, so a block that does
+// not fit is refused on every PE alike, before the collective shmem_malloc: a PE whose
+// shmem_malloc alone failed would leave the others in its barrier with no deadline.
+void ShmemTransport::check_heap(std::size_t bytes) const {
+  constexpr std::size_t kSlack = std::size_t{8} << 20;  // the runtime's own blocks (probe, all-gathers) and headers
+  if (heap_bytes_ == 0) return;                         // the launcher's heap value did not parse: shmem_malloc decides
+  const std::size_t in_use = runtime_->heap_in_use().load();
+  if (in_use + bytes + kSlack <= heap_bytes_) return;
+  throw Error(ErrorCode::kCapacityExceeded,
+              "rank " + std::to_string(rank_) + ": shmem: a window of " + format_bytes(bytes) +
+                  " does not fit in the symmetric heap: " + heap_advice(bytes));
+}
+
+std::string ShmemTransport::heap_advice(std::size_t bytes) const {
+  const std::size_t in_use = runtime_->heap_in_use().load();
+  const std::size_t need = in_use + bytes + (std::size_t{64} << 20);
+  return "the heap is " + (heap_bytes_ ? format_bytes(heap_bytes_) : std::string("of unknown size")) + " per PE (" +
+         runtime_->heap_from() + (heap_bytes_ ? "; the smallest of every PE's" : "") + "), epx's windows hold " +
+         format_bytes(in_use) + " of it. Give it at least " + format_bytes(need) +
+         ": epx::ShmemOptions::heap_bytes, or oshrun -x SMA_SYMMETRIC_SIZE=" + std::to_string(need >> 20) +
+         "M (Open MPI 4.1 reads SMA_SYMMETRIC_SIZE or SHMEM_SYMMETRIC_HEAP_SIZE, not SHMEM_SYMMETRIC_SIZE)";
 }
 
 std::uint64_t* ShmemTransport::signal_word(std::byte* base, std::size_t slot) const noexcept {
@@ -460,7 +520,13 @@ std::unique_ptr<Transport> connect_shmem(Bootstrap& bootstrap, const ConnectOpti
                                                  ", the OpenSHMEM runtime PE " + std::to_string(me) + " of " +
                                                  std::to_string(n) + " (use epx::shmem_bootstrap())");
   const NodeMap nodes = discover_nodes(bootstrap);
-  return std::make_unique<ShmemTransport>(std::move(rt), nodes, options.timeout);
+  // The heap every PE can count on: the smallest (nodes with less memory get a smaller
+  // default); 0 if any PE does not know its own.
+  std::uint64_t mine = rt->heap_bytes();
+  std::vector<std::uint64_t> heaps(static_cast<std::size_t>(n));
+  bootstrap.allgather(&mine, heaps.data(), sizeof mine);
+  const std::uint64_t agreed = *std::min_element(heaps.begin(), heaps.end());
+  return std::make_unique<ShmemTransport>(std::move(rt), nodes, options.timeout, static_cast<std::size_t>(agreed));
 }
 
 }  // namespace epx::detail
@@ -469,9 +535,11 @@ namespace epx {
 
 bool shmem_available() noexcept { return true; }
 
-std::unique_ptr<Bootstrap> shmem_bootstrap() {
-  return std::make_unique<detail::ShmemBootstrap>(detail::ShmemRuntime::acquire());
+std::unique_ptr<Bootstrap> shmem_bootstrap(const ShmemOptions& options) {
+  return std::make_unique<detail::ShmemBootstrap>(detail::ShmemRuntime::acquire(options));
 }
+
+ShmemRuntimeInfo shmem_runtime_info() { return detail::ShmemRuntime::info(); }
 
 std::vector<ShmemPeerInfo> shmem_peer_info(const Transport& transport) {
   const auto* t = dynamic_cast<const detail::ShmemTransport*>(&transport);

@@ -2,7 +2,8 @@
 // mpirun started, on one machine or several.
 //
 //   * window + signal slots: one shmem_malloc block per allocate(), the same size on every
-//     PE (the symmetric heap; its size is SHMEM_SYMMETRIC_SIZE);
+//     PE, in the symmetric heap (its size: epx::ShmemOptions; a block that does not fit is
+//     refused on every PE before shmem_malloc, naming the heap and how to raise it);
 //   * put: shmem_putmem_nbi, or a plain copy where shmem_ptr maps the peer's heap here
 //     (same-node peers when UCX shares memory between them);
 //   * ordered signal: shmem_fence, then shmem_ulong_atomic_set (OpenSHMEM 1.4 has no
@@ -57,7 +58,9 @@ std::unique_ptr<Transport> connect_shmem(Bootstrap& bootstrap, const ConnectOpti
 
 class ShmemTransport final : public Transport, public spi::PayloadRegionListener {
  public:
-  ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const NodeMap& nodes, std::chrono::milliseconds timeout);
+  /// `heap_bytes`: the symmetric heap every PE has (the smallest of theirs; 0 = unknown).
+  ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const NodeMap& nodes, std::chrono::milliseconds timeout,
+                 std::size_t heap_bytes);
   ~ShmemTransport() override;
 
   int rank() const noexcept override { return rank_; }
@@ -84,6 +87,10 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
 
  private:
   void release_heap() noexcept;
+  /// kCapacityExceeded (on every PE alike) if a block of `bytes` cannot fit in the heap.
+  void check_heap(std::size_t bytes) const;
+  /// The heap's size, where it comes from, and how to raise it.
+  std::string heap_advice(std::size_t bytes) const;
   /// A blocking runtime call (shmem_quiet / shmem_fence) under the watchdog.
   struct Blocking {
     std::chrono::steady_clock::time_point since;
@@ -111,6 +118,8 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   static void on_term(int sig) noexcept;
 
   std::shared_ptr<ShmemRuntime> runtime_;
+  std::size_t heap_bytes_;            // the heap every PE has (0: unknown)
+  std::size_t block_bytes_ = 0;       // this transport's shmem_malloc block
   int rank_;
   int num_ranks_;
   std::vector<int> node_of_rank_;

@@ -14,7 +14,8 @@ namespace {
 }  // namespace
 
 bool shmem_available() noexcept { return false; }
-std::unique_ptr<Bootstrap> shmem_bootstrap() { missing("shmem_bootstrap"); }
+std::unique_ptr<Bootstrap> shmem_bootstrap(const ShmemOptions&) { missing("shmem_bootstrap"); }
+ShmemRuntimeInfo shmem_runtime_info() { missing("shmem_runtime_info"); }
 std::vector<ShmemPeerInfo> shmem_peer_info(const Transport&) { missing("shmem_peer_info"); }
 
 namespace detail {

@@ -42,6 +42,10 @@ struct SimOptions {
   /// Dispatch send policy (DataPlaneOptions::send_policy): auto | whole | block:BYTES. The
   /// engine sees the profile's put costs (HardwareModel::put_costs) through the sim transport.
   std::string send_policy = "auto";
+  /// Combine's order of additions (DataPlaneOptions::combine_order): flat | node-first (the
+  /// hierarchical schedule's relays sum a token's partials inside the server, DeepEP's
+  /// internode combine).
+  std::string combine_order = "flat";
   std::int64_t ring_rows = 0;  ///< BufferConfig::ring_rows (0 = a slot for every row)
   /// Time a second dispatch and combine, after a first pair: the steady state of a model's
   /// layers, where each call follows one of the other kind and goes rows first where the
@@ -130,7 +134,7 @@ bool engine_supports_model_only();
 void validate_sim_options(const SimOptions& o);
 /// Sets the option named by its `epx sim` flag without "--" (tokens, hidden, topk, experts,
 /// groups, topk-groups, fp8, layout, alignment, schedule, topology, queues, queue-split,
-/// aggregate, protocol, send-policy, seed) from its text: how a profile's published series
+/// aggregate, protocol, send-policy, combine-order, seed) from its text: how a profile's published series
 /// says how it was measured (sim::PublishedSeries::run). Throws kInvalidArgument naming the
 /// option for an unknown name or a value that does not parse.
 void set_sim_option(SimOptions& o, const std::string& name, const std::string& value);
