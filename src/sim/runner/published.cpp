@@ -138,9 +138,10 @@ std::string published_svg(const std::vector<SystemPrediction>& systems) {
       const std::size_t n = sp.points.size();
       auto x = [&](std::size_t i) { return left + (n <= 1 ? 0.5 : static_cast<double>(i) / static_cast<double>(n - 1)) * (W - left - right); };
       auto y = [&](double v) { return y0 + top + (1 - v / ymax) * (panel - top - bottom); };
-      os << "<text x=\"" << left << "\" y=\"" << y0 + 20 << "\">" << sys.profile << ", " << sp.series.label << ": "
-         << (sp.series.metric == "deepep" ? "DeepEP bottleneck GB/s" : "GB/s per rank") << " vs EP (lines: epx sim; squares: published, "
-         << "filled = calibrated on)</text>\n";
+      os << "<text x=\"" << left << "\" y=\"" << y0 + 16 << "\">" << sys.profile << ", " << sp.series.label << ": "
+         << (sp.series.metric == "deepep" ? "DeepEP bottleneck GB/s" : "GB/s per rank") << " vs EP</text>\n";
+      os << "<text x=\"" << left << "\" y=\"" << y0 + 30 << "\" font-size=\"10\" fill=\"#555\">lines: epx sim; squares: published "
+         << "(filled: calibrated on, hollow: held out)</text>\n";
       os << "<line x1=\"" << left << "\" y1=\"" << y(0) << "\" x2=\"" << W - right << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
       os << "<line x1=\"" << left << "\" y1=\"" << y(ymax) << "\" x2=\"" << left << "\" y2=\"" << y(0) << "\" stroke=\"black\"/>\n";
       const double step = ymax > 300 ? 100 : ymax > 120 ? 50 : ymax > 60 ? 20 : 10;
