@@ -148,7 +148,8 @@ ordered_json bench_config_json(const BenchReport& r) {
   j["warmup"] = o.warmup;
   j["iters"] = o.iters;
   j["counters"] = o.counters;
-  j["routing"] = {{"source", r.source}, {"dir", o.routing}, {"skew", o.skew}, {"seed", o.seed}};
+  j["routing"] = {{"source", r.source}, {"dir", o.routing}, {"skew", o.skew}, {"groups", o.groups}, {"topk_groups", o.topk_groups},
+                  {"seed", o.seed}};
   j["dataplane"] = dataplane_json(o.dataplane);
   return j;
 }
