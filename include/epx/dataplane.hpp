@@ -28,6 +28,23 @@ enum class Protocol { kExplicit, kTail, kFlag };
 Protocol parse_protocol(const std::string& text);
 const char* to_string(Protocol protocol) noexcept;
 
+/// How a dispatch worker orders its sends over its tokens (every policy gives the same bits;
+/// each destination still gets its rows in ascending slot order):
+///   kAuto   chosen per call from P, the row size and the transport's put costs
+///           (TransportCaps::put_overhead_ns, put_gbps): blocks as for kBlock at 256 KiB,
+///           grown until each destination's share of a block makes puts whose fixed cost is
+///           small against their wire time (docs/engine.md, "send policy"); whole when one
+///           block would hold all the worker's tokens
+///   kWhole  destination after destination over all the worker's tokens: one run each
+///   kBlock  the worker's tokens in blocks of `block_bytes` of rows, each block to every
+///           destination before the next (a block's x rows are read once for their ~K copies)
+/// A rank's own choice: ranks may differ (it changes only the order of its puts).
+enum class SendPolicyKind { kAuto, kWhole, kBlock };
+struct SendPolicy {
+  SendPolicyKind kind = SendPolicyKind::kAuto;
+  std::size_t block_bytes = 0;  ///< kBlock: bytes of x rows (data + scales) per block, > 0
+};
+
 /// The order of combine's float32 additions (SPEC §4).
 ///   kFlat       a token's partials added at its source in the flat order (default)
 ///   kNodeFirst  hierarchical schedule only: a token's partials summed inside each server
@@ -49,6 +66,7 @@ struct DataPlaneOptions {
   /// (one put per row). A single row larger than the limit is still one put.
   std::size_t aggregate_bytes = std::size_t{1} << 20;
   Protocol protocol = Protocol::kExplicit;
+  SendPolicy send_policy{};               ///< default: auto
   CombineOrder combine_order = CombineOrder::kFlat;  ///< kNodeFirst needs schedule hierarchical
   /// With an output pool: a combine right after the dispatch whose handle it uses pushes its
   /// replies before the header exchange (one synchronisation instead of the pull's two,

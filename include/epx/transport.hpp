@@ -51,6 +51,12 @@ struct TransportCaps {
   bool flagged_puts = false;
   /// get() reads peers' windows one-sided (mapped: a copy; OpenSHMEM: shmem_getmem_nbi).
   bool one_sided_get = false;
+  /// What one put costs besides its bytes, for the dispatch's send policy (epx/dataplane.hpp
+  /// SendPolicy): the fixed time of issuing one put (descriptor, doorbell, work request) in
+  /// ns, and the rate a rank's puts leave at in GB/s (= bytes per ns). 0: negligible / not
+  /// stated (the policy then keeps cache-sized blocks).
+  double put_overhead_ns = 0;
+  double put_gbps = 0;
 };
 
 /// Where a wait happens, for the timeout / peer-failure error message.

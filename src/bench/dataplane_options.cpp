@@ -17,7 +17,7 @@ namespace {
 
 const std::vector<std::string>& dataplane_option_names() {
   static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol",
-                                                     "combine-order", "replies-first-max"};
+                                                     "send-policy", "combine-order", "replies-first-max"};
   return names;
 }
 
@@ -40,6 +40,25 @@ std::size_t parse_byte_size(const std::string& text) {
   if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) return fail();
   if (n > (std::numeric_limits<std::size_t>::max() >> shift)) return fail();
   return static_cast<std::size_t>(n) << shift;
+}
+
+SendPolicy parse_send_policy(const std::string& text) {
+  if (text == "auto") return {SendPolicyKind::kAuto, 0};
+  if (text == "whole") return {SendPolicyKind::kWhole, 0};
+  if (text.rfind("block:", 0) == 0) {
+    const std::size_t bytes = parse_byte_size(text.substr(6));
+    if (bytes > 0) return {SendPolicyKind::kBlock, bytes};
+  }
+  bad("'" + text + "' is not one of: auto, whole, block:BYTES (BYTES > 0, K/M/G suffixes)");
+}
+
+std::string to_string(const SendPolicy& p) {
+  switch (p.kind) {
+    case SendPolicyKind::kAuto: return "auto";
+    case SendPolicyKind::kWhole: return "whole";
+    case SendPolicyKind::kBlock: return "block:" + byte_size_text(p.block_bytes);
+  }
+  return "?";
 }
 
 std::string byte_size_text(std::size_t bytes) {
@@ -66,6 +85,8 @@ void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const st
       d.aggregate_bytes = parse_byte_size(value);
     } else if (name == "protocol") {
       d.protocol = parse_protocol(value);
+    } else if (name == "send-policy") {
+      d.send_policy = parse_send_policy(value);
     } else if (name == "combine-order") {
       d.combine_order = parse_combine_order(value);
     } else if (name == "replies-first-max") {
@@ -87,6 +108,7 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
   if (name == "queue-split") return to_string(d.queue_split);
   if (name == "aggregate") return byte_size_text(d.aggregate_bytes);
   if (name == "protocol") return to_string(d.protocol);
+  if (name == "send-policy") return to_string(d.send_policy);
   if (name == "combine-order") return to_string(d.combine_order);
   if (name == "replies-first-max") return byte_size_text(d.replies_first_max_bytes);
   bad("unknown data-plane option '" + name + "'");
@@ -133,6 +155,7 @@ nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
   j["queue_split"] = to_string(d.queue_split);
   j["aggregate_bytes"] = d.aggregate_bytes;
   j["protocol"] = to_string(d.protocol);
+  j["send_policy"] = to_string(d.send_policy);
   j["combine_order"] = to_string(d.combine_order);
   j["replies_first_max_bytes"] = d.replies_first_max_bytes;
   return j;

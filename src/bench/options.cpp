@@ -4,6 +4,7 @@
 #include <string>
 
 #include "epx/bench/dataplane_options.hpp"
+#include "epx/bench/routing.hpp"
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
 #include "epx/spi/resources.hpp"
@@ -83,6 +84,7 @@ void validate_options(const BenchOptions& o) {
     bad("--overhead-of must be 'counters' or 'waits', got '" + o.overhead_of + "'");
   if (o.overhead_of == "waits" && o.cached) bad("--overhead-of waits: not with --cached (two Buffers would need two handles)");
   if (o.skew < 0) bad("--skew must be >= 0 (0 = uniform), got " + std::to_string(o.skew));
+  check_group_limit(o.groups, o.topk_groups, o.experts, o.topk, o.skew);
   checked_timeout(o.timeout_ms);
   if (!o.baseline.empty() && o.baseline != "mpi") bad("--baseline must be 'mpi', got '" + o.baseline + "'");
   // With --routing, P is known once meta.json is read: run_bench checks the rest then.

@@ -99,6 +99,43 @@ void random_weights(BenchRankInput& in, int K, Rng& g) {
   }
 }
 
+// One token's K experts: uniform distinct (a partial Fisher-Yates shuffle), group-limited
+// on uniform scores, or Zipf-like (Efraimidis-Spirakis: top K of u^(1/w), no repeats).
+struct TokenRouter {
+  const BenchOptions& o;
+  std::vector<double> w;  // Zipf weights
+  std::vector<int> perm;
+  std::vector<std::pair<double, int>> keys;
+  std::vector<double> scores;
+
+  explicit TokenRouter(const BenchOptions& opt)
+      : o(opt), w(static_cast<std::size_t>(opt.experts)), perm(w.size()), keys(w.size()), scores(w.size()) {
+    for (int e = 0; e < o.experts; ++e) w[static_cast<std::size_t>(e)] = std::pow(static_cast<double>(e + 1), -o.skew);
+  }
+
+  void route(Rng& g, std::int64_t* row) {
+    const int E = o.experts, K = o.topk;
+    if (o.groups > 0) {
+      for (double& s : scores) s = g.uniform();
+      group_limited_topk(scores.data(), E, o.groups, o.topk_groups, K, row);
+    } else if (o.skew <= 0) {
+      std::iota(perm.begin(), perm.end(), 0);
+      for (int k = 0; k < K; ++k) {
+        const auto j = static_cast<std::size_t>(k) + g.below(static_cast<std::uint64_t>(E - k));
+        std::swap(perm[static_cast<std::size_t>(k)], perm[j]);
+        row[k] = perm[static_cast<std::size_t>(k)];
+      }
+    } else {
+      for (int e = 0; e < E; ++e) {
+        const double u = std::max(g.uniform(), 1e-300);
+        keys[static_cast<std::size_t>(e)] = {std::log(u) / w[static_cast<std::size_t>(e)], e};
+      }
+      std::partial_sort(keys.begin(), keys.begin() + K, keys.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (int k = 0; k < K; ++k) row[k] = keys[static_cast<std::size_t>(k)].second;
+    }
+  }
+};
+
 BenchProblem generate(const BenchOptions& o) {
   BenchProblem p;
   p.ranks = o.ranks;
@@ -111,41 +148,21 @@ BenchProblem generate(const BenchOptions& o) {
   if (o.skew > 0)
     std::snprintf(desc, sizeof desc, "zipf-like top-%d, expert e weighted 1/(e+1)^%.3g, seed %llu", o.topk, o.skew,
                   static_cast<unsigned long long>(o.seed));
+  else if (o.groups > 0)
+    std::snprintf(desc, sizeof desc, "group-limited top-%d (%d of %d groups, uniform scores), seed %llu", o.topk, o.topk_groups,
+                  o.groups, static_cast<unsigned long long>(o.seed));
   else
     std::snprintf(desc, sizeof desc, "uniform top-%d, seed %llu", o.topk, static_cast<unsigned long long>(o.seed));
   p.source = desc;
-  const int E = o.experts, K = o.topk;
-  std::vector<double> w(static_cast<std::size_t>(E));
-  for (int e = 0; e < E; ++e) w[static_cast<std::size_t>(e)] = std::pow(static_cast<double>(e + 1), -o.skew);
+  const int K = o.topk;
+  TokenRouter router(o);
   p.rank.resize(static_cast<std::size_t>(o.ranks));
   for (int r = 0; r < o.ranks; ++r) {
     BenchRankInput& in = p.rank[static_cast<std::size_t>(r)];
     in.tokens = o.tokens;
     in.topk_idx.resize(static_cast<std::size_t>(o.tokens * K));
     Rng g(rank_seed(o.seed, r, 1));
-    std::vector<int> perm(static_cast<std::size_t>(E));
-    std::vector<std::pair<double, int>> keys(static_cast<std::size_t>(E));
-    for (std::int64_t t = 0; t < o.tokens; ++t) {
-      std::int64_t* row = in.topk_idx.data() + t * K;
-      if (o.skew <= 0) {
-        // K distinct experts, uniformly: a partial Fisher-Yates shuffle.
-        std::iota(perm.begin(), perm.end(), 0);
-        for (int k = 0; k < K; ++k) {
-          const auto j = static_cast<std::size_t>(k) + g.below(static_cast<std::uint64_t>(E - k));
-          std::swap(perm[static_cast<std::size_t>(k)], perm[j]);
-          row[k] = perm[static_cast<std::size_t>(k)];
-        }
-      } else {
-        // K distinct experts drawn with weights w (Efraimidis-Spirakis: top K of u^(1/w)).
-        for (int e = 0; e < E; ++e) {
-          const double u = std::max(g.uniform(), 1e-300);
-          keys[static_cast<std::size_t>(e)] = {std::log(u) / w[static_cast<std::size_t>(e)], e};
-        }
-        std::partial_sort(keys.begin(), keys.begin() + K, keys.end(),
-                          [](const auto& a, const auto& b) { return a.first > b.first; });
-        for (int k = 0; k < K; ++k) row[k] = keys[static_cast<std::size_t>(k)].second;
-      }
-    }
+    for (std::int64_t t = 0; t < o.tokens; ++t) router.route(g, in.topk_idx.data() + t * K);
     random_weights(in, K, g);
     random_x(in, o.hidden, o.fp8, rank_seed(o.seed, r, 2));
   }
@@ -246,6 +263,44 @@ BenchProblem load(const BenchOptions& o) {
 }
 
 }  // namespace
+
+void group_limited_topk(const double* scores, int experts, int groups, int topk_groups, int topk, std::int64_t* out) {
+  const int n = experts / groups;
+  // Group scores: the two best of each group, summed.
+  std::vector<std::pair<double, int>> group(static_cast<std::size_t>(groups));
+  for (int gi = 0; gi < groups; ++gi) {
+    double best = -1e300, second = -1e300;
+    for (int e = gi * n; e < (gi + 1) * n; ++e) {
+      if (scores[e] > best) second = best, best = scores[e];
+      else if (scores[e] > second) second = scores[e];
+    }
+    group[static_cast<std::size_t>(gi)] = {n > 1 ? best + second : best, gi};
+  }
+  const auto better = [](const std::pair<double, int>& a, const std::pair<double, int>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  std::partial_sort(group.begin(), group.begin() + topk_groups, group.end(), better);
+  std::vector<std::pair<double, int>> cand;
+  cand.reserve(static_cast<std::size_t>(topk_groups * n));
+  for (int i = 0; i < topk_groups; ++i)
+    for (int e = group[static_cast<std::size_t>(i)].second * n; e < (group[static_cast<std::size_t>(i)].second + 1) * n; ++e)
+      cand.emplace_back(scores[e], e);
+  std::partial_sort(cand.begin(), cand.begin() + topk, cand.end(), better);
+  for (int k = 0; k < topk; ++k) out[k] = cand[static_cast<std::size_t>(k)].second;
+}
+
+void check_group_limit(int groups, int topk_groups, int experts, int topk, double skew) {
+  const auto bad = [](const std::string& what) { throw Error(ErrorCode::kInvalidArgument, what); };
+  if (groups == 0 && topk_groups == 0) return;
+  if (groups <= 0 || experts % groups != 0)
+    bad("--groups must divide the " + std::to_string(experts) + " experts (and be > 0 with --topk-groups), got " + std::to_string(groups));
+  if (topk_groups < 1 || topk_groups > groups)
+    bad("--topk-groups must be in [1, --groups = " + std::to_string(groups) + "], got " + std::to_string(topk_groups));
+  if (topk > topk_groups * (experts / groups))
+    bad("--topk " + std::to_string(topk) + " exceeds the " + std::to_string(topk_groups * (experts / groups)) +
+        " experts of --topk-groups " + std::to_string(topk_groups) + " groups of " + std::to_string(experts / groups));
+  if (skew > 0) bad("--groups (uniform scores) cannot be combined with --skew");
+}
 
 BenchProblem make_problem(const BenchOptions& o) { return o.routing.empty() ? generate(o) : load(o); }
 

@@ -18,7 +18,7 @@ namespace {
 
 // ---- events -----------------------------------------------------------------------------
 struct RunStream { std::uint32_t stream; };         // a stream executes its next op(s)
-struct IngressArrive { std::uint32_t record; std::uint32_t bytes; bool last; };
+struct IngressArrive { std::uint32_t record; std::uint32_t bytes; bool last; bool scaleout; };
 struct MemoryArrive { std::uint32_t record; std::uint32_t bytes; bool last; };
 struct RecordDone { std::uint32_t record; };        // landed in the target's memory
 struct Deliver { std::int32_t rank; std::uint64_t key; std::uint64_t value; bool flag; bool after_payload; };
@@ -119,6 +119,9 @@ struct Waiter {
 struct Rank {
   std::vector<Picoseconds> queue_free;
   Picoseconds egress_free{0}, ingress_free{0};
+  // The NIC into the scale-out fabric (HardwareModel::scaleout): its message processing
+  // and its two directions, FIFO like the scale-up ports.
+  Picoseconds nic_wr_free{0}, nic_egress_free{0}, nic_ingress_free{0};
   Picoseconds local_free{0};  // the local copy path (a put into the own window), FIFO
   FluidServer memory;
   FluidServer vector;  // the vector units (combine's FP32 sums)
@@ -149,8 +152,7 @@ class Replay {
          const Topology& topology)
       : hw_(hw), P_(trace.num_ranks), compute_(compute) {
     ranks_.resize(static_cast<std::size_t>(P_));
-    frames_.resize(static_cast<std::size_t>(P_));
-    for (int r = 0; r < P_; ++r) frames_[static_cast<std::size_t>(r)] = topology.ranks[static_cast<std::size_t>(r)].frame;
+    places_ = topology.ranks;
     for (int r = 0; r < P_; ++r) {
       // Signal values a poll may have seen before this call started: the largest value of
       // each slot signalled in earlier calls (not setup: Buffer creation reallocates).
@@ -263,7 +265,16 @@ class Replay {
   }
   Rank& rank(int r) { return ranks_[static_cast<std::size_t>(r)]; }
   Picoseconds lat(int src, int dst) const {
-    return hw_.latency(src, dst, frames_[static_cast<std::size_t>(src)], frames_[static_cast<std::size_t>(dst)]);
+    return hw_.latency(src, dst, place(src), place(dst));
+  }
+  const RankPlace& place(int r) const { return places_[static_cast<std::size_t>(r)]; }
+  bool scaleout(int src, int dst) const { return hw_.scaleout(place(src), place(dst)); }
+  // A message through the NIC (scale-out) waits for its processing there too.
+  Picoseconds nic_ready(int src, int dst, Picoseconds now, Picoseconds ready, std::uint32_t messages) {
+    if (!scaleout(src, dst)) return ready;
+    Picoseconds& nf = rank(src).nic_wr_free;
+    nf = max(now, nf) + Nanoseconds{hw_.scaleout_wr_time.ns * static_cast<double>(messages)}.to_ps();
+    return max(ready, nf);
   }
 
   // ---- streams ----
@@ -433,7 +444,7 @@ class Replay {
     s.control += cost;
     Picoseconds& qf = rk.queue_free[q];
     qf = max(now, qf) + Nanoseconds{hw_.queue_wr_time.ns * static_cast<double>(op.count)}.to_ps();
-    const Picoseconds ready = max(qf, t_end);
+    const Picoseconds ready = nic_ready(s.rank, op.peer, now, max(qf, t_end), op.count);
     const auto payload = static_cast<std::uint64_t>(static_cast<double>(op.payload_bytes) * comp.payload_scale);
     Record rec{};
     rec.stream = si;
@@ -469,7 +480,7 @@ class Replay {
     s.control += cost;
     Picoseconds& qf = rk.queue_free[q];
     qf = max(now, qf) + hw_.queue_wr_time.to_ps();
-    const Picoseconds ready = max(qf, t_end);
+    const Picoseconds ready = nic_ready(s.rank, op.peer, now, max(qf, t_end), 1);
     if (s.incomplete[q].empty())
       q_.schedule(ready + lat(s.rank, op.peer), Deliver{op.peer, op.key, op.value, false, s.payload_issued});
     else
@@ -568,6 +579,9 @@ class Replay {
     const std::uint64_t chunk = hw_.chunk_bytes.n;
     const std::uint64_t n = std::max<std::uint64_t>(1, (rec.bytes + chunk - 1) / chunk);
     const Picoseconds latency = lat(rec.src, rec.peer);
+    const bool nic = scaleout(rec.src, rec.peer);
+    const GBps port_rate = nic ? hw_.scaleout_bandwidth : hw_.link_bandwidth;
+    Picoseconds& egress = nic ? src.nic_egress_free : src.egress_free;
     std::uint64_t left = rec.bytes;
     for (std::uint64_t c = 0; c < n; ++c) {
       const std::uint64_t size = std::min(left, chunk);
@@ -579,30 +593,32 @@ class Replay {
       const auto vec = static_cast<std::uint64_t>(static_cast<double>(rec.pre_vec) * share);
       // The pre-sum of the chunk's rows on the vector units (combine) precedes its put.
       const Picoseconds summed = vec > 0 ? src.vector.serve(avail, vec) : avail;
-      const Picoseconds wire = hw_.link_bandwidth.time_for(Bytes{size});
+      const Picoseconds wire = port_rate.time_for(Bytes{size});
       if (rec.peer == rec.src) {
         // Local: read + write through this rank's memory, moved chunk by chunk at the data
-        // mover's rate (link_bandwidth, its own path: not the egress port). Unpaced, a
+        // mover's rate (local_copy_bandwidth, its own path: not the egress port). Unpaced, a
         // large local put booked the whole memory bandwidth from its start and pushed the
         // remote sends' reads behind it (the port idled while it ran).
-        src.local_free = max(summed, src.local_free) + wire;
-        const Picoseconds done = src.memory.serve(src.local_free - wire, read + size);
+        const Picoseconds copy = hw_.local_copy_bandwidth.time_for(Bytes{size});
+        src.local_free = max(summed, src.local_free) + copy;
+        const Picoseconds done = src.memory.serve(src.local_free - copy, read + size);
         if (last) q_.schedule(done + hw_.local_latency.to_ps(), RecordDone{id});
         continue;
       }
       Picoseconds send = summed;
       if (read > 0) {
-        send = src.memory.serve(max(summed, src.egress_free - wire), read);
+        send = src.memory.serve(max(summed, egress - wire), read);
       }
-      src.egress_free = max(send, src.egress_free) + wire;
-      q_.schedule(src.egress_free + latency, IngressArrive{id, static_cast<std::uint32_t>(size), last});
+      egress = max(send, egress) + wire;
+      q_.schedule(egress + latency, IngressArrive{id, static_cast<std::uint32_t>(size), last, nic});
     }
   }
 
   void handle(Picoseconds now, IngressArrive& ev) {
     Rank& dst = rank(records_[ev.record].peer);
-    dst.ingress_free = max(now, dst.ingress_free) + hw_.link_bandwidth.time_for(Bytes{ev.bytes});
-    q_.schedule(dst.ingress_free, MemoryArrive{ev.record, ev.bytes, ev.last});
+    Picoseconds& ingress = ev.scaleout ? dst.nic_ingress_free : dst.ingress_free;
+    ingress = max(now, ingress) + (ev.scaleout ? hw_.scaleout_bandwidth : hw_.link_bandwidth).time_for(Bytes{ev.bytes});
+    q_.schedule(ingress, MemoryArrive{ev.record, ev.bytes, ev.last});
   }
 
   void handle(Picoseconds now, MemoryArrive& ev) {
@@ -644,7 +660,7 @@ class Replay {
   // the sum over the R-1 remote peers of (bookkeeping + round trip).
   void release_peers(int r) {
     const auto& red = compute_of(r).reduction;
-    if (!red || !compute_of(r).peer_release) return;
+    if (!red || !compute_of(r).peer_release || !hw_.combine_handback) return;
     Rank& rk = rank(r);
     std::vector<std::pair<Picoseconds, int>> ready;  // (its last sum done, peer)
     for (int p = 0; p < P_; ++p) {
@@ -715,7 +731,7 @@ class Replay {
   int P_;
   const std::vector<RankCompute>& compute_;
   std::vector<Rank> ranks_;
-  std::vector<int> frames_;  // [P] frame of each rank, from the topology table
+  std::vector<RankPlace> places_;  // [P] where each rank sits (frame, server), from the topology table
   std::vector<Stream> streams_;
   std::vector<Record> records_;
   std::vector<std::uint32_t> barrier_waiting_;
@@ -725,13 +741,13 @@ class Replay {
 
 }  // namespace
 
-std::string default_topology_spec(int num_ranks) {
-  if (num_ranks == 128) return "builtin:supernode128";
+std::string default_topology_spec(int num_ranks, const HardwareModel& hw) {
+  if (num_ranks == 128 && hw.frames == 2 && hw.ranks_per_frame == 64) return "builtin:supernode128";
   return num_ranks % 8 == 0 ? "builtin:servers:8" : "builtin:flat";
 }
 
 CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute) {
-  return replay_call(trace, call, hw, compute, load_topology(default_topology_spec(trace.num_ranks), trace.num_ranks));
+  return replay_call(trace, call, hw, compute, load_topology(default_topology_spec(trace.num_ranks, hw), trace.num_ranks));
 }
 
 CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,

@@ -20,6 +20,9 @@ void add_dataplane_options(CLI::App* sub, DataPlaneOptions& d) {
       {"queue-split", "SPLIT", "channels over queues: rr | bytes | a:b[:..] (one weight per queue, e.g. 3:1)"},
       {"aggregate", "BYTES", "merge consecutive rows to the same peer into puts of up to BYTES (K/M/G suffixes; 0 = off)"},
       {"protocol", "KIND", "completion: explicit (quiet + signal) | tail (ordered signal per queue) | flag (data-as-flag)"},
+      {"send-policy", "POLICY",
+       "dispatch send order: auto (from P, row size, transport put costs) | whole (destination by destination) | "
+       "block:BYTES (tokens in blocks of BYTES of rows, each block to every destination)"},
       {"combine-order", "ORDER", "combine's additions (SPEC 4): flat | node-first (hierarchical: sums inside each server at the relay, "
                                  "one reply per token and server pair)"},
       {"replies-first-max", "BYTES", "with an output pool, a combine right after its dispatch pushes its replies before the header "

@@ -153,9 +153,11 @@ INSTANTIATE_TEST_SUITE_P(DeferredPuts, PathUnit, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name(); });
 
 // Rows big enough that each worker's tokens span several send blocks (the direct path sends
-// kSendBlockBytes = 256 KiB of rows to every destination before its next ones): 16 KiB bf16
-// rows are 16 tokens a block, FP8 rows (8 KiB + scales) 31; 2 workers of 35 / 22 / 16
-// tokens, so runs of consecutive tokens cross block edges, in every layout and protocol.
+// a block of rows to every destination before its next ones; the threads transport states
+// no put costs, so the auto send policy keeps 256 KiB blocks): 16 KiB bf16 rows are 16
+// tokens a block, FP8 rows (8 KiB + scales) 31; 2 workers of 35 / 22 / 16 tokens, so runs
+// of consecutive tokens cross block edges, in every layout and protocol. The explicit
+// policies (whole, blocks of one row, of 3 rows) give the same bits.
 TEST(DeferredPutBlocks, DirectAndRowsFirstSendAcrossBlockEdges) {
   auto big = [](bool fp8, std::uint64_t seed) {
     ref::FixtureOptions f = fixture(fp8, seed);
@@ -168,20 +170,25 @@ TEST(DeferredPutBlocks, DirectAndRowsFirstSendAcrossBlockEdges) {
   problems.push_back(expect(big(false, 81), true, true));
   problems.push_back(expect(big(true, 82), false, false));
   const Expected other = expect(big(false, 83), false, false);
+  const SendPolicy policies[] = {{}, {SendPolicyKind::kWhole, 0}, {SendPolicyKind::kBlock, 1}, {SendPolicyKind::kBlock, 3 * 16384}};
   for (const spi::Path path : {spi::Path::kDirect, spi::Path::kRowsFirst})
-    for (int proto = 0; proto < 3; ++proto) {
-      if (!spi::rule(path).protocols[proto]) continue;
-      const PathCase c{path, static_cast<Protocol>(proto)};
-      SCOPED_TRACE(c.name());
-      BufferConfig config = config_of(problems[0].p, c);
-      config.max_tokens_per_rank = 70;
-      launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
-        DeferredPutTransport deferred(t, c.protocol == Protocol::kTail, c.protocol == Protocol::kFlag);
-        Buffer buffer(deferred, config);
-        for (const Expected& e : problems) run(buffer, t.rank(), e, c.path, &e == &problems.front());
-        older_handle(buffer, t.rank(), problems.front(), other, c.path);
-      });
-    }
+    for (int proto = 0; proto < 3; ++proto)
+      for (const SendPolicy& policy : policies) {
+        if (!spi::rule(path).protocols[proto]) continue;
+        // The explicit policies with the explicit protocol only: a policy orders the puts, not how they complete.
+        if (policy.kind != SendPolicyKind::kAuto && proto != 0) continue;
+        const PathCase c{path, static_cast<Protocol>(proto)};
+        SCOPED_TRACE(c.name() + " send policy " + std::to_string(static_cast<int>(policy.kind)) + "/" + std::to_string(policy.block_bytes));
+        BufferConfig config = config_of(problems[0].p, c);
+        config.max_tokens_per_rank = 70;
+        config.dataplane.send_policy = policy;
+        launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+          DeferredPutTransport deferred(t, c.protocol == Protocol::kTail, c.protocol == Protocol::kFlag);
+          Buffer buffer(deferred, config);
+          for (const Expected& e : problems) run(buffer, t.rank(), e, c.path, &e == &problems.front());
+          older_handle(buffer, t.rank(), problems.front(), other, c.path);
+        });
+      }
 }
 
 // The table names one path per call, from the config and the call's facts (and refuses,

@@ -55,8 +55,9 @@ TEST(BenchDataPlaneOptions, DefaultsAreTheLibraryDefaults) {
   EXPECT_EQ(o.dataplane.aggregate_bytes, std::size_t{1} << 20);
   EXPECT_EQ(o.dataplane.aggregate_bytes, d.aggregate_bytes);
   EXPECT_EQ(o.dataplane.protocol, Protocol::kExplicit);
+  EXPECT_EQ(o.dataplane.send_policy.kind, SendPolicyKind::kAuto);
   EXPECT_EQ(describe_dataplane(o.dataplane),
-            "topology builtin:flat, schedule rotated, 1 queue (split rr), aggregate 1M, protocol explicit");
+            "topology builtin:flat, schedule rotated, 1 queue (split rr), aggregate 1M, protocol explicit, send policy auto");
 }
 
 TEST(BenchDataPlaneOptions, EveryFlagLandsInTheDataPlane) {
@@ -81,6 +82,11 @@ TEST(BenchDataPlaneOptions, EveryFlagLandsInTheDataPlane) {
   EXPECT_EQ(parse_bench("--schedule flat --aggregate 4096").dataplane.schedule.kind, ScheduleKind::kFlat);
   EXPECT_EQ(parse_bench("--aggregate 4096").dataplane.aggregate_bytes, 4096u);
   EXPECT_EQ(parse_bench("--aggregate 2m").dataplane.aggregate_bytes, 2u << 20);
+  EXPECT_EQ(parse_bench("--send-policy whole").dataplane.send_policy.kind, SendPolicyKind::kWhole);
+  const SendPolicy block = parse_bench("--send-policy block:256K").dataplane.send_policy;
+  EXPECT_EQ(block.kind, SendPolicyKind::kBlock);
+  EXPECT_EQ(block.block_bytes, 256u << 10);
+  EXPECT_EQ(dataplane_option_value(parse_bench("--send-policy block:262144").dataplane, "send-policy"), "block:256K");
   // --sweep takes one KEY=V1,V2 per occurrence.
   EXPECT_EQ(parse_bench("--sweep queues=1,2 --sweep schedule=flat --queues 2").sweep,
             (std::vector<std::string>{"queues=1,2", "schedule=flat"}));
@@ -96,7 +102,9 @@ TEST(BenchDataPlaneOptions, BadValuesAreParseErrorsNamingTheFlag) {
            {"--queue-split", "4"},
            {"--aggregate", "12Q"},
            {"--aggregate", "-1"},
-           {"--protocol", "pull"}}) {
+           {"--protocol", "pull"},
+           {"--send-policy", "block:0"},
+           {"--send-policy", "blocks"}}) {
     SCOPED_TRACE(flag + " " + value);
     const std::string what = error_of([&] { parse_bench(flag + " " + value); });
     EXPECT_NE(what.find(flag + ":"), std::string::npos) << what;

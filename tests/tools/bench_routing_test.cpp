@@ -4,8 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 using epx::tools::BenchOptions;
@@ -166,4 +171,100 @@ TEST(BenchRouting, GeneratedRoutingIsValidDeterministicAndSkewed) {
   const RouteCount skewed = count_routes(make_problem(o), false, 1);
   EXPECT_GT(skewed.expert_rows[0], 3 * skewed.expert_rows[31]);
   EXPECT_GT(skewed.recv_rows[0], skewed.recv_rows[3]);
+}
+
+namespace {
+
+// DeepSeek-V3's group-limited top-k written directly: every group's experts sorted by score,
+// the group's score the first two summed; the groups sorted by score; the kept groups'
+// experts sorted by score; the first K. Ties: lower index first, in both sorts.
+std::vector<std::int64_t> grouped_reference(const std::vector<double>& s, int G, int T, int K) {
+  const int E = static_cast<int>(s.size()), n = E / G;
+  auto by_score = [&](std::vector<std::pair<double, int>> v) {
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+    return v;
+  };
+  std::vector<std::pair<double, int>> groups;
+  for (int g = 0; g < G; ++g) {
+    std::vector<std::pair<double, int>> members;
+    for (int e = g * n; e < (g + 1) * n; ++e) members.emplace_back(s[e], e);
+    members = by_score(members);
+    groups.emplace_back(n > 1 ? members[0].first + members[1].first : members[0].first, g);
+  }
+  groups = by_score(groups);
+  std::vector<std::pair<double, int>> kept;
+  for (int i = 0; i < T; ++i)
+    for (int e = groups[i].second * n; e < (groups[i].second + 1) * n; ++e) kept.emplace_back(s[e], e);
+  kept = by_score(kept);
+  std::vector<std::int64_t> out;
+  for (int k = 0; k < K; ++k) out.push_back(kept[k].second);
+  return out;
+}
+
+}  // namespace
+
+TEST(BenchRouting, GroupLimitedTopkMatchesTheDirectReference) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (const auto& [E, G, T, K] : std::vector<std::array<int, 4>>{{256, 8, 4, 8}, {64, 8, 2, 6}, {16, 16, 3, 3}, {32, 4, 4, 7}}) {
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<double> s(E);
+      for (double& v : s) v = trial % 4 == 0 ? std::floor(u(rng) * 4) / 4 : u(rng);  // every 4th: many ties
+      std::vector<std::int64_t> got(K);
+      epx::tools::group_limited_topk(s.data(), E, G, T, K, got.data());
+      ASSERT_EQ(got, grouped_reference(s, G, T, K)) << "E " << E << " G " << G << " T " << T << " K " << K << " trial " << trial;
+    }
+  }
+}
+
+// The generator with --groups 8 --topk-groups 4 (DeepSeek-V3's shape): K distinct experts
+// from at most 4 groups per token, every group about equally often (uniform scores), the
+// same problem for the same seed; at EP64 (a group = a node of 8 ranks) a token reaches at
+// most 4 nodes. Bad group options are refused naming the flag.
+TEST(BenchRouting, GroupLimitedGenerationKeepsTokensInTheirBestGroups) {
+  BenchOptions o;
+  o.ranks = 64, o.experts = 256, o.topk = 8, o.hidden = 128, o.tokens = 300, o.seed = 5, o.groups = 8, o.topk_groups = 4;
+  const BenchProblem a = make_problem(o), b = make_problem(o);
+  EXPECT_NE(a.source.find("group-limited"), std::string::npos) << a.source;
+  std::vector<std::int64_t> group_tokens(8, 0);
+  std::int64_t tokens = 0;
+  for (int r = 0; r < 64; ++r) {
+    ASSERT_EQ(a.rank[r].topk_idx, b.rank[r].topk_idx);
+    for (std::int64_t t = 0; t < 300; ++t, ++tokens) {
+      std::set<std::int64_t> experts, groups, nodes;
+      for (int k = 0; k < 8; ++k) {
+        const std::int64_t e = a.rank[r].topk_idx[t * 8 + k];
+        ASSERT_TRUE(e >= 0 && e < 256);
+        experts.insert(e), groups.insert(e / 32), nodes.insert(e / 4 / 8);
+      }
+      EXPECT_EQ(experts.size(), 8u);
+      EXPECT_LE(groups.size(), 4u);
+      EXPECT_LE(nodes.size(), 4u);
+      for (std::int64_t g : groups) ++group_tokens[g];
+    }
+  }
+  // Every group equally often (symmetric scores): a group is kept with probability 1/2 and
+  // then usually holds one of the 8 experts; each frequency within 0.03 (~8 sigma) of the mean.
+  double mean = 0;
+  for (int g = 0; g < 8; ++g) mean += static_cast<double>(group_tokens[g]) / tokens / 8;
+  EXPECT_GT(mean, 0.35);
+  EXPECT_LE(mean, 0.5);
+  for (int g = 0; g < 8; ++g) EXPECT_NEAR(static_cast<double>(group_tokens[g]) / tokens, mean, 0.03) << "group " << g;
+  o.seed = 6;
+  EXPECT_NE(make_problem(o).rank[0].topk_idx, a.rank[0].topk_idx);
+  const auto refused = [](int G, int T, int K, double skew) {
+    try {
+      epx::tools::check_group_limit(G, T, 256, K, skew);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refused(0, 0, 8, 0), "");
+  EXPECT_EQ(refused(8, 4, 8, 0), "");
+  EXPECT_NE(refused(7, 4, 8, 0).find("--groups"), std::string::npos);
+  EXPECT_NE(refused(8, 9, 8, 0).find("--topk-groups"), std::string::npos);
+  EXPECT_NE(refused(8, 0, 8, 0).find("--topk-groups"), std::string::npos);
+  EXPECT_NE(refused(64, 1, 8, 0).find("--topk 8"), std::string::npos);
+  EXPECT_NE(refused(8, 4, 8, 1.0).find("--skew"), std::string::npos);
 }

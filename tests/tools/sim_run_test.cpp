@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 
+#include "epx/error.hpp"
 #include "epx/sim/hardware.hpp"
 #include "epx/sim/runner/calibrate.hpp"
+#include "epx/sim/runner/published.hpp"
 #include "epx/sim/runner/run.hpp"
 
 namespace epx::tools {
@@ -87,11 +89,117 @@ TEST(SimCalibration, ProfileMatchesThePublishedEP8To32Within3Percent) {
   const std::vector<CalibrationPoint> points = calibration_points(o, sim::load_hardware("ascend950-supernode"));
   ASSERT_EQ(points.size(), 3u);
   for (const CalibrationPoint& p : points) {
-    std::printf("EP%d: dispatch %.1f GB/s (%+.2f %%), combine %.1f GB/s (%+.2f %%)\n", p.target.ep, p.dispatch_gbps,
+    std::printf("EP%d: dispatch %.1f GB/s (%+.2f %%), combine %.1f GB/s (%+.2f %%)\n", p.target.point.ep, p.dispatch_gbps,
                 p.dispatch_error_pct, p.combine_gbps, p.combine_error_pct);
-    EXPECT_LE(std::fabs(p.dispatch_error_pct), 3.0) << "EP" << p.target.ep;
-    EXPECT_LE(std::fabs(p.combine_error_pct), 3.0) << "EP" << p.target.ep;
+    EXPECT_LE(std::fabs(p.dispatch_error_pct), 3.0) << "EP" << p.target.point.ep;
+    EXPECT_LE(std::fabs(p.combine_error_pct), 3.0) << "EP" << p.target.point.ep;
   }
+}
+
+}  // namespace
+}  // namespace epx::tools
+
+namespace epx::tools {
+namespace {
+
+// DeepEP's bottleneck bandwidth (docs/sim.md §8), counted here with plain loops on the
+// run's own routing: normal internode (hierarchical across servers of 8) = my tokens once
+// per destination server, the own included, x H x 2 x (1 + 4/128) / 2; normal intranode
+// (one server) = received rows x the same row; low-latency (any other schedule) = received
+// (token, expert) selections x (H + H/128 x 4 + 16). Combine counts 2H per row of each.
+TEST(SimRun, BottleneckBytesFollowDeepEPsDefinitions) {
+  SimOptions o;
+  o.hardware = "h800-deepep";
+  o.tokens = 96, o.hidden = 1024, o.topk = 8, o.experts = 256, o.groups = 8, o.topk_groups = 4, o.fp8 = true;
+  o.layout = "compact", o.schedule = "hierarchical", o.combine_order = "node-first", o.progress = false;
+  const double x_row = 1024 * 2 * (1 + 4.0 / 128) / 2, y_row = 2048;
+  for (int ep : {8, 16}) {
+    const SimRun run = collect_run(o, ep);
+    const BenchProblem p = sim_problem(o, ep);
+    const int L = 256 / ep;
+    std::vector<double> pairs(ep, 0), rows(ep, 0);
+    for (int r = 0; r < ep; ++r)
+      for (std::int64_t t = 0; t < o.tokens; ++t) {
+        bool server_hit[32] = {}, rank_hit[32] = {};
+        for (int k = 0; k < 8; ++k) {
+          const int d = static_cast<int>(p.rank[r].topk_idx[t * 8 + k] / L);
+          if (!server_hit[d / 8]) server_hit[d / 8] = true, ++pairs[r];
+          if (!rank_hit[d]) rank_hit[d] = true, ++rows[d];
+        }
+      }
+    EXPECT_EQ(run.bottleneck_metric, ep == 8 ? "normal intranode" : "normal internode");
+    for (int r = 0; r < ep; ++r) {
+      const double n = ep == 8 ? rows[r] : pairs[r];
+      EXPECT_DOUBLE_EQ(run.bottleneck_dispatch_bytes[r], n * x_row) << "EP" << ep << " rank " << r;
+      EXPECT_DOUBLE_EQ(run.bottleneck_combine_bytes[r], n * y_row) << "EP" << ep << " rank " << r;
+    }
+  }
+  o.schedule = "flat", o.combine_order = "flat", o.groups = o.topk_groups = 0, o.layout = "expanded", o.alignment = 1;
+  const SimRun ll = collect_run(o, 16);
+  const BenchProblem p = sim_problem(o, 16);
+  std::vector<double> selections(16, 0);
+  for (int r = 0; r < 16; ++r)
+    for (std::int64_t t = 0; t < o.tokens * 8; ++t) ++selections[p.rank[r].topk_idx[t] / 16];
+  EXPECT_EQ(ll.bottleneck_metric, "low-latency");
+  for (int r = 0; r < 16; ++r) {
+    EXPECT_DOUBLE_EQ(ll.bottleneck_dispatch_bytes[r], selections[r] * (1024 + 32 + 16)) << "rank " << r;
+    EXPECT_DOUBLE_EQ(ll.bottleneck_combine_bytes[r], selections[r] * y_row) << "rank " << r;
+  }
+  // And the point reports it: per rank bytes over its time, averaged; max-rank µs.
+  const SimPoint pt = evaluate_run(ll, sim::load_hardware("h800-deepep"), o);
+  EXPECT_GT(pt.dispatch_bottleneck_gbps, 0);
+  EXPECT_EQ(pt.bottleneck_metric, "low-latency");
+}
+
+}  // namespace
+}  // namespace epx::tools
+
+namespace epx::tools {
+namespace {
+
+// A profile's published series drive both the calibration and `epx sim published`: the
+// h800 profile's four calibration rows come with their series' options; a small series of
+// a profile made here is predicted at each of its EP sizes, in its metric, with the
+// published point next to its own EP size only, and drawn (a square per published figure).
+TEST(SimPublished, SeriesDriveCalibrationAndPredictions) {
+  const sim::HardwareModel h800 = sim::load_hardware("h800-deepep");
+  const std::vector<CalibrationTarget> t = calibration_targets(SimOptions{}, h800);
+  ASSERT_EQ(t.size(), 4u);
+  EXPECT_EQ(t[1].options.tokens, 4096);
+  EXPECT_EQ(t[1].options.groups, 8);
+  EXPECT_EQ(t[1].options.schedule, "hierarchical");
+  EXPECT_EQ(t[1].options.combine_order, "node-first");
+  EXPECT_EQ(t[1].options.ep, std::vector<int>{16});
+  EXPECT_EQ(t[2].options.tokens, 128);
+  EXPECT_EQ(t[2].options.schedule, "flat");
+  EXPECT_EQ(t[3].point.dispatch_us, 118);
+
+  std::string j = sim::builtin_hardware_json("h800-deepep");
+  j = j.substr(0, j.find("\"published\"")) +
+      R"("published": [{"label": "tiny", "metric": "deepep", "run": {"tokens": 32, "hidden": 256, "topk": 4, "experts": 64,
+        "schedule": "rotated", "layout": "compact"}, "ep": [8, 16], "points": [{"ep": 16, "dispatch_gbps": 10, "combine_gbps": [9, 11]}]}]})";
+  const sim::HardwareModel hw = sim::parse_hardware_json(j, "tiny");
+  EXPECT_THROW(calibration_targets(SimOptions{}, hw), Error);  // nothing marked "calibrate"
+  SimOptions base;
+  base.progress = false;
+  const SystemPrediction sys = predict_published(base, hw);
+  ASSERT_EQ(sys.series.size(), 1u);
+  const SeriesPrediction& s = sys.series[0];
+  ASSERT_EQ(s.points.size(), 2u);
+  EXPECT_EQ(s.options.tokens, 32);
+  EXPECT_FALSE(s.points[0].published);
+  EXPECT_TRUE(s.points[1].published);
+  EXPECT_EQ(s.points[1].point.combine_hi, 11);
+  for (const SeriesPoint& p : s.points) {
+    EXPECT_EQ(p.dispatch_gbps, p.predicted.dispatch_bottleneck_gbps);
+    EXPECT_EQ(p.predicted.bottleneck_metric, "low-latency");
+    EXPECT_GT(p.dispatch_gbps, 0);
+  }
+  const std::string svg = published_svg({sys});
+  std::size_t rects = 0;
+  for (std::size_t at = svg.find("<rect"); at != std::string::npos; at = svg.find("<rect", at + 1)) ++rects;
+  EXPECT_EQ(rects, 2u);  // dispatch and combine of the one published point
+  EXPECT_NE(published_json({sys}).find("\"published\""), std::string::npos);
 }
 
 }  // namespace

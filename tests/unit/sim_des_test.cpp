@@ -76,12 +76,50 @@ TEST(SimHardware, BuiltinProfileHasEveryParameterWithUnitAndSource) {
     EXPECT_FALSE(p.unit.empty()) << p.name;
     EXPECT_FALSE(p.source.empty()) << p.name;
   }
-  EXPECT_GT(m.latency(0, 64, 0, 1), m.latency(0, 1, 0, 0));
-  EXPECT_EQ(m.latency(0, 64, 0, 1) - m.latency(0, 1, 0, 0), m.frame_crossing_latency.to_ps());
+  RankPlace f0, f1, s1;
+  f1.frame = 1;
+  s1.server = 1;
+  EXPECT_GT(m.latency(0, 64, f0, f1), m.latency(0, 1, f0, f0));
+  EXPECT_EQ(m.latency(0, 64, f0, f1) - m.latency(0, 1, f0, f0), m.frame_crossing_latency.to_ps());
+  // No scale-out network: another server is still on the scale-up fabric.
+  EXPECT_FALSE(m.scaleout(f0, s1));
+  EXPECT_EQ(m.latency(0, 8, f0, s1), m.latency(0, 1, f0, f0));
   // Round trip through JSON.
   const HardwareModel again = parse_hardware_json(to_json(m), "round trip");
   EXPECT_EQ(again.params.size(), m.params.size());
   EXPECT_EQ(again.link_bandwidth.gbps, m.link_bandwidth.gbps);
+}
+
+// The second built-in profile (issue #28): a NIC per GPU, NVLink servers of 8, its published
+// series (normal and low-latency kernels) with only the four calibration rows, and the
+// parameters it fits; a file that leaves out the optional parameters gets their defaults
+// (mechanisms off), and the published series survive the JSON round trip.
+TEST(SimHardware, H800ProfileHasTheNicItsSeriesAndOnlyTheCalibrationRows) {
+  const HardwareModel m = load_hardware("h800-deepep");
+  EXPECT_GT(m.scaleout_bandwidth.gbps, 0);
+  EXPECT_FALSE(m.combine_handback);
+  ASSERT_EQ(m.published.size(), 2u);
+  EXPECT_EQ(m.published[0].ep, (std::vector<int>{8, 16, 32, 64}));
+  EXPECT_EQ(m.published[1].ep, (std::vector<int>{8, 16, 32, 64, 128, 256}));
+  for (const PublishedSeries& s : m.published) {
+    EXPECT_EQ(s.metric, "deepep");
+    ASSERT_EQ(s.points.size(), 2u) << s.label;  // EP8 and EP16: nothing else is in the code
+    for (const PublishedPoint& p : s.points) EXPECT_TRUE(p.calibrate) << s.label << " EP" << p.ep;
+  }
+  EXPECT_EQ(m.published[1].points[1].combine_us, 195);
+  EXPECT_FALSE(m.calibrate.empty());
+  const HardwareModel again = parse_hardware_json(to_json(m), "round trip");
+  ASSERT_EQ(again.published.size(), 2u);
+  EXPECT_EQ(again.published[0].run, m.published[0].run);
+  EXPECT_EQ(again.published[1].points[0].dispatch_lo, 98);
+  EXPECT_EQ(again.calibrate, m.calibrate);
+  // Optional parameters: the ascend950 profile names none of them.
+  const HardwareModel a = load_hardware("ascend950-supernode");
+  EXPECT_EQ(a.scaleout_bandwidth.gbps, 0);
+  EXPECT_TRUE(a.combine_handback);
+  EXPECT_EQ(a.local_copy_bandwidth.gbps, a.link_bandwidth.gbps);
+  EXPECT_EQ(a.published.size(), 1u);
+  EXPECT_EQ(a.published[0].points.size(), 3u);
 }
 
 TEST(SimHardware, RejectsWrongUnitsAndMissingParameters) {
@@ -161,14 +199,48 @@ TEST(SimReplay, TopologyTablePlacesFrames) {
   EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}).max_rank, same.max_rank);  // default: servers of 8 / flat, one frame
   EXPECT_THROW(replay_call(two_rank_trace(), 1, hw, {}, load_topology("builtin:flat", 3)), Error);
   EXPECT_THROW(replay_call(two_rank_trace(), 1, hw, {}, two(2)), Error);  // the profile has 2 frames
-  EXPECT_EQ(default_topology_spec(128), "builtin:supernode128");
-  EXPECT_EQ(default_topology_spec(32), "builtin:servers:8");
-  EXPECT_EQ(default_topology_spec(4), "builtin:flat");
+  const HardwareModel ascend = load_hardware("ascend950-supernode"), h800 = load_hardware("h800-deepep");
+  EXPECT_EQ(default_topology_spec(128, ascend), "builtin:supernode128");
+  EXPECT_EQ(default_topology_spec(128, h800), "builtin:servers:8");  // one frame: servers of 8 at every size
+  EXPECT_EQ(default_topology_spec(32, ascend), "builtin:servers:8");
+  EXPECT_EQ(default_topology_spec(4, ascend), "builtin:flat");
 }
 
 // A worker stream that waits inside its task, and a poll loop (read_signal) recorded as a
 // wait for the value it saw: both block only their stream until the signal lands; a polled
 // value left by an earlier call is there from the start.
+// The scale-out mechanism (HardwareModel::scaleout): with a NIC in the profile, a put to a
+// rank of another server of the table goes through the NICs — their bandwidth, latency and
+// per-message cost — and one to a rank of the same server keeps the scale-up ports. Without
+// a NIC (the default) the server does not matter. By hand: 1 MiB in 16 puts, a quiet, a
+// signal; across the NIC the wire takes (1 MiB + the last chunk's ingress) / 10 GB/s and
+// the data, the quiet's ack and the signal each pay scaleout_latency instead of link_latency.
+TEST(SimReplay, ScaleOutPutsCrossTheNicBetweenServers) {
+  HardwareModel hw = load_hardware("ascend950-supernode");
+  const auto two = [](int server1) {
+    return parse_topology_json(R"({"ranks": [{"rank": 0, "server": 0, "frame": 0, "row": 0, "column": 0, "lane": 0},
+                                             {"rank": 1, "server": )" +
+                                   std::to_string(server1) + R"(, "frame": 0, "row": 0, "column": 0, "lane": 1}]})",
+                               "test");
+  };
+  const Picoseconds up = replay_call(two_rank_trace(), 1, hw, {}, two(0)).ranks[1].total;
+  EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}, two(1)).ranks[1].total, up);  // no NIC: one fabric
+  hw.set("scaleout_bandwidth", 10, "test");
+  hw.set("scaleout_latency", 5000, "test");
+  hw.set("scaleout_wr_time", 100, "test");
+  EXPECT_TRUE(hw.scaleout(two(0).ranks[0], two(1).ranks[1]));
+  EXPECT_FALSE(hw.scaleout(two(0).ranks[0], two(0).ranks[1]));
+  EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}, two(0)).ranks[1].total, up);  // same server: NVLink-like ports
+  const Picoseconds out = replay_call(two_rank_trace(), 1, hw, {}, two(1)).ranks[1].total;
+  // The wire of 1 MiB through the egress port, then the last chunk through the ingress port.
+  const auto wire = [&](GBps rate) { return rate.time_for(Bytes{1 << 20}).us() + rate.time_for(hw.chunk_bytes).us(); };
+  const double wire_diff = wire(GBps{10}) - wire(hw.link_bandwidth);
+  const double lat_diff = 3 * (5.0 - hw.link_latency.ns / 1000);
+  const double extra = (out - up).us();
+  EXPECT_GT(extra, wire_diff + lat_diff - 0.01) << extra;
+  EXPECT_LT(extra, wire_diff + lat_diff + 17 * 0.1 + 0.01) << extra;  // + at most the NIC's 17 messages
+}
+
 TEST(SimReplay, WorkerWaitsAndPollsBlockTheirStream) {
   Trace t = two_rank_trace();
   t.calls.push_back("second");

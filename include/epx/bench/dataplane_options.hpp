@@ -13,7 +13,7 @@
 namespace epx::tools {
 
 /// The option names without "--", in DataPlaneOptions order: topology, schedule, queues,
-/// queue-split, aggregate, protocol, combine-order, replies-first-max.
+/// queue-split, aggregate, protocol, send-policy, combine-order, replies-first-max.
 const std::vector<std::string>& dataplane_option_names();
 
 /// Sets the option `name` (one of dataplane_option_names()) of `d` from its text.
@@ -30,6 +30,11 @@ std::size_t parse_byte_size(const std::string& text);
 /// The shortest exact form: 1048576 -> "1M", 65536 -> "64K", 1000 -> "1000".
 std::string byte_size_text(std::size_t bytes);
 
+/// "auto" | "whole" | "block:BYTES" (parse_byte_size, > 0) -> SendPolicy; throws
+/// kInvalidArgument listing the accepted forms. to_string gives the canonical text.
+SendPolicy parse_send_policy(const std::string& text);
+std::string to_string(const SendPolicy& policy);
+
 /// The options against each other and the shape, before anything runs: a ratio split needs
 /// one part per queue; grouped:W needs W to divide the ranks; the builtin topologies
 /// (epx/topology.hpp) must fit the ranks, and hierarchical needs more than one server;
@@ -39,10 +44,11 @@ std::string byte_size_text(std::size_t bytes);
 /// when the Buffer is made.
 void check_dataplane(const DataPlaneOptions& d, int ranks);
 
-/// "topology builtin:flat, schedule rotated, 1 queue (split rr), aggregate 1M, protocol explicit"
+/// "topology builtin:flat, schedule rotated, 1 queue (split rr), aggregate 1M, protocol explicit,
+/// send policy auto"
 std::string describe_dataplane(const DataPlaneOptions& d);
 
-/// {"topology", "schedule", "queues", "queue_split", "aggregate_bytes", "protocol", "combine_order",
+/// {"topology", "schedule", "queues", "queue_split", "aggregate_bytes", "protocol", "send_policy", "combine_order",
 /// "replies_first_max_bytes"}
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d);
 

@@ -27,6 +27,11 @@ struct BenchOptions {
   bool fp8 = false;
   // Routing: generated (uniform top-k when skew == 0, else Zipf-like), or read from a dir.
   double skew = 0.0;
+  /// Group-limited top-k (DeepSeek-V3; uniform scores, seeded): the E experts in `groups`
+  /// groups of E/groups, each token keeps its `topk_groups` best groups and picks its K
+  /// experts among theirs (group_limited_topk in epx/bench/routing.hpp). 0 = no group limit.
+  int groups = 0;
+  int topk_groups = 0;
   std::uint64_t seed = 1;
   std::string routing;  ///< SPEC 7 input directory; empty = generate
   // Calls.

@@ -36,7 +36,21 @@ struct BenchProblem {
   std::size_t y_row_bytes() const noexcept { return static_cast<std::size_t>(hidden) * 2; }
 };
 
-/// Generates (uniform or Zipf-like, deterministic from the seed) or reads (--routing) the
+/// DeepSeek-V3's group-limited top-k for one token: experts [g*E/G, (g+1)*E/G) form group g;
+/// a group's score is the sum of its two best expert scores (its best alone when a group
+/// has one expert); the token keeps its `topk_groups` best groups and writes to `out` the
+/// `topk` best experts among theirs, best first. Ties go to the lower index (groups and
+/// experts). Requires groups | experts, 1 <= topk_groups <= groups, topk <= topk_groups*E/G.
+void group_limited_topk(const double* scores, int experts, int groups, int topk_groups, int topk, std::int64_t* out);
+
+/// The group options against the shape: both 0 (no limit), or groups dividing E, topk_groups
+/// in [1, groups], K <= topk_groups x E/groups, and no --skew. Throws kInvalidArgument
+/// naming --groups / --topk-groups and the expected value.
+void check_group_limit(int groups, int topk_groups, int experts, int topk, double skew);
+
+/// Generates (uniform or Zipf-like, deterministic from the seed; group-limited with
+/// o.groups > 0: every expert of a token gets a uniform score in [0, 1) from the rank's
+/// stream, then group_limited_topk) or reads (--routing) the
 /// problem. Throws epx::Error naming the rank and file on a bad input directory.
 BenchProblem make_problem(const BenchOptions& o);
 

@@ -4,8 +4,10 @@
 // calibration, or an assumption), and the loader checks the unit, so a file cannot silently
 // mean microseconds where the model reads nanoseconds. Format:
 //   {"name": "ascend950-supernode", "description": "...",
-//    "parameters": {"link_bandwidth": {"value": 330, "unit": "GB/s", "source": "..."}, ...}}
-// Parameters (all required; docs/sim.md explains how each enters the model):
+//    "parameters": {"link_bandwidth": {"value": 330, "unit": "GB/s", "source": "..."}, ...},
+//    "calibrate": ["link_bandwidth", ...],          (optional: what `epx sim calibrate` fits)
+//    "published": [PublishedSeries, ...]}           (optional: the system's published figures)
+// Parameters (required unless listed as optional below; docs/sim.md explains how each enters the model):
 //   frames, ranks_per_frame  the machine's size; rank positions (which frame a rank sits
 //                            in) come from the topology table, checked against these [count]
 //   workers_per_rank                                                [count]
@@ -35,12 +37,26 @@
 //   plan_per_count        prefix sums per gathered count (P x (P+E))   [ns]
 //   dense_scan_per_cell   a dense [S, P] route scan per cell           [ns]
 //   payload_limit_low, payload_limit_high  physical payload limit per rank (reporting) [GB/s]
+// Optional (a file without them gets the default, which switches the mechanism off):
+//   scaleout_bandwidth    per-rank NIC into a scale-out (RDMA) fabric, each direction: a
+//                         put between ranks of different servers (topology table) goes
+//                         through the NICs instead of the scale-up ports; 0 = no scale-out
+//                         network, every pair on the scale-up fabric        [GB/s]
+//   scaleout_latency      one-way latency across the scale-out fabric        [ns]
+//   scaleout_wr_time      the NIC's processing per put (message), per rank   [ns]
+//   local_copy_bandwidth  the rate of a put into the own window (the node's copy engine);
+//                         0 = link_bandwidth                                 [GB/s]
+//   combine_handback      1: a combine's source hands each peer's receive area back, one
+//                         peer after another, after the sums (combine_peer_release + the
+//                         round trip, docs/sim.md §2 item 4); 0: the combine's receive
+//                         areas need no hand-back (default 1)                [count]
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "epx/sim/units.hpp"
+#include "epx/topology.hpp"
 
 namespace epx::sim {
 
@@ -49,6 +65,32 @@ struct HardwareParam {
   double value = 0;
   std::string unit;
   std::string source;
+};
+
+/// A published measurement of the system a profile models (GB/s per rank in the series'
+/// metric; a range [lo, hi], lo == hi for a single figure; 0 = not published).
+struct PublishedPoint {
+  int ep = 0;
+  double dispatch_lo = 0, dispatch_hi = 0, combine_lo = 0, combine_hi = 0;  ///< GB/s
+  double dispatch_us = 0, combine_us = 0;  ///< max-rank µs, where published
+  bool calibrate = false;  ///< `epx sim calibrate` fits on it (else held out: only compared)
+};
+
+/// One published setting of the system (e.g. DeepEP's normal kernels): how `epx sim` runs
+/// it, the EP sizes it is predicted at, and the published points among them. Format:
+///   {"label": "normal kernels", "metric": "deepep", "source": "...",
+///    "run": {"tokens": 4096, "topk": 8, "groups": 8, "schedule": "hierarchical", ...},
+///    "ep": [8, 16, 32, 64],
+///    "points": [{"ep": 8, "dispatch_gbps": 153, "combine_gbps": 158, "calibrate": true},
+///               {"ep": 32, "dispatch_gbps": [335, 340], ...}]}
+/// metric: "epx" (GB/s per rank as the README defines it) or "deepep" (DeepEP's bottleneck
+/// bandwidth, docs/sim.md). run: `epx sim` options by their flag name without "--" (their
+/// text; the runner applies them, epx/sim/runner/published.hpp).
+struct PublishedSeries {
+  std::string label, metric, source;
+  std::vector<std::pair<std::string, std::string>> run;
+  std::vector<int> ep;
+  std::vector<PublishedPoint> points;
 };
 
 struct HardwareModel {
@@ -69,15 +111,37 @@ struct HardwareModel {
   Nanoseconds combine_peer_release;
   Nanoseconds plan_per_slot, plan_per_count, dense_scan_per_cell;
   GBps payload_limit_low, payload_limit_high;
+  GBps scaleout_bandwidth;  ///< 0: no scale-out network
+  Nanoseconds scaleout_latency, scaleout_wr_time;
+  GBps local_copy_bandwidth;  ///< resolved: link_bandwidth when the file says 0
+  bool combine_handback = true;
   /// Every parameter as read (file order), with unit and source.
   std::vector<HardwareParam> params;
+  /// What was published about the modelled system ("published": [...], optional).
+  std::vector<PublishedSeries> published;
+  /// The parameters `epx sim calibrate` fits ("calibrate": [names], optional).
+  std::vector<std::string> calibrate;
 
   /// barrier_base + barrier_per_log2 * log2(P)
   Picoseconds barrier_cost(int ranks) const;
-  /// One-way latency from rank `src` in frame `src_frame` to rank `dst` in frame
-  /// `dst_frame` (local, same frame, or crossing frames). Frames come from the topology
-  /// table (epx/topology.hpp), never from rank arithmetic.
-  Picoseconds latency(int src, int dst, int src_frame, int dst_frame) const;
+  /// Whether a put from `src` to `dst` crosses the scale-out fabric (NICs): the profile has
+  /// one and the two ranks sit in different servers of the topology table.
+  bool scaleout(const RankPlace& src, const RankPlace& dst) const;
+  /// One-way latency from rank `src` at place `a` to rank `dst` at place `b`: local, the
+  /// scale-out fabric (scaleout), same frame, or crossing frames. Places come from the
+  /// topology table (epx/topology.hpp), never from rank arithmetic.
+  Picoseconds latency(int src, int dst, const RankPlace& a, const RankPlace& b) const;
+
+  /// What one put costs on this machine besides its bytes — doorbell + put_issue on one of
+  /// the rank's workers_per_rank + queue_wr_time [ns] — and the port rate its bytes then
+  /// move at (link_bandwidth) [GB/s]: what the sim transport reports to the engine's send
+  /// policy (TransportCaps::put_overhead_ns / put_gbps). With a scale-out network, of the
+  /// two tiers (+ scaleout_wr_time at scaleout_bandwidth) the one whose overhead x rate is
+  /// larger (it needs the larger puts).
+  struct PutCosts {
+    double overhead_ns = 0, gbps = 0;
+  };
+  PutCosts put_costs() const;
 
   /// Sets a parameter by name (value only; keeps unit, replaces the source) and refreshes
   /// the typed fields. Throws epx::Error(kInvalidArgument) for an unknown name.
@@ -85,7 +149,7 @@ struct HardwareModel {
   double get(const std::string& name) const;
 };
 
-/// Names of the built-in profiles ("ascend950-supernode").
+/// Names of the built-in profiles ("ascend950-supernode", "h800-deepep").
 std::vector<std::string> builtin_hardware_names();
 /// The JSON text of a built-in profile (throws kInvalidArgument naming the known ones).
 std::string builtin_hardware_json(const std::string& name);

@@ -82,10 +82,11 @@ struct CallTiming {
   std::uint64_t events = 0;  ///< discrete events processed
 };
 
-/// The topology `epx sim` uses when none is given (docs/sim.md): builtin:supernode128 at
-/// 128 ranks; otherwise builtin:servers:8 when 8 divides P (for P <= 64 these are the first
-/// P places of the supernode: servers of 8, all in frame 0), else builtin:flat.
-std::string default_topology_spec(int num_ranks);
+/// The topology `epx sim` uses when none is given (docs/sim.md): builtin:supernode128 at 128
+/// ranks on a machine of 2 frames x 64 ranks (the table's shape); otherwise builtin:servers:8
+/// when 8 divides P (for P <= 64 these are the first P places of the supernode: servers of
+/// 8, all in frame 0), else builtin:flat.
+std::string default_topology_spec(int num_ranks, const HardwareModel& hw);
 
 /// Replays call `call` of `trace`. `compute` is per rank (empty: nothing charged).
 /// `topology` places the ranks (frame crossings); it must describe trace.num_ranks ranks
@@ -93,7 +94,7 @@ std::string default_topology_spec(int num_ranks);
 /// Throws epx::Error(kInternal) if the trace cannot complete (a wait nobody signals).
 CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,
                        const Topology& topology);
-/// The same with load_topology(default_topology_spec(trace.num_ranks)).
+/// The same with load_topology(default_topology_spec(trace.num_ranks, hw)).
 CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute);
 
 }  // namespace epx::sim

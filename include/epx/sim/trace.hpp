@@ -85,6 +85,10 @@ PutTable summarize_puts(const Trace& trace, int call, int max_queues = 4);
 struct SimTransportOptions {
   bool model_only = false;
   Trace* trace = nullptr;
+  /// The modelled machine's cost of one put, reported as TransportCaps::put_overhead_ns /
+  /// put_gbps so the engine's send policy sees the simulated hardware (HardwareModel::put_costs).
+  double put_overhead_ns = 0;
+  double put_gbps = 0;
 };
 
 /// Marks the start of a collective call on this rank (called by the rank thread before the

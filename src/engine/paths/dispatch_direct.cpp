@@ -1,7 +1,7 @@
 // Dispatch, direct path (spi::Path::kDirect) and its rows-first variant (kRowsFirst).
 //
 // Direct: after the header exchange every worker takes a contiguous range of my tokens and,
-// a block of 256 KiB of rows at a time, for every destination in the schedule's order, puts
+// a block of rows at a time (the send policy), for every destination in the schedule's order, puts
 // the block's part of the destination's segment at its planned slots — in the destination's receive area or, one
 // copy, its output block (the landing; an expanded block takes each row at each of its
 // slots' rows) — then per destination the FP8 scale rows of its whole part (gathered: one
@@ -18,12 +18,10 @@
 #include <algorithm>
 
 #include "../path.hpp"
+#include "../send_policy.hpp"
 
 namespace epx::detail {
 namespace {
-
-/// Bytes of x rows a worker sends to every destination before its next ones (fits L2).
-constexpr std::size_t kSendBlockBytes = std::size_t{256} << 10;
 
 // Every worker's part of every destination's segment, in the schedule's order.
 // `rows_first`: at the stretches of the receive area, signalling nobody.
@@ -39,18 +37,21 @@ void send_segments(Impl& m, const DispatchStep& s, const std::vector<std::int32_
     const auto [t0, t1] = split_range(plan.shape.num_tokens, w, m.W);
     std::vector<std::pair<std::int64_t, std::int64_t>> part(static_cast<std::size_t>(m.P));
     std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(m.P));
+    std::int64_t rows = 0;
     for (int d = 0; d < m.P; ++d) {
       const auto ud = static_cast<std::size_t>(d);
       part[ud] = Impl::segment_part(plan, d, t0, t1);
       channel_bytes[ud] = static_cast<std::uint64_t>(part[ud].second - part[ud].first) * per_row;
+      rows += part[ud].second - part[ud].first;
     }
     Impl::Sender send(m, w, rows_first ? Impl::Sender::kNoSignal : m.geo.dispatch_signal(m.rank, w), channel_bytes,
                       m.visit_order);
-    // My tokens in blocks of kSendBlockBytes of rows, each block to every destination: a
-    // block's x rows are read from memory once for their ~K copies (destination after
-    // destination over all my tokens, each copy read x from memory again). Each
+    // My tokens in blocks (the send policy, send_policy.hpp), each block to every
+    // destination: a block's x rows are read from memory once for their ~K copies. Each
     // destination still gets its rows in ascending slot order; a run ends at a block edge.
-    const std::int64_t block = std::max<std::int64_t>(1, static_cast<std::int64_t>(kSendBlockBytes / (s.row_bytes + s.scale_bytes)));
+    const std::int64_t block =
+        send_block_tokens(m.config.dataplane.send_policy,
+                          {m.P, s.row_bytes + s.scale_bytes, t1 - t0, rows, m.config.dataplane.aggregate_bytes}, m.transport.caps());
     std::vector<std::int64_t> at(static_cast<std::size_t>(m.P));
     for (int d = 0; d < m.P; ++d) at[static_cast<std::size_t>(d)] = part[static_cast<std::size_t>(d)].first;
     for (std::int64_t b0 = t0; b0 < t1; b0 += block) {

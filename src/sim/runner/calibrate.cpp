@@ -10,111 +10,93 @@
 #include <set>
 #include <sstream>
 
-#include "epx/bench/progress.hpp"
 #include "epx/error.hpp"
+#include "epx/bench/progress.hpp"
 
 namespace epx::tools {
 
-const std::vector<CalibrationTarget>& ascend950_targets() {
-  static const std::vector<CalibrationTarget> t = {
-      {8, 373, 375, 345, 347},
-      {16, 348, 352, 338, 341},
-      {32, 335, 340, 320, 324},
-  };
-  return t;
+SimOptions series_options(const SimOptions& base, const sim::PublishedSeries& series) {
+  SimOptions o = base;
+  for (const auto& [k, v] : series.run) set_sim_option(o, k, v);
+  o.ep = series.ep;
+  return o;
 }
 
-const std::vector<std::string>& calibration_free_parameters() {
-  static const std::vector<std::string> p = {"link_bandwidth", "memory_bandwidth", "queue_wr_time", "reduce_bandwidth",
-                                             "combine_peer_release"};
-  return p;
+double metric_gbps(const SimPoint& p, const std::string& metric, bool combine) {
+  if (metric == "deepep") return combine ? p.combine_bottleneck_gbps : p.dispatch_bottleneck_gbps;
+  return combine ? p.combine_gbps : p.dispatch_gbps;
+}
+
+std::vector<CalibrationTarget> calibration_targets(const SimOptions& base, const sim::HardwareModel& hw) {
+  std::vector<CalibrationTarget> out;
+  for (const sim::PublishedSeries& s : hw.published)
+    for (const sim::PublishedPoint& p : s.points) {
+      if (!p.calibrate) continue;
+      CalibrationTarget t{s.label, s.metric, series_options(base, s), p};
+      t.options.ep = {p.ep};
+      validate_sim_options(t.options);
+      out.push_back(std::move(t));
+    }
+  if (out.empty() || hw.calibrate.empty())
+    throw Error(ErrorCode::kInvalidArgument, "epx sim calibrate: hardware '" + hw.name +
+                                                 "' has no published points marked \"calibrate\" or no \"calibrate\" parameter list");
+  return out;
 }
 
 namespace {
 
 double mid(double lo, double hi) { return (lo + hi) / 2; }
 
-std::vector<CalibrationPoint> points_of(const std::vector<SimRun>& runs, const sim::HardwareModel& hw, const SimOptions& o) {
+std::vector<CalibrationPoint> points_of(const std::vector<CalibrationTarget>& targets, const std::vector<SimRun>& runs,
+                                        const sim::HardwareModel& hw) {
   std::vector<CalibrationPoint> out;
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    const CalibrationTarget& t = ascend950_targets()[i];
-    const SimPoint p = evaluate_run(runs[i], hw, o);
-    CalibrationPoint c{t, p.dispatch_gbps, p.combine_gbps, 0, 0};
-    c.dispatch_error_pct = 100 * (p.dispatch_gbps / mid(t.dispatch_lo, t.dispatch_hi) - 1);
-    c.combine_error_pct = 100 * (p.combine_gbps / mid(t.combine_lo, t.combine_hi) - 1);
+    const CalibrationTarget& t = targets[i];
+    const SimPoint p = evaluate_run(runs[i], hw, t.options);
+    CalibrationPoint c{t, metric_gbps(p, t.metric, false), metric_gbps(p, t.metric, true), p.dispatch_us, p.combine_us, 0, 0};
+    c.dispatch_error_pct = 100 * (c.dispatch_gbps / mid(t.point.dispatch_lo, t.point.dispatch_hi) - 1);
+    c.combine_error_pct = 100 * (c.combine_gbps / mid(t.point.combine_lo, t.point.combine_hi) - 1);
     out.push_back(c);
   }
   return out;
 }
 
-std::vector<SimRun> calibration_runs(const SimOptions& o) {
+std::vector<SimRun> calibration_runs(const std::vector<CalibrationTarget>& targets, bool progress) {
   std::vector<SimRun> runs;
   double total = 0;  // an EP size's engine run taken as proportional to its ranks
-  for (const CalibrationTarget& t : ascend950_targets()) total += t.ep;
-  ProgressLine progress("[epx sim calibrate]", total, o.progress);
-  for (const CalibrationTarget& t : ascend950_targets()) {
-    double done = 0;
-    for (const SimRun& r : runs) done += r.ep;
-    progress.update(done, "EP" + std::to_string(t.ep) + ": running the engine");
-    runs.push_back(collect_run(o, t.ep));
+  for (const CalibrationTarget& t : targets) total += t.point.ep;
+  ProgressLine line("[epx sim calibrate]", total, progress);
+  double done = 0;
+  for (const CalibrationTarget& t : targets) {
+    line.update(done, t.series + " EP" + std::to_string(t.point.ep) + ": running the engine");
+    runs.push_back(collect_run(t.options, t.point.ep));
+    done += t.point.ep;
   }
   return runs;
 }
 
-}  // namespace
-
-std::vector<CalibrationPoint> calibration_points(const SimOptions& o, const sim::HardwareModel& hw) {
-  return points_of(calibration_runs(o), hw, o);
-}
-
-Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int max_evaluations) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<SimRun> runs = calibration_runs(o);
-  const std::vector<std::string>& names = calibration_free_parameters();
-  constexpr int N = 5;
-  if (names.size() != N) throw Error(ErrorCode::kInternal, "epx sim calibrate: the fit moves exactly 5 parameters");
-  Calibration cal;
-  cal.model = start;
-  ProgressLine progress("[epx sim calibrate]", max_evaluations, o.progress);  // at most this many (the fit may stop sooner)
-  auto model_at = [&](const std::array<double, N>& x) {
-    sim::HardwareModel m = start;
-    for (int i = 0; i < N; ++i) m.set(names[static_cast<std::size_t>(i)], std::exp(x[static_cast<std::size_t>(i)]), "calibrating");
-    return m;
-  };
-  auto cost = [&](const std::array<double, N>& x) {
-    ++cal.evaluations;
-    double c = 0;
-    for (const CalibrationPoint& p : points_of(runs, model_at(x), o))
-      c += p.dispatch_error_pct * p.dispatch_error_pct + p.combine_error_pct * p.combine_error_pct;
-    char what[96];
-    std::snprintf(what, sizeof what, "fit: evaluation %d/%d, squared error %.4f %%^2", cal.evaluations, max_evaluations, c);
-    progress.update(cal.evaluations, what);
-    return c;
-  };
-  // Nelder-Mead over log(parameter).
-  std::array<std::array<double, N>, N + 1> s{};
-  std::array<double, N + 1> f{};
-  for (int i = 0; i < N; ++i) s[0][static_cast<std::size_t>(i)] = std::log(start.get(names[static_cast<std::size_t>(i)]));
-  for (int v = 1; v <= N; ++v) {
-    s[static_cast<std::size_t>(v)] = s[0];
-    s[static_cast<std::size_t>(v)][static_cast<std::size_t>(v - 1)] += 0.15;
-  }
-  for (int v = 0; v <= N; ++v) f[static_cast<std::size_t>(v)] = cost(s[static_cast<std::size_t>(v)]);
-  while (cal.evaluations < max_evaluations) {
-    std::array<int, N + 1> order{};
-    for (int i = 0; i <= N; ++i) order[static_cast<std::size_t>(i)] = i;
-    std::sort(order.begin(), order.end(), [&](int a, int b) { return f[static_cast<std::size_t>(a)] < f[static_cast<std::size_t>(b)]; });
-    const auto best = static_cast<std::size_t>(order[0]), worst = static_cast<std::size_t>(order[N]),
-               second = static_cast<std::size_t>(order[N - 1]);
+// Nelder-Mead over x (log of the parameters) from `x0`, steps of 0.15; at most `budget`
+// evaluations of `cost` (counted by the caller). Returns the best vertex.
+std::vector<double> nelder_mead(std::vector<double> x0, const std::function<double(const std::vector<double>&)>& cost,
+                                const std::function<bool()>& spent) {
+  const std::size_t N = x0.size();
+  std::vector<std::vector<double>> s(N + 1, x0);
+  std::vector<double> f(N + 1);
+  for (std::size_t v = 1; v <= N; ++v) s[v][v - 1] += 0.15;
+  for (std::size_t v = 0; v <= N; ++v) f[v] = cost(s[v]);
+  while (!spent()) {
+    std::vector<std::size_t> order(N + 1);
+    for (std::size_t i = 0; i <= N; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return f[a] < f[b]; });
+    const std::size_t best = order[0], worst = order[N], second = order[N - 1];
     if (f[worst] - f[best] < 1e-4) break;
-    std::array<double, N> c{};
-    for (int v = 0; v <= N; ++v)
-      if (static_cast<std::size_t>(v) != worst)
-        for (int i = 0; i < N; ++i) c[static_cast<std::size_t>(i)] += s[static_cast<std::size_t>(v)][static_cast<std::size_t>(i)] / N;
+    std::vector<double> c(N, 0.0);
+    for (std::size_t v = 0; v <= N; ++v)
+      if (v != worst)
+        for (std::size_t i = 0; i < N; ++i) c[i] += s[v][i] / static_cast<double>(N);
     auto along = [&](double t) {
-      std::array<double, N> x{};
-      for (int i = 0; i < N; ++i)
-        x[static_cast<std::size_t>(i)] = c[static_cast<std::size_t>(i)] + t * (s[worst][static_cast<std::size_t>(i)] - c[static_cast<std::size_t>(i)]);
+      std::vector<double> x(N);
+      for (std::size_t i = 0; i < N; ++i) x[i] = c[i] + t * (s[worst][i] - c[i]);
       return x;
     };
     const auto xr = along(-1.0);
@@ -132,44 +114,74 @@ Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int 
       if (fc < f[worst]) {
         s[worst] = xc, f[worst] = fc;
       } else {  // shrink towards the best
-        for (int v = 0; v <= N; ++v) {
-          if (static_cast<std::size_t>(v) == best) continue;
-          for (int i = 0; i < N; ++i)
-            s[static_cast<std::size_t>(v)][static_cast<std::size_t>(i)] =
-                s[best][static_cast<std::size_t>(i)] + 0.5 * (s[static_cast<std::size_t>(v)][static_cast<std::size_t>(i)] - s[best][static_cast<std::size_t>(i)]);
-          f[static_cast<std::size_t>(v)] = cost(s[static_cast<std::size_t>(v)]);
+        for (std::size_t v = 0; v <= N; ++v) {
+          if (v == best) continue;
+          for (std::size_t i = 0; i < N; ++i) s[v][i] = s[best][i] + 0.5 * (s[v][i] - s[best][i]);
+          f[v] = cost(s[v]);
         }
       }
     }
   }
-  std::size_t best = 0;
-  for (std::size_t v = 1; v <= N; ++v)
-    if (f[v] < f[best]) best = v;
-  cal.model = start;
-  for (int i = 0; i < N; ++i)
-    cal.model.set(names[static_cast<std::size_t>(i)], std::exp(s[best][static_cast<std::size_t>(i)]),
-                  "calibrated: epx sim calibrate (Nelder-Mead on EP8/16/32 dispatch+combine, seed " + std::to_string(o.seed) + ")");
-  cal.points = points_of(runs, cal.model, o);
+  return s[static_cast<std::size_t>(std::min_element(f.begin(), f.end()) - f.begin())];
+}
+
+}  // namespace
+
+std::vector<CalibrationPoint> calibration_points(const SimOptions& o, const sim::HardwareModel& hw) {
+  const std::vector<CalibrationTarget> targets = calibration_targets(o, hw);
+  return points_of(targets, calibration_runs(targets, o.progress), hw);
+}
+
+Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int max_evaluations) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<CalibrationTarget> targets = calibration_targets(o, start);
+  const std::vector<SimRun> runs = calibration_runs(targets, o.progress);
+  const std::vector<std::string>& names = start.calibrate;
+  Calibration cal;
+  ProgressLine progress("[epx sim calibrate]", max_evaluations, o.progress);  // at most this many (the fit may stop sooner)
+  auto model_at = [&](const std::vector<double>& x, const std::string& source) {
+    sim::HardwareModel m = start;
+    for (std::size_t i = 0; i < names.size(); ++i) m.set(names[i], std::exp(x[i]), source);
+    return m;
+  };
+  auto cost = [&](const std::vector<double>& x) {
+    ++cal.evaluations;
+    double c = 0;
+    for (const CalibrationPoint& p : points_of(targets, runs, model_at(x, "calibrating")))
+      c += p.dispatch_error_pct * p.dispatch_error_pct + p.combine_error_pct * p.combine_error_pct;
+    char what[96];
+    std::snprintf(what, sizeof what, "fit: evaluation %d/%d, squared error %.4f %%^2", cal.evaluations, max_evaluations, c);
+    progress.update(cal.evaluations, what);
+    return c;
+  };
+  std::vector<double> x0;
+  for (const std::string& n : names) x0.push_back(std::log(std::max(start.get(n), 1e-9)));
+  const std::vector<double> best = nelder_mead(x0, cost, [&] { return cal.evaluations >= max_evaluations; });
+  std::string fitted_on;
+  for (const CalibrationTarget& t : targets) fitted_on += (fitted_on.empty() ? "" : ", ") + t.series + " EP" + std::to_string(t.point.ep);
+  cal.model = model_at(best, "calibrated: epx sim calibrate (Nelder-Mead on " + fitted_on + ", dispatch+combine, seed " +
+                                 std::to_string(o.seed) + ")");
+  cal.points = points_of(targets, runs, cal.model);
   cal.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return cal;
 }
 
 std::string calibration_report(const Calibration& c) {
   std::ostringstream os;
-  char line[256];
-  os << "calibrated parameters:\n";
-  for (const std::string& n : calibration_free_parameters()) {
+  char line[320];
+  os << "calibrated parameters (" << c.model.name << "):\n";
+  for (const std::string& n : c.model.calibrate)
     for (const sim::HardwareParam& p : c.model.params)
       if (p.name == n) {
-        std::snprintf(line, sizeof line, "  %-18s %10.4g %s\n", n.c_str(), p.value, p.unit.c_str());
+        std::snprintf(line, sizeof line, "  %-22s %10.4g %s\n", n.c_str(), p.value, p.unit.c_str());
         os << line;
       }
-  }
-  os << "  EP | dispatch GB/s  published     error | combine GB/s  published     error\n";
+  os << "  series               EP | metric | dispatch GB/s  published     error |     us | combine GB/s  published     error |     us\n";
   for (const CalibrationPoint& p : c.points) {
-    std::snprintf(line, sizeof line, "%4d | %13.1f  %4.0f-%-4.0f %+7.2f%% | %12.1f  %4.0f-%-4.0f %+7.2f%%\n", p.target.ep,
-                  p.dispatch_gbps, p.target.dispatch_lo, p.target.dispatch_hi, p.dispatch_error_pct, p.combine_gbps,
-                  p.target.combine_lo, p.target.combine_hi, p.combine_error_pct);
+    const sim::PublishedPoint& t = p.target.point;
+    std::snprintf(line, sizeof line, "  %-18s %4d | %-6s | %13.1f  %4.0f-%-4.0f %+7.2f%% | %6.1f | %12.1f  %4.0f-%-4.0f %+7.2f%% | %6.1f\n",
+                  p.target.series.c_str(), t.ep, p.target.metric.c_str(), p.dispatch_gbps, t.dispatch_lo, t.dispatch_hi,
+                  p.dispatch_error_pct, p.dispatch_us, p.combine_gbps, t.combine_lo, t.combine_hi, p.combine_error_pct, p.combine_us);
     os << line;
   }
   std::snprintf(line, sizeof line, "%d model evaluations, %.1f s\n", c.evaluations, c.seconds);
@@ -181,7 +193,7 @@ namespace {
 
 std::string engine_key(const SimOptions& o) {
   return std::to_string(o.tokens) + "|" + o.schedule + "|" + std::to_string(o.queues) + "|" + o.queue_split + "|" + std::to_string(o.aggregate) + "|" + o.protocol +
-         "|" + o.topology + "|" + std::to_string(o.ring_rows);
+         "|" + o.topology + "|" + std::to_string(o.ring_rows) + "|" + o.send_policy + "|" + o.combine_order;
 }
 
 std::string variant_key(const SimOptions& o) { return engine_key(o) + "|" + (o.dense_scan ? "dense" : "compact") + "|" + o.sync; }
@@ -266,6 +278,8 @@ std::vector<ExperimentVariant> experiment_variants(const SimOptions& base) {
   });
   add("aggregation on (1 MiB)", "control plane (put count)", [](SimOptions& o) { o.aggregate = 1 << 20; });
   add("aggregation off", "control plane (put count)", [](SimOptions& o) { o.aggregate = 0; });
+  for (const char* sp : {"auto", "whole", "block:256K"})
+    add(std::string("send policy ") + sp, "control plane (put count per destination)", [sp](SimOptions& o) { o.send_policy = sp; });
   add("compact plan", "control plane (planning)", [](SimOptions& o) { o.dense_scan = false; });
   add("dense [S,P] route scan", "control plane (planning)", [](SimOptions& o) { o.dense_scan = true; });
   add("global barrier per call", "synchronisation", [](SimOptions& o) { o.sync = "barrier"; });
@@ -313,6 +327,9 @@ std::vector<Knob> search_knobs() {
   for (std::int64_t agg : {std::int64_t{0}, std::int64_t{1} << 18, std::int64_t{1} << 20, std::int64_t{4} << 20})
     a.values.push_back([agg](SimOptions& o) { o.aggregate = agg; });
   knobs.push_back(a);
+  Knob sp{"send-policy", {}};
+  for (const char* v : {"auto", "whole", "block:256K"}) sp.values.push_back([v](SimOptions& o) { o.send_policy = v; });
+  knobs.push_back(sp);
   Knob p{"protocol", {}};
   for (const char* pr : {"explicit", "tail"}) p.values.push_back([pr](SimOptions& o) { o.protocol = pr; });
   knobs.push_back(p);
@@ -353,7 +370,7 @@ std::string variant_table(const Experiments& e, const sim::HardwareModel& hw) {
   std::ostringstream os;
   char line[512];
   os << "epx sim experiments: 128 ranks, " << base.tokens << " tokens/rank, H=" << base.hidden << ", top-" << base.topk << " of "
-     << base.experts << ", hardware " << hw.name << ", topology " << (base.topology == "auto" ? sim::default_topology_spec(128) : base.topology)
+     << base.experts << ", hardware " << hw.name << ", topology " << (base.topology == "auto" ? sim::default_topology_spec(128, hw) : base.topology)
      << "\n";
   os << "variant                                              | dispatch us  GB/s | combine us  GB/s | moves\n";
   const SimPoint& ref = e.variants.front().point;
@@ -386,22 +403,22 @@ std::string variant_table(const Experiments& e, const sim::HardwareModel& hw) {
 std::string search_text(const Experiments& e, const sim::HardwareModel& hw) {
   std::ostringstream os;
   char line[512];
-  os << "\nsearch (coordinate descent over schedule, queues, aggregation, protocol; compact plan; hierarchical not searched: "
+  os << "\nsearch (coordinate descent over schedule, queues, aggregation, protocol, send policy; compact plan; hierarchical not searched: "
         "it does not fit in memory at full size):\n";
   for (const ExperimentSearchStep& st : e.search) {
-    std::snprintf(line, sizeof line, "  pass %d, %-9s -> schedule %s, queues %d (%s), aggregate %lld, protocol %s: %.1f + %.1f us\n",
+    std::snprintf(line, sizeof line, "  pass %d, %-11s -> schedule %s, queues %d (%s), aggregate %lld, protocol %s, send policy %s: %.1f + %.1f us\n",
                   st.pass, st.knob.c_str(), st.best.schedule.c_str(), st.best.queues, st.best.queue_split.c_str(),
-                  static_cast<long long>(st.best.aggregate), st.best.protocol.c_str(), st.best_point.dispatch_us,
+                  static_cast<long long>(st.best.aggregate), st.best.protocol.c_str(), st.best.send_policy.c_str(), st.best_point.dispatch_us,
                   st.best_point.combine_us);
     os << line;
   }
   const SimOptions& best_o = e.best;
   const SimPoint& best_p = e.best_point;
   std::snprintf(line, sizeof line,
-                "best: schedule %s, queues %d (%s), aggregate %lld, protocol %s: dispatch %.1f us (%.1f GB/s), combine %.1f us "
-                "(%.1f GB/s)\n",
+                "best: schedule %s, queues %d (%s), aggregate %lld, protocol %s, send policy %s: dispatch %.1f us (%.1f GB/s), "
+                "combine %.1f us (%.1f GB/s)\n",
                 best_o.schedule.c_str(), best_o.queues, best_o.queue_split.c_str(), static_cast<long long>(best_o.aggregate),
-                best_o.protocol.c_str(), best_p.dispatch_us, best_p.dispatch_gbps, best_p.combine_us, best_p.combine_gbps);
+                best_o.protocol.c_str(), best_o.send_policy.c_str(), best_p.dispatch_us, best_p.dispatch_gbps, best_p.combine_us, best_p.combine_gbps);
   os << line;
   const SimPoint& c = e.best_with_credits;
   std::snprintf(line, sizeof line, "best with per-group credits (16): dispatch %.1f us (%.1f GB/s), combine %.1f us (%.1f GB/s)\n",

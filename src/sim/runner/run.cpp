@@ -9,8 +9,10 @@
 #include <ctime>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
+#include "epx/bench/dataplane_options.hpp"
 #include "epx/bench/progress.hpp"
 #include "epx/bench/routing.hpp"
 #include "epx/buffer.hpp"
@@ -67,7 +69,19 @@ std::pair<std::size_t, std::size_t> fallback_payload_region(const BufferConfig& 
   return {data, meta};
 }
 
-std::string topology_for(const std::string& spec, int P) { return spec == "auto" ? sim::default_topology_spec(P) : spec; }
+std::string topology_for(const SimOptions& o, int P) {
+  return o.topology == "auto" ? sim::default_topology_spec(P, sim::load_hardware(o.hardware)) : o.topology;
+}
+
+// The schedule the engine runs: hierarchical on a table of one server has no other server
+// to relay to (the engine refuses it), and is then what it means inside a server — every
+// rank directly, in the rotated order (DeepEP's intranode kernels).
+std::string engine_schedule(const SimOptions& o, const Topology& topology) {
+  if (o.schedule != "hierarchical") return o.schedule;
+  for (const RankPlace& p : topology.ranks)
+    if (p.server != topology.ranks.front().server) return o.schedule;
+  return "rotated";
+}
 
 BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, int P) {
   BufferConfig c;
@@ -76,12 +90,19 @@ BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, in
   c.num_topk = o.topk;
   c.max_tokens_per_rank = o.tokens;
   c.num_workers = o.workers;
-  c.dataplane.topology = topology_for(o.topology, P);
-  c.dataplane.schedule = parse_schedule(o.schedule);
+  c.dataplane.topology = topology_for(o, P);
+  const std::string schedule = engine_schedule(o, load_topology(c.dataplane.topology, P));
+  c.dataplane.schedule = parse_schedule(schedule);
+  // Inside one server there is nothing to sum first: node-first is the flat order there.
+  c.dataplane.combine_order = parse_combine_order(schedule == "hierarchical" ? o.combine_order : "flat");
   c.dataplane.queues = o.queues;
   c.dataplane.queue_split = parse_queue_split(o.queue_split);
   c.dataplane.aggregate_bytes = static_cast<std::size_t>(std::llround(static_cast<double>(o.aggregate) * agg_scale));
   c.dataplane.protocol = parse_protocol(o.protocol);
+  c.dataplane.send_policy = parse_send_policy(o.send_policy);
+  if (c.dataplane.send_policy.kind == SendPolicyKind::kBlock)  // scaled like the aggregation (payload x H / H_run)
+    c.dataplane.send_policy.block_bytes = static_cast<std::size_t>(
+        std::max<long long>(1, std::llround(static_cast<double>(c.dataplane.send_policy.block_bytes) * agg_scale)));
   c.ring_rows = o.ring_rows;
   c.collect_stats = o.collect_stats;
   return c;
@@ -104,7 +125,7 @@ sim::Picoseconds extra_sync(const SimOptions& o, const sim::HardwareModel& hw, i
 // the last has landed. Only where the replies travel straight to their source in the
 // dispatch plan's order (not through relays or a bounded ring, whose order differs).
 void add_combine_reduction(SimRun& run, const BenchProblem& problem, bool expanded, const SimOptions& o, std::uint64_t row_bytes) {
-  if (o.schedule == "hierarchical" || o.ring_rows > 0) return;
+  if (engine_schedule(o, run.topology) == "hierarchical" || o.ring_rows > 0) return;
   const int P = run.ep, K = o.topk, L = o.experts / P;
   std::vector<std::int64_t> presum_slots(static_cast<std::size_t>(P), 0);
   std::vector<std::int32_t> slots_at(static_cast<std::size_t>(P), 0);
@@ -135,6 +156,51 @@ void add_combine_reduction(SimRun& run, const BenchProblem& problem, bool expand
     if (expanded && rows > 0)
       run.combine_compute[static_cast<std::size_t>(d)].presum_per_payload_byte =
           static_cast<double>(presum_slots[static_cast<std::size_t>(d)]) / rows;
+  }
+}
+
+// DeepEP's "bottleneck bandwidth" bytes per rank (docs/sim.md §8). Which definition applies
+// follows epx's data path: the hierarchical schedule is DeepEP's normal kernels (NVLink
+// forwarding) — inside one server its intranode definition (NVLink: received rows x the
+// row), across servers its internode one (RDMA: my tokens once per destination server,
+// the own included) — and every other schedule sends every peer directly, as its
+// low-latency kernels do (the (token, expert) selections a rank receives). FP8 rows count
+// H x 2 x (1 + 4/128) / 2 bytes (data + 4 B of scale per 128 values), BF16 rows 2H; the
+// low-latency dispatch row is H + H/128 x 4 + 16.
+void add_bottleneck_bytes(SimRun& run, const BenchProblem& problem, const RouteCount& count, const SimOptions& o) {
+  const int P = run.ep, K = o.topk, L = o.experts / P;
+  const double H = o.hidden;
+  const double x_row = o.fp8 ? H * 2 * (1 + 4.0 / 128) / 2 : 2 * H, y_row = 2 * H;
+  std::set<int> servers;
+  for (const RankPlace& p : run.topology.ranks) servers.insert(p.server);
+  run.bottleneck_dispatch_bytes.assign(static_cast<std::size_t>(P), 0);
+  run.bottleneck_combine_bytes.assign(static_cast<std::size_t>(P), 0);
+  auto set = [&](int r, double rows, double dispatch_row) {
+    run.bottleneck_dispatch_bytes[static_cast<std::size_t>(r)] = rows * dispatch_row;
+    run.bottleneck_combine_bytes[static_cast<std::size_t>(r)] = rows * y_row;
+  };
+  if (o.schedule != "hierarchical") {
+    run.bottleneck_metric = "low-latency";
+    for (int r = 0; r < P; ++r)
+      set(r, static_cast<double>(count.recv_slots[static_cast<std::size_t>(r)]), o.fp8 ? H + H / 128 * 4 + 16 : 2 * H);
+  } else if (servers.size() == 1) {
+    run.bottleneck_metric = "normal intranode";
+    for (int r = 0; r < P; ++r) set(r, static_cast<double>(count.recv_rows[static_cast<std::size_t>(r)]), x_row);
+  } else {
+    run.bottleneck_metric = "normal internode";
+    for (int r = 0; r < P; ++r) {
+      const BenchRankInput& in = problem.rank[static_cast<std::size_t>(r)];
+      std::int64_t pairs = 0;
+      for (std::int64_t t = 0; t < in.tokens; ++t) {
+        std::set<int> nodes;
+        for (int k = 0; k < K; ++k) {
+          const std::int64_t e = in.topk_idx[static_cast<std::size_t>(t * K + k)];
+          if (e >= 0) nodes.insert(run.topology.ranks[static_cast<std::size_t>(e / L)].server);
+        }
+        pairs += static_cast<std::int64_t>(nodes.size());
+      }
+      set(r, static_cast<double>(pairs), x_row);
+    }
   }
 }
 
@@ -169,6 +235,7 @@ void validate_sim_options(const SimOptions& o) {
   if (o.tokens < 1) bad("--tokens must be >= 1, got " + std::to_string(o.tokens));
   if (o.layout != "compact" && o.layout != "expanded") bad("--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
   if (o.alignment < 1) bad("--alignment must be >= 1");
+  check_group_limit(o.groups, o.topk_groups, o.experts, o.topk, 0);
   if (o.workers < 1) bad("--workers must be >= 1 (engine workers per rank in the simulated run)");
   if (o.queues < 1 || o.queues > 4) bad("--queues must be 1, 2 or 4, got " + std::to_string(o.queues));
   if (o.aggregate < 0) bad("--aggregate must be >= 0 bytes (0 = off)");
@@ -179,17 +246,59 @@ void validate_sim_options(const SimOptions& o) {
   parse_schedule(o.schedule);
   parse_queue_split(o.queue_split);
   parse_protocol(o.protocol);
+  try {
+    parse_send_policy(o.send_policy);
+  } catch (const Error& e) {
+    bad(std::string("--send-policy: ") + e.what());
+  }
+  parse_combine_order(o.combine_order);
+  if (o.combine_order == "node-first" && o.schedule != "hierarchical")
+    bad("--combine-order node-first sums at the relays of --schedule hierarchical (the schedule is " + o.schedule + ")");
   if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));
   if (o.ring_rows > 0 && o.protocol == "flag") bad("--ring-rows needs --protocol explicit or tail");
   if (o.ring_rows > 0 && o.schedule == "hierarchical") bad("--ring-rows cannot be combined with --schedule hierarchical");
   // Every EP size must have a table of its size (an explicit --topology names one P).
   for (int p : o.ep) {
     try {
-      load_topology(topology_for(o.topology, p), p);
+      load_topology(topology_for(o, p), p);
     } catch (const Error& e) {
       bad("--topology at --ep " + std::to_string(p) + ": " + e.what());
     }
   }
+}
+
+void set_sim_option(SimOptions& o, const std::string& name, const std::string& value) {
+  const auto number = [&](auto& field) {
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size()) bad("--" + name + ": '" + value + "' is not an integer");
+    field = static_cast<std::remove_reference_t<decltype(field)>>(v);
+  };
+  if (name == "tokens") return number(o.tokens);
+  if (name == "hidden") return number(o.hidden);
+  if (name == "topk") return number(o.topk);
+  if (name == "experts") return number(o.experts);
+  if (name == "groups") return number(o.groups);
+  if (name == "topk-groups") return number(o.topk_groups);
+  if (name == "alignment") return number(o.alignment);
+  if (name == "queues") return number(o.queues);
+  if (name == "aggregate") return number(o.aggregate);
+  if (name == "seed") return number(o.seed);
+  if (name == "fp8") {
+    if (value != "true" && value != "false") bad("--fp8: '" + value + "' is not true or false");
+    o.fp8 = value == "true";
+    return;
+  }
+  std::string* text = name == "layout" ? &o.layout : name == "schedule" ? &o.schedule : name == "topology" ? &o.topology
+                    : name == "queue-split" ? &o.queue_split : name == "protocol" ? &o.protocol
+                    : name == "send-policy" ? &o.send_policy : name == "combine-order" ? &o.combine_order : nullptr;
+  if (!text) bad("unknown epx sim option '" + name + "'");
+  *text = value;
 }
 
 BenchProblem sim_problem(const SimOptions& o, int ep) {
@@ -202,11 +311,39 @@ BenchProblem sim_problem(const SimOptions& o, int ep) {
   bo.topk = o.topk;
   bo.experts = o.experts;
   bo.seed = o.seed;
+  bo.groups = o.groups;
+  bo.topk_groups = o.topk_groups;
   return make_problem(bo);
 }
 
 namespace {
 
+  BenchProblem problem = sim_problem(o, ep);
+  const bool expanded = o.layout == "expanded";
+  const RouteCount count = count_routes(problem, expanded, o.alignment);
+  for (auto& r : problem.rank) r.x = Tensor();
+
+  const std::size_t x_row = o.fp8 ? static_cast<std::size_t>(Hr) : static_cast<std::size_t>(Hr) * 2;
+  ZeroMap x(static_cast<std::size_t>(o.tokens) * x_row);
+  ZeroMap scales(static_cast<std::size_t>(o.tokens) * static_cast<std::size_t>(std::max(1, Hr / 128)) * 4);
+  const BufferConfig cfg = buffer_config(o, Hr, 1.0 / scale, ep);
+  run.topology = load_topology(cfg.dataplane.topology, ep);
+  const auto fallback = fallback_payload_region(cfg, ep);
+
+  LaunchOptions lo;
+  lo.num_ranks = ep;
+  lo.transport = TransportKind::kSim;
+  lo.timeout = std::chrono::milliseconds(600000);
+  sim::SimTransportOptions so;
+  so.model_only = run.model_only;
+  so.trace = &run.trace;
+  const sim::HardwareModel::PutCosts costs = sim::load_hardware(o.hardware).put_costs();
+  so.put_overhead_ns = costs.overhead_ns;
+  so.put_gbps = costs.gbps / scale;  // bytes at the run's hidden size stand for `scale` times more
+  if (o.collect_stats) {
+    run.dispatch_counters.resize(static_cast<std::size_t>(ep));
+    run.combine_counters.resize(static_cast<std::size_t>(ep));
+    run.engine_recv_rows.resize(static_cast<std::size_t>(ep));
 EngineCounters sum_counters(const CallStats& cs) {
   EngineCounters c;
   for (const WorkerStats& w : cs.workers) {
@@ -293,6 +430,8 @@ void add_compute(SimRun& run, const SimOptions& o, const BenchProblem& problem, 
     // summed into a staged partial (written, then read again by the put).
     if (expanded && rows > 0) cc.read_per_payload_byte = (slots + 2 * (slots - rows)) / rows;
   }
+  add_combine_reduction(run, problem, expanded, o, 2 * static_cast<std::uint64_t>(Hr));
+  add_bottleneck_bytes(run, problem, count, o);
   add_combine_reduction(run, problem, expanded, o, 2 * static_cast<std::uint64_t>(run.run_hidden));
   const double H = o.hidden, K = o.topk;
   run.dispatch_row_bytes = (o.fp8 ? H + H / 128 * 4 : 2 * H) + K * 8 + K * 4;
@@ -358,8 +497,9 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
   // Model-only knobs come from `o`, not from the options the run was made with (a run is
   // shared by variants that differ only in them).
   const std::uint64_t dense_cells = o.dense_scan ? static_cast<std::uint64_t>(run.tokens) * static_cast<std::uint64_t>(P) : 0;
+  pt.bottleneck_metric = run.bottleneck_metric;
   auto one = [&](int call, std::vector<sim::RankCompute> compute, double row_bytes, double& avg, double& slowest,
-                 double& max_us, Split& split) {
+                 double& max_us, Split& split, const std::vector<double>& bottleneck_bytes, double* bottleneck) {
     for (auto& c : compute) {
       c.extra_sync = extra;
       if (call == run.dispatch_call && !run.cached) c.dense_cells = dense_cells;
@@ -372,6 +512,8 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
       const sim::RankTiming& rt = t.ranks[static_cast<std::size_t>(r)];
       const double bytes = static_cast<double>(run.recv_rows[static_cast<std::size_t>(r)]) * row_bytes;
       avg += bytes / (rt.total.us() * 1e3) / P;
+      if (bottleneck && !bottleneck_bytes.empty())
+        *bottleneck += bottleneck_bytes[static_cast<std::size_t>(r)] / (rt.total.us() * 1e3) / P;
       if (rt.total > t.ranks[static_cast<std::size_t>(worst)].total) worst = r;
       split.data_us += rt.data.us() / P;
       split.reduce_tail_us += rt.reduce_tail.us() / P;
@@ -383,9 +525,9 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
               (t.ranks[static_cast<std::size_t>(worst)].total.us() * 1e3);
   };
   one(run.dispatch_call, run.dispatch_compute, run.dispatch_row_bytes, pt.dispatch_gbps, pt.dispatch_gbps_slowest,
-      pt.dispatch_us, pt.dispatch_split);
+      pt.dispatch_us, pt.dispatch_split, run.bottleneck_dispatch_bytes, &pt.dispatch_bottleneck_gbps);
   one(run.combine_call, run.combine_compute, run.combine_row_bytes, pt.combine_gbps, pt.combine_gbps_slowest,
-      pt.combine_us, pt.combine_split);
+      pt.combine_us, pt.combine_split, run.bottleneck_combine_bytes, &pt.combine_bottleneck_gbps);
   if (o.attribution) {
     // The same run, each combine mechanism of the model removed in turn (the engine's
     // trace — rows per token, local fraction — stays).
@@ -401,7 +543,7 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
       for (auto& c : compute) change(c);
       double avg = 0, slowest = 0, max_us = 0;
       Split split;
-      one(run.combine_call, compute, run.combine_row_bytes, avg, slowest, max_us, split);
+      one(run.combine_call, compute, run.combine_row_bytes, avg, slowest, max_us, split, {}, nullptr);
       pt.combine_without.emplace_back(name, avg);
     }
   }
@@ -442,6 +584,12 @@ std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareMo
   for (const SimPoint& p : points) {
     std::snprintf(line, sizeof line, "%4d | %17.1f %8.1f | %11.1f | %16.1f %8.1f | %11.1f\n", p.ep, p.dispatch_gbps,
                   p.dispatch_gbps_slowest, p.dispatch_us, p.combine_gbps, p.combine_gbps_slowest, p.combine_us);
+    os << line;
+  }
+  os << "DeepEP's bottleneck bandwidth (docs/sim.md), GB/s per rank:\n";
+  for (const SimPoint& p : points) {
+    std::snprintf(line, sizeof line, "%4d | dispatch %7.1f | combine %7.1f | %s\n", p.ep, p.dispatch_bottleneck_gbps,
+                  p.combine_bottleneck_gbps, p.bottleneck_metric.c_str());
     os << line;
   }
   if (!points.empty() && !points.front().combine_without.empty()) {
@@ -501,6 +649,9 @@ std::string sim_json(const std::vector<SimPoint>& points) {
                     {"combine_gbps", p.combine_gbps},
                     {"dispatch_us", p.dispatch_us},
                     {"combine_us", p.combine_us},
+                    {"dispatch_bottleneck_gbps", p.dispatch_bottleneck_gbps},
+                    {"combine_bottleneck_gbps", p.combine_bottleneck_gbps},
+                    {"bottleneck_metric", p.bottleneck_metric},
                     {"dispatch_gbps_slowest", p.dispatch_gbps_slowest},
                     {"combine_gbps_slowest", p.combine_gbps_slowest},
                     {"dispatch_split", split(p.dispatch_split)},

@@ -107,6 +107,9 @@ const char* bench_definitions() {
                baseline / epx avg max-rank latency.
   routing      uniform: each token picks K distinct experts uniformly; --skew s > 0: expert e
                is drawn with weight 1/(e+1)^s (no repeats), so low experts and ranks are hot.
+               --groups G --topk-groups T (DeepSeek-V3): every expert gets a uniform score,
+               a group's score is its two best summed, the token keeps its T best groups
+               and its K best experts among them.
   eplb         --eplb: the load of each logical expert = its (t, k) slots over all ranks of
                this very routing (an oracle: a deployment plans from past batches) is given
                to rebalance_experts(load, 1 layer, E, R, 1 group, 1 node, P GPUs); every
@@ -154,6 +157,10 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
                   "and the tokens come from there")
       ->type_name("DIR");
   sub->add_option("--skew", o.skew, "generated routing: 0 = uniform top-k, s > 0 = Zipf-like, expert e drawn with weight 1/(e+1)^s")
+      ->capture_default_str();
+  sub->add_option("--groups", o.groups, "generated routing: group-limited top-k (DeepSeek-V3), E experts in this many groups (0 = no limit)")
+      ->capture_default_str();
+  sub->add_option("--topk-groups", o.topk_groups, "with --groups: each token picks its K experts among its best this-many groups")
       ->capture_default_str();
   sub->add_option("--seed", o.seed, "seed of the generated routing and x")->capture_default_str();
   sub->add_option("--json", o.json, "write every number of the report, machine-readable, to FILE")->type_name("FILE");

@@ -186,7 +186,8 @@ ordered_json bench_config_json(const BenchReport& r) {
   j["iters"] = o.iters;
   j["counters"] = o.counters;
   j["counters_overhead_of"] = o.overhead_of;  // what counters_overhead's on/off compares: counters | waits
-  j["routing"] = {{"source", r.source}, {"dir", o.routing}, {"skew", o.skew}, {"seed", o.seed}};
+  j["routing"] = {{"source", r.source}, {"dir", o.routing}, {"skew", o.skew}, {"groups", o.groups}, {"topk_groups", o.topk_groups},
+                  {"seed", o.seed}};
   j["dataplane"] = dataplane_json(o.dataplane);
   return j;
 }

@@ -4,6 +4,8 @@
 //   epx sim experiments                the experiment table at 128 ranks + a search
 //   epx sim ledger [shape] [--json FILE] [--svg FILE]   bytes per layer: closed form vs engine counters
 //   epx sim hybridep [--p 0,0.25,...,1] [link, expert]    move tokens or experts across a slow link
+//   epx sim published [--hardware all|NAME] [--json F] [--svg F]   a profile's published series, predicted
+//   epx sim profile [--hardware NAME]   print a profile's JSON (to copy and edit)
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -14,6 +16,7 @@
 #include "epx/io/file_io.hpp"
 #include "epx/sim/runner/hybridep.hpp"
 #include "epx/sim/runner/ledger.hpp"
+#include "epx/sim/runner/published.hpp"
 #include "epx/sim/runner/run.hpp"
 #include "html/sim_page.hpp"
 
@@ -42,7 +45,7 @@ void add_shape_options(CLI::App* sub, SimOptions& o, const char* ep_help) {
 }
 
 void add_sim_options(CLI::App* sub, SimOptions& o) {
-  sub->add_option("--hardware", o.hardware, "hardware profile name (ascend950-supernode) or JSON file")->capture_default_str();
+  sub->add_option("--hardware", o.hardware, "hardware profile name (ascend950-supernode, h800-deepep) or JSON file")->capture_default_str();
   sub->add_option("--topology", o.topology,
                   "rank positions for the engine and the model: builtin:flat | builtin:servers:N | builtin:supernode128 | "
                   "FILE.json; auto = builtin:supernode128 at 128 ranks, else builtin:servers:8")
@@ -50,12 +53,22 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
   add_shape_options(sub, o, "EP sizes to simulate, comma-separated");
   sub->add_option("--layout", o.layout, "compact | expanded")->capture_default_str();
   sub->add_option("--alignment", o.alignment, "expert_alignment of the expanded layout")->capture_default_str();
-  sub->add_option("--seed", o.seed, "seed of the uniform top-k routing (the bench's generator)")->capture_default_str();
+  sub->add_option("--seed", o.seed, "seed of the generated routing (the bench's generator)")->capture_default_str();
+  sub->add_option("--groups", o.groups, "group-limited top-k (DeepSeek-V3): experts in this many groups (0 = uniform top-k)")
+      ->capture_default_str();
+  sub->add_option("--topk-groups", o.topk_groups, "with --groups: a token's experts come from its best this-many groups")
+      ->capture_default_str();
   sub->add_option("--schedule", o.schedule, "flat | rotated | grouped:W | hierarchical")->capture_default_str();
   sub->add_option("--queues", o.queues, "queues per rank: 1, 2 or 4")->capture_default_str();
   sub->add_option("--queue-split", o.queue_split, "rr | bytes | a:b[:c...]")->capture_default_str();
   sub->add_option("--aggregate", o.aggregate, "put aggregation limit in bytes (0 = one put per row)")->capture_default_str();
   sub->add_option("--protocol", o.protocol, "explicit | tail | flag")->capture_default_str();
+  sub->add_option("--send-policy", o.send_policy,
+                  "dispatch send order: auto (from P, row size and the profile's put costs) | whole | block:BYTES")
+      ->capture_default_str();
+  sub->add_option("--combine-order", o.combine_order,
+                  "flat | node-first (hierarchical: the relays sum a token's partials inside each server)")
+      ->capture_default_str();
   sub->add_option("--ring-rows", o.ring_rows, "bounded receive ring of this many rows per source (0 = off; BufferConfig::ring_rows)")
       ->capture_default_str();
   sub->add_flag("--steady", o.steady,
@@ -88,22 +101,45 @@ void add_sim_command(CLI::App& app) {
       ->type_name("FILE");
   sub->require_subcommand(0, 1);
 
-  CLI::App* cal = sub->add_subcommand("calibrate", "fit the profile's free parameters on the published EP8/16/32 points");
+  CLI::App* cal = sub->add_subcommand("calibrate", "fit the profile's \"calibrate\" parameters on its published points marked \"calibrate\"");
+  cal->add_option("--hardware", o->hardware, "the profile to fit (name or JSON file; as epx sim --hardware)")->capture_default_str();
   cal->add_option("--out", *out, "write the calibrated hardware JSON to FILE")->type_name("FILE");
-  cal->callback([o, out] {
-    validate_sim_options(*o);
+  auto evaluations = std::make_shared<int>(110);
+  cal->add_option("--evaluations", *evaluations, "at most this many model evaluations")->capture_default_str();
+  cal->callback([o, out, evaluations] {
     const sim::HardwareModel hw = sim::load_hardware(o->hardware);
-    const Calibration c = calibrate(*o, hw);
+    const Calibration c = calibrate(*o, hw, *evaluations);
     std::fputs(calibration_report(c).c_str(), stdout);
     if (!out->empty()) write_file(*out, sim::to_json(c.model) + "\n");
   });
 
   CLI::App* exp = sub->add_subcommand("experiments", "the data-plane experiment table at 128 ranks, then a search for the best combination");
+  exp->add_option("--hardware", o->hardware, "the profile (name or JSON file; as epx sim --hardware)")->capture_default_str();
   exp->callback([o] {
     validate_sim_options(*o);
     const sim::HardwareModel hw = sim::load_hardware(o->hardware);
     std::fputs(experiments_report(run_experiments(*o, hw), hw).c_str(), stdout);
   });
+
+  auto pub_hw = std::make_shared<std::string>("all");
+  auto pub_json = std::make_shared<std::string>(), pub_svg = std::make_shared<std::string>();
+  CLI::App* pub = sub->add_subcommand("published", "every published series of a profile, predicted at its EP sizes, next to the published points");
+  pub->add_option("--hardware", *pub_hw, "a profile name or JSON file, or all (every built-in profile)")->capture_default_str();
+  pub->add_option("--json", *pub_json, "write the predictions and published points as JSON to FILE")->type_name("FILE");
+  pub->add_option("--svg", *pub_svg, "draw each series' predictions against its published points to FILE")->type_name("FILE");
+  pub->callback([o, pub_hw, pub_json, pub_svg] {
+    std::vector<SystemPrediction> systems;
+    for (const std::string& name : *pub_hw == "all" ? sim::builtin_hardware_names() : std::vector<std::string>{*pub_hw})
+      systems.push_back(predict_published(*o, sim::load_hardware(name)));
+    std::fputs(published_table(systems).c_str(), stdout);
+    if (!pub_json->empty()) write_file(*pub_json, published_json(systems));
+    if (!pub_svg->empty()) write_file(*pub_svg, published_svg(systems));
+  });
+
+  auto prof_hw = std::make_shared<std::string>("ascend950-supernode");
+  CLI::App* prof = sub->add_subcommand("profile", "print a hardware profile as JSON (parameters with unit and source, published series)");
+  prof->add_option("--hardware", *prof_hw, "a profile name or JSON file")->capture_default_str();
+  prof->callback([prof_hw] { std::fputs((sim::to_json(sim::load_hardware(*prof_hw)) + "\n").c_str(), stdout); });
 
   auto lo = std::make_shared<SimOptions>();
   CLI::App* led = sub->add_subcommand("ledger", "bytes per token and per layer per EP size: closed form vs the engine's counters");

@@ -13,10 +13,11 @@ namespace epx::detail {
 
 namespace {
 
-// The model has puts only: no in-place reads (peer_window) and no gets.
-TransportCaps sim_caps() {
+TransportCaps sim_caps(const sim::SimTransportOptions& o) {
   TransportCaps c = mapped_caps("sim");
-  c.one_sided_get = false;
+  c.put_overhead_ns = o.put_overhead_ns;
+  c.put_gbps = o.put_gbps;
+  c.one_sided_get = false;  // the model has puts only: no in-place reads (peer_window) and no gets
   return c;
 }
 
@@ -67,7 +68,7 @@ std::size_t SimRecorder::index() const { return t_cache.index; }
 
 SimTransport::SimTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout, SimShared* shared,
                            const sim::SimTransportOptions& options)
-    : MappedTransport(control, rank, timeout, sim_caps()),
+    : MappedTransport(control, rank, timeout, sim_caps(options)),
       shared_(shared),
       options_(options),
       rec_(std::make_shared<SimRecorder>()) {
@@ -76,7 +77,7 @@ SimTransport::SimTransport(ControlBlock* control, int rank, std::chrono::millise
 }
 
 SimTransport::SimTransport(const SimTransport& parent, unsigned endpoint)
-    : MappedTransport(parent.control_block(), parent.rank(), parent.timeout(), sim_caps()),
+    : MappedTransport(parent.control_block(), parent.rank(), parent.timeout(), sim_caps(parent.options_)),
       shared_(parent.shared_),
       options_(parent.options_),
       rec_(parent.rec_),

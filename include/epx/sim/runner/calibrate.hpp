@@ -8,19 +8,26 @@
 
 namespace epx::tools {
 
-/// A published measurement the profile is fitted on (GB/s per rank, README definition).
+/// A published point the profile is fitted on (sim::HardwareModel::published, the points
+/// marked "calibrate"), with the options its series runs with.
 struct CalibrationTarget {
-  int ep;
-  double dispatch_lo, dispatch_hi, combine_lo, combine_hi;
+  std::string series;  ///< the series' label ("normal kernels")
+  std::string metric;  ///< "epx" (README GB/s) or "deepep" (bottleneck bandwidth)
+  SimOptions options;  ///< the base options with the series' run applied, ep = {point.ep}
+  sim::PublishedPoint point;
 };
-/// Ascend 950DT, 16384 tokens/rank, H=7168, top-6 of 256, FP8 dispatch, BF16 combine, A=128.
-const std::vector<CalibrationTarget>& ascend950_targets();
-/// The free parameters the fit moves (everything else is published or an assumption).
-const std::vector<std::string>& calibration_free_parameters();
+/// The calibration points of `hw`, in file order. Throws kInvalidArgument if it has none, or
+/// if its "calibrate" list is empty.
+std::vector<CalibrationTarget> calibration_targets(const SimOptions& base, const sim::HardwareModel& hw);
+/// The base options with a series' run applied (and progress / hardware kept).
+SimOptions series_options(const SimOptions& base, const sim::PublishedSeries& series);
+/// A point's GB/s in a series' metric.
+double metric_gbps(const SimPoint& p, const std::string& metric, bool combine);
 
 struct CalibrationPoint {
   CalibrationTarget target;
-  double dispatch_gbps = 0, combine_gbps = 0;
+  double dispatch_gbps = 0, combine_gbps = 0;            ///< in the target's metric
+  double dispatch_us = 0, combine_us = 0;                ///< max-rank
   double dispatch_error_pct = 0, combine_error_pct = 0;  ///< vs the middle of the range
 };
 
@@ -31,8 +38,9 @@ struct Calibration {
   double seconds = 0;
 };
 
-/// Runs the engine once per calibration EP size, then fits the free parameters
-/// (Nelder-Mead in log space on the squared relative errors to the range middles).
+/// Runs the engine once per calibration point of `start`, then fits the parameters its
+/// "calibrate" list names (Nelder-Mead in log space on the squared relative errors to the
+/// range middles).
 Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int max_evaluations = 110);
 /// The calibrated points of a model, without fitting (runs and replays only).
 std::vector<CalibrationPoint> calibration_points(const SimOptions& o, const sim::HardwareModel& hw);
@@ -49,13 +57,13 @@ struct ExperimentVariant {
 /// The best combination after one knob of one pass of the search.
 struct ExperimentSearchStep {
   int pass = 0;       ///< 1-based
-  std::string knob;   ///< schedule | queues | aggregate | protocol
+  std::string knob;   ///< schedule | queues | aggregate | protocol | send-policy
   SimOptions best;
   SimPoint best_point;
 };
 
 /// `epx sim experiments`: the variants at 128 ranks, then a coordinate descent over the
-/// engine's data-plane knobs (schedule, queues, aggregation, protocol).
+/// engine's data-plane knobs (schedule, queues, aggregation, protocol, send policy).
 struct Experiments {
   SimOptions base;                          ///< the options with ep = {128}
   std::vector<ExperimentVariant> variants;  ///< [0] the baseline

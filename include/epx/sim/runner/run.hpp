@@ -17,8 +17,9 @@ namespace epx::tools {
 struct SimOptions {
   std::string hardware = "ascend950-supernode";
   /// Rank positions for the engine (hierarchical servers, grouped blocks) and the model
-  /// (frame crossings). auto: sim::default_topology_spec(P) — builtin:supernode128 at 128
-  /// ranks, else builtin:servers:8 (or flat). A table for another P is an error.
+  /// (frame crossings, scale-out). auto: sim::default_topology_spec(P, hardware) —
+  /// builtin:supernode128 at 128 ranks on 2 frames x 64, else builtin:servers:8 (or flat).
+  /// A table for another P is an error.
   std::string topology = "auto";
   std::vector<int> ep = {8, 16, 32, 64, 128};
   // The calibration shape (Ascend 950DT notes).
@@ -30,12 +31,21 @@ struct SimOptions {
   int alignment = 128;
   std::string layout = "expanded";
   std::uint64_t seed = 1;
+  /// Group-limited top-k routing (BenchOptions::groups / topk_groups; 0 = uniform top-k).
+  int groups = 0, topk_groups = 0;
   // Data plane (BufferConfig::dataplane).
   std::string schedule = "rotated";
   int queues = 1;
   std::string queue_split = "rr";
   std::int64_t aggregate = std::int64_t{1} << 20;
   std::string protocol = "explicit";
+  /// Dispatch send policy (DataPlaneOptions::send_policy): auto | whole | block:BYTES. The
+  /// engine sees the profile's put costs (HardwareModel::put_costs) through the sim transport.
+  std::string send_policy = "auto";
+  /// Combine's order of additions (DataPlaneOptions::combine_order): flat | node-first (the
+  /// hierarchical schedule's relays sum a token's partials inside the server, DeepEP's
+  /// internode combine).
+  std::string combine_order = "flat";
   std::int64_t ring_rows = 0;  ///< BufferConfig::ring_rows (0 = a slot for every row)
   /// Time a second dispatch and combine, after a first pair: the steady state of a model's
   /// layers, where each call follows one of the other kind and goes rows first where the
@@ -77,6 +87,11 @@ struct SimRun {
   std::vector<std::int64_t> recv_rows;  ///< [P] compact rows received in dispatch
   double dispatch_row_bytes = 0;        ///< logical bytes per received token (x + scales + idx + weights)
   double combine_row_bytes = 0;         ///< logical bytes per combined token (bf16 x)
+  /// DeepEP's bottleneck bandwidth (docs/sim.md §8): which of its definitions applies to
+  /// this run ("normal intranode", "normal internode", "low-latency") and the bytes it
+  /// counts per rank [P] for dispatch and combine.
+  std::string bottleneck_metric;
+  std::vector<double> bottleneck_dispatch_bytes, bottleneck_combine_bytes;
   bool model_only = false;
   int run_hidden = 0;
   double engine_seconds = 0;
@@ -96,6 +111,10 @@ struct SimPoint {
   int ep = 0;
   double dispatch_gbps = 0, dispatch_gbps_slowest = 0, combine_gbps = 0, combine_gbps_slowest = 0;
   double dispatch_us = 0, combine_us = 0;  ///< max-rank latency
+  /// DeepEP's bottleneck bandwidth, average over ranks of (its bytes / its time), and the
+  /// definition used (SimRun::bottleneck_metric).
+  double dispatch_bottleneck_gbps = 0, combine_bottleneck_gbps = 0;
+  std::string bottleneck_metric;
   Split dispatch_split, combine_split;     ///< averages over ranks
   double engine_seconds = 0, replay_seconds = 0;
   double engine_cpu_seconds = 0, replay_cpu_seconds = 0;  ///< process CPU time (wall time depends on the machine's load)
@@ -113,7 +132,14 @@ struct SimPoint {
 bool engine_supports_model_only();
 
 void validate_sim_options(const SimOptions& o);
-/// The routing `epx sim` runs on `ep` ranks (uniform top-k from o.seed; x is not used).
+/// Sets the option named by its `epx sim` flag without "--" (tokens, hidden, topk, experts,
+/// groups, topk-groups, fp8, layout, alignment, schedule, topology, queues, queue-split,
+/// aggregate, protocol, send-policy, combine-order, seed) from its text: how a profile's published series
+/// says how it was measured (sim::PublishedSeries::run). Throws kInvalidArgument naming the
+/// option for an unknown name or a value that does not parse.
+void set_sim_option(SimOptions& o, const std::string& name, const std::string& value);
+/// The routing `epx sim` runs on `ep` ranks (the bench's generator: uniform or group-limited
+/// top-k from o.seed; x is not used).
 BenchProblem sim_problem(const SimOptions& o, int ep);
 /// Runs the engine on `ep` sim ranks.
 SimRun collect_run(const SimOptions& o, int ep);
