@@ -318,32 +318,6 @@ BenchProblem sim_problem(const SimOptions& o, int ep) {
 
 namespace {
 
-  BenchProblem problem = sim_problem(o, ep);
-  const bool expanded = o.layout == "expanded";
-  const RouteCount count = count_routes(problem, expanded, o.alignment);
-  for (auto& r : problem.rank) r.x = Tensor();
-
-  const std::size_t x_row = o.fp8 ? static_cast<std::size_t>(Hr) : static_cast<std::size_t>(Hr) * 2;
-  ZeroMap x(static_cast<std::size_t>(o.tokens) * x_row);
-  ZeroMap scales(static_cast<std::size_t>(o.tokens) * static_cast<std::size_t>(std::max(1, Hr / 128)) * 4);
-  const BufferConfig cfg = buffer_config(o, Hr, 1.0 / scale, ep);
-  run.topology = load_topology(cfg.dataplane.topology, ep);
-  const auto fallback = fallback_payload_region(cfg, ep);
-
-  LaunchOptions lo;
-  lo.num_ranks = ep;
-  lo.transport = TransportKind::kSim;
-  lo.timeout = std::chrono::milliseconds(600000);
-  sim::SimTransportOptions so;
-  so.model_only = run.model_only;
-  so.trace = &run.trace;
-  const sim::HardwareModel::PutCosts costs = sim::load_hardware(o.hardware).put_costs();
-  so.put_overhead_ns = costs.overhead_ns;
-  so.put_gbps = costs.gbps / scale;  // bytes at the run's hidden size stand for `scale` times more
-  if (o.collect_stats) {
-    run.dispatch_counters.resize(static_cast<std::size_t>(ep));
-    run.combine_counters.resize(static_cast<std::size_t>(ep));
-    run.engine_recv_rows.resize(static_cast<std::size_t>(ep));
 EngineCounters sum_counters(const CallStats& cs) {
   EngineCounters c;
   for (const WorkerStats& w : cs.workers) {
@@ -430,9 +404,8 @@ void add_compute(SimRun& run, const SimOptions& o, const BenchProblem& problem, 
     // summed into a staged partial (written, then read again by the put).
     if (expanded && rows > 0) cc.read_per_payload_byte = (slots + 2 * (slots - rows)) / rows;
   }
-  add_combine_reduction(run, problem, expanded, o, 2 * static_cast<std::uint64_t>(Hr));
-  add_bottleneck_bytes(run, problem, count, o);
   add_combine_reduction(run, problem, expanded, o, 2 * static_cast<std::uint64_t>(run.run_hidden));
+  add_bottleneck_bytes(run, problem, count, o);
   const double H = o.hidden, K = o.topk;
   run.dispatch_row_bytes = (o.fp8 ? H + H / 128 * 4 : 2 * H) + K * 8 + K * 4;
   run.combine_row_bytes = 2 * H;
@@ -473,6 +446,9 @@ SimRun collect_run(const SimOptions& o, int ep) {
   sim::SimTransportOptions so;
   so.model_only = run.model_only;
   so.trace = &run.trace;
+  const sim::HardwareModel::PutCosts costs = sim::load_hardware(o.hardware).put_costs();
+  so.put_overhead_ns = costs.overhead_ns;
+  so.put_gbps = costs.gbps / scale;  // bytes at the run's hidden size stand for `scale` times more
   sim::launch(lo, so, [&](Transport& t) { run_rank(t, in, run); });
 
   add_compute(run, o, problem, count, scale);

@@ -31,8 +31,7 @@ int run_bench_shmem(const BenchOptions& o, std::FILE* out, BenchReport* report) 
   BenchReport& rep = m.report;
   const int status = bench_status(rep);
   std::fprintf(out, "transport shmem (ranks from the launcher): %d nodes; %s\n", m.num_nodes, m.node_layout.c_str());
-  std::fprintf(out, "shmem runtime: %s
-", m.runtime.c_str());
+  std::fprintf(out, "shmem runtime: %s\n", m.runtime.c_str());
   report_and_write(o, out, rep);
   std::fflush(out);
   if (report) *report = std::move(rep);

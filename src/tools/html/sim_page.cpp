@@ -6,9 +6,12 @@ namespace epx::tools {
 
 using nlohmann::ordered_json;
 
-std::vector<CalibrationTarget> published_points(const sim::HardwareModel& hw) {
-  if (hw.name.rfind("ascend950", 0) == 0) return ascend950_targets();
-  return {};
+std::vector<sim::PublishedPoint> published_points(const sim::HardwareModel& hw) {
+  std::vector<sim::PublishedPoint> out;
+  for (const sim::PublishedSeries& s : hw.published)
+    if (s.metric == "epx")  // the page's GB/s; DeepEP's bottleneck bandwidth: `epx sim published`
+      out.insert(out.end(), s.points.begin(), s.points.end());
+  return out;
 }
 
 namespace {
@@ -36,7 +39,7 @@ ordered_json profile_json(const SimPageProfile& p, const SimOptions& o) {
   j["hardware"] = p.hardware->name;
   j["payload_limit_gbps"] = {{"low", p.hardware->payload_limit_low.gbps}, {"high", p.hardware->payload_limit_high.gbps}};
   ordered_json published = ordered_json::array();
-  for (const CalibrationTarget& t : p.published)
+  for (const sim::PublishedPoint& t : p.published)
     published.push_back({{"ep", t.ep},
                          {"dispatch_gbps", {{"low", t.dispatch_lo}, {"high", t.dispatch_hi}}},
                          {"combine_gbps", {{"low", t.combine_lo}, {"high", t.combine_hi}}}});

@@ -18,12 +18,13 @@ namespace epx::tools {
 struct SimPageProfile {
   const sim::HardwareModel* hardware = nullptr;
   std::vector<SimPoint> points;
-  std::vector<CalibrationTarget> published;
+  std::vector<sim::PublishedPoint> published;
 };
 
-/// The published points of a builtin profile (today: the Ascend 950 supernode's,
-/// ascend950_targets()); none for another profile.
-std::vector<CalibrationTarget> published_points(const sim::HardwareModel& hw);
+/// The published points of a profile that are in the page's metric (GB/s per rank as the
+/// README defines it: series with metric "epx", e.g. the Ascend 950 supernode's); series in
+/// DeepEP's bottleneck bandwidth (h800-deepep) are drawn by `epx sim published --svg`.
+std::vector<sim::PublishedPoint> published_points(const sim::HardwareModel& hw);
 
 /// {"tool": "epx sim", "options": {shape, data plane}, "profiles": [{"hardware",
 /// "payload_limit_gbps": {"low", "high"}, "published": [{"ep", "dispatch_gbps": {"low",
