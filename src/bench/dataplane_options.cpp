@@ -140,6 +140,7 @@ std::string describe_dataplane(const DataPlaneOptions& d) {
   return "topology " + d.topology + ", schedule " + to_string(d.schedule) + ", " + std::to_string(d.queues) +
          (d.queues == 1 ? " queue" : " queues") + " (split " + to_string(d.queue_split) + "), aggregate " +
          (d.aggregate_bytes == 0 ? std::string("off") : byte_size_text(d.aggregate_bytes)) + ", protocol " + to_string(d.protocol) +
+         ", send policy " + to_string(d.send_policy) +
          (d.combine_order == CombineOrder::kFlat ? std::string() : std::string(", combine order ") + to_string(d.combine_order)) +
          (d.replies_first_max_bytes == DataPlaneOptions{}.replies_first_max_bytes
               ? std::string()

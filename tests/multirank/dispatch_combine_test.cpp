@@ -255,8 +255,9 @@ void run_case(const TestTransport& where, const Case& c, std::int64_t pool) {
       pull1.handle = &d1.handle;
       pull1.y = d1.recv_x.view();
       expect_bits(r, "combined_x (pull, y over a one-copy recv_x)", buffer.combine(pull1).combined_x.data(), combined[ur]);
-      if (one_copy) {
-        EXPECT_EQ(buffer.last_stats().pulled, mapped && pool != 0) << "rank " << r;
+      if (one_copy) {  // right after its dispatch: replies first at these sizes, else pulled where mapped
+        EXPECT_EQ(buffer.last_stats().data_first, replies_first) << "rank " << r;
+        EXPECT_EQ(buffer.last_stats().pulled, mapped && pool != 0 && !replies_first) << "rank " << r;
       }
     }
   });

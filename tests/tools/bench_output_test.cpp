@@ -135,12 +135,14 @@ TEST_F(BenchRun, JsonHasEveryRequiredFieldAndTheIndependentPayload) {
     EXPECT_GT(d["algbw_gbps"].get<double>(), 0);
     EXPECT_GT(d["ratio_vs_memcpy"].get<double>(), 0);
     ASSERT_TRUE(d["puts"].is_number());
-    // The default combine reads the one-copy recv_x (the identity expert's y) in place: no puts.
+    // A combine this small right after its dispatch pushes its replies first (one
+    // synchronisation; DataPlaneOptions::replies_first_max_bytes), not the pull's two.
     const bool pulled = !is_dispatch && d["pulled"].get<bool>();
-    EXPECT_EQ(pulled, !is_dispatch && o.transport != "sim") << "the default combine pulls on mapped transports";
-    if (!pulled) {
-      EXPECT_GT(d["puts"].get<double>(), 0);
+    EXPECT_FALSE(pulled) << "a 16-token combine right after its dispatch goes replies first";
+    if (!is_dispatch) {
+      EXPECT_TRUE(d["data_first"].get<bool>());
     }
+    EXPECT_GT(d["puts"].get<double>(), 0);
     ASSERT_TRUE(d["limit_gbps"].is_number());
     EXPECT_GT(d["limit_gbps"].get<double>(), 0);
     EXPECT_TRUE(d["limit"] == "memcpy" || d["limit"] == "streaming copy") << d["limit"];
