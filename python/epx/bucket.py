@@ -299,7 +299,7 @@ class BucketBuffer:
         self._check("all_reduce", idx, members, [("srcs", srcs)], _float32_problem("all_reduce", srcs))
         ev = self.runtime.all_reduce([_desc(t) for t in srcs], float(scale), idx)
         result = srcs[0] if packed else list(srcs)
-        return EventOverlap(_Pending(ev), result)
+        return EventOverlap._of(_Pending(ev), result)
 
     def session(self, offset=None):
         """A session in which the collectives take tensors outside the storage (BucketSession)."""
@@ -360,7 +360,7 @@ class BucketBuffer:
         views = []
         for (ptr, nbytes), (src, _) in zip(ev.results(), shapes):
             views.append(self._view(ptr - self.runtime.storage_ptr, src, nbytes))
-        return EventOverlap(pending, views[0] if packed else views)
+        return EventOverlap._of(pending, views[0] if packed else views)
 
     def _empty(self, shape, dtype):
         if _is_torch(self.storage):

@@ -42,6 +42,7 @@ engram::Path path_of(Transport& t) {
   bool mapped = true;
   for (int p = 0; p < t.num_ranks(); ++p) mapped = mapped && t.peer_window(p) != nullptr;
   if (mapped) return engram::Path::kMapped;
+  if (t.caps().one_sided_get) return engram::Path::kGet;  // OpenSHMEM across machines
   return engram::Path::kServed;
 }
 
@@ -55,6 +56,9 @@ struct EngramBuffer::Impl {
   std::shared_ptr<std::uint64_t> live = std::make_shared<std::uint64_t>(0);
   std::vector<std::byte> zero_row, zero_sf;  // the source of -1 entries
   engram::ServedState served;  // fetches and layers served so far (served path)
+  // Get path: the gets of the latest fetch may still be in flight (its first hook, a later
+  // fetch or destroy completes them with quiet before the outputs are read or reused).
+  std::shared_ptr<bool> gets_pending = std::make_shared<bool>(false);
 };
 
 EngramSizes EngramBuffer::get_storage_size_hint(int num_ranks, const EngramConfig& config) {
@@ -77,7 +81,15 @@ EngramBuffer::~EngramBuffer() {
 }
 
 void EngramBuffer::on_destroy() noexcept {
-  if (impl_) *impl_->live = 0;
+  if (!impl_) return;
+  *impl_->live = 0;
+  if (*impl_->gets_pending) {  // nothing may still land in the window being released
+    try {
+      endpoint("engram.destroy").quiet(0);
+    } catch (...) {
+    }
+    *impl_->gets_pending = false;
+  }
 }
 
 const char* EngramBuffer::path() const noexcept { return engram::to_string(impl_->path); }
@@ -231,8 +243,11 @@ EngramFetch EngramBuffer::fetch(const TensorView& indices, const std::optional<C
   s->num_tokens = indices.shape[1];
   s->indices = indices.as<std::int32_t>();
   s->done.assign(static_cast<std::size_t>(l.num_layers()), 0);
+  s->gets_pending = m.gets_pending;
+  if (*m.gets_pending) t.quiet(0), *m.gets_pending = false;  // the previous fetch's gets, into these outputs
   engram::plan_rows(*s);
   if (m.path == engram::Path::kServed) engram::start_served(*s, m.served);
+  if (m.path == engram::Path::kGet) engram::start_gets(*s);
   s->indices = nullptr;  // the caller's: the hooks need only the plan
   return EngramFetch(std::move(s));
 }

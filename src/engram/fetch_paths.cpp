@@ -109,7 +109,33 @@ void scatter_replies(FetchState& s, int l) {
 
 }  // namespace
 
+void start_gets(FetchState& s) {
+  const Core& c = s.core;
+  const Layout& L = *c.layout;
+  const std::size_t rb = L.row_bytes(), sb = L.sf_row_bytes(), n = layer_rows(s);
+  bool any = false;
+  for (int l = 0; l < L.num_layers(); ++l) {
+    const std::int32_t* idx = layer_indices(s, l);
+    const auto N = static_cast<std::uint32_t>(L.entries(l));
+    std::byte* out = c.window + L.out_offset(l);
+    std::byte* out_sf = c.window + L.out_sf_offset(l);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (idx[i] < 0) continue;
+      const std::uint32_t g = static_cast<std::uint32_t>(idx[i]), owner = g / N, row = g % N;
+      if (static_cast<int>(owner) == c.rank) continue;
+      c.endpoint->get(static_cast<int>(owner), L.row_offset(c.num_bytes, l, row), out + i * rb, rb, 0);
+      if (sb) c.endpoint->get(static_cast<int>(owner), L.sf_offset(c.num_bytes, l, row), out_sf + i * sb, sb, 0);
+      any = true;
+    }
+  }
+  if (any) *s.gets_pending = true;
+}
+
 void finish_layer(FetchState& s, int l) {
+  if (s.core.path == Path::kGet && *s.gets_pending) {
+    s.core.endpoint->quiet(0);
+    *s.gets_pending = false;
+  }
   copy_readable_rows(s, l);
   if (s.core.path == Path::kServed) scatter_replies(s, l);
 }

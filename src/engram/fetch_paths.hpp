@@ -25,6 +25,10 @@ void plan_rows(FetchState& s);
 /// this rank's previous fetch, puts this rank's requests, then serves every requester's.
 void start_served(FetchState& s, ServedState& st);
 
+/// Get path, inside fetch (local): one get per remote row (and scale row) straight into its
+/// output place, on queue 0; the first hook's quiet completes them (s.gets_pending).
+void start_gets(FetchState& s);
+
 /// Layer l of s: local and mapped rows copied (zero rows for -1), served rows waited for
 /// and moved from the replies to their places.
 void finish_layer(FetchState& s, int l);

@@ -48,6 +48,8 @@ struct FetchState {
   std::vector<std::size_t> reply_base;
   std::vector<std::uint64_t> reply_target;
   EngramFetchStats stats;
+  /// Get path: the buffer's flag "gets issued, not yet quieted" (shared with the buffer).
+  std::shared_ptr<bool> gets_pending;
 
   bool stale() const noexcept { return !live || *live != generation; }
 };

@@ -275,6 +275,8 @@ if want bucket-bench; then
   elif ! grep -q 'algorithm two-level' "$out"; then fail "bucket-bench-x2: not two-level: $(head -1 "$out")"
   elif ! grep -q 'results match' "$out"; then fail "bucket-bench-x2: baseline not checked: $(grep baseline "$out")"
   else echo "PASS: bucket-bench-x2 ($(grep -m1 'baseline mpi' "$out" | sed 's/  */ /g'))"; fi
+fi
+
 # 6d. PPBuffer / EngramBuffer across machines (2 x 2): tests/multinode/pp_engram_rank.cpp's
 # cases bit for bit (random send/recv programs over every pair and the ring, Engram bf16 and
 # FP8 fetches, both next to an EP buffer), then epx bench --op pp / engram --transport shmem
@@ -284,6 +286,8 @@ if want pp-engram; then
   across_run pp-engram-x2 4 hosts2 150 "$build/tests/epx_multinode_pp_engram_rank" --timeout-ms 20000
   check_pass pp-engram-x2 $? 5
   grep -h '^engram path:' "$work/pp-engram-x2.out" | head -1
+  # Rows of the other machine arrive by one-sided gets (shmem_getmem_nbi), not served.
+  grep -q '^engram path: get' "$work/pp-engram-x2.out" || fail "pp-engram-x2: engram rows across machines not read by gets"
   for op in pp engram; do
     if [ "$op" = pp ]; then args=(--pp-pattern ring --pp-sizes 16384,1048576 --pp-inflight 1,2); else
       args=(--engram-rows 16384 --tokens 128); fi

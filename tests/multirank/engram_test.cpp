@@ -46,6 +46,39 @@ INSTANTIATE_TEST_SUITE_P(Transports, EngramGather,
                                   (info.param.dtype == DType::kBF16 ? "bf16" : "fp8");
                          });
 
+// The get path (OpenSHMEM across machines, shmem_getmem_nbi) on threads: a transport that
+// hides the peers' windows (ForwardingTransport maps none) but forwards one-sided gets; every
+// remote row arrives by a get, bit for bit, and a fetch is not collective (rank 0 fetches once
+// more than the others).
+TEST(EngramGather, UnmappedPeersAreReadByOneSidedGets) {
+  for (const DType dtype : {DType::kBF16, DType::kFP8E4M3}) {
+    SCOPED_TRACE(to_string(dtype));
+    const int P = 4;
+    const EngramConfig c = engram_config(dtype);
+    LaunchOptions lo{.num_ranks = P, .transport = TransportKind::kThreads, .timeout = std::chrono::milliseconds(20000)};
+    launch(lo, [&](Transport& inner) {
+      ForwardingTransport t(inner);
+      ASSERT_TRUE(t.caps().one_sided_get);
+      const EngramSizes z = EngramBuffer::get_storage_size_hint(P, c);
+      EngramBuffer b(t, z.num_bytes, z.num_storage_bytes);
+      b.set_config(c);
+      write_engram_shards(b, c, t.rank());
+      if (std::string(b.path()) != "get") fail(t.rank(), std::string("path ") + b.path() + ", want get");
+      if (t.rank() == 0) fetch_and_check(b, c, P, t.rank(), 9, 4, false);  // local: nobody else joins
+      fetch_and_check(b, c, P, t.rank(), 17, 1, false);
+      fetch_and_check(b, c, P, t.rank(), 20, 2, true);
+      const int L = static_cast<int>(c.num_entries_per_layer.size());
+      const auto idx = engram_indices(c, P, t.rank(), 12, 6);
+      EngramFetch f = b.fetch(TensorView(idx.data(), DType::kI32, {L, 12, c.num_entries_per_token}));
+      if (f.stats().rows_get == 0 || f.stats().rows_mapped != 0 || f.stats().rows_served != 0)
+        fail(t.rank(), "remote rows did not all go by gets: get " + std::to_string(f.stats().rows_get));
+      b.fetch(TensorView(idx.data(), DType::kI32, {L, 12, c.num_entries_per_token}));  // over the first's gets in flight
+      inner.barrier("engram get test: every rank's fetches done");  // the tables stay until all read
+      b.destroy();
+    });
+  }
+}
+
 TEST(EngramGather, HundredTwentyEightLayers) {
   EngramConfig c = engram_config(DType::kBF16, std::vector<std::int64_t>(kMaxEngramLayers, 3));
   c.hidden = 8;

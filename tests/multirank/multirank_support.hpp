@@ -99,6 +99,7 @@ class ForwardingTransport : public Transport, public sim::ModelTransport {
   void wait_signal(std::size_t slot, std::uint64_t v, const WaitPoint& w) override { t_.wait_signal(slot, v, w); }
   void wait_flag(std::size_t off, std::uint64_t v, const WaitPoint& w) override { t_.wait_flag(off, v, w); }
   std::uint64_t read_signal(std::size_t slot) noexcept override { return t_.read_signal(slot); }
+  void get(int peer, std::size_t off, void* dst, std::size_t bytes, int q) override { t_.get(peer, off, dst, bytes, q); }
   void quiet(int q) override { t_.quiet(q); }
   void barrier(const char* phase) override { t_.barrier(phase); }
   bool moves_payload() const noexcept override { return model_ == nullptr || model_->moves_payload(); }

@@ -199,7 +199,7 @@ def _with_ep(rank, n):
     import torch
     case = make_case(n, 8, 2, 128, [5, 3, 0, 7][:n], seed=41)
     res = epx_ref.compute(case, layout="compact", alignment=1, deterministic=True, zero_padding=True)
-    ep = epx.EPBuffer(None, 7, 128, 2, 8)
+    ep = epx.EPBuffer(None, num_max_tokens_per_rank=7, hidden=128, num_topk=2, num_experts=8)
     bucket = epx.BucketBuffer(None, 1 << 20)
     x = bucket._view(0, torch.empty(1000, dtype=torch.float32))
     for it in range(3):
