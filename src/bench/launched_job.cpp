@@ -21,7 +21,9 @@ std::string describe_nodes(Bootstrap& boot, const NodeMap& nodes) {
 }
 
 bool default_schedule_across_nodes(DataPlaneOptions& dp, const NodeMap& nodes) {
-  if (nodes.num_nodes < 2 || nodes.servers_topology().empty()) return false;
+  // One rank per node: nothing to forward inside a node (hierarchical would be the direct
+  // schedule with relays in the way), so the flat default stays.
+  if (nodes.num_nodes < 2 || nodes.uniform_ranks_per_node() < 2 || nodes.servers_topology().empty()) return false;
   dp.schedule = parse_schedule("hierarchical");
   dp.combine_order = CombineOrder::kNodeFirst;
   return true;

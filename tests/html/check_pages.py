@@ -206,7 +206,7 @@ def with_diagnose(bench):
     """The bench JSON plus diagnose matrices in the layout `epx bench --diagnose --json` writes:
     rank 2 a slow source (its row), rank 1 a slow destination (its column), 3 -> 0 a slow link."""
     d = copy.deepcopy(bench)
-    P = d["ranks"]
+    P = d["num_ranks"] if "num_ranks" in d else d["ranks"]  # "ranks": the per-rank list since --diagnose
     diag = {}
     for k, op in enumerate(OPS):
         m = [[10.0 + k + (s + 2 * t) % 3 for t in range(P)] for s in range(P)]

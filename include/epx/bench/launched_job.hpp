@@ -21,7 +21,7 @@ std::string describe_nodes(Bootstrap& boot, const NodeMap& nodes);
 void default_topology_from_nodes(DataPlaneOptions& dp, Bootstrap& boot, const NodeMap& nodes, const std::string& who);
 
 /// The schedule for a job whose user chose none (BenchOptions::schedule_auto): over several
-/// nodes with equal, consecutive ranks per node, the hierarchical schedule with the
+/// nodes with equal, consecutive ranks per node (at least 2 of them), the hierarchical schedule with the
 /// node-first combine (each token crosses once per node pair, both ways); otherwise `dp`
 /// stays as it is. True if it changed `dp`. Local (the node map is the same everywhere).
 bool default_schedule_across_nodes(DataPlaneOptions& dp, const NodeMap& nodes);
