@@ -154,10 +154,10 @@ std::atomic<std::uint32_t>* MappedTransport::doorbell_of(int peer) const noexcep
 void MappedTransport::ring(int peer) const noexcept {
   if (wait_mode_ != WaitMode::kSleep) return;
   // Dekker with the sleeper (wait_for): either it sees the store before it sleeps, or this
-  // sees it counted among the sleepers and rings.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // sees it counted among the sleepers and rings. A read-modify-write is the full barrier
+  // (std::atomic_thread_fence is not supported under ThreadSanitizer).
   std::atomic<std::uint32_t>* bell = doorbell_of(peer);
-  if (bell[1].load(std::memory_order_relaxed) == 0) return;
+  if (bell[1].fetch_add(0, std::memory_order_seq_cst) == 0) return;
   bell[0].fetch_add(1, std::memory_order_seq_cst);
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell[0]), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
