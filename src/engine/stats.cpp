@@ -49,14 +49,15 @@ PeerWaits::PeerWaits(int num_ranks)
 std::uint64_t PeerWaits::calls(WaitOp op) const noexcept { return at(op, 0).load(std::memory_order_relaxed); }
 
 // A seqlock with one writer: the sequence is odd while add_call writes; a reader retries
-// until it read every value between two equal, even sequence numbers.
+// until it read every value between two equal, even sequence numbers. Release stores of the
+// values (after the odd sequence) and acquire loads (before the second look at it) order
+// them without fences (which ThreadSanitizer does not support); on x86 they are plain moves.
 void PeerWaits::add_call(WaitOp op, const std::uint64_t* wait_ns) noexcept {
   const std::uint64_t s = seq_.load(std::memory_order_relaxed);
   seq_.store(s + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
   for (int i = 0; i <= num_ranks_; ++i) {
     std::atomic<std::uint64_t>& v = at(op, i);
-    v.store(v.load(std::memory_order_relaxed) + (i == 0 ? 1 : wait_ns[i - 1]), std::memory_order_relaxed);
+    v.store(v.load(std::memory_order_relaxed) + (i == 0 ? 1 : wait_ns[i - 1]), std::memory_order_release);
   }
   seq_.store(s + 2, std::memory_order_release);
 }
@@ -67,9 +68,8 @@ PeerWaits::Totals PeerWaits::totals(WaitOp op) const {
   for (;;) {
     const std::uint64_t s = seq_.load(std::memory_order_acquire);
     if ((s & 1) == 0) {
-      t.calls = at(op, 0).load(std::memory_order_relaxed);
-      for (int i = 0; i < num_ranks_; ++i) t.wait_ns[static_cast<std::size_t>(i)] = at(op, i + 1).load(std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_acquire);
+      t.calls = at(op, 0).load(std::memory_order_acquire);
+      for (int i = 0; i < num_ranks_; ++i) t.wait_ns[static_cast<std::size_t>(i)] = at(op, i + 1).load(std::memory_order_acquire);
       if (seq_.load(std::memory_order_relaxed) == s) return t;
     }
     std::this_thread::yield();
