@@ -62,7 +62,7 @@ struct NotifyHeader {
   std::int64_t out_block;       // dispatch: my output block's first byte in my output pool
   std::int64_t out_block_bytes; // ... and its bytes (0: none, my rows land in my receive area)
   std::int64_t y_offset;        // combine, y_in_window: where y's first row lies in my window
-  std::uint64_t held_ns;        // my previous call's end-of-call quiet, ns (PeerWaits: held by my links)
+  std::uint64_t held_ns;        // ns the network held me since my previous header (PeerWaits, stats.cpp)
   char message[512];
   // followed by std::int32_t counts[P + E]: tokens to each rank, slots to each expert
 };
@@ -355,7 +355,8 @@ struct Buffer::Impl {
   std::vector<std::uint64_t> call_waits;  // this call's ns per (worker, source): [W][P]
   std::vector<std::uint64_t> call_laps;   // this call's end-of-call quiet per peer it waited for: [P]
   std::vector<std::uint64_t> call_held;   // each source's announced held_ns (its header): [P]
-  std::uint64_t held_ns = 0;              // my last call's end-of-call quiet (into my next header)
+  std::uint64_t held_ns = 0;              // what held me after my last header (into my next header)
+  std::uint64_t laps_announced = 0;       // this call's laps before its header (announced in it)
   WaitOp wait_op = WaitOp::kDispatch;
   int wait_first = 0;
 };
