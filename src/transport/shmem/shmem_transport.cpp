@@ -563,18 +563,22 @@ void ShmemTransport::quiet_timed(int queue, std::uint64_t* lap_ns) {
   }
   auto since = std::chrono::steady_clock::now();
   const auto deadline = since + timeout_;
-  for (unsigned i = 0; !pending.empty(); ++i) {
-    opal_progress();
-    const auto now = std::chrono::steady_clock::now();
-    std::erase_if(pending, [&](int p) {
-      if (std::atomic_ref<std::uint64_t>(landed[static_cast<std::size_t>(p)]).load(std::memory_order_acquire) == 0) return false;
-      lap_ns[p] += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count());
-      since = now;
-      return true;
+  if (!pending.empty())
+    guarded("shmem_quiet", -1, [&] {  // the watchdog ends a rank whose peer never answers, as in shmem_quiet
+      for (unsigned i = 0; !pending.empty(); ++i) {
+        opal_progress();
+        const auto now = std::chrono::steady_clock::now();
+        std::erase_if(pending, [&](int p) {
+          if (std::atomic_ref<std::uint64_t>(landed[static_cast<std::size_t>(p)]).load(std::memory_order_acquire) == 0)
+            return false;
+          lap_ns[p] += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count());
+          since = now;
+          return true;
+        });
+        if (now >= deadline) break;
+        if (i >= 64) sched_yield();
+      }
     });
-    if (now >= deadline) break;  // the quiet below reports (and ends) a peer that never answers
-    if (i >= 64) sched_yield();
-  }
   quiet(queue);
 }
 
