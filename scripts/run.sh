@@ -83,10 +83,10 @@ case "$cmd" in
     /usr/bin/python3 tests/e2e/test_epx_ref.py
     /usr/bin/python3 tests/e2e/check_replay.py --epx build/src/tools/epx
     /usr/bin/python3 tests/e2e/check_bench_modes.py --epx build/src/tools/epx  # push, pull, rings: no warnings
-    # epx::Diagnose against real faults: a stopped / CPU-starved rank named, quiet runs clean (SKIPs what it
-    # cannot make: cgroup). The slow-link case (--only netem: 4 namespace machines, one veth shaped) is not
-    # run here: since the merges of 2026-12-01 it names the wrong pair or none on a quiet machine (issue #27).
-    timeout 300 /usr/bin/python3 tests/e2e/check_diagnose.py --epx build/src/tools/epx --only quiet,sigstop,cgroup
+    # epx::Diagnose against real faults: a stopped / CPU-starved rank named, quiet runs clean, a slow link
+    # between 4 namespace machines (one veth shaped) named as its points, the same machines unshaped clean
+    # (SKIPs what it cannot make: cgroup, namespaces without root). ~45 s.
+    timeout 300 /usr/bin/python3 tests/e2e/check_diagnose.py --epx build/src/tools/epx --only quiet,sigstop,cgroup,netem,netem-quiet
     bash tests/e2e/check_mpi_baseline.sh build/bench/epx_mpi_baseline  # says SKIP without Open MPI
     # epx bench/sim --html and epx html opened in headless Chromium: no console error, every chart drawn; screenshots in build/html/.
     timeout 300 /usr/bin/python3 tests/html/check_pages.py --epx build/src/tools/epx --out build/html

@@ -125,6 +125,17 @@ class Transport {
   /// Every put (and get) this thread issued on `queue` has completed.
   virtual void quiet(int queue) = 0;
 
+  /// quiet(queue), and where the transport can tell, which peers it waited for: `lap_ns[p]`
+  /// (P entries) += the ns from the call, or from the previous peer's completion, until
+  /// peer p's puts were seen complete, peers in the order they completed (the laps add up
+  /// to the wait). For the engine's PeerWaits (docs/diagnose.md), an estimate: never needed
+  /// for correctness. The default: quiet(queue), nothing charged (a transport whose quiet
+  /// has nothing to wait for, or cannot tell the peers apart). Thread-safety as quiet.
+  virtual void quiet_timed(int queue, std::uint64_t* lap_ns) {
+    (void)lap_ns;
+    quiet(queue);
+  }
+
   /// Collective: returns when every rank has called barrier (with the same phase name).
   virtual void barrier(const char* phase) = 0;
 

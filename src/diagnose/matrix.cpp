@@ -78,25 +78,27 @@ double mean_of(const std::vector<double>& m) {
   return sum / static_cast<double>(m.size());
 }
 
-// The largest point (s, d) at the crossing of an abnormal row s and an abnormal column d,
-// above the point threshold, that alone makes them abnormal: with it set to the mean of
-// the other values, neither is. Returns false if there is none; else `m` has it set so.
+// The largest point (s, d) of an abnormal row s or an abnormal column d (which of the two
+// crosses its threshold first is a coin toss for a single point), above the point
+// threshold, that alone makes them abnormal: with it set to the mean of the other values,
+// neither is. Returns false if there is none; else `m` has it set so.
 bool set_aside_link(std::vector<double>& m, std::size_t n, const MatrixVerdict& v, const DiagnoseThresholds& t,
                     AbnormalPoint& link) {
   const double mean = mean_of(m);
   bool found = false;
   std::vector<double> best;
-  for (int s : v.rows)
-    for (int d : v.cols) {
-      const std::size_t at = static_cast<std::size_t>(s) * n + static_cast<std::size_t>(d);
+  for (std::size_t s = 0; s < n; ++s)
+    for (std::size_t d = 0; d < n; ++d) {
+      if (!contains(v.rows, static_cast<int>(s)) && !contains(v.cols, static_cast<int>(d))) continue;
+      const std::size_t at = s * n + d;
       const double x = m[at];
       if (s == d || x / (mean + kTiny) <= t.point || (found && x <= link.value_us)) continue;
       std::vector<double> repaired = m;
       repaired[at] = (mean * static_cast<double>(n * n) - x) / static_cast<double>(n * n - 1);
       const MatrixVerdict w = deepep_rule(repaired, n, t);
-      if (contains(w.rows, s) || contains(w.cols, d)) continue;
+      if (contains(w.rows, static_cast<int>(s)) || contains(w.cols, static_cast<int>(d))) continue;
       found = true;
-      link = {s, d, x, x / (mean + kTiny)};
+      link = {static_cast<int>(s), static_cast<int>(d), x, x / (mean + kTiny)};
       best = std::move(repaired);
     }
   if (found) m = std::move(best);
@@ -116,6 +118,11 @@ MatrixVerdict diagnose_matrix(const std::vector<double>& matrix, int P, const Di
     links.push_back(link);
     v = deepep_rule(m, n, t);
   }
+  // A link set aside holds the mean of the rest: on the matrix without a later, larger link
+  // that value can pass the point threshold by itself; the link is listed once, as measured.
+  std::erase_if(v.points, [&](const AbnormalPoint& p) {
+    return std::any_of(links.begin(), links.end(), [&](const AbnormalPoint& l) { return l.src == p.src && l.dst == p.dst; });
+  });
   v.points.insert(v.points.end(), links.begin(), links.end());
   std::sort(v.points.begin(), v.points.end(),
             [](const AbnormalPoint& a, const AbnormalPoint& b) { return a.src != b.src ? a.src < b.src : a.dst < b.dst; });

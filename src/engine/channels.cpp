@@ -32,7 +32,8 @@ Buffer::Impl::Sender::Sender(Impl& m, int worker, std::size_t first_signal, cons
       peers_(peers),
       signal_slot_(first_signal),
       queue_of_(static_cast<std::size_t>(m.P), 0),
-      stats_(m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(worker)] : nullptr) {
+      stats_(m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(worker)] : nullptr),
+      worker_(worker) {
   const DataPlaneOptions& o = m.config.dataplane;
   if (o.queues > 1) {
     // Channels in visiting order; each gets its queue from the split rule.
@@ -96,7 +97,13 @@ void Buffer::Impl::Sender::flush() {
   // Every protocol ends with quiet: the caller may reuse its input once the call returns.
   for (int q = 0; q < o.queues; ++q) {
     const auto start = std::chrono::steady_clock::now();
-    m_.transport.quiet(q);
+    // Worker 0's first quiet names the peers it waited for (all quiets end together on a
+    // transport whose quiet is global; PeerWaits, docs/diagnose.md).
+    if (worker_ == 0 && q == 0 && m_.config.record_waits) {
+      m_.transport.quiet_timed(q, m_.call_laps.data());
+    } else {
+      m_.transport.quiet(q);
+    }
     if (stats_)
       stats_->queue_wait_us[static_cast<std::size_t>(q)] +=
           std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();

@@ -62,6 +62,7 @@ struct NotifyHeader {
   std::int64_t out_block;       // dispatch: my output block's first byte in my output pool
   std::int64_t out_block_bytes; // ... and its bytes (0: none, my rows land in my receive area)
   std::int64_t y_offset;        // combine, y_in_window: where y's first row lies in my window
+  std::uint64_t held_ns;        // ns the network held me since my previous header (PeerWaits, stats.cpp)
   char message[512];
   // followed by std::int32_t counts[P + E]: tokens to each rank, slots to each expert
 };
@@ -209,6 +210,7 @@ struct Buffer::Impl {
     std::vector<int> queue_of_;      // [P]
     std::vector<std::byte> stage_;   // per queue, the protocol's staging (flag: the zero-padded last block of a row)
     WorkerStats* stats_;             // null: not collecting
+    int worker_;
   };
   /// The completion protocol's receive side for one group of rows (its unit's await_rows,
   /// protocol.hpp): explicit and tail wait for every source's and worker's signal `slot`;
@@ -351,6 +353,10 @@ struct Buffer::Impl {
   std::chrono::steady_clock::time_point call_start;
   std::shared_ptr<PeerWaits> waits = std::make_shared<PeerWaits>(transport.num_ranks());
   std::vector<std::uint64_t> call_waits;  // this call's ns per (worker, source): [W][P]
+  std::vector<std::uint64_t> call_laps;   // this call's end-of-call quiet per peer it waited for: [P]
+  std::vector<std::uint64_t> call_held;   // each source's announced held_ns (its header): [P]
+  std::uint64_t held_ns = 0;              // what held me after my last header (into my next header)
+  std::uint64_t laps_announced = 0;       // this call's laps before its header (announced in it)
   WaitOp wait_op = WaitOp::kDispatch;
   int wait_first = 0;
 };

@@ -46,6 +46,11 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
   mine.origin_rank = status ? rank : -1;
   if (status) std::snprintf(mine.message, sizeof mine.message, "%s", status->message.c_str());
   mine.has_counts = mine.has_counts && counts != nullptr;
+  // Held since my last header: the rest of my last call, and this call's quiets so far
+  // (rows first: the rows' quiet came before this exchange).
+  laps_announced = 0;
+  for (std::uint64_t lap : call_laps) laps_announced += lap;
+  mine.held_ns = held_ns + laps_announced;
 
   const auto n_counts = static_cast<std::size_t>(num_counts());
   // Every header first, one quiet, then the signals: one completion wait per call, not one
@@ -67,6 +72,7 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
     since = lap_wait(0, s, since);
     peers.header[static_cast<std::size_t>(s)] =
         reinterpret_cast<const NotifyHeader*>(transport.window() + geo.header(epoch, s));
+    if (config.record_waits) call_held[static_cast<std::size_t>(s)] = peers.header[static_cast<std::size_t>(s)]->held_ns;
   }
   // Every rank sees the same headers, so every rank throws the same error.
   throw_if_failed(peers.header, rank);

@@ -91,14 +91,30 @@ void Buffer::Impl::begin_waits(bool combine) {
   wait_op = combine ? WaitOp::kCombine : WaitOp::kDispatch;
   wait_first = static_cast<int>((static_cast<std::uint64_t>(rank) + waits->calls(wait_op)) % static_cast<std::uint64_t>(P));
   call_waits.assign(static_cast<std::size_t>(W) * static_cast<std::size_t>(P), 0);
+  call_laps.assign(static_cast<std::size_t>(P), 0);
+  call_held.assign(static_cast<std::size_t>(P), 0);
+  laps_announced = 0;
 }
 
-// The call's waits per source (summed over its workers) into the Buffer's PeerWaits.
+// The call's waits per source (summed over its workers) into the Buffer's PeerWaits, with
+// the end-of-call quiet's laps (this rank held by its puts to each peer). A source that was
+// held by the network in its previous call came late for that reason (it announced
+// held_ns in its header): that much of the wait for it is not charged to it again — it is
+// already in the laps of the links that held it (docs/diagnose.md). What this rank waited
+// for held sources held it too: it goes into held_ns with the laps not yet announced (the
+// ones after this call's header), for the next header.
 void Buffer::Impl::end_waits() {
   if (!config.record_waits) return;
   const auto p = static_cast<std::size_t>(P);
   for (std::size_t w = 1; w < static_cast<std::size_t>(W); ++w)
     for (std::size_t s = 0; s < p; ++s) call_waits[s] += call_waits[w * p + s];
+  std::uint64_t held = 0;
+  for (std::size_t s = 0; s < p; ++s) {
+    const std::uint64_t held_by_s = std::min(call_waits[s], call_held[s]);
+    call_waits[s] += call_laps[s] - held_by_s;
+    held += call_laps[s] + held_by_s;
+  }
+  held_ns = held - std::min(held, laps_announced);  // the laps before my header went out in it
   waits->add_call(wait_op, call_waits.data());
 }
 

@@ -71,9 +71,14 @@ TEST(DiagnoseMatrix, RatiosByHand) {
   EXPECT_TRUE(v.rows.empty() && v.cols.empty());
   // Settable thresholds: at 9x the point is no longer abnormal; a row threshold of 2 takes row 1.
   EXPECT_TRUE(diagnose_matrix(m, 4, {3, 3, 9}).clean());
-  const MatrixVerdict low = diagnose_matrix(m, 4, {2, 3, 5});
+  const MatrixVerdict low = diagnose_matrix(m, 4, {2, 3, 5, false});
   EXPECT_EQ(low.rows, std::vector<int>{1});
   EXPECT_TRUE(low.points.empty());  // in an abnormal row: not listed again
+  // With the links refinement the row is that one point: set aside, nothing is abnormal.
+  const MatrixVerdict link = diagnose_matrix(m, 4, {2, 3, 5});
+  EXPECT_TRUE(link.rows.empty() && link.cols.empty());
+  ASSERT_EQ(link.points.size(), 1u);
+  EXPECT_EQ(link.points[0].src * 4 + link.points[0].dst, 6);
 }
 
 // One dominant link at P = 4: all ones but [0][1] = 100 (sum 115, mean 7.1875). Row 0 and
@@ -110,6 +115,26 @@ TEST(DiagnoseMatrix, LinksBothWaysAndARowThatStaysARow) {
   const MatrixVerdict row = diagnose_matrix(r, 8);
   EXPECT_EQ(row.rows, std::vector<int>{2});
   EXPECT_TRUE(row.points.empty());
+}
+
+// Measured (tests/e2e/check_diagnose.py netem, 256 kbit/s from rank 0 to rank 1, dispatch):
+// row 0 at 3.02x crosses its threshold, column 1 at 2.997x does not. Both points are the
+// link's: (0, 1) set aside, (1, 0) stands out and is set aside too — each listed once (the
+// value that replaced (0, 1) is above 5x the mean of what is left: not a third point).
+TEST(DiagnoseMatrix, LinkWhoseRowAloneCrossesIsAPointListedOnce) {
+  const std::vector<std::vector<double>> m = {{0, 271306.8, 1743.8, 1531.1},
+                                              {80009.3, 0, 267.6, 920.5},
+                                              {1893.7, 584.9, 0, 926.4},
+                                              {445.6, 507.0, 3388.6, 0}};
+  const MatrixVerdict deepep = diagnose_matrix(flat(m), 4, {3, 3, 5, false});
+  EXPECT_EQ(deepep.rows, std::vector<int>{0});
+  EXPECT_TRUE(deepep.cols.empty());
+  const MatrixVerdict v = diagnose_matrix(flat(m), 4);
+  EXPECT_TRUE(v.rows.empty() && v.cols.empty()) << v.rows.size() << " " << v.cols.size();
+  ASSERT_EQ(v.points.size(), 2u);
+  EXPECT_EQ(v.points[0].src * 4 + v.points[0].dst, 1);
+  EXPECT_DOUBLE_EQ(v.points[0].value_us, 271306.8);
+  EXPECT_EQ(v.points[1].src * 4 + v.points[1].dst, 4);
 }
 
 TEST(DiagnoseMatrix, QuietAndZeroMatricesFlagNothing) {

@@ -153,7 +153,8 @@ ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const Node
       puts_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
       put_bytes_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
       payload_bytes_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
-      outstanding_(new std::atomic<bool>[static_cast<std::size_t>(num_ranks_)]) {
+      outstanding_(new std::atomic<bool>[static_cast<std::size_t>(num_ranks_)]),
+      unprobed_(new std::atomic<bool>[static_cast<std::size_t>(num_ranks_)]) {
   // Which peers' heaps shmem_ptr maps here (a probe block; the answer is per peer, not per block).
   auto* probe = static_cast<std::byte*>(shmem_malloc(kPage));
   if (probe == nullptr)
@@ -169,7 +170,7 @@ ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const Node
   caps_.max_queues = 64;                  // queues are labels here: quiet completes all of them
   caps_.flagged_puts = true;              // bytes, shmem_fence, atomic set of the flag
   caps_.one_sided_get = true;             // shmem_getmem_nbi, completed by shmem_quiet
-  for (int p = 0; p < num_ranks_; ++p) reset_counters(p), outstanding_[static_cast<std::size_t>(p)] = false;
+  for (int p = 0; p < num_ranks_; ++p) reset_counters(p), outstanding_[static_cast<std::size_t>(p)] = false, unprobed_[static_cast<std::size_t>(p)] = false;
   install_term_note();
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }
@@ -187,8 +188,9 @@ ShmemTransport::ShmemTransport(ShmemTransport& parent, int)
       puts_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
       put_bytes_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
       payload_bytes_(new std::atomic<std::uint64_t>[static_cast<std::size_t>(num_ranks_)]),
-      outstanding_(new std::atomic<bool>[static_cast<std::size_t>(num_ranks_)]) {
-  for (int p = 0; p < num_ranks_; ++p) reset_counters(p), outstanding_[static_cast<std::size_t>(p)] = false;
+      outstanding_(new std::atomic<bool>[static_cast<std::size_t>(num_ranks_)]),
+      unprobed_(new std::atomic<bool>[static_cast<std::size_t>(num_ranks_)]) {
+  for (int p = 0; p < num_ranks_; ++p) reset_counters(p), outstanding_[static_cast<std::size_t>(p)] = false, unprobed_[static_cast<std::size_t>(p)] = false;
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
@@ -379,7 +381,8 @@ void ShmemTransport::allocate(std::size_t window_bytes, std::size_t num_signals)
 
 void ShmemTransport::make_block(std::size_t window_bytes, std::size_t num_signals) {
   signal_offset_ = round_page(window_bytes);
-  const std::size_t bytes = signal_offset_ + (num_signals + static_cast<std::size_t>(num_ranks_)) * sizeof(std::uint64_t);
+  // The signals, the barrier's P slots, and the beacon word that quiet_timed reads (1).
+  const std::size_t bytes = signal_offset_ + (num_signals + static_cast<std::size_t>(num_ranks_) + 1) * sizeof(std::uint64_t);
   check_heap(bytes);
   base_ = static_cast<std::byte*>(shmem_malloc(bytes));  // collective, the same size on every PE
   if (base_ == nullptr)
@@ -388,6 +391,7 @@ void ShmemTransport::make_block(std::size_t window_bytes, std::size_t num_signal
   block_bytes_ = bytes;
   runtime_->heap_in_use() += bytes;
   std::memset(base_, 0, bytes);  // zeroed and pre-faulted
+  *signal_word(base_, num_signals + static_cast<std::size_t>(num_ranks_)) = 1;  // the beacon
   peer_base_.assign(static_cast<std::size_t>(num_ranks_), nullptr);
   for (int p = 0; p < num_ranks_; ++p)
     if (mapped_[static_cast<std::size_t>(p)])
@@ -457,6 +461,7 @@ void ShmemTransport::put(int peer, std::size_t offset, const void* src, std::siz
     return;
   }
   outstanding_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
+  unprobed_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
   shmem_putmem_nbi(base_ + offset, src, bytes, peer);
 }
 
@@ -533,6 +538,48 @@ const std::byte* ShmemTransport::peer_window(int peer) const noexcept {
 
 void ShmemTransport::quiet(int) {
   guarded("shmem_quiet", -1, [] { shmem_quiet(); });
+}
+
+// shmem_quiet completes every peer's puts at once (the network's slowest link decides). To
+// tell the peers apart: after a fence, an 8-byte get of each network peer's beacon word
+// (1) that this thread put to since its last probe; a get lands after the puts before it
+// (UCX sends both on the peer's one ordered lane; OpenSHMEM promises this only of puts, so
+// it is an estimate), and each landing is a peer's lap. The quiet that follows completes
+// everything, as quiet() does. Cost: one small get per such peer, overlapped with the quiet.
+void ShmemTransport::quiet_timed(int queue, std::uint64_t* lap_ns) {
+  thread_local std::vector<std::uint64_t> landed;
+  thread_local std::vector<int> pending;
+  pending.clear();
+  if (base_ != nullptr && !ShmemRuntime::failed()) {
+    landed.assign(static_cast<std::size_t>(num_ranks_), 0);
+    const std::size_t beacon = signal_offset_ + (num_signals_ + static_cast<std::size_t>(num_ranks_)) * sizeof(std::uint64_t);
+    for (int p = 0; p < num_ranks_; ++p)
+      if (peer_base_[static_cast<std::size_t>(p)] == nullptr &&
+          unprobed_[static_cast<std::size_t>(p)].exchange(false, std::memory_order_relaxed)) {
+        if (pending.empty()) guarded("shmem_fence", -1, [] { shmem_fence(); });
+        shmem_getmem_nbi(&landed[static_cast<std::size_t>(p)], base_ + beacon, sizeof(std::uint64_t), p);
+        pending.push_back(p);
+      }
+  }
+  auto since = std::chrono::steady_clock::now();
+  const auto deadline = since + timeout_;
+  if (!pending.empty())
+    guarded("shmem_quiet", -1, [&] {  // the watchdog ends a rank whose peer never answers, as in shmem_quiet
+      for (unsigned i = 0; !pending.empty(); ++i) {
+        opal_progress();
+        const auto now = std::chrono::steady_clock::now();
+        std::erase_if(pending, [&](int p) {
+          if (std::atomic_ref<std::uint64_t>(landed[static_cast<std::size_t>(p)]).load(std::memory_order_acquire) == 0)
+            return false;
+          lap_ns[p] += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count());
+          since = now;
+          return true;
+        });
+        if (now >= deadline) break;
+        if (i >= 64) sched_yield();
+      }
+    });
+  quiet(queue);
 }
 
 void ShmemTransport::barrier(const char* phase) {
