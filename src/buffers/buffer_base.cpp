@@ -7,7 +7,6 @@
 // parities suffice: a rank reaches round e + 2 (parity of e again) only after every peer
 // signalled round e + 1, i.e. after every peer finished reading round e.
 #include "epx/buffer_base.hpp"
-#include "epx/spi/resources.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -142,8 +141,6 @@ const Transport& BufferBase::transport() const {
 
 void BufferBase::allocate(std::size_t bytes, std::size_t num_signals) {
   Transport& t = endpoint("allocate");
-  // Before the transport tries (every rank asks the same, so every rank refuses alike).
-  detail::check_memory_fits("rank " + std::to_string(rank_) + ": " + std::string(kind_) + " buffer: ", "the window", page_up(bytes), 1, false);
   user_bytes_ = bytes;
   user_signals_ = num_signals;
   t.allocate(page_up(bytes) + area_bytes(num_ranks_), num_signals + static_cast<std::size_t>(num_ranks_));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "epx/error.hpp"
+#include "epx/spi/resources.hpp"
 
 namespace epx::detail {
 
@@ -53,6 +54,8 @@ void ThreadsTransport::allocate(std::size_t window_bytes, std::size_t num_signal
   clear_segments();
   std::byte* const parents = endpoint_ ? slot : nullptr;
   const std::size_t bytes = segment_bytes(window_bytes, num_signals);
+  // Before anything is allocated (every rank asks the same size, so every rank refuses alike).
+  detail::check_memory_fits("rank " + std::to_string(rank()) + ": ", "the window", bytes, 1, false);
   mine_ = static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
   if (mine_ == nullptr)
     throw Error(ErrorCode::kCapacityExceeded,
