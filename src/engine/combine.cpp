@@ -60,7 +60,9 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
   const auto* y = a.y.as<std::uint16_t>();
   const bool expanded = h.layout == RecvLayout::kExpanded;
-  if (expanded) reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * H);
+  const bool selections = selection_replies(h);  // every slot's y row as it is, to its (t, k) row
+  const int K = config.num_topk;
+  if (expanded && !selections) reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * H);
 
   // Hierarchical: a reply to another server's source goes to my lane's place of its row in
   // the relay's area (reply_sources lists, per channel peer, whose replies travel to it).
@@ -80,10 +82,17 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
     };
     auto lo = [&](int s) { return slice(s).first; };
     auto hi = [&](int s) { return slice(s).second; };
+    // Per selection: a row per slot of each received row (the source forms the partials).
+    auto replies_of = [&](std::int64_t r) -> std::int64_t {
+      if (!selections) return 1;
+      const std::int32_t* rows = h.recv_slot_row.data() + r * K;
+      return std::count_if(rows, rows + K, [](std::int32_t row) { return row >= 0; });
+    };
     std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
     for (int peer : reply_order)
       for (int s : reply_sources[static_cast<std::size_t>(peer)])
-        channel_bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(std::max<std::int64_t>(0, hi(s) - lo(s))) * row_bytes;
+        for (std::int64_t r = lo(s); r < hi(s); ++r)
+          channel_bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(replies_of(r)) * row_bytes;
     Sender send(*this, w, signal ? geo.combine_signal(rank, w) : Sender::kNoSignal, channel_bytes, reply_order);
     Replies replies(*this, h, a, w);
     for (int peer : reply_order) {
@@ -93,6 +102,14 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
           for (std::int64_t r = first; r < end; ++r)
             send.put_rows(peer, Region::kRelayReplies, geo.relay_reply_row(h.recv_relay_row[static_cast<std::size_t>(r)], my_lane),
                           replies.of(r), 1, row_bytes);
+          continue;
+        }
+        if (selections) {
+          for (std::int64_t r = first; r < end; ++r)
+            for (int k = 0; k < K; ++k)
+              if (const std::int32_t row = h.recv_slot_row[static_cast<std::size_t>(r * K + k)]; row >= 0)
+                send.put_rows(s, Region::kReplies, geo.selection_row(h.recv_token[static_cast<std::size_t>(r)], k),
+                              y + static_cast<std::size_t>(row) * H, 1, row_bytes);
           continue;
         }
         const std::int64_t dst_row = geo.reply_row(h, s, first);
@@ -131,16 +148,17 @@ std::int64_t Buffer::Impl::y_offset_in_window(const HandleState& h, const Combin
 
 void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
                                  const std::vector<const std::uint16_t*>& rows_of, const std::vector<std::int64_t>& first_row,
-                                 std::uint16_t* o, WorkerStats* pulls, bool at_slots) const {
+                                 std::uint16_t* o, WorkerStats* pulls, TermRows at) const {
   const RoutingPlan& plan = h.plan;
   const std::size_t H = static_cast<std::size_t>(config.hidden);
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
   const auto* b0 = a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>();
   const auto* b1 = a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>();
   const bool by_max_slot = h.layout == RecvLayout::kExpanded;
-  // Expanded, pulled (`at_slots`): no expert rank computed the partials; each group is the
-  // token's slots at one rank, read at their rows of its y (HandleState::slot_row).
-  const bool slots = by_max_slot && at_slots;
+  // Expanded, pulled (kSlots) or replied per selection (kSelections): no expert rank
+  // computed the partials; each group is the token's slots at one rank, read at their rows
+  // of its y (HandleState::slot_row) or at their selection rows of my reply area.
+  const bool slots = by_max_slot && at != TermRows::kEntries;
   std::vector<std::pair<std::int32_t, std::int32_t>> order;  // (sort key, plan entry)
   std::vector<const std::uint16_t*> terms;                   // bias1 (or zeros), then the replies or slot rows
   std::vector<float> weights;                                // per term (grouped, weighted)
@@ -165,6 +183,13 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
       const std::size_t first_term = terms.size();
       if (!slots) {
         terms.push_back(rows_of[d] + static_cast<std::size_t>(first_row[d] + plan.entry_position[e]) * H);
+      } else if (at == TermRows::kSelections) {  // ascending k, as the expert rank's partial
+        for (int k = 0; k < K; ++k) {
+          if (h.slot_dest[static_cast<std::size_t>(t * K + k)] != plan.entry_rank[e]) continue;
+          terms.push_back(rows_of[d] + static_cast<std::size_t>(geo.selection_row(t, k)) * H);
+          weights.push_back(topk_w ? topk_w[t * K + k] : 0.0f);
+        }
+        group_end.push_back(static_cast<std::int32_t>(terms.size()));
       } else {
         const auto seg = static_cast<std::size_t>(plan.segment_begin[d] + plan.entry_position[e]);
         for (std::int32_t j = h.slot_begin[seg]; j < h.slot_begin[seg + 1]; ++j) {
@@ -184,6 +209,14 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
     }
     reduce_row(o + off, rt, H);
   }
+}
+
+void Buffer::Impl::keep_slot_dests(HandleState& h, const DispatchArgs& a) const {
+  h.slot_dest.clear();
+  if (!selection_replies(h)) return;
+  const std::int64_t* idx = a.topk_idx.as<std::int64_t>();
+  h.slot_dest.resize(static_cast<std::size_t>(h.plan.shape.num_tokens) * static_cast<std::size_t>(config.num_topk));
+  for (std::size_t i = 0; i < h.slot_dest.size(); ++i) h.slot_dest[i] = idx[i] >= 0 ? static_cast<std::int32_t>(idx[i] / L) : -1;
 }
 
 Tensor Buffer::Impl::combined_output(std::int64_t S) {
@@ -208,11 +241,12 @@ void Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, const Peer
              : transport.window() + geo.region(Region::kReplies));
     first_row[du] = pull ? geo.send_row(h, d, 0, false) : geo.replied_row(h, d, 0);
   }
+  const TermRows at = pull != nullptr ? TermRows::kSlots : selection_replies(h) ? TermRows::kSelections : TermRows::kEntries;
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     WorkerStats* pulls = pull != nullptr && config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
     const auto [t0, t1] = split_range(S, w, W);
-    reduce_tokens(h, a, t0, t1, rows_of, first_row, out.as<std::uint16_t>(), pulls, pull != nullptr);
+    reduce_tokens(h, a, t0, t1, rows_of, first_row, out.as<std::uint16_t>(), pulls, at);
   });
 }
 

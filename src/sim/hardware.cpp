@@ -152,7 +152,8 @@ constexpr const char* kH800 = R"json({
     {"label": "low-latency kernels", "metric": "deepep",
      "source": "published: DeepEP docs/legacy.md (H800, CX7), 128 tokens/rank, H 7168, top-8 of 256, FP8 dispatch, BF16 combine, every peer directly; the calibration rows of issue #28 only",
      "run": {"tokens": 128, "hidden": 7168, "topk": 8, "experts": 256, "groups": 0, "topk-groups": 0, "fp8": true,
-             "layout": "expanded", "alignment": 1, "schedule": "flat", "topology": "auto"},
+             "layout": "expanded", "alignment": 1, "schedule": "grouped:8", "one-copy": true, "combine-replies": "selections",
+             "topology": "auto"},
      "ep": [8, 16, 32, 64, 128, 256],
      "points": [
        {"ep": 8,  "dispatch_us": 77,  "dispatch_gbps": 98, "combine_us": 114, "combine_gbps": 127, "calibrate": true},
