@@ -321,6 +321,10 @@ struct Buffer::Impl {
   void reduce_tokens(const detail::HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
                      const std::vector<const std::uint16_t*>& rows_of, const std::vector<std::int64_t>& first_row,
                      std::uint16_t* o, WorkerStats* pulls, TermRows at = TermRows::kEntries) const;
+  /// One plan entry's group of a grouped sum (kSlots, kSelections): its slots' rows in
+  /// ascending k (`rows`: where they lie) and their weights, appended.
+  void add_group(const detail::HandleState& h, TermRows at, std::int64_t t, std::size_t e, const std::uint16_t* rows,
+                 const float* topk_w, std::vector<const std::uint16_t*>& terms, std::vector<float>& weights) const;
   /// Fresh expanded dispatch with per-selection replies: each slot's destination rank into
   /// h.slot_dest (what the combine groups by).
   void keep_slot_dests(detail::HandleState& h, const DispatchArgs& a) const;
