@@ -57,6 +57,22 @@ enum class CombineOrder { kFlat, kNodeFirst };
 CombineOrder parse_combine_order(const std::string& text);
 const char* to_string(CombineOrder order) noexcept;
 
+/// What an expanded combine sends back (SPEC §4's sums are the same bits either way).
+///   kPartials    one row per (token, destination rank): the expert rank sums the token's
+///                slots it holds into the partial p_G and puts that (default)
+///   kSelections  one row per (token, expert) selection: the expert rank puts every slot's
+///                y row as it is (DeepEP's low-latency combine), and the source forms each
+///                p_G from them (from 0.0f in ascending k, rounded to bf16; one unweighted
+///                slot passes unchanged) before adding the groups in SPEC §4's order. K rows
+///                a token on the wire instead of one per rank it reached; the reply area
+///                holds max_tokens_per_rank x K rows. Direct path only (not hierarchical,
+///                not ring_rows), explicit or tail protocol; the compact layout's rows are
+///                per (token, rank) already, so it sends them as with kPartials.
+enum class CombineReplies { kPartials, kSelections };
+/// "partials" | "selections"; throws kInvalidArgument otherwise.
+CombineReplies parse_combine_replies(const std::string& text);
+const char* to_string(CombineReplies replies) noexcept;
+
 struct DataPlaneOptions {
   std::string topology = "builtin:flat";  ///< see epx/topology.hpp
   Schedule schedule{};                    ///< default: rotated
@@ -68,6 +84,7 @@ struct DataPlaneOptions {
   Protocol protocol = Protocol::kExplicit;
   SendPolicy send_policy{};               ///< default: auto
   CombineOrder combine_order = CombineOrder::kFlat;  ///< kNodeFirst needs schedule hierarchical
+  CombineReplies combine_replies = CombineReplies::kPartials;  ///< kSelections: direct path, expanded layout
   /// With an output pool: a combine right after the dispatch whose handle it uses pushes its
   /// replies before the header exchange (one synchronisation instead of the pull's two,
   /// for one more pass over the replies) when every rank's dispatch output holds at most

@@ -17,7 +17,7 @@ namespace {
 
 const std::vector<std::string>& dataplane_option_names() {
   static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol",
-                                                     "send-policy", "combine-order", "replies-first-max"};
+                                                     "send-policy", "combine-order", "combine-replies", "replies-first-max"};
   return names;
 }
 
@@ -89,6 +89,8 @@ void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const st
       d.send_policy = parse_send_policy(value);
     } else if (name == "combine-order") {
       d.combine_order = parse_combine_order(value);
+    } else if (name == "combine-replies") {
+      d.combine_replies = parse_combine_replies(value);
     } else if (name == "replies-first-max") {
       d.replies_first_max_bytes = parse_byte_size(value);
     } else {
@@ -110,6 +112,7 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
   if (name == "protocol") return to_string(d.protocol);
   if (name == "send-policy") return to_string(d.send_policy);
   if (name == "combine-order") return to_string(d.combine_order);
+  if (name == "combine-replies") return to_string(d.combine_replies);
   if (name == "replies-first-max") return byte_size_text(d.replies_first_max_bytes);
   bad("unknown data-plane option '" + name + "'");
 }
@@ -121,6 +124,8 @@ void check_dataplane(const DataPlaneOptions& d, int ranks) {
   if (d.combine_order == CombineOrder::kNodeFirst && d.schedule.kind != ScheduleKind::kHierarchical)
     bad("--combine-order node-first sums a token's partials at the relays of --schedule hierarchical (the schedule is " +
         to_string(d.schedule) + ")");
+  if (d.combine_replies == CombineReplies::kSelections && (d.schedule.kind == ScheduleKind::kHierarchical || d.protocol == Protocol::kFlag))
+    bad("--combine-replies selections goes straight to the sources: not with --schedule hierarchical or --protocol flag");
   if (ranks <= 0) return;
   // The table and the schedule the engine will build, so a mismatch fails before any rank starts.
   Topology topology;
@@ -142,6 +147,7 @@ std::string describe_dataplane(const DataPlaneOptions& d) {
          (d.aggregate_bytes == 0 ? std::string("off") : byte_size_text(d.aggregate_bytes)) + ", protocol " + to_string(d.protocol) +
          ", send policy " + to_string(d.send_policy) +
          (d.combine_order == CombineOrder::kFlat ? std::string() : std::string(", combine order ") + to_string(d.combine_order)) +
+         (d.combine_replies == CombineReplies::kPartials ? std::string() : std::string(", combine replies ") + to_string(d.combine_replies)) +
          (d.replies_first_max_bytes == DataPlaneOptions{}.replies_first_max_bytes
               ? std::string()
               : ", replies first up to " + (d.replies_first_max_bytes == 0 ? std::string("never (with a pool)")
@@ -158,6 +164,7 @@ nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
   j["protocol"] = to_string(d.protocol);
   j["send_policy"] = to_string(d.send_policy);
   j["combine_order"] = to_string(d.combine_order);
+  j["combine_replies"] = to_string(d.combine_replies);
   j["replies_first_max_bytes"] = d.replies_first_max_bytes;
   return j;
 }

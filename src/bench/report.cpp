@@ -214,9 +214,11 @@ void check_rank_bytes(const OpInput& in, int r, const CallTotals& first, OpRepor
   const std::int64_t per_row = rows > 0 ? extra / rows : 0;
   op.metadata_bytes_per_row.push_back(rows > 0 ? static_cast<double>(extra) / static_cast<double>(rows) : 0.0);
   const std::int64_t bound = meta_expected ? 8 + 16 * static_cast<std::int64_t>(rc.topk) + 64 : 0;
-  // Flag blocks (480 B payload + flag + padding) and relays (rows forwarded once more,
-  // with records) put more than payload + metadata: there the check is a lower bound.
-  const bool ok = moves_rows_once(in.o) ? extra >= 0 && (rows == 0 ? extra == 0 : extra == per_row * rows) && per_row <= bound &&
+  // Flag blocks (480 B payload + flag + padding), relays (rows forwarded once more, with
+  // records) and per-selection replies (a row per (token, expert), not per (token, rank))
+  // put more than payload + metadata: there the check is a lower bound.
+  const bool per_selection = !in.is_dispatch && rc.expanded && in.o.dataplane.combine_replies == CombineReplies::kSelections;
+  const bool ok = moves_rows_once(in.o) && !per_selection ? extra >= 0 && (rows == 0 ? extra == 0 : extra == per_row * rows) && per_row <= bound &&
                                               extra_local == per_row * local_rows
                                         : extra >= 0;
   if (!ok)

@@ -91,6 +91,7 @@ std::vector<AgreedValue> agreed_values(const BufferConfig& c, int W) {
           {"ring_rows", n(c.ring_rows)},
           {"output_pool_bytes", n(c.output_pool_bytes)},
           {"combine order", to_string(o.combine_order)},
+          {"combine replies", to_string(o.combine_replies)},
           {"replies_first_max_bytes", n(o.replies_first_max_bytes)}};
 }
 
@@ -120,10 +121,11 @@ Buffer::Impl::Impl(Buffer& owner, const BufferConfig& c)
   server_members = std::move(channels.members);
   const int servers = channels.servers;
   geo = detail::Geometry(detail::GeometryShape::of(config, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
-  // A model-only simulator moves no payload (outputs are views of its window): its window
-  // has the pool's bytes (the size a real one has) but no output uses it, so its calls go
-  // rows first as the copying engine's do.
-  if (!moves_payload) config.output_pool_bytes = 0;
+  // A model-only simulator moves no payload (outputs are views of its window): with the auto
+  // pool its window has the pool's bytes (the size a real one has) but no output uses it, so
+  // its calls go rows first as the copying engine's do. A pool sized explicitly stays (`epx
+  // sim --one-copy`): the rows land in output blocks, whose payload it does not move either.
+  if (!moves_payload && c.output_pool_bytes < 0) config.output_pool_bytes = 0;
   owner.allocate(geo.total_bytes(), geo.num_signals());
   blocks = detail::BlockPool(t.window() + geo.region(detail::Region::kOutputs), geo.output_pool_bytes(), owner.endpoint_ref());
   if (auto* listener = dynamic_cast<spi::PayloadRegionListener*>(&t))
@@ -328,6 +330,7 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
       if (!status) {
         made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
                                         RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});
+        m.keep_slot_dests(*made, a);
         counts.reserve(static_cast<std::size_t>(m.num_counts()));
         for (int d = 0; d < m.P; ++d) counts.push_back(made->plan.tokens_to(d));
         counts.insert(counts.end(), made->plan.slots_per_expert.begin(), made->plan.slots_per_expert.end());

@@ -55,12 +55,39 @@ const std::uint16_t* Buffer::Impl::Replies::of(std::int64_t r) {
   return out;
 }
 
+namespace {
+
+// Per-selection replies (CombineReplies::kSelections): the replies of received row r, one
+// per slot it holds (else one: the row or its partial).
+std::int64_t replies_of(const HandleState& h, std::int64_t r, int K, bool selections) {
+  if (!selections) return 1;
+  const std::int32_t* rows = h.recv_slot_row.data() + r * K;
+  return std::count_if(rows, rows + K, [](std::int32_t row) { return row >= 0; });
+}
+
+// Per-selection replies of my received rows [first, end) from source s: each slot's y row as
+// it is, at s's row for the selection (t, k) (Geometry::selection_row).
+void put_selections(Buffer::Impl& m, Buffer::Impl::Sender& send, const HandleState& h, const std::uint16_t* y, int s,
+                    std::int64_t first, std::int64_t end) {
+  const int K = m.config.num_topk;
+  const std::size_t H = static_cast<std::size_t>(m.config.hidden), row_bytes = H * sizeof(std::uint16_t);
+  for (std::int64_t r = first; r < end; ++r)
+    for (int k = 0; k < K; ++k)
+      if (const std::int32_t row = h.recv_slot_row[static_cast<std::size_t>(r * K + k)]; row >= 0)
+        send.put_rows(s, Region::kReplies, m.geo.selection_row(h.recv_token[static_cast<std::size_t>(r)], k),
+                      y + static_cast<std::size_t>(row) * H, 1, row_bytes);
+}
+
+}  // namespace
+
 void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool signal) {
   const std::size_t H = static_cast<std::size_t>(config.hidden);
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
   const auto* y = a.y.as<std::uint16_t>();
   const bool expanded = h.layout == RecvLayout::kExpanded;
-  if (expanded) reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * H);
+  const bool selections = selection_replies(h);
+  const int K = config.num_topk;
+  if (expanded && !selections) reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * H);
 
   // Hierarchical: a reply to another server's source goes to my lane's place of its row in
   // the relay's area (reply_sources lists, per channel peer, whose replies travel to it).
@@ -83,7 +110,8 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
     std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
     for (int peer : reply_order)
       for (int s : reply_sources[static_cast<std::size_t>(peer)])
-        channel_bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(std::max<std::int64_t>(0, hi(s) - lo(s))) * row_bytes;
+        for (std::int64_t r = lo(s); r < hi(s); ++r)
+          channel_bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(replies_of(h, r, K, selections)) * row_bytes;
     Sender send(*this, w, signal ? geo.combine_signal(rank, w) : Sender::kNoSignal, channel_bytes, reply_order);
     Replies replies(*this, h, a, w);
     for (int peer : reply_order) {
@@ -93,6 +121,10 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
           for (std::int64_t r = first; r < end; ++r)
             send.put_rows(peer, Region::kRelayReplies, geo.relay_reply_row(h.recv_relay_row[static_cast<std::size_t>(r)], my_lane),
                           replies.of(r), 1, row_bytes);
+          continue;
+        }
+        if (selections) {  // every slot's y row as it is, to its (t, k) row
+          put_selections(*this, send, h, y, s, first, end);
           continue;
         }
         const std::int64_t dst_row = geo.reply_row(h, s, first);
@@ -129,24 +161,44 @@ std::int64_t Buffer::Impl::y_offset_in_window(const HandleState& h, const Combin
   return -1;
 }
 
+void Buffer::Impl::add_group(const HandleState& h, TermRows at, std::int64_t t, std::size_t e, const std::uint16_t* rows,
+                             const float* topk_w, std::vector<const std::uint16_t*>& terms, std::vector<float>& weights) const {
+  const RoutingPlan& plan = h.plan;
+  const std::size_t H = static_cast<std::size_t>(config.hidden);
+  const int K = config.num_topk;
+  if (at == TermRows::kSelections) {  // ascending k, as the expert rank's partial
+    for (int k = 0; k < K; ++k) {
+      if (h.slot_dest[static_cast<std::size_t>(t * K + k)] != plan.entry_rank[e]) continue;
+      terms.push_back(rows + static_cast<std::size_t>(geo.selection_row(t, k)) * H);
+      weights.push_back(topk_w ? topk_w[t * K + k] : 0.0f);
+    }
+    return;
+  }
+  const auto seg = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(plan.entry_rank[e])] + plan.entry_position[e]);
+  for (std::int32_t j = h.slot_begin[seg]; j < h.slot_begin[seg + 1]; ++j) {
+    terms.push_back(rows + static_cast<std::size_t>(h.slot_row[static_cast<std::size_t>(j)]) * H);
+    weights.push_back(topk_w ? topk_w[t * K + h.slot_k[static_cast<std::size_t>(j)]] : 0.0f);
+  }
+}
+
 void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
                                  const std::vector<const std::uint16_t*>& rows_of, const std::vector<std::int64_t>& first_row,
-                                 std::uint16_t* o, WorkerStats* pulls, bool at_slots) const {
+                                 std::uint16_t* o, WorkerStats* pulls, TermRows at) const {
   const RoutingPlan& plan = h.plan;
   const std::size_t H = static_cast<std::size_t>(config.hidden);
   const std::size_t row_bytes = H * sizeof(std::uint16_t);
   const auto* b0 = a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>();
   const auto* b1 = a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>();
   const bool by_max_slot = h.layout == RecvLayout::kExpanded;
-  // Expanded, pulled (`at_slots`): no expert rank computed the partials; each group is the
-  // token's slots at one rank, read at their rows of its y (HandleState::slot_row).
-  const bool slots = by_max_slot && at_slots;
+  // Expanded, pulled (kSlots) or replied per selection (kSelections): no expert rank
+  // computed the partials; each group is the token's slots at one rank, read at their rows
+  // of its y (HandleState::slot_row) or at their selection rows of my reply area.
+  const bool slots = by_max_slot && at != TermRows::kEntries;
   std::vector<std::pair<std::int32_t, std::int32_t>> order;  // (sort key, plan entry)
   std::vector<const std::uint16_t*> terms;                   // bias1 (or zeros), then the replies or slot rows
   std::vector<float> weights;                                // per term (grouped, weighted)
   std::vector<std::int32_t> group_end;
   const float* topk_w = a.weighted ? h.topk_weights.as<float>() : nullptr;
-  const int K = config.num_topk;
   for (std::int64_t t = t0; t < t1; ++t) {
     const std::size_t off = static_cast<std::size_t>(t) * H;
     // Expanded: groups in ascending order of their largest k; compact: ascending rank.
@@ -166,11 +218,7 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
       if (!slots) {
         terms.push_back(rows_of[d] + static_cast<std::size_t>(first_row[d] + plan.entry_position[e]) * H);
       } else {
-        const auto seg = static_cast<std::size_t>(plan.segment_begin[d] + plan.entry_position[e]);
-        for (std::int32_t j = h.slot_begin[seg]; j < h.slot_begin[seg + 1]; ++j) {
-          terms.push_back(rows_of[d] + static_cast<std::size_t>(h.slot_row[static_cast<std::size_t>(j)]) * H);
-          weights.push_back(topk_w ? topk_w[t * K + h.slot_k[static_cast<std::size_t>(j)]] : 0.0f);
-        }
+        add_group(h, at, t, e, rows_of[d], topk_w, terms, weights);
         group_end.push_back(static_cast<std::int32_t>(terms.size()));
       }
       if (pulls) (plan.entry_rank[e] == rank ? pulls->local_pulled_bytes : pulls->pulled_bytes) += row_bytes * (terms.size() - first_term);
@@ -184,6 +232,14 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
     }
     reduce_row(o + off, rt, H);
   }
+}
+
+void Buffer::Impl::keep_slot_dests(HandleState& h, const DispatchArgs& a) const {
+  h.slot_dest.clear();
+  if (!selection_replies(h)) return;
+  const std::int64_t* idx = a.topk_idx.as<std::int64_t>();
+  h.slot_dest.resize(static_cast<std::size_t>(h.plan.shape.num_tokens) * static_cast<std::size_t>(config.num_topk));
+  for (std::size_t i = 0; i < h.slot_dest.size(); ++i) h.slot_dest[i] = idx[i] >= 0 ? static_cast<std::int32_t>(idx[i] / L) : -1;
 }
 
 Tensor Buffer::Impl::combined_output(std::int64_t S) {
@@ -208,11 +264,12 @@ void Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, const Peer
              : transport.window() + geo.region(Region::kReplies));
     first_row[du] = pull ? geo.send_row(h, d, 0, false) : geo.replied_row(h, d, 0);
   }
+  const TermRows at = pull != nullptr ? TermRows::kSlots : selection_replies(h) ? TermRows::kSelections : TermRows::kEntries;
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kEpilogue);
     WorkerStats* pulls = pull != nullptr && config.collect_stats ? &stats.workers[static_cast<std::size_t>(w)] : nullptr;
     const auto [t0, t1] = split_range(S, w, W);
-    reduce_tokens(h, a, t0, t1, rows_of, first_row, out.as<std::uint16_t>(), pulls, pull != nullptr);
+    reduce_tokens(h, a, t0, t1, rows_of, first_row, out.as<std::uint16_t>(), pulls, at);
   });
 }
 

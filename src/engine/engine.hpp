@@ -309,12 +309,29 @@ struct Buffer::Impl {
   /// (push), or (`pull`: the headers, with each peer's y_offset) from the peers' windows.
   void reduce(const detail::HandleState& h, const CombineArgs& a, const Peers* pull, Tensor& out);
   /// The sums of tokens [t0, t1) into o: the row answering entry e (token t at rank d) is
-  /// rows_of[d] + (first_row[d] + entry_position[e]) rows — or, expanded and `at_slots`
-  /// (pulled), its slots' rows rows_of[d] + slot_row, summed as the expert rank would have
-  /// (SPEC §4's grouped sum). `pulls`: count the rows as pulled.
+  /// rows_of[d] + (first_row[d] + entry_position[e]) rows — or, expanded and kSlots
+  /// (pulled), its slots' rows rows_of[d] + slot_row, or (kSelections) its selections' rows
+  /// rows_of[d] + selection_row(t, k), summed as the expert rank would have (SPEC §4's
+  /// grouped sum). `pulls`: count the rows as pulled.
+  /// Where reduce_tokens finds a token's terms: one reply per (token, rank) entry; the
+  /// slots' rows of an expanded y (pulled); one reply per selection (t, k) at
+  /// Geometry::selection_row (CombineReplies::kSelections). The last two are grouped per
+  /// rank and summed as the expert rank would have (SPEC §4).
+  enum class TermRows { kEntries, kSlots, kSelections };
   void reduce_tokens(const detail::HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
                      const std::vector<const std::uint16_t*>& rows_of, const std::vector<std::int64_t>& first_row,
-                     std::uint16_t* o, WorkerStats* pulls, bool at_slots = false) const;
+                     std::uint16_t* o, WorkerStats* pulls, TermRows at = TermRows::kEntries) const;
+  /// One plan entry's group of a grouped sum (kSlots, kSelections): its slots' rows in
+  /// ascending k (`rows`: where they lie) and their weights, appended.
+  void add_group(const detail::HandleState& h, TermRows at, std::int64_t t, std::size_t e, const std::uint16_t* rows,
+                 const float* topk_w, std::vector<const std::uint16_t*>& terms, std::vector<float>& weights) const;
+  /// Fresh expanded dispatch with per-selection replies: each slot's destination rank into
+  /// h.slot_dest (what the combine groups by).
+  void keep_slot_dests(detail::HandleState& h, const DispatchArgs& a) const;
+  /// Whether this handle's combine replies per selection (expanded, CombineReplies::kSelections).
+  bool selection_replies(const detail::HandleState& h) const noexcept {
+    return h.layout == RecvLayout::kExpanded && config.dataplane.combine_replies == CombineReplies::kSelections;
+  }
 
   /// Runs `task` on every worker (the rank thread is worker 0) and joins them; a modelling
   /// transport hears of the join (sim::ModelTransport::workers_joined). Every fork goes through here.

@@ -25,6 +25,7 @@ GeometryShape GeometryShape::of(const BufferConfig& c, int P, int W, int servers
   s.flag_protocol = c.dataplane.protocol == Protocol::kFlag;
   s.tail_protocol = c.dataplane.protocol == Protocol::kTail;
   s.hierarchical = c.dataplane.schedule.kind == ScheduleKind::kHierarchical;
+  s.selection_replies = c.dataplane.combine_replies == CombineReplies::kSelections;
   // Auto: one output of the largest size a compact dispatch can return (bf16, or FP8 rows
   // and scales, whichever is bigger).
   const std::int64_t rows = c.max_recv_rows > 0 ? c.max_recv_rows : static_cast<std::int64_t>(P) * c.max_tokens_per_rank;
@@ -46,7 +47,7 @@ Geometry::Geometry(const GeometryShape& g) : s_(g) {
   // Bounded mode: two rounds of max(1, ring_rows / 2) tokens, a block per expert rank each.
   reply_round_ = std::max<std::int64_t>(1, g.ring_rows / 2);
   reply_rows_ = g.ring_rows > 0 ? 2 * static_cast<std::int64_t>(P) * reply_round_
-                                : g.max_tokens * std::min<std::int64_t>(g.num_topk, P);
+                                : g.max_tokens * (g.selection_replies ? g.num_topk : std::min<std::int64_t>(g.num_topk, P));
   meta_bytes_ = align_up(8 + 16 * K, 8);
   const std::size_t scale_row = H % 128 == 0 ? H / 128 * sizeof(float) : 0;
   if (g.flag_protocol) {

@@ -91,6 +91,7 @@ struct GeometryShape {
   bool flag_protocol = false;
   bool tail_protocol = false;
   bool hierarchical = false;
+  bool selection_replies = false;  // combine replies per (token, k): the reply area holds C x K rows
   std::int64_t output_pool_bytes = 0;  // resolved (never -1): bytes of the output pool
 
   static GeometryShape of(const BufferConfig& c, int P, int W, int servers, int lanes);
@@ -172,6 +173,9 @@ class Geometry {
   std::int64_t replied_row(const HandleState& h, int d, std::int64_t p) const noexcept {
     return h.plan.segment_begin[static_cast<std::size_t>(d)] + p;
   }
+  /// Combine, per-selection replies (CombineReplies::kSelections): the row of the source's
+  /// reply area answering its token t's selection k.
+  std::int64_t selection_row(std::int64_t t, int k) const noexcept { return t * s_.num_topk + k; }
   /// Dispatch ring: ring position i of source `src`'s ring (rows of the data region).
   std::int64_t ring_row(int src, std::int64_t i) const noexcept { return src * s_.ring_rows + i % s_.ring_rows; }
   /// Combine ring: tokens per round, and the first reply row of expert rank d in round `round`.

@@ -44,6 +44,9 @@ struct HandleState {
   std::vector<std::int32_t> recv_slot_row; // [N * K]
   std::vector<float> recv_slot_weight;     // [N * K]
   Tensor topk_weights;                     // [S, K] returned by combine
+  // Sender side, expanded layout with per-selection replies (CombineReplies::kSelections):
+  // the rank of slot (t, k)'s expert, -1 for a masked slot (the combine's groups). Else empty.
+  std::vector<std::int32_t> slot_dest;     // [S * K]
   // Hierarchical schedule, sender side: per relay rank r (one per other server), my tokens
   // that go through r, in token order, and my first row in r's relay area.
   std::vector<std::vector<std::int32_t>> relay_tokens;  // [P], empty for non-relays

@@ -169,7 +169,8 @@ detail::BlockPool::Reservation Buffer::Impl::reserve_output(const HandleState* c
                                                             std::size_t row_bytes, std::size_t scale_bytes, const char*& why) {
   why = "";
   if (a.recv_in_window) return {};  // a view: the rows land in the receive area
-  why = moves_payload ? spi::why_copy(config, a.layout) : "model transport";
+  // (A model-only simulator has no pool unless one was sized explicitly: "output pool off".)
+  why = spi::why_copy(config, a.layout);
   if (*why != '\0') return {};
   const std::int64_t rows = cached ? cached->out_rows : std::max(max_output_rows(a), a.num_worst_tokens);
   const std::size_t need = detail::Geometry::output_block_bytes(rows, row_bytes, scale_bytes);

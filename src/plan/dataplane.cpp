@@ -95,4 +95,18 @@ const char* to_string(CombineOrder o) noexcept {
   return "?";
 }
 
+CombineReplies parse_combine_replies(const std::string& text) {
+  if (text == "partials") return CombineReplies::kPartials;
+  if (text == "selections") return CombineReplies::kSelections;
+  bad("combine replies", text, "partials, selections");
+}
+
+const char* to_string(CombineReplies r) noexcept {
+  switch (r) {
+    case CombineReplies::kPartials: return "partials";
+    case CombineReplies::kSelections: return "selections";
+  }
+  return "?";
+}
+
 }  // namespace epx

@@ -25,6 +25,9 @@ void add_dataplane_options(CLI::App* sub, DataPlaneOptions& d) {
        "block:BYTES (tokens in blocks of BYTES of rows, each block to every destination)"},
       {"combine-order", "ORDER", "combine's additions (SPEC 4): flat | node-first (hierarchical: sums inside each server at the relay, "
                                  "one reply per token and server pair)"},
+      {"combine-replies", "KIND", "what an expanded combine sends back: partials (one per token and rank, summed at the expert) | "
+                                   "selections (one per token and expert, DeepEP's low-latency combine; the source forms the "
+                                   "partials: the same bits)"},
       {"replies-first-max", "BYTES", "with an output pool, a combine right after its dispatch pushes its replies before the header "
                                      "exchange (one synchronisation) when every rank's dispatch output is at most BYTES, else it "
                                      "exchanges first and pulls where it can (0 = never)"},

@@ -29,8 +29,9 @@ struct Combo {
   std::size_t aggregate;
   bool copy = false;  // no output pool (copies; calls right after one of the other kind go rows first)
   bool node_first = false;  // hierarchical: combine order node-first
+  bool selections = false;  // direct: combine replies per (token, expert) selection
   std::string name() const {
-    std::string n = schedule + (node_first ? "_nodefirst" : "") + "_q" + std::to_string(queues.queues) + "_" + queues.split +
+    std::string n = schedule + (node_first ? "_nodefirst" : "") + (selections ? "_selections" : "") + "_q" + std::to_string(queues.queues) + "_" + queues.split +
                     "_" + protocol + "_agg" + std::to_string(aggregate) + (copy ? "_copy" : "");
     for (char& ch : n)
       if (ch == ':') ch = 'x';
@@ -46,6 +47,7 @@ struct Combo {
     o.protocol = parse_protocol(protocol);
     o.aggregate_bytes = aggregate;
     o.combine_order = node_first ? CombineOrder::kNodeFirst : CombineOrder::kFlat;
+    o.combine_replies = selections ? CombineReplies::kSelections : CombineReplies::kPartials;
     return o;
   }
   // The node of each rank where the combine is node-first (builtin:servers:2), else null.
@@ -81,13 +83,16 @@ std::vector<Combo> combos() {
   // off (a put per row), one bf16 row (two fp8 rows) per put, and the default.
   const std::size_t aggregates[] = {0, 1000, std::size_t{1} << 20};
   const bool full = std::getenv("EPX_FULL_CONFORMANCE") != nullptr && std::string(std::getenv("EPX_FULL_CONFORMANCE")) == "1";
-  // The relays' node-first combine: queue choice x aggregation pairwise (k = i mod 3).
+  // The relays' node-first combine: queue choice x aggregation pairwise (k = i mod 3); so
+  // are the direct path's per-selection replies (two schedules).
   struct Paths {
     std::vector<const char*> schedules;
-    bool node_first, pairwise;
+    bool node_first, pairwise, selections = false;
   };
-  const std::vector<Paths> paths = {
-      {{"flat", "rotated", "grouped:2", "grouped:4"}, false, true}, {{"hierarchical"}, false, false}, {{"hierarchical"}, true, true}};
+  const std::vector<Paths> paths = {{{"flat", "rotated", "grouped:2", "grouped:4"}, false, true},
+                                    {{"hierarchical"}, false, false},
+                                    {{"hierarchical"}, true, true},
+                                    {{"rotated", "grouped:2"}, false, true, true}};
   std::vector<Combo> v;
   for (const Paths& path : paths)
     for (const char* protocol : {"explicit", "tail", "flag"})
@@ -96,7 +101,7 @@ std::vector<Combo> combos() {
           for (std::size_t k = 0; k < std::size(aggregates); ++k) {
             if (!full && path.pairwise && k != (i + j) % std::size(aggregates)) continue;
             const bool copy = (i + j + (path.schedules.size() > 1 ? 0 : k)) % 2 == 1;
-            const Combo c{path.schedules[j], queue_choices[i], protocol, aggregates[k], copy, path.node_first};
+            const Combo c{path.schedules[j], queue_choices[i], protocol, aggregates[k], copy, path.node_first, path.selections};
             if (supported(c)) v.push_back(c);
           }
   return v;
@@ -305,6 +310,15 @@ TEST(DataPlaneConformance, RefusesWhatItCannotHonour) {
   o = DataPlaneOptions{};
   o.combine_order = CombineOrder::kNodeFirst;  // sums at relays, but the schedule has none
   refused(o, "combine order 'node-first'");
+  o = DataPlaneOptions{};
+  o.combine_replies = CombineReplies::kSelections;  // straight to the sources: not through relays
+  o.schedule = parse_schedule("hierarchical");
+  o.topology = "builtin:servers:2";
+  refused(o, "combine replies 'selections'");
+  o = DataPlaneOptions{};
+  o.combine_replies = CombineReplies::kSelections;  // rows at (token, k): not the flag protocol's blocks
+  o.protocol = Protocol::kFlag;
+  refused(o, "combine replies 'selections'");
 }
 
 // Counts a rank's puts of payload (rows) per peer, and their bytes.
@@ -455,6 +469,52 @@ TEST(DataPlaneConformance, NodeFirstCombineCrossesServersOncePerToken) {
         if (got != want)
           fail(r, std::string(e == &node_first ? "node first" : "flat") + ": " + std::to_string(got) +
                       " reply rows to the other server, want " + std::to_string(want));
+      });
+    }
+  }
+}
+
+// Per-selection replies (CombineReplies::kSelections, DeepEP's low-latency combine): an
+// expert rank sends one row per (token, expert) selection it holds, where the partials send
+// one per (token, rank) pair; both give SPEC §4's bits (weighted and not, K > P so a token
+// has more selections than ranks and the reply area needs K rows a token).
+TEST(DataPlaneConformance, SelectionRepliesSendARowPerSlot) {
+  ref::FixtureOptions f = fixture(false, 58);
+  f.num_topk = 6;
+  f.tokens_per_rank = {12, 0, 9, 16};
+  for (bool weighted : {false, true}) {
+    const Expected e = expect(f, true, weighted);
+    for (CombineReplies replies : {CombineReplies::kPartials, CombineReplies::kSelections}) {
+      SCOPED_TRACE(std::string(to_string(replies)) + (weighted ? ", weighted" : ""));
+      launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+        PutCounter counted(t);
+        BufferConfig c = config_for(e.p, 2);
+        c.dataplane.combine_replies = replies;
+        Buffer buffer(counted, c);
+        const int r = t.rank();
+        const auto ur = static_cast<std::size_t>(r);
+        DispatchResult d = buffer.dispatch(dispatch_args(views_of(e.p, r), e.d));
+        expect_dispatch(r, e.p, e.d, e.out[ur], d);
+        counted.reset();
+        CombineArgs ca;
+        ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, e.p.hidden});
+        ca.handle = &d.handle;
+        ca.weighted = e.weighted;
+        expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e.combined[ur]);
+        std::uint64_t want = 0;  // rows from every source's tokens whose experts I hold
+        const int L = e.p.num_experts / e.p.num_ranks, K = e.p.num_topk;
+        for (const ref::RankInput& in : e.p.ranks)
+          for (std::int64_t tok = 0; tok < in.num_tokens; ++tok) {
+            int here = 0;
+            for (int k = 0; k < K; ++k) {
+              const std::int64_t x = in.topk_idx[static_cast<std::size_t>(tok * K + k)];
+              here += x >= 0 && x / L == r ? 1 : 0;
+            }
+            want += replies == CombineReplies::kSelections ? static_cast<std::uint64_t>(here) : (here > 0 ? 1 : 0);
+          }
+        std::uint64_t got = 0;
+        for (int peer = 0; peer < kRanks; ++peer) got += counted.bytes()[static_cast<std::size_t>(peer)] / (static_cast<std::uint64_t>(e.p.hidden) * 2);
+        if (got != want) fail(r, std::to_string(got) + " reply rows sent, want " + std::to_string(want));
       });
     }
   }

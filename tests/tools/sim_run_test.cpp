@@ -151,6 +151,44 @@ TEST(SimRun, BottleneckBytesFollowDeepEPsDefinitions) {
   EXPECT_EQ(pt.bottleneck_metric, "low-latency");
 }
 
+// DeepEP's low-latency kernels move one row per (token, expert) selection both ways; the
+// engine does with --one-copy (an expanded dispatch puts each row once per slot into the
+// receiver's output block) and --combine-replies selections (each slot's y row back): its
+// own put counters, against the selections counted with plain loops. Without them it moves
+// a row per (token, rank).
+TEST(SimRun, OneCopyAndSelectionRepliesMoveARowPerSelection) {
+  SimOptions o;
+  o.hardware = "h800-deepep";
+  o.tokens = 64, o.hidden = 1024, o.topk = 8, o.experts = 64, o.fp8 = true, o.layout = "expanded", o.alignment = 1;
+  o.schedule = "grouped:8", o.progress = false, o.collect_stats = true;
+  const int P = 8, L = 64 / P;
+  const BenchProblem p = sim_problem(o, P);
+  std::vector<std::uint64_t> sent(P, 0), received(P, 0), entries(P, 0);  // selections and (token, rank) pairs
+  for (int r = 0; r < P; ++r)
+    for (std::int64_t t = 0; t < o.tokens; ++t) {
+      bool hit[P] = {};
+      for (int k = 0; k < 8; ++k) {
+        const int d = static_cast<int>(p.rank[r].topk_idx[t * 8 + k] / L);
+        ++sent[r], ++received[d];
+        if (!hit[d]) hit[d] = true, ++entries[d];
+      }
+    }
+  const std::uint64_t x_row = 1024 + 1024 / 128 * 4, y_row = 2048;
+  for (bool per_selection : {false, true}) {
+    SCOPED_TRACE(per_selection ? "one copy, selections" : "default");
+    o.one_copy = per_selection;
+    o.combine_replies = per_selection ? "selections" : "partials";
+    const SimRun run = collect_run(o, P);
+    for (int r = 0; r < P; ++r) {
+      const EngineCounters& c = run.combine_counters[r];
+      EXPECT_EQ(c.bytes + c.local_bytes, (per_selection ? received[r] : entries[r]) * y_row) << "rank " << r;
+      const EngineCounters& d = run.dispatch_counters[r];
+      if (per_selection) EXPECT_GE(d.bytes + d.local_bytes, sent[r] * x_row) << "rank " << r;  // + the metadata per (token, rank)
+      else EXPECT_LT(d.bytes + d.local_bytes, sent[r] * x_row) << "rank " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace epx::tools
 
@@ -171,7 +209,9 @@ TEST(SimPublished, SeriesDriveCalibrationAndPredictions) {
   EXPECT_EQ(t[1].options.combine_order, "node-first");
   EXPECT_EQ(t[1].options.ep, std::vector<int>{16});
   EXPECT_EQ(t[2].options.tokens, 128);
-  EXPECT_EQ(t[2].options.schedule, "flat");
+  EXPECT_EQ(t[2].options.schedule, "grouped:8");  // DeepEP's all-peers-at-once issue: no common order (docs/sim.md §8)
+  EXPECT_TRUE(t[2].options.one_copy);             // a row per selection, both ways
+  EXPECT_EQ(t[2].options.combine_replies, "selections");
   EXPECT_EQ(t[3].point.dispatch_us, 118);
 
   std::string j = sim::builtin_hardware_json("h800-deepep");

@@ -13,7 +13,7 @@
 namespace epx::tools {
 
 /// The option names without "--", in DataPlaneOptions order: topology, schedule, queues,
-/// queue-split, aggregate, protocol, send-policy, combine-order, replies-first-max.
+/// queue-split, aggregate, protocol, send-policy, combine-order, combine-replies, replies-first-max.
 const std::vector<std::string>& dataplane_option_names();
 
 /// Sets the option `name` (one of dataplane_option_names()) of `d` from its text.
@@ -49,6 +49,7 @@ void check_dataplane(const DataPlaneOptions& d, int ranks);
 std::string describe_dataplane(const DataPlaneOptions& d);
 
 /// {"topology", "schedule", "queues", "queue_split", "aggregate_bytes", "protocol", "send_policy", "combine_order",
+/// "combine_replies",
 /// "replies_first_max_bytes"}
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d);
 

@@ -92,6 +92,11 @@ inline std::string refuse_config(const BufferConfig& c, const TransportCaps& cap
   if (c.dataplane.combine_order == CombineOrder::kNodeFirst && base_path(c) != Path::kRelay)
     return "combine order 'node-first' sums a token's partials at the relays of the hierarchical schedule, but the schedule is '" +
            to_string(c.dataplane.schedule) + "'";
+  if (c.dataplane.combine_replies == CombineReplies::kSelections && base_path(c) != Path::kDirect)
+    return std::string("combine replies 'selections' go straight to their sources, but this buffer's combine goes through ") +
+           rule(base_path(c)).name;
+  if (c.dataplane.combine_replies == CombineReplies::kSelections && c.dataplane.protocol == Protocol::kFlag)
+    return "combine replies 'selections' land at (token, k) rows, which the flag protocol's blocks do not address (use explicit or tail)";
   const Protocol p = c.dataplane.protocol;
   const PathRule& path = rule(base_path(c));
   const ProtocolRule& proto = rule(p);

@@ -83,7 +83,7 @@ std::string engine_schedule(const SimOptions& o, const Topology& topology) {
   return "rotated";
 }
 
-BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, int P) {
+BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, int P, std::int64_t pool_bytes) {
   BufferConfig c;
   c.num_experts = o.experts;
   c.hidden = hidden;
@@ -103,8 +103,10 @@ BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, in
   if (c.dataplane.send_policy.kind == SendPolicyKind::kBlock)  // scaled like the aggregation (payload x H / H_run)
     c.dataplane.send_policy.block_bytes = static_cast<std::size_t>(
         std::max<long long>(1, std::llround(static_cast<double>(c.dataplane.send_policy.block_bytes) * agg_scale)));
+  c.dataplane.combine_replies = parse_combine_replies(o.combine_replies);
   c.ring_rows = o.ring_rows;
   c.collect_stats = o.collect_stats;
+  if (o.one_copy) c.output_pool_bytes = pool_bytes;  // explicit: kept in model-only mode too (-1, auto, is not)
   return c;
 }
 
@@ -252,6 +254,9 @@ void validate_sim_options(const SimOptions& o) {
     bad(std::string("--send-policy: ") + e.what());
   }
   parse_combine_order(o.combine_order);
+  parse_combine_replies(o.combine_replies);
+  if (o.combine_replies == "selections" && (o.schedule == "hierarchical" || o.ring_rows > 0 || o.protocol == "flag"))
+    bad("--combine-replies selections sends straight to the sources: not with --schedule hierarchical, --ring-rows or --protocol flag");
   if (o.combine_order == "node-first" && o.schedule != "hierarchical")
     bad("--combine-order node-first sums at the relays of --schedule hierarchical (the schedule is " + o.schedule + ")");
   if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));
@@ -289,14 +294,16 @@ void set_sim_option(SimOptions& o, const std::string& name, const std::string& v
   if (name == "queues") return number(o.queues);
   if (name == "aggregate") return number(o.aggregate);
   if (name == "seed") return number(o.seed);
-  if (name == "fp8") {
-    if (value != "true" && value != "false") bad("--fp8: '" + value + "' is not true or false");
-    o.fp8 = value == "true";
-    return;
-  }
+  for (auto [flag, field] : {std::pair{"fp8", &o.fp8}, std::pair{"one-copy", &o.one_copy}})
+    if (name == flag) {
+      if (value != "true" && value != "false") bad("--" + name + ": '" + value + "' is not true or false");
+      *field = value == "true";
+      return;
+    }
   std::string* text = name == "layout" ? &o.layout : name == "schedule" ? &o.schedule : name == "topology" ? &o.topology
                     : name == "queue-split" ? &o.queue_split : name == "protocol" ? &o.protocol
-                    : name == "send-policy" ? &o.send_policy : name == "combine-order" ? &o.combine_order : nullptr;
+                    : name == "send-policy" ? &o.send_policy : name == "combine-order" ? &o.combine_order
+                    : name == "combine-replies" ? &o.combine_replies : nullptr;
   if (!text) bad("unknown epx sim option '" + name + "'");
   *text = value;
 }
@@ -430,7 +437,12 @@ SimRun collect_run(const SimOptions& o, int ep) {
   const RouteCount count = count_routes(problem, o.layout == "expanded", o.alignment);
   for (auto& r : problem.rank) r.x = Tensor();
   const std::size_t x_row = o.fp8 ? static_cast<std::size_t>(Hr) : static_cast<std::size_t>(Hr) * 2;
-  const BufferConfig cfg = buffer_config(o, Hr, 1.0 / scale, ep);
+  // --one-copy: an output pool that holds the largest output of the run (expanded: a row per slot).
+  std::int64_t pool_bytes = 0;
+  for (std::int64_t rows : count.out_rows)
+    pool_bytes = std::max<std::int64_t>(
+        pool_bytes, static_cast<std::int64_t>(output_block_bytes(rows, Hr, o.fp8 ? DType::kFP8E4M3 : DType::kBF16)));
+  const BufferConfig cfg = buffer_config(o, Hr, 1.0 / scale, ep, pool_bytes);
   const RunInputs in{o, problem, cfg, fallback_payload_region(cfg, ep), ZeroMap(static_cast<std::size_t>(o.tokens) * x_row),
                      ZeroMap(static_cast<std::size_t>(o.tokens) * static_cast<std::size_t>(std::max(1, Hr / 128)) * 4)};
   run.topology = load_topology(cfg.dataplane.topology, ep);

@@ -69,6 +69,13 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
   sub->add_option("--combine-order", o.combine_order,
                   "flat | node-first (hierarchical: the relays sum a token's partials inside each server)")
       ->capture_default_str();
+  sub->add_option("--combine-replies", o.combine_replies,
+                  "partials | selections (expanded: every (token, expert) row back, the source forms the partials; DeepEP's "
+                  "low-latency combine)")
+      ->capture_default_str();
+  sub->add_flag("--one-copy", o.one_copy,
+                "keep the output pool in model-only mode: rows land in the receiver's output block (expanded: a row per "
+                "(token, expert), DeepEP's low-latency dispatch)");
   sub->add_option("--ring-rows", o.ring_rows, "bounded receive ring of this many rows per source (0 = off; BufferConfig::ring_rows)")
       ->capture_default_str();
   sub->add_flag("--steady", o.steady,

@@ -46,6 +46,16 @@ struct SimOptions {
   /// hierarchical schedule's relays sum a token's partials inside the server, DeepEP's
   /// internode combine).
   std::string combine_order = "flat";
+  /// What an expanded combine sends back (DataPlaneOptions::combine_replies): partials (one
+  /// row per (token, rank), summed at the expert) | selections (one row per (token, expert):
+  /// DeepEP's low-latency combine; the source forms the partials).
+  std::string combine_replies = "partials";
+  /// Keep the engine's output pool in model-only mode (a real run has it; the model-only
+  /// default leaves it out, so the calls keep their rows-first shape): dispatch rows land in
+  /// the receiver's output block, one copy — an expanded block takes a row per selection
+  /// (token, expert), as DeepEP's low-latency dispatch sends them. The pool holds the
+  /// largest output of the run.
+  bool one_copy = false;
   std::int64_t ring_rows = 0;  ///< BufferConfig::ring_rows (0 = a slot for every row)
   /// Time a second dispatch and combine, after a first pair: the steady state of a model's
   /// layers, where each call follows one of the other kind and goes rows first where the
@@ -134,7 +144,7 @@ bool engine_supports_model_only();
 void validate_sim_options(const SimOptions& o);
 /// Sets the option named by its `epx sim` flag without "--" (tokens, hidden, topk, experts,
 /// groups, topk-groups, fp8, layout, alignment, schedule, topology, queues, queue-split,
-/// aggregate, protocol, send-policy, combine-order, seed) from its text: how a profile's published series
+/// aggregate, protocol, send-policy, combine-order, combine-replies, one-copy, seed) from its text: how a profile's published series
 /// says how it was measured (sim::PublishedSeries::run). Throws kInvalidArgument naming the
 /// option for an unknown name or a value that does not parse.
 void set_sim_option(SimOptions& o, const std::string& name, const std::string& value);
