@@ -145,6 +145,10 @@ void check_round_trip(Buffer& buffer, int r, const Expected& e) {
   EXPECT_EQ(buffer.last_stats().data_first, data_first) << "rank " << r << ", fresh dispatch after a combine";
   ca.handle = &again.handle;
   expect_bits(r, "combined_x (handle of the second fresh dispatch)", buffer.combine(ca).combined_x.data(), e.combined[ur]);
+  if (!e.combined_unweighted.empty()) {  // the order inside a token's group of slots shows only unweighted
+    ca.weighted = false;
+    expect_bits(r, "combined_x (unweighted)", buffer.combine(ca).combined_x.data(), e.combined_unweighted[ur]);
+  }
 }
 
 class DataPlaneConformance : public ::testing::TestWithParam<std::tuple<TransportKind, Combo>> {};

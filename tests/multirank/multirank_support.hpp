@@ -61,16 +61,23 @@ inline BufferConfig config_for(const ref::Problem& p, int workers = 2) {
   return c;
 }
 
-/// bf16 values whose exponents span 2^-40..2^40, so that sums of three or more of them
-/// depend on the order of the float32 additions (the fixture's x spans only 2^16).
+/// bf16 values whose float32 sums depend on the order of the additions: a quarter with
+/// exponents spread over 2^-40..2^40, the rest +-2^30 (half of them) or +-1, so that three
+/// terms such as 2^30, -2^30, 1 sum to 1 in one order and to 0 in another (1 is lost next
+/// to 2^30 in float32). Widely spread values alone rarely show an order: a small term is
+/// lost whichever way round, and a partial's rounding to bf16 hides the rest.
 inline std::vector<std::uint16_t> wide_bf16(std::uint64_t seed, std::int64_t n) {
   std::vector<std::uint16_t> v(static_cast<std::size_t>(n));
   std::uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
   for (auto& b : v) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     const auto bits = static_cast<std::uint32_t>(state >> 33);
-    const std::uint32_t exponent = 127 - 40 + bits % 81;
-    b = static_cast<std::uint16_t>(((bits >> 8) & 1u) << 15 | exponent << 7 | ((bits >> 9) & 0x7fu));
+    const std::uint32_t sign = ((bits >> 8) & 1u) << 15;
+    switch ((bits >> 16) % 4) {
+      case 0: b = static_cast<std::uint16_t>(sign | (127 - 40 + bits % 81) << 7 | ((bits >> 9) & 0x7fu)); break;
+      case 3: b = static_cast<std::uint16_t>(sign | 127u << 7); break;  // +-1
+      default: b = static_cast<std::uint16_t>(sign | (127u + 30) << 7); break;  // +-2^30
+    }
   }
   return v;
 }

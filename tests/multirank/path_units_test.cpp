@@ -87,6 +87,10 @@ void combine_of(Buffer& b, int r, const Expected& e, DispatchResult& from, spi::
   const CombineResult got = b.combine(ca);
   expect_path(r, b, want, what);
   expect_bits(r, std::string(what) + ": combined_x", got.combined_x.data(), e.combined[ur]);
+  if (!e.combined_unweighted.empty()) {  // the order inside a token's group of slots shows only unweighted
+    ca.weighted = false;
+    expect_bits(r, std::string(what) + ": combined_x (unweighted)", b.combine(ca).combined_x.data(), e.combined_unweighted[ur]);
+  }
 }
 
 void run(Buffer& b, int r, const Expected& e, spi::Path path, bool first) {

@@ -182,17 +182,19 @@ TEST(PeerWaits, threads_SnapshotsAreWholeCalls) {
   PeerWaits w(P);
   std::vector<std::uint64_t> call(P);
   for (int s = 0; s < P; ++s) call[static_cast<std::size_t>(s)] = static_cast<std::uint64_t>(s + 1);
-  std::atomic<bool> done{false};
+  std::atomic<bool> done{false}, reading{false};
   std::thread writer([&] {
+    while (!reading) std::this_thread::yield();  // overlap: the reader is in its loop before the first call
     for (int i = 0; i < 200000; ++i) w.add_call(WaitOp::kCombine, call.data());
     done = true;
   });
   std::uint64_t snapshots = 0;
-  while (!done) {
+  reading = true;
+  do {  // at least one snapshot even when the writer ends within one of the reader's time slices (a loaded machine)
     const PeerWaits::Totals t = w.totals(WaitOp::kCombine);
     for (int s = 0; s < P; ++s) ASSERT_EQ(t.wait_ns[static_cast<std::size_t>(s)], t.calls * static_cast<std::uint64_t>(s + 1));
     ++snapshots;
-  }
+  } while (!done);
   writer.join();
   EXPECT_GT(snapshots, 0u);
   EXPECT_EQ(w.totals(WaitOp::kCombine).calls, 200000u);
