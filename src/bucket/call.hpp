@@ -66,6 +66,7 @@ struct BucketCall {
   CallHeader mine;
   std::vector<CallHeader> headers;  ///< [n], by member, after the exchange
   std::vector<const std::byte*> slots;  ///< [n]: the slot each member's header arrived in (mine: null)
+  bool via_board = false;  ///< the headers went through the one-shot boards (no channel message to consume)
   std::vector<MutableView> results;
   BucketStats stats;
 
