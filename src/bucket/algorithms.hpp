@@ -10,12 +10,14 @@
 
 namespace epx::detail {
 
+class Board;
+
 /// What an algorithm runs with (this rank's side of the buffer).
 struct BucketContext {
   Transport& t;
   Channels& ch;
   bool read_peers = false;             ///< every peer's window is readable in place (peer_window)
-  bool board = false;                  ///< headers go through the one-shot boards (board.hpp)
+  Board* board = nullptr;              ///< headers go through these one-shot boards (board.hpp); null: channels
   std::vector<int> machine_of_rank;    ///< [P]; empty: unknown
 };
 
@@ -53,7 +55,6 @@ inline std::uint64_t board_stride(std::uint64_t bytes) { return (bytes + 63) / 6
 std::uint64_t one_shot_bytes(const BucketCall& c);
 /// Copies this rank's inputs into its board slot `slot` (after the header area).
 void write_one_shot_payload(const BucketCall& c, std::byte* slot);
-class Board;
 /// The header exchange through the boards (board.hpp): my header (and a one-shot call's
 /// inputs) into my slot, one round of flags, every member's header decoded where it lies.
 void exchange_on_board(Board& board, BucketCall& c);

@@ -4,10 +4,15 @@
 // it: one round of signals carries the sizes, the arguments' check and the data.
 //
 // Per group g a rank has two board slots in its own window (BucketLayout::board_offset; a
-// header area of kHeaderBytes, then chunk_bytes of data), used by the parity of the group's
-// call epoch e = 1, 2, ... A member publishes call e by signalling board_flag[g][me] = e to
-// every other member (ordered after its writes); every member waits until it holds every
-// member's flag e, then reads their slots where they lie.
+// header area of kHeaderBytes, chunk_bytes of inputs, chunk_bytes of result), used by the
+// parity of the group's call epoch e = 1, 2, ... A member publishes call e by signalling
+// board_flag[g][me] = e to every other member (ordered after its writes); every member waits
+// until it holds every member's flag e, then reads their slots where they lie.
+//
+// all_reduce's sum is the same bits on every member (one fold), so it is computed once per
+// call where possible: the first member to get there sums into its slot's result area and
+// stores the epoch into its result flag (the header area's last 64 bytes, release); a member
+// that finds a member's result flag at e copies that result instead of summing P inputs.
 //
 // Reuse without a second round: a rank writes slot e % 2 again at epoch e + 2. Before that
 // its call e + 1 saw every member's flag e + 1, which each member raised only after its
@@ -43,6 +48,13 @@ class Board {
   void exchange(int g, const std::vector<int>& members, int me);
   /// World rank `rank`'s slot of the current call of group g (after exchange).
   const std::byte* slot(int g, int rank) const noexcept;
+
+  /// A member's result of the current call of g, if one published it (else null).
+  const std::byte* published_result(int g, const std::vector<int>& members) const noexcept;
+  /// This rank's result area of the current call of g (chunk_bytes).
+  std::byte* my_result(int g) noexcept;
+  /// Publishes my_result(g) (written) to the members.
+  void publish_result(int g) noexcept;
 
  private:
   Transport& t_;

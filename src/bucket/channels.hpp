@@ -8,8 +8,9 @@
 // A slot holds kHeaderBytes of call header, then up to chunk_bytes of payload.
 // Signal slots: msg[j] (messages from j), credit[k] (my messages k consumed), done[j].
 // On transports whose peer windows are readable in place the window also holds the
-// one-shot boards (board.hpp): per group g, two slots of this rank's own (header + data),
-// at board_offset(g, s), and the signal slots board_flag[g][j] (member j's call epoch).
+// one-shot boards (board.hpp): per group g, two slots of this rank's own (header, inputs,
+// result: board_slot_bytes), at board_offset(g, s), and the signal slots board_flag[g][j]
+// (member j's call epoch).
 //
 // A channel j -> k carries messages numbered 0, 1, 2, ... over all calls of the buffer
 // (every group): message m lands in k's slot (j, m % 2). Before writing message m the
@@ -30,6 +31,9 @@ namespace epx::detail {
 
 /// Room for a call header in every slot (fixed fields, 64 tensors, the problem text).
 inline constexpr std::size_t kHeaderBytes = 4096;
+/// An encoded header's most bytes: a board slot keeps its result flag in the header area's
+/// last 64 bytes (board.hpp).
+inline constexpr std::size_t kHeaderWireBytes = kHeaderBytes - 64;
 
 struct BucketLayout {
   int num_ranks = 0;
@@ -40,6 +44,8 @@ struct BucketLayout {
   std::size_t slots_offset() const noexcept;
   /// Offset (in the receiver's window) of slot `s` of messages from `source`.
   std::size_t slot_offset(int source, int s) const noexcept;
+  /// A board slot: the header area, chunk_bytes of inputs, chunk_bytes of result (all_reduce).
+  std::size_t board_slot_bytes() const noexcept { return kHeaderBytes + 2 * chunk_bytes; }
   /// Offset (in every rank's own window) of its board slot `s` (0, 1) of group `g`.
   std::size_t board_offset(int g, int s) const noexcept;
   std::size_t window_bytes() const noexcept;

@@ -1,9 +1,10 @@
 // One-shot (small calls on transports whose peer windows are readable in place): every
 // member copied its inputs into its own board slot with its header (board.hpp), so after
 // the one header round each member reads all members' inputs where they lie and computes
-// its own outputs: all_reduce the whole sum (member order, scale at the end: bitwise the
-// same on every member by construction), reduce_scatter its shard, all_gather the gathered
-// tensors. No second round: nobody writes into another member's memory.
+// its own outputs: all_reduce the whole sum (member order, scale at the end: the same bits
+// whoever computes it, so the first member to get there publishes it in its slot and the
+// later ones copy it), reduce_scatter its shard, all_gather the gathered tensors. No second
+// round: nobody writes into another member's memory.
 #include <cstring>
 
 #include "algorithms.hpp"
@@ -45,7 +46,39 @@ void exchange_on_board(Board& board, BucketCall& c) {
   }
 }
 
-void run_one_shot(BucketContext&, BucketCall& c) {
+namespace {
+
+/// all_reduce: a member's published sum, else the sum computed here and published; then
+/// copied into this member's tensors.
+void all_reduce_once(Board& board, BucketCall& c) {
+  const std::byte* result = board.published_result(c.group, c.members);
+  if (result == nullptr) {
+    std::byte* mine = board.my_result(c.group);
+    std::vector<ReduceSource> srcs(static_cast<std::size_t>(c.n()));
+    std::uint64_t at = 0;  // tensor t's place in the inputs and the result
+    for (int t = 0; t < c.num_tensors(); ++t) {
+      const std::uint64_t bytes = c.mine.tensors[static_cast<std::size_t>(t)].bytes;
+      for (int j = 0; j < c.n(); ++j)
+        srcs[static_cast<std::size_t>(j)] = {j == c.me ? c.in[static_cast<std::size_t>(t)] : c.slots[static_cast<std::size_t>(j)] + kHeaderBytes + at,
+                                             SourceKind::kF32};
+      reduce_into(reinterpret_cast<float*>(mine + at), srcs.data(), c.n(), bytes / 4, c.scale);
+      at += board_stride(bytes);
+    }
+    board.publish_result(c.group);
+    result = mine;
+  }
+  std::uint64_t at = 0;
+  for (int t = 0; t < c.num_tensors(); ++t) {
+    const std::uint64_t bytes = c.mine.tensors[static_cast<std::size_t>(t)].bytes;
+    if (bytes > 0) std::memcpy(c.out[static_cast<std::size_t>(t)], result + at, bytes);
+    at += board_stride(bytes);
+  }
+}
+
+}  // namespace
+
+void run_one_shot(BucketContext& ctx, BucketCall& c) {
+  if (c.op == BucketOp::kAllReduce) return all_reduce_once(*ctx.board, c);
   const int n = c.n();
   const bool bf16 = c.op == BucketOp::kReduceScatter && c.precision == CommPrecision::kBF16;
   std::vector<ReduceSource> srcs(static_cast<std::size_t>(n));
