@@ -61,10 +61,14 @@ bool two_level_fits(const BucketCall& c, const BucketContext& ctx) {
 
 namespace {
 
-/// With the boards: one-shot when the inputs fit a board slot, else mapped (reductions) or
-/// direct (all_gather); forced mapped / direct where they can run.
+/// With the boards: one-shot when the inputs fit a board slot (all_reduce: up to
+/// kOneShotAllReduceBytes unless forced), else mapped (reductions) or direct (all_gather);
+/// forced mapped / direct where they can run.
 BucketAlgorithm choose_on_board(const BucketCall& c, std::size_t chunk_bytes, BucketAlgorithm forced) {
-  const bool fits = one_shot_bytes(c) <= chunk_bytes;
+  const std::uint64_t limit = c.op == BucketOp::kAllReduce && forced != BucketAlgorithm::kOneShot
+                                  ? std::min<std::uint64_t>(chunk_bytes, kOneShotAllReduceBytes)
+                                  : chunk_bytes;
+  const bool fits = one_shot_bytes(c) <= limit;
   if (c.op == BucketOp::kAllGather) {
     if (forced == BucketAlgorithm::kDirect) return BucketAlgorithm::kDirect;
     return fits ? BucketAlgorithm::kOneShot : BucketAlgorithm::kDirect;

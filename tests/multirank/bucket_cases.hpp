@@ -220,7 +220,7 @@ inline std::vector<Case> one_shot_cases(int num_groups, std::uint64_t seed) {
     for (int i = 0; i < count; ++i) s.push_back(1 + (i * 131 + count * 17) % 61);
     sizes.push_back(s);
   }
-  for (std::int64_t n : {1, 3, 255, 1023, 4097, 16383, 16384, 16400}) sizes.push_back({n});
+  for (std::int64_t n : {1, 3, 255, 1023, 4096, 4097, 16383, 16384, 16400}) sizes.push_back({n});
   if (kSanitized) sizes = {sizes[0], sizes[3], sizes[6], sizes[10]};
   const float scales[] = {1.0f, 0.0f, 0.25f, -0.5f, 2.0f};
   std::vector<Case> cases;

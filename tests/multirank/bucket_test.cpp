@@ -85,42 +85,49 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{TransportKind::kSim, 4, BucketAlgorithm::kNone, 4096, "builtin:servers:2"}),
     param_name);
 
-/// What auto must choose on threads and shm (64 KiB board slots): one-shot when the inputs
-/// fit a slot, else mapped (reductions) or direct (all_gather); a group of one runs locally.
-BucketAlgorithm auto_algorithm(const Case& c, int n) {
-  if (n == 1) return BucketAlgorithm::kStaged;
-  if (fits_board(c, std::size_t{64} << 10)) return BucketAlgorithm::kOneShot;
-  return c.op == Op::kAllGather ? BucketAlgorithm::kDirect : BucketAlgorithm::kMapped;
-}
-
 struct OneShotParam {
   TransportKind transport;
   int ranks;
+  BucketAlgorithm algorithm;  ///< kNone (auto) or kOneShot (forced)
 };
+
+/// What a call must run on threads and shm (64 KiB board slots): one-shot when the inputs
+/// fit a slot (auto all_reduce: 16 KiB), else mapped (reductions) or direct (all_gather); a
+/// group of one runs locally.
+BucketAlgorithm expected_algorithm(const OneShotParam& p, const Case& c, int n) {
+  if (n == 1) return BucketAlgorithm::kStaged;
+  const bool auto_reduce = c.op == Op::kAllReduce && p.algorithm == BucketAlgorithm::kNone;
+  if (fits_board(c, auto_reduce ? std::size_t{16} << 10 : std::size_t{64} << 10)) return BucketAlgorithm::kOneShot;
+  return c.op == Op::kAllGather ? BucketAlgorithm::kDirect : BucketAlgorithm::kMapped;
+}
 
 class BucketOneShot : public ::testing::TestWithParam<OneShotParam> {};
 
-// Small calls, chosen automatically: 1..64 tensors of odd sizes, the slot's edge, every
-// group interleaved on one buffer (each group's boards alternate on their own), the scales,
-// guards: bit-exact against the reference, and the algorithm auto picks checked.
+// Small calls, auto or forced one-shot: 1..64 tensors of odd sizes, the slot's edge (and
+// auto all_reduce's 16 KiB), every group interleaved on one buffer (each group's boards
+// alternate on their own), the scales, guards: bit-exact against the reference, and the
+// algorithm each call ran checked.
 TEST_P(BucketOneShot, SmallCallsBitExactOnEveryGroup) {
   const OneShotParam prm = GetParam();
   launch({.num_ranks = prm.ranks, .transport = prm.transport}, [&](Transport& t) {
     const auto groups = groups_of(t.num_ranks());
-    BucketBuffer b(t, groups, std::size_t{4} << 20);
+    BucketBuffer b(t, groups, std::size_t{4} << 20, {.topology = "", .chunk_bytes = 0, .algorithm = prm.algorithm});
     for (const Case& c0 : one_shot_cases(static_cast<int>(groups.size()), 11)) {
       const int n = static_cast<int>(groups[static_cast<std::size_t>(c0.group)].size());
       const Case c = fit(c0, n);
-      run_case(b, c, auto_algorithm(c, n));
+      run_case(b, c, expected_algorithm(prm, c, n));
     }
   });
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, BucketOneShot,
-                         ::testing::Values(OneShotParam{TransportKind::kThreads, 3}, OneShotParam{TransportKind::kThreads, 4},
-                                           OneShotParam{TransportKind::kShm, 3}, OneShotParam{TransportKind::kShm, 8}),
+                         ::testing::Values(OneShotParam{TransportKind::kThreads, 3, BucketAlgorithm::kNone},
+                                           OneShotParam{TransportKind::kThreads, 4, BucketAlgorithm::kOneShot},
+                                           OneShotParam{TransportKind::kShm, 3, BucketAlgorithm::kOneShot},
+                                           OneShotParam{TransportKind::kShm, 8, BucketAlgorithm::kNone}),
                          [](const ::testing::TestParamInfo<OneShotParam>& i) {
-                           return std::string(to_string(i.param.transport)) + "_P" + std::to_string(i.param.ranks);
+                           return std::string(to_string(i.param.transport)) + "_P" + std::to_string(i.param.ranks) + "_" +
+                                  (i.param.algorithm == BucketAlgorithm::kNone ? "auto" : "forced");
                          });
 
 }  // namespace
