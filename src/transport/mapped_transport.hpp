@@ -3,7 +3,7 @@
 // (streaming stores for large puts: epx/spi/copy.hpp), a
 // signal a release store into the peer's signal slot, a wait an acquire load that spins
 // briefly and then yields the core (with more ranks than cores a pure spin loses whole
-// scheduler slices). Subclasses only obtain and map the memory.
+// scheduler slices, so there it yields at once). Subclasses only obtain and map the memory.
 #pragma once
 
 #include <atomic>
