@@ -78,9 +78,10 @@ enum class BucketAlgorithm {
   kPipelined, ///< header exchange, then chunks through staging slots with credits (puts only)
   kTwoLevel,  ///< the pipelined reduction in member order, machine by machine (puts only)
   kDirect,    ///< all_gather: header exchange, then puts straight into the peers' outputs
+  kOneShot,   ///< small calls where peer windows are readable: inputs with the header in the caller's own window, one round
 };
 const char* to_string(BucketAlgorithm a) noexcept;
-/// "auto" (kNone) | "staged" | "mapped" | "pipelined" | "two-level" | "direct"; throws
+/// "auto" (kNone) | "staged" | "mapped" | "pipelined" | "two-level" | "direct" | "one-shot"; throws
 /// kInvalidArgument naming the accepted values otherwise.
 BucketAlgorithm parse_bucket_algorithm(std::string_view name);
 
@@ -91,13 +92,16 @@ struct BucketOptions {
   /// algorithms only). Every rank passes the same value.
   std::string topology;
   /// Bytes of one staging slot's payload (a call's small messages, a chunk of the pipelined
-  /// algorithms); 0 = auto (64 KiB on mapped transports, up to 1 MiB on the others). The
-  /// window holds 2 slots per rank of the transport, outside the storage.
+  /// algorithms, a one-shot board slot's data); 0 = auto (64 KiB on mapped transports, up to
+  /// 1 MiB on the others). The window holds 2 slots per rank of the transport, and on mapped
+  /// transports 2 board slots per group, outside the storage.
   std::size_t chunk_bytes = 0;
   /// kNone: each call picks its algorithm (docs/buffers.md). Else the reductions use this one
-  /// where it can run (kStaged only when a call's data fits a slot; kTwoLevel only for
-  /// all_reduce on a machine-major group; kMapped needs readable peer windows, checked at
-  /// construction) and all_gather uses kDirect or kStaged if named: for tests and A/B runs.
+  /// where it can run (kStaged / kOneShot only when a call's data fits a slot; kTwoLevel only
+  /// for all_reduce on a machine-major group; kMapped and kOneShot need readable peer
+  /// windows, checked at construction) and all_gather uses kDirect, kStaged or kOneShot if
+  /// named: for tests and A/B runs. Forcing kStaged, kPipelined or kTwoLevel on a mapped
+  /// transport also brings back the headers' channel exchange (no boards).
   BucketAlgorithm algorithm = BucketAlgorithm::kNone;
 };
 

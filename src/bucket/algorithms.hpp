@@ -10,11 +10,14 @@
 
 namespace epx::detail {
 
+class Board;
+
 /// What an algorithm runs with (this rank's side of the buffer).
 struct BucketContext {
   Transport& t;
   Channels& ch;
   bool read_peers = false;             ///< every peer's window is readable in place (peer_window)
+  Board* board = nullptr;              ///< headers go through these one-shot boards (board.hpp); null: channels
   std::vector<int> machine_of_rank;    ///< [P]; empty: unknown
 };
 
@@ -39,12 +42,26 @@ std::uint64_t elems_of(const std::vector<Piece>& pieces);
 /// with the same inputs choose the same one).
 BucketAlgorithm choose_algorithm(const BucketCall& c, const BucketContext& ctx, std::size_t chunk_bytes,
                                  BucketAlgorithm forced);
-/// Bytes of the staged payload this rank sends member `k` (0 unless staged).
+/// Bytes of the staged payload this rank sends member `k` (one-shot: of its board slot; else 0).
 std::uint64_t staged_payload_bytes(const BucketCall& c, int k);
 /// Puts the staged payload for member `k` at `offset` of its window; `scratch` keeps packed
 /// bf16 alive until the exchange's quiet.
 void put_staged_payload(BucketContext& ctx, const BucketCall& c, int k, std::size_t offset,
                         std::vector<std::vector<std::uint16_t>>& scratch);
+
+/// all_reduce runs one-shot automatically up to this many bytes: one member reads all P
+/// inputs, so above it mapped's P parts in parallel win (8 shm ranks on 2 cores: one-shot
+/// 20 vs 26 us at 4 KiB, a tie at 16 KiB, 52 vs 45 us at 32 KiB; BENCHMARKS.md, issue #24).
+inline constexpr std::uint64_t kOneShotAllReduceBytes = std::uint64_t{16} << 10;
+/// Bytes a tensor of `bytes` takes in a one-shot board slot (64-byte aligned places).
+inline std::uint64_t board_stride(std::uint64_t bytes) { return (bytes + 63) / 64 * 64; }
+/// Bytes of this rank's inputs in its board slot (one-shot: must fit chunk_bytes).
+std::uint64_t one_shot_bytes(const BucketCall& c);
+/// Copies this rank's inputs into its board slot `slot` (after the header area).
+void write_one_shot_payload(const BucketCall& c, std::byte* slot);
+/// The header exchange through the boards (board.hpp): my header (and a one-shot call's
+/// inputs) into my slot, one round of flags, every member's header decoded where it lies.
+void exchange_on_board(Board& board, BucketCall& c);
 
 void run_local(BucketCall& c);  ///< a group of one
 void run_staged(BucketContext& ctx, BucketCall& c);
@@ -52,6 +69,7 @@ void run_mapped(BucketContext& ctx, BucketCall& c);
 void run_pipelined(BucketContext& ctx, BucketCall& c);
 void run_two_level(BucketContext& ctx, BucketCall& c);
 void run_direct(BucketContext& ctx, BucketCall& c);
+void run_one_shot(BucketContext& ctx, BucketCall& c);
 
 /// reduce_scatter's shard bytes of tensor t (x bytes / n).
 inline std::uint64_t shard_bytes(const BucketCall& c, int t) {

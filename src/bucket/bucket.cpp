@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "algorithms.hpp"
 #include "check.hpp"
@@ -38,6 +39,7 @@ const char* to_string(BucketAlgorithm a) noexcept {
     case BucketAlgorithm::kPipelined: return "pipelined";
     case BucketAlgorithm::kTwoLevel: return "two-level";
     case BucketAlgorithm::kDirect: return "direct";
+    case BucketAlgorithm::kOneShot: return "one-shot";
   }
   return "?";
 }
@@ -45,10 +47,10 @@ const char* to_string(BucketAlgorithm a) noexcept {
 BucketAlgorithm parse_bucket_algorithm(std::string_view name) {
   if (name == "auto") return BucketAlgorithm::kNone;
   for (BucketAlgorithm a : {BucketAlgorithm::kStaged, BucketAlgorithm::kMapped, BucketAlgorithm::kPipelined,
-                            BucketAlgorithm::kTwoLevel, BucketAlgorithm::kDirect})
+                            BucketAlgorithm::kTwoLevel, BucketAlgorithm::kDirect, BucketAlgorithm::kOneShot})
     if (name == to_string(a)) return a;
   throw Error(ErrorCode::kInvalidArgument, "algorithm: '" + std::string(name) +
-                                               "', expected auto, staged, mapped, pipelined, two-level or direct");
+                                               "', expected auto, staged, mapped, pipelined, two-level, direct or one-shot");
 }
 
 // ---- events ----------------------------------------------------------------------------
@@ -141,6 +143,14 @@ std::string check_groups(const std::vector<std::vector<int>>& groups, int num_ra
   return "";
 }
 
+/// Headers go through the one-shot boards where peer windows are readable, unless an
+/// algorithm that sends its data with the channel's messages is forced (staged, pipelined,
+/// two-level: as before the boards, for A/B runs and the put-only paths' tests).
+bool uses_boards(bool mapped_caps, BucketAlgorithm forced) {
+  return mapped_caps && forced != BucketAlgorithm::kStaged && forced != BucketAlgorithm::kPipelined &&
+         forced != BucketAlgorithm::kTwoLevel;
+}
+
 std::size_t auto_chunk_bytes(bool read_peers, int num_ranks) {
   if (read_peers) return std::size_t{64} << 10;
   const std::size_t budget = std::size_t{32} << 20;  // every rank's slots together
@@ -208,17 +218,20 @@ void BucketBuffer::init(const std::vector<std::vector<int>>& groups, std::size_t
   if (plan) plan_ = *plan;
   const bool mapped_caps = t.caps().peer_memory_mapped;
   chunk_bytes_ = options.chunk_bytes ? options.chunk_bytes : auto_chunk_bytes(mapped_caps, num_ranks());
-  detail::BucketLayout layout{num_ranks(), num_bytes, chunk_bytes_};
+  detail::BucketLayout layout{num_ranks(), num_bytes, chunk_bytes_, uses_boards(mapped_caps, options.algorithm) ? num_groups() : 0};
   allocate(layout.window_bytes(), layout.num_signals());
 
   Transport& ep = endpoint("construct");
   bool read_peers = mapped_caps;
   for (int p = 0; p < num_ranks() && read_peers; ++p) read_peers = ep.peer_window(p) != nullptr;
   if (machines.empty() && read_peers) machines.assign(static_cast<std::size_t>(num_ranks()), 0);
-  impl_ = std::make_unique<Impl>(ep, layout, read_peers, std::move(machines), options.algorithm);
-  if (options.algorithm == BucketAlgorithm::kMapped && !read_peers)
-    agree_call("construct", CallProblem{ErrorCode::kUnsupported,
-                                        "algorithm mapped: this transport's peer windows are not readable in place"});
+  // More ranks than cores: the waits on the boards yield at once (board.hpp).
+  const bool yield = static_cast<unsigned>(num_ranks()) > std::max(1u, std::thread::hardware_concurrency());
+  impl_ = std::make_unique<Impl>(ep, layout, read_peers, std::move(machines), options.algorithm, yield);
+  const BucketAlgorithm a = options.algorithm;
+  if ((a == BucketAlgorithm::kMapped || a == BucketAlgorithm::kOneShot) && !read_peers)
+    agree_call("construct", CallProblem{ErrorCode::kUnsupported, std::string("algorithm ") + to_string(a) +
+                                                                     ": this transport's peer windows are not readable in place"});
 }
 
 void BucketBuffer::on_destroy() noexcept {

@@ -46,7 +46,7 @@ struct CallHeader {
   std::optional<CallProblem> problem;  ///< the member's own verdict on its inputs
 };
 
-/// Bytes of `h` on the wire (at most kHeaderBytes; a long problem text is cut to fit).
+/// Bytes of `h` on the wire (at most kHeaderWireBytes; a long problem text is cut to fit).
 std::size_t encode_header(const CallHeader& h, std::byte* out);
 /// Throws kInternal naming `from` if the bytes are not a header.
 CallHeader decode_header(const std::byte* in, int from);
@@ -66,6 +66,7 @@ struct BucketCall {
   CallHeader mine;
   std::vector<CallHeader> headers;  ///< [n], by member, after the exchange
   std::vector<const std::byte*> slots;  ///< [n]: the slot each member's header arrived in (mine: null)
+  bool via_board = false;  ///< the headers went through the one-shot boards (no channel message to consume)
   std::vector<MutableView> results;
   BucketStats stats;
 

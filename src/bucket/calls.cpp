@@ -93,6 +93,7 @@ BucketEvent BucketBuffer::reduce(int op, const std::vector<MutableView>& xs, Com
 
 void BucketBuffer::exchange(BucketCall& c) {
   Impl& im = *impl_;
+  if (im.ctx.board && c.group >= 0) return detail::exchange_on_board(im.board, c);
   Transport& t = im.ctx.t;
   const int n = c.n();
   const std::size_t hb = detail::encode_header(c.mine, im.header.data());
@@ -122,7 +123,7 @@ void BucketBuffer::check_verdicts(BucketCall& c) {
   std::vector<std::optional<CallProblem>> by_member =
       c.n() == 1 ? std::vector<std::optional<CallProblem>>{c.mine.problem} : detail::cross_check(c);
   if (std::none_of(by_member.begin(), by_member.end(), [](const auto& v) { return v.has_value(); })) return;
-  for (int j = 0; j < c.n(); ++j)  // the slots go back before the throw: the channels stay in step
+  for (int j = 0; j < c.n() && !c.via_board; ++j)  // the slots go back before the throw: the channels stay in step
     if (j != c.me) impl_->channels.consume(c.members[static_cast<std::size_t>(j)]);
   // By world rank, as the rule takes them; when every member has the same problem the ranks
   // outside the group get it too, so that the rule's "every rank" case covers the group.
@@ -161,6 +162,7 @@ std::function<void()> data_phase(detail::BucketContext& ctx, const std::shared_p
     case BucketAlgorithm::kPipelined: return [&ctx, call] { detail::run_pipelined(ctx, *call); };
     case BucketAlgorithm::kTwoLevel: return [&ctx, call] { detail::run_two_level(ctx, *call); };
     case BucketAlgorithm::kDirect: return [&ctx, call] { detail::run_direct(ctx, *call); };
+    case BucketAlgorithm::kOneShot: return [&ctx, call] { detail::run_one_shot(ctx, *call); };
     case BucketAlgorithm::kNone: break;
   }
   throw Error(ErrorCode::kInternal, "bucket: no algorithm chosen");
@@ -177,7 +179,7 @@ BucketEvent BucketBuffer::start(std::shared_ptr<BucketCall> c, bool async) {
   if (c->n() > 1) exchange(*c);
   check_verdicts(*c);
   const bool staged = c->mine.algorithm == BucketAlgorithm::kStaged;
-  if (c->n() > 1 && !staged)
+  if (c->n() > 1 && !staged && !c->via_board)
     for (int j = 0; j < c->n(); ++j)
       if (j != c->me) im.channels.consume(c->members[static_cast<std::size_t>(j)]);
   c->results = result_views(*c);
@@ -217,7 +219,10 @@ void BucketBuffer::fail_call(const std::vector<int>& ranks, const char* call, co
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": bucket." + call + ": " + problem);
   c->me = static_cast<int>(it - ranks.begin());
   c->mine.members_hash = detail::members_hash(ranks);
-  c->mine.group = -1;
+  // Ranks that are a group of this buffer: the members calling that group meet this call
+  // where they exchange headers (its board); any other list meets only fail_call's (channels).
+  const auto g = std::find(groups_.begin(), groups_.end(), ranks);
+  c->group = c->mine.group = g == groups_.end() ? -1 : static_cast<int>(g - groups_.begin());
   c->call_name = call;
   c->mine.problem = CallProblem{ErrorCode::kInvalidArgument, problem};
   if (c->n() > 1) exchange(*c);

@@ -15,8 +15,14 @@ std::size_t BucketLayout::slot_offset(int source, int s) const noexcept {
   return slots_offset() + (2 * static_cast<std::size_t>(source) + static_cast<std::size_t>(s)) * slot_bytes();
 }
 
+std::size_t BucketLayout::board_offset(int g, int s) const noexcept {
+  return slots_offset() + 2 * static_cast<std::size_t>(num_ranks) * slot_bytes() +
+         (2 * static_cast<std::size_t>(g) + static_cast<std::size_t>(s)) * board_slot_bytes();
+}
+
 std::size_t BucketLayout::window_bytes() const noexcept {
-  return slots_offset() + 2 * static_cast<std::size_t>(num_ranks) * slot_bytes();
+  return slots_offset() + 2 * static_cast<std::size_t>(num_ranks) * slot_bytes() +
+         2 * static_cast<std::size_t>(num_boards) * board_slot_bytes();
 }
 
 Channels::Channels(Transport& t, const BucketLayout& layout)

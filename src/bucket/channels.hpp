@@ -7,6 +7,10 @@
 //                                        slots_offset + (2 j + s) * slot_bytes
 // A slot holds kHeaderBytes of call header, then up to chunk_bytes of payload.
 // Signal slots: msg[j] (messages from j), credit[k] (my messages k consumed), done[j].
+// On transports whose peer windows are readable in place the window also holds the
+// one-shot boards (board.hpp): per group g, two slots of this rank's own (header, inputs,
+// result: board_slot_bytes), at board_offset(g, s), and the signal slots board_flag[g][j]
+// (member j's call epoch).
 //
 // A channel j -> k carries messages numbered 0, 1, 2, ... over all calls of the buffer
 // (every group): message m lands in k's slot (j, m % 2). Before writing message m the
@@ -27,20 +31,34 @@ namespace epx::detail {
 
 /// Room for a call header in every slot (fixed fields, 64 tensors, the problem text).
 inline constexpr std::size_t kHeaderBytes = 4096;
+/// An encoded header's most bytes: a board slot keeps its result flag in the header area's
+/// last 64 bytes (board.hpp).
+inline constexpr std::size_t kHeaderWireBytes = kHeaderBytes - 64;
 
 struct BucketLayout {
   int num_ranks = 0;
   std::size_t storage_bytes = 0;
   std::size_t chunk_bytes = 0;  ///< payload bytes per slot
+  int num_boards = 0;           ///< groups with a one-shot board (0: no board)
   std::size_t slot_bytes() const noexcept { return kHeaderBytes + chunk_bytes; }
   std::size_t slots_offset() const noexcept;
   /// Offset (in the receiver's window) of slot `s` of messages from `source`.
   std::size_t slot_offset(int source, int s) const noexcept;
+  /// A board slot: the header area, chunk_bytes of inputs, chunk_bytes of result (all_reduce).
+  std::size_t board_slot_bytes() const noexcept { return kHeaderBytes + 2 * chunk_bytes; }
+  /// Offset (in every rank's own window) of its board slot `s` (0, 1) of group `g`.
+  std::size_t board_offset(int g, int s) const noexcept;
   std::size_t window_bytes() const noexcept;
-  std::size_t num_signals() const noexcept { return 3 * static_cast<std::size_t>(num_ranks); }
+  std::size_t num_signals() const noexcept {
+    return (3 + static_cast<std::size_t>(num_boards)) * static_cast<std::size_t>(num_ranks);
+  }
   std::size_t msg_slot(int source) const noexcept { return static_cast<std::size_t>(source); }
   std::size_t credit_slot(int receiver) const noexcept { return static_cast<std::size_t>(num_ranks + receiver); }
   std::size_t done_slot(int source) const noexcept { return static_cast<std::size_t>(2 * num_ranks + source); }
+  /// Where `source` publishes the epoch of its latest call on group `g` (in every member's slots).
+  std::size_t board_flag_slot(int g, int source) const noexcept {
+    return static_cast<std::size_t>((3 + g) * num_ranks + source);
+  }
 };
 
 /// The channels of this rank (one thread at a time; the counters are this rank's view).

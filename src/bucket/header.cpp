@@ -31,7 +31,7 @@ struct WireTensor {
 
 constexpr std::size_t kTensorsAt = sizeof(WireFixed);
 constexpr std::size_t kProblemAt = kTensorsAt + kBucketMaxTensors * sizeof(WireTensor);
-static_assert(kProblemAt + 256 <= kHeaderBytes, "room for a problem text");
+static_assert(kProblemAt + 256 <= kHeaderWireBytes, "room for a problem text");
 
 }  // namespace
 
@@ -58,7 +58,7 @@ std::size_t encode_header(const CallHeader& h, std::byte* out) {
   f.members_hash = h.members_hash;
   f.payload_bytes = h.payload_bytes;
   const std::size_t shown = std::min<std::size_t>(h.tensors.size(), kBucketMaxTensors);
-  const std::string text = h.problem ? h.problem->message.substr(0, kHeaderBytes - kProblemAt) : std::string();
+  const std::string text = h.problem ? h.problem->message.substr(0, kHeaderWireBytes - kProblemAt) : std::string();
   f.problem_len = static_cast<std::uint32_t>(text.size());
   std::memcpy(out, &f, sizeof f);
   for (std::size_t i = 0; i < shown; ++i) {
@@ -79,7 +79,7 @@ std::size_t encode_header(const CallHeader& h, std::byte* out) {
 CallHeader decode_header(const std::byte* in, int from) {
   WireFixed f;
   std::memcpy(&f, in, sizeof f);
-  if (f.magic != kMagic || f.op < 1 || f.op > 3 || f.problem_len > kHeaderBytes - kProblemAt)
+  if (f.magic != kMagic || f.op < 1 || f.op > 3 || f.problem_len > kHeaderWireBytes - kProblemAt)
     throw Error(ErrorCode::kInternal, "bucket: the call header from rank " + std::to_string(from) + " is not one", from);
   CallHeader h;
   h.op = static_cast<BucketOp>(f.op);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "algorithms.hpp"
+#include "board.hpp"
 #include "call.hpp"
 #include "channels.hpp"
 #include "worker.hpp"
@@ -12,9 +13,13 @@
 namespace epx {
 
 struct BucketBuffer::Impl {
-  Impl(Transport& t, const detail::BucketLayout& layout, bool read_peers, std::vector<int> machines, BucketAlgorithm forced)
-      : channels(t, layout), ctx{t, channels, read_peers, std::move(machines)}, forced(forced), header(detail::kHeaderBytes) {}
+  Impl(Transport& t, const detail::BucketLayout& layout, bool read_peers, std::vector<int> machines, BucketAlgorithm forced,
+       bool yield)
+      : channels(t, layout), board(t, layout, yield),
+        ctx{t, channels, read_peers, read_peers && layout.num_boards > 0 ? &board : nullptr, std::move(machines)}, forced(forced),
+        header(detail::kHeaderBytes) {}
   detail::Channels channels;
+  detail::Board board;
   detail::BucketContext ctx;
   BucketAlgorithm forced = BucketAlgorithm::kNone;
   std::vector<std::byte> header;  ///< my encoded call header (a put source until the exchange's quiet)

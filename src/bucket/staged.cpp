@@ -59,8 +59,29 @@ bool two_level_fits(const BucketCall& c, const BucketContext& ctx) {
 
 }  // namespace
 
+namespace {
+
+/// With the boards: one-shot when the inputs fit a board slot (all_reduce: up to
+/// kOneShotAllReduceBytes unless forced), else mapped (reductions) or direct (all_gather);
+/// forced mapped / direct where they can run.
+BucketAlgorithm choose_on_board(const BucketCall& c, std::size_t chunk_bytes, BucketAlgorithm forced) {
+  const std::uint64_t limit = c.op == BucketOp::kAllReduce && forced != BucketAlgorithm::kOneShot
+                                  ? std::min<std::uint64_t>(chunk_bytes, kOneShotAllReduceBytes)
+                                  : chunk_bytes;
+  const bool fits = one_shot_bytes(c) <= limit;
+  if (c.op == BucketOp::kAllGather) {
+    if (forced == BucketAlgorithm::kDirect) return BucketAlgorithm::kDirect;
+    return fits ? BucketAlgorithm::kOneShot : BucketAlgorithm::kDirect;
+  }
+  if (forced == BucketAlgorithm::kMapped) return BucketAlgorithm::kMapped;
+  return fits ? BucketAlgorithm::kOneShot : BucketAlgorithm::kMapped;
+}
+
+}  // namespace
+
 BucketAlgorithm choose_algorithm(const BucketCall& c, const BucketContext& ctx, std::size_t chunk_bytes,
                                  BucketAlgorithm forced) {
+  if (ctx.board) return choose_on_board(c, chunk_bytes, forced);
   const bool fits = staged_bytes(c) <= chunk_bytes;
   if (c.op == BucketOp::kAllGather) {
     if (forced == BucketAlgorithm::kDirect) return BucketAlgorithm::kDirect;
@@ -80,6 +101,7 @@ BucketAlgorithm choose_algorithm(const BucketCall& c, const BucketContext& ctx, 
 }
 
 std::uint64_t staged_payload_bytes(const BucketCall& c, int) {
+  if (c.mine.algorithm == BucketAlgorithm::kOneShot) return one_shot_bytes(c);
   return c.mine.algorithm == BucketAlgorithm::kStaged ? staged_bytes(c) : 0;
 }
 

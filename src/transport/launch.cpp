@@ -3,6 +3,7 @@
 #include "epx/launch.hpp"
 #include "epx/sim/launch.hpp"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -196,6 +197,28 @@ std::string describe_exit(int status, const char* phase, std::int64_t oom_kills_
   return "exited with status " + std::to_string(WEXITSTATUS(status)) + in;
 }
 
+// Starts rank r on the (r mod n)-th of the n CPUs it may use, then lets it run anywhere again
+// (no binding). Forked from one launcher, the ranks otherwise begin mostly on its CPU, and
+// with more ranks than CPUs the scheduler takes a long time to spread ranks that wait by
+// yielding (it does not move a task that ran within the last half millisecond): 8 ranks on
+// 2 CPUs ran 7 + 1 for the first ~0.3 s of a bench (BENCHMARKS.md, issue #24, 16 KiB).
+void start_on_own_cpu(int r) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  const int n = CPU_COUNT(&allowed);
+  if (n < 2) return;
+  int k = r % n;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed) || k-- > 0) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) == 0) sched_setaffinity(0, sizeof allowed, &allowed);
+    return;
+  }
+}
+
 // Forks the P rank processes over `control`; a failed fork is recorded as rank r's failure
 // and ends the forking. Returns the pids (-1 where none was started).
 std::vector<pid_t> fork_ranks(const LaunchOptions& opt, ControlBlock* control, const RankFn& fn, pid_t launcher,
@@ -209,6 +232,7 @@ std::vector<pid_t> fork_ranks(const LaunchOptions& opt, ControlBlock* control, c
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != launcher) _exit(1);  // the launcher died before the line above
       detail::janitor_after_fork_in_child();
+      start_on_own_cpu(r);
       sigaction(SIGINT, &old_int, nullptr);
       sigaction(SIGTERM, &old_term, nullptr);
       int code = 1;

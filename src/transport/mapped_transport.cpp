@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <unistd.h>
+#include <algorithm>
 #include <string>
 #include <new>
+#include <thread>
 
 #include "epx/spi/copy.hpp"
 #include "epx/error.hpp"
@@ -95,13 +97,13 @@ TransportCaps mapped_caps(const char* name) {
   return c;
 }
 
-Backoff::Backoff(std::chrono::milliseconds timeout)
-    : deadline_(std::chrono::steady_clock::now() + timeout) {}
+Backoff::Backoff(std::chrono::milliseconds timeout, int spins)
+    : max_spins_(spins), deadline_(std::chrono::steady_clock::now() + timeout) {}
 
 bool Backoff::expired() const { return std::chrono::steady_clock::now() >= deadline_; }
 
 bool Backoff::step() {
-  if (spins_ < kSpins) {
+  if (spins_ < max_spins_) {
     ++spins_;
     epx::spi::cpu_relax();
     return true;
@@ -118,7 +120,9 @@ WaitMode wait_mode_from_env() noexcept {
 MappedTransport::MappedTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout,
                                  TransportCaps caps)
     : control_(control), rank_(rank), num_ranks_(control->num_ranks), timeout_(timeout), caps_(caps),
-      wait_mode_(wait_mode_from_env()), fault_(FaultPlan::from_env()) {}
+      wait_mode_(wait_mode_from_env()),
+      spins_(static_cast<unsigned>(num_ranks_) > std::max(1u, std::thread::hardware_concurrency()) ? 0 : Backoff::kSpins),
+      fault_(FaultPlan::from_env()) {}
 
 namespace {
 // A segment: the window (whole pages), the signal slots (the user's, then the barrier's P),
@@ -181,7 +185,7 @@ std::uint64_t MappedTransport::read_signal(std::size_t slot) noexcept {
 
 template <class Load>
 void MappedTransport::wait_for(Load load, std::uint64_t at_least, const WaitPoint& where) {
-  Backoff backoff(timeout_);
+  Backoff backoff(timeout_, spins_);
   std::atomic<std::uint32_t>* bell = wait_mode_ == WaitMode::kSleep ? doorbell_of(rank_) : nullptr;
   // Sleep mode yields for a while first: most waits end within a few scheduler slices.
   constexpr auto kYieldFirst = std::chrono::microseconds(500);
@@ -280,7 +284,7 @@ void MappedTransport::bootstrap_barrier(const char* phase) {
     control_->barrier_generation.fetch_add(1, std::memory_order_release);
     return;
   }
-  Backoff backoff(timeout_);
+  Backoff backoff(timeout_, spins_);
   while (control_->barrier_generation.load(std::memory_order_acquire) == gen) {
     if (!backoff.step()) {
       // Blame the lowest rank that has not arrived (the one stalled, stopped or blocked).

@@ -3,7 +3,7 @@
 // (streaming stores for large puts: epx/spi/copy.hpp), a
 // signal a release store into the peer's signal slot, a wait an acquire load that spins
 // briefly and then yields the core (with more ranks than cores a pure spin loses whole
-// scheduler slices). Subclasses only obtain and map the memory.
+// scheduler slices, so there it yields at once). Subclasses only obtain and map the memory.
 #pragma once
 
 #include <atomic>
@@ -20,15 +20,17 @@ namespace epx::detail {
 /// Spin-then-yield waiting with a deadline; `check()` runs between yields and may throw.
 class Backoff {
  public:
-  explicit Backoff(std::chrono::milliseconds timeout);
+  static constexpr int kSpins = 256;
+  /// `spins` pauses before the first yield (0: every step yields).
+  explicit Backoff(std::chrono::milliseconds timeout, int spins = kSpins);
   /// One waiting step; returns false once the deadline has passed.
   bool step();
-  bool yielding() const noexcept { return spins_ >= kSpins; }
+  bool yielding() const noexcept { return spins_ >= max_spins_; }
   /// The deadline has passed.
   bool expired() const;
 
  private:
-  static constexpr int kSpins = 256;
+  int max_spins_;
   int spins_ = 0;
   std::chrono::steady_clock::time_point deadline_;
 };
@@ -133,6 +135,9 @@ class MappedTransport : public Transport {
   std::size_t signal_offset_ = 0;  // from a segment base to its signal slots
   std::size_t doorbell_offset_ = 0;  // from a segment base to its doorbell (after the slots)
   WaitMode wait_mode_;
+  /// Pauses before a wait first yields: Backoff::kSpins, or 0 with more ranks than cores
+  /// (the rank waited for may need this very core; a spin costs it the time).
+  int spins_;
   std::size_t num_signals_ = 0;    // user slots; the barrier's P slots follow
   std::uint64_t barrier_epoch_ = 0;
   std::atomic<const char*> last_phase_{nullptr};

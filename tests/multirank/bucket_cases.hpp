@@ -210,6 +210,32 @@ inline std::vector<Case> cases_of(int num_groups, std::uint64_t seed, bool big =
   return cases;
 }
 
+/// Small calls for the one-shot algorithm: 1..64 tensors of odd and even sizes, single
+/// tensors around the 64 KiB board slot (16384 float32 fill it exactly), every group, the
+/// scales, bf16 reduce_scatter, all_gather in place / into dsts / from private srcs.
+inline std::vector<Case> one_shot_cases(int num_groups, std::uint64_t seed) {
+  std::vector<std::vector<std::int64_t>> sizes;
+  for (int count : {1, 2, 3, 7, 16, 33, 64}) {
+    std::vector<std::int64_t> s;
+    for (int i = 0; i < count; ++i) s.push_back(1 + (i * 131 + count * 17) % 61);
+    sizes.push_back(s);
+  }
+  for (std::int64_t n : {1, 3, 255, 1023, 4096, 4097, 16383, 16384, 16400}) sizes.push_back({n});
+  if (kSanitized) sizes = {sizes[0], sizes[3], sizes[6], sizes[10]};
+  const float scales[] = {1.0f, 0.0f, 0.25f, -0.5f, 2.0f};
+  std::vector<Case> cases;
+  int k = 0;
+  for (int g = 0; g < num_groups; ++g)
+    for (const auto& sz : sizes) {
+      const float sc = scales[k % 5];
+      ++k;
+      cases.push_back({Op::kAllReduce, g, sz, sc, false, false, false, seed + static_cast<std::uint64_t>(k)});
+      cases.push_back({Op::kReduceScatter, g, sz, sc, k % 2 == 1, false, false, seed + 100 + static_cast<std::uint64_t>(k)});
+      cases.push_back({Op::kAllGather, g, sz, 1.0f, false, k % 3 != 0, k % 3 == 2, seed + 200 + static_cast<std::uint64_t>(k)});
+    }
+  return cases;
+}
+
 /// Reduce-scatter needs numel % n == 0: round each tensor up for its group.
 inline Case fit(Case c, int n) {
   if (c.op == Op::kReduceScatter)

@@ -53,6 +53,8 @@ std::vector<BadCase> bad_cases() {
   return {
       {"SizesDiffer", ErrorCode::kShapeMismatch, {"srcs[1]", "bytes", "every member passes the same sizes"},
        [](BucketBuffer& b, int bad) { b.all_reduce({f32(b, 0, 16), f32(b, 4096, b.rank() == bad ? 32 : 16)}); }},
+      {"SizesDifferAcrossPaths", ErrorCode::kShapeMismatch, {"srcs[0]", "bytes", "every member passes the same sizes"},
+       [](BucketBuffer& b, int bad) { b.all_reduce({f32(b, 0, b.rank() == bad ? 65536 : 16)}); }},  // mapped vs one-shot
       {"TooManyTensors", ErrorCode::kInvalidArgument, {"65 tensors", "at most 64"},
        [](BucketBuffer& b, int bad) {
          std::vector<MutableView> xs;

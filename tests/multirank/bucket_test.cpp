@@ -30,10 +30,19 @@ std::string param_name(const ::testing::TestParamInfo<Param>& i) {
          std::to_string(i.param.chunk_bytes) + topo;
 }
 
+/// Whether case c's inputs fit a one-shot board slot of `chunk_bytes` (64-byte places).
+bool fits_board(const Case& c, std::size_t chunk_bytes) {
+  std::size_t b = 0;
+  for (std::int64_t numel : c.numels) b += (static_cast<std::size_t>(numel) * (c.op == Op::kAllGather ? 1 : 4) + 63) / 64 * 64;
+  return b <= chunk_bytes;
+}
+
 /// The algorithm a forced option must give (kNone: not checked). Two-level: the world group
 /// only (the others do not span both machines in machine-major order).
 BucketAlgorithm forced_algorithm(const Param& p, const Case& c, int n) {
   if (n == 1 || p.algorithm == BucketAlgorithm::kNone || p.algorithm == BucketAlgorithm::kStaged) return BucketAlgorithm::kNone;
+  if (p.algorithm == BucketAlgorithm::kOneShot)
+    return fits_board(c, p.chunk_bytes) ? BucketAlgorithm::kOneShot : BucketAlgorithm::kNone;
   if (c.op == Op::kAllGather) return p.algorithm == BucketAlgorithm::kDirect ? BucketAlgorithm::kDirect : BucketAlgorithm::kNone;
   if (p.algorithm == BucketAlgorithm::kTwoLevel)
     return c.op == Op::kAllReduce && c.group == 0 ? BucketAlgorithm::kTwoLevel : BucketAlgorithm::kNone;
@@ -63,6 +72,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{TransportKind::kThreads, 4, BucketAlgorithm::kMapped, 4096},
                       Param{TransportKind::kThreads, 5, BucketAlgorithm::kPipelined, 4096},
                       Param{TransportKind::kThreads, 4, BucketAlgorithm::kDirect, 0},
+                      Param{TransportKind::kThreads, 4, BucketAlgorithm::kOneShot, std::size_t{1} << 20},
+                      Param{TransportKind::kShm, 5, BucketAlgorithm::kOneShot, std::size_t{1} << 20},
+                      Param{TransportKind::kShm, 4, BucketAlgorithm::kStaged, 0},
                       Param{TransportKind::kShm, 8, BucketAlgorithm::kNone, 0},
                       Param{TransportKind::kShm, 4, BucketAlgorithm::kPipelined, 8192},
                       Param{TransportKind::kSim, 4, BucketAlgorithm::kNone, 4096},
@@ -72,6 +84,51 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{TransportKind::kThreads, 8, BucketAlgorithm::kTwoLevel, 4096, "builtin:servers:2"},
                       Param{TransportKind::kSim, 4, BucketAlgorithm::kNone, 4096, "builtin:servers:2"}),
     param_name);
+
+struct OneShotParam {
+  TransportKind transport;
+  int ranks;
+  BucketAlgorithm algorithm;  ///< kNone (auto) or kOneShot (forced)
+};
+
+/// What a call must run on threads and shm (64 KiB board slots): one-shot when the inputs
+/// fit a slot (auto all_reduce: 16 KiB), else mapped (reductions) or direct (all_gather); a
+/// group of one runs locally.
+BucketAlgorithm expected_algorithm(const OneShotParam& p, const Case& c, int n) {
+  if (n == 1) return BucketAlgorithm::kStaged;
+  const bool auto_reduce = c.op == Op::kAllReduce && p.algorithm == BucketAlgorithm::kNone;
+  if (fits_board(c, auto_reduce ? std::size_t{16} << 10 : std::size_t{64} << 10)) return BucketAlgorithm::kOneShot;
+  return c.op == Op::kAllGather ? BucketAlgorithm::kDirect : BucketAlgorithm::kMapped;
+}
+
+class BucketOneShot : public ::testing::TestWithParam<OneShotParam> {};
+
+// Small calls, auto or forced one-shot: 1..64 tensors of odd sizes, the slot's edge (and
+// auto all_reduce's 16 KiB), every group interleaved on one buffer (each group's boards
+// alternate on their own), the scales, guards: bit-exact against the reference, and the
+// algorithm each call ran checked.
+TEST_P(BucketOneShot, SmallCallsBitExactOnEveryGroup) {
+  const OneShotParam prm = GetParam();
+  launch({.num_ranks = prm.ranks, .transport = prm.transport}, [&](Transport& t) {
+    const auto groups = groups_of(t.num_ranks());
+    BucketBuffer b(t, groups, std::size_t{4} << 20, {.topology = "", .chunk_bytes = 0, .algorithm = prm.algorithm});
+    for (const Case& c0 : one_shot_cases(static_cast<int>(groups.size()), 11)) {
+      const int n = static_cast<int>(groups[static_cast<std::size_t>(c0.group)].size());
+      const Case c = fit(c0, n);
+      run_case(b, c, expected_algorithm(prm, c, n));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, BucketOneShot,
+                         ::testing::Values(OneShotParam{TransportKind::kThreads, 3, BucketAlgorithm::kNone},
+                                           OneShotParam{TransportKind::kThreads, 4, BucketAlgorithm::kOneShot},
+                                           OneShotParam{TransportKind::kShm, 3, BucketAlgorithm::kOneShot},
+                                           OneShotParam{TransportKind::kShm, 8, BucketAlgorithm::kNone}),
+                         [](const ::testing::TestParamInfo<OneShotParam>& i) {
+                           return std::string(to_string(i.param.transport)) + "_P" + std::to_string(i.param.ranks) + "_" +
+                                  (i.param.algorithm == BucketAlgorithm::kNone ? "auto" : "forced");
+                         });
 
 }  // namespace
 }  // namespace epx::testing

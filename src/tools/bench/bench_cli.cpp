@@ -213,7 +213,7 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--chunk-bytes", o.chunk_bytes, "--op <collective>: BucketOptions::chunk_bytes, a staging slot's payload (0 = auto)")
       ->capture_default_str();
   sub->add_option("--algorithm", o.algorithm,
-                  "--op <collective>: auto | staged | mapped | pipelined | two-level | direct (BucketOptions::algorithm: "
+                  "--op <collective>: auto | staged | mapped | pipelined | two-level | direct | one-shot (BucketOptions::algorithm: "
                   "the one to use where it can run; for A/B runs)")->capture_default_str();
   add_dataplane_options(sub, o.dataplane);
   sub->parse_complete_callback([sub, &o] {

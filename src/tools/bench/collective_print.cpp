@@ -38,7 +38,7 @@ void print_ranks(std::FILE* f, const CollectiveReport& r) {
                  r.rank[i].max, r.exchange_rank_us[i], r.data_rank_us[i], r.done_rank_us[i], mib(r.peak_rss_bytes[i]),
                  k == r.slowest_rank ? "  slowest" : "");
   }
-  std::fprintf(f, "  window %.2f MiB per rank (storage %.2f MiB + staging slots)\n", mib(r.window_bytes), mib(r.call_bytes));
+  std::fprintf(f, "  window %.2f MiB per rank (storage %.2f MiB + staging slots and boards)\n", mib(r.window_bytes), mib(r.call_bytes));
 }
 
 void print_checks(std::FILE* f, const CollectiveReport& r) {
