@@ -33,10 +33,11 @@ struct PyPPView {
 
 class PyPP : public BufferHolder<PPBuffer> {
  public:
-  PyPP(std::shared_ptr<PyTransport> group, std::size_t bytes, int inflight, std::vector<std::pair<int, int>> links)
+  PyPP(std::shared_ptr<PyTransport> group, std::size_t bytes, int inflight, std::vector<std::pair<int, int>> links,
+       std::size_t chunk_bytes)
       : BufferHolder(std::move(group)) {
     pyb::gil_scoped_release nogil;
-    buffer_ = std::make_unique<PPBuffer>(group_->transport(), PPConfig{bytes, inflight, std::move(links)});
+    buffer_ = std::make_unique<PPBuffer>(group_->transport(), PPConfig{bytes, inflight, std::move(links), chunk_bytes});
   }
 
   void send(std::uintptr_t address, std::size_t n, int dst) {
@@ -78,17 +79,18 @@ void bind_pp(pyb::module_& m) {
       .def_property_readonly("seq", [](const PyPPView& v) { return v.view.seq; });
   pyb::class_<PyPP> pp(m, "PPBuffer");
   bind_buffer_basics(pp)
-      .def(pyb::init<std::shared_ptr<PyTransport>, std::size_t, int, std::vector<std::pair<int, int>>>(),
+      .def(pyb::init<std::shared_ptr<PyTransport>, std::size_t, int, std::vector<std::pair<int, int>>, std::size_t>(),
            pyb::arg("transport"), pyb::arg("num_max_tensor_bytes"), pyb::arg("num_max_inflight_tensors"),
-           pyb::arg("links"))
+           pyb::arg("links"), pyb::arg("chunk_bytes"))
       .def("send", &PyPP::send)
       .def("recv", &PyPP::recv)
       .def("recv_view", &PyPP::recv_view)
       .def("release", &PyPP::release)
       .def("stats", &PyPP::stats)
       .def("in_flight", &PyPP::in_flight);
-  m.def("pp_buffer_size_hint", [](int P, std::size_t bytes, int inflight, std::vector<std::pair<int, int>> links) {
-    return PPBuffer::get_buffer_size_hint(P, PPConfig{bytes, inflight, std::move(links)});
+  m.def("pp_buffer_size_hint", [](int P, std::size_t bytes, int inflight, std::vector<std::pair<int, int>> links,
+                                  std::size_t chunk_bytes) {
+    return PPBuffer::get_buffer_size_hint(P, PPConfig{bytes, inflight, std::move(links), chunk_bytes});
   });
 }
 
