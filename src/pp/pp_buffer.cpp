@@ -2,6 +2,7 @@
 // waits for a free slot (the receiver's released count), puts header and payload, then
 // signals the receiver's arrived count (ordered after the puts). A receive waits for that
 // count, checks the header, copies (or lends the slot) and signals the released count back.
+// Large messages between mapped ranks may stream through a ring instead (stream.hpp).
 #include "epx/pp.hpp"
 
 #include <algorithm>
@@ -11,7 +12,6 @@
 #include <string>
 #include <thread>
 
-#include "epx/spi/copy.hpp"
 #include "layout.hpp"
 #include "stream.hpp"
 
