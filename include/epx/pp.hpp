@@ -48,6 +48,12 @@ struct PPConfig {
   /// passes its stages' links (pp_ring_links, pp_chain_links) to keep windows small.
   /// Every rank passes the same links (checked at construction).
   std::vector<std::pair<int, int>> links{};
+  /// Between ranks whose windows are mapped (shm, threads), messages of at least 4 chunks
+  /// move in chunks of this many bytes and, when the receiver is already waiting in recv(),
+  /// through a ring of 4 chunks per linked rank that the receiver empties as it fills (the
+  /// bytes cross memory once). 0: 256 KiB; else a multiple of 64. The window has the rings
+  /// when num_max_tensor_bytes is at least 4 chunks.
+  std::size_t chunk_bytes = 0;
 };
 
 /// Links of a ring of `num_ranks`: r with (r + 1) % num_ranks (DeepEP's neighbours).
@@ -75,6 +81,7 @@ struct PPPeerStats {
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::uint64_t send_wait_ns = 0;  ///< time sends to this peer waited for a free slot
   std::uint64_t recv_wait_ns = 0;  ///< time receives from this peer waited for the message
+  std::uint64_t streamed = 0;      ///< messages sent to this peer partly through its ring (PPConfig::chunk_bytes)
 };
 
 class PPBuffer : public BufferBase {
@@ -118,7 +125,17 @@ class PPBuffer : public BufferBase {
   std::uint64_t in_flight(int dst_rank);
 
  private:
-  PPView peek(int src_rank, std::size_t expect_nbytes, const char* what);  // the next message, not taken yet
+  struct Peeked {
+    PPView view;
+    std::uint64_t ring_from;  // the chunk from which its bytes come through the ring (stream.hpp)
+  };
+  // The next message, not taken yet; `into`: recv's tensor (its receive may be posted for
+  // streaming), nullptr: a view.
+  Peeked peek(int src_rank, std::size_t expect_nbytes, const MutableView* into);
+  // Waits for message n (posting the receive of `post_nbytes` bytes unless kAnyBytes).
+  void wait_message(Transport& t, int src_rank, std::uint64_t n, std::size_t post_nbytes);
+  // The bytes of message n into dst's slot (or ring), the header, the arrived signal.
+  void move_message(Transport& t, const std::byte* x, std::size_t nbytes, int dst_rank, std::uint64_t n);
   void take(const PPView& view);  // counts it received (its slot is held until release)
 
   struct Impl;

@@ -13,7 +13,10 @@ right size gets it). A send waits only while the pair's num_max_inflight_tensors
 full, up to the transport's timeout (then epx.Error "timeout" naming the peer whose
 receives are behind). Any peer may be addressed, this rank included, if linked: `links`
 lists the pairs of ranks that talk ([(0, 1), (2, 3)], "ring", or None = every pair);
-each rank's window holds num_max_inflight_tensors slots per linked rank.
+each rank's window holds num_max_inflight_tensors slots per linked rank. Between ranks whose
+memory is mapped (shm, threads) a message of at least 4 x `chunk_bytes` (default 256 KiB) that
+the receiver already waits for in recv() moves through a small ring it empties as it fills
+(the bytes cross memory once): see docs/buffers.md.
 
 Construction and destroy() are collective (every rank of the group, the same arguments; a
 difference raises epx.Error on every rank). send / recv / recv_view are point-to-point and
@@ -90,13 +93,13 @@ def _view_tensor(raw, dtype, shape):
 
 class PPBuffer:
     def __init__(self, group=None, num_max_tensor_bytes=0, num_max_inflight_tensors=1, sl_idx=None,
-                 num_gpu_timeout_secs=100, explicitly_destroy=False, *, links=None):
+                 num_gpu_timeout_secs=100, explicitly_destroy=False, *, links=None, chunk_bytes=0):
         """Collective over `group` (None: the default group). See the module's doc."""
         del sl_idx, num_gpu_timeout_secs  # DeepEP's GPU knobs
         self.group = group
         self._transport = transport_of(group)
         self._runtime = _epx.PPBuffer(self._transport, int(num_max_tensor_bytes), int(num_max_inflight_tensors),
-                                      _links(links, self._transport.num_ranks))
+                                      _links(links, self._transport.num_ranks), int(chunk_bytes))
         self.explicitly_destroy = explicitly_destroy
         self.rank_idx, self.num_ranks = self._runtime.rank, self._runtime.num_ranks
         self.num_max_tensor_bytes = int(num_max_tensor_bytes)
@@ -125,7 +128,8 @@ class PPBuffer:
 
     def stats(self, peer):
         """This rank's counters for `peer`: sent, received, bytes_sent, bytes_received,
-        send_wait_ns (sends waiting for a free slot), recv_wait_ns."""
+        send_wait_ns (sends waiting for a free slot), recv_wait_ns, streamed (messages sent
+        partly through the peer's ring)."""
         return self._runtime.stats(int(peer))
 
     def in_flight(self, dst_rank_idx):
@@ -141,10 +145,10 @@ class PPBuffer:
         return self._runtime.window_bytes
 
     @staticmethod
-    def get_buffer_size_hint(num_ranks, num_max_tensor_bytes, num_max_inflight_tensors, links=None):
+    def get_buffer_size_hint(num_ranks, num_max_tensor_bytes, num_max_inflight_tensors, links=None, chunk_bytes=0):
         """Bytes of each rank's window for these arguments."""
         return _epx.pp_buffer_size_hint(int(num_ranks), int(num_max_tensor_bytes), int(num_max_inflight_tensors),
-                                        _links(links, int(num_ranks)))
+                                        _links(links, int(num_ranks)), int(chunk_bytes))
 
 
 def _is_torch_dtype(dtype):

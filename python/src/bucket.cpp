@@ -15,6 +15,7 @@
 #include "collective_data.hpp"
 #include "epx/bucket.hpp"
 #include "epx/error.hpp"
+#include "buffer_holder.hpp"
 #include "group_transport.hpp"
 #include "tensors.hpp"
 
@@ -123,18 +124,18 @@ class PyBucketEvent {
   std::shared_ptr<Interrupt> interrupt_;
 };
 
-class PyBucket {
+class PyBucket : public BufferHolder<BucketBuffer> {
  public:
   PyBucket(std::shared_ptr<PyTransport> group, const std::vector<std::vector<int>>& groups, std::size_t num_bytes,
            const std::vector<Planned>& plan, std::size_t chunk,
            const std::string& algorithm)
-      : group_(std::move(group)) {
+      : BufferHolder(std::move(group)) {
     BucketOptions o;
     o.chunk_bytes = chunk;
     o.algorithm = parse_bucket_algorithm(algorithm);
     pyb::gil_scoped_release nogil;
     if (plan.empty()) {
-      b_ = std::make_unique<BucketBuffer>(group_->transport(), groups, num_bytes, o);
+      buffer_ = std::make_unique<BucketBuffer>(group_->transport(), groups, num_bytes, o);
       return;
     }
     BufferAllocator a;
@@ -142,17 +143,9 @@ class PyBucket {
     if (a.total_bytes() != num_bytes)
       throw Error(ErrorCode::kInternal, "bucket: the plan's bytes differ between Python and C++ (" +
                                             std::to_string(a.total_bytes()) + " vs " + std::to_string(num_bytes) + ")");
-    b_ = std::make_unique<BucketBuffer>(group_->transport(), groups, a, o);
+    buffer_ = std::make_unique<BucketBuffer>(group_->transport(), groups, a, o);
   }
-  ~PyBucket() {
-    pyb::gil_scoped_release nogil;
-    b_.reset();
-  }
-
-  BucketBuffer& b() {
-    if (!b_) throw Error(ErrorCode::kInvalidArgument, "bucket: the buffer was destroyed");
-    return *b_;
-  }
+  BucketBuffer& b() { return buffer(); }
   pyb::object storage(const std::string& flavor) {
     std::shared_ptr<std::byte> ref = b().storage_ref();
     Tensor t = Tensor::adopt(std::move(ref), DType::kFP8E4M3, Shape{static_cast<std::int64_t>(b().num_bytes())});
@@ -177,12 +170,6 @@ class PyBucket {
     pyb::gil_scoped_release nogil;
     b().fail_call(ranks, call.c_str(), problem);
   }
-  void destroy() {
-    if (!b_) return;
-    pyb::gil_scoped_release nogil;
-    b_->destroy();
-    b_.reset();
-  }
   pyb::dict last_stats() {
     const BucketStats& s = b().last_stats();
     pyb::dict d;
@@ -192,10 +179,6 @@ class PyBucket {
     d["done_us"] = s.done_us;
     return d;
   }
-
- private:
-  std::shared_ptr<PyTransport> group_;
-  std::unique_ptr<BucketBuffer> b_;
 };
 
 }  // namespace
@@ -205,7 +188,8 @@ void bind_bucket(pyb::module_& m) {
       .def("wait", &PyBucketEvent::wait)
       .def("done", &PyBucketEvent::done)
       .def("results", &PyBucketEvent::results);
-  pyb::class_<PyBucket>(m, "BucketBuffer")
+  pyb::class_<PyBucket> bucket(m, "BucketBuffer");
+  bind_buffer_basics(bucket)
       .def(pyb::init<std::shared_ptr<PyTransport>, const std::vector<std::vector<int>>&, std::size_t,
                      const std::vector<Planned>&, std::size_t,
                      const std::string&>(),
@@ -213,9 +197,6 @@ void bind_bucket(pyb::module_& m) {
            pyb::arg("algorithm"))
       .def("storage", &PyBucket::storage, pyb::arg("flavor"))
       .def_property_readonly("storage_ptr", &PyBucket::storage_ptr)
-      .def_property_readonly("rank", [](PyBucket& p) { return p.b().rank(); })
-      .def_property_readonly("num_ranks", [](PyBucket& p) { return p.b().num_ranks(); })
-      .def_property_readonly("window_bytes", [](PyBucket& p) { return p.b().window_bytes(); })
       .def_property_readonly("chunk_bytes", [](PyBucket& p) { return p.b().chunk_bytes(); })
       .def_property_readonly("last_algorithm", [](PyBucket& p) { return std::string(to_string(p.b().last_algorithm())); })
       .def_property_readonly("last_stats", &PyBucket::last_stats)
@@ -223,8 +204,7 @@ void bind_bucket(pyb::module_& m) {
       .def("reduce_scatter", &PyBucket::reduce_scatter, pyb::arg("srcs"), pyb::arg("precision"), pyb::arg("scale"),
            pyb::arg("group"))
       .def("all_reduce", &PyBucket::all_reduce, pyb::arg("srcs"), pyb::arg("scale"), pyb::arg("group"))
-      .def("fail_call", &PyBucket::fail_call, pyb::arg("ranks"), pyb::arg("call"), pyb::arg("problem"))
-      .def("destroy", &PyBucket::destroy);
+      .def("fail_call", &PyBucket::fail_call, pyb::arg("ranks"), pyb::arg("call"), pyb::arg("problem"));
   // The inputs and checks of epx bench --op <collective> (bench/collective_data.hpp), for its
   // gloo baseline (python -m epx.bench_collective): the same numbers as the C++ side.
   m.def("collective_input", [](std::uint64_t seed, int rank, int tensor, std::size_t nbytes) {

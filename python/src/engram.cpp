@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "epx/engram.hpp"
+#include "buffer_holder.hpp"
 #include "group_transport.hpp"
 #include "tensors.hpp"
 
@@ -62,23 +63,12 @@ class PyFetch {
   std::shared_ptr<PyTransport> group_;
 };
 
-class PyEngram {
+class PyEngram : public BufferHolder<EngramBuffer> {
  public:
   PyEngram(std::shared_ptr<PyTransport> group, std::size_t num_bytes, std::size_t num_storage_bytes)
-      : group_(std::move(group)) {
+      : BufferHolder(std::move(group)) {
     pyb::gil_scoped_release nogil;
     buffer_ = std::make_unique<EngramBuffer>(group_->transport(), num_bytes, num_storage_bytes);
-  }
-
-  template <class F>
-  auto call(F&& f) {
-    try {
-      pyb::gil_scoped_release nogil;
-      return f(*buffer_);
-    } catch (const Error&) {
-      group_->interrupt()->rethrow_if_interrupted();
-      throw;
-    }
   }
 
   void set_config(std::vector<std::int64_t> N, std::int64_t H, std::int64_t T, std::int64_t E, const std::string& dtype,
@@ -112,17 +102,7 @@ class PyEngram {
     return PyFetch(std::move(f), group_);
   }
 
-  void destroy() {
-    call([](EngramBuffer& b) { b.destroy(); });
-  }
   std::string path() const { return buffer_->path(); }
-  int rank() const { return buffer_->rank(); }
-  int num_ranks() const { return buffer_->num_ranks(); }
-  std::size_t window_bytes() const { return buffer_->window_bytes(); }
-
- private:
-  std::shared_ptr<PyTransport> group_;
-  std::unique_ptr<EngramBuffer> buffer_;
 };
 
 }  // namespace
@@ -132,17 +112,14 @@ void bind_engram(pyb::module_& m) {
       .def_property_readonly("num_layers", &PyFetch::num_layers)
       .def("layer", &PyFetch::layer)
       .def("stats", &PyFetch::stats);
-  pyb::class_<PyEngram>(m, "EngramBuffer")
+  pyb::class_<PyEngram> engram(m, "EngramBuffer");
+  bind_buffer_basics(engram)
       .def(pyb::init<std::shared_ptr<PyTransport>, std::size_t, std::size_t>(), pyb::arg("transport"),
            pyb::arg("num_bytes"), pyb::arg("num_storage_bytes"))
       .def("set_config", &PyEngram::set_config)
       .def("write", &PyEngram::write, pyb::arg("tables"), pyb::arg("sfs") = pyb::none())
       .def("fetch", &PyEngram::fetch)
-      .def("destroy", &PyEngram::destroy)
-      .def_property_readonly("path", &PyEngram::path)
-      .def_property_readonly("rank", &PyEngram::rank)
-      .def_property_readonly("num_ranks", &PyEngram::num_ranks)
-      .def_property_readonly("window_bytes", &PyEngram::window_bytes);
+      .def_property_readonly("path", &PyEngram::path);
   m.def("engram_size_hint", [](int P, std::vector<std::int64_t> N, std::int64_t H, std::int64_t T, std::int64_t E,
                                const std::string& dtype, std::int64_t sf_packs) {
     const EngramSizes z = EngramBuffer::get_storage_size_hint(P, EngramConfig{std::move(N), H, T, E, engram_dtype(dtype), sf_packs});

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "epx/pp.hpp"
+#include "buffer_holder.hpp"
 #include "group_transport.hpp"
 #include "tensors.hpp"
 
@@ -30,23 +31,13 @@ struct PyPPView {
   }
 };
 
-class PyPP {
+class PyPP : public BufferHolder<PPBuffer> {
  public:
-  PyPP(std::shared_ptr<PyTransport> group, std::size_t bytes, int inflight, std::vector<std::pair<int, int>> links)
-      : group_(std::move(group)) {
+  PyPP(std::shared_ptr<PyTransport> group, std::size_t bytes, int inflight, std::vector<std::pair<int, int>> links,
+       std::size_t chunk_bytes)
+      : BufferHolder(std::move(group)) {
     pyb::gil_scoped_release nogil;
-    buffer_ = std::make_unique<PPBuffer>(group_->transport(), PPConfig{bytes, inflight, std::move(links)});
-  }
-
-  template <class F>
-  auto call(F&& f) {
-    try {
-      pyb::gil_scoped_release nogil;
-      return f(*buffer_);
-    } catch (const Error&) {
-      group_->interrupt()->rethrow_if_interrupted();
-      throw;
-    }
+    buffer_ = std::make_unique<PPBuffer>(group_->transport(), PPConfig{bytes, inflight, std::move(links), chunk_bytes});
   }
 
   void send(std::uintptr_t address, std::size_t n, int dst) {
@@ -70,21 +61,12 @@ class PyPP {
     pyb::dict d;
     d["sent"] = s.sent, d["received"] = s.received, d["bytes_sent"] = s.bytes_sent;
     d["bytes_received"] = s.bytes_received, d["send_wait_ns"] = s.send_wait_ns, d["recv_wait_ns"] = s.recv_wait_ns;
+    d["streamed"] = s.streamed;
     return d;
   }
   std::uint64_t in_flight(int dst) {
     return call([&](PPBuffer& b) { return b.in_flight(dst); });
   }
-  void destroy() {
-    call([](PPBuffer& b) { b.destroy(); });
-  }
-  int rank() const { return buffer_->rank(); }
-  int num_ranks() const { return buffer_->num_ranks(); }
-  std::size_t window_bytes() const { return buffer_->window_bytes(); }
-
- private:
-  std::shared_ptr<PyTransport> group_;
-  std::unique_ptr<PPBuffer> buffer_;
 };
 
 }  // namespace
@@ -95,22 +77,20 @@ void bind_pp(pyb::module_& m) {
       .def_property_readonly("nbytes", [](const PyPPView& v) { return v.view.nbytes; })
       .def_property_readonly("src", [](const PyPPView& v) { return v.view.src; })
       .def_property_readonly("seq", [](const PyPPView& v) { return v.view.seq; });
-  pyb::class_<PyPP>(m, "PPBuffer")
-      .def(pyb::init<std::shared_ptr<PyTransport>, std::size_t, int, std::vector<std::pair<int, int>>>(),
+  pyb::class_<PyPP> pp(m, "PPBuffer");
+  bind_buffer_basics(pp)
+      .def(pyb::init<std::shared_ptr<PyTransport>, std::size_t, int, std::vector<std::pair<int, int>>, std::size_t>(),
            pyb::arg("transport"), pyb::arg("num_max_tensor_bytes"), pyb::arg("num_max_inflight_tensors"),
-           pyb::arg("links"))
+           pyb::arg("links"), pyb::arg("chunk_bytes"))
       .def("send", &PyPP::send)
       .def("recv", &PyPP::recv)
       .def("recv_view", &PyPP::recv_view)
       .def("release", &PyPP::release)
       .def("stats", &PyPP::stats)
-      .def("in_flight", &PyPP::in_flight)
-      .def("destroy", &PyPP::destroy)
-      .def_property_readonly("rank", &PyPP::rank)
-      .def_property_readonly("num_ranks", &PyPP::num_ranks)
-      .def_property_readonly("window_bytes", &PyPP::window_bytes);
-  m.def("pp_buffer_size_hint", [](int P, std::size_t bytes, int inflight, std::vector<std::pair<int, int>> links) {
-    return PPBuffer::get_buffer_size_hint(P, PPConfig{bytes, inflight, std::move(links)});
+      .def("in_flight", &PyPP::in_flight);
+  m.def("pp_buffer_size_hint", [](int P, std::size_t bytes, int inflight, std::vector<std::pair<int, int>> links,
+                                  std::size_t chunk_bytes) {
+    return PPBuffer::get_buffer_size_hint(P, PPConfig{bytes, inflight, std::move(links), chunk_bytes});
   });
 }
 

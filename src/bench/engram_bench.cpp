@@ -2,8 +2,6 @@
 // the peers (p2p_peers.cpp) and the aggregation.
 #include <chrono>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "epx/bench/p2p.hpp"
@@ -12,7 +10,6 @@
 #include "epx/launch.hpp"
 #include "p2p_data.hpp"
 #include "p2p_peers.hpp"
-#include "temp_dir.hpp"
 
 namespace epx::tools {
 
@@ -137,32 +134,11 @@ EngramBenchReport measure_engram(const EngramBenchOptions& o) {
   const auto wall0 = Clock::now();
   const int ranks = o.common.ranks > 0 ? o.common.ranks : 4;
   check_engram_options(o, ranks);
-  TempDir tmp;
-  LaunchOptions lo;
-  lo.num_ranks = ranks;
-  lo.transport = parse_transport_kind(o.common.transport);
-  lo.timeout = checked_timeout(o.common.timeout_ms);
   if (o.common.progress) std::fprintf(stderr, "epx bench: engram on %d %s ranks ...\n", ranks, o.common.transport.c_str());
-  std::vector<nlohmann::json> records(static_cast<std::size_t>(ranks));
-  std::vector<nlohmann::json> peer_json(o.common.peers.size());
-  std::vector<PeerRun> peer_runs(o.common.peers.size());
-  for (int round = 0; round < o.common.rounds; ++round) {
-    launch(lo, [&](Transport& t) {
-      std::ofstream(tmp.path() / ("engram_rank" + std::to_string(t.rank()) + ".json")) << run_engram_rank(t, o);
-    });
-    for (int r = 0; r < ranks; ++r) {
-      std::ifstream in(tmp.path() / ("engram_rank" + std::to_string(r) + ".json"));
-      merge_samples(records[static_cast<std::size_t>(r)],
-                    nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>())));
-    }
-    for (std::size_t i = 0; i < o.common.peers.size(); ++i) {
-      if (o.common.peers[i] == "none" || (round > 0 && !peer_runs[i].ran)) continue;
-      PeerRun run;
-      if (o.fp8) run.name = o.common.peers[i], run.why_not = "the peers gather bf16 rows only (this run is --engram-fp8)";
-      else merge_samples(peer_json[i], run_peer(o.common, o.common.peers[i], ranks, engram_peer_args(o), tmp.path(), run));
-      if (round == 0 || !run.ran) peer_runs[i] = run;
-    }
-  }
+  std::vector<nlohmann::json> records, peer_json;
+  const std::vector<PeerRun> peer_runs =
+      run_rounds(o.common, ranks, engram_peer_args(o), [&](Transport& t) { return run_engram_rank(t, o); },
+                 o.fp8 ? "the peers gather bf16 rows only (this run is --engram-fp8)" : "", records, peer_json);
   std::vector<std::string> texts;
   for (const auto& r : records) texts.push_back(r.dump());
   EngramBenchReport rep = aggregate_engram(o, texts);

@@ -3,9 +3,12 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "epx/launch.hpp"
 #include "process.hpp"
+#include "temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -108,6 +111,36 @@ void merge_samples(nlohmann::json& into, const nlohmann::json& more) {
     for (auto it = into.begin(); it != into.end(); ++it)
       if (more.contains(it.key())) merge_samples(it.value(), more[it.key()]);
   }
+}
+
+std::vector<PeerRun> run_rounds(const P2PCommon& c, int ranks, const std::vector<std::string>& peer_args,
+                                const std::function<std::string(Transport&)>& rank_record, const std::string& no_peers,
+                                std::vector<nlohmann::json>& records, std::vector<nlohmann::json>& peer_json) {
+  TempDir tmp;
+  LaunchOptions lo;
+  lo.num_ranks = ranks;
+  lo.transport = parse_transport_kind(c.transport);
+  lo.timeout = checked_timeout(c.timeout_ms);
+  records.assign(static_cast<std::size_t>(ranks), nullptr);
+  peer_json.assign(c.peers.size(), nullptr);
+  std::vector<PeerRun> runs(c.peers.size());
+  auto record_of = [&](int r) { return tmp.path() / ("rank" + std::to_string(r) + ".json"); };
+  for (int round = 0; round < c.rounds; ++round) {
+    launch(lo, [&](Transport& t) { std::ofstream(record_of(t.rank())) << rank_record(t); });
+    for (int r = 0; r < ranks; ++r) {
+      std::ifstream in(record_of(r));
+      const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+      merge_samples(records[static_cast<std::size_t>(r)], nlohmann::json::parse(text));
+    }
+    for (std::size_t i = 0; i < c.peers.size(); ++i) {
+      if (c.peers[i] == "none" || (round > 0 && !runs[i].ran)) continue;
+      PeerRun run;
+      if (!no_peers.empty()) run.name = c.peers[i], run.why_not = no_peers;
+      else merge_samples(peer_json[i], run_peer(c, c.peers[i], ranks, peer_args, tmp.path(), run));
+      if (round == 0 || !run.ran) runs[i] = run;
+    }
+  }
+  return runs;
 }
 
 std::vector<std::string> pp_peer_args(const PPBenchOptions& o) {

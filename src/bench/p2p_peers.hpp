@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -29,6 +30,15 @@ nlohmann::json run_mpi_p2p_in_job(const P2PCommon& c, const std::vector<std::str
 /// when it did not run (run.why_not says why).
 nlohmann::json run_peer(const P2PCommon& c, const std::string& peer, int ranks, const std::vector<std::string>& args,
                         const std::filesystem::path& dir, PeerRun& run);
+
+/// The rounds of one op (P2PCommon::rounds): each launches c.ranks ranks (on c.transport) of
+/// which each writes `rank_record(t)` (its JSON text), pooled into records[rank], then runs
+/// every peer (peer_json[i], pooled likewise; a peer that did not run in round 0 is not run
+/// again). `no_peers`: why the peers cannot run this problem ("" when they can). Returns the
+/// peers' runs (round 0's, or the round that failed).
+std::vector<PeerRun> run_rounds(const P2PCommon& c, int ranks, const std::vector<std::string>& peer_args,
+                                const std::function<std::string(Transport&)>& rank_record, const std::string& no_peers,
+                                std::vector<nlohmann::json>& records, std::vector<nlohmann::json>& peer_json);
 
 /// Pools the samples of another round into `into` (number arrays concatenated, everything
 /// else — hashes, counts — kept from the first round).

@@ -2,8 +2,6 @@
 // peers (p2p_peers.cpp) and the aggregation.
 #include <chrono>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "epx/bench/p2p.hpp"
@@ -12,18 +10,12 @@
 #include "epx/pp.hpp"
 #include "p2p_data.hpp"
 #include "p2p_peers.hpp"
-#include "temp_dir.hpp"
 
 namespace epx::tools {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
 
@@ -203,30 +195,11 @@ PPBenchReport measure_pp(const PPBenchOptions& o) {
   const auto wall0 = Clock::now();
   const int ranks = o.common.ranks > 0 ? o.common.ranks : 8;
   check_pp_options(o, ranks);
-  TempDir tmp;
-  LaunchOptions lo;
-  lo.num_ranks = ranks;
-  lo.transport = parse_transport_kind(o.common.transport);
-  lo.timeout = checked_timeout(o.common.timeout_ms);
   if (o.common.progress)
     std::fprintf(stderr, "epx bench: pp on %d %s ranks, %d round(s) ...\n", ranks, o.common.transport.c_str(), o.common.rounds);
-  std::vector<nlohmann::json> records(static_cast<std::size_t>(ranks));
-  std::vector<nlohmann::json> peer_json(o.common.peers.size());
-  std::vector<PeerRun> peer_runs(o.common.peers.size());
-  for (int round = 0; round < o.common.rounds; ++round) {
-    launch(lo, [&](Transport& t) {
-      std::ofstream(tmp.path() / ("pp_rank" + std::to_string(t.rank()) + ".json")) << run_pp_rank(t, o);
-    });
-    for (int r = 0; r < ranks; ++r)
-      merge_samples(records[static_cast<std::size_t>(r)],
-                    nlohmann::json::parse(read_text(tmp.path() / ("pp_rank" + std::to_string(r) + ".json"))));
-    for (std::size_t i = 0; i < o.common.peers.size(); ++i) {
-      if (o.common.peers[i] == "none" || (round > 0 && !peer_runs[i].ran)) continue;
-      PeerRun run;
-      merge_samples(peer_json[i], run_peer(o.common, o.common.peers[i], ranks, pp_peer_args(o), tmp.path(), run));
-      if (round == 0 || !run.ran) peer_runs[i] = run;
-    }
-  }
+  std::vector<nlohmann::json> records, peer_json;
+  const std::vector<PeerRun> peer_runs = run_rounds(o.common, ranks, pp_peer_args(o), [&](Transport& t) { return run_pp_rank(t, o); },
+                                                    "", records, peer_json);
   std::vector<std::string> texts;
   for (const auto& r : records) texts.push_back(r.dump());
   PPBenchReport rep = aggregate_pp(o, texts);

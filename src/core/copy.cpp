@@ -19,10 +19,9 @@ namespace epx {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Head up to an aligned destination, then four vectors per step, then the tail; false when
-// this target has no streaming stores (the caller copies with memcpy).
-bool StreamCopy(std::byte* dst, const std::byte* src, std::size_t bytes) {
 #if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+// Head up to an aligned destination, then four vectors per step, then the tail; no fence.
+void StreamBody(std::byte* dst, const std::byte* src, std::size_t bytes) {
   const hn::ScalableTag<std::uint8_t> d;
   const std::size_t N = hn::Lanes(d);
   auto* out = reinterpret_cast<std::uint8_t*>(dst);
@@ -39,11 +38,35 @@ bool StreamCopy(std::byte* dst, const std::byte* src, std::size_t bytes) {
     hn::Stream(e, d, out + i + 3 * N);
   }
   std::memcpy(out + i, in + i, bytes - i);
+}
+#endif
+
+// false when this target has no streaming stores (the caller copies with memcpy).
+bool StreamCopy(std::byte* dst, const std::byte* src, std::size_t bytes) {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  StreamBody(dst, src, bytes);
   // Streaming stores are weakly ordered: fence them before the caller's next signal.
   hwy::FlushStream();
   return true;
 #else
   (void)dst, (void)src, (void)bytes;
+  return false;
+#endif
+}
+
+// Gathered rows: the first line of the row kRowsAhead on is prefetched (the hardware
+// prefetchers fetch the rest of it once it is touched), one fence after the last row.
+bool StreamRows(std::byte* dst, const std::byte* const* src, std::size_t n, std::size_t row_bytes) {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  constexpr std::size_t kRowsAhead = 16;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kRowsAhead < n && src[i + kRowsAhead] != nullptr) hwy::Prefetch(src[i + kRowsAhead]);
+    if (src[i] != nullptr) StreamBody(dst + i * row_bytes, src[i], row_bytes);
+  }
+  hwy::FlushStream();
+  return true;
+#else
+  (void)dst, (void)src, (void)n, (void)row_bytes;
   return false;
 #endif
 }
@@ -64,6 +87,7 @@ HWY_AFTER_NAMESPACE();
 namespace epx {
 
 HWY_EXPORT(StreamCopy);
+HWY_EXPORT(StreamRows);
 HWY_EXPORT(Target);
 
 std::size_t stream_min_bytes() noexcept {
@@ -84,6 +108,14 @@ void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
 void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept {
   if (bytes >= stream_min_bytes()) return stream_copy(dst, src, bytes);
   std::memcpy(dst, src, bytes);
+}
+
+void stream_copy_rows(void* dst, const void* const* src, std::size_t n, std::size_t row_bytes) noexcept {
+  auto* out = static_cast<std::byte*>(dst);
+  const auto* const* in = reinterpret_cast<const std::byte* const*>(src);
+  if (HWY_DYNAMIC_DISPATCH(StreamRows)(out, in, n, row_bytes)) return;
+  for (std::size_t i = 0; i < n; ++i)
+    if (in[i] != nullptr) std::memcpy(out + i * row_bytes, in[i], row_bytes);
 }
 
 const char* stream_copy_target() noexcept { return HWY_DYNAMIC_DISPATCH(Target)(); }

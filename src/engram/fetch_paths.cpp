@@ -4,12 +4,16 @@
 #include <string>
 
 #include "epx/error.hpp"
+#include "epx/spi/copy.hpp"
 
 namespace epx::engram {
 
 namespace {
 
-constexpr int kPrefetchRows = 8;  // rows read ahead of the copy (random rows miss every cache)
+constexpr int kPrefetchRows = 16;  // rows read ahead of the copy (random rows miss every cache)
+/// A layer's output of at least this many bytes is written with streaming stores (it does not
+/// fit the cache: reading its lines before overwriting them would cost a third of the traffic).
+constexpr std::size_t kStreamOutputBytes = std::size_t{1} << 20;
 
 const std::int32_t* layer_indices(const FetchState& s, int l) {
   const Layout& L = *s.core.layout;
@@ -20,9 +24,9 @@ std::size_t layer_rows(const FetchState& s) {
   return static_cast<std::size_t>(s.num_tokens * s.core.layout->per_token());
 }
 
-void prefetch_row(const std::byte* p, std::size_t bytes) {
-  for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 0);
-}
+/// The row's first line: the hardware prefetchers fetch the rest once it is touched
+/// (prefetching every line of a row ahead fills the line-fill buffers and stalls the copy).
+void prefetch_row(const std::byte* p) { __builtin_prefetch(p, 0, 3); }
 
 }  // namespace
 
@@ -77,14 +81,17 @@ void copy_readable_rows(FetchState& s, int l) {
   const std::byte* const* src_sf = sb ? s.src_sf.data() + static_cast<std::size_t>(l) * n : nullptr;
   std::byte* out = c.window + L.out_offset(l);
   std::byte* out_sf = c.window + L.out_sf_offset(l);
-  for (std::size_t i = 0; i < n && i < static_cast<std::size_t>(kPrefetchRows); ++i)
-    if (src[i]) prefetch_row(src[i], rb);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchRows < n && src[i + kPrefetchRows]) prefetch_row(src[i + kPrefetchRows], rb);
-    if (src[i] == nullptr) continue;  // moved by the served path
-    std::memcpy(out + i * rb, src[i], rb);
-    if (sb) std::memcpy(out_sf + i * sb, src_sf[i], sb);
+  if (n * rb >= kStreamOutputBytes) {
+    stream_copy_rows(out, reinterpret_cast<const void* const*>(src), n, rb);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i + kPrefetchRows < n && src[i + kPrefetchRows]) prefetch_row(src[i + kPrefetchRows]);
+      if (src[i] != nullptr) std::memcpy(out + i * rb, src[i], rb);  // null: moved by the served path
+    }
   }
+  if (sb)
+    for (std::size_t i = 0; i < n; ++i)
+      if (src_sf[i] != nullptr) std::memcpy(out_sf + i * sb, src_sf[i], sb);
 }
 
 /// Waits for every remote owner's replies of layer l and moves them to their places.

@@ -9,8 +9,12 @@
 namespace epx::pp {
 
 Layout::Layout(int num_ranks, std::size_t max_tensor_bytes, int inflight,
-               const std::vector<std::pair<int, int>>& links)
+               const std::vector<std::pair<int, int>>& links, std::size_t chunk_bytes)
     : num_ranks_(num_ranks), inflight_(inflight), all_(links.empty()) {
+  if (chunk_bytes % 64 != 0)
+    throw Error(ErrorCode::kInvalidArgument, "pp: chunk_bytes = " + std::to_string(chunk_bytes) +
+                                                 ", expected 0 (the default) or a multiple of 64");
+  if (chunk_bytes != 0) chunk_bytes_ = chunk_bytes;
   if (!all_) {
     peers_.resize(static_cast<std::size_t>(num_ranks));
     for (std::size_t i = 0; i < links.size(); ++i) {
@@ -31,7 +35,21 @@ Layout::Layout(int num_ranks, std::size_t max_tensor_bytes, int inflight,
   for (const auto& p : peers_) most = std::max(most, p.size());
   const std::uint64_t slot = detail::add_sat(detail::add_sat(max_tensor_bytes, kHeaderBytes), 63) & ~std::uint64_t{63};
   slot_bytes_ = static_cast<std::size_t>(slot);
-  window_bytes_ = static_cast<std::size_t>(detail::mul_sat(detail::mul_sat(slot, most), static_cast<std::uint64_t>(inflight)));
+  const std::uint64_t slots = detail::mul_sat(detail::mul_sat(slot, most), static_cast<std::uint64_t>(inflight));
+  rings_ = max_tensor_bytes / kRingChunks >= chunk_bytes_;
+  if (!rings_) {
+    window_bytes_ = static_cast<std::size_t>(slots);
+    return;
+  }
+  control_ = static_cast<std::size_t>(slots);
+  rings_at_ = static_cast<std::size_t>(detail::add_sat(slots, static_cast<std::uint64_t>(num_ranks) * 192));
+  const std::uint64_t rings = detail::mul_sat(static_cast<std::uint64_t>(chunk_bytes_) * kRingChunks, most);
+  window_bytes_ = static_cast<std::size_t>(detail::add_sat(rings_at_, rings));
+}
+
+std::size_t Layout::ring_offset(int receiver, int sender, std::uint64_t k) const noexcept {
+  const auto inbox = static_cast<std::size_t>(inbox_index(receiver, sender));
+  return rings_at_ + (inbox * kRingChunks + static_cast<std::size_t>(k % kRingChunks)) * chunk_bytes_;
 }
 
 std::vector<int> Layout::peers_of(int r) const {

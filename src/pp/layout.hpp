@@ -7,6 +7,12 @@
 //
 // Signal slots of rank r: arrived(s) = messages s has put into r's inbox of s (s's puts are
 // ordered before it); released(d) = messages of the pair (r, d) d has released.
+//
+// Streaming (messages of at least stream_min_bytes() between mapped peers, pp_buffer.cpp):
+// after the slots, every window has a control block per rank p (three cache lines: the post
+// of r's receive from p and the ring chunks p has produced, both written in r's window; the
+// ring chunks of r's messages to p that p has consumed, written by p in r's window), then for
+// each rank linked to r (inbox order) a ring of kRingChunks chunks of chunk_bytes().
 #pragma once
 
 #include <cstddef>
@@ -18,9 +24,19 @@ namespace epx::pp {
 
 inline constexpr std::size_t kHeaderBytes = 64;
 
+/// Ring chunks per inbox; messages of at least kRingChunks chunks may stream.
+inline constexpr std::uint64_t kRingChunks = 4;
+/// Default chunk_bytes (PPConfig::chunk_bytes = 0).
+inline constexpr std::size_t kDefaultChunkBytes = std::size_t{256} << 10;
+/// SlotHeader::ring_from of a message whose every byte is in its slot.
+inline constexpr std::uint64_t kNoRing = ~std::uint64_t{0};
+
 struct SlotHeader {
   std::uint64_t nbytes;
   std::uint64_t seq;
+  /// The first chunk that went through the inbox's ring (chunks before it are in the slot),
+  /// kNoRing when none did.
+  std::uint64_t ring_from;
 };
 static_assert(sizeof(SlotHeader) <= kHeaderBytes);
 
@@ -28,7 +44,10 @@ class Layout {
  public:
   /// `links` as PPConfig::links (empty: every pair); throws kInvalidArgument for a rank
   /// outside 0..num_ranks-1, naming the link.
-  Layout(int num_ranks, std::size_t max_tensor_bytes, int inflight, const std::vector<std::pair<int, int>>& links);
+  /// `chunk_bytes` as PPConfig::chunk_bytes (0: kDefaultChunkBytes; else a multiple of 64,
+  /// else kInvalidArgument).
+  Layout(int num_ranks, std::size_t max_tensor_bytes, int inflight, const std::vector<std::pair<int, int>>& links,
+         std::size_t chunk_bytes = 0);
 
   int num_ranks() const noexcept { return num_ranks_; }
   int inflight() const noexcept { return inflight_; }
@@ -41,6 +60,21 @@ class Layout {
   std::size_t window_bytes() const noexcept { return window_bytes_; }
   /// Offset in `receiver`'s window of the slot holding message `seq` from `sender`.
   std::size_t slot_offset(int receiver, int sender, std::uint64_t seq) const noexcept;
+
+  /// Streaming: the chunk size, the smallest message that may stream (0: none may: the
+  /// window has no rings because no message is that large).
+  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
+  std::size_t stream_min_bytes() const noexcept { return rings_ ? chunk_bytes_ * kRingChunks : 0; }
+  /// In rank r's window: the post of r's receive of message n from `sender` (word 0: n + 1,
+  /// its top bit set once the sender claimed it; word 1: the receive's byte count), the
+  /// chunks `sender` produced into r's ring, and the chunks `receiver` consumed of r's ring
+  /// in its window. 8-aligned words on cache lines of their own.
+  std::size_t post_offset(int sender) const noexcept { return control_ + static_cast<std::size_t>(sender) * 192; }
+  std::size_t produced_offset(int sender) const noexcept { return post_offset(sender) + 64; }
+  std::size_t consumed_offset(int receiver) const noexcept { return post_offset(receiver) + 128; }
+  /// Offset in `receiver`'s window of ring chunk `k` (any count: taken modulo kRingChunks) of
+  /// its inbox of `sender`.
+  std::size_t ring_offset(int receiver, int sender, std::uint64_t k) const noexcept;
 
   static std::size_t arrived_signal(int sender) noexcept { return static_cast<std::size_t>(sender); }
   std::size_t released_signal(int receiver) const noexcept {
@@ -58,6 +92,10 @@ class Layout {
   std::vector<std::vector<int>> peers_;  // explicit links: peers_[r] ascending
   std::size_t slot_bytes_ = 0;
   std::size_t window_bytes_ = 0;
+  std::size_t chunk_bytes_ = kDefaultChunkBytes;
+  bool rings_ = false;       // max_tensor_bytes >= kRingChunks chunks
+  std::size_t control_ = 0;  // the control blocks, after the slots
+  std::size_t rings_at_ = 0;  // the rings, after the control blocks
 };
 
 }  // namespace epx::pp

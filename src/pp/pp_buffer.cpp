@@ -2,10 +2,8 @@
 // waits for a free slot (the receiver's released count), puts header and payload, then
 // signals the receiver's arrived count (ordered after the puts). A receive waits for that
 // count, checks the header, copies (or lends the slot) and signals the released count back.
+// Large messages between mapped ranks may stream through a ring instead (stream.hpp).
 #include "epx/pp.hpp"
-
-#include <immintrin.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,8 +12,8 @@
 #include <string>
 #include <thread>
 
-#include "epx/spi/copy.hpp"
 #include "layout.hpp"
+#include "stream.hpp"
 
 namespace epx {
 
@@ -36,23 +34,6 @@ std::string config_problem(const PPConfig& c) {
     return "pp: num_max_inflight_tensors = " + std::to_string(c.num_max_inflight_tensors) + ", expected 1.." +
            std::to_string(kMaxPPInflight);
   return "";
-}
-
-/// Looks at this rank's `slot` before the transport's own wait (which spins longer, then
-/// yields, and owns the timeout and the peer-failure checks): kSpinLooks looks a pause apart
-/// (the peer is running and about to signal), then kYieldLooks looks with the core yielded
-/// between them (the peer may need this very core: ranks outnumber cores, or the scheduler
-/// has not spread them yet). With more ranks than cores every look yields.
-constexpr int kSpinLooks = 64;
-constexpr int kYieldLooks = 512;
-
-void wait_for(Transport& t, std::size_t slot, std::uint64_t target, const WaitPoint& where, bool oversubscribed) {
-  for (int i = 0; i < kSpinLooks + kYieldLooks; ++i) {
-    if (t.read_signal(slot) >= target) return;
-    if (oversubscribed || i >= kSpinLooks) sched_yield();
-    else _mm_pause();
-  }
-  t.wait_signal(slot, target, where);
 }
 
 std::uint64_t now_ns() {
@@ -85,18 +66,30 @@ struct PPBuffer::Impl {
   std::vector<std::uint64_t> sent, received, released;  // per peer
   std::vector<std::deque<bool>> held;  // per source: messages received, not released in order (true = released)
   std::vector<PPPeerStats> stats;
+  // per peer, streaming (stream.hpp): ring chunks produced to it / consumed from it, and
+  // the message whose receive post was withdrawn after a timeout (never posted again)
+  std::vector<std::uint64_t> ring_sent, ring_received, withdrawn;
   pp::SlotHeader header{};  // the send's header, put from here
   bool yield = false;       // more ranks than this machine's cores: waits yield at once
+  bool mapped = false;      // peers' windows are mapped here: direct copies, streaming
 
   Impl(int P, const PPConfig& c)
-      : layout(P, c.num_max_tensor_bytes, c.num_max_inflight_tensors, c.links),
+      : layout(P, c.num_max_tensor_bytes, c.num_max_inflight_tensors, c.links, c.chunk_bytes),
         sent(static_cast<std::size_t>(P)), received(static_cast<std::size_t>(P)),
         released(static_cast<std::size_t>(P)), held(static_cast<std::size_t>(P)),
-        stats(static_cast<std::size_t>(P)) {}
+        stats(static_cast<std::size_t>(P)), ring_sent(static_cast<std::size_t>(P)),
+        ring_received(static_cast<std::size_t>(P)), withdrawn(static_cast<std::size_t>(P), pp::kNoRing) {}
+
+  /// Whether message bytes between this rank and `peer` may stream (stream.hpp).
+  bool streams(int me, int peer, std::size_t nbytes) const noexcept {
+    return mapped && peer != me && layout.stream_min_bytes() > 0 && nbytes >= layout.stream_min_bytes();
+  }
 };
 
 std::size_t PPBuffer::get_buffer_size_hint(int num_ranks, const PPConfig& config) {
-  return pp::Layout(num_ranks, config.num_max_tensor_bytes, config.num_max_inflight_tensors, config.links).window_bytes();
+  return pp::Layout(num_ranks, config.num_max_tensor_bytes, config.num_max_inflight_tensors, config.links,
+                    config.chunk_bytes)
+      .window_bytes();
 }
 
 PPBuffer::PPBuffer(Transport& transport, const PPConfig& config) : BufferBase(transport, "pp"), config_(config) {
@@ -111,10 +104,14 @@ PPBuffer::PPBuffer(Transport& transport, const PPConfig& config) : BufferBase(tr
   }
   agree({{"num_max_tensor_bytes", std::to_string(config.num_max_tensor_bytes)},
          {"num_max_inflight_tensors", std::to_string(config.num_max_inflight_tensors)},
-         {"links", links_value(config.links)}},
+         {"links", links_value(config.links)},
+         {"chunk_bytes", std::to_string(config.chunk_bytes)}},
         problem);
   try {
     allocate(impl_->layout.window_bytes(), impl_->layout.num_signals());
+    Transport& t = endpoint("pp");
+    impl_->mapped = t.caps().peer_memory_mapped;
+    for (int p = 0; p < num_ranks(); ++p) impl_->mapped = impl_->mapped && t.peer_window(p) != nullptr;
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kCapacityExceeded || !config.links.empty()) throw;
     throw Error(e.code(), std::string(e.what()) + " (every rank has slots for every other: pass PPConfig::links, "
@@ -152,6 +149,32 @@ std::uint64_t PPBuffer::in_flight(int dst_rank) {
   return impl_->sent[d] - t.read_signal(impl_->layout.released_signal(dst_rank));
 }
 
+void PPBuffer::move_message(Transport& t, const std::byte* x, std::size_t nbytes, int dst_rank, std::uint64_t n) {
+  Impl& m = *impl_;
+  const int me = rank();
+  const auto d = static_cast<std::size_t>(dst_rank);
+  if (m.streams(me, dst_rank, nbytes)) {
+    const std::uint64_t from = pp::stream_send({t, m.layout, me, dst_rank, n, x, nbytes, m.ring_sent[d], m.yield});
+    if (from != pp::kNoRing) m.stats[d].streamed += 1;
+    return;
+  }
+  const std::size_t off = m.layout.slot_offset(dst_rank, me, n);
+  m.header = {nbytes, n, pp::kNoRing};
+  if (m.mapped) {  // plain stores: the receiver reads them from cache
+    std::byte* slot = const_cast<std::byte*>(t.peer_window(dst_rank)) + off;
+    std::memcpy(slot, &m.header, sizeof m.header);
+    if (nbytes > 0) pp::copy_message(slot + pp::kHeaderBytes, x, nbytes);
+    t.signal(dst_rank, pp::Layout::arrived_signal(me), n + 1, 0);
+    return;
+  }
+  t.put(dst_rank, off, &m.header, sizeof m.header, 0);
+  if (nbytes > 0) t.put(dst_rank, off + pp::kHeaderBytes, x, nbytes, 0);
+  const TransportCaps& caps = t.caps();
+  if (!caps.ordered_signal_per_queue && !caps.put_completes_on_return) t.quiet(0);
+  t.signal(dst_rank, pp::Layout::arrived_signal(me), n + 1, 0);
+  t.quiet(0);  // x and the header may be reused once send returns
+}
+
 void PPBuffer::send(const TensorView& x, int dst_rank) {
   Transport& t = endpoint("pp.send");
   Impl& m = *impl_;
@@ -174,7 +197,7 @@ void PPBuffer::send(const TensorView& x, int dst_rank) {
     if (t.read_signal(slot) < n - M + 1) {
       const std::uint64_t t0 = now_ns();
       try {
-        wait_for(t, slot, n - M + 1, {"pp send (waiting for a free slot)", dst_rank}, impl_->yield);
+        pp::wait_until(t, slot, pp::kNoFlag, n - M + 1, {"pp send (waiting for a free slot)", dst_rank}, impl_->yield);
       } catch (const Error& e) {
         if (e.code() != ErrorCode::kTimeout) throw;
         throw Error(ErrorCode::kTimeout,
@@ -188,14 +211,7 @@ void PPBuffer::send(const TensorView& x, int dst_rank) {
       st.send_wait_ns += now_ns() - t0;
     }
   }
-  const std::size_t off = m.layout.slot_offset(dst_rank, me, n);
-  m.header = {nbytes, n};
-  t.put(dst_rank, off, &m.header, sizeof m.header, 0);
-  if (nbytes > 0) t.put(dst_rank, off + pp::kHeaderBytes, x.data, nbytes, 0);
-  const TransportCaps& caps = t.caps();
-  if (!caps.ordered_signal_per_queue && !caps.put_completes_on_return) t.quiet(0);
-  t.signal(dst_rank, pp::Layout::arrived_signal(me), n + 1, 0);
-  t.quiet(0);  // x and the header may be reused once send returns
+  move_message(t, static_cast<const std::byte*>(x.data), nbytes, dst_rank, n);
   m.sent[d] = n + 1;
   st.sent += 1;
   st.bytes_sent += nbytes;
@@ -208,7 +224,33 @@ std::uint64_t token_of(int src, std::uint64_t seq) { return (seq + 1) << 12 | st
 
 }  // namespace
 
-PPView PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const char* what) {
+void PPBuffer::wait_message(Transport& t, int src_rank, std::uint64_t n, std::size_t post_nbytes) {
+  Impl& m = *impl_;
+  const auto s = static_cast<std::size_t>(src_rank);
+  const std::size_t slot = pp::Layout::arrived_signal(src_rank);
+  if (t.read_signal(slot) >= n + 1) return;
+  const bool post = post_nbytes != kAnyBytes && m.withdrawn[s] != n;
+  if (post) pp::post_receive(t, m.layout, src_rank, n, post_nbytes);
+  const std::uint64_t t0 = now_ns();
+  for (;;) {
+    try {
+      pp::wait_until(t, slot, pp::kNoFlag, n + 1, {"pp recv (waiting for a message)", src_rank}, m.yield);
+      break;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kTimeout) throw;
+      if (post && !pp::withdraw_receive(t, m.layout, src_rank, n)) continue;  // claimed: its bytes are coming
+      if (post) m.withdrawn[s] = n;
+      throw Error(ErrorCode::kTimeout,
+                  r_of(rank()) + ": pp.recv from rank " + std::to_string(src_rank) + ": message " + std::to_string(n) +
+                      " did not arrive within " + std::to_string(t.timeout().count()) + " ms (rank " +
+                      std::to_string(src_rank) + " has sent " + std::to_string(t.read_signal(slot)) + " messages)",
+                  src_rank);
+    }
+  }
+  m.stats[s].recv_wait_ns += now_ns() - t0;
+}
+
+PPBuffer::Peeked PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const MutableView* into) {
   Transport& t = endpoint("pp.recv");
   Impl& m = *impl_;
   const int me = rank();
@@ -222,56 +264,50 @@ PPView PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const char* what)
                     " slots of the pair hold views not released yet (messages " + std::to_string(m.released[s]) +
                     ".." + std::to_string(n - 1) + "); release one before receiving message " + std::to_string(n),
                 me);
-  const std::size_t slot = pp::Layout::arrived_signal(src_rank);
-  if (t.read_signal(slot) < n + 1) {
-    const std::uint64_t t0 = now_ns();
-    try {
-      wait_for(t, slot, n + 1, {"pp recv (waiting for a message)", src_rank}, impl_->yield);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kTimeout) throw;
-      throw Error(ErrorCode::kTimeout,
-                  r_of(me) + ": pp.recv from rank " + std::to_string(src_rank) + ": message " + std::to_string(n) +
-                      " did not arrive within " + std::to_string(t.timeout().count()) + " ms (rank " +
-                      std::to_string(src_rank) + " has sent " + std::to_string(t.read_signal(slot)) + " messages)",
-                  src_rank);
-    }
-    m.stats[s].recv_wait_ns += now_ns() - t0;
-  }
+  wait_message(t, src_rank, n, into != nullptr && m.streams(me, src_rank, expect_nbytes) ? expect_nbytes : kAnyBytes);
   std::byte* base = window() + m.layout.slot_offset(me, src_rank, n);
   pp::SlotHeader h;
   std::memcpy(&h, base, sizeof h);
-  if (h.seq != n)
+  if (h.seq != n || (into == nullptr && h.ring_from != pp::kNoRing))
     throw Error(ErrorCode::kInternal, r_of(me) + ": pp.recv from rank " + std::to_string(src_rank) + ": slot holds message " +
                                           std::to_string(h.seq) + ", expected " + std::to_string(n), me);
-  if (expect_nbytes != kAnyBytes && h.nbytes != expect_nbytes)
+  if (expect_nbytes != kAnyBytes && h.nbytes != expect_nbytes) {
+    const std::string what = into ? "the receive tensor " + into->shape.str() + " " + to_string(into->dtype)
+                                  : std::string("the view asked for");
     throw Error(ErrorCode::kShapeMismatch,
                 r_of(me) + ": pp.recv from rank " + std::to_string(src_rank) + ": message " + std::to_string(n) +
                     " has " + std::to_string(h.nbytes) + " bytes, " + what + " has " + std::to_string(expect_nbytes) +
                     " (the message stays first in the FIFO)",
                 me);
-  PPView v;
-  v.data = base + pp::kHeaderBytes;
-  v.nbytes = static_cast<std::size_t>(h.nbytes);
-  v.src = src_rank;
-  v.seq = n;
-  v.token = token_of(src_rank, n);
-  v.keep = endpoint_ref();
-  return v;
+  }
+  Peeked p{PPView{}, h.ring_from};
+  p.view.data = base + pp::kHeaderBytes;
+  p.view.nbytes = static_cast<std::size_t>(h.nbytes);
+  p.view.src = src_rank;
+  p.view.seq = n;
+  p.view.token = token_of(src_rank, n);
+  return p;
 }
 
 void PPBuffer::recv(const MutableView& out, int src_rank) {
   const std::size_t want = out.nbytes();
   if (want > 0 && out.data == nullptr)
     throw Error(ErrorCode::kInvalidArgument, r_of(rank()) + ": pp.recv: the receive tensor has no data", rank());
-  const std::string what = "the receive tensor " + out.shape.str() + " " + to_string(out.dtype);
-  PPView v = peek(src_rank, want, what.c_str());
-  take(v);
-  if (want > 0) bulk_copy(out.data, v.data, want);
-  release(v);
+  Peeked p = peek(src_rank, want, &out);
+  take(p.view);
+  auto* into = static_cast<std::byte*>(out.data);
+  const auto* payload = static_cast<const std::byte*>(p.view.data);
+  if (p.ring_from != pp::kNoRing)
+    pp::stream_recv({endpoint("pp.recv"), impl_->layout, rank(), src_rank, payload, into, want, p.ring_from,
+                     impl_->ring_received[static_cast<std::size_t>(src_rank)], impl_->yield});
+  else if (want > 0)
+    pp::copy_message(into, payload, want);
+  release(p.view);
 }
 
 PPView PPBuffer::recv_view(int src_rank, std::size_t expect_nbytes) {
-  PPView v = peek(src_rank, expect_nbytes, "the view asked for");
+  PPView v = peek(src_rank, expect_nbytes, nullptr).view;
+  v.keep = endpoint_ref();
   take(v);
   return v;
 }

@@ -46,6 +46,29 @@ INSTANTIATE_TEST_SUITE_P(Transports, EngramGather,
                                   (info.param.dtype == DType::kBF16 ? "bf16" : "fp8");
                          });
 
+// Layers whose outputs exceed the cache (1 MiB here) are gathered with streaming stores
+// (epx::stream_copy_rows): bit for bit as the small ones, bf16 and FP8, with -1 padding.
+TEST(EngramGather, LargeLayersBitExact) {
+  for (TransportKind kind : {TransportKind::kThreads, TransportKind::kShm})
+    for (const DType dtype : {DType::kBF16, DType::kFP8E4M3}) {
+      SCOPED_TRACE(std::string(to_string(kind)) + " " + to_string(dtype));
+      const int P = 2;
+      EngramConfig c = engram_config(dtype);
+      c.hidden = 256;
+      c.num_max_tokens = 1400;  // 1400 x 3 rows: 2.1 MiB (bf16), 1.05 MiB (FP8) per layer
+      LaunchOptions lo{.num_ranks = P, .transport = kind, .timeout = std::chrono::milliseconds(20000)};
+      launch(lo, [&](Transport& t) {
+        const EngramSizes z = EngramBuffer::get_storage_size_hint(P, c);
+        EngramBuffer b(t, z.num_bytes, z.num_storage_bytes);
+        b.set_config(c);
+        write_engram_shards(b, c, t.rank());
+        fetch_and_check(b, c, P, t.rank(), 1400, 4, false);
+        fetch_and_check(b, c, P, t.rank(), 1399, 5, true);
+        b.destroy();
+      });
+    }
+}
+
 // The get path (OpenSHMEM across machines, shmem_getmem_nbi) on threads: a transport that
 // hides the peers' windows (ForwardingTransport maps none) but forwards one-sided gets; every
 // remote row arrives by a get, bit for bit, and a fetch is not collective (rank 0 fetches once

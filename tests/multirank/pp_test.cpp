@@ -14,6 +14,7 @@ struct ProgramCase {
   TransportKind kind;
   const char* links;  // "all" | "ring" | "chain"
   int inflight;
+  std::size_t chunk_bytes = 0;  // small chunks: messages of >= 4 chunks stream on mapped transports
 };
 
 class PPRandom : public ::testing::TestWithParam<ProgramCase> {};
@@ -32,7 +33,8 @@ TEST_P(PPRandom, EveryByteOfEveryMessageInOrder) {
     lo.transport = c.kind;
     lo.timeout = std::chrono::milliseconds(20000);
     launch(lo, [&](Transport& t) {
-      PPBuffer pp(t, {.num_max_tensor_bytes = max_bytes, .num_max_inflight_tensors = c.inflight, .links = links});
+      PPBuffer pp(t, {.num_max_tensor_bytes = max_bytes, .num_max_inflight_tensors = c.inflight, .links = links,
+                      .chunk_bytes = c.chunk_bytes});
       run_program(pp, prog, t.rank());
       for (int q = 0; q < P; ++q) {
         std::uint64_t sent = 0;
@@ -50,10 +52,15 @@ INSTANTIATE_TEST_SUITE_P(Transports, PPRandom,
                                            ProgramCase{TransportKind::kShm, "all", 3},
                                            ProgramCase{TransportKind::kShm, "chain", 2},
                                            ProgramCase{TransportKind::kSim, "all", 2},
-                                           ProgramCase{TransportKind::kSim, "ring", 3}),
+                                           ProgramCase{TransportKind::kSim, "ring", 3},
+                                           ProgramCase{TransportKind::kThreads, "all", 2, 256},
+                                           ProgramCase{TransportKind::kShm, "all", 1, 192},
+                                           ProgramCase{TransportKind::kShm, "ring", 3, 256},
+                                           ProgramCase{TransportKind::kSim, "all", 2, 256}),
                          [](const auto& info) {
                            return std::string(to_string(info.param.kind)) + "_" + info.param.links + "_" +
-                                  std::to_string(info.param.inflight);
+                                  std::to_string(info.param.inflight) +
+                                  (info.param.chunk_bytes ? "_chunks" + std::to_string(info.param.chunk_bytes) : "");
                          });
 
 template <class F>
@@ -227,6 +234,80 @@ TEST(PPEngramNextToOtherBuffers, EveryBufferStaysCorrect) {
       fetch_and_check(engram, ec, P, r, 20, 2, true);
       check.run(ep, r);
       engram.destroy();
+    });
+  }
+}
+
+// A receive waiting before its message is sent takes it through the ring from the first
+// chunk (stats().streamed); a waiting receive of another byte count is not taken (the sender
+// puts every byte into the slot, the receive fails, the message stays); a receive that timed
+// out is withdrawn and the message then comes through the slot.
+TEST(PPStream, WaitingReceivesTakeTheRingOthersTheSlot) {
+  const std::size_t N = 4000;  // 63 chunks of 64 bytes: the ring wraps many times
+  const PPConfig config{.num_max_tensor_bytes = N, .num_max_inflight_tensors = 1, .chunk_bytes = 64};
+  auto settle = [](int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+  for (TransportKind kind : {TransportKind::kThreads, TransportKind::kShm}) {
+    LaunchOptions lo{.num_ranks = 2, .transport = kind, .timeout = std::chrono::milliseconds(20000)};
+    launch(lo, [&](Transport& t) {
+      PPBuffer pp(t, config);
+      const int r = t.rank();
+      if (r == 0) {
+        settle(300);  // rank 1 waits in recv: the send claims its post at chunk 0
+        pp.send(bytes_view(ref::pp_message(0, 1, 0, N)), 1);
+        if (pp.stats(1).streamed != 1) fail(r, "message 0 did not stream");
+        settle(300);  // rank 1 waits with a tensor of N - 1 bytes: no claim
+        pp.send(bytes_view(ref::pp_message(0, 1, 1, N)), 1);
+        if (pp.stats(1).streamed != 1) fail(r, "message 1 streamed into a receive of another size");
+      } else {
+        std::vector<std::uint8_t> got(N, 0xee), small(N - 1);
+        pp.recv(bytes_out(got), 0);
+        expect_bits(r, "message 0", got.data(), ref::pp_message(0, 1, 0, N));
+        expect_error(r, ErrorCode::kShapeMismatch, {"message 1", "4000 bytes"}, [&] { pp.recv(bytes_out(small), 0); });
+        pp.recv(bytes_out(got), 0);
+        expect_bits(r, "message 1", got.data(), ref::pp_message(0, 1, 1, N));
+      }
+      pp.destroy();
+    });
+    lo.timeout = std::chrono::milliseconds(300);
+    launch(lo, [&](Transport& t) {
+      PPBuffer pp(t, config);
+      const int r = t.rank();
+      std::vector<std::uint8_t> got(N, 0xee), none;
+      if (r == 0) {
+        settle(250);
+        pp.recv(bytes_out(none), 1);  // after rank 1's receive timed out
+        pp.send(bytes_view(ref::pp_message(0, 1, 0, N)), 1);
+        if (pp.stats(1).streamed != 0) fail(r, "message 0 streamed into a withdrawn receive");
+      } else {
+        expect_error(r, ErrorCode::kTimeout, {"message 0", "did not arrive"}, [&] { pp.recv(bytes_out(got), 0); });
+        pp.send(bytes_view(none), 0);
+        pp.recv(bytes_out(got), 0);
+        expect_bits(r, "message 0", got.data(), ref::pp_message(0, 1, 0, N));
+      }
+      pp.destroy();
+    });
+  }
+}
+
+// A receive that comes while its message is being put into the slot joins it: the chunks
+// from then on go through the ring (any chunk may be the first; every byte is checked).
+TEST(PPStream, AReceiveThatComesDuringTheSendJoinsIt) {
+  const std::size_t N = std::size_t{4} << 20;
+  for (TransportKind kind : {TransportKind::kThreads, TransportKind::kShm}) {
+    LaunchOptions lo{.num_ranks = 2, .transport = kind, .timeout = std::chrono::milliseconds(20000)};
+    launch(lo, [&](Transport& t) {
+      PPBuffer pp(t, {.num_max_tensor_bytes = N, .num_max_inflight_tensors = 2, .chunk_bytes = 64});
+      std::vector<std::uint8_t> got(N);
+      for (std::uint64_t n = 0; n < 6; ++n) {
+        if (t.rank() == 0) {
+          pp.send(bytes_view(ref::pp_message(0, 1, n, N)), 1);
+          continue;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100 << n));
+        pp.recv(bytes_out(got), 0);
+        expect_bits(1, "message " + std::to_string(n), got.data(), ref::pp_message(0, 1, n, N));
+      }
+      pp.destroy();
     });
   }
 }

@@ -54,7 +54,9 @@ def program(seed, inflight, max_bytes, events):
 def _run_program(rank, size, flavor, seed):
     import torch
     inflight, max_bytes = 2, 4096
-    pp = epx.PPBuffer(None, num_max_tensor_bytes=max_bytes, num_max_inflight_tensors=inflight)
+    # numpy: chunks of 128 bytes, so messages of >= 512 bytes stream when their receiver waits
+    pp = epx.PPBuffer(None, num_max_tensor_bytes=max_bytes, num_max_inflight_tensors=inflight,
+                      chunk_bytes=128 if flavor == "numpy" else 0)
     checked = 0
     for k, (op, peer, seq, n) in enumerate(program(seed, inflight, max_bytes, 200)[rank]):
         want = message(rank if op == "send" else peer, peer if op == "send" else rank, seq, n)

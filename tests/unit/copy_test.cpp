@@ -1,6 +1,7 @@
 // bulk_copy (streaming stores for large copies) copies exactly the bytes memcpy would, for
 // every alignment of source and destination and sizes around the streaming threshold and
-// the 128-byte step, and touches nothing outside [dst, dst + bytes).
+// the 128-byte step, and touches nothing outside [dst, dst + bytes); stream_copy_rows
+// gathers rows exactly, leaving the rows of null sources untouched.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -28,6 +29,26 @@ TEST(BulkCopy, CopiesExactlyTheBytesAtAnyAlignment) {
           ASSERT_EQ(dst[i], want) << "bytes " << bytes << " src+" << src_off << " dst+" << dst_off << " at " << i;
         }
       }
+}
+
+TEST(StreamCopyRows, GathersExactlyTheRowsAndLeavesNullRows) {
+  std::vector<std::uint8_t> table(64 * 1024 + 64);
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<std::uint8_t>(i * 37 + 11);
+  for (std::size_t row : {std::size_t{8}, std::size_t{72}, std::size_t{144}, std::size_t{512}, std::size_t{520}})
+    for (std::size_t dst_off : {0, 8}) {
+      const std::size_t n = 100;
+      std::vector<const void*> src(n);
+      for (std::size_t i = 0; i < n; ++i)
+        src[i] = i % 9 == 4 ? nullptr : table.data() + (i * 7919 + 3) % (table.size() - row);
+      std::vector<std::uint8_t> dst(n * row + 64, 0xee);
+      epx::stream_copy_rows(dst.data() + dst_off, src.data(), n, row);
+      for (std::size_t k = 0; k < dst.size(); ++k) {
+        const bool inside = k >= dst_off && k < dst_off + n * row;
+        const std::size_t i = inside ? (k - dst_off) / row : 0;
+        const std::uint8_t want = inside && src[i] ? static_cast<const std::uint8_t*>(src[i])[(k - dst_off) % row] : 0xee;
+        ASSERT_EQ(dst[k], want) << "row bytes " << row << " dst+" << dst_off << " at " << k;
+      }
+    }
 }
 
 }  // namespace

@@ -31,6 +31,42 @@ TEST(PPLayout, SlotsOfEveryPairAreDisjointAndInsideTheWindow) {
   }
 }
 
+// With messages of at least 4 chunks the window has, after the slots, three cache lines per
+// rank (post, produced, consumed) and a ring of 4 chunks per linked rank: all disjoint, inside
+// the window; smaller messages need no rings.
+TEST(PPLayout, StreamingLinesAndRingsAreDisjointFromTheSlots) {
+  for (const auto& links : {std::vector<std::pair<int, int>>{}, std::vector<std::pair<int, int>>{{0, 1}, {1, 2}}}) {
+    const pp::Layout l(4, 1000, 2, links, 128);
+    EXPECT_EQ(l.chunk_bytes(), 128u);
+    EXPECT_EQ(l.stream_min_bytes(), 512u);
+    for (int d = 0; d < 4; ++d) {
+      std::vector<std::pair<std::size_t, std::size_t>> spans;  // [begin, end)
+      for (int s : l.peers_of(d)) {
+        for (std::uint64_t n = 0; n < 2; ++n) spans.emplace_back(l.slot_offset(d, s, n), l.slot_offset(d, s, n) + l.slot_bytes());
+        for (std::uint64_t k = 0; k < pp::kRingChunks; ++k) {
+          spans.emplace_back(l.ring_offset(d, s, k), l.ring_offset(d, s, k) + 128);
+          EXPECT_EQ(l.ring_offset(d, s, k), l.ring_offset(d, s, k + pp::kRingChunks));
+        }
+      }
+      for (int p = 0; p < 4; ++p)
+        for (std::size_t line : {l.post_offset(p), l.produced_offset(p), l.consumed_offset(p)}) {
+          EXPECT_EQ(line % 64, 0u);
+          spans.emplace_back(line, line + 64);
+        }
+      std::sort(spans.begin(), spans.end());
+      for (std::size_t i = 0; i < spans.size(); ++i) {
+        EXPECT_LE(spans[i].second, l.window_bytes());
+        if (i > 0) {
+          EXPECT_LE(spans[i - 1].second, spans[i].first) << "rank " << d << ": overlap at " << spans[i].first;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(pp::Layout(4, 511, 2, {}, 128).stream_min_bytes(), 0u);  // under 4 chunks: no rings
+  EXPECT_EQ(pp::Layout(4, 511, 2, {}, 128).window_bytes(), 4u * 2u * 576u);
+  EXPECT_THROW(pp::Layout(4, 1000, 2, {}, 100), Error);  // not a multiple of 64
+}
+
 TEST(PPLayout, LinksAreSymmetricAndWindowFollowsTheMostLinkedRank) {
   const pp::Layout l(4, 64, 2, {{0, 1}, {1, 2}});
   EXPECT_TRUE(l.linked(1, 0) && l.linked(0, 1) && l.linked(2, 1));

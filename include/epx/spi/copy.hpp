@@ -26,6 +26,12 @@ void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept;
 /// memcpy), then a store fence: the bench's streaming-copy reference.
 void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept;
 
+/// Gathers rows: memcpy(dst + i * row_bytes, src[i], row_bytes) for every i < n whose src[i]
+/// is not null (those rows are left as they are), with streaming stores where the CPU has
+/// them, the row a few rows on prefetched, then one store fence. For gathered outputs larger
+/// than the cache (the EngramBuffer's layers): the rows' destinations are not read back first.
+void stream_copy_rows(void* dst, const void* const* src, std::size_t n, std::size_t row_bytes) noexcept;
+
 /// The SIMD target the copies stream with on this CPU (e.g. "AVX2"; "memcpy" where none).
 const char* stream_copy_target() noexcept;
 
