@@ -155,9 +155,15 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
       order.emplace_back(by_max_slot ? plan.entry_max_slot[static_cast<std::size_t>(i)] : plan.entry_rank[static_cast<std::size_t>(i)], i);
     if (by_max_slot) std::sort(order.begin(), order.end());
     // f32(bias0) + f32(bias1) first, a missing bias counting as 0: adding a row of +0.0
-    // for a missing bias1 turns f32(bias0) = -0.0 into +0.0 exactly as "+ 0.0f" does.
-    terms.assign(1, b1 ? b1 + off : zero_row.data());
-    weights.assign(1, 0.0f);
+    // for a missing bias1 turns f32(bias0) = -0.0 into +0.0 exactly as "+ 0.0f" does. With
+    // neither, the sum starts at +0.0f, to which +0.0 adds nothing: no lead row to read.
+    terms.clear();
+    weights.clear();
+    if (b0 || b1) {
+      terms.push_back(b1 ? b1 + off : zero_row.data());
+      weights.push_back(0.0f);
+    }
+    const auto lead = static_cast<int>(terms.size());
     group_end.clear();
     for (const auto& [key, i] : order) {
       const auto e = static_cast<std::size_t>(i);
@@ -180,7 +186,7 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
       rt.weights = topk_w ? weights.data() : nullptr;
       rt.group_end = group_end.data();
       rt.groups = static_cast<int>(group_end.size());
-      rt.lead = 1;
+      rt.lead = lead;
     }
     reduce_row(o + off, rt, H);
   }
