@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "engine.hpp"
+#include "epx/spi/copy.hpp"
 #include "reduce_row.hpp"
 
 namespace epx {
@@ -147,6 +148,9 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
   std::vector<std::int32_t> group_end;
   const float* topk_w = a.weighted ? h.topk_weights.as<float>() : nullptr;
   const int K = config.num_topk;
+  // The combined rows are not read back here: large ones are written as bulk_copy writes
+  // rows (streaming, no read for ownership; the same rule, epx/spi/copy.hpp).
+  const bool stream = row_bytes >= stream_min_bytes();
   for (std::int64_t t = t0; t < t1; ++t) {
     const std::size_t off = static_cast<std::size_t>(t) * H;
     // Expanded: groups in ascending order of their largest k; compact: ascending rank.
@@ -188,6 +192,7 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
       rt.groups = static_cast<int>(group_end.size());
       rt.lead = lead;
     }
+    rt.stream = stream;
     reduce_row(o + off, rt, H);
   }
 }

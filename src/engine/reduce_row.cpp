@@ -7,6 +7,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "reduce_row.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
 #include <cstring>
@@ -80,6 +81,15 @@ HWY_INLINE VU load_pairs(const std::uint16_t* p) { return hn::BitCast(DU(), hn::
 HWY_INLINE void store_pairs(std::uint16_t* p, VU v) { hn::StoreU(hn::BitCast(D16(), v), D16(), p); }
 #endif
 
+// Non-temporal: `p` vector-aligned; the row's stores are fenced before reduce_row returns.
+HWY_INLINE void stream_pairs(std::uint16_t* p, VU v) {
+#if HWY_TARGET == HWY_SCALAR
+  store_pairs(p, v);
+#else
+  hn::Stream(hn::BitCast(D16(), v), D16(), p);
+#endif
+}
+
 // Columns [c, c + 2N) as float: even columns, odd columns (exact: the bits move to the high half).
 struct Pair {
   VF even, odd;
@@ -109,9 +119,9 @@ HWY_INLINE VF round_trip(VF v) {
   return hn::IfThenElse(hn::IsNaN(v), v, hn::BitCast(DF(), r));
 }
 
-HWY_INLINE void narrow(std::uint16_t* p, VF even, VF odd) {
+HWY_INLINE void narrow(std::uint16_t* p, VF even, VF odd, bool stream) {
   const VU v = hn::Or(hn::And(rounded_bits(odd), high_mask()), hn::ShiftRight<16>(rounded_bits(even)));
-  store_pairs(p, v);
+  stream ? stream_pairs(p, v) : store_pairs(p, v);
 }
 
 // Two vectors of column pairs (4N columns) at a time, all terms, the accumulators in registers.
@@ -159,15 +169,18 @@ void ReduceRow(std::uint16_t* out, const RowTerms& t, std::size_t n) {
   const std::size_t N = hn::Lanes(DF()), block = 4 * N;
   const int plain = t.group_end ? t.lead : t.count;
   const float* w = t.group_end ? nullptr : t.weights;
+  // Streaming stores where asked and `out` is vector-aligned (then every block's is too).
+  const bool stream = t.stream && reinterpret_cast<std::uintptr_t>(out) % (N * sizeof(float)) == 0;
   std::size_t c = 0;
   for (; c + block <= n; c += block) {
     Block a = t.first ? load_block(t.first + c, N) : zero_block();
     for (int j = 0; j < plain; ++j) w ? add_weighted(a, t.rows[j] + c, w[j], N) : add_row(a, t.rows[j] + c, N);
     if (t.group_end) add_groups(a, t, c, N);
-    narrow(out + c, a.e0, a.o0);
-    narrow(out + c + 2 * N, a.e1, a.o1);
+    narrow(out + c, a.e0, a.o0, stream);
+    narrow(out + c + 2 * N, a.e1, a.o1, stream);
   }
   for (; c < n; ++c) out[c] = f32_to_bf16(column_sum(t, c));  // the tail, column by column in the same order
+  if (stream) hwy::FlushStream();  // weakly ordered: fenced before the caller publishes the row
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
