@@ -147,10 +147,8 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
   std::vector<float> weights;                                // per term (grouped, weighted)
   std::vector<std::int32_t> group_end;
   const float* topk_w = a.weighted ? h.topk_weights.as<float>() : nullptr;
-  const int K = config.num_topk;
-  // The combined rows are not read back here: large ones are written as bulk_copy writes
-  // rows (streaming, no read for ownership; the same rule, epx/spi/copy.hpp).
-  const bool stream = row_bytes >= stream_min_bytes();
+  const int lead = b0 || b1 ? 1 : 0;
+  const bool stream = row_bytes >= stream_min_bytes();  // rows not read back here: streamed as bulk_copy would
   for (std::int64_t t = t0; t < t1; ++t) {
     const std::size_t off = static_cast<std::size_t>(t) * H;
     // Expanded: groups in ascending order of their largest k; compact: ascending rank.
@@ -161,13 +159,8 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
     // f32(bias0) + f32(bias1) first, a missing bias counting as 0: adding a row of +0.0
     // for a missing bias1 turns f32(bias0) = -0.0 into +0.0 exactly as "+ 0.0f" does. With
     // neither, the sum starts at +0.0f, to which +0.0 adds nothing: no lead row to read.
-    terms.clear();
-    weights.clear();
-    if (b0 || b1) {
-      terms.push_back(b1 ? b1 + off : zero_row.data());
-      weights.push_back(0.0f);
-    }
-    const auto lead = static_cast<int>(terms.size());
+    terms.assign(lead, b1 ? b1 + off : zero_row.data());
+    weights.assign(terms.size(), 0.0f);
     group_end.clear();
     for (const auto& [key, i] : order) {
       const auto e = static_cast<std::size_t>(i);
@@ -179,20 +172,20 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
         const auto seg = static_cast<std::size_t>(plan.segment_begin[d] + plan.entry_position[e]);
         for (std::int32_t j = h.slot_begin[seg]; j < h.slot_begin[seg + 1]; ++j) {
           terms.push_back(rows_of[d] + static_cast<std::size_t>(h.slot_row[static_cast<std::size_t>(j)]) * H);
-          weights.push_back(topk_w ? topk_w[t * K + h.slot_k[static_cast<std::size_t>(j)]] : 0.0f);
+          weights.push_back(topk_w ? topk_w[t * config.num_topk + h.slot_k[static_cast<std::size_t>(j)]] : 0.0f);
         }
         group_end.push_back(static_cast<std::int32_t>(terms.size()));
       }
       if (pulls) (plan.entry_rank[e] == rank ? pulls->local_pulled_bytes : pulls->pulled_bytes) += row_bytes * (terms.size() - first_term);
     }
     RowTerms rt{b0 ? b0 + off : nullptr, terms.data(), nullptr, static_cast<int>(terms.size())};
+    rt.stream = stream;
     if (slots) {
       rt.weights = topk_w ? weights.data() : nullptr;
       rt.group_end = group_end.data();
       rt.groups = static_cast<int>(group_end.size());
       rt.lead = lead;
     }
-    rt.stream = stream;
     reduce_row(o + off, rt, H);
   }
 }
