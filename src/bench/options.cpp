@@ -74,6 +74,8 @@ void validate_options(const BenchOptions& o) {
   }
   if (o.layout != "compact" && o.layout != "expanded") bad("--layout must be 'compact' or 'expanded', got '" + o.layout + "'");
   if (o.zero_copy && o.layout != "compact") bad("--zero-copy needs --layout compact");
+  if (o.weighted && o.layout != "expanded") bad("--weighted needs --layout expanded (in the compact layout the expert applies its weights)");
+  if (o.weighted && o.baseline == "mpi") bad("--weighted: the MPI baseline's combine is unweighted, so the results could not be compared");
   if (o.output_pool < -1) bad("--output-pool must be >= 0 or -1 (auto)");
   if (o.alignment < 1) bad("--alignment must be >= 1, got " + std::to_string(o.alignment));
   check_workers(o.workers, o.routing.empty() ? o.ranks : 1, "epx bench");

@@ -93,8 +93,8 @@ void aggregate_latency(const OpInput& in, OpReport& op) {
   op.start_skew_us = mean(skew);
 }
 
-// Payload (the independent count), bandwidth, and the limit: the faster of the memcpy and
-// the streaming copy of the same bytes.
+// Payload (the independent count), the bytes moved (the layout's rows: RouteCount::moved_*),
+// bandwidth, and the limit: the faster of the memcpy and the streaming copy of the moved bytes.
 void aggregate_bandwidth(const OpInput& in, OpReport& op) {
   const int P = in.ranks();
   const RouteCount& rc = in.rc;
@@ -105,7 +105,7 @@ void aggregate_bandwidth(const OpInput& in, OpReport& op) {
     op.payload_bytes.push_back(in.is_dispatch ? rc.dispatch_bytes(r) : rc.combine_bytes(r));
     op.local_bytes.push_back(in.is_dispatch ? rc.dispatch_local_bytes(r) : rc.combine_local_bytes(r));
     op.total_payload += op.payload_bytes.back();
-    op.moved_bytes.push_back(op.payload_bytes.back() + (in.is_dispatch ? rc.expansion_bytes(r) : 0));
+    op.moved_bytes.push_back(in.is_dispatch ? rc.moved_dispatch_bytes(r) : rc.moved_combine_bytes(r));
     op.total_moved += op.moved_bytes.back();
     op.algbw_rank_gbps.push_back(gbps(static_cast<double>(op.moved_bytes.back()), op.rank[at(r)].avg));
   }
@@ -194,20 +194,41 @@ void rank_queues(const OpInput& in, int r, int Q, const CallTotals& first, OpRep
     in.warnings.push_back(fmt("%s: rank %d: %llu puts on queues >= --queues %d", in.name, r, static_cast<unsigned long long>(beyond), Q));
 }
 
-// Cross-check: epx's bytes = payload + the same metadata bytes for every row it sent.
-// A pull-mode combine moves the same rows, counted at the reader (the token's source):
-// one row per (token, destination) of its dispatch.
+// The payload rows rank r's counters count (all, local). Dispatch: its rows to every
+// destination, one per (token, rank), or one per slot where the destination's expanded
+// output took them in one copy (its output kind says so). A pulling combine: the rows it
+// read, counted at the reader, one per (token, rank) of its dispatch or, expanded, one per
+// slot (each slot's row of y). A pushing combine: the (token, rank) rows it sent back.
+std::pair<std::int64_t, std::int64_t> counted_rows(const OpInput& in, int r, bool pulled) {
+  const RouteCount& rc = in.rc;
+  if (!in.is_dispatch && !pulled) return {rc.recv_rows[at(r)], rc.recv_local_rows[at(r)]};
+  if (!rc.expanded) return {rc.sent_rows[at(r)], rc.sent_local_rows[at(r)]};
+  const int P = in.ranks();
+  std::int64_t rows = 0, local = 0;
+  for (int d = 0; d < P; ++d) {
+    const bool per_slot = pulled || in.recs[at(d)].one_copy_calls > 0;
+    const std::int64_t n = (per_slot ? rc.pair_slots : rc.pair_rows)[at(r) * at(P) + at(d)];
+    rows += n;
+    if (d == r) local = n;
+  }
+  return {rows, local};
+}
+
+// Cross-check: epx's bytes = those rows + the same metadata bytes for every (token, rank)
+// row it sent (metadata travels once per row of the plan, however many slots it fills).
 void check_rank_bytes(const OpInput& in, int r, const CallTotals& first, OpReport& op) {
   const RouteCount& rc = in.rc;
   const bool pulled = first.pulled_bytes + first.local_pulled_bytes > 0;
   if (pulled) op.pulled = true;
   const std::int64_t rows = in.is_dispatch || pulled ? rc.sent_rows[at(r)] : rc.recv_rows[at(r)];
   const std::int64_t local_rows = in.is_dispatch || pulled ? rc.sent_local_rows[at(r)] : rc.recv_local_rows[at(r)];
+  const auto [payload_rows, local_payload_rows] = counted_rows(in, r, pulled);
+  const auto row_bytes = static_cast<std::int64_t>(in.is_dispatch ? rc.x_row_bytes : rc.y_row_bytes);
   const auto engine = static_cast<std::int64_t>(pulled ? first.pulled_bytes + first.local_pulled_bytes
                                                        : first.put_bytes + first.local_bytes);
   const auto engine_local = static_cast<std::int64_t>(pulled ? first.local_pulled_bytes : first.local_bytes);
-  const std::int64_t expected = pulled ? rows * static_cast<std::int64_t>(rc.y_row_bytes) : op.payload_bytes[at(r)];
-  const std::int64_t expected_local = pulled ? local_rows * static_cast<std::int64_t>(rc.y_row_bytes) : op.local_bytes[at(r)];
+  const std::int64_t expected = payload_rows * row_bytes;
+  const std::int64_t expected_local = local_payload_rows * row_bytes;
   const std::int64_t extra = engine - expected;
   const std::int64_t extra_local = engine_local - expected_local;
   const bool meta_expected = in.is_dispatch && !in.o.cached;
@@ -223,10 +244,10 @@ void check_rank_bytes(const OpInput& in, int r, const CallTotals& first, OpRepor
                                         : extra >= 0;
   if (!ok)
     in.warnings.push_back(fmt("%s: rank %d: epx counted %lld bytes (%lld local) but the routing gives %lld payload bytes "
-                              "(%lld local) for %lld rows: the difference is not %s",
+                              "(%lld local: %lld rows of %lld B) for %lld (token, rank) rows: the difference is not %s",
                               in.name, r, static_cast<long long>(engine), static_cast<long long>(engine_local),
                               static_cast<long long>(expected), static_cast<long long>(expected_local),
-                              static_cast<long long>(rows),
+                              static_cast<long long>(payload_rows), static_cast<long long>(row_bytes), static_cast<long long>(rows),
                               meta_expected ? "the same small metadata size per row" : "zero (no metadata expected)"));
 }
 

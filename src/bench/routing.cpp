@@ -322,6 +322,9 @@ RouteCount count_routes(int ranks, int experts, int topk, const std::vector<cons
   c.recv_rows.assign(up(P), 0);
   c.recv_local_rows.assign(up(P), 0);
   c.recv_slots.assign(up(P), 0);
+  c.recv_local_slots.assign(up(P), 0);
+  c.sent_slots.assign(up(P), 0);
+  c.pair_slots.assign(up(P) * up(P), 0);
   c.out_rows.assign(up(P), 0);
   c.expert_rows.assign(up(E), 0);
   c.pair_rows.assign(up(P) * up(P), 0);
@@ -338,6 +341,9 @@ RouteCount count_routes(int ranks, int experts, int topk, const std::vector<cons
         ++c.expert_rows[static_cast<std::size_t>(e)];
         const int d = static_cast<int>(e / L);
         ++c.recv_slots[up(d)];
+        ++c.sent_slots[up(s)];
+        ++c.pair_slots[up(s) * up(P) + up(d)];
+        if (d == s) ++c.recv_local_slots[up(d)];
         if (seen[up(d)] == token_id) continue;
         seen[up(d)] = token_id;
         ++unique;

@@ -59,15 +59,16 @@ class Progress {
   int step_ = 0;
 };
 
-// The memcpy reference: the same rows as the op, row by row, between pre-faulted buffers
-// (an expanded dispatch also copies each local slot's row once more, as the epilogue does).
+// The memcpy reference: the same rows as the op moves (RouteCount::moved_*), row by row,
+// between pre-faulted buffers: dispatch, x's row for each (token, rank) of my tokens — or,
+// expanded, for each slot of my tokens (the expanded output has a row per slot); combine,
+// the rows of my y — one per (token, rank) received, or, expanded, one per slot received.
 // One source and one destination buffer serve every copy (dispatch reads x itself): at 4096
 // tokens per-copy buffers took ~2.5 GB per rank and 8 ranks ran out of memory.
 struct MemcpyRef {
-  std::vector<std::int32_t> send_tokens;  // one entry per (token, unique destination)
+  std::vector<std::int32_t> send_tokens;  // one entry per row the dispatch moves
   std::vector<std::byte> src, dst;
   std::size_t data_row = 0, scale_row = 0, y_row = 0;
-  std::size_t expand_bytes = 0;  // one x row per slot routed to this rank's experts
   std::int64_t combine_rows = 0;
 
   MemcpyRef(const BenchProblem& p, const RouteCount& rc, int r) {
@@ -79,18 +80,17 @@ struct MemcpyRef {
         const std::int64_t e = in.topk_idx[static_cast<std::size_t>(t * K + k)];
         if (e < 0) continue;
         const auto d = static_cast<std::size_t>(e / L);
-        if (seen[d] == static_cast<int>(t)) continue;
+        if (!rc.expanded && seen[d] == static_cast<int>(t)) continue;
         seen[d] = static_cast<int>(t);
         send_tokens.push_back(static_cast<std::int32_t>(t));
       }
     data_row = static_cast<std::size_t>(p.hidden) * (p.fp8 ? 1 : 2);
     scale_row = p.fp8 ? static_cast<std::size_t>(p.hidden / 128) * sizeof(float) : 0;
     y_row = p.y_row_bytes();
-    combine_rows = rc.recv_rows[static_cast<std::size_t>(r)];
-    expand_bytes = static_cast<std::size_t>(rc.expansion_bytes(r));
+    combine_rows = rc.moved_combine_bytes(r) / static_cast<std::int64_t>(y_row);
     const std::size_t combine_bytes = static_cast<std::size_t>(combine_rows) * y_row;
-    src.assign(std::max(expand_bytes, combine_bytes), std::byte{2});  // pre-faulted
-    dst.assign(std::max({send_tokens.size() * (data_row + scale_row), expand_bytes, combine_bytes}), std::byte{3});
+    src.assign(combine_bytes, std::byte{2});  // pre-faulted
+    dst.assign(std::max(send_tokens.size() * (data_row + scale_row), combine_bytes), std::byte{3});
   }
 
   // `copy`: std::memcpy (glibc) or epx::stream_copy (streaming stores), row by row.
@@ -112,8 +112,6 @@ struct MemcpyRef {
         out += scale_row;
       }
     }
-    const std::size_t row = data_row + scale_row;  // the received rows, expanded into slots
-    for (std::size_t at = 0; at + row <= expand_bytes; at += row) copy(dst.data() + at, src.data() + at, row);
   }
   void combine(Copy copy) {
     for (std::int64_t i = 0; i < combine_rows; ++i)
@@ -225,6 +223,7 @@ class RankBench {
       c.y = d.recv_x.view();  // the identity expert
     }
     c.handle = &d.handle;
+    c.weighted = o_.weighted;
     t_.barrier("bench: combine");
     const double t2 = bench_now_us();
     const CombineResult out = buf.combine(c);

@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "engine.hpp"
+#include "epx/spi/copy.hpp"
 #include "reduce_row.hpp"
 
 namespace epx {
@@ -199,6 +200,8 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
   std::vector<float> weights;                                // per term (grouped, weighted)
   std::vector<std::int32_t> group_end;
   const float* topk_w = a.weighted ? h.topk_weights.as<float>() : nullptr;
+  const int lead = b0 || b1 ? 1 : 0;
+  const bool stream = row_bytes >= stream_min_bytes();  // rows not read back here: streamed as bulk_copy would
   for (std::int64_t t = t0; t < t1; ++t) {
     const std::size_t off = static_cast<std::size_t>(t) * H;
     // Expanded: groups in ascending order of their largest k; compact: ascending rank.
@@ -207,9 +210,10 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
       order.emplace_back(by_max_slot ? plan.entry_max_slot[static_cast<std::size_t>(i)] : plan.entry_rank[static_cast<std::size_t>(i)], i);
     if (by_max_slot) std::sort(order.begin(), order.end());
     // f32(bias0) + f32(bias1) first, a missing bias counting as 0: adding a row of +0.0
-    // for a missing bias1 turns f32(bias0) = -0.0 into +0.0 exactly as "+ 0.0f" does.
-    terms.assign(1, b1 ? b1 + off : zero_row.data());
-    weights.assign(1, 0.0f);
+    // for a missing bias1 turns f32(bias0) = -0.0 into +0.0 exactly as "+ 0.0f" does. With
+    // neither, the sum starts at +0.0f, to which +0.0 adds nothing: no lead row to read.
+    terms.assign(lead, b1 ? b1 + off : zero_row.data());
+    weights.assign(terms.size(), 0.0f);
     group_end.clear();
     for (const auto& [key, i] : order) {
       const auto e = static_cast<std::size_t>(i);
@@ -224,11 +228,12 @@ void Buffer::Impl::reduce_tokens(const HandleState& h, const CombineArgs& a, std
       if (pulls) (plan.entry_rank[e] == rank ? pulls->local_pulled_bytes : pulls->pulled_bytes) += row_bytes * (terms.size() - first_term);
     }
     RowTerms rt{b0 ? b0 + off : nullptr, terms.data(), nullptr, static_cast<int>(terms.size())};
+    rt.stream = stream;
     if (slots) {
       rt.weights = topk_w ? weights.data() : nullptr;
       rt.group_end = group_end.data();
       rt.groups = static_cast<int>(group_end.size());
-      rt.lead = 1;
+      rt.lead = lead;
     }
     reduce_row(o + off, rt, H);
   }

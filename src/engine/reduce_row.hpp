@@ -27,6 +27,11 @@ struct RowTerms {
   const std::int32_t* group_end = nullptr;
   int groups = 0;
   int lead = 0;
+  /// Write `out` with non-temporal (streaming) stores where the CPU has them and `out` is
+  /// vector-aligned: for output rows nobody reads soon (the combine's result), which then
+  /// skip the read-for-ownership of their cache lines. The stores are fenced before
+  /// reduce_row returns. Same bits either way.
+  bool stream = false;
 };
 
 /// out[0 .. n) = bf16 of the sum above, column by column. Keeps the float32 accumulators in

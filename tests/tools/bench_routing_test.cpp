@@ -24,6 +24,7 @@ namespace {
 struct Brute {
   std::vector<std::int64_t> sent, sent_local, recv, recv_local, slots, expert, out_rows;
   std::vector<std::int64_t> pair;  // [s * P + d]
+  std::vector<std::int64_t> slots_sent, slots_local, pair_slots;  // (t, k) slots: by source, to itself, [s * P + d]
   std::vector<std::vector<std::int64_t>> hist;
 };
 
@@ -34,6 +35,7 @@ Brute brute_force(int P, int E, int K, const std::vector<std::vector<std::int64_
   b.sent.assign(P, 0), b.sent_local.assign(P, 0), b.recv.assign(P, 0), b.recv_local.assign(P, 0);
   b.slots.assign(P, 0), b.expert.assign(E, 0), b.out_rows.assign(P, 0), b.pair.assign(P * P, 0);
   b.hist.assign(P, std::vector<std::int64_t>(std::min(K, P) + 1, 0));
+  b.slots_sent.assign(P, 0), b.slots_local.assign(P, 0), b.pair_slots.assign(P * P, 0);
   for (int s = 0; s < P; ++s) {
     const std::int64_t S = static_cast<std::int64_t>(idx[s].size()) / K;
     for (std::int64_t t = 0; t < S; ++t) {
@@ -54,7 +56,9 @@ Brute brute_force(int P, int E, int K, const std::vector<std::vector<std::int64_
       ++b.hist[s][n];
       for (int k = 0; k < K; ++k) {
         const std::int64_t e = idx[s][t * K + k];
-        if (e >= 0) ++b.expert[e], ++b.slots[e / L];
+        if (e < 0) continue;
+        ++b.expert[e], ++b.slots[e / L], ++b.slots_sent[s], ++b.pair_slots[s * P + e / L];
+        if (e / L == s) ++b.slots_local[s];
       }
     }
   }
@@ -79,7 +83,7 @@ RouteCount count(int P, int E, int K, const std::vector<std::vector<std::int64_t
   return count_routes(P, E, K, ptr, tokens, xrow, yrow, expanded, A);
 }
 
-void expect_matches(const RouteCount& c, const Brute& b, std::size_t xrow, std::size_t yrow) {
+void expect_matches(const RouteCount& c, const Brute& b, std::size_t xrow, std::size_t yrow, bool expanded) {
   const int P = c.ranks;
   for (int r = 0; r < P; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
@@ -94,9 +98,15 @@ void expect_matches(const RouteCount& c, const Brute& b, std::size_t xrow, std::
     EXPECT_EQ(c.dispatch_local_bytes(r), b.sent_local[r] * static_cast<std::int64_t>(xrow));
     EXPECT_EQ(c.combine_bytes(r), b.recv[r] * static_cast<std::int64_t>(yrow));
     EXPECT_EQ(c.combine_local_bytes(r), b.recv_local[r] * static_cast<std::int64_t>(yrow));
+    EXPECT_EQ(c.sent_slots[r], b.slots_sent[r]);
+    EXPECT_EQ(c.recv_local_slots[r], b.slots_local[r]);
+    // The layout's rows: the payload when compact, a row per slot when expanded.
+    EXPECT_EQ(c.moved_dispatch_bytes(r), (expanded ? b.slots_sent[r] : b.sent[r]) * static_cast<std::int64_t>(xrow));
+    EXPECT_EQ(c.moved_combine_bytes(r), (expanded ? b.slots[r] : b.recv[r]) * static_cast<std::int64_t>(yrow));
   }
   EXPECT_EQ(c.expert_rows, b.expert);
   EXPECT_EQ(c.pair_rows, b.pair);
+  EXPECT_EQ(c.pair_slots, b.pair_slots);
 }
 
 }  // namespace
@@ -116,7 +126,7 @@ TEST(BenchRouting, PayloadMatchesBruteForceOnHandWrittenRouting) {
   for (const bool expanded : {false, true})
     for (const int A : {1, 4}) {
       const RouteCount c = count(P, E, K, idx, xrow, yrow, expanded, A);
-      expect_matches(c, brute_force(P, E, K, idx, expanded, A), xrow, yrow);
+      expect_matches(c, brute_force(P, E, K, idx, expanded, A), xrow, yrow, expanded);
     }
   const RouteCount c = count(P, E, K, idx, xrow, yrow, false, 1);
   // Spelled out for rank 0: 2 + 1 + 0 + 3 = 6 rows, 2 of them to itself (tokens 0 and 3).
@@ -127,6 +137,12 @@ TEST(BenchRouting, PayloadMatchesBruteForceOnHandWrittenRouting) {
   EXPECT_EQ(c.sent_rows[1], 0);
   // Rank 0's 6 rows by destination: 2 to itself, 2 to rank 1 (tokens 0, 3), 2 to rank 2 (tokens 1, 3).
   EXPECT_EQ(std::vector<std::int64_t>(c.pair_rows.begin(), c.pair_rows.begin() + 3), (std::vector<std::int64_t>{2, 2, 2}));
+  // Its 8 valid slots: 3 at itself (experts 0, 1, 0), 2 at rank 1 (experts 2, 3), 3 at rank 2 (5, 4, 5).
+  EXPECT_EQ(c.sent_slots[0], 8);
+  EXPECT_EQ(std::vector<std::int64_t>(c.pair_slots.begin(), c.pair_slots.begin() + 3), (std::vector<std::int64_t>{3, 2, 3}));
+  const RouteCount x = count(P, E, K, idx, xrow, yrow, true, 1);
+  EXPECT_EQ(x.moved_dispatch_bytes(0), 8 * 14336);  // expanded: a row per slot
+  EXPECT_EQ(x.dispatch_bytes(0), 6 * 14336);        // the payload stays per (token, rank)
 }
 
 TEST(BenchRouting, PayloadMatchesBruteForceOnGeneratedRoutings) {
@@ -142,7 +158,7 @@ TEST(BenchRouting, PayloadMatchesBruteForceOnGeneratedRoutings) {
       const std::size_t xrow = fp8 ? 256 + 2 * 4 : 512;
       EXPECT_EQ(p.x_row_bytes(), xrow);
       const RouteCount c = count_routes(p, true, 8);
-      expect_matches(c, brute_force(4, 16, 5, idx, true, 8), xrow, 512);
+      expect_matches(c, brute_force(4, 16, 5, idx, true, 8), xrow, 512, true);
     }
   }
 }

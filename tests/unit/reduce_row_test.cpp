@@ -7,6 +7,7 @@
 // the operands of an addition.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -14,6 +15,9 @@
 
 #include "epx/dtype.hpp"
 #include "reduce_row.hpp"
+#ifndef HWY_COMPILE_ONLY_STATIC
+#include "hwy/targets.h"
+#endif
 
 namespace {
 
@@ -38,6 +42,23 @@ std::vector<std::uint16_t> expected(const RowTerms& t, std::size_t n) {
   return out;
 }
 
+// Runs `check` once per SIMD target the CPU has and the build compiled (x86: AVX-512, AVX2,
+// SSE4, ... each chosen in turn), then restores the normal choice; once where the build has
+// a single static target (the aarch64 cross build: NEON).
+template <class Check>
+void on_every_target(Check check) {
+#ifndef HWY_COMPILE_ONLY_STATIC
+  for (const std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(epx::detail::reduce_row_target());
+    check();
+  }
+  hwy::SetSupportedTargetsForTest(0);
+#else
+  check();
+#endif
+}
+
 bool is_nan(std::uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x007f) != 0; }
 
 // Random bf16 bits, with a good share of special values.
@@ -50,7 +71,7 @@ std::uint16_t pick(std::mt19937& rng) {
   return static_cast<std::uint16_t>(r >> 16);
 }
 
-TEST(ReduceRow, BothKernelsMatchTheSpecSumBitForBit) {
+void BothKernelsMatchTheSpecSumBitForBit() {
   std::printf("reduce_row runs on %s\n", epx::detail::reduce_row_target());  // CI's log: which SIMD target was checked
   std::mt19937 rng(7);
   for (std::size_t n : {1u, 7u, 31u, 32u, 33u, 100u, 7168u}) {
@@ -90,7 +111,7 @@ TEST(ReduceRow, BothKernelsMatchTheSpecSumBitForBit) {
 
 // A sum whose result depends on the order: (2^30 - 2^30) + 1 = 1 but (2^30 + 1) - 2^30 = 0 in
 // float32, so a kernel that reorders or pairs up terms fails here.
-TEST(ReduceRow, AddsTermsInTheGivenOrder) {
+void AddsTermsInTheGivenOrder() {
   const std::size_t n = 200;  // SIMD blocks (32 columns with AVX2, 64 with AVX-512) and a tail
   std::vector<std::uint16_t> big(n, 0x4e80), minus_big(n, 0xce80), one(n, 0x3f80);
   const std::uint16_t* cancel_first[] = {big.data(), minus_big.data(), one.data()};
@@ -131,7 +152,7 @@ std::vector<std::uint16_t> expected_grouped(const RowTerms& t, std::size_t n) {
   return out;
 }
 
-TEST(ReduceRow, GroupedSumsRoundEachPartialLikeTheExpertRank) {
+void GroupedSumsRoundEachPartialLikeTheExpertRank() {
   std::mt19937 rng(11);
   // Group sizes per case: lone rows (pass through unless weighted), pairs, a group of 8.
   const std::vector<std::vector<int>> shapes = {{1}, {2}, {1, 1, 1}, {3, 1, 2}, {8}, {1, 2, 1, 4}};
@@ -176,5 +197,40 @@ TEST(ReduceRow, GroupedSumsRoundEachPartialLikeTheExpertRank) {
     }
   }
 }
+
+// RowTerms::stream: the same bits with streaming stores, into a vector-aligned row (streamed)
+// and one two bytes off (written plainly: streaming needs alignment), tails included.
+void StreamingStoresWriteTheSameBits() {
+  std::mt19937 rng(5);
+  for (std::size_t n : {64u, 100u, 7168u}) {
+    std::vector<std::vector<std::uint16_t>> rows(5, std::vector<std::uint16_t>(n));
+    std::vector<const std::uint16_t*> ptrs;
+    for (auto& r : rows) {
+      for (auto& v : r) v = pick(rng);
+      ptrs.push_back(r.data());
+    }
+    const std::int32_t ends[] = {2, 3, 5};
+    RowTerms t{nullptr, ptrs.data(), nullptr, 5};
+    t.group_end = ends;
+    t.groups = 3;
+    std::vector<std::uint16_t> plain(n);
+    epx::detail::reduce_row(plain.data(), t, n);
+    t.stream = true;
+    alignas(64) static std::uint16_t out[7168 + 64];
+    for (std::size_t skew : {0u, 1u}) {
+      std::fill(out, out + n + skew, 0xdead);
+      epx::detail::reduce_row(out + skew, t, n);
+      for (std::size_t c = 0; c < n; ++c)
+        if (!(is_nan(plain[c]) && is_nan(out[skew + c]))) {
+          ASSERT_EQ(out[skew + c], plain[c]) << "n=" << n << " skew=" << skew << " column " << c;
+        }
+    }
+  }
+}
+
+TEST(ReduceRow, BothKernelsMatchTheSpecSumBitForBit) { on_every_target(BothKernelsMatchTheSpecSumBitForBit); }
+TEST(ReduceRow, AddsTermsInTheGivenOrder) { on_every_target(AddsTermsInTheGivenOrder); }
+TEST(ReduceRow, GroupedSumsRoundEachPartialLikeTheExpertRank) { on_every_target(GroupedSumsRoundEachPartialLikeTheExpertRank); }
+TEST(ReduceRow, StreamingStoresWriteTheSameBits) { on_every_target(StreamingStoresWriteTheSameBits); }
 
 }  // namespace

@@ -39,6 +39,7 @@ struct BenchOptions {
   int alignment = 1;
   bool cached = false;  ///< time cached dispatches (with the handle of a first fresh one)
   bool zero_copy = false;  ///< compact: recv_x is a view of the window (DispatchArgs::recv_in_window)
+  bool weighted = false;   ///< expanded: weighted combine (CombineArgs::weighted: each slot's row times its weight)
   std::int64_t output_pool = -1;  ///< BufferConfig::output_pool_bytes (-1 auto: one copy; 0: copies, the old default)
   int workers = 0;      ///< 0 = the engine's auto choice
   std::int64_t ring_rows = 0;  ///< BufferConfig::ring_rows: bounded receive area (0 = unbounded)

@@ -58,7 +58,7 @@ BenchProblem make_problem(const BenchOptions& o);
 /// engine's plan and counters).
 struct RouteCount {
   int ranks = 0, experts = 0, topk = 0;
-  bool expanded = false;  ///< the dispatch output is expanded: each local slot's row is copied once more
+  bool expanded = false;  ///< the layout is expanded: its rows are one per slot (moved_*), not per (token, rank)
   std::size_t x_row_bytes = 0, y_row_bytes = 0;
   std::vector<std::int64_t> tokens;           ///< [P] S_r
   std::vector<std::int64_t> sent_rows;        ///< [P] (token, unique destination) pairs of the rank
@@ -66,11 +66,15 @@ struct RouteCount {
   std::vector<std::int64_t> recv_rows;        ///< [P] compact rows received (= combine rows sent back)
   std::vector<std::int64_t> recv_local_rows;  ///< [P] ... of them from the rank itself
   std::vector<std::int64_t> recv_slots;       ///< [P] (t, k) slots routed to the rank's experts
+  std::vector<std::int64_t> recv_local_slots; ///< [P] ... of them from the rank's own tokens
+  std::vector<std::int64_t> sent_slots;       ///< [P] (t, k) slots of the rank's tokens (k with an expert)
   std::vector<std::int64_t> out_rows;         ///< [P] dispatch output rows in the layout (incl. padding)
   std::vector<std::int64_t> expert_rows;      ///< [E] slots per expert
   /// [P * P] (token, unique destination) rows from source s to destination d at [s * P + d]
   /// (dispatch sends them s -> d, combine returns them d -> s).
   std::vector<std::int64_t> pair_rows;
+  /// [P * P] the (t, k) slots of source s's tokens at destination d's experts, at [s * P + d].
+  std::vector<std::int64_t> pair_slots;
   /// [P][min(K, P) + 1]: tokens of rank r with n unique destination ranks (n = 0 .. min(K, P)).
   std::vector<std::vector<std::int64_t>> unique_dest_hist;
 
@@ -78,13 +82,20 @@ struct RouteCount {
   std::int64_t dispatch_local_bytes(int r) const noexcept {
     return sent_local_rows[idx(r)] * static_cast<std::int64_t>(x_row_bytes);
   }
-  /// Expanded layout: the receiver's local copies of each row into its slots' output rows.
-  std::int64_t expansion_bytes(int r) const noexcept {
-    return expanded ? recv_slots[idx(r)] * static_cast<std::int64_t>(x_row_bytes) : 0;
-  }
   std::int64_t combine_bytes(int r) const noexcept { return recv_rows[idx(r)] * static_cast<std::int64_t>(y_row_bytes); }
   std::int64_t combine_local_bytes(int r) const noexcept {
     return recv_local_rows[idx(r)] * static_cast<std::int64_t>(y_row_bytes);
+  }
+  /// The rows of the layout, what a copy producing the same result moves (the limit copies
+  /// these): compact = the payload; expanded = one row per slot — the dispatch fills one
+  /// output row per (t, k) with x's row (at the sender: its tokens' slots), the combine's y
+  /// has one row per slot (at the expert rank: the slots it received). The payload counts
+  /// a (token, rank) row once however many of its slots the rank holds (what a push moves).
+  std::int64_t moved_dispatch_bytes(int r) const noexcept {
+    return expanded ? sent_slots[idx(r)] * static_cast<std::int64_t>(x_row_bytes) : dispatch_bytes(r);
+  }
+  std::int64_t moved_combine_bytes(int r) const noexcept {
+    return expanded ? recv_slots[idx(r)] * static_cast<std::int64_t>(y_row_bytes) : combine_bytes(r);
   }
 
  private:

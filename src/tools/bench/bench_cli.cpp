@@ -20,8 +20,12 @@ const char* bench_definitions() {
                rest. Combine: the same (token, destination) rows flowing back, bf16 (H*2
                bytes), counted at the sender of the combine (the expert rank) = the compact
                rows it received in dispatch. Metadata (indices, weights) is not payload.
-  moved        payload, plus for an expanded dispatch the receivers' local expansion copies
-               (one x row per slot routed to the rank's experts).
+  moved        the rows of the layout, what any copy producing the same result moves:
+               compact, the payload; expanded, one row per slot (t, k) — dispatch: x's row
+               for each slot of the sender's tokens (the expert-grouped output has a row per
+               slot); combine: y's row of each slot, at the expert rank. epx's one-copy
+               expanded dispatch puts exactly these; the copying one (no output pool) puts
+               the payload, then copies each row into its slots (more bytes).
   algbw        moved bytes / time, GB/s = 1e9 B/s. Per rank: its bytes / its avg latency;
                total: the sum of all ranks' bytes / avg max-rank latency.
   memcpy       measured in the same run, interleaved with the epx iterations, in the same P
@@ -135,6 +139,9 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--layout", o.layout, "dispatch output layout: compact | expanded")->capture_default_str();
   sub->add_option("--alignment", o.alignment, "expert_alignment A of the expanded layout")->capture_default_str();
   sub->add_flag("--cached", o.cached, "time cached dispatches (the handle of one fresh dispatch made before warmup)");
+  sub->add_flag("--weighted", o.weighted,
+                "--layout expanded: a weighted combine (CombineArgs::weighted): each slot's row times its routing weight, "
+                "every partial rounded to bf16 (SPEC 4)");
   sub->add_flag("--zero-copy", o.zero_copy,
                 "compact layout: recv_x is a view of the receive window where the senders put the rows "
                 "(DispatchArgs::recv_in_window), so dispatch copies each row once; the identity expert's y is that "

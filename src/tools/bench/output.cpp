@@ -53,7 +53,7 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
   for (int r = 0; r < P; ++r) remote.push_back(op.payload_bytes[at(r)] - op.local_bytes[at(r)]);
   j["remote_bytes_per_rank"] = remote;
   j["payload_bytes_total"] = op.total_payload;
-  j["moved_bytes_total"] = op.total_moved;  // + the expanded layout's local expansion copies
+  j["moved_bytes_total"] = op.total_moved;  // the layout's rows (expanded: one per slot; RouteCount::moved_*)
   j["row_bytes"] = is_dispatch ? rc.x_row_bytes : rc.y_row_bytes;
   j["rows_per_rank"] = is_dispatch ? rc.sent_rows : rc.recv_rows;
   j["algbw_gbps"] = op.algbw_gbps;
@@ -177,6 +177,7 @@ ordered_json bench_config_json(const BenchReport& r) {
   j["alignment"] = o.alignment;
   j["cached"] = o.cached;
   j["zero_copy"] = o.zero_copy;
+  j["weighted"] = o.weighted;
   j["output_pool"] = o.output_pool_bytes();
   j["ring_rows"] = o.ring_rows;
   j["transport"] = o.transport;

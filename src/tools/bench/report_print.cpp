@@ -52,10 +52,13 @@ void print_op_totals(std::FILE* f, const BenchReport& rep, const OpReport& op, b
   summary_line(f, "max-rank latency (us)", op.max_rank);
   std::fprintf(f, "  %-28s avg %9s  (first rank's start to last rank's end; start skew avg %s us)\n", "span (us)",
                format_us(op.span.avg).c_str(), format_us(op.start_skew_us).c_str());
-  const std::int64_t expansion = op.total_moved - op.total_payload;
+  // Expanded: the layout's rows are one per slot (RouteCount::moved_*), more than the payload.
+  const bool per_slot = op.total_moved != op.total_payload;
   std::fprintf(f, "  %-28s %.2f GB/s  (%s MB%s / avg max-rank latency)\n", "algbw total", op.algbw_gbps,
-               mb(static_cast<double>(op.total_payload)).c_str(),
-               expansion > 0 ? (" + " + mb(static_cast<double>(expansion)) + " MB local expansion copies").c_str() : "");
+               mb(static_cast<double>(op.total_moved)).c_str(),
+               per_slot ? (" moved: a row per slot of the expanded layout; payload " + mb(static_cast<double>(op.total_payload)) + " MB")
+                              .c_str()
+                        : "");
   std::fprintf(f, "  %-28s %.2f GB/s  (same bytes, same %d ranks at once, max-rank avg %s us)  ->  epx = %.2fx memcpy\n",
                "memcpy, this machine", op.memcpy_gbps, rep.ranks, format_us(op.memcpy_max_rank.avg).c_str(), op.ratio_vs_memcpy);
   std::fprintf(f, "  %-28s %.2f GB/s  (the same bytes with streaming stores, max-rank avg %s us)  ->  epx = %.2fx\n",
@@ -175,7 +178,7 @@ void print_header(std::FILE* f, const BenchReport& r) {
                r.eplb.enabled ? fmt("; physical: %d logical + %d replicas", r.eplb.logical_experts, r.experts - r.eplb.logical_experts).c_str()
                               : "");
   std::fprintf(f, "  %s, %s layout%s, %s dispatch; routing: %s\n", r.fp8 ? "fp8 e4m3 (+ f32 scales)" : "bf16", o.layout.c_str(),
-               o.expanded() ? fmt(" (alignment %d)", o.alignment).c_str() : "", o.cached ? (o.zero_copy ? "cached zero-copy" : "cached") : (o.zero_copy ? "fresh zero-copy" : "fresh"), r.source.c_str());
+               o.expanded() ? fmt(" (alignment %d%s)", o.alignment, o.weighted ? ", weighted combine" : "").c_str() : "", o.cached ? (o.zero_copy ? "cached zero-copy" : "cached") : (o.zero_copy ? "fresh zero-copy" : "fresh"), r.source.c_str());
   std::fprintf(f, "  data plane: %s; receive area: %s; window %.1f MiB per rank (output pool: %s)\n", describe_dataplane(o.dataplane).c_str(),
                o.ring_rows > 0 ? fmt("ring of %lld rows per source", static_cast<long long>(o.ring_rows)).c_str() : "a slot per row",
                static_cast<double>(r.window_bytes) / (1 << 20),
