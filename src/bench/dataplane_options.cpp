@@ -17,7 +17,8 @@ namespace {
 
 const std::vector<std::string>& dataplane_option_names() {
   static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol",
-                                                     "send-policy", "combine-order", "replies-first-max"};
+                                                     "send-policy", "combine-order", "replies-first-max",
+                                                     "stream-min-call"};
   return names;
 }
 
@@ -91,6 +92,8 @@ void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const st
       d.combine_order = parse_combine_order(value);
     } else if (name == "replies-first-max") {
       d.replies_first_max_bytes = parse_byte_size(value);
+    } else if (name == "stream-min-call") {
+      d.stream_min_call_bytes = parse_byte_size(value);
     } else {
       bad("unknown data-plane option '" + name + "'");
     }
@@ -111,6 +114,7 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
   if (name == "send-policy") return to_string(d.send_policy);
   if (name == "combine-order") return to_string(d.combine_order);
   if (name == "replies-first-max") return byte_size_text(d.replies_first_max_bytes);
+  if (name == "stream-min-call") return byte_size_text(d.stream_min_call_bytes);
   bad("unknown data-plane option '" + name + "'");
 }
 
@@ -145,7 +149,11 @@ std::string describe_dataplane(const DataPlaneOptions& d) {
          (d.replies_first_max_bytes == DataPlaneOptions{}.replies_first_max_bytes
               ? std::string()
               : ", replies first up to " + (d.replies_first_max_bytes == 0 ? std::string("never (with a pool)")
-                                                                            : byte_size_text(d.replies_first_max_bytes)));
+                                                                            : byte_size_text(d.replies_first_max_bytes))) +
+         (d.stream_min_call_bytes == DataPlaneOptions{}.stream_min_call_bytes
+              ? std::string()
+              : ", streaming stores from " + (d.stream_min_call_bytes == 0 ? std::string("any call")
+                                                                           : byte_size_text(d.stream_min_call_bytes) + " per call"));
 }
 
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
@@ -159,6 +167,7 @@ nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
   j["send_policy"] = to_string(d.send_policy);
   j["combine_order"] = to_string(d.combine_order);
   j["replies_first_max_bytes"] = d.replies_first_max_bytes;
+  j["stream_min_call_bytes"] = d.stream_min_call_bytes;
   return j;
 }
 

@@ -81,8 +81,15 @@ void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
     std::memcpy(dst, src, bytes);
 }
 
+namespace {
+thread_local bool t_stream = true;  // StreamScope's setting on this thread
+}  // namespace
+
+StreamScope::StreamScope(bool stream) noexcept : saved_(t_stream) { t_stream = stream; }
+StreamScope::~StreamScope() { t_stream = saved_; }
+
 void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept {
-  if (bytes >= stream_min_bytes()) return stream_copy(dst, src, bytes);
+  if (t_stream && bytes >= stream_min_bytes()) return stream_copy(dst, src, bytes);
   std::memcpy(dst, src, bytes);
 }
 
