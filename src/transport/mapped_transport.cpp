@@ -95,13 +95,20 @@ TransportCaps mapped_caps(const char* name) {
   return c;
 }
 
-Backoff::Backoff(std::chrono::milliseconds timeout)
-    : deadline_(std::chrono::steady_clock::now() + timeout) {}
+Backoff::Backoff(std::chrono::milliseconds timeout, int spins)
+    : max_spins_(spins), deadline_(std::chrono::steady_clock::now() + timeout) {}
+
+int wait_spins(int ranks) noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return ranks > cores ? 0 : Backoff::kSpins;
+}
 
 bool Backoff::expired() const { return std::chrono::steady_clock::now() >= deadline_; }
 
 bool Backoff::step() {
-  if (spins_ < kSpins) {
+  if (spins_ < max_spins_) {
     ++spins_;
     epx::spi::cpu_relax();
     return true;
@@ -117,7 +124,7 @@ WaitMode wait_mode_from_env() noexcept {
 
 MappedTransport::MappedTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout,
                                  TransportCaps caps)
-    : control_(control), rank_(rank), num_ranks_(control->num_ranks), timeout_(timeout), caps_(caps),
+    : control_(control), rank_(rank), num_ranks_(control->num_ranks), spins_(wait_spins(num_ranks_)), timeout_(timeout), caps_(caps),
       wait_mode_(wait_mode_from_env()), fault_(FaultPlan::from_env()) {}
 
 namespace {
@@ -181,7 +188,7 @@ std::uint64_t MappedTransport::read_signal(std::size_t slot) noexcept {
 
 template <class Load>
 void MappedTransport::wait_for(Load load, std::uint64_t at_least, const WaitPoint& where) {
-  Backoff backoff(timeout_);
+  Backoff backoff(timeout_, spins_);
   std::atomic<std::uint32_t>* bell = wait_mode_ == WaitMode::kSleep ? doorbell_of(rank_) : nullptr;
   // Sleep mode yields for a while first: most waits end within a few scheduler slices.
   constexpr auto kYieldFirst = std::chrono::microseconds(500);
@@ -280,7 +287,7 @@ void MappedTransport::bootstrap_barrier(const char* phase) {
     control_->barrier_generation.fetch_add(1, std::memory_order_release);
     return;
   }
-  Backoff backoff(timeout_);
+  Backoff backoff(timeout_, spins_);
   while (control_->barrier_generation.load(std::memory_order_acquire) == gen) {
     if (!backoff.step()) {
       // Blame the lowest rank that has not arrived (the one stalled, stopped or blocked).

@@ -20,18 +20,26 @@ namespace epx::detail {
 /// Spin-then-yield waiting with a deadline; `check()` runs between yields and may throw.
 class Backoff {
  public:
-  explicit Backoff(std::chrono::milliseconds timeout);
+  static constexpr int kSpins = 256;
+  /// `spins`: pauses before the first yield (wait_spins: none when ranks outnumber cores).
+  explicit Backoff(std::chrono::milliseconds timeout, int spins = kSpins);
   /// One waiting step; returns false once the deadline has passed.
   bool step();
-  bool yielding() const noexcept { return spins_ >= kSpins; }
+  bool yielding() const noexcept { return spins_ >= max_spins_; }
   /// The deadline has passed.
   bool expired() const;
 
  private:
-  static constexpr int kSpins = 256;
   int spins_ = 0;
+  int max_spins_;
   std::chrono::steady_clock::time_point deadline_;
 };
+
+/// How long a waiter of a group of `ranks` on this machine spins before it yields: kSpins
+/// pauses when every rank can have a core of its own (sched_getaffinity), none when ranks
+/// outnumber the cores — a spinning rank then holds a core another rank needs for its work
+/// (8 ranks on 2 cores: 1-token calls 1.25x faster without the spin; BENCHMARKS.md).
+int wait_spins(int ranks) noexcept;
 
 /// What every mapped transport guarantees: puts are memcpys that complete on return,
 /// so a later release-store signal orders them on any queue.
@@ -126,6 +134,7 @@ class MappedTransport : public Transport {
 
   int rank_;
   int num_ranks_;
+  int spins_;  // wait_spins(num_ranks_)
   std::chrono::milliseconds timeout_;
   TransportCaps caps_;
   std::vector<std::byte*> windows_;
