@@ -88,8 +88,10 @@ thread_local bool t_stream = true;  // StreamScope's setting on this thread
 StreamScope::StreamScope(bool stream) noexcept : saved_(t_stream) { t_stream = stream; }
 StreamScope::~StreamScope() { t_stream = saved_; }
 
+bool bulk_copy_streams(std::size_t bytes) noexcept { return t_stream && bytes >= stream_min_bytes(); }
+
 void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept {
-  if (t_stream && bytes >= stream_min_bytes()) return stream_copy(dst, src, bytes);
+  if (bulk_copy_streams(bytes)) return stream_copy(dst, src, bytes);
   std::memcpy(dst, src, bytes);
 }
 

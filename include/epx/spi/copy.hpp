@@ -38,6 +38,9 @@ class StreamScope {
   bool saved_;
 };
 
+/// Whether bulk_copy of `bytes` on this thread streams now (the threshold and StreamScope).
+bool bulk_copy_streams(std::size_t bytes) noexcept;
+
 /// memcpy(dst, src, bytes) with streaming stores at any size where the CPU has them (else
 /// memcpy), then a store fence: the bench's streaming-copy reference.
 void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept;
