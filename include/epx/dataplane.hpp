@@ -72,8 +72,9 @@ struct DataPlaneOptions {
   /// replies before the header exchange (one synchronisation instead of the pull's two,
   /// for two more passes over the replies: put, then read back) when every rank's dispatch
   /// output holds at most this many bytes; larger combines exchange headers first and pull
-  /// where they can. 0 = never. Without a pool replies go first whenever the call allows it
-  /// (docs/engine.md). Measured on the 2-core box of BENCHMARKS.md ("Issue #26 §3 on a quiet
+  /// where they can. 0 = never (with a pool). Without a pool, or (limit > 0) on a transport
+  /// whose peers are not mapped (nobody can pull), replies go first whenever the call allows
+  /// it (docs/engine.md). Measured on the 2-core box of BENCHMARKS.md ("Issue #26 §3 on a quiet
   /// machine", 8 ranks, H 7168): replies first is faster at 1 token per rank (~140 KB per
   /// rank's output), even at 2 and slower from 4 (at 128 tokens, 9.8 MB, 2x slower).
   std::size_t replies_first_max_bytes = std::size_t{160} << 10;
