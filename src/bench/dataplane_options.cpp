@@ -17,7 +17,8 @@ namespace {
 
 const std::vector<std::string>& dataplane_option_names() {
   static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol",
-                                                     "send-policy", "combine-order", "combine-replies", "replies-first-max"};
+                                                     "send-policy", "combine-order", "combine-replies", "replies-first-max",
+                                                     "stream-min-call"};
   return names;
 }
 
@@ -93,6 +94,8 @@ void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const st
       d.combine_replies = parse_combine_replies(value);
     } else if (name == "replies-first-max") {
       d.replies_first_max_bytes = parse_byte_size(value);
+    } else if (name == "stream-min-call") {
+      d.stream_min_call_bytes = parse_byte_size(value);
     } else {
       bad("unknown data-plane option '" + name + "'");
     }
@@ -114,6 +117,7 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
   if (name == "combine-order") return to_string(d.combine_order);
   if (name == "combine-replies") return to_string(d.combine_replies);
   if (name == "replies-first-max") return byte_size_text(d.replies_first_max_bytes);
+  if (name == "stream-min-call") return byte_size_text(d.stream_min_call_bytes);
   bad("unknown data-plane option '" + name + "'");
 }
 
@@ -151,7 +155,11 @@ std::string describe_dataplane(const DataPlaneOptions& d) {
          (d.replies_first_max_bytes == DataPlaneOptions{}.replies_first_max_bytes
               ? std::string()
               : ", replies first up to " + (d.replies_first_max_bytes == 0 ? std::string("never (with a pool)")
-                                                                            : byte_size_text(d.replies_first_max_bytes)));
+                                                                            : byte_size_text(d.replies_first_max_bytes))) +
+         (d.stream_min_call_bytes == DataPlaneOptions{}.stream_min_call_bytes
+              ? std::string()
+              : ", streaming stores from " + (d.stream_min_call_bytes == 0 ? std::string("any call")
+                                                                           : byte_size_text(d.stream_min_call_bytes) + " per call"));
 }
 
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
@@ -166,6 +174,7 @@ nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
   j["combine_order"] = to_string(d.combine_order);
   j["combine_replies"] = to_string(d.combine_replies);
   j["replies_first_max_bytes"] = d.replies_first_max_bytes;
+  j["stream_min_call_bytes"] = d.stream_min_call_bytes;
   return j;
 }
 

@@ -9,6 +9,7 @@
 #include "algorithms.hpp"
 #include "check.hpp"
 #include "epx/error.hpp"
+#include "epx/spi/cpu_relax.hpp"
 #include "epx/topology.hpp"
 #include "impl.hpp"
 
@@ -226,7 +227,7 @@ void BucketBuffer::init(const std::vector<std::vector<int>>& groups, std::size_t
   for (int p = 0; p < num_ranks() && read_peers; ++p) read_peers = ep.peer_window(p) != nullptr;
   if (machines.empty() && read_peers) machines.assign(static_cast<std::size_t>(num_ranks()), 0);
   // More ranks than cores: the waits on the boards yield at once (board.hpp).
-  const bool yield = static_cast<unsigned>(num_ranks()) > std::max(1u, std::thread::hardware_concurrency());
+  const bool yield = spi::ranks_outnumber_cpus(num_ranks());
   impl_ = std::make_unique<Impl>(ep, layout, read_peers, std::move(machines), options.algorithm, yield);
   const BucketAlgorithm a = options.algorithm;
   if ((a == BucketAlgorithm::kMapped || a == BucketAlgorithm::kOneShot) && !read_peers)

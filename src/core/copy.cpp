@@ -105,8 +105,17 @@ void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept {
     std::memcpy(dst, src, bytes);
 }
 
+namespace {
+thread_local bool t_stream = true;  // StreamScope's setting on this thread
+}  // namespace
+
+StreamScope::StreamScope(bool stream) noexcept : saved_(t_stream) { t_stream = stream; }
+StreamScope::~StreamScope() { t_stream = saved_; }
+
+bool bulk_copy_streams(std::size_t bytes) noexcept { return t_stream && bytes >= stream_min_bytes(); }
+
 void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept {
-  if (bytes >= stream_min_bytes()) return stream_copy(dst, src, bytes);
+  if (bulk_copy_streams(bytes)) return stream_copy(dst, src, bytes);
   std::memcpy(dst, src, bytes);
 }
 

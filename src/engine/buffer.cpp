@@ -92,7 +92,8 @@ std::vector<AgreedValue> agreed_values(const BufferConfig& c, int W) {
           {"output_pool_bytes", n(c.output_pool_bytes)},
           {"combine order", to_string(o.combine_order)},
           {"combine replies", to_string(o.combine_replies)},
-          {"replies_first_max_bytes", n(o.replies_first_max_bytes)}};
+          {"replies_first_max_bytes", n(o.replies_first_max_bytes)},
+          {"stream_min_call_bytes", n(o.stream_min_call_bytes)}};
 }
 
 }  // namespace
@@ -348,6 +349,8 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
       step.scale_bytes = fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0;
       block = m.reserve_output(fresh ? nullptr : h, a, step.row_bytes, step.scale_bytes, why_copy);
     }
+    // The rows this rank sends: a small dispatch writes them through the cache.
+    m.choose_stores(status ? 0 : static_cast<std::uint64_t>(h->plan.num_entries()) * (step.row_bytes + step.scale_bytes));
 
     NotifyHeader mine{};
     mine.out_block = static_cast<std::int64_t>(block.offset());
@@ -456,6 +459,8 @@ struct Buffer::Impl::CombineCall : detail::AsyncCall {
     // first and sends nothing (so no two ranks' plans write the same reply rows); the
     // exchange fails every rank.
     const MaybeStatus status = m.check_combine(a);
+    // The replies this rank may push (a pull writes none): a small combine writes them through the cache.
+    m.choose_stores(status ? 0 : static_cast<std::uint64_t>(a.handle->state_->num_recv()) * m.config.hidden * sizeof(std::uint16_t));
     const bool replies_first = m.calls.begin_combine(!status && m.replies_first_allowed(*a.handle->state_),
                                                      status ? 0 : a.handle->state_->dispatch_epoch);
     NotifyHeader mine{};

@@ -24,6 +24,7 @@
 #include "epx/buffer.hpp"
 #include "epx/error.hpp"
 #include "epx/sim/model_transport.hpp"
+#include "epx/spi/copy.hpp"
 #include "epx/spi/support.hpp"
 #include "epx/topology.hpp"
 #include "async_call.hpp"
@@ -336,10 +337,21 @@ struct Buffer::Impl {
   /// Runs `task` on every worker (the rank thread is worker 0) and joins them; a modelling
   /// transport hears of the join (sim::ModelTransport::workers_joined). Every fork goes through here.
   void run_workers(const std::function<void(int)>& task) {
-    pool.run(task);
+    const bool stream = stream_stores;
+    pool.run([&](int w) {
+      const StreamScope scope(stream);  // the call's store kind, on every worker's thread
+      task(w);
+    });
     if (model) model->workers_joined();
   }
 
+
+  /// This call's puts and copies may stream (StreamScope, set by run_workers on each worker):
+  /// the payload this rank writes in the call is at least DataPlaneOptions::stream_min_call_bytes.
+  bool stream_stores = true;
+  void choose_stores(std::uint64_t payload_bytes) noexcept {
+    stream_stores = payload_bytes >= config.dataplane.stream_min_call_bytes;
+  }
 
   Transport& transport;
   /// The transport's optional model interface (the simulator), asked for once; null elsewhere.

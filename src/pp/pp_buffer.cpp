@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "epx/spi/cpu_relax.hpp"
 #include "layout.hpp"
 #include "stream.hpp"
 
@@ -97,7 +98,7 @@ PPBuffer::PPBuffer(Transport& transport, const PPConfig& config) : BufferBase(tr
   if (problem.empty()) {
     try {
       impl_ = std::make_unique<Impl>(num_ranks(), config);
-      impl_->yield = static_cast<unsigned>(num_ranks()) > std::max(1u, std::thread::hardware_concurrency());
+      impl_->yield = spi::ranks_outnumber_cpus(num_ranks());
     } catch (const Error& e) {
       problem = e.what();
     }

@@ -31,6 +31,8 @@ void add_dataplane_options(CLI::App* sub, DataPlaneOptions& d) {
       {"replies-first-max", "BYTES", "with an output pool, a combine right after its dispatch pushes its replies before the header "
                                      "exchange (one synchronisation) when every rank's dispatch output is at most BYTES, else it "
                                      "exchanges first and pulls where it can (0 = never)"},
+      {"stream-min-call", "BYTES", "puts and copies use streaming stores only in calls where this rank writes at least BYTES "
+                                   "(smaller calls write through the cache, where the readers find the rows; 0 = always stream)"},
   };
   for (const Flag& f : flags) {
     const std::string name = f.name;

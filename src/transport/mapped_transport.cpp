@@ -100,6 +100,8 @@ TransportCaps mapped_caps(const char* name) {
 Backoff::Backoff(std::chrono::milliseconds timeout, int spins)
     : max_spins_(spins), deadline_(std::chrono::steady_clock::now() + timeout) {}
 
+int wait_spins(int ranks) noexcept { return spi::ranks_outnumber_cpus(ranks) ? 0 : Backoff::kSpins; }
+
 bool Backoff::expired() const { return std::chrono::steady_clock::now() >= deadline_; }
 
 bool Backoff::step() {
@@ -119,10 +121,8 @@ WaitMode wait_mode_from_env() noexcept {
 
 MappedTransport::MappedTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout,
                                  TransportCaps caps)
-    : control_(control), rank_(rank), num_ranks_(control->num_ranks), timeout_(timeout), caps_(caps),
-      wait_mode_(wait_mode_from_env()),
-      spins_(static_cast<unsigned>(num_ranks_) > std::max(1u, std::thread::hardware_concurrency()) ? 0 : Backoff::kSpins),
-      fault_(FaultPlan::from_env()) {}
+    : control_(control), rank_(rank), num_ranks_(control->num_ranks), spins_(wait_spins(num_ranks_)), timeout_(timeout), caps_(caps),
+      wait_mode_(wait_mode_from_env()), fault_(FaultPlan::from_env()) {}
 
 namespace {
 // A segment: the window (whole pages), the signal slots (the user's, then the barrier's P),

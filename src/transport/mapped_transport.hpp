@@ -21,7 +21,7 @@ namespace epx::detail {
 class Backoff {
  public:
   static constexpr int kSpins = 256;
-  /// `spins` pauses before the first yield (0: every step yields).
+  /// `spins`: pauses before the first yield (wait_spins: none when ranks outnumber cores).
   explicit Backoff(std::chrono::milliseconds timeout, int spins = kSpins);
   /// One waiting step; returns false once the deadline has passed.
   bool step();
@@ -30,10 +30,16 @@ class Backoff {
   bool expired() const;
 
  private:
-  int max_spins_;
   int spins_ = 0;
+  int max_spins_;
   std::chrono::steady_clock::time_point deadline_;
 };
+
+/// How long a waiter of a group of `ranks` on this machine spins before it yields: kSpins
+/// pauses when every rank can have a core of its own (sched_getaffinity), none when ranks
+/// outnumber the cores — a spinning rank then holds a core another rank needs for its work
+/// (8 ranks on 2 cores: 1-token calls 1.25x faster without the spin; BENCHMARKS.md).
+int wait_spins(int ranks) noexcept;
 
 /// What every mapped transport guarantees: puts are memcpys that complete on return,
 /// so a later release-store signal orders them on any queue.
@@ -128,6 +134,7 @@ class MappedTransport : public Transport {
 
   int rank_;
   int num_ranks_;
+  int spins_;  // wait_spins(num_ranks_)
   std::chrono::milliseconds timeout_;
   TransportCaps caps_;
   std::vector<std::byte*> windows_;
@@ -135,9 +142,6 @@ class MappedTransport : public Transport {
   std::size_t signal_offset_ = 0;  // from a segment base to its signal slots
   std::size_t doorbell_offset_ = 0;  // from a segment base to its doorbell (after the slots)
   WaitMode wait_mode_;
-  /// Pauses before a wait first yields: Backoff::kSpins, or 0 with more ranks than cores
-  /// (the rank waited for may need this very core; a spin costs it the time).
-  int spins_;
   std::size_t num_signals_ = 0;    // user slots; the barrier's P slots follow
   std::uint64_t barrier_epoch_ = 0;
   std::atomic<const char*> last_phase_{nullptr};

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """epx bench end to end in the modes its own checks cover: default (one-copy outputs in the
-output pool; a combine this small goes replies first, pushing; with --replies-first-max 0
-it exchanges first and pulls the identity expert's y, that recv_x, in place), the old
+output pool; the combine exchanges first and pulls the identity expert's y, that recv_x, in
+place; under --replies-first-max — 160K by default, these outputs are ~350 KB — it goes
+replies first, pushing), the old
 copying default (--output-pool 0: every call goes rows first — a dispatch right after a
 combine, a combine right after a dispatch: the rows before the header exchange), --zero-copy
 (combine pulls the experts' rows in place), --ring-rows (bounded dispatch rings and combine
@@ -22,15 +23,16 @@ from pathlib import Path
 
 # name, extra options, combine pulled, dispatch data_first, combine data_first, recv_x (one_copy/copy/view)
 CASES = [
-    ("one copy (default): a small combine, replies first", [], False, False, True, "one_copy"),
-    ("one copy: y in place, pull", ["--replies-first-max", "0"], True, False, False, "one_copy"),
+    ("one copy (default): y in place, pull", [], True, False, False, "one_copy"),
+    ("one copy: a combine under --replies-first-max, replies first", ["--replies-first-max", "16M"], False, False, True, "one_copy"),
     ("copy, push (fresh dispatch rows first into per-source stretches)", ["--output-pool", "0"], False, True, True, "copy"),
     ("zero-copy pull", ["--zero-copy"], True, False, False, "view"),
     ("bounded rings", ["--ring-rows", "8"], False, False, False, "copy"),
     ("zero-copy threads", ["--zero-copy", "--transport", "threads"], True, False, False, "view"),
-    ("one copy threads", ["--transport", "threads"], False, False, True, "one_copy"),
-    ("one copy threads, pull", ["--transport", "threads", "--replies-first-max", "0"], True, False, False, "one_copy"),
-    ("cached one copy", ["--cached"], False, False, True, "one_copy"),
+    ("one copy threads, replies first", ["--transport", "threads", "--replies-first-max", "16M"], False, False, True, "one_copy"),
+    ("one copy threads, pull", ["--transport", "threads"], True, False, False, "one_copy"),
+    ("cached one copy", ["--cached"], True, False, False, "one_copy"),
+    ("cached one copy, replies first", ["--cached", "--replies-first-max", "16M"], False, False, True, "one_copy"),
     ("cached copy, rows first", ["--cached", "--output-pool", "0"], False, True, True, "copy"),
     ("cached zero-copy (views held: header first)", ["--cached", "--zero-copy"], True, False, False, "view"),
 ]

@@ -27,7 +27,10 @@ struct Combo {
   QueueChoice queues;
   std::string protocol;
   std::size_t aggregate;
-  bool copy = false;  // no output pool (copies; calls right after one of the other kind go rows first)
+  // No output pool (copies; calls right after one of the other kind go rows first), and
+  // streaming stores in every call (stream_min_call_bytes 0; with the pool these small calls
+  // write through the cache), so both kinds of stores meet every path, protocol and transport.
+  bool copy = false;
   bool node_first = false;  // hierarchical: combine order node-first
   bool selections = false;  // direct: combine replies per (token, expert) selection
   std::string name() const {
@@ -48,6 +51,7 @@ struct Combo {
     o.aggregate_bytes = aggregate;
     o.combine_order = node_first ? CombineOrder::kNodeFirst : CombineOrder::kFlat;
     o.combine_replies = selections ? CombineReplies::kSelections : CombineReplies::kPartials;
+    if (copy) o.stream_min_call_bytes = 0;
     return o;
   }
   // The node of each rank where the combine is node-first (builtin:servers:2), else null.

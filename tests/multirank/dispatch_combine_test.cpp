@@ -140,8 +140,13 @@ void run_case(const TestTransport& where, const Case& c, std::int64_t pool) {
     Buffer buffer(t, cfg);
     const RecvLayout layout = c.d.expanded ? RecvLayout::kExpanded : RecvLayout::kCompact;
     const bool first = spi::allows(spi::Path::kRowsFirst, cfg);  // no output pool: rows first
-    // Replies first without a pool, and with one at these sizes (replies_first_max_bytes).
-    const bool replies_first = spi::allows_replies_first(cfg);
+    // Replies first without a pool, where nobody can pull (the simulator), and otherwise where
+    // every rank's output is at most replies_first_max_bytes (the expanded a128 outputs are not).
+    std::int64_t largest = 0;
+    for (const auto& w : want) largest = std::max<std::int64_t>(largest, w.rows * p.hidden * 2);
+    const bool can_pull = buffer.transport().peer_window(r) != nullptr;
+    const bool replies_first = spi::allows_replies_first(cfg) &&
+                               (pool == 0 || !can_pull || static_cast<std::size_t>(largest) <= cfg.dataplane.replies_first_max_bytes);
     const RankViews v = views_of(p, r);
     DispatchResult d = buffer.dispatch(dispatch_args(v, c.d));
     expect_dispatch(r, p, c.d, want[ur], d);

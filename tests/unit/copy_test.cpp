@@ -4,7 +4,9 @@
 // gathers rows exactly, leaving the rows of null sources untouched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "epx/spi/copy.hpp"
@@ -49,6 +51,32 @@ TEST(StreamCopyRows, GathersExactlyTheRowsAndLeavesNullRows) {
         ASSERT_EQ(dst[k], want) << "row bytes " << row << " dst+" << dst_off << " at " << k;
       }
     }
+}
+
+// A StreamScope decides for its thread only and restores what it found; copies inside a
+// non-streaming scope are exact too (the engine's small calls, DataPlaneOptions::stream_min_call_bytes).
+TEST(BulkCopy, StreamScopeTurnsStreamingOffOnItsThreadOnly) {
+  const std::size_t big = std::max<std::size_t>(epx::stream_min_bytes(), std::size_t{1} << 16);
+  const bool by_default = epx::bulk_copy_streams(big);  // false only with EPX_STREAM_MIN_BYTES=0
+  std::vector<std::uint8_t> src(big + 64), dst(big + 64, 0xee);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>(i * 29 + 3);
+  {
+    const epx::StreamScope off(false);
+    EXPECT_FALSE(epx::bulk_copy_streams(big));
+    bool other_thread = false;
+    std::thread([&] { other_thread = epx::bulk_copy_streams(big); }).join();
+    EXPECT_EQ(other_thread, by_default);
+    {
+      const epx::StreamScope on(true);
+      EXPECT_EQ(epx::bulk_copy_streams(big), by_default);
+    }
+    EXPECT_FALSE(epx::bulk_copy_streams(big));  // the inner scope restored "off"
+    epx::bulk_copy(dst.data() + 3, src.data() + 1, big);
+    for (std::size_t i = 0; i < dst.size(); ++i)
+      ASSERT_EQ(dst[i], i >= 3 && i < 3 + big ? src[1 + i - 3] : 0xee) << "at " << i;
+  }
+  EXPECT_EQ(epx::bulk_copy_streams(big), by_default);
+  EXPECT_FALSE(epx::bulk_copy_streams(0));
 }
 
 }  // namespace

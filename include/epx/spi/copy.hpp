@@ -22,6 +22,25 @@ std::size_t stream_min_bytes() noexcept;
 /// store of this thread (a release-store signal or flag), as after a memcpy.
 void bulk_copy(void* dst, const void* src, std::size_t bytes) noexcept;
 
+/// Within its lifetime, on the thread that made it, bulk_copy streams only if `stream`
+/// (false: every bulk_copy is a memcpy through the cache; true: as before, by
+/// stream_min_bytes()). The engine decides per call (DataPlaneOptions::stream_min_call_bytes):
+/// a small call's rows are read back soon by their receivers, who find them in the cache.
+/// Scopes nest; each restores the setting it found.
+class StreamScope {
+ public:
+  explicit StreamScope(bool stream) noexcept;
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+/// Whether bulk_copy of `bytes` on this thread streams now (the threshold and StreamScope).
+bool bulk_copy_streams(std::size_t bytes) noexcept;
+
 /// memcpy(dst, src, bytes) with streaming stores at any size where the CPU has them (else
 /// memcpy), then a store fence: the bench's streaming-copy reference.
 void stream_copy(void* dst, const void* src, std::size_t bytes) noexcept;

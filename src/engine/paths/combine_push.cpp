@@ -12,10 +12,11 @@
 // dispatch's exchange proved every reply area read, and without views nobody can pull, so
 // every rank pushes before the exchange, only quieted; the exchange completes the replies.
 // With an output pool the experts' y may lie in their windows and be pulled (one pass, but
-// an exchange first and a "done reading" round after: two synchronisations); a small combine
-// (every rank's dispatch output at most DataPlaneOptions::replies_first_max_bytes, 16 MiB by
-// default) goes replies first all the same: at 128 tokens x 8 ranks a synchronisation costs
-// more than the extra pass (BENCHMARKS.md).
+// an exchange first and a "done reading" round after: two synchronisations); a tiny combine
+// (every rank's dispatch output at most DataPlaneOptions::replies_first_max_bytes, 160 KiB by
+// default) goes replies first all the same: at 1 token x 8 ranks a synchronisation costs
+// more than the two extra passes, from 2-4 tokens on it does not (BENCHMARKS.md). Where no
+// combine can pull (unmapped peers) replies go first at any size.
 #include <algorithm>
 
 #include "../path.hpp"
@@ -25,6 +26,10 @@ namespace epx {
 bool Buffer::Impl::replies_first_allowed(const detail::HandleState& h) const noexcept {
   if (!spi::allows_replies_first(config)) return false;
   if (geo.output_pool_bytes() == 0) return true;
+  if (config.dataplane.replies_first_max_bytes == 0) return false;  // never, with a pool
+  // Where nobody can pull (peers not mapped: the simulator, shmem across machines) the
+  // replies are pushed either way, and first saves a synchronisation at any size.
+  if (!spi::allows(spi::Path::kPull, config, transport.peer_window(rank) != nullptr)) return true;
   const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * sizeof(std::uint16_t);
   return std::all_of(h.out_rows_at.begin(), h.out_rows_at.end(), [&](std::int64_t rows) {
     return static_cast<std::size_t>(rows) * row_bytes <= config.dataplane.replies_first_max_bytes;
