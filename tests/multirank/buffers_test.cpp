@@ -35,6 +35,7 @@ void round_trip(int r, Buffer& b, const Expected& e, const char* when) {
 TEST_P(OnEveryTransport, EPBuffersInterleavedStayExactAndGoInAnyOrder) {
   const Expected a = expect(fixture(false, 11), false, false);
   const Expected b = expect(fixture(true, 12), true, true);  // FP8, expanded, weighted: another window layout
+  const auto before = epx_segments();
   launch({.num_ranks = kCaseRanks, .transport = GetParam()}, [&](Transport& t) {
     const int r = t.rank();
     auto first = std::make_unique<Buffer>(t, config_for(a.p));
@@ -59,7 +60,7 @@ TEST_P(OnEveryTransport, EPBuffersInterleavedStayExactAndGoInAnyOrder) {
     round_trip(r, *third, a, "third alone");
     third->destroy();
   });
-  EXPECT_TRUE(epx_segments().empty());
+  EXPECT_TRUE(segments_left(before).empty());
 }
 
 TEST_P(OnEveryTransport, DestroyIsIdempotentAndUseAfterItIsAClearError) {
@@ -245,6 +246,7 @@ TEST(BufferBase, CallVerdictsAgreeOnCodeAndOrigin) {
 
 TEST(BufferBase, AgreementsWorkAcrossProcessesToo) {
   // shm: ranks are processes; the launch carries the error of the rank at fault.
+  const auto before = epx_segments();
   try {
     launch({.num_ranks = 4, .transport = TransportKind::kShm}, [](Transport& t) {
       ProbeBuffer b(t, {}, "");
@@ -256,7 +258,7 @@ TEST(BufferBase, AgreementsWorkAcrossProcessesToo) {
     EXPECT_EQ(e.origin_rank(), 2);
     EXPECT_NE(std::string(e.what()).find("bad scale"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(epx_segments().empty());
+  EXPECT_TRUE(segments_left(before).empty());
 }
 
 TEST(BufferAllocator, PlansNamedTensorsAt2MiBOffsets) {

@@ -307,11 +307,8 @@ Stage lose_ranks_and_continue(const EplbPlan& plan, const std::vector<Fault>& fa
     }
   });
   EXPECT_EQ(lost_reported, lost);
-  std::set<std::string> left;
-  for (const std::string& n : epx_segments())
-    if (segments_before.count(n) == 0) left.insert(n);
-  EXPECT_TRUE(left.empty()) << "a /dev/shm segment was left (" << *left.begin()
-                            << "; or another job's appeared meanwhile: re-run)";
+  const std::set<std::string> left = segments_left(segments_before);
+  EXPECT_TRUE(left.empty()) << "a /dev/shm segment was left: " << *left.begin();
   return stages.back();
 }
 

@@ -238,19 +238,6 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, BadInputOnEachRank,
                            return std::string(to_string(std::get<0>(info.param))) + "_" + std::get<1>(info.param).name;
                          });
 
-// True when no epx segment that was not there `before` remains. Another epx job on the
-// machine may hold a segment for a moment (between creating and unlinking it), so wait a
-// little for those to go; a leaked one stays.
-bool no_new_segments(const std::set<std::string>& before) {
-  for (int i = 0; i < 100; ++i) {
-    bool leftover = false;
-    for (const std::string& n : epx_segments()) leftover |= before.count(n) == 0;
-    if (!leftover) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
-
 // Every rank failing the same check is one error, said once for all (origin -1), not the
 // lowest rank's; checks whose words differ between ranks still name the lowest.
 TEST(Errors, EveryRankFailingTheSameCheckIsSaidSo) {
@@ -384,7 +371,7 @@ TEST(Errors, PeerDeathFailsEveryRankAndLeavesNoSegment) {
       EXPECT_EQ(e.origin_rank(), 1) << e.what();
       EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
     }
-    EXPECT_TRUE(no_new_segments(before));
+    EXPECT_TRUE(segments_left(before).empty());
   }
 }
 
@@ -420,7 +407,7 @@ TEST(Errors, SilentPeerTimesOutNamingPeerAndPhase) {
       EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
       EXPECT_NE(std::string(e.what()).find("dispatch notify"), std::string::npos) << e.what();
     }
-    EXPECT_TRUE(no_new_segments(before));
+    EXPECT_TRUE(segments_left(before).empty());
   }
 }
 

@@ -140,13 +140,8 @@ void expect_nothing_left(const Outcome& o, const std::set<std::string>& before) 
     while (!pid_gone(pid) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_TRUE(pid_gone(pid)) << "rank " << r << " (pid " << pid << ") is still running";
   }
-  bool leaked = true;
-  while (leaked && std::chrono::steady_clock::now() < deadline) {
-    leaked = false;
-    for (const std::string& n : epx_segments()) leaked |= before.count(n) == 0;
-    if (leaked) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_FALSE(leaked) << "a /dev/shm segment was left (or another job's appeared meanwhile: re-run)";
+  const std::set<std::string> left = segments_left(before);
+  EXPECT_TRUE(left.empty()) << "a /dev/shm segment was left: " << *left.begin();
 }
 
 class FaultTest : public ::testing::Test {

@@ -6,11 +6,14 @@
 
 #include <dirent.h>
 
+#include <chrono>
+
 #include <cstring>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "epx/buffer.hpp"
@@ -140,6 +143,21 @@ inline std::set<std::string> epx_segments() {
     closedir(d);
   }
   return names;
+}
+
+/// The epx segments that were not in `before` and are still there after waiting up to
+/// `patience` for them to go. Another epx job on the machine (ctest -j runs tests side by
+/// side) holds its segments only between creating and unlinking them; a leaked one stays.
+inline std::set<std::string> segments_left(const std::set<std::string>& before,
+                                           std::chrono::milliseconds patience = std::chrono::seconds(5)) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    std::set<std::string> left;
+    for (const std::string& n : epx_segments())
+      if (before.count(n) == 0) left.insert(n);
+    if (left.empty() || std::chrono::steady_clock::now() >= deadline) return left;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 [[noreturn]] inline void fail(int rank, const std::string& what) {
