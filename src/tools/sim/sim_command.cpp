@@ -92,23 +92,12 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
   sub->add_flag("!--no-progress", o.progress, "no progress lines on stderr");
 }
 
-}  // namespace
-
-void add_sim_command(CLI::App& app) {
-  auto o = std::make_shared<SimOptions>();
+// The subcommands that read the parent's options (`*o`) let an unknown option fall through to
+// it, so `epx sim experiments --no-progress` means `epx sim --no-progress experiments`.
+void add_calibrate(CLI::App* sub, const std::shared_ptr<SimOptions>& o) {
   auto out = std::make_shared<std::string>();
-  auto html = std::make_shared<std::string>();
-  CLI::App* sub = app.add_subcommand("sim", "simulate dispatch/combine on a model of a supernode (the real engine, simulated time)");
-  add_sim_options(sub, *o);
-  sub->add_option("--json", o->json, "write one JSON object per EP size to FILE")->type_name("FILE");
-  sub->add_option("--svg", o->svg, "draw GB/s per rank against EP size to FILE")->type_name("FILE");
-  sub->add_option("--html", *html,
-                  "write the predictions as one self-contained HTML page to FILE: GB/s against EP size with the published "
-                  "points, latency, the time split (no network)")
-      ->type_name("FILE");
-  sub->require_subcommand(0, 1);
-
   CLI::App* cal = sub->add_subcommand("calibrate", "fit the profile's \"calibrate\" parameters on its published points marked \"calibrate\"");
+  cal->fallthrough();
   cal->add_option("--hardware", o->hardware, "the profile to fit (name or JSON file; as epx sim --hardware)")->capture_default_str();
   cal->add_option("--out", *out, "write the calibrated hardware JSON to FILE")->type_name("FILE");
   auto evaluations = std::make_shared<int>(110);
@@ -119,18 +108,24 @@ void add_sim_command(CLI::App& app) {
     std::fputs(calibration_report(c).c_str(), stdout);
     if (!out->empty()) write_file(*out, sim::to_json(c.model) + "\n");
   });
+}
 
+void add_experiments(CLI::App* sub, const std::shared_ptr<SimOptions>& o) {
   CLI::App* exp = sub->add_subcommand("experiments", "the data-plane experiment table at 128 ranks, then a search for the best combination");
+  exp->fallthrough();
   exp->add_option("--hardware", o->hardware, "the profile (name or JSON file; as epx sim --hardware)")->capture_default_str();
   exp->callback([o] {
     validate_sim_options(*o);
     const sim::HardwareModel hw = sim::load_hardware(o->hardware);
     std::fputs(experiments_report(run_experiments(*o, hw), hw).c_str(), stdout);
   });
+}
 
+void add_published(CLI::App* sub, const std::shared_ptr<SimOptions>& o) {
   auto pub_hw = std::make_shared<std::string>("all");
   auto pub_json = std::make_shared<std::string>(), pub_svg = std::make_shared<std::string>();
   CLI::App* pub = sub->add_subcommand("published", "every published series of a profile, predicted at its EP sizes, next to the published points");
+  pub->fallthrough();
   pub->add_option("--hardware", *pub_hw, "a profile name or JSON file, or all (every built-in profile)")->capture_default_str();
   pub->add_option("--json", *pub_json, "write the predictions and published points as JSON to FILE")->type_name("FILE");
   pub->add_option("--svg", *pub_svg, "draw each series' predictions against its published points to FILE")->type_name("FILE");
@@ -142,12 +137,16 @@ void add_sim_command(CLI::App& app) {
     if (!pub_json->empty()) write_file(*pub_json, published_json(systems));
     if (!pub_svg->empty()) write_file(*pub_svg, published_svg(systems));
   });
+}
 
+void add_profile(CLI::App* sub) {
   auto prof_hw = std::make_shared<std::string>("ascend950-supernode");
   CLI::App* prof = sub->add_subcommand("profile", "print a hardware profile as JSON (parameters with unit and source, published series)");
   prof->add_option("--hardware", *prof_hw, "a profile name or JSON file")->capture_default_str();
   prof->callback([prof_hw] { std::fputs((sim::to_json(sim::load_hardware(*prof_hw)) + "\n").c_str(), stdout); });
+}
 
+void add_ledger(CLI::App* sub) {
   auto lo = std::make_shared<SimOptions>();
   CLI::App* led = sub->add_subcommand("ledger", "bytes per token and per layer per EP size: closed form vs the engine's counters");
   add_shape_options(led, *lo, "EP sizes, comma-separated");
@@ -164,7 +163,9 @@ void add_sim_command(CLI::App& app) {
     if (!lo->json.empty()) write_file(lo->json, ledger_json(rows));
     if (!lo->svg.empty()) write_file(lo->svg, ledger_svg(rows));
   });
+}
 
+void add_hybridep(CLI::App* sub) {
   auto ho = std::make_shared<HybridOptions>();
   auto hw_name = std::make_shared<std::string>("ascend950-supernode");
   CLI::App* hyb = sub->add_subcommand("hybridep", "time per layer when a fraction p of the experts is copied across a slow link instead of sending tokens");
@@ -188,7 +189,28 @@ void add_sim_command(CLI::App& app) {
     std::fputs(hybrid_table(points, *ho, hw).c_str(), stdout);
     if (!ho->json.empty()) write_file(ho->json, hybrid_json(points, *ho));
   });
+}
 
+}  // namespace
+
+void add_sim_command(CLI::App& app) {
+  auto o = std::make_shared<SimOptions>();
+  auto html = std::make_shared<std::string>();
+  CLI::App* sub = app.add_subcommand("sim", "simulate dispatch/combine on a model of a supernode (the real engine, simulated time)");
+  add_sim_options(sub, *o);
+  sub->add_option("--json", o->json, "write one JSON object per EP size to FILE")->type_name("FILE");
+  sub->add_option("--svg", o->svg, "draw GB/s per rank against EP size to FILE")->type_name("FILE");
+  sub->add_option("--html", *html,
+                  "write the predictions as one self-contained HTML page to FILE: GB/s against EP size with the published "
+                  "points, latency, the time split (no network)")
+      ->type_name("FILE");
+  sub->require_subcommand(0, 1);
+  add_calibrate(sub, o);
+  add_experiments(sub, o);
+  add_published(sub, o);
+  add_profile(sub);
+  add_ledger(sub);
+  add_hybridep(sub);
   sub->callback([o, sub, html] {
     if (!sub->get_subcommands().empty()) return;
     validate_sim_options(*o);
