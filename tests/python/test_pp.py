@@ -132,6 +132,7 @@ def _planned(rank, size, flavor, seed):
         act = plan.allocate((max_bytes + 64,), np.uint8, name="act")
     pp = epx.PPBuffer(None, num_max_tensor_bytes=max_bytes, num_max_inflight_tensors=inflight,
                       chunk_bytes=128, allocation_plan=plan)
+    target = act if flavor == "torch" else act.array
     whole = act.numpy() if flavor == "torch" else act.array
     checked = 0
     for op, peer, seq, n in program(seed, inflight, max_bytes, 200)[rank]:
@@ -141,12 +142,13 @@ def _planned(rank, size, flavor, seed):
             continue
         whole[:] = 0xEE
         off = (seq * 7) % 64
-        pp.recv(act[off:off + n], peer)
+        pp.recv(target[off:off + n], peer)
         assert np.array_equal(whole[off:off + n], want), f"rank {rank}: message {seq} from {peer} differs"
         assert (whole[:off] == 0xEE).all() and (whole[off + n:] == 0xEE).all(), f"rank {rank}: bytes outside written"
         checked += 1
     direct = sum(pp.stats(q)["direct"] for q in range(size))
-    end = (pp.storage.data_ptr() if flavor == "torch" else pp.storage.ctypes.data) + pp.storage.shape[0]
+    storage = pp.storage  # torch once torch is imported (as BucketBuffer.storage), else numpy
+    end = (storage.data_ptr() if hasattr(storage, "data_ptr") else storage.ctypes.data) + storage.shape[0]
     with pytest.raises(epx.Error) as e:  # starts in the planned storage, ends past it (raw: no tensor can)
         pp._runtime.recv(end - 8, 16, (rank + 1) % size)
     assert e.value.code == "invalid_argument" and f"rank {rank}" in str(e.value) and "ends past" in str(e.value)
