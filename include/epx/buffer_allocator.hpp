@@ -64,6 +64,9 @@ class BufferAllocator {
   const std::vector<PlannedTensor>& tensors() const noexcept { return tensors_; }
   /// Index of `name`, or -1.
   std::ptrdiff_t find(const std::string& name) const noexcept;
+  /// The tensor `name`; throws kInvalidArgument "<who>: no planned tensor 'name' (the plan
+  /// has: a, b)" when there is none (`who`: e.g. "rank 3: bucket.tensor").
+  const PlannedTensor& at(const std::string& name, const std::string& who) const;
 
   /// The plan as one string, entry by entry ("grads:[1048576]:float32@0;..."): what
   /// BufferBase::agree_plan compares between ranks.

@@ -20,15 +20,28 @@
 //
 // send and recv are point-to-point: they involve only the two ranks and fail only on the
 // calling rank. Construction and destroy() are collective (epx/buffer_base.hpp).
+//
+// Planned tensors (DeepEP's BufferAllocator): built with a plan, the buffer's window ends
+// with the plan's tensors, tensor(name) views them. A recv() into a planned tensor from a
+// mapped peer (shm, threads) takes one copy instead of two: a receiver that has to wait posts
+// the tensor's window offset, and the sender writes x straight into it (the bytes it put
+// into the slot before it saw the post the receiver copies). The FIFO, the byte-count check
+// and every error stay as above; the slot is still taken and released for each message.
+//   epx::BufferAllocator plan;
+//   plan.allocate("act", {4096, 7168}, epx::DType::kBF16);
+//   epx::PPBuffer pp(transport, config, plan);
+//   pp.recv(pp.tensor("act"), prev_stage);     // the sender writes into "act" directly
 // A PPBuffer is used by one thread at a time.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "epx/buffer_allocator.hpp"
 #include "epx/buffer_base.hpp"
 #include "epx/tensor.hpp"
 
@@ -82,6 +95,7 @@ struct PPPeerStats {
   std::uint64_t send_wait_ns = 0;  ///< time sends to this peer waited for a free slot
   std::uint64_t recv_wait_ns = 0;  ///< time receives from this peer waited for the message
   std::uint64_t streamed = 0;      ///< messages sent to this peer partly through its ring (PPConfig::chunk_bytes)
+  std::uint64_t direct = 0;        ///< messages sent to this peer partly or wholly straight into its planned tensor
 };
 
 class PPBuffer : public BufferBase {
@@ -91,10 +105,24 @@ class PPBuffer : public BufferBase {
   /// in-flight count outside 1..kMaxPPInflight or a link naming a rank outside the group,
   /// kCapacityExceeded when the window (slots x linked ranks) does not fit in memory.
   PPBuffer(Transport& transport, const PPConfig& config);
+  /// As above, the window ending with `plan`'s tensors (every rank the same plan, else
+  /// kInvalidArgument on every rank naming the first differing entry and the rank).
+  PPBuffer(Transport& transport, const PPConfig& config, const BufferAllocator& plan);
   ~PPBuffer() override;
 
-  /// Bytes a window needs for `config` on `num_ranks` ranks (local, for planning).
-  static std::size_t get_buffer_size_hint(int num_ranks, const PPConfig& config);
+  /// Bytes a window needs for `config` (and `plan`) on `num_ranks` ranks (local, for planning).
+  static std::size_t get_buffer_size_hint(int num_ranks, const PPConfig& config, const BufferAllocator& plan = {});
+
+  /// A planned tensor: a view of this rank's window, valid until destroy(). Throws
+  /// kInvalidArgument naming the plan's names when `name` is not one. Local.
+  MutableView tensor(const std::string& name);
+  /// The planned tensors' region of this rank's window (plan.total_bytes() bytes; nullptr
+  /// and 0 without a plan or after destroy()).
+  std::byte* storage() noexcept;
+  std::size_t storage_bytes() const noexcept;
+  /// storage(), keeping the window mapped while held (even after destroy()); throws
+  /// kInvalidArgument after destroy() and without a plan.
+  std::shared_ptr<std::byte> storage_ref();
 
   /// Sends `x`'s bytes (x.shape.numel() * dtype_size) to `dst_rank`. Returns once they are
   /// in the peer's slot; waits while the pair's slots are all full. Throws
@@ -105,7 +133,10 @@ class PPBuffer : public BufferBase {
   /// Receives the next message from `src_rank` into `out` (its bytes, any dtype / shape of
   /// the same byte count). Throws kShapeMismatch when the byte counts differ (the message
   /// stays), kInvalidArgument for a bad rank or when every slot of the pair holds a view not
-  /// released yet, kTimeout when no message came.
+  /// released yet, kTimeout when no message came. `out` inside the planned tensors' region
+  /// (storage()) is received into directly (one copy, see above); `out` that starts inside
+  /// it and ends past it is refused (kInvalidArgument naming the rank, the peer and both
+  /// spans) before anything moves.
   void recv(const MutableView& out, int src_rank);
 
   /// Receives the next message from `src_rank` without copying it: a view of its slot.
@@ -128,19 +159,25 @@ class PPBuffer : public BufferBase {
   struct Peeked {
     PPView view;
     std::uint64_t ring_from;  // the chunk from which its bytes come through the ring (stream.hpp)
+    bool direct;              // ... or were written into the planned tensor
   };
   // The next message, not taken yet; `into`: recv's tensor (its receive may be posted for
-  // streaming), nullptr: a view.
-  Peeked peek(int src_rank, std::size_t expect_nbytes, const MutableView* into);
+  // streaming, or with `direct` != 0 as planned_offset's), nullptr: a view.
+  Peeked peek(int src_rank, std::size_t expect_nbytes, const MutableView* into, std::uint64_t direct);
   // Waits for message n (posting the receive of `post_nbytes` bytes unless kAnyBytes).
-  void wait_message(Transport& t, int src_rank, std::uint64_t n, std::size_t post_nbytes);
+  void wait_message(Transport& t, int src_rank, std::uint64_t n, std::size_t post_nbytes, std::uint64_t direct);
   // The bytes of message n into dst's slot (or ring), the header, the arrived signal.
   void move_message(Transport& t, const std::byte* x, std::size_t nbytes, int dst_rank, std::uint64_t n);
   void take(const PPView& view);  // counts it received (its slot is held until release)
+  // 1 + the offset of `out` in this rank's window when it lies in the planned region
+  // (0: it does not; throws when it straddles the region's end).
+  std::uint64_t planned_offset(const MutableView& out, int src_rank);
+  void init(Transport& transport, const BufferAllocator* plan);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;
   PPConfig config_;
+  BufferAllocator plan_;
 };
 
 }  // namespace epx

@@ -77,7 +77,7 @@ class _Placeholder:
 
     def __array__(self, dtype=None):
         if self.array is None:
-            raise Error("BufferAllocator: this tensor is not materialised yet (build a BucketBuffer from the plan)",
+            raise Error("BufferAllocator: this tensor is not materialised yet (build a BucketBuffer or PPBuffer from the plan)",
                         "invalid_argument")
         return self.array if dtype is None else self.array.astype(dtype)
 

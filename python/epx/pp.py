@@ -18,6 +18,13 @@ memory is mapped (shm, threads) a message of at least 4 x `chunk_bytes` (default
 the receiver already waits for in recv() moves through a small ring it empties as it fills
 (the bytes cross memory once): see docs/buffers.md.
 
+Planned tensors (DeepEP's BufferAllocator): with ``allocation_plan=plan`` the plan's tensors
+become views of this buffer's window (``plan = epx.BufferAllocator(); act =
+plan.allocate((4096, 7168), torch.bfloat16); pp = epx.PPBuffer(group, ...,
+allocation_plan=plan)``). ``pp.recv(act, src)`` into such a tensor between mapped ranks takes
+one copy instead of two: a receiver that waits posts the tensor, and the sender writes the
+bytes straight into it (``stats(peer)["direct"]`` on the sender counts them).
+
 Construction and destroy() are collective (every rank of the group, the same arguments; a
 difference raises epx.Error on every rank). send / recv / recv_view are point-to-point and
 fail only on the calling rank. Tensors: any dtype, CPU, contiguous; received into in place.
@@ -93,13 +100,27 @@ def _view_tensor(raw, dtype, shape):
 
 class PPBuffer:
     def __init__(self, group=None, num_max_tensor_bytes=0, num_max_inflight_tensors=1, sl_idx=None,
-                 num_gpu_timeout_secs=100, explicitly_destroy=False, *, links=None, chunk_bytes=0):
-        """Collective over `group` (None: the default group). See the module's doc."""
+                 num_gpu_timeout_secs=100, explicitly_destroy=False, *, links=None, chunk_bytes=0,
+                 allocation_plan=None):
+        """Collective over `group` (None: the default group). See the module's doc.
+        allocation_plan: an epx.BufferAllocator whose tensors become views of the window's
+        planned storage (every rank the same plan)."""
         del sl_idx, num_gpu_timeout_secs  # DeepEP's GPU knobs
+        plan = allocation_plan
+        if plan is not None and plan.materialized:
+            raise Error("PPBuffer: the allocation plan is materialised already", "invalid_argument")
         self.group = group
         self._transport = transport_of(group)
         self._runtime = _epx.PPBuffer(self._transport, int(num_max_tensor_bytes), int(num_max_inflight_tensors),
-                                      _links(links, self._transport.num_ranks), int(chunk_bytes))
+                                      _links(links, self._transport.num_ranks), int(chunk_bytes),
+                                      plan._entries() if plan is not None else [],
+                                      plan.num_bytes if plan is not None else 0)
+        self.storage = None
+        if plan is not None and plan.num_bytes > 0:
+            self.storage = self._runtime.storage("torch" if cv._torch() is not None else "numpy")
+            if not cv.is_torch(self.storage):
+                self.storage = np.asarray(self.storage)
+            plan.materialize(self.storage)
         self.explicitly_destroy = explicitly_destroy
         self.rank_idx, self.num_ranks = self._runtime.rank, self._runtime.num_ranks
         self.num_max_tensor_bytes = int(num_max_tensor_bytes)
@@ -129,7 +150,8 @@ class PPBuffer:
     def stats(self, peer):
         """This rank's counters for `peer`: sent, received, bytes_sent, bytes_received,
         send_wait_ns (sends waiting for a free slot), recv_wait_ns, streamed (messages sent
-        partly through the peer's ring)."""
+        partly through the peer's ring), direct (messages sent partly or wholly straight into
+        the peer's planned tensor)."""
         return self._runtime.stats(int(peer))
 
     def in_flight(self, dst_rank_idx):

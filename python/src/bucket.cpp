@@ -21,6 +21,44 @@
 
 namespace epx::py {
 
+static bool epx_dtype(const std::string& name, DType& d) {
+  static const std::pair<const char*, DType> known[] = {{"float32", DType::kF32}, {"bfloat16", DType::kBF16},
+                                                       {"int32", DType::kI32},   {"int64", DType::kI64},
+                                                       {"bool", DType::kBool},   {"uint8", DType::kFP8E4M3}};
+  for (const auto& [n, t] : known)
+    if (name == n) return d = t, true;
+  return false;
+}
+
+/// The plan entry's dtype where epx has it, else raw bytes (the entry's name then carries
+/// the dtype: Python puts it there, so that the ranks' agreement still compares it).
+static DType planned_dtype(const std::string& name) {
+  DType d = DType::kFP8E4M3;
+  epx_dtype(name, d);
+  return d;
+}
+
+/// The entry's shape (up to 3 dimensions with a dtype epx knows), else its bytes as one dimension.
+static Shape planned_shape(const std::vector<std::int64_t>& shape, const std::string& dtype, std::size_t nbytes) {
+  DType d;
+  Shape s;
+  if (!epx_dtype(dtype, d) || shape.empty() || shape.size() > static_cast<std::size_t>(kMaxDims))
+    return Shape{static_cast<std::int64_t>(nbytes / dtype_size(d = planned_dtype(dtype)))};
+  s.ndim = static_cast<int>(shape.size());
+  for (std::size_t i = 0; i < shape.size(); ++i) s.dims[i] = shape[i];
+  return s;
+}
+
+BufferAllocator plan_of(const std::vector<Planned>& plan, std::size_t num_bytes, const char* kind) {
+  BufferAllocator a;
+  for (const auto& [name, shape, dtype, nbytes] : plan) a.allocate(name, planned_shape(shape, dtype, nbytes), planned_dtype(dtype));
+  if (a.total_bytes() != num_bytes)
+    throw Error(ErrorCode::kInternal, std::string(kind) + ": the plan's bytes differ between Python and C++ (" +
+                                          std::to_string(a.total_bytes()) + " vs " + std::to_string(num_bytes) + ")");
+  return a;
+}
+
+
 namespace {
 
 /// (pointer, bytes, item size) from Python.
@@ -53,37 +91,6 @@ std::vector<MutableView> mutable_views(const std::vector<Desc>& ds, bool f32) {
     v.push_back({reinterpret_cast<void*>(std::get<0>(d)), f32 ? DType::kF32 : dtype_of_size(std::get<2>(d)),
                  Shape{f32 ? static_cast<std::int64_t>(std::get<1>(d) / 4) : elems(d)}});
   return v;
-}
-
-/// A planned tensor from Python: name, shape, dtype name ("float32", "float16", ...), bytes.
-using Planned = std::tuple<std::string, std::vector<std::int64_t>, std::string, std::size_t>;
-
-bool epx_dtype(const std::string& name, DType& d) {
-  static const std::pair<const char*, DType> known[] = {{"float32", DType::kF32}, {"bfloat16", DType::kBF16},
-                                                       {"int32", DType::kI32},   {"int64", DType::kI64},
-                                                       {"bool", DType::kBool},   {"uint8", DType::kFP8E4M3}};
-  for (const auto& [n, t] : known)
-    if (name == n) return d = t, true;
-  return false;
-}
-
-/// The plan entry's dtype where epx has it, else raw bytes (the entry's name then carries
-/// the dtype: Python puts it there, so that the ranks' agreement still compares it).
-DType planned_dtype(const std::string& name) {
-  DType d = DType::kFP8E4M3;
-  epx_dtype(name, d);
-  return d;
-}
-
-/// The entry's shape (up to 3 dimensions with a dtype epx knows), else its bytes as one dimension.
-Shape planned_shape(const std::vector<std::int64_t>& shape, const std::string& dtype, std::size_t nbytes) {
-  DType d;
-  Shape s;
-  if (!epx_dtype(dtype, d) || shape.empty() || shape.size() > static_cast<std::size_t>(kMaxDims))
-    return Shape{static_cast<std::int64_t>(nbytes / dtype_size(d = planned_dtype(dtype)))};
-  s.ndim = static_cast<int>(shape.size());
-  for (std::size_t i = 0; i < shape.size(); ++i) s.dims[i] = shape[i];
-  return s;
 }
 
 class PyBucketEvent {
@@ -138,12 +145,7 @@ class PyBucket : public BufferHolder<BucketBuffer> {
       buffer_ = std::make_unique<BucketBuffer>(group_->transport(), groups, num_bytes, o);
       return;
     }
-    BufferAllocator a;
-    for (const auto& [name, shape, dtype, nbytes] : plan) a.allocate(name, planned_shape(shape, dtype, nbytes), planned_dtype(dtype));
-    if (a.total_bytes() != num_bytes)
-      throw Error(ErrorCode::kInternal, "bucket: the plan's bytes differ between Python and C++ (" +
-                                            std::to_string(a.total_bytes()) + " vs " + std::to_string(num_bytes) + ")");
-    buffer_ = std::make_unique<BucketBuffer>(group_->transport(), groups, a, o);
+    buffer_ = std::make_unique<BucketBuffer>(group_->transport(), groups, plan_of(plan, num_bytes, "bucket"), o);
   }
   BucketBuffer& b() { return buffer(); }
   pyb::object storage(const std::string& flavor) {

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "epx/pp.hpp"
+#include "bucket.hpp"
 #include "buffer_holder.hpp"
 #include "group_transport.hpp"
 #include "tensors.hpp"
@@ -34,12 +35,19 @@ struct PyPPView {
 class PyPP : public BufferHolder<PPBuffer> {
  public:
   PyPP(std::shared_ptr<PyTransport> group, std::size_t bytes, int inflight, std::vector<std::pair<int, int>> links,
-       std::size_t chunk_bytes)
+       std::size_t chunk_bytes, const std::vector<Planned>& plan, std::size_t plan_bytes)
       : BufferHolder(std::move(group)) {
     pyb::gil_scoped_release nogil;
-    buffer_ = std::make_unique<PPBuffer>(group_->transport(), PPConfig{bytes, inflight, std::move(links), chunk_bytes});
+    const PPConfig config{bytes, inflight, std::move(links), chunk_bytes};
+    if (plan.empty()) buffer_ = std::make_unique<PPBuffer>(group_->transport(), config);
+    else buffer_ = std::make_unique<PPBuffer>(group_->transport(), config, plan_of(plan, plan_bytes, "pp"));
   }
-
+  /// The planned tensors' storage as a uint8 tensor of `flavor` (it keeps the window mapped).
+  pyb::object storage(const std::string& flavor) {
+    std::shared_ptr<std::byte> ref = buffer().storage_ref();
+    const auto n = static_cast<std::int64_t>(buffer().storage_bytes());
+    return export_tensor(Tensor::adopt(std::move(ref), DType::kFP8E4M3, {n}), flavor == "torch" ? Flavor::kTorch : Flavor::kNumpy);
+  }
   void send(std::uintptr_t address, std::size_t n, int dst) {
     call([&](PPBuffer& b) { b.send(bytes_at(address, n), dst); });
   }
@@ -61,7 +69,7 @@ class PyPP : public BufferHolder<PPBuffer> {
     pyb::dict d;
     d["sent"] = s.sent, d["received"] = s.received, d["bytes_sent"] = s.bytes_sent;
     d["bytes_received"] = s.bytes_received, d["send_wait_ns"] = s.send_wait_ns, d["recv_wait_ns"] = s.recv_wait_ns;
-    d["streamed"] = s.streamed;
+    d["streamed"] = s.streamed, d["direct"] = s.direct;
     return d;
   }
   std::uint64_t in_flight(int dst) {
@@ -79,9 +87,11 @@ void bind_pp(pyb::module_& m) {
       .def_property_readonly("seq", [](const PyPPView& v) { return v.view.seq; });
   pyb::class_<PyPP> pp(m, "PPBuffer");
   bind_buffer_basics(pp)
-      .def(pyb::init<std::shared_ptr<PyTransport>, std::size_t, int, std::vector<std::pair<int, int>>, std::size_t>(),
+      .def(pyb::init<std::shared_ptr<PyTransport>, std::size_t, int, std::vector<std::pair<int, int>>, std::size_t,
+                     const std::vector<Planned>&, std::size_t>(),
            pyb::arg("transport"), pyb::arg("num_max_tensor_bytes"), pyb::arg("num_max_inflight_tensors"),
-           pyb::arg("links"), pyb::arg("chunk_bytes"))
+           pyb::arg("links"), pyb::arg("chunk_bytes"), pyb::arg("plan"), pyb::arg("plan_bytes"))
+      .def("storage", &PyPP::storage)
       .def("send", &PyPP::send)
       .def("recv", &PyPP::recv)
       .def("recv_view", &PyPP::recv_view)

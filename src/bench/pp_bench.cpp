@@ -46,20 +46,30 @@ struct RankLoop {
     if (peers.dst >= 0) pp.recv(into, peers.dst);
   }
 
+  /// How a receiver takes its messages: into its own tensor (recv), as slot views
+  /// (recv_view + release), into a tensor planned in the buffer's window (recv, one copy).
+  enum class Into { kTensor, kView, kPlanned };
+
+  /// The receive tensor of n bytes: `out`, or the start of the planned tensor "recv".
+  MutableView into_of(PPBuffer& pp, std::uint64_t n, bool planned) {
+    void* at = planned ? pp.tensor("recv").data : out.data();
+    return MutableView{at, DType::kFP8E4M3, {static_cast<std::int64_t>(n)}};
+  }
+
   /// One stream iteration: this rank's time per message as a receiver (0 if it receives none),
   /// from its go to the last message.
-  double stream(PPBuffer& pp, std::uint64_t n, bool view) {
+  double stream(PPBuffer& pp, std::uint64_t n, Into how) {
     t.barrier("pp bench stream");
     const auto t0 = Clock::now();
     go(pp);
     for (int m = 0; m < o.messages; ++m) {
       if (peers.dst >= 0) pp.send(send_view(n), peers.dst);
       if (peers.src < 0) continue;
-      if (view) {
+      if (how == Into::kView) {
         PPView v = pp.recv_view(peers.src);
         pp.release(v);
       } else {
-        pp.recv(MutableView{out.data(), DType::kFP8E4M3, {static_cast<std::int64_t>(n)}}, peers.src);
+        pp.recv(into_of(pp, n, how == Into::kPlanned), peers.src);
       }
     }
     return peers.src >= 0 ? us_since(t0) / o.messages : 0.0;
@@ -67,10 +77,10 @@ struct RankLoop {
 
   /// One ping-pong iteration between 2k and 2k+1, after one untimed round trip: the one-way
   /// time on 2k (0 elsewhere).
-  double pingpong(PPBuffer& pp, std::uint64_t n) {
+  double pingpong(PPBuffer& pp, std::uint64_t n, bool planned) {
     constexpr int kRounds = 8;
     const int me = t.rank(), peer = me % 2 == 0 ? me + 1 : me - 1;
-    MutableView into{out.data(), DType::kFP8E4M3, {static_cast<std::int64_t>(n)}};
+    const MutableView into = into_of(pp, n, planned);
     auto round = [&] {
       if (me % 2 == 0) pp.send(send_view(n), peer), pp.recv(into, peer);
       else pp.recv(into, peer), pp.send(send_view(n), peer);
@@ -104,30 +114,41 @@ std::string run_pp_rank(Transport& t, const PPBenchOptions& o) {
   RankLoop loop{t, o, stream_peers(o.pattern, me, P), std::vector<std::uint8_t>(largest), std::vector<std::uint8_t>(largest)};
   nlohmann::json rec = nlohmann::json::array();
   for (std::uint64_t n : o.sizes) rec.push_back({{"bytes", n}});
+  using Into = RankLoop::Into;
+  BufferAllocator plan;  // the planned receive tensor
+  plan.allocate("recv", {static_cast<std::int64_t>(largest)}, DType::kFP8E4M3);
   for (std::size_t ki = 0; ki < o.inflight.size(); ++ki) {
-    PPBuffer pp(t, {.num_max_tensor_bytes = largest, .num_max_inflight_tensors = o.inflight[ki], .links = links_of(o.pattern, P)});
+    PPBuffer pp(t, {.num_max_tensor_bytes = largest, .num_max_inflight_tensors = o.inflight[ki], .links = links_of(o.pattern, P)},
+                plan);
     for (std::size_t si = 0; si < o.sizes.size(); ++si) {
       const std::uint64_t n = o.sizes[si];
       epx_p2p_data::fill_message(me, n, loop.msg.data());
-      std::vector<double> stream, view, copy, lat;
+      std::vector<double> stream, view, planned, copy, lat, lat_planned;
       for (int i = 0; i < o.common.warmup + o.common.iters; ++i) {
-        const double s = loop.stream(pp, n, false), v = loop.stream(pp, n, true);
-        const double c = ki == 0 ? loop.copy(n) : 0.0, l = ki == 0 ? loop.pingpong(pp, n) : 0.0;
+        const double s = loop.stream(pp, n, Into::kTensor), v = loop.stream(pp, n, Into::kView);
+        const double d = loop.stream(pp, n, Into::kPlanned);
+        const double c = ki == 0 ? loop.copy(n) : 0.0, l = ki == 0 ? loop.pingpong(pp, n, false) : 0.0;
+        const double lp = ki == 0 ? loop.pingpong(pp, n, true) : 0.0;
         if (i < o.common.warmup) continue;
-        stream.push_back(s), view.push_back(v), copy.push_back(c), lat.push_back(l);
+        stream.push_back(s), view.push_back(v), planned.push_back(d), copy.push_back(c), lat.push_back(l);
+        lat_planned.push_back(lp);
       }
       nlohmann::json& r = rec[si];
       r["stream"][std::to_string(o.inflight[ki])] = stream;
       r["view"][std::to_string(o.inflight[ki])] = view;
+      r["planned"][std::to_string(o.inflight[ki])] = planned;
       if (ki > 0) continue;
       r["copy"] = copy;
       r["latency"] = lat;
-      loop.stream(pp, n, false);  // the checked message: the last of a stream
+      r["latency_planned"] = lat_planned;
+      std::vector<std::uint8_t> want(n);
+      if (loop.peers.src >= 0) epx_p2p_data::fill_message(loop.peers.src, n, want.data());
+      loop.stream(pp, n, Into::kPlanned);  // the checked messages: the last of a stream, planned ...
+      const bool planned_ok = loop.peers.src < 0 || std::memcmp(want.data(), pp.tensor("recv").data, n) == 0;
+      loop.stream(pp, n, Into::kTensor);  // ... and into the rank's own tensor
       if (loop.peers.src < 0) continue;
       r["hash"] = epx_p2p_data::check_hash(loop.out.data(), n);
-      std::vector<std::uint8_t> want(n);
-      epx_p2p_data::fill_message(loop.peers.src, n, want.data());
-      r["correct"] = std::memcmp(want.data(), loop.out.data(), n) == 0;
+      r["correct"] = planned_ok && std::memcmp(want.data(), loop.out.data(), n) == 0;
     }
     pp.destroy();
   }
@@ -161,10 +182,14 @@ PPBenchReport aggregate_pp(const PPBenchOptions& o, const std::vector<std::strin
       s.inflight.push_back(k);
       s.stream_us.push_back(max_rank(recs, si, "stream", std::to_string(k)));
       s.view_us.push_back(max_rank(recs, si, "view", std::to_string(k)));
+      s.planned_us.push_back(max_rank(recs, si, "planned", std::to_string(k)));
     }
     s.copy_us = max_rank(recs, si, "copy");
-    for (int p = 0; p + 1 < rep.ranks; p += 2)
-      s.pair_latency_us.push_back(summarize(recs[static_cast<std::size_t>(p)][si]["latency"].get<std::vector<double>>()));
+    for (int p = 0; p + 1 < rep.ranks; p += 2) {
+      const nlohmann::json& r = recs[static_cast<std::size_t>(p)][si];
+      s.pair_latency_us.push_back(summarize(r["latency"].get<std::vector<double>>()));
+      s.pair_latency_planned_us.push_back(summarize(r["latency_planned"].get<std::vector<double>>()));
+    }
     s.correct = true;
     for (const auto& r : recs) {
       s.hashes.push_back(r[si].value("hash", std::uint64_t{0}));

@@ -251,15 +251,8 @@ std::shared_ptr<std::byte> BucketBuffer::storage_ref() const {
 }
 
 MutableView BucketBuffer::tensor(const std::string& name) {
-  const std::ptrdiff_t i = plan_.find(name);
-  if (i < 0) {
-    std::string names;
-    for (const PlannedTensor& p : plan_.tensors()) names += (names.empty() ? "" : ", ") + p.name;
-    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": bucket.tensor: no planned tensor '" + name +
-                                                 "' (the plan has: " + (names.empty() ? "none" : names) + ")");
-  }
+  const PlannedTensor& p = plan_.at(name, "rank " + std::to_string(rank()) + ": bucket.tensor");
   endpoint("tensor");
-  const PlannedTensor& p = plan_.tensors()[static_cast<std::size_t>(i)];
   return MutableView{window() + p.offset, p.dtype, p.shape};
 }
 

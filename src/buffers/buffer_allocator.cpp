@@ -39,6 +39,15 @@ std::ptrdiff_t BufferAllocator::find(const std::string& name) const noexcept {
   return -1;
 }
 
+const PlannedTensor& BufferAllocator::at(const std::string& name, const std::string& who) const {
+  const std::ptrdiff_t i = find(name);
+  if (i >= 0) return tensors_[static_cast<std::size_t>(i)];
+  std::string names;
+  for (const PlannedTensor& p : tensors_) names += (names.empty() ? "" : ", ") + p.name;
+  throw Error(ErrorCode::kInvalidArgument,
+              who + ": no planned tensor '" + name + "' (the plan has: " + (names.empty() ? "none" : names) + ")");
+}
+
 std::string to_string(const PlannedTensor& t) {
   return t.name + ":" + t.shape.str() + ":" + to_string(t.dtype) + "@" + std::to_string(t.offset);
 }

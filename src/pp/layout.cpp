@@ -9,8 +9,8 @@
 namespace epx::pp {
 
 Layout::Layout(int num_ranks, std::size_t max_tensor_bytes, int inflight,
-               const std::vector<std::pair<int, int>>& links, std::size_t chunk_bytes)
-    : num_ranks_(num_ranks), inflight_(inflight), all_(links.empty()) {
+               const std::vector<std::pair<int, int>>& links, std::size_t chunk_bytes, std::size_t user_bytes)
+    : num_ranks_(num_ranks), inflight_(inflight), all_(links.empty()), user_bytes_(user_bytes) {
   if (chunk_bytes % 64 != 0)
     throw Error(ErrorCode::kInvalidArgument, "pp: chunk_bytes = " + std::to_string(chunk_bytes) +
                                                  ", expected 0 (the default) or a multiple of 64");
@@ -37,14 +37,18 @@ Layout::Layout(int num_ranks, std::size_t max_tensor_bytes, int inflight,
   slot_bytes_ = static_cast<std::size_t>(slot);
   const std::uint64_t slots = detail::mul_sat(detail::mul_sat(slot, most), static_cast<std::uint64_t>(inflight));
   rings_ = max_tensor_bytes / kRingChunks >= chunk_bytes_;
-  if (!rings_) {
-    window_bytes_ = static_cast<std::size_t>(slots);
-    return;
-  }
   control_ = static_cast<std::size_t>(slots);
   rings_at_ = static_cast<std::size_t>(detail::add_sat(slots, static_cast<std::uint64_t>(num_ranks) * 192));
-  const std::uint64_t rings = detail::mul_sat(static_cast<std::uint64_t>(chunk_bytes_) * kRingChunks, most);
-  window_bytes_ = static_cast<std::size_t>(detail::add_sat(rings_at_, rings));
+  const std::uint64_t rings =
+      rings_ ? detail::mul_sat(static_cast<std::uint64_t>(chunk_bytes_) * kRingChunks, most) : 0;
+  const std::uint64_t end = detail::add_sat(rings_at_, rings);
+  if (user_bytes == 0) {
+    user_at_ = static_cast<std::size_t>(end);
+    window_bytes_ = static_cast<std::size_t>(end);
+    return;
+  }
+  user_at_ = static_cast<std::size_t>(detail::add_sat(end, 4095) & ~std::uint64_t{4095});
+  window_bytes_ = static_cast<std::size_t>(detail::add_sat(user_at_, user_bytes));
 }
 
 std::size_t Layout::ring_offset(int receiver, int sender, std::uint64_t k) const noexcept {

@@ -12,7 +12,12 @@
 // after the slots, every window has a control block per rank p (three cache lines: the post
 // of r's receive from p and the ring chunks p has produced, both written in r's window; the
 // ring chunks of r's messages to p that p has consumed, written by p in r's window), then for
-// each rank linked to r (inbox order) a ring of kRingChunks chunks of chunk_bytes().
+// each rank linked to r (inbox order) a ring of kRingChunks chunks of chunk_bytes(). The
+// control blocks exist in every window (the post also carries a receive into a planned tensor,
+// any size); the rings only when messages may stream.
+//
+// Planned tensors (PPBuffer's BufferAllocator plan): the user region, after everything else,
+// at a multiple of 4096; a plan's offsets count from its start.
 #pragma once
 
 #include <cstddef>
@@ -35,8 +40,12 @@ struct SlotHeader {
   std::uint64_t nbytes;
   std::uint64_t seq;
   /// The first chunk that went through the inbox's ring (chunks before it are in the slot),
-  /// kNoRing when none did.
+  /// kNoRing when none did. With `direct`: the first chunk written into the receiver's
+  /// planned tensor (chunks before it are in the slot).
   std::uint64_t ring_from;
+  /// 0, or 1 + the offset in the receiver's window of the planned tensor the sender wrote
+  /// chunks [ring_from, end) into (the receive's post asked for it).
+  std::uint64_t direct;
 };
 static_assert(sizeof(SlotHeader) <= kHeaderBytes);
 
@@ -46,8 +55,9 @@ class Layout {
   /// outside 0..num_ranks-1, naming the link.
   /// `chunk_bytes` as PPConfig::chunk_bytes (0: kDefaultChunkBytes; else a multiple of 64,
   /// else kInvalidArgument).
+  /// `user_bytes`: the planned tensors' region (BufferAllocator::total_bytes()).
   Layout(int num_ranks, std::size_t max_tensor_bytes, int inflight, const std::vector<std::pair<int, int>>& links,
-         std::size_t chunk_bytes = 0);
+         std::size_t chunk_bytes = 0, std::size_t user_bytes = 0);
 
   int num_ranks() const noexcept { return num_ranks_; }
   int inflight() const noexcept { return inflight_; }
@@ -66,7 +76,8 @@ class Layout {
   std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
   std::size_t stream_min_bytes() const noexcept { return rings_ ? chunk_bytes_ * kRingChunks : 0; }
   /// In rank r's window: the post of r's receive of message n from `sender` (word 0: n + 1,
-  /// its top bit set once the sender claimed it; word 1: the receive's byte count), the
+  /// its top bit set once the sender claimed it; word 1: the receive's byte count; word 2:
+  /// 0, or 1 + the window offset of the planned tensor it receives into), the
   /// chunks `sender` produced into r's ring, and the chunks `receiver` consumed of r's ring
   /// in its window. 8-aligned words on cache lines of their own.
   std::size_t post_offset(int sender) const noexcept { return control_ + static_cast<std::size_t>(sender) * 192; }
@@ -75,6 +86,10 @@ class Layout {
   /// Offset in `receiver`'s window of ring chunk `k` (any count: taken modulo kRingChunks) of
   /// its inbox of `sender`.
   std::size_t ring_offset(int receiver, int sender, std::uint64_t k) const noexcept;
+
+  /// The planned tensors' region: its offset in every window and its bytes.
+  std::size_t user_offset() const noexcept { return user_at_; }
+  std::size_t user_bytes() const noexcept { return user_bytes_; }
 
   static std::size_t arrived_signal(int sender) noexcept { return static_cast<std::size_t>(sender); }
   std::size_t released_signal(int receiver) const noexcept {
@@ -96,6 +111,8 @@ class Layout {
   bool rings_ = false;       // max_tensor_bytes >= kRingChunks chunks
   std::size_t control_ = 0;  // the control blocks, after the slots
   std::size_t rings_at_ = 0;  // the rings, after the control blocks
+  std::size_t user_at_ = 0;   // the planned tensors, last
+  std::size_t user_bytes_ = 0;
 };
 
 }  // namespace epx::pp

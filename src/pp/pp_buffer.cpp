@@ -74,8 +74,8 @@ struct PPBuffer::Impl {
   bool yield = false;       // more ranks than this machine's cores: waits yield at once
   bool mapped = false;      // peers' windows are mapped here: direct copies, streaming
 
-  Impl(int P, const PPConfig& c)
-      : layout(P, c.num_max_tensor_bytes, c.num_max_inflight_tensors, c.links, c.chunk_bytes),
+  Impl(int P, const PPConfig& c, std::size_t user_bytes)
+      : layout(P, c.num_max_tensor_bytes, c.num_max_inflight_tensors, c.links, c.chunk_bytes, user_bytes),
         sent(static_cast<std::size_t>(P)), received(static_cast<std::size_t>(P)),
         released(static_cast<std::size_t>(P)), held(static_cast<std::size_t>(P)),
         stats(static_cast<std::size_t>(P)), ring_sent(static_cast<std::size_t>(P)),
@@ -87,27 +87,40 @@ struct PPBuffer::Impl {
   }
 };
 
-std::size_t PPBuffer::get_buffer_size_hint(int num_ranks, const PPConfig& config) {
+std::size_t PPBuffer::get_buffer_size_hint(int num_ranks, const PPConfig& config, const BufferAllocator& plan) {
   return pp::Layout(num_ranks, config.num_max_tensor_bytes, config.num_max_inflight_tensors, config.links,
-                    config.chunk_bytes)
+                    config.chunk_bytes, plan.total_bytes())
       .window_bytes();
 }
 
 PPBuffer::PPBuffer(Transport& transport, const PPConfig& config) : BufferBase(transport, "pp"), config_(config) {
+  init(transport, nullptr);
+}
+
+PPBuffer::PPBuffer(Transport& transport, const PPConfig& config, const BufferAllocator& plan)
+    : BufferBase(transport, "pp"), config_(config), plan_(plan) {
+  init(transport, &plan);
+}
+
+void PPBuffer::init(Transport&, const BufferAllocator* plan) {
+  const PPConfig& config = config_;
   std::string problem = config_problem(config);
   if (problem.empty()) {
     try {
-      impl_ = std::make_unique<Impl>(num_ranks(), config);
+      impl_ = std::make_unique<Impl>(num_ranks(), config, plan_.total_bytes());
       impl_->yield = spi::ranks_outnumber_cpus(num_ranks());
     } catch (const Error& e) {
       problem = e.what();
     }
   }
-  agree({{"num_max_tensor_bytes", std::to_string(config.num_max_tensor_bytes)},
-         {"num_max_inflight_tensors", std::to_string(config.num_max_inflight_tensors)},
-         {"links", links_value(config.links)},
-         {"chunk_bytes", std::to_string(config.chunk_bytes)}},
-        problem);
+  std::vector<AgreedValue> values{{"num_max_tensor_bytes", std::to_string(config.num_max_tensor_bytes)},
+                                  {"num_max_inflight_tensors", std::to_string(config.num_max_inflight_tensors)},
+                                  {"links", links_value(config.links)},
+                                  {"chunk_bytes", std::to_string(config.chunk_bytes)},
+                                  {"planned tensors", std::to_string(plan ? plan->tensors().size() : 0)}};
+  if (plan)
+    for (AgreedValue& v : plan_values(*plan)) values.push_back(std::move(v));
+  agree(values, problem);
   try {
     allocate(impl_->layout.window_bytes(), impl_->layout.num_signals());
     Transport& t = endpoint("pp");
@@ -120,6 +133,25 @@ PPBuffer::PPBuffer(Transport& transport, const PPConfig& config) : BufferBase(tr
                 e.origin_rank());
   }
 }
+
+MutableView PPBuffer::tensor(const std::string& name) {
+  const PlannedTensor& p = plan_.at(name, r_of(rank()) + ": pp.tensor");
+  endpoint("pp.tensor");
+  return MutableView{storage() + p.offset, p.dtype, p.shape};
+}
+
+std::byte* PPBuffer::storage() noexcept {
+  return destroyed() || plan_.total_bytes() == 0 ? nullptr : window() + impl_->layout.user_offset();
+}
+
+std::shared_ptr<std::byte> PPBuffer::storage_ref() {
+  endpoint("pp.storage");
+  if (plan_.total_bytes() == 0)
+    throw Error(ErrorCode::kInvalidArgument, r_of(rank()) + ": pp.storage: the buffer was built without a plan", rank());
+  return std::shared_ptr<std::byte>(endpoint_ref(), storage());
+}
+
+std::size_t PPBuffer::storage_bytes() const noexcept { return destroyed() ? 0 : plan_.total_bytes(); }
 
 PPBuffer::~PPBuffer() = default;
 
@@ -154,15 +186,18 @@ void PPBuffer::move_message(Transport& t, const std::byte* x, std::size_t nbytes
   Impl& m = *impl_;
   const int me = rank();
   const auto d = static_cast<std::size_t>(dst_rank);
-  if (m.streams(me, dst_rank, nbytes)) {
-    const std::uint64_t from = pp::stream_send({t, m.layout, me, dst_rank, n, x, nbytes, m.ring_sent[d], m.yield});
-    if (from != pp::kNoRing) m.stats[d].streamed += 1;
+  if (m.mapped && dst_rank != me) {
+    const pp::SlotHeader h = m.streams(me, dst_rank, nbytes)
+                                 ? pp::stream_send({t, m.layout, me, dst_rank, n, x, nbytes, m.ring_sent[d], m.yield})
+                                 : pp::small_send(t, m.layout, me, dst_rank, n, x, nbytes);
+    if (h.direct != 0) m.stats[d].direct += 1;
+    else if (h.ring_from != pp::kNoRing) m.stats[d].streamed += 1;
     return;
   }
   const std::size_t off = m.layout.slot_offset(dst_rank, me, n);
-  m.header = {nbytes, n, pp::kNoRing};
-  if (m.mapped) {  // plain stores: the receiver reads them from cache
-    std::byte* slot = const_cast<std::byte*>(t.peer_window(dst_rank)) + off;
+  m.header = {nbytes, n, pp::kNoRing, 0};
+  if (m.mapped) {  // this rank: plain stores, read back soon from cache
+    std::byte* slot = window() + off;
     std::memcpy(slot, &m.header, sizeof m.header);
     if (nbytes > 0) pp::copy_message(slot + pp::kHeaderBytes, x, nbytes);
     t.signal(dst_rank, pp::Layout::arrived_signal(me), n + 1, 0);
@@ -225,13 +260,13 @@ std::uint64_t token_of(int src, std::uint64_t seq) { return (seq + 1) << 12 | st
 
 }  // namespace
 
-void PPBuffer::wait_message(Transport& t, int src_rank, std::uint64_t n, std::size_t post_nbytes) {
+void PPBuffer::wait_message(Transport& t, int src_rank, std::uint64_t n, std::size_t post_nbytes, std::uint64_t direct) {
   Impl& m = *impl_;
   const auto s = static_cast<std::size_t>(src_rank);
   const std::size_t slot = pp::Layout::arrived_signal(src_rank);
   if (t.read_signal(slot) >= n + 1) return;
   const bool post = post_nbytes != kAnyBytes && m.withdrawn[s] != n;
-  if (post) pp::post_receive(t, m.layout, src_rank, n, post_nbytes);
+  if (post) pp::post_receive(t, m.layout, src_rank, n, post_nbytes, direct);
   const std::uint64_t t0 = now_ns();
   for (;;) {
     try {
@@ -251,7 +286,7 @@ void PPBuffer::wait_message(Transport& t, int src_rank, std::uint64_t n, std::si
   m.stats[s].recv_wait_ns += now_ns() - t0;
 }
 
-PPBuffer::Peeked PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const MutableView* into) {
+PPBuffer::Peeked PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const MutableView* into, std::uint64_t direct) {
   Transport& t = endpoint("pp.recv");
   Impl& m = *impl_;
   const int me = rank();
@@ -265,11 +300,12 @@ PPBuffer::Peeked PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const M
                     " slots of the pair hold views not released yet (messages " + std::to_string(m.released[s]) +
                     ".." + std::to_string(n - 1) + "); release one before receiving message " + std::to_string(n),
                 me);
-  wait_message(t, src_rank, n, into != nullptr && m.streams(me, src_rank, expect_nbytes) ? expect_nbytes : kAnyBytes);
+  const bool post = into != nullptr && (direct != 0 || m.streams(me, src_rank, expect_nbytes));
+  wait_message(t, src_rank, n, post ? expect_nbytes : kAnyBytes, direct);
   std::byte* base = window() + m.layout.slot_offset(me, src_rank, n);
   pp::SlotHeader h;
   std::memcpy(&h, base, sizeof h);
-  if (h.seq != n || (into == nullptr && h.ring_from != pp::kNoRing))
+  if (h.seq != n || (into == nullptr && h.ring_from != pp::kNoRing) || (h.direct != 0 && h.direct != direct))
     throw Error(ErrorCode::kInternal, r_of(me) + ": pp.recv from rank " + std::to_string(src_rank) + ": slot holds message " +
                                           std::to_string(h.seq) + ", expected " + std::to_string(n), me);
   if (expect_nbytes != kAnyBytes && h.nbytes != expect_nbytes) {
@@ -281,7 +317,7 @@ PPBuffer::Peeked PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const M
                     " (the message stays first in the FIFO)",
                 me);
   }
-  Peeked p{PPView{}, h.ring_from};
+  Peeked p{PPView{}, h.ring_from, h.direct != 0};
   p.view.data = base + pp::kHeaderBytes;
   p.view.nbytes = static_cast<std::size_t>(h.nbytes);
   p.view.src = src_rank;
@@ -290,24 +326,50 @@ PPBuffer::Peeked PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const M
   return p;
 }
 
+std::uint64_t PPBuffer::planned_offset(const MutableView& out, int src_rank) {
+  const Impl& m = *impl_;
+  const std::size_t n = out.nbytes();
+  if (n == 0 || plan_.total_bytes() == 0 || destroyed()) return 0;
+  const auto* begin = static_cast<const std::byte*>(out.data);
+  const std::byte* region = storage();
+  const std::byte* end = region + plan_.total_bytes();
+  if (begin < region || begin >= end) return 0;
+  const auto off = static_cast<std::size_t>(begin - region);
+  if (n > plan_.total_bytes() - off)
+    throw Error(ErrorCode::kInvalidArgument,
+                r_of(rank()) + ": pp.recv from rank " + std::to_string(src_rank) + ": the receive tensor (" +
+                    std::to_string(n) + " bytes at offset " + std::to_string(off) +
+                    " of the planned tensors) ends past the planned tensors' " + std::to_string(plan_.total_bytes()) +
+                    " bytes; nothing was received",
+                rank());
+  if (!m.mapped || src_rank == rank()) return 0;
+  return 1 + m.layout.user_offset() + off;
+}
+
 void PPBuffer::recv(const MutableView& out, int src_rank) {
   const std::size_t want = out.nbytes();
   if (want > 0 && out.data == nullptr)
     throw Error(ErrorCode::kInvalidArgument, r_of(rank()) + ": pp.recv: the receive tensor has no data", rank());
-  Peeked p = peek(src_rank, want, &out);
+  require_alive("pp.recv");
+  const std::uint64_t direct = planned_offset(out, src_rank);
+  Peeked p = peek(src_rank, want, &out, direct);
   take(p.view);
   auto* into = static_cast<std::byte*>(out.data);
   const auto* payload = static_cast<const std::byte*>(p.view.data);
-  if (p.ring_from != pp::kNoRing)
+  if (p.direct) {  // the chunks before the sender saw the post are in the slot
+    const std::size_t before = std::min(want, static_cast<std::size_t>(p.ring_from) * impl_->layout.chunk_bytes());
+    if (before > 0) pp::copy_message(into, payload, before);
+  } else if (p.ring_from != pp::kNoRing) {
     pp::stream_recv({endpoint("pp.recv"), impl_->layout, rank(), src_rank, payload, into, want, p.ring_from,
                      impl_->ring_received[static_cast<std::size_t>(src_rank)], impl_->yield});
-  else if (want > 0)
+  } else if (want > 0) {
     pp::copy_message(into, payload, want);
+  }
   release(p.view);
 }
 
 PPView PPBuffer::recv_view(int src_rank, std::size_t expect_nbytes) {
-  PPView v = peek(src_rank, expect_nbytes, nullptr).view;
+  PPView v = peek(src_rank, expect_nbytes, nullptr, 0).view;
   v.keep = endpoint_ref();
   take(v);
   return v;

@@ -28,20 +28,29 @@ std::atomic_ref<std::uint64_t> word(const std::byte* base, std::size_t offset) {
 
 std::byte* writable(const std::byte* p) { return const_cast<std::byte*>(p); }
 
-/// Sets the post's claimed bit when it is the receive of this message with its byte count.
-bool claim(const StreamSend& s, const std::byte* peer) {
-  auto post = word(peer, s.l.post_offset(s.me));
-  std::uint64_t want = s.n + 1;
-  if (post.load(std::memory_order_acquire) != want) return false;
-  if (word(peer, s.l.post_offset(s.me) + 8).load(std::memory_order_relaxed) != s.nbytes) return false;
-  return post.compare_exchange_strong(want, want | kClaimed, std::memory_order_acq_rel);
+/// A claimed post: whether the sender claimed it, and its planned tensor (0: none).
+struct Claim {
+  bool claimed = false;
+  std::uint64_t direct = 0;
+};
+
+/// Sets the post's claimed bit when it is the receive of message n with its byte count.
+Claim claim(const Layout& l, const std::byte* peer, int me, std::uint64_t n, std::size_t nbytes) {
+  auto post = word(peer, l.post_offset(me));
+  std::uint64_t want = n + 1;
+  if (post.load(std::memory_order_acquire) != want) return {};
+  if (word(peer, l.post_offset(me) + 8).load(std::memory_order_relaxed) != nbytes) return {};
+  const std::uint64_t direct = word(peer, l.post_offset(me) + 16).load(std::memory_order_relaxed);
+  // The receiver writes words 1 and 2 before word 0 (release) and never posts message n again
+  // once it withdrew it, so the CAS succeeding means the words read belong to this post.
+  if (!post.compare_exchange_strong(want, want | kClaimed, std::memory_order_acq_rel)) return {};
+  return {true, direct};
 }
 
-/// The header (byte count, number, where the ring took over) into the slot, then arrived.
-void announce(const StreamSend& s, std::byte* slot, std::uint64_t ring_from) {
-  const SlotHeader h{s.nbytes, s.n, ring_from};
+/// The header into the slot, then arrived (ordered after every earlier store).
+void announce(Transport& t, int me, int dst, std::byte* slot, const SlotHeader& h) {
   std::memcpy(slot, &h, sizeof h);
-  s.t.signal(s.dst, Layout::arrived_signal(s.me), s.n + 1, 0);
+  t.signal(dst, Layout::arrived_signal(me), h.seq + 1, 0);
 }
 
 }  // namespace
@@ -66,17 +75,28 @@ void copy_message(void* dst, const void* src, std::size_t bytes) noexcept {
   else bulk_copy(dst, src, bytes);
 }
 
-std::uint64_t stream_send(const StreamSend& s) {
+SlotHeader stream_send(const StreamSend& s) {
   const std::byte* peer = s.t.peer_window(s.dst);
   const std::size_t cb = s.l.chunk_bytes();
   const std::uint64_t chunks = (s.nbytes + cb - 1) / cb;
   std::byte* slot = writable(peer) + s.l.slot_offset(s.dst, s.me, s.n);
-  std::uint64_t ring_from = kNoRing;
+  SlotHeader h{s.nbytes, s.n, kNoRing, 0};
   for (std::uint64_t c = 0; c < chunks; ++c) {
     const std::byte* from = s.x + c * cb;
     const std::size_t bytes = std::min(cb, s.nbytes - static_cast<std::size_t>(c) * cb);
-    if (ring_from == kNoRing && claim(s, peer)) announce(s, slot, ring_from = c);
-    if (ring_from == kNoRing) {
+    if (h.ring_from == kNoRing) {
+      if (const Claim k = claim(s.l, peer, s.me, s.n, s.nbytes); k.claimed) {
+        h.ring_from = c;
+        if (k.direct != 0) {  // every later byte straight into the planned tensor, then the header
+          const std::size_t done = static_cast<std::size_t>(c) * cb;
+          stream_copy(writable(peer) + (k.direct - 1) + done, s.x + done, s.nbytes - done);
+          h.direct = k.direct;
+          break;
+        }
+        announce(s.t, s.me, s.dst, slot, h);
+      }
+    }
+    if (h.ring_from == kNoRing) {
       stream_copy(slot + kHeaderBytes + c * cb, from, bytes);
       continue;
     }
@@ -87,8 +107,24 @@ std::uint64_t stream_send(const StreamSend& s) {
     s.ring_sent += 1;
     word(peer, s.l.produced_offset(s.me)).store(s.ring_sent, std::memory_order_release);
   }
-  if (ring_from == kNoRing) announce(s, slot, kNoRing);
-  return ring_from;
+  if (h.ring_from == kNoRing || h.direct != 0) announce(s.t, s.me, s.dst, slot, h);
+  return h;
+}
+
+SlotHeader small_send(Transport& t, const Layout& l, int me, int dst, std::uint64_t n, const std::byte* x,
+                      std::size_t nbytes) {
+  std::byte* peer = writable(t.peer_window(dst));
+  std::byte* slot = peer + l.slot_offset(dst, me, n);
+  SlotHeader h{nbytes, n, kNoRing, 0};
+  if (const Claim k = nbytes > 0 ? claim(l, peer, me, n, nbytes) : Claim{}; k.direct != 0) {
+    h.ring_from = 0;
+    h.direct = k.direct;
+    copy_message(peer + (k.direct - 1), x, nbytes);
+  } else {  // unclaimed, or claimed for a receive that is not planned: the slot (plain stores)
+    if (nbytes > 0) copy_message(slot + kHeaderBytes, x, nbytes);
+  }
+  announce(t, me, dst, slot, h);
+  return h;
 }
 
 void stream_recv(const StreamRecv& r) {
@@ -116,8 +152,9 @@ void stream_recv(const StreamRecv& r) {
   }
 }
 
-void post_receive(Transport& t, const Layout& l, int src, std::uint64_t n, std::size_t nbytes) {
+void post_receive(Transport& t, const Layout& l, int src, std::uint64_t n, std::size_t nbytes, std::uint64_t direct) {
   word(t.window(), l.post_offset(src) + 8).store(nbytes, std::memory_order_relaxed);
+  word(t.window(), l.post_offset(src) + 16).store(direct, std::memory_order_relaxed);
   word(t.window(), l.post_offset(src)).store(n + 1, std::memory_order_release);
 }
 

@@ -13,6 +13,12 @@
 // sender's window, which frees the ring place. The bytes then cross memory once instead of
 // twice (the slot's write and read). While no ring chunk is ready the receiver copies the
 // chunks that went into the slot before the claim.
+//
+// A receive into a planned tensor (in the receiver's own window, any size) posts the tensor's
+// offset with it: the sender that claims such a post writes every later byte straight into
+// the tensor (streaming stores from stream_min_bytes, plain below), then the header (`direct`,
+// the chunk it claimed at) and arrived; the receiver copies only the chunks that went into the
+// slot before the claim.
 #pragma once
 
 #include <atomic>
@@ -47,9 +53,15 @@ struct StreamSend {
   std::uint64_t& ring_sent;  // ring chunks this rank produced to dst, over all messages
   bool yield;
 };
-/// Moves every byte (slot, then ring from the claim on), writes the header and signals
-/// arrived. Returns the chunk the ring took over at (kNoRing: none).
-std::uint64_t stream_send(const StreamSend& s);
+/// Moves every byte (slot, then ring or the planned tensor from the claim on), writes the
+/// header and signals arrived. Returns the header it wrote.
+SlotHeader stream_send(const StreamSend& s);
+
+/// A message below stream_min_bytes to a mapped peer (not this rank): into the planned tensor
+/// when the receiver posted one for it, else into the slot; then the header and arrived.
+/// Returns the header it wrote.
+SlotHeader small_send(Transport& t, const Layout& l, int me, int dst, std::uint64_t n, const std::byte* x,
+                      std::size_t nbytes);
 
 /// This rank's receive of message n from `src` (a mapped peer, not this rank).
 struct StreamRecv {
@@ -66,9 +78,10 @@ struct StreamRecv {
 /// Copies chunks [0, ring_from) from the slot and the rest from the ring as they come.
 void stream_recv(const StreamRecv& r);
 
-/// The post of a receive of message n (`nbytes`) from `src` in this rank's window; withdraw
-/// returns false when the sender had already claimed it (its bytes are coming).
-void post_receive(Transport& t, const Layout& l, int src, std::uint64_t n, std::size_t nbytes);
+/// The post of a receive of message n (`nbytes`) from `src` in this rank's window (`direct`:
+/// 0, or 1 + the window offset of the planned tensor it receives into); withdraw returns
+/// false when the sender had already claimed it (its bytes are coming).
+void post_receive(Transport& t, const Layout& l, int src, std::uint64_t n, std::size_t nbytes, std::uint64_t direct);
 bool withdraw_receive(Transport& t, const Layout& l, int src, std::uint64_t n);
 
 }  // namespace epx::pp

@@ -3,6 +3,7 @@
 // program or fetch and throws (fail) naming rank, message or layer on any difference.
 #pragma once
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,33 @@ inline void expect_message(int r, const ref::PPEvent& e, const void* got, std::s
               ref::pp_message(e.peer, r, e.seq, e.nbytes));
 }
 
-/// Runs rank r's events of `prog` on `pp`, checking every received byte.
-inline void run_program(PPBuffer& pp, const ref::PPProgram& prog, int r) {
+/// The plan of run_program's planned receives: two tensors of `max_bytes` + 4 KiB.
+inline BufferAllocator pp_receive_plan(std::uint64_t max_bytes) {
+  BufferAllocator plan;
+  plan.allocate("a", {static_cast<std::int64_t>(max_bytes + 4096)}, DType::kFP8E4M3);
+  plan.allocate("b", {static_cast<std::int64_t>(max_bytes + 4096)}, DType::kFP8E4M3);
+  return plan;
+}
+
+/// A receive into pp_receive_plan's tensor "a" or "b" (by the message's number) at an offset
+/// of 0..4095 bytes (any alignment), every byte checked and the bytes around it unchanged.
+inline void recv_planned(PPBuffer& pp, const ref::PPEvent& e, int r) {
+  const MutableView whole = pp.tensor(e.seq % 2 == 0 ? "a" : "b");
+  const std::size_t off = static_cast<std::size_t>((e.seq * 2654435761u + static_cast<std::uint64_t>(e.peer) * 97) % 4096);
+  auto* base = static_cast<std::uint8_t*>(whole.data);
+  std::memset(base, 0xee, whole.nbytes());
+  pp.recv(MutableView{base + off, DType::kFP8E4M3, {static_cast<std::int64_t>(e.nbytes)}}, e.peer);
+  expect_message(r, e, base + off, e.nbytes);
+  for (std::size_t i = 0; i < whole.nbytes(); ++i)
+    if ((i < off || i >= off + e.nbytes) && base[i] != 0xee)
+      fail(r, "message " + std::to_string(e.seq) + " from rank " + std::to_string(e.peer) + " wrote byte " +
+                  std::to_string(i) + " of the planned tensor outside its " + std::to_string(e.nbytes) + " bytes at " +
+                  std::to_string(off));
+}
+
+/// Runs rank r's events of `prog` on `pp`, checking every received byte; `planned`: receives
+/// into tensors go into pp_receive_plan's tensors (pp built with that plan).
+inline void run_program(PPBuffer& pp, const ref::PPProgram& prog, int r, bool planned = false) {
   for (const ref::PPEvent& e : prog.ranks[static_cast<std::size_t>(r)]) {
     if (e.send) {
       pp.send(bytes_view(ref::pp_message(r, e.peer, e.seq, e.nbytes)), e.peer);
@@ -38,6 +64,8 @@ inline void run_program(PPBuffer& pp, const ref::PPProgram& prog, int r) {
       if (v.seq != e.seq) fail(r, "view of message " + std::to_string(v.seq) + ", want " + std::to_string(e.seq));
       expect_message(r, e, v.data, v.nbytes);
       pp.release(v);
+    } else if (planned) {
+      recv_planned(pp, e, r);
     } else {
       std::vector<std::uint8_t> got(e.nbytes, 0xee);
       pp.recv(bytes_out(got), e.peer);

@@ -15,6 +15,7 @@ struct ProgramCase {
   const char* links;  // "all" | "ring" | "chain"
   int inflight;
   std::size_t chunk_bytes = 0;  // small chunks: messages of >= 4 chunks stream on mapped transports
+  bool planned = false;         // receives into tensors planned in the buffer's window
 };
 
 class PPRandom : public ::testing::TestWithParam<ProgramCase> {};
@@ -34,8 +35,9 @@ TEST_P(PPRandom, EveryByteOfEveryMessageInOrder) {
     lo.timeout = std::chrono::milliseconds(20000);
     launch(lo, [&](Transport& t) {
       PPBuffer pp(t, {.num_max_tensor_bytes = max_bytes, .num_max_inflight_tensors = c.inflight, .links = links,
-                      .chunk_bytes = c.chunk_bytes});
-      run_program(pp, prog, t.rank());
+                      .chunk_bytes = c.chunk_bytes},
+                  c.planned ? pp_receive_plan(max_bytes) : BufferAllocator{});
+      run_program(pp, prog, t.rank(), c.planned);
       for (int q = 0; q < P; ++q) {
         std::uint64_t sent = 0;
         for (const auto& e : prog.ranks[static_cast<std::size_t>(t.rank())]) sent += e.send && e.peer == q;
@@ -56,11 +58,17 @@ INSTANTIATE_TEST_SUITE_P(Transports, PPRandom,
                                            ProgramCase{TransportKind::kThreads, "all", 2, 256},
                                            ProgramCase{TransportKind::kShm, "all", 1, 192},
                                            ProgramCase{TransportKind::kShm, "ring", 3, 256},
-                                           ProgramCase{TransportKind::kSim, "all", 2, 256}),
+                                           ProgramCase{TransportKind::kSim, "all", 2, 256},
+                                           ProgramCase{TransportKind::kThreads, "all", 2, 0, true},
+                                           ProgramCase{TransportKind::kThreads, "ring", 1, 256, true},
+                                           ProgramCase{TransportKind::kShm, "all", 3, 192, true},
+                                           ProgramCase{TransportKind::kShm, "chain", 1, 0, true},
+                                           ProgramCase{TransportKind::kSim, "all", 2, 256, true}),
                          [](const auto& info) {
                            return std::string(to_string(info.param.kind)) + "_" + info.param.links + "_" +
                                   std::to_string(info.param.inflight) +
-                                  (info.param.chunk_bytes ? "_chunks" + std::to_string(info.param.chunk_bytes) : "");
+                                  (info.param.chunk_bytes ? "_chunks" + std::to_string(info.param.chunk_bytes) : "") +
+                                  (info.param.planned ? "_planned" : "");
                          });
 
 template <class F>
@@ -308,6 +316,119 @@ TEST(PPStream, AReceiveThatComesDuringTheSendJoinsIt) {
         expect_bits(1, "message " + std::to_string(n), got.data(), ref::pp_message(0, 1, n, N));
       }
       pp.destroy();
+    });
+  }
+}
+
+// A receive into a planned tensor that waits before its message is sent gets the bytes
+// straight from the sender (stats().direct), small (one plain copy) or streamed (from chunk
+// 0, or from the chunk the sender was at when it saw the post); a planned receive of another
+// byte count is not claimed (the message stays, SPEC §9); the bytes around the tensor's span
+// stay as they were.
+TEST(PPPlanned, AWaitingPlannedReceiveIsWrittenByTheSender) {
+  const std::size_t N = 4000;  // 63 chunks of 64 bytes
+  auto settle = [](int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+  for (TransportKind kind : {TransportKind::kThreads, TransportKind::kShm}) {
+    for (std::size_t chunk : {std::size_t{0}, std::size_t{64}}) {  // 0: 4000 bytes is small; 64: it streams
+      LaunchOptions lo{.num_ranks = 2, .transport = kind, .timeout = std::chrono::milliseconds(20000)};
+      launch(lo, [&](Transport& t) {
+        BufferAllocator plan;
+        plan.allocate("x", {static_cast<std::int64_t>(N + 64)}, DType::kFP8E4M3);
+        PPBuffer pp(t, {.num_max_tensor_bytes = N, .num_max_inflight_tensors = 2, .chunk_bytes = chunk}, plan);
+        const int r = t.rank();
+        if (r == 0) {
+          settle(300);  // rank 1 waits in recv into its planned tensor
+          pp.send(bytes_view(ref::pp_message(0, 1, 0, N)), 1);
+          if (pp.stats(1).direct != 1) fail(r, "message 0 was not written into the planned tensor");
+          settle(300);  // rank 1 waits with a planned tensor of N - 1 bytes: no claim
+          pp.send(bytes_view(ref::pp_message(0, 1, 1, N)), 1);
+          if (pp.stats(1).direct != 1) fail(r, "message 1 was written into a planned receive of another size");
+          pp.send(bytes_view(ref::pp_message(0, 1, 2, N)), 1);  // rank 1 is not waiting yet: the slot
+          if (pp.stats(1).direct != 1) fail(r, "message 2 was written into a receive not posted");
+        } else {
+          auto* x = static_cast<std::uint8_t*>(pp.tensor("x").data);
+          std::memset(x, 0xee, N + 64);
+          auto at = [&](std::size_t off, std::size_t n) { return MutableView{x + off, DType::kFP8E4M3, {static_cast<std::int64_t>(n)}}; };
+          pp.recv(at(32, N), 0);
+          expect_bits(r, "message 0", x + 32, ref::pp_message(0, 1, 0, N));
+          for (std::size_t i : {std::size_t{0}, std::size_t{31}, N + 32, N + 63})
+            if (x[i] != 0xee) fail(r, "byte " + std::to_string(i) + " outside the received span was written");
+          expect_error(r, ErrorCode::kShapeMismatch, {"rank 1", "rank 0", "message 1", "4000 bytes", "has 3999"},
+                       [&] { pp.recv(at(0, N - 1), 0); });
+          pp.recv(at(1, N), 0);  // the message stayed first
+          expect_bits(r, "message 1", x + 1, ref::pp_message(0, 1, 1, N));
+          settle(200);  // message 2 is in its slot: copied from there
+          pp.recv(at(0, N), 0);
+          expect_bits(r, "message 2", x, ref::pp_message(0, 1, 2, N));
+          if (pp.stats(0).received != 3) fail(r, "stats(0).received != 3");
+        }
+        pp.destroy();
+      });
+    }
+  }
+}
+
+// A planned receive that comes while a large message is being put into the slot joins it:
+// the sender writes the rest into the tensor, the receiver copies the chunks before.
+TEST(PPPlanned, AReceiveThatComesDuringTheSendJoinsIt) {
+  const std::size_t N = std::size_t{4} << 20;
+  for (TransportKind kind : {TransportKind::kThreads, TransportKind::kShm}) {
+    LaunchOptions lo{.num_ranks = 2, .transport = kind, .timeout = std::chrono::milliseconds(20000)};
+    launch(lo, [&](Transport& t) {
+      BufferAllocator plan;
+      plan.allocate("x", {static_cast<std::int64_t>(N)}, DType::kFP8E4M3);
+      PPBuffer pp(t, {.num_max_tensor_bytes = N, .num_max_inflight_tensors = 2, .chunk_bytes = 64}, plan);
+      const MutableView x = pp.tensor("x");
+      for (std::uint64_t n = 0; n < 6; ++n) {
+        if (t.rank() == 0) {
+          pp.send(bytes_view(ref::pp_message(0, 1, n, N)), 1);
+          continue;
+        }
+        std::memset(x.data, 0, N);
+        std::this_thread::sleep_for(std::chrono::microseconds(100 << n));
+        pp.recv(x, 0);
+        expect_bits(1, "message " + std::to_string(n), x.data, ref::pp_message(0, 1, n, N));
+      }
+      pp.destroy();
+    });
+  }
+}
+
+// The planned tensors: a name not planned names the plan's; a receive tensor that starts in
+// the planned region and ends past it is refused naming rank and peer (nothing moves: the
+// message then arrives whole); plans that differ fail every rank; the window grows by the plan.
+TEST(PPPlanned, ErrorsNameRankPeerAndPlan) {
+  for (TransportKind kind : kDataTransports) {
+    LaunchOptions lo{.num_ranks = 2, .transport = kind, .timeout = std::chrono::milliseconds(20000)};
+    launch(lo, [](Transport& t) {
+      BufferAllocator plan;
+      plan.allocate("act", {100}, DType::kBF16);
+      const PPConfig config{.num_max_tensor_bytes = 256, .num_max_inflight_tensors = 1};
+      PPBuffer pp(t, config, plan);
+      const int r = t.rank();
+      if (PPBuffer::get_buffer_size_hint(2, config, plan) < PPBuffer::get_buffer_size_hint(2, config) + kBufferAlignment)
+        fail(r, "the size hint does not count the plan");
+      expect_error(r, ErrorCode::kInvalidArgument, {"rank " + std::to_string(r), "pp.tensor", "'grads'", "act"},
+                   [&] { pp.tensor("grads"); });
+      if (r == 0) {
+        pp.send(bytes_view(ref::pp_message(0, 1, 0, 200)), 1);
+      } else {
+        const MutableView act = pp.tensor("act");
+        if (act.nbytes() != 200 || pp.storage() == nullptr || act.data != pp.storage())
+          fail(r, "tensor('act') is not the start of the planned storage");
+        auto* end = pp.storage() + pp.storage_bytes();
+        expect_error(r, ErrorCode::kInvalidArgument, {"rank 1", "rank 0", "ends past", "nothing was received"},
+                     [&] { pp.recv(MutableView{end - 100, DType::kFP8E4M3, {200}}, 0); });
+        pp.recv(act, 0);
+        expect_bits(r, "message 0", act.data, ref::pp_message(0, 1, 0, 200));
+      }
+      pp.destroy();
+    });
+    launch(lo, [](Transport& t) {
+      BufferAllocator plan;
+      plan.allocate("act", {t.rank() == 0 ? 100 : 101}, DType::kBF16);
+      expect_error(t.rank(), ErrorCode::kInvalidArgument, {"plan entry 0"},
+                   [&] { PPBuffer pp(t, {.num_max_tensor_bytes = 256, .num_max_inflight_tensors = 1}, plan); });
     });
   }
 }

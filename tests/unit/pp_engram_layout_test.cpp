@@ -63,8 +63,22 @@ TEST(PPLayout, StreamingLinesAndRingsAreDisjointFromTheSlots) {
     }
   }
   EXPECT_EQ(pp::Layout(4, 511, 2, {}, 128).stream_min_bytes(), 0u);  // under 4 chunks: no rings
-  EXPECT_EQ(pp::Layout(4, 511, 2, {}, 128).window_bytes(), 4u * 2u * 576u);
+  EXPECT_EQ(pp::Layout(4, 511, 2, {}, 128).window_bytes(), 4u * 2u * 576u + 4u * 192u);  // the control lines stay
   EXPECT_THROW(pp::Layout(4, 1000, 2, {}, 100), Error);  // not a multiple of 64
+}
+
+// The planned tensors' region comes last, at a multiple of 4096, past every slot, control
+// line and ring; the window ends with it.
+TEST(PPLayout, ThePlannedRegionComesLastAligned) {
+  for (std::size_t max : {std::size_t{1000}, std::size_t{100}}) {
+    const pp::Layout plain(4, max, 2, {}, 128), l(4, max, 2, {}, 128, 5000);
+    EXPECT_EQ(l.user_offset() % 4096, 0u);
+    EXPECT_GE(l.user_offset(), plain.window_bytes());
+    EXPECT_LT(l.user_offset(), plain.window_bytes() + 4096);
+    EXPECT_EQ(l.window_bytes(), l.user_offset() + 5000);
+    EXPECT_EQ(l.user_bytes(), 5000u);
+    EXPECT_EQ(plain.user_bytes(), 0u);
+  }
 }
 
 TEST(PPLayout, LinksAreSymmetricAndWindowFollowsTheMostLinkedRank) {
@@ -72,8 +86,8 @@ TEST(PPLayout, LinksAreSymmetricAndWindowFollowsTheMostLinkedRank) {
   EXPECT_TRUE(l.linked(1, 0) && l.linked(0, 1) && l.linked(2, 1));
   EXPECT_FALSE(l.linked(0, 2) || l.linked(3, 3) || l.linked(0, 0));
   EXPECT_EQ(l.peers_of(1), (std::vector<int>{0, 2}));
-  EXPECT_EQ(l.window_bytes(), 2u * 2u * 128u);  // rank 1: 2 peers x 2 slots x 128 B
-  EXPECT_EQ(pp::Layout(4, 64, 2, {}).window_bytes(), 4u * 2u * 128u);
+  EXPECT_EQ(l.window_bytes(), 2u * 2u * 128u + 4u * 192u);  // rank 1: 2 peers x 2 slots x 128 B, control lines
+  EXPECT_EQ(pp::Layout(4, 64, 2, {}).window_bytes(), 4u * 2u * 128u + 4u * 192u);
   try {
     pp::Layout(4, 64, 2, {{0, 4}});
     FAIL();

@@ -8,9 +8,12 @@
 //   stream: per timed iteration, every link carries `messages` messages; the time per
 //           message at the receiver (max over receivers) from a 0-byte "go" it sends its
 //           sender after the barrier, with `inflight` slots per pair,
-//           received into a tensor (recv) and, apart, as slot views (recv_view + release);
+//           received into a tensor of the rank's own (recv) and, apart, as slot views
+//           (recv_view + release) and into a tensor planned in the buffer's window (recv
+//           into pp.tensor("recv"): the sender writes into it, one copy);
 //   latency: ping-pong between 2k and 2k+1 after one untimed round trip, one-way = round
-//            trip / 2 over 8 rounds, per pair;
+//            trip / 2 over 8 rounds, per pair; into the rank's own tensor, and apart into
+//            the planned one;
 //   copy:    `messages` memcpys of the size on every rank at once, per message.
 // engram: per timed iteration one fetch of L layers of T tokens x E' uniform random rows of
 //   the whole table and every hook; the slowest rank's time; rows/s = P * L * T * E' / that;
@@ -76,8 +79,10 @@ struct PPSizeResult {
   std::vector<int> inflight;            ///< per row of the two below
   std::vector<Summary> stream_us;       ///< epx recv, per inflight
   std::vector<Summary> view_us;         ///< epx recv_view, per inflight
+  std::vector<Summary> planned_us;      ///< epx recv into the planned tensor, per inflight
   Summary copy_us;                      ///< the measurement plane: one memcpy per message
   std::vector<Summary> pair_latency_us; ///< epx, per pair (2k, 2k+1)
+  std::vector<Summary> pair_latency_planned_us; ///< epx into the planned tensor, per pair
   std::vector<std::uint64_t> hashes;    ///< per rank: the last message received (0: none)
   bool correct = false;                 ///< every receiver's last message equals the data
   std::vector<Summary> peer_stream_us;  ///< per peer (PPBenchReport::peers order)

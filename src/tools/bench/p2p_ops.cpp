@@ -67,14 +67,15 @@ void print_pp(const PPBenchReport& r, std::FILE* out) {
   std::fprintf(out, "epx bench --op pp: %d %s ranks, %s, %d messages per link per iteration, %d timed iterations x %d "
                "round(s) (p50, us per message)\n", r.ranks, o.common.transport.c_str(),
                o.pattern == "ring" ? "one ring" : "pipelines of 2 (2k -> 2k+1)", o.messages, o.common.iters, o.common.rounds);
-  std::fprintf(out, "%-9s %3s %11s %11s %11s", "size", "k", "epx recv", "epx view", "copy");
+  std::fprintf(out, "%-9s %3s %11s %11s %11s %11s", "size", "k", "epx recv", "epx view", "epx planned", "copy");
   for (const PeerRun& p : r.peers) std::fprintf(out, " %11s", p.name.c_str());
   for (const PeerRun& p : r.peers) std::fprintf(out, " %9s", (p.name + "/epx").c_str());
   std::fprintf(out, " %9s\n", "copy/epx");
   for (const PPSizeResult& s : r.sizes)
     for (std::size_t k = 0; k < s.inflight.size(); ++k) {
       const double e = s.stream_us[k].p50;
-      std::fprintf(out, "%-9s %3d %11.1f %11.1f %11.1f", size_text(s.bytes).c_str(), s.inflight[k], e, s.view_us[k].p50, s.copy_us.p50);
+      std::fprintf(out, "%-9s %3d %11.1f %11.1f %11.1f %11.1f", size_text(s.bytes).c_str(), s.inflight[k], e, s.view_us[k].p50,
+                   s.planned_us[k].p50, s.copy_us.p50);
       for (std::size_t i = 0; i < r.peers.size(); ++i)
         if (r.peers[i].ran) std::fprintf(out, " %11.1f", s.peer_stream_us[i].p50);
         else std::fprintf(out, " %11s", "-");
@@ -83,6 +84,14 @@ void print_pp(const PPBenchReport& r, std::FILE* out) {
         else std::fprintf(out, " %9s", "-");
       std::fprintf(out, " %8.2fx\n", ratio(s.copy_us.p50, e));
     }
+  std::fprintf(out, "(peer/epx: to epx recv into the rank's own tensor; to epx view and planned:");
+  for (const PPSizeResult& s : r.sizes)
+    for (std::size_t k = 0; k < s.inflight.size(); ++k)
+      for (std::size_t i = 0; i < r.peers.size(); ++i)
+        if (r.peers[i].ran)
+          std::fprintf(out, " %s k%d %s %.2fx / %.2fx;", size_text(s.bytes).c_str(), s.inflight[k], r.peers[i].name.c_str(),
+                       ratio(s.peer_stream_us[i].p50, s.view_us[k].p50), ratio(s.peer_stream_us[i].p50, s.planned_us[k].p50));
+  std::fprintf(out, ")\n");
   std::fprintf(out, "latency, one-way (ping-pong / 2), p50 us per pair (2k, 2k+1):\n");
   for (const PPSizeResult& s : r.sizes) {
     std::fprintf(out, "  %-9s epx", size_text(s.bytes).c_str());
@@ -97,6 +106,15 @@ void print_pp(const PPBenchReport& r, std::FILE* out) {
       }
       if (!s.peer_pair_latency_us[i].empty())
         std::fprintf(out, " (%.2fx epx)", sum_ratio / static_cast<double>(s.peer_pair_latency_us[i].size()));
+    }
+    std::fprintf(out, "\n  %-9s epx planned", size_text(s.bytes).c_str());
+    for (const Summary& l : s.pair_latency_planned_us) std::fprintf(out, " %.1f", l.p50);
+    for (std::size_t i = 0; i < r.peers.size(); ++i) {
+      if (!r.peers[i].ran || s.peer_pair_latency_us[i].empty()) continue;
+      double sum_ratio = 0;
+      for (std::size_t p = 0; p < s.peer_pair_latency_us[i].size(); ++p)
+        sum_ratio += ratio(s.peer_pair_latency_us[i][p].p50, s.pair_latency_planned_us[p].p50);
+      std::fprintf(out, " | %s %.2fx", r.peers[i].name.c_str(), sum_ratio / static_cast<double>(s.peer_pair_latency_us[i].size()));
     }
     std::fprintf(out, "\n");
   }
@@ -121,8 +139,10 @@ nlohmann::ordered_json pp_json(const PPBenchReport& r) {
   for (const PPSizeResult& s : r.sizes) {
     nlohmann::ordered_json e = {{"bytes", s.bytes}, {"correct", s.correct}, {"copy_us", summary_json(s.copy_us)}};
     for (std::size_t k = 0; k < s.inflight.size(); ++k)
-      e["epx"].push_back({{"inflight", s.inflight[k]}, {"recv_us", summary_json(s.stream_us[k])}, {"view_us", summary_json(s.view_us[k])}});
+      e["epx"].push_back({{"inflight", s.inflight[k]}, {"recv_us", summary_json(s.stream_us[k])}, {"view_us", summary_json(s.view_us[k])},
+                          {"planned_us", summary_json(s.planned_us[k])}});
     for (const Summary& l : s.pair_latency_us) e["pair_latency_us"].push_back(summary_json(l));
+    for (const Summary& l : s.pair_latency_planned_us) e["pair_latency_planned_us"].push_back(summary_json(l));
     for (std::size_t i = 0; i < r.peers.size(); ++i) {
       nlohmann::ordered_json p = {{"name", r.peers[i].name}, {"stream_us", summary_json(s.peer_stream_us[i])}};
       for (const Summary& l : s.peer_pair_latency_us[i]) p["pair_latency_us"].push_back(summary_json(l));
