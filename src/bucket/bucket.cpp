@@ -66,7 +66,10 @@ BucketEvent& BucketEvent::operator=(BucketEvent&& o) noexcept {
   return *this;
 }
 BucketEvent::~BucketEvent() {
-  if (call_) call_->run_or_wait();
+  if (!call_) return;
+  call_->run_or_wait();
+  std::lock_guard<std::mutex> lock(call_->m);
+  call_->waited = true;
 }
 
 bool BucketEvent::ready() const noexcept {
@@ -86,6 +89,10 @@ std::vector<MutableView> BucketEvent::wait() {
   if (!call_) throw Error(ErrorCode::kInvalidArgument, "bucket: wait() on an event that holds no call (waited already?)");
   std::shared_ptr<BucketCall> c = std::move(call_);
   c->run_or_wait();
+  {
+    std::lock_guard<std::mutex> lock(c->m);
+    c->waited = true;
+  }
   if (c->error) std::rethrow_exception(c->error);
   return std::move(c->results);
 }

@@ -76,7 +76,7 @@ struct BucketCall {
   std::condition_variable cv;
   enum class State { kQueued, kRunning, kDone } state = State::kDone;
   std::exception_ptr error;
-  bool waited = false;
+  bool waited = false;  ///< its event was waited for or dropped: the buffer takes the next call
 
   int n() const noexcept { return static_cast<int>(members.size()); }
   int num_tensors() const noexcept { return static_cast<int>(mine.tensors.size()); }

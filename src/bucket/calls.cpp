@@ -18,10 +18,10 @@ std::shared_ptr<BucketCall> BucketBuffer::begin_call(int op, int group, const ch
   const std::string where = "rank " + std::to_string(rank()) + ": bucket." + call + ": ";
   endpoint(call);
   if (impl_->pending) {
-    bool done;
+    bool done;  // pending until its event's wait() returned (or the event was dropped), done or not
     {
       std::lock_guard<std::mutex> lock(impl_->pending->m);
-      done = impl_->pending->state == BucketCall::State::kDone;
+      done = impl_->pending->state == BucketCall::State::kDone && impl_->pending->waited;
     }
     if (!done)
       throw Error(ErrorCode::kInvalidArgument, where + "a call is pending on this buffer (" + impl_->pending->name() +
