@@ -121,6 +121,10 @@ EngramBenchReport aggregate_engram(const EngramBenchOptions& o, const std::vecto
   return rep;
 }
 
+std::string engram_peers_why_not(const EngramBenchOptions& o) {
+  return o.fp8 ? "the peers gather bf16 rows only (this run is --engram-fp8)" : "";
+}
+
 void check_engram_options(const EngramBenchOptions& o, int ranks) {
   EngramBuffer::get_storage_size_hint(ranks, config_of(o));  // the shape's checks (kInvalidArgument)
   if (o.hidden % 4 != 0) throw Error(ErrorCode::kInvalidArgument, "--engram-hidden must be a multiple of 4");
@@ -138,7 +142,7 @@ EngramBenchReport measure_engram(const EngramBenchOptions& o) {
   std::vector<nlohmann::json> records, peer_json;
   const std::vector<PeerRun> peer_runs =
       run_rounds(o.common, ranks, engram_peer_args(o), [&](Transport& t) { return run_engram_rank(t, o); },
-                 o.fp8 ? "the peers gather bf16 rows only (this run is --engram-fp8)" : "", records, peer_json);
+                 engram_peers_why_not(o), records, peer_json);
   std::vector<std::string> texts;
   for (const auto& r : records) texts.push_back(r.dump());
   EngramBenchReport rep = aggregate_engram(o, texts);

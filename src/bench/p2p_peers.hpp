@@ -16,6 +16,8 @@ namespace epx::tools {
 /// The peers' arguments for the op's problem (their --iters/--warmup/--json come apart).
 std::vector<std::string> pp_peer_args(const PPBenchOptions& o);
 std::vector<std::string> engram_peer_args(const EngramBenchOptions& o);
+/// Why no peer can run Engram with these options ("" = they can: the peers gather bf16 rows only).
+std::string engram_peers_why_not(const EngramBenchOptions& o);
 
 /// A peer's JSON (null when it did not run) into the report, checked against epx's hashes.
 void attach_pp_peer(PeerRun run, const nlohmann::json& j, PPBenchReport& rep);

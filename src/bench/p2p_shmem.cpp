@@ -31,67 +31,70 @@ std::vector<std::string> job_records(Bootstrap& boot, const P2PCommon& c, F&& ra
   return allgather_strings(boot, mine);
 }
 
-PeerRun gloo_not_here() {
+/// One op's parts for the shmem job (PP and Engram differ only in these).
+template <class Options, class Report>
+struct P2POp {
+  void (*check)(const Options&, int ranks);
+  std::string (*run_rank)(Transport&, const Options&);
+  Report (*aggregate)(const Options&, const std::vector<std::string>& records);
+  std::vector<std::string> (*peer_args)(const Options&);
+  void (*attach)(PeerRun, const nlohmann::json&, Report&);
+  /// Why the MPI peer cannot run with these options ("" = it can).
+  std::string (*why_no_mpi)(const Options&);
+};
+
+/// The peer `peer` when it does not run in this job: `why`, or (gloo) that it starts its own
+/// processes on one machine.
+PeerRun not_here(const std::string& peer, std::string why) {
   PeerRun r;
-  r.name = "gloo";
-  r.why_not = "not inside an oshrun job (the gloo peer starts its own processes on one machine)";
+  r.name = peer;
+  r.why_not = why.empty() ? "not inside an oshrun job (the gloo peer starts its own processes on one machine)" : std::move(why);
   return r;
+}
+
+/// The job: every rank's timed loops on the shmem transport, rank 0's report, then the MPI
+/// peer in the same processes (MPI_COMM_WORLD = the PEs).
+template <class Options, class Report>
+P2PJobResult<Report> measure_in_job(const Options& given, const P2POp<Options, Report>& op) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  auto boot = shmem_bootstrap();
+  Options o = given;
+  o.common.ranks = boot->size();
+  op.check(o, o.common.ranks);
+  const NodeMap nodes = discover_nodes(*boot);
+  P2PJobResult<Report> m;
+  m.node_layout = describe_nodes(*boot, nodes);
+  TempDir tmp;
+  const auto records = job_records(*boot, o.common, [&](Transport& t) { return op.run_rank(t, o); });
+  m.report = op.aggregate(o, records);
+  for (const std::string& peer : o.common.peers) {
+    if (peer == "none") continue;
+    PeerRun run;
+    nlohmann::json j;
+    const std::string why = peer == "mpi" ? op.why_no_mpi(o) : "";
+    if (peer == "mpi" && why.empty()) j = run_mpi_p2p_in_job(o.common, op.peer_args(o), boot->rank(), tmp.path(), run);
+    else run = not_here(peer, why);
+    if (boot->rank() != 0) run.ran = false;  // only rank 0 has the JSON and aggregates
+    op.attach(std::move(run), j, m.report);
+  }
+  m.root = boot->rank() == 0;
+  boot->barrier();
+  m.report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return m;
 }
 
 }  // namespace
 
-P2PJobResult<PPBenchReport> measure_pp_shmem(const PPBenchOptions& given) {
-  const auto wall0 = std::chrono::steady_clock::now();
-  auto boot = shmem_bootstrap();
-  PPBenchOptions o = given;
-  o.common.ranks = boot->size();
-  check_pp_options(o, o.common.ranks);
-  const NodeMap nodes = discover_nodes(*boot);
-  P2PJobResult<PPBenchReport> m;
-  m.node_layout = describe_nodes(*boot, nodes);
-  TempDir tmp;
-  const auto records = job_records(*boot, o.common, [&](Transport& t) { return run_pp_rank(t, o); });
-  m.report = aggregate_pp(o, records);
-  for (const std::string& peer : o.common.peers) {
-    PeerRun run;
-    nlohmann::json j;
-    if (peer == "none") continue;
-    if (peer == "mpi") j = run_mpi_p2p_in_job(o.common, pp_peer_args(o), boot->rank(), tmp.path(), run);
-    else run = gloo_not_here();
-    if (boot->rank() != 0) run.ran = false;  // only rank 0 has the JSON and aggregates
-    attach_pp_peer(std::move(run), j, m.report);
-  }
-  m.root = boot->rank() == 0;
-  boot->barrier();
-  m.report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-  return m;
+P2PJobResult<PPBenchReport> measure_pp_shmem(const PPBenchOptions& o) {
+  return measure_in_job<PPBenchOptions, PPBenchReport>(
+      o, {check_pp_options, run_pp_rank, aggregate_pp, pp_peer_args, attach_pp_peer,
+          [](const PPBenchOptions&) { return std::string(); }});
 }
 
-P2PJobResult<EngramBenchReport> measure_engram_shmem(const EngramBenchOptions& given) {
-  const auto wall0 = std::chrono::steady_clock::now();
-  auto boot = shmem_bootstrap();
-  EngramBenchOptions o = given;
-  o.common.ranks = boot->size();
-  check_engram_options(o, o.common.ranks);
-  const NodeMap nodes = discover_nodes(*boot);
-  P2PJobResult<EngramBenchReport> m;
-  m.node_layout = describe_nodes(*boot, nodes);
-  TempDir tmp;
-  const auto records = job_records(*boot, o.common, [&](Transport& t) { return run_engram_rank(t, o); });
-  m.report = aggregate_engram(o, records);
-  for (const std::string& peer : o.common.peers) {
-    PeerRun run;
-    nlohmann::json j;
-    if (peer == "none") continue;
-    if (peer == "mpi" && !o.fp8) j = run_mpi_p2p_in_job(o.common, engram_peer_args(o), boot->rank(), tmp.path(), run);
-    else run = gloo_not_here(), run.name = peer;
-    if (boot->rank() != 0) run.ran = false;
-    attach_engram_peer(std::move(run), j, m.report);
-  }
-  m.root = boot->rank() == 0;
-  boot->barrier();
-  m.report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-  return m;
+P2PJobResult<EngramBenchReport> measure_engram_shmem(const EngramBenchOptions& o) {
+  return measure_in_job<EngramBenchOptions, EngramBenchReport>(
+      o, {check_engram_options, run_engram_rank, aggregate_engram, engram_peer_args, attach_engram_peer,
+          engram_peers_why_not});
 }
 
 }  // namespace epx::tools
