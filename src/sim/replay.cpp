@@ -7,8 +7,6 @@
 #include <set>
 #include <unordered_map>
 #include <variant>
-#include <cstdio>
-#include <cstdlib>
 
 #include "epx/error.hpp"
 #include "epx/sim/replay.hpp"
@@ -111,7 +109,6 @@ struct Record {
   std::uint64_t pre_vec;      // vector-unit bytes before the put (combine's pre-sum)
   bool flagged;
   std::uint64_t flag_key, flag_value;
-  Picoseconds t_issue{0};
 };
 
 struct Waiter {
@@ -468,7 +465,6 @@ class Replay {
     rk.timing.puts += op.count;
     rk.timing.payload_bytes += payload;
     if (op.peer != s.rank) rk.timing.remote_bytes += rec.bytes;
-    rec.t_issue = now;
     records_.push_back(rec);
     launch_record(static_cast<std::uint32_t>(records_.size() - 1), now, ready);
     ++s.pos;
@@ -680,38 +676,8 @@ class Replay {
     rk.reduce_end = max(rk.reduce_end, done);
   }
 
-  struct Dbg { double nv_in_last=0, nv_out_last=0, nic_out_first=1e18, nic_out_last=0, nic_in_last=0, nic_in_first=1e18; double nv_out_bytes=0, nic_out_bytes=0; std::vector<double> from; };
-  std::vector<Dbg> dbg_;
-  void debug_done(const Record& rec, Picoseconds now) {
-    if (dbg_.empty()) { dbg_.resize(P_); for (auto& d : dbg_) d.from.assign(P_, 0); }
-    if (rec.src == rec.peer) return;
-    const double t = now.ps / 1e6;
-    Dbg& s = dbg_[rec.src]; Dbg& d = dbg_[rec.peer];
-    if (scaleout(rec.src, rec.peer)) {
-      if (rec.bytes > 65536) { s.nic_out_first = std::min(s.nic_out_first, rec.t_issue.ps / 1e6); } s.nic_out_last = std::max(s.nic_out_last, t); s.nic_out_bytes += rec.bytes;
-      d.nic_in_last = std::max(d.nic_in_last, t); d.nic_in_first = std::min(d.nic_in_first, t);
-    } else {
-      s.nv_out_last = std::max(s.nv_out_last, t); s.nv_out_bytes += rec.bytes; d.nv_in_last = std::max(d.nv_in_last, t);
-      d.from[rec.src] = std::max(d.from[rec.src], t);
-    }
-  }
- public:
-  void debug_print(const CallTiming& out) {
-    if (!std::getenv("EPX_SIM_PHASES") || dbg_.empty()) return;
-    std::fprintf(stderr, "call: max_rank %.1f us\n", out.max_rank.ps / 1e6);
-    for (int r = 0; r < P_; ++r) {
-      const Dbg& d = dbg_[r];
-      std::fprintf(stderr, "r%2d end %7.1f | nv out %6.1f MB (%7.1f us @link) last %7.1f | nv in last %7.1f | nic out %6.1f MB (%7.1f us @nic) first issue %7.1f last done %7.1f | nic in first %7.1f last %7.1f | from:",
-        r, out.ranks[r].total.ps / 1e6, d.nv_out_bytes / 1e6, d.nv_out_bytes / (hw_.link_bandwidth.gbps * 1e3), d.nv_out_last, d.nv_in_last,
-        d.nic_out_bytes / 1e6, d.nic_out_bytes / (hw_.scaleout_bandwidth.gbps * 1e3 + 1e-9), d.nic_out_first, d.nic_out_last, d.nic_in_first, d.nic_in_last);
-      for (int m = 0; m < P_; ++m) if (d.from[m] > 0) std::fprintf(stderr, " %d:%.0f", m, d.from[m]);
-      std::fprintf(stderr, "\n");
-    }
-  }
- private:
   void handle(Picoseconds now, RecordDone& ev) {
     const Record rec = records_[ev.record];
-    debug_done(rec, now);
     partials_landed(rec, now);
     Stream& s = streams_[rec.stream];
     const auto q = static_cast<std::size_t>(rec.queue);
@@ -812,7 +778,6 @@ CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, co
     throw Error(ErrorCode::kInvalidArgument, "sim replay: compute must have one entry per rank");
   Replay replay(trace, call, hw, compute, topology);
   CallTiming t = replay.run();
-  replay.debug_print(t);
   t.name = trace.calls[static_cast<std::size_t>(call)];
   return t;
 }
