@@ -109,6 +109,7 @@ struct Record {
   std::uint64_t pre_vec;      // vector-unit bytes before the put (combine's pre-sum)
   bool flagged;
   std::uint64_t flag_key, flag_value;
+  Picoseconds issued{0};
 };
 
 struct Waiter {
@@ -465,6 +466,7 @@ class Replay {
     rk.timing.puts += op.count;
     rk.timing.payload_bytes += payload;
     if (op.peer != s.rank) rk.timing.remote_bytes += rec.bytes;
+    rec.issued = now;
     records_.push_back(rec);
     launch_record(static_cast<std::uint32_t>(records_.size() - 1), now, ready);
     ++s.pos;
@@ -678,6 +680,13 @@ class Replay {
 
   void handle(Picoseconds now, RecordDone& ev) {
     const Record rec = records_[ev.record];
+    if (rec.src != rec.peer && rec.raw_payload > 0) {
+      RankTiming& t = rank(rec.src).timing;
+      PortUse& u = scaleout(rec.src, rec.peer) ? t.nic_out : t.scaleup_out;
+      u.first = u.bytes == 0 ? rec.issued : min(u.first, rec.issued);
+      u.last = max(u.last, now);
+      u.bytes += rec.bytes;
+    }
     partials_landed(rec, now);
     Stream& s = streams_[rec.stream];
     const auto q = static_cast<std::size_t>(rec.queue);

@@ -223,15 +223,31 @@ TEST(SimReplay, ScaleOutPutsCrossTheNicBetweenServers) {
                                    std::to_string(server1) + R"(, "frame": 0, "row": 0, "column": 0, "lane": 1}]})",
                                "test");
   };
-  const Picoseconds up = replay_call(two_rank_trace(), 1, hw, {}, two(0)).ranks[1].total;
+  const CallTiming up_call = replay_call(two_rank_trace(), 1, hw, {}, two(0));
+  const Picoseconds up = up_call.ranks[1].total;
   EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}, two(1)).ranks[1].total, up);  // no NIC: one fabric
+  // Port use (RankTiming::scaleup_out / nic_out): the 1 MiB left through the scale-up port,
+  // issued at launch, landed by the time rank 1 saw the signal; nothing through a NIC.
+  EXPECT_EQ(up_call.ranks[0].scaleup_out.bytes, 1u << 20);
+  EXPECT_EQ(up_call.ranks[0].scaleup_out.first, hw.launch_init.to_ps());
+  EXPECT_GT(up_call.ranks[0].scaleup_out.last.us(), GBps{hw.link_bandwidth}.time_for(Bytes{1 << 20}).us());
+  EXPECT_LT(up_call.ranks[0].scaleup_out.last, up);
+  EXPECT_EQ(up_call.ranks[0].nic_out.bytes, 0u);
+  EXPECT_EQ(up_call.ranks[1].scaleup_out.bytes, 0u);  // rank 1 only waits
   hw.set("scaleout_bandwidth", 10, "test");
   hw.set("scaleout_latency", 5000, "test");
   hw.set("scaleout_wr_time", 100, "test");
   EXPECT_TRUE(hw.scaleout(two(0).ranks[0], two(1).ranks[1]));
   EXPECT_FALSE(hw.scaleout(two(0).ranks[0], two(0).ranks[1]));
   EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}, two(0)).ranks[1].total, up);  // same server: NVLink-like ports
-  const Picoseconds out = replay_call(two_rank_trace(), 1, hw, {}, two(1)).ranks[1].total;
+  const CallTiming out_call = replay_call(two_rank_trace(), 1, hw, {}, two(1));
+  const Picoseconds out = out_call.ranks[1].total;
+  // Across servers the same 1 MiB is the NIC's, landed no earlier than its wire time at 10 GB/s.
+  EXPECT_EQ(out_call.ranks[0].nic_out.bytes, 1u << 20);
+  EXPECT_EQ(out_call.ranks[0].scaleup_out.bytes, 0u);
+  EXPECT_EQ(out_call.ranks[0].nic_out.first, hw.launch_init.to_ps());
+  EXPECT_GT(out_call.ranks[0].nic_out.last.us(), GBps{10}.time_for(Bytes{1 << 20}).us());
+  EXPECT_LT(out_call.ranks[0].nic_out.last, out);
   // The wire of 1 MiB through the egress port, then the last chunk through the ingress port.
   const auto wire = [&](GBps rate) { return rate.time_for(Bytes{1 << 20}).us() + rate.time_for(hw.chunk_bytes).us(); };
   const double wire_diff = wire(GBps{10}) - wire(hw.link_bandwidth);

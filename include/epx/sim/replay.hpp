@@ -62,6 +62,13 @@ struct RankCompute {
 };
 
 /// Where one rank's time in a call went (rank thread's view; sums to `total`).
+/// One port's payload out of a rank in one call (records that carry payload to another
+/// rank): when the first was issued, when the last landed at its target, its bytes (scaled).
+struct PortUse {
+  Picoseconds first{0}, last{0};
+  std::uint64_t bytes = 0;  ///< 0: the port carried no payload in this call
+};
+
 struct RankTiming {
   Picoseconds total{0};    ///< the rank's last operation completes
   Picoseconds control{0};  ///< launch + planning + issuing puts/signals
@@ -73,6 +80,10 @@ struct RankTiming {
   std::uint64_t puts = 0;            ///< puts issued (all streams)
   std::uint64_t payload_bytes = 0;   ///< payload bytes sent (scaled)
   std::uint64_t remote_bytes = 0;    ///< all bytes sent to other ranks (scaled)
+  /// Payload to ranks through the scale-up ports and through the NIC
+  /// (HardwareModel::scaleout; without a NIC everything is scale-up): when each port's
+  /// payload traffic starts and ends (docs/sim.md §8 reads the stages of a relay combine off it).
+  PortUse scaleup_out, nic_out;
 };
 
 struct CallTiming {

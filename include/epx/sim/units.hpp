@@ -29,6 +29,7 @@ struct Nanoseconds {
   Picoseconds to_ps() const { return {std::llround(ns * 1000.0)}; }
 };
 constexpr Picoseconds max(Picoseconds a, Picoseconds b) { return a < b ? b : a; }
+constexpr Picoseconds min(Picoseconds a, Picoseconds b) { return b < a ? b : a; }
 
 struct Bytes {
   std::uint64_t n = 0;

@@ -508,6 +508,12 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
       split.control_us += rt.control.us() / P;
       split.sync_us += rt.sync.us() / P;
       split.tail_us += (t.max_rank - rt.total).us() / P;
+      split.scaleup_first_us += rt.scaleup_out.first.us() / P;
+      split.scaleup_last_us += rt.scaleup_out.last.us() / P;
+      split.scaleup_mb += static_cast<double>(rt.scaleup_out.bytes) / 1e6 / P;
+      split.nic_first_us += rt.nic_out.first.us() / P;
+      split.nic_last_us += rt.nic_out.last.us() / P;
+      split.nic_mb += static_cast<double>(rt.nic_out.bytes) / 1e6 / P;
     }
     slowest = static_cast<double>(run.recv_rows[static_cast<std::size_t>(worst)]) * row_bytes /
               (t.ranks[static_cast<std::size_t>(worst)].total.us() * 1e3);
@@ -601,6 +607,20 @@ std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareMo
                   p.combine_split.data_us, p.combine_split.control_us, p.combine_split.sync_us, p.combine_split.tail_us);
     os << line;
   }
+  bool nic = false;
+  for (const SimPoint& p : points) nic = nic || p.dispatch_split.nic_mb > 0 || p.combine_split.nic_mb > 0;
+  if (nic) {  // a profile with a NIC (scale-out): when each port's payload starts and ends
+    os << "payload out per port (us, MB; average over ranks): scale-up first put - last landed (MB) | NIC first put - last landed (MB)\n";
+    for (const SimPoint& p : points) {
+      std::snprintf(line, sizeof line,
+                    "%4d | dispatch %7.1f - %7.1f (%6.1f) | %7.1f - %7.1f (%6.1f) | combine %7.1f - %7.1f (%6.1f) | %7.1f - %7.1f (%6.1f)\n",
+                    p.ep, p.dispatch_split.scaleup_first_us, p.dispatch_split.scaleup_last_us, p.dispatch_split.scaleup_mb,
+                    p.dispatch_split.nic_first_us, p.dispatch_split.nic_last_us, p.dispatch_split.nic_mb,
+                    p.combine_split.scaleup_first_us, p.combine_split.scaleup_last_us, p.combine_split.scaleup_mb,
+                    p.combine_split.nic_first_us, p.combine_split.nic_last_us, p.combine_split.nic_mb);
+      os << line;
+    }
+  }
   if (!points.empty() && points.front().combine_split.reduce_tail_us > 0) {
     os << "combine's sums and per-peer hand-backs after the rank's last transport op (us, average over ranks; part of the data plane):";
     for (const SimPoint& p : points) {
@@ -627,7 +647,13 @@ std::string sim_json(const std::vector<SimPoint>& points) {
                                   {"control_us", s.control_us},
                                   {"sync_us", s.sync_us},
                                   {"tail_us", s.tail_us},
-                                  {"reduce_tail_us", s.reduce_tail_us}};
+                                  {"reduce_tail_us", s.reduce_tail_us},
+                                  {"scaleup_first_us", s.scaleup_first_us},
+                                  {"scaleup_last_us", s.scaleup_last_us},
+                                  {"scaleup_mb", s.scaleup_mb},
+                                  {"nic_first_us", s.nic_first_us},
+                                  {"nic_last_us", s.nic_last_us},
+                                  {"nic_mb", s.nic_mb}};
   };
   for (const SimPoint& p : points) {
     nlohmann::ordered_json without = nlohmann::ordered_json::object();

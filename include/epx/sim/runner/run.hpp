@@ -115,6 +115,10 @@ struct SimRun {
 struct Split {
   double data_us = 0, control_us = 0, sync_us = 0, tail_us = 0;
   double reduce_tail_us = 0;  ///< of data_us: combine's sums after the rank's last op
+  /// Payload out of a rank per port (sim::RankTiming::scaleup_out / nic_out), averages over
+  /// ranks: the first put issued, the last landed, MB.
+  double scaleup_first_us = 0, scaleup_last_us = 0, scaleup_mb = 0;
+  double nic_first_us = 0, nic_last_us = 0, nic_mb = 0;
 };
 
 struct SimPoint {
