@@ -311,32 +311,9 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
     m.stats.pulled = false;
     std::optional<Impl::PhaseTimer> plan_timer(std::in_place, m, 0, Phase::kPlan);
     status = m.check_dispatch(a);
-    // The path, once: rows first when the previous call (a combine) freed every receive area
-    // and no rank holds a view of it, where the table allows it (docs/engine.md), else the
-    // Buffer's base path.
-    const bool rows_first = m.calls.begin_dispatch(m.rows_first_allowed() && m.geo.has_stretches(), a.recv_in_window);
-    const spi::Path kind = spi::dispatch_path(m.config, rows_first);
-    path = &detail::dispatch_unit(kind);
-    m.stats.data_first = path->rows_before_exchange();
-    m.stats.path = spi::rule(kind).key;
+    choose_path();
     if (fresh) {
-      made = std::make_shared<HandleState>();
-      made->buffer_id = m.buffer_id;
-      made->dispatch_epoch = m.epoch;
-      made->rank = m.rank;
-      made->layout = a.layout;
-      made->alignment = a.expert_alignment;
-      made->worst = a.num_worst_tokens;
-      made->zero_padding = a.zero_padding;
-      if (!status) {
-        made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
-                                        RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});
-        m.keep_slot_dests(*made, a);
-        counts.reserve(static_cast<std::size_t>(m.num_counts()));
-        for (int d = 0; d < m.P; ++d) counts.push_back(made->plan.tokens_to(d));
-        counts.insert(counts.end(), made->plan.slots_per_expert.begin(), made->plan.slots_per_expert.end());
-        path->add_counts(m, *made, counts);
-      }
+      make_handle();
       h = made.get();
     } else {
       h = status ? nullptr : a.handle->state_.get();
@@ -351,17 +328,7 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
     }
     // The rows this rank sends: a small dispatch writes them through the cache.
     m.choose_stores(status ? 0 : static_cast<std::uint64_t>(h->plan.num_entries()) * (step.row_bytes + step.scale_bytes));
-
-    NotifyHeader mine{};
-    mine.out_block = static_cast<std::int64_t>(block.offset());
-    mine.out_block_bytes = static_cast<std::int64_t>(block.bytes());
-    mine.handle_epoch = fresh || h == nullptr ? 0 : h->dispatch_epoch;
-    mine.dtype = static_cast<std::int32_t>(a.x.dtype);
-    mine.expanded = a.layout == RecvLayout::kExpanded;
-    mine.alignment = a.expert_alignment;
-    mine.worst = a.num_worst_tokens;
-    mine.has_counts = fresh;
-    mine.recv_view = a.recv_in_window;
+    const NotifyHeader mine = my_header();
     plan_timer.reset();
     // Rows first: the rows go now and the exchange completes them (one synchronisation
     // instead of two); it still fails every rank on a bad input, a stale handle or a
@@ -374,6 +341,59 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
                                  early ? (fresh ? "dispatch data" : "cached dispatch data")
                                        : (fresh ? "dispatch notify" : "cached dispatch notify"));
     }
+    after_exchange();
+    step.landing = &landing;
+    step.out = &out;
+  }
+
+  void choose_path() {
+    // The path, once: rows first when the previous call (a combine) freed every receive area
+    // and no rank holds a view of it, where the table allows it (docs/engine.md), else the
+    // Buffer's base path.
+    const bool rows_first = m.calls.begin_dispatch(m.rows_first_allowed() && m.geo.has_stretches(), a.recv_in_window);
+    const spi::Path kind = spi::dispatch_path(m.config, rows_first);
+    path = &detail::dispatch_unit(kind);
+    m.stats.data_first = path->rows_before_exchange();
+    m.stats.path = spi::rule(kind).key;
+  }
+
+  /// A fresh call's handle: its routing plan and the counts the header carries.
+  void make_handle() {
+    made = std::make_shared<HandleState>();
+    made->buffer_id = m.buffer_id;
+    made->dispatch_epoch = m.epoch;
+    made->rank = m.rank;
+    made->layout = a.layout;
+    made->alignment = a.expert_alignment;
+    made->worst = a.num_worst_tokens;
+    made->zero_padding = a.zero_padding;
+    if (!status) {
+      made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
+                                      RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});
+      m.keep_slot_dests(*made, a);
+      counts.reserve(static_cast<std::size_t>(m.num_counts()));
+      for (int d = 0; d < m.P; ++d) counts.push_back(made->plan.tokens_to(d));
+      counts.insert(counts.end(), made->plan.slots_per_expert.begin(), made->plan.slots_per_expert.end());
+      path->add_counts(m, *made, counts);
+    }
+  }
+
+  NotifyHeader my_header() const {
+    NotifyHeader mine{};
+    mine.out_block = static_cast<std::int64_t>(block.offset());
+    mine.out_block_bytes = static_cast<std::int64_t>(block.bytes());
+    mine.handle_epoch = fresh || h == nullptr ? 0 : h->dispatch_epoch;
+    mine.dtype = static_cast<std::int32_t>(a.x.dtype);
+    mine.expanded = a.layout == RecvLayout::kExpanded;
+    mine.alignment = a.expert_alignment;
+    mine.worst = a.num_worst_tokens;
+    mine.has_counts = fresh;
+    mine.recv_view = a.recv_in_window;
+    return mine;
+  }
+
+  /// Slots (fresh), landings and the outputs, from every peer's header.
+  void after_exchange() {
     // Every peer sent this header after its last combine had read its reply area.
     m.calls.dispatch_exchanged(!m.none_holds_a_view(peers), h->dispatch_epoch);
     if (fresh) {
@@ -394,8 +414,6 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
     } else {
       out.handle = cached;
     }
-    step.landing = &landing;
-    step.out = &out;
   }
 
   /// The rows to their slots (rows first: already sent).
