@@ -126,6 +126,7 @@ struct Rank {
   Picoseconds local_free{0};  // the local copy path (a put into the own window), FIFO
   FluidServer memory;
   FluidServer vector;  // the vector units (combine's FP32 sums)
+  FluidServer copies;  // scaleout_sm_bytes > 0: the copy capacity both ports' puts share
   // Source side of a combine (RankCompute::reduction): partial rows landed per peer, the
   // partials each token still waits for, when the last token's sum is done.
   std::vector<std::uint64_t> landed_bytes;
@@ -174,6 +175,7 @@ class Replay {
       rk.queue_free.assign(kQueues, Picoseconds{0});
       rk.memory.set_rate(hw.memory_bandwidth);
       rk.vector.set_rate(hw.reduce_bandwidth);
+      if (hw.scaleout_sm_bytes > 0) rk.copies.set_rate(hw.link_bandwidth);
       if (const auto& red = compute_of(r).reduction) {
         rk.landed_bytes.assign(static_cast<std::size_t>(P_), 0);
         rk.landed_rows.assign(static_cast<std::size_t>(P_), 0);
@@ -611,6 +613,9 @@ class Replay {
       if (read > 0) {
         send = src.memory.serve(max(summed, egress - wire), read);
       }
+      if (hw_.scaleout_sm_bytes > 0)  // the pool both ports' puts share, paced like the read
+        send = src.copies.serve(max(send, egress - wire),
+                                static_cast<std::uint64_t>(static_cast<double>(size) * (nic ? hw_.scaleout_sm_bytes : 1.0)));
       egress = max(send, egress) + wire;
       q_.schedule(egress + latency, IngressArrive{id, static_cast<std::uint32_t>(size), last, nic});
     }
