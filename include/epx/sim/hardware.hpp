@@ -50,12 +50,12 @@
 //                         peer after another, after the sums (combine_peer_release + the
 //                         round trip, docs/sim.md §2 item 4); 0: the combine's receive
 //                         areas need no hand-back (default 1)                [count]
-//   scaleout_sm_bytes     > 0: the rank's outgoing payload to other ranks, through both
-//                         ports, is moved by one pool of copy capacity at link_bandwidth
-//                         (a GPU's communication SMs: an NVLink put is their stores, 1 byte
-//                         per byte) in which a put through the NIC costs this many bytes per
-//                         byte (the SMs' copy into the RDMA send buffer, or the forwarder's
-//                         reduce into it); 0 = the ports are independent (default) [ratio]
+//   scaleup_share_with_nic  in (0, 1]: in a call where a rank also puts through its NIC,
+//                         its scale-up egress port moves at this share of link_bandwidth
+//                         (a GPU kernel that drives both fabrics splits its SMs between
+//                         fixed roles — RDMA senders, NVLink forwarders — so fewer push
+//                         NVLink than in a kernel that uses NVLink only); 0 = off (default:
+//                         link_bandwidth whatever the NIC does)                 [ratio]
 #pragma once
 
 #include <string>
@@ -121,7 +121,7 @@ struct HardwareModel {
   Nanoseconds scaleout_latency, scaleout_wr_time;
   GBps local_copy_bandwidth;  ///< resolved: link_bandwidth when the file says 0
   bool combine_handback = true;
-  double scaleout_sm_bytes = 0;  ///< > 0: one copy pool per rank for both ports (docs/sim.md §2)
+  double scaleup_share_with_nic = 0;  ///< (0, 1]: scale-up egress rate share in a call that uses the NIC; 0 = off
   /// Every parameter as read (file order), with unit and source.
   std::vector<HardwareParam> params;
   /// What was published about the modelled system ("published": [...], optional).

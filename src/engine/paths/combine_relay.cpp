@@ -136,49 +136,67 @@ void forward_replies(Impl& m, const HandleState& h) {
   });
 }
 
-// ---- Relay chunks (DataPlaneOptions::relay_chunk_bytes; Impl::relay_chunk_rows > 0). A
-// relay's relayed rows [0, relayed_begin.back()) are cut into chunks of relay_chunk_rows;
-// chunk c of every relay travels in round c of every member's send, followed by the
-// member's worker's ordered signal epoch << 32 | (c + 1) (Geometry::relay_chunk_signal).
+// ---- Relay chunks (DataPlaneOptions::relay_chunk_bytes; Impl::relay_chunk_rows > 0). The
+// rows a relay relays for each of its sources are cut into chunks of relay_chunk_rows (chunk
+// c of every source at once, so every relay feeds all its sources' NICs evenly — one source
+// after another would incast); chunk c of every relay travels in round c of every member's
+// send, followed by the member's worker's ordered signal epoch << 32 | (c + 1)
+// (Geometry::relay_chunk_signal).
 
 std::int64_t chunks_of(std::int64_t rows, std::int64_t per) { return (rows + per - 1) / per; }
 std::uint64_t chunk_value(const Impl& m, std::int64_t chunks) { return m.epoch << 32 | static_cast<std::uint64_t>(chunks); }
 
-// One worker's relayed rows from source s to one relay, not sent yet: [next, end). A
-// member's rows from s lie in the relay's area in the same order (both by token).
+// The chunks of a relay whose relayed rows per source begin at `begin` ([P + 1]).
+std::int64_t relay_chunks(const std::vector<std::int64_t>& begin, std::int64_t per) {
+  std::int64_t n = 0;
+  for (std::size_t s = 0; s + 1 < begin.size(); ++s) n = std::max(n, chunks_of(begin[s + 1] - begin[s], per));
+  return n;
+}
+
+// One worker's relayed rows from source s to one relay, not sent yet: [next, end); `base`:
+// where s's rows begin in the relay's area. A member's rows from s lie there in the same
+// order (both by token).
 struct RelayCursor {
   int s;
-  std::int64_t next, end;
+  std::int64_t next, end, base;
 };
 
 // A member's round c, on every channel: the relayed rows in the relay's chunk c; the chunk's
 // ordered signal (a quiet first where the transport does not order signals after puts); the
 // round's share of the channel's direct replies (its own rows, 1/rounds of them).
+// One call's chunks: the rounds (the most chunks any relay of my server has), each channel's
+// (reply_order[j]'s) chunks, and my sources as a relay (rotated).
+struct ChunkPlan {
+  std::int64_t rounds = 1, mine = 0;
+  std::vector<std::int64_t> chunks;
+  std::vector<int> sources;
+};
+
 void send_round(Impl& m, Impl::Sender& send, Impl::Replies& replies, const HandleState& h, const CombineArgs& a, int w,
-                std::int64_t c, std::int64_t rounds, std::vector<std::vector<RelayCursor>>& cursors) {
+                std::int64_t c, const ChunkPlan& plan, std::vector<std::vector<RelayCursor>>& cursors) {
   const std::int64_t R = m.relay_chunk_rows;
   for (std::size_t j = 0; j < m.reply_order.size(); ++j) {
     const int peer = m.reply_order[j];
     for (RelayCursor& cur : cursors[j]) {
       std::int64_t stop = cur.next;
-      while (stop < cur.end && h.recv_relay_row[static_cast<std::size_t>(stop)] < (c + 1) * R) ++stop;
+      while (stop < cur.end && h.recv_relay_row[static_cast<std::size_t>(stop)] - cur.base < (c + 1) * R) ++stop;
       m.put_replies(send, replies, h, a, peer, cur.s, cur.next, stop);
       cur.next = stop;
     }
-    if (c < chunks_of(h.relayed_at[static_cast<std::size_t>(peer)], R)) {
+    if (c < plan.chunks[j]) {
       const int q = send.queue_of(peer);
       if (!m.transport.caps().ordered_signal_per_queue) m.transport.quiet(q);
       m.transport.signal(peer, m.geo.relay_chunk_signal(m.rank, w), chunk_value(m, c + 1), q);
     }
     const auto [first, end] = m.reply_slice(h, peer, w);
     const std::int64_t n = end - first;
-    m.put_replies(send, replies, h, a, peer, peer, first + n * c / rounds, first + n * (c + 1) / rounds);
+    m.put_replies(send, replies, h, a, peer, peer, first + n * c / plan.rounds, first + n * (c + 1) / plan.rounds);
   }
 }
 
-// At a relay, chunked: my chunk c, once every member's every worker has signalled it, its
-// rows source by source (forward_rows).
-void forward_chunk(Impl& m, const HandleState& h, ServerSums& sums, int w, std::int64_t c) {
+// At a relay, chunked: my chunk c, once every member's every worker has signalled it: each
+// source's rows of it (forward_rows), my sources in rotated order.
+void forward_chunk(Impl& m, const HandleState& h, const std::vector<int>& sources, ServerSums& sums, int w, std::int64_t c) {
   {
     Impl::PhaseTimer timer(m, w, Phase::kWaitData);
     for (int d : m.server_members)
@@ -186,14 +204,10 @@ void forward_chunk(Impl& m, const HandleState& h, ServerSums& sums, int w, std::
         m.transport.wait_signal(m.geo.relay_chunk_signal(d, sw), chunk_value(m, c + 1), {"combine relay chunk", d});
   }
   Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
-  const std::int64_t total = h.relayed_begin.back();
-  std::int64_t i0 = c * m.relay_chunk_rows;
-  const std::int64_t i1 = std::min(total, i0 + m.relay_chunk_rows);
-  auto s = static_cast<std::size_t>(std::upper_bound(h.relayed_begin.begin(), h.relayed_begin.end(), i0) - h.relayed_begin.begin()) - 1;
-  for (; i0 < i1; ++s) {  // the chunk's rows, source by source
-    const std::int64_t e = std::min(i1, h.relayed_begin[s + 1]);
-    if (e > i0) forward_rows(m, h, sums, static_cast<int>(s), i0, e, stats_of(m, w));
-    i0 = std::max(i0, e);
+  for (int s : sources) {
+    const std::int64_t i0 = h.relayed_begin[static_cast<std::size_t>(s)] + c * m.relay_chunk_rows;
+    const std::int64_t i1 = std::min(h.relayed_begin[static_cast<std::size_t>(s) + 1], i0 + m.relay_chunk_rows);
+    if (i0 < i1) forward_rows(m, h, sums, s, i0, i1, stats_of(m, w));
   }
 }
 
@@ -207,9 +221,13 @@ constexpr std::int64_t kRelayLag = 1;
 // w + W, ...) whose round is kRelayLag behind; then completes its channels as send_replies
 // does, forwards the rest and quiets. After every worker: one signal per relayed source.
 void send_and_forward(Impl& m, const HandleState& h, const CombineArgs& a) {
-  const std::int64_t R = m.relay_chunk_rows, mine = chunks_of(h.relayed_begin.back(), R);
-  std::int64_t rounds = 1;
-  for (int d : m.server_members) rounds = std::max(rounds, chunks_of(h.relayed_at[static_cast<std::size_t>(d)], R));
+  ChunkPlan plan;
+  plan.mine = relay_chunks(h.relayed_begin, m.relay_chunk_rows);
+  plan.sources = m.relayed_sources();
+  for (int d : m.reply_order) {
+    plan.chunks.push_back(relay_chunks(h.relayed_begin_at[static_cast<std::size_t>(d)], m.relay_chunk_rows));
+    plan.rounds = std::max(plan.rounds, plan.chunks.back());
+  }
   m.reserve_reply_stage(h);
   reserve_sums(m, h);
   m.run_workers([&](int w) {
@@ -221,25 +239,25 @@ void send_and_forward(Impl& m, const HandleState& h, const CombineArgs& a) {
       for (int s : m.reply_sources[static_cast<std::size_t>(m.reply_order[j])])
         if (s != m.reply_order[j]) {
           const auto [first, end] = m.reply_slice(h, s, w);
-          cursors[j].push_back({s, first, end});
+          cursors[j].push_back({s, first, end, h.relayed_begin_at[static_cast<std::size_t>(m.reply_order[j])][static_cast<std::size_t>(s)]});
         }
     std::int64_t own = w;  // my next chunk as a relay
     auto forward_upto = [&](std::int64_t last) {
-      for (; own < mine && own <= last; own += m.W) forward_chunk(m, h, sums, w, own);
+      for (; own < plan.mine && own <= last; own += m.W) forward_chunk(m, h, plan.sources, sums, w, own);
     };
-    for (std::int64_t c = 0; c < rounds; ++c) {
+    for (std::int64_t c = 0; c < plan.rounds; ++c) {
       {
         Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
-        send_round(m, send, replies, h, a, w, c, rounds, cursors);
+        send_round(m, send, replies, h, a, w, c, plan, cursors);
       }
       forward_upto(c - kRelayLag);
     }
     for (int peer : m.reply_order) send.end_channel(peer);
     send.finish();
-    forward_upto(mine);
+    forward_upto(plan.mine);
     m.transport.quiet(0);
   });
-  for (int s : m.relayed_sources()) m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
+  for (int s : plan.sources) m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
 }
 
 // At the source, node first: per token, its replies grouped by the server of their rank,
