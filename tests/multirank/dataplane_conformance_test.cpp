@@ -489,35 +489,41 @@ TEST(DataPlaneConformance, NodeFirstCombineCrossesServersOncePerToken) {
   }
 }
 
-// Relay chunks (DataPlaneOptions::relay_chunk_bytes): two servers of four, both combine
-// orders, compact and expanded, at 0 (serial), a row per chunk (1 byte), a few rows and more
-// than any relay holds (one chunk), on threads, shm and the simulator's transport: every
-// combine bit for bit SPEC §4's order (its reference), whatever the chunks' arrival; and the
-// chunks cross servers once per token and server pair (node first) as the serial relay does.
+// Relay chunks (DataPlaneOptions::relay_chunk_bytes), in both directions: two servers of
+// four (a relay has one source) and four servers of two (three sources, chunk c of each),
+// both combine orders, compact and expanded, at 0 (serial), a row per chunk (1 byte), a few
+// rows and more than any relay holds (one chunk), on threads, shm and the simulator's
+// transport: every dispatch output bit for bit the reference (rows the relays forward chunk
+// by chunk as they land) and every combine bit for bit SPEC §4's order, whatever the chunks'
+// arrival.
 TEST(DataPlaneConformance, ChunkedRelaysGiveTheOrdersBitsAtEveryChunkSize) {
   ref::FixtureOptions f = fixture(false, 59);
   f.num_ranks = 8;
   f.num_experts = 16;
   f.num_topk = 6;
   f.tokens_per_rank = {12, 0, 9, 16, 3, 11, 7, 14};
-  const std::vector<int> nodes = {0, 0, 0, 0, 1, 1, 1, 1};
-  for (bool expanded : {false, true}) {
-    const Expected flat = expect(f, expanded, expanded), node_first = expect(f, expanded, expanded, &nodes);
-    for (const Expected* e : {&flat, &node_first})
-      for (TransportKind kind : kDataTransports)
-        for (std::size_t chunk : {std::size_t{0}, std::size_t{1}, std::size_t{3} * static_cast<std::size_t>(f.hidden) * 2,
-                                  std::size_t{1} << 30}) {
-          SCOPED_TRACE((e == &flat ? "flat, chunk " : "node first, chunk ") + std::to_string(chunk) + (expanded ? ", expanded" : ""));
-          launch({8, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
-            BufferConfig c = config_for(e->p, 2);
-            c.dataplane.schedule = parse_schedule("hierarchical");
-            c.dataplane.topology = "builtin:servers:4";
-            c.dataplane.combine_order = e == &node_first ? CombineOrder::kNodeFirst : CombineOrder::kFlat;
-            c.dataplane.relay_chunk_bytes = chunk;
-            Buffer buffer(t, c);
-            check_round_trip(buffer, t.rank(), *e);
-          });
-        }
+  for (int per_server : {4, 2}) {
+    std::vector<int> nodes;
+    for (int r = 0; r < f.num_ranks; ++r) nodes.push_back(r / per_server);
+    for (bool expanded : {false, true}) {
+      const Expected flat = expect(f, expanded, expanded), node_first = expect(f, expanded, expanded, &nodes);
+      for (const Expected* e : {&flat, &node_first})
+        for (TransportKind kind : kDataTransports)
+          for (std::size_t chunk : {std::size_t{0}, std::size_t{1}, std::size_t{3} * static_cast<std::size_t>(f.hidden) * 2,
+                                    std::size_t{1} << 30}) {
+            SCOPED_TRACE(std::to_string(per_server) + " a server, " + (e == &flat ? "flat, chunk " : "node first, chunk ") +
+                         std::to_string(chunk) + (expanded ? ", expanded" : ""));
+            launch({8, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+              BufferConfig c = config_for(e->p, 2);
+              c.dataplane.schedule = parse_schedule("hierarchical");
+              c.dataplane.topology = "builtin:servers:" + std::to_string(per_server);
+              c.dataplane.combine_order = e == &node_first ? CombineOrder::kNodeFirst : CombineOrder::kFlat;
+              c.dataplane.relay_chunk_bytes = chunk;
+              Buffer buffer(t, c);
+              check_round_trip(buffer, t.rank(), *e);
+            });
+          }
+    }
   }
 }
 
@@ -655,9 +661,10 @@ TEST(DataPlaneStress, deferred_RingReusesSlotsSafely) { stress(kDeferred, Protoc
 TEST(DataPlaneStress, deferred_RelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kTail, 300, 0, true); }
 TEST(DataPlaneStress, threads_NodeFirstRelaysReuseSlotsSafely) { stress(kThreads, Protocol::kExplicit, 300, 0, true, true); }
 TEST(DataPlaneStress, deferred_NodeFirstRelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kTail, 150, 0, true, true); }
-// Relay chunks of one row (DataPlaneOptions::relay_chunk_bytes 1): every relayed row is its
-// own chunk with its own signal and wait; late puts (deferred) make a relay that sums or
-// forwards a chunk before every member's signal of it read stale rows. Explicit: a quiet
+// Relay chunks of one row (DataPlaneOptions::relay_chunk_bytes 1), both directions: every
+// relayed row is its own chunk with its own signal and wait; late puts (deferred) make a
+// relay that forwards a dispatch chunk before its source's signal of it, or sums / forwards
+// a combine chunk before every member's signal of it, read stale rows. Explicit: a quiet
 // before each chunk signal (unordered signals); tail: the ordered signal alone.
 TEST(DataPlaneStress, threads_ChunkedRelaysReuseSlotsSafely) { stress(kThreads, Protocol::kExplicit, 300, 0, true, false, 1); }
 TEST(DataPlaneStress, deferred_ChunkedRelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kTail, 150, 0, true, false, 1); }

@@ -26,6 +26,7 @@
 
 #include "../path.hpp"
 #include "../reduce_row.hpp"
+#include "relay_chunks.hpp"
 
 namespace epx::detail {
 namespace {
@@ -136,22 +137,8 @@ void forward_replies(Impl& m, const HandleState& h) {
   });
 }
 
-// ---- Relay chunks (DataPlaneOptions::relay_chunk_bytes; Impl::relay_chunk_rows > 0). The
-// rows a relay relays for each of its sources are cut into chunks of relay_chunk_rows (chunk
-// c of every source at once, so every relay feeds all its sources' NICs evenly — one source
-// after another would incast); chunk c of every relay travels in round c of every member's
-// send, followed by the member's worker's ordered signal epoch << 32 | (c + 1)
-// (Geometry::relay_chunk_signal).
-
-std::int64_t chunks_of(std::int64_t rows, std::int64_t per) { return (rows + per - 1) / per; }
-std::uint64_t chunk_value(const Impl& m, std::int64_t chunks) { return m.epoch << 32 | static_cast<std::uint64_t>(chunks); }
-
-// The chunks of a relay whose relayed rows per source begin at `begin` ([P + 1]).
-std::int64_t relay_chunks(const std::vector<std::int64_t>& begin, std::int64_t per) {
-  std::int64_t n = 0;
-  for (std::size_t s = 0; s + 1 < begin.size(); ++s) n = std::max(n, chunks_of(begin[s + 1] - begin[s], per));
-  return n;
-}
+// ---- Relay chunks (relay_chunks.hpp): chunk c of every relay travels in round c of every
+// member's send, followed by the member's worker's ordered chunk signal.
 
 // One worker's relayed rows from source s to one relay, not sent yet: [next, end); `base`:
 // where s's rows begin in the relay's area. A member's rows from s lie there in the same
@@ -183,11 +170,7 @@ void send_round(Impl& m, Impl::Sender& send, Impl::Replies& replies, const Handl
       m.put_replies(send, replies, h, a, peer, cur.s, cur.next, stop);
       cur.next = stop;
     }
-    if (c < plan.chunks[j]) {
-      const int q = send.queue_of(peer);
-      if (!m.transport.caps().ordered_signal_per_queue) m.transport.quiet(q);
-      m.transport.signal(peer, m.geo.relay_chunk_signal(m.rank, w), chunk_value(m, c + 1), q);
-    }
+    if (c < plan.chunks[j]) signal_chunk(m, peer, send.queue_of(peer), w, c);
     const auto [first, end] = m.reply_slice(h, peer, w);
     const std::int64_t n = end - first;
     m.put_replies(send, replies, h, a, peer, peer, first + n * c / plan.rounds, first + n * (c + 1) / plan.rounds);
@@ -199,9 +182,7 @@ void send_round(Impl& m, Impl::Sender& send, Impl::Replies& replies, const Handl
 void forward_chunk(Impl& m, const HandleState& h, const std::vector<int>& sources, ServerSums& sums, int w, std::int64_t c) {
   {
     Impl::PhaseTimer timer(m, w, Phase::kWaitData);
-    for (int d : m.server_members)
-      for (int sw = 0; sw < m.W; ++sw)
-        m.transport.wait_signal(m.geo.relay_chunk_signal(d, sw), chunk_value(m, c + 1), {"combine relay chunk", d});
+    for (int d : m.server_members) wait_chunk(m, d, c, "combine relay chunk");
   }
   Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
   for (int s : sources) {
@@ -210,10 +191,6 @@ void forward_chunk(Impl& m, const HandleState& h, const std::vector<int>& source
     if (i0 < i1) forward_rows(m, h, sums, s, i0, i1, stats_of(m, w));
   }
 }
-
-// A relay forwards chunk c (its worker c mod W does) once the members have sent round c +
-// kRelayLag: a round of slack, so a relay's wait rarely stalls its own sending.
-constexpr std::int64_t kRelayLag = 1;
 
 // Chunked (relay_chunk_rows > 0): every rank is a member and a relay at once, as DeepEP's
 // NVLink senders and forwarders are different warps of one kernel. Each worker sends its

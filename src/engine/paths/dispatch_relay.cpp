@@ -10,12 +10,29 @@
 // Fresh dispatch: the header carries, per relay, how many of my tokens cross through it
 // (add_counts); from the gathered counts each rank knows where its relayed rows go in each
 // relay's area and which rows it relays for whom (plan).
+// Relay chunks (DataPlaneOptions::relay_chunk_bytes, Impl::relay_chunk_rows > 0;
+// relay_chunks.hpp, the combine's scheme): instead of "all of a source's rows, then the
+// forwarding", each source sends in rounds — round c carries its chunk c to every relay, then
+// an ordered signal per relay, then 1/rounds of its rows to its own server — and every rank,
+// between its own rounds, forwards chunk c of each of its sources once that source has
+// signalled it, while later chunks still arrive: the network and the scale-up stages overlap,
+// as DeepEP's internode dispatch forwards RDMA chunks over NVLink as they land. The rows land
+// in the same slots; only their time moves.
 #include <algorithm>
+#include <tuple>
 
 #include "../path.hpp"
+#include "relay_chunks.hpp"
 
 namespace epx::detail {
 namespace {
+
+// A dispatch row's bytes: the row, its FP8 scales (0: bf16) and, forwarded, whether its
+// metadata goes with it (fresh dispatch).
+struct RowBytes {
+  std::size_t row, scale;
+  bool with_meta;
+};
 
 // Fresh dispatch: my tokens per relay (once per server), kept in h.relay_tokens.
 std::vector<std::int32_t> relay_counts(Impl& m, HandleState& h) {
@@ -68,16 +85,11 @@ void plan_relay(Impl& m, HandleState& h, const Peers& peers) {
                                           " rows but its relay area holds " + std::to_string(m.geo.relay_rows()), m.rank);
 }
 
-// My rows in [t0, t1) that cross to relay's server, with their records (built in `records`).
-void put_relayed_rows(Impl& m, Impl::Sender& send, const HandleState& h, const DispatchArgs& a, int relay, std::int64_t t0,
-                                    std::int64_t t1, const std::vector<std::int32_t>* expert_base, std::byte* records) {
+// My relayed rows [i0, i1) to relay (indices into h.relay_tokens[relay]): the rows and
+// their scales, in runs of consecutive tokens.
+void put_relayed_data(Impl::Sender& send, const HandleState& h, const DispatchArgs& a, int relay, std::int64_t i0, std::int64_t i1,
+                      const RowBytes& b) {
   const std::vector<std::int32_t>& tokens = h.relay_tokens[static_cast<std::size_t>(relay)];
-  const std::int64_t i0 = std::lower_bound(tokens.begin(), tokens.end(), t0) - tokens.begin();
-  const std::int64_t i1 = std::lower_bound(tokens.begin(), tokens.end(), t1) - tokens.begin();
-  if (i0 == i1) return;
-  const bool fp8 = a.x.dtype == DType::kFP8E4M3;
-  const std::size_t row_bytes = static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype);
-  const std::size_t scale_bytes = fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0;
   const auto* x = static_cast<const std::byte*>(a.x.data);
   const auto* scales = static_cast<const std::byte*>(a.x_scales.data);
   const std::int64_t base = h.relay_base[static_cast<std::size_t>(relay)];
@@ -85,12 +97,19 @@ void put_relayed_rows(Impl& m, Impl::Sender& send, const HandleState& h, const D
     std::int64_t j = i + 1;
     while (j < i1 && tokens[static_cast<std::size_t>(j)] == tokens[static_cast<std::size_t>(j) - 1] + 1) ++j;
     const auto t = static_cast<std::size_t>(tokens[static_cast<std::size_t>(i)]);
-    send.put_rows(relay, Region::kRelay, base + i, x + t * row_bytes, j - i, row_bytes);
-    if (fp8) send.put_rows(relay, Region::kRelayScales, base + i, scales + t * scale_bytes, j - i, scale_bytes);
+    send.put_rows(relay, Region::kRelay, base + i, x + t * b.row, j - i, b.row);
+    if (b.scale) send.put_rows(relay, Region::kRelayScales, base + i, scales + t * b.scale, j - i, b.scale);
     i = j;
   }
-  // Records: per lane of the relay's server, the slot there and the row's metadata.
+}
+
+// The records of my relayed rows [i0, i1) to relay (built in `records`): per lane of the
+// relay's server, the slot there and the row's metadata.
+void put_records(Impl& m, Impl::Sender& send, const HandleState& h, const DispatchArgs& a, int relay, std::int64_t i0,
+                 std::int64_t i1, const std::vector<std::int32_t>* expert_base, std::byte* records) {
   const RoutingPlan& plan = h.plan;
+  const std::vector<std::int32_t>& tokens = h.relay_tokens[static_cast<std::size_t>(relay)];
+  const std::int64_t base = h.relay_base[static_cast<std::size_t>(relay)];
   const int server = m.topology.ranks[static_cast<std::size_t>(relay)].server;
   std::vector<int> members;
   for (int d = 0; d < m.P; ++d)
@@ -118,17 +137,40 @@ void put_relayed_rows(Impl& m, Impl::Sender& send, const HandleState& h, const D
       }
     }
   }
-  send.put_rows(relay, Region::kRelayRecord, base + i0, records + m.geo.relay_record_offset(i0), i1 - i0, m.geo.relay_record_bytes());
+  if (i0 < i1)
+    send.put_rows(relay, Region::kRelayRecord, base + i0, records + m.geo.relay_record_offset(i0), i1 - i0, m.geo.relay_record_bytes());
 }
 
-// At a relay: each source's rows (after its completion signals) on to their final ranks
-// in my server, then one signal per source to each.
-void forward_relayed(Impl& m, const HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes) {
-  const std::vector<int> sources = m.relayed_sources();
+// At a relay: source s's relayed rows [i0, i1) (from my relay area, with their records) on
+// to their final ranks in my server.
+void forward_rows(Impl& m, std::int64_t i0, std::int64_t i1, const RowBytes& b, WorkerStats* ws) {
   std::byte* window_base = m.transport.window();
-  const std::size_t lanes = m.server_members.size();
+  auto put = [&](int d, std::size_t offset, const std::byte* from, std::size_t bytes) {
+    m.transport.put(d, offset, from, bytes, 0);
+    if (ws) m.count_put(*ws, d, bytes, 0);
+  };
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const detail::RelayRecordView rec = m.geo.relay_record(window_base + m.geo.region(Region::kRelayRecord), i);
+    for (std::size_t lane = 0; lane < m.server_members.size(); ++lane) {
+      if (rec.slot[lane] < 0) continue;
+      const int d = m.server_members[lane];
+      const std::int64_t to = rec.slot[lane];
+      put(d, m.geo.row(Region::kData, to, b.row), window_base + m.geo.row(Region::kRelay, i, b.row), b.row);
+      if (b.scale) put(d, m.geo.row(Region::kScales, to, b.scale), window_base + m.geo.row(Region::kRelayScales, i, b.scale), b.scale);
+      if (b.with_meta)
+        put(d, m.geo.row(Region::kMeta, to, m.geo.meta_bytes()), m.geo.meta_record(rec.meta, static_cast<std::int64_t>(lane)),
+            m.geo.meta_bytes());
+    }
+  }
+}
+
+WorkerStats* stats_of(Impl& m, int w) { return m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(w)] : nullptr; }
+
+// At a relay, serial (relay_chunk_rows 0): each source's rows (after its completion
+// signals) on to their final ranks in my server, then one signal per source to each.
+void forward_relayed(Impl& m, const HandleState& h, const RowBytes& b) {
+  const std::vector<int> sources = m.relayed_sources();
   m.run_workers([&](int w) {
-    WorkerStats* ws = m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(w)] : nullptr;
     for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(m.W)) {
       const int s = sources[k];
       {
@@ -138,28 +180,27 @@ void forward_relayed(Impl& m, const HandleState& h, bool with_meta, std::size_t 
         m.lap_wait(w, s, since);
       }
       Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
-      auto put = [&](int d, std::size_t offset, const std::byte* from, std::size_t bytes) {
-        m.transport.put(d, offset, from, bytes, 0);
-        if (ws) m.count_put(*ws, d, bytes, 0);
-      };
-      for (std::int64_t i = h.relayed_begin[static_cast<std::size_t>(s)]; i < h.relayed_begin[static_cast<std::size_t>(s) + 1]; ++i) {
-        const detail::RelayRecordView rec = m.geo.relay_record(window_base + m.geo.region(Region::kRelayRecord), i);
-        for (std::size_t lane = 0; lane < lanes; ++lane) {
-          if (rec.slot[lane] < 0) continue;
-          const int d = m.server_members[lane];
-          const std::int64_t to = rec.slot[lane];
-          put(d, m.geo.row(Region::kData, to, row_bytes), window_base + m.geo.row(Region::kRelay, i, row_bytes), row_bytes);
-          if (scale_bytes)
-            put(d, m.geo.row(Region::kScales, to, scale_bytes), window_base + m.geo.row(Region::kRelayScales, i, scale_bytes), scale_bytes);
-          if (with_meta)
-            put(d, m.geo.row(Region::kMeta, to, m.geo.meta_bytes()), m.geo.meta_record(rec.meta, static_cast<std::int64_t>(lane)),
-                m.geo.meta_bytes());
-        }
-      }
+      forward_rows(m, h.relayed_begin[static_cast<std::size_t>(s)], h.relayed_begin[static_cast<std::size_t>(s) + 1], b, stats_of(m, w));
       m.transport.quiet(0);
       for (int d : m.server_members) m.transport.signal(d, m.geo.forward_signal(s), m.epoch, 0);
     }
   });
+}
+
+// At a relay, chunked: chunk c of each of my sources (relay_chunks.hpp), each once its
+// source's every worker has signalled it.
+void forward_chunk(Impl& m, const HandleState& h, const std::vector<int>& sources, const RowBytes& b, int w, std::int64_t c) {
+  for (int s : sources) {
+    const std::int64_t i0 = h.relayed_begin[static_cast<std::size_t>(s)] + c * m.relay_chunk_rows;
+    const std::int64_t i1 = std::min(h.relayed_begin[static_cast<std::size_t>(s) + 1], i0 + m.relay_chunk_rows);
+    if (i0 >= i1) continue;
+    {
+      Impl::PhaseTimer timer(m, w, Phase::kWaitData);
+      wait_chunk(m, s, c, "dispatch relay chunk");
+    }
+    Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+    forward_rows(m, i0, i1, b, stats_of(m, w));
+  }
 }
 
 // Fresh dispatch, at a relay: keeps the records' reply rows for this handle's combines.
@@ -176,50 +217,128 @@ bool crosses(const Impl& m, int d) {
   return m.topology.ranks[static_cast<std::size_t>(d)].server != m.topology.ranks[static_cast<std::size_t>(m.rank)].server;
 }
 
+// One call's send: the peers (relays first, so the rows crossing servers travel while the
+// local ones are copied), each relay's first record in relay_stage, and, chunked, my rounds
+// as a source (the most chunks I send any relay), my chunks and my sources as a relay.
+struct SendPlan {
+  std::vector<int> order;
+  std::vector<std::size_t> relay_first;
+  std::int64_t rounds = 1, mine = 0;
+  std::vector<int> sources;
+};
+
+SendPlan plan_send(Impl& m, const HandleState& h) {
+  SendPlan p;
+  p.order = m.visit_order;  // my server's ranks and one relay per other server
+  std::stable_partition(p.order.begin(), p.order.end(), [&](int d) { return crosses(m, d); });
+  p.relay_first.assign(static_cast<std::size_t>(m.P) + 1, 0);
+  for (int r = 0; r < m.P; ++r) {
+    const std::size_t n = h.relay_tokens[static_cast<std::size_t>(r)].size();
+    p.relay_first[static_cast<std::size_t>(r) + 1] = p.relay_first[static_cast<std::size_t>(r)] + n;
+    if (m.relay_chunk_rows > 0) p.rounds = std::max(p.rounds, chunks_of(static_cast<std::int64_t>(n), m.relay_chunk_rows));
+  }
+  if (m.relay_chunk_rows > 0) {
+    p.mine = relay_chunks(h.relayed_begin, m.relay_chunk_rows);
+    p.sources = m.relayed_sources();
+  }
+  return p;
+}
+
+// One worker's part of a dispatch: its tokens [t0, t1), the bytes it puts to each peer.
+struct WorkerPart {
+  std::int64_t t0, t1;
+  std::vector<std::pair<std::int64_t, std::int64_t>> local;  // [P]: positions in my segment to d
+  std::vector<std::uint64_t> channel_bytes;                  // [P]
+};
+
+WorkerPart worker_part(Impl& m, const DispatchStep& s, int w) {
+  const HandleState& h = *s.h;
+  WorkerPart part;
+  std::tie(part.t0, part.t1) = split_range(h.plan.shape.num_tokens, w, m.W);
+  part.local.resize(static_cast<std::size_t>(m.P));
+  part.channel_bytes.resize(static_cast<std::size_t>(m.P));
+  const std::size_t meta_bytes = s.expert_base ? m.geo.meta_bytes() : 0;
+  for (int d = 0; d < m.P; ++d) {
+    const auto ud = static_cast<std::size_t>(d);
+    part.local[ud] = Impl::segment_part(h.plan, d, part.t0, part.t1);
+    part.channel_bytes[ud] = static_cast<std::uint64_t>(part.local[ud].second - part.local[ud].first) * (s.row_bytes + s.scale_bytes + meta_bytes);
+    if (crosses(m, d)) {
+      const auto& tokens = h.relay_tokens[ud];
+      const auto n = std::lower_bound(tokens.begin(), tokens.end(), part.t1) - std::lower_bound(tokens.begin(), tokens.end(), part.t0);
+      part.channel_bytes[ud] = static_cast<std::uint64_t>(n) * (s.row_bytes + s.scale_bytes + m.geo.relay_record_bytes());
+    }
+  }
+  return part;
+}
+
+// A worker's round c of `rounds` (serial: one round): to each relay, my relayed rows in its
+// chunk c (serial: all) with their records and, chunked, the chunk's signal; to each rank of
+// my server, 1/rounds of my rows to it.
+void send_round(Impl& m, Impl::Sender& send, const DispatchStep& s, const SendPlan& p, const WorkerPart& part, int w, std::int64_t c) {
+  const HandleState& h = *s.h;
+  const RowBytes b{s.row_bytes, s.scale_bytes, false};
+  const std::int64_t R = m.relay_chunk_rows;
+  for (int d : p.order) {
+    const auto ud = static_cast<std::size_t>(d);
+    if (crosses(m, d)) {
+      const auto& tokens = h.relay_tokens[ud];
+      std::int64_t i0 = std::lower_bound(tokens.begin(), tokens.end(), part.t0) - tokens.begin();
+      std::int64_t i1 = std::lower_bound(tokens.begin(), tokens.end(), part.t1) - tokens.begin();
+      if (R > 0) i0 = std::max(i0, c * R), i1 = std::min(i1, (c + 1) * R);
+      if (i0 < i1) {
+        put_relayed_data(send, h, *s.a, d, i0, i1, b);
+        put_records(m, send, h, *s.a, d, i0, i1, s.expert_base, m.relay_stage.data() + m.geo.relay_record_offset(static_cast<std::int64_t>(p.relay_first[ud])));
+      }
+      if (R > 0 && c < chunks_of(static_cast<std::int64_t>(tokens.size()), R)) signal_chunk(m, d, send.queue_of(d), w, c);
+    } else {
+      const auto [first, end] = part.local[ud];
+      const std::int64_t n = end - first;
+      m.put_segment(send, h, *s.a, s.expert_base, d, first + n * c / p.rounds, first + n * (c + 1) / p.rounds, m.geo.send_row(h, d, 0, false),
+                    (*s.landing)[ud]);
+    }
+  }
+}
+
+// Every worker's rows in rounds (send_round); chunked, every rank is a source and a relay at
+// once, as DeepEP's RDMA senders and NVLink forwarders are warps of one kernel: between its
+// rounds a worker forwards the relay chunks it owns (c = w, w + W, ...) whose round is
+// kRelayLag behind, then, after its channels' completion, the rest, and quiets.
+void send_worker(Impl& m, const DispatchStep& s, const SendPlan& p, int w) {
+  const WorkerPart part = worker_part(m, s, w);
+  Impl::Sender send(m, w, m.geo.dispatch_signal(m.rank, w), part.channel_bytes, m.visit_order);
+  const RowBytes forwarded{s.row_bytes, s.scale_bytes, s.fresh};
+  std::int64_t own = w;  // my next chunk as a relay
+  auto forward_upto = [&](std::int64_t last) {
+    for (; own < p.mine && own <= last; own += m.W) forward_chunk(m, *s.h, p.sources, forwarded, w, own);
+  };
+  for (std::int64_t c = 0; c < p.rounds; ++c) {
+    {
+      Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+      send_round(m, send, s, p, part, w, c);
+    }
+    forward_upto(c - kRelayLag);
+  }
+  {
+    Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+    for (int d : p.order) send.end_channel(d);
+    send.finish();
+  }
+  if (m.relay_chunk_rows == 0) return;
+  forward_upto(p.mine);
+  m.transport.quiet(0);
+}
+
 // Every worker's rows: to my server's ranks direct, to each other server's relay once per
 // token with its records (staged per relay in relay_stage, which outlives the puts).
+// Chunked, the relays forward while they send; after every worker, one signal per relayed
+// source to each rank of my server.
 void send_rows(Impl& m, const DispatchStep& s) {
-  const HandleState& h = *s.h;
-  const RoutingPlan& plan = h.plan;
-  const int P = m.P;
-  std::vector<std::size_t> relay_first(static_cast<std::size_t>(P) + 1, 0);
-  for (int r = 0; r < P; ++r)
-    relay_first[static_cast<std::size_t>(r) + 1] = relay_first[static_cast<std::size_t>(r)] + h.relay_tokens[static_cast<std::size_t>(r)].size();
-  m.relay_stage.resize(relay_first.back() * m.geo.relay_record_bytes());
-  if (s.expert_base) m.stage_meta(h);
-  const std::size_t meta_bytes = s.expert_base ? m.geo.meta_bytes() : 0;
-  m.run_workers([&](int w) {
-    Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
-    const auto [t0, t1] = split_range(plan.shape.num_tokens, w, m.W);
-    std::vector<std::pair<std::int64_t, std::int64_t>> part(static_cast<std::size_t>(P));
-    std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
-    for (int d = 0; d < P; ++d) {
-      const auto ud = static_cast<std::size_t>(d);
-      part[ud] = Impl::segment_part(plan, d, t0, t1);
-      channel_bytes[ud] = static_cast<std::uint64_t>(part[ud].second - part[ud].first) * (s.row_bytes + s.scale_bytes + meta_bytes);
-      if (crosses(m, d)) {
-        const auto& tokens = h.relay_tokens[ud];
-        const auto n = std::lower_bound(tokens.begin(), tokens.end(), t1) - std::lower_bound(tokens.begin(), tokens.end(), t0);
-        channel_bytes[ud] = static_cast<std::uint64_t>(n) * (s.row_bytes + s.scale_bytes + m.geo.relay_record_bytes());
-      }
-    }
-    // visit_order holds my server's ranks and one relay per other server; the relays go
-    // first, so the rows crossing servers travel while the local ones are copied.
-    Impl::Sender send(m, w, m.geo.dispatch_signal(m.rank, w), channel_bytes, m.visit_order);
-    std::vector<int> order = m.visit_order;
-    std::stable_partition(order.begin(), order.end(), [&](int d) { return crosses(m, d); });
-    for (int d : order) {
-      const auto ud = static_cast<std::size_t>(d);
-      if (crosses(m, d))
-        put_relayed_rows(m, send, h, *s.a, d, t0, t1, s.expert_base,
-                         m.relay_stage.data() + m.geo.relay_record_offset(static_cast<std::int64_t>(relay_first[ud])));
-      else
-        m.put_segment(send, h, *s.a, s.expert_base, d, part[ud].first, part[ud].second, m.geo.send_row(h, d, 0, false),
-                      (*s.landing)[ud]);
-      send.end_channel(d);
-    }
-    send.finish();
-  });
+  const SendPlan p = plan_send(m, *s.h);
+  m.relay_stage.resize(p.relay_first.back() * m.geo.relay_record_bytes());
+  if (s.expert_base) m.stage_meta(*s.h);
+  m.run_workers([&](int w) { send_worker(m, s, p, w); });
+  for (int src : p.sources)
+    for (int d : m.server_members) m.transport.signal(d, m.geo.forward_signal(src), m.epoch, 0);
 }
 
 class Relay final : public DispatchPath {
@@ -232,7 +351,7 @@ class Relay final : public DispatchPath {
   void send(Impl& m, const DispatchStep& s) const override { send_rows(m, s); }
 
   void receive(Impl& m, const DispatchStep& s) const override {
-    forward_relayed(m, *s.h, s.fresh, s.row_bytes, s.scale_bytes);
+    if (m.relay_chunk_rows == 0) forward_relayed(m, *s.h, RowBytes{s.row_bytes, s.scale_bytes, s.fresh});
     // Same server: the source's own signals; other servers: the relay's, one per source.
     Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
     Impl::WaitClock::time_point since = Impl::WaitClock::now();
