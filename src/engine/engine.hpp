@@ -384,7 +384,7 @@ struct Buffer::Impl {
   std::vector<std::vector<int>> reply_sources;  // [P] sources whose replies travel to a channel's peer
   Topology topology;
   std::vector<int> server_members;        // hierarchical: my server's ranks by lane
-  std::int64_t relay_chunk_rows = 0;      // hierarchical combine: relayed rows per relay chunk (0: serial; send_policy.hpp)
+  std::int64_t relay_chunk_rows = 0;      // hierarchical: relayed rows per relay chunk, both directions (0: serial; send_policy.hpp)
   std::vector<std::byte> meta_stage;      // sender's row metadata, per plan entry
   std::vector<std::byte> scale_stage;     // sender's FP8 scale rows, per plan entry (put_segment_scales)
   std::vector<std::byte> relay_stage;     // hierarchical: records of my relayed rows, per relay

@@ -42,7 +42,8 @@ inline constexpr double kRelayChunkWireOverFixed = 64.0;
 /// ... and at least this many rows (so a chunk is never a handful of rows).
 inline constexpr std::int64_t kRelayChunkMinRows = 16;
 
-/// Relayed rows per chunk of the hierarchical combine's relays (paths/combine_relay.cpp), the
+/// Relayed rows per chunk of the hierarchical schedule's relays, dispatch and combine
+/// (paths/relay_chunks.hpp), the
 /// same on every rank (from the agreed options and the transport's caps); 0 = the serial
 /// relay. Explicit bytes: max(1, bytes / row_bytes). Auto: 0 where the caps state no put
 /// costs (threads, shm, shmem, UCX: unchanged, measured in BENCHMARKS.md "Pipelined

@@ -74,8 +74,8 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
                   "low-latency combine)")
       ->capture_default_str();
   sub->add_option("--relay-chunk", o.relay_chunk,
-                  "hierarchical combine: relays sum/forward chunks of BYTES as every member signals them (the stages "
-                  "overlap); auto (from the profile's put costs) | BYTES | 0 = the serial relay")
+                  "hierarchical dispatch and combine: relays forward (sum) chunks of BYTES as their senders signal them "
+                  "(the stages overlap); auto (from the profile's put costs) | BYTES | 0 = the serial relay")
       ->capture_default_str();
   sub->add_flag("--one-copy", o.one_copy,
                 "keep the output pool in model-only mode: rows land in the receiver's output block (expanded: a row per "
