@@ -222,10 +222,14 @@ void SimTransport::signal(int peer, std::size_t slot, std::uint64_t value, int q
 // Waits the engine makes inside a worker task (the rank thread runs worker 0's share):
 // they block that stream only and are not fork points of the other workers. wait_flag
 // (flag protocol receive) and read_signal (ring) are only ever called inside a task; of
-// the wait_signal calls, the relay's (hierarchical schedule) is.
+// the wait_signal calls, the relays' (hierarchical schedule: a source's rows, or a relay
+// chunk in either direction, paths/relay_chunks.hpp) are.
 namespace {
 bool in_task_phase(const char* phase) noexcept {
-  return phase != nullptr && std::strcmp(phase, "dispatch relay") == 0;
+  if (phase == nullptr) return false;
+  for (const char* in_task : {"dispatch relay", "dispatch relay chunk", "combine relay chunk"})
+    if (std::strcmp(phase, in_task) == 0) return true;
+  return false;
 }
 }  // namespace
 
