@@ -116,8 +116,10 @@ void put_relayed_rows(Impl& m, Impl::Sender& send, const HandleState& h, const D
 }
 
 // At a relay: each source's rows (after its completion signals) on to their final ranks
-// in my server, then one signal per source to each.
-void forward_relayed(Impl& m, const HandleState& h, bool with_meta, std::size_t row_bytes, std::size_t scale_bytes) {
+// in my server — into the receive area, or (one copy, compact) the rank's output block at
+// the same slot, as its direct senders put them — then one signal per source to each.
+void forward_relayed(Impl& m, const HandleState& h, const std::vector<detail::Landing>& landing, bool with_meta,
+                     std::size_t row_bytes, std::size_t scale_bytes) {
   const std::vector<int> sources = m.relayed_sources();
   std::byte* window_base = m.transport.window();
   const std::size_t lanes = m.server_members.size();
@@ -142,9 +144,12 @@ void forward_relayed(Impl& m, const HandleState& h, bool with_meta, std::size_t 
           if (rec.slot[lane] < 0) continue;
           const int d = m.server_members[lane];
           const std::int64_t to = rec.slot[lane];
-          put(d, m.geo.row(Region::kData, to, row_bytes), window_base + m.geo.row(Region::kRelay, i, row_bytes), row_bytes);
+          const detail::Landing& at = landing[static_cast<std::size_t>(d)];
+          put(d, at.block ? detail::Geometry::landed_row(at, Region::kData, to, row_bytes) : m.geo.row(Region::kData, to, row_bytes),
+              window_base + m.geo.row(Region::kRelay, i, row_bytes), row_bytes);
           if (scale_bytes)
-            put(d, m.geo.row(Region::kScales, to, scale_bytes), window_base + m.geo.row(Region::kRelayScales, i, scale_bytes), scale_bytes);
+            put(d, at.block ? detail::Geometry::landed_row(at, Region::kScales, to, scale_bytes) : m.geo.row(Region::kScales, to, scale_bytes),
+                window_base + m.geo.row(Region::kRelayScales, i, scale_bytes), scale_bytes);
           if (with_meta)
             put(d, m.geo.row(Region::kMeta, to, m.geo.meta_bytes()), m.geo.meta_record(rec.meta, static_cast<std::int64_t>(lane)),
                 m.geo.meta_bytes());
@@ -226,7 +231,7 @@ class Relay final : public DispatchPath {
   void send(Impl& m, const DispatchStep& s) const override { send_rows(m, s); }
 
   void receive(Impl& m, const DispatchStep& s) const override {
-    forward_relayed(m, *s.h, s.fresh, s.row_bytes, s.scale_bytes);
+    forward_relayed(m, *s.h, *s.landing, s.fresh, s.row_bytes, s.scale_bytes);
     // Same server: the source's own signals; other servers: the relay's, one per source.
     Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
     Impl::WaitClock::time_point since = Impl::WaitClock::now();
