@@ -13,26 +13,17 @@
 #include "epx/connect.hpp"
 #include "epx/shmem.hpp"
 #include "multirank/bucket_cases.hpp"
+#include "rank_program.hpp"
 
 namespace epx::testing {
 namespace {
 
 int main_impl(int argc, char** argv) {
-  long timeout_ms = 20000;
-  std::size_t chunk = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-    if (a == "--timeout-ms") timeout_ms = std::stol(argv[++i]);
-    else if (a == "--chunk-bytes") chunk = std::stoul(argv[++i]);
-    else throw std::invalid_argument("unknown option " + a);
-  }
+  const RankOptions o(argc, argv, {"--timeout-ms", "--chunk-bytes"}, {});
+  const std::size_t chunk = std::stoul(o.value("--chunk-bytes", "0"));
   auto boot = shmem_bootstrap();
   const NodeMap nodes = discover_nodes(*boot);
-  ConnectOptions co;
-  co.kind = ConnectKind::kShmem;
-  co.timeout = std::chrono::milliseconds(timeout_ms);
-  auto t = connect(*boot, co);
+  auto t = connect_shmem(*boot, o.timeout());
   const auto groups = bucket::groups_of(t->num_ranks());
   const std::string topo = nodes.servers_topology();
   const int r = t->rank();
@@ -63,11 +54,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace epx::testing
 
 int main(int argc, char** argv) {
-  try {
-    return epx::testing::main_impl(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "epx_multinode_bucket: %s\n", e.what());
-    std::fflush(stderr);
-    std::_Exit(1);  // no collective teardown (the peers may be gone): the launcher ends the job
-  }
+  return epx::testing::rank_main("epx_multinode_bucket", argc, argv, epx::testing::main_impl);
 }

@@ -15,6 +15,7 @@
 #include "epx/connect.hpp"
 #include "epx/shmem.hpp"
 #include "../multirank/pp_engram_checks.hpp"
+#include "rank_program.hpp"
 
 namespace epx::testing {
 namespace {
@@ -50,17 +51,9 @@ void engram_case(Transport& t, DType dt, bool print_path) {
 }
 
 int main_impl(int argc, char** argv) {
-  long timeout_ms = 20000;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--timeout-ms" && i + 1 < argc) timeout_ms = std::stol(argv[++i]);
-    else throw std::invalid_argument("unknown option " + a);
-  }
+  const RankOptions o(argc, argv, {"--timeout-ms"}, {});
   auto boot = shmem_bootstrap();
-  ConnectOptions co;
-  co.kind = ConnectKind::kShmem;
-  co.timeout = std::chrono::milliseconds(timeout_ms);
-  auto t = connect(*boot, co);
+  auto t = connect_shmem(*boot, o.timeout());
   const int P = t->num_ranks();
   run_case(*t, "pp_random_all_pairs", [&] { pp_case(*t, {}, 2, 1); });
   run_case(*t, "pp_random_ring", [&] { pp_case(*t, pp_ring_links(P), 1, 2); });
@@ -81,11 +74,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace epx::testing
 
 int main(int argc, char** argv) {
-  try {
-    return epx::testing::main_impl(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "epx_multinode_pp_engram_rank: %s\n", e.what());
-    std::fflush(stderr);
-    std::_Exit(1);
-  }
+  return epx::testing::rank_main("epx_multinode_pp_engram_rank", argc, argv, epx::testing::main_impl);
 }

@@ -33,6 +33,7 @@
 #include "epx/error.hpp"
 #include "epx/shmem.hpp"
 #include "../multirank/multirank_support.hpp"
+#include "rank_program.hpp"
 
 namespace epx::testing {
 namespace {
@@ -349,30 +350,13 @@ void ping(Transport& t, int n) {
 }
 
 int main_impl(int argc, char** argv) {
-  std::string which = "all", fault;
-  long timeout_ms = 20000;
-  bool bytes = false, hier = false;
-  int pings = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&] {
-      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-      return std::string(argv[++i]);
-    };
-    if (a == "--cases") which = next();
-    else if (a == "--timeout-ms") timeout_ms = std::stol(next());
-    else if (a == "--bytes") bytes = true;
-    else if (a == "--hierarchical-count") hier = true;
-    else if (a == "--fault") fault = next();
-    else if (a == "--ping") pings = std::stoi(next());
-    else throw std::invalid_argument("unknown option " + a);
-  }
+  const RankOptions o(argc, argv, {"--cases", "--timeout-ms", "--fault", "--ping"}, {"--bytes", "--hierarchical-count"});
+  const std::string which = o.value("--cases", "all"), fault = o.value("--fault", "");
+  const bool bytes = o.has("--bytes"), hier = o.has("--hierarchical-count");
+  const int pings = std::stoi(o.value("--ping", "0"));
   auto boot = shmem_bootstrap();
   const NodeMap nodes = discover_nodes(*boot);
-  ConnectOptions co;
-  co.kind = ConnectKind::kShmem;
-  co.timeout = std::chrono::milliseconds(timeout_ms);
-  auto t = connect(*boot, co);
+  auto t = connect_shmem(*boot, o.timeout());
   const int r = t->rank();
   {
     std::ostringstream os;
@@ -413,11 +397,5 @@ int main_impl(int argc, char** argv) {
 }  // namespace epx::testing
 
 int main(int argc, char** argv) {
-  try {
-    return epx::testing::main_impl(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "epx_multinode_rank: %s\n", e.what());
-    std::fflush(stderr);
-    std::_Exit(1);  // no collective teardown (the peers may be gone): the launcher ends the job
-  }
+  return epx::testing::rank_main("epx_multinode_rank", argc, argv, epx::testing::main_impl);
 }
