@@ -173,7 +173,8 @@ HWY_INLINE void prefetch_rows(const RowTerms& t, std::size_t c, std::size_t bloc
   constexpr std::size_t kLine = 64 / sizeof(std::uint16_t);  // columns per cache line
   if (c + kPrefetchColumns >= n) return;
   for (int j = 0; j < t.count; ++j)
-    for (std::size_t k = (kLine - c % kLine) % kLine; k < block; k += kLine) hwy::Prefetch(t.rows[j] + c + kPrefetchColumns + k);
+    for (std::size_t k = (kLine - c % kLine) % kLine; k < block; k += kLine)
+      hwy::Prefetch(t.rows[j] + c + kPrefetchColumns + k);
 }
 
 void ReduceRow(std::uint16_t* out, const RowTerms& t, std::size_t n) {
