@@ -104,6 +104,19 @@ struct DataPlaneOptions {
   /// the round trip faster up to ~1.2 MB per rank (16 tokens: 1.5x), even at ~2.4 MB, and
   /// streaming ones from ~4.9 MB (128 tokens: the dispatch 2x slower without them).
   std::size_t stream_min_call_bytes = std::size_t{2} << 20;
+  /// Hierarchical combine: the relays work in chunks of this many bytes of relayed rows
+  /// (at the relay; at least one row). Every member of a server sends its replies chunk by
+  /// chunk across all its relay channels (chunk 0 to every relay, then chunk 1, ...), each
+  /// chunk followed by an ordered signal, and a relay sums (node first) or forwards (flat)
+  /// chunk i as soon as every member has signalled it, while later chunks still arrive: the
+  /// NVLink-like stage and the NIC stage overlap, as in DeepEP's internode combine. The sums
+  /// are the same bits (SPEC §4 fixes their order, not the arrival). 0 = the serial relay
+  /// (every member's replies, then the forwarding); kRelayChunkAuto (default): chosen from
+  /// the transport's put costs (TransportCaps::put_overhead_ns / put_gbps): chunked only
+  /// where they are stated (the simulator), serial elsewhere (threads, shm, shmem, UCX —
+  /// over UCX on TCP every signal is an active message; docs/engine.md "Relay chunks").
+  static constexpr std::size_t kRelayChunkAuto = ~std::size_t{0};
+  std::size_t relay_chunk_bytes = kRelayChunkAuto;
 };
 
 }  // namespace epx

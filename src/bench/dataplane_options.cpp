@@ -18,7 +18,7 @@ namespace {
 const std::vector<std::string>& dataplane_option_names() {
   static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol",
                                                      "send-policy", "combine-order", "combine-replies", "replies-first-max",
-                                                     "stream-min-call"};
+                                                     "stream-min-call", "relay-chunk"};
   return names;
 }
 
@@ -62,6 +62,10 @@ std::string to_string(const SendPolicy& p) {
   return "?";
 }
 
+std::string relay_chunk_text(std::size_t bytes) {
+  return bytes == DataPlaneOptions::kRelayChunkAuto ? "auto" : byte_size_text(bytes);
+}
+
 std::string byte_size_text(std::size_t bytes) {
   for (const auto& [shift, suffix] : {std::pair{30, "G"}, std::pair{20, "M"}, std::pair{10, "K"}}) {
     const std::size_t unit = std::size_t{1} << shift;
@@ -96,6 +100,8 @@ void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const st
       d.replies_first_max_bytes = parse_byte_size(value);
     } else if (name == "stream-min-call") {
       d.stream_min_call_bytes = parse_byte_size(value);
+    } else if (name == "relay-chunk") {
+      d.relay_chunk_bytes = value == "auto" ? DataPlaneOptions::kRelayChunkAuto : parse_byte_size(value);
     } else {
       bad("unknown data-plane option '" + name + "'");
     }
@@ -118,6 +124,7 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
   if (name == "combine-replies") return to_string(d.combine_replies);
   if (name == "replies-first-max") return byte_size_text(d.replies_first_max_bytes);
   if (name == "stream-min-call") return byte_size_text(d.stream_min_call_bytes);
+  if (name == "relay-chunk") return relay_chunk_text(d.relay_chunk_bytes);
   bad("unknown data-plane option '" + name + "'");
 }
 
@@ -159,7 +166,10 @@ std::string describe_dataplane(const DataPlaneOptions& d) {
          (d.stream_min_call_bytes == DataPlaneOptions{}.stream_min_call_bytes
               ? std::string()
               : ", streaming stores from " + (d.stream_min_call_bytes == 0 ? std::string("any call")
-                                                                           : byte_size_text(d.stream_min_call_bytes) + " per call"));
+                                                                           : byte_size_text(d.stream_min_call_bytes) + " per call")) +
+         (d.relay_chunk_bytes == DataPlaneOptions::kRelayChunkAuto
+              ? std::string()
+              : ", relay chunks " + (d.relay_chunk_bytes == 0 ? std::string("off") : byte_size_text(d.relay_chunk_bytes)));
 }
 
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
@@ -175,6 +185,7 @@ nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
   j["combine_replies"] = to_string(d.combine_replies);
   j["replies_first_max_bytes"] = d.replies_first_max_bytes;
   j["stream_min_call_bytes"] = d.stream_min_call_bytes;
+  j["relay_chunk"] = relay_chunk_text(d.relay_chunk_bytes);
   return j;
 }
 

@@ -10,6 +10,7 @@
 
 #include "engine.hpp"
 #include "path.hpp"
+#include "send_policy.hpp"
 #include "epx/spi/support.hpp"
 #include "epx/topology.hpp"
 
@@ -93,7 +94,8 @@ std::vector<AgreedValue> agreed_values(const BufferConfig& c, int W) {
           {"combine order", to_string(o.combine_order)},
           {"combine replies", to_string(o.combine_replies)},
           {"replies_first_max_bytes", n(o.replies_first_max_bytes)},
-          {"stream_min_call_bytes", n(o.stream_min_call_bytes)}};
+          {"stream_min_call_bytes", n(o.stream_min_call_bytes)},
+          {"relay_chunk_bytes", n(o.relay_chunk_bytes)}};
 }
 
 }  // namespace
@@ -120,6 +122,9 @@ Buffer::Impl::Impl(Buffer& owner, const BufferConfig& c)
   reply_order = std::move(channels.order);
   reply_sources = std::move(channels.sources);
   server_members = std::move(channels.members);
+  if (hierarchical())
+    relay_chunk_rows = detail::relay_chunk_rows(c.dataplane.relay_chunk_bytes, static_cast<std::size_t>(c.hidden) * sizeof(std::uint16_t),
+                                                t.caps());
   const int servers = channels.servers;
   geo = detail::Geometry(detail::GeometryShape::of(config, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
   // A model-only simulator moves no payload (outputs are views of its window): with the auto

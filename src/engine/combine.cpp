@@ -81,59 +81,64 @@ void put_selections(Buffer::Impl& m, Buffer::Impl::Sender& send, const HandleSta
 
 }  // namespace
 
-void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool signal) {
-  const std::size_t H = static_cast<std::size_t>(config.hidden);
-  const std::size_t row_bytes = H * sizeof(std::uint16_t);
-  const auto* y = a.y.as<std::uint16_t>();
-  const bool expanded = h.layout == RecvLayout::kExpanded;
+std::pair<std::int64_t, std::int64_t> Buffer::Impl::reply_slice(const HandleState& h, int s, int w) const {
+  // Every worker takes a slice of every source and visits the peers in the schedule's order;
+  // splitting the sources among the workers instead would aim all workers' first puts at a
+  // few ranks (incast), undoing the rotation.
+  const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
+  const auto [i0, i1] = split_range(h.recv_begin[static_cast<std::size_t>(s) + 1] - b, w, W);
+  return {b + i0, b + i1};
+}
+
+void Buffer::Impl::reserve_reply_stage(const HandleState& h) {
+  if (h.layout == RecvLayout::kExpanded && !selection_replies(h))
+    reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * static_cast<std::size_t>(config.hidden));
+}
+
+std::vector<std::uint64_t> Buffer::Impl::reply_channel_bytes(const HandleState& h, int w) const {
+  const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * sizeof(std::uint16_t);
   const bool selections = selection_replies(h);
-  const int K = config.num_topk;
-  if (expanded && !selections) reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * H);
+  std::vector<std::uint64_t> bytes(static_cast<std::size_t>(P));
+  for (int peer : reply_order)
+    for (int s : reply_sources[static_cast<std::size_t>(peer)]) {
+      const auto [first, end] = reply_slice(h, s, w);
+      for (std::int64_t r = first; r < end; ++r)
+        bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(replies_of(h, r, config.num_topk, selections)) * row_bytes;
+    }
+  return bytes;
+}
 
-  // Hierarchical: a reply to another server's source goes to my lane's place of its row in
-  // the relay's area (reply_sources lists, per channel peer, whose replies travel to it).
-  const bool via_relay = hierarchical();
-  const int my_lane = via_relay ? topology.ranks[static_cast<std::size_t>(rank)].lane : 0;
+void Buffer::Impl::put_replies(Sender& send, Replies& replies, const HandleState& h, const CombineArgs& a, int peer, int s,
+                               std::int64_t first, std::int64_t end) {
+  const std::size_t H = static_cast<std::size_t>(config.hidden), row_bytes = H * sizeof(std::uint16_t);
+  const auto* y = a.y.as<std::uint16_t>();
+  if (first >= end) return;
+  if (s != peer) {  // relayed: one row at a time to my lane's place of its row in the relay's area
+    const int my_lane = topology.ranks[static_cast<std::size_t>(rank)].lane;
+    for (std::int64_t r = first; r < end; ++r)
+      send.put_rows(peer, Region::kRelayReplies, geo.relay_reply_row(h.recv_relay_row[static_cast<std::size_t>(r)], my_lane),
+                    replies.of(r), 1, row_bytes);
+    return;
+  }
+  if (selection_replies(h)) return put_selections(*this, send, h, y, s, first, end);  // every slot's y row, to its (t, k) row
+  const std::int64_t dst_row = geo.reply_row(h, s, first);
+  if (h.layout != RecvLayout::kExpanded)  // compact: y's rows from s are contiguous and so are their slots at s
+    return send.put_rows(s, Region::kReplies, dst_row, y + static_cast<std::size_t>(first) * H, end - first, row_bytes);
+  for (std::int64_t r = first; r < end; ++r) send.put_rows(s, Region::kReplies, dst_row + (r - first), replies.of(r), 1, row_bytes);
+}
 
+void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool signal) {
+  reserve_reply_stage(h);
+  // Hierarchical: a reply to another server's source goes to the relay (reply_sources lists,
+  // per channel peer, whose replies travel to it).
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
-    // My received rows from source s: [lo(s), hi(s)), my slice of s's rows. Every worker
-    // takes a slice of every source and visits the peers in the schedule's order; splitting
-    // the sources among the workers instead would aim all workers' first puts at a few ranks
-    // (incast), undoing the rotation.
-    auto slice = [&](int s) {
-      const std::int64_t b = h.recv_begin[static_cast<std::size_t>(s)];
-      const auto [i0, i1] = split_range(h.recv_begin[static_cast<std::size_t>(s) + 1] - b, w, W);
-      return std::pair{b + i0, b + i1};
-    };
-    auto lo = [&](int s) { return slice(s).first; };
-    auto hi = [&](int s) { return slice(s).second; };
-    std::vector<std::uint64_t> channel_bytes(static_cast<std::size_t>(P));
-    for (int peer : reply_order)
-      for (int s : reply_sources[static_cast<std::size_t>(peer)])
-        for (std::int64_t r = lo(s); r < hi(s); ++r)
-          channel_bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(replies_of(h, r, K, selections)) * row_bytes;
-    Sender send(*this, w, signal ? geo.combine_signal(rank, w) : Sender::kNoSignal, channel_bytes, reply_order);
+    Sender send(*this, w, signal ? geo.combine_signal(rank, w) : Sender::kNoSignal, reply_channel_bytes(h, w), reply_order);
     Replies replies(*this, h, a, w);
     for (int peer : reply_order) {
       for (int s : reply_sources[static_cast<std::size_t>(peer)]) {
-        const std::int64_t first = lo(s), end = hi(s);
-        if (s != peer) {  // relayed: one row at a time into the relay's area
-          for (std::int64_t r = first; r < end; ++r)
-            send.put_rows(peer, Region::kRelayReplies, geo.relay_reply_row(h.recv_relay_row[static_cast<std::size_t>(r)], my_lane),
-                          replies.of(r), 1, row_bytes);
-          continue;
-        }
-        if (selections) {  // every slot's y row as it is, to its (t, k) row
-          put_selections(*this, send, h, y, s, first, end);
-          continue;
-        }
-        const std::int64_t dst_row = geo.reply_row(h, s, first);
-        if (!expanded) {  // compact: y's rows from s are contiguous and so are their slots at s
-          send.put_rows(s, Region::kReplies, dst_row, y + static_cast<std::size_t>(first) * H, end - first, row_bytes);
-          continue;
-        }
-        for (std::int64_t r = first; r < end; ++r) send.put_rows(s, Region::kReplies, dst_row + (r - first), replies.of(r), 1, row_bytes);
+        const auto [first, end] = reply_slice(h, s, w);
+        put_replies(send, replies, h, a, peer, s, first, end);
       }
       send.end_channel(peer);
     }

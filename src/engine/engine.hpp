@@ -281,6 +281,17 @@ struct Buffer::Impl {
   // reading the expert ranks' rows in place — one pass, no puts — then tells them it is done.
   /// `signal` false: the puts are only quieted (the caller's header exchange completes them).
   void send_replies(const detail::HandleState& h, const CombineArgs& a, bool signal);
+  /// send_replies' parts (the relays' chunked send shares them, paths/combine_relay.cpp):
+  /// worker w's slice of my received rows from source s; the partials' stage (expanded
+  /// partials, before the workers); the bytes each channel of worker w carries; and the
+  /// replies of rows [first, end) from source s on the channel to `peer` (peer != s: to the
+  /// relay, my lane's place of each row in its relay area).
+  std::pair<std::int64_t, std::int64_t> reply_slice(const detail::HandleState& h, int s, int w) const;
+  void reserve_reply_stage(const detail::HandleState& h);
+  std::vector<std::uint64_t> reply_channel_bytes(const detail::HandleState& h, int w) const;
+  class Replies;
+  void put_replies(Sender& send, Replies& replies, const detail::HandleState& h, const CombineArgs& a, int peer, int s,
+                   std::int64_t first, std::int64_t end);
   /// At an expert rank, one worker's replies: received row r's is y's row where it passes
   /// unchanged (compact; expanded with one unweighted slot), else the bf16 partial sum of
   /// its slots, built in the worker's slice of reply_stage (reused after a quiet).
@@ -373,10 +384,12 @@ struct Buffer::Impl {
   std::vector<std::vector<int>> reply_sources;  // [P] sources whose replies travel to a channel's peer
   Topology topology;
   std::vector<int> server_members;        // hierarchical: my server's ranks by lane
+  std::int64_t relay_chunk_rows = 0;      // hierarchical combine: relayed rows per relay chunk (0: serial; send_policy.hpp)
   std::vector<std::byte> meta_stage;      // sender's row metadata, per plan entry
   std::vector<std::byte> scale_stage;     // sender's FP8 scale rows, per plan entry (put_segment_scales)
   std::vector<std::byte> relay_stage;     // hierarchical: records of my relayed rows, per relay
   std::vector<std::uint16_t> reply_stage;  // combine partials that need rounding
+  std::vector<std::uint16_t> relay_sums;   // node-first relays: one sum per relayed row (paths/combine_relay.cpp)
   std::vector<std::uint16_t> zero_row;     // H bf16 zeros: the reduce's term for a missing bias1
   CallStats stats;
   std::chrono::steady_clock::time_point call_start;

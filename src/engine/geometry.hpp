@@ -189,7 +189,7 @@ class Geometry {
   }
 
   // ---- Signal slots.
-  std::size_t num_signals() const noexcept { return pull_done_signal(s_.num_ranks); }
+  std::size_t num_signals() const noexcept { return relay_chunk_signal(s_.num_ranks, 0); }
   std::size_t header_signal(int src) const noexcept { return static_cast<std::size_t>(src); }
   std::size_t dispatch_signal(int src, int worker) const noexcept { return completion(s_.num_ranks, src, worker); }
   std::size_t combine_signal(int src, int worker) const noexcept { return completion(dispatch_signal(s_.num_ranks, 0), src, worker); }
@@ -197,6 +197,9 @@ class Geometry {
   std::size_t ring_tail_signal(int src) const noexcept { return group(forward_signal(s_.num_ranks), src); }
   std::size_t ring_credit_signal(int dst) const noexcept { return group(ring_tail_signal(s_.num_ranks), dst); }
   std::size_t pull_done_signal(int src) const noexcept { return group(ring_credit_signal(s_.num_ranks), src); }
+  /// Hierarchical combine in chunks: member src's worker's count of relay chunks sent to me,
+  /// epoch << 32 | chunks (paths/combine_relay.cpp).
+  std::size_t relay_chunk_signal(int src, int worker) const noexcept { return completion(pull_done_signal(s_.num_ranks), src, worker); }
 
   const GeometryShape& shape() const noexcept { return s_; }
 

@@ -53,6 +53,9 @@ struct HandleState {
   std::vector<std::int64_t> relay_base;                 // [P]
   // Relay side: rows relayed for source s are [relayed_begin[s], relayed_begin[s+1]).
   std::vector<std::int64_t> relayed_begin;  // [P + 1]
+  // Member side: relayed_begin of each rank d of my server (from the gathered counts; the
+  // others empty): where my replies to d's sources lie in d's chunks (paths/combine_relay.cpp).
+  std::vector<std::vector<std::int64_t>> relayed_begin_at;  // [P][P + 1]
   // Relay side: per relayed row and lane of my server, the reply row at the source (-1: none).
   std::vector<std::int32_t> relayed_reply_row;  // [relayed rows x lanes]
   // Node-first combine: a relay's sums for source s land in s's relay area (free during a

@@ -33,4 +33,13 @@ std::int64_t send_block_tokens(const SendPolicy& policy, const SendShape& shape,
   return std::min(all, block);
 }
 
+std::int64_t relay_chunk_rows(std::size_t relay_chunk_bytes, std::size_t row_bytes, const TransportCaps& caps) {
+  const std::size_t row = std::max<std::size_t>(1, row_bytes);
+  if (relay_chunk_bytes != DataPlaneOptions::kRelayChunkAuto)
+    return relay_chunk_bytes == 0 ? 0 : std::max<std::int64_t>(1, static_cast<std::int64_t>(relay_chunk_bytes / row));
+  if (caps.put_overhead_ns <= 0 || caps.put_gbps <= 0) return 0;
+  const double bytes = kRelayChunkWireOverFixed * caps.put_overhead_ns * caps.put_gbps;  // GB/s = bytes per ns
+  return std::max<std::int64_t>(kRelayChunkMinRows, static_cast<std::int64_t>(std::ceil(bytes / static_cast<double>(row))));
+}
+
 }  // namespace epx::detail

@@ -35,4 +35,19 @@ std::size_t min_efficient_put_bytes(const TransportCaps& caps, std::size_t aggre
 /// block x rows / (tokens x peers) rows, is at least min_efficient_put_bytes.
 std::int64_t send_block_tokens(const SendPolicy& policy, const SendShape& shape, const TransportCaps& caps);
 
+/// DataPlaneOptions::relay_chunk_bytes kRelayChunkAuto: a relay chunk's wire time must be at
+/// least this many times a put's fixed cost (each chunk costs every member and worker one
+/// ordered signal to the relay) ...
+inline constexpr double kRelayChunkWireOverFixed = 64.0;
+/// ... and at least this many rows (so a chunk is never a handful of rows).
+inline constexpr std::int64_t kRelayChunkMinRows = 16;
+
+/// Relayed rows per chunk of the hierarchical combine's relays (paths/combine_relay.cpp), the
+/// same on every rank (from the agreed options and the transport's caps); 0 = the serial
+/// relay. Explicit bytes: max(1, bytes / row_bytes). Auto: 0 where the caps state no put
+/// costs (threads, shm, shmem, UCX: unchanged, measured in BENCHMARKS.md "Pipelined
+/// relays"), else max(kRelayChunkMinRows, the rows of kRelayChunkWireOverFixed x
+/// put_overhead_ns x put_gbps bytes).
+std::int64_t relay_chunk_rows(std::size_t relay_chunk_bytes, std::size_t row_bytes, const TransportCaps& caps);
+
 }  // namespace epx::detail

@@ -52,6 +52,7 @@ constexpr Spec kSpecs[] = {
     {"scaleout_wr_time", "ns", "default: no scale-out network", 0},
     {"local_copy_bandwidth", "GB/s", "default: a local put moves at link_bandwidth", 0},
     {"combine_handback", "count", "default: 1, the source hands every peer's receive area back after its sums", 1},
+    {"scaleup_share_with_nic", "ratio", "default: 0, the scale-up ports keep link_bandwidth when the NIC is used too", 0},
 };
 
 // The calibrated values come from `epx sim calibrate` (src/sim/runner/calibrate.cpp); the
@@ -111,8 +112,8 @@ constexpr const char* kH800 = R"json({
     "frames":                 {"value": 1,     "unit": "count", "source": "assumption: one RDMA fabric, no frame crossings (a node is a server of the topology table)"},
     "ranks_per_frame":        {"value": 256,   "unit": "count", "source": "published: DeepEP's table goes up to EP256"},
     "workers_per_rank":       {"value": 24,    "unit": "count", "source": "assumption: DeepEP's normal kernels use ~24 SMs for communication"},
-    "link_bandwidth":         {"value": 149.8, "unit": "GB/s",  "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16, low-latency EP8/16 per selection on grouped:8, seed 1); published: NVLink ~160 GB/s per GPU"},
-    "link_latency":           {"value": 2584,  "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16, low-latency EP8/16 per selection on grouped:8, seed 1); a GPU-initiated NVLink put and its flag: ~1-3 us"},
+    "link_bandwidth":         {"value": 145.5, "unit": "GB/s",  "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay combine, low-latency EP8/16 per selection on grouped:8, seed 1); published: NVLink ~160 GB/s per GPU"},
+    "link_latency":           {"value": 2056,  "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay combine, low-latency EP8/16 per selection on grouped:8, seed 1); a GPU-initiated NVLink put and its flag: ~1-3 us"},
     "frame_crossing_latency": {"value": 0,     "unit": "ns",    "source": "assumption: no frames"},
     "local_latency":          {"value": 200,   "unit": "ns",    "source": "assumption: write into own HBM"},
     "chunk_bytes":            {"value": 16384, "unit": "bytes", "source": "assumption: port arbitration granularity"},
@@ -124,9 +125,9 @@ constexpr const char* kH800 = R"json({
     "poll_latency":           {"value": 100,   "unit": "ns",    "source": "assumption: flag polling interval"},
     "barrier_base":           {"value": 2000,  "unit": "ns",    "source": "assumption"},
     "barrier_per_log2":       {"value": 1000,  "unit": "ns",    "source": "assumption"},
-    "launch_init":            {"value": 12830, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16, low-latency EP8/16 per selection on grouped:8, seed 1); more than a launch: it carries fixed costs of DeepEP's low-latency kernels that epx's engine does not have (docs/sim.md §8)"},
+    "launch_init":            {"value": 13380, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay combine, low-latency EP8/16 per selection on grouped:8, seed 1); more than a launch: it carries fixed costs of DeepEP's low-latency kernels that epx's engine does not have (docs/sim.md §8)"},
     "memory_bandwidth":       {"value": 3000,  "unit": "GB/s",  "source": "published: H800 HBM3 3.35 TB/s; assumption: ~90 % reachable"},
-    "reduce_bandwidth":       {"value": 3460,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16, low-latency EP8/16 per selection on grouped:8, seed 1)"},
+    "reduce_bandwidth":       {"value": 4184,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay combine, low-latency EP8/16 per selection on grouped:8, seed 1)"},
     "combine_peer_release":   {"value": 0,     "unit": "ns",    "source": "assumption: not modelled (combine_handback 0)"},
     "plan_per_slot":          {"value": 0.05,  "unit": "ns",    "source": "assumption: the SMs scan S*K slots"},
     "plan_per_count":         {"value": 0.02,  "unit": "ns",    "source": "assumption: prefix sums over P*(P+E) counts"},
@@ -134,12 +135,13 @@ constexpr const char* kH800 = R"json({
     "payload_limit_low":      {"value": 50,    "unit": "GB/s",  "source": "published: one CX7 NIC ~50 GB/s per GPU (the scale-out limit)"},
     "payload_limit_high":     {"value": 160,   "unit": "GB/s",  "source": "published: NVLink ~160 GB/s per GPU (the scale-up limit)"},
     "scaleout_bandwidth":     {"value": 50,    "unit": "GB/s",  "source": "published: one ConnectX-7 400 Gb/s NIC ~50 GB/s per GPU (not fitted: a fit put it above the line rate)"},
-    "scaleout_latency":       {"value": 3507, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16, low-latency EP8/16 per selection on grouped:8, seed 1)"},
-    "scaleout_wr_time":       {"value": 6.29, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16, low-latency EP8/16 per selection on grouped:8, seed 1); the NIC's cost per message (a CX7 posts ~150-200 M messages/s)"},
+    "scaleout_latency":       {"value": 3333, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay combine, low-latency EP8/16 per selection on grouped:8, seed 1)"},
+    "scaleout_wr_time":       {"value": 6.72, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay combine, low-latency EP8/16 per selection on grouped:8, seed 1); the NIC's cost per message (a CX7 posts ~150-200 M messages/s)"},
     "local_copy_bandwidth":   {"value": 1500,  "unit": "GB/s",  "source": "assumption: SM copy inside HBM (read + write)"},
-    "combine_handback":       {"value": 0,     "unit": "count", "source": "assumption: DeepEP's combines release their buffers as they go (no serial per-peer hand-back)"}
+    "combine_handback":       {"value": 0,     "unit": "count", "source": "assumption: DeepEP's combines release their buffers as they go (no serial per-peer hand-back)"},
+    "scaleup_share_with_nic": {"value": 0.783, "unit": "ratio", "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay combine, low-latency EP8/16 per selection on grouped:8, seed 1); mechanism: DeepEP's internode kernels split their SMs between fixed roles (RDMA senders, NVLink forwarders / senders, receivers), so a GPU whose kernel also drives its NIC pushes NVLink with a share of the SMs its intranode kernels use for it (docs/sim.md §8)"}
   },
-  "calibrate": ["link_bandwidth", "link_latency", "scaleout_latency", "scaleout_wr_time", "launch_init", "reduce_bandwidth"],
+  "calibrate": ["link_bandwidth", "link_latency", "scaleout_latency", "scaleout_wr_time", "launch_init", "reduce_bandwidth", "scaleup_share_with_nic"],
   "published": [
     {"label": "normal kernels", "metric": "deepep",
      "source": "published: DeepEP docs/legacy.md (H800, CX7), 4096 tokens/rank, H 7168, top-4 groups / top-8 of 256, FP8 dispatch, BF16 combine; the calibration rows of issue #28 only",
@@ -264,6 +266,7 @@ void refresh(HardwareModel& m) {
   m.scaleout_latency = ns("scaleout_latency");
   m.scaleout_wr_time = ns("scaleout_wr_time");
   m.combine_handback = v("combine_handback") != 0;
+  m.scaleup_share_with_nic = v("scaleup_share_with_nic");
   m.local_copy_bandwidth = GBps{v("local_copy_bandwidth") > 0 ? v("local_copy_bandwidth") : v("link_bandwidth")};
 }
 

@@ -126,6 +126,7 @@ struct Rank {
   Picoseconds local_free{0};  // the local copy path (a put into the own window), FIFO
   FluidServer memory;
   FluidServer vector;  // the vector units (combine's FP32 sums)
+  bool nic_call = false;  // this rank puts through its NIC in the replayed call (scaleup_share_with_nic)
   // Source side of a combine (RankCompute::reduction): partial rows landed per peer, the
   // partials each token still waits for, when the last token's sum is done.
   std::vector<std::uint64_t> landed_bytes;
@@ -159,6 +160,9 @@ class Replay {
       // each slot signalled in earlier calls (not setup: Buffer creation reallocates).
       for (const StreamTrace& st : trace.ranks[static_cast<std::size_t>(r)].streams)
         for (const TraceOp& op : st.ops) {
+          if ((op.kind == OpKind::kPut || op.kind == OpKind::kPutFlagged) && op.call == static_cast<std::uint32_t>(call) &&
+              op.peer != r && scaleout(r, op.peer))
+            rank(r).nic_call = true;
           if (op.kind != OpKind::kSignal) continue;
           if (op.call >= 1 && op.call < static_cast<std::uint32_t>(call)) {
             std::uint64_t& v = rank(op.peer).carried[op.key];
@@ -270,6 +274,12 @@ class Replay {
   }
   const RankPlace& place(int r) const { return places_[static_cast<std::size_t>(r)]; }
   bool scaleout(int src, int dst) const { return hw_.scaleout(place(src), place(dst)); }
+  // The scale-up egress rate of a rank: link_bandwidth, or its scaleup_share_with_nic in a
+  // call where the rank also puts through its NIC (docs/sim.md §2, "scale-out").
+  GBps scaleup_rate(const Rank& r) const {
+    const double share = hw_.scaleup_share_with_nic;
+    return r.nic_call && share > 0 ? GBps{hw_.link_bandwidth.gbps * share} : hw_.link_bandwidth;
+  }
   // A message through the NIC (scale-out) waits for its processing there too.
   Picoseconds nic_ready(int src, int dst, Picoseconds now, Picoseconds ready, std::uint32_t messages) {
     if (!scaleout(src, dst)) return ready;
@@ -582,7 +592,7 @@ class Replay {
     const std::uint64_t n = std::max<std::uint64_t>(1, (rec.bytes + chunk - 1) / chunk);
     const Picoseconds latency = lat(rec.src, rec.peer);
     const bool nic = scaleout(rec.src, rec.peer);
-    const GBps port_rate = nic ? hw_.scaleout_bandwidth : hw_.link_bandwidth;
+    const GBps port_rate = nic ? hw_.scaleout_bandwidth : scaleup_rate(src);
     Picoseconds& egress = nic ? src.nic_egress_free : src.egress_free;
     std::uint64_t left = rec.bytes;
     for (std::uint64_t c = 0; c < n; ++c) {

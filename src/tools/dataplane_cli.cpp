@@ -33,6 +33,9 @@ void add_dataplane_options(CLI::App* sub, DataPlaneOptions& d) {
                                      "exchanges first and pulls where it can (0 = never)"},
       {"stream-min-call", "BYTES", "puts and copies use streaming stores only in calls where this rank writes at least BYTES "
                                    "(smaller calls write through the cache, where the readers find the rows; 0 = always stream)"},
+      {"relay-chunk", "BYTES", "hierarchical combine: members send their replies chunk by chunk to every relay, which sums or "
+                               "forwards a chunk once every member signalled it (the stages overlap); auto (chunked only where "
+                               "the transport states its put costs: the simulator) | BYTES of relayed rows | 0 = the serial relay"},
   };
   for (const Flag& f : flags) {
     const std::string name = f.name;

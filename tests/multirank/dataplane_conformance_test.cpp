@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 
@@ -33,9 +34,11 @@ struct Combo {
   bool copy = false;
   bool node_first = false;  // hierarchical: combine order node-first
   bool selections = false;  // direct: combine replies per (token, expert) selection
+  std::size_t relay_chunk = DataPlaneOptions::kRelayChunkAuto;  // hierarchical: relay chunk bytes (1: a row per chunk)
   std::string name() const {
     std::string n = schedule + (node_first ? "_nodefirst" : "") + (selections ? "_selections" : "") + "_q" + std::to_string(queues.queues) + "_" + queues.split +
-                    "_" + protocol + "_agg" + std::to_string(aggregate) + (copy ? "_copy" : "");
+                    "_" + protocol + "_agg" + std::to_string(aggregate) + (copy ? "_copy" : "") +
+                    (relay_chunk == DataPlaneOptions::kRelayChunkAuto ? "" : "_chunk" + std::to_string(relay_chunk));
     for (char& ch : n)
       if (ch == ':') ch = 'x';
     return n;
@@ -51,6 +54,7 @@ struct Combo {
     o.aggregate_bytes = aggregate;
     o.combine_order = node_first ? CombineOrder::kNodeFirst : CombineOrder::kFlat;
     o.combine_replies = selections ? CombineReplies::kSelections : CombineReplies::kPartials;
+    o.relay_chunk_bytes = relay_chunk;
     if (copy) o.stream_min_call_bytes = 0;
     return o;
   }
@@ -105,7 +109,10 @@ std::vector<Combo> combos() {
           for (std::size_t k = 0; k < std::size(aggregates); ++k) {
             if (!full && path.pairwise && k != (i + j) % std::size(aggregates)) continue;
             const bool copy = (i + j + (path.schedules.size() > 1 ? 0 : k)) % 2 == 1;
-            const Combo c{path.schedules[j], queue_choices[i], protocol, aggregates[k], copy, path.node_first, path.selections};
+            Combo c{path.schedules[j], queue_choices[i], protocol, aggregates[k], copy, path.node_first, path.selections};
+            // Relays: auto (serial on these transports), a row per chunk, or a few rows per chunk.
+            if (path.schedules[0] == std::string("hierarchical"))
+              c.relay_chunk = std::array<std::size_t, 3>{DataPlaneOptions::kRelayChunkAuto, 1, 1000}[(i + k) % 3];
             if (supported(c)) v.push_back(c);
           }
   return v;
@@ -482,6 +489,38 @@ TEST(DataPlaneConformance, NodeFirstCombineCrossesServersOncePerToken) {
   }
 }
 
+// Relay chunks (DataPlaneOptions::relay_chunk_bytes): two servers of four, both combine
+// orders, compact and expanded, at 0 (serial), a row per chunk (1 byte), a few rows and more
+// than any relay holds (one chunk), on threads, shm and the simulator's transport: every
+// combine bit for bit SPEC §4's order (its reference), whatever the chunks' arrival; and the
+// chunks cross servers once per token and server pair (node first) as the serial relay does.
+TEST(DataPlaneConformance, ChunkedRelaysGiveTheOrdersBitsAtEveryChunkSize) {
+  ref::FixtureOptions f = fixture(false, 59);
+  f.num_ranks = 8;
+  f.num_experts = 16;
+  f.num_topk = 6;
+  f.tokens_per_rank = {12, 0, 9, 16, 3, 11, 7, 14};
+  const std::vector<int> nodes = {0, 0, 0, 0, 1, 1, 1, 1};
+  for (bool expanded : {false, true}) {
+    const Expected flat = expect(f, expanded, expanded), node_first = expect(f, expanded, expanded, &nodes);
+    for (const Expected* e : {&flat, &node_first})
+      for (TransportKind kind : kDataTransports)
+        for (std::size_t chunk : {std::size_t{0}, std::size_t{1}, std::size_t{3} * static_cast<std::size_t>(f.hidden) * 2,
+                                  std::size_t{1} << 30}) {
+          SCOPED_TRACE((e == &flat ? "flat, chunk " : "node first, chunk ") + std::to_string(chunk) + (expanded ? ", expanded" : ""));
+          launch({8, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+            BufferConfig c = config_for(e->p, 2);
+            c.dataplane.schedule = parse_schedule("hierarchical");
+            c.dataplane.topology = "builtin:servers:4";
+            c.dataplane.combine_order = e == &node_first ? CombineOrder::kNodeFirst : CombineOrder::kFlat;
+            c.dataplane.relay_chunk_bytes = chunk;
+            Buffer buffer(t, c);
+            check_round_trip(buffer, t.rank(), *e);
+          });
+        }
+  }
+}
+
 // Per-selection replies (CombineReplies::kSelections, DeepEP's low-latency combine): an
 // expert rank sends one row per (token, expert) selection it holds, where the partials send
 // one per (token, rank) pair; both give SPEC §4's bits (weighted and not, K > P so a token
@@ -553,7 +592,7 @@ TEST(DataPlaneConformance, FlagProtocolRefusesZeroCopy) {
 // other (two dispatches, then two combines), so every region is rewritten by the very
 // next call that uses it.
 void stress(TestTransport where, Protocol protocol, int iterations, std::int64_t ring_rows = 0, bool relays = false,
-            bool node_first = false) {
+            bool node_first = false, std::size_t relay_chunk = DataPlaneOptions::kRelayChunkAuto) {
   static const std::vector<int> two_servers = {0, 0, 1, 1};
   std::vector<Expected> rounds;
   for (int i = 0; i < 16; ++i) {
@@ -575,6 +614,7 @@ void stress(TestTransport where, Protocol protocol, int iterations, std::int64_t
       c.dataplane.schedule = parse_schedule("hierarchical");
       c.dataplane.topology = "builtin:servers:2";
       if (node_first) c.dataplane.combine_order = CombineOrder::kNodeFirst;
+      c.dataplane.relay_chunk_bytes = relay_chunk;
     }
     Buffer buffer(t, c);
     auto dispatch = [&](const Expected& e) {
@@ -615,6 +655,14 @@ TEST(DataPlaneStress, deferred_RingReusesSlotsSafely) { stress(kDeferred, Protoc
 TEST(DataPlaneStress, deferred_RelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kTail, 300, 0, true); }
 TEST(DataPlaneStress, threads_NodeFirstRelaysReuseSlotsSafely) { stress(kThreads, Protocol::kExplicit, 300, 0, true, true); }
 TEST(DataPlaneStress, deferred_NodeFirstRelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kTail, 150, 0, true, true); }
+// Relay chunks of one row (DataPlaneOptions::relay_chunk_bytes 1): every relayed row is its
+// own chunk with its own signal and wait; late puts (deferred) make a relay that sums or
+// forwards a chunk before every member's signal of it read stale rows. Explicit: a quiet
+// before each chunk signal (unordered signals); tail: the ordered signal alone.
+TEST(DataPlaneStress, threads_ChunkedRelaysReuseSlotsSafely) { stress(kThreads, Protocol::kExplicit, 300, 0, true, false, 1); }
+TEST(DataPlaneStress, deferred_ChunkedRelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kTail, 150, 0, true, false, 1); }
+TEST(DataPlaneStress, deferred_ChunkedNodeFirstRelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kExplicit, 150, 0, true, true, 1); }
+TEST(DataPlaneStress, deferred_ChunkedNodeFirstTailRelaysReuseSlotsSafely) { stress(kDeferred, Protocol::kTail, 150, 0, true, true, 300); }
 
 }  // namespace
 }  // namespace epx::testing

@@ -107,7 +107,8 @@ TEST_P(GeometryTest, SignalGroupsAreDisjointAndCountedOnce) {
   };
   for (int s = 0; s < P; ++s) {
     add(g.header_signal(s), "header");
-    for (int w = 0; w < W; ++w) add(g.dispatch_signal(s, w), "dispatch"), add(g.combine_signal(s, w), "combine");
+    for (int w = 0; w < W; ++w)
+      add(g.dispatch_signal(s, w), "dispatch"), add(g.combine_signal(s, w), "combine"), add(g.relay_chunk_signal(s, w), "relay chunk");
     add(g.forward_signal(s), "forward");
     add(g.ring_tail_signal(s), "ring tail");
     add(g.ring_credit_signal(s), "ring credit");
@@ -115,7 +116,7 @@ TEST_P(GeometryTest, SignalGroupsAreDisjointAndCountedOnce) {
   }
   const std::size_t stride = protocol == Protocol::kTail ? 64 : 1;
   // Completion slots of the tail protocol sit a 512-byte line apart; headers are dense.
-  EXPECT_EQ(g.num_signals(), static_cast<std::size_t>(P) * (1 + (2 * static_cast<std::size_t>(W) + 4) * stride));
+  EXPECT_EQ(g.num_signals(), static_cast<std::size_t>(P) * (1 + (3 * static_cast<std::size_t>(W) + 4) * stride));
   if (stride > 1 && W > 1) {
     EXPECT_EQ(g.dispatch_signal(0, 1) - g.dispatch_signal(0, 0), stride);
   }

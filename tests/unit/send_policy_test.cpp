@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace epx::detail {
 namespace {
 
@@ -63,6 +65,22 @@ TEST(SendPolicy, AutoGrowsBlocksUntilEachDestinationsShareIsAnEfficientPut) {
   SendShape unaggregated = shape(128, 5.94);
   unaggregated.aggregate_bytes = 0;
   EXPECT_EQ(send_block_tokens({}, unaggregated, ascend), static_cast<std::int64_t>(kCacheBlockBytes / 7392));
+}
+
+// The relays' chunks (DataPlaneOptions::relay_chunk_bytes): explicit bytes are rows of at
+// least one; auto chunks only where the transport states its put costs (the simulator), at
+// kRelayChunkWireOverFixed x overhead x rate bytes, never fewer than kRelayChunkMinRows rows.
+TEST(RelayChunks, ExplicitBytesAreRowsAndAutoFollowsThePutCosts) {
+  const std::size_t row = 14336;  // H 7168, bf16
+  EXPECT_EQ(relay_chunk_rows(0, row, costs(20, 150)), 0);  // 0: the serial relay, whatever the costs
+  EXPECT_EQ(relay_chunk_rows(1, row, TransportCaps{}), 1);  // less than a row: a row
+  EXPECT_EQ(relay_chunk_rows(std::size_t{1} << 20, row, TransportCaps{}), (1 << 20) / 14336);
+  const std::size_t autob = DataPlaneOptions::kRelayChunkAuto;
+  EXPECT_EQ(relay_chunk_rows(autob, row, TransportCaps{}), 0);  // threads, shm, shmem, UCX: serial
+  EXPECT_EQ(relay_chunk_rows(autob, row, costs(0, 150)), 0);
+  EXPECT_EQ(relay_chunk_rows(autob, row, costs(1, 10)), kRelayChunkMinRows);  // cheap puts: the floor
+  const double bytes = kRelayChunkWireOverFixed * 105.2 * 337.1;  // ascend950's put costs
+  EXPECT_EQ(relay_chunk_rows(autob, row, costs(105.2, 337.1)), static_cast<std::int64_t>(std::ceil(bytes / 14336.0)));
 }
 
 }  // namespace

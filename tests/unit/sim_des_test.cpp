@@ -257,6 +257,40 @@ TEST(SimReplay, ScaleOutPutsCrossTheNicBetweenServers) {
   EXPECT_LT(extra, wire_diff + lat_diff + 17 * 0.1 + 0.01) << extra;  // + at most the NIC's 17 messages
 }
 
+// scaleup_share_with_nic: in a call where a rank also puts through its NIC, its scale-up
+// egress moves at that share of link_bandwidth; a call without NIC puts keeps the full rate.
+// Ranks 0, 1 in server 0, rank 2 in server 1; rank 0 puts 1 MiB to rank 1 (scale-up) and,
+// in the second variant, 4 KiB to rank 2 (NIC). With share 1/2 the 1 MiB's last byte leaves
+// one more wire time (at link_bandwidth) later; without the NIC put, nothing changes.
+TEST(SimReplay, ScaleUpShareWithNicSlowsTheScaleUpPortOnlyInCallsThatUseTheNic) {
+  HardwareModel hw = load_hardware("ascend950-supernode");
+  hw.set("scaleout_bandwidth", 50, "test");
+  hw.set("scaleout_latency", 3000, "test");
+  const Topology three = parse_topology_json(R"({"ranks": [{"rank": 0, "server": 0, "frame": 0, "row": 0, "column": 0, "lane": 0},
+                                                {"rank": 1, "server": 0, "frame": 0, "row": 0, "column": 0, "lane": 1},
+                                                {"rank": 2, "server": 1, "frame": 0, "row": 0, "column": 0, "lane": 0}]})",
+                                             "test");
+  const auto trace = [](bool nic) {
+    Trace t = two_rank_trace();
+    t.num_ranks = 3;
+    t.ranks.resize(3);
+    t.ranks[2].streams.resize(1);
+    if (nic) {
+      TraceOp small = t.ranks[0].streams[0].ops[0];
+      small.peer = 2, small.count = 1, small.bytes = small.payload_bytes = 4096;
+      t.ranks[0].streams[0].ops.insert(t.ranks[0].streams[0].ops.begin() + 1, small);
+    }
+    return t;
+  };
+  const auto scaleup_last = [&](bool nic) { return replay_call(trace(nic), 1, hw, {}, three).ranks[0].scaleup_out.last; };
+  const Picoseconds full_alone = scaleup_last(false), full_with_nic = scaleup_last(true);
+  hw.set("scaleup_share_with_nic", 0.5, "test");
+  EXPECT_EQ(scaleup_last(false), full_alone);  // no NIC put in the call: link_bandwidth
+  const double wire_us = hw.link_bandwidth.time_for(Bytes{1 << 20}).us();
+  const double slower = (scaleup_last(true) - full_with_nic).us();
+  EXPECT_NEAR(slower, wire_us, 0.05 * wire_us) << slower;
+}
+
 TEST(SimReplay, WorkerWaitsAndPollsBlockTheirStream) {
   Trace t = two_rank_trace();
   t.calls.push_back("second");

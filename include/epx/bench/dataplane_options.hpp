@@ -29,6 +29,8 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
 std::size_t parse_byte_size(const std::string& text);
 /// The shortest exact form: 1048576 -> "1M", 65536 -> "64K", 1000 -> "1000".
 std::string byte_size_text(std::size_t bytes);
+/// --relay-chunk's text: "auto" (DataPlaneOptions::kRelayChunkAuto) or byte_size_text.
+std::string relay_chunk_text(std::size_t bytes);
 
 /// "auto" | "whole" | "block:BYTES" (parse_byte_size, > 0) -> SendPolicy; throws
 /// kInvalidArgument listing the accepted forms. to_string gives the canonical text.

@@ -50,6 +50,12 @@
 //                         peer after another, after the sums (combine_peer_release + the
 //                         round trip, docs/sim.md §2 item 4); 0: the combine's receive
 //                         areas need no hand-back (default 1)                [count]
+//   scaleup_share_with_nic  in (0, 1]: in a call where a rank also puts through its NIC,
+//                         its scale-up egress port moves at this share of link_bandwidth
+//                         (a GPU kernel that drives both fabrics splits its SMs between
+//                         fixed roles — RDMA senders, NVLink forwarders — so fewer push
+//                         NVLink than in a kernel that uses NVLink only); 0 = off (default:
+//                         link_bandwidth whatever the NIC does)                 [ratio]
 #pragma once
 
 #include <string>
@@ -115,6 +121,7 @@ struct HardwareModel {
   Nanoseconds scaleout_latency, scaleout_wr_time;
   GBps local_copy_bandwidth;  ///< resolved: link_bandwidth when the file says 0
   bool combine_handback = true;
+  double scaleup_share_with_nic = 0;  ///< (0, 1]: scale-up egress rate share in a call that uses the NIC; 0 = off
   /// Every parameter as read (file order), with unit and source.
   std::vector<HardwareParam> params;
   /// What was published about the modelled system ("published": [...], optional).

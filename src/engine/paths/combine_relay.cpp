@@ -13,6 +13,13 @@
 // relay area, which no combine uses otherwise; the source sums its own server's replies the same way and
 // adds the servers' sums in ascending server order. The source waits for its own server's
 // ranks and each other server's relay in both orders.
+// Relay chunks (DataPlaneOptions::relay_chunk_bytes, Impl::relay_chunk_rows > 0): instead of
+// "every member's replies, then the forwarding", each member sends its replies in rounds
+// across all its relay channels — round c carries every relay's chunk c, then an ordered
+// signal per relay — and every rank, between its own rounds, forwards (sums) the chunks of
+// its relay area that every member has signalled: the two stages overlap, as DeepEP's
+// internode combine does with its NVLink senders and forwarders. The same sums in the same
+// order (SPEC §4 fixes it; only the time of the additions moves).
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -59,66 +66,198 @@ class ServerSums {
   std::vector<const std::uint16_t*> rows_;
 };
 
-// At a relay, node first: each source's sums, staged one row per relayed row, go into its
-// relay area (free during a combine; HandleState::sums_at_source) in puts of up to
-// aggregate_bytes, each issued as soon as its rows are summed; then one signal per source.
-void forward_sums(Impl& m, const HandleState& h, const std::vector<int>& sources) {
+// At a relay, node first: the sums of source s's relayed rows [i0, i1), staged one row per
+// relayed row in relay_sums (every sum has its own row until the quiet), put into s's relay
+// area (free during a combine; HandleState::sums_at_source) in puts of up to aggregate_bytes,
+// each issued as soon as its rows are summed.
+void put_sums(Impl& m, const HandleState& h, ServerSums& sums, int s, std::int64_t i0, std::int64_t i1, WorkerStats* ws) {
   const std::size_t H = static_cast<std::size_t>(m.config.hidden), row_bytes = H * sizeof(std::uint16_t);
-  m.reply_stage.resize(static_cast<std::size_t>(h.relayed_begin.back()) * H);  // every sum has its own row until the quiet
   const std::int64_t per_put = std::max<std::int64_t>(1, static_cast<std::int64_t>(m.config.dataplane.aggregate_bytes / row_bytes));
+  const std::int64_t b = h.relayed_begin[static_cast<std::size_t>(s)];
+  for (std::int64_t p0 = i0; p0 < i1; p0 += per_put) {
+    const std::int64_t p1 = std::min(i1, p0 + per_put);
+    for (std::int64_t i = p0; i < p1; ++i) sums.sum(h, i, m.relay_sums.data() + static_cast<std::size_t>(i) * H);
+    const std::size_t bytes = static_cast<std::size_t>(p1 - p0) * row_bytes;
+    m.transport.put(s, m.geo.row(Region::kRelay, h.sums_at_source[static_cast<std::size_t>(s)] + (p0 - b), row_bytes),
+                    m.relay_sums.data() + static_cast<std::size_t>(p0) * H, bytes, 0);
+    if (ws) m.count_put(*ws, s, bytes, 0);
+  }
+}
+
+// At a relay, flat order: every reply to source s's relayed rows [i0, i1) on to its reply
+// row at s, as it is.
+void put_forwarded(Impl& m, const HandleState& h, int s, std::int64_t i0, std::int64_t i1, WorkerStats* ws) {
+  const std::size_t lanes = m.server_members.size();
+  const std::size_t row_bytes = static_cast<std::size_t>(m.config.hidden) * sizeof(std::uint16_t);
+  for (std::int64_t i = i0; i < i1; ++i) {
+    const std::int32_t* reply_row = h.relayed_reply_row.data() + static_cast<std::size_t>(i) * lanes;
+    for (std::size_t lane = 0; lane < lanes; ++lane) {
+      if (reply_row[lane] < 0) continue;
+      const std::byte* from = m.transport.window() + m.geo.row(Region::kRelayReplies, m.geo.relay_reply_row(i, static_cast<int>(lane)), row_bytes);
+      m.transport.put(s, m.geo.row(Region::kReplies, reply_row[lane], row_bytes), from, row_bytes, 0);
+      if (ws) m.count_put(*ws, s, row_bytes, 0);
+    }
+  }
+}
+
+// Source s's relayed rows [i0, i1) on: summed (node first) or as they are (flat).
+void forward_rows(Impl& m, const HandleState& h, ServerSums& sums, int s, std::int64_t i0, std::int64_t i1, WorkerStats* ws) {
+  if (node_first(m)) put_sums(m, h, sums, s, i0, i1, ws);
+  else put_forwarded(m, h, s, i0, i1, ws);
+}
+
+WorkerStats* stats_of(Impl& m, int w) { return m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(w)] : nullptr; }
+
+void reserve_sums(Impl& m, const HandleState& h) {
+  if (node_first(m)) m.relay_sums.resize(static_cast<std::size_t>(h.relayed_begin.back()) * static_cast<std::size_t>(m.config.hidden));
+}
+
+// At a relay, serial (relay_chunk_rows 0): its server's replies to other servers' sources
+// of my lane go on to those sources after every member's completion signal, then one signal
+// each: every reply on its own (flat order), or one sum per token (node first).
+void forward_replies(Impl& m, const HandleState& h) {
+  const std::vector<int> sources = m.relayed_sources();
+  {  // every member of my server has put all its replies to me
+    Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
+    for (int d : m.server_members)
+      for (int w = 0; w < m.W; ++w) m.transport.wait_signal(m.geo.combine_signal(d, w), m.epoch, {"combine relay", d});
+  }
+  reserve_sums(m, h);
   m.run_workers([&](int w) {
     Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
-    WorkerStats* ws = m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(w)] : nullptr;
     ServerSums sums(m);
     for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(m.W)) {
       const int s = sources[k];
-      const std::int64_t b = h.relayed_begin[static_cast<std::size_t>(s)], e = h.relayed_begin[static_cast<std::size_t>(s) + 1];
-      for (std::int64_t i0 = b; i0 < e; i0 += per_put) {
-        const std::int64_t i1 = std::min(e, i0 + per_put);
-        for (std::int64_t i = i0; i < i1; ++i) sums.sum(h, i, m.reply_stage.data() + static_cast<std::size_t>(i) * H);
-        const std::size_t bytes = static_cast<std::size_t>(i1 - i0) * row_bytes;
-        m.transport.put(s, m.geo.row(Region::kRelay, h.sums_at_source[static_cast<std::size_t>(s)] + (i0 - b), row_bytes),
-                        m.reply_stage.data() + static_cast<std::size_t>(i0) * H, bytes, 0);
-        if (ws) m.count_put(*ws, s, bytes, 0);
-      }
+      forward_rows(m, h, sums, s, h.relayed_begin[static_cast<std::size_t>(s)], h.relayed_begin[static_cast<std::size_t>(s) + 1],
+                   stats_of(m, w));
       m.transport.quiet(0);
       m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
     }
   });
 }
 
-// At a relay: its server's replies to other servers' sources of my lane go on to those
-// sources (after every member's completion signal), then one signal each: every reply on
-// its own (flat order), or one sum per token (node first: forward_sums).
-void forward_replies(Impl& m, const HandleState& h) {
-  const std::vector<int> sources = m.relayed_sources();
-  const std::byte* window_base = m.transport.window();
-  const std::size_t lanes = m.server_members.size();
-  const std::size_t row_bytes = static_cast<std::size_t>(m.config.hidden) * sizeof(std::uint16_t);
-  {  // every member of my server has put all its replies to me
-    Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
-    for (int d : m.server_members)
-      for (int w = 0; w < m.W; ++w) m.transport.wait_signal(m.geo.combine_signal(d, w), m.epoch, {"combine relay", d});
-  }
-  if (node_first(m)) return forward_sums(m, h, sources);
-  m.run_workers([&](int w) {
-    Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
-    WorkerStats* ws = m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(w)] : nullptr;
-    for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(m.W)) {
-      const int s = sources[k];
-      for (std::int64_t i = h.relayed_begin[static_cast<std::size_t>(s)]; i < h.relayed_begin[static_cast<std::size_t>(s) + 1]; ++i) {
-        const std::int32_t* reply_row = h.relayed_reply_row.data() + static_cast<std::size_t>(i) * lanes;
-        for (std::size_t lane = 0; lane < lanes; ++lane) {
-          if (reply_row[lane] < 0) continue;
-          const std::byte* from = window_base + m.geo.row(Region::kRelayReplies, m.geo.relay_reply_row(i, static_cast<int>(lane)), row_bytes);
-          m.transport.put(s, m.geo.row(Region::kReplies, reply_row[lane], row_bytes), from, row_bytes, 0);
-          if (ws) m.count_put(*ws, s, row_bytes, 0);
-        }
-      }
-      m.transport.quiet(0);
-      m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
+// ---- Relay chunks (DataPlaneOptions::relay_chunk_bytes; Impl::relay_chunk_rows > 0). The
+// rows a relay relays for each of its sources are cut into chunks of relay_chunk_rows (chunk
+// c of every source at once, so every relay feeds all its sources' NICs evenly — one source
+// after another would incast); chunk c of every relay travels in round c of every member's
+// send, followed by the member's worker's ordered signal epoch << 32 | (c + 1)
+// (Geometry::relay_chunk_signal).
+
+std::int64_t chunks_of(std::int64_t rows, std::int64_t per) { return (rows + per - 1) / per; }
+std::uint64_t chunk_value(const Impl& m, std::int64_t chunks) { return m.epoch << 32 | static_cast<std::uint64_t>(chunks); }
+
+// The chunks of a relay whose relayed rows per source begin at `begin` ([P + 1]).
+std::int64_t relay_chunks(const std::vector<std::int64_t>& begin, std::int64_t per) {
+  std::int64_t n = 0;
+  for (std::size_t s = 0; s + 1 < begin.size(); ++s) n = std::max(n, chunks_of(begin[s + 1] - begin[s], per));
+  return n;
+}
+
+// One worker's relayed rows from source s to one relay, not sent yet: [next, end); `base`:
+// where s's rows begin in the relay's area. A member's rows from s lie there in the same
+// order (both by token).
+struct RelayCursor {
+  int s;
+  std::int64_t next, end, base;
+};
+
+// A member's round c, on every channel: the relayed rows in the relay's chunk c; the chunk's
+// ordered signal (a quiet first where the transport does not order signals after puts); the
+// round's share of the channel's direct replies (its own rows, 1/rounds of them).
+// One call's chunks: the rounds (the most chunks any relay of my server has), each channel's
+// (reply_order[j]'s) chunks, and my sources as a relay (rotated).
+struct ChunkPlan {
+  std::int64_t rounds = 1, mine = 0;
+  std::vector<std::int64_t> chunks;
+  std::vector<int> sources;
+};
+
+void send_round(Impl& m, Impl::Sender& send, Impl::Replies& replies, const HandleState& h, const CombineArgs& a, int w,
+                std::int64_t c, const ChunkPlan& plan, std::vector<std::vector<RelayCursor>>& cursors) {
+  const std::int64_t R = m.relay_chunk_rows;
+  for (std::size_t j = 0; j < m.reply_order.size(); ++j) {
+    const int peer = m.reply_order[j];
+    for (RelayCursor& cur : cursors[j]) {
+      std::int64_t stop = cur.next;
+      while (stop < cur.end && h.recv_relay_row[static_cast<std::size_t>(stop)] - cur.base < (c + 1) * R) ++stop;
+      m.put_replies(send, replies, h, a, peer, cur.s, cur.next, stop);
+      cur.next = stop;
     }
+    if (c < plan.chunks[j]) {
+      const int q = send.queue_of(peer);
+      if (!m.transport.caps().ordered_signal_per_queue) m.transport.quiet(q);
+      m.transport.signal(peer, m.geo.relay_chunk_signal(m.rank, w), chunk_value(m, c + 1), q);
+    }
+    const auto [first, end] = m.reply_slice(h, peer, w);
+    const std::int64_t n = end - first;
+    m.put_replies(send, replies, h, a, peer, peer, first + n * c / plan.rounds, first + n * (c + 1) / plan.rounds);
+  }
+}
+
+// At a relay, chunked: my chunk c, once every member's every worker has signalled it: each
+// source's rows of it (forward_rows), my sources in rotated order.
+void forward_chunk(Impl& m, const HandleState& h, const std::vector<int>& sources, ServerSums& sums, int w, std::int64_t c) {
+  {
+    Impl::PhaseTimer timer(m, w, Phase::kWaitData);
+    for (int d : m.server_members)
+      for (int sw = 0; sw < m.W; ++sw)
+        m.transport.wait_signal(m.geo.relay_chunk_signal(d, sw), chunk_value(m, c + 1), {"combine relay chunk", d});
+  }
+  Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+  for (int s : sources) {
+    const std::int64_t i0 = h.relayed_begin[static_cast<std::size_t>(s)] + c * m.relay_chunk_rows;
+    const std::int64_t i1 = std::min(h.relayed_begin[static_cast<std::size_t>(s) + 1], i0 + m.relay_chunk_rows);
+    if (i0 < i1) forward_rows(m, h, sums, s, i0, i1, stats_of(m, w));
+  }
+}
+
+// A relay forwards chunk c (its worker c mod W does) once the members have sent round c +
+// kRelayLag: a round of slack, so a relay's wait rarely stalls its own sending.
+constexpr std::int64_t kRelayLag = 1;
+
+// Chunked (relay_chunk_rows > 0): every rank is a member and a relay at once, as DeepEP's
+// NVLink senders and forwarders are different warps of one kernel. Each worker sends its
+// replies in rounds (send_round) and, between them, forwards the relay chunks it owns (c = w,
+// w + W, ...) whose round is kRelayLag behind; then completes its channels as send_replies
+// does, forwards the rest and quiets. After every worker: one signal per relayed source.
+void send_and_forward(Impl& m, const HandleState& h, const CombineArgs& a) {
+  ChunkPlan plan;
+  plan.mine = relay_chunks(h.relayed_begin, m.relay_chunk_rows);
+  plan.sources = m.relayed_sources();
+  for (int d : m.reply_order) {
+    plan.chunks.push_back(relay_chunks(h.relayed_begin_at[static_cast<std::size_t>(d)], m.relay_chunk_rows));
+    plan.rounds = std::max(plan.rounds, plan.chunks.back());
+  }
+  m.reserve_reply_stage(h);
+  reserve_sums(m, h);
+  m.run_workers([&](int w) {
+    Impl::Sender send(m, w, m.geo.combine_signal(m.rank, w), m.reply_channel_bytes(h, w), m.reply_order);
+    Impl::Replies replies(m, h, a, w);
+    ServerSums sums(m);
+    std::vector<std::vector<RelayCursor>> cursors(m.reply_order.size());
+    for (std::size_t j = 0; j < m.reply_order.size(); ++j)
+      for (int s : m.reply_sources[static_cast<std::size_t>(m.reply_order[j])])
+        if (s != m.reply_order[j]) {
+          const auto [first, end] = m.reply_slice(h, s, w);
+          cursors[j].push_back({s, first, end, h.relayed_begin_at[static_cast<std::size_t>(m.reply_order[j])][static_cast<std::size_t>(s)]});
+        }
+    std::int64_t own = w;  // my next chunk as a relay
+    auto forward_upto = [&](std::int64_t last) {
+      for (; own < plan.mine && own <= last; own += m.W) forward_chunk(m, h, plan.sources, sums, w, own);
+    };
+    for (std::int64_t c = 0; c < plan.rounds; ++c) {
+      {
+        Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+        send_round(m, send, replies, h, a, w, c, plan, cursors);
+      }
+      forward_upto(c - kRelayLag);
+    }
+    for (int peer : m.reply_order) send.end_channel(peer);
+    send.finish();
+    forward_upto(plan.mine);
+    m.transport.quiet(0);
   });
+  for (int s : plan.sources) m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
 }
 
 // At the source, node first: per token, its replies grouped by the server of their rank,
@@ -207,10 +346,13 @@ void reduce_node_first(Impl& m, const HandleState& h, const CombineArgs& a, Tens
 
 class Relay final : public CombinePath {
  public:
-  void send(Impl& m, const CombineStep& s) const override { m.send_replies(*s.h, *s.a, true); }
+  void send(Impl& m, const CombineStep& s) const override {
+    if (m.relay_chunk_rows > 0) send_and_forward(m, *s.h, *s.a);  // the relays forward while they send
+    else m.send_replies(*s.h, *s.a, true);
+  }
 
   void receive(Impl& m, const CombineStep& s) const override {
-    forward_replies(m, *s.h);
+    if (m.relay_chunk_rows == 0) forward_replies(m, *s.h);
     {  // My server's ranks answer directly; each other server's answers come from its relay.
       Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
       Impl::WaitClock::time_point since = Impl::WaitClock::now();

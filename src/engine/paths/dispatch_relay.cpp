@@ -44,6 +44,12 @@ void plan_relay(Impl& m, HandleState& h, const Peers& peers) {
     for (int s = 0; s < m.rank; ++s) h.relay_base[static_cast<std::size_t>(r)] += peers.counts(s)[first + r];
   for (int s = 0; s < m.P; ++s)
     h.relayed_begin[static_cast<std::size_t>(s) + 1] = h.relayed_begin[static_cast<std::size_t>(s)] + peers.counts(s)[first + m.rank];
+  h.relayed_begin_at.assign(static_cast<std::size_t>(m.P), {});
+  for (int d : m.server_members) {
+    std::vector<std::int64_t>& begin = h.relayed_begin_at[static_cast<std::size_t>(d)];
+    begin.assign(static_cast<std::size_t>(m.P) + 1, 0);
+    for (int s = 0; s < m.P; ++s) begin[static_cast<std::size_t>(s) + 1] = begin[static_cast<std::size_t>(s)] + peers.counts(s)[first + d];
+  }
   // Node-first combine: source s's tokens through relays below r = where r's sums for s start
   // in s's relay area (paths/combine_relay.cpp).
   auto sums_before = [&](int s, int relay) {

@@ -193,7 +193,7 @@ namespace {
 
 std::string engine_key(const SimOptions& o) {
   return std::to_string(o.tokens) + "|" + o.schedule + "|" + std::to_string(o.queues) + "|" + o.queue_split + "|" + std::to_string(o.aggregate) + "|" + o.protocol +
-         "|" + o.topology + "|" + std::to_string(o.ring_rows) + "|" + o.send_policy + "|" + o.combine_order + "|" + o.combine_replies + (o.one_copy ? "|one-copy" : "");
+         "|" + o.topology + "|" + std::to_string(o.ring_rows) + "|" + o.send_policy + "|" + o.combine_order + "|" + o.combine_replies + "|" + o.relay_chunk + (o.one_copy ? "|one-copy" : "");
 }
 
 std::string variant_key(const SimOptions& o) { return engine_key(o) + "|" + (o.dense_scan ? "dense" : "compact") + "|" + o.sync; }

@@ -104,6 +104,11 @@ BufferConfig buffer_config(const SimOptions& o, int hidden, double agg_scale, in
     c.dataplane.send_policy.block_bytes = static_cast<std::size_t>(
         std::max<long long>(1, std::llround(static_cast<double>(c.dataplane.send_policy.block_bytes) * agg_scale)));
   c.dataplane.combine_replies = parse_combine_replies(o.combine_replies);
+  if (o.relay_chunk != "auto") {  // scaled like the aggregation (payload x H / H_run); 0 stays 0 (serial)
+    const std::size_t bytes = parse_byte_size(o.relay_chunk);
+    c.dataplane.relay_chunk_bytes =
+        bytes == 0 ? 0 : static_cast<std::size_t>(std::max<long long>(1, std::llround(static_cast<double>(bytes) * agg_scale)));
+  }
   c.ring_rows = o.ring_rows;
   c.collect_stats = o.collect_stats;
   if (o.one_copy) c.output_pool_bytes = pool_bytes;  // explicit: kept in model-only mode too (-1, auto, is not)
@@ -255,6 +260,13 @@ void validate_sim_options(const SimOptions& o) {
   }
   parse_combine_order(o.combine_order);
   parse_combine_replies(o.combine_replies);
+  if (o.relay_chunk != "auto") {
+    try {
+      parse_byte_size(o.relay_chunk);
+    } catch (const Error& e) {
+      bad(std::string("--relay-chunk: ") + e.what());
+    }
+  }
   if (o.combine_replies == "selections" && (o.schedule == "hierarchical" || o.ring_rows > 0 || o.protocol == "flag"))
     bad("--combine-replies selections sends straight to the sources: not with --schedule hierarchical, --ring-rows or --protocol flag");
   if (o.combine_order == "node-first" && o.schedule != "hierarchical")
@@ -303,7 +315,7 @@ void set_sim_option(SimOptions& o, const std::string& name, const std::string& v
   std::string* text = name == "layout" ? &o.layout : name == "schedule" ? &o.schedule : name == "topology" ? &o.topology
                     : name == "queue-split" ? &o.queue_split : name == "protocol" ? &o.protocol
                     : name == "send-policy" ? &o.send_policy : name == "combine-order" ? &o.combine_order
-                    : name == "combine-replies" ? &o.combine_replies : nullptr;
+                    : name == "combine-replies" ? &o.combine_replies : name == "relay-chunk" ? &o.relay_chunk : nullptr;
   if (!text) bad("unknown epx sim option '" + name + "'");
   *text = value;
 }

@@ -73,6 +73,10 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
                   "partials | selections (expanded: every (token, expert) row back, the source forms the partials; DeepEP's "
                   "low-latency combine)")
       ->capture_default_str();
+  sub->add_option("--relay-chunk", o.relay_chunk,
+                  "hierarchical combine: relays sum/forward chunks of BYTES as every member signals them (the stages "
+                  "overlap); auto (from the profile's put costs) | BYTES | 0 = the serial relay")
+      ->capture_default_str();
   sub->add_flag("--one-copy", o.one_copy,
                 "keep the output pool in model-only mode: rows land in the receiver's output block (expanded: a row per "
                 "(token, expert), DeepEP's low-latency dispatch)");

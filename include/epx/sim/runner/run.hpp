@@ -50,6 +50,7 @@ struct SimOptions {
   /// row per (token, rank), summed at the expert) | selections (one row per (token, expert):
   /// DeepEP's low-latency combine; the source forms the partials).
   std::string combine_replies = "partials";
+  std::string relay_chunk = "auto";  ///< --relay-chunk: auto | BYTES (0 = the serial relay), scaled as --aggregate
   /// Keep the engine's output pool in model-only mode (a real run has it; the model-only
   /// default leaves it out, so the calls keep their rows-first shape): dispatch rows land in
   /// the receiver's output block, one copy — an expanded block takes a row per selection
