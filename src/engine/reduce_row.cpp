@@ -165,6 +165,18 @@ HWY_INLINE void add_groups(Block& a, const RowTerms& t, std::size_t c, std::size
   }
 }
 
+// Asks for the cache lines of every row kPrefetchColumns on from columns [c, c + block) (a
+// line once, however narrow the block): the rows are separate streams, often in DRAM (a peer's
+// window written with streaming stores), and the hardware prefetchers alone keep too few of
+// their lines in flight (BENCHMARKS.md, "Issue #26 §3: the reduce's prefetch").
+HWY_INLINE void prefetch_rows(const RowTerms& t, std::size_t c, std::size_t block, std::size_t n) {
+  constexpr std::size_t kLine = 64 / sizeof(std::uint16_t);  // columns per cache line
+  if (c + kPrefetchColumns >= n) return;
+  for (int j = 0; j < t.count; ++j)
+    for (std::size_t k = (kLine - c % kLine) % kLine; k < block; k += kLine)
+      hwy::Prefetch(t.rows[j] + c + kPrefetchColumns + k);
+}
+
 void ReduceRow(std::uint16_t* out, const RowTerms& t, std::size_t n) {
   const std::size_t N = hn::Lanes(DF()), block = 4 * N;
   const int plain = t.group_end ? t.lead : t.count;
@@ -173,6 +185,7 @@ void ReduceRow(std::uint16_t* out, const RowTerms& t, std::size_t n) {
   const bool stream = t.stream && reinterpret_cast<std::uintptr_t>(out) % (N * sizeof(float)) == 0;
   std::size_t c = 0;
   for (; c + block <= n; c += block) {
+    prefetch_rows(t, c, block, n);
     Block a = t.first ? load_block(t.first + c, N) : zero_block();
     for (int j = 0; j < plain; ++j) w ? add_weighted(a, t.rows[j] + c, w[j], N) : add_row(a, t.rows[j] + c, N);
     if (t.group_end) add_groups(a, t, c, N);

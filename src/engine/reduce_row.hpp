@@ -34,6 +34,14 @@ struct RowTerms {
   bool stream = false;
 };
 
+/// How far ahead of the columns it adds reduce_row() asks for each row's cache lines
+/// (software prefetch; 1 KiB of bf16 per row). The rows of a pull combine are separate
+/// streams in peers' windows, mostly in DRAM; measured with 8 shm ranks on 2 cores at 128
+/// tokens the reduce's CPU fell ~30 % and the combine ran 1.25x faster (BENCHMARKS.md,
+/// "Issue #26 §3: the reduce's prefetch").
+/// A prefetch only moves lines: the sums are the same bits.
+inline constexpr std::size_t kPrefetchColumns = 512;
+
 /// out[0 .. n) = bf16 of the sum above, column by column. Keeps the float32 accumulators in
 /// registers across all the terms (one pass over every row), with the widest SIMD the CPU
 /// has (Google Highway: AVX-512 / AVX2 / SSE4 on x86, NEON on Arm, chosen at run time on x86).

@@ -58,7 +58,7 @@ struct ProtocolRule {
 inline constexpr PathRule kPaths[kNumPaths] = {
     {Path::kDirect, "direct", {true, true, true}, "", true, true, false, false, nullptr, true, "direct", true},
     {Path::kRelay, "schedule 'hierarchical'", {true, true, false},
-     "relays forward a source's rows when its signal arrives (use explicit or tail)", true, true, false, false, "hierarchical schedule", true, "relay", true},
+     "relays forward a source's rows when its signal arrives (use explicit or tail)", true, true, false, false, nullptr, true, "relay", true},
     {Path::kRing, "ring_rows (bounded receive area)", {true, true, false},
      "ring counts travel as signals (use explicit or tail)", false, true, false, false, "ring_rows", true, "ring", true},
     {Path::kRowsFirst, "rows first", {true, true, false}, "flagged rows complete themselves, not by the exchange", true, true,
@@ -171,8 +171,10 @@ inline const char* why_copy(const BufferConfig& c, RecvLayout layout) noexcept {
   if (c.output_pool_bytes == 0) return "output pool off";
   if (const char* why = rule(base_path(c)).why_copy) return why;
   if (const char* why = rule(c.dataplane.protocol).why_copy) return why;
-  (void)layout;  // both layouts land in output blocks (an expanded one takes a row per slot)
-  return "";
+  // A relay forwards a compact row into the block as a direct sender would (the same slot);
+  // an expanded row would go once per slot, at rows only the relayed record's metadata names.
+  if (base_path(c) == Path::kRelay && layout == RecvLayout::kExpanded) return "hierarchical schedule, expanded layout";
+  return "";  // both layouts land in output blocks (an expanded one takes a row per slot)
 }
 
 }  // namespace epx::spi

@@ -28,10 +28,12 @@ namespace epx::detail {
 namespace {
 
 // A dispatch row's bytes: the row, its FP8 scales (0: bf16) and, forwarded, whether its
-// metadata goes with it (fresh dispatch).
+// metadata goes with it (fresh dispatch) and where each final rank's rows land (its
+// receive area, or — one copy, compact — its output block at the same slot).
 struct RowBytes {
   std::size_t row, scale;
   bool with_meta;
+  const std::vector<Landing>* landing = nullptr;
 };
 
 // Fresh dispatch: my tokens per relay (once per server), kept in h.relay_tokens.
@@ -142,7 +144,8 @@ void put_records(Impl& m, Impl::Sender& send, const HandleState& h, const Dispat
 }
 
 // At a relay: source s's relayed rows [i0, i1) (from my relay area, with their records) on
-// to their final ranks in my server.
+// to their final ranks in my server: into the receive area, or (one copy, compact) the
+// rank's output block at the same slot, as its direct senders put them.
 void forward_rows(Impl& m, std::int64_t i0, std::int64_t i1, const RowBytes& b, WorkerStats* ws) {
   std::byte* window_base = m.transport.window();
   auto put = [&](int d, std::size_t offset, const std::byte* from, std::size_t bytes) {
@@ -155,8 +158,12 @@ void forward_rows(Impl& m, std::int64_t i0, std::int64_t i1, const RowBytes& b, 
       if (rec.slot[lane] < 0) continue;
       const int d = m.server_members[lane];
       const std::int64_t to = rec.slot[lane];
-      put(d, m.geo.row(Region::kData, to, b.row), window_base + m.geo.row(Region::kRelay, i, b.row), b.row);
-      if (b.scale) put(d, m.geo.row(Region::kScales, to, b.scale), window_base + m.geo.row(Region::kRelayScales, i, b.scale), b.scale);
+      const Landing& at = (*b.landing)[static_cast<std::size_t>(d)];
+      auto landed = [&](Region region, std::size_t bytes) {
+        return at.block ? Geometry::landed_row(at, region, to, bytes) : m.geo.row(region, to, bytes);
+      };
+      put(d, landed(Region::kData, b.row), window_base + m.geo.row(Region::kRelay, i, b.row), b.row);
+      if (b.scale) put(d, landed(Region::kScales, b.scale), window_base + m.geo.row(Region::kRelayScales, i, b.scale), b.scale);
       if (b.with_meta)
         put(d, m.geo.row(Region::kMeta, to, m.geo.meta_bytes()), m.geo.meta_record(rec.meta, static_cast<std::int64_t>(lane)),
             m.geo.meta_bytes());
@@ -306,7 +313,7 @@ void send_round(Impl& m, Impl::Sender& send, const DispatchStep& s, const SendPl
 void send_worker(Impl& m, const DispatchStep& s, const SendPlan& p, int w) {
   const WorkerPart part = worker_part(m, s, w);
   Impl::Sender send(m, w, m.geo.dispatch_signal(m.rank, w), part.channel_bytes, m.visit_order);
-  const RowBytes forwarded{s.row_bytes, s.scale_bytes, s.fresh};
+  const RowBytes forwarded{s.row_bytes, s.scale_bytes, s.fresh, s.landing};
   std::int64_t own = w;  // my next chunk as a relay
   auto forward_upto = [&](std::int64_t last) {
     for (; own < p.mine && own <= last; own += m.W) forward_chunk(m, *s.h, p.sources, forwarded, w, own);
@@ -351,7 +358,7 @@ class Relay final : public DispatchPath {
   void send(Impl& m, const DispatchStep& s) const override { send_rows(m, s); }
 
   void receive(Impl& m, const DispatchStep& s) const override {
-    if (m.relay_chunk_rows == 0) forward_relayed(m, *s.h, RowBytes{s.row_bytes, s.scale_bytes, s.fresh});
+    if (m.relay_chunk_rows == 0) forward_relayed(m, *s.h, RowBytes{s.row_bytes, s.scale_bytes, s.fresh, s.landing});
     // Same server: the source's own signals; other servers: the relay's, one per source.
     Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
     Impl::WaitClock::time_point since = Impl::WaitClock::now();
