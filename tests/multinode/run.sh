@@ -363,6 +363,7 @@ fault_check() {
     [ -n "$says" ] && said="${said:+$said; }the launcher: $(grep -Eo "$says" "$work/$name.err" | head -1)"
     echo "PASS: $name (exit $rc, ${took}s after the fault; $# survivors named peer + phase, e.g. ${said})"
   else
+    sed 's/^/    said: /' "$said_by"
     quiet_noise "$work/$name.err" | grep -v 'Internal error\|flush.c' | tail -8
   fi
   # Open MPI's own daemons/agents left behind (the cut machine's orted): this run's only.
