@@ -402,15 +402,21 @@ TEST(DataPlaneConformance, ProtocolsNeedTheirTransportGuarantee) {
   }
 }
 
+// The relay tests' shape: 8 ranks (rank 1 without tokens), 16 experts, top-`topk`.
+ref::FixtureOptions eight_ranks(std::uint64_t seed, int topk) {
+  ref::FixtureOptions f = fixture(false, seed);
+  f.num_ranks = 8;
+  f.num_experts = 16;
+  f.num_topk = topk;
+  f.tokens_per_rank = {12, 0, 9, 16, 3, 11, 7, 14};
+  return f;
+}
+
 // Hierarchical: rows cross servers only between ranks of the same lane, both ways — a
 // rank puts to other servers only to its relays (dispatch rows, forwarded replies); every
 // other rank of another server gets its rows and replies relayed.
 TEST(DataPlaneConformance, HierarchicalCrossesServersOnlyBetweenSameLanes) {
-  ref::FixtureOptions f = fixture(false, 56);
-  f.num_ranks = 8;
-  f.num_experts = 16;
-  f.num_topk = 4;
-  f.tokens_per_rank = {12, 0, 9, 16, 3, 11, 7, 14};
+  const ref::FixtureOptions f = eight_ranks(56, 4);
   for (bool expanded : {false, true}) {
     const Expected e = expect(f, expanded, expanded);
     launch({8, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
@@ -441,11 +447,7 @@ TEST(DataPlaneConformance, HierarchicalCrossesServersOnlyBetweenSameLanes) {
 // per token of another server's source, where the flat order forwards each of its server's
 // ranks' replies; both bit for bit their order, and the two orders differ on this data.
 TEST(DataPlaneConformance, NodeFirstCombineCrossesServersOncePerToken) {
-  ref::FixtureOptions f = fixture(false, 57);
-  f.num_ranks = 8;
-  f.num_experts = 16;
-  f.num_topk = 6;
-  f.tokens_per_rank = {12, 0, 9, 16, 3, 11, 7, 14};
+  const ref::FixtureOptions f = eight_ranks(57, 6);
   const std::vector<int> nodes = {0, 0, 0, 0, 1, 1, 1, 1};
   for (bool expanded : {false, true}) {
     const Expected flat = expect(f, expanded, expanded), node_first = expect(f, expanded, expanded, &nodes);
@@ -497,11 +499,7 @@ TEST(DataPlaneConformance, NodeFirstCombineCrossesServersOncePerToken) {
 // by chunk as they land) and every combine bit for bit SPEC §4's order, whatever the chunks'
 // arrival.
 TEST(DataPlaneConformance, ChunkedRelaysGiveTheOrdersBitsAtEveryChunkSize) {
-  ref::FixtureOptions f = fixture(false, 59);
-  f.num_ranks = 8;
-  f.num_experts = 16;
-  f.num_topk = 6;
-  f.tokens_per_rank = {12, 0, 9, 16, 3, 11, 7, 14};
+  const ref::FixtureOptions f = eight_ranks(59, 6);
   for (int per_server : {4, 2}) {
     std::vector<int> nodes;
     for (int r = 0; r < f.num_ranks; ++r) nodes.push_back(r / per_server);
