@@ -197,8 +197,8 @@ class Geometry {
   std::size_t ring_tail_signal(int src) const noexcept { return group(forward_signal(s_.num_ranks), src); }
   std::size_t ring_credit_signal(int dst) const noexcept { return group(ring_tail_signal(s_.num_ranks), dst); }
   std::size_t pull_done_signal(int src) const noexcept { return group(ring_credit_signal(s_.num_ranks), src); }
-  /// Hierarchical combine in chunks: member src's worker's count of relay chunks sent to me,
-  /// epoch << 32 | chunks (paths/combine_relay.cpp).
+  /// Relay chunks (hierarchical dispatch and combine): sender src's worker's count of relay
+  /// chunks sent to me, epoch << 32 | chunks (paths/relay_chunks.hpp).
   std::size_t relay_chunk_signal(int src, int worker) const noexcept { return completion(pull_done_signal(s_.num_ranks), src, worker); }
 
   const GeometryShape& shape() const noexcept { return s_; }

@@ -171,9 +171,9 @@ void send_round(Impl& m, Impl::Sender& send, Impl::Replies& replies, const Handl
       cur.next = stop;
     }
     if (c < plan.chunks[j]) signal_chunk(m, peer, send.queue_of(peer), w, c);
-    const auto [first, end] = m.reply_slice(h, peer, w);
-    const std::int64_t n = end - first;
-    m.put_replies(send, replies, h, a, peer, peer, first + n * c / plan.rounds, first + n * (c + 1) / plan.rounds);
+    const auto [slice_first, slice_end] = m.reply_slice(h, peer, w);
+    const auto [first, end] = round_share(slice_first, slice_end, c, plan.rounds);
+    m.put_replies(send, replies, h, a, peer, peer, first, end);
   }
 }
 
@@ -186,8 +186,7 @@ void forward_chunk(Impl& m, const HandleState& h, const std::vector<int>& source
   }
   Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
   for (int s : sources) {
-    const std::int64_t i0 = h.relayed_begin[static_cast<std::size_t>(s)] + c * m.relay_chunk_rows;
-    const std::int64_t i1 = std::min(h.relayed_begin[static_cast<std::size_t>(s) + 1], i0 + m.relay_chunk_rows);
+    const auto [i0, i1] = chunk_range(h.relayed_begin, s, c, m.relay_chunk_rows);
     if (i0 < i1) forward_rows(m, h, sums, s, i0, i1, stats_of(m, w));
   }
 }
@@ -218,10 +217,8 @@ void send_and_forward(Impl& m, const HandleState& h, const CombineArgs& a) {
           const auto [first, end] = m.reply_slice(h, s, w);
           cursors[j].push_back({s, first, end, h.relayed_begin_at[static_cast<std::size_t>(m.reply_order[j])][static_cast<std::size_t>(s)]});
         }
-    std::int64_t own = w;  // my next chunk as a relay
-    auto forward_upto = [&](std::int64_t last) {
-      for (; own < plan.mine && own <= last; own += m.W) forward_chunk(m, h, plan.sources, sums, w, own);
-    };
+    OwnChunks own(plan.mine, w, m.W);  // my chunks as a relay
+    auto forward_upto = [&](std::int64_t last) { own.upto(last, [&](std::int64_t c) { forward_chunk(m, h, plan.sources, sums, w, c); }); };
     for (std::int64_t c = 0; c < plan.rounds; ++c) {
       {
         Impl::PhaseTimer timer(m, w, Phase::kPutIssue);

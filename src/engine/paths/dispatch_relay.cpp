@@ -198,8 +198,7 @@ void forward_relayed(Impl& m, const HandleState& h, const RowBytes& b) {
 // source's every worker has signalled it.
 void forward_chunk(Impl& m, const HandleState& h, const std::vector<int>& sources, const RowBytes& b, int w, std::int64_t c) {
   for (int s : sources) {
-    const std::int64_t i0 = h.relayed_begin[static_cast<std::size_t>(s)] + c * m.relay_chunk_rows;
-    const std::int64_t i1 = std::min(h.relayed_begin[static_cast<std::size_t>(s) + 1], i0 + m.relay_chunk_rows);
+    const auto [i0, i1] = chunk_range(h.relayed_begin, s, c, m.relay_chunk_rows);
     if (i0 >= i1) continue;
     {
       Impl::PhaseTimer timer(m, w, Phase::kWaitData);
@@ -298,10 +297,8 @@ void send_round(Impl& m, Impl::Sender& send, const DispatchStep& s, const SendPl
       }
       if (R > 0 && c < chunks_of(static_cast<std::int64_t>(tokens.size()), R)) signal_chunk(m, d, send.queue_of(d), w, c);
     } else {
-      const auto [first, end] = part.local[ud];
-      const std::int64_t n = end - first;
-      m.put_segment(send, h, *s.a, s.expert_base, d, first + n * c / p.rounds, first + n * (c + 1) / p.rounds, m.geo.send_row(h, d, 0, false),
-                    (*s.landing)[ud]);
+      const auto [first, end] = round_share(part.local[ud].first, part.local[ud].second, c, p.rounds);
+      m.put_segment(send, h, *s.a, s.expert_base, d, first, end, m.geo.send_row(h, d, 0, false), (*s.landing)[ud]);
     }
   }
 }
@@ -314,10 +311,8 @@ void send_worker(Impl& m, const DispatchStep& s, const SendPlan& p, int w) {
   const WorkerPart part = worker_part(m, s, w);
   Impl::Sender send(m, w, m.geo.dispatch_signal(m.rank, w), part.channel_bytes, m.visit_order);
   const RowBytes forwarded{s.row_bytes, s.scale_bytes, s.fresh, s.landing};
-  std::int64_t own = w;  // my next chunk as a relay
-  auto forward_upto = [&](std::int64_t last) {
-    for (; own < p.mine && own <= last; own += m.W) forward_chunk(m, *s.h, p.sources, forwarded, w, own);
-  };
+  OwnChunks own(p.mine, w, m.W);  // my chunks as a relay
+  auto forward_upto = [&](std::int64_t last) { own.upto(last, [&](std::int64_t c) { forward_chunk(m, *s.h, p.sources, forwarded, w, c); }); };
   for (std::int64_t c = 0; c < p.rounds; ++c) {
     {
       Impl::PhaseTimer timer(m, w, Phase::kPutIssue);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "../path.hpp"
@@ -25,6 +26,33 @@ inline std::int64_t relay_chunks(const std::vector<std::int64_t>& begin, std::in
   for (std::size_t s = 0; s + 1 < begin.size(); ++s) n = std::max(n, chunks_of(begin[s + 1] - begin[s], per));
   return n;
 }
+
+/// Source s's rows of chunk c in a relay's area, [first, end) (empty past its last chunk).
+inline std::pair<std::int64_t, std::int64_t> chunk_range(const std::vector<std::int64_t>& begin, int s, std::int64_t c, std::int64_t per) {
+  const std::int64_t first = begin[static_cast<std::size_t>(s)] + c * per;
+  return {first, std::min(begin[static_cast<std::size_t>(s) + 1], first + per)};
+}
+
+/// Round c of `rounds`: its share of rows [first, end) that go to my own server's ranks.
+inline std::pair<std::int64_t, std::int64_t> round_share(std::int64_t first, std::int64_t end, std::int64_t c, std::int64_t rounds) {
+  const std::int64_t n = end - first;
+  return {first + n * c / rounds, first + n * (c + 1) / rounds};
+}
+
+/// The relay chunks worker w owns (c = w, w + W, ... below `total`), forwarded in order as
+/// the rounds allow.
+class OwnChunks {
+ public:
+  OwnChunks(std::int64_t total, int w, int W) : next_(w), total_(total), step_(W) {}
+  /// Forwards (forward(c)) every owned chunk up to round `last` not forwarded yet.
+  template <class Forward>
+  void upto(std::int64_t last, Forward&& forward) {
+    for (; next_ < total_ && next_ <= last; next_ += step_) forward(next_);
+  }
+
+ private:
+  std::int64_t next_, total_, step_;
+};
 
 /// A relay forwards chunk c (its worker c mod W does) once the senders have sent round c +
 /// kRelayLag: a round of slack, so a relay's wait rarely stalls its own sending.
