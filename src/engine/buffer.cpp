@@ -160,8 +160,8 @@ std::string got(const TensorView& v) { return v.shape.str() + " " + to_string(v.
 
 }  // namespace
 
-MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
-  if (a.caller_error != nullptr) return Status{a.caller_error->code(), a.caller_error->what()};
+// x (and x_scales): dtype, [S, H], S within the buffer's tokens, data, FP8's scale shape.
+MaybeStatus Buffer::Impl::check_x(const DispatchArgs& a) const {
   const BufferConfig& c = config;
   const TensorView& x = a.x;
   if (x.dtype != DType::kBF16 && x.dtype != DType::kFP8E4M3)
@@ -186,6 +186,31 @@ MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
   } else if (!a.x_scales.empty()) {
     return make_status(ErrorCode::kInvalidArgument, "x_scales given but x is bf16 (scales go with fp8_e4m3 x)");
   }
+  return std::nullopt;
+}
+
+// A cached dispatch's handle: made by this buffer and rank, for S tokens and the same layout.
+MaybeStatus Buffer::Impl::check_cached(const DispatchArgs& a) const {
+  const HandleState* h = a.handle->state_.get();
+  const std::int64_t S = a.x.shape[0];
+  if (h == nullptr) return make_status(ErrorCode::kBadHandle, "cached dispatch with an empty handle");
+  if (h->buffer_id != buffer_id || h->rank != rank)
+    return make_status(ErrorCode::kBadHandle, "the handle was made by another buffer or rank");
+  if (h->plan.shape.num_tokens != S)
+    return make_status(ErrorCode::kShapeMismatch, "cached dispatch: x has S = " + std::to_string(S) +
+                                                      " tokens but the handle's dispatch had " +
+                                                      std::to_string(h->plan.shape.num_tokens));
+  if (h->layout != a.layout || h->alignment != a.expert_alignment || h->worst != a.num_worst_tokens)
+    return make_status(ErrorCode::kBadHandle,
+                       "cached dispatch: layout, expert_alignment or num_worst_tokens differ from the handle's");
+  return std::nullopt;
+}
+
+MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
+  if (a.caller_error != nullptr) return Status{a.caller_error->code(), a.caller_error->what()};
+  const BufferConfig& c = config;
+  if (MaybeStatus bad = check_x(a)) return bad;
+  const std::int64_t S = a.x.shape[0];
   if (a.expert_alignment < 1)
     return make_status(ErrorCode::kInvalidArgument,
                        "expert_alignment must be >= 1, got " + std::to_string(a.expert_alignment));
@@ -199,20 +224,7 @@ MaybeStatus Buffer::Impl::check_dispatch(const DispatchArgs& a) const {
   if (a.num_worst_tokens < 0)
     return make_status(ErrorCode::kInvalidArgument,
                        "num_worst_tokens must be >= 0, got " + std::to_string(a.num_worst_tokens));
-  if (a.handle != nullptr) {
-    const HandleState* h = a.handle->state_.get();
-    if (h == nullptr) return make_status(ErrorCode::kBadHandle, "cached dispatch with an empty handle");
-    if (h->buffer_id != buffer_id || h->rank != rank)
-      return make_status(ErrorCode::kBadHandle, "the handle was made by another buffer or rank");
-    if (h->plan.shape.num_tokens != S)
-      return make_status(ErrorCode::kShapeMismatch, "cached dispatch: x has S = " + std::to_string(S) +
-                                                        " tokens but the handle's dispatch had " +
-                                                        std::to_string(h->plan.shape.num_tokens));
-    if (h->layout != a.layout || h->alignment != a.expert_alignment || h->worst != a.num_worst_tokens)
-      return make_status(ErrorCode::kBadHandle,
-                         "cached dispatch: layout, expert_alignment or num_worst_tokens differ from the handle's");
-    return std::nullopt;
-  }
+  if (a.handle != nullptr) return check_cached(a);
   const Shape sk{S, c.num_topk};
   if (a.topk_idx.dtype != DType::kI64 || !(a.topk_idx.shape == sk))
     return make_status(a.topk_idx.dtype != DType::kI64 ? ErrorCode::kDtypeMismatch : ErrorCode::kShapeMismatch,

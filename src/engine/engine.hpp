@@ -98,6 +98,8 @@ struct Buffer::Impl {
 
   // buffer.cpp
   detail::MaybeStatus check_dispatch(const DispatchArgs& a) const;
+  detail::MaybeStatus check_x(const DispatchArgs& a) const;       // check_dispatch's x and x_scales
+  detail::MaybeStatus check_cached(const DispatchArgs& a) const;  // check_dispatch's handle of a cached dispatch
   detail::MaybeStatus check_combine(const CombineArgs& a) const;
   detail::Status make_status(ErrorCode code, const std::string& what) const;
 
