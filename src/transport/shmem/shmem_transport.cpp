@@ -198,6 +198,20 @@ std::unique_ptr<Transport> ShmemTransport::open_endpoint() {
   return std::unique_ptr<Transport>(new ShmemTransport(*this, 0));
 }
 
+ShmemTransport& ShmemTransport::term_root() noexcept {
+  ShmemTransport* t = this;
+  while (t->parent_ != nullptr) t = t->parent_;
+  return *t;
+}
+
+// On this transport (its watchdog) and on the root (the SIGTERM line: shmem_quiet completes
+// every endpoint's puts).
+void ShmemTransport::mark_outstanding(int peer) noexcept {
+  const auto p = static_cast<std::size_t>(peer);
+  outstanding_[p].store(true, std::memory_order_relaxed);
+  term_root().outstanding_[p].store(true, std::memory_order_relaxed);
+}
+
 void ShmemTransport::note(const char* phase, int peer) noexcept {
   last_phase_.store(phase, std::memory_order_relaxed);
   last_peer_.store(peer, std::memory_order_relaxed);
@@ -222,11 +236,12 @@ void ShmemTransport::guarded(const char* call, int peer, F&& f) {
     std::lock_guard<std::mutex> lock(watch_mu_);
     it = blocking_.insert(blocking_.end(), Blocking{std::chrono::steady_clock::now(), call, peer});
   }
-  blocked_call_.store(call, std::memory_order_relaxed);
-  blocked_peer_.store(peer, std::memory_order_relaxed);
-  blocked_.fetch_add(1, std::memory_order_relaxed);
+  ShmemTransport& term = term_root();  // the SIGTERM line reads the transport it was installed on
+  term.blocked_call_.store(call, std::memory_order_relaxed);
+  term.blocked_peer_.store(peer, std::memory_order_relaxed);
+  term.blocked_.fetch_add(1, std::memory_order_relaxed);
   f();
-  blocked_.fetch_sub(1, std::memory_order_relaxed);
+  term.blocked_.fetch_sub(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(watch_mu_);
   blocking_.erase(it);
 }
@@ -460,14 +475,14 @@ void ShmemTransport::put(int peer, std::size_t offset, const void* src, std::siz
     }
     return;
   }
-  outstanding_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
+  mark_outstanding(peer);
   unprobed_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
   shmem_putmem_nbi(base_ + offset, src, bytes, peer);
 }
 
 void ShmemTransport::get(int peer, std::size_t offset, void* dst, std::size_t bytes, int) {
   if (const std::byte* src = peer_base_[static_cast<std::size_t>(peer)]) return static_cast<void>(std::memcpy(dst, src + offset, bytes));
-  outstanding_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
+  mark_outstanding(peer);
   shmem_getmem_nbi(dst, base_ + offset, bytes, peer);
 }
 
@@ -507,7 +522,7 @@ void ShmemTransport::wait_word(std::uint64_t* word, std::uint64_t at_least, cons
     std::atomic<int>& n;
     explicit Waiting(std::atomic<int>& c) : n(c) { n.fetch_add(1, std::memory_order_relaxed); }
     ~Waiting() { n.fetch_sub(1, std::memory_order_relaxed); }
-  } waiting{waiting_};
+  } waiting{term_root().waiting_};  // an endpoint's (a worker's) wait too: the line reads the root
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   for (unsigned i = 0;; ++i) {
     // Over UCX's TCP transport a peer's put lands only while this PE progresses.

@@ -134,6 +134,8 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   std::size_t heap_bytes_;            // the heap every PE has (0: unknown)
   std::size_t block_bytes_ = 0;       // this transport's shmem_malloc block
   ShmemTransport* parent_ = nullptr;  // an endpoint's transport
+  ShmemTransport& term_root() noexcept;  // the transport without a parent: its counters feed the SIGTERM line
+  void mark_outstanding(int peer) noexcept;
   int rank_;
   int num_ranks_;
   std::vector<int> node_of_rank_;
