@@ -95,12 +95,13 @@ void Buffer::Impl::reserve_reply_stage(const HandleState& h) {
     reply_stage.resize(static_cast<std::size_t>(W * kReplyStageRows) * static_cast<std::size_t>(config.hidden));
 }
 
-std::vector<std::uint64_t> Buffer::Impl::reply_channel_bytes(const HandleState& h, int w) const {
+std::vector<std::uint64_t> Buffer::Impl::reply_channel_bytes(const HandleState& h, int w, bool relayed) const {
   const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * sizeof(std::uint16_t);
   const bool selections = selection_replies(h);
   std::vector<std::uint64_t> bytes(static_cast<std::size_t>(P));
   for (int peer : reply_order)
     for (int s : reply_sources[static_cast<std::size_t>(peer)]) {
+      if (!relayed && s != peer) continue;
       const auto [first, end] = reply_slice(h, s, w);
       for (std::int64_t r = first; r < end; ++r)
         bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(replies_of(h, r, config.num_topk, selections)) * row_bytes;
@@ -127,16 +128,17 @@ void Buffer::Impl::put_replies(Sender& send, Replies& replies, const HandleState
   for (std::int64_t r = first; r < end; ++r) send.put_rows(s, Region::kReplies, dst_row + (r - first), replies.of(r), 1, row_bytes);
 }
 
-void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool signal) {
+void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool signal, bool relayed) {
   reserve_reply_stage(h);
   // Hierarchical: a reply to another server's source goes to the relay (reply_sources lists,
-  // per channel peer, whose replies travel to it).
+  // per channel peer, whose replies travel to it), unless the relay reads it in place.
   run_workers([&](int w) {
     PhaseTimer timer(*this, w, Phase::kPutIssue);
-    Sender send(*this, w, signal ? geo.combine_signal(rank, w) : Sender::kNoSignal, reply_channel_bytes(h, w), reply_order);
+    Sender send(*this, w, signal ? geo.combine_signal(rank, w) : Sender::kNoSignal, reply_channel_bytes(h, w, relayed), reply_order);
     Replies replies(*this, h, a, w);
     for (int peer : reply_order) {
       for (int s : reply_sources[static_cast<std::size_t>(peer)]) {
+        if (!relayed && s != peer) continue;
         const auto [first, end] = reply_slice(h, s, w);
         put_replies(send, replies, h, a, peer, s, first, end);
       }
@@ -146,13 +148,20 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
   });
 }
 
+bool Buffer::Impl::relay_sums_in_place(const HandleState& h) const {
+  return moves_payload && spi::base_path(config) == spi::Path::kRelay && config.dataplane.combine_order == CombineOrder::kNodeFirst &&
+         relay_chunk_rows == 0 && h.layout == RecvLayout::kCompact &&
+         std::all_of(server_members.begin(), server_members.end(), [&](int d) { return transport.peer_window(d) != nullptr; });
+}
+
 std::int64_t Buffer::Impl::y_offset_in_window(const HandleState& h, const CombineArgs& a) {
   // y must be the zero-copy recv_x (rows where the senders put them, at send_base + the
   // token's position) or rows inside the output pool (a one-copy recv_x, rows in the same
-  // order, overwritten in place), on a transport that maps peers' windows.
-  if (!spi::allows(spi::Path::kPull, config, transport.peer_window(rank) != nullptr) ||
-      !(h.layout == RecvLayout::kCompact || spi::rule(spi::Path::kPull).expanded))
-    return -1;
+  // order, overwritten in place), on a transport that maps peers' windows: for pull, or for
+  // my server's node-first relays.
+  const bool pull = spi::allows(spi::Path::kPull, config, transport.peer_window(rank) != nullptr) &&
+                    (h.layout == RecvLayout::kCompact || spi::rule(spi::Path::kPull).expanded);
+  if (!pull && !relay_sums_in_place(h)) return -1;
   // Expanded: the sources read the slots' rows at the positions their handle kept.
   if (h.layout == RecvLayout::kExpanded && h.slot_begin.empty() && h.plan.num_entries() > 0) return -1;
   if (h.out_rows == 0) return static_cast<std::int64_t>(geo.region(Region::kData));  // no rows anyone reads

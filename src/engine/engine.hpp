@@ -282,7 +282,9 @@ struct Buffer::Impl {
   // zero-copy recv_x in its window, on a transport with mapped peers): each source reduces
   // reading the expert ranks' rows in place — one pass, no puts — then tells them it is done.
   /// `signal` false: the puts are only quieted (the caller's header exchange completes them).
-  void send_replies(const detail::HandleState& h, const CombineArgs& a, bool signal);
+  /// `relayed` false: only the replies to my own server's sources (a node-first relay reads
+  /// the rest in place, paths/combine_relay.cpp).
+  void send_replies(const detail::HandleState& h, const CombineArgs& a, bool signal, bool relayed = true);
   /// send_replies' parts (the relays' chunked send shares them, paths/combine_relay.cpp):
   /// worker w's slice of my received rows from source s; the partials' stage (expanded
   /// partials, before the workers); the bytes each channel of worker w carries; and the
@@ -290,7 +292,7 @@ struct Buffer::Impl {
   /// relay, my lane's place of each row in its relay area).
   std::pair<std::int64_t, std::int64_t> reply_slice(const detail::HandleState& h, int s, int w) const;
   void reserve_reply_stage(const detail::HandleState& h);
-  std::vector<std::uint64_t> reply_channel_bytes(const detail::HandleState& h, int w) const;
+  std::vector<std::uint64_t> reply_channel_bytes(const detail::HandleState& h, int w, bool relayed = true) const;
   class Replies;
   void put_replies(Sender& send, Replies& replies, const detail::HandleState& h, const CombineArgs& a, int peer, int s,
                    std::int64_t first, std::int64_t end);
@@ -317,6 +319,11 @@ struct Buffer::Impl {
   /// combine header), else -1: the zero-copy recv_x, or rows inside the output pool (a
   /// one-copy recv_x the experts overwrote in place).
   std::int64_t y_offset_in_window(const detail::HandleState& h, const CombineArgs& a);
+  /// The hierarchical schedule's node-first combine, serial relays, compact layout, a
+  /// payload moved and every rank of my server mapped: my server's relays may sum its ranks'
+  /// replies reading their y in place (when each says in its header that y lies in its
+  /// window; paths/combine_relay.cpp).
+  bool relay_sums_in_place(const detail::HandleState& h) const;
   /// Combine's [S, H] bf16 output: from the pool, or (modelling transport) a view of the replies.
   Tensor combined_output(std::int64_t S);
   /// SPEC §4's sums per token into `out` (combined_output's [S, H]): from my reply area

@@ -58,6 +58,9 @@ struct HandleState {
   std::vector<std::vector<std::int64_t>> relayed_begin_at;  // [P][P + 1]
   // Relay side: per relayed row and lane of my server, the reply row at the source (-1: none).
   std::vector<std::int32_t> relayed_reply_row;  // [relayed rows x lanes]
+  // Relay side: per relayed row and lane, the row's slot at that lane's rank (its receive
+  // row, the row of its y; -1: none): a node-first combine sums in place from it.
+  std::vector<std::int32_t> relayed_slot;  // [relayed rows x lanes]
   // Node-first combine: a relay's sums for source s land in s's relay area (free during a
   // combine) from row sums_at_source[s] on, one per relayed row; the sums for my tokens from
   // relay r, one per token of relay_tokens[r], from row my_sums[r] on. Both = the source's

@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 
 #include "deferred_put_transport.hpp"
 #include "round_trip_cases.hpp"
@@ -160,6 +161,14 @@ void check_round_trip(Buffer& buffer, int r, const Expected& e) {
     ca.weighted = false;
     expect_bits(r, "combined_x (unweighted)", buffer.combine(ca).combined_x.data(), e.combined_unweighted[ur]);
   }
+  if (e.p.fp8) return;
+  // The experts write y over their recv_x, as in place: where the peers are mapped and the
+  // output is in the window, the sources pull it (direct) or the relays sum it where it lies
+  // (hierarchical, node first); the same bits either way.
+  if (!e.y[ur].empty()) std::memcpy(again.recv_x.data(), e.y[ur].data(), e.y[ur].size() * sizeof(std::uint16_t));
+  ca.y = again.recv_x.view();
+  ca.weighted = e.weighted;
+  expect_bits(r, "combined_x (y written over recv_x)", buffer.combine(ca).combined_x.data(), e.combined[ur]);
 }
 
 class DataPlaneConformance : public ::testing::TestWithParam<std::tuple<TransportKind, Combo>> {};
@@ -336,11 +345,13 @@ TEST(DataPlaneConformance, RefusesWhatItCannotHonour) {
   refused(o, "combine replies 'selections'");
 }
 
-// Counts a rank's puts of payload (rows) per peer, and their bytes.
+// Counts a rank's puts of payload (rows) per peer, and their bytes; `mapped`: peers' windows
+// are mapped as in the wrapped transport (else, as any ForwardingTransport, not at all).
 class PutCounter final : public ForwardingTransport {
  public:
-  explicit PutCounter(Transport& t)
-      : ForwardingTransport(t), puts_(static_cast<std::size_t>(t.num_ranks())), bytes_(static_cast<std::size_t>(t.num_ranks())) {}
+  explicit PutCounter(Transport& t, bool mapped = false)
+      : ForwardingTransport(t), mapped_(mapped), puts_(static_cast<std::size_t>(t.num_ranks())), bytes_(static_cast<std::size_t>(t.num_ranks())) {}
+  const std::byte* peer_window(int peer) const noexcept override { return mapped_ ? inner().peer_window(peer) : nullptr; }
   std::vector<std::atomic<std::uint64_t>>& puts() { return puts_; }
   std::vector<std::atomic<std::uint64_t>>& bytes() { return bytes_; }
   void reset() {
@@ -354,6 +365,7 @@ class PutCounter final : public ForwardingTransport {
     ++puts_[static_cast<std::size_t>(peer)];
     bytes_[static_cast<std::size_t>(peer)] += bytes;
   }
+  bool mapped_;
   std::vector<std::atomic<std::uint64_t>> puts_, bytes_;
 };
 
@@ -488,6 +500,60 @@ TEST(DataPlaneConformance, NodeFirstCombineCrossesServersOncePerToken) {
                       " reply rows to the other server, want " + std::to_string(want));
       });
     }
+  }
+}
+
+// Node first with serial relays, the experts' y written over recv_x (a block of the output
+// pool, or the receive area with recv_in_window) and peers mapped (threads, shm): each relay
+// sums its server's replies reading its ranks' y in place, so a rank puts nothing to its own
+// server's ranks but the replies to their own tokens; the sums are SPEC §4's node-first
+// order bit for bit, over calls whose y changes (a rank's y may change only once every relay
+// of its server has read it).
+TEST(DataPlaneConformance, NodeFirstRelaysSumTheirServersRepliesInPlace) {
+  const ref::FixtureOptions f = eight_ranks(61, 6);
+  for (int per_server : {4, 2}) {
+    std::vector<int> nodes;
+    for (int r = 0; r < f.num_ranks; ++r) nodes.push_back(r / per_server);
+    const Expected e = expect(f, false, false, &nodes);
+    std::vector<std::vector<std::uint16_t>> y2, combined2;  // a second call's y and sums
+    for (int r = 0; r < f.num_ranks; ++r) y2.push_back(wide_bf16(900 + static_cast<std::uint64_t>(r), e.out[static_cast<std::size_t>(r)].rows * f.hidden));
+    for (int r = 0; r < f.num_ranks; ++r) combined2.push_back(ref::combine(e.p, e.d, e.out, y2, nullptr, nullptr, false, r, &nodes));
+    for (TransportKind kind : kTransports)
+      for (bool zero_copy : {false, true}) {
+        SCOPED_TRACE(std::to_string(per_server) + " a server, " + to_string(kind) + (zero_copy ? ", recv_in_window" : ", output pool"));
+        launch({8, kind, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+          PutCounter counted(t, true);
+          BufferConfig c = config_for(e.p, 2);
+          c.dataplane.schedule = parse_schedule("hierarchical");
+          c.dataplane.topology = "builtin:servers:" + std::to_string(per_server);
+          c.dataplane.combine_order = CombineOrder::kNodeFirst;
+          c.dataplane.relay_chunk_bytes = 0;
+          Buffer buffer(counted, c);
+          const int r = t.rank();
+          const auto ur = static_cast<std::size_t>(r);
+          for (int call = 0; call < 3; ++call) {
+            const std::vector<std::uint16_t>& y = call % 2 == 0 ? e.y[ur] : y2[ur];
+            DispatchArgs da = dispatch_args(views_of(e.p, r), e.d);
+            da.recv_in_window = zero_copy;
+            DispatchResult d = buffer.dispatch(da);
+            expect_dispatch(r, e.p, e.d, e.out[ur], d);
+            if (!y.empty()) std::memcpy(d.recv_x.data(), y.data(), y.size() * sizeof(std::uint16_t));
+            counted.reset();
+            CombineArgs ca;
+            ca.y = d.recv_x.view();
+            ca.handle = &d.handle;
+            expect_bits(r, "combined_x, call " + std::to_string(call), buffer.combine(ca).combined_x.data(),
+                        call % 2 == 0 ? e.combined[ur] : combined2[ur]);
+            for (int p = r / per_server * per_server; p < (r / per_server + 1) * per_server; ++p) {
+              if (p == r) continue;
+              std::uint64_t want = 0;  // my received rows from p: its own tokens' replies
+              for (std::int64_t row = 0; row < e.out[ur].rows; ++row) want += e.out[ur].recv_src[static_cast<std::size_t>(row * 2)] == p;
+              const std::uint64_t got = counted.bytes()[static_cast<std::size_t>(p)] / (static_cast<std::uint64_t>(f.hidden) * 2);
+              if (got != want) fail(r, "call " + std::to_string(call) + ": " + std::to_string(got) + " reply rows to rank " + std::to_string(p) + " of my server, want " + std::to_string(want));
+            }
+          }
+        });
+      }
   }
 }
 

@@ -127,6 +127,8 @@ class ForwardingTransport : public Transport, public sim::ModelTransport {
   virtual void on_put(int peer, std::size_t offset, std::size_t bytes, int queue) { (void)peer, (void)offset, (void)bytes, (void)queue; }
   /// Where the engine's payload (rows) starts in the window (set_payload_region).
   std::size_t payload_begin_ = ~std::size_t{0};
+  /// The wrapped transport (for a test that forwards more, such as peer_window).
+  const Transport& inner() const noexcept { return t_; }
 
  private:
   Transport& t_;

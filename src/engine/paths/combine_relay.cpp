@@ -13,6 +13,10 @@
 // relay area, which no combine uses otherwise; the source sums its own server's replies the same way and
 // adds the servers' sums in ascending server order. The source waits for its own server's
 // ranks and each other server's relay in both orders.
+// In place (node first, serial relays, compact, every rank of my server's y in its window
+// and mapped; forward_in_place): the members put no replies to their relays; each relay
+// reads them in its server's y right after the header exchange, sums and puts across, then
+// tells its server's ranks it is done reading their y (await_readers).
 // Relay chunks (DataPlaneOptions::relay_chunk_bytes, Impl::relay_chunk_rows > 0): instead of
 // "every member's replies, then the forwarding", each member sends its replies in rounds
 // across all its relay channels — round c carries every relay's chunk c, then an ordered
@@ -42,20 +46,27 @@ std::vector<std::size_t> lanes_by_rank(const Impl& m) {
 }
 
 // At a relay, node first: relayed row i's replies summed over my server's lanes that hold
-// it, ascending rank (a single reply passes unchanged), into `out`.
+// it, ascending rank (a single reply passes unchanged), into `out`. Each reply is read where
+// its rank put it in my relay area, or (`in_place`: the combine headers, every rank of my
+// server's y in its window) in that rank's y, at the row's slot there.
 class ServerSums {
  public:
-  explicit ServerSums(const Impl& m) : m_(m), lanes_(lanes_by_rank(m)), rows_(lanes_.size()) {}
+  ServerSums(const Impl& m, const Impl::Peers* in_place) : m_(m), lanes_(lanes_by_rank(m)), rows_(lanes_.size()) {
+    if (in_place == nullptr) return;
+    for (int d : m.server_members)
+      y_.push_back(m.transport.peer_window(d) + in_place->header[static_cast<std::size_t>(d)]->y_offset);
+  }
 
   void sum(const HandleState& h, std::int64_t i, std::uint16_t* out) {
     const std::size_t H = static_cast<std::size_t>(m_.config.hidden), row_bytes = H * sizeof(std::uint16_t);
-    const std::int32_t* reply_row = h.relayed_reply_row.data() + static_cast<std::size_t>(i) * lanes_.size();
-    const std::byte* base = m_.transport.window();
+    const std::size_t at = static_cast<std::size_t>(i) * lanes_.size();
+    const std::int32_t* reply_row = h.relayed_reply_row.data() + at;
     int n = 0;
     for (std::size_t lane : lanes_)
       if (reply_row[lane] >= 0)
         rows_[static_cast<std::size_t>(n++)] = reinterpret_cast<const std::uint16_t*>(
-            base + m_.geo.row(Region::kRelayReplies, m_.geo.relay_reply_row(i, static_cast<int>(lane)), row_bytes));
+            y_.empty() ? m_.transport.window() + m_.geo.row(Region::kRelayReplies, m_.geo.relay_reply_row(i, static_cast<int>(lane)), row_bytes)
+                       : y_[lane] + static_cast<std::size_t>(h.relayed_slot[at + lane]) * row_bytes);
     if (!m_.moves_payload || n == 0) return;
     if (n == 1) std::memcpy(out, rows_[0], row_bytes);
     else reduce_row(out, RowTerms{nullptr, rows_.data(), nullptr, n}, H);
@@ -65,6 +76,7 @@ class ServerSums {
   const Impl& m_;
   std::vector<std::size_t> lanes_;
   std::vector<const std::uint16_t*> rows_;
+  std::vector<const std::byte*> y_;  // in place: each lane's y
 };
 
 // At a relay, node first: the sums of source s's relayed rows [i0, i1), staged one row per
@@ -126,7 +138,7 @@ void forward_replies(Impl& m, const HandleState& h) {
   reserve_sums(m, h);
   m.run_workers([&](int w) {
     Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
-    ServerSums sums(m);
+    ServerSums sums(m, nullptr);
     for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(m.W)) {
       const int s = sources[k];
       forward_rows(m, h, sums, s, h.relayed_begin[static_cast<std::size_t>(s)], h.relayed_begin[static_cast<std::size_t>(s) + 1],
@@ -135,6 +147,41 @@ void forward_replies(Impl& m, const HandleState& h) {
       m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
     }
   });
+}
+
+// Node first, in place (Impl::relay_sums_in_place, and every rank of my server said in its
+// header that its y lies in its window): nobody puts a reply to a relay of its own server.
+bool in_place(const Impl& m, const CombineStep& s) {
+  return m.relay_sums_in_place(*s.h) && std::all_of(m.server_members.begin(), m.server_members.end(), [&](int d) {
+           return s.peers->header[static_cast<std::size_t>(d)]->y_in_window != 0;
+         });
+}
+
+// At a relay, in place: right after the header exchange (every rank of my server is in this
+// combine, so its y is final), the sums of my sources' relayed rows read from my server's y
+// (each worker a slice of every source's rows) go to the sources; then one signal each, and
+// to every rank of my server "done reading your y" (it waits for that before its y may change).
+void forward_in_place(Impl& m, const HandleState& h, const Impl::Peers& peers) {
+  const std::vector<int> sources = m.relayed_sources();
+  reserve_sums(m, h);
+  m.run_workers([&](int w) {
+    Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+    ServerSums sums(m, &peers);
+    for (int s : sources) {
+      const std::int64_t b = h.relayed_begin[static_cast<std::size_t>(s)];
+      const auto [i0, i1] = split_range(h.relayed_begin[static_cast<std::size_t>(s) + 1] - b, w, m.W);
+      if (i0 < i1) put_sums(m, h, sums, s, b + i0, b + i1, stats_of(m, w));
+    }
+    m.transport.quiet(0);
+  });
+  for (int s : sources) m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
+  for (int d : m.server_members) m.transport.signal(d, m.geo.pull_done_signal(m.rank), m.epoch, 0);
+}
+
+// In place: until every relay of my server has read my y.
+void await_readers(Impl& m) {
+  Impl::PhaseTimer timer(m, 0, Phase::kBarrier);
+  for (int d : m.server_members) m.transport.wait_signal(m.geo.pull_done_signal(d), m.epoch, {"combine relay done reading", d});
 }
 
 // ---- Relay chunks (relay_chunks.hpp): chunk c of every relay travels in round c of every
@@ -209,7 +256,7 @@ void send_and_forward(Impl& m, const HandleState& h, const CombineArgs& a) {
   m.run_workers([&](int w) {
     Impl::Sender send(m, w, m.geo.combine_signal(m.rank, w), m.reply_channel_bytes(h, w), m.reply_order);
     Impl::Replies replies(m, h, a, w);
-    ServerSums sums(m);
+    ServerSums sums(m, nullptr);
     std::vector<std::vector<RelayCursor>> cursors(m.reply_order.size());
     for (std::size_t j = 0; j < m.reply_order.size(); ++j)
       for (int s : m.reply_sources[static_cast<std::size_t>(m.reply_order[j])])
@@ -321,12 +368,19 @@ void reduce_node_first(Impl& m, const HandleState& h, const CombineArgs& a, Tens
 class Relay final : public CombinePath {
  public:
   void send(Impl& m, const CombineStep& s) const override {
-    if (m.relay_chunk_rows > 0) send_and_forward(m, *s.h, *s.a);  // the relays forward while they send
-    else m.send_replies(*s.h, *s.a, true);
+    if (m.relay_chunk_rows > 0) {
+      send_and_forward(m, *s.h, *s.a);  // the relays forward while they send
+    } else if (in_place(m, s)) {
+      forward_in_place(m, *s.h, *s.peers);  // the network first; then my own server's sources
+      m.send_replies(*s.h, *s.a, true, false);
+    } else {
+      m.send_replies(*s.h, *s.a, true);
+    }
   }
 
   void receive(Impl& m, const CombineStep& s) const override {
-    if (m.relay_chunk_rows == 0) forward_replies(m, *s.h);
+    const bool read_in_place = m.relay_chunk_rows == 0 && in_place(m, s);
+    if (m.relay_chunk_rows == 0 && !read_in_place) forward_replies(m, *s.h);
     {  // My server's ranks answer directly; each other server's answers come from its relay.
       Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
       Impl::WaitClock::time_point since = Impl::WaitClock::now();
@@ -347,6 +401,7 @@ class Relay final : public CombinePath {
       reduce_node_first(m, *s.h, *s.a, *s.out);
     else
       m.reduce(*s.h, *s.a, nullptr, *s.out);
+    if (read_in_place) await_readers(m);
   }
 };
 

@@ -209,13 +209,16 @@ void forward_chunk(Impl& m, const HandleState& h, const std::vector<int>& source
   }
 }
 
-// Fresh dispatch, at a relay: keeps the records' reply rows for this handle's combines.
+// Fresh dispatch, at a relay: keeps the records' reply rows and slots for this handle's combines.
 void keep_reply_rows(Impl& m, HandleState& h) {
   const std::size_t lanes = m.server_members.size(), rows = static_cast<std::size_t>(h.relayed_begin.back());
   h.relayed_reply_row.resize(rows * lanes);
+  h.relayed_slot.resize(rows * lanes);
   for (std::size_t i = 0; i < rows; ++i) {
     const detail::RelayRecordView rec = m.geo.relay_record(m.transport.window() + m.geo.region(Region::kRelayRecord), static_cast<std::int64_t>(i));
-    std::copy(rec.reply_row, rec.reply_row + lanes, h.relayed_reply_row.begin() + static_cast<std::ptrdiff_t>(i * lanes));
+    const auto at = static_cast<std::ptrdiff_t>(i * lanes);
+    std::copy(rec.reply_row, rec.reply_row + lanes, h.relayed_reply_row.begin() + at);
+    std::copy(rec.slot, rec.slot + lanes, h.relayed_slot.begin() + at);
   }
 }
 
