@@ -25,6 +25,7 @@
 // internode combine does with its NVLink senders and forwarders. The same sums in the same
 // order (SPEC §4 fixes it; only the time of the additions moves).
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 
@@ -54,7 +55,7 @@ class ServerSums {
   ServerSums(const Impl& m, const Impl::Peers* in_place) : m_(m), lanes_(lanes_by_rank(m)), rows_(lanes_.size()) {
     if (in_place == nullptr) return;
     for (int d : m.server_members)
-      y_.push_back(m.transport.peer_window(d) + in_place->header[static_cast<std::size_t>(d)]->y_offset);
+      y_.push_back(m.transport.mapped_peer(d) + in_place->header[static_cast<std::size_t>(d)]->y_offset);
   }
 
   void sum(const HandleState& h, std::int64_t i, std::uint16_t* out) {
@@ -157,13 +158,15 @@ bool in_place(const Impl& m, const CombineStep& s) {
          });
 }
 
-// At a relay, in place: right after the header exchange (every rank of my server is in this
-// combine, so its y is final), the sums of my sources' relayed rows read from my server's y
-// (each worker a slice of every source's rows) go to the sources; then one signal each, and
-// to every rank of my server "done reading your y" (it waits for that before its y may change).
+// At a relay, in place, after my own replies (no member's wait: after the header exchange
+// every rank of my server is in this combine, so its y is final), the sums of my sources' relayed rows read from my server's y
+// (each worker a slice of every source's rows) go to the sources; once every worker has
+// summed, every rank of my server hears "done reading your y" (it waits for that before its
+// y may change); after the quiet, each source its signal.
 void forward_in_place(Impl& m, const HandleState& h, const Impl::Peers& peers) {
   const std::vector<int> sources = m.relayed_sources();
   reserve_sums(m, h);
+  std::atomic<int> reading{m.W};
   m.run_workers([&](int w) {
     Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
     ServerSums sums(m, &peers);
@@ -172,10 +175,11 @@ void forward_in_place(Impl& m, const HandleState& h, const Impl::Peers& peers) {
       const auto [i0, i1] = split_range(h.relayed_begin[static_cast<std::size_t>(s) + 1] - b, w, m.W);
       if (i0 < i1) put_sums(m, h, sums, s, b + i0, b + i1, stats_of(m, w));
     }
+    if (reading.fetch_sub(1, std::memory_order_acq_rel) == 1)  // the last worker to finish reading (the sums are staged)
+      for (int d : m.server_members) m.transport.signal(d, m.geo.pull_done_signal(m.rank), m.epoch, 0);
     m.transport.quiet(0);
   });
   for (int s : sources) m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
-  for (int d : m.server_members) m.transport.signal(d, m.geo.pull_done_signal(m.rank), m.epoch, 0);
 }
 
 // In place: until every relay of my server has read my y.
@@ -370,17 +374,15 @@ class Relay final : public CombinePath {
   void send(Impl& m, const CombineStep& s) const override {
     if (m.relay_chunk_rows > 0) {
       send_and_forward(m, *s.h, *s.a);  // the relays forward while they send
-    } else if (in_place(m, s)) {
-      forward_in_place(m, *s.h, *s.peers);  // the network first; then my own server's sources
-      m.send_replies(*s.h, *s.a, true, false);
     } else {
-      m.send_replies(*s.h, *s.a, true);
+      m.send_replies(*s.h, *s.a, true, !in_place(m, s));  // in place: only to my own server's sources
     }
   }
 
   void receive(Impl& m, const CombineStep& s) const override {
     const bool read_in_place = m.relay_chunk_rows == 0 && in_place(m, s);
-    if (m.relay_chunk_rows == 0 && !read_in_place) forward_replies(m, *s.h);
+    if (read_in_place) forward_in_place(m, *s.h, *s.peers);
+    else if (m.relay_chunk_rows == 0) forward_replies(m, *s.h);
     {  // My server's ranks answer directly; each other server's answers come from its relay.
       Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
       Impl::WaitClock::time_point since = Impl::WaitClock::now();
