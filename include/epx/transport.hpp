@@ -116,12 +116,6 @@ class Transport {
   /// (the default: OpenSHMEM-like transports and the simulator, which models puts only).
   virtual const std::byte* peer_window(int peer) const noexcept { (void)peer; return nullptr; }
 
-  /// `peer`'s window where it alone is mapped into this address space, even if not every
-  /// peer's is (peer_window answers only when all are: OpenSHMEM across machines maps the
-  /// ranks of this machine only). The hierarchical schedule's node-first relays read their
-  /// own server's replies in place through it. Default: peer_window(peer).
-  virtual const std::byte* mapped_peer(int peer) const noexcept { return peer_window(peer); }
-
   /// One-sided read of `bytes` bytes of `peer`'s window at `offset` into `dst` (any memory
   /// of this process). Non-blocking: `dst` holds the bytes after quiet(queue) (or when get
   /// returns, where caps().put_completes_on_return). Peer may be this rank. Only with

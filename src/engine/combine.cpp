@@ -151,7 +151,7 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
 bool Buffer::Impl::relay_sums_in_place(const HandleState& h) const {
   return moves_payload && spi::base_path(config) == spi::Path::kRelay && config.dataplane.combine_order == CombineOrder::kNodeFirst &&
          relay_chunk_rows == 0 && h.layout == RecvLayout::kCompact &&
-         std::all_of(server_members.begin(), server_members.end(), [&](int d) { return transport.mapped_peer(d) != nullptr; });
+         std::all_of(server_members.begin(), server_members.end(), [&](int d) { return transport.peer_window(d) != nullptr; });
 }
 
 std::int64_t Buffer::Impl::y_offset_in_window(const HandleState& h, const CombineArgs& a) {

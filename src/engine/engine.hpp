@@ -320,9 +320,10 @@ struct Buffer::Impl {
   /// one-copy recv_x the experts overwrote in place).
   std::int64_t y_offset_in_window(const detail::HandleState& h, const CombineArgs& a);
   /// The hierarchical schedule's node-first combine, serial relays, compact layout, a
-  /// payload moved and every rank of my server mapped: my server's relays may sum its ranks'
-  /// replies reading their y in place (when each says in its header that y lies in its
-  /// window; paths/combine_relay.cpp).
+  /// payload moved and every rank of my server mapped (peer_window; on shmem only when every
+  /// rank is: across machines the relays still copy, BENCHMARKS.md): my server's relays may
+  /// sum its ranks' replies reading their y in place (when each says in its header that y
+  /// lies in its window; paths/combine_relay.cpp).
   bool relay_sums_in_place(const detail::HandleState& h) const;
   /// Combine's [S, H] bf16 output: from the pool, or (modelling transport) a view of the replies.
   Tensor combined_output(std::int64_t S);

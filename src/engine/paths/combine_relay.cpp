@@ -55,7 +55,7 @@ class ServerSums {
   ServerSums(const Impl& m, const Impl::Peers* in_place) : m_(m), lanes_(lanes_by_rank(m)), rows_(lanes_.size()) {
     if (in_place == nullptr) return;
     for (int d : m.server_members)
-      y_.push_back(m.transport.mapped_peer(d) + in_place->header[static_cast<std::size_t>(d)]->y_offset);
+      y_.push_back(m.transport.peer_window(d) + in_place->header[static_cast<std::size_t>(d)]->y_offset);
   }
 
   void sum(const HandleState& h, std::int64_t i, std::uint16_t* out) {

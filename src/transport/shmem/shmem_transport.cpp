@@ -551,10 +551,6 @@ const std::byte* ShmemTransport::peer_window(int peer) const noexcept {
   return caps_.peer_memory_mapped && !peer_base_.empty() ? peer_base_[static_cast<std::size_t>(peer)] : nullptr;
 }
 
-const std::byte* ShmemTransport::mapped_peer(int peer) const noexcept {
-  return peer_base_.empty() ? nullptr : peer_base_[static_cast<std::size_t>(peer)];  // the ranks shmem_ptr maps
-}
-
 void ShmemTransport::quiet(int) {
   guarded("shmem_quiet", -1, [] { shmem_quiet(); });
 }

@@ -84,7 +84,6 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
                    int queue) override;
   void wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) override;
   const std::byte* peer_window(int peer) const noexcept override;
-  const std::byte* mapped_peer(int peer) const noexcept override;
   void quiet(int queue) override;
   void quiet_timed(int queue, std::uint64_t* lap_ns) override;
   void barrier(const char* phase) override;
