@@ -2,7 +2,8 @@
 
     /usr/bin/python3 -m epx.bench [--ranks 4] [--tokens 256] [--hidden 2048] [--experts 32]
         [--topk 4] [--iters 20] [--warmup 3] [--layout both|compact|expanded]
-        [--start barrier|instant] [--no-overlap] [--epx PATH | --no-cpp] [--json FILE]
+        [--start barrier|instant] [--order interleaved|blocked] [--no-overlap]
+        [--epx PATH | --no-cpp] [--json FILE]
 
 On the same routing (uniform top-k, `--seed`) and the same tokens, P ranks started by
 `epx.launch`, every op started after epx's shared-memory barrier (as `epx bench` starts its
@@ -19,7 +20,8 @@ definitions of `epx bench --help`; round trip = dispatch + combine, p50s and avg
 2. epx: `EPBuffer.dispatch` and `EPBuffer.combine` from Python, in each `--layout`:
    compact (`do_expand=False`, the default: a row per received token) and expanded
    (`do_expand=True`, deterministic: a row per slot, in the gloo dispatcher's order),
-   interleaved with the gloo calls; every output is dropped before the next call, and the
+   interleaved with the gloo calls (`--order blocked`: all of gloo's iterations first, then
+   each layout's: no gloo call between epx's); every output is dropped before the next call, and the
    EPBuffer's output pool holds the largest rank's expanded output (`output_pool_rows`, as
    `epx bench --layout expanded` sizes it), so both layouts' recv_x are one copy.
    Checks (every run, before the timing): expanded — both dispatchers give the same rows
@@ -248,22 +250,31 @@ def _rel_diff(ref, got):
 
 
 def _timed_loop(a, start, buf, base, x, idx, w, samples):
-    """Interleaved per iteration: gloo's dispatch and combine, then epx's in each layout.
-    Every output is dropped before the next call (as `epx bench` does): a recv_x still held
-    keeps its block of the output pool, and the next dispatch would copy out instead."""
-    for it in range(a.warmup + a.iters):
-        t = {}
+    """--order interleaved (default): per iteration gloo's dispatch and combine, then epx's in
+    each layout. --order blocked: every iteration of gloo, then every iteration of each epx
+    layout (each dispatcher on caches and allocator state of its own kind, as `epx bench`
+    runs epx). Every output is dropped before the next call (as `epx bench` does): a recv_x
+    still held keeps its block of the output pool, and the next dispatch would copy out."""
+    def gloo(t):
         r, t["a2a_dispatch"] = _timed(start, lambda: base.dispatch(x, idx))
         t["a2a_combine"] = _timed(start, lambda: base.combine(r[0], r[2]))[1]
-        del r
-        for lay in _layouts(a):
+
+    def epx_in(lay):
+        def run(t):
             d, t["epx_%s_dispatch" % lay] = _timed(
                 start, lambda: buf.dispatch(x, idx, w, do_expand=lay == "expanded"))
             t["epx_%s_combine" % lay] = _timed(start, lambda: buf.combine(d[0], d[3]))[1]
-            del d
-        if it >= a.warmup:
-            for k, v in t.items():
-                samples.setdefault(k, []).append(v)
+        return run
+
+    steps = [gloo] + [epx_in(lay) for lay in _layouts(a)]
+    for group in ([steps] if a.order == "interleaved" else [[s] for s in steps]):
+        for it in range(a.warmup + a.iters):
+            t = {}
+            for step in group:
+                step(t)
+            if it >= a.warmup:
+                for k, v in t.items():
+                    samples.setdefault(k, []).append(v)
 
 
 def _overlap_loop(a, start, rank, buf, x, idx, w, samples):
@@ -412,6 +423,9 @@ def parse_args(argv):
                     help="how the ranks start each timed op: barrier = epx's shared-memory barrier, as "
                          "`epx bench` does (default); instant = a sleep to an instant rank 0 names "
                          "(cold caches, and a rank waking late counts on the others)")
+    ap.add_argument("--order", choices=("interleaved", "blocked"), default="interleaved",
+                    help="interleaved (default): each iteration runs gloo, then epx in each layout; "
+                         "blocked: all of gloo's iterations, then all of each layout's")
     ap.add_argument("--workers", type=int, default=0,
                     help="the EPBuffer's num_workers (0 = auto: cores / ranks). An async call's "
                          "thread is its worker 0: with P ranks, P * workers threads move rows while "
@@ -464,9 +478,9 @@ def _table(a, res, cpp):
 
 def report(a, res, cpp, cpp_cmds, cpp_err):
     us = res["max_rank_us"]
-    lines = ["epx.bench: P=%d S=%d H=%d E=%d K=%d, %d timed iterations (warmup %d), start: %s; "
-             "max-rank latency us, p50 (avg); %d cores, load average %.1f at the start" % (
-                 a.ranks, a.tokens, a.hidden, a.experts, a.topk, a.iters, a.warmup, a.start,
+    lines = ["epx.bench: P=%d S=%d H=%d E=%d K=%d, %d timed iterations (warmup %d), start: %s, "
+             "order: %s; max-rank latency us, p50 (avg); %d cores, load average %.1f at the start" % (
+                 a.ranks, a.tokens, a.hidden, a.experts, a.topk, a.iters, a.warmup, a.start, a.order,
                  os.cpu_count(), res["load_average"])]
     lines += _table(a, res, cpp)
     if "seq" in us:

@@ -42,16 +42,19 @@ def test_bench_tiny(tmp_path, capsys):
             assert "--layout " + lay in j["cpp_commands"][lay]
 
 
-def test_bench_one_layout_instant_start(tmp_path, capsys):
-    """--layout compact alone, --start instant, --no-overlap, --no-cpp."""
+def test_bench_one_layout_instant_start_blocked(tmp_path, capsys):
+    """--layout compact alone, --start instant, --order blocked, --no-overlap, --no-cpp."""
     out = tmp_path / "bench.json"
-    rc = bench.main(TINY + ["--layout", "compact", "--start", "instant", "--no-overlap", "--no-cpp",
-                            "--json", str(out)])
+    rc = bench.main(TINY + ["--layout", "compact", "--start", "instant", "--order", "blocked", "--no-overlap",
+                            "--no-cpp", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
     j = json.loads(out.read_text())
     assert list(j["python"]["same_rows"]) == ["compact"] and j["python"]["same_rows"]["compact"] == [True, True]
     assert "expanded" not in text and "late start" in text and "efficiency" not in text
+    assert "order: blocked" in text
+    for k in ("a2a_dispatch", "a2a_combine", "epx_compact_dispatch", "epx_compact_combine"):
+        assert j["python"]["max_rank_us"][k]["p50"] > 0, k
     assert j["cpp"] is None and "epx_expanded_dispatch" not in j["python"]["max_rank_us"]
 
 
