@@ -481,6 +481,84 @@ SimRun collect_run(const SimOptions& o, int ep) {
   return run;
 }
 
+namespace {
+
+// One call of a run replayed on the hardware model: the averages over ranks that SimPoint
+// keeps for it.
+struct CallFigures {
+  double avg_gbps = 0, slowest_gbps = 0, max_us = 0, bottleneck_gbps = 0;
+  Split split;
+  std::uint64_t events = 0;
+};
+
+void add_rank_split(Split& split, const sim::RankTiming& rt, sim::Picoseconds max_rank, int P) {
+  split.data_us += rt.data.us() / P;
+  split.reduce_tail_us += rt.reduce_tail.us() / P;
+  split.control_us += rt.control.us() / P;
+  split.sync_us += rt.sync.us() / P;
+  split.tail_us += (max_rank - rt.total).us() / P;
+  split.scaleup_first_us += rt.scaleup_out.first.us() / P;
+  split.scaleup_last_us += rt.scaleup_out.last.us() / P;
+  split.scaleup_mb += static_cast<double>(rt.scaleup_out.bytes) / 1e6 / P;
+  split.nic_first_us += rt.nic_out.first.us() / P;
+  split.nic_last_us += rt.nic_out.last.us() / P;
+  split.nic_mb += static_cast<double>(rt.nic_out.bytes) / 1e6 / P;
+}
+
+// Model-only knobs come from `o`, not from the options the run was made with (a run is
+// shared by variants that differ only in them).
+CallFigures replay_figures(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o, int call,
+                           std::vector<sim::RankCompute> compute, double row_bytes, const std::vector<double>& bottleneck_bytes) {
+  const int P = run.ep;
+  const sim::Picoseconds extra = extra_sync(o, hw, P);
+  const std::uint64_t dense_cells = o.dense_scan ? static_cast<std::uint64_t>(run.tokens) * static_cast<std::uint64_t>(P) : 0;
+  for (auto& c : compute) {
+    c.extra_sync = extra;
+    if (call == run.dispatch_call && !run.cached) c.dense_cells = dense_cells;
+  }
+  const sim::CallTiming t = sim::replay_call(run.trace, call, hw, compute, run.topology);
+  CallFigures f;
+  f.events = t.events;
+  f.max_us = t.max_rank.us();
+  int worst = 0;
+  for (int r = 0; r < P; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    const sim::RankTiming& rt = t.ranks[ur];
+    f.avg_gbps += static_cast<double>(run.recv_rows[ur]) * row_bytes / (rt.total.us() * 1e3) / P;
+    if (!bottleneck_bytes.empty()) f.bottleneck_gbps += bottleneck_bytes[ur] / (rt.total.us() * 1e3) / P;
+    if (rt.total > t.ranks[static_cast<std::size_t>(worst)].total) worst = r;
+    add_rank_split(f.split, rt, t.max_rank, P);
+  }
+  const auto uw = static_cast<std::size_t>(worst);
+  f.slowest_gbps = static_cast<double>(run.recv_rows[uw]) * row_bytes / (t.ranks[uw].total.us() * 1e3);
+  return f;
+}
+
+// The same run, each combine mechanism of the model removed in turn (the engine's trace —
+// rows per token, local fraction — stays): SimPoint::combine_without; their replays' events
+// are added to `events`.
+std::vector<std::pair<std::string, double>> combine_without(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o,
+                                                            std::uint64_t& events) {
+  const std::vector<std::pair<std::string, std::function<void(sim::RankCompute&)>>> without = {
+      {"source sum", [](sim::RankCompute& c) { c.reduction.reset(); }},
+      {"sum's memory traffic", [](sim::RankCompute& c) { c.reduction_memory = false; }},
+      {"expert pre-sum", [](sim::RankCompute& c) { c.presum_per_payload_byte = 0; }},
+      {"expert reads", [](sim::RankCompute& c) { c.read_per_payload_byte = 1; }},
+      {"per-peer release", [](sim::RankCompute& c) { c.peer_release = false; }},
+  };
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [name, change] : without) {
+    std::vector<sim::RankCompute> compute = run.combine_compute;
+    for (auto& c : compute) change(c);
+    const CallFigures f = replay_figures(run, hw, o, run.combine_call, std::move(compute), run.combine_row_bytes, {});
+    events += f.events;
+    out.emplace_back(name, f.avg_gbps);
+  }
+  return out;
+}
+
+}  // namespace
+
 SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const double c0 = cpu_seconds();
@@ -492,67 +570,17 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
   pt.run_hidden = run.run_hidden;
   pt.engine_seconds = run.engine_seconds;
   pt.engine_cpu_seconds = run.engine_cpu_seconds;
-  const int P = run.ep;
-  const sim::Picoseconds extra = extra_sync(o, hw, P);
-  // Model-only knobs come from `o`, not from the options the run was made with (a run is
-  // shared by variants that differ only in them).
-  const std::uint64_t dense_cells = o.dense_scan ? static_cast<std::uint64_t>(run.tokens) * static_cast<std::uint64_t>(P) : 0;
   pt.bottleneck_metric = run.bottleneck_metric;
-  auto one = [&](int call, std::vector<sim::RankCompute> compute, double row_bytes, double& avg, double& slowest,
-                 double& max_us, Split& split, const std::vector<double>& bottleneck_bytes, double* bottleneck) {
-    for (auto& c : compute) {
-      c.extra_sync = extra;
-      if (call == run.dispatch_call && !run.cached) c.dense_cells = dense_cells;
-    }
-    const sim::CallTiming t = sim::replay_call(run.trace, call, hw, compute, run.topology);
-    pt.events += t.events;
-    max_us = t.max_rank.us();
-    int worst = 0;
-    for (int r = 0; r < P; ++r) {
-      const sim::RankTiming& rt = t.ranks[static_cast<std::size_t>(r)];
-      const double bytes = static_cast<double>(run.recv_rows[static_cast<std::size_t>(r)]) * row_bytes;
-      avg += bytes / (rt.total.us() * 1e3) / P;
-      if (bottleneck && !bottleneck_bytes.empty())
-        *bottleneck += bottleneck_bytes[static_cast<std::size_t>(r)] / (rt.total.us() * 1e3) / P;
-      if (rt.total > t.ranks[static_cast<std::size_t>(worst)].total) worst = r;
-      split.data_us += rt.data.us() / P;
-      split.reduce_tail_us += rt.reduce_tail.us() / P;
-      split.control_us += rt.control.us() / P;
-      split.sync_us += rt.sync.us() / P;
-      split.tail_us += (t.max_rank - rt.total).us() / P;
-      split.scaleup_first_us += rt.scaleup_out.first.us() / P;
-      split.scaleup_last_us += rt.scaleup_out.last.us() / P;
-      split.scaleup_mb += static_cast<double>(rt.scaleup_out.bytes) / 1e6 / P;
-      split.nic_first_us += rt.nic_out.first.us() / P;
-      split.nic_last_us += rt.nic_out.last.us() / P;
-      split.nic_mb += static_cast<double>(rt.nic_out.bytes) / 1e6 / P;
-    }
-    slowest = static_cast<double>(run.recv_rows[static_cast<std::size_t>(worst)]) * row_bytes /
-              (t.ranks[static_cast<std::size_t>(worst)].total.us() * 1e3);
-  };
-  one(run.dispatch_call, run.dispatch_compute, run.dispatch_row_bytes, pt.dispatch_gbps, pt.dispatch_gbps_slowest,
-      pt.dispatch_us, pt.dispatch_split, run.bottleneck_dispatch_bytes, &pt.dispatch_bottleneck_gbps);
-  one(run.combine_call, run.combine_compute, run.combine_row_bytes, pt.combine_gbps, pt.combine_gbps_slowest,
-      pt.combine_us, pt.combine_split, run.bottleneck_combine_bytes, &pt.combine_bottleneck_gbps);
-  if (o.attribution) {
-    // The same run, each combine mechanism of the model removed in turn (the engine's
-    // trace — rows per token, local fraction — stays).
-    const std::vector<std::pair<std::string, std::function<void(sim::RankCompute&)>>> without = {
-        {"source sum", [](sim::RankCompute& c) { c.reduction.reset(); }},
-        {"sum's memory traffic", [](sim::RankCompute& c) { c.reduction_memory = false; }},
-        {"expert pre-sum", [](sim::RankCompute& c) { c.presum_per_payload_byte = 0; }},
-        {"expert reads", [](sim::RankCompute& c) { c.read_per_payload_byte = 1; }},
-        {"per-peer release", [](sim::RankCompute& c) { c.peer_release = false; }},
-    };
-    for (const auto& [name, change] : without) {
-      std::vector<sim::RankCompute> compute = run.combine_compute;
-      for (auto& c : compute) change(c);
-      double avg = 0, slowest = 0, max_us = 0;
-      Split split;
-      one(run.combine_call, compute, run.combine_row_bytes, avg, slowest, max_us, split, {}, nullptr);
-      pt.combine_without.emplace_back(name, avg);
-    }
-  }
+  const CallFigures d =
+      replay_figures(run, hw, o, run.dispatch_call, run.dispatch_compute, run.dispatch_row_bytes, run.bottleneck_dispatch_bytes);
+  const CallFigures c =
+      replay_figures(run, hw, o, run.combine_call, run.combine_compute, run.combine_row_bytes, run.bottleneck_combine_bytes);
+  pt.events = d.events + c.events;
+  pt.dispatch_gbps = d.avg_gbps, pt.dispatch_gbps_slowest = d.slowest_gbps, pt.dispatch_us = d.max_us;
+  pt.dispatch_bottleneck_gbps = d.bottleneck_gbps, pt.dispatch_split = d.split;
+  pt.combine_gbps = c.avg_gbps, pt.combine_gbps_slowest = c.slowest_gbps, pt.combine_us = c.max_us;
+  pt.combine_bottleneck_gbps = c.bottleneck_gbps, pt.combine_split = c.split;
+  if (o.attribution) pt.combine_without = combine_without(run, hw, o, pt.events);
   pt.replay_seconds = seconds_since(t0);
   pt.replay_cpu_seconds = cpu_seconds() - c0;
   return pt;
@@ -577,78 +605,81 @@ std::vector<SimPoint> simulate(const SimOptions& o, const sim::HardwareModel& hw
   return out;
 }
 
-std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareModel& hw) {
-  std::ostringstream os;
+namespace {
+
+// One printf-formatted line into `os` (the table's lines are at most a few hundred bytes).
+template <class... A>
+void put_line(std::ostringstream& os, const char* format, A... args) {
   char line[512];
-  std::snprintf(line, sizeof line, "hardware: %s (physical payload limit %.0f-%.0f GB/s per rank)\n", hw.name.c_str(),
-                hw.payload_limit_low.gbps, hw.payload_limit_high.gbps);
+  std::snprintf(line, sizeof line, format, args...);
   os << line;
-  if (!points.empty() && points.front().steady)
-    os << (points.front().cached ? "steady state: a cached dispatch and a combine after a first pair (rows first)\n"
-                                 : "steady state: a second dispatch and combine after a first pair (rows first)\n");
+}
+
+void rates_table(std::ostringstream& os, const std::vector<SimPoint>& points) {
   os << "  EP | dispatch GB/s avg  slowest | max-rank us | combine GB/s avg  slowest | max-rank us\n";
-  for (const SimPoint& p : points) {
-    std::snprintf(line, sizeof line, "%4d | %17.1f %8.1f | %11.1f | %16.1f %8.1f | %11.1f\n", p.ep, p.dispatch_gbps,
-                  p.dispatch_gbps_slowest, p.dispatch_us, p.combine_gbps, p.combine_gbps_slowest, p.combine_us);
-    os << line;
-  }
+  for (const SimPoint& p : points)
+    put_line(os, "%4d | %17.1f %8.1f | %11.1f | %16.1f %8.1f | %11.1f\n", p.ep, p.dispatch_gbps, p.dispatch_gbps_slowest, p.dispatch_us,
+             p.combine_gbps, p.combine_gbps_slowest, p.combine_us);
   os << "DeepEP's bottleneck bandwidth (docs/sim.md), GB/s per rank:\n";
+  for (const SimPoint& p : points)
+    put_line(os, "%4d | dispatch %7.1f | combine %7.1f | %s\n", p.ep, p.dispatch_bottleneck_gbps, p.combine_bottleneck_gbps,
+             p.bottleneck_metric.c_str());
+}
+
+void without_table(std::ostringstream& os, const std::vector<SimPoint>& points) {
+  if (points.empty() || points.front().combine_without.empty()) return;
+  os << "combine GB/s (avg) with one mechanism of the model removed (same engine run):\n  EP |     full";
+  for (const auto& [name, v] : points.front().combine_without) os << " | w/o " << name;
+  os << "\n";
   for (const SimPoint& p : points) {
-    std::snprintf(line, sizeof line, "%4d | dispatch %7.1f | combine %7.1f | %s\n", p.ep, p.dispatch_bottleneck_gbps,
-                  p.combine_bottleneck_gbps, p.bottleneck_metric.c_str());
-    os << line;
-  }
-  if (!points.empty() && !points.front().combine_without.empty()) {
-    os << "combine GB/s (avg) with one mechanism of the model removed (same engine run):\n  EP |     full";
-    for (const auto& [name, v] : points.front().combine_without) os << " | w/o " << name;
+    put_line(os, "%4d | %8.1f", p.ep, p.combine_gbps);
+    for (const auto& [name, v] : p.combine_without) put_line(os, " | %*.1f", static_cast<int>(name.size() + 4), v);
     os << "\n";
-    for (const SimPoint& p : points) {
-      std::snprintf(line, sizeof line, "%4d | %8.1f", p.ep, p.combine_gbps);
-      os << line;
-      for (const auto& [name, v] : p.combine_without) {
-        std::snprintf(line, sizeof line, " | %*.1f", static_cast<int>(name.size() + 4), v);
-        os << line;
-      }
-      os << "\n";
-    }
   }
+}
+
+void split_tables(std::ostringstream& os, const std::vector<SimPoint>& points) {
   os << "time split (us, average over ranks): data plane / control plane / sync / tail\n";
   for (const SimPoint& p : points) {
-    std::snprintf(line, sizeof line, "%4d | dispatch %7.1f %7.1f %7.1f %7.1f | combine %7.1f %7.1f %7.1f %7.1f\n", p.ep,
-                  p.dispatch_split.data_us, p.dispatch_split.control_us, p.dispatch_split.sync_us, p.dispatch_split.tail_us,
-                  p.combine_split.data_us, p.combine_split.control_us, p.combine_split.sync_us, p.combine_split.tail_us);
-    os << line;
+    const Split &d = p.dispatch_split, &c = p.combine_split;
+    put_line(os, "%4d | dispatch %7.1f %7.1f %7.1f %7.1f | combine %7.1f %7.1f %7.1f %7.1f\n", p.ep, d.data_us, d.control_us, d.sync_us,
+             d.tail_us, c.data_us, c.control_us, c.sync_us, c.tail_us);
   }
   bool nic = false;
   for (const SimPoint& p : points) nic = nic || p.dispatch_split.nic_mb > 0 || p.combine_split.nic_mb > 0;
   if (nic) {  // a profile with a NIC (scale-out): when each port's payload starts and ends
     os << "payload out per port (us, MB; average over ranks): scale-up first put - last landed (MB) | NIC first put - last landed (MB)\n";
     for (const SimPoint& p : points) {
-      std::snprintf(line, sizeof line,
-                    "%4d | dispatch %7.1f - %7.1f (%6.1f) | %7.1f - %7.1f (%6.1f) | combine %7.1f - %7.1f (%6.1f) | %7.1f - %7.1f (%6.1f)\n",
-                    p.ep, p.dispatch_split.scaleup_first_us, p.dispatch_split.scaleup_last_us, p.dispatch_split.scaleup_mb,
-                    p.dispatch_split.nic_first_us, p.dispatch_split.nic_last_us, p.dispatch_split.nic_mb,
-                    p.combine_split.scaleup_first_us, p.combine_split.scaleup_last_us, p.combine_split.scaleup_mb,
-                    p.combine_split.nic_first_us, p.combine_split.nic_last_us, p.combine_split.nic_mb);
-      os << line;
+      const Split &d = p.dispatch_split, &c = p.combine_split;
+      put_line(os, "%4d | dispatch %7.1f - %7.1f (%6.1f) | %7.1f - %7.1f (%6.1f) | combine %7.1f - %7.1f (%6.1f) | %7.1f - %7.1f (%6.1f)\n",
+               p.ep, d.scaleup_first_us, d.scaleup_last_us, d.scaleup_mb, d.nic_first_us, d.nic_last_us, d.nic_mb, c.scaleup_first_us,
+               c.scaleup_last_us, c.scaleup_mb, c.nic_first_us, c.nic_last_us, c.nic_mb);
     }
   }
   if (!points.empty() && points.front().combine_split.reduce_tail_us > 0) {
     os << "combine's sums and per-peer hand-backs after the rank's last transport op (us, average over ranks; part of the data plane):";
-    for (const SimPoint& p : points) {
-      std::snprintf(line, sizeof line, " EP%d %.1f", p.ep, p.combine_split.reduce_tail_us);
-      os << line;
-    }
+    for (const SimPoint& p : points) put_line(os, " EP%d %.1f", p.ep, p.combine_split.reduce_tail_us);
     os << "\n";
   }
+}
+
+}  // namespace
+
+std::string sim_table(const std::vector<SimPoint>& points, const sim::HardwareModel& hw) {
+  std::ostringstream os;
+  put_line(os, "hardware: %s (physical payload limit %.0f-%.0f GB/s per rank)\n", hw.name.c_str(), hw.payload_limit_low.gbps,
+           hw.payload_limit_high.gbps);
+  if (!points.empty() && points.front().steady)
+    os << (points.front().cached ? "steady state: a cached dispatch and a combine after a first pair (rows first)\n"
+                                 : "steady state: a second dispatch and combine after a first pair (rows first)\n");
+  rates_table(os, points);
+  without_table(os, points);
+  split_tables(os, points);
   os << "run time per EP size (engine on sim ranks + replay):\n";
-  for (const SimPoint& p : points) {
-    std::snprintf(line, sizeof line, "%4d | engine %.2f s (%.2f s CPU; %s, hidden %d) + replay %.2f s (%.2f s CPU), %llu events\n", p.ep,
-                  p.engine_seconds, p.engine_cpu_seconds, p.model_only ? "model-only" : "copy, payload scaled", p.run_hidden,
-                  p.replay_seconds, p.replay_cpu_seconds,
-                  static_cast<unsigned long long>(p.events));
-    os << line;
-  }
+  for (const SimPoint& p : points)
+    put_line(os, "%4d | engine %.2f s (%.2f s CPU; %s, hidden %d) + replay %.2f s (%.2f s CPU), %llu events\n", p.ep, p.engine_seconds,
+             p.engine_cpu_seconds, p.model_only ? "model-only" : "copy, payload scaled", p.run_hidden, p.replay_seconds,
+             p.replay_cpu_seconds, static_cast<unsigned long long>(p.events));
   return os.str();
 }
 

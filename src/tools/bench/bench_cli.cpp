@@ -129,7 +129,10 @@ const char* bench_definitions() {
                logical expert it came from.)";
 }
 
-void add_bench_options(CLI::App* sub, BenchOptions& o) {
+namespace {
+
+// The problem and how it is run: P, S, H, K, E, dtype, layout, outputs, workers, iterations.
+void add_shape_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--ranks", o.ranks, "P: ranks (processes with shm, threads with --transport threads)")->capture_default_str();
   sub->add_option("--tokens", o.tokens, "S: tokens per rank")->capture_default_str();
   sub->add_option("--hidden", o.hidden, "H: hidden size")->capture_default_str();
@@ -158,6 +161,10 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--workers", o.workers, "worker threads per rank (0 = auto: cores / ranks)")->capture_default_str();
   sub->add_option("--warmup", o.warmup, "untimed iterations first")->capture_default_str();
   sub->add_option("--iters", o.iters, "timed iterations (one dispatch + one combine each)")->capture_default_str();
+}
+
+// Where the routing comes from: a SPEC 7 directory or the generator's knobs.
+void add_routing_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--routing", o.routing,
                   "read the routing from a SPEC 7 input directory (meta.json, rank<r>/topk_idx.npy; optional "
                   "topk_weights.npy and x.npy or x_fp8.npy + x_scales.npy; random x when absent). P, E, H, K "
@@ -170,6 +177,10 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--topk-groups", o.topk_groups, "with --groups: each token picks its K experts among its best this-many groups")
       ->capture_default_str();
   sub->add_option("--seed", o.seed, "seed of the generated routing and x")->capture_default_str();
+}
+
+// What is written and measured besides the table: JSON, trace, HTML, transport, counters, progress.
+void add_report_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--json", o.json, "write every number of the report, machine-readable, to FILE")->type_name("FILE");
   sub->add_option("--trace", o.trace, "write a Chrome trace (Perfetto, chrome://tracing): a track per rank and worker, a slice per phase and iteration")
       ->type_name("FILE");
@@ -189,6 +200,10 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
                   "BufferConfig::record_waits)")
       ->capture_default_str();
   sub->add_flag("!--no-progress", o.progress, "no progress line on stderr");
+}
+
+// The peers run beside epx and the EPLB replicas.
+void add_peer_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--baseline", o.baseline,
                   "mpi: also run epx_mpi_baseline (Megatron-style MPI all-to-all dispatcher) via mpirun on the same "
                   "routing (--transport shmem: inside this oshrun job, on the same ranks), check it produces the same "
@@ -213,6 +228,10 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
       ->capture_default_str();
   sub->add_option("--eplb-servers-of", o.eplb_servers_of, "ranks per server for --eplb-choice server (divides P; default 1)")
       ->type_name("N");
+}
+
+// --op all_gather | reduce_scatter | all_reduce.
+void add_collective_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--bytes", o.bytes, "--op all_gather | reduce_scatter | all_reduce: N bytes per call, the whole tensor "
                   "(all_gather's result, reduce_scatter's input; K/M/G suffixes)")->capture_default_str();
   sub->add_option("--tensors", o.tensors, "--op <collective>: T tensors of N / T bytes per call (1..64)")->capture_default_str();
@@ -222,6 +241,16 @@ void add_bench_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--algorithm", o.algorithm,
                   "--op <collective>: auto | staged | mapped | pipelined | two-level | direct | one-shot (BucketOptions::algorithm: "
                   "the one to use where it can run; for A/B runs)")->capture_default_str();
+}
+
+}  // namespace
+
+void add_bench_options(CLI::App* sub, BenchOptions& o) {
+  add_shape_options(sub, o);
+  add_routing_options(sub, o);
+  add_report_options(sub, o);
+  add_peer_options(sub, o);
+  add_collective_options(sub, o);
   add_dataplane_options(sub, o.dataplane);
   sub->parse_complete_callback([sub, &o] {
     o.schedule_auto = sub->get_option("--schedule")->count() == 0 && sub->get_option("--combine-order")->count() == 0;

@@ -32,6 +32,56 @@ ordered_json summary_json(const Summary& s) {
 
 namespace {
 
+// The engine's counters of an op (puts, bytes, phases, queues), or nulls without counters.
+void add_counters_json(ordered_json& j, const OpReport& op) {
+  if (!op.counters) {
+    j["puts"] = nullptr;
+    j["bytes_per_put"] = nullptr;
+    j["phases_us"] = ordered_json::object();
+    return;
+  }
+  j["puts"] = op.puts;
+  j["remote_puts"] = op.remote_puts;
+  j["bytes_per_put"] = op.bytes_per_put;
+  j["puts_per_rank"] = op.puts_rank;
+  j["remote_puts_per_rank"] = op.remote_puts_rank;
+  j["engine_bytes_per_rank"] = op.bytes_rank;
+  j["engine_remote_bytes_per_rank"] = op.remote_bytes_rank;
+  j["metadata_bytes_per_row"] = op.metadata_bytes_per_row;
+  ordered_json ph;
+  for (int p = 0; p < kBenchPhases; ++p) {
+    std::vector<double> v;
+    for (const auto& pr : op.phases_rank) v.push_back(pr[at(p)]);
+    ph[bench_phase_name(p)] = v;
+  }
+  j["phases_us"] = ph;
+  j["dominant_phase"] = bench_phase_name(op.dominant);
+  std::vector<std::string> dom;
+  for (int d : op.dominant_rank) dom.push_back(bench_phase_name(d));
+  j["dominant_phase_per_rank"] = dom;
+  ordered_json queues;
+  queues["puts"] = op.queue_puts;
+  queues["bytes"] = op.queue_bytes;
+  queues["wait_us"] = op.queue_wait_us;
+  queues["puts_per_rank"] = op.queue_puts_rank;
+  queues["bytes_per_rank"] = op.queue_bytes_rank;
+  queues["wait_us_per_rank"] = op.queue_wait_us_rank;
+  j["queues"] = queues;
+}
+
+// --counters-overhead: counters off vs on.
+ordered_json overhead_json(const OpReport& op) {
+  ordered_json o;
+  o["off_max_rank_us"] = summary_json(op.off);
+  o["on_max_rank_us"] = summary_json(op.on);
+  o["iters_per_mode"] = op.on.n;
+  o["ratio_on_off"] = op.counters_ratio;
+  o["comparison_before_us"] = summary_json(op.compare_before);
+  o["comparison_after_us"] = summary_json(op.compare_after);
+  o["drift"] = op.drift;
+  return o;
+}
+
 ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch) {
   const int P = static_cast<int>(op.rank.size());
   ordered_json j;
@@ -70,50 +120,8 @@ ordered_json op_json(const OpReport& op, const RouteCount& rc, bool is_dispatch)
   j["counters"] = op.counters;
   j["pulled"] = op.pulled;  // combine read the expert ranks' rows in place (no puts)
   j["data_first"] = op.data_first;  // rows before the header exchange (docs/engine.md, rows first)
-  if (op.counters) {
-    j["puts"] = op.puts;
-    j["remote_puts"] = op.remote_puts;
-    j["bytes_per_put"] = op.bytes_per_put;
-    j["puts_per_rank"] = op.puts_rank;
-    j["remote_puts_per_rank"] = op.remote_puts_rank;
-    j["engine_bytes_per_rank"] = op.bytes_rank;
-    j["engine_remote_bytes_per_rank"] = op.remote_bytes_rank;
-    j["metadata_bytes_per_row"] = op.metadata_bytes_per_row;
-    ordered_json ph;
-    for (int p = 0; p < kBenchPhases; ++p) {
-      std::vector<double> v;
-      for (const auto& pr : op.phases_rank) v.push_back(pr[at(p)]);
-      ph[bench_phase_name(p)] = v;
-    }
-    j["phases_us"] = ph;
-    j["dominant_phase"] = bench_phase_name(op.dominant);
-    std::vector<std::string> dom;
-    for (int d : op.dominant_rank) dom.push_back(bench_phase_name(d));
-    j["dominant_phase_per_rank"] = dom;
-    ordered_json queues;
-    queues["puts"] = op.queue_puts;
-    queues["bytes"] = op.queue_bytes;
-    queues["wait_us"] = op.queue_wait_us;
-    queues["puts_per_rank"] = op.queue_puts_rank;
-    queues["bytes_per_rank"] = op.queue_bytes_rank;
-    queues["wait_us_per_rank"] = op.queue_wait_us_rank;
-    j["queues"] = queues;
-  } else {
-    j["puts"] = nullptr;
-    j["bytes_per_put"] = nullptr;
-    j["phases_us"] = ordered_json::object();
-  }
-  if (op.overhead) {
-    ordered_json o;
-    o["off_max_rank_us"] = summary_json(op.off);
-    o["on_max_rank_us"] = summary_json(op.on);
-    o["iters_per_mode"] = op.on.n;
-    o["ratio_on_off"] = op.counters_ratio;
-    o["comparison_before_us"] = summary_json(op.compare_before);
-    o["comparison_after_us"] = summary_json(op.compare_after);
-    o["drift"] = op.drift;
-    j["counters_overhead"] = o;
-  }
+  add_counters_json(j, op);
+  if (op.overhead) j["counters_overhead"] = overhead_json(op);
   ordered_json it;
   it["max_rank_us"] = op.max_rank_series;
   it["rank_us"] = op.rank_series;
@@ -155,6 +163,67 @@ ordered_json diagnose_json(const DiagnoseReport& d) {
   }
   j["seconds"] = d.seconds;
   return j;
+}
+
+// The routing's rows: histograms, per-rank and per-expert rows, the [src][dst] matrix.
+ordered_json route_json(const BenchReport& r) {
+  const RouteCount& rc = r.count;
+  const RouteReport& h = r.route;
+  ordered_json route;
+  route["unique_dest_hist"] = h.unique_dest_hist;
+  route["unique_dest_hist_per_rank"] = rc.unique_dest_hist;
+  route["avg_unique_dest"] = h.avg_unique_dest;
+  route["sent_rows_per_rank"] = rc.sent_rows;
+  route["sent_local_rows_per_rank"] = rc.sent_local_rows;
+  route["recv_rows_per_rank"] = rc.recv_rows;
+  route["recv_local_rows_per_rank"] = rc.recv_local_rows;
+  route["recv_slots_per_rank"] = rc.recv_slots;
+  route["out_rows_per_rank"] = rc.out_rows;
+  route["rows_per_expert"] = rc.expert_rows;
+  ordered_json pairs = ordered_json::array();  // [source][destination] rows (pair_rows)
+  for (int s = 0; s < r.ranks; ++s)
+    pairs.push_back(std::vector<std::int64_t>(rc.pair_rows.begin() + s * r.ranks, rc.pair_rows.begin() + (s + 1) * r.ranks));
+  route["rows_matrix"] = pairs;
+  route["rank_recv"] = {{"min", h.recv_min}, {"avg", h.recv_avg}, {"max", h.recv_max}, {"max_rank", h.recv_max_rank},
+                        {"imbalance", h.recv_imbalance}};
+  route["expert_rows"] = {{"min", h.expert_min}, {"avg", h.expert_avg}, {"max", h.expert_max}, {"max_expert", h.expert_max_id},
+                          {"imbalance", h.expert_imbalance}};
+  route["slowest_rank"] = h.slowest_rank;
+  route["slowest_rank_round_trip_us"] = h.slowest_round_trip_us;
+  if (r.ranks > 0) {
+    const int L = r.experts / r.ranks, s = h.slowest_rank;
+    route["slowest_rank_unique_dest_hist"] = rc.unique_dest_hist[at(s)];
+    route["slowest_rank_expert_rows"] =
+        std::vector<std::int64_t>(rc.expert_rows.begin() + s * L, rc.expert_rows.begin() + (s + 1) * L);
+  }
+  return route;
+}
+
+// --baseline mpi: the peer's times, checks and the speedups.
+ordered_json baseline_json(const BenchReport& r) {
+  const BaselineResult& b = r.baseline;
+  ordered_json bj;
+  bj["kind"] = "mpi";
+  bj["available"] = b.ran;
+  if (!b.ran) {
+    bj["why_unavailable"] = b.why_not;
+  } else {
+    bj["command"] = b.command;
+    bj["dispatch"] = {{"max_rank_us", summary_json(b.dispatch)}, {"rank_us", b.dispatch_rank_us}};
+    bj["combine"] = {{"max_rank_us", summary_json(b.combine)}, {"rank_us", b.combine_rank_us}};
+    bj["recv_rows"] = b.recv_rows;
+    bj["payload_bytes_per_rank"] = b.payload_bytes;
+    bj["dispatch_hash"] = b.dispatch_hash;
+    bj["combine_hash"] = b.combine_hash;
+    bj["verified"] = b.verified;
+    bj["verify_detail"] = b.verify_detail;
+    auto ratio = [](double mpi, double epx) { return epx > 0 ? mpi / epx : 0.0; };
+    bj["speedup_epx_vs_mpi"] = {
+        {"dispatch", ratio(b.dispatch.avg, r.dispatch.max_rank.avg)},
+        {"combine", ratio(b.combine.avg, r.combine.max_rank.avg)},
+        {"round_trip", ratio(b.dispatch.avg + b.combine.avg, r.dispatch.max_rank.avg + r.combine.max_rank.avg)}};
+  }
+  return bj;
 }
 
 }  // namespace
@@ -207,35 +276,7 @@ ordered_json bench_json(const BenchReport& r) {
   j["dispatch"] = op_json(r.dispatch, rc, true);
   j["combine"] = op_json(r.combine, rc, false);
 
-  const RouteReport& h = r.route;
-  ordered_json route;
-  route["unique_dest_hist"] = h.unique_dest_hist;
-  route["unique_dest_hist_per_rank"] = rc.unique_dest_hist;
-  route["avg_unique_dest"] = h.avg_unique_dest;
-  route["sent_rows_per_rank"] = rc.sent_rows;
-  route["sent_local_rows_per_rank"] = rc.sent_local_rows;
-  route["recv_rows_per_rank"] = rc.recv_rows;
-  route["recv_local_rows_per_rank"] = rc.recv_local_rows;
-  route["recv_slots_per_rank"] = rc.recv_slots;
-  route["out_rows_per_rank"] = rc.out_rows;
-  route["rows_per_expert"] = rc.expert_rows;
-  ordered_json pairs = ordered_json::array();  // [source][destination] rows (pair_rows)
-  for (int s = 0; s < r.ranks; ++s)
-    pairs.push_back(std::vector<std::int64_t>(rc.pair_rows.begin() + s * r.ranks, rc.pair_rows.begin() + (s + 1) * r.ranks));
-  route["rows_matrix"] = pairs;
-  route["rank_recv"] = {{"min", h.recv_min}, {"avg", h.recv_avg}, {"max", h.recv_max}, {"max_rank", h.recv_max_rank},
-                        {"imbalance", h.recv_imbalance}};
-  route["expert_rows"] = {{"min", h.expert_min}, {"avg", h.expert_avg}, {"max", h.expert_max}, {"max_expert", h.expert_max_id},
-                          {"imbalance", h.expert_imbalance}};
-  route["slowest_rank"] = h.slowest_rank;
-  route["slowest_rank_round_trip_us"] = h.slowest_round_trip_us;
-  if (r.ranks > 0) {
-    const int L = r.experts / r.ranks, s = h.slowest_rank;
-    route["slowest_rank_unique_dest_hist"] = rc.unique_dest_hist[at(s)];
-    route["slowest_rank_expert_rows"] =
-        std::vector<std::int64_t>(rc.expert_rows.begin() + s * L, rc.expert_rows.begin() + (s + 1) * L);
-  }
-  j["route"] = route;
+  j["route"] = route_json(r);
   if (r.diagnose.exchanges > 0) j["diagnose"] = diagnose_json(r.diagnose);
 
   if (r.dispatch.counters || r.combine.counters) {
@@ -247,31 +288,7 @@ ordered_json bench_json(const BenchReport& r) {
     j["worker_counters"] = wc;
   }
 
-  if (r.baseline_requested) {
-    const BaselineResult& b = r.baseline;
-    ordered_json bj;
-    bj["kind"] = "mpi";
-    bj["available"] = b.ran;
-    if (!b.ran) {
-      bj["why_unavailable"] = b.why_not;
-    } else {
-      bj["command"] = b.command;
-      bj["dispatch"] = {{"max_rank_us", summary_json(b.dispatch)}, {"rank_us", b.dispatch_rank_us}};
-      bj["combine"] = {{"max_rank_us", summary_json(b.combine)}, {"rank_us", b.combine_rank_us}};
-      bj["recv_rows"] = b.recv_rows;
-      bj["payload_bytes_per_rank"] = b.payload_bytes;
-      bj["dispatch_hash"] = b.dispatch_hash;
-      bj["combine_hash"] = b.combine_hash;
-      bj["verified"] = b.verified;
-      bj["verify_detail"] = b.verify_detail;
-      auto ratio = [](double mpi, double epx) { return epx > 0 ? mpi / epx : 0.0; };
-      bj["speedup_epx_vs_mpi"] = {
-          {"dispatch", ratio(b.dispatch.avg, r.dispatch.max_rank.avg)},
-          {"combine", ratio(b.combine.avg, r.combine.max_rank.avg)},
-          {"round_trip", ratio(b.dispatch.avg + b.combine.avg, r.dispatch.max_rank.avg + r.combine.max_rank.avg)}};
-    }
-    j["baseline"] = bj;
-  }
+  if (r.baseline_requested) j["baseline"] = baseline_json(r);
   if (r.eplb.enabled) j["eplb"] = eplb_json(r.eplb);
   j["warnings"] = r.warnings;
   j["definitions"] = bench_definitions();
