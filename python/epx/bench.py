@@ -1,14 +1,15 @@
 """python -m epx.bench — epx from PyTorch vs the dispatcher a PyTorch user writes without it.
 
     /usr/bin/python3 -m epx.bench [--ranks 4] [--tokens 256] [--hidden 2048] [--experts 32]
-        [--topk 4] [--iters 20] [--warmup 3] [--epx PATH | --no-cpp] [--json FILE]
+        [--topk 4] [--iters 20] [--warmup 3] [--layout both|compact|expanded]
+        [--start barrier|instant] [--order interleaved|blocked] [--no-overlap]
+        [--epx PATH | --no-cpp] [--json FILE]
 
 On the same routing (uniform top-k, `--seed`) and the same tokens, P ranks started by
-`epx.launch`, each op started by every rank at one agreed CLOCK_MONOTONIC instant (rank 0
-names it 10 ms ahead; the ranks sleep until then — a gloo barrier lets ranks leave it ms
-apart),
-per iteration the slowest rank (max-rank), p50 and avg over the timed iterations (the
-definitions of `epx bench --help`):
+`epx.launch`, every op started after epx's shared-memory barrier (as `epx bench` starts its
+calls; `--start instant`: after a sleep to an instant rank 0 names 10 ms ahead), per
+iteration the slowest rank (max-rank), p50 and avg over the timed iterations (the
+definitions of `epx bench --help`; round trip = dispatch + combine, p50s and avgs summed):
 
 1. all_to_all_single: a Megatron-style token dispatcher (Megatron-LM's
    MoEAlltoAllTokenDispatcher) over torch.distributed gloo: count tokens per expert, exchange
@@ -16,21 +17,29 @@ definitions of `epx bench --help`):
    order, all_to_all_single the rows (gloo has no bf16: the bytes travel as uint8), sort the
    received chunks by local expert; combine = the reverse and an index_add_ (float32) per
    token. Unweighted, like epx's default combine.
-2. epx: `EPBuffer.dispatch(do_expand=True)` (deterministic, so rows are in the same order)
-   and `EPBuffer.combine`, from Python.
-   Check (every run): both dispatchers give the same rows bit for bit on every rank, and
-   their combines of the same expert output agree within 1e-2 of the largest value (the
-   float32 sums run in different orders and epx rounds each rank's partial to bf16).
-3. overlap: per iteration, a dispatch then a float32 matmul of about the dispatch's time
-   (sized on rank 0 against 7 dispatches of this loop), timed apart (sequential = their
-   sum), and an async epx dispatch (`async_with_compute_stream=True`: it returns once its
-   puts are handed to epx's thread) with the same matmul computed meanwhile, then
-   `event.current_stream_wait()` (overlapped).
+2. epx: `EPBuffer.dispatch` and `EPBuffer.combine` from Python, in each `--layout`:
+   compact (`do_expand=False`, the default: a row per received token) and expanded
+   (`do_expand=True`, deterministic: a row per slot, in the gloo dispatcher's order),
+   interleaved with the gloo calls (`--order blocked`: all of gloo's iterations first, then
+   each layout's: no gloo call between epx's); every output is dropped before the next call, and the
+   EPBuffer's output pool holds the largest rank's expanded output (`output_pool_rows`, as
+   `epx bench --layout expanded` sizes it), so both layouts' recv_x are one copy.
+   Checks (every run, before the timing): expanded — both dispatchers give the same rows
+   bit for bit on every rank; compact — every row is its source token's bits (recv_src), the
+   tokens are exactly those routed to the rank and recv_topk_idx names their local experts;
+   each layout's combine of the same expert output (f(x) per slot; compact: the row's sum of
+   its local slots) agrees with gloo's within 1e-2 of the largest value (the float32 sums run
+   in different orders and epx rounds each rank's partial to bf16).
+3. overlap (unless --no-overlap): per iteration, an expanded dispatch then a float32 matmul
+   of about the dispatch's time (sized on rank 0 against 7 dispatches of this loop), timed
+   apart (sequential = their sum), and an async epx dispatch (`async_with_compute_stream=True`:
+   it returns once its puts are handed to epx's thread) with the same matmul computed
+   meanwhile, then `event.current_stream_wait()` (overlapped).
    efficiency = (sequential - overlapped) / min(dispatch, matmul), from the p50s: 1 = the
    shorter one is fully hidden, 0 = no overlap (negative when the two compete for cores).
    Also timed: an async dispatch waited on at once (the cost of the async form itself).
-4. C++: `epx bench --routing DIR --layout expanded --no-counters` (counters off, as in an
-   EPBuffer) on the same routing and x, written as a SPEC §7 directory, run once before and
+4. C++: `epx bench --routing DIR --layout L --no-counters` (counters off, as in an EPBuffer)
+   per layout on the same routing and x, written as a SPEC §7 directory, run once before and
    once after the Python ranks (not at the same time; the mean of the two p50s): binding
    cost = Python epx time / C++ epx time.
 """
@@ -49,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 import epx
+from epx.group import transport_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMBINE_TOL = 1e-2
@@ -145,14 +155,14 @@ def _wire(t):
 # ----------------------------------------------------------------------------------------
 
 START_MARGIN_S = 0.010
-_late = []  # per timed call: how late this rank started after the agreed start (us)
+_late = []  # per timed call (--start instant): how late this rank started after the agreed start (us)
 
 
-def _aligned_start():
-    """Every rank starts at the same CLOCK_MONOTONIC instant (system-wide on Linux): rank 0
-    names one START_MARGIN_S ahead, every rank sleeps until then. A gloo barrier lets ranks leave
-    it milliseconds apart, which would count as op time; the lateness of a rank that got
-    the instant too late is recorded (reported as start skew)."""
+def _instant_start():
+    """--start instant: every rank starts at the same CLOCK_MONOTONIC instant (system-wide
+    on Linux): rank 0 names one START_MARGIN_S ahead, every rank sleeps until then; the
+    lateness of a rank that woke too late is recorded (reported as start skew). A call after
+    a sleep runs on cold caches, and a late rank's wait counts as op time on the others."""
     t = torch.tensor([time.monotonic() + START_MARGIN_S], dtype=torch.float64)
     dist.broadcast(t, 0)
     target = t.item()
@@ -164,10 +174,153 @@ def _aligned_start():
     return now
 
 
-def _timed(fn):
-    t0 = _aligned_start()
+def _starter(how):
+    """What every rank runs before each timed op: --start barrier (default) = epx's barrier
+    over its transport (shared memory), as `epx bench` times its calls; --start instant =
+    the sleep to an agreed instant (_instant_start)."""
+    if how == "instant":
+        return _instant_start
+    tr = transport_of(None)  # the EPBuffer's (the same group, kind and timeout)
+
+    def barrier():
+        tr.barrier("epx.bench: start")
+        return time.monotonic()
+    return barrier
+
+
+def _timed(start, fn):
+    """(fn's result, us from the start to its return) on this rank."""
+    t0 = start()
     r = fn()
     return r, (time.monotonic() - t0) * 1e6
+
+
+LAYOUTS = ("compact", "expanded")
+
+
+def _layouts(a):
+    return LAYOUTS if a.layout == "both" else (a.layout,)
+
+
+def _expert_out(rows):
+    """The stand-in expert every check applies: f(x) = 0.5 x + 1, rounded to bf16."""
+    return (rows.float() * 0.5 + 1).bfloat16()
+
+
+def _check_expanded(buf, base, x, idx, w):
+    """Expanded epx vs the gloo dispatcher: the same rows bit for bit, the same counts; and
+    the max relative difference of their combines of the same expert output."""
+    rows_a2a, counts_a2a, st = base.dispatch(x, idx)
+    recv_x, _, _, handle, _ = buf.dispatch(x, idx, w, do_expand=True)
+    same = (list(handle.num_recv_tokens_per_expert) == counts_a2a and
+            torch.equal(recv_x.view(torch.int16), rows_a2a.view(torch.int16)))
+    y = _expert_out(rows_a2a)
+    return same, _rel_diff(base.combine(y, st), buf.combine(y, handle)[0])
+
+
+def _check_compact(buf, base, problem, rank, experts, x, idx, w):
+    """Compact epx vs an independent reference and vs the gloo dispatcher: every received
+    row is the bits of its source token (recv_src), the (source, token) pairs are exactly the
+    tokens routed to this rank, recv_topk_idx names their local experts (-1 elsewhere); the
+    combine of each row's expert sum (f(x) once per local slot) agrees with gloo's combine of
+    f(x) per slot."""
+    P = len(problem)
+    L = experts // P
+    recv_x, recv_idx, _, handle, _ = buf.dispatch(x, idx, w, do_expand=False)
+    src = handle.recv_src.tolist()
+    want = sorted((s, t) for s in range(P) for t in range(problem[s][0].shape[0])
+                  if ((problem[s][0][t] // L) == rank).any())
+    same = sorted(map(tuple, src)) == want and len(src) == recv_x.shape[0]
+    for n, (s, t) in enumerate(src if same else []):
+        sidx = problem[s][0][t]
+        local = torch.where(sidx // L == rank, sidx - rank * L, torch.full_like(sidx, -1))
+        same = same and torch.equal(recv_x[n].view(torch.int16), problem[s][2][t].view(torch.int16)) \
+            and torch.equal(recv_idx[n], local)
+    rows_a2a, _, st = base.dispatch(x, idx)
+    slots = (recv_idx >= 0).sum(1, keepdim=True).float()
+    y = (_expert_out(recv_x).float() * slots).bfloat16()  # the sum of the row's local experts
+    return same, _rel_diff(base.combine(_expert_out(rows_a2a), st), buf.combine(y, handle)[0])
+
+
+def _rel_diff(ref, got):
+    ref, got = ref.float(), got.float()
+    if not ref.numel():
+        return 0.0
+    return (ref - got).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+
+
+def _timed_loop(a, start, buf, base, x, idx, w, samples):
+    """--order interleaved (default): per iteration gloo's dispatch and combine, then epx's in
+    each layout. --order blocked: every iteration of gloo, then every iteration of each epx
+    layout (each dispatcher on caches and allocator state of its own kind, as `epx bench`
+    runs epx). Every output is dropped before the next call (as `epx bench` does): a recv_x
+    still held keeps its block of the output pool, and the next dispatch would copy out."""
+    def gloo(t):
+        r, t["a2a_dispatch"] = _timed(start, lambda: base.dispatch(x, idx))
+        t["a2a_combine"] = _timed(start, lambda: base.combine(r[0], r[2]))[1]
+
+    def epx_in(lay):
+        def run(t):
+            d, t["epx_%s_dispatch" % lay] = _timed(
+                start, lambda: buf.dispatch(x, idx, w, do_expand=lay == "expanded"))
+            t["epx_%s_combine" % lay] = _timed(start, lambda: buf.combine(d[0], d[3]))[1]
+        return run
+
+    steps = [gloo] + [epx_in(lay) for lay in _layouts(a)]
+    for group in ([steps] if a.order == "interleaved" else [[s] for s in steps]):
+        for it in range(a.warmup + a.iters):
+            t = {}
+            for step in group:
+                step(t)
+            if it >= a.warmup:
+                for k, v in t.items():
+                    samples.setdefault(k, []).append(v)
+
+
+def _overlap_loop(a, start, rank, buf, x, idx, w, samples):
+    """Section 3 of the docstring (expanded dispatches); returns the matmul size."""
+    def disp(wait_async=False):  # its outputs dropped at once
+        r = buf.dispatch(x, idx, w, do_expand=True, async_with_compute_stream=wait_async)
+        if wait_async:
+            r[4].current_stream_wait()
+    t_d = float(np.median([_timed(start, disp)[1] for _ in range(7)]))
+    m = torch.tensor([_matmul_size(t_d)] if rank == 0 else [0])
+    dist.broadcast(m, 0)
+    m = int(m.item())
+    A, B = torch.randn(m, m), torch.randn(m, m)
+
+    def ovl():
+        r = buf.dispatch(x, idx, w, do_expand=True, async_with_compute_stream=True)
+        torch.mm(A, B)  # while epx's threads put and receive the rows
+        r[4].current_stream_wait()  # now r's tensors hold the rows
+
+    for it in range(a.warmup + a.iters):
+        t0 = start()  # sequential: dispatch, then the matmul
+        disp()
+        t1 = time.monotonic()
+        torch.mm(A, B)
+        t2 = time.monotonic()
+        _, t_ovl = _timed(start, ovl)
+        _, t_async = _timed(start, lambda: disp(wait_async=True))
+        if it >= a.warmup:
+            for k, v in (("async_alone", t_async), ("seq_dispatch", (t1 - t0) * 1e6),
+                         ("mm", (t2 - t1) * 1e6), ("seq", (t2 - t0) * 1e6), ("ovl", t_ovl)):
+                samples.setdefault(k, []).append(v)
+    return m
+
+
+def _pool_rows(a, problem):
+    """The EPBuffer's output_pool_rows: with the expanded layout, room for the largest rank's
+    expanded output of this routing (as `epx bench --layout expanded` sizes its pool) and
+    for a compact one (P x S rows), so both stay one copy; else 0 (auto)."""
+    if "expanded" not in _layouts(a):
+        return 0
+    L = a.experts // a.ranks
+    per_rank = np.zeros(a.ranks, dtype=np.int64)
+    for idx, _, _ in problem:
+        flat = idx.reshape(-1)
+        per_rank += np.bincount((flat[flat >= 0] // L).numpy(), minlength=a.ranks)
+    return int(max(per_rank.max(), a.ranks * a.tokens))
 
 
 def _rank_main(rank, num_ranks, a, problem):
@@ -175,77 +328,29 @@ def _rank_main(rank, num_ranks, a, problem):
     torch.set_num_threads(1)
     idx, w, x = problem[rank]
     base = AllToAllDispatcher(a.experts)
-    samples = {k: [] for k in ("a2a_dispatch", "a2a_combine", "epx_dispatch", "epx_combine",
-                               "seq_dispatch", "mm", "seq", "ovl", "async_alone")}
+    samples, checks = {}, {}
     with epx.EPBuffer(None, num_max_tokens_per_rank=a.tokens, hidden=a.hidden,
                       num_topk=a.topk, num_experts=a.experts, deterministic=True,
-                      num_workers=a.workers) as buf:
-        # the check: same rows, combines of the same y agree
-        rows_a2a, counts_a2a, st = base.dispatch(x, idx)
-        recv_x, _, _, handle, _ = buf.dispatch(x, idx, w, do_expand=True)
-        same_rows = (list(handle.num_recv_tokens_per_expert) == counts_a2a and
-                     torch.equal(recv_x.view(torch.int16), rows_a2a.view(torch.int16)))
-        y = (rows_a2a.float() * 0.5 + 1).bfloat16()
-        comb_a2a = base.combine(y, st).float()
-        comb_epx = buf.combine(y, handle)[0].float()
-        scale = max(comb_a2a.abs().max().item() if comb_a2a.numel() else 0.0, 1e-30)
-        comb_diff = (comb_a2a - comb_epx).abs().max().item() / scale if comb_a2a.numel() else 0.0
-
-        for it in range(a.warmup + a.iters):  # interleaved: baseline, epx, baseline, ...
-            keep = it >= a.warmup
-            (r_a, _, st), t1 = _timed(lambda: base.dispatch(x, idx))
-            _, t2 = _timed(lambda: base.combine(r_a, st))
-            (r_e, _, _, h, _), t3 = _timed(lambda: buf.dispatch(x, idx, w, do_expand=True))
-            _, t4 = _timed(lambda: buf.combine(r_e, h))
-            if keep:
-                for k, t in zip(("a2a_dispatch", "a2a_combine", "epx_dispatch",
-                                 "epx_combine"), (t1, t2, t3, t4)):
-                    samples[k].append(t)
-
-        # overlap: a matmul of about one dispatch's time in this loop (a dispatch after a
-        # dispatch: no rows first), sized on rank 0
-        t_d = float(np.median([_timed(lambda: buf.dispatch(x, idx, w, do_expand=True))[1] for _ in range(7)]))
-        m = torch.tensor([_matmul_size(t_d)] if rank == 0 else [0])
-        dist.broadcast(m, 0)
-        m = int(m.item())
-        A, B = torch.randn(m, m), torch.randn(m, m)
-        for it in range(a.warmup + a.iters):
-            keep = it >= a.warmup
-            t0 = _aligned_start()  # sequential: dispatch, then the matmul
-            buf.dispatch(x, idx, w, do_expand=True)
-            t1 = time.monotonic()
-            torch.mm(A, B)
-            t2 = time.monotonic()
-
-            def ovl():
-                r = buf.dispatch(x, idx, w, do_expand=True, async_with_compute_stream=True)
-                torch.mm(A, B)  # while epx's threads put and receive the rows
-                r[4].current_stream_wait()  # now r's tensors hold the rows
-
-            _, t_ovl = _timed(ovl)
-            _, t_async = _timed(lambda: buf.dispatch(x, idx, w, do_expand=True,
-                                                     async_with_compute_stream=True
-                                                     )[4].current_stream_wait())
-            if keep:
-                samples["async_alone"].append(t_async)
-                samples["seq_dispatch"].append((t1 - t0) * 1e6)
-                samples["mm"].append((t2 - t1) * 1e6)
-                samples["seq"].append((t2 - t0) * 1e6)
-                samples["ovl"].append(t_ovl)
+                      num_workers=a.workers, output_pool_rows=_pool_rows(a, problem)) as buf:
+        start = _starter(a.start)
+        for lay in _layouts(a):
+            checks[lay] = (_check_expanded(buf, base, x, idx, w) if lay == "expanded" else
+                           _check_compact(buf, base, problem, rank, a.experts, x, idx, w))
+        _timed_loop(a, start, buf, base, x, idx, w, samples)
+        m = _overlap_loop(a, start, rank, buf, x, idx, w, samples) if not a.no_overlap else 0
     gathered = [None] * num_ranks
-    dist.all_gather_object(gathered, samples)
-    checks = [None] * num_ranks
-    dist.all_gather_object(checks, (same_rows, comb_diff, float(np.percentile(_late, 50)),
-                                    float(np.percentile(_late, 95))))
+    late = (float(np.percentile(_late, 50)), float(np.percentile(_late, 95))) if _late else (0.0, 0.0)
+    dist.all_gather_object(gathered, (samples, checks, late))
     if rank != 0:
         return None
-    series = {k: np.max(np.array([g[k] for g in gathered]), axis=0) for k in samples}
+    series = {k: np.max(np.array([g[0][k] for g in gathered]), axis=0) for k in samples}
     return {"max_rank_us": {k: {"p50": float(np.median(v)), "avg": float(np.mean(v))}
                             for k, v in series.items()},
-            "matmul_n": m, "same_rows": [c[0] for c in checks],
-            "combine_rel_diff": [c[1] for c in checks],
-            "start_late_p50_us": [c[2] for c in checks],
-            "start_late_p95_us": [c[3] for c in checks]}
+            "matmul_n": m,
+            "same_rows": {lay: [g[1][lay][0] for g in gathered] for lay in checks},
+            "combine_rel_diff": {lay: [g[1][lay][1] for g in gathered] for lay in checks},
+            "start_late_p50_us": [g[2][0] for g in gathered],
+            "start_late_p95_us": [g[2][1] for g in gathered]}
 
 
 def _matmul_size(target_us):
@@ -281,9 +386,11 @@ def find_cli(path):
     return None
 
 
-def run_cpp(a, cli, routing_dir):
+def run_cpp(a, cli, routing_dir, layout):
+    """`epx bench` on the routing directory in `layout`, counters off (as in an EPBuffer):
+    ({op: {p50, avg}}, command, error)."""
     out = os.path.join(routing_dir, "cpp.json")
-    cmd = [cli, "bench", "--routing", routing_dir, "--layout", "expanded",
+    cmd = [cli, "bench", "--routing", routing_dir, "--layout", layout,
            "--iters", str(a.iters), "--warmup", str(a.warmup), "--json", out, "--no-progress",
            "--no-counters"]
     p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -309,10 +416,21 @@ def parse_args(argv):
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--layout", choices=("both",) + LAYOUTS, default="both",
+                    help="epx's receive layout(s) timed against the gloo dispatcher (default both: "
+                         "compact, the default of EPBuffer.dispatch and of `epx bench`, and expanded)")
+    ap.add_argument("--start", choices=("barrier", "instant"), default="barrier",
+                    help="how the ranks start each timed op: barrier = epx's shared-memory barrier, as "
+                         "`epx bench` does (default); instant = a sleep to an instant rank 0 names "
+                         "(cold caches, and a rank waking late counts on the others)")
+    ap.add_argument("--order", choices=("interleaved", "blocked"), default="interleaved",
+                    help="interleaved (default): each iteration runs gloo, then epx in each layout; "
+                         "blocked: all of gloo's iterations, then all of each layout's")
     ap.add_argument("--workers", type=int, default=0,
                     help="the EPBuffer's num_workers (0 = auto: cores / ranks). An async call's "
                          "thread is its worker 0: with P ranks, P * workers threads move rows while "
                          "the P matmul threads compute")
+    ap.add_argument("--no-overlap", action="store_true", help="skip the overlap section (3.)")
     ap.add_argument("--epx", help="the epx CLI for the C++ comparison "
                                   "(default: build/src/tools/epx of this checkout, then PATH)")
     ap.add_argument("--no-cpp", action="store_true", help="skip the C++ epx bench")
@@ -327,44 +445,95 @@ def _ratio(num, den):
     return num / den if den else float("nan")
 
 
-def report(a, res, cpp, cpp_cmd, cpp_err):
+def _with_round_trip(d, c):
+    """{dispatch, combine, round trip}: the round trip's p50 and avg are the sums of the
+    ops' (the definition of `epx bench`'s round trip)."""
+    return {"dispatch": d, "combine": c,
+            "round trip": {k: d[k] + c[k] for k in ("p50", "avg")}}
+
+
+def _table(a, res, cpp):
+    """Rows per layout and op: gloo, epx from Python, gloo/epx (p50, avg), C++, Python/C++."""
     us = res["max_rank_us"]
-    lines = ["epx.bench: P=%d S=%d H=%d E=%d K=%d, expanded layout, %d timed iterations "
-             "(warmup %d); max-rank latency us, p50 (avg); %d cores, load average %.1f at "
-             "the start" % (a.ranks, a.tokens, a.hidden, a.experts, a.topk, a.iters, a.warmup,
-                            os.cpu_count(), res["load_average"])]
-    hdr = "%-9s %22s %22s %10s" % ("op", "all_to_all_single", "epx (Python)", "a2a/epx")
+    gloo = _with_round_trip(us["a2a_dispatch"], us["a2a_combine"])
+    lines = ["%-9s %-10s %20s %20s %15s %20s %10s" % (
+        "layout", "op", "gloo all_to_all", "epx (Python)", "gloo/epx p50,avg",
+        "epx (C++ bench)", "Python/C++")]
+    for lay in _layouts(a):
+        e = _with_round_trip(us["epx_%s_dispatch" % lay], us["epx_%s_combine" % lay])
+        c = _with_round_trip(cpp[lay]["dispatch"], cpp[lay]["combine"]) if cpp and lay in cpp else None
+        for op in ("dispatch", "combine", "round trip"):
+            b, p = gloo[op], e[op]
+            row = "%-9s %-10s %10.1f (%7.1f) %10.1f (%7.1f) %7.2fx,%6.2fx" % (
+                lay, op, b["p50"], b["avg"], p["p50"], p["avg"], _ratio(b["p50"], p["p50"]),
+                _ratio(b["avg"], p["avg"]))
+            if c:
+                row += " %10.1f (%7.1f) %9.2fx" % (c[op]["p50"], c[op]["avg"], _ratio(p["p50"], c[op]["p50"]))
+            lines.append(row)
+            res.setdefault("ratios", {})["%s %s" % (lay, op)] = {
+                "gloo/epx p50": _ratio(b["p50"], p["p50"]), "gloo/epx avg": _ratio(b["avg"], p["avg"]),
+                "gloo/C++ p50": _ratio(b["p50"], c[op]["p50"]) if c else None}
+    return lines
+
+
+def report(a, res, cpp, cpp_cmds, cpp_err):
+    us = res["max_rank_us"]
+    lines = ["epx.bench: P=%d S=%d H=%d E=%d K=%d, %d timed iterations (warmup %d), start: %s, "
+             "order: %s; max-rank latency us, p50 (avg); %d cores, load average %.1f at the start" % (
+                 a.ranks, a.tokens, a.hidden, a.experts, a.topk, a.iters, a.warmup, a.start, a.order,
+                 os.cpu_count(), res["load_average"])]
+    lines += _table(a, res, cpp)
+    if "seq" in us:
+        td, tm = us["seq_dispatch"]["p50"], us["mm"]["p50"]
+        ts, to = us["seq"]["p50"], us["ovl"]["p50"]
+        eff = _ratio(ts - to, min(td, tm))
+        lines.append("overlap (expanded): dispatch %.1f us then matmul %dx%d f32 %.1f us = sequential "
+                     "%.1f us; overlapped %.1f us; efficiency %.2f (an async dispatch waited at once: "
+                     "%.1f us)" % (td, res["matmul_n"], res["matmul_n"], tm, ts, to, eff,
+                                   us["async_alone"]["p50"]))
+        res["overlap_efficiency"] = eff
+    for lay in res["same_rows"]:
+        lines.append("check %s: same rows on every rank: %s; combine max rel diff %.2e (tol %.0e)" % (
+            lay, "yes" if all(res["same_rows"][lay]) else "NO", max(res["combine_rel_diff"][lay]),
+            COMBINE_TOL))
+    if a.start == "instant":
+        lines.append("late start (after the agreed instant, worst rank) p50 %.1f us, p95 %.1f us" % (
+            max(res["start_late_p50_us"]), max(res["start_late_p95_us"])))
     if cpp:
-        hdr += " %22s %12s" % ("epx (C++ bench)", "Python/C++")
-    lines.append(hdr)
-    for op in ("dispatch", "combine"):
-        b, e = us["a2a_" + op], us["epx_" + op]
-        row = "%-9s %12.1f (%7.1f) %12.1f (%7.1f) %9.2fx" % (
-            op, b["p50"], b["avg"], e["p50"], e["avg"], _ratio(b["p50"], e["p50"]))
-        if cpp:
-            c = cpp[op]
-            row += " %12.1f (%7.1f) %11.2fx" % (c["p50"], c["avg"], _ratio(e["p50"], c["p50"]))
-        lines.append(row)
-    td, tm = us["seq_dispatch"]["p50"], us["mm"]["p50"]
-    ts, to = us["seq"]["p50"], us["ovl"]["p50"]
-    eff = _ratio(ts - to, min(td, tm))
-    lines.append("overlap: dispatch %.1f us then matmul %dx%d f32 %.1f us = sequential %.1f us; "
-                 "overlapped %.1f us; efficiency %.2f (an async dispatch waited at once: "
-                 "%.1f us)" % (td, res["matmul_n"], res["matmul_n"], tm, ts, to, eff,
-                               us["async_alone"]["p50"]))
-    lines.append("check: same rows on every rank: %s; combine max rel diff %.2e (tol %.0e); "
-                 "late start (after the agreed instant, worst rank) p50 %.1f us, p95 %.1f us" % (
-                     "yes" if all(res["same_rows"]) else "NO", max(res["combine_rel_diff"]),
-                     COMBINE_TOL, max(res["start_late_p50_us"]), max(res["start_late_p95_us"])))
-    if cpp:
-        lines.append("C++ (mean of a run before and one after the Python ranks; p50 dispatch "
-                     "%s, combine %s us): %s" % (
-                         " / ".join("%.1f" % v for v in cpp["dispatch"]["p50_runs"]),
-                         " / ".join("%.1f" % v for v in cpp["combine"]["p50_runs"]), cpp_cmd))
+        for lay in cpp:
+            lines.append("C++ %s (mean of a run before and one after the Python ranks; p50 dispatch "
+                         "%s, combine %s us): %s" % (
+                             lay, " / ".join("%.1f" % v for v in cpp[lay]["dispatch"]["p50_runs"]),
+                             " / ".join("%.1f" % v for v in cpp[lay]["combine"]["p50_runs"]),
+                             cpp_cmds[lay]))
     else:
         lines.append("C++ epx bench: not run (%s)" % (cpp_err or "no --epx CLI found"))
-    res["overlap_efficiency"] = eff
     return "\n".join(lines)
+
+
+def _cpp_runner(a, problem, tmp):
+    """A function that runs the C++ bench once per layout on the routing (a no-op without a
+    CLI), and its runs {layout: [result, ...]}, commands and last error."""
+    cli = None if a.no_cpp else find_cli(a.epx)
+    state = {"runs": {}, "cmds": {}, "err": None}
+    rdir = os.path.join(tmp, "routing")
+    if cli:
+        os.makedirs(rdir)
+        write_routing_dir(a, problem, rdir)
+
+    def run():
+        for lay in _layouts(a) if cli else ():
+            r, state["cmds"][lay], err = run_cpp(a, cli, rdir, lay)
+            state["err"] = err or state["err"]
+            state["runs"].setdefault(lay, []).extend([r] if r else [])
+    return run, state
+
+
+def _cpp_means(runs):
+    return {lay: {op: {"p50": float(np.mean([r[op]["p50"] for r in rs])),
+                       "avg": float(np.mean([r[op]["avg"] for r in rs])),
+                       "p50_runs": [r[op]["p50"] for r in rs]} for op in ("dispatch", "combine")}
+            for lay, rs in runs.items() if rs} or None
 
 
 def main(argv=None):
@@ -374,36 +543,20 @@ def main(argv=None):
     load = os.getloadavg()[0]
     tmp = tempfile.mkdtemp(prefix="epx_bench_")
     try:
-        cli = None if a.no_cpp else find_cli(a.epx)
-        runs, cpp_cmd, cpp_err = [], None, None
-        rdir = os.path.join(tmp, "routing")
-        if cli:
-            os.makedirs(rdir)
-            write_routing_dir(a, problem, rdir)
-
-        def cpp_run():  # the C++ bench before and after the Python ranks (the load drifts)
-            if cli:
-                r, cmd, err = run_cpp(a, cli, rdir)
-                runs.extend([r] if r else [])
-                return cmd, err
-            return None, None
-
-        cpp_run()
+        cpp_run, st = _cpp_runner(a, problem, tmp)
+        cpp_run()  # the C++ bench before and after the Python ranks (the load drifts)
         # fork: the ranks inherit torch (this process ran torch ops on one thread only)
         res = epx.launch(_rank_main, a.ranks, a, problem, start_method="fork")[0]
         res["load_average"] = load
-        cpp_cmd, cpp_err = cpp_run()
-        cpp = None
-        if runs:
-            cpp = {op: {"p50": float(np.mean([r[op]["p50"] for r in runs])),
-                        "avg": float(np.mean([r[op]["avg"] for r in runs])),
-                        "p50_runs": [r[op]["p50"] for r in runs]} for op in ("dispatch", "combine")}
-        print(report(a, res, cpp, cpp_cmd, cpp_err), flush=True)
+        cpp_run()
+        cpp = _cpp_means(st["runs"])
+        print(report(a, res, cpp, st["cmds"], st["err"]), flush=True)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"options": vars(a), "python": res, "cpp": cpp,
-                           "cpp_command": cpp_cmd}, f, indent=1)
-        ok = all(res["same_rows"]) and max(res["combine_rel_diff"]) <= COMBINE_TOL
+                           "cpp_commands": st["cmds"]}, f, indent=1)
+        ok = all(all(v) for v in res["same_rows"].values()) and \
+            all(max(v) <= COMBINE_TOL for v in res["combine_rel_diff"].values())
         return 0 if ok else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

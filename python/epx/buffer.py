@@ -110,7 +110,8 @@ class EPBuffer:
              allow_hybrid_mode=True, allow_multiple_reduction=True,
              prefer_overlap_with_compute=True, sl_idx=None, num_allocated_qps=0,
              num_cpu_timeout_secs=300, num_gpu_timeout_secs=100, explicitly_destroy=False,
-             *, num_experts=None, num_workers=0, max_recv_rows=0, transport="auto")
+             *, num_experts=None, num_workers=0, max_recv_rows=0, output_pool_rows=0,
+             transport="auto")
 
     DeepEP V2.5's arguments, then epx's own (keyword-only). Collective. `group`: a
     torch.distributed ProcessGroup (gloo on CPU; None = the default group); it carries only
@@ -128,6 +129,15 @@ class EPBuffer:
     dispatch (its x, topk_idx and num_max_tokens_per_rank=). num_experts % group size == 0,
     at most MAX_LOCAL_EXPERTS per rank; FP8 dispatch needs hidden % 128 == 0.
 
+    One copy: a dispatch's recv_x is a block of the window's output pool the senders put
+    the rows straight into, while the pool has room; otherwise (a pool too small, or its
+    block still held by an earlier recv_x) the rows are copied out once more. The auto pool
+    (output_pool_rows=0) holds one compact output of max_recv_rows (default: group size x
+    num_max_tokens_per_rank) rows; an expanded output has a row per slot (about num_topk x
+    the tokens received), so for one-copy expanded outputs pass output_pool_rows = the
+    largest output's rows (also the compact's, if both layouts are used). Drop recv_x (and
+    recv_x_scales) before the next dispatch to give its block back.
+
     Accepted for DeepEP's signature, no effect here (no GPU): allow_hybrid_mode,
     allow_multiple_reduction, prefer_overlap_with_compute, sl_idx, num_allocated_qps,
     num_gpu_timeout_secs. lb_allocation_plan_or_num_bytes: a byte count is accepted (epx's
@@ -142,10 +152,14 @@ class EPBuffer:
                  use_fp8_dispatch=False, lb_allocation_plan_or_num_bytes=0, deterministic=False,
                  allow_hybrid_mode=True, allow_multiple_reduction=True, prefer_overlap_with_compute=True,
                  sl_idx=None, num_allocated_qps=0, num_cpu_timeout_secs=300, num_gpu_timeout_secs=100,
-                 explicitly_destroy=False, *, num_experts=None, num_workers=0, max_recv_rows=0, transport="auto"):
+                 explicitly_destroy=False, *, num_experts=None, num_workers=0, max_recv_rows=0, output_pool_rows=0,
+                 transport="auto"):
         self._engines, self._destroyed, self._transport_name = {}, False, None
         self.explicitly_destroy = explicitly_destroy
         _check_num_bytes(num_bytes)
+        if not isinstance(output_pool_rows, int) or output_pool_rows < 0:
+            raise Error(f"EPBuffer: output_pool_rows = {output_pool_rows!r}: expected an int >= 0 (0 = auto)",
+                        "invalid_argument")
         if use_fp8_dispatch and hidden % 128 != 0:
             raise Error(f"EPBuffer: use_fp8_dispatch needs hidden % 128 == 0, got hidden = {hidden}",
                         "shape_mismatch")
@@ -160,12 +174,13 @@ class EPBuffer:
         self._budget = num_bytes
         self.num_bytes = num_bytes if num_bytes is not None or not (num_max_tokens_per_rank and hidden) else \
             self.get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch,
-                                      num_experts=num_experts, num_workers=num_workers, max_recv_rows=max_recv_rows)
+                                      num_experts=num_experts, num_workers=num_workers, max_recv_rows=max_recv_rows,
+                                      output_pool_rows=output_pool_rows)
         self.allow_hybrid_mode, self.allow_multiple_reduction = allow_hybrid_mode, allow_multiple_reduction
         self.prefer_overlap_with_compute, self.sl_idx = prefer_overlap_with_compute, sl_idx
         self.num_allocated_qps, self.num_gpu_timeout_secs = num_allocated_qps, num_gpu_timeout_secs
         self.num_cpu_timeout_secs = num_cpu_timeout_secs
-        self._opts = (transport, num_workers, max_recv_rows)
+        self._opts = (transport, num_workers, max_recv_rows, output_pool_rows)
         self.num_lb_bytes, self.lb_storage = _lb.materialize(lb_allocation_plan_or_num_bytes)
         if self.num_experts:
             problem, code = self._engine_problem(self.num_experts)
@@ -179,9 +194,9 @@ class EPBuffer:
         first use; _engine_problem must have passed."""
         b = self._engines.get(num_experts)
         if b is None:
-            transport, workers, recv_rows = self._opts
+            transport, workers, recv_rows, pool_rows = self._opts
             b = _epx.Buffer(transport_of(self.group, transport, self.num_cpu_timeout_secs), num_experts, self.hidden,
-                            self.num_topk, self.num_max_tokens_per_rank, recv_rows, workers)
+                            self.num_topk, self.num_max_tokens_per_rank, recv_rows, workers, pool_rows)
             self._engines[num_experts] = b
             self._transport_name = b.transport
             for ref in getattr(self, "_engine_watchers", ()):  # epx.Diagnose(buffer): this engine's waits too
@@ -206,9 +221,9 @@ class EPBuffer:
             return (f"EPBuffer: {', '.join(missing)} unknown: pass them to EPBuffer() (or num_max_tokens_per_rank "
                     "to the first dispatch)", "invalid_argument")
         if self._budget is not None:
-            _, workers, recv_rows = self._opts
+            _, workers, recv_rows, pool_rows = self._opts
             need = _round_up(_epx.size_hint(P, num_experts, self.hidden, self.num_topk, self.num_max_tokens_per_rank,
-                                            recv_rows, workers))
+                                            recv_rows, workers, pool_rows))
             used = sum(_round_up(e.window_bytes) for e in self._engines.values())
             if used + need > self._budget:
                 return (f"EPBuffer(num_bytes = {self._budget}): the state for num_experts = {num_experts} needs "
@@ -280,7 +295,7 @@ class EPBuffer:
     @staticmethod
     def get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, num_topk=0, use_fp8_dispatch=False,
                              allow_hybrid_mode=True, allow_multiple_reduction=True, *, num_experts=None,
-                             num_workers=0, max_recv_rows=0):
+                             num_workers=0, max_recv_rows=0, output_pool_rows=0):
         """DeepEP's signature. Local. Bytes of the window an EPBuffer of this shape allocates
         per rank for one expert count, rounded up to 2 MiB: for `num_experts` when given
         (its ``window_bytes`` then), else for the largest count it supports (group size x
@@ -290,7 +305,7 @@ class EPBuffer:
         _, size, _ = bootstrap_of(group, need_allgather=False)
         E = num_experts if num_experts else size * MAX_LOCAL_EXPERTS
         return _epx.size_hint(size, E, hidden, num_topk or HINT_TOPK, num_max_tokens_per_rank, max_recv_rows,
-                              num_workers)
+                              num_workers, output_pool_rows)
 
     def barrier(self):
         """Collective: a barrier over the group (torch.distributed)."""

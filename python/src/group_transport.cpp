@@ -59,6 +59,16 @@ PyTransport::PyTransport(int rank, int size, pyb::function allgather, const std:
   transport_ = connect(*bootstrap_, o);
 }
 
+void PyTransport::barrier(const std::string& phase) {
+  try {
+    pyb::gil_scoped_release nogil;
+    transport_->barrier(phase.c_str());
+  } catch (const Error&) {
+    interrupt_->rethrow_if_interrupted();
+    throw;
+  }
+}
+
 PyTransport::~PyTransport() {
   {
     pyb::gil_scoped_release nogil;
@@ -73,7 +83,8 @@ void bind_transport(pyb::module_& m) {
            pyb::arg("allgather"), pyb::arg("transport"), pyb::arg("timeout_s"))
       .def_property_readonly("rank", &PyTransport::rank)
       .def_property_readonly("num_ranks", &PyTransport::num_ranks)
-      .def_property_readonly("name", &PyTransport::name);
+      .def_property_readonly("name", &PyTransport::name)
+      .def("barrier", &PyTransport::barrier, pyb::arg("phase"));
 }
 
 }  // namespace epx::py

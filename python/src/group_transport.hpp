@@ -53,6 +53,9 @@ class PyTransport {
   int rank() const noexcept { return transport_->rank(); }
   int num_ranks() const noexcept { return transport_->num_ranks(); }
   std::string name() const { return transport_->caps().name; }
+  /// Collective: epx's barrier over the transport (shared memory: no socket round trip),
+  /// GIL released; `phase` names it in a timeout's error. Between calls, not during one.
+  void barrier(const std::string& phase);
 
  private:
   std::shared_ptr<Interrupt> interrupt_;

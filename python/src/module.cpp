@@ -396,8 +396,10 @@ pyb::dict dispatch_layout(pyb::handle topk_idx, int num_experts, int num_ranks, 
   return r;
 }
 
+/// `pool_rows` > 0: an output pool for one output of that many rows (bf16, or FP8 rows and
+/// scales, whichever is bigger), e.g. an expanded one; 0: the engine's auto pool.
 BufferConfig make_config(int num_experts, int hidden, int num_topk, std::int64_t max_tokens, std::int64_t max_recv_rows,
-                         int num_workers) {
+                         int num_workers, std::int64_t pool_rows) {
   BufferConfig c;
   c.num_experts = num_experts;
   c.hidden = hidden;
@@ -405,6 +407,9 @@ BufferConfig make_config(int num_experts, int hidden, int num_topk, std::int64_t
   c.max_tokens_per_rank = max_tokens;
   c.max_recv_rows = max_recv_rows;
   c.num_workers = num_workers;
+  if (pool_rows > 0)
+    c.output_pool_bytes = static_cast<std::int64_t>(std::max(output_block_bytes(pool_rows, hidden, DType::kBF16),
+                                                             output_block_bytes(pool_rows, hidden, DType::kFP8E4M3)));
   return c;
 }
 
@@ -458,12 +463,12 @@ PYBIND11_MODULE(_epx, m) {
   bind_engram(m);
   pyb::class_<PyBuffer>(m, "Buffer")
       .def(pyb::init([](std::shared_ptr<PyTransport> group, int num_experts, int hidden, int num_topk,
-                        std::int64_t max_tokens, std::int64_t max_recv_rows, int num_workers) {
+                        std::int64_t max_tokens, std::int64_t max_recv_rows, int num_workers, std::int64_t pool_rows) {
              return std::make_unique<PyBuffer>(std::move(group), make_config(num_experts, hidden, num_topk, max_tokens,
-                                                                             max_recv_rows, num_workers));
+                                                                             max_recv_rows, num_workers, pool_rows));
            }),
            pyb::arg("group_transport"), pyb::arg("num_experts"), pyb::arg("hidden"), pyb::arg("num_topk"), pyb::arg("max_tokens_per_rank"),
-           pyb::arg("max_recv_rows"), pyb::arg("num_workers"))
+           pyb::arg("max_recv_rows"), pyb::arg("num_workers"), pyb::arg("output_pool_rows") = 0)
       .def("close", &PyBuffer::close)
       .def_property_readonly("closed", &PyBuffer::closed)
       .def_property_readonly("rank", &PyBuffer::rank)
@@ -484,9 +489,10 @@ PYBIND11_MODULE(_epx, m) {
   m.def(
       "size_hint",
       [](int num_ranks, int num_experts, int hidden, int num_topk, std::int64_t max_tokens, std::int64_t max_recv_rows,
-         int num_workers) {
-        return size_hint(num_ranks, make_config(num_experts, hidden, num_topk, max_tokens, max_recv_rows, num_workers));
+         int num_workers, std::int64_t pool_rows) {
+        return size_hint(num_ranks, make_config(num_experts, hidden, num_topk, max_tokens, max_recv_rows, num_workers,
+                                                pool_rows));
       },
       pyb::arg("num_ranks"), pyb::arg("num_experts"), pyb::arg("hidden"), pyb::arg("num_topk"),
-      pyb::arg("max_tokens_per_rank"), pyb::arg("max_recv_rows"), pyb::arg("num_workers"));
+      pyb::arg("max_tokens_per_rank"), pyb::arg("max_recv_rows"), pyb::arg("num_workers"), pyb::arg("output_pool_rows") = 0);
 }
