@@ -67,6 +67,9 @@ struct RoutingPlan {
 
 /// Builds the plan of a validated topk_idx ([S, K] int64) in O(S·K + P + E).
 RoutingPlan build_routing_plan(const std::int64_t* topk_idx, const RoutingShape& shape);
+/// The same plan into `plan`, whose arrays' capacity is reused (a caller that plans every
+/// call keeps its pages faulted in); what `plan` held before does not matter.
+void build_routing_plan(const std::int64_t* topk_idx, const RoutingShape& shape, RoutingPlan& plan);
 
 /// SPEC §2 from a plan (O(entries + E) plus writing the [S, P] bool output).
 DispatchLayout make_dispatch_layout(const RoutingPlan& plan);

@@ -18,7 +18,7 @@ enum class Phase : int {
   kPlan,      ///< route scan, routing plan, prefix sums / row slots (worker 0)
   kNotify,    ///< header all-to-all: put own header, wait for every peer's (worker 0)
   kPutIssue,  ///< issuing the puts of this worker's rows (each worker)
-  kWaitData,  ///< waiting for every peer's data-complete signal (worker 0)
+  kWaitData,  ///< waiting for every peer's data-complete signal (worker 0); a fresh dispatch reads each landed source's metadata in it
   kBarrier,   ///< explicit barriers; combine pull mode: until every reader of my rows is done
   kEpilogue,  ///< dispatch: window → output layout; combine: ordered reduction (each worker)
 };

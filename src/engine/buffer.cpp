@@ -376,7 +376,7 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
 
   /// A fresh call's handle: its routing plan and the counts the header carries.
   void make_handle() {
-    made = std::make_shared<HandleState>();
+    made = m.handles.make();
     made->buffer_id = m.buffer_id;
     made->dispatch_epoch = m.epoch;
     made->rank = m.rank;
@@ -385,8 +385,8 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
     made->worst = a.num_worst_tokens;
     made->zero_padding = a.zero_padding;
     if (!status) {
-      made->plan = build_routing_plan(a.topk_idx.as<std::int64_t>(),
-                                      RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P});
+      build_routing_plan(a.topk_idx.as<std::int64_t>(), RoutingShape{a.x.shape[0], m.config.num_topk, m.config.num_experts, m.P},
+                         made->plan);  // into the recycled arrays (HandleRecycler)
       m.keep_slot_dests(*made, a);
       counts.reserve(static_cast<std::size_t>(m.num_counts()));
       for (int d = 0; d < m.P; ++d) counts.push_back(made->plan.tokens_to(d));
@@ -440,14 +440,23 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
 
   /// Until every row has landed, the received metadata into the handle, the epilogue.
   void back() override {
-    path->receive(m, step);
+    const Impl::Peers* rows_first = path->rows_at() == detail::RowsAt::kStretches ? &peers : nullptr;
+    std::vector<char> read(static_cast<std::size_t>(fresh ? m.P : 0), 0);  // sources whose metadata is in the handle
+    const Impl::SourceLanded landed = [&](int s) {
+      m.receive_meta(*made, s, rows_first);
+      read[static_cast<std::size_t>(s)] = 1;
+    };
     if (fresh) {
-      m.receive_meta(*made, path->rows_at() == detail::RowsAt::kStretches ? &peers : nullptr);
-      path->keep(m, *made);
+      m.size_received(*made);
       made->topk_weights = Tensor(DType::kF32, a.topk_weights.shape);
       if (made->topk_weights.nbytes() > 0)  // S = 0 may come with a null pointer
         std::memcpy(made->topk_weights.data(), a.topk_weights.data, made->topk_weights.nbytes());
+      step.landed = &landed;
     }
+    path->receive(m, step);
+    for (int s = 0; fresh && s < m.P; ++s)
+      if (!read[static_cast<std::size_t>(s)]) landed(s);
+    if (fresh) path->keep(m, *made);
     const bool in_block = landing[static_cast<std::size_t>(m.rank)].block;
     m.epilogue(*h, a, fp8, out, path->rows_at(), in_block);
     // A receiver with no output rows copies nothing either way.

@@ -103,43 +103,40 @@ void Buffer::Impl::put_segment_meta(Sender& send, const HandleState& h, const Di
   send.put_rows(d, Region::kMeta, base + p0, meta_stage.data() + stage_row * geo.meta_bytes(), p1 - p0, geo.meta_bytes());
 }
 
-void Buffer::Impl::receive_meta(HandleState& h, const Peers* rows_first) {
+void Buffer::Impl::size_received(HandleState& h) const {
   const std::int64_t N = h.num_recv();
   const int K = config.num_topk;
-  // Rows first: row r of source s sits at s·C + (r - recv_begin[s]); an expanded slot's
-  // row = its expert's first row for s (o_j + slots of lower sources) + the slot's rank.
-  std::vector<std::int64_t> slot_base(rows_first ? static_cast<std::size_t>(P) * static_cast<std::size_t>(L) : 0);
-  if (rows_first) {
-    for (int j = 0; j < L; ++j) {
-      std::int64_t row = h.expert_offset[static_cast<std::size_t>(j)];
-      for (int s = 0; s < P; ++s) {
-        slot_base[static_cast<std::size_t>(s) * static_cast<std::size_t>(L) + static_cast<std::size_t>(j)] = row;
-        row += rows_first->counts(s)[P + rank * L + j];
-      }
-    }
-  }
   h.recv_token.resize(static_cast<std::size_t>(N));
   h.recv_relay_row.resize(static_cast<std::size_t>(N));
   h.recv_slot_row.resize(static_cast<std::size_t>(N * K));
   h.recv_slot_weight.resize(static_cast<std::size_t>(N * K));
+}
+
+void Buffer::Impl::receive_meta(HandleState& h, int s, const Peers* rows_first) const {
+  const int K = config.num_topk;
+  const std::int64_t first_expert = static_cast<std::int64_t>(rank) * L;
+  // Rows first: row r of source s sits at s·C + (r - recv_begin[s]); an expanded slot's
+  // row = its expert's first row for s (o_j + slots of lower sources) + the slot's rank.
+  std::vector<std::int64_t> slot_base(rows_first ? static_cast<std::size_t>(L) : 0);
+  for (int j = 0; rows_first && j < L; ++j) {
+    std::int64_t row = h.expert_offset[static_cast<std::size_t>(j)];
+    for (int lower = 0; lower < s; ++lower) row += rows_first->counts(lower)[P + rank * L + j];
+    slot_base[static_cast<std::size_t>(j)] = row;
+  }
   std::byte* meta = transport.window() + geo.region(Region::kMeta);
-  int s = 0;  // the source of row r
-  for (std::int64_t r = 0; r < N; ++r) {
-    while (r >= h.recv_begin[static_cast<std::size_t>(s) + 1]) ++s;
+  for (std::int64_t r = h.recv_begin[static_cast<std::size_t>(s)]; r < h.recv_begin[static_cast<std::size_t>(s) + 1]; ++r) {
     const RowMetaView m = geo.meta_row(meta, geo.recv_row(h, s, r, rows_first != nullptr));
     h.recv_token[static_cast<std::size_t>(r)] = *m.token;
     h.recv_relay_row[static_cast<std::size_t>(r)] = *m.relay_row;
     for (int k = 0; k < K; ++k) {
       const std::int64_t e = m.topk_idx[k];
-      const bool here = e >= 0 && e / L == rank;
+      const bool here = e >= first_expert && e < first_expert + L;  // (no division per slot)
       const auto i = static_cast<std::size_t>(r * K + k);
       // Compact rows keep the local expert in slot_row's place; expanded rows the output row.
       std::int32_t slot = -1;
-      if (here && h.layout != RecvLayout::kExpanded) slot = static_cast<std::int32_t>(e - rank * L);
+      if (here && h.layout != RecvLayout::kExpanded) slot = static_cast<std::int32_t>(e - first_expert);
       else if (here && !rows_first) slot = m.slot_row[k];
-      else if (here)
-        slot = static_cast<std::int32_t>(slot_base[static_cast<std::size_t>(s) * static_cast<std::size_t>(L) +
-                                                   static_cast<std::size_t>(e - rank * L)] + m.slot_row[k]);
+      else if (here) slot = static_cast<std::int32_t>(slot_base[static_cast<std::size_t>(e - first_expert)] + m.slot_row[k]);
       h.recv_slot_row[i] = slot;
       h.recv_slot_weight[i] = here ? m.weights[k] : 0.0f;
     }
@@ -156,7 +153,7 @@ void Buffer::Impl::fill_meta(RowMetaView m, const HandleState& h, const Dispatch
   for (int k = 0; k < K; ++k) {
     m.topk_idx[k] = idx[k];
     m.weights[k] = wts[k];
-    const bool here = idx[k] >= 0 && idx[k] / L == d;
+    const bool here = idx[k] >= static_cast<std::int64_t>(d) * L && idx[k] < static_cast<std::int64_t>(d + 1) * L;
     const std::int32_t eb = here ? expert_base[static_cast<std::size_t>(idx[k])] : -1;
     m.slot_row[k] = eb >= 0 ? eb + h.plan.slot_rank_in_expert[static_cast<std::size_t>(t) * static_cast<std::size_t>(K) +
                                                                static_cast<std::size_t>(k)]
@@ -177,19 +174,18 @@ void Buffer::Impl::plan_expanded_slots(HandleState& h, const DispatchArgs& a, co
   const int K = config.num_topk;
   const std::int64_t* idx = a.topk_idx.as<std::int64_t>();
   // Slot (t, k) goes to entry (t, e / L); its segment index is segment_begin[d] + entry_position.
+  // One look per slot, k ascending (so an entry's slots are too): token t's entries are its
+  // destination ranks, one each (plan.token_begin), and e's rank is among them.
   auto for_each_slot = [&](auto&& f) {
     for (std::int64_t t = 0; t < plan.shape.num_tokens; ++t)
-      for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {
-        const auto ui = static_cast<std::size_t>(i);
-        const int d = plan.entry_rank[ui];
-        const auto seg = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + plan.entry_position[ui]);
-        for (int k = 0; k < K; ++k) {
-          const std::int64_t e = idx[t * K + k];
-          if (e < 0 || e / L != d || expert_base[static_cast<std::size_t>(e)] < 0) continue;
-          f(seg, static_cast<std::int32_t>(expert_base[static_cast<std::size_t>(e)] +
-                                           plan.slot_rank_in_expert[static_cast<std::size_t>(t * K + k)]),
-            k);
-        }
+      for (int k = 0; k < K; ++k) {
+        const std::int64_t e = idx[t * K + k];
+        if (e < 0 || expert_base[static_cast<std::size_t>(e)] < 0) continue;
+        const auto d = static_cast<std::int32_t>(e / L);
+        auto i = static_cast<std::size_t>(plan.token_begin[static_cast<std::size_t>(t)]);
+        while (plan.entry_rank[i] != d) ++i;
+        const auto seg = static_cast<std::size_t>(plan.segment_begin[static_cast<std::size_t>(d)] + plan.entry_position[i]);
+        f(seg, static_cast<std::int32_t>(expert_base[static_cast<std::size_t>(e)] + plan.slot_rank_in_expert[static_cast<std::size_t>(t * K + k)]), k);
       }
   };
   h.slot_begin.assign(static_cast<std::size_t>(plan.num_entries()) + 1, 0);

@@ -32,6 +32,7 @@
 #include "call_state.hpp"
 #include "geometry.hpp"
 #include "handle.hpp"
+#include "handle_recycler.hpp"
 #include "tensor_pool.hpp"
 #include "worker_pool.hpp"
 
@@ -224,8 +225,10 @@ struct Buffer::Impl {
     detail::Region region;
     std::size_t row_bytes;
   };
+  /// Called by await_rows with a source whose rows have all landed here (protocol.hpp).
+  using SourceLanded = std::function<void(int)>;
   void await_rows(CompletionSlot slot, const char* phase, const std::vector<std::int64_t>& begin,
-                  std::initializer_list<RowGroup> groups);
+                  std::initializer_list<RowGroup> groups, const SourceLanded* landed = nullptr);
   bool hierarchical() const noexcept { return config.dataplane.schedule.kind == ScheduleKind::kHierarchical; }
 
   // The hierarchical schedule (paths/dispatch_relay.cpp, paths/combine_relay.cpp): a token
@@ -263,10 +266,12 @@ struct Buffer::Impl {
   void put_segment_meta(Sender& send, const detail::HandleState& h, const DispatchArgs& a,
                         const std::vector<std::int32_t>* expert_base, int d, std::int64_t p0, std::int64_t p1,
                         std::int64_t base);
-  /// The received rows' metadata into the handle. `rows_first` (the counts, non-null): the
+  /// The metadata of source s's received rows into the handle. `rows_first` (the counts, non-null): the
   /// rows of source s sit at s·C, and expanded slots carry their rank among s's tokens for
   /// the expert, to which the receiver adds the expert's base.
-  void receive_meta(detail::HandleState& h, const Peers* rows_first);
+  void receive_meta(detail::HandleState& h, int s, const Peers* rows_first) const;
+  /// Before the first receive_meta of a fresh dispatch: the handle's per-row receive arrays.
+  void size_received(detail::HandleState& h) const;
   /// The output tensors (recv_x and its scales: a kept output block when `block` is my
   /// landing's, views of the window, or from the heap pool; the rest from the heap pool).
   DispatchResult make_outputs(const detail::HandleState& h, const DispatchArgs& a, bool fp8, const detail::Landing* block,
@@ -388,6 +393,7 @@ struct Buffer::Impl {
   detail::Geometry geo;  // every window region, signal slot and row address (geometry.hpp)
   detail::WorkerPool pool;
   detail::TensorPool outputs;  // every tensor a call returns but one-copy outputs
+  detail::HandleRecycler handles;  // fresh handles, their receive arrays recycled
   detail::BlockPool blocks;    // the window's output pool (Geometry's region kOutputs)
   std::vector<int> visit_order;           // peers in the schedule's order (all rounds)
   std::vector<int> reply_order;           // combine's channels: visit_order; hierarchical: my server's ranks

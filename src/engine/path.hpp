@@ -35,6 +35,9 @@ struct DispatchStep {
   const std::vector<std::int32_t>* expert_base = nullptr;
   const std::vector<Landing>* landing = nullptr;  // after the exchange: where each destination's rows land
   DispatchResult* out = nullptr;                  // after the exchange: the outputs (final shapes)
+  /// Fresh dispatch: receive may call it with each source whose rows have landed (their
+  /// metadata is read then, while other sources are still sending); null: none.
+  const Impl::SourceLanded* landed = nullptr;
 };
 
 class DispatchPath {

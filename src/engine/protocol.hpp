@@ -38,10 +38,11 @@ class CompletionProtocol {
   virtual std::size_t stage_bytes() const noexcept { return 0; }
   /// Receive side: until every row of `groups` has landed here (rows [0, begin[P]); row r
   /// from the rank s with begin[s] <= r < begin[s + 1]). Default: every source's and
-  /// worker's signal `slot` of this epoch.
+  /// worker's signal `slot` of this epoch, calling `landed` (if any) with each source as
+  /// soon as its signals are in (flag: never; the caller handles the sources not named).
   virtual void await_rows(Buffer::Impl& m, Buffer::Impl::CompletionSlot slot, const char* phase,
-                          const std::vector<std::int64_t>& begin,
-                          std::initializer_list<Buffer::Impl::RowGroup> groups) const;
+                          const std::vector<std::int64_t>& begin, std::initializer_list<Buffer::Impl::RowGroup> groups,
+                          const Buffer::Impl::SourceLanded* landed) const;
 };
 
 /// The unit of `p` (one static instance each).

@@ -26,10 +26,17 @@ std::optional<RoutingIssue> check_topk_idx(const std::int64_t* topk_idx, const R
 }
 
 RoutingPlan build_routing_plan(const std::int64_t* topk_idx, const RoutingShape& shape) {
+  RoutingPlan plan;
+  build_routing_plan(topk_idx, shape, plan);
+  return plan;
+}
+
+void build_routing_plan(const std::int64_t* topk_idx, const RoutingShape& shape, RoutingPlan& plan) {
   const std::int64_t S = shape.num_tokens;
   const int K = shape.num_topk, P = shape.num_ranks, L = shape.local_experts();
-  RoutingPlan plan;
   plan.shape = shape;
+  plan.entry_rank.clear();
+  plan.entry_max_slot.clear();
   plan.token_begin.assign(static_cast<std::size_t>(S) + 1, 0);
   plan.segment_begin.assign(static_cast<std::size_t>(P) + 1, 0);
   plan.slots_per_expert.assign(static_cast<std::size_t>(shape.num_experts), 0);
@@ -41,6 +48,7 @@ RoutingPlan build_routing_plan(const std::int64_t* topk_idx, const RoutingShape&
   // and each slot's rank among this rank's slots for its expert.
   std::vector<std::pair<int, int>> dst;  // (rank, k), at most K per token
   dst.reserve(static_cast<std::size_t>(K));
+  const auto uL = static_cast<std::uint32_t>(L);
   for (std::int64_t t = 0; t < S; ++t) {
     const std::int64_t* row = topk_idx + t * K;
     dst.clear();
@@ -48,9 +56,12 @@ RoutingPlan build_routing_plan(const std::int64_t* topk_idx, const RoutingShape&
       if (row[k] < 0) continue;
       const auto e = static_cast<std::size_t>(row[k]);
       plan.slot_rank_in_expert[static_cast<std::size_t>(t * K + k)] = plan.slots_per_expert[e]++;
-      dst.emplace_back(static_cast<int>(row[k] / L), k);
+      // 0 <= e < E (check_topk_idx; E fits an int): a 32-bit division, cheaper than a 64-bit one.
+      const std::pair<int, int> at{static_cast<int>(static_cast<std::uint32_t>(e) / uL), k};
+      // Insertion into (rank, k) order: at most K entries, most already in place.
+      dst.push_back(at);
+      for (std::size_t j = dst.size() - 1; j > 0 && at < dst[j - 1]; --j) std::swap(dst[j], dst[j - 1]);
     }
-    std::sort(dst.begin(), dst.end());
     for (std::size_t i = 0; i < dst.size(); ++i) {
       const bool last_of_rank = i + 1 == dst.size() || dst[i + 1].first != dst[i].first;
       if (!last_of_rank) continue;  // sorted by (rank, k): the last one has the largest k
@@ -74,7 +85,6 @@ RoutingPlan build_routing_plan(const std::int64_t* topk_idx, const RoutingShape&
       plan.segment_token[static_cast<std::size_t>(fill[d]++)] = static_cast<std::int32_t>(t);
     }
   }
-  return plan;
 }
 
 }  // namespace epx

@@ -82,7 +82,8 @@ class Direct final : public DispatchPath {
 
   void receive(Impl& m, const DispatchStep& s) const override {
     m.await_rows(&Geometry::dispatch_signal, "dispatch data", s.h->recv_begin,
-                 {{Region::kMeta, s.fresh ? m.geo.meta_bytes() : 0}, {Region::kData, s.row_bytes}, {Region::kScales, s.scale_bytes}});
+                 {{Region::kMeta, s.fresh ? m.geo.meta_bytes() : 0}, {Region::kData, s.row_bytes}, {Region::kScales, s.scale_bytes}},
+                 s.landed);
   }
 };
 

@@ -75,7 +75,7 @@ class Flag final : public CompletionProtocol {
   }
 
   void await_rows(Buffer::Impl& m, Buffer::Impl::CompletionSlot, const char* phase, const std::vector<std::int64_t>& begin,
-                  std::initializer_list<Buffer::Impl::RowGroup> groups) const override {
+                  std::initializer_list<Buffer::Impl::RowGroup> groups, const Buffer::Impl::SourceLanded*) const override {
     // Every block carries its own epoch; the workers unpack a range of rows each.
     const std::int64_t n = begin.back();
     std::vector<std::int32_t> source_of(static_cast<std::size_t>(n));

@@ -63,8 +63,9 @@ const char* bench_definitions() {
                check passed, WARN otherwise (the warnings are listed under the table).
   phases       per rank, avg over iterations of the max over workers of the time a worker
                spent in the phase (plan, notify, put_issue, wait_data, barrier, epilogue);
-               "other" = latency minus their sum (output allocation, receiving row metadata,
-               building the handle and layout, worker fork/join).
+               "other" = latency minus their sum (output allocation, building the handle and
+               layout, worker fork/join). A fresh dispatch reads each source's row metadata
+               as its rows land, inside wait_data (explicit and tail protocols; flag: after it).
   rows first   a call right after one of the other kind (no zero-copy views, no ring) puts
                its rows before the header exchange, which then completes them: no notify
                phase, the exchange counts as wait_data (docs/engine.md). JSON data_first:
