@@ -265,11 +265,25 @@ class Machines:
     """N network namespaces on a bridge (tests/multinode/run.sh's layout; ranks enter them
     through tests/multinode/agent.sh), 10.201.0.i inside namespace i only."""
 
+    made_here = 0  # Machines made by this process: each set gets its own names
+
     def __init__(self, n):
-        self.id = os.getpid()
+        # The kernel tears a deleted namespace down asynchronously (its veth lingers on the
+        # host for seconds), so a second set in this process must not reuse the first's names
+        # (interface names <= 15 characters: pid <= 7 digits + the set's digit).
+        Machines.made_here += 1
+        self.id = f"{os.getpid()}{Machines.made_here % 10}"
         self.ns = [f"epx-{self.id}-d{i}" for i in range(1, n + 1)]
         self.br = f"epxd{self.id}"
         self.made = []
+        self.veths = []
+        try:
+            self._make()
+        except BaseException:
+            self.remove()  # what was made before the failure
+            raise
+
+    def _make(self):
         sh("ip", "link", "add", self.br, "type", "bridge")
         self.made.append("bridge")
         sh("ip", "link", "set", self.br, "up")
@@ -278,6 +292,7 @@ class Machines:
             self.made.append(ns)
             v, t = f"epxdv{self.id}x{i}", f"epxdt{self.id}x{i}"
             sh("ip", "link", "add", v, "type", "veth", "peer", "name", t)
+            self.veths.append(v)
             sh("ip", "link", "set", t, "netns", ns)
             sh("ip", "-n", ns, "link", "set", t, "name", "eth1")
             sh("ip", "link", "set", v, "master", self.br, "up")
@@ -312,6 +327,8 @@ class Machines:
                         os.kill(int(p), signal.SIGKILL)
                     except (ProcessLookupError, ValueError):
                         pass
+        for v in self.veths:  # the pair goes at once (a deleted namespace's goes later)
+            sh("ip", "link", "del", v, check=False)
         for ns in self.ns:
             if ns in self.made:
                 sh("ip", "netns", "del", ns, check=False)
