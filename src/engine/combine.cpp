@@ -100,12 +100,10 @@ std::vector<std::uint64_t> Buffer::Impl::reply_channel_bytes(const HandleState& 
   const bool selections = selection_replies(h);
   std::vector<std::uint64_t> bytes(static_cast<std::size_t>(P));
   for (int peer : reply_order)
-    for (int s : reply_sources[static_cast<std::size_t>(peer)]) {
-      if (!relayed && s != peer) continue;
-      const auto [first, end] = reply_slice(h, s, w);
+    each_reply_source(h, peer, w, relayed, [&](int, std::int64_t first, std::int64_t end) {
       for (std::int64_t r = first; r < end; ++r)
         bytes[static_cast<std::size_t>(peer)] += static_cast<std::uint64_t>(replies_of(h, r, config.num_topk, selections)) * row_bytes;
-    }
+    });
   return bytes;
 }
 
@@ -137,11 +135,9 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
     Sender send(*this, w, signal ? geo.combine_signal(rank, w) : Sender::kNoSignal, reply_channel_bytes(h, w, relayed), reply_order);
     Replies replies(*this, h, a, w);
     for (int peer : reply_order) {
-      for (int s : reply_sources[static_cast<std::size_t>(peer)]) {
-        if (!relayed && s != peer) continue;
-        const auto [first, end] = reply_slice(h, s, w);
+      each_reply_source(h, peer, w, relayed, [&](int s, std::int64_t first, std::int64_t end) {
         put_replies(send, replies, h, a, peer, s, first, end);
-      }
+      });
       send.end_channel(peer);
     }
     send.finish();

@@ -298,6 +298,16 @@ struct Buffer::Impl {
   std::pair<std::int64_t, std::int64_t> reply_slice(const detail::HandleState& h, int s, int w) const;
   void reserve_reply_stage(const detail::HandleState& h);
   std::vector<std::uint64_t> reply_channel_bytes(const detail::HandleState& h, int w, bool relayed = true) const;
+  /// The sources whose replies travel to channel `peer` (reply_sources; `relayed` false:
+  /// only the peer's own), each as f(s, first, end) with worker w's slice of my rows from s.
+  template <class F>
+  void each_reply_source(const detail::HandleState& h, int peer, int w, bool relayed, F&& f) const {
+    for (int s : reply_sources[static_cast<std::size_t>(peer)])
+      if (relayed || s == peer) {
+        const auto [first, end] = reply_slice(h, s, w);
+        f(s, first, end);
+      }
+  }
   class Replies;
   void put_replies(Sender& send, Replies& replies, const detail::HandleState& h, const CombineArgs& a, int peer, int s,
                    std::int64_t first, std::int64_t end);
