@@ -28,13 +28,7 @@ class BufferHolder {
   /// f(buffer) without the GIL; an epx::Error caused by an interrupt becomes the interrupt.
   template <class F>
   auto call(F&& f) {
-    try {
-      pyb::gil_scoped_release nogil;
-      return f(*buffer_);
-    } catch (const Error&) {
-      group_->interrupt()->rethrow_if_interrupted();
-      throw;
-    }
+    return group_->interrupt()->released([&] { return f(*buffer_); });
   }
   /// Collective, idempotent (BufferBase::destroy): later calls throw "the buffer was destroyed".
   void destroy() {

@@ -37,14 +37,7 @@ class PyFetch {
   PyFetch(EngramFetch f, std::shared_ptr<PyTransport> g) : fetch_(std::move(f)), group_(std::move(g)) {}
   int num_layers() const { return fetch_.num_layers(); }
   pyb::tuple layer(int l, const std::string& flavor) {
-    EngramLayer out;
-    try {
-      pyb::gil_scoped_release nogil;
-      out = fetch_.layer(l);
-    } catch (const Error&) {
-      group_->interrupt()->rethrow_if_interrupted();
-      throw;
-    }
+    const EngramLayer out = group_->interrupt()->released([&] { return fetch_.layer(l); });
     const Flavor f = flavor == "torch" ? Flavor::kTorch : Flavor::kNumpy;
     pyb::object scales = out.scales.empty() ? pyb::none() : export_view(out.scales, out.keep, f);
     return pyb::make_tuple(export_view(out.data, out.keep, f), scales);

@@ -60,13 +60,7 @@ PyTransport::PyTransport(int rank, int size, pyb::function allgather, const std:
 }
 
 void PyTransport::barrier(const std::string& phase) {
-  try {
-    pyb::gil_scoped_release nogil;
-    transport_->barrier(phase.c_str());
-  } catch (const Error&) {
-    interrupt_->rethrow_if_interrupted();
-    throw;
-  }
+  interrupt_->released([&] { transport_->barrier(phase.c_str()); });
 }
 
 PyTransport::~PyTransport() {

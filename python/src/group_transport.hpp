@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "epx/bootstrap.hpp"
+#include "epx/error.hpp"
 #include "epx/transport.hpp"
 
 namespace epx::py {
@@ -35,6 +36,18 @@ struct Interrupt {
   bool check_signals();
   /// Raises the handler's exception if there was one (GIL held).
   void rethrow_if_interrupted();
+  /// f() without the GIL (GIL held on entry); an epx::Error caused by an interrupt becomes
+  /// the interrupt's Python exception.
+  template <class F>
+  auto released(F&& f) {
+    try {
+      pyb::gil_scoped_release nogil;
+      return f();
+    } catch (const Error&) {
+      rethrow_if_interrupted();
+      throw;
+    }
+  }
 };
 
 class PyTransport {
