@@ -31,9 +31,9 @@ class CMakeBuild(build_ext):
         tree = os.environ.get("EPX_CMAKE_BUILD_DIR") or os.path.join(ROOT, "build-py")
         tree = os.path.abspath(tree)
         if not os.path.exists(os.path.join(tree, "CMakeCache.txt")):
-            # the flags of scripts/run.sh build (so ccache finds its objects), no tests, no epx.pth
+            # the flags of scripts/run.sh build (so ccache finds its objects), no tests
             subprocess.run(["cmake", "-S", ROOT, "-B", tree, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
-                            "-DEPX_BUILD_TESTS=OFF", "-DEPX_PYTHON_PTH=OFF", f"-DPython3_EXECUTABLE={sys.executable}"]
+                            "-DEPX_BUILD_TESTS=OFF", f"-DPython3_EXECUTABLE={sys.executable}"]
                            + shlex.split(os.environ.get("EPX_CMAKE_ARGS", "")), check=True, env=env)
         subprocess.run(["cmake", "--build", tree, "-j", os.environ.get("EPX_JOBS", "2"), "--target", "_epx"],
                        check=True, env=env)

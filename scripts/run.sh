@@ -12,9 +12,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+# `bench` (the main job) needs only the compiler and the libraries the `epx` tool links.
+BENCH_PACKAGES=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev libhwy-dev)
+# Everything else (`test`, `build`, `sanitize`, ...): the test frameworks, Open MPI with OpenSHMEM
+# (the shmem transport and the MPI peers), the Python package's build and runtime, packaging.
+PACKAGES=("${BENCH_PACKAGES[@]}" libgtest-dev libbenchmark-dev libfmt-dev
           python3-numpy libopenmpi-dev openmpi-bin libucx-dev ucx-utils iproute2 util-linux
-          python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-torch python3-pytest libhwy-dev
+          python3-dev pybind11-dev python3-pybind11 libdlpack-dev python3-torch python3-pytest
           python3-setuptools python3-wheel python3-build python3-venv python3-pip
           chromium)  # chromium: the HTML reports opened headless by `test` (~350 MB, ~1.5 min to install)
 JOBS=${EPX_JOBS:-2}
@@ -27,13 +31,15 @@ CROSS_PACKAGES=(g++-aarch64-linux-gnu qemu-user)
 # `fuzz` only: clang with libFuzzer and the sanitizer runtimes.
 FUZZ_PACKAGES=(clang-14 libclang-rt-14-dev)
 
+# install_deps [packages...]: the given packages (default: PACKAGES) that are not installed yet.
 install_deps() {
-  local missing=()
-  for p in "${PACKAGES[@]}" "$@"; do
+  local missing=() want=("$@")
+  [ ${#want[@]} -eq 0 ] && want=("${PACKAGES[@]}")
+  for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
-  echo "epx: installing ${missing[*]}" >&2
+  echo "epx: installing ${#missing[@]} Debian packages: ${missing[*]}" >&2
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
@@ -46,12 +52,22 @@ build() {
   local args=() targets=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do args+=("$1"); shift; done
   [ $# -gt 0 ] && shift && targets=("$@")
+  echo "epx: configuring $dir" >&2
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${args[@]}" >/dev/null
-  if [ ${#targets[@]} -gt 0 ]; then
-    cmake --build "$dir" -j "$JOBS" --target "${targets[@]}"
-  else
-    cmake --build "$dir" -j "$JOBS"
-  fi
+  local what="${targets[*]:-everything}"
+  echo "epx: building $what in $dir ($JOBS jobs; progress every 10 %)" >&2
+  # ninja's "[n/N] ..." lines thinned to one per 10 % (errors pass through whole).
+  cmake --build "$dir" -j "$JOBS" ${targets[@]+--target "${targets[@]}"} 2>&1 | awk -v what="$what" '
+    /^\[[0-9]+\/[0-9]+\]/ { split(substr($1, 2), f, "/"); p = int(f[1] * 10 / f[2]);
+                             if (p > last) { last = p; printf "epx: build %d %% (%d/%d)\n", p * 10, f[1], f[2] > "/dev/stderr" }; next }
+    /^ninja: no work to do/ { print "epx: " what " is up to date" > "/dev/stderr"; next }
+    { print }'
+}
+
+# A `bench` configures build/ without the tests (fewer packages); the first `test` or `build`
+# after it configures afresh with everything found.
+full_configure() {
+  if grep -qs '^EPX_BUILD_TESTS:BOOL=OFF' build/CMakeCache.txt; then rm -f build/CMakeCache.txt; fi
 }
 
 cmd=${1:-}
@@ -59,16 +75,21 @@ cmd=${1:-}
 case "$cmd" in
   build)
     install_deps
-    build build
+    full_configure
+    build build -DEPX_BUILD_TESTS=ON
     ;;
   bench)
-    install_deps
-    build build >/dev/null
+    install_deps "${BENCH_PACKAGES[@]}"
+    # Only the `epx` tool; a tree already configured with its tests keeps them.
+    if [ -f build/CMakeCache.txt ]; then build build -- epx; else build build -DEPX_BUILD_TESTS=OFF -- epx; fi
     exec ./build/src/tools/epx bench "$@"
     ;;
   test)
     install_deps
-    build build
+    full_configure
+    build build -DEPX_BUILD_TESTS=ON
+    # The Python package from this build tree: nothing is written into the system Python.
+    export PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}"
     ctest --test-dir build --output-on-failure -j "$JOBS"
     # The Python package (Debian's Python; pytest exit 5 = no tests collected is not a failure).
     timeout 300 /usr/bin/python3 -m pytest -q tests/python || [ $? -eq 5 ]
@@ -142,6 +163,7 @@ case "$cmd" in
     ;;
   soak)
     install_deps
+    full_configure
     build build -- epx_multirank_tests
     EPX_SOAK_PAIRS=${EPX_SOAK_PAIRS:-10000} ./build/tests/epx_multirank_tests --gtest_filter='Soak.*'
     ;;

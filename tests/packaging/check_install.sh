@@ -12,6 +12,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${1:?usage: check_install.sh BUILD_DIR}" && pwd)
 py=/usr/bin/python3
+unset PYTHONPATH  # the venvs' own package, not the build tree's that `run.sh test` exports
 tmp=$(mktemp -d /tmp/epx-install-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 if ! "$py" -c "import build, setuptools, wheel, venv" 2>/dev/null; then

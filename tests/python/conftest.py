@@ -5,7 +5,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "e2e"))
 sys.path.insert(0, os.path.dirname(__file__))
-# This checkout's build first: the epx.pth in Debian's site directory names the last checkout built.
+# This checkout's build first (a build writes nothing into the system Python), for this
+# process and for the processes the tests start (examples, `python -c`, launchers).
 _build = os.path.join(os.path.dirname(__file__), "..", "..", "build", "python")
 if os.path.isdir(os.path.join(_build, "epx")):
-    sys.path.insert(0, os.path.abspath(_build))
+    _build = os.path.abspath(_build)
+    sys.path.insert(0, _build)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_build, os.environ.get("PYTHONPATH")) if p)
