@@ -1,7 +1,7 @@
 // epx_mpi_baseline: what a user writes WITHOUT epx.
 //
 // The Megatron-style all-to-all token dispatcher over plain MPI, as a baseline to time
-// epx against.  It reads an `epx replay` input directory (SPEC.md section 7) and, on
+// epx against.  It reads an `epx replay` input directory (docs/spec.md §7) and, on
 // every iteration:
 //
 //   dispatch  (1) count the rows for each destination rank (a token goes once to each
@@ -14,12 +14,12 @@
 //                 (source rank, then token) plus the local recv_topk_idx / weights;
 //                 expanded = one row per (token, local slot), grouped by local expert in
 //                 (source, token) order, each expert padded to a multiple of A (zero rows).
-//   combine   the reverse, with SPEC.md section 4's fixed float32 order: the expert rank
+//   combine   the reverse, with docs/spec.md §4's fixed float32 order: the expert rank
 //             reduces each received token's slots to one partial (expanded: f32 sum from
 //             0.0f in ascending k, rounded to bf16; a single slot passes unchanged),
 //             MPI_Alltoallv back, and the source adds the partials in f32 from 0.0f
 //             (compact: ascending destination rank; expanded: ascending largest k of each
-//             destination's group) and rounds to bf16 — or, with --node-of-rank, in SPEC.md
+//             destination's group) and rounds to bf16 — or, with --node-of-rank, in docs/spec.md
 //             section 4's node-first order (each node's partials summed and rounded first,
 //             ascending rank; then the nodes' sums in ascending node order), the order of
 //             epx's hierarchical node-first combine.  The expert is the identity: y is
@@ -37,7 +37,7 @@
 // After the timed loop every rank hashes (FNV-1a 64) its dispatch output in the requested
 // layout and its combine output.  The combine that is hashed uses y = the dispatch output
 // (identity expert, as timed), or with --verify-expert replay the fixed expert function of
-// `epx replay` (SPEC.md section 7), so the hash equals that of replay's combined_x.npy and
+// `epx replay` (docs/spec.md §7), so the hash equals that of replay's combined_x.npy and
 // a wrong float32 addition order shows on order-probe inputs.
 
 #include "mpi_baseline.hpp"
@@ -700,7 +700,7 @@ class Dispatcher {
   }
   const std::vector<std::uint16_t>& out() const { return out_; }
 
-  // The expert function of `epx replay` (SPEC.md section 7) over the dispatch output:
+  // The expert function of `epx replay` (docs/spec.md §7) over the dispatch output:
   // y = bf16(f32(row) * g(n)), g(n) = float((n + 1) * 256^(n mod 4)), n = the local expert
   // (expanded) or the sum of the row's local recv_topk_idx (compact); padding rows zero.
   std::vector<std::uint16_t> replay_expert_y() const {

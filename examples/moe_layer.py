@@ -140,7 +140,7 @@ def dense_reference(cfg, params, xs):
 
 
 def _fp8_roundtrip_ref(x):
-    """Straight-through f32 -> e4m3 (per 128 columns, SPEC §5) -> f32, written from SPEC §5
+    """Straight-through f32 -> e4m3 (per 128 columns, docs/spec.md §5) -> f32, written from docs/spec.md §5
     in torch (independent of epx): value forward, identity gradient."""
     q = x.detach().reshape(x.shape[0], x.shape[1] // 128, 128)
     amax = q.abs().amax(-1, keepdim=True).clamp_min(1e-4)
@@ -254,7 +254,7 @@ def report(ok, lines, losses, errs=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--fp8", action="store_true", help="FP8 dispatch (SPEC §5 cast)")
+    ap.add_argument("--fp8", action="store_true", help="FP8 dispatch (docs/spec.md §5 cast)")
     ap.add_argument("--launch", type=int, metavar="P",
                     help="start P ranks with epx.launch instead of running under torchrun")
     args = ap.parse_args(argv)

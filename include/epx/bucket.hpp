@@ -1,5 +1,5 @@
 // epx/bucket.hpp — all-gather, reduce-scatter and all-reduce on symmetric memory (DeepEP
-// V2.5's BucketBuffer; the math is SPEC §8).
+// V2.5's BucketBuffer; the math is docs/spec.md §8).
 //
 //   epx::BufferAllocator plan;
 //   plan.allocate("grads", {1 << 20}, epx::DType::kF32);
@@ -12,7 +12,7 @@
 // transport's ranks given as its world ranks, ascending and distinct (the world, halves,
 // pairs, strided "rails"); every rank passes the same groups in the same order, also the
 // ranks that are not members of some. All groups share one storage. A call names its group
-// by index (-1: the buffer's only group); member i of a group is its i-th rank (SPEC §8).
+// by index (-1: the buffer's only group); member i of a group is its i-th rank (docs/spec.md §8).
 //
 // Collective calls: every member of the call's group makes the same call (same op, group,
 // number of tensors, byte sizes, dtypes, precision, scale) in the same order as every other
@@ -64,7 +64,7 @@ inline constexpr int kBucketMaxTensors = 64;
 std::vector<int> world_ranks(int num_ranks);
 
 /// What reduce_scatter sends and sums: every member's contribution as float32, or rounded
-/// to bf16 first (SPEC §8: v_j = f32(bf16(x_j[e])), the member's own included).
+/// to bf16 first (docs/spec.md §8: v_j = f32(bf16(x_j[e])), the member's own included).
 enum class CommPrecision { kFP32, kBF16 };
 const char* to_string(CommPrecision p) noexcept;
 /// "fp32" | "bf16"; throws kInvalidArgument naming the accepted values otherwise.
@@ -158,19 +158,19 @@ class BucketBuffer final : public BufferBase {
                const BucketOptions& options = {});
   ~BucketBuffer() override;
 
-  /// Collective (over the group's members): SPEC §8 all_gather, batched. `srcs[i]` any
+  /// Collective (over the group's members): docs/spec.md §8 all_gather, batched. `srcs[i]` any
   /// dtype; without `dsts` each src is this member's shard of a storage tensor of
   /// n * src bytes (it starts member * src bytes before the src) which is gathered in
   /// place; with `dsts` (as many as srcs, each n * src bytes, same dtype, in the storage,
   /// not overlapping the srcs or each other) the srcs may lie anywhere in this process.
   BucketEvent all_gather_async(const std::vector<TensorView>& srcs, const std::vector<MutableView>& dsts = {},
                                int group = -1);
-  /// Collective: SPEC §8 reduce_scatter, in place: each x float32 in the storage with
+  /// Collective: docs/spec.md §8 reduce_scatter, in place: each x float32 in the storage with
   /// numel % n == 0; this member's shard of the sum (times `scale`) replaces its own shard
   /// of x, the rest of x stays unchanged.
   BucketEvent reduce_scatter_async(const std::vector<MutableView>& xs, CommPrecision precision = CommPrecision::kFP32,
                                    float scale = 1.0f, int group = -1);
-  /// Collective: SPEC §8 all_reduce, in place: each x float32 in the storage becomes the
+  /// Collective: docs/spec.md §8 all_reduce, in place: each x float32 in the storage becomes the
   /// sum (times `scale`), bitwise identical on every member.
   BucketEvent all_reduce_async(const std::vector<MutableView>& xs, float scale = 1.0f, int group = -1);
 

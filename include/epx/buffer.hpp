@@ -1,4 +1,4 @@
-// epx/buffer.hpp — dispatch and combine (SPEC §3, §4).
+// epx/buffer.hpp — dispatch and combine (docs/spec.md §3, §4).
 //
 //   epx::Buffer buffer(transport, {.num_experts = 256, .hidden = 7168, .num_topk = 8,
 //                                  .max_tokens_per_rank = 4096});          // collective
@@ -38,8 +38,8 @@
 namespace epx {
 
 enum class RecvLayout {
-  kCompact,   ///< SPEC §3.1: one row per (source rank, token), ordered (s, t)
-  kExpanded,  ///< SPEC §3.2: one row per (s, t, k), grouped by local expert, aligned
+  kCompact,   ///< docs/spec.md §3.1: one row per (source rank, token), ordered (s, t)
+  kExpanded,  ///< docs/spec.md §3.2: one row per (s, t, k), grouped by local expert, aligned
 };
 
 namespace detail {
@@ -65,7 +65,7 @@ class DispatchHandle {
 struct DispatchArgs {
   /// [S, H] bf16, or [S, H] fp8_e4m3 with `x_scales`.
   TensorView x;
-  /// [S, H/128] float32 when x is fp8 (SPEC §1), else empty.
+  /// [S, H/128] float32 when x is fp8 (docs/spec.md §1), else empty.
   TensorView x_scales;
   /// [S, K] int64 in [-1, E), no expert twice per token. Not used with a handle.
   TensorView topk_idx;
@@ -73,12 +73,12 @@ struct DispatchArgs {
   TensorView topk_weights;
   RecvLayout layout = RecvLayout::kCompact;
   int expert_alignment = 1;          ///< A >= 1 (expanded rows per expert rounded up to A)
-  std::int64_t num_worst_tokens = 0; ///< W > 0: exactly W output rows (SPEC §3.3)
-  /// SPEC §3.2: expanded rows sorted by (s, t) inside each expert. epx places rows by
+  std::int64_t num_worst_tokens = 0; ///< W > 0: exactly W output rows (docs/spec.md §3.3)
+  /// docs/spec.md §3.2: expanded rows sorted by (s, t) inside each expert. epx places rows by
   /// prefix sums, never by arrival order, so its order is always this one: false permits
   /// any order and gets the sorted one at no cost (kept for DeepEP-style callers).
   bool deterministic = false;
-  /// SPEC §3.2/§3.3: padding rows of recv_x (and recv_x_scales) are all-zero bits — the
+  /// docs/spec.md §3.2/§3.3: padding rows of recv_x (and recv_x_scales) are all-zero bits — the
   /// default, so that an expert run over its whole aligned group (a grouped GEMM) reads no
   /// leftover NaN. false saves one memset of the padding rows (at most L x (A - 1) rows in
   /// the expanded layout, W - N with num_worst_tokens), leaving their bytes unspecified (a
@@ -117,7 +117,7 @@ struct DispatchResult {
   std::vector<std::int64_t> num_recv_tokens_per_expert;          ///< [L] unaligned
   std::vector<std::int64_t> num_recv_tokens_per_expert_aligned;  ///< [L] rounded up to A
   std::vector<std::int64_t> expert_offsets;  ///< expanded: [L + 1] o_0..o_L; compact: empty
-  DispatchLayout layout;     ///< SPEC §2 of this rank's input (fresh dispatch only)
+  DispatchLayout layout;     ///< docs/spec.md §2 of this rank's input (fresh dispatch only)
   DispatchHandle handle;
 };
 
@@ -219,13 +219,13 @@ class Buffer : public BufferBase {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
-  /// Local: SPEC §2 for `topk_idx` ([S, K] int64). Throws on invalid input.
+  /// Local: docs/spec.md §2 for `topk_idx` ([S, K] int64). Throws on invalid input.
   DispatchLayout get_dispatch_layout(const TensorView& topk_idx) const;
 
-  /// Collective: SPEC §3. Fresh when args.handle is null, cached otherwise.
+  /// Collective: docs/spec.md §3. Fresh when args.handle is null, cached otherwise.
   DispatchResult dispatch(const DispatchArgs& args);
 
-  /// Collective: SPEC §4 with the handle of a dispatch of this Buffer.
+  /// Collective: docs/spec.md §4 with the handle of a dispatch of this Buffer.
   CombineResult combine(const CombineArgs& args);
 
   /// Local: a bf16 [N, H] tensor for the experts to write combine's y into (N = the

@@ -1,6 +1,6 @@
 // epx/dataplane.hpp — how a Buffer moves rows: topology, peer schedule, queues, put
 // aggregation and completion protocol. Part of BufferConfig (every rank passes the same).
-// Every combination gives bit-identical results (SPEC.md); they differ in order, put
+// Every combination gives bit-identical results (docs/spec.md); they differ in order, put
 // count and synchronisation, which is what `epx bench --sweep` measures.
 #pragma once
 
@@ -45,7 +45,7 @@ struct SendPolicy {
   std::size_t block_bytes = 0;  ///< kBlock: bytes of x rows (data + scales) per block, > 0
 };
 
-/// The order of combine's float32 additions (SPEC §4).
+/// The order of combine's float32 additions (docs/spec.md §4).
 ///   kFlat       a token's partials added at its source in the flat order (default)
 ///   kNodeFirst  hierarchical schedule only: a token's partials summed inside each server
 ///               (node) first — at the relay, so each token's reply crosses once per server
@@ -57,13 +57,13 @@ enum class CombineOrder { kFlat, kNodeFirst };
 CombineOrder parse_combine_order(const std::string& text);
 const char* to_string(CombineOrder order) noexcept;
 
-/// What an expanded combine sends back (SPEC §4's sums are the same bits either way).
+/// What an expanded combine sends back (docs/spec.md §4's sums are the same bits either way).
 ///   kPartials    one row per (token, destination rank): the expert rank sums the token's
 ///                slots it holds into the partial p_G and puts that (default)
 ///   kSelections  one row per (token, expert) selection: the expert rank puts every slot's
 ///                y row as it is (DeepEP's low-latency combine), and the source forms each
 ///                p_G from them (from 0.0f in ascending k, rounded to bf16; one unweighted
-///                slot passes unchanged) before adding the groups in SPEC §4's order. K rows
+///                slot passes unchanged) before adding the groups in docs/spec.md §4's order. K rows
 ///                a token on the wire instead of one per rank it reached; the reply area
 ///                holds max_tokens_per_rank x K rows. Direct path only (not hierarchical,
 ///                not ring_rows), explicit or tail protocol; the compact layout's rows are
@@ -114,7 +114,7 @@ struct DataPlaneOptions {
   /// Dispatch: every source sends its relayed rows the same way (chunk c to each of its
   /// relays, then the chunk's signal), and a relay forwards a source's chunk c as soon as
   /// that source has signalled it, as DeepEP's internode dispatch forwards RDMA chunks over
-  /// NVLink. Same bits (the rows land in the same slots; SPEC §4 fixes the sums' order, not
+  /// NVLink. Same bits (the rows land in the same slots; docs/spec.md §4 fixes the sums' order, not
   /// the arrival). 0 = the serial relay (all of a source's rows or every member's replies,
   /// then the forwarding); kRelayChunkAuto (default): chosen from
   /// the transport's put costs (TransportCaps::put_overhead_ns / put_gbps): chunked only

@@ -1,4 +1,4 @@
-// epx/dtype.hpp — element types and the exact bf16 / FP8 E4M3 conversions of SPEC §1.
+// epx/dtype.hpp — element types and the exact bf16 / FP8 E4M3 conversions of docs/spec.md §1.
 //
 // bf16 values are handled as their 16 raw bits (uint16_t), FP8 E4M3 (float8_e4m3fn:
 // bias 7, max 448, no infinities, NaN = S.1111.111) as their 8 raw bits (uint8_t).
@@ -25,7 +25,7 @@ std::size_t dtype_size(DType t) noexcept;
 /// Name of `t`, e.g. "bf16", "fp8_e4m3", "float32".
 const char* to_string(DType t) noexcept;
 
-/// NumPy's type string of `t` (SPEC §7: bf16 as "<u2" raw bits, FP8 and bool as "|u1",
+/// NumPy's type string of `t` (docs/spec.md §7: bf16 as "<u2" raw bits, FP8 and bool as "|u1",
 /// "<f4", "<i4", "<i8"): the .npy header's descr and __array_interface__'s typestr.
 const char* numpy_typestr(DType t) noexcept;
 

@@ -10,7 +10,7 @@
 //   epx::EngramFetch f = engram.fetch(indices);                // int32 [L, T, E']
 //   epx::EngramLayer l1 = f.layer(1);                          // waits for layer 1 only
 //
-// Semantics (SPEC §10): layer l's table has P * N_l rows of H values (bf16, or FP8 E4M3
+// Semantics (docs/spec.md §10): layer l's table has P * N_l rows of H values (bf16, or FP8 E4M3
 // with num_sf_packs float32 scales per row); global row g lives on rank g / N_l as its
 // local row g % N_l. fetch gives out_l[t, e*H:(e+1)*H] = table_l[indices[l, t, e]] bitwise
 // (FP8: the data and its scale row); -1 gives a zero row (zero scales).
@@ -48,7 +48,7 @@ struct EngramConfig {
   std::int64_t num_max_tokens = 0;         ///< T_max >= 1: most tokens one fetch asks for
   std::int64_t num_entries_per_token = 0;  ///< E' >= 1: rows per token
   DType dtype = DType::kBF16;              ///< kBF16 or kFP8E4M3
-  /// float32 scales per row: 0 for bf16, H / 128 for FP8 (SPEC §1; -1: the default for dtype).
+  /// float32 scales per row: 0 for bf16, H / 128 for FP8 (docs/spec.md §1; -1: the default for dtype).
   std::int64_t num_sf_packs = -1;
 };
 

@@ -1,4 +1,4 @@
-// epx/fp8.hpp — the FP8 helpers of SPEC §5 (DeepEP's per_token_cast_to_fp8 and its inverse).
+// epx/fp8.hpp — the FP8 helpers of docs/spec.md §5 (DeepEP's per_token_cast_to_fp8 and its inverse).
 //
 // Local (not collective), thread-safe, allocate their outputs.
 #pragma once

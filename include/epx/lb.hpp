@@ -13,7 +13,7 @@
 //
 // Movement: a layer above the engine. Each expert's bytes (its kinds concatenated, in kind
 // order) are cut into rows of 2*H bytes (H = the Buffer's hidden, the last row padded) and
-// each row travels as one bf16 "token" of a compact-layout dispatch (SPEC §3.1 moves rows
+// each row travels as one bf16 "token" of a compact-layout dispatch (docs/spec.md §3.1 moves rows
 // bitwise), its topk naming local expert 0 of every destination rank. More destinations than
 // K or more rows than the Buffer takes per call make more tokens / more rounds (dispatches).
 // plan_lb_transfer is the one owner of which row travels in which round as which token.

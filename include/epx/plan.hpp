@@ -1,4 +1,4 @@
-// epx/plan.hpp — routing: the dispatch layout (SPEC §2) and the compact routing plan.
+// epx/plan.hpp — routing: the dispatch layout (docs/spec.md §2) and the compact routing plan.
 //
 // Local (not collective), pure functions of one rank's topk_idx. Everything here is
 // O(S·K + P + E): no [S, P] scan per token.
@@ -34,7 +34,7 @@ struct RoutingIssue {
 /// `topk_idx` is [S, K] int64, row-major. Returns the first issue in (token, slot) order.
 std::optional<RoutingIssue> check_topk_idx(const std::int64_t* topk_idx, const RoutingShape& shape);
 
-/// SPEC §2, what DeepEP's get_dispatch_layout returns for the same input.
+/// docs/spec.md §2, what DeepEP's get_dispatch_layout returns for the same input.
 struct DispatchLayout {
   std::vector<std::int32_t> num_tokens_per_rank;    ///< [P]
   std::vector<std::int32_t> num_tokens_per_expert;  ///< [E]
@@ -71,7 +71,7 @@ RoutingPlan build_routing_plan(const std::int64_t* topk_idx, const RoutingShape&
 /// call keeps its pages faulted in); what `plan` held before does not matter.
 void build_routing_plan(const std::int64_t* topk_idx, const RoutingShape& shape, RoutingPlan& plan);
 
-/// SPEC §2 from a plan (O(entries + E) plus writing the [S, P] bool output).
+/// docs/spec.md §2 from a plan (O(entries + E) plus writing the [S, P] bool output).
 DispatchLayout make_dispatch_layout(const RoutingPlan& plan);
 
 }  // namespace epx

@@ -7,7 +7,7 @@
 //   epx::PPView v = pp.recv_view(prev_stage); // or: use the bytes where they lie ...
 //   pp.release(v);                            // ... and give the slot back
 //
-// Semantics (SPEC §9): every ordered pair (s, d) of linked ranks has a FIFO of
+// Semantics (docs/spec.md §9): every ordered pair (s, d) of linked ranks has a FIFO of
 // num_max_inflight_tensors slots in d's window. The k-th recv from s on d gets the k-th
 // send to d on s, bitwise; the byte count travels with the data, and a receive tensor of
 // another byte count is an error naming both counts, the peer and the message's sequence

@@ -1,4 +1,4 @@
-"""epx.autograd — dispatch and combine as torch.autograd.Functions (SPEC §4, "Backward").
+"""epx.autograd — dispatch and combine as torch.autograd.Functions (docs/spec.md §4, "Backward").
 
     import epx, epx.autograd as ea
 
@@ -14,7 +14,7 @@ return what those return (combine: only `combined_x`). What is differentiable:
 - `dispatch`: `recv_x` with respect to `x`, and `recv_topk_weights` with respect to
   `topk_weights`. The backward of `recv_x` is a combine of its gradient with the same handle
   (the transpose of dispatch: each row's gradient goes back to its source token, where the
-  rows of one token add up in SPEC §4's fixed float32 order, rounded to bf16). The backward
+  rows of one token add up in docs/spec.md §4's fixed float32 order, rounded to bf16). The backward
   of `recv_topk_weights` is one more combine with the same handle: each row's weight
   gradients sit in columns of their own of an [rows, H] bf16 tensor, the float32 value
   split exactly into three bf16 parts, so they arrive unrounded (every other row adds
@@ -22,7 +22,7 @@ return what those return (combine: only `combined_x`). What is differentiable:
 - `combine`: `combined_x` with respect to `x` (the expert output, any float dtype; sent as
   bf16) and `bias` (a tensor or a pair). The backward of `x` is a cached dispatch of the
   output's gradient with the handle (bf16); padding rows get zero gradient.
-- FP8 (`use_fp8=True`): `x` (bf16 or float32) is cast here to FP8 as SPEC §5 says
+- FP8 (`use_fp8=True`): `x` (bf16 or float32) is cast here to FP8 as docs/spec.md §5 says
   (`fp8_cast`), dispatched as (data, scales), and `recv_x` comes back dequantized to float32
   (`fp8_dequant`, exact). The gradient takes the cast as the identity (straight-through)
   and is combined in bf16, as FP8 training recipes do.
@@ -55,11 +55,11 @@ _FP8_BLOCK, _FP8_MAX = 128, 448.0
 
 
 # ----------------------------------------------------------------------------------------
-# FP8 (SPEC §5): torch 1.13 has no float8 dtype, so the data are uint8 raw E4M3 bits
+# FP8 (docs/spec.md §5): torch 1.13 has no float8 dtype, so the data are uint8 raw E4M3 bits
 # ----------------------------------------------------------------------------------------
 
 def fp8_cast(x):
-    """SPEC §5 per-token cast (DeepEP's per_token_cast_to_fp8) of x [S, H], H % 128 == 0:
+    """docs/spec.md §5 per-token cast (DeepEP's per_token_cast_to_fp8) of x [S, H], H % 128 == 0:
     per row and 128-column block amax = max|x| (at least 1e-4), q = e4m3(x * (448 / amax))
     rounded to nearest even and saturated, scale = amax / 448. Returns (data uint8 [S, H]
     raw E4M3 bits, scales float32 [S, H/128])."""

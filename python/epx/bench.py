@@ -39,7 +39,7 @@ definitions of `epx bench --help`; round trip = dispatch + combine, p50s and avg
    shorter one is fully hidden, 0 = no overlap (negative when the two compete for cores).
    Also timed: an async dispatch waited on at once (the cost of the async form itself).
 4. C++: `epx bench --routing DIR --layout L --no-counters` (counters off, as in an EPBuffer)
-   per layout on the same routing and x, written as a SPEC §7 directory, run once before and
+   per layout on the same routing and x, written as a docs/spec.md §7 directory, run once before and
    once after the Python ranks (not at the same time; the mean of the two p50s): binding
    cost = Python epx time / C++ epx time.
 """
@@ -83,7 +83,7 @@ def make_problem(a):
 
 
 def write_routing_dir(a, problem, path):
-    """SPEC §7 input directory for `epx bench --routing`."""
+    """docs/spec.md §7 input directory for `epx bench --routing`."""
     with open(os.path.join(path, "meta.json"), "w") as f:
         json.dump({"num_ranks": a.ranks, "num_experts": a.experts, "hidden": a.hidden,
                    "num_topk": a.topk, "num_max_tokens_per_rank": a.tokens}, f)

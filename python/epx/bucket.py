@@ -1,5 +1,5 @@
 """BucketBuffer and BufferAllocator (DeepEP V2.5's names): all-gather, reduce-scatter and
-all-reduce on symmetric storage, for PyTorch and NumPy (the math is SPEC §8).
+all-reduce on symmetric storage, for PyTorch and NumPy (the math is docs/spec.md §8).
 
     plan = epx.BufferAllocator()
     grads = plan.allocate((1 << 20,), torch.float32)   # a placeholder ...

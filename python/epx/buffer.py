@@ -350,7 +350,7 @@ class EPBuffer:
     # -- layout ---------------------------------------------------------------------
     def get_dispatch_layout(self, topk_idx, num_experts=None):
         """Local. topk_idx int64 [S, K] -> (num_tokens_per_rank int32 [P],
-        num_tokens_per_expert int32 [E], is_token_in_rank bool [S, P]) (SPEC §2).
+        num_tokens_per_expert int32 [E], is_token_in_rank bool [S, P]) (docs/spec.md §2).
         num_experts: the buffer's when it was given one."""
         E = num_experts or self.num_experts
         if not E:
@@ -368,7 +368,7 @@ class EPBuffer:
                  handle=None, do_handle_copy=False, do_cpu_sync=None, do_expand=None, do_zero_padding=None,
                  use_tma_aligned_col_major_sf=False, defer_epilogue=False, *, num_worst_tokens=None,
                  deterministic=None):
-        """Collective (SPEC §3), DeepEP V2.5's signature. Returns (recv_x, recv_topk_idx,
+        """Collective (docs/spec.md §3), DeepEP V2.5's signature. Returns (recv_x, recv_topk_idx,
         recv_topk_weights, handle, event); with defer_epilogue=True only the event, whose
         wait returns (recv_x, recv_topk_idx, recv_topk_weights, handle).
 
@@ -382,7 +382,7 @@ class EPBuffer:
         from the handle, and so does everything about the layout: do_expand,
         expert_alignment, num_worst_tokens, num_experts and zero padding (a cached dispatch
         pads whenever its handle's did).
-        do_expand=False (compact, SPEC §3.1): one row per received token, recv_topk_idx
+        do_expand=False (compact, docs/spec.md §3.1): one row per received token, recv_topk_idx
         int64 [N, K] (local expert or -1), recv_topk_weights float32 [N, K].
         do_expand=True (expanded, §3.2): one row per (token, slot) grouped by local expert,
         each expert's rows padded to expert_alignment; recv_topk_idx is None and
@@ -502,13 +502,13 @@ class EPBuffer:
     def combine(self, x, handle, topk_weights=None, bias=None, num_sms=0, num_qps=0, previous_event=None,
                 async_with_compute_stream=False, allocate_on_comm_stream=False, defer_epilogue=False, *,
                 weighted=False):
-        """Collective (SPEC §4), DeepEP V2.5's signature. Returns (combined_x bf16 [S, H],
+        """Collective (docs/spec.md §4), DeepEP V2.5's signature. Returns (combined_x bf16 [S, H],
         combined_topk_weights float32 [S, K], event); with defer_epilogue=True only the
         event, whose wait reduces and returns (combined_x, combined_topk_weights).
 
         x: bf16 [N, H], the rows of `handle`'s dispatch output on this rank (padding rows
         ignored); an unweighted sum per token unless weighted=True. bias: None, a bf16
-        [S, H] tensor, or a pair (bias0, bias1); added in SPEC §4's fixed order.
+        [S, H] tensor, or a pair (bias0, bias1); added in docs/spec.md §4's fixed order.
         weighted=True (epx's; expanded layout only): each row is first multiplied by its
         routing weight (the handle's). topk_weights: float32 [N, K] (compact) or [N]
         (expanded), e.g. the gradient of recv_topk_weights: reduced back to their tokens'

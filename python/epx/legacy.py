@@ -10,7 +10,7 @@ dispatchers call), on CPU tensors, over epx's EPBuffer.
                         num_tokens_per_rdma_rank=..., is_token_in_rank=..., num_tokens_per_expert=...)
     combined_x, combined_topk_weights, event = buffer.combine(y, handle, topk_weights=...)
 
-V1's dispatch output is epx's compact layout (SPEC §3.1): one row per received token,
+V1's dispatch output is epx's compact layout (docs/spec.md §3.1): one row per received token,
 ordered by (source rank, token), recv_topk_idx the local expert or -1; the per-expert list
 is rounded up to expert_alignment (empty with num_worst_tokens). The layout tensors
 dispatch takes are recomputed from topk_idx (they must be its layout). A V1 Buffer is not

@@ -365,7 +365,7 @@ class PyBuffer {
   std::shared_ptr<const void> owner_;
 };
 
-/// SPEC §2 for `topk_idx` ([S, K] int64) on `num_ranks` ranks with `num_experts` experts,
+/// docs/spec.md §2 for `topk_idx` ([S, K] int64) on `num_ranks` ranks with `num_experts` experts,
 /// local (no Buffer needed): the checks and the layout are the routing plan's own
 /// (epx/plan.hpp). Outputs in topk_idx's flavour.
 pyb::dict dispatch_layout(pyb::handle topk_idx, int num_experts, int num_ranks, int rank, const std::string& flavor) {

@@ -137,7 +137,7 @@ class CollectiveRank {
     return {reinterpret_cast<const float*>(out_[k]), n};
   }
 
-  /// SPEC §8's value of element i of output k on this rank, from the generator.
+  /// docs/spec.md §8's value of element i of output k on this rank, from the generator.
   float expected(std::size_t k, std::size_t i) const {
     const int t = static_cast<int>(k);
     const std::size_t n = each_ / 4, shard = n / static_cast<std::size_t>(P_);
@@ -158,7 +158,7 @@ class CollectiveRank {
         const float want = expected(k, i);
         if (rec.check.empty() && std::memcmp(&want, &data[i], 4) != 0)
           rec.check = "tensor " + std::to_string(k) + " element " + std::to_string(i) + ": " + std::to_string(data[i]) +
-                      ", SPEC 8 gives " + std::to_string(want);
+                      ", docs/spec.md §8 gives " + std::to_string(want);
       }
     }
     char hex[24];

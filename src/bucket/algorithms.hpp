@@ -1,5 +1,5 @@
 // The bucket algorithms (docs/buffers.md): each runs a call's data phase after the header
-// exchange, with the same result bit for bit (SPEC §8's order). One file each.
+// exchange, with the same result bit for bit (docs/spec.md §8's order). One file each.
 #pragma once
 
 #include <cstdint>

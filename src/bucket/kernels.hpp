@@ -1,4 +1,4 @@
-// The bucket collectives' arithmetic (SPEC §8): sums in member order, float32, no fused
+// The bucket collectives' arithmetic (docs/spec.md §8): sums in member order, float32, no fused
 // multiply-add (the build has -ffp-contract=off), the scale once at the end.
 #pragma once
 

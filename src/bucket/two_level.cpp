@@ -1,5 +1,5 @@
 // Two-level all_reduce, puts only, for a group laid out machine by machine (M machines of L
-// members each, in member order): SPEC §8's sum is a left fold in member order, so it can
+// members each, in member order): docs/spec.md §8's sum is a left fold in member order, so it can
 // run machine after machine. The elements are split into L lane parts; member l of every
 // machine owns lane l. Per chunk of lane l:
 //   * every member of machine m puts its contribution to the lane-l member of machine m;

@@ -287,7 +287,7 @@ DispatchLayout Buffer::get_dispatch_layout(const TensorView& topk_idx) const {
   return make_dispatch_layout(build_routing_plan(topk_idx.as<std::int64_t>(), shape));
 }
 
-// One dispatch (SPEC §3) in three steps. Every step runs the same phases in the same order
+// One dispatch (docs/spec.md §3) in three steps. Every step runs the same phases in the same order
 // whether the call is synchronous (dispatch: all three on the caller's thread) or not
 // (dispatch_async: front on the caller's thread, puts — and back, with kBackground — on the
 // call's thread): the same bits, the same errors. How the rows travel is the path's (picked
@@ -468,7 +468,7 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
   }
 };
 
-// One combine (SPEC §4) in three steps, as DispatchCall; the path is picked once — before
+// One combine (docs/spec.md §4) in three steps, as DispatchCall; the path is picked once — before
 // the exchange when the replies go first (the call state knows it then), else after it
 // (pull needs every rank's header).
 struct Buffer::Impl::CombineCall : detail::AsyncCall {

@@ -2,7 +2,7 @@
 // partial (expanded: in ascending k, float32 from 0.0f, rounded to bf16; compact: the row
 // itself) and puts it back into the source's window at the slot the dispatch plan gave
 // that (token, destination) pair. The source adds bias0, bias1 and the partials in the
-// fixed order of SPEC §4 in float32 and rounds once (reduce_row.hpp).
+// fixed order of docs/spec.md §4 in float32 and rounds once (reduce_row.hpp).
 // These are the combine paths' building blocks (the paths: path.hpp, paths/combine_*.cpp):
 // the replies' puts along the reply channels (send_replies), the partial sums (Replies),
 // where y lies for pull (y_offset_in_window), the ordered reduction (reduce, reduce_tokens).

@@ -358,7 +358,7 @@ class Epilogue {
   }
 
   // Padding rows [r0, r1) have source -1, weight 0, and zero data when asked (zero_padding;
-  // SPEC §3.2: unspecified otherwise).
+  // docs/spec.md §3.2: unspecified otherwise).
   void pad(std::int64_t r0, std::int64_t r1) const {
     if (r1 <= r0) return;
     const auto n = static_cast<std::size_t>(r1 - r0);

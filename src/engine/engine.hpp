@@ -342,18 +342,18 @@ struct Buffer::Impl {
   bool relay_sums_in_place(const detail::HandleState& h) const;
   /// Combine's [S, H] bf16 output: from the pool, or (modelling transport) a view of the replies.
   Tensor combined_output(std::int64_t S);
-  /// SPEC §4's sums per token into `out` (combined_output's [S, H]): from my reply area
+  /// docs/spec.md §4's sums per token into `out` (combined_output's [S, H]): from my reply area
   /// (push), or (`pull`: the headers, with each peer's y_offset) from the peers' windows.
   void reduce(const detail::HandleState& h, const CombineArgs& a, const Peers* pull, Tensor& out);
   /// The sums of tokens [t0, t1) into o: the row answering entry e (token t at rank d) is
   /// rows_of[d] + (first_row[d] + entry_position[e]) rows — or, expanded and kSlots
   /// (pulled), its slots' rows rows_of[d] + slot_row, or (kSelections) its selections' rows
-  /// rows_of[d] + selection_row(t, k), summed as the expert rank would have (SPEC §4's
+  /// rows_of[d] + selection_row(t, k), summed as the expert rank would have (docs/spec.md §4's
   /// grouped sum). `pulls`: count the rows as pulled.
   /// Where reduce_tokens finds a token's terms: one reply per (token, rank) entry; the
   /// slots' rows of an expanded y (pulled); one reply per selection (t, k) at
   /// Geometry::selection_row (CombineReplies::kSelections). The last two are grouped per
-  /// rank and summed as the expert rank would have (SPEC §4).
+  /// rank and summed as the expert rank would have (docs/spec.md §4).
   enum class TermRows { kEntries, kSlots, kSelections };
   void reduce_tokens(const detail::HandleState& h, const CombineArgs& a, std::int64_t t0, std::int64_t t1,
                      const std::vector<const std::uint16_t*>& rows_of, const std::vector<std::int64_t>& first_row,

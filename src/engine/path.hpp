@@ -75,7 +75,7 @@ class CombinePath {
   virtual bool replies_before_exchange() const noexcept { return false; }
   /// The replies (or partials) of this rank's received rows to their sources.
   virtual void send(Impl&, const CombineStep&) const = 0;
-  /// Until every reply to this rank has landed, then SPEC §4's sums into out.
+  /// Until every reply to this rank has landed, then docs/spec.md §4's sums into out.
   virtual void receive(Impl&, const CombineStep&) const = 0;
 };
 

@@ -111,7 +111,7 @@ HWY_INLINE VU rounded_bits(VF v) {
 }
 
 // f32(bf16(v)): a group's partial, rounded as the expert rank would round it. A NaN partial
-// stays the NaN it is (the sum is a NaN then, whose payload SPEC §4 leaves open).
+// stays the NaN it is (the sum is a NaN then, whose payload docs/spec.md §4 leaves open).
 HWY_INLINE VF round_trip(VF v) {
   const DU du;
   const VU u = hn::BitCast(du, v);

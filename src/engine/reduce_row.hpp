@@ -1,4 +1,4 @@
-// The float32 sums of SPEC §4, one output row at a time: the combine's reduce at the source
+// The float32 sums of docs/spec.md §4, one output row at a time: the combine's reduce at the source
 // and the expanded partials at the expert both go through reduce_row().
 #pragma once
 
@@ -7,13 +7,13 @@
 
 namespace epx::detail {
 
-/// The terms of one row's sum, added in this order (SPEC §4 fixes it; so the result is
+/// The terms of one row's sum, added in this order (docs/spec.md §4 fixes it; so the result is
 /// bitwise the same whichever kernel runs): acc = f32(first[c]) (or +0.0f when `first` is
 /// null), then acc += f32(rows[j][c]) · weights[j] (no multiply when `weights` is null) for
 /// j = 0 .. count-1, then out[c] = bf16(acc). Rows are bf16 bits; they may live in any memory
 /// the caller can read (the window, a peer's mapped window, y).
 ///
-/// Grouped (`group_end` not null; the expanded layout summed at the source, SPEC §4): rows
+/// Grouped (`group_end` not null; the expanded layout summed at the source, docs/spec.md §4): rows
 /// [0, lead) are added as above, unweighted; then rows [lead, count) form groups, group g
 /// ending before row group_end[g] (g = 0 .. groups-1, group_end[groups-1] == count), and
 /// each group adds f32(p) for its partial p = bf16(0.0f + Σ f32(rows[j][c]) · weights[j]),

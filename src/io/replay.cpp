@@ -38,7 +38,7 @@ ReplayMeta read_replay_meta_file(const fs::path& in, bool* max_tokens_given) {
   try {
     text = detail::read_file_bounded(path.string(), kMaxMetaBytes, "meta.json");
   } catch (const Error& e) {
-    throw Error(ErrorCode::kIo, std::string(e.what()) + " (expected SPEC 7's meta.json)");
+    throw Error(ErrorCode::kIo, std::string(e.what()) + " (expected docs/spec.md §7's meta.json)");
   }
   nlohmann::json j;
   try {

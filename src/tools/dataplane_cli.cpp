@@ -23,8 +23,9 @@ void add_dataplane_options(CLI::App* sub, DataPlaneOptions& d) {
       {"send-policy", "POLICY",
        "dispatch send order: auto (from P, row size, transport put costs) | whole (destination by destination) | "
        "block:BYTES (tokens in blocks of BYTES of rows, each block to every destination)"},
-      {"combine-order", "ORDER", "combine's additions (SPEC 4): flat | node-first (hierarchical: sums inside each server at the relay, "
-                                 "one reply per token and server pair)"},
+      {"combine-order", "ORDER",
+       "combine's additions (docs/spec.md §4): flat | node-first (hierarchical: sums inside each server at the relay, "
+       "one reply per token and server pair)"},
       {"combine-replies", "KIND", "what an expanded combine sends back: partials (one per token and rank, summed at the expert) | "
                                    "selections (one per token and expert, DeepEP's low-latency combine; the source forms the "
                                    "partials: the same bits)"},

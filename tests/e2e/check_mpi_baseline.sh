@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Check bench/epx_mpi_baseline (the plain-MPI Megatron-style dispatcher) against an
-# independent numpy computation of SPEC.md sections 3 and 4.
+# independent numpy computation of docs/spec.md §3 and §4.
 #
 #   tests/e2e/check_mpi_baseline.sh [PATH/TO/epx_mpi_baseline]
 #
@@ -36,7 +36,7 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 
 # verify CASE_DIR JSON LAYOUT ALIGNMENT EXPERT: recompute the hashes with numpy and compare.
-# EXPERT identity: y = the dispatch output; replay: y = bf16(f32(row) * g(n)) (SPEC 7).
+# EXPERT identity: y = the dispatch output; replay: y = bf16(f32(row) * g(n)) (docs/spec.md §7).
 verify() {
   "$py" - "$@" <<'PYEOF'
 import json, os, sys
@@ -65,7 +65,7 @@ def fnv(a):
 def g(n):
     return np.float32(float((n + 1) * 256 ** (n % 4)))
 
-# Dispatch (SPEC 3): rows per destination, and where each (s,t[,k]) landed; y = expert output.
+# Dispatch (docs/spec.md §3): rows per destination, and where each (s,t[,k]) landed; y = expert output.
 recv, place, yall = [], [], []
 for d in range(P):
     rows, pl, ns = [], {}, []  # ns: the expert's n per row, None = padding
@@ -97,7 +97,7 @@ for d in range(P):
                 y[i] = bf16(f32(r[i]) * g(n))
         yall.append(y)
 
-# Combine (SPEC 4) with y = the dispatch output.
+# Combine (docs/spec.md §4) with y = the dispatch output.
 out = []
 for s in range(P):
     S = idx[s].shape[0]

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""End-to-end check of `epx replay` (SPEC.md section 7) against the numpy
+"""End-to-end check of `epx replay` (docs/spec.md §7) against the numpy
 reference epx_ref.py.
 
     /usr/bin/python3 tests/e2e/check_replay.py --epx build/src/tools/epx [--quick]
@@ -557,7 +557,7 @@ def mutate_fortran_x(rank):
 
 def encoding_cases():
     """(name, gen, opts, mutate, either_bad_rank, in_quick).  Format 2.0 must
-    be read; big-endian or Fortran-order input (SPEC 7 says little-endian, C
+    be read; big-endian or Fortran-order input (docs/spec.md §7 says little-endian, C
     order) must be either read correctly or refused with an error naming the
     rank - never misread."""
     g = G(3, 6, 256, 2, [7, 0, 9], mask=0.1, seed=41)

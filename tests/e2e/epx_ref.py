@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Independent numpy reference for `epx replay` (SPEC.md section 7).
+"""Independent numpy reference for `epx replay` (docs/spec.md §7).
 
-Written from SPEC.md alone, apart from the C++ engine.  Given an input
-directory in the SPEC section 7 layout and the replay options, it computes
+Written from docs/spec.md alone, apart from the C++ engine.  Given an input
+directory in the docs/spec.md §7 layout and the replay options, it computes
 every output file of every rank:
 
     num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank,
@@ -11,7 +11,7 @@ every output file of every rank:
     (expanded), combined_x
 
 Float32 arithmetic is done in float32, one addition at a time, in the order
-SPEC section 4 fixes; the work is vectorised across the H columns only.
+docs/spec.md §4 fixes; the work is vectorised across the H columns only.
 
 Usage as a library:
 
@@ -20,7 +20,7 @@ Usage as a library:
                   deterministic=True, zero_padding=False, weighted=False)
     res.ranks[r]["combined_x"]          # expected arrays, exact dtypes
     res.unspecified_rows[r]             # bool [N]: rows whose recv_x content
-                                        #   the SPEC leaves unspecified
+                                        #   docs/spec.md leaves unspecified
     res.segments[r]                     # expanded: [(o_j, n_j)] per expert
 
 Usage from the shell (writes the expected outputs in the epx layout):
@@ -93,7 +93,7 @@ def fp8_to_f32(bits):
 
 
 def expert_factor(n):
-    """c = g(n) = float((n + 1) * 256^(n mod 4)) as a float32 (SPEC 7)."""
+    """c = g(n) = float((n + 1) * 256^(n mod 4)) as a float32 (docs/spec.md §7)."""
     return np.float32(float((n + 1) * 256 ** (n % 4)))
 
 
@@ -217,7 +217,7 @@ def compute(case, layout="expanded", alignment=1, worst=0, deterministic=False,
     """Expected outputs of `epx replay` for every rank.  In the expanded layout
     without `deterministic`, the rows inside an expert are returned in (s,t)
     order (the deterministic order); the comparer must treat them as a multiset
-    per expert.  Raises RefError for inputs or options the SPEC calls errors."""
+    per expert.  Raises RefError for inputs or options docs/spec.md calls errors."""
     if layout not in ("compact", "expanded"):
         raise RefError("unknown layout %r" % (layout,))
     if alignment < 1:
@@ -229,7 +229,7 @@ def compute(case, layout="expanded", alignment=1, worst=0, deterministic=False,
     nblk = H // FP8_BLOCK if case.fp8 else 0
     res = Result()
 
-    # ---------------- layout (SPEC 2), source side ----------------
+    # ---------------- layout (docs/spec.md §2), source side ----------------
     in_rank = []  # per source s: bool [S_s, P]
     for s in range(P):
         idx = case.topk_idx[s]
@@ -254,7 +254,7 @@ def compute(case, layout="expanded", alignment=1, worst=0, deterministic=False,
             return case.x_fp8[s][t], case.x_scales[s][t]
         return case.x[s][t], None
 
-    # ---------------- dispatch (SPEC 3), destination side ----------------
+    # ---------------- dispatch (docs/spec.md §3), destination side ----------------
     # First the plan of every destination (row keys, None = padding), then the
     # W check over all ranks, then the rows themselves.
     plans = []
@@ -377,7 +377,7 @@ def compute(case, layout="expanded", alignment=1, worst=0, deterministic=False,
         place.append(pl)
         y_all.append(y)
 
-    # ---------------- combine (SPEC 4), back on the source ----------------
+    # ---------------- combine (docs/spec.md §4), back on the source ----------------
     zero = np.float32(0.0)
     for s in range(P):
         S = case.S[s]

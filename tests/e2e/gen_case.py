@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Write a random `epx replay` input directory (SPEC.md section 7).
+"""Write a random `epx replay` input directory (docs/spec.md §7).
 
     /usr/bin/python3 gen_case.py --out DIR --ranks P --experts E --hidden H
         --topk K (--tokens S | --tokens-per-rank 5,0,12) [--mask-prob 0.2]
@@ -102,14 +102,14 @@ def routing(rng, S, E, K, mask_prob, popularity):
 # ----------------------------------------------------------------------------
 # Order probes
 #
-# With random data the fixed combine order of SPEC 4 almost never shows in the
+# With random data the fixed combine order of docs/spec.md §4 almost never shows in the
 # bf16 result: the terms of one token all have the sign of x, and an f32
 # rounding difference only flips the bf16 result next to a bf16 tie.  An
 # order probe is a token built so that it does show: its routing puts terms
 # like A = x*c(3), B = x*c(7) = 2A (A + B can be an exact bf16 tie) and a
 # small C = x*c(8) on different ranks / slots, or (weighted) two equal terms
 # with opposite weights that cancel; then each column's x is picked among
-# the values for which the SPEC order gives another bf16 result than a wrong
+# the values for which the order of docs/spec.md §4 gives another bf16 result than a wrong
 # order (groups by destination, by smallest k, by largest k descending,
 # descending k inside a group, one flat f32 sum, a weighted single slot not
 # rounded; compact: destinations descending, by smallest k).

@@ -3,7 +3,7 @@
 
     /usr/bin/python3 tests/e2e/test_epx_ref.py
 
-The expected numbers below are worked out by hand from SPEC.md (the working
+The expected numbers below are worked out by hand from docs/spec.md (the working
 is in the comments); they do not come from running the reference.
 """
 

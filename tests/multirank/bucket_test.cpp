@@ -1,4 +1,4 @@
-// BucketBuffer across P ranks (SPEC §8), in the style of DeepEP's bucket tests: the cases of
+// BucketBuffer across P ranks (docs/spec.md §8), in the style of DeepEP's bucket tests: the cases of
 // bucket_cases.hpp (many sizes, 1-8 tensors per call, several groups on one buffer, scales
 // {1, 0, 0.25, -0.5, 2}, guards) with every algorithm on every transport it runs on.
 #include <gtest/gtest.h>

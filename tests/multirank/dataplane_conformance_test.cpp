@@ -455,7 +455,7 @@ TEST(DataPlaneConformance, HierarchicalCrossesServersOnlyBetweenSameLanes) {
   }
 }
 
-// Node first (SPEC §4, combine reduced inside each node first): the relay forwards one sum
+// Node first (docs/spec.md §4, combine reduced inside each node first): the relay forwards one sum
 // per token of another server's source, where the flat order forwards each of its server's
 // ranks' replies; both bit for bit their order, and the two orders differ on this data.
 TEST(DataPlaneConformance, NodeFirstCombineCrossesServersOncePerToken) {
@@ -506,7 +506,7 @@ TEST(DataPlaneConformance, NodeFirstCombineCrossesServersOncePerToken) {
 // Node first with serial relays, the experts' y written over recv_x (a block of the output
 // pool, or the receive area with recv_in_window) and peers mapped (threads, shm): each relay
 // sums its server's replies reading its ranks' y in place, so a rank puts nothing to its own
-// server's ranks but the replies to their own tokens; the sums are SPEC §4's node-first
+// server's ranks but the replies to their own tokens; the sums are docs/spec.md §4's node-first
 // order bit for bit, over calls whose y changes (a rank's y may change only once every relay
 // of its server has read it).
 TEST(DataPlaneConformance, NodeFirstRelaysSumTheirServersRepliesInPlace) {
@@ -562,7 +562,7 @@ TEST(DataPlaneConformance, NodeFirstRelaysSumTheirServersRepliesInPlace) {
 // both combine orders, compact and expanded, at 0 (serial), a row per chunk (1 byte), a few
 // rows and more than any relay holds (one chunk), on threads, shm and the simulator's
 // transport: every dispatch output bit for bit the reference (rows the relays forward chunk
-// by chunk as they land) and every combine bit for bit SPEC §4's order, whatever the chunks'
+// by chunk as they land) and every combine bit for bit docs/spec.md §4's order, whatever the chunks'
 // arrival.
 TEST(DataPlaneConformance, ChunkedRelaysGiveTheOrdersBitsAtEveryChunkSize) {
   const ref::FixtureOptions f = eight_ranks(59, 6);
@@ -593,7 +593,7 @@ TEST(DataPlaneConformance, ChunkedRelaysGiveTheOrdersBitsAtEveryChunkSize) {
 
 // Per-selection replies (CombineReplies::kSelections, DeepEP's low-latency combine): an
 // expert rank sends one row per (token, expert) selection it holds, where the partials send
-// one per (token, rank) pair; both give SPEC §4's bits (weighted and not, K > P so a token
+// one per (token, rank) pair; both give docs/spec.md §4's bits (weighted and not, K > P so a token
 // has more selections than ranks and the reply area needs K rows a token).
 TEST(DataPlaneConformance, SelectionRepliesSendARowPerSlot) {
   ref::FixtureOptions f = fixture(false, 58);

@@ -1,5 +1,5 @@
 // Dispatch and combine across P ranks on every transport, bit for bit against the
-// independent reference (tests/reference), for every routing shape SPEC §3–4 describe.
+// independent reference (tests/reference), for every routing shape docs/spec.md §3–4 describe.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -494,7 +494,7 @@ TEST(DispatchCombine, HeldOutputsStayExactAndThePoolFallsBackToCopies) {
   }
 }
 
-// zero_padding (SPEC §3.2): asked for, padding rows of recv_x are zero bits even in a
+// zero_padding (docs/spec.md §3.2): asked for, padding rows of recv_x are zero bits even in a
 // recycled output block that held other bytes; not asked for, their bytes are unspecified
 // and everything else is still exact.
 TEST(DispatchCombine, ZeroPaddingOnlyWhenAsked) {

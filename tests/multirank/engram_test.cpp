@@ -1,4 +1,4 @@
-// EngramBuffer across P ranks (SPEC §10): every rank's output bit for bit against the whole
+// EngramBuffer across P ranks (docs/spec.md §10): every rank's output bit for bit against the whole
 // table indexed by the reference (tests/reference/pp_engram.hpp), hooks in forward and
 // reverse order, bf16 and FP8, -1 padding; the errors of set_config, write and fetch.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Dispatch through EPLB replicas: a skewed logical routing is mapped to physical replicas,
-// dispatched and combined over them bit for bit as SPEC.md says for the physical experts,
+// dispatched and combined over them bit for bit as docs/spec.md says for the physical experts,
 // every received slot still maps back to its logical expert, and the load evens out.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// SPEC §6: every bad input, raised on each rank in turn, makes every rank's call fail with
+// docs/spec.md §6: every bad input, raised on each rank in turn, makes every rank's call fail with
 // an error naming the rank at fault — never a hang — and the buffer keeps working after.
 // A peer that dies or stops answering fails the others within the timeout, naming it.
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// PPBuffer across P ranks (SPEC §9): seeded random programs of sends to random peers with at
+// PPBuffer across P ranks (docs/spec.md §9): seeded random programs of sends to random peers with at
 // most the in-flight bound outstanding, every byte checked against the reference's message
 // function (tests/reference/pp_engram.hpp); the errors of send and recv.
 #include <gtest/gtest.h>
@@ -323,7 +323,7 @@ TEST(PPStream, AReceiveThatComesDuringTheSendJoinsIt) {
 // A receive into a planned tensor that waits before its message is sent gets the bytes
 // straight from the sender (stats().direct), small (one plain copy) or streamed (from chunk
 // 0, or from the chunk the sender was at when it saw the post); a planned receive of another
-// byte count is not claimed (the message stays, SPEC §9); the bytes around the tensor's span
+// byte count is not claimed (the message stays, docs/spec.md §9); the bytes around the tensor's span
 // stay as they were.
 TEST(PPPlanned, AWaitingPlannedReceiveIsWrittenByTheSender) {
   const std::size_t N = 4000;  // 63 chunks of 64 bytes

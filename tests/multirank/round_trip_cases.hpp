@@ -41,7 +41,7 @@ struct Expected {
   std::vector<std::vector<std::uint16_t>> combined_unweighted;
 };
 
-/// `nodes` ([P], the node of each rank): the combine in SPEC §4's node-first order instead
+/// `nodes` ([P], the node of each rank): the combine in docs/spec.md §4's node-first order instead
 /// of the flat one.
 inline Expected expect(const ref::FixtureOptions& f, bool expanded, bool weighted, const std::vector<int>* nodes = nullptr) {
   Expected e{ref::make_problem(f), {}, {}, {}, {}, weighted, {}};

@@ -1,5 +1,5 @@
 # tests/python: the epx package under pytest (Debian's /usr/bin/python3 -m pytest -q tests/python).
-# The numpy SPEC reference (tests/e2e/epx_ref.py) is importable as `epx_ref`.
+# The numpy reference of docs/spec.md (tests/e2e/epx_ref.py) is importable as `epx_ref`.
 import os
 import sys
 

@@ -1,5 +1,5 @@
-"""Shared by tests/python/test_buffer*.py: random SPEC problems (every rank builds the same
-one from the seed), the fixed expert function of SPEC §7 applied to epx's outputs, and
+"""Shared by tests/python/test_buffer*.py: random dispatch / combine problems (every rank builds the same
+one from the seed), the fixed expert function of docs/spec.md §7 applied to epx's outputs, and
 comparisons against the numpy reference (tests/e2e/epx_ref.py), bit for bit."""
 import numpy as np
 
@@ -71,7 +71,7 @@ def to_flavor(bits, flavor):
 
 
 def expert_y(case, recv_x, recv_idx, handle, expanded):
-    """SPEC §7's fixed expert function on epx's dispatch output (numpy uint16 [N, H])."""
+    """docs/spec.md §7's fixed expert function on epx's dispatch output (numpy uint16 [N, H])."""
     if case.fp8:
         data, scales = np_of(recv_x[0]), np.ascontiguousarray(np_of(recv_x[1]))
     else:

@@ -1,8 +1,8 @@
-"""epx.BucketBuffer / epx.BufferAllocator from Python (SPEC §8), in DeepEP's test style: many
+"""epx.BucketBuffer / epx.BufferAllocator from Python (docs/spec.md §8), in DeepEP's test style: many
 sizes, 1-8 tensors per call, several groups on one buffer, scales {1, 0, 0.25, -0.5, 2},
 guard bytes that must stay untouched, sessions, torch and numpy, errors on every rank, an
 EPBuffer interleaved on the same ranks; results bit for bit against a numpy reference (a
-float32 left fold in member order, written here from SPEC)."""
+float32 left fold in member order, written here from docs/spec.md §8)."""
 import numpy as np
 import pytest
 
@@ -21,7 +21,7 @@ def values(rank, t, n, seed):
 
 
 def ref_sum(parts, scale, bf16=False):
-    """SPEC §8: acc = v_0; acc = acc + v_1; ... (float32), times scale unless 1."""
+    """docs/spec.md §8: acc = v_0; acc = acc + v_1; ... (float32), times scale unless 1."""
     r = (lambda v: epx_ref.bf16_to_f32(epx_ref.f32_to_bf16(v))) if bf16 else (lambda v: v)
     acc = r(parts[0]).astype(np.float32)
     for p in parts[1:]:

@@ -1,4 +1,4 @@
-"""EPBuffer dispatch / combine on 4 ranks (epx.launch) against the numpy SPEC reference,
+"""EPBuffer dispatch / combine on 4 ranks (epx.launch) against the numpy reference of docs/spec.md,
 bit for bit: both layouts, bf16 and FP8, torch and numpy in/out, cached dispatch, worst
 tokens, alignment, weighted and bias combine, async and deferred calls."""
 import numpy as np
@@ -133,7 +133,7 @@ def _weighted_and_bias(rank, n):
         y = to_flavor(expert_y(case, recv_x, None, handle, True), "torch")
         combined, _, _ = buf.combine(y, handle, weighted=True)
         same("combined_x (weighted)", combined, res.ranks[rank]["combined_x"], rank)
-        # bias: with all-zero expert rows, out = bf16(f32(bias0) + f32(bias1)) exactly (SPEC §4)
+        # bias: with all-zero expert rows, out = bf16(f32(bias0) + f32(bias1)) exactly (docs/spec.md §4)
         S = case.S[rank]
         rng = np.random.default_rng(100 + rank)
         b0 = ((rng.integers(120, 132, (S, H)) << 7) | rng.integers(0, 128, (S, H))).astype(np.uint16)

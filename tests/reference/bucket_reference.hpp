@@ -1,4 +1,4 @@
-// The bucket collectives of SPEC §8 as plain loops, written apart from src/bucket: every
+// The bucket collectives of docs/spec.md §8 as plain loops, written apart from src/bucket: every
 // member's input given, the expected output of one member computed element by element.
 #pragma once
 

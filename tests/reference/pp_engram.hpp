@@ -1,4 +1,4 @@
-// tests/reference/pp_engram.hpp — the independent references of SPEC §9 (PPBuffer) and
+// tests/reference/pp_engram.hpp — the independent references of docs/spec.md §9 (PPBuffer) and
 // §10 (EngramBuffer), written apart from src/pp and src/engram; nothing of include/epx.
 //
 // PP: a seeded random program of sends and receives over P ranks — one global order of
@@ -10,7 +10,7 @@
 //
 // Engram: every rank's shard is a function of (seed, layer, rank), so each rank builds the
 // whole ("all-gathered") table itself; the expected output is that table indexed in a
-// plain loop (SPEC §10).
+// plain loop (docs/spec.md §10).
 #pragma once
 
 #include <cstdint>

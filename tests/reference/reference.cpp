@@ -1,7 +1,7 @@
 // tests/reference/reference.cpp — see reference.hpp. Plain loops over all ranks at once.
 //
 // Floating point: every float32 operation is written as its own statement, in the order
-// SPEC.md gives, so no compiler may fuse a multiply and an add (ISO C++ mode, as this
+// docs/spec.md gives, so no compiler may fuse a multiply and an add (ISO C++ mode, as this
 // project builds, has FP contraction off in GCC; clang only contracts within one
 // expression).
 #include "reference/reference.hpp"
@@ -18,7 +18,7 @@
 namespace epx::ref {
 namespace {
 
-constexpr int kBlock = 128;  // SPEC §1: one FP8 scale per 128 consecutive columns
+constexpr int kBlock = 128;  // docs/spec.md §1: one FP8 scale per 128 consecutive columns
 
 [[noreturn]] void bad(const std::string& what) { throw std::invalid_argument("epx::ref: " + what); }
 
@@ -153,7 +153,7 @@ void validate(const Problem& p) {
 }
 
 // ---------------------------------------------------------------------------------------
-// SPEC §2
+// docs/spec.md §2
 
 Layout layout(const Problem& p, int rank) {
   validate(p);
@@ -180,7 +180,7 @@ Layout layout(const Problem& p, int rank) {
 }
 
 // ---------------------------------------------------------------------------------------
-// SPEC §3
+// docs/spec.md §3
 
 std::int64_t align_up(std::int64_t n, std::int64_t a) { return (n + a - 1) / a * a; }
 
@@ -209,7 +209,7 @@ DispatchOut dispatch(const Problem& p, int rank, const DispatchOptions& o) {
   const int L = local_experts(p);
   const int K = p.num_topk;
 
-  // SPEC §3.3: every rank's call fails if any rank needs more than W rows.
+  // docs/spec.md §3.3: every rank's call fails if any rank needs more than W rows.
   if (o.worst > 0) {
     for (int r = 0; r < p.num_ranks; ++r) {
       const std::int64_t need = rows_needed(p, r, o);
@@ -229,7 +229,7 @@ DispatchOut dispatch(const Problem& p, int rank, const DispatchOptions& o) {
   out.num_recv_tokens_per_expert_aligned.assign(idx(L), 0);
 
   if (!o.expanded) {
-    // SPEC §3.1: one row per (s,t) with a slot on d, (s,t) ascending.
+    // docs/spec.md §3.1: one row per (s,t) with a slot on d, (s,t) ascending.
     out.recv_topk_idx.assign(idx(out.rows * K), -1);
     out.recv_topk_weights.assign(idx(out.rows * K), 0.0f);
     out.recv_src.assign(idx(out.rows * 2), -1);
@@ -257,7 +257,7 @@ DispatchOut dispatch(const Problem& p, int rank, const DispatchOptions& o) {
     return out;
   }
 
-  // SPEC §3.2: one row per slot (s,t,k) on d, grouped by local expert j, each group padded
+  // docs/spec.md §3.2: one row per slot (s,t,k) on d, grouped by local expert j, each group padded
   // to a multiple of the alignment; inside a group (s,t) ascending (deterministic mode).
   out.recv_weights.assign(idx(out.rows), 0.0f);
   out.recv_src.assign(idx(out.rows * 3), -1);
@@ -296,7 +296,7 @@ std::vector<DispatchOut> dispatch_all(const Problem& p, const DispatchOptions& o
 }
 
 // ---------------------------------------------------------------------------------------
-// SPEC §7 expert function
+// docs/spec.md §7 expert function
 
 float expert_factor(std::int64_t n) {
   if (n < 0 || n > (std::int64_t{1} << 30)) bad("expert_factor: n " + std::to_string(n) + " out of range");
@@ -347,7 +347,7 @@ std::vector<std::uint16_t> expert_fn(const Problem& p, const DispatchOut& d, con
 }
 
 // ---------------------------------------------------------------------------------------
-// SPEC §4 combine
+// docs/spec.md §4 combine
 
 std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o,
                                    const std::vector<std::vector<std::uint16_t>>& y,
@@ -415,7 +415,7 @@ std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o, c
 
   std::vector<std::uint16_t> result(idx(S * H), 0);
   for (std::int64_t t = 0; t < S; ++t) {
-    // The addends after the biases, in SPEC order. Expanded: one group per destination with
+    // The addends after the biases, in the order of docs/spec.md §4. Expanded: one group per destination with
     // the token's slots there in ascending k, groups ordered by their largest k. Compact: one
     // "group" per destination d ascending (its single row).
     struct Group {

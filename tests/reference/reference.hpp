@@ -1,7 +1,7 @@
-// tests/reference/reference.hpp — the independent reference of SPEC.md (dispatch layout,
+// tests/reference/reference.hpp — the independent reference of docs/spec.md (dispatch layout,
 // dispatch, the fixed expert function, combine, bf16 / FP8 E4M3 conversions, cast_to_fp8).
 //
-// Written apart from the engine and on purpose naive: plain loops that follow SPEC.md
+// Written apart from the engine and on purpose naive: plain loops that follow docs/spec.md
 // literally, over ALL ranks' inputs at once (no communication, no threads), optimised for
 // clarity, not speed. Nothing from include/epx or src/ is used here, so the unit tests can
 // cross-check the library's own conversions against these.
@@ -40,11 +40,11 @@ struct Problem {
   std::vector<RankInput> ranks;  ///< size P
 };
 
-/// Throws std::invalid_argument naming rank/token/slot if `p` is not a valid SPEC input.
+/// Throws std::invalid_argument naming rank/token/slot if `p` is not a valid input (docs/spec.md §1, §6).
 void validate(const Problem& p);
 
 // ---------------------------------------------------------------------------------------
-// SPEC §2: get_dispatch_layout of one rank.
+// docs/spec.md §2: get_dispatch_layout of one rank.
 
 struct Layout {
   std::vector<std::int32_t> num_tokens_per_rank;    ///< [P]
@@ -52,11 +52,11 @@ struct Layout {
   std::vector<std::uint8_t> is_token_in_rank;       ///< [S * P], 0/1
 };
 
-/// SPEC §2 for the input of `rank`.
+/// docs/spec.md §2 for the input of `rank`.
 Layout layout(const Problem& p, int rank);
 
 // ---------------------------------------------------------------------------------------
-// SPEC §3: dispatch.
+// docs/spec.md §3: dispatch.
 
 struct DispatchOptions {
   bool expanded = false;   ///< false: compact layout (§3.1); true: expanded layout (§3.2)
@@ -96,7 +96,7 @@ DispatchOut dispatch(const Problem& p, int rank, const DispatchOptions& o);
 std::vector<DispatchOut> dispatch_all(const Problem& p, const DispatchOptions& o);
 
 // ---------------------------------------------------------------------------------------
-// SPEC §7: the fixed expert function.
+// docs/spec.md §7: the fixed expert function.
 
 /// c = g(n) = float((n + 1) * 256^(n mod 4)), computed exactly in integers, then rounded
 /// once to float (round to nearest even).
@@ -109,9 +109,9 @@ float expert_factor(std::int64_t n);
 std::vector<std::uint16_t> expert_fn(const Problem& p, const DispatchOut& d, const DispatchOptions& o);
 
 // ---------------------------------------------------------------------------------------
-// SPEC §4: combine.
+// docs/spec.md §4: combine.
 
-/// Combine on `rank` (SPEC §4). y[d] = the bf16 rows given to combine on each rank d
+/// Combine on `rank` (docs/spec.md §4). y[d] = the bf16 rows given to combine on each rank d
 /// ([rows_d * H], rows of d's dispatch output, padding rows ignored). bias0 / bias1:
 /// nullptr or per-rank [S_r * H] bf16. `weighted`: expanded layout only (throws
 /// std::invalid_argument for compact). Returns [S_rank * H] bf16.
@@ -135,7 +135,7 @@ std::vector<std::uint16_t> combine(const Problem& p, const DispatchOptions& o,
 /// Same as above with every rank's dispatch output already computed (outs = dispatch_all()),
 /// so a loop over all ranks does not recompute the dispatches.
 ///
-/// With `node_of_rank` ([P], the node of each rank), SPEC §4's node-first order instead
+/// With `node_of_rank` ([P], the node of each rank), docs/spec.md §4's node-first order instead
 /// (combine reduced inside each node first): the partials above (compact: f32(y_d[row]);
 /// expanded: f32(p_G), one per destination) are grouped by the node of their destination;
 ///   q_n = the partial unchanged if node n holds one of them, else
@@ -163,7 +163,7 @@ float e4m3_to_f32(std::uint8_t q);
 /// saturating at ±448 (also for ±inf); NaN → 0x7f | sign; sign kept for zero results.
 std::uint8_t f32_to_e4m3(float f);
 
-/// SPEC §5 per_token_cast_to_fp8 of x [rows * hidden] float32 (hidden % 128 == 0):
+/// docs/spec.md §5 per_token_cast_to_fp8 of x [rows * hidden] float32 (hidden % 128 == 0):
 /// q [rows * hidden], scales [rows * hidden/128]. Per 128-column block:
 /// amax = max(max|x|, 1e-4f); default: q = e4m3(x * (448.0f / amax)), scale = amax / 448.0f;
 /// ue8m0: scale = 2^ceil(log2(amax / 448.0f)) (exact), q = e4m3(x / scale).

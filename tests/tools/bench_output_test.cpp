@@ -184,7 +184,7 @@ TEST_F(BenchRun, JsonHasEveryRequiredFieldAndTheIndependentPayload) {
 }
 
 TEST_F(BenchRun, CountersOffExpandedFp8FromADirectory) {
-  // A SPEC 7 directory with uneven (and zero) token counts; fp8, expanded, cached.
+  // A docs/spec.md §7 directory with uneven (and zero) token counts; fp8, expanded, cached.
   BenchOptions gen = tiny();
   gen.tokens = 9;
   BenchProblem p = make_problem(gen);

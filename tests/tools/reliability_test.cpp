@@ -80,7 +80,7 @@ class ReliabilityTest : public ::testing::Test {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
 
-  // A SPEC 7 input set: P ranks, E experts, H hidden, K top-k, S tokens per rank.
+  // A docs/spec.md §7 input set: P ranks, E experts, H hidden, K top-k, S tokens per rank.
   void make_inputs(const fs::path& in, int P, int E, int H, int K, int S, const std::string& meta_suffix = "",
                    int meta_hidden = -1) {
     fs::create_directories(in);

@@ -1,4 +1,4 @@
-// tests/unit/fp8_test.cpp — the library's FP8 helpers (epx/fp8.hpp, SPEC §5) against the
+// tests/unit/fp8_test.cpp — the library's FP8 helpers (epx/fp8.hpp, docs/spec.md §5) against the
 // reference's cast_to_fp8 / dequant_fp8, bit for bit, plus their error cases.
 #include <gtest/gtest.h>
 

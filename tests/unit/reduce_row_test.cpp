@@ -1,5 +1,5 @@
 // reduce_row (Highway SIMD: AVX2 / AVX-512 on x86, NEON on aarch64 — CI runs this file under
-// qemu too) and reduce_row_portable against SPEC §4's sums written out column by column here
+// qemu too) and reduce_row_portable against docs/spec.md §4's sums written out column by column here
 // (the flat sum and the expanded layout's grouped one, partials rounded to bf16), on values chosen to catch a wrong order, a fused multiply-add,
 // a wrong rounding or a lost NaN: NaNs, infinities, signed zeros, rounding ties, subnormals
 // and random bits. Every result is bit for bit, except that a NaN result only has to be a
@@ -125,7 +125,7 @@ void AddsTermsInTheGivenOrder() {
   }
 }
 
-// SPEC §4, expanded layout at the source: f32(first) + the lead rows, then per group the
+// docs/spec.md §4, expanded layout at the source: f32(first) + the lead rows, then per group the
 // bf16-rounded partial (from 0.0f, weighted when asked), a lone unweighted row as itself.
 std::vector<std::uint16_t> expected_grouped(const RowTerms& t, std::size_t n) {
   std::vector<std::uint16_t> out(n);

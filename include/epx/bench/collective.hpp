@@ -38,7 +38,8 @@ struct CollectiveRankRecord {
   std::uint64_t window_bytes = 0, peak_rss_bytes = 0;
   std::string hash;             ///< FNV-1a 64 of the rank's outputs of the last iteration, "0x%016x"
   std::vector<float> samples;   ///< the outputs at collective_data.hpp's sample indices
-  std::string check;            ///< "" when the samples equal SPEC §8's result bit for bit, else the first difference
+  /// "" when the samples equal docs/spec.md §8's result bit for bit, else the first difference
+  std::string check;
 };
 
 struct CollectiveBaseline {
@@ -75,7 +76,7 @@ struct CollectiveReport {
   double exchange_us = 0, data_us = 0, done_us = 0;                  ///< avg over ranks
   std::uint64_t window_bytes = 0;
   std::vector<std::uint64_t> peak_rss_bytes;
-  std::vector<std::string> check_failures;  ///< ranks whose results were not SPEC's
+  std::vector<std::string> check_failures;  ///< ranks whose results were not docs/spec.md §8's
   CollectiveBaseline baseline;
   int num_nodes = 1;
   std::string node_layout;
@@ -101,7 +102,7 @@ CollectiveReport aggregate_collective(const BenchOptions& o, const std::vector<C
 /// launcher's job), aggregates, and runs --baseline mpi | gloo. Prints progress only.
 CollectiveMeasurement measure_collective(const BenchOptions& o);
 
-/// 0, or 3 when a rank's result was not SPEC's or the baseline's differs from epx's.
+/// 0, or 3 when a rank's result was not docs/spec.md §8's or the baseline's differs from epx's.
 int collective_status(const CollectiveReport& rep);
 
 /// Record <-> JSON (the ranks' files, --json's per-rank part).

@@ -27,7 +27,7 @@ struct BaselineResult {
   std::string verify_detail;  ///< what matched or the first differences
 };
 
-/// Writes `p` as a SPEC 7 input directory (meta.json, rank<r>/{topk_idx,topk_weights,x}.npy);
+/// Writes `p` as a docs/spec.md §7 input directory (meta.json, rank<r>/{topk_idx,topk_weights,x}.npy);
 /// with `only_rank` >= 0 meta.json and that rank's directory only.
 void write_routing_dir(const BenchProblem& p, const std::filesystem::path& dir, int only_rank = -1);
 

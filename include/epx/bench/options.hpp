@@ -33,7 +33,7 @@ struct BenchOptions {
   int groups = 0;
   int topk_groups = 0;
   std::uint64_t seed = 1;
-  std::string routing;  ///< SPEC 7 input directory; empty = generate
+  std::string routing;  ///< docs/spec.md §7 input directory; empty = generate
   // Calls.
   std::string layout = "compact";
   int alignment = 1;

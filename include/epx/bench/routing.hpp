@@ -1,4 +1,4 @@
-// `epx bench` inputs: the routing (generated or read from a SPEC 7 directory), x, and an
+// `epx bench` inputs: the routing (generated or read from a docs/spec.md §7 directory), x, and an
 // independent count of what that routing moves (payload bytes, rows, histograms).
 #pragma once
 

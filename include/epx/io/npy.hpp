@@ -1,4 +1,4 @@
-// npy.hpp — reading and writing NumPy .npy files (SPEC section 7).
+// npy.hpp — reading and writing NumPy .npy files (docs/spec.md §7).
 //
 // Only what the tool needs: little-endian, C-order arrays of a fixed set of plain dtypes.
 // Every failure is an epx::Error; problems with a file are kIo and name the file and the

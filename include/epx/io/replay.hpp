@@ -10,7 +10,7 @@
 
 namespace epx::tools {
 
-/// IN/meta.json of SPEC §7, with num_max_tokens_per_rank defaulted to the largest S_r
+/// IN/meta.json of docs/spec.md §7, with num_max_tokens_per_rank defaulted to the largest S_r
 /// (read from the ranks' topk_idx.npy shapes).
 struct ReplayMeta {
   int num_ranks = 0, num_experts = 0, hidden = 0, num_topk = 0;
@@ -50,7 +50,7 @@ RankFootprint rank_footprint(int P, int H, int K, std::int64_t S, std::int64_t C
 /// in the available memory, and with `shm` P windows in /dev/shm's free space.
 void check_footprint(const std::string& who, const RankFootprint& f, int P, bool shm);
 
-/// SPEC §7's fixed expert function on a dispatch output: y = bf16(v * g(n)) per row, with
+/// docs/spec.md §7's fixed expert function on a dispatch output: y = bf16(v * g(n)) per row, with
 /// v = f32(row) (FP8: f32(q) * scale), g(n) = float((n + 1) * 256^(n mod 4)), n = the
 /// row's local expert (expanded) or the sum of its valid recv_topk_idx (compact).
 /// Padding rows give zero rows. Returns [rows, H] bf16.

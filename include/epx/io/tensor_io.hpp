@@ -1,4 +1,4 @@
-// .npy files as epx tensors, with SPEC §7's dtype conventions: bf16 as '<u2' (raw bits),
+// .npy files as epx tensors, with docs/spec.md §7's dtype conventions: bf16 as '<u2' (raw bits),
 // FP8 as '|u1' (raw bits), float32 '<f4', int64 '<i8', bool '|u1'.
 #pragma once
 
@@ -14,7 +14,7 @@ namespace epx::tools {
 /// Throws kIo naming `what` for dtypes or ranks epx does not take.
 TensorView view_npy(const NpyArray& a, const std::string& what, DType byte_dtype = DType::kFP8E4M3);
 
-/// Writes `t` to `path` in SPEC §7's encoding.
+/// Writes `t` to `path` in docs/spec.md §7's encoding.
 void write_tensor(const std::filesystem::path& path, const Tensor& t);
 /// Writes a 1-D int64 array.
 void write_i64(const std::filesystem::path& path, const std::vector<std::int64_t>& v);

@@ -5,7 +5,7 @@
 // partial sum, or the row itself where one unweighted slot passes unchanged) into the
 // source's reply area at the slot its dispatch plan gave the (token, destination) pair
 // (send_replies), completed by the configured protocol. The source waits for them by the
-// same protocol (await_rows) and adds them up in SPEC §4's order (reduce).
+// same protocol (await_rows) and adds them up in docs/spec.md §4's order (reduce).
 //
 // Replies first: a combine right after the dispatch whose handle it uses, when that
 // dispatch's headers said no rank's output is a view of its window (CallState): that

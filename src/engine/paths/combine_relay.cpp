@@ -5,9 +5,9 @@
 // for, reply_sources) — and the relay, once every member of its server has signalled,
 // forwards every reply to the source's reply slot (the reply rows the dispatch's records
 // gave, kept in the handle) and signals the source once. In the flat combine order the
-// relay does not add partials (that would change the order of additions SPEC §4 fixes for
+// relay does not add partials (that would change the order of additions docs/spec.md §4 fixes for
 // it), and the source reduces as push does. In the node-first order (DataPlaneOptions::
-// combine_order, SPEC §4 "combine reduced inside each node first") the relay sums each
+// combine_order, docs/spec.md §4 "combine reduced inside each node first") the relay sums each
 // token's replies from its server's ranks, ascending rank, and forwards that one row — each
 // token crosses once per server pair, as in DeepEP's internode combine — into the source's
 // relay area, which no combine uses otherwise; the source sums its own server's replies the same way and
@@ -23,7 +23,7 @@
 // signal per relay — and every rank, between its own rounds, forwards (sums) the chunks of
 // its relay area that every member has signalled: the two stages overlap, as DeepEP's
 // internode combine does with its NVLink senders and forwarders. The same sums in the same
-// order (SPEC §4 fixes it; only the time of the additions moves).
+// order (docs/spec.md §4 fixes it; only the time of the additions moves).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -289,7 +289,7 @@ void send_and_forward(Impl& m, const HandleState& h, const CombineArgs& a) {
 // servers ascending; my server's replies summed here (ascending rank; one passes unchanged),
 // each other server's sum read where its relay put it (my relay area: HandleState::my_sums
 // + the token's place among my tokens through that relay); then bias0 + bias1 + the
-// servers' sums, rounded once (SPEC §4).
+// servers' sums, rounded once (docs/spec.md §4).
 class NodeFirstReduce {
  public:
   NodeFirstReduce(Impl& m, const HandleState& h, const CombineArgs& a, std::int64_t t0)

@@ -105,9 +105,9 @@ const char* bench_definitions() {
                header exchange (every member's call header, and for small calls its data),
                data (sum / copy / puts, including the wait for the other members' done
                signals). results: every rank's outputs at 257 samples per tensor against
-               SPEC 8 (bit for bit); --baseline mpi (epx_mpi_collective: one MPI call per
-               tensor) or gloo (torch.distributed, python -m epx.bench_collective): the
-               same inputs and iterations, results compared bit for bit where the order
+               docs/spec.md §8 (bit for bit); --baseline mpi (epx_mpi_collective: one MPI
+               call per tensor) or gloo (torch.distributed, python -m epx.bench_collective):
+               the same inputs and iterations, results compared bit for bit where the order
                is the same (all_gather), else within float32 rounding; speed ratio =
                baseline / epx avg max-rank latency.
   routing      uniform: each token picks K distinct experts uniformly; --skew s > 0: expert e
@@ -145,7 +145,7 @@ void add_shape_options(CLI::App* sub, BenchOptions& o) {
   sub->add_flag("--cached", o.cached, "time cached dispatches (the handle of one fresh dispatch made before warmup)");
   sub->add_flag("--weighted", o.weighted,
                 "--layout expanded: a weighted combine (CombineArgs::weighted): each slot's row times its routing weight, "
-                "every partial rounded to bf16 (SPEC 4)");
+                "every partial rounded to bf16 (docs/spec.md §4)");
   sub->add_flag("--zero-copy", o.zero_copy,
                 "compact layout: recv_x is a view of the receive window where the senders put the rows "
                 "(DispatchArgs::recv_in_window), so dispatch copies each row once; the identity expert's y is that "
@@ -164,10 +164,10 @@ void add_shape_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--iters", o.iters, "timed iterations (one dispatch + one combine each)")->capture_default_str();
 }
 
-// Where the routing comes from: a SPEC 7 directory or the generator's knobs.
+// Where the routing comes from: a docs/spec.md §7 directory or the generator's knobs.
 void add_routing_options(CLI::App* sub, BenchOptions& o) {
   sub->add_option("--routing", o.routing,
-                  "read the routing from a SPEC 7 input directory (meta.json, rank<r>/topk_idx.npy; optional "
+                  "read the routing from a docs/spec.md §7 input directory (meta.json, rank<r>/topk_idx.npy; optional "
                   "topk_weights.npy and x.npy or x_fp8.npy + x_scales.npy; random x when absent). P, E, H, K "
                   "and the tokens come from there")
       ->type_name("DIR");

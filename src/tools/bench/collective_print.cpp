@@ -43,8 +43,9 @@ void print_ranks(std::FILE* f, const CollectiveReport& r) {
 
 void print_checks(std::FILE* f, const CollectiveReport& r) {
   if (r.check_failures.empty())
-    std::fprintf(f, "\n  results: every rank's outputs equal SPEC 8 bit for bit at the sampled elements\n");
-  for (const std::string& c : r.check_failures) std::fprintf(f, "\n  RESULT DIFFERS FROM SPEC 8: %s\n", c.c_str());
+    std::fprintf(f, "\n  results: every rank's outputs equal docs/spec.md §8 bit for bit at the sampled elements\n");
+  for (const std::string& c : r.check_failures)
+    std::fprintf(f, "\n  RESULT DIFFERS FROM docs/spec.md §8: %s\n", c.c_str());
   const CollectiveBaseline& b = r.baseline;
   if (!b.requested) return;
   if (!b.ran) {

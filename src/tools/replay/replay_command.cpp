@@ -1,5 +1,5 @@
 // `epx replay`: one dispatch and one combine over P ranks on this machine, from .npy
-// inputs to .npy outputs (SPEC §7), with the fixed expert function in between.
+// inputs to .npy outputs (docs/spec.md §7), with the fixed expert function in between.
 #include <unistd.h>
 
 #include <algorithm>
@@ -121,7 +121,7 @@ void replay_rank(Transport& t, const ReplayMeta& meta, const ReplayOptions& o, c
   write_tensor(dir / "combined_x.npy", out.combined_x);
 }
 
-// Every file `epx replay` writes into OUT/rank<r>/ (SPEC 7): an old OUT/rank<r> holding
+// Every file `epx replay` writes into OUT/rank<r>/ (docs/spec.md §7): an old OUT/rank<r> holding
 // anything else was not made by epx and is never replaced or removed.
 const char* const kReplayOutputs[] = {
     "num_tokens_per_rank.npy", "num_tokens_per_expert.npy", "is_token_in_rank.npy", "recv_x.npy",
@@ -326,7 +326,7 @@ void add_replay_command(CLI::App& app) {
   auto o = std::make_shared<ReplayOptions>();
   CLI::App* sub = app.add_subcommand(
       "replay",
-      "Run one dispatch and one combine over P ranks from .npy inputs (SPEC 7): IN/meta.json and "
+      "Run one dispatch and one combine over P ranks from .npy inputs (docs/spec.md §7): IN/meta.json and "
       "IN/rank<r>/{topk_idx,topk_weights,x | x_fp8,x_scales}.npy -> OUT/rank<r>/*.npy. "
       "On failure exits non-zero, prints the error naming the rank at fault, and leaves no OUT/rank<r>.");
   sub->add_option("--in", o->in, "input directory")->required();
