@@ -64,12 +64,12 @@ constexpr const char* kAscend950 = R"json({
     "frames":                 {"value": 2,     "unit": "count", "source": "published: DeepEP-Ascend notes, 2 frames x 64 ranks"},
     "ranks_per_frame":        {"value": 64,    "unit": "count", "source": "published: DeepEP-Ascend notes"},
     "workers_per_rank":       {"value": 64,    "unit": "count", "source": "published: 64 vector workers per rank"},
-    "link_bandwidth":         {"value": 337.1, "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18)"},
+    "link_bandwidth":         {"value": 337.1, "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back)"},
     "link_latency":           {"value": 1500,  "unit": "ns",    "source": "assumption: one netlayer-1 Clos hop incl. switch"},
     "frame_crossing_latency": {"value": 500,   "unit": "ns",    "source": "assumption: extra switch stage between frames"},
     "local_latency":          {"value": 200,   "unit": "ns",    "source": "assumption: write into own HBM window"},
     "chunk_bytes":            {"value": 65536, "unit": "bytes", "source": "assumption: port arbitration granularity"},
-    "queue_wr_time":          {"value": 4.457, "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18)"},
+    "queue_wr_time":          {"value": 4.457, "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back)"},
     "doorbell":               {"value": 100,   "unit": "ns",    "source": "assumption: one MMIO doorbell per batch of puts"},
     "put_issue":              {"value": 50,    "unit": "ns",    "source": "assumption: descriptor build per put on one vector worker"},
     "signal_issue":           {"value": 50,    "unit": "ns",    "source": "assumption: like put_issue"},
@@ -78,9 +78,9 @@ constexpr const char* kAscend950 = R"json({
     "barrier_base":           {"value": 1000,  "unit": "ns",    "source": "published: barrier ~4 us at 8 ranks (split base/slope is an assumption)"},
     "barrier_per_log2":       {"value": 1000,  "unit": "ns",    "source": "published: barrier ~4 us at 8 ranks (split base/slope is an assumption)"},
     "launch_init":            {"value": 1900,  "unit": "ns",    "source": "published: kernel launch + init ~1.9 us"},
-    "memory_bandwidth":       {"value": 2645,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18)"},
-    "reduce_bandwidth":       {"value": 1201,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back, issue #18)"},
-    "combine_peer_release":   {"value": 501,   "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; issue #18) fitted 3501 ns per peer for bookkeeping + round trip; at EP8/16/32 every peer is in frame 0, so the round trip is 2 x link_latency = 3000 ns and this is the rest"},
+    "memory_bandwidth":       {"value": 2645,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back)"},
+    "reduce_bandwidth":       {"value": 1201,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1; refitted with combine's per-peer hand-back)"},
+    "combine_peer_release":   {"value": 501,   "unit": "ns",    "source": "calibrated: epx sim calibrate (Nelder-Mead, EP8/16/32 dispatch+combine, seed 1, with combine's per-peer hand-back) fitted 3501 ns per peer for bookkeeping + round trip; at EP8/16/32 every peer is in frame 0, so the round trip is 2 x link_latency = 3000 ns and this is the rest"},
     "plan_per_slot":          {"value": 0.05,  "unit": "ns",    "source": "assumption: 64 workers scan S*K slots (~3 ns per slot per worker)"},
     "plan_per_count":         {"value": 0.02,  "unit": "ns",    "source": "assumption: 64 workers, prefix sums over P*(P+E) counts"},
     "dense_scan_per_cell":    {"value": 0.05,  "unit": "ns",    "source": "assumption: 64 workers scan a dense [S,P] bool table"},
@@ -101,9 +101,9 @@ constexpr const char* kAscend950 = R"json({
   ]
 })json";
 
-// DeepEP's own setting (deepseek-ai/DeepEP docs/legacy.md, as issue #28 quotes it): H800,
+// DeepEP's own setting (deepseek-ai/DeepEP docs/legacy.md): H800,
 // NVLink ~160 GB/s inside a node of 8, one ConnectX-7 400 Gb/s NIC (~50 GB/s) per GPU into
-// an RDMA fabric. Only the four calibration rows of the issue are in "published": the rest
+// an RDMA fabric. Only the four calibration rows are in "published": the rest
 // of DeepEP's table is predicted blind (docs/sim.md §8).
 constexpr const char* kH800 = R"json({
   "name": "h800-deepep",
@@ -112,8 +112,8 @@ constexpr const char* kH800 = R"json({
     "frames":                 {"value": 1,     "unit": "count", "source": "assumption: one RDMA fabric, no frame crossings (a node is a server of the topology table)"},
     "ranks_per_frame":        {"value": 256,   "unit": "count", "source": "published: DeepEP's table goes up to EP256"},
     "workers_per_rank":       {"value": 24,    "unit": "count", "source": "assumption: DeepEP's normal kernels use ~24 SMs for communication"},
-    "link_bandwidth":         {"value": 145.3, "unit": "GB/s",  "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit); published: NVLink ~160 GB/s per GPU"},
-    "link_latency":           {"value": 2060,  "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit); a GPU-initiated NVLink put and its flag: ~1-3 us"},
+    "link_bandwidth":         {"value": 145.3, "unit": "GB/s",  "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 calibration rows: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit); published: NVLink ~160 GB/s per GPU"},
+    "link_latency":           {"value": 2060,  "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 calibration rows: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit); a GPU-initiated NVLink put and its flag: ~1-3 us"},
     "frame_crossing_latency": {"value": 0,     "unit": "ns",    "source": "assumption: no frames"},
     "local_latency":          {"value": 200,   "unit": "ns",    "source": "assumption: write into own HBM"},
     "chunk_bytes":            {"value": 16384, "unit": "bytes", "source": "assumption: port arbitration granularity"},
@@ -125,9 +125,9 @@ constexpr const char* kH800 = R"json({
     "poll_latency":           {"value": 100,   "unit": "ns",    "source": "assumption: flag polling interval"},
     "barrier_base":           {"value": 2000,  "unit": "ns",    "source": "assumption"},
     "barrier_per_log2":       {"value": 1000,  "unit": "ns",    "source": "assumption"},
-    "launch_init":            {"value": 13470, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit); more than a launch: it carries fixed costs of DeepEP's low-latency kernels that epx's engine does not have (docs/sim.md §8)"},
+    "launch_init":            {"value": 13470, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 calibration rows: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit); more than a launch: it carries fixed costs of DeepEP's low-latency kernels that epx's engine does not have (docs/sim.md §8)"},
     "memory_bandwidth":       {"value": 3000,  "unit": "GB/s",  "source": "published: H800 HBM3 3.35 TB/s; assumption: ~90 % reachable"},
-    "reduce_bandwidth":       {"value": 4324,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit)"},
+    "reduce_bandwidth":       {"value": 4324,  "unit": "GB/s",  "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 calibration rows: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit)"},
     "combine_peer_release":   {"value": 0,     "unit": "ns",    "source": "assumption: not modelled (combine_handback 0)"},
     "plan_per_slot":          {"value": 0.05,  "unit": "ns",    "source": "assumption: the SMs scan S*K slots"},
     "plan_per_count":         {"value": 0.02,  "unit": "ns",    "source": "assumption: prefix sums over P*(P+E) counts"},
@@ -135,16 +135,16 @@ constexpr const char* kH800 = R"json({
     "payload_limit_low":      {"value": 50,    "unit": "GB/s",  "source": "published: one CX7 NIC ~50 GB/s per GPU (the scale-out limit)"},
     "payload_limit_high":     {"value": 160,   "unit": "GB/s",  "source": "published: NVLink ~160 GB/s per GPU (the scale-up limit)"},
     "scaleout_bandwidth":     {"value": 50,    "unit": "GB/s",  "source": "published: one ConnectX-7 400 Gb/s NIC ~50 GB/s per GPU (not fitted: a fit put it above the line rate)"},
-    "scaleout_latency":       {"value": 3233, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit)"},
-    "scaleout_wr_time":       {"value": 6.90, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit); the NIC's cost per message (a CX7 posts ~150-200 M messages/s)"},
+    "scaleout_latency":       {"value": 3233, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 calibration rows: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit)"},
+    "scaleout_wr_time":       {"value": 6.90, "unit": "ns",    "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 calibration rows: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit); the NIC's cost per message (a CX7 posts ~150-200 M messages/s)"},
     "local_copy_bandwidth":   {"value": 1500,  "unit": "GB/s",  "source": "assumption: SM copy inside HBM (read + write)"},
     "combine_handback":       {"value": 0,     "unit": "count", "source": "assumption: DeepEP's combines release their buffers as they go (no serial per-peer hand-back)"},
-    "scaleup_share_with_nic": {"value": 0.7845, "unit": "ratio", "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 rows of issue #28: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit); mechanism: DeepEP's internode kernels split their SMs between fixed roles (RDMA senders, NVLink forwarders / senders, receivers), so a GPU whose kernel also drives its NIC pushes NVLink with a share of the SMs its intranode kernels use for it (docs/sim.md §8)"}
+    "scaleup_share_with_nic": {"value": 0.7845, "unit": "ratio", "source": "calibrated: epx sim calibrate --hardware h800-deepep (Nelder-Mead on the 4 calibration rows: normal EP8/16 with the chunked relay dispatch and combine, low-latency EP8/16 per selection on grouped:8, seed 1; started from the previous fit); mechanism: DeepEP's internode kernels split their SMs between fixed roles (RDMA senders, NVLink forwarders / senders, receivers), so a GPU whose kernel also drives its NIC pushes NVLink with a share of the SMs its intranode kernels use for it (docs/sim.md §8)"}
   },
   "calibrate": ["link_bandwidth", "link_latency", "scaleout_latency", "scaleout_wr_time", "launch_init", "reduce_bandwidth", "scaleup_share_with_nic"],
   "published": [
     {"label": "normal kernels", "metric": "deepep",
-     "source": "published: DeepEP docs/legacy.md (H800, CX7), 4096 tokens/rank, H 7168, top-4 groups / top-8 of 256, FP8 dispatch, BF16 combine; the calibration rows of issue #28 only",
+     "source": "published: DeepEP docs/legacy.md (H800, CX7), 4096 tokens/rank, H 7168, top-4 groups / top-8 of 256, FP8 dispatch, BF16 combine; the calibration rows only",
      "run": {"tokens": 4096, "hidden": 7168, "topk": 8, "experts": 256, "groups": 8, "topk-groups": 4, "fp8": true,
              "layout": "compact", "schedule": "hierarchical", "combine-order": "node-first", "topology": "auto"},
      "ep": [8, 16, 32, 64],
@@ -152,7 +152,7 @@ constexpr const char* kH800 = R"json({
        {"ep": 8,  "dispatch_gbps": 153, "combine_gbps": 158, "calibrate": true},
        {"ep": 16, "dispatch_gbps": 43,  "combine_gbps": 43,  "calibrate": true}]},
     {"label": "low-latency kernels", "metric": "deepep",
-     "source": "published: DeepEP docs/legacy.md (H800, CX7), 128 tokens/rank, H 7168, top-8 of 256, FP8 dispatch, BF16 combine, every peer directly; the calibration rows of issue #28 only",
+     "source": "published: DeepEP docs/legacy.md (H800, CX7), 128 tokens/rank, H 7168, top-8 of 256, FP8 dispatch, BF16 combine, every peer directly; the calibration rows only",
      "run": {"tokens": 128, "hidden": 7168, "topk": 8, "experts": 256, "groups": 0, "topk-groups": 0, "fp8": true,
              "layout": "expanded", "alignment": 1, "schedule": "grouped:8", "one-copy": true, "combine-replies": "selections",
              "topology": "auto"},

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""epx::Diagnose against real faults (issue #27 §1), through `epx bench --diagnose --json`:
+"""epx::Diagnose against real faults, through `epx bench --diagnose --json`:
 
   quiet       N quiet runs: nothing may be flagged (prints the false-positive rate)
   sigstop     one rank's process stopped and continued in bursts from outside (SIGSTOP /

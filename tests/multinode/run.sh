@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi-"machine" tests of the shmem transport on one box (issue #15):
+# Multi-"machine" tests of the shmem transport on one box:
 #
 #   bash tests/multinode/run.sh [BUILD_DIR]        # default: build
 #
@@ -264,7 +264,7 @@ if want bucket && [ -x "$bucket_bin" ]; then
 fi
 
 # 6c. epx bench --transport shmem --op all_reduce --bytes 16M --baseline mpi at 2 x 2 (the
-# issue's cross-machine target: reported against Open MPI's MPI_Allreduce in the same job).
+# cross-machine target: reported against Open MPI's MPI_Allreduce in the same job).
 # EPX_MN_BUCKET_BENCH: more epx bench options (--chunk-bytes, --algorithm), for experiments.
 if want bucket-bench; then
   across_run bucket-bench-x2 4 hosts2 200 "$build/src/tools/epx" bench --transport shmem --op all_reduce --bytes 16M \

@@ -1,4 +1,4 @@
-// Issue #17 class 6, elastic: 8 shm ranks dispatch and combine through EPLB replicas; one
+// Elastic recovery (docs/reliability.md): 8 shm ranks dispatch and combine through EPLB replicas; one
 // rank is SIGKILLed inside a call; the 7 survivors get the collective error naming it, agree
 // on who is left (epx::agree_survivors), rebuild the group without it (epx::rebuild_group),
 // mask the routing (epx::map_to_live_replicas) and go on, bit for bit against the reference

@@ -1,4 +1,4 @@
-// Issue #17 class 5: SIGKILL and SIGSTOP each rank in turn at each phase of a call, and the
+// Killed and stopped ranks (docs/reliability.md): SIGKILL and SIGSTOP each rank in turn at each phase of a call, and the
 // launcher itself. Every other rank fails within the timeout naming the right rank and the
 // phase; nothing is left behind (process, /dev/shm segment). The fault is injected by the
 // transport's test hook (EPX_FAULT_INJECT="RANK:PHASE:ACTION", control_block.hpp) in a
@@ -163,7 +163,7 @@ class FaultTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// The phases of a call the issue names, as the engine and transport call them ("epilogue"
+// The phases of a call a fault is injected in, as the engine and transport call them ("epilogue"
 // has no wait of its own: the engine announces it with Transport::enter_phase).
 const char* const kPhases[] = {"allocate: created", "ep create", "dispatch notify", "dispatch data", "epilogue",
                                "combine data"};

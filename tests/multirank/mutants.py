@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# The engine's known-bug mutants (issue #14 §6): applies one at a time to the source,
+# The engine's known-bug mutants (docs/engine.md): applies one at a time to the source,
 # rebuilds the multi-rank tests in build/, runs the suites' filter that should catch it and
 # the path unit tests of the path it breaks (path_units_test.cpp), prints how many tests of
 # each failed (each must be > 0), and restores the file. Run from anywhere:

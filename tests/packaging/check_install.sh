@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# epx installed like any Python package, tested from outside the checkout (issue #27 §3):
+# epx installed like any Python package, tested from outside the checkout:
 #   1. `pip install --no-build-isolation .` into a fresh venv (Debian's Python with its
 #      torch and numpy: --system-site-packages), the module built in the existing build
 #      tree BUILD_DIR (nothing compiled twice), and a subset of tests/python run against it;

@@ -1,4 +1,4 @@
-"""DeepEP code on CPU tensors with `import epx as deep_ep` (issue #29, points 6-8): a script in
+"""DeepEP code on CPU tensors with `import epx as deep_ep`: a script in
 the style of DeepEP V2.5's README (EPBuffer sized without num_experts, num_experts with each
 dispatch, the SM count asked for and passed back, async calls waited on, the backward
 passes as the other call, a cached decode dispatch) and one in the style of DeepEP V1's

@@ -1,6 +1,6 @@
 """docs/deepep.md's table is what the package has: every name marked same / differs /
 no effect / unsupported resolves on `epx`, every `missing` one does not; and the main
-calls take DeepEP's parameters in DeepEP's order (issue #27 §3, #29 points 6-8)."""
+calls take DeepEP's parameters in DeepEP's order."""
 import inspect
 import os
 import re

@@ -1,4 +1,4 @@
-"""EPBuffer's DeepEP V2.5 sizing (issue #29 point 6, #27 §3): num_experts with each dispatch
+"""EPBuffer's DeepEP V2.5 sizing: num_experts with each dispatch
 (one window per expert count), num_bytes as the budget (a num_bytes-only buffer learns its
 shape from its first dispatch), the size hint without num_experts holding any expert count,
 and the pre-V2.5 positional call refused with a hint."""

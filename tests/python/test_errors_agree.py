@@ -1,4 +1,4 @@
-"""One failure, one error (issue #29, traps 3 and 4): whichever check fails — the binding's
+"""One failure, one error: whichever check fails — the binding's
 (dtype, strides, device, handles, argument shapes) or the engine's (routing, capacity,
 shapes, layout, stale handles) — every rank raises the same code, the same origin_rank (the
 culprit) and the same message (the culprit's words); and when every rank fails the same

@@ -1,4 +1,4 @@
-"""epx.launch (issue #29, trap 5): what reaches its caller when a rank fails — the
+"""epx.launch: what reaches its caller when a rank fails — the
 exception's type, message and the last lines of its traceback; a function a spawned rank
 cannot import is refused at once, saying what to do; tensors come back from the ranks."""
 import os

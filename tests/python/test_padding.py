@@ -1,4 +1,4 @@
-"""Padding rows (issue #29, traps 1 and 2): zero by default, kept by a cached dispatch.
+"""Padding rows: zero by default, kept by a cached dispatch.
 
 Training runs each local expert over its whole aligned group (what a grouped GEMM does):
 rows [expert_offsets[j], expert_offsets[j] + aligned[j]) times W_j, padding rows included.

@@ -1,5 +1,5 @@
-"""The README's Python snippet runs as written (issue #29: a newcomer follows it without a
-trap): every rank of an epx.launch runs it, given the tensors it names, and the combined
+"""The README's Python snippet runs as written, so a newcomer who follows it meets no trap:
+every rank of an epx.launch runs it, given the tensors it names, and the combined
 rows are checked against the same computation done densely."""
 import os
 import re

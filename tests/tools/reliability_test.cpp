@@ -1,4 +1,4 @@
-// Issue #17: bad inputs, full devices and hostile sizes get a clean epx::Error, fast, and
+// Reliability (docs/reliability.md): bad inputs, full devices and hostile sizes get a clean epx::Error, fast, and
 // nothing epx did not create is ever removed. Every test works in its own temp directory;
 // none touches a system file. Children (fork) are used where a test sets a resource limit
 // or where the old behaviour would block forever (bounded by alarm()).

@@ -1,4 +1,4 @@
-// The simulator guard (issue #26 §1): the ascend950 predictions at EP8..128 of
+// The simulator guard: the ascend950 predictions at EP8..128 of
 //   epx sim --hardware ascend950-supernode --ep 8,16,32,64,128 --tokens 16384 --hidden 7168
 //           --topk 6 --experts 256 --fp8 --alignment 128
 // pinned to tests/tools/data/sim_guard_ascend950.json within ±3 % (dispatch and combine,

@@ -90,7 +90,7 @@ TEST(SimHardware, BuiltinProfileHasEveryParameterWithUnitAndSource) {
   EXPECT_EQ(again.link_bandwidth.gbps, m.link_bandwidth.gbps);
 }
 
-// The second built-in profile (issue #28): a NIC per GPU, NVLink servers of 8, its published
+// The second built-in profile (h800-deepep): a NIC per GPU, NVLink servers of 8, its published
 // series (normal and low-latency kernels) with only the four calibration rows, and the
 // parameters it fits; a file that leaves out the optional parameters gets their defaults
 // (mechanisms off), and the published series survive the JSON round trip.
@@ -493,7 +493,7 @@ TEST(SimReplay, WaitNobodySignalsIsAnError) {
 // until the profile was refitted after that change (link 344.7 -> 332.8 GB/s, memory
 // 1774 -> 2269 GB/s, WR 5.658 -> 5.479 ns). Combine 50.373 until a combine right after a
 // dispatch put its replies before the header exchange (rows first): -6.1 us, one
-// synchronisation less. 32.931 / 44.240 until (issue #18) a local put moves chunk by chunk
+// synchronisation less. 32.931 / 44.240 until a local put moves chunk by chunk
 // at the data mover's rate instead of booking the whole memory bandwidth from its start
 // (which pushed the remote sends' reads behind it; at 4 ranks a quarter of the rows are
 // local), and the profile was refitted with combine's sums (link 332.8 -> 336.6 GB/s,
