@@ -91,18 +91,18 @@ struct DataPlaneOptions {
   /// output holds at most this many bytes; larger combines exchange headers first and pull
   /// where they can. 0 = never (with a pool). Without a pool, or (limit > 0) on a transport
   /// whose peers are not mapped (nobody can pull), replies go first whenever the call allows
-  /// it (docs/engine.md). Measured on the 2-core box of BENCHMARKS.md (the round trip on a
-  /// quiet machine, 8 ranks, H 7168): replies first is faster at 1 token per rank (~140 KB per
-  /// rank's output), even at 2 and slower from 4 (at 128 tokens, 9.8 MB, 2x slower).
+  /// it (docs/engine.md). Measured on the 2-core box of BENCHMARKS.md ("What we tried": small
+  /// calls and synchronisation; 8 ranks, H 7168): replies first is faster at 1 token per rank
+  /// (~140 KB per rank's output), even at 2 and slower from 4 (at 128 tokens, 9.8 MB, 2x slower).
   std::size_t replies_first_max_bytes = std::size_t{160} << 10;
   /// A call's puts and copies of 8 KiB and more use streaming (non-temporal) stores only
   /// when the payload this rank writes in the call (dispatch: the rows it sends; combine:
   /// the replies it pushes) is at least this many bytes; a smaller call writes through the
   /// cache, where its readers (the receivers' epilogue, the combine's reads of y) find the
   /// rows soon after. 0 = always stream (epx/spi/copy.hpp). Measured on the 2-core box of
-  /// BENCHMARKS.md (the round trip on a quiet machine, 8 ranks, H 7168): cached stores make
-  /// the round trip faster up to ~1.2 MB per rank (16 tokens: 1.5x), even at ~2.4 MB, and
-  /// streaming ones from ~4.9 MB (128 tokens: the dispatch 2x slower without them).
+  /// BENCHMARKS.md ("What we tried": small calls and synchronisation; 8 ranks, H 7168): cached
+  /// stores make the round trip faster up to ~1.2 MB per rank (16 tokens: 1.5x), even at
+  /// ~2.4 MB, and streaming ones from ~4.9 MB (128 tokens: the dispatch 2x slower without them).
   std::size_t stream_min_call_bytes = std::size_t{2} << 20;
   /// Hierarchical schedule, both directions: the relays work in chunks of this many bytes
   /// of relayed rows (BF16 rows of hidden; the same number of rows for the dispatch; at

@@ -51,7 +51,8 @@ void put_staged_payload(BucketContext& ctx, const BucketCall& c, int k, std::siz
 
 /// all_reduce runs one-shot automatically up to this many bytes: one member reads all P
 /// inputs, so above it mapped's P parts in parallel win (8 shm ranks on 2 cores: one-shot
-/// 20 vs 26 us at 4 KiB, a tie at 16 KiB, 52 vs 45 us at 32 KiB; BENCHMARKS.md, "all_reduce 16 KiB").
+/// 20 vs 26 us at 4 KiB, a tie at 16 KiB, 52 vs 45 us at 32 KiB; BENCHMARKS.md, "What we
+/// tried": bucket collectives).
 inline constexpr std::uint64_t kOneShotAllReduceBytes = std::uint64_t{16} << 10;
 /// Bytes a tensor of `bytes` takes in a one-shot board slot (64-byte aligned places).
 inline std::uint64_t board_stride(std::uint64_t bytes) { return (bytes + 63) / 64 * 64; }

@@ -22,7 +22,7 @@ struct ReduceSource {
 /// Elements per block (256 KiB of float32: the accumulator stays in L2). Each member's
 /// block of each source is then a run of 64 pages: at 8 KiB blocks the many short runs (8
 /// ranks x 8 sources x 8 destinations) made the mapped all_reduce 1.5-2x slower against the
-/// copy limit (BENCHMARKS.md, "all_reduce 16 KiB").
+/// copy limit (BENCHMARKS.md, "What we tried": bucket collectives).
 inline constexpr std::size_t kReduceBlock = 65536;
 
 /// acc[e] = (v_0[off + e] + v_1[off + e] + ... + v_{n-1}[off + e]) * scale for e < count

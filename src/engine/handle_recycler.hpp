@@ -1,7 +1,7 @@
 // Fresh handles' per-row arrays, recycled across calls. A multi-MB std::vector freed and
 // allocated again every call is given back to the kernel (malloc trims the heap) and faults
 // in again page by page: ~360 page faults, ~0.5 ms of a rank's CPU per 4096-token dispatch
-// (BENCHMARKS.md, "where a dispatch's CPU goes"). When a handle dies, its
+// (BENCHMARKS.md, "What we tried": FP8 and the expanded layout). When a handle dies, its
 // arrays wait here, emptied with their capacity kept, for the next fresh handle.
 #pragma once
 

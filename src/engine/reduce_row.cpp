@@ -168,7 +168,7 @@ HWY_INLINE void add_groups(Block& a, const RowTerms& t, std::size_t c, std::size
 // Asks for the cache lines of every row kPrefetchColumns on from columns [c, c + block) (a
 // line once, however narrow the block): the rows are separate streams, often in DRAM (a peer's
 // window written with streaming stores), and the hardware prefetchers alone keep too few of
-// their lines in flight (BENCHMARKS.md, "the reduce's prefetch").
+// their lines in flight (BENCHMARKS.md, "What we tried": dispatch and combine on shared memory).
 HWY_INLINE void prefetch_rows(const RowTerms& t, std::size_t c, std::size_t block, std::size_t n) {
   constexpr std::size_t kLine = 64 / sizeof(std::uint16_t);  // columns per cache line
   if (c + kPrefetchColumns >= n) return;

@@ -38,7 +38,7 @@ struct RowTerms {
 /// (software prefetch; 1 KiB of bf16 per row). The rows of a pull combine are separate
 /// streams in peers' windows, mostly in DRAM; measured with 8 shm ranks on 2 cores at 128
 /// tokens the reduce's CPU fell ~30 % and the combine ran 1.25x faster (BENCHMARKS.md,
-/// "the reduce's prefetch").
+/// "What we tried": dispatch and combine on shared memory).
 /// A prefetch only moves lines: the sums are the same bits.
 inline constexpr std::size_t kPrefetchColumns = 512;
 

@@ -46,9 +46,9 @@ inline constexpr std::int64_t kRelayChunkMinRows = 16;
 /// (paths/relay_chunks.hpp), the
 /// same on every rank (from the agreed options and the transport's caps); 0 = the serial
 /// relay. Explicit bytes: max(1, bytes / row_bytes). Auto: 0 where the caps state no put
-/// costs (threads, shm, shmem, UCX: unchanged, measured in BENCHMARKS.md "Pipelined
-/// relays"), else max(kRelayChunkMinRows, the rows of kRelayChunkWireOverFixed x
-/// put_overhead_ns x put_gbps bytes).
+/// costs (threads, shm, shmem, UCX: unchanged, measured in BENCHMARKS.md, "What we
+/// tried": across machines), else max(kRelayChunkMinRows, the rows of
+/// kRelayChunkWireOverFixed x put_overhead_ns x put_gbps bytes).
 std::int64_t relay_chunk_rows(std::size_t relay_chunk_bytes, std::size_t row_bytes, const TransportCaps& caps);
 
 }  // namespace epx::detail

@@ -201,7 +201,8 @@ std::string describe_exit(int status, const char* phase, std::int64_t oom_kills_
 // (no binding). Forked from one launcher, the ranks otherwise begin mostly on its CPU, and
 // with more ranks than CPUs the scheduler takes a long time to spread ranks that wait by
 // yielding (it does not move a task that ran within the last half millisecond): 8 ranks on
-// 2 CPUs ran 7 + 1 for the first ~0.3 s of a bench (BENCHMARKS.md, "all_reduce 16 KiB").
+// 2 CPUs ran 7 + 1 for the first ~0.3 s of a bench (BENCHMARKS.md, "What we tried":
+// bucket collectives).
 void start_on_own_cpu(int r) {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);

@@ -52,7 +52,7 @@ TransportCaps mapped_caps(const char* name);
 ///           signal and flagged put to that rank while a waiter sleeps (the waiter leaves the
 ///           run queue). Measured with 8 shm ranks on 2 cores, 128 tokens: 1.15-1.4x slower
 ///           than spin (the wake-ups' syscalls and scheduler latency cost more than the
-///           yielding ranks' slices; BENCHMARKS.md, "Sleeping waits"), so it is opt-in.
+///           yielding ranks' slices; BENCHMARKS.md, "What we tried"), so it is opt-in.
 enum class WaitMode { kSpin, kSleep };
 WaitMode wait_mode_from_env() noexcept;
 

@@ -22,8 +22,8 @@ inline void cpu_relax() noexcept {
 /// Whether `ranks` processes/threads of one job outnumber the CPUs this process may run on
 /// (its affinity set). Then a waiter spinning before it yields only burns the time slice
 /// of the rank it waits for, queued on the same core: every wait of the mapped transports,
-/// the bucket boards and the PP streams yields at once (BENCHMARKS.md: the 16 KiB all_reduce
-/// and the round trips of 8 ranks on 2 cores).
+/// the bucket boards and the PP streams yields at once (BENCHMARKS.md, "What we tried":
+/// small calls and synchronisation, bucket collectives).
 inline bool ranks_outnumber_cpus(int ranks) noexcept {
   cpu_set_t set;
   CPU_ZERO(&set);
