@@ -2,10 +2,13 @@
 # epxConfig.cmake, so another project does
 #   find_package(epx REQUIRED)                      # CMAKE_PREFIX_PATH=P
 #   target_link_libraries(app PRIVATE epx::engine)  # Buffer, launch, connect, plan, core
+# with every buffer kind's library (epx::bucket, epx::pp, epx::engram), the simulator
+# (epx::sim), diagnosis and load balancing (epx::diagnose, epx::eplb, epx::lb).
 # (tests/consumer is that project; `scripts/run.sh test` builds it against an install).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
-set(EPX_INSTALL_TARGETS epx_core epx_transport epx_plan epx_buffer_base epx_engine epx_diagnose epx_bucket epx_eplb epx_lb)
+set(EPX_INSTALL_TARGETS epx_core epx_transport epx_plan epx_buffer_base epx_engine epx_diagnose epx_bucket epx_pp
+                        epx_engram epx_sim epx_eplb epx_lb)
 if(TARGET epx_oshmem)
   list(APPEND EPX_INSTALL_TARGETS epx_oshmem)  # the OpenSHMEM link line the shmem transport needs
 endif()
