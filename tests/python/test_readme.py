@@ -1,44 +1,33 @@
-"""The README's Python snippet runs as written, so a newcomer who follows it meets no trap:
-every rank of an epx.launch runs it, given the tensors it names, and the combined
-rows are checked against the same computation done densely."""
+"""The README's Python examples run as written, and compute the right thing: each defines a
+rank function; every rank of an epx.launch runs it, and what the ranks return is checked
+against a dense torch computation of the same result (the checks of tests/docs/check_docs.py,
+which also runs every other block of README.md and docs/getting-started.md as printed)."""
 import os
-import re
+import sys
+import types
 
-import torch
+import pytest
 
 import epx
 
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
-P, S, H, K, E = 4, 6, 128, 2, 8
+sys.dont_write_bytecode = True  # nothing written into tests/docs
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "docs"))
+import check_docs  # noqa: E402
+
+BLOCKS = [b for b in check_docs.parse("README.md") if b.lang == "python"]
 
 
-def _snippet():
-    text = open(README, encoding="utf-8").read()
-    section = text[text.index("\n## Python\n"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_readme_has_the_examples():
+    names = {check_docs.rank_function(b.text)[0] for b in BLOCKS if check_docs.rank_function(b.text)}
+    assert {"moe_step", "mean_grads"} <= names, f"README's Python blocks define {sorted(names)}"
 
 
-def _inputs(rank):
-    g = torch.Generator().manual_seed(300 + rank)
-    x = torch.randn(S, H, generator=g).bfloat16()
-    topk_idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(S)])
-    topk_weights = torch.rand(S, K, generator=g)
-    return x, topk_idx, topk_weights
-
-
-def _run(rank, n, code):
-    x, topk_idx, topk_weights = _inputs(rank)
-    scope = dict(S=S, H=H, K=K, E=E, x=x, topk_idx=topk_idx, topk_weights=topk_weights, x2=x * 2,
-                 shared_out=torch.zeros(S, H, dtype=torch.bfloat16),
-                 run_experts=lambda recv_x, handle: recv_x)  # identity experts
-    exec(compile(code, "README.md", "exec"), scope)
-    return scope["combined_x"], scope["recv_x2"]
-
-
-def test_readme_snippet_runs():
-    for r, (combined, recv2) in enumerate(epx.launch(_run, P, _snippet(), start_method="fork")):
-        x, idx, w = _inputs(r)
-        # identity experts, weighted combine: sum over the token's slots of weight * row
-        want = (w.sum(dim=1, keepdim=True) * x.float()).bfloat16()
-        torch.testing.assert_close(combined.float(), want.float(), rtol=2e-2, atol=2e-2)
-        assert recv2.dtype == torch.bfloat16
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: f"README.md:{b.line}")
+def test_readme_python_block(block):
+    found = check_docs.rank_function(block.text)
+    assert found, f"README.md:{block.line}: no rank function with a check (tests/docs/check_docs.py PY_CHECKS)"
+    func, ranks = found
+    mod = types.ModuleType("readme_block")  # its __name__ is not "__main__": only the definitions run
+    exec(compile(block.text, f"README.md:{block.line}", "exec"), mod.__dict__)
+    why = check_docs.check_results(func, epx.launch(getattr(mod, func), ranks, start_method="fork"))
+    assert why is None, why
