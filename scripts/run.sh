@@ -128,7 +128,7 @@ case "$cmd" in
   cross)
     install_deps "${CROSS_PACKAGES[@]}"
     # The kernels alone (tests/cross: src/core, reduce_row and their unit tests; no engine),
-    # cross-compiled for aarch64 and run under qemu-user: bit for bit as on x86 (SPEC §1/§4).
+    # cross-compiled for aarch64 and run under qemu-user: bit for bit as on x86 (docs/spec.md §1/§4).
     cmake -S tests/cross -B build-aarch64 -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_TOOLCHAIN_FILE="$PWD/cmake/aarch64-linux-gnu.cmake" >/dev/null
     cmake --build build-aarch64 -j "$JOBS"

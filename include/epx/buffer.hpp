@@ -106,8 +106,9 @@ struct DispatchResult {
   /// [N, H] x's dtype. Compact layout, by default: a block of the Buffer's output pool
   /// (BufferConfig::output_pool_bytes) the senders put the rows into — one copy per row; it
   /// returns to the pool when the last Tensor over it (recv_x, recv_x_scales) is destroyed,
-  /// from any thread. A copy out of the receive area when the pool has no room, in the
-  /// expanded layout, with a ring, relays or the flag protocol (CallStats::output says which).
+  /// from any thread. The expanded layout lands in a block too (a row per slot). A copy out
+  /// of the receive area when the pool is off or has no room, with a ring, the flag
+  /// protocol, or relays in the expanded layout (CallStats::output_why says which).
   Tensor recv_x;
   Tensor recv_x_scales;      ///< [N, H/128] float32 (fp8 only); in recv_x's block when recv_x is one copy
   Tensor recv_topk_idx;      ///< compact: [N, K] int64, local expert or -1

@@ -67,8 +67,8 @@ struct CallStats {
   /// "pull". A static string; set even without collect_stats.
   const char* path = "";
   /// Dispatch: where recv_x came from; kCopy says why in output_why (a static string: "output
-  /// pool exhausted", "output pool off", "expanded layout", "ring_rows", "flag protocol",
-  /// "hierarchical schedule", "model transport"). Set even without collect_stats.
+  /// pool exhausted", "output pool off", "ring_rows", "flag protocol", "hierarchical schedule,
+  /// expanded layout"; spi::why_copy gives all but the first). Set even without collect_stats.
   OutputKind output = OutputKind::kNone;
   const char* output_why = "";
   /// Dispatch: payload bytes (rows and scales) the epilogue copied out of the receive area
