@@ -413,7 +413,7 @@ def step_collective(r, op, size):
         if not b.get("verified"):
             raise StepError("MPI %s's result differs: %s" % (op, b.get("verify_detail")))
         if not j["check"]["ok"]:
-            raise StepError("%s: epx's result differs from SPEC §8: %s" % (op, j["check"]["failures"][:2]))
+            raise StepError("%s: epx's result differs from docs/spec.md §8: %s" % (op, j["check"]["failures"][:2]))
     shape = "%s ranks, %s float32, algorithm %s" % (ranks, size, runs[0]["algorithm"])
     rows = []
     if not small:
