@@ -4,6 +4,7 @@
     /usr/bin/python3 tests/docs/check_docs.py --build build            # both checks
     /usr/bin/python3 tests/docs/check_docs.py --build build --only blocks
     /usr/bin/python3 tests/docs/check_docs.py --only lint               # needs no build
+    /usr/bin/python3 tests/docs/check_docs.py --only headline           # needs no build
 
 `blocks`: every fenced code block of README.md and docs/getting-started.md, in order, one
 work directory per document:
@@ -31,9 +32,12 @@ checkout, so the documents' relative paths (build/src/tools/epx, tests/e2e/...) 
 while whatever a block writes lands in the temporary directory; HOME points into it as well.
 `cmake --install build` writes build/install_manifest.txt: restored afterwards.
 
-`lint`: no file tracked by git mentions the old contract's location ("../shared",
-"shared/SPEC") or a section of it as "SPEC §N" (it is docs/spec.md now: "docs/spec.md §N",
-"spec.md §N" inside docs/), or an issue number ("issue #N", "Issue #N §M", "issues #N, #M",
+`headline`: the README's headline figures are the current ones of BENCHMARKS.md: each row
+names its figure's id in docs/img/benchmarks.json (an HTML comment) and shows that ratio.
+
+`lint`: no file tracked by git mentions the old contract's location ("..\u002fshared",
+"shared\u002fSPEC") or a section of it as "SPEC \u00a7N" (it is docs/spec.md now: "docs/spec.md
+\u00a7N", "spec.md \u00a7N" inside docs/), or an issue number ("issue #N", "Issue #N §M", "issues #N, #M",
 "(#N)") — a comment or a document says why, not which ticket asked.
 
 Prints PASS / FAIL / SKIP per check and ends with "N passed, N failed"; exits non-zero if
@@ -509,13 +513,55 @@ def check_blocks(build, rep, docs=DOCS):
 
 
 # ---------------------------------------------------------------------------------------
+# The README's headline figures are BENCHMARKS.md's current ones
+
+
+def fmt_ratio(x):
+    """As scripts/benchmarks.py writes a ratio."""
+    return "%.2fx" % x if x < 10 else "%.1fx" % x
+
+
+def check_headline(rep):
+    """Each row of the README's "Headline figures" table names a figure of docs/img/benchmarks.json
+    (the JSON scripts/benchmarks.sh writes with BENCHMARKS.md's tables) by its id, in an HTML
+    comment, and shows its ratio as BENCHMARKS.md does ("not measured" while it has none)."""
+    import json
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    m = re.search(r"^## Headline figures\n(.*?)(?=^## )", text, re.S | re.M)
+    rows = re.findall(r"^\|(.*?)<!--\s*(\w+)\s*-->(.*?)\|(.*?)\|\s*$", m.group(1), re.M) if m else []
+    if not rows:
+        rep.fail("headline", "README.md has no '## Headline figures' table with <!-- figure id --> rows")
+        return
+    try:
+        figures = {r["id"]: r for r in json.load(open(os.path.join(REPO, "docs", "img", "benchmarks.json")))["rows"]}
+    except (OSError, ValueError, KeyError) as e:
+        rep.fail("headline", f"docs/img/benchmarks.json: {e}")
+        return
+    bad = []
+    for _, fid, _, cell in rows:
+        f = figures.get(fid)
+        if f is None:
+            bad.append(f"{fid}: no such figure in docs/img/benchmarks.json")
+            continue
+        want = fmt_ratio(f["ratio"]) if f.get("status") == "ok" and f.get("ratio") else "not measured"
+        got = cell.strip().strip("*").strip()
+        if got != want:
+            bad.append(f"{fid}: README says '{got}', BENCHMARKS.md '{want}' ({f.get('date', '?')}, {f.get('commit', '?')})")
+    if bad:
+        rep.fail("headline", "README.md's headline figures are not BENCHMARKS.md's current ones: " + "; ".join(bad))
+    else:
+        rep.ok("headline", f"{len(rows)} figures, as in docs/img/benchmarks.json")
+
+
+# ---------------------------------------------------------------------------------------
 # The lint (run it last: other files are still being fixed)
 
 # Built from pieces so that this file does not match itself.
 STALE = [
     (re.compile(re.escape("..") + "/shared"), "the old contract's location: the contract is docs/spec.md"),
     (re.compile("shared/" + "SPEC"), "the old contract's location: the contract is docs/spec.md"),
-    (re.compile(r"\bSPEC" + " \u00a7"), "a contract section as SPEC §N: write docs/spec.md §N (spec.md §N inside docs/)"),
+    (re.compile(r"\bSPEC" + " \u00a7"),
+     "a contract section as SPEC \u00a7N: write docs/spec.md \u00a7N (spec.md \u00a7N inside docs/)"),
     (re.compile(r"(?i)\bissues?(?:\s|/{2,3}|#(?=\s)|\*)*#?\d+(?:\s*§\s*\d+)?"), "an issue number"),
     (re.compile(r"(?<![\w&/#-])#\d+\s*§"), "an issue number"),
     (re.compile(r"\(#\d+\)"), "an issue number"),
@@ -528,7 +574,7 @@ def tracked_files():
 
 
 def lint_tree(rep):
-    """No tracked text file names the old contract location, SPEC §N, or an issue number."""
+    """No tracked text file names the old contract location, a section of it, or an issue number."""
     hits = []
     for rel in tracked_files():
         path = os.path.join(REPO, rel)
@@ -538,21 +584,24 @@ def lint_tree(rep):
         if b"\0" in data[:8192]:
             continue  # binary
         text = data.decode("utf-8", errors="replace")
+        seen = set()
         for pat, why in STALE:
             for m in pat.finditer(text):
                 line = text.count("\n", 0, m.start()) + 1
-                hits.append(f"{rel}:{line}: {m.group(0).strip()!r}: {why}")
+                if (line, why) not in seen:  # one report per line and kind
+                    seen.add((line, why))
+                    hits.append(f"{rel}:{line}: {m.group(0).strip()!r}: {why}")
     if hits:
         rep.fail("lint", f"{len(hits)} stale references:\n    " + "\n    ".join(hits[:60]) +
                  (f"\n    ... and {len(hits) - 60} more" if len(hits) > 60 else ""))
     else:
-        rep.ok("lint", f"{len(tracked_files())} tracked files: no ../shared, SPEC §N or issue numbers")
+        rep.ok("lint", f"{len(tracked_files())} tracked files: no stale contract references, no issue numbers")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="build", help="the build tree (default: build)")
-    ap.add_argument("--only", choices=["blocks", "lint"], help="one of the two checks")
+    ap.add_argument("--only", choices=["blocks", "headline", "lint"], help="one of the checks")
     ap.add_argument("--doc", action="append", help="only this document (repeatable; default: " + ", ".join(DOCS) + ")")
     ap.add_argument("--check-python", nargs=3, metavar=("FILE", "FUNC", "RANKS"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -562,6 +611,8 @@ def main(argv=None):
     rep = Report()
     if a.only in (None, "blocks"):
         check_blocks(os.path.abspath(a.build), rep, a.doc or DOCS)
+    if a.only in (None, "headline"):
+        check_headline(rep)
     if a.only in (None, "lint"):
         lint_tree(rep)
     print(f"{rep.passed} passed, {rep.failed} failed")
