@@ -22,6 +22,7 @@ import numpy as np
 
 from . import _epx
 from .buffer import EventOverlap
+from ._lifecycle import BufferLifecycle
 from .errors import Error
 from .group import transport_of
 
@@ -197,7 +198,7 @@ class BucketSession:
         return tuple(out) if batched else out[0]
 
 
-class BucketBuffer:
+class BucketBuffer(BufferLifecycle):
     """Symmetric storage on one or more groups (DeepEP V2.5's BucketBuffer).
 
     group: a torch.distributed ProcessGroup or a list of ranks, or a list of up to 8 of
@@ -312,19 +313,8 @@ class BucketBuffer:
             self.runtime.destroy()
             self.runtime = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.destroy()
-        return False
-
-    def __del__(self):
-        # Dropped without destroy(): the buffer's endpoint is released locally (never a wait
-        # for the peers, which may be gone); with explicitly_destroy=True that is a mistake.
-        if getattr(self, "runtime", None) is not None and getattr(self, "explicitly_destroy", False):
-            import warnings
-            warnings.warn("BucketBuffer(explicitly_destroy=True) was garbage-collected without destroy()", ResourceWarning)
+    def _is_live(self):
+        return getattr(self, "runtime", None) is not None
 
     @property
     def window_bytes(self):

@@ -8,13 +8,12 @@ numpy in, numpy out. bf16 is torch.bfloat16, or uint16 raw bits in numpy; FP8 in
 pair ``(data, scales)``, data uint8 raw E4M3 bits [S, H], scales float32 [S, H/128]. The
 GIL is released while a call runs. docs/deepep.md: what matches DeepEP and what differs.
 """
-import sys
-import warnings
 
 from . import _convert as cv
 from . import _epx
 from . import _lb
 from . import _weights
+from ._lifecycle import BufferLifecycle
 from .errors import Error
 from .events import EventHandle, EventOverlap
 from .group import bootstrap_of, transport_of
@@ -102,7 +101,7 @@ class EPHandle:
         return None
 
 
-class EPBuffer:
+class EPBuffer(BufferLifecycle):
     """Expert-parallel dispatch / combine over the ranks of a torch.distributed group.
 
     EPBuffer(group, num_bytes=None, num_max_tokens_per_rank=0, hidden=0, num_topk=0,
@@ -279,17 +278,8 @@ class EPBuffer:
                 e.close()
         self._destroyed = True
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.destroy()
-        return False
-
-    def __del__(self):
-        if (getattr(self, "explicitly_destroy", False) and not getattr(self, "_destroyed", True)
-                and getattr(self, "_engines", None) and sys is not None):
-            warnings.warn("EPBuffer(explicitly_destroy=True) was garbage-collected without destroy()", ResourceWarning)
+    def _is_live(self):
+        return not getattr(self, "_destroyed", True) and bool(getattr(self, "_engines", None))
 
     # -- sizes and DeepEP's helpers ---------------------------------------------------
     @staticmethod

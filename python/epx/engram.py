@@ -29,6 +29,7 @@ import numpy as np
 
 from . import _convert as cv
 from . import _epx
+from ._lifecycle import BufferLifecycle
 from .errors import Error
 from .group import transport_of
 
@@ -85,7 +86,7 @@ class EngramFetch(list):
         return self._raw.stats()
 
 
-class EngramBuffer:
+class EngramBuffer(BufferLifecycle):
     def __init__(self, group=None, num_gpu_bytes=0, num_rdma_storage_bytes=0, use_cpu_rdma_storage=True,
                  num_allocated_qps=1, qp_depth=1, restrict_rd_atomic=False, allow_hybrid_mode=True, sl_idx=None,
                  num_gpu_timeout_secs=100, explicitly_destroy=False, *, num_bytes=None, num_storage_bytes=None):
@@ -147,3 +148,7 @@ class EngramBuffer:
     def destroy(self):
         """Collective, idempotent."""
         self._runtime.destroy()
+        self._destroyed = True
+
+    def _is_live(self):
+        return getattr(self, "_runtime", None) is not None and not getattr(self, "_destroyed", False)

@@ -19,6 +19,7 @@ collectively at the first dispatch of that shape for the largest token count of 
 then (one all-reduce over the group), and rebuilt larger — on every rank, since every rank
 sees the same capacity_exceeded error — when a later dispatch brings more tokens.
 """
+from ._lifecycle import BufferLifecycle
 from .buffer import EPBuffer, _wait_for
 from .errors import Error
 from .events import EventHandle, EventOverlap
@@ -47,7 +48,7 @@ class Config:
         return 0
 
 
-class Buffer:
+class Buffer(BufferLifecycle):
     """DeepEP V1's ``Buffer`` (normal mode) over epx; see the module docstring.
 
     Buffer(group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False,
@@ -74,6 +75,7 @@ class Buffer:
         self.low_latency_mode, self.num_qps_per_rank = low_latency_mode, num_qps_per_rank
         self.explicitly_destroy, self.enable_shrink = explicitly_destroy, enable_shrink
         self._buffers = {}  # (hidden, num_topk, num_experts) -> EPBuffer
+        self._destroyed = False
 
     # -- DeepEP V1's static helpers -----------------------------------------------------
     @staticmethod
@@ -103,6 +105,10 @@ class Buffer:
         for b in self._buffers.values():
             b.destroy()
         self._buffers.clear()
+        self._destroyed = True
+
+    def _is_live(self):
+        return not getattr(self, "_destroyed", True)
 
     # -- the calls ----------------------------------------------------------------------
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
@@ -172,6 +178,8 @@ class Buffer:
     def _fresh(self, x, topk_idx, topk_weights, E, alignment, worst, async_finish):
         """A fresh dispatch on the EPBuffer of this shape, built or rebuilt (collectively)
         when the tokens outgrow it."""
+        if self._destroyed:  # else a fresh dispatch would quietly build a new EPBuffer
+            raise Error(f"rank {self.rank}: this Buffer was destroyed (destroy() was called)", "bad_handle", self.rank)
         key = self._key(x, topk_idx, E)
         S = int((x[0] if isinstance(x, (tuple, list)) else x).shape[0])
         for _ in range(2):

@@ -34,6 +34,7 @@ import numpy as np
 
 from . import _convert as cv
 from . import _epx
+from ._lifecycle import BufferLifecycle
 from .errors import Error
 from .group import transport_of
 
@@ -98,7 +99,7 @@ def _view_tensor(raw, dtype, shape):
     return t.reshape(tuple(shape)) if shape is not None else t
 
 
-class PPBuffer:
+class PPBuffer(BufferLifecycle):
     def __init__(self, group=None, num_max_tensor_bytes=0, num_max_inflight_tensors=1, sl_idx=None,
                  num_gpu_timeout_secs=100, explicitly_destroy=False, *, links=None, chunk_bytes=0,
                  allocation_plan=None):
@@ -161,6 +162,10 @@ class PPBuffer:
     def destroy(self):
         """Collective, idempotent."""
         self._runtime.destroy()
+        self._destroyed = True
+
+    def _is_live(self):
+        return getattr(self, "_runtime", None) is not None and not getattr(self, "_destroyed", False)
 
     @property
     def window_bytes(self):
