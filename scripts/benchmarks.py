@@ -951,7 +951,7 @@ def main(argv=None):
            "load_at_start": load0, "machine": r.machine, "commit": r.commit, "ops": [op for op, _, _ in OPS],
            "rows": rows}
     if sim is not None:
-        doc["sim_published"] = {"svg": os.path.basename(sim_svg), "argv": sim[1], "profiles": sim[0]}
+        doc["sim_published"] = {"svg": os.path.basename(sim_svg), "argv": sim[1]}  # numbers: docs/sim.md §9
     write(json_path, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     write(svg_path, svg_chart(rows, meta))
     fragment = markdown(rows, meta)
