@@ -46,6 +46,24 @@ install_deps() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# build_progress WHAT: ninja's output on stdin; "[n/N] ..." lines become one line per 10 % on
+# stderr, anything else (a compiler's errors) passes through. Read line by line, so the
+# progress shows as it happens.
+build_progress() {
+  local line n total last=0 p
+  while IFS= read -r line; do
+    if [[ $line =~ ^\[([0-9]+)/([0-9]+)\] ]]; then
+      n=${BASH_REMATCH[1]} total=${BASH_REMATCH[2]}
+      p=$(( n * 10 / total ))
+      if [ "$p" -gt "$last" ]; then last=$p; echo "epx: build $(( p * 10 )) % ($n/$total)" >&2; fi
+    elif [ "$line" = "ninja: no work to do." ]; then
+      echo "epx: $1 is up to date" >&2
+    else
+      printf '%s\n' "$line"
+    fi
+  done
+}
+
 # build DIR [cmake args...] [-- targets...]
 build() {
   local dir=$1; shift
@@ -57,11 +75,7 @@ build() {
   local what="${targets[*]:-everything}"
   echo "epx: building $what in $dir ($JOBS jobs; progress every 10 %)" >&2
   # ninja's "[n/N] ..." lines thinned to one per 10 % (errors pass through whole).
-  cmake --build "$dir" -j "$JOBS" ${targets[@]+--target "${targets[@]}"} 2>&1 | awk -v what="$what" '
-    /^\[[0-9]+\/[0-9]+\]/ { split(substr($1, 2), f, "/"); p = int(f[1] * 10 / f[2]);
-                             if (p > last) { last = p; printf "epx: build %d %% (%d/%d)\n", p * 10, f[1], f[2] > "/dev/stderr" }; next }
-    /^ninja: no work to do/ { print "epx: " what " is up to date" > "/dev/stderr"; next }
-    { print }'
+  cmake --build "$dir" -j "$JOBS" ${targets[@]+--target "${targets[@]}"} 2>&1 | build_progress "$what"
 }
 
 # A `bench` configures build/ without the tests (fewer packages); the first `test` or `build`
