@@ -582,6 +582,15 @@ class Namespaces:
                 self.sh("ip", "netns", "del", name)
             else:
                 self.sh("ip", "link", "del", name)
+        # The kernel tears a namespace's veths down asynchronously: wait until ours are gone.
+        links = [name for kind, name in self.made if kind == "link"]
+        for _ in range(50):
+            links = [n for n in links if self.sh("ip", "link", "show", n).returncode == 0]
+            if not links:
+                break
+            for n in links:
+                self.sh("ip", "link", "del", n)
+            time.sleep(0.1)
         self.made = []
 
 
