@@ -10,7 +10,7 @@
 work directory per document:
 
   ```cpp     compiled with g++ -std=c++20 against a `cmake --install` of BUILD into a temporary
-             prefix (a generated CMake project: find_package(epx), every installed target),
+             prefix (a generated CMake project: find_package(epx), linking every exported target),
              then run; its output must pass the check in CPP_CHECKS whose key the block
              contains (a block without one fails).
   ```python  run as a script, as printed (/usr/bin/python3, PYTHONPATH=BUILD/python); then its
@@ -238,6 +238,14 @@ def cpp_prefix(ctx):
     return ctx["prefix"]
 
 
+def installed_targets(prefix):
+    """Every library target the installed package exports (epx::engine, epx::bucket, ...)."""
+    names = set()
+    for f in glob.glob(os.path.join(prefix, "lib*", "cmake", "epx", "epxTargets.cmake")):
+        names.update(re.findall(r"add_library\((epx::\w+) ", open(f).read()))
+    return sorted(names) or ["epx::engine"]
+
+
 def run_cpp(block, work, ctx, rep):
     key = next((k for k in CPP_CHECKS if k in block.text), None)
     if key is None:
@@ -255,7 +263,7 @@ def run_cpp(block, work, ctx, rep):
                 "set(CMAKE_CXX_STANDARD 20)\nset(CMAKE_CXX_STANDARD_REQUIRED ON)\nset(CMAKE_CXX_EXTENSIONS OFF)\n"
                 "find_package(epx REQUIRED)\nadd_executable(doc_block main.cpp)\n"
                 "target_compile_options(doc_block PRIVATE -Wall -Werror)\n"
-                "target_link_libraries(doc_block PRIVATE epx::engine epx::bucket epx::lb epx::diagnose epx::eplb)\n")
+                f"target_link_libraries(doc_block PRIVATE {' '.join(installed_targets(prefix))})\n")
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     code, out = run(["cmake", "-S", proj, "-B", os.path.join(proj, "b"), *gen, "-DCMAKE_CXX_COMPILER=g++",
                      f"-DCMAKE_PREFIX_PATH={prefix}", "-DCMAKE_BUILD_TYPE=RelWithDebInfo"], proj, ctx["env"], timeout=300)
