@@ -3,7 +3,7 @@
 # the same run (the one-copy limit, Open MPI, torch gloo), written as BENCHMARKS.md's figure
 # tables, a JSON of every figure and an SVG chart (docs/img/benchmarks.svg).
 #
-#   bash scripts/benchmarks.sh                  # full run (~15 min on 2 cores), in place
+#   bash scripts/benchmarks.sh                  # full run (~10 min on 2 cores), in place
 #   bash scripts/benchmarks.sh --quick --out D  # tiny sizes, a smoke test (< 2 min), into D
 #   bash scripts/benchmarks.sh --only ep-fp8,pp # some steps; the other rows stay as they were
 #   bash scripts/benchmarks.sh --list           # the steps
