@@ -331,8 +331,8 @@ def mpi_row(r, op, runs, argv, shape):
     rs = []
     for j in runs:
         b = j.get("baseline", {})
-        if not b.get("available"):
-            raise Skip("Open MPI baseline: %s" % b.get("why_unavailable", "not run"))
+        if not b.get("available"):  # the rest of the step's figures stand
+            return not_measured(r, op, "skipped", "Open MPI baseline: %s" % b.get("why_unavailable", "not run"))
         if not b.get("verified"):
             raise StepError("the MPI baseline's output differs from epx's: %s" % b.get("verify_detail"))
         rs.append(b["speedup_epx_vs_mpi"]["round_trip"])
@@ -407,14 +407,15 @@ def step_collective(r, op, size):
     for _ in range(r.a.rounds):
         j, full = r.json_of(op, argv, 600)
         runs.append(j)
+    no_mpi = None
     for j in runs:
         b = j.get("baseline", {})
-        if not b.get("ran"):
-            raise Skip("MPI baseline: %s" % b.get("why_not", "not run"))
-        if not b.get("verified"):
-            raise StepError("MPI %s's result differs: %s" % (op, b.get("verify_detail")))
         if not j["check"]["ok"]:
             raise StepError("%s: epx's result differs from docs/spec.md §8: %s" % (op, j["check"]["failures"][:2]))
+        if not b.get("ran"):
+            no_mpi = "MPI baseline: %s" % b.get("why_not", "not run")
+        elif not b.get("verified"):
+            raise StepError("MPI %s's result differs: %s" % (op, b.get("verify_detail")))
     shape = "%s ranks, %s float32, algorithm %s" % (ranks, size, runs[0]["algorithm"])
     rows = []
     if not small:
@@ -422,12 +423,28 @@ def step_collective(r, op, size):
         j = runs[rs.index(median_member(rs))]
         rows.append(row(r, op + "_limit", "busbw " + gbps(j[op]["busbw_gbps"]),
                         "%s %s per rank" % (j["limit"]["limit"], gbps(j["limit"]["limit_gbps"])), rs, full, shape))
+    op_id = "all_reduce_small_mpi" if small else op + "_mpi"
+    if no_mpi:
+        return rows + [not_measured(r, op_id, "skipped", no_mpi)]
     rs = [j["baseline"]["speedup"] for j in runs]
     j = runs[rs.index(median_member(rs))]
-    op_id = "all_reduce_small_mpi" if small else op + "_mpi"
     rows.append(row(r, op_id, us_text(j[op]["max_rank_us"]["avg"]),
                     "MPI " + us_text(j["baseline"]["max_rank_us"]["avg"]), rs, full, shape, "avg max-rank"))
     return rows
+
+
+def peers_missing(j, what):
+    """{peer: why} for the peers of an `epx bench --op pp|engram` run that did not run (their
+    figures are skipped, the rest stand); a peer that ran and disagrees fails the step."""
+    missing = {}
+    peers = {p["name"]: p for p in j["peers"]}
+    for name in ("mpi", "gloo"):
+        p = peers.get(name, {})
+        if not p.get("ran"):
+            missing[name] = "%s peer %s: %s" % (what, name, p.get("why_not") or "not run")
+        elif not p.get("verified"):
+            raise StepError("%s peer %s: not the same bytes as epx: %s" % (what, name, p.get("verify_detail")))
+    return missing
 
 
 def step_pp(r):
@@ -440,39 +457,36 @@ def step_pp(r):
             "16384,%d" % large, "--pp-inflight", "1", "--peers", "mpi,gloo", "--peer-rounds", str(r.a.rounds),
             "--no-progress"] + it
     j, full = r.json_of("pp", argv, 900)
-    peers = {p["name"]: p for p in j["peers"]}
-    for name in ("mpi", "gloo"):
-        p = peers.get(name, {})
-        if not p.get("ran"):
-            raise Skip("PP peer %s: %s" % (name, p.get("why_not", "not run")))
-        if not p.get("verified"):
-            raise StepError("PP peer %s delivered other bytes: %s" % (name, p.get("verify_detail")))
-    sizes = {s["bytes"]: s for s in j["sizes"]}
+    missing = peers_missing(j, "PP")
     if not all(s["correct"] for s in j["sizes"]):
         raise StepError("epx's PP delivered wrong bytes")
+    sizes = {s["bytes"]: s for s in j["sizes"]}
     big, small = sizes[large], sizes[16384]
     e = big["epx"][0]
     peer = {p["name"]: p for p in big["peers"]}
+    spk = {p["name"]: p for p in small["peers"]}
     shape = "%s ranks as %d pairs, %s" % (ranks, int(ranks) // 2, "1 MiB" if r.quick else "56 MiB (4096 × 7168 bf16)")
     rounds = "%d rounds in turns" % r.a.rounds
-    rows = [
-        row(r, "pp_large_recv_limit", us_text(e["recv_us"]["p50"]), "copy " + us_text(big["copy_us"]["p50"]),
-            [ratio(big["copy_us"]["p50"], e["recv_us"]["p50"])], full, shape, "p50 per message; " + rounds),
-        row(r, "pp_large_recv_mpi", us_text(e["recv_us"]["p50"]), "MPI " + us_text(peer["mpi"]["stream_us"]["p50"]),
-            [ratio(peer["mpi"]["stream_us"]["p50"], e["recv_us"]["p50"])], full, shape,
-            "p50 per message, into the rank's own tensor; " + rounds),
-        row(r, "pp_large_planned_mpi", us_text(e["planned_us"]["p50"]),
-            "MPI " + us_text(peer["mpi"]["stream_us"]["p50"]),
-            [ratio(peer["mpi"]["stream_us"]["p50"], e["planned_us"]["p50"])], full, shape,
-            "p50 per message, into a tensor planned in the window; " + rounds),
-        row(r, "pp_large_recv_gloo", us_text(e["recv_us"]["p50"]), "gloo " + us_text(peer["gloo"]["stream_us"]["p50"]),
-            [ratio(peer["gloo"]["stream_us"]["p50"], e["recv_us"]["p50"])], full, shape, "p50 per message; " + rounds),
-    ]
-    sp = {p["name"]: p for p in small["peers"]}
-    pair_ratios = [ratio(m["p50"], x["p50"]) for m, x in zip(sp["mpi"]["pair_latency_us"], small["pair_latency_us"])]
+
+    def vs_peer(op, name, epx_us, what):
+        if name in missing:
+            return not_measured(r, op, "skipped", missing[name])
+        p = peer[name]["stream_us"]["p50"]
+        return row(r, op, us_text(epx_us), "%s %s" % ("MPI" if name == "mpi" else name, us_text(p)),
+                   [ratio(p, epx_us)], full, shape, "p50 per message%s; %s" % (what, rounds))
+
+    rows = [row(r, "pp_large_recv_limit", us_text(e["recv_us"]["p50"]), "copy " + us_text(big["copy_us"]["p50"]),
+                [ratio(big["copy_us"]["p50"], e["recv_us"]["p50"])], full, shape, "p50 per message; " + rounds),
+            vs_peer("pp_large_recv_mpi", "mpi", e["recv_us"]["p50"], ", into the rank's own tensor"),
+            vs_peer("pp_large_planned_mpi", "mpi", e["planned_us"]["p50"], ", into a tensor planned in the window"),
+            vs_peer("pp_large_recv_gloo", "gloo", e["recv_us"]["p50"], "")]
+    if "mpi" in missing:
+        return rows + [not_measured(r, "pp_small_pingpong_mpi", "skipped", missing["mpi"])]
+    mpi_pairs = spk["mpi"]["pair_latency_us"]
+    pair_ratios = [ratio(m["p50"], x["p50"]) for m, x in zip(mpi_pairs, small["pair_latency_us"])]
     rows.append(row(r, "pp_small_pingpong_mpi", us_text(median([x["p50"] for x in small["pair_latency_us"]])),
-                    "MPI " + us_text(median([m["p50"] for m in sp["mpi"]["pair_latency_us"]])),
-                    [statistics.mean(pair_ratios)], full, "%s ranks as %d pairs, 16 KiB" % (ranks, int(ranks) // 2),
+                    "MPI " + us_text(median([m["p50"] for m in mpi_pairs])), [statistics.mean(pair_ratios)], full,
+                    "%s ranks as %d pairs, 16 KiB" % (ranks, int(ranks) // 2),
                     "p50 one way (ping-pong / 2), mean of the pairs' ratios; " + rounds))
     return rows
 
@@ -493,19 +507,16 @@ def step_engram(r):
     j, full = r.json_of("engram", argv, 900)
     if not j["correct"]:
         raise StepError("epx's Engram fetched wrong rows")
-    peers = {p["name"]: p for p in j["peers"]}
-    for name in ("mpi", "gloo"):
-        if not peers.get(name, {}).get("ran"):
-            raise Skip("Engram peer %s: %s" % (name, peers.get(name, {}).get("why_not", "not run")))
-        if not peers[name].get("verified"):
-            raise StepError("Engram peer %s fetched other rows" % name)
+    missing = peers_missing(j, "Engram")
     f = j["fetch_us"]["p50"]
     note = "p50 of the slowest rank, path %s; %d rounds in turns" % (j["path"], r.a.rounds)
     return [
         row(r, "engram_copy", us_text(f), "copy " + us_text(j["copy_us"]["p50"]), [ratio(j["copy_us"]["p50"], f)],
             full, text, note),
+        not_measured(r, "engram_mpi", "skipped", missing["mpi"]) if "mpi" in missing else
         row(r, "engram_mpi", us_text(f), "MPI " + us_text(j["peer_us"]["mpi"]["p50"]),
             [ratio(j["peer_us"]["mpi"]["p50"], f)], full, text, note),
+        not_measured(r, "engram_gloo", "skipped", missing["gloo"]) if "gloo" in missing else
         row(r, "engram_gloo", us_text(f), "gloo " + us_text(j["peer_us"]["gloo"]["p50"]),
             [ratio(j["peer_us"]["gloo"]["p50"], f)], full, text, note),
     ]
@@ -917,7 +928,8 @@ def main(argv=None):
                 else:
                     for rw in fn():
                         new_rows[rw["id"]] = rw
-                    msg = "; ".join("%s %s" % (short(op), fmt_ratio(new_rows[op]["ratio"]))
+                    msg = "; ".join("%s %s" % (short(op), fmt_ratio(new_rows[op]["ratio"]) if
+                                               new_rows[op]["status"] == "ok" else "skipped: " + new_rows[op]["why"])
                                     for op in ops if op in new_rows)
                 print(" %s (%.0f s)" % (msg, time.monotonic() - s0), flush=True)
             except Skip as e:
