@@ -15,7 +15,8 @@ Steps with a peer run `rounds` times (epx and its peer in turns) and report the 
 
 Writes (default: in place) BENCHMARKS.md's text between <!-- figures:begin --> and
 <!-- figures:end -->, docs/img/benchmarks.json (every figure, every round, the exact argv)
-and docs/img/benchmarks.svg; the `sim` step docs/img/sim_published.svg. Rows of steps not
+and docs/img/benchmarks.svg, and the README's headline figures (the rows naming a figure id);
+the `sim` step docs/img/sim_published.svg. Rows of steps not
 run this time (--only) are kept from the JSON already there, with their own date and commit.
 """
 
@@ -825,6 +826,20 @@ def svg_chart(rows, meta):
     return "\n".join(out) + "\n"
 
 
+def readme_headline(text, rows):
+    """README.md with its "Headline figures" rows (each names a figure id in an HTML comment)
+    showing the figures just measured: the ratio, or "not measured"."""
+    figures = {rw["id"]: rw for rw in rows}
+
+    def cell(m):
+        rw = figures.get(m.group(2))
+        if rw is None:
+            return m.group(0)
+        shown = fmt_ratio(rw["ratio"]) if rw.get("status") == "ok" and rw.get("ratio") else "not measured"
+        return "%s<!-- %s -->%s| %s |" % (m.group(1), m.group(2), m.group(3), shown)
+    return re.sub(r"^(\|.*?)<!--\s*(\w+)\s*-->([^|]*)\|[^|]*\|[ \t]*$", cell, text, flags=re.M)
+
+
 def replace_region(text, fragment):
     b, e = text.find(BEGIN), text.find(END)
     if b < 0 or e < b:
@@ -984,6 +999,9 @@ def main(argv=None):
         write(os.path.join(out_dir, "BENCHMARKS.md"), bench_md)
     else:
         write(os.path.join(REPO, "BENCHMARKS.md"), bench_md)
+        readme = os.path.join(REPO, "README.md")
+        with open(readme) as f:
+            write(readme, readme_headline(f.read(), rows))
     if sim is not None:
         table = sim_accuracy(sim[0], sim[1], r, "img/sim_published.svg")
         if out_dir:

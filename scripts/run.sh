@@ -6,6 +6,7 @@
 #   bash scripts/run.sh test                        # unit + multi-rank tests, e2e replay check
 #   bash scripts/run.sh sanitize                    # multi-rank tests under TSan and ASan
 #   bash scripts/run.sh build                       # just install + build (build/)
+#   bash scripts/run.sh benchmarks [options]        # scripts/benchmarks.sh: BENCHMARKS.md's figures
 #   bash scripts/run.sh fuzz                        # libFuzzer targets, ASan + UBSan, bounded time (build-fuzz/)
 #   bash scripts/run.sh soak                        # 10^4 dispatch/combine pairs, bit-exact (not in `test`)
 #   bash scripts/run.sh cross                       # the kernels and their tests for aarch64, run under qemu (build-aarch64/)
@@ -107,6 +108,13 @@ case "$cmd" in
     ctest --test-dir build --output-on-failure -j "$JOBS"
     # The Python package (Debian's Python; pytest exit 5 = no tests collected is not a failure).
     timeout 300 /usr/bin/python3 -m pytest -q tests/python || [ $? -eq 5 ]
+    # Every code block of README.md and docs/getting-started.md as printed (results checked), the
+    # README's figures against docs/img/benchmarks.json, and a lint of the tree (no issue
+    # numbers, no contract outside docs/spec.md). ~70 s.
+    timeout 600 /usr/bin/python3 tests/docs/check_docs.py --build build
+    # scripts/benchmarks.sh --quick into a temp dir: every figure a positive ratio or skipped with
+    # its reason, a table row per op, a chart that parses. ~30 s.
+    timeout 300 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/docs/test_benchmarks_script.py
     # ... and installed like any Python package: pip install . and a wheel, in fresh venvs.
     timeout 420 bash tests/packaging/check_install.sh build
     # C++ users: cmake --install, then a project of its own finds it (tests/consumer).
@@ -126,6 +134,13 @@ case "$cmd" in
     # epx bench/sim --html and epx html opened in headless Chromium: no console error, every chart drawn; screenshots in build/html/.
     timeout 300 /usr/bin/python3 tests/html/check_pages.py --epx build/src/tools/epx --out build/html
     timeout 420 bash tests/multinode/run.sh build  # shmem across network namespaces; SKIP without root
+    ;;
+  benchmarks)
+    # BENCHMARKS.md's figures, docs/img/benchmarks.{json,svg}: the headline set against its peers.
+    install_deps
+    full_configure
+    build build -DEPX_BUILD_TESTS=ON
+    exec bash scripts/benchmarks.sh "$@"
     ;;
   sanitize)
     install_deps
@@ -182,7 +197,7 @@ case "$cmd" in
     EPX_SOAK_PAIRS=${EPX_SOAK_PAIRS:-10000} ./build/tests/epx_multirank_tests --gtest_filter='Soak.*'
     ;;
   *)
-    echo "usage: bash scripts/run.sh {bench [options]|test|sanitize|fuzz|soak|build}" >&2
+    echo "usage: bash scripts/run.sh {bench [options]|test|benchmarks [options]|sanitize|fuzz|soak|cross|build}" >&2
     exit 2
     ;;
 esac
