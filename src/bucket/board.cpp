@@ -1,27 +1,13 @@
 #include "board.hpp"
 
-#include <sched.h>
-
 #include <atomic>
 
-#include "epx/spi/cpu_relax.hpp"
+#include "epx/spi/backoff.hpp"
 
 namespace epx::detail {
 
-namespace {
-// As PPBuffer's waits: looks a pause apart while the peer is likely running, then looks
-// with the core yielded between them, then the transport's wait.
-constexpr int kSpinLooks = 64;
-constexpr int kYieldLooks = 512;
-}  // namespace
-
 void wait_signal_yielding(Transport& t, std::size_t slot, std::uint64_t target, const WaitPoint& where, bool yield) {
-  for (int i = 0; i < kSpinLooks + kYieldLooks; ++i) {
-    if (t.read_signal(slot) >= target) return;
-    if (yield || i >= kSpinLooks) sched_yield();
-    else spi::cpu_relax();
-  }
-  t.wait_signal(slot, target, where);
+  if (!spi::peek([&] { return t.read_signal(slot) >= target; }, yield)) t.wait_signal(slot, target, where);
 }
 
 Board::Board(Transport& t, const BucketLayout& layout, bool yield)

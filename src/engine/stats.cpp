@@ -1,8 +1,7 @@
 // Per-call statistics: phase timers and the bookkeeping around them; the always-on waits
 // per peer (PeerWaits, the diagnosis' raw numbers).
-#include <thread>
-
 #include "engine.hpp"
+#include "epx/spi/backoff.hpp"
 
 namespace epx {
 
@@ -65,6 +64,7 @@ void PeerWaits::add_call(WaitOp op, const std::uint64_t* wait_ns) noexcept {
 PeerWaits::Totals PeerWaits::totals(WaitOp op) const {
   Totals t;
   t.wait_ns.resize(static_cast<std::size_t>(num_ranks_));
+  spi::Backoff writer_busy(0);  // a write is rare and short: yield to it at once
   for (;;) {
     const std::uint64_t s = seq_.load(std::memory_order_acquire);
     if ((s & 1) == 0) {
@@ -72,7 +72,7 @@ PeerWaits::Totals PeerWaits::totals(WaitOp op) const {
       for (int i = 0; i < num_ranks_; ++i) t.wait_ns[static_cast<std::size_t>(i)] = at(op, i + 1).load(std::memory_order_acquire);
       if (seq_.load(std::memory_order_relaxed) == s) return t;
     }
-    std::this_thread::yield();
+    writer_busy.step();
   }
 }
 

@@ -1,9 +1,8 @@
 #include "worker_pool.hpp"
 
-#include "epx/spi/cpu_relax.hpp"
-#include <sched.h>
-
 #include <chrono>
+
+#include "epx/spi/backoff.hpp"
 
 namespace epx::detail {
 
@@ -34,12 +33,7 @@ void WorkerPool::run(const std::function<void(int)>& task) {
     std::lock_guard<std::mutex> lock(error_mutex_);
     if (!error_) error_ = std::current_exception();
   }
-  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
-    if (spins < 256)
-      epx::spi::cpu_relax();
-    else
-      sched_yield();
-  }
+  for (spi::Backoff idle; pending_.load(std::memory_order_acquire) != 0;) idle.step();
   task_ = nullptr;
   if (error_) std::rethrow_exception(error_);
 }
@@ -47,17 +41,9 @@ void WorkerPool::run(const std::function<void(int)>& task) {
 void WorkerPool::worker_loop(int w) {
   std::uint64_t seen = 0;
   for (;;) {
-    // Spin, then yield for ~1 ms, then sleep until the next task.
-    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
-    for (int spins = 0; generation_.load(std::memory_order_acquire) == seen; ++spins) {
-      if (spins < 256) {
-        epx::spi::cpu_relax();
-      } else if (std::chrono::steady_clock::now() < until) {
-        sched_yield();
-      } else {
-        generation_.wait(seen, std::memory_order_acquire);
-      }
-    }
+    // The wait policy for ~1 ms (spin, then yield), then sleep until the next task.
+    for (spi::Backoff idle(std::chrono::milliseconds(1)); generation_.load(std::memory_order_acquire) == seen;)
+      if (!idle.step()) generation_.wait(seen, std::memory_order_acquire);
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load(std::memory_order_acquire)) return;
     try {

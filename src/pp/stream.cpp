@@ -1,12 +1,10 @@
 #include "stream.hpp"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "epx/spi/copy.hpp"
-#include "epx/spi/cpu_relax.hpp"
+#include "epx/spi/backoff.hpp"
 
 namespace epx::pp {
 
@@ -14,12 +12,6 @@ namespace {
 
 /// The top bit of a post's first word: the sender claimed it.
 constexpr std::uint64_t kClaimed = std::uint64_t{1} << 63;
-
-/// Looks before the transport's own wait (which spins longer, then yields, and owns the
-/// timeout and the peer-failure checks): kSpinLooks a pause apart (the peer is running and
-/// about to write), then kYieldLooks with the core yielded between them.
-constexpr int kSpinLooks = 64;
-constexpr int kYieldLooks = 512;
 
 std::atomic_ref<std::uint64_t> word(const std::byte* base, std::size_t offset) {
   // A mapped peer's window is a writable mapping (the transport's puts are stores through it).
@@ -61,11 +53,9 @@ void wait_until(Transport& t, std::size_t slot, std::size_t flag_offset, std::ui
   auto look = [&] {
     return flag_offset == kNoFlag ? t.read_signal(slot) : word(own, flag_offset).load(std::memory_order_acquire);
   };
-  for (int i = 0; i < kSpinLooks + kYieldLooks; ++i) {
-    if (look() >= target) return;
-    if (yield || i >= kSpinLooks) sched_yield();
-    else spi::cpu_relax();
-  }
+  // A look first (spi::peek: the peer is likely running and about to write), then the
+  // transport's own wait, which owns the timeout and the peer-failure checks.
+  if (spi::peek([&] { return look() >= target; }, yield)) return;
   if (flag_offset == kNoFlag) t.wait_signal(slot, target, where);
   else t.wait_flag(flag_offset, target, where);
 }

@@ -107,7 +107,7 @@ class ElasticShmTransport final : public ShmTransport {
 /// Spin-then-yield until done(); false once the timeout has passed.
 template <class Done>
 bool wait_for(std::chrono::milliseconds timeout, Done done) {
-  Backoff backoff(timeout);
+  spi::Backoff backoff(timeout);
   while (!done())
     if (!backoff.step()) return done();
   return true;
@@ -255,7 +255,7 @@ std::vector<std::int64_t> sum_over_group(Transport& transport, const std::vector
   std::vector<std::int64_t> total(values.size(), 0);
   for (int p = 0; p < P; ++p) {
     RankSlot& s = c->ranks()[p];
-    Backoff backoff(t.timeout());
+    spi::Backoff backoff(t.timeout());
     while (s.sum_round.load(std::memory_order_acquire) < n) {
       if (!backoff.step()) t.throw_timeout(phase, p);
       if (backoff.yielding() && s.sum_round.load(std::memory_order_acquire) < n) t.check_peers(phase, p);

@@ -1,6 +1,5 @@
 #include "mapped_transport.hpp"
 
-#include "epx/spi/cpu_relax.hpp"
 #include <sched.h>
 
 #include <linux/futex.h>
@@ -97,23 +96,6 @@ TransportCaps mapped_caps(const char* name) {
   return c;
 }
 
-Backoff::Backoff(std::chrono::milliseconds timeout, int spins)
-    : max_spins_(spins), deadline_(std::chrono::steady_clock::now() + timeout) {}
-
-int wait_spins(int ranks) noexcept { return spi::ranks_outnumber_cpus(ranks) ? 0 : Backoff::kSpins; }
-
-bool Backoff::expired() const { return std::chrono::steady_clock::now() >= deadline_; }
-
-bool Backoff::step() {
-  if (spins_ < max_spins_) {
-    ++spins_;
-    epx::spi::cpu_relax();
-    return true;
-  }
-  sched_yield();
-  return std::chrono::steady_clock::now() < deadline_;
-}
-
 WaitMode wait_mode_from_env() noexcept {
   const char* env = std::getenv("EPX_WAIT");
   return env != nullptr && std::string(env) == "sleep" ? WaitMode::kSleep : WaitMode::kSpin;
@@ -121,7 +103,7 @@ WaitMode wait_mode_from_env() noexcept {
 
 MappedTransport::MappedTransport(ControlBlock* control, int rank, std::chrono::milliseconds timeout,
                                  TransportCaps caps)
-    : control_(control), rank_(rank), num_ranks_(control->num_ranks), spins_(wait_spins(num_ranks_)), timeout_(timeout), caps_(caps),
+    : control_(control), rank_(rank), num_ranks_(control->num_ranks), spins_(spi::wait_spins(num_ranks_)), timeout_(timeout), caps_(caps),
       wait_mode_(wait_mode_from_env()), fault_(FaultPlan::from_env()) {}
 
 namespace {
@@ -185,7 +167,7 @@ std::uint64_t MappedTransport::read_signal(std::size_t slot) noexcept {
 
 template <class Load>
 void MappedTransport::wait_for(Load load, std::uint64_t at_least, const WaitPoint& where) {
-  Backoff backoff(timeout_, spins_);
+  spi::Backoff backoff(timeout_, spins_);
   std::atomic<std::uint32_t>* bell = wait_mode_ == WaitMode::kSleep ? doorbell_of(rank_) : nullptr;
   // Sleep mode yields for a while first: most waits end within a few scheduler slices.
   constexpr auto kYieldFirst = std::chrono::microseconds(500);
@@ -284,7 +266,7 @@ void MappedTransport::bootstrap_barrier(const char* phase) {
     control_->barrier_generation.fetch_add(1, std::memory_order_release);
     return;
   }
-  Backoff backoff(timeout_, spins_);
+  spi::Backoff backoff(timeout_, spins_);
   while (control_->barrier_generation.load(std::memory_order_acquire) == gen) {
     if (!backoff.step()) {
       // Blame the lowest rank that has not arrived (the one stalled, stopped or blocked).

@@ -2,8 +2,8 @@
 // into this address space (threads/, shm/). A put is a copy into the peer's window
 // (streaming stores for large puts: epx/spi/copy.hpp), a
 // signal a release store into the peer's signal slot, a wait an acquire load that spins
-// briefly and then yields the core (with more ranks than cores a pure spin loses whole
-// scheduler slices, so there it yields at once). Subclasses only obtain and map the memory.
+// briefly and then yields the core (spi::Backoff, the wait policy every buffer kind uses; with
+// more ranks than cores a pure spin loses whole scheduler slices, so there it yields at once). Subclasses only obtain and map the memory.
 #pragma once
 
 #include <atomic>
@@ -13,33 +13,10 @@
 #include <vector>
 
 #include "control_block.hpp"
+#include "epx/spi/backoff.hpp"
 #include "epx/transport.hpp"
 
 namespace epx::detail {
-
-/// Spin-then-yield waiting with a deadline; `check()` runs between yields and may throw.
-class Backoff {
- public:
-  static constexpr int kSpins = 256;
-  /// `spins`: pauses before the first yield (wait_spins: none when ranks outnumber cores).
-  explicit Backoff(std::chrono::milliseconds timeout, int spins = kSpins);
-  /// One waiting step; returns false once the deadline has passed.
-  bool step();
-  bool yielding() const noexcept { return spins_ >= max_spins_; }
-  /// The deadline has passed.
-  bool expired() const;
-
- private:
-  int spins_ = 0;
-  int max_spins_;
-  std::chrono::steady_clock::time_point deadline_;
-};
-
-/// How long a waiter of a group of `ranks` on this machine spins before it yields: kSpins
-/// pauses when every rank can have a core of its own (sched_getaffinity), none when ranks
-/// outnumber the cores — a spinning rank then holds a core another rank needs for its work
-/// (8 ranks on 2 cores: 1-token calls 1.25x faster without the spin; BENCHMARKS.md).
-int wait_spins(int ranks) noexcept;
 
 /// What every mapped transport guarantees: puts are memcpys that complete on return,
 /// so a later release-store signal orders them on any queue.

@@ -2,7 +2,7 @@
 
 #include <shmem.h>
 
-#include "epx/spi/cpu_relax.hpp"
+#include "epx/spi/backoff.hpp"
 #include <sched.h>
 #include <signal.h>
 #include <unistd.h>
@@ -137,6 +137,9 @@ std::atomic<const ShmemTransport*> g_term_transport{nullptr};
 struct sigaction g_old_term {};
 
 constexpr std::size_t kPage = 4096;
+// Pauses a network wait takes before it yields (spi::Backoff): each look also progresses UCX
+// (opal_progress), so a look costs more than a mapped transport's and it spins less.
+constexpr int kNetworkSpins = 64;
 constexpr std::size_t kProgressEveryBytes = std::size_t{256} << 10;  // of copies to mapped peers, when some peer is not
 std::size_t round_page(std::size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
@@ -523,17 +526,12 @@ void ShmemTransport::wait_word(std::uint64_t* word, std::uint64_t at_least, cons
     explicit Waiting(std::atomic<int>& c) : n(c) { n.fetch_add(1, std::memory_order_relaxed); }
     ~Waiting() { n.fetch_sub(1, std::memory_order_relaxed); }
   } waiting{term_root().waiting_};  // an endpoint's (a worker's) wait too: the line reads the root
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
-  for (unsigned i = 0;; ++i) {
+  spi::Backoff backoff(timeout_, kNetworkSpins);
+  for (;;) {
     // Over UCX's TCP transport a peer's put lands only while this PE progresses.
     opal_progress();
     if (w.load(std::memory_order_acquire) >= at_least) break;
-    if (i < 64) {
-      epx::spi::cpu_relax();
-      continue;
-    }
-    sched_yield();
-    if ((i & 63) == 0 && std::chrono::steady_clock::now() >= deadline) fail_timeout(where);
+    if (!backoff.step()) fail_timeout(where);
   }
   std::atomic_thread_fence(std::memory_order_acquire);
 }
@@ -577,10 +575,10 @@ void ShmemTransport::quiet_timed(int queue, std::uint64_t* lap_ns) {
       }
   }
   auto since = std::chrono::steady_clock::now();
-  const auto deadline = since + timeout_;
   if (!pending.empty())
     guarded("shmem_quiet", -1, [&] {  // the watchdog ends a rank whose peer never answers, as in shmem_quiet
-      for (unsigned i = 0; !pending.empty(); ++i) {
+      spi::Backoff backoff(timeout_, kNetworkSpins);
+      while (!pending.empty()) {
         opal_progress();
         const auto now = std::chrono::steady_clock::now();
         std::erase_if(pending, [&](int p) {
@@ -590,8 +588,7 @@ void ShmemTransport::quiet_timed(int queue, std::uint64_t* lap_ns) {
           since = now;
           return true;
         });
-        if (now >= deadline) break;
-        if (i >= 64) sched_yield();
+        if (!pending.empty() && !backoff.step()) break;
       }
     });
   quiet(queue);
