@@ -79,8 +79,8 @@ build() {
   cmake --build "$dir" -j "$JOBS" ${targets[@]+--target "${targets[@]}"} 2>&1 | build_progress "$what"
 }
 
-# A `bench` configures build/ without the tests (fewer packages); the first `test` or `build`
-# after it configures afresh with everything found.
+# A `bench` configures build/ without the tests or debug information (fewer packages, less to
+# compile); the first `test` or `build` after it configures afresh with everything found.
 full_configure() {
   if grep -qs '^EPX_BUILD_TESTS:BOOL=OFF' build/CMakeCache.txt; then rm -f build/CMakeCache.txt; fi
 }
@@ -95,8 +95,10 @@ case "$cmd" in
     ;;
   bench)
     install_deps "${BENCH_PACKAGES[@]}"
-    # Only the `epx` tool; a tree already configured with its tests keeps them.
-    if [ -f build/CMakeCache.txt ]; then build build -- epx; else build build -DEPX_BUILD_TESTS=OFF -- epx; fi
+    # Only the `epx` tool, without debug information (the same -O3 code, ~1/3 less compile
+    # time); a tree already configured with its tests (by `test` or `build`) is used as it is.
+    if [ -f build/CMakeCache.txt ]; then build build -- epx
+    else build build -DEPX_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release -- epx; fi
     exec ./build/src/tools/epx bench "$@"
     ;;
   test)
