@@ -122,7 +122,7 @@ std::string published_json(const std::vector<SystemPrediction>& systems) {
 }
 
 std::string published_svg(const std::vector<SystemPrediction>& systems) {
-  const double W = 640, panel = 260, left = 60, right = 20, top = 40, bottom = 40;
+  const double W = 640, panel = 260, left = 60, right = 30, top = 40, bottom = 40;  // right: room for the last EP label
   std::size_t panels = 0;
   for (const SystemPrediction& s : systems) panels += s.series.size();
   std::ostringstream os;
@@ -159,7 +159,8 @@ std::string published_svg(const std::vector<SystemPrediction>& systems) {
         }
       }
       for (std::size_t i = 0; i < n; ++i)
-        os << "<text x=\"" << x(i) - 12 << "\" y=\"" << y0 + panel - bottom + 18 << "\">EP" << sp.points[i].ep << "</text>\n";
+        os << "<text x=\"" << x(i) << "\" y=\"" << y0 + panel - bottom + 18 << "\" text-anchor=\"middle\">EP" << sp.points[i].ep
+           << "</text>\n";
       os << "<text x=\"" << W - 160 << "\" y=\"" << y0 + top + 4 << "\" fill=\"#1f77b4\">dispatch</text>\n";
       os << "<text x=\"" << W - 90 << "\" y=\"" << y0 + top + 4 << "\" fill=\"#d62728\">combine</text>\n";
       y0 += panel;
