@@ -126,6 +126,14 @@ class Run:
         self.logs = []
         self.step_load = None
 
+    def portable(self, argv):
+        """argv as the JSON keeps it: paths inside the checkout relative to it, the run's
+        scratch directory as $WORK (both differ from machine to machine)."""
+        def one(a):
+            a = a.replace(self.tmp, "$WORK")
+            return a.replace(REPO + os.sep, "") if REPO + os.sep in a else a
+        return [one(a) for a in argv]
+
     def shown(self, argv):
         """The command as the table shows it: the build's tools by their repo-relative path,
         no --json FILE (every command gets one; the JSON keeps the full argv)."""
@@ -252,7 +260,7 @@ def row(r, op, epx, yardstick, rounds, argv, shape="", detail=""):
     group, figure = OP_INFO[op]
     return {"id": op, "group": group, "figure": figure, "shape": shape, "status": "ok",
             "epx": epx, "yardstick": yardstick, "ratio": median(rounds), "rounds": rounds,
-            "detail": detail, "command": r.shown(argv), "argv": argv, "machine": r.machine, "date": now(),
+            "detail": detail, "command": r.shown(argv), "argv": r.portable(argv), "machine": r.machine, "date": now(),
             "commit": r.commit, "load_at_step_start": r.step_load, "quick": r.quick}
 
 
@@ -988,7 +996,7 @@ def main(argv=None):
            "load_at_start": load0, "machine": r.machine, "commit": r.commit, "ops": [op for op, _, _ in OPS],
            "rows": rows}
     if sim is not None:
-        doc["sim_published"] = {"svg": os.path.basename(sim_svg), "argv": sim[1]}  # numbers: docs/sim.md §9
+        doc["sim_published"] = {"svg": os.path.basename(sim_svg), "argv": r.portable(sim[1])}  # numbers: docs/sim.md §9
     write(json_path, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     write(svg_path, svg_chart(rows, meta))
     fragment = markdown(rows, meta)
