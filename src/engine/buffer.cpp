@@ -180,7 +180,8 @@ MaybeStatus Buffer::Impl::check_x(const DispatchArgs& a) const {
       return make_status(ErrorCode::kShapeMismatch,
                          "FP8 x needs H % 128 == 0, but H = " + std::to_string(c.hidden));
     if (a.x_scales.dtype != DType::kF32 || !(a.x_scales.shape == Shape{S, c.hidden / 128}))
-      return make_status(ErrorCode::kShapeMismatch, "x_scales must be [" + std::to_string(S) + ", " +
+      return make_status(a.x_scales.dtype != DType::kF32 ? ErrorCode::kDtypeMismatch : ErrorCode::kShapeMismatch,
+                         "x_scales must be [" + std::to_string(S) + ", " +
                                                         std::to_string(c.hidden / 128) + "] float32, got " +
                                                         got(a.x_scales));
   } else if (!a.x_scales.empty()) {
@@ -253,7 +254,8 @@ MaybeStatus Buffer::Impl::check_combine(const CombineArgs& a) const {
   const Shape st{h->plan.shape.num_tokens, config.hidden};
   for (const TensorView* b : {&a.bias0, &a.bias1})
     if (!b->empty() && (b->dtype != DType::kBF16 || !(b->shape == st)))
-      return make_status(ErrorCode::kShapeMismatch, "bias must be " + st.str() + " bf16, got " + got(*b));
+      return make_status(b->dtype != DType::kBF16 ? ErrorCode::kDtypeMismatch : ErrorCode::kShapeMismatch,
+                         "bias must be " + st.str() + " bf16, got " + got(*b));
   if (a.weighted && h->layout != RecvLayout::kExpanded)
     return make_status(ErrorCode::kInvalidArgument,
                        "weighted combine needs the expanded layout (in the compact layout the expert applies its own weights)");

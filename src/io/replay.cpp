@@ -117,7 +117,7 @@ std::int64_t check_replay_rank_inputs(const fs::path& in, const ReplayMeta& m, i
   if (fp8) {
     expect_header(in, r, "x_fp8.npy", "|u1", S, m.hidden);
     if (m.hidden % 128 != 0)
-      input_error(r, ErrorCode::kInvalidArgument, "FP8 input needs hidden % 128 == 0, meta.json says " + std::to_string(m.hidden));
+      input_error(r, ErrorCode::kShapeMismatch, "FP8 input needs hidden % 128 == 0, meta.json says " + std::to_string(m.hidden));
     expect_header(in, r, "x_scales.npy", "<f4", S, m.hidden / 128);
   } else if (!x_optional || fs::exists(rd / "x.npy")) {
     expect_header(in, r, "x.npy", "<u2", S, m.hidden);

@@ -109,6 +109,31 @@ std::vector<BadInput> bad_inputs() {
                  c.handle = &d.handle;
                  b.combine(c);
                }});
+  // A bias of the wrong dtype is a dtype error, one of the wrong shape a shape error (docs/spec.md §6).
+  for (const bool dtype : {true, false})
+    v.push_back({dtype ? "combine_bias_dtype" : "combine_bias_shape", dtype ? ErrorCode::kDtypeMismatch : ErrorCode::kShapeMismatch,
+                 [dtype](Buffer& b, const ref::Problem& p, int r, bool bad) {
+                   DispatchResult d = b.dispatch(args_of(p, r));
+                   const std::int64_t S = args_of(p, r).x.shape[0];
+                   std::vector<float> bias(static_cast<std::size_t>((S + 1) * p.hidden));
+                   CombineArgs c;
+                   c.y = d.recv_x.view();
+                   c.handle = &d.handle;
+                   c.bias0 = TensorView(bias.data(), DType::kBF16, {S, p.hidden});
+                   if (bad && dtype) c.bias0 = TensorView(bias.data(), DType::kF32, {S, p.hidden});
+                   if (bad && !dtype) c.bias0 = TensorView(bias.data(), DType::kBF16, {S + 1, p.hidden});
+                   b.combine(c);
+                 }});
+  // FP8 on every rank; the rank at fault passes int32 scales.
+  v.push_back({"x_scales_dtype", ErrorCode::kDtypeMismatch, [](Buffer& b, const ref::Problem& p, int r, bool bad) {
+                 DispatchArgs a = args_of(p, r);
+                 const std::int64_t S = a.x.shape[0];
+                 std::vector<std::uint8_t> q(static_cast<std::size_t>(S * p.hidden));
+                 std::vector<float> scales(static_cast<std::size_t>(S * p.hidden / 128), 1.0f);
+                 a.x = TensorView(q.data(), DType::kFP8E4M3, {S, p.hidden});
+                 a.x_scales = TensorView(scales.data(), bad ? DType::kI32 : DType::kF32, {S, p.hidden / 128});
+                 b.dispatch(a);
+               }});
   v.push_back({"empty_handle", ErrorCode::kBadHandle, [](Buffer& b, const ref::Problem& p, int r, bool bad) {
                  DispatchResult d = b.dispatch(args_of(p, r));
                  DispatchHandle none;

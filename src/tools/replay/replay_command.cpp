@@ -335,7 +335,7 @@ void add_replay_command(CLI::App& app) {
   sub->add_option("--alignment", o->alignment, "expert_alignment A >= 1")->capture_default_str();
   sub->add_option("--worst", o->worst, "num_worst_tokens W (0 = off)")->capture_default_str();
   sub->add_flag("--deterministic", o->deterministic, "expanded rows sorted by (s, t) in each expert (always the case in epx)");
-  sub->add_flag("--zero-padding", o->zero_padding, "padding rows of recv_x are zero (always the case in epx replay)");
+  sub->add_flag("--zero-padding", o->zero_padding, "zero recv_x's padding rows (off by default here: they are then unspecified, as docs/spec.md §3.2 allows; the library zeroes them by default)");
   sub->add_flag("--weighted", o->weighted, "weighted combine (expanded layout only)");
   sub->add_option("--transport", o->transport, "shm (ranks are processes) | threads | shmem (one rank per process, started by "
                   "oshrun / mpirun: README 'Across machines')")->capture_default_str();
