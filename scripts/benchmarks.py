@@ -38,6 +38,9 @@ import time
 from xml.sax.saxutils import escape
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in the checkout
+sys.path.insert(0, os.path.join(REPO, "tests", "multinode"))
+import machines  # noqa: E402  (the namespace machines, shared with tests/e2e/check_diagnose.py)
 BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
 
 # Every figure the script writes: id -> (group, figure). The table and the chart keep this
@@ -536,20 +539,13 @@ def step_engram(r):
 # ----------------------------------------------------------------------------------------
 
 class Namespaces:
-    """Two "machines": network namespaces on a bridge, each rank in its own UTS / mount / IPC
-    namespace with a private /dev/shm (tests/multinode/agent.sh), UCX over TCP on a veth.
-    Everything is made under names of this process and removed by close()."""
+    """Two "machines" (tests/multinode/machines.py: network namespaces on a bridge, UCX over
+    TCP on a veth, each rank with its own /dev/shm through agent.sh), with the hostfile and
+    the launcher of this script's 2 × 2 runs. Everything is removed by close()."""
 
     def __init__(self, work):
-        pid = os.getpid()
-        self.ns = ["epx-bn%d-%d" % (pid, i) for i in (1, 2)]
-        self.br = "epxbn%d" % pid
-        self.host_veth = ["epxbv%dx%d" % (pid, i) for i in (1, 2)]
         self.work = work
-        self.made = []
-
-    def sh(self, *argv):
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
+        self.m = None
 
     def open(self):
         if os.geteuid() != 0:
@@ -557,62 +553,26 @@ class Namespaces:
         for tool in ("ip", "unshare", "oshrun"):
             if not shutil.which(tool):
                 raise Skip("no %s" % tool)
-        if self.sh("ip", "link", "add", self.br, "type", "bridge").returncode != 0:
-            raise Skip("cannot create a bridge (no CAP_NET_ADMIN?)")
-        self.made.append(("link", self.br))
-        self.sh("ip", "link", "set", self.br, "up")
-        for i, ns in enumerate(self.ns, 1):
-            if self.sh("ip", "netns", "add", ns).returncode != 0:
-                raise Skip("cannot create network namespace %s" % ns)
-            self.made.append(("netns", ns))
-            inner = "epxbt%dx%d" % (os.getpid(), i)
-            steps = [("ip", "link", "add", self.host_veth[i - 1], "type", "veth", "peer", "name", inner),
-                     ("ip", "link", "set", inner, "netns", ns),
-                     ("ip", "-n", ns, "link", "set", inner, "name", "eth1"),
-                     ("ip", "link", "set", self.host_veth[i - 1], "master", self.br, "up"),
-                     ("ip", "-n", ns, "addr", "add", "10.201.0.%d/24" % i, "dev", "eth1"),
-                     ("ip", "-n", ns, "link", "set", "eth1", "up"),
-                     ("ip", "-n", ns, "link", "set", "lo", "up")]
-            for k, s in enumerate(steps):
-                if self.sh(*s).returncode != 0:
-                    raise Skip("cannot set up the veth of %s" % ns)
-                if k == 0:
-                    self.made.append(("link", self.host_veth[i - 1]))
+        try:
+            self.m = machines.Machines(2)
+        except OSError as e:
+            raise Skip("cannot make the namespace machines (no CAP_NET_ADMIN?): %s" % e)
         with open(os.path.join(self.work, "hosts2"), "w") as f:
-            f.write("".join("%s slots=2\n" % ns for ns in self.ns))
+            f.write("".join("%s slots=2\n" % ns for ns in self.m.ns))
 
     def launcher(self):
         """oshrun over the two machines with the network's settings only (epx sets the rest)."""
         agent = os.path.join(REPO, "tests", "multinode", "agent.sh")
-        return ["ip", "netns", "exec", self.ns[0], "oshrun", "--allow-run-as-root", "--oversubscribe",
+        return ["ip", "netns", "exec", self.m.ns[0], "oshrun", "--allow-run-as-root", "--oversubscribe",
                 "--mca", "plm_rsh_agent", agent, "--mca", "oob_tcp_if_include", "10.201.0.0/24",
                 "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "10.201.0.0/24",
                 "-x", "UCX_TLS=tcp,sysv,posix,self", "-x", "UCX_NET_DEVICES=eth1", "-x", "EPX_MN_LOG",
                 "--hostfile", os.path.join(self.work, "hosts2"), "-np", "4"]
 
     def close(self):
-        for ns in self.ns:  # only processes inside this run's namespaces (all started by this script)
-            p = self.sh("ip", "netns", "pids", ns)
-            for pid in p.stdout.split() if p.returncode == 0 else []:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
-        for kind, name in reversed(self.made):
-            if kind == "netns":
-                self.sh("ip", "netns", "del", name)
-            else:
-                self.sh("ip", "link", "del", name)
-        # The kernel tears a namespace's veths down asynchronously: wait until ours are gone.
-        links = [name for kind, name in self.made if kind == "link"]
-        for _ in range(50):
-            links = [n for n in links if self.sh("ip", "link", "show", n).returncode == 0]
-            if not links:
-                break
-            for n in links:
-                self.sh("ip", "link", "del", n)
-            time.sleep(0.1)
-        self.made = []
+        if self.m is not None:
+            self.m.remove()
+            self.m = None
 
 
 def step_multinode(r):

@@ -34,6 +34,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.dont_write_bytecode = True  # no __pycache__ in the checkout
+sys.path.insert(0, os.path.join(REPO, "tests", "multinode"))
+import machines  # noqa: E402  (the namespace machines, shared with scripts/benchmarks.py)
+from machines import sh  # noqa: E402
 # A small problem: ~1 ms per call on a loaded 2-core machine; every rank sends to every rank.
 SHAPE = ["--tokens", "64", "--hidden", "1024", "--topk", "4", "--experts", "16", "--warmup", "3",
          "--counters-overhead", "0", "--no-counters", "--diagnose", "--timeout-ms", "30000"]
@@ -254,51 +258,8 @@ def check_cgroup(epx, iters, ranks, victim=1):
 
 # ---- netem: 4 namespace machines --------------------------------------------------------------
 
-def sh(*cmd, check=True):
-    r = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if check and r.returncode != 0:
-        raise OSError(f"{' '.join(cmd)}: {r.stdout.strip()}")
-    return r
-
-
-class Machines:
-    """N network namespaces on a bridge (tests/multinode/run.sh's layout; ranks enter them
-    through tests/multinode/agent.sh), 10.201.0.i inside namespace i only."""
-
-    made_here = 0  # Machines made by this process: each set gets its own names
-
-    def __init__(self, n):
-        # The kernel tears a deleted namespace down asynchronously (its veth lingers on the
-        # host for seconds), so a second set in this process must not reuse the first's names
-        # (interface names <= 15 characters: pid <= 7 digits + the set's digit).
-        Machines.made_here += 1
-        self.id = f"{os.getpid()}{Machines.made_here % 10}"
-        self.ns = [f"epx-{self.id}-d{i}" for i in range(1, n + 1)]
-        self.br = f"epxd{self.id}"
-        self.made = []
-        self.veths = []
-        try:
-            self._make()
-        except BaseException:
-            self.remove()  # what was made before the failure
-            raise
-
-    def _make(self):
-        sh("ip", "link", "add", self.br, "type", "bridge")
-        self.made.append("bridge")
-        sh("ip", "link", "set", self.br, "up")
-        for i, ns in enumerate(self.ns, 1):
-            sh("ip", "netns", "add", ns)
-            self.made.append(ns)
-            v, t = f"epxdv{self.id}x{i}", f"epxdt{self.id}x{i}"
-            sh("ip", "link", "add", v, "type", "veth", "peer", "name", t)
-            self.veths.append(v)
-            sh("ip", "link", "set", t, "netns", ns)
-            sh("ip", "-n", ns, "link", "set", t, "name", "eth1")
-            sh("ip", "link", "set", v, "master", self.br, "up")
-            sh("ip", "-n", ns, "addr", "add", f"10.201.0.{i}/24", "dev", "eth1")
-            sh("ip", "-n", ns, "link", "set", "eth1", "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
+class Machines(machines.Machines):
+    """The shared namespace machines, and a slow link between two of them."""
 
     def slow_link(self, src, dst, delay_ms, rate_kbit, netem):
         """Machine src's eth1 slows its packets to machine dst only (1-based): a u32 filter
@@ -318,22 +279,6 @@ class Machines:
            "ceil", f"{rate_kbit}kbit", "burst", "1600", "cburst", "1600")
         sh(*tc, "filter", "add", "dev", "eth1", "protocol", "ip", "parent", "1:", "prio", "1", *to_dst, "flowid", "1:20")
         return f"htb rate {rate_kbit} kbit/s"
-
-    def remove(self):
-        for ns in self.ns:
-            if ns in self.made:
-                for p in sh("ip", "netns", "pids", ns, check=False).stdout.split():
-                    try:
-                        os.kill(int(p), signal.SIGKILL)
-                    except (ProcessLookupError, ValueError):
-                        pass
-        for v in self.veths:  # the pair goes at once (a deleted namespace's goes later)
-            sh("ip", "link", "del", v, check=False)
-        for ns in self.ns:
-            if ns in self.made:
-                sh("ip", "netns", "del", ns, check=False)
-        if "bridge" in self.made:
-            sh("ip", "link", "del", self.br, check=False)
 
 
 def oshrun_cmd(m, hostfile, np):
