@@ -206,13 +206,20 @@ class BucketBuffer(BufferLifecycle):
         same on every rank of the default group, which builds the buffer collectively.
     allocation_plan_or_num_bytes: a BufferAllocator (its tensors become views of the
         storage) or the storage's size in bytes.
+        A group may also be each rank's own of its kind (ranks 0, 1 pass [dp01, tp...], ranks
+        2, 3 pass [dp23, tp...], as data- and tensor-parallel groups are made): group i is
+        then this rank's group of role i, every rank of it must pass that same group as its
+        i-th, and all the groups of all roles together count against the 8.
     transport, num_cpu_timeout_secs: as EPBuffer (the default group's shared transport).
+    transport_group: build the buffer over this torch.distributed group's transport instead
+        (only its ranks take part; `group` then names ranks of it: a list of its ranks, or
+        this group itself).
     chunk_bytes, algorithm: epx::BucketOptions (0 / "auto" unless measuring).
     session_bytes: storage for sessions' staging past the plan's tensors (or added to num_bytes).
     """
 
     def __init__(self, group, allocation_plan_or_num_bytes, *, transport="auto", num_cpu_timeout_secs=300,
-                 explicitly_destroy=False, chunk_bytes=0, algorithm="auto", session_bytes=0):
+                 explicitly_destroy=False, chunk_bytes=0, algorithm="auto", session_bytes=0, transport_group=None):
         plan = allocation_plan_or_num_bytes if isinstance(allocation_plan_or_num_bytes, BufferAllocator) else None
         num_bytes = plan.num_bytes if plan is not None else int(allocation_plan_or_num_bytes)
         if plan is not None and plan.materialized:
@@ -228,9 +235,18 @@ class BucketBuffer(BufferLifecycle):
         self.explicitly_destroy = explicitly_destroy
         self._session = None
         self._plan_bytes = plan.num_bytes if plan is not None else 0
-        self._transport = transport_of(None, transport, num_cpu_timeout_secs)
-        ranks = _groups_ranks(self.groups)
-        self.runtime = _epx.BucketBuffer(self._transport, ranks, num_bytes, entries, int(chunk_bytes), str(algorithm))
+        self._transport_group = transport_group
+        self._transport = transport_of(transport_group, transport, num_cpu_timeout_secs)
+        if transport_group is not None:
+            ranks, every = _local_groups_ranks(self.groups, transport_group, self._transport.num_ranks), None
+        else:
+            ranks, every = _groups_ranks(self.groups)
+        # the native buffer serves the distinct groups of every rank; role i of this rank is one of them
+        self._native_groups, self._native_idx = ranks, list(range(len(ranks)))
+        if every is not None:
+            self._native_groups, self._native_idx = _union_of_roles(ranks, every)
+        self.runtime = _epx.BucketBuffer(self._transport, self._native_groups, num_bytes, entries, int(chunk_bytes),
+                                         str(algorithm))
         self.rank, self.num_ranks, self.num_bytes = self.runtime.rank, self.runtime.num_ranks, num_bytes
         self._group_ranks = ranks
         self.storage = self.runtime.storage("torch" if _torch_loaded() else "numpy")
@@ -263,7 +279,9 @@ class BucketBuffer(BufferLifecycle):
         idx = self.get_context_idx(group)
         if idx >= 0:
             return idx, self._group_ranks[idx]
-        return -1, _groups_ranks([group])[0]
+        if self._transport_group is not None:
+            return -1, _local_groups_ranks([group], self._transport_group, self.num_ranks)[0]
+        return -1, _groups_ranks([group])[0][0]
 
     # -- the collectives ---------------------------------------------------------------
     def all_gather(self, srcs, dsts=None, group=None):
@@ -276,7 +294,7 @@ class BucketBuffer(BufferLifecycle):
         idx, members = self._members(group)
         self._check("all_gather", idx, members, [("srcs", srcs), ("dsts", dsts)], dsts and len(dsts) != len(srcs) and
                     f"dsts: {len(dsts)} tensors for {len(srcs)} srcs")
-        ev = self.runtime.all_gather([_desc(t) for t in srcs], [_desc(t) for t in dsts], idx)
+        ev = self.runtime.all_gather([_desc(t) for t in srcs], [_desc(t) for t in dsts], self._native_idx[idx])
         return self._event(ev, packed, [(t, len(members)) for t in srcs], keep=(srcs, dsts))
 
     def reduce_scatter(self, srcs, comm_precision="fp32", scale=1.0, group=None):
@@ -288,7 +306,7 @@ class BucketBuffer(BufferLifecycle):
         idx, members = self._members(group)
         self._check("reduce_scatter", idx, members, [("srcs", srcs)], _float32_problem("reduce_scatter", srcs) or
                     (comm_precision not in ("fp32", "bf16") and f"comm_precision: '{comm_precision}', expected fp32 or bf16"))
-        ev = self.runtime.reduce_scatter([_desc(t) for t in srcs], str(comm_precision), float(scale), idx)
+        ev = self.runtime.reduce_scatter([_desc(t) for t in srcs], str(comm_precision), float(scale), self._native_idx[idx])
         return self._event(ev, packed, [(t, 1.0 / len(members)) for t in srcs], keep=(srcs,))
 
     def all_reduce(self, srcs, scale=1.0, group=None):
@@ -298,7 +316,7 @@ class BucketBuffer(BufferLifecycle):
         packed, (srcs,) = _pack(srcs)
         idx, members = self._members(group)
         self._check("all_reduce", idx, members, [("srcs", srcs)], _float32_problem("all_reduce", srcs))
-        ev = self.runtime.all_reduce([_desc(t) for t in srcs], float(scale), idx)
+        ev = self.runtime.all_reduce([_desc(t) for t in srcs], float(scale), self._native_idx[idx])
         result = srcs[0] if packed else list(srcs)
         return EventOverlap._of(_Pending(ev), result)
 
@@ -509,20 +527,83 @@ def _torch_loaded():
 
 
 def _groups_ranks(groups):
-    """Each group's world ranks (ascending). ProcessGroups this rank is not a member of are
-    resolved from the members' answers (one all_gather_object over the default group)."""
+    """(each group's world ranks (ascending), every rank's lists or None). With ProcessGroups,
+    every rank's view of the groups is gathered (one all_gather_object over the default
+    group): a group this rank is not a member of is resolved from its members' answers, and
+    a role whose group differs between ranks (each rank's own DP group, say) keeps this
+    rank's own, once every rank is known to agree (else epx.Error on every rank naming the
+    first rank whose list differs)."""
     if not groups or len(groups) > _MAX_GROUPS:
         raise Error(f"BucketBuffer: {len(groups)} groups, expected 1..{_MAX_GROUPS}", "invalid_argument")
     known = [_ranks_if_known(g) for g in groups]
+    everyone = None
     if any(k is None for k in known) or any(not isinstance(g, (list, tuple, range)) for g in groups):
         import torch.distributed as dist
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, known)
-        known = [next((o[i] for o in everyone if o[i] is not None), None) for i in range(len(groups))]
+        _check_roles(everyone)
+        known = [known[i] if known[i] is not None else next((o[i] for o in everyone if o[i] is not None), None)
+                 for i in range(len(groups))]
     for i, k in enumerate(known):
         if k is None:
             raise Error(f"BucketBuffer: group {i}: no rank knows its members", "invalid_argument")
-    return known
+    return known, everyone
+
+
+def _check_roles(everyone):
+    """The same verdict on every rank (all see `everyone`): the number of groups agrees, and a
+    rank that some rank counts as a member of its group i passes that group as its own i-th."""
+    n0 = len(everyone[0])
+    for r, o in enumerate(everyone):
+        if len(o) != n0:
+            raise Error(f"BucketBuffer: rank {r} passes {len(o)} groups, rank 0 passes {n0}", "invalid_argument", r)
+    for i in range(n0):
+        claims = [o[i] for o in everyone]
+        if len({tuple(c) for c in claims if c is not None}) <= 1:
+            continue  # one group for the role: its non-members resolve it from the members
+        for r, c in enumerate(claims):
+            if c is None:
+                raise Error(f"BucketBuffer: group {i}: rank {r} passes a group it is not a member of, while the "
+                            f"ranks pass different groups as group {i} "
+                            f"({sorted({tuple(x) for x in claims if x is not None})}): with a group of its own per "
+                            f"rank, every rank passes the one it is in", "invalid_argument", r)
+        for r, c in enumerate(claims):
+            for m in c:
+                if 0 <= m < len(claims) and claims[m] != c:
+                    raise Error(f"BucketBuffer: group {i}: rank {r} passes {c}, which has rank {m}, but rank {m} "
+                                f"passes {claims[m]}: every member of a group passes that same group",
+                                "invalid_argument", m)
+
+
+def _union_of_roles(mine, everyone):
+    """(the distinct groups of every rank and role, in role order then by first rank;
+    the index of this rank's group i among them)."""
+    union = []
+    for i in range(len(mine)):
+        for o in everyone:
+            g = list(o[i]) if o[i] is not None else list(mine[i])
+            if g not in union:
+                union.append(g)
+    if len(union) > _MAX_GROUPS:
+        raise Error(f"BucketBuffer: the ranks' groups are {len(union)} distinct groups together ({union}), "
+                    f"expected at most {_MAX_GROUPS}", "invalid_argument")
+    return union, [union.index(list(g)) for g in mine]
+
+
+def _local_groups_ranks(groups, transport_group, size):
+    """Groups over transport_group's ranks: lists of its ranks, or transport_group itself."""
+    if not groups or len(groups) > _MAX_GROUPS:
+        raise Error(f"BucketBuffer: {len(groups)} groups, expected 1..{_MAX_GROUPS}", "invalid_argument")
+    out = []
+    for i, g in enumerate(groups):
+        if g is None or g is transport_group:
+            out.append(list(range(size)))
+        elif isinstance(g, (list, tuple, range)):
+            out.append([int(r) for r in g])
+        else:
+            raise Error(f"BucketBuffer: group {i}: with transport_group, a group is a list of transport_group's "
+                        f"ranks or transport_group itself, got {type(g).__name__}", "invalid_argument")
+    return out
 
 
 def _ranks_if_known(g):

@@ -89,16 +89,19 @@ class EngramFetch(list):
 class EngramBuffer(BufferLifecycle):
     def __init__(self, group=None, num_gpu_bytes=0, num_rdma_storage_bytes=0, use_cpu_rdma_storage=True,
                  num_allocated_qps=1, qp_depth=1, restrict_rd_atomic=False, allow_hybrid_mode=True, sl_idx=None,
-                 num_gpu_timeout_secs=100, explicitly_destroy=False, *, num_bytes=None, num_storage_bytes=None):
+                 num_gpu_timeout_secs=100, explicitly_destroy=False, *, num_bytes=None, num_storage_bytes=None,
+                 transport="auto", num_cpu_timeout_secs=300):
         """Collective over `group` (None: the default group): a window of the two sizes
-        get_storage_size_hint gave (num_bytes / num_storage_bytes are epx's names for them)."""
+        get_storage_size_hint gave (num_bytes / num_storage_bytes are epx's names for them).
+        transport, num_cpu_timeout_secs: as EPBuffer (the group's shared transport of that
+        kind and timeout)."""
         del use_cpu_rdma_storage, num_allocated_qps, qp_depth, restrict_rd_atomic, allow_hybrid_mode, sl_idx
         del num_gpu_timeout_secs
         self.group = group
         self.explicitly_destroy = explicitly_destroy
         nb = num_gpu_bytes if num_bytes is None else num_bytes
         ns = num_rdma_storage_bytes if num_storage_bytes is None else num_storage_bytes
-        self._transport = transport_of(group)
+        self._transport = transport_of(group, transport, num_cpu_timeout_secs)
         self._runtime = _epx.EngramBuffer(self._transport, int(nb), int(ns))
         self.rank_idx, self.num_ranks = self._runtime.rank, self._runtime.num_ranks
         self._fp8 = False

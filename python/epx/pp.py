@@ -102,16 +102,17 @@ def _view_tensor(raw, dtype, shape):
 class PPBuffer(BufferLifecycle):
     def __init__(self, group=None, num_max_tensor_bytes=0, num_max_inflight_tensors=1, sl_idx=None,
                  num_gpu_timeout_secs=100, explicitly_destroy=False, *, links=None, chunk_bytes=0,
-                 allocation_plan=None):
+                 allocation_plan=None, transport="auto", num_cpu_timeout_secs=300):
         """Collective over `group` (None: the default group). See the module's doc.
         allocation_plan: an epx.BufferAllocator whose tensors become views of the window's
-        planned storage (every rank the same plan)."""
+        planned storage (every rank the same plan). transport, num_cpu_timeout_secs: as
+        EPBuffer (the group's shared transport of that kind and timeout)."""
         del sl_idx, num_gpu_timeout_secs  # DeepEP's GPU knobs
         plan = allocation_plan
         if plan is not None and plan.materialized:
             raise Error("PPBuffer: the allocation plan is materialised already", "invalid_argument")
         self.group = group
-        self._transport = transport_of(group)
+        self._transport = transport_of(group, transport, num_cpu_timeout_secs)
         self._runtime = _epx.PPBuffer(self._transport, int(num_max_tensor_bytes), int(num_max_inflight_tensors),
                                       _links(links, self._transport.num_ranks), int(chunk_bytes),
                                       plan._entries() if plan is not None else [],
