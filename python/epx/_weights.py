@@ -83,3 +83,46 @@ def add_stats(stats, counts):
         stats += torch.tensor(counts, dtype=stats.dtype)
     else:
         stats += np.asarray(counts, dtype=stats.dtype)
+
+
+# DeepEP V1's combine(topk_weights=): at the source, the float32 sum over the ranks that
+# received a token of the whole row each passes (epx/legacy.py). Each rank's three bf16
+# parts go in columns no other rank writes — unit (r, p), K columns, for rank r's part p —
+# so every column of a combine has one contributor and arrives exact; the parts are summed
+# per rank, then the ranks in ascending order, in float32. A combine holds H // K units.
+
+def rank_rounds(num_ranks, K, H, parts=3):
+    """The units (rank, part) of each combine, in order."""
+    per = max(1, H // K)
+    units = [(r, p) for r in range(num_ranks) for p in range(parts)]
+    return [units[i:i + per] for i in range(0, len(units), per)]
+
+
+def pack_rank_round(weights, real_rows, rank, K, H, units, parts=3):
+    """This rank's uint16 bf16 bits [N, H] for one combine of `units`: its parts of the float32
+    weights [N, K] (every slot; rows not real zeroed) in its own units' columns, 0 elsewhere."""
+    w = np.where(np.asarray(real_rows)[:, None], np.asarray(weights, dtype=np.float32), np.float32(0))
+    split = _split(w, parts)
+    packed = np.zeros((w.shape[0], H), dtype=np.uint16)
+    for u, (r, p) in enumerate(units):
+        if r == rank:
+            packed[:, u * K:(u + 1) * K] = split[p]
+    return packed
+
+
+def unpack_rank_rounds(combined_bits, rounds, num_ranks, K, parts=3):
+    """The combines' uint16 bf16 bits [S, H] (one per round) -> float32 [S, K]: per rank its
+    parts summed in order, then the ranks summed in ascending order."""
+    S = combined_bits[0].shape[0] if combined_bits else 0
+    part = {}
+    for bits, units in zip(combined_bits, rounds):
+        f = (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+        for u, unit in enumerate(units):
+            part[unit] = f[:, u * K:(u + 1) * K]
+    total = np.zeros((S, K), dtype=np.float32)
+    for r in range(num_ranks):
+        w = np.zeros((S, K), dtype=np.float32)
+        for p in range(parts):
+            w = (w + part[(r, p)]).astype(np.float32)
+        total = (total + w).astype(np.float32)
+    return total
