@@ -1,5 +1,5 @@
 """epx: MoE expert-parallel dispatch and combine on CPU, for PyTorch and NumPy, with DeepEP's
-Python API (V2.5's EPBuffer, V1's Buffer): `import epx as deep_ep` runs DeepEP code on CPU
+Python API (2.1.0's ElasticBuffer, V2.5's EPBuffer, V1's Buffer): `import epx as deep_ep` runs DeepEP code on CPU
 tensors.
 
     import epx
@@ -11,7 +11,7 @@ tensors.
     bucket = epx.BucketBuffer(group, num_bytes)          # all_gather / reduce_scatter / all_reduce
     bucket.all_reduce(grads, scale=1 / world).wait()
 
-See EPBuffer, EPHandle, EventOverlap, Buffer, BucketBuffer, BufferAllocator, PPBuffer,
+See ElasticBuffer, EPBuffer, EPHandle, EventOverlap, Buffer, BucketBuffer, BufferAllocator, PPBuffer,
 EngramBuffer, launch and Error; the README's "Python"
 section, docs/python.md, and docs/deepep.md (every DeepEP call and its status here).
 """
@@ -20,8 +20,7 @@ from . import utils
 from .bucket import BucketBuffer, BucketSession, BufferAllocator
 from .buffer import EPBuffer, EPHandle, MAX_LOCAL_EXPERTS, get_num_allocation_alignment
 from .diagnose import Diagnose
-
-ElasticBuffer = EPBuffer  # the name DeepEP V2's README uses for it
+from .elastic import ElasticBuffer, get_logical_domain_size, get_physical_domain_size
 from .errors import Error
 from .events import EventHandle, EventOverlap
 from .engram import EngramBuffer
@@ -31,7 +30,8 @@ from .legacy import Buffer, Config
 
 __all__ = ["EPBuffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "Buffer", "Config", "Diagnose", "Error", "launch",
            "get_num_allocation_alignment", "MAX_LOCAL_EXPERTS", "topk_idx_t", "__version__",
-           "BucketBuffer", "BucketSession", "BufferAllocator", "PPBuffer", "PPView", "EngramBuffer"]
+           "BucketBuffer", "BucketSession", "BufferAllocator", "PPBuffer", "PPView", "EngramBuffer",
+           "get_physical_domain_size", "get_logical_domain_size"]
 
 
 def __getattr__(name):

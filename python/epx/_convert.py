@@ -64,8 +64,49 @@ def zeros_f32(shape, like):
 
 
 def version_of(t):
-    """torch's in-place modification counter (None for numpy, which has none)."""
-    return getattr(t, "_version", None) if is_torch(t) else None
+    """torch's in-place modification counter; None where there is none: numpy, and tensors
+    made under torch.inference_mode() (they track no version, and reading it raises)."""
+    if not is_torch(t):
+        return None
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def normal_tensors():
+    """A context in which torch makes normal tensors even under torch.inference_mode(): for
+    torch.distributed setup traffic, whose gloo threads (outside the caller's inference mode)
+    write into the tensors this thread makes, which they may not do to inference tensors."""
+    import contextlib
+    t = _torch()
+    return t.inference_mode(False) if t is not None else contextlib.nullcontext()
+
+
+_index_dtype = None
+
+
+def index_dtype(flavor):
+    """numpy dtype of DeepEP's int32 index tensors (recv_src_metadata, ...): int32, except on
+    a torch that cannot index with int32 tensors (before 2.0), where int64."""
+    global _index_dtype
+    if flavor != "torch":
+        return np.int32
+    if _index_dtype is None:
+        import torch
+        try:
+            torch.zeros(1)[torch.zeros(1, dtype=torch.int32)]
+            _index_dtype = np.int32
+        except (IndexError, RuntimeError):
+            _index_dtype = np.int64
+    return _index_dtype
+
+
+def copy_of(t):
+    """A copy of a tensor or array with its own memory (torch: clone, numpy: copy)."""
+    if is_torch(t):
+        return t.clone()
+    return np.array(t, copy=True)
 
 
 def plain(t):

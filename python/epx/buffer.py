@@ -9,6 +9,10 @@ pair ``(data, scales)``, data uint8 raw E4M3 bits [S, H], scales float32 [S, H/1
 GIL is released while a call runs. docs/deepep.md: what matches DeepEP and what differs.
 """
 
+import weakref
+
+import numpy as np
+
 from . import _convert as cv
 from . import _epx
 from . import _lb
@@ -83,6 +87,102 @@ class EPHandle:
         self._topk_version = cv.version_of(topk_idx)
         self._recv_idx, self._recv_weights = recv_idx, recv_weights
         self._weights_given = False
+        self._fields = None  # DeepEP 2.1.0's fields, once computed
+        self._event = None  # weakref to the event of an asynchronous dispatch
+
+    # -- DeepEP 2.1.0's fields (computed on first read: the receive side's need the
+    # dispatch finished, i.e. its event waited on when it was asynchronous) -------------
+    def _deepep_fields(self):
+        f = self._fields
+        if f is not None:
+            return f
+        f = _deepep_fields_of(self)
+        ev = self._event() if self._event is not None else None
+        if ev is None or ev._pending is None:  # final values: kept
+            self._fields = f
+        return f
+
+    def _field(name, doc):
+        def get(self):
+            return self._deepep_fields()[name]
+
+        def set_(self, value):  # DeepEP's handles are plain objects: a field may be replaced
+            self._deepep_fields()[name] = value
+        return property(get, set_, doc=doc)
+
+    recv_src_metadata = _field("recv_src_metadata", """int32 [num_recv_tokens, 2 + K] (int64 on a torch before 2.0,
+        which cannot index with int32), one row per
+        received token in the order of the compact output's rows (by source rank, then token):
+        column 0 the token's global index s * num_max_tokens_per_rank + t; column 1 s * K + the
+        first slot k of the token on this rank; columns 2 + k: expanded layout, the output row of
+        slot k (-1 where slot k's expert is elsewhere); compact layout, -1.""")
+    psum_num_recv_tokens_per_scaleup_rank = _field("psum_num_recv_tokens_per_scaleup_rank", """int32 [P]:
+        inclusive prefix sum of the tokens received from each source rank (a token once however
+        many of its experts are here); the last element is num_recv_tokens.""")
+    psum_num_recv_tokens_per_expert = _field("psum_num_recv_tokens_per_expert", """int32 [L]: compact,
+        the inclusive prefix sum of the aligned counts; expanded, expert j's first row plus its
+        unaligned count (align(psum[j-1]) is where expert j starts).""")
+    num_unaligned_recv_tokens_per_expert = _field("num_unaligned_recv_tokens_per_expert",
+                                                  "int32 [L]: the unaligned counts (both layouts).")
+    dst_buffer_slot_idx = _field("dst_buffer_slot_idx", """int32 [S, K] (int64 as recv_src_metadata; sending side): for slot k of
+        token t, t's position among the tokens this rank sends to the rank of slot k's expert
+        (where the row lands in that rank's area for this rank); -1 for an unused slot.""")
+    num_recv_tokens = _field("num_recv_tokens", "int: tokens received (each once).")
+    num_expanded_tokens = _field("num_expanded_tokens", "int: the sum of the aligned counts (expanded rows).")
+    token_metadata_at_forward = _field("token_metadata_at_forward",
+                                       "None: DeepEP's hybrid (multi-domain) mode only; epx has one domain.")
+    channel_linked_list = _field("channel_linked_list", "None: DeepEP's hybrid mode only.")
+    cached_recv_src_metadata_before_sort = _field("cached_recv_src_metadata_before_sort",
+                                                  "recv_src_metadata before deterministic_sort (None until it ran).")
+    del _field
+
+    def deterministic_sort(self, do_cpu_sync, is_cached_dispatch, recv_x, recv_sf, recv_topk_idx, recv_topk_weights,
+                           channel_linked_list):
+        """DeepEP's deterministic epilogue, in place: orders the received tokens by their global
+        source index (compact: the rows of every given output and, for a fresh dispatch,
+        recv_src_metadata; expanded: each expert's rows, with recv_src_metadata's row pointers
+        following). epx's outputs come in that order already (docs/spec.md §3.1, §3.2), so on
+        them it changes nothing; it records recv_src_metadata's pre-sort copy as DeepEP does.
+        do_cpu_sync and channel_linked_list: no effect (exact counts; no hybrid mode)."""
+        f = self._deepep_fields()
+        meta = f["recv_src_metadata"]
+        if not is_cached_dispatch:
+            f["cached_recv_src_metadata_before_sort"] = cv.copy_of(meta)
+        before = f["cached_recv_src_metadata_before_sort"]
+        if before is None:
+            raise Error("deterministic_sort: a cached dispatch's handle has no pre-sort metadata (sort the fresh "
+                        "dispatch first)", "bad_handle")
+        m = cv.to_numpy(before)
+        n = m.shape[0]
+        if not self.do_expand:
+            order = np.argsort(m[:, 0], kind="stable")
+            if np.array_equal(order, np.arange(n)):
+                return None
+            for t in (recv_x, recv_sf, recv_topk_idx, recv_topk_weights) + ((meta,) if not is_cached_dispatch else ()):
+                if t is not None:
+                    _permute_rows(t, order)
+            return None
+        if is_cached_dispatch:
+            return None
+        rows = m[:, 2:]
+        N = int(recv_x.shape[0])
+        starts = np.asarray(self.expert_offsets[:-1], dtype=np.int64) if self.expert_offsets else np.zeros(0, np.int64)
+        expert_of_row = np.searchsorted(starts, np.arange(N), side="right") - 1
+        key = np.zeros(N, dtype=np.int64)  # (expert, source index) with padding rows last in their expert
+        key[:] = np.iinfo(np.int64).max // 2
+        valid = rows >= 0
+        key[rows[valid]] = np.broadcast_to(m[:, :1], rows.shape)[valid]
+        order = np.lexsort((key, expert_of_row))
+        if np.array_equal(order, np.arange(N)):
+            return None
+        for t in (recv_x, recv_sf, recv_topk_weights):
+            if t is not None:
+                _permute_rows(t, order)
+        to = np.empty_like(order)
+        to[order] = np.arange(N)
+        mm = cv.to_numpy(meta)
+        mm[:, 2:][valid] = to[rows[valid]]
+        return None
 
     @property
     def topk_idx(self):
@@ -194,8 +294,9 @@ class EPBuffer(BufferLifecycle):
         b = self._engines.get(num_experts)
         if b is None:
             transport, workers, recv_rows, pool_rows = self._opts
-            b = _epx.Buffer(transport_of(self.group, transport, self.num_cpu_timeout_secs), num_experts, self.hidden,
-                            self.num_topk, self.num_max_tokens_per_rank, recv_rows, workers, pool_rows)
+            with cv.normal_tensors():
+                b = _epx.Buffer(transport_of(self.group, transport, self.num_cpu_timeout_secs), num_experts,
+                                self.hidden, self.num_topk, self.num_max_tokens_per_rank, recv_rows, workers, pool_rows)
             self._engines[num_experts] = b
             self._transport_name = b.transport
             for ref in getattr(self, "_engine_watchers", ()):  # epx.Diagnose(buffer): this engine's waits too
@@ -300,7 +401,8 @@ class EPBuffer(BufferLifecycle):
     def barrier(self):
         """Collective: a barrier over the group (torch.distributed)."""
         import torch.distributed as dist
-        dist.barrier(group=self.group)
+        with cv.normal_tensors():
+            dist.barrier(group=self.group)
 
     @staticmethod
     def capture():
@@ -395,15 +497,28 @@ class EPBuffer(BufferLifecycle):
         be used only after that. defer_epilogue=True: the event's wait runs the rest of the
         call (completion, epilogue). Until the wait, the inputs must stay unchanged, and any
         other dispatch or combine on this buffer raises epx.Error naming the pending call.
+        A call that fails leaves nothing pending (its event is finished before the error
+        reaches the caller).
         """
         _wait_for(previous_event)
-        problem, code = "", ""
+        return self._dispatch(x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, num_experts,
+                              num_max_tokens_per_rank, expert_alignment, async_with_compute_stream, handle,
+                              do_handle_copy, do_expand, do_zero_padding, use_tma_aligned_col_major_sf,
+                              defer_epilogue, num_worst_tokens, deterministic)
+
+    def _dispatch(self, x, topk_idx, topk_weights, cumulative_local_expert_recv_stats, num_experts,
+                  num_max_tokens_per_rank, expert_alignment, async_with_compute_stream, handle, do_handle_copy,
+                  do_expand, do_zero_padding, use_tma_aligned_col_major_sf, defer_epilogue, num_worst_tokens,
+                  deterministic, problem="", code=""):
+        """dispatch's body (the events already waited on); `problem` (with its error `code`), when
+        set, fails the call on every rank."""
         fresh = handle is None
         if not fresh and not isinstance(handle, EPHandle):
-            problem, code = f"handle: expected an EPHandle from this buffer's dispatch, got {type(handle).__name__}", "bad_handle"
+            problem, code = problem or f"handle: expected an EPHandle from this buffer's dispatch, got {type(handle).__name__}", code or "bad_handle"
             handle, fresh = None, False
         if handle is not None:
-            problem, code = _cached_problem(handle, self, num_experts, do_handle_copy)
+            mine = _cached_problem(handle, self, num_experts, do_handle_copy)
+            problem, code = (problem, code) if problem else mine
             engine = handle._engine if handle._owner is self else self._any_engine()
             do_expand = handle.do_expand if do_expand is None else do_expand
             expert_alignment = handle.expert_alignment if expert_alignment is None else expert_alignment
@@ -424,7 +539,8 @@ class EPBuffer(BufferLifecycle):
                                   2 if defer_epilogue else 1 if async_with_compute_stream else 0,
                                   use_tma_aligned_col_major_sf, problem, code)
         recv_x, recv_idx, recv_w, h, ev = out
-        _weights.add_stats(cumulative_local_expert_recv_stats, h.num_recv_tokens_per_expert)
+        with _settled_on_error(ev):
+            _weights.add_stats(cumulative_local_expert_recv_stats, h.num_recv_tokens_per_expert)
         if defer_epilogue:
             ev._result = (recv_x, recv_idx, recv_w, h)
             return ev
@@ -467,13 +583,20 @@ class EPBuffer(BufferLifecycle):
         r = engine.dispatch(data, scales, topk_idx, topk_weights, handle._raw if handle is not None else None,
                             do_expand, alignment, worst, deterministic, zero_padding, f, mode, problem, code)
         ev = EventOverlap._of(r.get("pending"))
+        with _settled_on_error(ev):
+            return self._dispatch_outputs(engine, r, ev, f, fp8, col_major, mode, handle, topk_idx, data, opts,
+                                          weights_given)
+
+    def _dispatch_outputs(self, engine, r, ev, f, fp8, col_major, mode, handle, topk_idx, data, opts, weights_given):
+        """The binding's dispatch result `r` as the caller's 5-tuple (tensors of flavour `f`)."""
+        do_expand, alignment, worst, zero_padding = opts[:4]
         recv_x = cv.out(r["recv_x"], f)
         if fp8:
             s = cv.out(r["recv_x_scales"], f)
             if col_major:  # a column-major copy: (re)filled once the values are there
                 cm = cv.col_major(s)
                 if mode:
-                    ev._after = lambda: cm.__setitem__(Ellipsis, s)
+                    ev._after = lambda cm=cm, s=s: cm.__setitem__(Ellipsis, s)  # bound now: `s` is rebound below
                 s = cm
             recv_x = (recv_x, s)
         if do_expand:
@@ -486,6 +609,8 @@ class EPBuffer(BufferLifecycle):
                                                                                  handle.do_zero_padding)) + opts[4:],
                      src_idx, cv.out(r["recv_src"], f), recv_idx, recv_w)
         h._weights_given = weights_given
+        if mode:
+            h._event = weakref.ref(ev)
         return recv_x, recv_idx, recv_w if weights_given else None, h, ev
 
     # -- combine --------------------------------------------------------------------
@@ -538,7 +663,9 @@ class EPBuffer(BufferLifecycle):
         mode = 2 if defer_epilogue else 1 if async_with_compute_stream else 0
         r = engine.combine(x, raw, b0, b1, bool(weighted), f, mode, problem, code)
         ev = EventOverlap._of(r.get("pending"))
-        result = (cv.out(r["combined_x"], f), reduced if reduced is not None else cv.out(r["combined_topk_weights"], f))
+        with _settled_on_error(ev):
+            result = (cv.out(r["combined_x"], f),
+                      reduced if reduced is not None else cv.out(r["combined_topk_weights"], f))
         if defer_epilogue:
             ev._result = result
             return ev
@@ -597,6 +724,73 @@ class EPBuffer(BufferLifecycle):
         engine.lb(reduce, *_lb.transfer_args(reduce, slots, homes, mapping, self.group_size))
 
 
+def _deepep_fields_of(h):
+    """DeepEP 2.1.0's EPHandle fields of an epx handle (EPHandle's properties document them),
+    in the handle's flavour."""
+    flavor = cv.flavor_of(h.recv_src)
+    src = cv.to_numpy(h.recv_src)
+    idx = cv.to_numpy(h._topk_idx)
+    K = int(idx.shape[1]) if idx.ndim == 2 else 0
+    C = int(h.num_max_tokens_per_rank)
+    P = h._owner.group_size
+    counts = np.asarray(h.num_recv_tokens_per_expert, dtype=np.int32)
+    aligned = np.asarray(h.num_recv_tokens_per_expert_aligned, dtype=np.int32)
+    L = counts.shape[0]
+    rows = np.nonzero(src[:, 0] >= 0)[0] if src.shape[0] else np.zeros(0, np.int64)
+    s, t = src[rows, 0], src[rows, 1]
+    if not h.do_expand:
+        n = rows.shape[0]
+        meta = np.full((n, 2 + K), -1, dtype=np.int32)
+        meta[:, 0] = s * C + t
+        local = cv.to_numpy(h._recv_idx)[rows] >= 0 if h._recv_idx is not None else np.zeros((n, K), bool)
+        meta[:, 1] = s * K + np.where(local.any(axis=1), local.argmax(axis=1), 0)
+        psum_expert = np.cumsum(aligned, dtype=np.int64).astype(np.int32)
+    else:
+        k = src[rows, 2]
+        glob, inv = np.unique(s * C + t, return_inverse=True)  # sorted: the compact order
+        n = glob.shape[0]
+        meta = np.full((n, 2 + K), -1, dtype=np.int32)
+        meta[:, 0] = glob
+        meta[inv, 2 + k] = rows
+        first = np.full(n, K, dtype=np.int64)
+        np.minimum.at(first, inv, k)
+        meta[:, 1] = (glob // max(C, 1)) * K + first
+        offsets = np.asarray(h.expert_offsets[:L], dtype=np.int64)
+        psum_expert = (offsets + counts).astype(np.int32)
+    per_rank = np.bincount(meta[:, 0] // max(C, 1), minlength=P)[:P] if n else np.zeros(P, np.int64)
+    # where each token goes at its destinations (the sending side's view)
+    S = idx.shape[0] if idx.ndim == 2 else 0
+    dest = np.where(idx >= 0, idx // max(h.num_experts // P, 1), -1) if S else np.zeros((0, K), np.int64)
+    goes = np.zeros((S, P + 1), dtype=np.int64)
+    goes[np.repeat(np.arange(S), K), np.where(dest >= 0, dest, P).reshape(-1)] = 1
+    pos = np.cumsum(goes, axis=0) - 1
+    slot = np.where(dest >= 0, pos[np.arange(S)[:, None], np.where(dest >= 0, dest, P)], -1).astype(np.int32)
+
+    def out(a):
+        return cv.from_numpy(np.ascontiguousarray(a), flavor)
+    index = cv.index_dtype(flavor)  # the row-index tensors are indexed with (DeepEP's test does)
+    meta, slot = meta.astype(index), slot.astype(index)
+    return {"recv_src_metadata": out(meta),
+            "psum_num_recv_tokens_per_scaleup_rank": out(np.cumsum(per_rank).astype(np.int32)),
+            "psum_num_recv_tokens_per_expert": out(psum_expert),
+            "num_unaligned_recv_tokens_per_expert": out(counts),
+            "dst_buffer_slot_idx": out(slot),
+            "num_recv_tokens": int(n),
+            "num_expanded_tokens": int(aligned.sum()),
+            "token_metadata_at_forward": None,
+            "channel_linked_list": None,
+            "cached_recv_src_metadata_before_sort": None}
+
+
+def _permute_rows(t, order):
+    """t[:] = t[order] along the first dimension, in place (torch or numpy)."""
+    if cv.is_torch(t):
+        import torch
+        t.copy_(t[torch.from_numpy(order)])
+    else:
+        t[...] = t[order]
+
+
 def _check_num_bytes(num_bytes):
     if num_bytes is None:
         return
@@ -619,6 +813,29 @@ def _cached_problem(handle, buffer, num_experts, do_handle_copy):
     if do_handle_copy:
         return "do_handle_copy must be False (handle copies are gone, as in DeepEP V2.5)", "invalid_argument"
     return "", ""
+
+
+class _settled_on_error:
+    """`with _settled_on_error(event):` a failure inside finishes the event's call before it
+    propagates, so a caller who never received the event is not left with a pending call
+    (which would refuse the buffer's next dispatch or combine). The call's own error, if it
+    has one, is dropped: the failure being raised is the one to report."""
+
+    def __init__(self, event):
+        self.event = event
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        p = getattr(self.event, "_pending", None)
+        if kind is not None and p is not None:
+            self.event._pending = None
+            try:
+                p.wait()
+            except Exception:
+                pass
+        return False
 
 
 def _wait_for(event):

@@ -70,10 +70,20 @@ class EventOverlap:
         """True when wait() would not block."""
         return self._pending is None or self._pending.done()
 
-    def register_hook_after_wait(self, hook):
-        """Runs hook() after the wait (once); the wait then returns its value."""
+    def register_hook_after_wait(self, hook_after_wait):
+        """DeepEP's: runs hook_after_wait() after the next wait (once); the wait then returns
+        its value. One hook at a time (a second registration before the wait raises)."""
         if self._hook is not None:
-            raise RuntimeError("EventOverlap: a hook is registered already")
+            raise RuntimeError("EventOverlap: a hook is already registered on this EventOverlap")
+        self._hook = hook_after_wait
+
+    @property
+    def hook_after_wait(self):
+        """The registered hook (None: none, or it ran), DeepEP's attribute."""
+        return self._hook
+
+    @hook_after_wait.setter
+    def hook_after_wait(self, hook):
         self._hook = hook
 
     def __call__(self, release_handle=False):
