@@ -183,8 +183,10 @@ def summarize(checks_dir, test, num_failures_shown):
             if e["where"] in seen:
                 continue
             seen.add(e["where"])
+            msg = " ".join(str(e.get("message") or "").split())
+            msg = msg if len(msg) <= 300 else msg[:300] + " ..."
             print(f"[run_deepep]   {e['where']} (rank {e['rank']}): assert {e.get('source', '')}"
-                  + (f" -- {e['message']}" if e.get("message") else ""))
+                  + (f" -- {msg}" if msg else ""))
             shown += 1
             if shown >= num_failures_shown:
                 break

@@ -14,6 +14,8 @@ What it does, and why:
   wall clock; Stream / current_stream / stream() are inert; get_device_properties reports
   an SM count (DeepEP sizes num_sms / num_qps from it; epx takes those as hints only);
   _sleep sleeps the wall-clock time the cycle count would take at ~2 GHz (capped).
+- indexing with an int32 (int16, int8) index tensor (torch >= 2.0) works: the index is
+  widened to int64 first (torch 1.13 takes only int64, bool and uint8 indices).
 - torch.set_default_device (torch >= 2.0) is added: "cuda" and "cpu" both mean the CPU.
 - torch.compile (torch >= 2.0) is the identity decorator.
 - torch.dtype.itemsize (torch >= 2.1) is added (torch.dtype is an immutable C type: its
@@ -21,7 +23,11 @@ What it does, and why:
 - torch.float8_e4m3fn (torch >= 2.1) is torch.uint8: epx carries FP8 data as raw E4M3
   bits in uint8 (docs/python.md); the casts DeepEP's tests use are replaced (fp8.py).
 - torch.distributed: "nccl" -> "gloo"; all_gather_into_tensor / reduce_scatter_tensor,
-  which gloo lacks in torch 1.13, are done with all_gather / all_reduce.
+  which gloo lacks in torch 1.13, are done with all_gather / all_reduce; bf16, which
+  torch 1.13's gloo refuses ("Invalid scalar type"), moves as float16 bits copied as they
+  are (all_gather, all_to_all_single, broadcast) and is reduced in float32 (all_reduce);
+  outputs made under torch.inference_mode (DeepEP's test functions run in it) are
+  staged through ordinary tensors, since gloo's threads write outside that mode.
 - an allocation above EPX_SHIM_MAX_ALLOC_BYTES (default 128 MiB) by zeros/empty/ones is a
   broadcast view of one element: DeepEP's perf tests allocate multi-GiB tensors only to
   keep a GPU busy or flush its L2 cache, never to read them back.
@@ -200,6 +206,18 @@ def install():
         return orig_to(self, *args, **kw)
 
     T.to = to
+    small_ints = (torch.int32, torch.int16, torch.int8)
+
+    def long_index(key):
+        if isinstance(key, torch.Tensor) and key.dtype in small_ints:
+            return key.long()
+        if isinstance(key, tuple) and any(isinstance(k, torch.Tensor) and k.dtype in small_ints for k in key):
+            return tuple(long_index(k) for k in key)
+        return key
+
+    orig_getitem, orig_setitem = T.__getitem__, T.__setitem__
+    T.__getitem__ = lambda self, key: orig_getitem(self, long_index(key))
+    T.__setitem__ = lambda self, key, value: orig_setitem(self, long_index(key), value)
     T.cuda = lambda self, device=None, non_blocking=False, **kw: self
     T.pin_memory = lambda self, *a, **k: self
     T.record_stream = lambda self, stream: None
@@ -293,6 +311,65 @@ def install():
         output.copy_(full.view(n, *output.shape)[r])
         return _Done() if async_op else None
 
+    def raw(t):  # bf16 -> the same bits as float16 (gloo moves those as they are), the same memory
+        return t.view(torch.float16) if isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 else t
+
+    orig_all_gather, orig_a2a, orig_bcast, orig_all_reduce = (dist.all_gather, dist.all_to_all_single,
+                                                              dist.broadcast, dist.all_reduce)
+
+    def staged(outs, run):
+        """run(outs') on ordinary tensors when an output is an inference tensor (made under
+        torch.inference_mode, as DeepEP's test functions run): gloo's worker threads copy
+        into outputs outside inference mode, which torch refuses for such tensors. The
+        results are copied back here, in the caller's mode."""
+        if not any(t.is_inference() for t in outs):
+            return run(outs)
+        with torch.inference_mode(False):
+            tmp = [torch.empty_like(t) for t in outs]
+            work = run(tmp)
+            if work is not None:
+                work.wait()
+        for t, o in zip(outs, tmp):
+            t.copy_(o)
+        return _Done() if work is not None else None
+
+    @functools.wraps(orig_all_gather)
+    def all_gather(tensor_list, tensor, *args, **kw):
+        src = raw(tensor)
+        return staged([raw(t) for t in tensor_list], lambda outs: orig_all_gather(outs, src, *args, **kw))
+
+    @functools.wraps(orig_a2a)
+    def all_to_all_single(output, input, *args, **kw):
+        src = raw(input)
+        return staged([raw(output)], lambda outs: orig_a2a(outs[0], src, *args, **kw))
+
+    @functools.wraps(orig_bcast)
+    def broadcast(tensor, *args, **kw):
+        t = raw(tensor)
+        if not t.is_inference():
+            return orig_bcast(t, *args, **kw)
+        with torch.inference_mode(False):
+            tmp = t.clone()
+            work = orig_bcast(tmp, *args, **kw)
+            if work is not None:
+                work.wait()
+        t.copy_(tmp)
+        return _Done() if work is not None else None
+
+    @functools.wraps(orig_all_reduce)
+    def all_reduce(tensor, *args, **kw):
+        if tensor.dtype != torch.bfloat16 and not tensor.is_inference():
+            return orig_all_reduce(tensor, *args, **kw)
+        with torch.inference_mode(False):
+            f = tensor.float() if tensor.dtype == torch.bfloat16 else tensor.clone()
+            work = orig_all_reduce(f, *args, **kw)
+            if work is not None:
+                work.wait()
+        tensor.copy_(f)
+        return _Done() if work is not None else None
+
+    dist.all_gather, dist.all_to_all_single, dist.broadcast, dist.all_reduce = (all_gather, all_to_all_single,
+                                                                                broadcast, all_reduce)
     dist.all_gather_into_tensor = all_gather_into_tensor
     dist.reduce_scatter_tensor = reduce_scatter_tensor
 

@@ -5,6 +5,8 @@ from epx_deepep_shim import cpu_device as _cpu_device
 
 _cpu_device.install()
 
+import os as _os  # noqa: E402
+
 import epx as _epx  # noqa: E402
 import torch as _torch  # noqa: E402
 
@@ -51,6 +53,9 @@ _math.per_token_cast_back = _fp8.per_token_cast_back
 _testing.flush_l2_cache = _timing.flush_l2_cache
 _testing.bench = _timing.bench
 _testing.bench_kineto = _timing.bench_kineto
+# no nvidia-smi / ibstat here: nominal link speeds (they scale perf prints and sleeps only)
+_envs.get_nvlink_gbs = lambda factor=0.9: float(_os.environ.get("EPX_SHIM_NVLINK_GBS", "400"))
+_envs.get_rdma_gbs = lambda nic_name=None: float(_os.environ.get("EPX_SHIM_RDMA_GBS", "50"))
 for _name in ("get_physical_domain_size", "get_logical_domain_size"):
     if hasattr(_epx, _name):
         setattr(_envs, _name, getattr(_epx, _name))
