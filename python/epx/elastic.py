@@ -10,6 +10,7 @@ from ._elastic_engram import EngramMixin
 from ._elastic_pp import PPMixin
 from .buffer import EPBuffer, EPHandle, _ALIGN, _wait_for
 from .errors import Error
+from .events import EventOverlap
 from .group import bootstrap_of
 
 
@@ -109,8 +110,11 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, _DeepEPHints, EPBuffer):
     - num_cpu_timeout_secs: bounds every wait (a dead peer fails the others sooner).
     - explicitly_destroy: destroy() must then be called (a ResourceWarning otherwise); any
       ElasticBuffer may be destroyed with destroy() or by leaving a `with` block.
-    - No effect (GPU only): allow_hybrid_mode, allow_multiple_reduction,
-      prefer_overlap_with_compute, sl_idx, num_allocated_qps (recorded: 0 becomes DeepEP's
+    - allow_multiple_reduction=False: the expanded combine adds every slot's row on its own
+      (one float32 sum per token, rounded once), as DeepEP's; epx runs it as one combine per
+      slot index (K of them), so it is slower. True (default): each rank's rows of a token are
+      summed first (docs/spec.md §4). The compact combine is the same either way.
+    - No effect (GPU only): allow_hybrid_mode, prefer_overlap_with_compute, sl_idx, num_allocated_qps (recorded: 0 becomes DeepEP's
       automatic 129 with hybrid mode, else 17), num_gpu_timeout_secs.
     - num_workers (epx's SM analogue: worker threads per rank, 0 = auto), max_recv_rows,
       output_pool_rows, transport: as EPBuffer's.
@@ -285,9 +289,45 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, _DeepEPHints, EPBuffer):
         """
         _wait_for(previous_event)
         _wait_for(previous_event_before_epilogue)
+        if not self.allow_multiple_reduction and isinstance(handle, EPHandle) and handle.do_expand:
+            return self._combine_once_reduced(x, handle, topk_weights, bias)
         combined_x, weights, ev = EPBuffer.combine(self, x, handle, topk_weights, bias, num_sms, num_qps, None,
                                                    async_with_compute_stream, allocate_on_comm_stream)
         return combined_x, weights if topk_weights is not None else None, ev
+
+    def _combine_once_reduced(self, x, handle, topk_weights, bias):
+        """The expanded combine with allow_multiple_reduction=False, as DeepEP's: every slot's
+        row is added on its own, one float32 sum per token in slot order after the biases,
+        rounded to bf16 once (no partial per rank). One combine per slot index k carries the
+        rows of slot k alone, so each arrives unrounded at its source (K combines, then the
+        sum here). Returns a finished event."""
+        import torch
+        K = int(handle._topk_idx.shape[1]) if hasattr(handle._topk_idx, "shape") else self.num_topk
+        src = handle.recv_src
+        torch_in = cv.is_torch(x)
+        xt = x if torch_in else torch.from_numpy(cv.to_numpy(x).view("int16")).view(torch.bfloat16)
+        slot = src[:, 2] if torch_in else torch.from_numpy(cv.to_numpy(src)[:, 2])
+        b0, b1 = bias if isinstance(bias, (tuple, list)) else (bias, None)
+        total = None
+        for k in range(K):
+            yk = torch.zeros_like(xt) if xt.shape[0] else xt
+            if xt.shape[0]:
+                rows = slot == k
+                yk[rows] = xt[rows]
+            part, _, _ = EPBuffer.combine(self, yk if torch_in else cv.to_numpy(yk), handle)
+            part = part if torch_in else torch.from_numpy(cv.to_numpy(part).view("int16")).view(torch.bfloat16)
+            if total is None:
+                total = torch.zeros(part.shape, dtype=torch.float32)
+                for b in (b0, b1):
+                    if b is not None:
+                        bt = b if cv.is_torch(b) else torch.from_numpy(cv.to_numpy(b).view("int16")).view(torch.bfloat16)
+                        total += bt.float()
+            total += part.float()
+        weights = self._weights_back(handle, topk_weights, cv.flavor_of(x)) if topk_weights is not None else None
+        out = total.to(torch.bfloat16)
+        if not torch_in:
+            out = out.view(torch.int16).numpy().view("uint16")
+        return out, weights, EventOverlap()
 
 
 def _same_values(a, b):

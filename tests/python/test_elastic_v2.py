@@ -223,6 +223,46 @@ def test_fp8_column_major_scales():
     assert epx.launch(_fp8, P, start_method="fork", timeout_secs=120) == [True] * P
 
 
+def _once_reduced_want(case, r, b0, b1):
+    """allow_multiple_reduction=False's expanded combine at source rank r, from the case alone:
+    bf16(f32(b0) + f32(b1) + y_0 + y_1 + ...), one float32 sum over the token's slots in slot
+    order, y_k the fixed expert function of docs/spec.md §7 (of local expert e % L) on x[t]."""
+    idx, x = case.topk_idx[r], case.x[r]
+    acc = (epx_ref.bf16_to_f32(b0) + epx_ref.bf16_to_f32(b1)).astype(np.float32)
+    for t in range(idx.shape[0]):
+        for k in range(K):
+            if idx[t, k] >= 0:
+                y = epx_ref._expert(x[t], None, epx_ref.expert_factor(int(idx[t, k]) % L))
+                acc[t] = (acc[t] + epx_ref.bf16_to_f32(y)).astype(np.float32)
+    return epx_ref.f32_to_bf16(acc)
+
+
+def _once(rank, n):
+    group = dist.new_group(list(range(n)))
+    case = _case(815)
+    x, idx, w = inputs(case, rank, "torch")
+    rng = np.random.default_rng(100 + rank)
+    b0, b1 = (epx_ref.f32_to_bf16(rng.standard_normal((TOKENS[rank], H)).astype(np.float32)) for _ in range(2))
+    want = _once_reduced_want(case, rank, b0, b1)
+    res = []
+    for multiple in (False, True):
+        buf = epx.ElasticBuffer(group, num_max_tokens_per_rank=C, hidden=H, allow_multiple_reduction=multiple)
+        ex, _, ew, eh, _ = buf.dispatch(x, idx, w, num_experts=E, expert_alignment=A, do_expand=True)
+        y = to_flavor(expert_y(case, ex, None, eh, True), "torch")
+        got, gw, ev = buf.combine(y, eh, topk_weights=ew, bias=(to_flavor(b0, "torch"), to_flavor(b1, "torch")))
+        ev.current_stream_wait()
+        same("combined_topk_weights", gw, np.where(case.topk_idx[rank] >= 0, case.topk_weights[rank], 0), rank)
+        res.append(np_of(got))
+        buf.destroy()
+    same("combined_x (allow_multiple_reduction=False)", res[0], want, rank)
+    return bool(np.any(res[0] != res[1]))  # the per-rank partials' rounding shows somewhere
+
+
+def test_allow_multiple_reduction_false_reduces_once():
+    differs = epx.launch(_once, P, start_method="fork", timeout_secs=120)
+    assert any(differs), "the test's data should tell one reduction from two"
+
+
 def _sort(rank, n):
     """deterministic_sort puts rows received in another order back into DeepEP's (by global
     source index); epx's own outputs are in that order already, so they stay as they are."""
