@@ -538,9 +538,11 @@ def _groups_ranks(groups):
     known = [_ranks_if_known(g) for g in groups]
     everyone = None
     if any(k is None for k in known) or any(not isinstance(g, (list, tuple, range)) for g in groups):
+        import torch
         import torch.distributed as dist
         everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, known)
+        with torch.inference_mode(False):  # gloo fills its tensors from its own thread
+            dist.all_gather_object(everyone, known)
         _check_roles(everyone)
         known = [known[i] if known[i] is not None else next((o[i] for o in everyone if o[i] is not None), None)
                  for i in range(len(groups))]

@@ -34,9 +34,12 @@ def bootstrap_of(group, need_allgather=True):
     import torch
 
     def allgather(data):
-        mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        parts = [torch.empty_like(mine) for _ in range(size)]
-        dist.all_gather(parts, mine, group=group)
+        # normal tensors also under torch.inference_mode(): gloo writes into them from its own
+        # thread, where an inference tensor may not be updated in place
+        with torch.inference_mode(False):
+            mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            parts = [torch.empty_like(mine) for _ in range(size)]
+            dist.all_gather(parts, mine, group=group)
         return b"".join(p.numpy().tobytes() for p in parts)
 
     return rank, size, allgather

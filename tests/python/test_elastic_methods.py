@@ -345,3 +345,35 @@ def test_bucket_groups_that_disagree_fail_every_rank_at_construction(bad, rank, 
     got = launch(_roles, bad)
     assert got == [("invalid_argument", rank, got[0][2])] * P, got
     assert words in got[0][2] and "group 1" in got[0][2], got[0][2]
+
+
+# -- under torch.inference_mode (DeepEP's tests decorate their ranks with it) -------------------
+def _inference(rank, n):
+    import torch
+    import torch.distributed as dist
+    with torch.inference_mode():
+        group = dist.new_group(list(range(n)))  # a new group: its transport bootstraps in here
+        buf = Mixed(group, 4 << 20, 2 << 20)
+        buf.pp_set_config(1024, 2)
+        buf.pp_send(torch.full((4,), float(rank)), (rank + 1) % n)
+        x = torch.empty(4)
+        buf.pp_recv(x, (rank - 1) % n)
+        ok = [torch.equal(x, torch.full((4,), float((rank - 1) % n)))]
+        buf.agrs_set_config(1 << 20, 4)
+        with buf.agrs_new_session():
+            t = buf.agrs_get_inplace_tensor((3,), torch.float32)
+            t.fill_(rank)
+            g, h = buf.all_gather(t)
+            h()
+            ok.append(torch.equal(g, torch.arange(n, dtype=torch.float32)[:, None].expand(n, 3)))
+        table = torch.arange(8 * 128 * n, dtype=torch.float32).view(8 * n, 128).to(torch.bfloat16)
+        buf.engram_write(table[rank * 8:(rank + 1) * 8].clone())
+        idx = torch.tensor([[8 * n - 1, 0], [3, 9]], dtype=torch.int32)
+        data, sf = buf.engram_fetch(idx)()
+        ok.append(sf is None and torch.equal(data, table[idx.view(-1).long()].view(2, -1)))
+        buf.destroy()
+    return ok
+
+
+def test_methods_under_inference_mode():
+    assert launch(_inference) == [[True] * 3] * P
