@@ -16,7 +16,8 @@ At the end: "rank R: N of M checks passed" per rank, the total, the first failur
 file:line and message. Exit status 0 only if every check passed, at least one ran, and
 the test exited 0 (no rank died) within --timeout (a test file without asserts passes by
 exiting 0); on a timeout the whole process group
-is terminated (SIGTERM, then SIGKILL) so no rank is left behind. See README.md.
+is terminated (SIGTERM, then SIGKILL to what is still running 30 s later) so no rank is
+left behind. See README.md.
 """
 import argparse
 import json
@@ -132,21 +133,45 @@ def run(cmd, env, cwd, timeout):
         return None, time.time() - t0
 
 
-def _kill_group(proc):
-    """SIGTERM to the test's process group (its ranks included), SIGKILL to what is left."""
-    pgid = proc.pid  # start_new_session: the group is the test process's own
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+def _group_members(pgid):
+    """(pid, command line) of the live processes of process group `pgid` (from /proc)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
         try:
-            os.killpg(pgid, sig)
+            stat = Path(f"/proc/{d}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) != pgid or fields[0] == "Z":
+                continue
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            out.append((int(d), cmd))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _kill_group(proc):
+    """SIGTERM to the test's process group (its ranks included), then SIGKILL to what is left
+    after a grace period. The grace lets the helpers that clean up after the ranks finish:
+    multiprocessing's resource tracker (unlinks the ranks' semaphores) and epx's janitors
+    (unlink /dev/shm segments) ignore SIGTERM and exit once the ranks are gone."""
+    pgid = proc.pid  # start_new_session: the group is the test process's own
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.time() + 30
+    while time.time() < deadline and _group_members(pgid):
+        time.sleep(0.2)
+    left = _group_members(pgid)
+    if left:
+        print("[run_deepep] still running 30 s after SIGTERM, killed: "
+              + "; ".join(f"{pid} {cmd[:100]}" for pid, cmd in left), flush=True)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
-            break
-        deadline = time.time() + grace
-        while time.time() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.2)
+            pass
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
