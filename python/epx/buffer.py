@@ -124,9 +124,10 @@ class EPHandle:
         unaligned count (align(psum[j-1]) is where expert j starts).""")
     num_unaligned_recv_tokens_per_expert = _field("num_unaligned_recv_tokens_per_expert",
                                                   "int32 [L]: the unaligned counts (both layouts).")
-    dst_buffer_slot_idx = _field("dst_buffer_slot_idx", """int32 [S, K] (int64 as recv_src_metadata; sending side): for slot k of
-        token t, t's position among the tokens this rank sends to the rank of slot k's expert
-        (where the row lands in that rank's area for this rank); -1 for an unused slot.""")
+    dst_buffer_slot_idx = _field("dst_buffer_slot_idx", """int32 [S, K] (int64 as recv_src_metadata),
+        the sending side's: for slot k of token t, t's position among the tokens this rank sends
+        to the rank of slot k's expert (where the row lands in that rank's area for this rank);
+        -1 for an unused slot.""")
     num_recv_tokens = _field("num_recv_tokens", "int: tokens received (each once).")
     num_expanded_tokens = _field("num_expanded_tokens", "int: the sum of the aligned counts (expanded rows).")
     token_metadata_at_forward = _field("token_metadata_at_forward",

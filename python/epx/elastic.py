@@ -2,8 +2,6 @@
 with its constructor and methods name for name, on CPU. Dispatch and combine run on
 EPBuffer's engine (epx/buffer.py); the AG/RS, PP and Engram methods come from their mixins.
 """
-import math
-
 from . import _convert as cv
 from ._elastic_agrs import AgrsMixin
 from ._elastic_engram import EngramMixin
@@ -12,10 +10,6 @@ from .buffer import EPBuffer, EPHandle, _ALIGN, _wait_for
 from .errors import Error
 from .events import EventOverlap
 from .group import bootstrap_of
-
-
-def _align(n, a):
-    return (n + a - 1) // a * a
 
 
 def get_physical_domain_size(group=None):
@@ -32,55 +26,12 @@ def get_logical_domain_size(group=None, allow_hybrid_mode=True):
     return 1, size
 
 
-class _DeepEPHints:
-    """DeepEP 2.1.0's static size hints of the AG/RS, PP and Engram areas (after the mixins
-    in ElasticBuffer's bases, so a mixin's own definition wins)."""
-
-    @staticmethod
-    def get_engram_storage_size_hint(num_entries, hidden, num_max_tokens_per_rank, dtype=None):
-        """(receive-area bytes, storage bytes), each a multiple of 2 MiB: entries of
-        hidden x dtype bytes (default bf16) rounded up to 32 bytes, num_max_tokens_per_rank
-        of them received, num_entries stored. Local."""
-        itemsize = 2 if dtype is None else int(getattr(dtype, "itemsize", 0) or _itemsize(dtype))
-        per_entry = _align(hidden * itemsize, 32)
-        return _align(per_entry * num_max_tokens_per_rank, _ALIGN), _align(per_entry * num_entries, _ALIGN)
-
-    @staticmethod
-    def get_pp_buffer_size_hint(num_max_tensor_bytes, num_max_inflight_tensors):
-        """Bytes for PP send / receive (a multiple of 2 MiB): a send and a receive area for each
-        ring neighbour, num_max_inflight_tensors tensors of num_max_tensor_bytes (rounded up
-        to 32) each. Local."""
-        return _align(_align(num_max_tensor_bytes, 32) * num_max_inflight_tensors * 4, _ALIGN)
-
-    @staticmethod
-    def get_agrs_num_max_session_bytes(group, shapes, dtype):
-        """Bytes one AG/RS session of these local shapes gathers: per tensor, group size x its
-        elements x dtype size, rounded up to 32. `shapes`: one shape or a sequence of them. Local."""
-        _, size, _ = bootstrap_of(group, need_allgather=False)
-        if not isinstance(shapes[0], (tuple, list)) and not hasattr(shapes[0], "__len__"):
-            shapes = (shapes,)
-        itemsize = int(getattr(dtype, "itemsize", 0) or _itemsize(dtype))
-        return sum(_align(size * math.prod(s) * itemsize, 32) for s in shapes)
-
-    @staticmethod
-    def get_agrs_buffer_size_hint(group, num_max_session_bytes):
-        """num_max_session_bytes rounded up to 2 MiB. Local."""
-        return _align(num_max_session_bytes, _ALIGN)
-
-
-def _itemsize(dtype):
-    import numpy as np
-    try:
-        return np.dtype(dtype).itemsize
-    except TypeError:
-        import torch
-        return torch.empty((), dtype=dtype).element_size()
-
-
-class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, _DeepEPHints, EPBuffer):
+class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, EPBuffer):
     """DeepEP 2.1.0's ElasticBuffer on CPU: expert-parallel dispatch / combine (this class, on
     EPBuffer's engine), all-gather / reduce-scatter, pipeline send / receive and Engram fetch
-    (their mixins), over the ranks of a torch.distributed group.
+    (their mixins, which also give DeepEP's static size hints of those areas:
+    get_engram_storage_size_hint, get_pp_buffer_size_hint, get_agrs_num_max_session_bytes,
+    get_agrs_buffer_size_hint), over the ranks of a torch.distributed group.
 
     ElasticBuffer(group, num_bytes=None, num_cpu_bytes=0, num_max_tokens_per_rank=0, hidden=0,
                   num_topk=0, use_fp8_dispatch=False, deterministic=False,
@@ -113,9 +64,13 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, _DeepEPHints, EPBuffer):
     - allow_multiple_reduction=False: the expanded combine adds every slot's row on its own
       (one float32 sum per token, rounded once), as DeepEP's; epx runs it as one combine per
       slot index (K of them), so it is slower. True (default): each rank's rows of a token are
-      summed first (docs/spec.md §4). The compact combine is the same either way.
-    - No effect (GPU only): allow_hybrid_mode, prefer_overlap_with_compute, sl_idx, num_allocated_qps (recorded: 0 becomes DeepEP's
-      automatic 129 with hybrid mode, else 17), num_gpu_timeout_secs.
+      summed first (docs/spec.md §4). The compact combine is the same either way: the ranks'
+      rows in ascending rank after the biases (spec §4), where DeepEP's reference adds them in
+      the order of each rank's largest slot k — the same bits unless a token's ranks come in
+      another order in its topk_idx and it has a bias or three or more ranks.
+    - No effect (GPU only): allow_hybrid_mode, prefer_overlap_with_compute, sl_idx,
+      num_allocated_qps (recorded: 0 becomes DeepEP's automatic 129 with hybrid mode, else
+      17), num_gpu_timeout_secs.
     - num_workers (epx's SM analogue: worker threads per rank, 0 = auto), max_recv_rows,
       output_pool_rows, transport: as EPBuffer's.
 
@@ -127,8 +82,11 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, _DeepEPHints, EPBuffer):
     domain); transport_kind (the `transport` asked for). No `runtime` (epx's engine is private)
     and no `nccl_comm_handle`.
 
-    dispatch / combine: DeepEP 2.1.0's signatures (their docstrings); the handle an
-    EPHandle with DeepEP 2.1.0's fields. Using a destroyed buffer raises epx.Error.
+    Methods: dispatch, combine, barrier, destroy (collective); capture, get_comm_stream
+    (None: no streams), get_physical_domain_size / get_logical_domain_size ((1, num_ranks)),
+    get_theoretical_num_sms / get_theoretical_num_qps, and the static get_buffer_size_hint
+    (local). dispatch / combine: DeepEP 2.1.0's signatures (their docstrings); the handle is
+    an EPHandle with DeepEP 2.1.0's fields. Using a destroyed buffer raises epx.Error.
     """
 
     def __init__(self, group=None, num_bytes=None, num_cpu_bytes=0, num_max_tokens_per_rank=0, hidden=0, num_topk=0,
@@ -320,7 +278,8 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, _DeepEPHints, EPBuffer):
                 total = torch.zeros(part.shape, dtype=torch.float32)
                 for b in (b0, b1):
                     if b is not None:
-                        bt = b if cv.is_torch(b) else torch.from_numpy(cv.to_numpy(b).view("int16")).view(torch.bfloat16)
+                        bt = b if cv.is_torch(b) else \
+                            torch.from_numpy(cv.to_numpy(b).view("int16")).view(torch.bfloat16)
                         total += bt.float()
             total += part.float()
         weights = self._weights_back(handle, topk_weights, cv.flavor_of(x)) if topk_weights is not None else None

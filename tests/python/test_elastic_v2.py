@@ -102,7 +102,8 @@ def _dispatch_combine(rank, n):
         x, idx, w = x.clone(), idx.clone(), w.clone()
         buf = epx.ElasticBuffer(group, num_max_tokens_per_rank=C, hidden=H, explicitly_destroy=True)
         assert (buf.rank_idx, buf.num_ranks, buf.num_scaleout_ranks, buf.num_scaleup_ranks) == (rank, n, 1, n)
-        assert (buf.scaleout_rank_idx, buf.scaleup_rank_idx, buf.num_rdma_ranks, buf.num_nvlink_ranks) == (0, rank, 1, n)
+        assert (buf.scaleout_rank_idx, buf.scaleup_rank_idx) == (0, rank)
+        assert (buf.num_rdma_ranks, buf.num_nvlink_ranks) == epx.get_physical_domain_size(group) == (1, n)
         for copy in (True, False):
             for asy in (False, True):
                 def wait(out):
