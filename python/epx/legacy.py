@@ -80,6 +80,12 @@ class _Handle(tuple):
         h._owner, h._buffer, h._ep = owner, buffer, ep_handle
         return h
 
+    def __copy__(self):  # immutable routing: a copy is the handle itself
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
     def __getattr__(self, name):
         ep = self.__dict__.get("_ep")
         if name.startswith("_") or ep is None:

@@ -14,6 +14,8 @@ seed, so each can say what it must receive and get back):
 - num_worst_tokens, async_finish and previous_event, cached dispatch;
 - a bad layout on one rank fails the call on every rank, naming that rank.
 """
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -117,6 +119,7 @@ def _layout_only(rank, n):
     assert counts == [int(sum(data[s][4][rank * L + j] for s in range(P))) for j in range(L)]
     _check_handle(handle, rank, routes)
     assert handle[0][P - 1][rank].item() == len(pairs)  # DeepEP's test indexes it so
+    assert copy.copy(handle) is handle and copy.deepcopy(handle) is handle  # immutable routing
     # cached dispatch: same routing, new x, the plain tuple as the handle
     x2 = -x + 1
     recv2, *rest = buffer.dispatch(_bf16(x2), handle=tuple(handle), config=config)
