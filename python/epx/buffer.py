@@ -53,7 +53,15 @@ class EPHandle:
     num_recv_rows: N; num_tokens: this rank's S; topk_idx: the dispatch's (raises if it was
     modified in place since). The layout choices, kept by every cached dispatch: do_expand,
     expert_alignment, num_worst_tokens, do_zero_padding, num_experts,
-    num_max_tokens_per_rank. num_sms: 0 (no SMs on CPU).
+    num_max_tokens_per_rank. num_sms: 0 (no SMs on CPU; ElasticBuffer's: the dispatch's).
+
+    DeepEP 2.1.0's fields too (each documented as a property below; computed at first read,
+    final once an asynchronous dispatch was waited on; assignable, as DeepEP's plain
+    attributes): recv_src_metadata, psum_num_recv_tokens_per_scaleup_rank,
+    psum_num_recv_tokens_per_expert, num_unaligned_recv_tokens_per_expert,
+    dst_buffer_slot_idx, num_recv_tokens, num_expanded_tokens, token_metadata_at_forward and
+    channel_linked_list (None: hybrid mode only), cached_recv_src_metadata_before_sort; and
+    deterministic_sort(...).
     """
 
     num_recv_tokens_per_expert: list
