@@ -79,7 +79,23 @@ def free_port():
         return s.getsockname()[1]
 
 
-def build_tree(src, test, tmp):
+def apply_patches(text, rel, patches):
+    """The test file's text with each `OLD=>NEW` replacement made; each OLD must occur exactly
+    once, and neither side may hold a newline (DeepEP's line numbers stay)."""
+    for p in patches:
+        if "=>" not in p:
+            raise SystemExit(f"--patch {p!r}: expected OLD=>NEW")
+        old, new = p.split("=>", 1)
+        if "\n" in old or "\n" in new:
+            raise SystemExit(f"--patch {p!r}: one line only (the line numbers must stay DeepEP's)")
+        n = text.count(old)
+        if n != 1:
+            raise SystemExit(f"--patch {p!r}: {old!r} occurs {n} times in {rel}, not once")
+        text = text.replace(old, new)
+    return text
+
+
+def build_tree(src, test, tmp, patches=()):
     """The temporary tree: site/ (PYTHONPATH: sitecustomize, epx_deepep_shim, deep_ep) and the
     test's folder with its asserts rewritten. Returns (the test file's path there, its number
     of asserts)."""
@@ -99,7 +115,10 @@ def build_tree(src, test, tmp):
     folder = str(Path(test).parent)
     n_asserts = 0
     for rel in src.list_py(folder):
-        out, n = rewrite.rewrite(src.read(rel), rel)
+        text = src.read(rel)
+        if rel == test and patches:
+            text = apply_patches(text, rel, patches)
+        out, n = rewrite.rewrite(text, rel)
         if rel == test:
             n_asserts = n
         dst = tmp / rel
@@ -232,6 +251,9 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=900, help="seconds before the whole run is killed")
     ap.add_argument("--epx-path", default=str(REPO / "build" / "python"), help="where `import epx` comes from")
     ap.add_argument("--show-failures", type=int, default=8, help="how many distinct failed checks to print")
+    ap.add_argument("--patch", action="append", default=[], metavar="OLD=>NEW",
+                    help="replace text of the test file (once, one line) before it runs: only for sizes the test "
+                         "hard-codes (test_agrs.py's); printed with the results")
     ap.add_argument("--keep-tmp", action="store_true", help="leave the temporary directory (prints its path)")
     args = ap.parse_args(argv)
 
@@ -239,7 +261,7 @@ def main(argv=None):
     shm_before = shm_entries()
     tmp = Path(tempfile.mkdtemp(prefix="epx-deepep-"))
     try:
-        test_path, n_asserts = build_tree(src, args.test, tmp)
+        test_path, n_asserts = build_tree(src, args.test, tmp, args.patch)
         checks_dir = tmp / "checks"
         checks_dir.mkdir()
         env = dict(os.environ)
@@ -254,6 +276,8 @@ def main(argv=None):
         env.pop("RANK", None)
         print(f"[run_deepep] {args.test} from {src.describe()} ({n_asserts} asserts in it counted), "
               f"args: {' '.join(test_args) or '(defaults)'}", flush=True)
+        for p in args.patch:
+            print(f"[run_deepep] patched in {args.test}: {p}", flush=True)
         code, secs = run([sys.executable, str(test_path), *test_args], env, str(test_path.parent), args.timeout)
         print(f"[run_deepep] the test " + ("timed out" if code is None else f"exited with {code}")
               + f" after {secs:.0f} s", flush=True)
@@ -270,7 +294,9 @@ def main(argv=None):
     # a test without asserts (test_barrier.py) passes by exiting 0; one with asserts must run some
     failed = code != 0 or ok != total or (total == 0 and n_asserts > 0)
     print(f"[run_deepep] {'FAILED' if failed else 'PASSED'}: {ok} of {total} checks passed, "
-          + ("timeout" if code is None else f"exit code {code}"), flush=True)
+          + ("timeout" if code is None else f"exit code {code}")
+          + (f" ({len(args.patch)} patch{'es' if len(args.patch) > 1 else ''} to the test's sizes)" if args.patch else ""),
+          flush=True)
     return 1 if failed else 0
 
 

@@ -1,6 +1,6 @@
 """run_deepep.py itself, on a small made-up DeepEP checkout (no DeepEP sources needed): the
 asserts are counted per rank with DeepEP's line numbers, --keep-going goes on past a
-failure, a failure without it stops the rank, a hung test is killed at --timeout with its
+failure, --patch edits one line, a failure without it stops the rank, a hung test is killed at --timeout with its
 ranks, and the CPU device shim is in every rank (cuda tensors, nccl, torch 2 names).
 
     /usr/bin/python3 -m pytest -q tests/deepep/test_run_deepep.py
@@ -133,11 +133,14 @@ def test_every_check_passes(checkout):
 
 
 def test_keep_going_counts_the_failure_and_goes_on(checkout):
-    code, out = _run(checkout, "--keep-going", env={"FAKE_FAIL": "1"})
+    # with a --patch of the test's text too (one line, DeepEP's line numbers kept)
+    code, out = _run(checkout, "--keep-going", "--patch", "fails on purpose=>fails as patched",
+                     env={"FAKE_FAIL": "1"})
     assert code == 1, out
     assert "rank 0: 7 of 7 checks passed" in out and "rank 1: 6 of 7 checks passed" in out, out
     where = f"tests/legacy/test_fake.py:{_line_of(checkout, 'fails on purpose')}"
-    assert re.search(re.escape(where) + r" \(rank 1\): assert .*-- rank 1 fails on purpose", out), out
+    assert re.search(re.escape(where) + r" \(rank 1\): assert .*-- rank 1 fails as patched", out), out
+    assert "patched in tests/legacy/test_fake.py: fails on purpose=>fails as patched" in out, out
 
 
 def test_a_failure_stops_the_rank(checkout):
