@@ -14,8 +14,8 @@ EPBuffer.
 V1's dispatch output is epx's compact layout (docs/spec.md §3.1), DeepEP's intranode order:
 one row per received token, ordered by (source rank, token); recv_topk_idx the local expert
 or -1, recv_topk_weights 0 where it is -1. The per-expert list is num_tokens_per_expert
-summed over the ranks for this rank's experts, each rounded up to expert_alignment (empty
-with num_worst_tokens). With topk_idx the rows go where topk_idx sends them (the layout
+summed over the source ranks for this rank's experts, each rounded up to expert_alignment
+(empty with num_worst_tokens). With topk_idx the rows go where topk_idx sends them (the layout
 tensors must be its layout, as get_dispatch_layout gives it); without topk_idx
 (layout-only, as DeepEP allows) they go where is_token_in_rank says, and recv_topk_idx /
 recv_topk_weights are None.
@@ -31,8 +31,14 @@ A V1 Buffer is not sized by num_nvl_bytes: it keeps one EPBuffer per (hidden, nu
 num_experts), built collectively at the first dispatch of that shape for the largest token
 count of any rank then (one all-reduce over the group), and rebuilt larger — on every rank,
 since every rank sees the same capacity_exceeded error — when a later dispatch brings more
-tokens. A fresh dispatch also all-gathers every rank's counts and is_token_in_rank over the
-group (two small gloo collectives) to build the handle before any row moves.
+tokens. A fresh dispatch also all-gathers every rank's is_token_in_rank and
+num_tokens_per_expert over the group (one all_gather_object) before any row moves: it
+builds the handle and the per-expert list, and fails the call on every rank, naming the
+rank, when any rank's layout is bad.
+
+combine(topk_weights=) is DeepEP's: each token's weights come back as the float32 sum over
+the ranks that received it of the whole row each passes (every slot, not only the slots
+whose expert that rank holds; EPBuffer.combine counts only those).
 """
 import weakref
 

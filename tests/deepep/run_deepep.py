@@ -220,7 +220,7 @@ def summarize(checks_dir, test, num_failures_shown):
     print(f"[run_deepep] {test}: {ok} of {total} checks passed")
     if failures:
         where = Counter(e["where"] for e in failures)
-        print(f"[run_deepep] failed checks by place: " + ", ".join(f"{w} x{n}" for w, n in where.most_common()))
+        print("[run_deepep] failed checks by place: " + ", ".join(f"{w} x{n}" for w, n in where.most_common()))
         seen = set()
         shown = 0
         for e in failures:
@@ -279,7 +279,7 @@ def main(argv=None):
         for p in args.patch:
             print(f"[run_deepep] patched in {args.test}: {p}", flush=True)
         code, secs = run([sys.executable, str(test_path), *test_args], env, str(test_path.parent), args.timeout)
-        print(f"[run_deepep] the test " + ("timed out" if code is None else f"exited with {code}")
+        print("[run_deepep] the test " + ("timed out" if code is None else f"exited with {code}")
               + f" after {secs:.0f} s", flush=True)
         ok, total = summarize(checks_dir, args.test, args.show_failures)
     finally:
@@ -293,10 +293,9 @@ def main(argv=None):
         print(f"[run_deepep] warning: /dev/shm entries new since the start (this run's, or another job's): {left}")
     # a test without asserts (test_barrier.py) passes by exiting 0; one with asserts must run some
     failed = code != 0 or ok != total or (total == 0 and n_asserts > 0)
+    patched = f" ({len(args.patch)} patch{'es' if len(args.patch) > 1 else ''} to the test)" if args.patch else ""
     print(f"[run_deepep] {'FAILED' if failed else 'PASSED'}: {ok} of {total} checks passed, "
-          + ("timeout" if code is None else f"exit code {code}")
-          + (f" ({len(args.patch)} patch{'es' if len(args.patch) > 1 else ''} to the test's sizes)" if args.patch else ""),
-          flush=True)
+          + ("timeout" if code is None else f"exit code {code}") + patched, flush=True)
     return 1 if failed else 0
 
 

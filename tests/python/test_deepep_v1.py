@@ -19,7 +19,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 import epx
 

@@ -44,7 +44,7 @@ topk_idx_t = getattr(_epx, "topk_idx_t", _torch.int64)
 __version__ = "2.1.0"
 
 # DeepEP's own utils, with the GPU-only helpers swapped for CPU ones
-from . import utils  # noqa: E402,F401
+from . import utils  # noqa: E402,F401  (deep_ep.utils, as DeepEP's package imports it)
 from .utils import envs as _envs, math as _math, testing as _testing  # noqa: E402
 from epx_deepep_shim import fp8 as _fp8, timing as _timing  # noqa: E402
 
