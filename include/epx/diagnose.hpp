@@ -13,18 +13,22 @@
 // (the ranks waited for), columns destinations (the ranks that waited). Every rank holds the
 // whole matrix after each exchange.
 //
-// The verdict is DeepEP's rule (deep_ep/diagnose.py, diagnose_matrix), by ratios to means:
-//   * abnormal row s:    mean of row s    / mean of the row means    > thresholds.row   (3): a slow source —
-//                        every rank waits for s (s is late: stopped, starved of CPU, ...);
-//   * abnormal column d: mean of column d / mean of the column means > thresholds.col   (3): a slow
-//                        destination — d waits for everyone (d itself is slow to take its rows in);
-//   * abnormal point:    M[s][d]          / mean of M                > thresholds.point (5): a slow link
-//                        s -> d; points in an abnormal row or column are not listed again —
-//                        except (thresholds.links, the one refinement) a point that alone makes
-//                        its row and its column abnormal: it is listed, they are not.
-// The ratios need a few ranks to mean anything: with P ranks a row can be at most P times the
-// mean, so rows and columns are never flagged at P <= 3, points never at P <= 2 (4 ranks: a
-// row is flagged when its waits exceed the rest of the matrix's, a point at 5x the mean).
+// The verdict is DeepEP's rule (deep_ep/diagnose.py, diagnose_matrix) — ratios to a typical
+// value — with the typical value taken from the OTHERS (docs/diagnose.md, "The verdict"):
+//   * abnormal row s:    mean of row s    / mean of the other rows' means    > thresholds.row   (3): a
+//                        slow source — every rank waits for s (s is late: stopped, starved of CPU, ...);
+//   * abnormal column d: mean of column d / mean of the other columns' means > thresholds.col   (3): a
+//                        slow destination — d waits for everyone (d is slow to take its rows in);
+//   * abnormal point:    M[s][d]          / mean of the other links          > thresholds.point (5): a
+//                        slow link s -> d; the links are the off-diagonal values outside the abnormal
+//                        rows and columns, whose points are not listed again — except
+//                        (thresholds.links) a point that alone makes its row or column abnormal:
+//                        it is listed, they are not;
+//   and each also above its typical value by more than thresholds.floor_us (50 µs per call).
+// DeepEP divides by the mean of all rows, the slow one's included: a single slow rank at k
+// times the others reaches only kP / (k + P - 1) (8 ranks, k = 4.6: 3.2x; 4 ranks: never
+// 4x), so a rank stopped in bursts could hide in the mean it inflates. Against the others'
+// mean, its ratio is k at every P. Nothing is flagged at P = 1 (there are no others).
 //
 // The exchange runs on an endpoint of the transport of its own (Transport::open_endpoint(): a
 // small window of its own, never the Buffer's), from the thread that start() creates: every
@@ -53,17 +57,23 @@ namespace epx {
 
 class Buffer;
 
-/// DeepEP's defaults: a row or column 3x the mean of the row / column means, a point 5x the matrix mean.
+/// DeepEP's defaults: a row or column 3x the typical row / column, a point 5x the typical link
+/// (each against the mean of the others, above), and an absolute floor.
 struct DiagnoseThresholds {
   double row = 3.0;
   double col = 3.0;
   double point = 5.0;
   /// A row and a column abnormal only through their crossing point are that point, a slow
-  /// link (see diagnose_matrix); false: DeepEP's verdict exactly (the row and the column).
+  /// link (see diagnose_matrix); false: no such refinement (the row and the column).
   bool links = true;
+  /// µs per call: a row, column or point is abnormal only if it also exceeds its typical
+  /// value by more than this (a wait of 5 µs against 1 µs is a ratio of 5, not a fault; a
+  /// descheduled rank costs milliseconds). >= 0; 0 = ratios alone.
+  double floor_us = 50.0;
 };
 
-/// One slow link: M[src][dst] = value_us, ratio = value_us / mean(M).
+/// One slow link: M[src][dst] = value_us, ratio = value_us / the typical link (the mean of the
+/// other off-diagonal values outside the abnormal rows and columns).
 struct AbnormalPoint {
   int src = 0;
   int dst = 0;
@@ -79,16 +89,16 @@ struct MatrixVerdict {
   bool clean() const noexcept { return rows.empty() && cols.empty() && points.empty(); }
 };
 
-/// Local, pure: DeepEP's rule (above) on the P x P matrix `m` (row-major, m[src * P + dst],
-/// every value >= 0), then, with thresholds.links, one refinement: DeepEP's rule reports a
-/// single dominant point (s, d) as abnormal row s and column d (a point's row and column
-/// carry at least 1/P of the whole matrix each, so at small P they cross 3x first) and
-/// suppresses the point. A point above the point threshold at the crossing of an abnormal
-/// row s and column d, with which set to the mean of the other values neither row s nor
-/// column d is abnormal, is reported as a point instead (largest first, repeatedly; the
-/// rest is judged on the matrix with those points set aside). Throws kInvalidArgument
-/// unless m.size() == P * P, P >= 1, every value finite and >= 0, and every threshold > 0.
-/// An all-zero matrix flags nothing.
+/// Local, pure: the rule (above) on the P x P matrix `m` (row-major, m[src * P + dst], every
+/// value >= 0), then, with thresholds.links, one refinement: a single dominant point (s, d)
+/// lifts row s and column d with it (at 4 ranks a point 9x the typical link makes its row
+/// 3x the others), and the rule would report the row or column and suppress the point. A
+/// point of an abnormal row s or column d, abnormal against the typical link, with which set
+/// to the typical link neither row s nor column d is abnormal, is reported as a point
+/// instead (largest first, repeatedly; the rest is judged on the matrix with those points
+/// set aside). Throws kInvalidArgument unless m.size() == P * P, P >= 1, every value finite
+/// and >= 0, every threshold > 0 and floor_us finite and >= 0. An all-equal or all-zero
+/// matrix flags nothing.
 MatrixVerdict diagnose_matrix(const std::vector<double>& m, int num_ranks, const DiagnoseThresholds& thresholds = {});
 
 /// Where a rank runs: its process id and node (gethostname()).

@@ -11,12 +11,15 @@
 matrix[src, dst] is the average time per call, in microseconds, that rank dst waited for rank
 src's header and rows during the last interval (every Buffer records it, always on). Rows
 are sources (the ranks waited for), columns destinations (the ranks that waited). The
-verdict is DeepEP's rule: a row (slow source) or column (slow destination) whose mean is
-more than `thresholds["row"]` / `["col"]` (3) times the mean of the row / column means, a
-point (slow link) more than `thresholds["point"]` (5) times the matrix mean, points in an
-abnormal row or column not listed again — except that a point which alone makes its row
-and its column abnormal is listed as the point (`thresholds["links"]`, default True; False:
-DeepEP's verdict exactly). Every rank holds the same matrices and verdicts.
+verdict keeps DeepEP's ratios and thresholds, against the others: a row (slow source) or
+column (slow destination) whose mean is more than `thresholds["row"]` / `["col"]` (3) times
+the mean of the OTHER rows' / columns' means, a point (slow link) more than
+`thresholds["point"]` (5) times the typical link (the mean of the other off-diagonal values
+outside the abnormal rows and columns, whose points are not listed again), each also more
+than 50 µs per call above its typical value (a slow rank cannot hide in a mean it inflates:
+docs/diagnose.md) — and a point which alone makes its row and column abnormal is listed as
+the point (`thresholds["links"]`, default True). Every rank holds the same matrices and
+verdicts.
 
 With `log_dir` (default: $EPX_DIAGNOSE_LOG_PATH, else no log), rank 0 appends each exchange's
 verdicts and matrices to log_dir/diagnose.log, rotated at `log_max_bytes` (.log.1, .log.2).
@@ -148,10 +151,11 @@ class Diagnose:
 
     @staticmethod
     def diagnose_matrix(mat, thres_col=3.0, thres_row=3.0, thres_point=5.0, links=True):
-        """DeepEP's rule on any square matrix (the same C++ code as the exchange's verdicts):
-        {"abnormal_cols", "abnormal_rows", "abnormal_points": [[i, j, value, ratio], ...]}.
-        links=False: DeepEP's verdict exactly (a point that alone makes its row and column
-        abnormal is reported as that row and column, not as the point)."""
+        """The verdict rule on any square matrix (the same C++ code as the exchange's verdicts;
+        values in µs: the 50 µs floor applies): {"abnormal_cols", "abnormal_rows",
+        "abnormal_points": [[i, j, value, ratio], ...]}, ratio = value / the typical link.
+        links=False: a point that alone makes its row and column abnormal is reported as that
+        row and column, not as the point."""
         m = np.asarray(mat, dtype=np.float64)
         if m.ndim != 2 or m.shape[0] != m.shape[1]:
             raise Error(f"Diagnose.diagnose_matrix: expected a square matrix, got shape {m.shape}", "shape_mismatch")

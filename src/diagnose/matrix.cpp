@@ -1,4 +1,4 @@
-// The verdict on a wait matrix (DeepEP's ratio-to-mean rule, epx/diagnose.hpp) and the
+// The verdict on a wait matrix (DeepEP's ratio rule against the others' mean, epx/diagnose.hpp) and the
 // report as text (the log's and `epx bench --diagnose`'s).
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 namespace epx {
 namespace {
 
-constexpr double kTiny = 1e-8;  // keeps an all-zero matrix from dividing by zero (and flags nothing)
+constexpr double kTiny = 1e-8;  // a ratio to a baseline of 0 stays finite (the floor decides such a value)
 
 void check_matrix(const std::vector<double>& m, int P, const DiagnoseThresholds& t) {
   if (P < 1 || m.size() != static_cast<std::size_t>(P) * static_cast<std::size_t>(P))
@@ -25,84 +25,142 @@ void check_matrix(const std::vector<double>& m, int P, const DiagnoseThresholds&
   if (!(t.row > 0) || !(t.col > 0) || !(t.point > 0))
     throw Error(ErrorCode::kInvalidArgument, "diagnose_matrix: thresholds must be > 0, got row " + std::to_string(t.row) +
                                                  ", col " + std::to_string(t.col) + ", point " + std::to_string(t.point));
+  if (!std::isfinite(t.floor_us) || t.floor_us < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                "diagnose_matrix: floor_us must be finite and >= 0, got " + std::to_string(t.floor_us));
 }
 
-// The indices whose mean is more than `threshold` times the mean of the means.
-std::vector<int> above(const std::vector<double>& means, double threshold) {
-  double mean = 0;
-  for (double v : means) mean += v;
-  mean /= static_cast<double>(means.size());
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// Abnormal against the mean of the others: above `threshold` times it, and above it by more
+// than the floor. No others: never.
+bool abnormal(double x, double others_sum, std::size_t others, double threshold, double floor_us, double* ratio) {
+  if (others == 0) return false;
+  const double base = others_sum / static_cast<double>(others);
+  if (ratio) *ratio = x / (base + kTiny);
+  return x > threshold * base && x - base > floor_us;
+}
+
+// The indices whose mean is abnormal against the mean of the OTHER means.
+std::vector<int> abnormal_means(const std::vector<double>& means, double threshold, double floor_us) {
+  double sum = 0;
+  for (double v : means) sum += v;
   std::vector<int> out;
   for (std::size_t i = 0; i < means.size(); ++i)
-    if (means[i] / (mean + kTiny) > threshold) out.push_back(static_cast<int>(i));
+    if (abnormal(means[i], sum - means[i], means.size() - 1, threshold, floor_us, nullptr)) out.push_back(static_cast<int>(i));
   return out;
 }
 
-bool contains(const std::vector<int>& v, int x) {
-  for (int y : v)
-    if (y == x) return true;
-  return false;
+// The links' typical value: the off-diagonal values outside the abnormal rows and columns.
+struct Typical {
+  double sum = 0;
+  std::size_t n = 0;
+  bool holds(std::size_t s, std::size_t d, const MatrixVerdict& v) const {
+    return s != d && !contains(v.rows, static_cast<int>(s)) && !contains(v.cols, static_cast<int>(d));
+  }
+};
+
+Typical typical_links(const std::vector<double>& m, std::size_t n, const MatrixVerdict& v) {
+  Typical t;
+  for (std::size_t s = 0; s < n; ++s)
+    for (std::size_t d = 0; d < n; ++d)
+      if (t.holds(s, d, v)) {
+        t.sum += m[s * n + d];
+        ++t.n;
+      }
+  return t;
 }
 
-}  // namespace
-
-namespace {
-
-// DeepEP's rule as it is: abnormal rows and columns by their means, points outside them.
-MatrixVerdict deepep_rule(const std::vector<double>& m, std::size_t n, const DiagnoseThresholds& t) {
+// The rule without the link refinement: rows and columns by their means against the mean of
+// the other rows' (columns') means; points, outside them, against the mean of the other
+// off-diagonal points outside them.
+MatrixVerdict judge(const std::vector<double>& m, std::size_t n, const DiagnoseThresholds& t) {
   std::vector<double> row_mean(n, 0), col_mean(n, 0);
-  double mean = 0;
   for (std::size_t s = 0; s < n; ++s)
     for (std::size_t d = 0; d < n; ++d) {
       row_mean[s] += m[s * n + d] / static_cast<double>(n);
       col_mean[d] += m[s * n + d] / static_cast<double>(n);
-      mean += m[s * n + d];
     }
-  mean /= static_cast<double>(n * n);
   MatrixVerdict v;
-  v.rows = above(row_mean, t.row);
-  v.cols = above(col_mean, t.col);
+  v.rows = abnormal_means(row_mean, t.row, t.floor_us);
+  v.cols = abnormal_means(col_mean, t.col, t.floor_us);
+  const Typical typ = typical_links(m, n, v);
   for (std::size_t s = 0; s < n; ++s)
     for (std::size_t d = 0; d < n; ++d) {
+      if (!typ.holds(s, d, v)) continue;
       const double x = m[s * n + d];
-      const double ratio = x / (mean + kTiny);
-      if (ratio > t.point && !contains(v.rows, static_cast<int>(s)) && !contains(v.cols, static_cast<int>(d)))
+      double ratio = 0;
+      if (abnormal(x, typ.sum - x, typ.n - 1, t.point, t.floor_us, &ratio))
         v.points.push_back({static_cast<int>(s), static_cast<int>(d), x, ratio});
     }
   return v;
 }
 
-double mean_of(const std::vector<double>& m) {
-  double sum = 0;
-  for (double x : m) sum += x;
-  return sum / static_cast<double>(m.size());
+bool is_link(const std::vector<AbnormalPoint>& links, std::size_t s, std::size_t d) {
+  return std::any_of(links.begin(), links.end(), [&](const AbnormalPoint& l) {
+    return l.src == static_cast<int>(s) && l.dst == static_cast<int>(d);
+  });
 }
 
-// The largest point (s, d) of an abnormal row s or an abnormal column d (which of the two
-// crosses its threshold first is a coin toss for a single point), above the point
-// threshold, that alone makes them abnormal: with it set to the mean of the other values,
-// neither is. Returns false if there is none; else `m` has it set so.
+// The typical link of `m` under verdict `v`, the links set aside left out (they hold stand-ins).
+double typical_link(const std::vector<double>& m, std::size_t n, const MatrixVerdict& v,
+                    const std::vector<AbnormalPoint>& links, bool* any) {
+  const Typical all = typical_links(m, n, v);
+  double sum = all.sum;
+  std::size_t count = all.n;
+  for (const AbnormalPoint& l : links)
+    if (all.holds(static_cast<std::size_t>(l.src), static_cast<std::size_t>(l.dst), v)) {
+      sum -= m[static_cast<std::size_t>(l.src) * n + static_cast<std::size_t>(l.dst)];
+      --count;
+    }
+  *any = count > 0;
+  return count > 0 ? sum / static_cast<double>(count) : 0;
+}
+
+// The largest point (s, d), s != d, not set aside yet, of an abnormal row s or an abnormal
+// column d (which of the two crosses its threshold first is a coin toss for a single point),
+// abnormal against the typical link, that alone makes them abnormal: with it set to the
+// typical link, neither is. Returns false if there is none; else `m` has it set so.
 bool set_aside_link(std::vector<double>& m, std::size_t n, const MatrixVerdict& v, const DiagnoseThresholds& t,
-                    AbnormalPoint& link) {
-  const double mean = mean_of(m);
+                    const std::vector<AbnormalPoint>& links, AbnormalPoint& link) {
+  bool any = false;
+  const double base = typical_link(m, n, v, links, &any);
+  if (!any) return false;
   bool found = false;
   std::vector<double> best;
   for (std::size_t s = 0; s < n; ++s)
     for (std::size_t d = 0; d < n; ++d) {
-      if (!contains(v.rows, static_cast<int>(s)) && !contains(v.cols, static_cast<int>(d))) continue;
+      if (s == d || (!contains(v.rows, static_cast<int>(s)) && !contains(v.cols, static_cast<int>(d))) ||
+          is_link(links, s, d))
+        continue;
       const std::size_t at = s * n + d;
       const double x = m[at];
-      if (s == d || x / (mean + kTiny) <= t.point || (found && x <= link.value_us)) continue;
+      double ratio = 0;
+      if (!abnormal(x, base, 1, t.point, t.floor_us, &ratio) || (found && x <= link.value_us)) continue;
       std::vector<double> repaired = m;
-      repaired[at] = (mean * static_cast<double>(n * n) - x) / static_cast<double>(n * n - 1);
-      const MatrixVerdict w = deepep_rule(repaired, n, t);
+      repaired[at] = base;
+      const MatrixVerdict w = judge(repaired, n, t);
       if (contains(w.rows, static_cast<int>(s)) || contains(w.cols, static_cast<int>(d))) continue;
       found = true;
-      link = {static_cast<int>(s), static_cast<int>(d), x, x / (mean + kTiny)};
+      link = {static_cast<int>(s), static_cast<int>(d), x, ratio};
       best = std::move(repaired);
     }
   if (found) m = std::move(best);
   return found;
+}
+
+// The links set aside hold the typical link of the matrix as it is now (the first stand-ins
+// were taken with the later links still in, too high); returns the new verdict.
+MatrixVerdict restand(std::vector<double>& m, std::size_t n, const DiagnoseThresholds& t, std::vector<AbnormalPoint>& links) {
+  MatrixVerdict v = judge(m, n, t);
+  bool any = false;
+  const double base = typical_link(m, n, v, links, &any);
+  if (!any) return v;
+  for (AbnormalPoint& l : links) {
+    m[static_cast<std::size_t>(l.src) * n + static_cast<std::size_t>(l.dst)] = base;
+    l.ratio = l.value_us / (base + kTiny);
+  }
+  return judge(m, n, t);
 }
 
 }  // namespace
@@ -111,17 +169,16 @@ MatrixVerdict diagnose_matrix(const std::vector<double>& matrix, int P, const Di
   check_matrix(matrix, P, t);
   const auto n = static_cast<std::size_t>(P);
   std::vector<double> m = matrix;
-  MatrixVerdict v = deepep_rule(m, n, t);
+  MatrixVerdict v = judge(m, n, t);
   std::vector<AbnormalPoint> links;
   AbnormalPoint link;
-  while (t.links && links.size() < n && set_aside_link(m, n, v, t, link)) {
+  while (t.links && links.size() < n && set_aside_link(m, n, v, t, links, link)) {
     links.push_back(link);
-    v = deepep_rule(m, n, t);
+    v = restand(m, n, t, links);
   }
-  // A link set aside holds the mean of the rest: on the matrix without a later, larger link
-  // that value can pass the point threshold by itself; the link is listed once, as measured.
+  // A link set aside holds the typical value: it is listed once, as measured.
   std::erase_if(v.points, [&](const AbnormalPoint& p) {
-    return std::any_of(links.begin(), links.end(), [&](const AbnormalPoint& l) { return l.src == p.src && l.dst == p.dst; });
+    return is_link(links, static_cast<std::size_t>(p.src), static_cast<std::size_t>(p.dst));
   });
   v.points.insert(v.points.end(), links.begin(), links.end());
   std::sort(v.points.begin(), v.points.end(),
@@ -178,10 +235,12 @@ std::string format_op(const DiagnoseReport& r, int op) {
 }  // namespace
 
 std::string format_report(const DiagnoseReport& r) {
-  char head[200];
-  std::snprintf(head, sizeof head, "diagnose: %zu ranks, exchange %llu, %.1f s; thresholds row %g col %g point %g\n",
+  char head[256];
+  std::snprintf(head, sizeof head,
+                "diagnose: %zu ranks, exchange %llu, %.1f s; thresholds row %g col %g point %g (x the others' mean), "
+                "floor %g us\n",
                 r.ranks.size(), static_cast<unsigned long long>(r.exchanges), r.seconds, r.thresholds.row, r.thresholds.col,
-                r.thresholds.point);
+                r.thresholds.point, r.thresholds.floor_us);
   std::string out = head;
   if (!r.error.empty()) out += "  the background exchange ended: " + r.error + "\n";
   if (r.exchanges == 0) return out + "  no exchange yet\n";

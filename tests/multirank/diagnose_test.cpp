@@ -62,7 +62,11 @@ TEST(Diagnose, threads_LateRankIsTheSlowSource) {
   const DiagnoseReport& r = reports[0];
   const DiagnoseOp& d = r.ops[static_cast<std::size_t>(WaitOp::kDispatch)];
   EXPECT_EQ(d.verdict.rows, std::vector<int>{2}) << verdict_text(r);
-  EXPECT_TRUE(d.verdict.cols.empty() && d.verdict.points.empty()) << verdict_text(r);
+  EXPECT_TRUE(d.verdict.cols.empty()) << verdict_text(r);
+  // Row 2's points are not listed again. (Other points are judged against the other links,
+  // tens of µs: over 20 calls one descheduling of a thread on a loaded machine can lift one
+  // past 5x — the rule needs many calls per interval, docs/diagnose.md.)
+  for (const AbnormalPoint& pt : d.verdict.points) EXPECT_NE(pt.src, 2) << verdict_text(r);
   EXPECT_EQ(d.calls, std::vector<std::uint64_t>(4, 20));
   for (int dst = 0; dst < 4; ++dst) {
     if (dst == 2) continue;

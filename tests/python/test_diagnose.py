@@ -1,4 +1,5 @@
-"""epx.Diagnose: DeepEP's verdict rule on its own docstring's matrices, and over real calls
+"""epx.Diagnose: the verdict rule (DeepEP's ratios against the others' mean) on DeepEP's
+docstring matrices and on a slow rank that DeepEP's mean of all rows hides, and over real calls
 on 4 ranks — a rank that is late to every dispatch (it sleeps first) is the slow source on
 every rank, over a group with watch() and over an EPBuffer whose engine its first dispatch
 builds; start()/stop(), the log."""
@@ -29,10 +30,28 @@ def test_diagnose_matrix_deepep_examples():
     v = epx.Diagnose.diagnose_matrix(point)
     assert v["abnormal_rows"] == [] and v["abnormal_cols"] == []
     assert [p[:3] for p in v["abnormal_points"]] == [[3, 4, 125.0]]
-    assert v["abnormal_points"][0][3] == pytest.approx(125 / point.mean())
+    off = point[~np.eye(8, dtype=bool)]
+    typical = (off.sum() - 125) / (off.size - 1)  # the other links (the diagonal is no link)
+    assert v["abnormal_points"][0][3] == pytest.approx(125 / typical)
+    assert 125 / typical < 8  # 7.9x
     assert epx.Diagnose.diagnose_matrix(point, thres_point=8.0)["abnormal_points"] == []
     with pytest.raises(epx.Error):
         epx.Diagnose.diagnose_matrix(np.zeros((3, 4)))
+
+
+def test_diagnose_matrix_slow_rank_cannot_hide():
+    # 8 ranks, every row ~1000 us per call, rank 5's 4000: DeepEP's ratio to the mean of all
+    # rows (its own included) is under 3; to the mean of the other rows, ~4x.
+    rng = np.random.default_rng(7)
+    m = rng.uniform(850, 1150, (8, 8))
+    np.fill_diagonal(m, 0.3)
+    m[5, [d for d in range(8) if d != 5]] = 4000
+    rows = m.mean(axis=1)
+    assert rows[5] / rows.mean() < 3
+    assert rows[5] / np.delete(rows, 5).mean() > 3.5
+    assert epx.Diagnose.diagnose_matrix(m) == {"abnormal_cols": [], "abnormal_rows": [5], "abnormal_points": []}
+    # A few microseconds are no fault: the same matrix in us / 100 names nothing.
+    assert epx.Diagnose.diagnose_matrix(m / 100) == {"abnormal_cols": [], "abnormal_rows": [], "abnormal_points": []}
 
 
 def _calls(buf, case, rank, n, late=-1, delay=0.0):
