@@ -3,10 +3,11 @@ with its constructor and methods name for name, on CPU. Dispatch and combine run
 EPBuffer's engine (epx/buffer.py); the AG/RS, PP and Engram methods come from their mixins.
 """
 from . import _convert as cv
+from . import _weights
 from ._elastic_agrs import AgrsMixin
 from ._elastic_engram import EngramMixin
 from ._elastic_pp import PPMixin
-from .buffer import EPBuffer, EPHandle, _ALIGN, _wait_for
+from .buffer import EPBuffer, EPHandle, _ALIGN, _WEIGHT_PARTS, _wait_for
 from .errors import Error
 from .events import EventOverlap
 from .group import bootstrap_of
@@ -171,8 +172,10 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, EPBuffer):
         handle (a cached dispatch, same routing, new x): topk_idx must be None; the layout,
         num_experts, expert_alignment and num_max_tokens_per_rank are the handle's (passing
         others fails on every rank with bad_handle); the handle itself is returned, as in
-        DeepEP. topk_weights with a handle: only the handle's dispatch's weights (the same
-        values) — new weights need a fresh dispatch (unsupported otherwise).
+        DeepEP. topk_weights with a handle (float32 [S, K], e.g. new weights for a backward
+        pass): sent by one more cached dispatch (exactly: 3 bf16 columns per slot, so hidden
+        >= 3 K, else unsupported), and the call is then synchronous; every rank passes them
+        or none does.
         do_handle_copy (default True): handle.topk_idx is a copy of topk_idx, so later changes
         to the caller's tensor do not reach it; False: it is the caller's tensor itself.
         cumulative_local_expert_recv_stats: int [L], += this dispatch's unaligned counts.
@@ -196,14 +199,18 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, EPBuffer):
                 topk_idx = cv.copy_of(topk_idx)
             layout = dict(do_expand=bool(do_expand), expert_alignment=expert_alignment, num_experts=num_experts,
                           num_max_tokens_per_rank=num_max_tokens_per_rank)
+        # a cached dispatch with weights runs synchronously: their own dispatch follows
+        asy = bool(async_with_compute_stream) and not (cached and topk_weights is not None)
         recv_x, recv_idx, recv_w, h, ev = self._dispatch(
             x, topk_idx, None if cached else topk_weights, cumulative_local_expert_recv_stats, layout["num_experts"],
-            layout["num_max_tokens_per_rank"], layout["expert_alignment"], async_with_compute_stream, handle, False,
+            layout["num_max_tokens_per_rank"], layout["expert_alignment"], asy, handle, False,
             layout["do_expand"], bool(do_zero_padding), use_tma_aligned_col_major_sf, False, None, None, problem, code)
         if not cached:
             h.num_sms = num_sms or self.get_theoretical_num_sms()
-            h._weights_copy = cv.copy_of(topk_weights) if topk_weights is not None else None
             return recv_x, recv_idx, recv_w, h, ev
+        if topk_weights is not None:
+            recv_w = self._cached_weights(handle, topk_weights, recv_x[0] if isinstance(recv_x, tuple) else recv_x,
+                                          problem, code)
         return recv_x, recv_idx, recv_w if topk_weights is not None else None, handle, ev
 
     def _cached_args_problem(self, handle, topk_idx, topk_weights, do_cpu_sync, do_expand, num_experts, C, alignment):
@@ -222,11 +229,44 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, EPBuffer):
             if given is not None and given != own:
                 return f"cached dispatch: {name} = {given} but the handle's dispatch had {own}", "bad_handle"
         if topk_weights is not None:
-            mine = getattr(handle, "_weights_copy", None)
-            if mine is None or not _same_values(topk_weights, mine):
-                return ("cached dispatch: topk_weights other than the handle's dispatch's cannot be sent with a handle "
-                        "on epx: dispatch afresh with them (or pass None / the same weights)", "unsupported")
+            shape = tuple(getattr(topk_weights, "shape", ()))
+            want = tuple(handle._topk_idx.shape)
+            if shape != want:
+                return (f"cached dispatch: topk_weights must be float32 {list(want)} (the handle's tokens and slots), "
+                        f"got {list(shape)}", "shape_mismatch")
+            if self.hidden < _WEIGHT_PARTS * want[1]:
+                return (f"cached dispatch: topk_weights travel in {_WEIGHT_PARTS} bf16 columns per slot, which needs "
+                        f"hidden >= {_WEIGHT_PARTS} x num_topk (hidden {self.hidden}, num_topk {want[1]}): dispatch "
+                        "afresh with them", "unsupported")
         return "", ""
+
+    def _cached_weights(self, handle, topk_weights, recv_x, problem, code):
+        """A cached dispatch's new topk_weights, sent by one more cached dispatch of the same
+        handle: each float32 weight split into bf16 parts whose float32 sum is exactly it, in
+        columns p * K + k of its token's row; each received row's weights summed back. Returns
+        recv_topk_weights as a fresh dispatch gives them: compact [N, K] (0 where the slot's
+        expert is elsewhere), expanded [rows] (0 on padding rows). Collective: every rank
+        passes topk_weights with its cached dispatch, or none does."""
+        import numpy as np
+        K = int(handle._topk_idx.shape[1])
+        flavor = cv.flavor_of(recv_x)
+        packed = None
+        if not problem:
+            w = cv.to_numpy(topk_weights).astype(np.float32, copy=False)
+            packed = np.zeros((w.shape[0], self.hidden), dtype=np.uint16)
+            for p, part in enumerate(_weights._split(w, _WEIGHT_PARTS)):
+                packed[:, p * K:(p + 1) * K] = part
+            packed = cv.from_numpy(packed, flavor, bf16=True)
+        rows, _, _, h, _ = self._dispatch(packed, None, None, None, None, None, None, False, handle, False, None, False,
+                                          False, False, None, None, problem, code)
+        got = _weights.unpack(cv.to_numpy(rows), K, _WEIGHT_PARTS)  # [N, K] float32 per received row
+        src = cv.to_numpy(h.recv_src)
+        if handle.do_expand:
+            k = np.where(src[:, 0] >= 0, src[:, 2], 0)
+            out = np.where(src[:, 0] >= 0, got[np.arange(got.shape[0]), k], np.float32(0))
+        else:
+            out = np.where(cv.to_numpy(h._recv_idx) >= 0, got, np.float32(0))
+        return cv.from_numpy(np.ascontiguousarray(out, dtype=np.float32), flavor)
 
     # -- combine --------------------------------------------------------------------
     def combine(self, x, handle, topk_weights=None, bias=None, num_sms=0, num_qps=0, previous_event=None,
@@ -287,9 +327,3 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, EPBuffer):
         if not torch_in:
             out = out.view(torch.int16).numpy().view("uint16")
         return out, weights, EventOverlap()
-
-
-def _same_values(a, b):
-    import numpy as np
-    a, b = cv.to_numpy(a), cv.to_numpy(b)
-    return a.shape == b.shape and np.array_equal(a, b)

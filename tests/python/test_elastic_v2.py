@@ -167,11 +167,11 @@ def _failures(rank, n):
     ev.current_stream_wait()
     assert kept.value is not None
     check_dispatch(case, ref, rank, (rx, ri, rw, h), False, False)
-    # a cached dispatch cannot send new weights: every rank fails, naming rank 1's
-    mine = w * 2 if rank == 1 else w
+    # a cached dispatch's weights must be [S, K]: every rank fails, naming rank 1
+    mine = w[:, :2] if rank == 1 else w
     with pytest.raises(epx.Error) as info:
         buf.dispatch(x, handle=h, topk_weights=mine)
-    assert info.value.code == "unsupported" and info.value.origin_rank == 1, info.value
+    assert info.value.code == "shape_mismatch" and info.value.origin_rank == 1, info.value
     # a cached dispatch with another expert_alignment than its handle's: bad_handle everywhere
     with pytest.raises(epx.Error) as info:
         buf.dispatch(x, handle=h, expert_alignment=2 if rank == 2 else None)
@@ -196,6 +196,33 @@ def _failures(rank, n):
 
 def test_failures_leave_the_buffer_usable():
     assert epx.launch(_failures, P, start_method="fork", timeout_secs=180) == [True] * P
+
+
+def _new_weights(rank, n):
+    """A cached dispatch with new topk_weights delivers them as a fresh dispatch of them would
+    (the reference: the same routing with those weights), exactly, in both layouts."""
+    group = dist.new_group(list(range(n)))
+    case = _case(816)
+    rng = np.random.default_rng(900)
+    w2 = [(rng.standard_normal(i.shape) * 3).astype(np.float32) for i in case.topk_idx]  # every rank's
+    case2 = epx_ref.Case(case.meta, case.topk_idx, w2, x=case.x)
+    x, idx, w = inputs(case, rank, "torch")
+    buf = epx.ElasticBuffer(group, num_max_tokens_per_rank=C, hidden=H)
+    for expanded in (False, True):
+        ref = epx_ref.compute(case2, layout="expanded" if expanded else "compact", alignment=A, zero_padding=True)
+        _, _, _, h, _ = buf.dispatch(x, idx, None if expanded else w, num_experts=E, expert_alignment=A,
+                                     do_expand=expanded, do_zero_padding=expanded)
+        for asy in (False, True):
+            out = buf.dispatch(x, handle=h, topk_weights=torch.from_numpy(w2[rank]), async_with_compute_stream=asy)
+            out[-1].current_stream_wait()
+            assert out[3] is h
+            check_dispatch(case2, ref, rank, out[:4], expanded, False)
+    buf.destroy()
+    return True
+
+
+def test_cached_dispatch_with_new_weights():
+    assert epx.launch(_new_weights, P, start_method="fork", timeout_secs=120) == [True] * P
 
 
 def _fp8(rank, n):
