@@ -96,6 +96,7 @@ class EPHandle:
         self._recv_idx, self._recv_weights = recv_idx, recv_weights
         self._weights_given = False
         self._fields = None  # DeepEP 2.1.0's fields, once computed
+        self._sorted = False  # made by a deterministic ElasticBuffer (DeepEP sorts then)
         self._event = None  # weakref to the event of an asynchronous dispatch
 
     # -- DeepEP 2.1.0's fields (computed on first read: the receive side's need the
@@ -105,6 +106,8 @@ class EPHandle:
         if f is not None:
             return f
         f = _deepep_fields_of(self)
+        if self._sorted:  # DeepEP's deterministic epilogue keeps the metadata as received
+            f["cached_recv_src_metadata_before_sort"] = cv.copy_of(f["recv_src_metadata"])
         ev = self._event() if self._event is not None else None
         if ev is None or ev._pending is None:  # final values: kept
             self._fields = f
@@ -142,7 +145,8 @@ class EPHandle:
                                        "None: DeepEP's hybrid (multi-domain) mode only; epx has one domain.")
     channel_linked_list = _field("channel_linked_list", "None: DeepEP's hybrid mode only.")
     cached_recv_src_metadata_before_sort = _field("cached_recv_src_metadata_before_sort",
-                                                  "recv_src_metadata before deterministic_sort (None until it ran).")
+                                                  "recv_src_metadata before deterministic_sort (None until it ran; "
+                                                  "a deterministic ElasticBuffer's dispatch runs it).")
     del _field
 
     def deterministic_sort(self, do_cpu_sync, is_cached_dispatch, recv_x, recv_sf, recv_topk_idx, recv_topk_weights,

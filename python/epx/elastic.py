@@ -207,6 +207,7 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, EPBuffer):
             layout["do_expand"], bool(do_zero_padding), use_tma_aligned_col_major_sf, False, None, None, problem, code)
         if not cached:
             h.num_sms = num_sms or self.get_theoretical_num_sms()
+            h._sorted = bool(self.deterministic)  # epx's rows are in the sorted order already
             return recv_x, recv_idx, recv_w, h, ev
         if topk_weights is not None:
             recv_w = self._cached_weights(handle, topk_weights, recv_x[0] if isinstance(recv_x, tuple) else recv_x,

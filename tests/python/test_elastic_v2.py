@@ -300,6 +300,7 @@ def _sort(rank, n):
     buf = epx.ElasticBuffer(group, num_max_tokens_per_rank=C, hidden=H, deterministic=True)
     rx, ri, rw, h, _ = buf.dispatch(x, idx, w, num_experts=E)
     want = [t.clone() for t in (rx, ri, rw, h.recv_src_metadata)]
+    assert torch.equal(h.cached_recv_src_metadata_before_sort, want[3])  # as after DeepEP's sort
     h.deterministic_sort(True, False, rx, None, ri, rw, None)
     assert all(torch.equal(a, b) for a, b in zip(want, (rx, ri, rw, h.recv_src_metadata)))
     assert torch.equal(h.cached_recv_src_metadata_before_sort, want[3])
