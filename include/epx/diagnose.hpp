@@ -19,7 +19,8 @@
 //                        slow source — every rank waits for s (s is late: stopped, starved of CPU, ...);
 //   * abnormal column d: mean of column d / mean of the other columns' means > thresholds.col   (3): a
 //                        slow destination — d waits for everyone (d is slow to take its rows in);
-//   * abnormal point:    M[s][d]          / mean of the other links          > thresholds.point (5): a
+//   * abnormal point:    M[s][d]          / mean of the other links          > thresholds.point (5), and
+//                        the same against the other values of its own row and of its own column: a
 //                        slow link s -> d; the links are the off-diagonal values outside the abnormal
 //                        rows and columns, whose points are not listed again — except
 //                        (thresholds.links) a point that alone makes its row or column abnormal:

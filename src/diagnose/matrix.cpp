@@ -71,9 +71,32 @@ Typical typical_links(const std::vector<double>& m, std::size_t n, const MatrixV
   return t;
 }
 
+// A link stands out of its own row and column too: M[s][d] against the mean of the other
+// off-diagonal values of row s (outside the abnormal columns) and of column d (outside the
+// abnormal rows). A source late for some of its destinations (descheduled in the middle of
+// its sends) lifts several links of its row: that is no slow link. None there: no test.
+bool stands_out(const std::vector<double>& m, std::size_t n, const MatrixVerdict& v, std::size_t s, std::size_t d,
+                const DiagnoseThresholds& t) {
+  const double x = m[s * n + d];
+  double row_sum = 0, col_sum = 0;
+  std::size_t row_n = 0, col_n = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    if (k != s && k != d && !contains(v.cols, static_cast<int>(k))) {
+      row_sum += m[s * n + k];
+      ++row_n;
+    }
+    if (k != d && k != s && !contains(v.rows, static_cast<int>(k))) {
+      col_sum += m[k * n + d];
+      ++col_n;
+    }
+  }
+  return (row_n == 0 || abnormal(x, row_sum, row_n, t.point, t.floor_us, nullptr)) &&
+         (col_n == 0 || abnormal(x, col_sum, col_n, t.point, t.floor_us, nullptr));
+}
+
 // The rule without the link refinement: rows and columns by their means against the mean of
 // the other rows' (columns') means; points, outside them, against the mean of the other
-// off-diagonal points outside them.
+// off-diagonal points outside them, and standing out of their own row and column.
 MatrixVerdict judge(const std::vector<double>& m, std::size_t n, const DiagnoseThresholds& t) {
   std::vector<double> row_mean(n, 0), col_mean(n, 0);
   for (std::size_t s = 0; s < n; ++s)
@@ -90,7 +113,7 @@ MatrixVerdict judge(const std::vector<double>& m, std::size_t n, const DiagnoseT
       if (!typ.holds(s, d, v)) continue;
       const double x = m[s * n + d];
       double ratio = 0;
-      if (abnormal(x, typ.sum - x, typ.n - 1, t.point, t.floor_us, &ratio))
+      if (abnormal(x, typ.sum - x, typ.n - 1, t.point, t.floor_us, &ratio) && stands_out(m, n, v, s, d, t))
         v.points.push_back({static_cast<int>(s), static_cast<int>(d), x, ratio});
     }
   return v;

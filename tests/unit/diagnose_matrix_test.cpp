@@ -131,6 +131,22 @@ TEST(DiagnoseMatrix, SlowColumnAndSlowPoint) {
   EXPECT_NEAR(v.points[0].ratio, 8000 / others_link_mean(p, P, 2, 7), 1e-6);
 }
 
+// A source late for two of its seven destinations (descheduled in the middle of its sends,
+// measured on a loaded machine) lifts two links of its row to 6x the typical link; neither
+// stands out of its own row by 5x (the other is there too), and the row is 2.4x the others:
+// nothing is named. One such link alone is a slow link.
+TEST(DiagnoseMatrix, LinksMustStandOutOfTheirRow) {
+  constexpr int P = 8;
+  std::vector<double> m = noisy(P, 1000, 0.1, 4);
+  at(m, P, 4, 0) = at(m, P, 4, 1) = 6000;
+  EXPECT_TRUE(diagnose_matrix(m, P).clean());
+  at(m, P, 4, 1) = 1000;
+  const MatrixVerdict one = diagnose_matrix(m, P);
+  EXPECT_TRUE(one.rows.empty() && one.cols.empty());
+  ASSERT_EQ(one.points.size(), 1u);
+  EXPECT_EQ(one.points[0].src * P + one.points[0].dst, 4 * P + 0);
+}
+
 // At every P (2 ... 128): a matrix with a +-40 % spread names nothing; one source at 6x
 // the others is that row alone (at P = 2 a row is one link: its row, column or point);
 // all-equal and all-zero matrices name nothing.
