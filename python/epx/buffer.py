@@ -121,9 +121,9 @@ class EPHandle:
             self._deepep_fields()[name] = value
         return property(get, set_, doc=doc)
 
-    recv_src_metadata = _field("recv_src_metadata", """int32 [num_recv_tokens, 2 + K] (int64 on a torch before 2.0,
-        which cannot index with int32), one row per
-        received token in the order of the compact output's rows (by source rank, then token):
+    recv_src_metadata = _field("recv_src_metadata", """int32 [num_recv_tokens, 2 + K] (int64 on a torch
+        before 2.0, which cannot index with int32), one row per received token in the order of
+        the compact output's rows (by source rank, then token):
         column 0 the token's global index s * num_max_tokens_per_rank + t; column 1 s * K + the
         first slot k of the token on this rank; columns 2 + k: expanded layout, the output row of
         slot k (-1 where slot k's expert is elsewhere); compact layout, -1.""")
