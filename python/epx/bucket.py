@@ -204,12 +204,12 @@ class BucketBuffer(BufferLifecycle):
     group: a torch.distributed ProcessGroup or a list of ranks, or a list of up to 8 of
         them (subsets of the default group's ranks: the world, halves, pairs, rails), the
         same on every rank of the default group, which builds the buffer collectively.
-    allocation_plan_or_num_bytes: a BufferAllocator (its tensors become views of the
-        storage) or the storage's size in bytes.
-        A group may also be each rank's own of its kind (ranks 0, 1 pass [dp01, tp...], ranks
+        A group may also be each rank's own of its kind, as ProcessGroups (ranks 0, 1 pass [dp01, tp...], ranks
         2, 3 pass [dp23, tp...], as data- and tensor-parallel groups are made): group i is
         then this rank's group of role i, every rank of it must pass that same group as its
         i-th, and all the groups of all roles together count against the 8.
+    allocation_plan_or_num_bytes: a BufferAllocator (its tensors become views of the
+        storage) or the storage's size in bytes.
     transport, num_cpu_timeout_secs: as EPBuffer (the default group's shared transport).
     transport_group: build the buffer over this torch.distributed group's transport instead
         (only its ranks take part; `group` then names ranks of it: a list of its ranks, or

@@ -37,6 +37,15 @@ class Mixed(AgrsMixin, PPMixin, EngramMixin):
         self._destroy_engram()
 
 
+def make(kind, group, num_bytes, num_cpu_bytes=0):
+    if kind == "ElasticBuffer":
+        return epx.ElasticBuffer(group, num_bytes=num_bytes, num_cpu_bytes=num_cpu_bytes, explicitly_destroy=True)
+    return Mixed(group, num_bytes, num_cpu_bytes)
+
+
+KINDS = ["mixins", "ElasticBuffer"]
+
+
 def _expect_error(code, fn, *words):
     try:
         fn()
@@ -79,7 +88,7 @@ def _tensor(rank, key, shape, dtype):
         torch.randint(0, 256, shape, generator=g).to(torch.uint8)
 
 
-def _agrs(rank, n, seed, sub):
+def _agrs(rank, n, kind, seed, sub):
     import torch
     import torch.distributed as dist
     group = None
@@ -90,7 +99,7 @@ def _agrs(rank, n, seed, sub):
     me, m = dist.get_rank(group), dist.get_world_size(group)
     rng = random.Random(seed)  # the same program on every rank
     max_gathers, session_bytes = 5, 48 << 10
-    buf = Mixed(group, Mixed.get_agrs_buffer_size_hint(group, session_bytes))
+    buf = make(kind, group, Mixed.get_agrs_buffer_size_hint(group, session_bytes))
     _expect_error("invalid_argument", lambda: buf.agrs_get_inplace_tensor((4,), torch.float32), "agrs_set_config")
     buf.agrs_set_config(session_bytes, max_gathers)
     _expect_error("invalid_argument", lambda: buf.all_gather(torch.zeros(4)), "no AGRS session")
@@ -179,13 +188,14 @@ def _check_gathered(key, shapes, dtype, outs, m):
     return 1
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("sub", [False, True], ids=["world", "subgroup"])
-def test_all_gather_sessions_equal_the_stacked_tensors(sub):
-    assert launch(_agrs, 7, sub) == [True] * P
+def test_all_gather_sessions_equal_the_stacked_tensors(kind, sub):
+    assert launch(_agrs, kind, 7, sub) == [True] * P
 
 
 # -- pipeline send / recv ----------------------------------------------------------------
-def _pp(rank, n, seed, pair):
+def _pp(rank, n, kind, seed, pair):
     import torch
     import torch.distributed as dist
     group = None
@@ -195,7 +205,7 @@ def _pp(rank, n, seed, pair):
             return True
     me, m = dist.get_rank(group), dist.get_world_size(group)
     max_bytes, inflight = 6000, 3
-    buf = Mixed(group, Mixed.get_pp_buffer_size_hint(max_bytes, inflight))
+    buf = make(kind, group, Mixed.get_pp_buffer_size_hint(max_bytes, inflight))
     _expect_error("invalid_argument", lambda: buf.pp_send(torch.zeros(2), (me + 1) % m), "pp_set_config")
     _expect_error("capacity_exceeded", lambda: buf.pp_set_config(buf.num_bytes, 1), "num_bytes")
     buf.pp_set_config(max_bytes, inflight)
@@ -235,9 +245,10 @@ def _pp(rank, n, seed, pair):
     return True
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("pair", [False, True], ids=["ring4", "ring2"])
-def test_pp_ring_moves_every_byte(pair):
-    assert launch(_pp, 3, pair) == [True] * P
+def test_pp_ring_moves_every_byte(kind, pair):
+    assert launch(_pp, kind, 3, pair) == [True] * P
 
 
 # -- engram -----------------------------------------------------------------------------------
@@ -251,12 +262,12 @@ def _rows(rank, n_entries, hidden, fp8, seed):
     return torch.randn((n_entries, hidden), generator=g).to(torch.bfloat16), None
 
 
-def _engram(rank, n, fp8):
+def _engram(rank, n, kind, fp8):
     import torch
     n_entries, hidden, tokens, per_token = 300, 256 if fp8 else 96, 9, 5
     dtype = torch.uint8 if fp8 else torch.bfloat16
     gpu, cpu = Mixed.get_engram_storage_size_hint(n_entries, hidden, tokens * per_token, dtype)
-    buf = Mixed(None, gpu + cpu, cpu)
+    buf = make(kind, None, gpu + cpu, cpu)
     _expect_error("invalid_argument", lambda: buf.engram_fetch(torch.zeros((1, 1), dtype=torch.int32)),
                   "engram_write first")
     for seed in (1, 2):  # a second write replaces the table
@@ -294,9 +305,10 @@ def _engram(rank, n, fp8):
     return True
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_engram_fetch_equals_the_concatenated_tables(fp8):
-    assert launch(_engram, fp8) == [True] * P
+def test_engram_fetch_equals_the_concatenated_tables(kind, fp8):
+    assert launch(_engram, kind, fp8) == [True] * P
 
 
 # -- BucketBuffer on each rank's own groups ---------------------------------------------------
