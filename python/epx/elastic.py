@@ -90,6 +90,26 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, EPBuffer):
     an EPHandle with DeepEP 2.1.0's fields. Using a destroyed buffer raises epx.Error.
     """
 
+    # DeepEP 2.1.0's instance attributes (set by __init__; see the docstring)
+    group: object
+    rank_idx: int
+    num_ranks: int
+    num_bytes: int
+    num_cpu_bytes: int
+    num_max_tokens_per_rank: int
+    num_scaleout_ranks: int
+    num_scaleup_ranks: int
+    scaleout_rank_idx: int
+    scaleup_rank_idx: int
+    num_rdma_ranks: int
+    num_nvlink_ranks: int
+    allow_hybrid_mode: bool
+    allow_multiple_reduction: bool
+    prefer_overlap_with_compute: bool
+    deterministic: bool
+    num_allocated_qps: int
+    explicitly_destroy: bool
+
     def __init__(self, group=None, num_bytes=None, num_cpu_bytes=0, num_max_tokens_per_rank=0, hidden=0, num_topk=0,
                  use_fp8_dispatch=False, deterministic=False, allow_hybrid_mode=True, allow_multiple_reduction=True,
                  prefer_overlap_with_compute=True, sl_idx=3, num_allocated_qps=0, num_cpu_timeout_secs=300,
