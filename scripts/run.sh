@@ -110,6 +110,9 @@ case "$cmd" in
     ctest --test-dir build --output-on-failure -j "$JOBS"
     # The Python package (Debian's Python; pytest exit 5 = no tests collected is not a failure).
     timeout 300 /usr/bin/python3 -m pytest -q tests/python || [ $? -eq 5 ]
+    # The runner of DeepEP's own test files (tests/deepep), on a made-up DeepEP checkout: counted
+    # checks, --keep-going, a failing rank, a hung test killed with its ranks. ~55 s.
+    timeout 300 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/deepep/test_run_deepep.py
     # Every code block of README.md and docs/getting-started.md as printed (results checked), the
     # README's figures against docs/img/benchmarks.json, and a lint of the tree (no issue
     # numbers, no contract outside docs/spec.md). ~70 s.
