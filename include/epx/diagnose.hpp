@@ -24,7 +24,7 @@
 //                        slow link s -> d; the links are the off-diagonal values outside the abnormal
 //                        rows and columns, whose points are not listed again — except
 //                        (thresholds.links) a point that alone makes its row or column abnormal:
-//                        it is listed, they are not;
+//                        it is listed, that row or column is not;
 //   and each also above its typical value by more than thresholds.floor_us (50 µs per call).
 // DeepEP divides by the mean of all rows, the slow one's included: a single slow rank at k
 // times the others reaches only kP / (k + P - 1) (8 ranks, k = 4.6: 3.2x; 4 ranks: never
@@ -95,9 +95,9 @@ struct MatrixVerdict {
 /// lifts row s and column d with it (at 4 ranks a point 9x the typical link makes its row
 /// 3x the others), and the rule would report the row or column and suppress the point. A
 /// point of an abnormal row s or column d, abnormal against the typical link, with which set
-/// to the typical link neither row s nor column d is abnormal, is reported as a point
-/// instead (largest first, repeatedly; the rest is judged on the matrix with those points
-/// set aside). Throws kInvalidArgument unless m.size() == P * P, P >= 1, every value finite
+/// to the typical link row s or column d is no longer abnormal, is reported as a point
+/// instead of it (largest first, repeatedly; the rest is judged on the matrix with those
+/// points set aside). Throws kInvalidArgument unless m.size() == P * P, P >= 1, every value finite
 /// and >= 0, every threshold > 0 and floor_us finite and >= 0. An all-equal or all-zero
 /// matrix flags nothing.
 MatrixVerdict diagnose_matrix(const std::vector<double>& m, int num_ranks, const DiagnoseThresholds& thresholds = {});

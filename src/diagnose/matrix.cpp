@@ -142,8 +142,9 @@ double typical_link(const std::vector<double>& m, std::size_t n, const MatrixVer
 
 // The largest point (s, d), s != d, not set aside yet, of an abnormal row s or an abnormal
 // column d (which of the two crosses its threshold first is a coin toss for a single point),
-// abnormal against the typical link, that alone makes them abnormal: with it set to the
-// typical link, neither is. Returns false if there is none; else `m` has it set so.
+// abnormal against the typical link, that alone makes one of them abnormal: with it set to
+// the typical link, row s or column d is no longer abnormal (a row abnormal through several
+// of its points stays a row). Returns false if there is none; else `m` has it set so.
 bool set_aside_link(std::vector<double>& m, std::size_t n, const MatrixVerdict& v, const DiagnoseThresholds& t,
                     const std::vector<AbnormalPoint>& links, AbnormalPoint& link) {
   bool any = false;
@@ -163,7 +164,9 @@ bool set_aside_link(std::vector<double>& m, std::size_t n, const MatrixVerdict& 
       std::vector<double> repaired = m;
       repaired[at] = base;
       const MatrixVerdict w = judge(repaired, n, t);
-      if (contains(w.rows, static_cast<int>(s)) || contains(w.cols, static_cast<int>(d))) continue;
+      const bool row_cleared = contains(v.rows, static_cast<int>(s)) && !contains(w.rows, static_cast<int>(s));
+      const bool col_cleared = contains(v.cols, static_cast<int>(d)) && !contains(w.cols, static_cast<int>(d));
+      if (!row_cleared && !col_cleared) continue;
       found = true;
       link = {static_cast<int>(s), static_cast<int>(d), x, ratio};
       best = std::move(repaired);
@@ -195,7 +198,8 @@ MatrixVerdict diagnose_matrix(const std::vector<double>& matrix, int P, const Di
   MatrixVerdict v = judge(m, n, t);
   std::vector<AbnormalPoint> links;
   AbnormalPoint link;
-  while (t.links && links.size() < n && set_aside_link(m, n, v, t, links, link)) {
+  // Each round sets aside another off-diagonal value: at most n (n - 1) rounds.
+  while (t.links && links.size() < n * (n - 1) && set_aside_link(m, n, v, t, links, link)) {
     links.push_back(link);
     v = restand(m, n, t, links);
   }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """epx::Diagnose against real faults, through `epx bench --diagnose --json`:
 
-  quiet       quiet runs at P = --quiet-ranks (8) with a second job running (another epx bench
-              in a loop, 4 ranks: 12 ranks on this machine's 2 cores): nothing may be named
+  quiet       quiet runs at P = --quiet-ranks (8; 4 ranks per core here): nothing may be named;
+              --load: with a second job running (another epx bench in a loop, 4 ranks)
   sigstop     one rank's process stopped and continued in bursts from outside (SIGSTOP X ms /
               SIGCONT X ms, X in --bursts): that rank must be named (its row or column), and
               nothing that does not involve it
@@ -16,7 +16,7 @@
   netem-quiet the same 4 machines unshaped: nothing may be named
 
     check_diagnose.py --epx build/src/tools/epx [--only quiet,sigstop,...] [--runs N]
-                      [--bursts 20,40,80] [--quota 10] [--ranks 8] [--save DIR]
+                      [--bursts 20,40,80] [--quota 10] [--ranks 8] [--load] [--save DIR]
 
 Every check is strict: each run of a fault must name its victim and nothing else, each quiet
 run must name nothing (the rule is made for it: docs/diagnose.md, "The verdict"). --runs N
@@ -413,7 +413,7 @@ def main():
     ap.add_argument("--only", default="quiet,sigstop,cgroup,netem,netem-quiet")
     ap.add_argument("--runs", type=int, default=1, help="runs of each fault check (each burst length, quota, rate, P)")
     ap.add_argument("--quiet-runs", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=600)
+    ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--cgroup-iters", type=int, default=200, help="a starved rank is slow: fewer iterations")
     ap.add_argument("--netem-iters", type=int, default=20, help="shaped: a call takes ~0.25 s at 256 kbit/s")
     ap.add_argument("--netem-quiet-iters", type=int, default=300,
@@ -424,7 +424,8 @@ def main():
     ap.add_argument("--netem", action="store_true", help="slow the link with sch_netem (a delay) instead of htb (a rate)")
     ap.add_argument("--ranks", default="8", help="P of the slow-rank runs (comma-separated: each)")
     ap.add_argument("--quiet-ranks", type=int, default=8, help="P of the quiet runs")
-    ap.add_argument("--no-load", action="store_true", help="quiet runs without the second job")
+    ap.add_argument("--load", action="store_true",
+                    help="quiet runs with a second job (another 4-rank bench in a loop): 12 ranks on 2 cores")
     ap.add_argument("--save", help="write each run's verdict and matrices (JSON) into this directory")
     a = ap.parse_args()
     epx = os.path.abspath(a.epx)
@@ -432,7 +433,7 @@ def main():
     t0 = time.time()
     print(f"check_diagnose: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     if "quiet" in only:
-        check_quiet(epx, a.quiet_runs, a.iters, a.quiet_ranks, load=not a.no_load, save_dir=a.save)
+        check_quiet(epx, a.quiet_runs, a.iters, a.quiet_ranks, load=a.load, save_dir=a.save)
     for ranks in ints(a.ranks):
         if "sigstop" in only:
             for ms in ints(a.bursts):  # a loop of about the same length at every P
