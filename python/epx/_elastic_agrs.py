@@ -16,18 +16,11 @@ flight from the caller's view, as on the GPU.
 import math
 
 from .errors import Error
+from ._sizes import align as _align, itemsize as _itemsize
 
 _ALIGNMENT = 2 << 20  # DeepEP's buffer alignment
 _MAX_ALL_GATHERS_PER_SESSION = 32  # DeepEP's kNumMaxInflightAGRS
 
-
-def _align(x, a):
-    return (x + a - 1) // a * a
-
-
-def _itemsize(dtype):
-    import torch
-    return torch.empty(0, dtype=dtype).element_size()
 
 
 def _group_size(group):

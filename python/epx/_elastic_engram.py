@@ -14,13 +14,11 @@ is the same memory as DeepEP's [T, E * H] result. FP8 is uint8 bits (torch 1.13 
 float8 dtypes; torch.float8_e4m3fn is taken where it exists).
 """
 from .errors import Error
+from ._sizes import align as _align, itemsize
 
 _ALIGNMENT = 2 << 20  # DeepEP's buffer alignment
 _SF_ALIGNMENT = 4     # DeepEP's kNumAlignedSFPacks: the column stride of column-major factors
 
-
-def _align(x, a):
-    return (x + a - 1) // a * a
 
 
 def _is_fp8(dtype):
@@ -31,8 +29,7 @@ def _is_fp8(dtype):
 def _itemsize(dtype):
     if isinstance(dtype, str):
         return 1 if dtype in ("fp8", "fp8_e4m3", "float8_e4m3fn") else 2
-    import torch
-    return torch.empty(0, dtype=dtype).element_size()
+    return itemsize(dtype)
 
 
 class _Fetch:

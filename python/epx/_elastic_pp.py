@@ -11,12 +11,10 @@ gets the k-th pp_send to this rank from it; a send waits while num_max_inflight_
 its messages to that peer are not received yet.
 """
 from .errors import Error
+from ._sizes import align as _align
 
 _ALIGNMENT = 2 << 20  # DeepEP's buffer alignment
 
-
-def _align(x, a):
-    return (x + a - 1) // a * a
 
 
 class PPMixin:

@@ -25,6 +25,7 @@ from .buffer import EventOverlap
 from ._lifecycle import BufferLifecycle
 from .errors import Error
 from .group import transport_of
+from ._sizes import align as _align
 
 _ALIGNMENT = 2 << 20  # DeepEP's planned-tensor alignment (epx::kBufferAlignment)
 _SESSION_ALIGNMENT = 64
@@ -138,9 +139,6 @@ class BufferAllocator:
 def _is_torch_dtype(dtype):
     return type(dtype).__module__.startswith("torch")
 
-
-def _align(v, a):
-    return (v + a - 1) // a * a
 
 
 def _pack(*lists):
