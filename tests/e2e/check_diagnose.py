@@ -417,7 +417,7 @@ def main():
     ap.add_argument("--cgroup-iters", type=int, default=200, help="a starved rank is slow: fewer iterations")
     ap.add_argument("--netem-iters", type=int, default=20, help="shaped: a call takes ~0.25 s at 256 kbit/s")
     ap.add_argument("--netem-quiet-iters", type=int, default=300,
-                    help="unshaped: enough calls that one TCP stall (~0.1-0.2 s) is not 5x a link's wait")
+                    help="unshaped: enough calls that one stall (a descheduled rank, a TCP retransmit) averages out")
     ap.add_argument("--bursts", default="20,40,80", help="SIGSTOP / SIGCONT burst lengths, ms")
     ap.add_argument("--quota", default="10", help="cgroup CPU quotas, %% of one CPU")
     ap.add_argument("--rates", default="256", help="netem: rates of the slow link, kbit/s")
