@@ -1,0 +1,612 @@
+"""epx as a torch.distributed backend (CPU tensors, ranks on one machine).
+
+    import epx.distributed                       # registers the backend "epx"
+    dist.init_process_group("epx", init_method="env://")     # or tcp://, file://
+    sub = dist.new_group([0, 1], backend="epx")
+    dist.all_reduce(t)                           # epx's BucketBuffer underneath
+
+Each process group of this backend bootstraps its own epx transport through the c10d Store
+it is given (no other process group is needed) and holds, built collectively when the group
+is made: a BucketBuffer over a staging window (all_reduce, all_gather, reduce_scatter, and
+every reduction built from them), a PPBuffer for the collectives that move pieces between
+pairs (broadcast, scatter, all_to_all) and a second PPBuffer for the user's send/recv (so
+that point-to-point messages never interleave with a collective's).
+
+Tensors of any size go through the window in chunks; non-contiguous tensors are worked on
+as a contiguous copy and written back (a view: only the view is written). Every call runs
+to completion before it returns (async_op=True returns a completed Work); an error raises
+at the call, on every rank for a collective (see docs/distributed.md for the list of what
+is implemented and how each reduction is ordered).
+"""
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work
+
+from . import _epx
+
+BACKEND = "epx"
+_WINDOW = int(os.environ.get("EPX_DIST_WINDOW_BYTES", 32 << 20))
+_PP_BYTES = int(os.environ.get("EPX_DIST_PP_BYTES", 4 << 20))
+_P2P_BYTES = int(os.environ.get("EPX_DIST_P2P_BYTES", 4 << 20))
+_INFLIGHT = 2  # pairwise exchanges interleave one send and one receive: two slots never deadlock
+
+_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32,
+           torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+_FAST = (torch.float32, torch.bfloat16, torch.float16)  # summed by the BucketBuffer in float32
+R = ReduceOp.RedOpType
+_OPS = {R.SUM: "SUM", R.AVG: "AVG", R.PRODUCT: "PRODUCT", R.MIN: "MIN", R.MAX: "MAX", R.BAND: "BAND",
+        R.BOR: "BOR", R.BXOR: "BXOR"}
+
+
+def _code(dtype):
+    return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else 99
+
+
+def _op_of(opts_or_op):
+    op = getattr(opts_or_op, "reduceOp", opts_or_op)
+    op = getattr(op, "op", op)  # a ReduceOp instance wraps its RedOpType
+    for k, name in _OPS.items():
+        if op == k:
+            return k, name
+    raise RuntimeError(f"epx backend: reduce op {op} is not implemented yet")
+
+
+def _nyi(op):
+    raise RuntimeError(f"epx backend: {op} is not implemented yet")
+
+
+class _Work(Work):
+    """A finished call: epx's calls complete before they return (torch 1.13's Work made from
+    a Future cannot hand exception() to Python, so the Work is ours)."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+        self._fut = torch.futures.Future()
+        self._fut.set_result(result)
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def get_future(self):
+        return self._fut
+
+    def synchronize(self):
+        pass
+
+    def source_rank(self):
+        raise RuntimeError("epx backend: source_rank is only defined for a receive from any source")
+
+
+def _done(result):
+    return _Work(result)
+
+
+def _store_allgather(store, rank, size, prefix):
+    """allgather(bytes) over the c10d store: each round's keys are new (a counter)."""
+    state = {"round": 0}
+
+    def allgather(data):
+        k = state["round"]
+        state["round"] += 1
+        store.set(f"{prefix}/{k}/{rank}", bytes(data))
+        return b"".join(store.get(f"{prefix}/{k}/{r}") for r in range(size))
+
+    return allgather
+
+
+def _flat(t):
+    """(a flat contiguous tensor to work on, a function that writes it back into t)."""
+    if t.is_contiguous():
+        return t.view(-1) if t.dim() != 1 else t, lambda: None
+    c = t.contiguous().view(-1)
+    return c, lambda: t.copy_(c.view(t.shape))
+
+
+def _bytes(t):
+    return t.numel() * t.element_size()
+
+
+def _u8(t):
+    """A contiguous tensor's bytes as a flat uint8 view (bool and complex included)."""
+    t = t.reshape(-1)
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    elif t.is_complex():
+        t = torch.view_as_real(t).reshape(-1)
+    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def _reduce_local(parts, op, dtype):
+    """Left fold in rank order: acc = parts[0]; acc = op(acc, parts[r])."""
+    if dtype == torch.bool:
+        table = {R.SUM: torch.logical_or, R.MAX: torch.logical_or, R.BOR: torch.logical_or,
+                 R.PRODUCT: torch.logical_and, R.MIN: torch.logical_and, R.BAND: torch.logical_and,
+                 R.BXOR: torch.logical_xor}
+    else:
+        table = {R.SUM: torch.add, R.AVG: torch.add, R.PRODUCT: torch.mul, R.MIN: torch.minimum,
+                 R.MAX: torch.maximum, R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or,
+                 R.BXOR: torch.bitwise_xor}
+    if op not in table:
+        raise RuntimeError(f"epx backend: reduce op {_OPS.get(op, op)} is not defined for {dtype}")
+    if dtype.is_floating_point and op in (R.BAND, R.BOR, R.BXOR):
+        raise RuntimeError(f"epx backend: reduce op {_OPS[op]} is not defined for {dtype}")
+    if op == R.AVG and not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError(f"epx backend: reduce op AVG is not defined for {dtype}")
+    low = dtype in (torch.bfloat16, torch.float16)
+    acc = parts[0].float() if low else parts[0].clone()
+    for p in parts[1:]:
+        acc = table[op](acc, p.float() if low else p)
+    if op == R.AVG:
+        acc = acc / len(parts)
+    return acc.to(dtype)
+
+
+class ProcessGroupEpx(ProcessGroup):
+    """A torch.distributed ProcessGroup over epx's buffers (made by init_process_group /
+    new_group with backend "epx"; not meant to be built directly)."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        self._timeout = secs
+        self._transport = _epx.Transport(rank, size, _store_allgather(store, rank, size, "epx-bootstrap"), "auto", secs)
+        self._bucket = _epx.BucketBuffer(self._transport, [list(range(size))], _WINDOW, [], 0, "auto")
+        self._storage = self._bucket.storage("torch")
+        self._pp = _epx.PPBuffer(self._transport, _PP_BYTES, _INFLIGHT, [], 0, [], 0)
+        self._p2p = _epx.PPBuffer(self._transport, _P2P_BYTES, _INFLIGHT, [], 0, [], 0)
+        _live.append(self)
+
+    # -- c10d's identity ----------------------------------------------------------------
+    def getBackendName(self):
+        return BACKEND
+
+    def _get_backend_name(self):
+        return BACKEND
+
+    def name(self):
+        return BACKEND
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+    # -- the window ---------------------------------------------------------------------
+    def _alive(self, op):
+        if self._bucket is None:
+            raise RuntimeError(f"epx backend: {op} on a process group that was destroyed")
+
+    def _view(self, nbytes, dtype, offset=0):
+        return self._storage.narrow(0, offset, nbytes).view(dtype)
+
+    def _bucket_call(self, op, fn, *args):
+        try:
+            ev = fn(*args)
+            ev.wait()
+            return ev
+        except RuntimeError as e:
+            raise RuntimeError(f"epx backend: {op}: rank {self._rank}: {e}") from e
+
+    # -- all_reduce ---------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        op, opname = _op_of(opts if opts is not None else R.SUM)
+        self._alive("allreduce")
+        for t in tensors:
+            self._allreduce_one(t, op, opname)
+        return _done(list(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def _allreduce_one(self, t, op, opname):
+        if t.is_complex() and op in (R.SUM, R.AVG):
+            self._allreduce_one(torch.view_as_real(t), op, opname)
+            return
+        if t.dtype in _FAST and op in (R.SUM, R.AVG):
+            self._sum_fast(t, op, opname)
+            return
+        flat, back = _flat(t)
+        parts = self._gather_all(flat, f"allreduce({opname})")
+        flat.copy_(_reduce_local(parts, op, t.dtype))
+        back()
+
+    def _sum_fast(self, t, op, opname):
+        """float32 (bf16 and fp16 through float32 staging) SUM / AVG on the BucketBuffer,
+        chunked; the first chunk carries two float32 slots (c, c^2) of this rank's dtype and
+        op code whose sums tell every rank alike whether the ranks agree."""
+        flat, back = _flat(t)
+        n, cap = flat.numel(), _WINDOW // 4 - 2
+        scale = 1.0 / self._size if op == R.AVG else 1.0
+        sig = float(_code(t.dtype) * 2 + (op == R.AVG))
+        start, first = 0, True
+        while first or start < n:
+            m = min(cap, n - start)
+            extra = 2 if first else 0
+            stage = self._view((m + extra) * 4, torch.float32)
+            stage[:m].copy_(flat[start:start + m])
+            if first:
+                stage[m] = sig
+                stage[m + 1] = sig * sig
+            self._bucket_call(f"allreduce({opname})", self._bucket.all_reduce, [(stage.data_ptr(), (m + extra) * 4, 4)],
+                              1.0, 0)
+            if first:
+                s1, s2 = float(stage[m]), float(stage[m + 1])
+                if s1 != self._size * sig or s2 != self._size * sig * sig:
+                    raise RuntimeError(f"epx backend: allreduce: rank {self._rank}: the ranks differ in dtype or op "
+                                       f"(this rank: {t.dtype}, {opname}, {n} elements)")
+            if scale != 1.0:
+                stage[:m].mul_(scale)
+            flat[start:start + m].copy_(stage[:m])
+            start += m
+            first = False
+        back()
+
+    # -- all_gather -----------------------------------------------------------------------
+    def _gather_all(self, flat, op):
+        """Every rank's `flat` (contiguous, same dtype and size on every rank), by rank:
+        the BucketBuffer's all_gather, chunked; the first chunk carries a 16-byte header
+        (dtype code, numel) whose copies name the first rank that differs."""
+        out = [torch.empty_like(flat) for _ in range(self._size)]
+        self._gather_into(flat, [o for o in out], op)
+        return out
+
+    def _gather_into(self, flat, outs, op):
+        """all_gather of flat (contiguous 1-D) into outs[r] (contiguous 1-D, flat's size)."""
+        P, me = self._size, self._rank
+        src = _u8(flat)
+        dst = [_u8(o) for o in outs]
+        nbytes, hdr = src.numel(), 16
+        cap = (_WINDOW // P - hdr) // 64 * 64
+        header = torch.tensor([_code(flat.dtype), flat.numel()], dtype=torch.int64).view(torch.uint8)
+        start, first = 0, True
+        while first or start < nbytes:
+            m = min(cap, nbytes - start)
+            k = m + (hdr if first else 0)
+            mine = self._view(k, torch.uint8, me * k)  # this rank's piece in place
+            if first:
+                mine[:hdr].copy_(header)
+                mine[hdr:].copy_(src[:m])
+            else:
+                mine.copy_(src[start:start + m])
+            whole = self._view(k * P, torch.uint8)
+            self._bucket_call(op, self._bucket.all_gather, [(mine.data_ptr(), k, 1)], [], 0)
+            pieces = whole.view(P, k)
+            if first:
+                heads = pieces[:, :hdr].contiguous().view(torch.int64).view(P, 2)
+                for r in range(P):
+                    if heads[r, 0] != heads[me, 0] or heads[r, 1] != heads[me, 1]:
+                        d_r = _DTYPES[int(heads[r, 0]) - 1] if 0 < heads[r, 0] <= len(_DTYPES) else "?"
+                        raise RuntimeError(f"epx backend: {op}: rank {r}'s tensor is {d_r} x {int(heads[r, 1])} "
+                                           f"elements, rank {me}'s is {flat.dtype} x {flat.numel()}")
+                for r in range(P):
+                    dst[r][:m].copy_(pieces[r, hdr:])
+            else:
+                for r in range(P):
+                    dst[r][start:start + m].copy_(pieces[r])
+            start += m
+            first = False
+
+    def allgather(self, output_tensor_lists, input_tensors, opts=None):
+        self._alive("allgather")
+        for outs, inp in zip(output_tensor_lists, input_tensors):
+            if len(outs) != self._size:
+                raise RuntimeError(f"epx backend: allgather: rank {self._rank}: {len(outs)} output tensors, expected "
+                                   f"{self._size}")
+            for o in outs:
+                if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                    raise RuntimeError(f"epx backend: allgather: rank {self._rank}: an output tensor is {o.dtype} x "
+                                       f"{o.numel()}, expected {inp.dtype} x {inp.numel()} as the input")
+            flat, _ = _flat(inp)
+            tmp = [o.view(-1) if o.is_contiguous() else torch.empty(o.numel(), dtype=o.dtype) for o in outs]
+            self._gather_into(flat, tmp, "allgather")
+            for o, t in zip(outs, tmp):
+                if not o.is_contiguous():
+                    o.copy_(t.view(o.shape))
+        return _done([o for outs in output_tensor_lists for o in outs])
+
+    def allgather_coalesced(self, output_tensor_lists, input_tensors, opts=None):
+        _nyi("allgather_coalesced")
+
+    def _allgather_base(self, output, input, opts=None):
+        self._alive("_allgather_base")
+        if output.numel() != input.numel() * self._size or output.dtype != input.dtype:
+            raise RuntimeError(f"epx backend: all_gather_into_tensor: rank {self._rank}: output is {output.dtype} x "
+                               f"{output.numel()}, expected {input.dtype} x {input.numel() * self._size}")
+        out, back = _flat(output)
+        flat, _ = _flat(input)
+        n = flat.numel()
+        self._gather_into(flat, [out[r * n:(r + 1) * n] for r in range(self._size)], "all_gather_into_tensor")
+        back()
+        return _done([output])
+
+    # -- reduce_scatter -------------------------------------------------------------------
+    def reduce_scatter(self, output_tensors, input_tensor_lists, opts=None):
+        op, opname = _op_of(opts if opts is not None else R.SUM)
+        self._alive("reduce_scatter")
+        for out, ins in zip(output_tensors, input_tensor_lists):
+            if len(ins) != self._size or any(i.numel() != out.numel() or i.dtype != out.dtype for i in ins):
+                raise RuntimeError(f"epx backend: reduce_scatter: rank {self._rank}: expected {self._size} inputs of "
+                                   f"{out.dtype} x {out.numel()} (the output's)")
+            self._reduce_scatter_one(out, [i.reshape(-1) for i in ins], op, opname)
+        return _done(list(output_tensors))
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op, opname = _op_of(opts if opts is not None else R.SUM)
+        self._alive("_reduce_scatter_base")
+        if input.numel() != output.numel() * self._size or input.dtype != output.dtype:
+            raise RuntimeError(f"epx backend: reduce_scatter_tensor: rank {self._rank}: input is {input.dtype} x "
+                               f"{input.numel()}, expected {output.dtype} x {output.numel() * self._size}")
+        flat, _ = _flat(input)
+        n = output.numel()
+        self._reduce_scatter_one(output, [flat[r * n:(r + 1) * n] for r in range(self._size)], op, opname)
+        return _done([output])
+
+    def _reduce_scatter_one(self, out, ins, op, opname):
+        P, me = self._size, self._rank
+        of, back = _flat(out)
+        if out.dtype in _FAST and op in (R.SUM, R.AVG):
+            n = of.numel()
+            cap = _WINDOW // (4 * P) - 2
+            scale = 1.0 / P if op == R.AVG else 1.0
+            sig = float(_code(out.dtype) * 2 + (op == R.AVG))
+            start, first = 0, True
+            while first or start < n:
+                m = min(cap, n - start)
+                row = m + 2  # each shard's row ends with the (c, c^2) slots
+                stage = self._view(row * P * 4, torch.float32).view(P, row)
+                for r in range(P):
+                    stage[r, :m].copy_(ins[r][start:start + m])
+                stage[:, m] = sig
+                stage[:, m + 1] = sig * sig
+                ev = self._bucket_call(f"reduce_scatter({opname})", self._bucket.reduce_scatter,
+                                       [(stage.data_ptr(), row * P * 4, 4)], "fp32", 1.0, 0)
+                (ptr, nb), = ev.results()
+                shard = self._view(nb, torch.float32, ptr - self._bucket.storage_ptr)
+                if first and (float(shard[m]) != P * sig or float(shard[m + 1]) != P * sig * sig):
+                    raise RuntimeError(f"epx backend: reduce_scatter: rank {me}: the ranks differ in dtype or op "
+                                       f"(this rank: {out.dtype}, {opname}, {n} elements per rank)")
+                if scale != 1.0:
+                    shard[:m].mul_(scale)
+                of[start:start + m].copy_(shard[:m])
+                start += m
+                first = False
+        else:
+            whole = torch.cat([i.reshape(-1) for i in ins]) if ins else of.new_empty(0)
+            parts = self._gather_all(whole, f"reduce_scatter({opname})")
+            n = of.numel()
+            of.copy_(_reduce_local([p[me * n:(me + 1) * n] for p in parts], op, out.dtype))
+        back()
+
+    # -- pairwise: broadcast, all_to_all, scatter ---------------------------------------
+    def _send(self, pp, src_u8, peer, cap):
+        for s in range(0, max(src_u8.numel(), 1), cap):
+            piece = src_u8[s:s + cap]
+            pp.send(piece.data_ptr(), piece.numel(), peer)
+
+    def _recv(self, pp, dst_u8, peer, cap):
+        for s in range(0, max(dst_u8.numel(), 1), cap):
+            piece = dst_u8[s:s + cap]
+            pp.recv(piece.data_ptr(), piece.numel(), peer)
+
+    def _pp_call(self, op, fn, *args):
+        try:
+            return fn(*args)
+        except RuntimeError as e:
+            raise RuntimeError(f"epx backend: {op}: rank {self._rank}: {e}") from e
+
+    def broadcast(self, tensors, opts=None):
+        self._alive("broadcast")
+        root = opts.rootRank if opts is not None else 0
+        for t in tensors:
+            flat, back = _flat(t)
+            u8 = _u8(flat)
+            if self._rank == root:
+                for peer in range(self._size):
+                    if peer != root:
+                        self._pp_call("broadcast", self._send, self._pp, u8, peer, _PP_BYTES)
+            else:
+                self._pp_call("broadcast", self._recv, self._pp, u8, root, _PP_BYTES)
+                back()
+        return _done(list(tensors))
+
+    def _exchange(self, op, sends, recvs):
+        """Pairwise exchange: sends[p] / recvs[p] are flat uint8 tensors to / from rank p.
+        Step s sends to rank+s and receives from rank-s, chunk by chunk alternately."""
+        P, me, cap = self._size, self._rank, _PP_BYTES
+        recvs[me].copy_(sends[me])
+        for s in range(1, P):
+            dst, src = (me + s) % P, (me - s) % P
+            out, inp = sends[dst], recvs[src]
+            ns, nr = max(1, -(-out.numel() // cap)), max(1, -(-inp.numel() // cap))
+            for k in range(max(ns, nr)):
+                if k < ns:
+                    piece = out[k * cap:(k + 1) * cap]
+                    self._pp_call(op, self._pp.send, piece.data_ptr(), piece.numel(), dst)
+                if k < nr:
+                    piece = inp[k * cap:(k + 1) * cap]
+                    self._pp_call(op, self._pp.recv, piece.data_ptr(), piece.numel(), src)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        self._alive("alltoall_base")
+        P = self._size
+        if output.dtype != input.dtype:
+            raise RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: output is {output.dtype}, "
+                               f"input {input.dtype}")
+        of, back = _flat(output)
+        inf, _ = _flat(input)
+        rows_o = output.shape[0] if output.dim() else 1
+        rows_i = input.shape[0] if input.dim() else 1
+        row_o = of.numel() // rows_o if rows_o else 0
+        row_i = inf.numel() // rows_i if rows_i else 0
+
+        def splits(given, rows, what):
+            if not given:
+                if rows % P:
+                    raise RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: {what} has {rows} rows, "
+                                       f"not divisible by {P} ranks")
+                return [rows // P] * P
+            if len(given) != P or sum(given) != rows:
+                raise RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: {what} split sizes {list(given)}"
+                                   f" do not cover its {rows} rows in {P} parts")
+            return list(given)
+
+        so, si = splits(output_split_sizes, rows_o, "output"), splits(input_split_sizes, rows_i, "input")
+        uo, ui = _u8(of), _u8(inf)
+        bo, bi = row_o * of.element_size(), row_i * inf.element_size()
+        offs_o = [sum(so[:p]) * bo for p in range(P)]
+        offs_i = [sum(si[:p]) * bi for p in range(P)]
+        recvs = [uo[offs_o[p]:offs_o[p] + so[p] * bo] for p in range(P)]
+        sends = [ui[offs_i[p]:offs_i[p] + si[p] * bi] for p in range(P)]
+        if recvs[self._rank].numel() != sends[self._rank].numel():
+            raise RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: sends itself {si[self._rank]} rows "
+                               f"but expects {so[self._rank]}")
+        self._exchange("all_to_all_single", sends, recvs)
+        back()
+        return _done([output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        self._alive("alltoall")
+        P = self._size
+        if len(output_tensors) != P or len(input_tensors) != P:
+            raise RuntimeError(f"epx backend: all_to_all: rank {self._rank}: expected {P} input and output tensors")
+        flats = [_flat(o) for o in output_tensors]
+        recvs = [_u8(f) for f, _ in flats]
+        sends = [_u8(_flat(i)[0]) for i in input_tensors]
+        if recvs[self._rank].numel() != sends[self._rank].numel():
+            raise RuntimeError(f"epx backend: all_to_all: rank {self._rank}: its own input and output differ in size")
+        self._exchange("all_to_all", sends, recvs)
+        for _, back in flats:
+            back()
+        return _done(list(output_tensors))
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        self._alive("scatter")
+        root = opts.rootRank if opts is not None else 0
+        out = output_tensors[0]
+        of, back = _flat(out)
+        if self._rank == root:
+            ins = input_tensors[0]
+            for peer in range(self._size):
+                if peer != root:
+                    self._pp_call("scatter", self._send, self._pp, _u8(_flat(ins[peer])[0]), peer, _PP_BYTES)
+            of.copy_(ins[root].reshape(-1))
+        else:
+            self._pp_call("scatter", self._recv, self._pp, _u8(of), root, _PP_BYTES)
+        back()
+        return _done([out])
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        self._alive("gather")
+        root = opts.rootRank if opts is not None else 0
+        flat, _ = _flat(input_tensors[0])
+        parts = self._gather_all(flat, "gather")
+        if self._rank == root:
+            for o, p in zip(output_tensors[0], parts):
+                o.copy_(p.view(o.shape))
+        return _done(list(output_tensors[0]) if self._rank == root else [])
+
+    def reduce(self, tensors, opts=None):
+        self._alive("reduce")
+        root = opts.rootRank if opts is not None else 0
+        op, opname = _op_of(opts if opts is not None else R.SUM)
+        for t in tensors:
+            tmp = t.clone()
+            self._allreduce_one(tmp, op, opname)
+            if self._rank == root:
+                t.copy_(tmp)
+        return _done(list(tensors))
+
+    # -- barrier, send / recv -------------------------------------------------------------
+    def barrier(self, opts=None):
+        self._alive("barrier")
+        stage = self._view(4, torch.float32)
+        stage.zero_()
+        self._bucket_call("barrier", self._bucket.all_reduce, [(stage.data_ptr(), 4, 4)], 1.0, 0)
+        return _done([])
+
+    def monitored_barrier(self, *args, **kwargs):
+        _nyi("monitored_barrier")
+
+    def send(self, tensors, dst, tag):
+        self._alive("send")
+        if tag != 0:
+            _nyi("send with a tag other than 0")
+        for t in tensors:
+            self._pp_call("send", self._send, self._p2p, _u8(_flat(t)[0]), dst, _P2P_BYTES)
+        return _done(list(tensors))
+
+    def recv(self, tensors, src, tag):
+        self._alive("recv")
+        if tag != 0:
+            _nyi("recv with a tag other than 0")
+        for t in tensors:
+            flat, back = _flat(t)
+            self._pp_call("recv", self._recv, self._p2p, _u8(flat), src, _P2P_BYTES)
+            back()
+        return _done(list(tensors))
+
+    def recv_anysource(self, tensors, tag):
+        _nyi("recv from any source")
+
+    # -- lifetime -------------------------------------------------------------------------
+    def _release(self):
+        """Drops this rank's buffers and transport (locally: it may run while peers are gone)."""
+        self._storage = None
+        self._bucket = self._pp = self._p2p = None
+        self._transport = None
+
+
+_live = []
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupEpx(store, rank, size, timeout)
+
+
+def _release_groups(pgs):
+    for pg in pgs:
+        if isinstance(pg, ProcessGroupEpx):
+            pg._release()
+            if pg in _live:
+                _live.remove(pg)
+
+
+_torch_destroy = dist.destroy_process_group
+
+
+def _destroy_process_group(group=None):
+    """torch's destroy_process_group, releasing the epx groups it drops (their shared memory)."""
+    from torch.distributed import distributed_c10d as c10d
+    if group is None or group is c10d.GroupMember.WORLD:
+        doomed = list(c10d._pg_map.keys())
+    else:
+        doomed = [group]
+    _torch_destroy(group)
+    _release_groups(doomed)
+    import gc
+    gc.collect()
+
+
+if "EPX" not in dist.Backend._plugins:
+    dist.Backend.register_backend(BACKEND, _create)
+    dist.destroy_process_group = _destroy_process_group
+    import torch.distributed.distributed_c10d as _c10d
+    _c10d.destroy_process_group = _destroy_process_group

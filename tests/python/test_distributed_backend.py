@@ -1,0 +1,333 @@
+# epx as a torch.distributed backend: every op against the same op on a gloo group of the same
+# job (or a float64 / local reference where gloo lacks it), on 4 ranks of this machine.
+import datetime
+import multiprocessing as mp
+import os
+import socket
+import tempfile
+import traceback
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+P = 4
+TIMEOUT = 60
+
+
+def _shm():
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("epx"))
+
+
+def _rank_main(fn, rank, size, init, env, q):
+    try:
+        os.environ.update(env)
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
+        os.environ.setdefault("EPX_DIST_WINDOW_BYTES", str(1 << 20))  # small: the chunked paths run
+        os.environ.setdefault("EPX_DIST_PP_BYTES", str(64 << 10))
+        os.environ.setdefault("EPX_DIST_P2P_BYTES", str(64 << 10))
+        import torch.distributed as dist
+        import epx.distributed  # noqa: F401
+        kw = {} if init == "env://" else {"rank": rank, "world_size": size}
+        dist.init_process_group("epx", init_method=init, timeout=datetime.timedelta(seconds=TIMEOUT), **kw)
+        try:
+            q.put((rank, fn(rank, size), None))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001
+        q.put((rank, None, "".join(traceback.format_exception(type(e), e, e.__traceback__))))
+
+
+def _run(fn, size=P, init=None, env=None):
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="epx-dist-test-") as d:
+        init = init or "file://" + os.path.join(d, "store")
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_rank_main, args=(fn, r, size, init, env or {}, q), daemon=True) for r in range(size)]
+        for p in procs:
+            p.start()
+        out = {}
+        try:
+            for _ in range(size):
+                rank, value, err = q.get(timeout=TIMEOUT + 60)
+                assert err is None, f"rank {rank} failed:\n{err}"
+                out[rank] = value
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.exitcode is None:
+                    p.kill()
+    return [out[r] for r in range(size)]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+DTYPES = ["float32", "float64", "bfloat16", "float16", "int8", "int16", "int32", "int64", "uint8", "bool"]
+
+
+def _data(rank, dtype, shape, seed=0):
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 4).to(dtype)
+    lo, hi = (0, 4) if dtype == torch.uint8 else (-3, 4)
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+def _eq(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+# -- the one job that checks every op ------------------------------------------------------
+def _ops(rank, size):
+    gloo = dist.new_group(backend="gloo")
+    R = dist.ReduceOp
+    checks = []
+
+    def check(name, ok):
+        checks.append((name, bool(ok)))
+
+    # all_reduce SUM float32 over several windows: bitwise the left fold in rank order
+    for n in (0, 1, 4097, 600_000):
+        x = _data(rank, torch.float32, (n,))
+        mine = x.clone()
+        dist.all_reduce(mine)
+        ref = _data(0, torch.float32, (n,))
+        for r in range(1, size):
+            ref = ref + _data(r, torch.float32, (n,))
+        check(f"all_reduce f32 n={n} left fold", _eq(mine, ref))
+        g = x.clone()
+        dist.all_reduce(g, group=gloo)
+        check(f"all_reduce f32 n={n} ~gloo", torch.allclose(mine, g, rtol=1e-5, atol=1e-4))
+    # bitwise identical on every rank: gathered through gloo
+    y = _data(rank, torch.float32, (3000,), seed=1)
+    dist.all_reduce(y)
+    ys = [torch.empty_like(y) for _ in range(size)]
+    dist.all_gather(ys, y, group=gloo)
+    check("all_reduce identical on every rank", all(_eq(ys[0], v) for v in ys))
+    # AVG, bf16 / fp16 summed in float32
+    for dt in (torch.bfloat16, torch.float16):
+        x = _data(rank, dt, (5000,))
+        dist.all_reduce(x)
+        acc = _data(0, dt, (5000,)).float()
+        for r in range(1, size):
+            acc = acc + _data(r, dt, (5000,)).float()
+        check(f"all_reduce {dt} summed in f32", _eq(x, acc.to(dt)))
+    x = _data(rank, torch.float32, (1000,))
+    dist.all_reduce(x, op=R.AVG)
+    acc = sum((_data(r, torch.float32, (1000,)) for r in range(1, size)), _data(0, torch.float32, (1000,)))
+    check("all_reduce AVG", _eq(x, acc * (1.0 / size)))
+    # every dtype x op against a local fold in rank order (gloo lacks several of these dtypes)
+    fold = {R.SUM: torch.add, R.PRODUCT: torch.mul, R.MIN: torch.minimum, R.MAX: torch.maximum,
+            R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
+    for name in DTYPES:
+        dt = getattr(torch, name)
+        ops = [R.SUM, R.PRODUCT, R.MIN, R.MAX] + ([] if dt.is_floating_point else [R.BAND, R.BOR, R.BXOR])
+        for op in ops:
+            x = _data(rank, dt, (33,), seed=2)
+            e = x.clone()
+            dist.all_reduce(e, op=op)
+            parts = [_data(r, dt, (33,), seed=2) for r in range(size)]
+            if dt == torch.bool:
+                parts = [p.to(torch.uint8) for p in parts]
+                f = {R.SUM: torch.bitwise_or, R.MAX: torch.bitwise_or, R.PRODUCT: torch.bitwise_and,
+                     R.MIN: torch.bitwise_and}.get(op, fold[op])
+            else:
+                f = fold[op]
+            low = dt in (torch.bfloat16, torch.float16)
+            acc = parts[0].float() if low else parts[0]
+            for p in parts[1:]:
+                acc = f(acc, p.float() if low else p)
+            check(f"all_reduce {name} {op}", _eq(e, acc.to(dt)))
+    for op in (R.SUM, R.MAX, R.BXOR):  # and int32 against gloo itself
+        x = _data(rank, torch.int32, (50,), seed=4)
+        e, g = x.clone(), x.clone()
+        dist.all_reduce(e, op=op)
+        dist.all_reduce(g, op=op, group=gloo)
+        check(f"all_reduce int32 {op} = gloo", _eq(e, g))
+    # non-contiguous and a view: only the view is written
+    base = _data(rank, torch.float32, (8, 6))
+    col = base.clone()
+    dist.all_reduce(col[:, 1::2])
+    ref = base.clone()
+    s = sum((_data(r, torch.float32, (8, 6)) for r in range(1, size)), _data(0, torch.float32, (8, 6)))
+    ref[:, 1::2] = s[:, 1::2]
+    check("all_reduce non-contiguous view", _eq(col, ref))
+    buf = torch.full((10,), 7.0)
+    dist.all_reduce(buf[2:5])
+    check("all_reduce view writes only the view", buf[:2].eq(7).all() and buf[5:].eq(7).all() and buf[2:5].eq(7 * size).all())
+    # async Work
+    x = torch.ones(100)
+    w = dist.all_reduce(x, async_op=True)
+    w.wait()
+    fut = w.get_future()
+    check("async work", w.is_completed() and w.is_success() and w.exception() is None and fut.done()
+          and x.eq(size).all())
+
+    # broadcast (chunked), every dtype
+    for name in DTYPES + ["complex64"]:
+        dt = getattr(torch, name)
+        x = _data(rank, dt, (70_000,)) if name != "complex64" else torch.randn(50, dtype=dt, generator=torch.Generator().manual_seed(rank))
+        e = x.clone()
+        dist.broadcast(e, src=2)
+        ref = _data(2, dt, (70_000,)) if name != "complex64" else torch.randn(50, dtype=dt, generator=torch.Generator().manual_seed(2))
+        check(f"broadcast {name}", _eq(e, ref))
+    g = _data(rank, torch.float32, (1000,))
+    e = g.clone()
+    dist.broadcast(e, src=1)
+    dist.broadcast(g, src=1, group=gloo)
+    check("broadcast = gloo", _eq(e, g))
+
+    # all_gather (list) and into one tensor, with a zero-size and a chunked case
+    for n, dt in ((0, torch.float32), (5, torch.int64), (300_000, torch.float32), (777, torch.bool), (99, torch.bfloat16)):
+        x = _data(rank, dt, (n,), seed=3)
+        e = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(e, x)
+        ref = [_data(r, dt, (n,), seed=3) for r in range(size)]
+        check(f"all_gather {dt} n={n}", all(_eq(a, b) for a, b in zip(e, ref)))
+        out = torch.empty(size * n, dtype=dt)
+        dist.all_gather_into_tensor(out, x)
+        check(f"all_gather_into_tensor {dt} n={n}", _eq(out, torch.cat(ref)))
+    x = _data(rank, torch.float32, (4, 5)).t()  # non-contiguous input
+    e = [torch.empty(5, 4) for _ in range(size)]
+    dist.all_gather(e, x)
+    check("all_gather non-contiguous", all(_eq(e[r], _data(r, torch.float32, (4, 5)).t().contiguous()) for r in range(size)))
+    objs = [None] * size
+    dist.all_gather_object(objs, {"rank": rank})
+    check("all_gather_object", objs == [{"rank": r} for r in range(size)])
+
+    # reduce_scatter (list and tensor), SUM float32 (fold in rank order) and MAX int32
+    for n in (3, 100_000):
+        ins = [_data(rank, torch.float32, (n,), seed=10 + i) for i in range(size)]
+        out = torch.empty(n)
+        dist.reduce_scatter(out, ins)
+        ref = sum((_data(r, torch.float32, (n,), seed=10 + rank) for r in range(1, size)),
+                  _data(0, torch.float32, (n,), seed=10 + rank))
+        check(f"reduce_scatter f32 n={n}", _eq(out, ref))
+        out2 = torch.empty(n)
+        dist.reduce_scatter_tensor(out2, torch.cat(ins))
+        check(f"reduce_scatter_tensor f32 n={n}", _eq(out2, ref))
+    ins = [_data(rank, torch.int32, (9,), seed=20 + i) for i in range(size)]
+    out = torch.empty(9, dtype=torch.int32)
+    dist.reduce_scatter(out, ins, op=R.MAX)
+    ref = torch.stack([_data(r, torch.int32, (9,), seed=20 + rank) for r in range(size)]).max(0).values
+    check("reduce_scatter int32 MAX", _eq(out, ref))
+
+    # all_to_all_single even and uneven, all_to_all of lists, against gloo
+    x = _data(rank, torch.bfloat16, (size * 6, 10)).view(torch.int32)  # gloo has no bf16: the same bytes
+    e, g = torch.empty_like(x), torch.empty_like(x)
+    dist.all_to_all_single(e, x)
+    dist.all_to_all_single(g, x, group=gloo)
+    check("all_to_all_single even", _eq(e, g))
+    in_splits = [(rank + p) % 3 * 700 for p in range(size)]  # row counts that go above the chunk size
+    out_splits = [(r + rank) % 3 * 700 for r in range(size)]
+    x = _data(rank, torch.float32, (sum(in_splits), 12))
+    e = torch.empty(sum(out_splits), 12)
+    g = torch.empty_like(e)
+    dist.all_to_all_single(e, x, out_splits, in_splits)
+    dist.all_to_all_single(g, x, out_splits, in_splits, group=gloo)
+    check("all_to_all_single uneven", _eq(e, g))
+    ins = [_data(rank, torch.int64, (p + 1, 3), seed=30) for p in range(size)]
+    outs = [torch.empty(rank + 1, 3, dtype=torch.int64) for _ in range(size)]
+    dist.all_to_all(outs, ins)
+    check("all_to_all lists", all(_eq(outs[r], _data(r, torch.int64, (rank + 1, 3), seed=30)) for r in range(size)))
+
+    # send / recv around a ring (chunked), isend / irecv
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    x = _data(rank, torch.float64, (20_000,))
+    got = torch.empty_like(x)
+    if rank % 2 == 0:
+        dist.send(x, nxt)
+        dist.recv(got, prv)
+    else:
+        dist.recv(got, prv)
+        dist.send(x, nxt)
+    check("send/recv", _eq(got, _data(prv, torch.float64, (20_000,))))
+    small = torch.tensor([rank * 10], dtype=torch.int32)
+    into = torch.empty(1, dtype=torch.int32)
+    reqs = [dist.isend(small, nxt), dist.irecv(into, prv)]
+    for r in reqs:
+        r.wait()
+    check("isend/irecv", int(into) == prv * 10)
+
+    # reduce, gather, scatter, barrier
+    x = _data(rank, torch.int64, (7,))
+    e, g = x.clone(), x.clone()
+    dist.reduce(e, dst=1)
+    dist.reduce(g, dst=1, group=gloo)
+    check("reduce", _eq(e, g) if rank == 1 else _eq(e, x))
+    x = _data(rank, torch.float32, (5,))
+    gl = [torch.empty(5) for _ in range(size)] if rank == 3 else None
+    dist.gather(x, gl, dst=3)
+    check("gather", rank != 3 or all(_eq(gl[r], _data(r, torch.float32, (5,))) for r in range(size)))
+    sl = [torch.full((4,), float(r)) for r in range(size)] if rank == 0 else None
+    out = torch.empty(4)
+    dist.scatter(out, sl, src=0)
+    check("scatter", out.eq(rank).all())
+    dist.barrier()
+
+    # a mismatch between ranks is a RuntimeError on every rank, naming it
+    msgs = []
+    try:
+        dist.all_reduce(torch.ones(10 if rank != 2 else 11))
+    except RuntimeError as ex:
+        msgs.append(str(ex))
+    try:
+        dist.all_reduce(torch.ones(10, dtype=torch.float32 if rank != 1 else torch.float16))
+    except RuntimeError as ex:
+        msgs.append(str(ex))
+    try:
+        dist.all_gather_into_tensor(torch.empty(4 * 3, dtype=torch.int32 if rank != 3 else torch.float32),
+                                    torch.ones(3, dtype=torch.int32 if rank != 3 else torch.float32))
+    except RuntimeError as ex:
+        msgs.append(str(ex))
+    check("mismatch errors", len(msgs) == 3 and "rank 2" in msgs[0] and "differ" in msgs[1] and "rank 3" in msgs[2])
+    # and the group still works afterwards
+    z = torch.ones(3)
+    dist.all_reduce(z)
+    check("usable after errors", z.eq(size).all())
+    try:
+        dist.irecv(torch.empty(1))
+        check("recv anysource raises", False)
+    except RuntimeError as ex:
+        check("recv anysource raises", "not implemented" in str(ex))
+    # a subgroup of the epx backend
+    sub = dist.new_group([1, 3], backend="epx")
+    if rank in (1, 3):
+        z = torch.full((5,), float(rank))
+        dist.all_reduce(z, group=sub)
+        check("new_group epx", z.eq(4).all())
+    return checks
+
+
+def test_every_op_against_gloo():
+    before = _shm()
+    results = _run(_ops)
+    failed = [(r, name) for r, checks in enumerate(results) for name, ok in checks if not ok]
+    assert results[0], "no checks ran"
+    assert not failed, failed
+    assert _shm() == before
+
+
+def _small(rank, size):
+    x = torch.full((3,), float(rank + 1))
+    dist.all_reduce(x)
+    return x.tolist(), dist.get_backend()
+
+
+@pytest.mark.parametrize("how", ["tcp", "env"])
+def test_init_methods(how):
+    port = _free_port()
+    before = _shm()
+    if how == "tcp":
+        res = _run(_small, size=2, init=f"tcp://127.0.0.1:{port}")
+    else:
+        res = _run(_small, size=2, init="env://", env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert res == [([3.0] * 3, "epx")] * 2
+    assert _shm() == before
