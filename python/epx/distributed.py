@@ -30,7 +30,7 @@ from . import _epx
 BACKEND = "epx"
 _WINDOW = int(os.environ.get("EPX_DIST_WINDOW_BYTES", 32 << 20))
 _PP_BYTES = int(os.environ.get("EPX_DIST_PP_BYTES", 4 << 20))
-_P2P_BYTES = int(os.environ.get("EPX_DIST_P2P_BYTES", 4 << 20))
+_P2P_BYTES = int(os.environ.get("EPX_DIST_P2P_BYTES", 1 << 20))
 _INFLIGHT = 2  # pairwise exchanges interleave one send and one receive: two slots never deadlock
 
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32,
@@ -396,13 +396,38 @@ class ProcessGroupEpx(ProcessGroup):
         back()
 
     # -- pairwise: broadcast, all_to_all, scatter ---------------------------------------
-    def _send(self, pp, src_u8, peer, cap):
-        for s in range(0, max(src_u8.numel(), 1), cap):
+    # Every message of a pairwise call is a 16-byte header (bytes, dtype code) and then its
+    # bytes in chunks of at most `cap`: a receiver whose tensor does not match drains the
+    # sender's chunks and raises, so that neither side waits for the other and the pair's
+    # queue stays in step for the next call.
+    def _send(self, pp, src_u8, peer, cap, code=0):
+        head = torch.tensor([src_u8.numel(), code], dtype=torch.int64)
+        pp.send(head.data_ptr(), 16, peer)
+        for s in range(0, src_u8.numel(), cap):
             piece = src_u8[s:s + cap]
             pp.send(piece.data_ptr(), piece.numel(), peer)
 
-    def _recv(self, pp, dst_u8, peer, cap):
-        for s in range(0, max(dst_u8.numel(), 1), cap):
+    def _recv_head(self, pp, peer):
+        head = torch.empty(2, dtype=torch.int64)
+        pp.recv(head.data_ptr(), 16, peer)
+        return int(head[0]), int(head[1])
+
+    def _drain(self, pp, peer, nbytes, cap):
+        for _ in range(0, nbytes, cap):
+            pp.release(pp.recv_view(peer, -1))
+
+    def _mismatch(self, op, peer, got, want):
+        def words(h):
+            return f"{h[0]} bytes" + (f" of {_DTYPES[h[1] - 1]}" if 0 < h[1] <= len(_DTYPES) else "")
+        return RuntimeError(f"epx backend: {op}: rank {peer} sends {words(got)}, rank {self._rank} expects "
+                            f"{words(want)}")
+
+    def _recv(self, pp, dst_u8, peer, cap, code=0, op="recv"):
+        got = self._recv_head(pp, peer)
+        if got[0] != dst_u8.numel() or (code and got[1] and got[1] != code):
+            self._drain(pp, peer, got[0], cap)
+            raise self._mismatch(op, peer, got, (dst_u8.numel(), code))
+        for s in range(0, dst_u8.numel(), cap):
             piece = dst_u8[s:s + cap]
             pp.recv(piece.data_ptr(), piece.numel(), peer)
 
@@ -410,6 +435,8 @@ class ProcessGroupEpx(ProcessGroup):
         try:
             return fn(*args)
         except RuntimeError as e:
+            if str(e).startswith("epx backend:"):
+                raise
             raise RuntimeError(f"epx backend: {op}: rank {self._rank}: {e}") from e
 
     def broadcast(self, tensors, opts=None):
@@ -421,28 +448,42 @@ class ProcessGroupEpx(ProcessGroup):
             if self._rank == root:
                 for peer in range(self._size):
                     if peer != root:
-                        self._pp_call("broadcast", self._send, self._pp, u8, peer, _PP_BYTES)
+                        self._pp_call("broadcast", self._send, self._pp, u8, peer, _PP_BYTES, _code(t.dtype))
             else:
-                self._pp_call("broadcast", self._recv, self._pp, u8, root, _PP_BYTES)
+                self._pp_call("broadcast", self._recv, self._pp, u8, root, _PP_BYTES, _code(t.dtype), "broadcast")
                 back()
         return _done(list(tensors))
 
     def _exchange(self, op, sends, recvs):
         """Pairwise exchange: sends[p] / recvs[p] are flat uint8 tensors to / from rank p.
-        Step s sends to rank+s and receives from rank-s, chunk by chunk alternately."""
-        P, me, cap = self._size, self._rank, _PP_BYTES
+        Step s sends to rank+s and receives from rank-s, chunk by chunk alternately (two
+        slots per pair: never a cycle of full queues). A size that does not match is raised
+        after every step, so that the peers are never left waiting."""
+        P, me, cap, pp = self._size, self._rank, _PP_BYTES, self._pp
         recvs[me].copy_(sends[me])
+        problem = None
         for s in range(1, P):
             dst, src = (me + s) % P, (me - s) % P
             out, inp = sends[dst], recvs[src]
-            ns, nr = max(1, -(-out.numel() // cap)), max(1, -(-inp.numel() // cap))
+            head = torch.tensor([out.numel(), 0], dtype=torch.int64)
+            pp.send(head.data_ptr(), 16, dst)
+            got = self._recv_head(pp, src)
+            ok = got[0] == inp.numel()
+            if not ok and problem is None:
+                problem = self._mismatch(op, src, got, (inp.numel(), 0))
+            ns, nr = -(-out.numel() // cap), -(-got[0] // cap)
             for k in range(max(ns, nr)):
                 if k < ns:
                     piece = out[k * cap:(k + 1) * cap]
-                    self._pp_call(op, self._pp.send, piece.data_ptr(), piece.numel(), dst)
+                    pp.send(piece.data_ptr(), piece.numel(), dst)
                 if k < nr:
-                    piece = inp[k * cap:(k + 1) * cap]
-                    self._pp_call(op, self._pp.recv, piece.data_ptr(), piece.numel(), src)
+                    if ok:
+                        piece = inp[k * cap:(k + 1) * cap]
+                        pp.recv(piece.data_ptr(), piece.numel(), src)
+                    else:
+                        pp.release(pp.recv_view(src, -1))
+        if problem is not None:
+            raise problem
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         self._alive("alltoall_base")
@@ -478,7 +519,7 @@ class ProcessGroupEpx(ProcessGroup):
         if recvs[self._rank].numel() != sends[self._rank].numel():
             raise RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: sends itself {si[self._rank]} rows "
                                f"but expects {so[self._rank]}")
-        self._exchange("all_to_all_single", sends, recvs)
+        self._pp_call("all_to_all_single", self._exchange, "all_to_all_single", sends, recvs)
         back()
         return _done([output])
 
@@ -492,7 +533,7 @@ class ProcessGroupEpx(ProcessGroup):
         sends = [_u8(_flat(i)[0]) for i in input_tensors]
         if recvs[self._rank].numel() != sends[self._rank].numel():
             raise RuntimeError(f"epx backend: all_to_all: rank {self._rank}: its own input and output differ in size")
-        self._exchange("all_to_all", sends, recvs)
+        self._pp_call("all_to_all", self._exchange, "all_to_all", sends, recvs)
         for _, back in flats:
             back()
         return _done(list(output_tensors))
@@ -506,10 +547,11 @@ class ProcessGroupEpx(ProcessGroup):
             ins = input_tensors[0]
             for peer in range(self._size):
                 if peer != root:
-                    self._pp_call("scatter", self._send, self._pp, _u8(_flat(ins[peer])[0]), peer, _PP_BYTES)
+                    self._pp_call("scatter", self._send, self._pp, _u8(_flat(ins[peer])[0]), peer, _PP_BYTES,
+                                  _code(ins[peer].dtype))
             of.copy_(ins[root].reshape(-1))
         else:
-            self._pp_call("scatter", self._recv, self._pp, _u8(of), root, _PP_BYTES)
+            self._pp_call("scatter", self._recv, self._pp, _u8(of), root, _PP_BYTES, _code(out.dtype), "scatter")
         back()
         return _done([out])
 
@@ -610,3 +652,105 @@ if "EPX" not in dist.Backend._plugins:
     dist.destroy_process_group = _destroy_process_group
     import torch.distributed.distributed_c10d as _c10d
     _c10d.destroy_process_group = _destroy_process_group
+
+
+# -- a quick comparison with gloo (not a test): python3 -m epx.distributed [ranks] -----------
+class _NoopGroup(ProcessGroup):
+    """A backend whose all_reduce does nothing: the cost of a Python ProcessGroup call alone."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+
+    def allreduce(self, tensors, opts=None):
+        return _done(list(tensors))
+
+
+def _bench_rank(rank, size, path, q):
+    import time
+    dist.Backend.register_backend("epxnoop", _NoopGroup)
+    dist.init_process_group(BACKEND, init_method="file://" + path, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=120))
+    gloo = dist.new_group(backend="gloo")
+    noop = dist.new_group(backend="epxnoop")
+    P = size
+    cases = []
+    small = torch.ones(4096)
+    cases.append(("all_reduce 16 KiB f32", 200,
+                  lambda g: dist.all_reduce(small, group=g), lambda: dist.all_reduce(small, group=gloo)))
+    big = torch.ones(16 << 20)
+    cases.append(("all_reduce 64 MiB f32", 3,
+                  lambda g: dist.all_reduce(big, group=g), lambda: dist.all_reduce(big, group=gloo)))
+    ag_out = torch.empty(16 << 20)
+    ag_in = torch.ones((16 << 20) // P)
+    ag_list = list(ag_out.chunk(P))  # gloo has no all_gather_into_tensor: the list form into the same bytes
+    cases.append(("all_gather_into_tensor 64 MiB out", 3,
+                  lambda g: dist.all_gather_into_tensor(ag_out, ag_in, group=g),
+                  lambda: dist.all_gather(ag_list, ag_in, group=gloo)))
+    pg = dist.distributed_c10d._get_default_group()
+    raw = pg._view(_WINDOW, torch.float32)
+
+    def raw_calls(g, n=big.numel()):  # the BucketBuffer alone, in its window: what staging adds is the rest
+        for s in range(0, n, raw.numel()):
+            m = min(raw.numel(), n - s)
+            pg._bucket.all_reduce([(raw.data_ptr(), m * 4, 4)], 1.0, 0).wait()
+
+    cases.append(("  BucketBuffer.all_reduce alone", 3, raw_calls, lambda: None))
+    a2a_in = torch.ones(128, 7168, dtype=torch.bfloat16)
+    a2a_out = torch.empty_like(a2a_in)
+    cases.append(("all_to_all_single 128x7168 bf16", 30,
+                  lambda g: dist.all_to_all_single(a2a_out, a2a_in, group=g),
+                  lambda: dist.all_to_all_single(a2a_out.view(torch.int32), a2a_in.view(torch.int32), group=gloo)))
+    rows = []
+    for name, reps, epx_call, gloo_call in cases:
+        t_epx, t_gloo, t_noop = [], [], []
+        epx_call(None), gloo_call()  # warm up
+        for _ in range(reps):  # interleaved: both see the same machine state
+            dist.barrier(group=gloo)
+            t0 = time.perf_counter()
+            epx_call(None)
+            t1 = time.perf_counter()
+            dist.barrier(group=gloo)
+            t2 = time.perf_counter()
+            gloo_call()
+            t3 = time.perf_counter()
+            t_epx.append(t1 - t0), t_gloo.append(t3 - t2)
+            if name.startswith("all_reduce 16"):
+                t4 = time.perf_counter()
+                dist.all_reduce(small, group=noop)
+                t_noop.append(time.perf_counter() - t4)
+        med = lambda v: sorted(v)[len(v) // 2] if v else 0.0  # noqa: E731
+        mine = torch.tensor([med(t_epx), med(t_gloo), med(t_noop)], dtype=torch.float64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=gloo)  # the slowest rank's median
+        rows.append((name, *mine.tolist()))
+    if rank == 0:
+        q.put(rows)
+    dist.destroy_process_group()
+
+
+def _bench_main(size=8):
+    import multiprocessing as mp
+    import tempfile
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="epx-dist-bench-") as d:
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_bench_rank, args=(r, size, os.path.join(d, "store"), q)) for r in range(size)]
+        for p in procs:
+            p.start()
+        rows = q.get(timeout=600)
+        for p in procs:
+            p.join(timeout=60)
+    print(f"{size} ranks, median of interleaved runs (slowest rank), window {_WINDOW >> 20} MiB")
+    print(f"{'call':36s} {'epx ms':>10s} {'gloo ms':>10s} {'gloo/epx':>9s}")
+    for name, te, tg, tn in rows:
+        if name.startswith("  "):
+            print(f"{name:36s} {te * 1e3:10.3f}")
+            continue
+        print(f"{name:36s} {te * 1e3:10.3f} {tg * 1e3:10.3f} {tg / te:9.2f}")
+        if tn:
+            print(f"{'  a Python ProcessGroup call alone':36s} {tn * 1e3:10.3f}")
+
+
+if __name__ == "__main__":
+    import sys
+    import epx.distributed as _self  # the registered module, also in the spawned ranks
+    _self._bench_main(int(sys.argv[1]) if len(sys.argv) > 1 else 8)

@@ -124,6 +124,8 @@ def _ops(rank, size):
     acc = sum((_data(r, torch.float32, (1000,)) for r in range(1, size)), _data(0, torch.float32, (1000,)))
     check("all_reduce AVG", _eq(x, acc * (1.0 / size)))
     # every dtype x op against a local fold in rank order (gloo lacks several of these dtypes)
+    names = {R.SUM: "SUM", R.PRODUCT: "PRODUCT", R.MIN: "MIN", R.MAX: "MAX", R.BAND: "BAND", R.BOR: "BOR",
+             R.BXOR: "BXOR"}
     fold = {R.SUM: torch.add, R.PRODUCT: torch.mul, R.MIN: torch.minimum, R.MAX: torch.maximum,
             R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
     for name in DTYPES:
@@ -144,13 +146,13 @@ def _ops(rank, size):
             acc = parts[0].float() if low else parts[0]
             for p in parts[1:]:
                 acc = f(acc, p.float() if low else p)
-            check(f"all_reduce {name} {op}", _eq(e, acc.to(dt)))
+            check(f"all_reduce {name} {names[op]}", _eq(e, acc.to(dt)))
     for op in (R.SUM, R.MAX, R.BXOR):  # and int32 against gloo itself
         x = _data(rank, torch.int32, (50,), seed=4)
         e, g = x.clone(), x.clone()
         dist.all_reduce(e, op=op)
         dist.all_reduce(g, op=op, group=gloo)
-        check(f"all_reduce int32 {op} = gloo", _eq(e, g))
+        check(f"all_reduce int32 {names[op]} = gloo", _eq(e, g))
     # non-contiguous and a view: only the view is written
     base = _data(rank, torch.float32, (8, 6))
     col = base.clone()
@@ -288,6 +290,27 @@ def _ops(rank, size):
     except RuntimeError as ex:
         msgs.append(str(ex))
     check("mismatch errors", len(msgs) == 3 and "rank 2" in msgs[0] and "differ" in msgs[1] and "rank 3" in msgs[2])
+    # pairwise calls: the receiver of a mismatched message raises naming the sender, and the
+    # pairs stay in step for the next call
+    try:
+        dist.broadcast(torch.zeros(100_000 if rank != 1 else 99_999), src=0)
+        bmsg = None
+    except RuntimeError as ex:
+        bmsg = str(ex)
+    check("broadcast mismatch", (bmsg is None) == (rank != 1) and (rank != 1 or "rank 0 sends" in bmsg))
+    try:
+        n_in = [3] * size
+        n_out = [3] * size if rank != 2 else [3, 3, 3, 4]  # rank 3 sends rank 2 three rows
+        dist.all_to_all_single(torch.empty(sum(n_out), 50), torch.ones(sum(n_in), 50), n_out, n_in)
+        amsg = None
+    except RuntimeError as ex:
+        amsg = str(ex)
+    check("all_to_all_single mismatch", (amsg is None) == (rank != 2) and (rank != 2 or "rank 3 sends" in amsg))
+    x = torch.full((100_000,), float(rank))
+    dist.broadcast(x, src=3)
+    e = torch.empty(size * 20)
+    dist.all_to_all_single(e, torch.full((size * 20,), float(rank)))
+    check("pairs in step after a mismatch", x.eq(3).all() and _eq(e, torch.arange(size).float().repeat_interleave(20)))
     # and the group still works afterwards
     z = torch.ones(3)
     dist.all_reduce(z)
@@ -310,7 +333,8 @@ def test_every_op_against_gloo():
     before = _shm()
     results = _run(_ops)
     failed = [(r, name) for r, checks in enumerate(results) for name, ok in checks if not ok]
-    assert results[0], "no checks ran"
+    print(len(results[0]), "checks on each rank")
+    assert len(results[0]) >= 100, "checks missing"
     assert not failed, failed
     assert _shm() == before
 
