@@ -21,6 +21,7 @@ is implemented and how each reduction is ordered).
 import datetime
 import os
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work
@@ -48,10 +49,10 @@ def _code(dtype):
 def _op_of(opts_or_op):
     op = getattr(opts_or_op, "reduceOp", opts_or_op)
     op = getattr(op, "op", op)  # a ReduceOp instance wraps its RedOpType
-    for k, name in _OPS.items():
-        if op == k:
-            return k, name
-    raise RuntimeError(f"epx backend: reduce op {op} is not implemented yet")
+    name = _OPS.get(op)
+    if name is None:
+        raise RuntimeError(f"epx backend: reduce op {op} is not implemented yet")
+    return op, name
 
 
 def _nyi(op):
@@ -65,8 +66,7 @@ class _Work(Work):
     def __init__(self, result):
         super().__init__()
         self._result = result
-        self._fut = torch.futures.Future()
-        self._fut.set_result(result)
+        self._fut = None
 
     def wait(self, timeout=None):
         return True
@@ -84,6 +84,9 @@ class _Work(Work):
         return self._result
 
     def get_future(self):
+        if self._fut is None:
+            self._fut = torch.futures.Future()
+            self._fut.set_result(self._result)
         return self._fut
 
     def synchronize(self):
@@ -169,6 +172,9 @@ class ProcessGroupEpx(ProcessGroup):
         self._transport = _epx.Transport(rank, size, _store_allgather(store, rank, size, "epx-bootstrap"), "auto", secs)
         self._bucket = _epx.BucketBuffer(self._transport, [list(range(size))], _WINDOW, [], 0, "auto")
         self._storage = self._bucket.storage("torch")
+        self._f32 = self._storage.numpy().view(np.float32)
+        self._base = self._storage.data_ptr()
+        self._want = {}
         self._pp = _epx.PPBuffer(self._transport, _PP_BYTES, _INFLIGHT, [], 0, [], 0)
         self._p2p = _epx.PPBuffer(self._transport, _P2P_BYTES, _INFLIGHT, [], 0, [], 0)
         _live.append(self)
@@ -232,10 +238,13 @@ class ProcessGroupEpx(ProcessGroup):
         """float32 (bf16 and fp16 through float32 staging) SUM / AVG on the BucketBuffer,
         chunked; the first chunk carries two float32 slots (c, c^2) of this rank's dtype and
         op code whose sums tell every rank alike whether the ranks agree."""
-        flat, back = _flat(t)
-        n, cap = flat.numel(), _WINDOW // 4 - 2
+        n, cap = t.numel(), _WINDOW // 4 - 2
         scale = 1.0 / self._size if op == R.AVG else 1.0
         sig = float(_code(t.dtype) * 2 + (op == R.AVG))
+        if n <= cap and t.dtype == torch.float32 and t.is_contiguous():
+            self._sum_small(t, n, scale, sig, opname)
+            return
+        flat, back = _flat(t)
         start, first = 0, True
         while first or start < n:
             m = min(cap, n - start)
@@ -258,6 +267,28 @@ class ProcessGroupEpx(ProcessGroup):
             start += m
             first = False
         back()
+
+    def _sum_small(self, t, n, scale, sig, opname):
+        """One window's worth of contiguous float32: numpy on the window (a small call is
+        mostly its Python, and numpy's element access costs a fraction of torch's); the
+        scale is the BucketBuffer's one multiply at the end."""
+        f = self._f32
+        src = t.detach().numpy().reshape(-1)
+        f[:n] = src
+        f[n] = sig
+        f[n + 1] = sig * sig
+        self._bucket_call(f"allreduce({opname})", self._bucket.all_reduce, [(self._base, (n + 2) * 4, 4)], scale, 0)
+        want = self._want.get((sig, scale))
+        if want is None:  # the sums of (c, c^2) when every rank has c, scaled as float32 does
+            P = np.float32(self._size)
+            want = [np.float32(P * np.float32(sig)), np.float32(P * np.float32(sig * sig))]
+            if scale != 1.0:
+                want = [w * np.float32(scale) for w in want]
+            self._want[(sig, scale)] = want
+        if f[n] != want[0] or f[n + 1] != want[1]:
+            raise RuntimeError(f"epx backend: allreduce: rank {self._rank}: the ranks differ in dtype or op "
+                               f"(this rank: {t.dtype}, {opname}, {n} elements)")
+        src[:] = f[:n]
 
     # -- all_gather -----------------------------------------------------------------------
     def _gather_all(self, flat, op):
@@ -611,7 +642,7 @@ class ProcessGroupEpx(ProcessGroup):
     # -- lifetime -------------------------------------------------------------------------
     def _release(self):
         """Drops this rank's buffers and transport (locally: it may run while peers are gone)."""
-        self._storage = None
+        self._storage = self._f32 = None
         self._bucket = self._pp = self._p2p = None
         self._transport = None
 
@@ -677,17 +708,13 @@ def _bench_rank(rank, size, path, q):
     small = torch.ones(4096)
     cases.append(("all_reduce 16 KiB f32", 200,
                   lambda g: dist.all_reduce(small, group=g), lambda: dist.all_reduce(small, group=gloo)))
+    pg = dist.distributed_c10d._get_default_group()
+    raw = pg._view(_WINDOW, torch.float32)
+    cases.append(("  BucketBuffer.all_reduce alone", 200,
+                  lambda g: pg._bucket.all_reduce([(raw.data_ptr(), 4096 * 4, 4)], 1.0, 0).wait(), lambda: None))
     big = torch.ones(16 << 20)
     cases.append(("all_reduce 64 MiB f32", 3,
                   lambda g: dist.all_reduce(big, group=g), lambda: dist.all_reduce(big, group=gloo)))
-    ag_out = torch.empty(16 << 20)
-    ag_in = torch.ones((16 << 20) // P)
-    ag_list = list(ag_out.chunk(P))  # gloo has no all_gather_into_tensor: the list form into the same bytes
-    cases.append(("all_gather_into_tensor 64 MiB out", 3,
-                  lambda g: dist.all_gather_into_tensor(ag_out, ag_in, group=g),
-                  lambda: dist.all_gather(ag_list, ag_in, group=gloo)))
-    pg = dist.distributed_c10d._get_default_group()
-    raw = pg._view(_WINDOW, torch.float32)
 
     def raw_calls(g, n=big.numel()):  # the BucketBuffer alone, in its window: what staging adds is the rest
         for s in range(0, n, raw.numel()):
@@ -695,6 +722,12 @@ def _bench_rank(rank, size, path, q):
             pg._bucket.all_reduce([(raw.data_ptr(), m * 4, 4)], 1.0, 0).wait()
 
     cases.append(("  BucketBuffer.all_reduce alone", 3, raw_calls, lambda: None))
+    ag_out = torch.empty(16 << 20)
+    ag_in = torch.ones((16 << 20) // P)
+    ag_list = list(ag_out.chunk(P))  # gloo has no all_gather_into_tensor: the list form into the same bytes
+    cases.append(("all_gather_into_tensor 64 MiB out", 3,
+                  lambda g: dist.all_gather_into_tensor(ag_out, ag_in, group=g),
+                  lambda: dist.all_gather(ag_list, ag_in, group=gloo)))
     a2a_in = torch.ones(128, 7168, dtype=torch.bfloat16)
     a2a_out = torch.empty_like(a2a_in)
     cases.append(("all_to_all_single 128x7168 bf16", 30,
