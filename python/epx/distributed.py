@@ -24,7 +24,7 @@ import os
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work
+from torch._C._distributed_c10d import ProcessGroup, ReduceOp, _create_work_from_future
 
 from . import _epx
 
@@ -59,45 +59,13 @@ def _nyi(op):
     raise RuntimeError(f"epx backend: {op} is not implemented yet")
 
 
-class _Work(Work):
-    """A finished call: epx's calls complete before they return (torch 1.13's Work made from
-    a Future cannot hand exception() to Python, so the Work is ours)."""
-
-    def __init__(self, result):
-        super().__init__()
-        self._result = result
-        self._fut = None
-
-    def wait(self, timeout=None):
-        return True
-
-    def is_completed(self):
-        return True
-
-    def is_success(self):
-        return True
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._result
-
-    def get_future(self):
-        if self._fut is None:
-            self._fut = torch.futures.Future()
-            self._fut.set_result(self._result)
-        return self._fut
-
-    def synchronize(self):
-        pass
-
-    def source_rank(self):
-        raise RuntimeError("epx backend: source_rank is only defined for a receive from any source")
-
-
 def _done(result):
-    return _Work(result)
+    """A finished Work over a completed Future: a C++ Work, so that torch's C++ callers
+    (DDP's checks and reducer) can wait() on it too (they do not see a Python subclass's
+    methods)."""
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
 
 
 def _store_allgather(store, rank, size, prefix):
