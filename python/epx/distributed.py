@@ -55,6 +55,11 @@ def _op_of(opts_or_op):
     return op, name
 
 
+def _with_rank(msg, rank):
+    """epx's messages name their rank first; others get this rank's."""
+    return msg if msg.startswith(("rank ", "every rank")) else f"rank {rank}: {msg}"
+
+
 def _nyi(op):
     raise RuntimeError(f"epx backend: {op} is not implemented yet")
 
@@ -177,7 +182,7 @@ class ProcessGroupEpx(ProcessGroup):
             ev.wait()
             return ev
         except RuntimeError as e:
-            raise RuntimeError(f"epx backend: {op}: rank {self._rank}: {e}") from e
+            raise RuntimeError(f"epx backend: {op}: {_with_rank(str(e), self._rank)}") from e
 
     # -- all_reduce ---------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -436,7 +441,7 @@ class ProcessGroupEpx(ProcessGroup):
         except RuntimeError as e:
             if str(e).startswith("epx backend:"):
                 raise
-            raise RuntimeError(f"epx backend: {op}: rank {self._rank}: {e}") from e
+            raise RuntimeError(f"epx backend: {op}: {_with_rank(str(e), self._rank)}") from e
 
     def broadcast(self, tensors, opts=None):
         self._alive("broadcast")

@@ -391,3 +391,41 @@ def test_init_methods(how):
         res = _run(_small, size=2, init="env://", env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     assert res == [([3.0] * 3, "epx")] * 2
     assert _shm() == before
+
+
+_TORCHRUN_SCRIPT = """
+import datetime, time, torch, torch.distributed as dist
+import epx.distributed
+dist.init_process_group("epx", timeout=datetime.timedelta(seconds=3))
+r = dist.get_rank()
+x = torch.full((5,), float(r + 1))
+dist.all_reduce(x)
+print("RESULT", r, x.tolist(), dist.get_backend(), flush=True)
+t0 = time.time()
+if r == 0:
+    try:
+        dist.all_reduce(torch.ones(3))  # rank 1 never joins: epx's timeout, naming rank 1
+    except RuntimeError as e:
+        print("RAISED", round(time.time() - t0), "rank 1" in str(e), flush=True)
+else:
+    time.sleep(5)
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_and_timeout(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    script = tmp_path / "run.py"
+    script.write_text(_TORCHRUN_SCRIPT)
+    torchrun = shutil.which("torchrun") or "/usr/bin/torchrun"
+    cmd = [torchrun, "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           "--redirects", "1", "--tee", "1", str(script)]  # --redirects/--tee parse to None unless named
+    if not os.path.exists(torchrun):
+        cmd = [sys.executable, "-m", "torch.distributed.run"] + cmd[1:]
+    before = _shm()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path).stdout
+    assert out.count("[3.0, 3.0, 3.0, 3.0, 3.0] epx") == 2, out
+    assert "RAISED 3 True" in out, out
+    assert _shm() == before
