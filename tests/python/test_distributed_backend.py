@@ -32,9 +32,12 @@ def _rank_main(fn, rank, size, init, env, q):
         kw = {} if init == "env://" else {"rank": rank, "world_size": size}
         dist.init_process_group("epx", init_method=init, timeout=datetime.timedelta(seconds=TIMEOUT), **kw)
         try:
-            q.put((rank, fn(rank, size), None))
+            value = fn(rank, size)
         finally:
             dist.destroy_process_group()
+        # destroy_process_group unmaps every epx segment of the process (their memory is freed)
+        mapped = sorted({ln.split()[5] for ln in open("/proc/self/maps") if "/dev/shm/epx" in ln})
+        q.put((rank, value, f"mapped after destroy_process_group: {mapped}" if mapped else None))
     except BaseException as e:  # noqa: BLE001
         q.put((rank, None, "".join(traceback.format_exception(type(e), e, e.__traceback__))))
 
