@@ -460,24 +460,32 @@ class ProcessGroupEpx(ProcessGroup):
 
     def _exchange(self, op, sends, recvs):
         """Pairwise exchange: sends[p] / recvs[p] are flat uint8 tensors to / from rank p.
-        Step s sends to rank+s and receives from rank-s, chunk by chunk alternately (two
-        slots per pair: never a cycle of full queues). A size that does not match is raised
-        after every step, so that the peers are never left waiting."""
+        First every peer gets its header and first chunk (the pair's two slots: this never
+        waits on this call's peers, so a small exchange is not held in lockstep); then step s
+        receives from rank-s and sends the rest to rank+s, chunk by chunk alternately (a
+        sender is at most two messages ahead of its receiver: no cycle of full queues). A
+        size that does not match is raised after every step, so the peers never wait."""
         P, me, cap, pp = self._size, self._rank, _PP_BYTES, self._pp
         recvs[me].copy_(sends[me])
+        for s in range(1, P):
+            dst = (me + s) % P
+            out = sends[dst]
+            head = torch.tensor([out.numel(), 0], dtype=torch.int64)
+            pp.send(head.data_ptr(), 16, dst)
+            if out.numel():
+                piece = out[:cap]
+                pp.send(piece.data_ptr(), piece.numel(), dst)
         problem = None
         for s in range(1, P):
             dst, src = (me + s) % P, (me - s) % P
             out, inp = sends[dst], recvs[src]
-            head = torch.tensor([out.numel(), 0], dtype=torch.int64)
-            pp.send(head.data_ptr(), 16, dst)
             got = self._recv_head(pp, src)
             ok = got[0] == inp.numel()
             if not ok and problem is None:
                 problem = self._mismatch(op, src, got, (inp.numel(), 0))
             ns, nr = -(-out.numel() // cap), -(-got[0] // cap)
             for k in range(max(ns, nr)):
-                if k < ns:
+                if 0 < k < ns:
                     piece = out[k * cap:(k + 1) * cap]
                     pp.send(piece.data_ptr(), piece.numel(), dst)
                 if k < nr:
