@@ -188,6 +188,8 @@ class ProcessGroupEpx(ProcessGroup):
     def allreduce(self, tensors, opts=None):
         op, opname = _op_of(opts if opts is not None else R.SUM)
         self._alive("allreduce")
+        if isinstance(tensors, torch.Tensor):  # pg.allreduce(tensor, op), c10d's third overload
+            tensors = [tensors]
         for t in tensors:
             self._allreduce_one(t, op, opname)
         return _done(list(tensors))
