@@ -17,7 +17,7 @@ the mean of the OTHER rows' / columns' means, a point (slow link) more than
 `thresholds["point"]` (5) times the typical link (the mean of the other off-diagonal values
 outside the abnormal rows and columns, whose points are not listed again; it must stand out
 of its own row and column the same way), each also more
-than 50 µs per call above its typical value (a slow rank cannot hide in a mean it inflates:
+than 50 µs per call above its typical value (`thresholds["floor_us"]` in the reports; a slow rank cannot hide in a mean it inflates:
 docs/diagnose.md) — and a point which alone makes its row and column abnormal is listed as
 the point (`thresholds["links"]`, default True). Every rank holds the same matrices and
 verdicts.

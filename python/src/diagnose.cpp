@@ -65,6 +65,7 @@ pyb::dict report_dict(const DiagnoseReport& r) {
   t["col"] = r.thresholds.col;
   t["point"] = r.thresholds.point;
   t["links"] = r.thresholds.links;
+  t["floor_us"] = r.thresholds.floor_us;
   d["thresholds"] = t;
   for (int op = 0; op < kNumWaitOps; ++op) {
     const DiagnoseOp& o = r.ops[static_cast<std::size_t>(op)];

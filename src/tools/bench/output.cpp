@@ -158,7 +158,7 @@ ordered_json diagnose_json(const DiagnoseReport& d) {
         {"abnormal_cols", o.verdict.cols},
         {"abnormal_points", points},
         {"thresholds", {{"row", d.thresholds.row}, {"col", d.thresholds.col}, {"point", d.thresholds.point},
-                        {"links", d.thresholds.links}}},
+                        {"links", d.thresholds.links}, {"floor_us", d.thresholds.floor_us}}},
         {"calls_per_rank", o.calls}};
   }
   j["seconds"] = d.seconds;
