@@ -60,6 +60,12 @@ def _with_rank(msg, rank):
     return msg if msg.startswith(("rank ", "every rank")) else f"rank {rank}: {msg}"
 
 
+def _signature(dtype, op):
+    """A call's dtype and op as one float32 code c: summed over P ranks, the slots (c, c^2)
+    come to (P c, P c^2) only when every rank has the same c."""
+    return float(_code(dtype) * 2 + (op == R.AVG))
+
+
 def _nyi(op):
     raise RuntimeError(f"epx backend: {op} is not implemented yet")
 
@@ -215,7 +221,7 @@ class ProcessGroupEpx(ProcessGroup):
         op code whose sums tell every rank alike whether the ranks agree."""
         n, cap = t.numel(), _WINDOW // 4 - 2
         scale = 1.0 / self._size if op == R.AVG else 1.0
-        sig = float(_code(t.dtype) * 2 + (op == R.AVG))
+        sig = _signature(t.dtype, op)
         if n <= cap and t.dtype == torch.float32 and t.is_contiguous():
             self._sum_small(t, n, scale, sig, opname)
             return
@@ -232,16 +238,21 @@ class ProcessGroupEpx(ProcessGroup):
             self._bucket_call(f"allreduce({opname})", self._bucket.all_reduce, [(stage.data_ptr(), (m + extra) * 4, 4)],
                               1.0, 0)
             if first:
-                s1, s2 = float(stage[m]), float(stage[m + 1])
-                if s1 != self._size * sig or s2 != self._size * sig * sig:
-                    raise RuntimeError(f"epx backend: allreduce: rank {self._rank}: the ranks differ in dtype or op "
-                                       f"(this rank: {t.dtype}, {opname}, {n} elements)")
+                self._agree("allreduce", (float(stage[m]), float(stage[m + 1])), (self._size * sig, self._size * sig * sig),
+                            f"{t.dtype}, {opname}, {n} elements")
             if scale != 1.0:
                 stage[:m].mul_(scale)
             flat[start:start + m].copy_(stage[:m])
             start += m
             first = False
         back()
+
+    def _agree(self, call, got, want, detail):
+        """The (c, c^2) slots' sums against what they are when every rank has this rank's
+        code (_signature): else the ranks took the call with different dtypes or ops."""
+        if got[0] != want[0] or got[1] != want[1]:
+            raise RuntimeError(f"epx backend: {call}: rank {self._rank}: the ranks differ in dtype or op "
+                               f"(this rank: {detail})")
 
     def _sum_small(self, t, n, scale, sig, opname):
         """One window's worth of contiguous float32: numpy on the window (a small call is
@@ -260,9 +271,7 @@ class ProcessGroupEpx(ProcessGroup):
             if scale != 1.0:
                 want = [w * np.float32(scale) for w in want]
             self._want[(sig, scale)] = want
-        if f[n] != want[0] or f[n + 1] != want[1]:
-            raise RuntimeError(f"epx backend: allreduce: rank {self._rank}: the ranks differ in dtype or op "
-                               f"(this rank: {t.dtype}, {opname}, {n} elements)")
+        self._agree("allreduce", (f[n], f[n + 1]), want, f"{t.dtype}, {opname}, {n} elements")
         src[:] = f[:n]
 
     # -- all_gather -----------------------------------------------------------------------
@@ -372,7 +381,7 @@ class ProcessGroupEpx(ProcessGroup):
             n = of.numel()
             cap = _WINDOW // (4 * P) - 2
             scale = 1.0 / P if op == R.AVG else 1.0
-            sig = float(_code(out.dtype) * 2 + (op == R.AVG))
+            sig = _signature(out.dtype, op)
             start, first = 0, True
             while first or start < n:
                 m = min(cap, n - start)
@@ -386,9 +395,9 @@ class ProcessGroupEpx(ProcessGroup):
                                        [(stage.data_ptr(), row * P * 4, 4)], "fp32", 1.0, 0)
                 (ptr, nb), = ev.results()
                 shard = self._view(nb, torch.float32, ptr - self._bucket.storage_ptr)
-                if first and (float(shard[m]) != P * sig or float(shard[m + 1]) != P * sig * sig):
-                    raise RuntimeError(f"epx backend: reduce_scatter: rank {me}: the ranks differ in dtype or op "
-                                       f"(this rank: {out.dtype}, {opname}, {n} elements per rank)")
+                if first:
+                    self._agree("reduce_scatter", (float(shard[m]), float(shard[m + 1])), (P * sig, P * sig * sig),
+                                f"{out.dtype}, {opname}, {n} elements per rank")
                 if scale != 1.0:
                     shard[:m].mul_(scale)
                 of[start:start + m].copy_(shard[:m])
