@@ -37,6 +37,7 @@ from . import _epx
 from ._lifecycle import BufferLifecycle
 from .errors import Error
 from .group import transport_of
+from ._sizes import itemsize
 
 
 def _bytes_of(x, what, writable):
@@ -188,5 +189,5 @@ def _itemsize(dtype):
     if dtype is None:
         return 1
     if _is_torch_dtype(dtype):
-        return cv._torch().empty(0, dtype=dtype).element_size()
+        return itemsize(dtype)
     return np.dtype(dtype).itemsize
