@@ -91,6 +91,12 @@ def flagged(diag):
             for op in ("dispatch", "combine")}
 
 
+def every_name(diag):
+    """Everything a verdict names, as (op, "row" / "col" / "point", index): a quiet run's false names."""
+    return [(op, kind, x) for op, (r, c, p) in flagged(diag).items()
+            for kind, xs in (("row", r), ("col", c), ("point", p)) for x in xs]
+
+
 def describe(diag):
     return "; ".join(f"{op}: rows {r} cols {c} points {p}" for op, (r, c, p) in flagged(diag).items())
 
@@ -151,6 +157,16 @@ class Tally:
         self.errors.append(what)
         fail(f"{self.name}: {what}")
 
+    def verdict(self, i, run, save_dir):
+        """Run i's "diagnose" (its JSON saved into save_dir); None, and an error of the check,
+        when the bench failed or printed none. run: run_bench's (rc, data, tail)."""
+        rc, data, tail = run
+        if rc != 0 or data is None or "diagnose" not in data:
+            self.error(f"run {i}: exit {rc}\n{tail}")
+            return None
+        save(save_dir, self.name, i, data)
+        return data["diagnose"]
+
     def finish(self):
         runs = self.runs + len(self.errors)
         if self.quiet:
@@ -200,14 +216,10 @@ def check_quiet(epx, runs, iters, ranks, load=True, save_dir=None):
         if job:
             time.sleep(1)  # its ranks are up
         for i in range(runs):
-            rc, data, tail = run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters), "--no-progress"] + SHAPE)
-            if rc != 0 or data is None or "diagnose" not in data:
-                t.error(f"run {i}: exit {rc}\n{tail}")
-                continue
-            save(save_dir, t.name, i, data)
-            f = flagged(data["diagnose"])
-            false = [(op, kind, x) for op, (r, c, p) in f.items() for kind, xs in (("row", r), ("col", c), ("point", p)) for x in xs]
-            t.add(i, False, false, data["diagnose"])
+            diag = t.verdict(i, run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters), "--no-progress"]
+                                          + SHAPE), save_dir)
+            if diag is not None:
+                t.add(i, False, every_name(diag), diag)
     finally:
         if job:
             job.stop()
@@ -248,13 +260,10 @@ def sigstop_bursts(victim, stop_s, run_s):
 def check_sigstop(epx, runs, iters, ranks, burst_ms, victim=2, save_dir=None):
     t = Tally(f"sigstop (rank {victim} of {ranks}, SIGSTOP {burst_ms} ms / SIGCONT {burst_ms} ms)")
     for i in range(runs):
-        rc, data, tail = run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE,
-                                   sigstop_bursts(victim, burst_ms / 1000, burst_ms / 1000))
-        if rc != 0 or data is None or "diagnose" not in data:
-            t.error(f"run {i}: exit {rc}\n{tail}")
-            continue
-        save(save_dir, t.name, i, data)
-        t.add(i, *victim_verdict(data["diagnose"], victim), data["diagnose"])
+        diag = t.verdict(i, run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE,
+                                      sigstop_bursts(victim, burst_ms / 1000, burst_ms / 1000)), save_dir)
+        if diag is not None:
+            t.add(i, *victim_verdict(diag, victim), diag)
     t.finish()
 
 
@@ -319,14 +328,12 @@ def check_cgroup(epx, runs, iters, ranks, quota_pct, victim=1, save_dir=None):
         try:
             def fault(pids, proc):
                 cg.add(pids[victim])
-            rc, data, tail = run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE, fault)
+            run = run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE, fault)
         finally:
             cg.remove()
-        if rc != 0 or data is None or "diagnose" not in data:
-            t.error(f"run {i}: exit {rc}\n{tail}")
-            continue
-        save(save_dir, t.name, i, data)
-        t.add(i, *victim_verdict(data["diagnose"], victim), data["diagnose"])
+        diag = t.verdict(i, run, save_dir)
+        if diag is not None:
+            t.add(i, *victim_verdict(diag, victim), diag)
     t.finish()
 
 
@@ -391,17 +398,14 @@ def check_netem(epx, runs, iters, rate_kbit=256, delay_ms=15, shape=True, netem=
             f.writelines(f"{ns} slots=1\n" for ns in m.ns)
         cmd = oshrun_cmd(m, hosts, 4) + [epx, "bench", "--transport", "shmem", "--iters", str(iters), "--no-progress"]
         for i in range(runs):
-            rc, data, tail = run_bench(cmd + NETEM_SHAPE + NETEM_EXTRA, limit=180)
-            if rc != 0 or data is None or "diagnose" not in data:
-                t.error(f"run {i}: exit {rc}\n{tail}")
+            run = run_bench(cmd + NETEM_SHAPE + NETEM_EXTRA, limit=180)
+            diag = t.verdict(i, run, save_dir)
+            if diag is None:
                 continue
-            save(save_dir, t.name, i, data)
-            f = flagged(data["diagnose"])
             if not shape:
-                false = [(op, kind, x) for op, (r, c, p) in f.items()
-                         for kind, xs in (("row", r), ("col", c), ("point", p)) for x in xs]
-                t.add(i, False, false, data["diagnose"])
+                t.add(i, False, every_name(diag), diag)
                 continue
+            data, f = run[1], flagged(diag)
             # The link is named when one of its points is. Its two machines' ranks may be
             # named too: the link holds its sender (OpenSHMEM's one quiet waits for every
             # peer), which is then late for everyone (docs/diagnose.md). Anything named
@@ -413,7 +417,7 @@ def check_netem(epx, runs, iters, rate_kbit=256, delay_ms=15, shape=True, netem=
             false = [(op, "row", x) for op, (r, _, _) in f.items() for x in r if x not in ab]
             false += [(op, "col", x) for op, (_, c, _) in f.items() for x in c if x not in ab]
             false += [(op, "point", x) for op, (_, _, p) in f.items() for x in p if not set(x) & ab]
-            t.add(i, named, false, data["diagnose"])
+            t.add(i, named, false, diag)
         t.finish()
     finally:
         if m:
