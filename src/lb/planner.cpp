@@ -155,81 +155,75 @@ std::vector<std::int64_t> count_expert_slots(const std::vector<std::int64_t>& to
   return c;
 }
 
-DynamicReplicaPlan plan_dynamic_replicas(const std::vector<std::int64_t>& counts, int num_ranks, int home_experts,
-                                         int slots_per_rank) {
-  const int P = num_ranks, L = home_experts, B = slots_per_rank;
-  if (P < 1 || L < 1 || B < 0)
-    invalid("plan_dynamic_replicas: need num_ranks >= 1, home_experts >= 1, slots_per_rank >= 0; got " +
-            std::to_string(P) + ", " + std::to_string(L) + ", " + std::to_string(B));
-  const std::int64_t E = std::int64_t{P} * L;
-  if (counts.size() != at(P) * at(E))
-    invalid("plan_dynamic_replicas: counts has " + std::to_string(counts.size()) + " values, expected P * E_log = " +
-            std::to_string(P) + " * " + std::to_string(E));
-  DynamicReplicaPlan plan;
-  plan.ranks = P;
-  plan.home_experts = L;
-  plan.slots = B;
-  plan.counts = counts;
-  plan.expert_slots.assign(at(E), 0);
+namespace {
+
+// Each logical expert's slots over all ranks (counts: [P][E]), validating each count.
+std::vector<std::int64_t> sum_counts(const std::vector<std::int64_t>& counts, int P, std::int64_t E) {
+  std::vector<std::int64_t> n(at(E), 0);
   for (int r = 0; r < P; ++r)
     for (std::int64_t e = 0; e < E; ++e) {
       const std::int64_t c = counts[at(r) * at(E) + at(e)];
       if (c < 0)
         invalid("plan_dynamic_replicas: counts[" + std::to_string(r) + "][" + std::to_string(e) + "] = " + std::to_string(c) +
                 " is negative");
-      plan.expert_slots[at(e)] += c;
+      n[at(e)] += c;
     }
-  const std::vector<std::int64_t>& n = plan.expert_slots;
+  return n;
+}
 
-  Placement st{P, L, B, std::vector<std::vector<std::int64_t>>(at(E)), std::vector<int>(at(P), 0)};
-  std::int64_t total = 0;
-  plan.rows_without.assign(at(P), 0);
-  for (std::int64_t e = 0; e < E; ++e) {
-    total += n[at(e)];
-    plan.rows_without[at(e / L)] += n[at(e)];
-  }
-  Balance cur = balance(st, n, total, total);
-  for (int step = 0; step < P * B; ++step) {
-    std::vector<std::int64_t> load(at(P), 0);
+// The replicas on the ranks at the peak (a max flow puts some there that could move, so every
+// such rank is tried, lowest index first), by the rows they take there (most first, lowest
+// expert on ties): (rows, e).
+std::vector<std::pair<std::int64_t, std::int64_t>> peak_candidates(const Placement& st, const Balance& cur,
+                                                                   const std::vector<std::int64_t>& load) {
+  const auto E = static_cast<std::int64_t>(cur.rows.size());
+  const std::int64_t peak = *std::max_element(load.begin(), load.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> cand;
+  for (int heavy = 0; heavy < st.P; ++heavy) {
+    if (load[at(heavy)] != peak) continue;
+    const size_t first = cand.size();
     for (std::int64_t e = 0; e < E; ++e)
-      for (size_t j = 0; j < cur.rows[at(e)].size(); ++j) load[at(st.rank_of(e, j))] += cur.rows[at(e)][j];
-    // The replicas on the ranks at the peak (a max flow puts some there that could move, so every
-    // such rank is tried, lowest index first), by the rows they take there (most first, lowest
-    // expert on ties).
-    const std::int64_t peak = *std::max_element(load.begin(), load.end());
-    std::vector<std::pair<std::int64_t, std::int64_t>> cand;  // (rows, e)
-    for (int heavy = 0; heavy < P; ++heavy) {
-      if (load[at(heavy)] != peak) continue;
-      const size_t first = cand.size();
-      for (std::int64_t e = 0; e < E; ++e)
-        for (size_t j = 0; j < cur.rows[at(e)].size(); ++j)
-          if (st.rank_of(e, j) == heavy && cur.rows[at(e)][j] > 0) cand.emplace_back(cur.rows[at(e)][j], e);
-      std::stable_sort(cand.begin() + static_cast<std::ptrdiff_t>(first), cand.end(),
-                       [](const auto& a, const auto& b) { return a.first > b.first; });
-    }
-    bool placed = false;
-    for (const auto& [rows, e] : cand) {
-      int target = -1;
-      for (int d = 0; d < P; ++d)
-        if (st.used[at(d)] < B && !st.holds(d, e) && (target < 0 || load[at(d)] < load[at(target)])) target = d;
-      if (target < 0) continue;
-      const std::int64_t g = std::int64_t{target} * B + st.used[at(target)];
-      auto& s = st.slots[at(e)];
-      s.insert(std::upper_bound(s.begin(), s.end(), g), g);
-      ++st.used[at(target)];
-      // A replica only adds freedom: accept it if the peak falls, or the rows above peak - 1 do.
-      const std::int64_t excess = total - st.fit(n, cur.peak - 1, nullptr);
-      if (excess < cur.excess) {
-        cur = balance(st, n, total, cur.peak);
-        placed = true;
-        break;
-      }
-      s.erase(std::find(s.begin(), s.end(), g));
-      --st.used[at(target)];
-    }
-    if (!placed) break;
+      for (size_t j = 0; j < cur.rows[at(e)].size(); ++j)
+        if (st.rank_of(e, j) == heavy && cur.rows[at(e)][j] > 0) cand.emplace_back(cur.rows[at(e)][j], e);
+    std::stable_sort(cand.begin() + static_cast<std::ptrdiff_t>(first), cand.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
   }
+  return cand;
+}
 
+// One greedy step: a replica of the first candidate that lowers the balance, on the least
+// loaded rank with a free slot that lacks that expert. False when none helps.
+bool place_one_replica(Placement& st, Balance& cur, const std::vector<std::int64_t>& n, std::int64_t total) {
+  const int P = st.P, B = st.B;
+  const auto E = static_cast<std::int64_t>(n.size());
+  std::vector<std::int64_t> load(at(P), 0);
+  for (std::int64_t e = 0; e < E; ++e)
+    for (size_t j = 0; j < cur.rows[at(e)].size(); ++j) load[at(st.rank_of(e, j))] += cur.rows[at(e)][j];
+  for (const auto& [rows, e] : peak_candidates(st, cur, load)) {
+    int target = -1;
+    for (int d = 0; d < P; ++d)
+      if (st.used[at(d)] < B && !st.holds(d, e) && (target < 0 || load[at(d)] < load[at(target)])) target = d;
+    if (target < 0) continue;
+    const std::int64_t g = std::int64_t{target} * B + st.used[at(target)];
+    auto& s = st.slots[at(e)];
+    s.insert(std::upper_bound(s.begin(), s.end(), g), g);
+    ++st.used[at(target)];
+    // A replica only adds freedom: accept it if the peak falls, or the rows above peak - 1 do.
+    const std::int64_t excess = total - st.fit(n, cur.peak - 1, nullptr);
+    if (excess < cur.excess) {
+      cur = balance(st, n, total, cur.peak);
+      return true;
+    }
+    s.erase(std::find(s.begin(), s.end(), g));
+    --st.used[at(target)];
+  }
+  return false;
+}
+
+// The plan's placement, replica tables and per-rank rows from the final placement.
+void write_placement(DynamicReplicaPlan& plan, const Placement& st, const Balance& cur) {
+  const int P = st.P, L = st.L, B = st.B;
+  const std::int64_t E = std::int64_t{P} * L;
   plan.placement.home_experts = L;
   plan.placement.slots = B;
   plan.placement.mapping.assign(at(P) * at(B), -1);
@@ -248,6 +242,39 @@ DynamicReplicaPlan plan_dynamic_replicas(const std::vector<std::int64_t>& counts
     }
     plan.replica_offsets[at(e) + 1] = static_cast<std::int64_t>(plan.replica_phys.size());
   }
+}
+
+}  // namespace
+
+DynamicReplicaPlan plan_dynamic_replicas(const std::vector<std::int64_t>& counts, int num_ranks, int home_experts,
+                                         int slots_per_rank) {
+  const int P = num_ranks, L = home_experts, B = slots_per_rank;
+  if (P < 1 || L < 1 || B < 0)
+    invalid("plan_dynamic_replicas: need num_ranks >= 1, home_experts >= 1, slots_per_rank >= 0; got " +
+            std::to_string(P) + ", " + std::to_string(L) + ", " + std::to_string(B));
+  const std::int64_t E = std::int64_t{P} * L;
+  if (counts.size() != at(P) * at(E))
+    invalid("plan_dynamic_replicas: counts has " + std::to_string(counts.size()) + " values, expected P * E_log = " +
+            std::to_string(P) + " * " + std::to_string(E));
+  DynamicReplicaPlan plan;
+  plan.ranks = P;
+  plan.home_experts = L;
+  plan.slots = B;
+  plan.counts = counts;
+  plan.expert_slots = sum_counts(counts, P, E);
+  const std::vector<std::int64_t>& n = plan.expert_slots;
+
+  Placement st{P, L, B, std::vector<std::vector<std::int64_t>>(at(E)), std::vector<int>(at(P), 0)};
+  std::int64_t total = 0;
+  plan.rows_without.assign(at(P), 0);
+  for (std::int64_t e = 0; e < E; ++e) {
+    total += n[at(e)];
+    plan.rows_without[at(e / L)] += n[at(e)];
+  }
+  Balance cur = balance(st, n, total, total);
+  for (int step = 0; step < P * B; ++step)
+    if (!place_one_replica(st, cur, n, total)) break;
+  write_placement(plan, st, cur);
   plan.imbalance_without = max_over_mean(plan.rows_without);
   plan.imbalance_with = max_over_mean(plan.rows_with);
   return plan;
