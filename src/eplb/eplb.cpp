@@ -80,17 +80,13 @@ void replicate_row(const float* weight, int n, int num_phy, Index* phy2log, Inde
   }
 }
 
-// rebalance_experts_hierarchical for one layer. Outputs: phy2log [num_phy], phyrank [num_phy], logcnt [num_log].
-void rebalance_layer_hierarchical(const float* weight, int num_log, int num_phy, int num_groups, int num_nodes,
-                                  int num_gpus, Index* out_phy2log, Index* out_phyrank, Index* out_logcnt) {
+// Step 1 of the hierarchical policy: pack groups to nodes, numbering the logical experts
+// node-major (log2mlog, and its inverse mlog2log: [num_log] each).
+// tokens_per_group = weight.unflatten(-1, (G, group_size)).sum(-1)
+void pack_groups_to_nodes(const float* weight, int num_log, int num_groups, int num_nodes, std::vector<Index>& log2mlog,
+                          std::vector<Index>& mlog2log) {
   const int group_size = num_log / num_groups;
   const int groups_per_node = num_groups / num_nodes;
-  const int phy_per_gpu = num_phy / num_gpus;
-  const int log_per_node = num_log / num_nodes;
-  const int phy_per_node = num_phy / num_nodes;
-  const int gpus_per_node = num_gpus / num_nodes;
-
-  // Step 1: pack groups to nodes. tokens_per_group = weight.unflatten(-1, (G, group_size)).sum(-1)
   std::vector<float> tokens_per_group(sz(num_groups), 0.0f);
   for (int g = 0; g < num_groups; ++g) {
     float sum = 0.0f;
@@ -100,25 +96,26 @@ void rebalance_layer_hierarchical(const float* weight, int num_log, int num_phy,
   std::vector<Index> group_pack(sz(num_groups)), group_rank(sz(num_groups));
   balanced_packing_row(tokens_per_group.data(), num_groups, num_nodes, group_pack.data(), group_rank.data());
   // log2mlog = ((group_pack * groups_per_node + group_rank) * group_size)[:, None] + arange(group_size)
-  std::vector<Index> log2mlog(sz(num_log)), mlog2log(sz(num_log));
+  log2mlog.assign(sz(num_log), 0);
+  mlog2log.assign(sz(num_log), 0);
   for (int g = 0; g < num_groups; ++g) {
     for (int k = 0; k < group_size; ++k) {
       log2mlog[sz(g * group_size + k)] = (group_pack[sz(g)] * groups_per_node + group_rank[sz(g)]) * group_size + k;
     }
   }
   for (int e = 0; e < num_log; ++e) mlog2log[sz(log2mlog[sz(e)])] = e;
+}
 
-  // Step 2: replicate within each node. tokens_per_mlog = weight.gather(-1, mlog2log).view(-1, log_per_node)
-  std::vector<float> tokens_per_mlog(sz(num_log));
-  for (int m = 0; m < num_log; ++m) tokens_per_mlog[sz(m)] = weight[mlog2log[sz(m)]];
-  std::vector<Index> phy2mlog(sz(num_phy)), phyrank(sz(num_phy)), mlogcnt(sz(num_log));
-  for (int node = 0; node < num_nodes; ++node) {
-    replicate_row(tokens_per_mlog.data() + node * log_per_node, log_per_node, phy_per_node,
-                  phy2mlog.data() + node * phy_per_node, phyrank.data() + node * phy_per_node,
-                  mlogcnt.data() + node * log_per_node);
-  }
-
-  // Step 3: pack physical experts to GPUs. tokens_per_phy = (tokens_per_mlog / mlogcnt).gather(-1, phy2mlog)
+// Step 3: pack each node's physical experts to its GPUs; returns pphy2phy [num_phy] (per
+// node row: the physical expert at each packed position).
+// tokens_per_phy = (tokens_per_mlog / mlogcnt).gather(-1, phy2mlog)
+std::vector<Index> pack_physical_to_gpus(const std::vector<float>& tokens_per_mlog, const std::vector<Index>& phy2mlog,
+                                         const std::vector<Index>& mlogcnt, int num_log, int num_phy, int num_nodes,
+                                         int num_gpus) {
+  const int phy_per_gpu = num_phy / num_gpus;
+  const int log_per_node = num_log / num_nodes;
+  const int phy_per_node = num_phy / num_nodes;
+  const int gpus_per_node = num_gpus / num_nodes;
   std::vector<float> tokens_per_phy(sz(num_phy));
   for (int node = 0; node < num_nodes; ++node) {
     for (int p = 0; p < phy_per_node; ++p) {
@@ -140,6 +137,29 @@ void rebalance_layer_hierarchical(const float* weight, int num_log, int num_phy,
       pphy2phy[sz(base + pphy)] = p;
     }
   }
+  return pphy2phy;
+}
+
+// rebalance_experts_hierarchical for one layer. Outputs: phy2log [num_phy], phyrank [num_phy], logcnt [num_log].
+void rebalance_layer_hierarchical(const float* weight, int num_log, int num_phy, int num_groups, int num_nodes,
+                                  int num_gpus, Index* out_phy2log, Index* out_phyrank, Index* out_logcnt) {
+  const int log_per_node = num_log / num_nodes;
+  const int phy_per_node = num_phy / num_nodes;
+  std::vector<Index> log2mlog, mlog2log;
+  pack_groups_to_nodes(weight, num_log, num_groups, num_nodes, log2mlog, mlog2log);
+
+  // Step 2: replicate within each node. tokens_per_mlog = weight.gather(-1, mlog2log).view(-1, log_per_node)
+  std::vector<float> tokens_per_mlog(sz(num_log));
+  for (int m = 0; m < num_log; ++m) tokens_per_mlog[sz(m)] = weight[mlog2log[sz(m)]];
+  std::vector<Index> phy2mlog(sz(num_phy)), phyrank(sz(num_phy)), mlogcnt(sz(num_log));
+  for (int node = 0; node < num_nodes; ++node) {
+    replicate_row(tokens_per_mlog.data() + node * log_per_node, log_per_node, phy_per_node,
+                  phy2mlog.data() + node * phy_per_node, phyrank.data() + node * phy_per_node,
+                  mlogcnt.data() + node * log_per_node);
+  }
+
+  const std::vector<Index> pphy2phy =
+      pack_physical_to_gpus(tokens_per_mlog, phy2mlog, mlogcnt, num_log, num_phy, num_nodes, num_gpus);
   // pphy2mlog = phy2mlog.gather(-1, pphy2phy) + node * log_per_node; pphy2log = mlog2log.gather(-1, pphy2mlog)
   // pphyrank = phyrank.gather(-1, pphy2phy)
   for (int node = 0; node < num_nodes; ++node) {
