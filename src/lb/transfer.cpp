@@ -51,13 +51,60 @@ std::int64_t LbTransfer::wire_bytes() const {
   return n * static_cast<std::int64_t>(row_bytes);
 }
 
+namespace {
+
+// Source rank s's tokens of the table, appended to tr.tokens / tr.dests: toward replicas,
+// each home expert's rows to the ranks holding it in a slot (ascending, max_dests per token);
+// back, each filled slot's rows to the expert's home rank.
+void append_source_tokens(LbTransfer& tr, const LbPlacement& placement, int s, int max_dests) {
+  const int L = placement.home_experts, B = placement.slots, ranks = tr.ranks;
+  if (tr.direction == LbDirection::kToReplicas) {
+    for (int i = 0; i < L; ++i) {
+      const std::int64_t e = std::int64_t{s} * L + i;
+      std::vector<int> to;  // ranks holding e in a slot, ascending
+      for (int d = 0; d < ranks; ++d)
+        for (int b = 0; b < B; ++b)
+          if (placement.mapping[at(d) * at(B) + at(b)] == e) {
+            to.push_back(d);
+            break;
+          }
+      const int groups_first = static_cast<int>(tr.dests.size());
+      tr.dests.insert(tr.dests.end(), to.begin(), to.end());
+      for (std::int64_t c = 0; c < tr.rows_per_expert; ++c)
+        for (size_t g = 0; g < to.size(); g += at(max_dests))
+          tr.tokens.push_back({e, c, groups_first + static_cast<int>(g),
+                               static_cast<int>(std::min(to.size() - g, at(max_dests)))});
+    }
+    return;
+  }
+  for (int b = 0; b < B; ++b) {
+    const std::int64_t e = placement.mapping[at(s) * at(B) + at(b)];
+    if (e < 0 || tr.rows_per_expert == 0) continue;
+    const int first_dest = static_cast<int>(tr.dests.size());
+    tr.dests.push_back(static_cast<int>(e / L));
+    for (std::int64_t c = 0; c < tr.rows_per_expert; ++c) tr.tokens.push_back({std::int64_t{s} * B + b, c, first_dest, 1});
+  }
+}
+
+// What every rank must agree on, as a float32-exact 24-bit hash.
+std::uint32_t transfer_fingerprint(const LbTransfer& tr, const LbPlacement& placement, int max_dests) {
+  std::uint32_t h = 2166136261u;
+  for (std::uint64_t v : {std::uint64_t(tr.direction), std::uint64_t(tr.ranks), std::uint64_t(placement.home_experts),
+                          std::uint64_t(placement.slots), std::uint64_t(tr.expert_bytes), std::uint64_t(tr.row_bytes),
+                          std::uint64_t(max_dests), std::uint64_t(tr.tokens_per_round)})
+    h = fnv(h, v);
+  for (std::int64_t m : placement.mapping) h = fnv(h, static_cast<std::uint64_t>(m));
+  return h & 0xffffffu;
+}
+
+}  // namespace
+
 LbTransfer plan_lb_transfer(LbDirection direction, const LbPlacement& placement, int ranks, std::size_t expert_bytes,
                             std::size_t row_bytes, int max_dests, std::int64_t tokens_per_round) {
   if (ranks < 1) invalid("plan_lb_transfer: ranks = " + std::to_string(ranks) + " must be >= 1");
   if (const std::string e = placement_error(placement, ranks); !e.empty()) invalid("plan_lb_transfer: " + e);
   if (row_bytes == 0 || max_dests < 1 || tokens_per_round < 1)
     invalid("plan_lb_transfer: row_bytes, max_dests and tokens_per_round must be >= 1");
-  const int L = placement.home_experts, B = placement.slots;
   LbTransfer tr;
   tr.direction = direction;
   tr.ranks = ranks;
@@ -68,32 +115,7 @@ LbTransfer plan_lb_transfer(LbDirection direction, const LbPlacement& placement,
   std::vector<std::int64_t> per_source(at(ranks), 0);
   for (int s = 0; s < ranks; ++s) {
     const size_t first = tr.tokens.size();
-    if (direction == LbDirection::kToReplicas) {
-      for (int i = 0; i < L; ++i) {
-        const std::int64_t e = std::int64_t{s} * L + i;
-        std::vector<int> to;  // ranks holding e in a slot, ascending
-        for (int d = 0; d < ranks; ++d)
-          for (int b = 0; b < B; ++b)
-            if (placement.mapping[at(d) * at(B) + at(b)] == e) {
-              to.push_back(d);
-              break;
-            }
-        const int groups_first = static_cast<int>(tr.dests.size());
-        tr.dests.insert(tr.dests.end(), to.begin(), to.end());
-        for (std::int64_t c = 0; c < tr.rows_per_expert; ++c)
-          for (size_t g = 0; g < to.size(); g += at(max_dests))
-            tr.tokens.push_back({e, c, groups_first + static_cast<int>(g),
-                                 static_cast<int>(std::min(to.size() - g, at(max_dests)))});
-      }
-    } else {
-      for (int b = 0; b < B; ++b) {
-        const std::int64_t e = placement.mapping[at(s) * at(B) + at(b)];
-        if (e < 0 || tr.rows_per_expert == 0) continue;
-        const int first_dest = static_cast<int>(tr.dests.size());
-        tr.dests.push_back(static_cast<int>(e / L));
-        for (std::int64_t c = 0; c < tr.rows_per_expert; ++c) tr.tokens.push_back({std::int64_t{s} * B + b, c, first_dest, 1});
-      }
-    }
+    append_source_tokens(tr, placement, s, max_dests);
     per_source[at(s)] = static_cast<std::int64_t>(tr.tokens.size() - first);
     tr.rounds = std::max(tr.rounds, static_cast<int>((per_source[at(s)] + tokens_per_round - 1) / tokens_per_round));
   }
@@ -105,14 +127,7 @@ LbTransfer plan_lb_transfer(LbDirection direction, const LbPlacement& placement,
     base += per_source[at(s)];
   }
   tr.offsets.back() = base;
-
-  std::uint32_t h = 2166136261u;
-  for (std::uint64_t v : {std::uint64_t(direction), std::uint64_t(ranks), std::uint64_t(L), std::uint64_t(B),
-                          std::uint64_t(expert_bytes), std::uint64_t(row_bytes), std::uint64_t(max_dests),
-                          std::uint64_t(tokens_per_round)})
-    h = fnv(h, v);
-  for (std::int64_t m : placement.mapping) h = fnv(h, static_cast<std::uint64_t>(m));
-  tr.fingerprint = h & 0xffffffu;  // exact as a float32
+  tr.fingerprint = transfer_fingerprint(tr, placement, max_dests);  // exact as a float32
   return tr;
 }
 
@@ -166,6 +181,55 @@ std::string args_error(const char* what, const std::vector<ExpertTensors>& slots
   return "";
 }
 
+// Round r of a transfer as this rank sees it: which rows it received, to be checked
+// against the table before any is delivered.
+struct TransferRound {
+  const char* what;
+  const LbTransfer& tr;
+  int r, me, P, K;
+  float mark;  // the table's fingerprint, carried in every row's weights
+};
+
+// Every received row must be a token of the table that names this rank, carrying the
+// table's fingerprint; and every such token must arrive. Calls deliver(token, row) for each.
+template <class Deliver>
+void check_and_deliver(const TransferRound& rd, const DispatchResult& d, std::int64_t H, Deliver& deliver) {
+  const LbTransfer& tr = rd.tr;
+  const int r = rd.r, me = rd.me, K = rd.K;
+  const std::int64_t N = d.recv_src.shape()[0];
+  const auto* src = d.recv_src.as<std::int64_t>();
+  const auto* ridx = d.recv_topk_idx.as<std::int64_t>();
+  const auto* rw = d.recv_topk_weights.as<float>();
+  const auto* rows = static_cast<const std::byte*>(d.recv_x.data());
+  std::int64_t expected = 0;
+  for (int s = 0; s < rd.P && r < tr.rounds; ++s)
+    for (std::int64_t t = tr.begin(s, r); t < tr.end(s, r); ++t) {
+      const LbToken& tok = tr.tokens[at(t)];
+      for (int k = 0; k < tok.num_dests; ++k) expected += tr.dests[at(tok.first_dest + k)] == me;
+    }
+  const auto mismatch = [&](std::int64_t row, const std::string& why) {
+    invalid(std::string(rd.what) + ", round " + std::to_string(r) + ": rank " + std::to_string(me) + " received row " +
+                std::to_string(row) + " " + why + "; do all ranks pass the same placement and byte sizes?",
+            row < N ? static_cast<int>(src[row * 2]) : -1);
+  };
+  if (N != expected)
+    mismatch(N, "of " + std::to_string(N) + " rows, expected " + std::to_string(expected) + " from the transfer table");
+  for (std::int64_t row = 0; row < N; ++row) {
+    const std::int64_t s = src[row * 2], t = src[row * 2 + 1];
+    if (s < 0 || s >= rd.P || r >= tr.rounds || t < 0 || t >= tr.end(static_cast<int>(s), r) - tr.begin(static_cast<int>(s), r))
+      mismatch(row, "from (rank " + std::to_string(s) + ", token " + std::to_string(t) + "), not in the table");
+    const LbToken& tok = tr.tokens[at(tr.begin(static_cast<int>(s), r) + t)];
+    bool named = false;
+    for (int k = 0; k < K; ++k)
+      if (ridx[row * K + k] == 0) named = rw[row * K + k] == rd.mark;
+    bool listed = false;
+    for (int k = 0; k < tok.num_dests; ++k) listed |= tr.dests[at(tok.first_dest + k)] == me;
+    if (!named || !listed)
+      mismatch(row, "from (rank " + std::to_string(s) + ", token " + std::to_string(t) + ") with another fingerprint");
+    deliver(tok, rows + at(row) * at(2 * H));
+  }
+}
+
 // One collective over the Buffer: every rank sends its tokens of `tr` round by round,
 // `fill(token, row)` writing each token's row (all row_bytes bytes, padding included) and `deliver(token, row)`
 // taking each received one. A rank with bad arguments (`bad` non-empty) takes part in the
@@ -205,40 +269,7 @@ void run_transfer(Buffer& buffer, const char* what, const LbTransfer& tr, const 
     // Its error is the same on every rank (the engine's rule): passed on as it is.
     DispatchResult d = buffer.dispatch(a);
     if (!bad.empty()) invalid(std::string(what) + ": rank " + std::to_string(me) + ": " + bad, me);
-    // Every received row must be a token of the table that names this rank, carrying the
-    // table's fingerprint; and every such token must arrive.
-    const std::int64_t N = d.recv_src.shape()[0];
-    const auto* src = d.recv_src.as<std::int64_t>();
-    const auto* ridx = d.recv_topk_idx.as<std::int64_t>();
-    const auto* rw = d.recv_topk_weights.as<float>();
-    const auto* rows = static_cast<const std::byte*>(d.recv_x.data());
-    std::int64_t expected = 0;
-    for (int s = 0; s < P && r < tr.rounds; ++s)
-      for (std::int64_t t = tr.begin(s, r); t < tr.end(s, r); ++t) {
-        const LbToken& tok = tr.tokens[at(t)];
-        for (int k = 0; k < tok.num_dests; ++k) expected += tr.dests[at(tok.first_dest + k)] == me;
-      }
-    const auto mismatch = [&](std::int64_t row, const std::string& why) {
-      invalid(std::string(what) + ", round " + std::to_string(r) + ": rank " + std::to_string(me) + " received row " +
-                  std::to_string(row) + " " + why + "; do all ranks pass the same placement and byte sizes?",
-              row < N ? static_cast<int>(src[row * 2]) : -1);
-    };
-    if (N != expected)
-      mismatch(N, "of " + std::to_string(N) + " rows, expected " + std::to_string(expected) + " from the transfer table");
-    for (std::int64_t row = 0; row < N; ++row) {
-      const std::int64_t s = src[row * 2], t = src[row * 2 + 1];
-      if (s < 0 || s >= P || r >= tr.rounds || t < 0 || t >= tr.end(static_cast<int>(s), r) - tr.begin(static_cast<int>(s), r))
-        mismatch(row, "from (rank " + std::to_string(s) + ", token " + std::to_string(t) + "), not in the table");
-      const LbToken& tok = tr.tokens[at(tr.begin(static_cast<int>(s), r) + t)];
-      bool named = false;
-      for (int k = 0; k < K; ++k)
-        if (ridx[row * K + k] == 0) named = rw[row * K + k] == mark;
-      bool listed = false;
-      for (int k = 0; k < tok.num_dests; ++k) listed |= tr.dests[at(tok.first_dest + k)] == me;
-      if (!named || !listed)
-        mismatch(row, "from (rank " + std::to_string(s) + ", token " + std::to_string(t) + ") with another fingerprint");
-      deliver(tok, rows + at(row) * at(2 * H));
-    }
+    check_and_deliver(TransferRound{what, tr, r, me, P, K, mark}, d, H, deliver);
   }
 }
 
