@@ -10,15 +10,9 @@ namespace epx {
 
 namespace {
 
-// The one replica rule of map_to_replicas and map_to_live_replicas: among the replicas of
-// (t, k)'s logical expert that live on a rank not in `lost` (all of them when it is empty),
-// in log2phy order, the t-th (mod their count) of those that satisfy the preference, or of
-// all of them when none or all do. Writes the physical slot (old numbering) or -1 when the
-// expert has no live replica; `dropped` counts those pairs, `dropped_tokens` the tokens
-// with at least one.
-void pick_replicas(const char* who, const std::vector<std::int64_t>& topk_idx, int num_topk, const EplbPlan& plan,
-                   const ReplicaRouting& routing, const std::vector<bool>& lost, std::vector<std::int64_t>& out,
-                   std::int64_t& dropped, std::int64_t& dropped_tokens) {
+// pick_replicas' arguments against the plan: kInvalidArgument naming `who` otherwise.
+void check_routing(const char* who, const std::vector<std::int64_t>& topk_idx, int num_topk, const EplbPlan& plan,
+                   const ReplicaRouting& routing) {
   const int P = routing.num_ranks;
   const std::string fn = who;
   if (P < 1 || plan.num_replicas % P != 0)
@@ -29,6 +23,19 @@ void pick_replicas(const char* who, const std::vector<std::int64_t>& topk_idx, i
                                                  " outside [0, " + std::to_string(plan.layers) + ")");
   if (num_topk < 1 || topk_idx.size() % static_cast<std::size_t>(num_topk) != 0)
     throw Error(ErrorCode::kInvalidArgument, fn + ": topk_idx size is not a multiple of num_topk");
+}
+
+// The one replica rule of map_to_replicas and map_to_live_replicas: among the replicas of
+// (t, k)'s logical expert that live on a rank not in `lost` (all of them when it is empty),
+// in log2phy order, the t-th (mod their count) of those that satisfy the preference, or of
+// all of them when none or all do. Writes the physical slot (old numbering) or -1 when the
+// expert has no live replica; `dropped` counts those pairs, `dropped_tokens` the tokens
+// with at least one.
+void pick_replicas(const char* who, const std::vector<std::int64_t>& topk_idx, int num_topk, const EplbPlan& plan,
+                   const ReplicaRouting& routing, const std::vector<bool>& lost, std::vector<std::int64_t>& out,
+                   std::int64_t& dropped, std::int64_t& dropped_tokens) {
+  check_routing(who, topk_idx, num_topk, plan, routing);
+  const int P = routing.num_ranks;
   const int per_rank = plan.num_replicas / P;
   const int per_server = std::max(1, routing.ranks_per_server);
   const std::size_t E = static_cast<std::size_t>(plan.logical_experts);
