@@ -36,6 +36,34 @@ void throw_if_failed(const std::vector<const NotifyHeader*>& headers, int me) {
   spi::throw_agreed_error("", all, me);
 }
 
+// What every rank's header must agree on beyond the failure flags: the handle of the same
+// dispatch and the rows' dtype (the same error on every rank: they read the same headers).
+void check_same_call(const std::vector<const NotifyHeader*>& header) {
+  const int P = static_cast<int>(header.size());
+  // Every rank must pass the handle of the same dispatch; a rank with an older one than
+  // the newest in use holds a stale handle and is the rank at fault.
+  std::uint64_t newest = 0;
+  for (const NotifyHeader* hs : header) newest = std::max(newest, hs->handle_epoch);
+  for (int s = 0; s < P; ++s) {
+    const NotifyHeader& hs = *header[static_cast<std::size_t>(s)];
+    if (hs.handle_epoch != newest)
+      throw Error(ErrorCode::kBadHandle,
+                  "rank " + std::to_string(s) + ": passes a stale handle (of collective call #" +
+                      std::to_string(hs.handle_epoch) + ") while other ranks pass the handle of call #" +
+                      std::to_string(newest) + "; every rank must pass the handle of the same dispatch",
+                  s);
+  }
+  const NotifyHeader& h0 = *header[0];
+  for (int s = 1; s < P; ++s) {
+    const NotifyHeader& hs = *header[static_cast<std::size_t>(s)];
+    if (hs.dtype != h0.dtype)
+      throw Error(ErrorCode::kDtypeMismatch,
+                  "rank " + std::to_string(s) + ": dispatches " + to_string(static_cast<DType>(hs.dtype)) +
+                      " rows but rank 0 dispatches " + to_string(static_cast<DType>(h0.dtype)),
+                  s);
+  }
+}
+
 }  // namespace
 
 Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& status, const NotifyHeader& in,
@@ -76,28 +104,7 @@ Buffer::Impl::Peers Buffer::Impl::exchange_headers(const detail::MaybeStatus& st
   }
   // Every rank sees the same headers, so every rank throws the same error.
   throw_if_failed(peers.header, rank);
-  // Every rank must pass the handle of the same dispatch; a rank with an older one than
-  // the newest in use holds a stale handle and is the rank at fault.
-  std::uint64_t newest = 0;
-  for (const NotifyHeader* hs : peers.header) newest = std::max(newest, hs->handle_epoch);
-  for (int s = 0; s < P; ++s) {
-    const NotifyHeader& hs = *peers.header[static_cast<std::size_t>(s)];
-    if (hs.handle_epoch != newest)
-      throw Error(ErrorCode::kBadHandle,
-                  "rank " + std::to_string(s) + ": passes a stale handle (of collective call #" +
-                      std::to_string(hs.handle_epoch) + ") while other ranks pass the handle of call #" +
-                      std::to_string(newest) + "; every rank must pass the handle of the same dispatch",
-                  s);
-  }
-  const NotifyHeader& h0 = *peers.header[0];
-  for (int s = 1; s < P; ++s) {
-    const NotifyHeader& hs = *peers.header[static_cast<std::size_t>(s)];
-    if (hs.dtype != h0.dtype)
-      throw Error(ErrorCode::kDtypeMismatch,
-                  "rank " + std::to_string(s) + ": dispatches " + to_string(static_cast<DType>(hs.dtype)) +
-                      " rows but rank 0 dispatches " + to_string(static_cast<DType>(h0.dtype)),
-                  s);
-  }
+  check_same_call(peers.header);
   return peers;
 }
 

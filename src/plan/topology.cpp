@@ -101,6 +101,20 @@ int field(const json& entry, const char* key, std::size_t index, const std::stri
   return static_cast<int>(v);
 }
 
+// A table of p entries names rank r >= p, so some rank below p is missing: name one.
+[[noreturn]] void fail_out_of_range(const json& ranks, int r, const std::string& where) {
+  const std::size_t p = ranks.size();
+  std::vector<bool> listed(p, false);
+  for (const json& other : ranks)
+    if (const auto o = other.find("rank"); o != other.end() && o->is_number_unsigned() && o->get<std::uint64_t>() < p)
+      listed[o->get<std::size_t>()] = true;
+  std::size_t missing = 0;
+  while (missing < p && listed[missing]) ++missing;
+  fail(where, "rank " + std::to_string(r) + " is out of range and rank " + std::to_string(missing) +
+                  " is missing; a table of " + std::to_string(p) + " entries must list ranks 0.." +
+                  std::to_string(p - 1) + " once each");
+}
+
 }  // namespace
 
 Topology load_topology(const std::string& spec, int num_ranks) {
@@ -153,18 +167,7 @@ Topology parse_topology_json(const std::string& text, const std::string& where) 
         fail(where, "ranks[" + std::to_string(i) + "] has unknown key \"" + key +
                         "\"; expected rank, server, frame, row, column, lane, group");
     const int r = field(e, "rank", i, where, true, 0);
-    if (static_cast<std::size_t>(r) >= p) {
-      // With p entries, a rank >= p means some rank below p is missing: name one.
-      std::vector<bool> listed(p, false);
-      for (const json& other : *ranks)
-        if (const auto o = other.find("rank"); o != other.end() && o->is_number_unsigned() && o->get<std::uint64_t>() < p)
-          listed[o->get<std::size_t>()] = true;
-      std::size_t missing = 0;
-      while (missing < p && listed[missing]) ++missing;
-      fail(where, "rank " + std::to_string(r) + " is out of range and rank " + std::to_string(missing) +
-                      " is missing; a table of " + std::to_string(p) + " entries must list ranks 0.." +
-                      std::to_string(p - 1) + " once each");
-    }
+    if (static_cast<std::size_t>(r) >= p) fail_out_of_range(*ranks, r, where);
     if (seen[static_cast<std::size_t>(r)])
       fail(where, "rank " + std::to_string(r) + " is duplicated; expected ranks 0.." + std::to_string(p - 1) +
                       " once each");
