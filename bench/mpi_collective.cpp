@@ -105,15 +105,8 @@ void call(const Options& o, Tensors& t, int P) {
   }
 }
 
-}  // namespace
-
-int run(int argc, char** argv) {
-  const Options o = parse(argc, argv);
-  int rank = 0, P = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &P);
-  const std::size_t each = epx_collective::tensor_bytes(o.bytes, o.tensors, P);
-  Tensors t = make_tensors(o, rank, P, each);
+// The timed loop: each iteration starts from the pristine inputs; latencies in us.
+std::vector<double> time_calls(const Options& o, Tensors& t, int P) {
   std::vector<double> lat;
   for (int it = 0; it < o.warmup + o.iters; ++it) {
     for (std::size_t k = 0; k < t.in.size(); ++k) std::copy(t.pristine[k].begin(), t.pristine[k].end(), t.in[k].begin());
@@ -123,6 +116,49 @@ int run(int argc, char** argv) {
     const double t1 = now_us();
     if (it >= o.warmup) lat.push_back(t1 - t0);
   }
+  return lat;
+}
+
+// Rank 0's JSON: every rank's latencies (gathered as [P][iters]), hashes and samples.
+nlohmann::json report(const Options& o, int P, std::size_t each, const std::vector<double>& all, std::size_t iters,
+                      const std::vector<unsigned long long>& hashes, const std::vector<float>& all_samples) {
+  const std::size_t per_rank_samples = all_samples.size() / static_cast<std::size_t>(P);
+  nlohmann::json j;
+  j["op"] = o.op;
+  j["ranks"] = P;
+  j["tensor_bytes"] = each;
+  j["tensors"] = o.tensors;
+  std::vector<double> mx(iters, 0);
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < P; ++r) {
+    double sum = 0;
+    for (std::size_t i = 0; i < iters; ++i) {
+      const double v = all[static_cast<std::size_t>(r) * iters + i];
+      mx[i] = std::max(mx[i], v);
+      sum += v;
+    }
+    char hex[24];
+    std::snprintf(hex, sizeof hex, "0x%016llx", hashes[static_cast<std::size_t>(r)]);
+    const auto first = all_samples.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * per_rank_samples);
+    ranks.push_back({{"avg_us", sum / static_cast<double>(iters)}, {"hash", hex},
+                     {"samples", std::vector<float>(first, first + static_cast<std::ptrdiff_t>(per_rank_samples))}});
+  }
+  j["max_rank_us"] = stats(mx);
+  j["max_rank_series_us"] = mx;
+  j["ranks_detail"] = ranks;
+  return j;
+}
+
+}  // namespace
+
+int run(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  int rank = 0, P = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  const std::size_t each = epx_collective::tensor_bytes(o.bytes, o.tensors, P);
+  Tensors t = make_tensors(o, rank, P, each);
+  const std::vector<double> lat = time_calls(o, t, P);
   // The outputs of the last iteration: hash and samples.
   std::uint64_t h = 1469598103934665603ull;
   std::vector<float> samples;
@@ -141,31 +177,8 @@ int run(int argc, char** argv) {
   MPI_Gather(samples.data(), static_cast<int>(samples.size()), MPI_FLOAT, all_samples.data(), static_cast<int>(samples.size()),
              MPI_FLOAT, 0, MPI_COMM_WORLD);
   if (rank != 0) return 0;
-  nlohmann::json j;
-  j["op"] = o.op;
-  j["ranks"] = P;
-  j["tensor_bytes"] = each;
-  j["tensors"] = o.tensors;
-  std::vector<double> mx(lat.size(), 0);
-  nlohmann::json ranks = nlohmann::json::array();
-  for (int r = 0; r < P; ++r) {
-    double sum = 0;
-    for (std::size_t i = 0; i < lat.size(); ++i) {
-      const double v = all[static_cast<std::size_t>(r) * lat.size() + i];
-      mx[i] = std::max(mx[i], v);
-      sum += v;
-    }
-    char hex[24];
-    std::snprintf(hex, sizeof hex, "0x%016llx", hashes[static_cast<std::size_t>(r)]);
-    ranks.push_back({{"avg_us", sum / static_cast<double>(lat.size())}, {"hash", hex},
-                     {"samples", std::vector<float>(all_samples.begin() + static_cast<std::ptrdiff_t>(r * samples.size()),
-                                                    all_samples.begin() + static_cast<std::ptrdiff_t>((r + 1) * samples.size()))}});
-  }
-  j["max_rank_us"] = stats(mx);
-  j["max_rank_series_us"] = mx;
-  j["ranks_detail"] = ranks;
   std::ofstream f(o.json);
-  f << j.dump(1) << "\n";
+  f << report(o, P, each, all, lat.size(), hashes, all_samples).dump(1) << "\n";
   return f.good() ? 0 : 1;
 }
 
