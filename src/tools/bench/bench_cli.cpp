@@ -1,12 +1,15 @@
 // `epx bench` on the command line: its options (CLI11) and the --help footer.
 #include "bench/bench_cli.hpp"
 
+#include <string>
+
 #include "dataplane_cli.hpp"
 
 namespace epx::tools {
 
-const char* bench_definitions() {
-  return R"(What the numbers count (the same way on every run):
+// The --help footer, in three pieces joined once: what is timed
+// and counted; how a run can be shaped and read; the baselines, collectives and routing.
+constexpr const char kMeasures[] = R"(What the numbers count (the same way on every run):
   latency      wall time of one dispatch() or combine() call on one rank (CLOCK_MONOTONIC),
                after a barrier that aligns the ranks; warmup iterations are not counted.
   max-rank     per iteration, the largest latency over the ranks (what a training step waits
@@ -48,7 +51,8 @@ const char* bench_definitions() {
                workers (every put counts on exactly one queue); wait = the senders' quiet()
                wait for that queue's puts to complete, summed over a rank's workers, avg
                over ranks (~0 on shm/threads, where a put completes when it returns).
-  data plane   --topology --schedule --queues --queue-split --aggregate --protocol set
+)";
+constexpr const char kRunShapes[] = R"(  data plane   --topology --schedule --queues --queue-split --aggregate --protocol set
                BufferConfig::dataplane on every rank (epx/dataplane.hpp). All choices give
                the same results; they differ in put order, put count and synchronisation.
   sweep        --sweep KEY=V1,V2,... (repeatable): one full bench (same warmup, iterations,
@@ -81,14 +85,15 @@ const char* bench_definitions() {
   diagnose     --diagnose: matrix[src][dst] = us per call that rank dst waited for rank
                src's header and rows in the timed loop (epx::Diagnose over the Buffer's
                PeerWaits, exchanged on an endpoint of its own); abnormal rows (slow
-               sources) and columns (slow destinations) at 3x the mean of the row / column
-               means, points (slow links) at 5x the matrix mean (DeepEP's rule,
-               docs/diagnose.md). JSON: "diagnose"; every rank's pid and node: "ranks".
+               sources) and columns (slow destinations) at 3x the mean of the OTHER rows /
+               columns, points (slow links) at 5x the mean of the other links, outside
+               abnormal rows and columns and above an absolute floor (docs/diagnose.md). JSON: "diagnose"; every rank's pid and node: "ranks".
   span, skew   per iteration, first rank's call start to last rank's call end, and the spread
                of the call starts (how well the barrier aligned the ranks).
   slowest rank the rank with the highest avg latency (per op; for the route histogram: of
                dispatch + combine). "dominant" = the phase with the most time.
-  baseline     --baseline mpi: epx_mpi_baseline (MPI_Alltoallv) on the same routing and
+)";
+constexpr const char kInputs[] = R"(  baseline     --baseline mpi: epx_mpi_baseline (MPI_Alltoallv) on the same routing and
                iterations, each op timed after an MPI_Barrier, the same max-rank and
                percentile definitions; speed ratio = MPI time / epx time (> 1: epx faster).
                The outputs are compared by FNV-1a 64 hashes of every rank's recv_x and of
@@ -128,6 +133,10 @@ const char* bench_definitions() {
                with the most rows; planned load = the planner's per-GPU load (slots,
                eplb_gpu_load*). Every physical slot is checked to map back (phy2log) to the
                logical expert it came from.)";
+
+const char* bench_definitions() {
+  static const std::string text = std::string(kMeasures) + kRunShapes + kInputs;
+  return text.c_str();
 }
 
 namespace {
