@@ -283,7 +283,10 @@ std::size_t NpyArray::itemsize() const {
 
 namespace {
 
-NpyArray read_npy_impl(const std::filesystem::path& path, bool with_data) {
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+// `path` opened for reading if it is a regular file; its size in *size.
+File open_regular(const std::filesystem::path& path, std::uintmax_t* size) {
   // O_NONBLOCK: a FIFO given as an input must not block the open; only regular files are read.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail_io(path, std::string("cannot open: ") + std::strerror(errno));
@@ -294,61 +297,51 @@ NpyArray read_npy_impl(const std::filesystem::path& path, bool with_data) {
     fail_io(path, dir ? "is a directory" : "is not a regular file (a device, FIFO or socket)");
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  std::unique_ptr<std::FILE, FileCloser> file(::fdopen(fd, "rb"));
+  File file(::fdopen(fd, "rb"));
   if (!file) {
     ::close(fd);
     fail_io(path, std::string("cannot open: ") + std::strerror(errno));
   }
-  std::FILE* f = file.get();
+  *size = static_cast<std::uintmax_t>(st.st_size);
+  return file;
+}
 
-  auto read_exact = [&](void* dst, std::size_t n, const char* what) {
-    const std::size_t got = std::fread(dst, 1, n, f);
-    if (got != n) {
-      if (std::ferror(f)) fail_io(path, std::string("read error in ") + what + ": " + std::strerror(errno));
-      fail_io(path, std::string("truncated file: ") + what + " needs " + std::to_string(n) + " bytes, only " +
-                        std::to_string(got) + " present");
-    }
-  };
-
-  unsigned char prefix[8];
-  {
-    const std::size_t got = std::fread(prefix, 1, sizeof prefix, f);
-    if (got >= kMagicLen && std::memcmp(prefix, kMagic, kMagicLen) != 0) fail_io(path, "bad magic: not a .npy file");
-    if (got < kMagicLen) {
-      if (std::memcmp(prefix, kMagic, got) != 0) fail_io(path, "bad magic: not a .npy file");
-      fail_io(path, "truncated file: " + std::to_string(got) + " bytes, shorter than the .npy magic");
-    }
-    if (got < sizeof prefix) fail_io(path, "truncated file: no format version");
+// Exactly n bytes of f into dst, or an error naming `what` (a read error, or how short it was).
+void read_exact(std::FILE* f, const std::filesystem::path& path, void* dst, std::size_t n, const char* what) {
+  const std::size_t got = std::fread(dst, 1, n, f);
+  if (got != n) {
+    if (std::ferror(f)) fail_io(path, std::string("read error in ") + what + ": " + std::strerror(errno));
+    fail_io(path, std::string("truncated file: ") + what + " needs " + std::to_string(n) + " bytes, only " +
+                      std::to_string(got) + " present");
   }
+}
+
+// The magic, the version and the header length; returns the header's length, and in
+// *prefix_len the bytes before it (10 for version 1.0, else 12).
+std::size_t read_prefix(std::FILE* f, const std::filesystem::path& path, std::size_t* prefix_len) {
+  unsigned char prefix[8];
+  const std::size_t got = std::fread(prefix, 1, sizeof prefix, f);
+  if (got >= kMagicLen && std::memcmp(prefix, kMagic, kMagicLen) != 0) fail_io(path, "bad magic: not a .npy file");
+  if (got < kMagicLen) {
+    if (std::memcmp(prefix, kMagic, got) != 0) fail_io(path, "bad magic: not a .npy file");
+    fail_io(path, "truncated file: " + std::to_string(got) + " bytes, shorter than the .npy magic");
+  }
+  if (got < sizeof prefix) fail_io(path, "truncated file: no format version");
   const int major = prefix[6];
   const int minor = prefix[7];
   if (!((major == 1 || major == 2 || major == 3) && minor == 0)) {
     fail_io(path, "unsupported format version " + std::to_string(major) + "." + std::to_string(minor) +
                       " (1.0, 2.0 and 3.0 are supported)");
   }
-  std::size_t header_len = 0;
-  if (major == 1) {
-    unsigned char b[2];
-    read_exact(b, 2, "the header length");
-    header_len = static_cast<std::size_t>(b[0]) | (static_cast<std::size_t>(b[1]) << 8);
-  } else {
-    unsigned char b[4];
-    read_exact(b, 4, "the header length");
-    header_len = static_cast<std::size_t>(b[0]) | (static_cast<std::size_t>(b[1]) << 8) |
-                 (static_cast<std::size_t>(b[2]) << 16) | (static_cast<std::size_t>(b[3]) << 24);
-  }
-  // Guard against a bogus length before allocating.
-  const std::error_code size_ec;  // the size comes from the fstat of the open file
-  const auto file_size = static_cast<std::uintmax_t>(st.st_size);
-  const std::size_t prefix_len = major == 1 ? 10 : 12;
-  if (!size_ec && header_len > file_size - std::min<std::uintmax_t>(file_size, prefix_len)) {
-    fail_io(path, "truncated file: header length " + std::to_string(header_len) + " exceeds the file size " +
-                      std::to_string(file_size));
-  }
-  std::string header(header_len, '\0');
-  read_exact(header.data(), header_len, "the header");
+  unsigned char b[4] = {0, 0, 0, 0};
+  read_exact(f, path, b, major == 1 ? 2 : 4, "the header length");
+  *prefix_len = major == 1 ? 10 : 12;
+  return static_cast<std::size_t>(b[0]) | (static_cast<std::size_t>(b[1]) << 8) |
+         (static_cast<std::size_t>(b[2]) << 16) | (static_cast<std::size_t>(b[3]) << 24);
+}
 
-  const Header h = parse_header(header, path);
+// The header's dtype in epx's normal form, or an error naming what is not supported.
+std::string supported_descr(const Header& h, const std::filesystem::path& path) {
   const std::string descr = normalize_npy_descr(h.descr);
   if (descr.empty()) {
     if (h.descr.size() == 3 && h.descr[0] == '>' && !normalize_npy_descr("<" + h.descr.substr(1)).empty()) {
@@ -358,26 +351,43 @@ NpyArray read_npy_impl(const std::filesystem::path& path, bool with_data) {
             "unsupported dtype '" + h.descr + "' (supported: <u2 |u1 <f4 <f8 <i8 <i4 |b1 <u8 <i2 |i1, little-endian)");
   }
   if (h.fortran_order) fail_io(path, "fortran_order True (column-major) arrays are not supported");
+  return descr;
+}
+
+NpyArray read_npy_impl(const std::filesystem::path& path, bool with_data) {
+  std::uintmax_t file_size = 0;
+  const File file = open_regular(path, &file_size);
+  std::FILE* f = file.get();
+  std::size_t prefix_len = 0;
+  const std::size_t header_len = read_prefix(f, path, &prefix_len);
+  // Guard against a bogus length before allocating.
+  if (header_len > file_size - std::min<std::uintmax_t>(file_size, prefix_len)) {
+    fail_io(path, "truncated file: header length " + std::to_string(header_len) + " exceeds the file size " +
+                      std::to_string(file_size));
+  }
+  std::string header(header_len, '\0');
+  read_exact(f, path, header.data(), header_len, "the header");
+  const Header h = parse_header(header, path);
 
   NpyArray out;
-  out.descr = descr;
+  out.descr = supported_descr(h, path);
   out.shape = h.shape;
   const auto numel = checked_numel(out.shape, out.itemsize());
   if (!numel) fail_io(path, "invalid shape " + shape_repr(out.shape));
   const auto nbytes = static_cast<std::uint64_t>(*numel) * out.itemsize();
   const std::uint64_t data_offset = prefix_len + header_len;
-  if (!size_ec && file_size != data_offset + nbytes) {
+  if (file_size != data_offset + nbytes) {
     const std::uint64_t present = file_size - data_offset;
     fail_io(path, std::string(present < nbytes ? "truncated file" : "data size does not match the shape") + ": shape " +
-                      shape_repr(out.shape) + " of " + descr + " needs " + std::to_string(nbytes) +
+                      shape_repr(out.shape) + " of " + out.descr + " needs " + std::to_string(nbytes) +
                       " data bytes, the file has " + std::to_string(present));
   }
   if (!with_data) return out;
   out.data.resize(static_cast<std::size_t>(nbytes));
-  read_exact(out.data.data(), out.data.size(), "the data");
+  read_exact(f, path, out.data.data(), out.data.size(), "the data");
   if (std::fgetc(f) != EOF) {
     fail_io(path, "data size does not match the shape: more than " + std::to_string(nbytes) + " data bytes for shape " +
-                      shape_repr(out.shape) + " of " + descr);
+                      shape_repr(out.shape) + " of " + out.descr);
   }
   return out;
 }
