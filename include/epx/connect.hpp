@@ -20,12 +20,15 @@
 namespace epx {
 
 enum class ConnectKind {
-  kAuto,   ///< shm when every rank is on one node (discover_nodes), else shmem
+  kAuto,   ///< shm when every rank is on one node (discover_nodes); across nodes shmem when
+           ///< oshrun/mpirun started the process and the build has OpenSHMEM, else ucx
   kShm,    ///< POSIX shared memory; every rank must be on one node
   kShmem,  ///< OpenSHMEM (Open MPI's oshmem over UCX); the process was started by oshrun/mpirun
+  kUcx,    ///< UCX (UCP) directly, any launcher: UCX's shared memory within a machine, TCP (or
+           ///< RDMA where present) across; UCX_TLS / UCX_NET_DEVICES choose (docs/transport.md)
 };
 
-/// "auto" | "shm" | "shmem"; throws kInvalidArgument naming the accepted values otherwise.
+/// "auto" | "shm" | "shmem" | "ucx"; throws kInvalidArgument naming the accepted values otherwise.
 ConnectKind parse_connect_kind(std::string_view name);
 const char* to_string(ConnectKind kind) noexcept;
 
@@ -42,5 +45,14 @@ struct ConnectOptions {
 /// kUnsupported when this build lacks the transport, kInvalidArgument when the ranks'
 /// layout cannot use it (shm across nodes), kPeerFailed / kTimeout as any setup does.
 std::unique_ptr<Transport> connect(Bootstrap& bootstrap, const ConnectOptions& options);
+
+/// True when this build has the UCX transport (CMake option EPX_WITH_UCX, on when pkg-config
+/// finds UCX).
+bool ucx_available() noexcept;
+
+/// What kAuto picks for ranks spread over `num_nodes` nodes: kShm on one node; across nodes
+/// kShmem when `under_open_mpi` (oshrun/mpirun started the process) and `shmem_built`, else
+/// kUcx. Pure, for tests; connect() passes this process's facts.
+ConnectKind auto_connect_kind(int num_nodes, bool under_open_mpi, bool shmem_built) noexcept;
 
 }  // namespace epx

@@ -1,0 +1,555 @@
+#include "ucx/ucx_transport.hpp"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "epx/error.hpp"
+#include "epx/spi/backoff.hpp"
+#include "epx/spi/copy.hpp"
+#include "epx/spi/resources.hpp"
+
+namespace epx::detail {
+namespace {
+
+constexpr std::size_t kPage = 4096;
+// Pauses a wait takes before it yields (spi::Backoff): each look also progresses the worker,
+// so a look costs more than a mapped transport's and it spins less (as the shmem transport).
+constexpr int kNetworkSpins = 64;
+// How often a yielding wait calls ConnectOptions::wait_hook (the Python binding's Ctrl-C).
+constexpr auto kHookEvery = std::chrono::milliseconds(50);
+std::size_t round_page(std::size_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+std::string status_text(ucs_status_t s) { return ucs_status_string(s); }
+
+std::string hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+}  // namespace
+
+// What a transport and its endpoints share: the UCP context, the worker, one UCP endpoint
+// per peer, who the peers are, and which of them failed.
+class UcxGroup {
+ public:
+  UcxGroup(Bootstrap& boot, const ConnectOptions& options);
+  ~UcxGroup();
+  UcxGroup(const UcxGroup&) = delete;
+  UcxGroup& operator=(const UcxGroup&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const TransportCaps& caps() const noexcept { return caps_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  ucp_context_h context() const noexcept { return context_; }
+  ucp_ep_h ep(int peer) noexcept {
+    touched_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
+    return eps_[static_cast<std::size_t>(peer)];
+  }
+  void progress() noexcept { ucp_worker_progress(worker_); }
+  void fence(int peer);
+  void note(const char* phase) noexcept { phase_.store(phase, std::memory_order_relaxed); }
+
+  /// A non-blocking call's result: a request is handed back to UCX (completion is learned
+  /// by the next flush); an error means the peer's endpoint failed.
+  void settle(ucs_status_ptr_t r, int peer, const char* what);
+  /// Every operation this worker issued to a peer it talked to is complete at the target.
+  void flush(std::uint64_t* lap_ns);
+  /// Between looks of a wait: the awaited peer's endpoint failed, or the caller's hook.
+  void check_waiting(const WaitPoint& where, bool yielding);
+  [[noreturn]] void fail_timeout(const WaitPoint& where) const;
+  bool broken() const noexcept { return broken_.load(std::memory_order_relaxed); }
+  /// Collective: every rank's `mine`, with the worker progressed meanwhile (a peer may still
+  /// be completing puts into this rank, which over TCP needs this rank's progress).
+  std::vector<std::string> exchange(const std::string& mine);
+  /// "rank 3 (node 1 'host-b', another machine)"; -1: "the other ranks".
+  std::string describe(int peer) const;
+
+ private:
+  struct PeerState {
+    UcxGroup* group = nullptr;
+    int peer = -1;
+  };
+  static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  void make_context();
+  void make_worker();
+  void connect_endpoints();
+  void close_endpoints() noexcept;
+  [[noreturn]] void fail_peer(int peer, ucs_status_t status, const char* what) const;
+
+  Bootstrap& boot_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::function<void()> hook_;
+  TransportCaps caps_;
+  std::vector<int> node_of_rank_;
+  std::vector<std::string> hosts_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<ucp_ep_h> eps_;                       // [P], nullptr for this rank (puts to it are copies)
+  std::unique_ptr<PeerState[]> peer_state_;         // [P] the error handler's argument
+  std::unique_ptr<std::atomic<int>[]> failed_;      // [P] ucs_status_t of a failed endpoint, else 0
+  std::unique_ptr<std::atomic<bool>[]> touched_;    // [P] an operation ever went to this peer
+  std::atomic<const char*> phase_{"setup"};
+  // A wait or flush failed: teardown skips its flushes, which would wait for the same peers.
+  mutable std::atomic<bool> broken_{false};
+};
+
+UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
+    : boot_(boot), rank_(boot.rank()), size_(boot.size()), timeout_(options.timeout), hook_(options.wait_hook) {
+  const auto P = static_cast<std::size_t>(size_);
+  node_of_rank_ = discover_nodes(boot).node_of_rank;
+  hosts_ = allgather_strings(boot, hostname());
+  peer_state_.reset(new PeerState[P]);
+  failed_.reset(new std::atomic<int>[P]);
+  touched_.reset(new std::atomic<bool>[P]);
+  for (std::size_t p = 0; p < P; ++p) peer_state_[p] = {this, static_cast<int>(p)}, failed_[p] = 0, touched_[p] = false;
+  caps_.name = "ucx";
+  caps_.ordered_signal_per_queue = true;  // ucp_worker_fence before the signal's put
+  caps_.max_queues = 64;                  // queues are labels here: a flush completes all of them
+  caps_.flagged_puts = true;              // bytes, fence, the flag's put
+  caps_.one_sided_get = true;             // ucp_get_nbx, completed by the flush
+  try {
+    make_context();
+    make_worker();
+    connect_endpoints();
+  } catch (...) {
+    close_endpoints();
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+    throw;
+  }
+}
+
+UcxGroup::~UcxGroup() {
+  try {
+    if (!broken()) flush(nullptr);  // this rank's last signals reach their peers before the connections close
+  } catch (const Error&) {
+    // A peer that is gone cannot receive them anyway.
+  }
+  close_endpoints();
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(context_);
+}
+
+void UcxGroup::make_context() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) + ": ucx: ucp_config_read failed: " + status_text(s));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+  params.features = UCP_FEATURE_RMA;
+  params.mt_workers_shared = 0;
+  params.estimated_num_eps = static_cast<std::size_t>(size_);
+  s = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (s != UCS_OK) {
+    context_ = nullptr;
+    throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) + ": ucx: ucp_init failed: " + status_text(s) +
+                                             " (UCX_TLS / UCX_NET_DEVICES name no usable transport?)");
+  }
+}
+
+void UcxGroup::make_worker() {
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_MULTI;  // the engine's workers put and quiet from several threads
+  ucs_status_t s = ucp_worker_create(context_, &wp, &worker_);
+  if (s != UCS_OK) {
+    worker_ = nullptr;
+    throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) + ": ucx: ucp_worker_create failed: " + status_text(s));
+  }
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+  if (ucp_worker_query(worker_, &attr) != UCS_OK || attr.thread_mode != UCS_THREAD_MODE_MULTI)
+    throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) +
+                                             ": ucx: the worker is not thread-safe (UCS_THREAD_MODE_MULTI), which epx's "
+                                             "workers need: this UCX was built without --enable-mt");
+}
+
+// Every rank publishes its worker's address; each makes an endpoint to every other rank.
+// The connections are wired up lazily, by the first operation (both sides progress then).
+void UcxGroup::connect_endpoints() {
+  ucp_address_t* address = nullptr;
+  std::size_t length = 0;
+  ucs_status_t s = ucp_worker_get_address(worker_, &address, &length);
+  if (s != UCS_OK) throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank_) + ": ucx: ucp_worker_get_address failed: " + status_text(s));
+  const std::string mine(reinterpret_cast<const char*>(address), length);
+  ucp_worker_release_address(worker_, address);
+  const std::vector<std::string> all = allgather_strings(boot_, mine);
+  eps_.assign(static_cast<std::size_t>(size_), nullptr);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(all[static_cast<std::size_t>(p)].data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a lost peer fails its endpoint instead of the process
+    ep.err_handler.cb = &UcxGroup::on_error;
+    ep.err_handler.arg = &peer_state_[static_cast<std::size_t>(p)];
+    s = ucp_ep_create(worker_, &ep, &eps_[static_cast<std::size_t>(p)]);
+    if (s != UCS_OK) {
+      eps_[static_cast<std::size_t>(p)] = nullptr;
+      throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank_) + ": ucx: cannot make an endpoint to " + describe(p) +
+                                              ": " + status_text(s) + " (no common transport: see UCX_TLS / UCX_NET_DEVICES)", p);
+    }
+  }
+}
+
+// Forced: the flush before it delivered what this rank sent; a peer still connected sees the
+// connection close (its endpoint to this rank fails, which matters only if it waits for this
+// rank again).
+void UcxGroup::close_endpoints() noexcept {
+  for (ucp_ep_h& ep : eps_) {
+    if (ep == nullptr) continue;
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
+    if (UCS_PTR_IS_PTR(r)) {
+      while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+      ucp_request_free(r);
+    }
+    ep = nullptr;
+  }
+}
+
+void UcxGroup::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* st = static_cast<PeerState*>(arg);
+  int ok = 0;
+  st->group->failed_[static_cast<std::size_t>(st->peer)].compare_exchange_strong(ok, static_cast<int>(status));
+}
+
+void UcxGroup::fence(int) {
+  // Worker-wide (every thread's earlier operations, to every peer): a superset of what the
+  // ordered signal needs, and UCX offers no cheaper per-endpoint fence.
+  const ucs_status_t s = ucp_worker_fence(worker_);
+  if (s != UCS_OK) throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank_) + ": ucx: ucp_worker_fence failed: " + status_text(s));
+}
+
+void UcxGroup::settle(ucs_status_ptr_t r, int peer, const char* what) {
+  if (r == nullptr) return;
+  if (UCS_PTR_IS_ERR(r)) fail_peer(peer, UCS_PTR_STATUS(r), what);
+  ucp_request_free(r);  // completes internally; the next flush waits for it
+}
+
+void UcxGroup::fail_peer(int peer, ucs_status_t status, const char* what) const {
+  broken_.store(true, std::memory_order_relaxed);
+  throw Error(ErrorCode::kPeerFailed,
+              "rank " + std::to_string(rank_) + ": ucx: " + what + " to " + describe(peer) + " failed in phase '" +
+                  phase_.load(std::memory_order_relaxed) + "': " + status_text(status) +
+                  " (the peer ended or died, or the link to its machine is down)",
+              peer);
+}
+
+std::string UcxGroup::describe(int peer) const {
+  if (peer < 0 || peer >= size_) return "the other ranks";
+  const auto p = static_cast<std::size_t>(peer);
+  const bool same = node_of_rank_[p] == node_of_rank_[static_cast<std::size_t>(rank_)];
+  return "rank " + std::to_string(peer) + " (node " + std::to_string(node_of_rank_[p]) + " '" + hosts_[p] + "', " +
+         (same ? "this machine)" : "another machine)");
+}
+
+// One flush request per peer this worker talked to; each completion is that peer's lap.
+void UcxGroup::flush(std::uint64_t* lap_ns) {
+  struct Pending {
+    int peer;
+    void* request;
+  };
+  std::vector<Pending> pending;
+  ucp_request_param_t prm{};
+  for (int p = 0; p < size_; ++p) {
+    const auto up = static_cast<std::size_t>(p);
+    if (p == rank_ || !touched_[up].load(std::memory_order_relaxed)) continue;
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(eps_[up], &prm);
+    if (UCS_PTR_IS_ERR(r)) fail_peer(p, UCS_PTR_STATUS(r), "completing puts");
+    if (r != nullptr) pending.push_back({p, r});
+  }
+  auto since = std::chrono::steady_clock::now();
+  const auto deadline = since + timeout_;
+  for (unsigned i = 0; !pending.empty(); ++i) {
+    ucp_worker_progress(worker_);
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = pending.begin(); it != pending.end();) {
+      const ucs_status_t s = ucp_request_check_status(it->request);
+      if (s == UCS_INPROGRESS) {
+        ++it;
+        continue;
+      }
+      ucp_request_free(it->request);
+      const int peer = it->peer;
+      it = pending.erase(it);
+      if (s != UCS_OK) {
+        for (const Pending& q : pending) ucp_request_free(q.request);
+        fail_peer(peer, s, "completing puts");
+      }
+      if (lap_ns != nullptr) lap_ns[peer] += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count());
+      since = now;
+    }
+    if (pending.empty()) break;
+    if (now >= deadline) {
+      std::string who;
+      for (const Pending& q : pending) who += (who.empty() ? "" : ", ") + describe(q.peer), ucp_request_free(q.request);
+      broken_.store(true, std::memory_order_relaxed);
+      throw Error(ErrorCode::kTimeout,
+                  "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) + " ms in phase '" +
+                      phase_.load(std::memory_order_relaxed) + "' completing puts to " + who +
+                      " (ucx transport: the peer stopped progressing, or the link to its machine is down)",
+                  pending.front().peer);
+    }
+    if (i >= 64) sched_yield();
+  }
+}
+
+void UcxGroup::check_waiting(const WaitPoint& where, bool yielding) {
+  if (where.peer >= 0 && where.peer < size_) {
+    const int s = failed_[static_cast<std::size_t>(where.peer)].load(std::memory_order_relaxed);
+    if (s != 0) fail_peer(where.peer, static_cast<ucs_status_t>(s), (std::string("waiting in phase '") + where.phase + "' for").c_str());
+  }
+  if (!hook_ || !yielding) return;
+  thread_local auto last = std::chrono::steady_clock::time_point{};
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last < kHookEvery) return;
+  last = now;
+  hook_();
+}
+
+void UcxGroup::fail_timeout(const WaitPoint& where) const {
+  broken_.store(true, std::memory_order_relaxed);
+  throw Error(ErrorCode::kTimeout,
+              "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) + " ms in phase '" +
+                  where.phase + "' waiting for " + describe(where.peer) + " (ucx transport)",
+              where.peer);
+}
+
+std::vector<std::string> UcxGroup::exchange(const std::string& mine) {
+  std::atomic<bool> stop{false};
+  std::thread helper([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      ucp_worker_progress(worker_);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  struct Join {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Join() {
+      stop = true;
+      t.join();
+    }
+  } join{stop, helper};
+  return allgather_strings(boot_, mine);
+}
+
+// ---------------------------------------------------------------------------------------
+
+UcxTransport::UcxTransport(std::shared_ptr<UcxGroup> group) : group_(std::move(group)) {}
+
+UcxTransport::~UcxTransport() { release(); }
+
+int UcxTransport::rank() const noexcept { return group_->rank(); }
+int UcxTransport::num_ranks() const noexcept { return group_->size(); }
+const TransportCaps& UcxTransport::caps() const noexcept { return group_->caps(); }
+std::chrono::milliseconds UcxTransport::timeout() const noexcept { return group_->timeout(); }
+void UcxTransport::enter_phase(const char* phase) noexcept { group_->note(phase); }
+
+std::unique_ptr<Transport> UcxTransport::open_endpoint() { return std::make_unique<UcxTransport>(group_); }
+
+void UcxTransport::release() noexcept {
+  if (base_ == nullptr) return;
+  try {
+    if (!group_->broken()) group_->flush(nullptr);  // nothing of this block is still read by a get or a put in flight
+  } catch (const Error&) {
+  }
+  for (ucp_rkey_h& k : rkeys_)
+    if (k != nullptr) ucp_rkey_destroy(k), k = nullptr;
+  ucp_mem_unmap(group_->context(), memh_);
+  memh_ = nullptr;
+  base_ = nullptr;
+  block_bytes_ = window_bytes_ = num_signals_ = 0;
+}
+
+void UcxTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
+  release();
+  if (window_bytes == 0 && num_signals == 0) return;
+  make_block(window_bytes, num_signals);
+}
+
+// UCX allocates the block (UCP_MEM_MAP_ALLOCATE): shared memory that its same-machine
+// transports map. Each rank publishes "address + packed rkey", or "!" + why it has none, so
+// a rank that cannot allocate fails every rank alike instead of leaving them waiting.
+void UcxTransport::make_block(std::size_t window_bytes, std::size_t num_signals) {
+  const int P = num_ranks(), me = rank();
+  signal_offset_ = round_page(window_bytes);
+  const std::size_t bytes = signal_offset_ + (num_signals + static_cast<std::size_t>(P)) * sizeof(std::uint64_t);
+  std::string mine;
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = bytes;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  ucs_status_t s = ucp_mem_map(group_->context(), &mp, &memh_);
+  if (s == UCS_OK) {
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+    ucp_mem_query(memh_, &attr);
+    base_ = static_cast<std::byte*>(attr.address);
+    std::memset(base_, 0, bytes);  // zeroed and pre-faulted before any peer learns the rkey
+    void* packed = nullptr;
+    std::size_t packed_size = 0;
+    s = ucp_rkey_pack(group_->context(), memh_, &packed, &packed_size);
+    if (s == UCS_OK) {
+      const auto addr = reinterpret_cast<std::uint64_t>(base_);
+      mine.assign(reinterpret_cast<const char*>(&addr), sizeof addr);
+      mine.append(static_cast<const char*>(packed), packed_size);
+      ucp_rkey_buffer_release(packed);
+    }
+  }
+  if (s != UCS_OK) mine = "!ucp_mem_map of " + format_bytes(bytes) + ": " + status_text(s);
+  const std::vector<std::string> all = group_->exchange(mine);
+  for (int p = 0; p < P; ++p)
+    if (all[static_cast<std::size_t>(p)].empty() || all[static_cast<std::size_t>(p)][0] == '!') {
+      release();
+      throw Error(ErrorCode::kCapacityExceeded, "rank " + std::to_string(me) + ": ucx: rank " + std::to_string(p) +
+                                                    " cannot register its window: " + all[static_cast<std::size_t>(p)].substr(1), p);
+    }
+  rkeys_.assign(static_cast<std::size_t>(P), nullptr);
+  remote_base_.assign(static_cast<std::size_t>(P), 0);
+  for (int p = 0; p < P; ++p) {
+    const std::string& blob = all[static_cast<std::size_t>(p)];
+    std::memcpy(&remote_base_[static_cast<std::size_t>(p)], blob.data(), sizeof(std::uint64_t));
+    if (p == me) continue;
+    s = ucp_ep_rkey_unpack(group_->ep(p), blob.data() + sizeof(std::uint64_t), &rkeys_[static_cast<std::size_t>(p)]);
+    if (s != UCS_OK) {
+      rkeys_[static_cast<std::size_t>(p)] = nullptr;
+      release();
+      throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(me) + ": ucx: cannot unpack the rkey of " + group_->describe(p) + ": " + status_text(s), p);
+    }
+  }
+  block_bytes_ = bytes;
+  window_bytes_ = window_bytes;
+  num_signals_ = num_signals;
+  barrier_epoch_ = 0;
+}
+
+void UcxTransport::check_range(const char* what, int peer, std::size_t offset, std::size_t bytes) const {
+  if (base_ != nullptr && peer >= 0 && peer < num_ranks() && offset <= block_bytes_ && bytes <= block_bytes_ - offset) return;
+  throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank()) + ": ucx: " + what + " of " + std::to_string(bytes) +
+                                               " bytes at offset " + std::to_string(offset) + " to rank " + std::to_string(peer) +
+                                               " is outside the block of " + std::to_string(block_bytes_) + " bytes");
+}
+
+void UcxTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int) {
+  if (bytes == 0) return;
+  check_range("put", peer, offset, bytes);
+  if (peer == rank()) return bulk_copy(base_ + offset, src, bytes);
+  const auto p = static_cast<std::size_t>(peer);
+  ucp_request_param_t prm{};
+  group_->settle(ucp_put_nbx(group_->ep(peer), src, bytes, remote_base_[p] + offset, rkeys_[p], &prm), peer, "a put");
+}
+
+void UcxTransport::get(int peer, std::size_t offset, void* dst, std::size_t bytes, int) {
+  if (bytes == 0) return;
+  check_range("get", peer, offset, bytes);
+  if (peer == rank()) return static_cast<void>(std::memcpy(dst, base_ + offset, bytes));
+  const auto p = static_cast<std::size_t>(peer);
+  ucp_request_param_t prm{};
+  group_->settle(ucp_get_nbx(group_->ep(peer), dst, bytes, remote_base_[p] + offset, rkeys_[p], &prm), peer, "a get");
+}
+
+void UcxTransport::ordered_set(int peer, std::size_t offset, std::uint64_t value) {
+  check_range("signal", peer, offset, sizeof value);
+  if (peer == rank()) {
+    // Earlier puts to this rank were copies (bulk_copy ends with a store fence).
+    std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(base_ + offset)).store(value, std::memory_order_release);
+    return;
+  }
+  group_->fence(peer);  // earlier puts to `peer` complete before what follows
+  // The value must outlive the put, which may wait for room in UCX's send queue: a heap word
+  // that the completion callback frees (or this call, if it completed at once).
+  auto* word = new std::uint64_t(value);
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  prm.cb.send = [](void* request, ucs_status_t, void* user_data) {
+    delete static_cast<std::uint64_t*>(user_data);
+    ucp_request_free(request);
+  };
+  prm.user_data = word;
+  const auto p = static_cast<std::size_t>(peer);
+  ucs_status_ptr_t r = ucp_put_nbx(group_->ep(peer), word, sizeof *word, remote_base_[p] + offset, rkeys_[p], &prm);
+  if (UCS_PTR_IS_PTR(r)) return;  // the callback frees the word and the request
+  delete word;
+  group_->settle(r, peer, "a signal");
+}
+
+void UcxTransport::signal(int peer, std::size_t slot, std::uint64_t value, int) {
+  ordered_set(peer, signal_offset_ + slot * sizeof(std::uint64_t), value);
+}
+
+void UcxTransport::put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes, std::uint64_t flag, int queue) {
+  put(peer, offset, src, bytes, queue);
+  ordered_set(peer, offset + bytes, flag);
+}
+
+std::uint64_t* UcxTransport::signal_word(std::size_t slot) const noexcept {
+  return reinterpret_cast<std::uint64_t*>(base_ + signal_offset_) + slot;
+}
+
+std::uint64_t UcxTransport::read_signal(std::size_t slot) noexcept {
+  group_->progress();
+  return std::atomic_ref<std::uint64_t>(*signal_word(slot)).load(std::memory_order_acquire);
+}
+
+void UcxTransport::wait_word(std::uint64_t* word, std::uint64_t at_least, const WaitPoint& where) {
+  group_->note(where.phase);
+  std::atomic_ref<std::uint64_t> w(*word);
+  if (w.load(std::memory_order_acquire) >= at_least) return;
+  spi::Backoff backoff(group_->timeout(), kNetworkSpins);
+  for (;;) {
+    group_->progress();  // over TCP a peer's put lands only while this rank progresses
+    if (w.load(std::memory_order_acquire) >= at_least) break;
+    group_->check_waiting(where, backoff.yielding());
+    if (!backoff.step()) group_->fail_timeout(where);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+}
+
+void UcxTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) {
+  wait_word(signal_word(slot), at_least, where);
+}
+
+void UcxTransport::wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) {
+  wait_word(reinterpret_cast<std::uint64_t*>(base_ + offset), at_least, where);
+}
+
+void UcxTransport::quiet(int) { group_->flush(nullptr); }
+
+void UcxTransport::quiet_timed(int, std::uint64_t* lap_ns) { group_->flush(lap_ns); }
+
+void UcxTransport::barrier(const char* phase) {
+  // A transport whose buffers each opened an endpoint has no block of its own until its first
+  // barrier: then one with the barrier's slots only (collective, as the barrier is).
+  if (base_ == nullptr) make_block(0, 0);
+  ++barrier_epoch_;
+  const int P = num_ranks(), me = rank();
+  for (int p = 0; p < P; ++p) signal(p, num_signals_ + static_cast<std::size_t>(me), barrier_epoch_, 0);
+  for (int p = 0; p < P; ++p) wait_signal(num_signals_ + static_cast<std::size_t>(p), barrier_epoch_, WaitPoint{phase, p});
+}
+
+std::unique_ptr<Transport> connect_ucx(Bootstrap& bootstrap, const ConnectOptions& options) {
+  return std::make_unique<UcxTransport>(std::make_shared<UcxGroup>(bootstrap, options));
+}
+
+}  // namespace epx::detail
+
+namespace epx {
+bool ucx_available() noexcept { return true; }
+}  // namespace epx

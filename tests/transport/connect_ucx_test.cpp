@@ -1,0 +1,369 @@
+// epx::connect(kUcx): the UCX transport for ranks that epx did not launch. The test forks the
+// ranks itself (tests/transport/ucx_ranks.hpp), each joins through a FunctionBootstrap over
+// sockets to the test process, connects and checks:
+//   * one machine, 4 ranks: the transport's contract (puts from two threads then ordered
+//     signals, flagged puts, gets, barriers, reused slots, an endpoint of its own, a timeout
+//     naming the peer, its node and the phase); dispatch + combine bit for bit against
+//     tests/reference (three protocols, both layouts); BucketBuffer all_reduce bit for bit;
+//   * auto across "nodes" picks ucx (rank 1's node identity changed in the bootstrap);
+//   * two "machines" (network namespaces, tests/multinode's layout; needs root and `ip`):
+//     2 x 2 ranks, auto picks ucx, the same bit-exact checks, and the bytes crossed the veth;
+//     the link cut mid-call: every rank raises within the timeout naming a peer, its machine
+//     and the phase.
+// Nothing is left in /dev/shm or among the System V segments; namespaces are removed.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "epx/bootstrap.hpp"
+#include "epx/bucket.hpp"
+#include "epx/buffer.hpp"
+#include "epx/connect.hpp"
+#include "epx/error.hpp"
+#include "../multirank/bucket_cases.hpp"
+#include "../multirank/multirank_support.hpp"
+#include "ucx_ranks.hpp"
+
+namespace epx::testing {
+namespace {
+
+using ucx::run_ranks;
+
+std::set<std::string> dev_shm() {
+  std::set<std::string> s;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) s.insert(e.path().filename().string());
+  return s;
+}
+
+// System V shared memory segments (UCX's sysv transport allocates windows there).
+std::string sysv_segments() {
+  std::ifstream f("/proc/sysvipc/shm");
+  std::string line, all;
+  std::getline(f, line);  // header
+  while (std::getline(f, line)) all += line + "\n";
+  return all;
+}
+
+class NothingLeft {
+ public:
+  NothingLeft() : shm_(dev_shm()), sysv_(sysv_segments()) {}
+  void check() const {
+    for (int attempt = 0;; ++attempt) {
+      std::set<std::string> left;
+      for (const auto& n : dev_shm())
+        if (!shm_.count(n) && n.rfind("epx-", 0) != 0) left.insert(n);  // other suites' epx segments come and go
+      for (const auto& n : dev_shm())
+        if (!shm_.count(n) && n.rfind("epx-", 0) == 0 && attempt >= 20) left.insert(n);
+      if (left.empty() && sysv_segments() == sysv_) return;
+      if (attempt >= 20) {
+        ADD_FAILURE() << "left behind: " << (left.empty() ? "System V segments:\n" + sysv_segments() : "/dev/shm/" + *left.begin());
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+ private:
+  std::set<std::string> shm_;
+  std::string sysv_;
+};
+
+void expect_all(const std::vector<bool>& ok, const char* what) {
+  for (std::size_t r = 0; r < ok.size(); ++r) EXPECT_TRUE(ok[r]) << what << ": rank " << r << " failed (its error is above)";
+}
+
+void check(bool ok, int rank, const std::string& what) {
+  if (!ok) fail(rank, what);
+}
+
+std::unique_ptr<Transport> connect_ucx(Bootstrap& b, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  auto t = connect(b, {.kind = ConnectKind::kUcx, .timeout = timeout});
+  check(std::string(t->caps().name) == "ucx", b.rank(), std::string("connect(ucx) gave '") + t->caps().name + "'");
+  return t;
+}
+
+std::uint8_t pattern(int writer, int queue, std::size_t i) { return static_cast<std::uint8_t>(writer * 37 + queue * 101 + i * 7 + (i >> 9)); }
+
+constexpr std::size_t kChunk = std::size_t{256} << 10;  // per writer: two halves, one per queue
+constexpr std::size_t kPiece = std::size_t{16} << 10;   // puts of this size (many per signal)
+
+// Two threads (queues 0 and 1) put their halves of this rank's chunk into every rank's
+// window piece by piece, then signal; every rank checks every writer's bytes after the signal.
+void puts_then_signals(Transport& t, std::uint64_t epoch) {
+  const int P = t.num_ranks(), r = t.rank();
+  std::vector<std::uint8_t> src[2];
+  for (int q = 0; q < 2; ++q) {
+    src[q].resize(kChunk / 2);
+    for (std::size_t i = 0; i < src[q].size(); ++i) src[q][i] = static_cast<std::uint8_t>(pattern(r, q, i) + epoch);
+  }
+  std::vector<std::thread> threads;
+  for (int q = 0; q < 2; ++q)
+    threads.emplace_back([&, q] {
+      for (int p = 0; p < P; ++p) {
+        const std::size_t at = static_cast<std::size_t>(r) * kChunk + static_cast<std::size_t>(q) * kChunk / 2;
+        for (std::size_t off = 0; off < kChunk / 2; off += kPiece) t.put(p, at + off, src[q].data() + off, kPiece, q);
+        t.signal(p, static_cast<std::size_t>(2 * r + q), epoch, q);
+      }
+      t.quiet(q);
+    });
+  for (auto& th : threads) th.join();
+  for (int s = 0; s < P; ++s)
+    for (int q = 0; q < 2; ++q) {
+      t.wait_signal(static_cast<std::size_t>(2 * s + q), epoch, {"conformance puts", s});
+      const std::byte* w = t.window() + static_cast<std::size_t>(s) * kChunk + static_cast<std::size_t>(q) * kChunk / 2;
+      for (std::size_t i = 0; i < kChunk / 2; ++i)
+        if (static_cast<std::uint8_t>(w[i]) != static_cast<std::uint8_t>(pattern(s, q, i) + epoch))
+          fail(r, "byte " + std::to_string(i) + " from rank " + std::to_string(s) + " queue " + std::to_string(q) +
+                      " differs after its signal (epoch " + std::to_string(epoch) + ")");
+    }
+}
+
+// Data-as-flag blocks: 200 bytes then the flag, to every rank; each checks every writer's.
+void flagged_blocks(Transport& t, std::size_t area, std::uint64_t flag) {
+  const int P = t.num_ranks(), r = t.rank();
+  constexpr std::size_t kBytes = 200;
+  std::vector<std::uint8_t> block(kBytes);
+  for (std::size_t i = 0; i < kBytes; ++i) block[i] = static_cast<std::uint8_t>(pattern(r, 5, i) ^ flag);
+  for (int p = 0; p < P; ++p) t.put_flagged(p, area + static_cast<std::size_t>(r) * 256, block.data(), kBytes, flag, 0);
+  for (int s = 0; s < P; ++s) {
+    t.wait_flag(area + static_cast<std::size_t>(s) * 256 + kBytes, flag, {"conformance flag", s});
+    for (std::size_t i = 0; i < kBytes; ++i)
+      check(static_cast<std::uint8_t>(t.window()[area + static_cast<std::size_t>(s) * 256 + i]) == static_cast<std::uint8_t>(pattern(s, 5, i) ^ flag), r,
+            "flagged block from rank " + std::to_string(s) + " differs at byte " + std::to_string(i));
+  }
+  t.quiet(0);
+}
+
+// One-sided reads: this rank's chunk as the next rank holds it (written by this rank).
+void gets(Transport& t, std::uint64_t epoch) {
+  const int P = t.num_ranks(), r = t.rank();
+  std::vector<std::uint8_t> got(kChunk);
+  t.get((r + 1) % P, static_cast<std::size_t>(r) * kChunk, got.data(), kChunk, 1);
+  t.quiet(1);
+  for (std::size_t i = 0; i < kChunk; ++i) {
+    const int q = i < kChunk / 2 ? 0 : 1;
+    check(got[i] == static_cast<std::uint8_t>(pattern(r, q, i % (kChunk / 2)) + epoch), r, "get from rank " + std::to_string((r + 1) % P) + " differs at byte " + std::to_string(i));
+  }
+}
+
+// An endpoint's window is its own: writes into it leave the transport's window alone.
+void endpoint_is_independent(Transport& t) {
+  const int P = t.num_ranks(), r = t.rank();
+  auto e = t.open_endpoint();
+  check(e != nullptr && std::string(e->caps().name) == "ucx" && e->num_ranks() == P, r, "open_endpoint gave no ucx endpoint");
+  e->allocate(4096, static_cast<std::size_t>(P));
+  const std::uint64_t mine = 0xabc000 + static_cast<std::uint64_t>(r);
+  for (int p = 0; p < P; ++p) e->put(p, static_cast<std::size_t>(r) * 8, &mine, 8, 0), e->signal(p, static_cast<std::size_t>(r), 1, 0);
+  for (int s = 0; s < P; ++s) {
+    e->wait_signal(static_cast<std::size_t>(s), 1, {"endpoint", s});
+    std::uint64_t v = 0;
+    std::memcpy(&v, e->window() + static_cast<std::size_t>(s) * 8, 8);
+    check(v == 0xabc000 + static_cast<std::uint64_t>(s), r, "endpoint word from rank " + std::to_string(s) + " differs");
+    check(static_cast<std::uint8_t>(t.window()[static_cast<std::size_t>(s) * kChunk]) == static_cast<std::uint8_t>(pattern(s, 0, 0) + 2), r,
+          "the transport's window changed under an endpoint's puts");
+  }
+  e->barrier("endpoint done");
+}
+
+void transport_contract(Bootstrap& b) {
+  auto t = connect_ucx(b, std::chrono::seconds(3));
+  const int P = t->num_ranks(), r = t->rank();
+  const TransportCaps& c = t->caps();
+  check(P == b.size() && r == b.rank() && !c.peer_memory_mapped && c.ordered_signal_per_queue && c.flagged_puts && c.one_sided_get &&
+            !c.put_completes_on_return && c.max_queues >= 2,
+        r, "caps or rank/size of the ucx transport are not what it implements");
+  const std::size_t flag_area = static_cast<std::size_t>(P) * kChunk;
+  t->allocate(flag_area + static_cast<std::size_t>(P) * 256, static_cast<std::size_t>(2 * P + 1));
+  puts_then_signals(*t, 1);
+  flagged_blocks(*t, flag_area, 1);
+  t->barrier("before gets");
+  gets(*t, 1);
+  t->barrier("round two");
+  puts_then_signals(*t, 2);  // the same slots, the next epoch
+  flagged_blocks(*t, flag_area, 2);
+  t->barrier("before the endpoint");
+  endpoint_is_independent(*t);
+  // A signal that never comes: kTimeout after the transport's 3 s, naming peer, node, phase.
+  const int peer = (r + 1) % P;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    t->wait_signal(static_cast<std::size_t>(2 * P), 1, {"never signalled", peer});
+  } catch (const Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string m = e.what();
+    check(e.code() == ErrorCode::kTimeout && e.origin_rank() == peer && s >= 2.9 && s < 8 &&
+              m.find("rank " + std::to_string(peer) + " (node 0 '") != std::string::npos && m.find("phase 'never signalled'") != std::string::npos,
+          r, "wrong timeout after " + std::to_string(s) + " s: " + m);
+    return;
+  }
+  fail(r, "a wait for a signal nobody sent returned");
+}
+
+TEST(ConnectUcx, TransportKeepsItsContract) {
+  NothingLeft nothing_left;
+  expect_all(run_ranks(4, {}, transport_contract), "contract");
+  nothing_left.check();
+}
+
+struct Flavour {
+  Protocol protocol;
+  int queues;
+};
+
+void dispatch_combine(Transport& t, const ref::Problem& p, bool expanded, Flavour f) {
+  const int r = t.rank();
+  BufferConfig config = config_for(p);
+  config.dataplane.protocol = f.protocol;
+  config.dataplane.queues = f.queues;
+  Buffer buffer(t, config);
+  ref::DispatchOptions o;
+  o.expanded = expanded;
+  o.alignment = expanded ? 4 : 1;
+  const auto outs = ref::dispatch_all(p, o);
+  DispatchResult d = buffer.dispatch(dispatch_args(views_of(p, r), o));
+  expect_dispatch(r, p, o, outs[static_cast<std::size_t>(r)], d);
+  std::vector<std::vector<std::uint16_t>> y;
+  for (int q = 0; q < p.num_ranks; ++q) y.push_back(ref::expert_fn(p, outs[static_cast<std::size_t>(q)], o));
+  CombineArgs ca;
+  ca.y = TensorView(y[static_cast<std::size_t>(r)].data(), DType::kBF16, {d.handle.num_recv_rows(), p.hidden});
+  ca.handle = &d.handle;
+  expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), ref::combine(p, o, outs, y, nullptr, nullptr, false, r));
+  DispatchArgs cached = dispatch_args(views_of(p, r), o);  // the cached path too
+  cached.handle = &d.handle;
+  expect_dispatch(r, p, o, outs[static_cast<std::size_t>(r)], buffer.dispatch(cached));
+}
+
+ref::Problem problem(int P, int hidden, std::vector<std::int64_t> tokens, std::uint64_t seed) {
+  ref::FixtureOptions fo;
+  fo.num_ranks = P;
+  fo.num_experts = 4 * P;
+  fo.hidden = hidden;
+  fo.tokens_per_rank = std::move(tokens);
+  fo.seed = seed;
+  return ref::make_problem(fo);
+}
+
+void every_flavour(Transport& t, int hidden, std::vector<std::int64_t> tokens) {
+  int seed = 60;
+  for (Flavour f : {Flavour{Protocol::kExplicit, 1}, Flavour{Protocol::kTail, 2}, Flavour{Protocol::kFlag, 2}})
+    for (bool expanded : {false, true}) dispatch_combine(t, problem(t.num_ranks(), hidden, tokens, static_cast<std::uint64_t>(seed++)), expanded, f);
+}
+
+// BucketBuffer all_reduce on the world and its sub-groups, bit for bit (bucket_cases.hpp).
+void bucket_all_reduce(Transport& t, const std::string& topology) {
+  const auto groups = bucket::groups_of(t.num_ranks());
+  BucketBuffer b(t, groups, std::size_t{4} << 20, {.topology = topology});
+  int n = 0;
+  for (const bucket::Case& c0 : bucket::cases_of(static_cast<int>(groups.size()), 11, false)) {
+    if (c0.op != bucket::Op::kAllReduce) continue;
+    bucket::run_case(b, bucket::fit(c0, static_cast<int>(groups[static_cast<std::size_t>(c0.group)].size())));
+    ++n;
+  }
+  check(n >= 5, t.rank(), "only " + std::to_string(n) + " all_reduce cases ran");
+  t.barrier("bucket done");
+}
+
+TEST(ConnectUcx, DispatchCombineAndAllReduceMatchTheReference) {
+  NothingLeft nothing_left;
+  expect_all(run_ranks(4, {}, [](Bootstrap& b) {
+               auto t = connect_ucx(b);
+               every_flavour(*t, 256, {9, 0, 14, 5});
+               bucket_all_reduce(*t, "");
+             }),
+             "dispatch/combine/all_reduce");
+  nothing_left.check();
+}
+
+TEST(ConnectUcx, AutoPicksTheTransportByNodesAndLauncher) {
+  EXPECT_EQ(auto_connect_kind(1, false, true), ConnectKind::kShm);
+  EXPECT_EQ(auto_connect_kind(1, true, true), ConnectKind::kShm);
+  EXPECT_EQ(auto_connect_kind(2, true, true), ConnectKind::kShmem);
+  EXPECT_EQ(auto_connect_kind(2, false, true), ConnectKind::kUcx);
+  EXPECT_EQ(auto_connect_kind(3, true, false), ConnectKind::kUcx);
+  EXPECT_EQ(parse_connect_kind("ucx"), ConnectKind::kUcx);
+  EXPECT_STREQ(to_string(ConnectKind::kUcx), "ucx");
+  EXPECT_TRUE(ucx_available());
+  // Rank 1 seen on another node (its node identity changed in the first all-gather): ucx.
+  expect_all(run_ranks(2, {}, [](Bootstrap& real) {
+               ::unsetenv("OMPI_COMM_WORLD_SIZE");
+               int calls = 0;
+               FunctionBootstrap b(real.rank(), real.size(), [&](const void* in, void* out, std::size_t bytes) {
+                 real.allgather(in, out, bytes);
+                 if (calls++ == 0) static_cast<char*>(out)[bytes] ^= 1;
+               });
+               auto t = connect(b, {.timeout = std::chrono::seconds(20)});
+               check(std::string(t->caps().name) == "ucx", b.rank(), std::string("auto across two nodes gave '") + t->caps().name + "'");
+               t->allocate(64, 1);
+               t->barrier("auto");
+             }),
+             "auto");
+}
+
+// ---- two "machines" ----
+
+bool can_make_machines(std::string& why) {
+  if (::geteuid() != 0) return why = "needs root to make network namespaces", false;
+  if (!ucx::run_cmd("ip -V")) return why = "no `ip` (apt-get install iproute2)", false;
+  return true;
+}
+
+// Rows a dispatch sends from machine `from` to the other machine (compact: one per token and
+// destination rank), for the veth's lower bound.
+std::uint64_t rows_across(const ref::Problem& p, int from, int per_machine) {
+  std::uint64_t rows = 0;
+  const int per_rank = p.num_experts / p.num_ranks;
+  for (int s = from * per_machine; s < (from + 1) * per_machine; ++s) {
+    const ref::RankInput& in = p.ranks[static_cast<std::size_t>(s)];
+    for (std::int64_t tkn = 0; tkn < in.num_tokens; ++tkn) {
+      std::set<int> dests;
+      for (int k = 0; k < p.num_topk; ++k) {
+        const std::int64_t e = in.topk_idx[static_cast<std::size_t>(tkn * p.num_topk + k)];
+        if (e >= 0 && static_cast<int>(e / per_rank) / per_machine != from) dests.insert(static_cast<int>(e / per_rank));
+      }
+      rows += dests.size();
+    }
+  }
+  return rows;
+}
+
+TEST(ConnectUcx, TwoMachinesAutoPicksUcxAndBytesCrossTheVeth) {
+  std::string why;
+  if (!can_make_machines(why)) GTEST_SKIP() << why;
+  NothingLeft nothing_left;
+  ucx::Machines m(2);
+  ASSERT_TRUE(m.ready()) << m.error();
+  constexpr int kHidden = 2048;
+  const std::vector<std::int64_t> tokens = {40, 24, 33, 40};
+  const ref::Problem big = problem(4, kHidden, tokens, 90);
+  const std::uint64_t sent0[2] = {m.sent_bytes(0), m.sent_bytes(1)};
+  const std::vector<std::string> hosts = m.names();
+  expect_all(run_ranks(4, m.names(), [&](Bootstrap& b) {
+               ::unsetenv("OMPI_COMM_WORLD_SIZE");
+               auto t = connect(b, {.timeout = std::chrono::seconds(30)});
+               check(std::string(t->caps().name) == "ucx", b.rank(), std::string("auto across two machines gave '") + t->caps().name + "'");
+               char host[64] = {};
+               ::gethostname(host, sizeof host - 1);
+               check(host == hosts[static_cast<std::size_t>(b.rank() / 2)], b.rank(), std::string("runs on host ") + host);
+               dispatch_combine(*t, big, false, {Protocol::kExplicit, 1});
+               every_flavour(*t, 256, {9, 0, 14, 5});
+               bucket_all_reduce(*t, "builtin:servers:2");
+             }),
+             "two machines");
+  for (int i = 0; i < 2; ++i) {
+    const std::uint64_t sent = m.sent_bytes(i) - sent0[i];
+    const std::uint64_t want = rows_across(big, i, 2) * kHidden * 2;
+    EXPECT_GT(want, std::uint64_t{256} << 10) << "the problem moves too little to tell";
+    EXPECT_GE(sent, want) << "machine " << i << "'s eth1 sent " << sent << " bytes, less than the rows the dispatch sent across";
+  }
+  m.remove();
+  nothing_left.check();
+}
+
+}  // namespace
+}  // namespace epx::testing
