@@ -55,6 +55,63 @@ EplbSide side(const RouteCount& rc, std::vector<double> planned) {
   return s;
 }
 
+// The dynamic plan from this batch: every rank's counts (what an all-gather of the notify
+// counts gives); fills the report's replica tables, returns the plan.
+DynamicReplicaPlan plan_dynamic(const BenchProblem& p, EplbReport& e, std::vector<double>& planned_with) {
+  const int P = p.ranks, E = p.experts;
+  e.slots_per_rank = (e.replicas - E) / P;
+  std::vector<std::int64_t> counts;
+  for (int r = 0; r < P; ++r) {
+    const std::vector<std::int64_t> c = count_expert_slots(p.rank[at(r)].topk_idx, E);
+    counts.insert(counts.end(), c.begin(), c.end());
+  }
+  DynamicReplicaPlan dyn = plan_dynamic_replicas(counts, P, E / P, e.slots_per_rank);
+  e.replicas_used = dyn.replicas_used;
+  e.mapping = dyn.placement.mapping;
+  e.phy2log.assign(at(e.replicas), -1);
+  e.logcnt.assign(at(E), 0);
+  for (int x = 0; x < E; ++x)
+    for (std::int64_t j = dyn.replica_offsets[at(x)]; j < dyn.replica_offsets[at(x) + 1]; ++j) {
+      e.phy2log[at(dyn.replica_phys[at(j)])] = x;
+      ++e.logcnt[at(x)];
+    }
+  planned_with.assign(dyn.rows_with.begin(), dyn.rows_with.end());
+  return dyn;
+}
+
+// Rank r's physical routing against its logical one: same shape, -1 stays -1, every physical
+// slot serves the logical expert it came from, and a token never names a physical expert
+// twice. Returns the number of mapped (valid) slots; kInternal naming the slot otherwise.
+std::int64_t check_physical_routing(const BenchRankInput& in, const std::vector<std::int64_t>& phys, int r, int K,
+                                    const EplbReport& e) {
+  const int R = e.replicas;
+  if (phys.size() != in.topk_idx.size())
+    throw Error(ErrorCode::kInternal, "epx bench --eplb: rank " + std::to_string(r) + ": map_to_replicas changed the shape", r);
+  std::int64_t mapped = 0;
+  for (std::int64_t t = 0; t < in.tokens; ++t)
+    for (int k = 0; k < K; ++k) {
+      const size_t i = at(t * K + k);
+      const std::int64_t le = in.topk_idx[i], pe = phys[i];
+      const std::string where = "epx bench --eplb: rank " + std::to_string(r) + " token " + std::to_string(t) + " slot " +
+                                std::to_string(k) + ": logical expert " + std::to_string(le);
+      if (le < 0) {
+        if (pe != -1) throw Error(ErrorCode::kInternal, where + " was mapped to physical slot " + std::to_string(pe), r);
+        continue;
+      }
+      if (pe < 0 || pe >= R)
+        throw Error(ErrorCode::kInternal, where + " was mapped to " + std::to_string(pe) + ", outside [0, R = " +
+                                              std::to_string(R) + ")", r);
+      if (e.phy2log[at(pe)] != le)
+        throw Error(ErrorCode::kInternal, where + " was mapped to physical slot " + std::to_string(pe) +
+                                              ", which serves logical expert " + std::to_string(e.phy2log[at(pe)]), r);
+      for (int j = 0; j < k; ++j)
+        if (phys[at(t * K + j)] == pe)
+          throw Error(ErrorCode::kInternal, where + ": physical slot " + std::to_string(pe) + " named twice by the token", r);
+      ++mapped;
+    }
+  return mapped;
+}
+
 }  // namespace
 
 EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p) {
@@ -77,24 +134,7 @@ EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p) {
   DynamicReplicaPlan dyn;
   std::vector<double> planned_with;
   if (e.dynamic) {
-    // Replicas from this batch: every rank's counts (what an all-gather of the notify counts gives).
-    e.slots_per_rank = (e.replicas - E) / P;
-    std::vector<std::int64_t> counts;
-    for (int r = 0; r < P; ++r) {
-      const std::vector<std::int64_t> c = count_expert_slots(p.rank[at(r)].topk_idx, E);
-      counts.insert(counts.end(), c.begin(), c.end());
-    }
-    dyn = plan_dynamic_replicas(counts, P, E / P, e.slots_per_rank);
-    e.replicas_used = dyn.replicas_used;
-    e.mapping = dyn.placement.mapping;
-    e.phy2log.assign(at(e.replicas), -1);
-    e.logcnt.assign(at(E), 0);
-    for (int x = 0; x < E; ++x)
-      for (std::int64_t j = dyn.replica_offsets[at(x)]; j < dyn.replica_offsets[at(x) + 1]; ++j) {
-        e.phy2log[at(dyn.replica_phys[at(j)])] = x;
-        ++e.logcnt[at(x)];
-      }
-    planned_with.assign(dyn.rows_with.begin(), dyn.rows_with.end());
+    dyn = plan_dynamic(p, e, planned_with);
   } else {
     plan = rebalance_experts(e.expert_load, 1, E, e.replicas, 1, 1, P);
     e.logcnt = plan.logcnt;
@@ -106,42 +146,17 @@ EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p) {
   how.num_ranks = P;
   how.ranks_per_server = e.ranks_per_server;
   how.choice = parse_choice(e.choice);
-  const int R = e.replicas;
   for (int r = 0; r < P; ++r) {
     BenchRankInput& in = p.rank[at(r)];
     how.rank = r;
     std::vector<std::int64_t> phys =
         e.dynamic ? route_through_replicas(dyn, r, in.topk_idx, K) : map_to_replicas(in.topk_idx, K, plan, how);
-    // The check: same shape, -1 stays -1, every physical slot serves the logical expert it
-    // came from, and a token never names a physical expert twice.
-    if (phys.size() != in.topk_idx.size())
-      throw Error(ErrorCode::kInternal, "epx bench --eplb: rank " + std::to_string(r) + ": map_to_replicas changed the shape", r);
-    for (std::int64_t t = 0; t < in.tokens; ++t)
-      for (int k = 0; k < K; ++k) {
-        const size_t i = at(t * K + k);
-        const std::int64_t le = in.topk_idx[i], pe = phys[i];
-        const std::string where = "epx bench --eplb: rank " + std::to_string(r) + " token " + std::to_string(t) + " slot " +
-                                  std::to_string(k) + ": logical expert " + std::to_string(le);
-        if (le < 0) {
-          if (pe != -1) throw Error(ErrorCode::kInternal, where + " was mapped to physical slot " + std::to_string(pe), r);
-          continue;
-        }
-        if (pe < 0 || pe >= R)
-          throw Error(ErrorCode::kInternal, where + " was mapped to " + std::to_string(pe) + ", outside [0, R = " +
-                                                std::to_string(R) + ")", r);
-        if (e.phy2log[at(pe)] != le)
-          throw Error(ErrorCode::kInternal, where + " was mapped to physical slot " + std::to_string(pe) +
-                                                ", which serves logical expert " + std::to_string(e.phy2log[at(pe)]), r);
-        for (int j = 0; j < k; ++j)
-          if (phys[at(t * K + j)] == pe)
-            throw Error(ErrorCode::kInternal, where + ": physical slot " + std::to_string(pe) + " named twice by the token", r);
-        ++e.mapped_slots;
-      }
+    e.mapped_slots += check_physical_routing(in, phys, r, K, e);
     in.topk_idx = std::move(phys);
   }
   e.mapping_verified = true;
-  p.experts = R;
-  p.source += ", EPLB: " + std::to_string(E) + " logical experts -> " + std::to_string(R) + " physical (" + e.choice + ")";
+  p.experts = e.replicas;
+  p.source += ", EPLB: " + std::to_string(E) + " logical experts -> " + std::to_string(e.replicas) + " physical (" + e.choice + ")";
 
   const RouteCount physical = count_routes(p, false, 1);
   e.without = side(logical, eplb_gpu_load_without_replicas(e.expert_load, 1, E, P));
