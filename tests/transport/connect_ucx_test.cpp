@@ -360,9 +360,90 @@ TEST(ConnectUcx, TwoMachinesAutoPicksUcxAndBytesCrossTheVeth) {
     const std::uint64_t want = rows_across(big, i, 2) * kHidden * 2;
     EXPECT_GT(want, std::uint64_t{256} << 10) << "the problem moves too little to tell";
     EXPECT_GE(sent, want) << "machine " << i << "'s eth1 sent " << sent << " bytes, less than the rows the dispatch sent across";
+    std::printf("machine %d: eth1 sent %llu bytes; the big dispatch's rows to the other machine alone are %llu bytes\n", i,
+                static_cast<unsigned long long>(sent), static_cast<unsigned long long>(want));
   }
   m.remove();
   nothing_left.check();
+}
+
+// What a rank of the cut-link test saw: when its call failed (ms since the epoch), the error.
+struct Outcome {
+  int rank = -1;
+  long long at_ms = 0;
+  std::string code, message;
+};
+
+long long now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::vector<Outcome> read_outcomes(const std::string& path) {
+  std::vector<Outcome> v;
+  std::ifstream f(path);
+  for (Outcome o; f >> o.rank >> o.at_ms >> o.code && std::getline(f, o.message);) v.push_back(o);
+  return v;
+}
+
+// Each rank calls dispatch + combine in a loop until one fails; rank 0 creates `go` once the
+// loop has run a few times, and the test then takes machine 2's eth1 down. Every rank writes
+// its error to `outcomes` (one line; O_APPEND) and returns.
+void loop_until_cut(Bootstrap& b, const std::string& go, const std::string& outcomes, std::chrono::milliseconds timeout) {
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  auto t = connect(b, {.timeout = timeout});
+  const ref::Problem p = problem(4, 256, {12, 7, 12, 9}, 95);
+  Buffer buffer(*t, config_for(p));
+  const auto stop = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  try {
+    for (int i = 0; std::chrono::steady_clock::now() < stop; ++i) {
+      DispatchResult d = buffer.dispatch(dispatch_args(views_of(p, b.rank()), {}));
+      std::vector<std::uint16_t> y(static_cast<std::size_t>(d.handle.num_recv_rows() * p.hidden), 0x3f80);
+      CombineArgs ca;
+      ca.y = TensorView(y.data(), DType::kBF16, {d.handle.num_recv_rows(), p.hidden});
+      ca.handle = &d.handle;
+      buffer.combine(ca);
+      if (i == 5 && b.rank() == 0) std::ofstream(go) << "looping\n";
+    }
+  } catch (const Error& e) {
+    std::string m = e.what();
+    std::replace(m.begin(), m.end(), '\n', ' ');
+    std::ofstream(outcomes, std::ios::app) << b.rank() << ' ' << now_ms() << ' ' << to_string(e.code()) << ' ' << m << "\n";
+    return;
+  }
+  fail(b.rank(), "the loop ran 60 s without an error: the link was never cut?");
+}
+
+TEST(ConnectUcx, CutLinkFailsEveryRankNamingAPeerAndItsMachine) {
+  std::string why;
+  if (!can_make_machines(why)) GTEST_SKIP() << why;
+  ucx::Machines m(2);
+  ASSERT_TRUE(m.ready()) << m.error();
+  const std::string dir = std::filesystem::temp_directory_path() / ("epx-ucx-cut-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string go = dir + "/go", outcomes = dir + "/outcomes";
+  constexpr auto kTimeout = std::chrono::milliseconds(4000);
+  long long cut_at = 0;
+  const auto ok = run_ranks(4, m.names(), [&](Bootstrap& b) { loop_until_cut(b, go, outcomes, kTimeout); }, [&] {
+    for (int i = 0; i < 600 && !std::filesystem::exists(go); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cut_at = now_ms();
+    ucx::run_cmd("ip -n " + m.names()[1] + " link set eth1 down");
+  });
+  expect_all(ok, "cut link");
+  const std::vector<Outcome> seen = read_outcomes(outcomes);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(seen.size(), 4u) << "every rank should report one error";
+  bool across = false;
+  for (const Outcome& o : seen) {
+    const bool names_host = o.message.find("'" + m.names()[0] + "'") != std::string::npos || o.message.find("'" + m.names()[1] + "'") != std::string::npos;
+    EXPECT_TRUE((o.code == "timeout" || o.code == "peer_failed") && names_host && o.message.find("phase '") != std::string::npos)
+        << "rank " << o.rank << ": " << o.code << ":" << o.message;
+    EXPECT_LE(o.at_ms - cut_at, kTimeout.count() + 3000) << "rank " << o.rank << " took too long: " << o.message;
+    across = across || o.message.find("another machine") != std::string::npos;
+    std::printf("rank %d after %lld ms: %s:%s\n", o.rank, o.at_ms - cut_at, o.code.c_str(), o.message.c_str());
+  }
+  EXPECT_TRUE(across) << "no rank named a peer on the other machine";
+  m.remove();
 }
 
 }  // namespace
