@@ -31,6 +31,87 @@ double dispatch_row_bytes(int hidden, int topk, bool fp8) {
 
 double combine_row_bytes(int hidden) { return 2.0 * hidden; }
 
+namespace {
+
+// The measured columns: what the engine's counters saw, per token and per rank.
+void measure_bytes(LedgerRow& row, const SimRun& run, int P, double S) {
+  const double R = P;
+  double recv = 0, d_remote = 0, d_local = 0, c_remote = 0, c_local = 0;
+  for (int r = 0; r < P; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    recv += static_cast<double>(run.engine_recv_rows[ur]);
+    d_remote += static_cast<double>(run.dispatch_counters[ur].bytes);
+    d_local += static_cast<double>(run.dispatch_counters[ur].local_bytes);
+    c_remote += static_cast<double>(run.combine_counters[ur].bytes);
+    c_local += static_cast<double>(run.combine_counters[ur].local_bytes);
+  }
+  const double all_tokens = S * R;
+  row.unique_measured = recv / all_tokens;
+  row.local_fraction_measured = d_local / (d_local + d_remote);
+  row.dispatch_token_bytes_measured = (d_remote + d_local) / all_tokens;
+  row.combine_token_bytes_measured = (c_remote + c_local) / all_tokens;
+  row.layer_rank_bytes_measured = (d_remote + c_remote) / R;
+}
+
+// Bytes per rank that crossed servers in the run's dispatch and combine puts (flat schedule).
+double cross_server_put_bytes(const SimRun& run, int P) {
+  auto server_of = [&](int r) { return run.topology.ranks[static_cast<std::size_t>(r)].server; };
+  double cross = 0;
+  for (int call : {run.dispatch_call, run.combine_call}) {
+    const sim::PutTable t = sim::summarize_puts(run.trace, call);
+    for (int r = 0; r < P; ++r)
+      for (int p = 0; p < P; ++p)
+        if (server_of(r) != server_of(p))
+          for (const sim::PutSummary& q : t[static_cast<std::size_t>(r)][static_cast<std::size_t>(p)])
+            cross += static_cast<double>(q.bytes);
+  }
+  return cross / P;
+}
+
+// Hierarchical: (token, other server) pairs counted on the routing the engine ran.
+double cross_server_pairs(const SimOptions& o, const SimRun& run, int P) {
+  auto server_of = [&](int r) { return run.topology.ranks[static_cast<std::size_t>(r)].server; };
+  const BenchProblem problem = sim_problem(o, P);
+  const int L = o.experts / P;
+  double crossings = 0;
+  std::vector<std::int64_t> seen(static_cast<std::size_t>(P), -1);
+  for (int s = 0; s < P; ++s) {
+    const BenchRankInput& rk = problem.rank[static_cast<std::size_t>(s)];
+    for (std::int64_t t = 0; t < rk.tokens; ++t)
+      for (int k = 0; k < o.topk; ++k) {
+        const std::int64_t e = rk.topk_idx[static_cast<std::size_t>(t * o.topk + k)];
+        if (e < 0) continue;
+        const int sv = server_of(static_cast<int>(e / L));
+        if (sv == server_of(s) || seen[static_cast<std::size_t>(sv)] == t + s * o.tokens) continue;
+        seen[static_cast<std::size_t>(sv)] = t + s * o.tokens;
+        crossings += 1;
+      }
+  }
+  return crossings;
+}
+
+// The server columns: layout of the topology, the expected and measured cross-server bytes.
+void server_columns(LedgerRow& row, const SimOptions& o, const SimRun& run, int P, double rd, double rc) {
+  std::map<int, int> members;  // server -> ranks
+  for (const RankPlace& p : run.topology.ranks) ++members[p.server];
+  row.servers = static_cast<int>(members.size());
+  row.server_size = row.servers > 0 ? P / row.servers : P;
+  if (row.servers <= 1) return;
+  for (const auto& [server, n] : members)
+    if (n != row.server_size)
+      throw Error(ErrorCode::kInvalidArgument, "epx sim ledger: topology '" + run.topology.name + "' has servers of unequal size (server " +
+                                                   std::to_string(server) + ": " + std::to_string(n) + " ranks, expected " +
+                                                   std::to_string(row.server_size) + ")");
+  const double S = static_cast<double>(o.tokens), R = P, K = o.topk;
+  const double G = row.server_size, N = row.servers;
+  row.cross_flat = S * (R - G) * (1 - std::pow(1 - 1 / R, K)) * (rd + rc);
+  row.cross_hier = S * (N - 1) * (1 - std::pow(1 - 1 / N, K)) * (rd + rc);
+  row.cross_flat_measured = cross_server_put_bytes(run, P);
+  row.cross_hier_routing = cross_server_pairs(o, run, P) * (rd + rc) / R;
+}
+
+}  // namespace
+
 std::vector<LedgerRow> ledger(const SimOptions& in) {
   SimOptions o = in;
   o.layout = "compact";  // the layout does not change what travels; compact rows count (token, rank) pairs
@@ -49,7 +130,7 @@ std::vector<LedgerRow> ledger(const SimOptions& in) {
     if (!run.model_only)  // copy mode runs at a reduced hidden size: its counters would not be this shape's bytes
       throw Error(ErrorCode::kUnsupported, "epx sim ledger: the engine did not announce its payload region on the sim transport "
                                            "(model-only mode); the counters would be of a reduced hidden size");
-    const double S = static_cast<double>(o.tokens), R = P, K = o.topk;
+    const double S = static_cast<double>(o.tokens), R = P;
     LedgerRow row;
     row.ep = P;
     row.tokens = o.tokens;
@@ -59,66 +140,8 @@ std::vector<LedgerRow> ledger(const SimOptions& in) {
     row.dispatch_token_bytes = row.unique * rd;
     row.combine_token_bytes = row.unique * rc;
     row.layer_rank_bytes = S * row.unique * (1 - 1 / R) * (rd + rc);
-
-    double recv = 0, d_remote = 0, d_local = 0, c_remote = 0, c_local = 0;
-    for (int r = 0; r < P; ++r) {
-      const auto ur = static_cast<std::size_t>(r);
-      recv += static_cast<double>(run.engine_recv_rows[ur]);
-      d_remote += static_cast<double>(run.dispatch_counters[ur].bytes);
-      d_local += static_cast<double>(run.dispatch_counters[ur].local_bytes);
-      c_remote += static_cast<double>(run.combine_counters[ur].bytes);
-      c_local += static_cast<double>(run.combine_counters[ur].local_bytes);
-    }
-    const double all_tokens = S * R;
-    row.unique_measured = recv / all_tokens;
-    row.local_fraction_measured = d_local / (d_local + d_remote);
-    row.dispatch_token_bytes_measured = (d_remote + d_local) / all_tokens;
-    row.combine_token_bytes_measured = (c_remote + c_local) / all_tokens;
-    row.layer_rank_bytes_measured = (d_remote + c_remote) / R;
-
-    std::map<int, int> members;  // server -> ranks
-    for (const RankPlace& p : run.topology.ranks) ++members[p.server];
-    row.servers = static_cast<int>(members.size());
-    row.server_size = row.servers > 0 ? P / row.servers : P;
-    if (row.servers > 1) {
-      for (const auto& [server, n] : members)
-        if (n != row.server_size)
-          throw Error(ErrorCode::kInvalidArgument, "epx sim ledger: topology '" + run.topology.name + "' has servers of unequal size (server " +
-                                                       std::to_string(server) + ": " + std::to_string(n) + " ranks, expected " +
-                                                       std::to_string(row.server_size) + ")");
-      const double G = row.server_size, N = row.servers;
-      row.cross_flat = S * (R - G) * (1 - std::pow(1 - 1 / R, K)) * (rd + rc);
-      row.cross_hier = S * (N - 1) * (1 - std::pow(1 - 1 / N, K)) * (rd + rc);
-      auto server_of = [&](int r) { return run.topology.ranks[static_cast<std::size_t>(r)].server; };
-      double cross = 0;
-      for (int call : {run.dispatch_call, run.combine_call}) {
-        const sim::PutTable t = sim::summarize_puts(run.trace, call);
-        for (int r = 0; r < P; ++r)
-          for (int p = 0; p < P; ++p)
-            if (server_of(r) != server_of(p))
-              for (const sim::PutSummary& q : t[static_cast<std::size_t>(r)][static_cast<std::size_t>(p)])
-                cross += static_cast<double>(q.bytes);
-      }
-      row.cross_flat_measured = cross / R;
-      // Hierarchical: counted on the routing the engine ran (other servers per token).
-      const BenchProblem problem = sim_problem(o, P);
-      const int L = o.experts / P;
-      double crossings = 0;
-      std::vector<std::int64_t> seen(static_cast<std::size_t>(P), -1);
-      for (int s = 0; s < P; ++s) {
-        const BenchRankInput& rk = problem.rank[static_cast<std::size_t>(s)];
-        for (std::int64_t t = 0; t < rk.tokens; ++t)
-          for (int k = 0; k < o.topk; ++k) {
-            const std::int64_t e = rk.topk_idx[static_cast<std::size_t>(t * o.topk + k)];
-            if (e < 0) continue;
-            const int sv = server_of(static_cast<int>(e / L));
-            if (sv == server_of(s) || seen[static_cast<std::size_t>(sv)] == t + s * o.tokens) continue;
-            seen[static_cast<std::size_t>(sv)] = t + s * o.tokens;
-            crossings += 1;
-          }
-      }
-      row.cross_hier_routing = crossings * (rd + rc) / R;
-    }
+    measure_bytes(row, run, P, S);
+    server_columns(row, o, run, P, rd, rc);
     out.push_back(row);
   }
   return out;
