@@ -28,6 +28,7 @@
 #include "epx/error.hpp"
 #include "../multirank/bucket_cases.hpp"
 #include "../multirank/multirank_support.hpp"
+#include "../multirank/round_trip_cases.hpp"
 #include "ucx_ranks.hpp"
 
 namespace epx::testing {
@@ -280,6 +281,91 @@ TEST(ConnectUcx, DispatchCombineAndAllReduceMatchTheReference) {
   nothing_left.check();
 }
 
+// The data-plane conformance (tests/multirank/dataplane_conformance_test.cpp) over ucx: every
+// schedule x protocol the support table accepts on ucx's caps, queues and aggregation
+// varied, each a round trip (fresh dispatch, cached dispatch, combine of wide-range y, a
+// second fresh dispatch and its combine) of the shared small cases, compact, expanded
+// weighted and FP8, bit for bit. One job runs them all, a buffer (an endpoint) per option set.
+struct PlaneCase {
+  const char* schedule;
+  const char* protocol;
+  int queues;
+  std::size_t aggregate;
+  bool node_first = false;
+};
+
+std::vector<PlaneCase> plane_cases(const TransportCaps& caps) {
+  std::vector<PlaneCase> v;
+  const std::size_t aggregates[] = {0, 1000, std::size_t{1} << 20};
+  int i = 0;
+  for (const char* schedule : {"flat", "rotated", "grouped:2", "hierarchical"})
+    for (const char* protocol : {"explicit", "tail", "flag"})
+      for (int queues : {1, 4}) {
+        PlaneCase c{schedule, protocol, queues, aggregates[i++ % 3], std::string(schedule) == "hierarchical" && queues == 4};
+        BufferConfig config;
+        config.dataplane.schedule = parse_schedule(c.schedule);
+        config.dataplane.protocol = parse_protocol(c.protocol);
+        config.dataplane.queues = c.queues;
+        if (c.node_first) config.dataplane.combine_order = CombineOrder::kNodeFirst;
+        if (spi::refuse_config(config, caps).empty()) v.push_back(c);
+      }
+  return v;
+}
+
+void round_trip(Buffer& buffer, int r, const Expected& e) {
+  const auto ur = static_cast<std::size_t>(r);
+  const RankViews v = views_of(e.p, r);
+  DispatchResult d = buffer.dispatch(dispatch_args(v, e.d));
+  expect_dispatch(r, e.p, e.d, e.out[ur], d);
+  DispatchArgs cached = dispatch_args(v, e.d);
+  cached.handle = &d.handle;
+  expect_dispatch(r, e.p, e.d, e.out[ur], buffer.dispatch(cached));
+  CombineArgs ca;
+  ca.y = TensorView(e.y[ur].data(), DType::kBF16, {e.out[ur].rows, e.p.hidden});
+  ca.handle = &d.handle;
+  ca.weighted = e.weighted;
+  expect_bits(r, "combined_x", buffer.combine(ca).combined_x.data(), e.combined[ur]);
+  DispatchResult again = buffer.dispatch(dispatch_args(v, e.d));
+  expect_dispatch(r, e.p, e.d, e.out[ur], again);
+  ca.handle = &again.handle;
+  expect_bits(r, "combined_x (second fresh dispatch)", buffer.combine(ca).combined_x.data(), e.combined[ur]);
+}
+
+void plane_conformance(Transport& t) {
+  static const std::vector<int> two_servers = {0, 0, 1, 1};
+  int n = 0;
+  for (const PlaneCase& c : plane_cases(t.caps())) {
+    const std::vector<int>* nodes = c.node_first ? &two_servers : nullptr;
+    const Expected cases[] = {expect(fixture(false, 50), false, false, nodes), expect(fixture(false, 51), true, true, nodes),
+                              expect(fixture(true, 52), false, false, nodes)};
+    BufferConfig config = config_for(cases[0].p, 2);
+    config.max_tokens_per_rank = 16;
+    config.dataplane.schedule = parse_schedule(c.schedule);
+    if (config.dataplane.schedule.kind == ScheduleKind::kHierarchical) config.dataplane.topology = "builtin:servers:2";
+    config.dataplane.protocol = parse_protocol(c.protocol);
+    config.dataplane.queues = c.queues;
+    config.dataplane.aggregate_bytes = c.aggregate;
+    if (c.node_first) config.dataplane.combine_order = CombineOrder::kNodeFirst;
+    Buffer buffer(t, config);
+    for (const Expected& e : cases) {
+      try {
+        round_trip(buffer, t.rank(), e);
+      } catch (const std::exception& ex) {
+        fail(t.rank(), std::string(c.schedule) + " " + c.protocol + " q" + std::to_string(c.queues) + ": " + ex.what());
+      }
+    }
+    ++n;
+  }
+  check(n >= 20, t.rank(), "only " + std::to_string(n) + " data-plane option sets ran");
+  if (t.rank() == 0) std::printf("%d data-plane option sets x 3 cases matched the reference\n", n);
+}
+
+TEST(ConnectUcx, DataPlaneConformance) {
+  NothingLeft nothing_left;
+  expect_all(run_ranks(kCaseRanks, {}, [](Bootstrap& b) { plane_conformance(*connect_ucx(b)); }), "conformance");
+  nothing_left.check();
+}
+
 TEST(ConnectUcx, AutoPicksTheTransportByNodesAndLauncher) {
   EXPECT_EQ(auto_connect_kind(1, false, true), ConnectKind::kShm);
   EXPECT_EQ(auto_connect_kind(1, true, true), ConnectKind::kShm);
@@ -353,6 +439,7 @@ TEST(ConnectUcx, TwoMachinesAutoPicksUcxAndBytesCrossTheVeth) {
                dispatch_combine(*t, big, false, {Protocol::kExplicit, 1});
                every_flavour(*t, 256, {9, 0, 14, 5});
                bucket_all_reduce(*t, "builtin:servers:2");
+               plane_conformance(*t);  // hierarchical: servers:2 are the two machines
              }),
              "two machines");
   for (int i = 0; i < 2; ++i) {
