@@ -25,13 +25,14 @@ from .errors import Error
 from .events import EventHandle, EventOverlap
 from .engram import EngramBuffer
 from .group import launch
+from .heal import agree_and_rebuild, live_routing
 from .pp import PPBuffer, PPView
 from .legacy import Buffer, Config
 
 __all__ = ["EPBuffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "Buffer", "Config", "Diagnose", "Error", "launch",
            "get_num_allocation_alignment", "MAX_LOCAL_EXPERTS", "topk_idx_t", "__version__",
            "BucketBuffer", "BucketSession", "BufferAllocator", "PPBuffer", "PPView", "EngramBuffer",
-           "get_physical_domain_size", "get_logical_domain_size"]
+           "get_physical_domain_size", "get_logical_domain_size", "agree_and_rebuild", "live_routing"]
 
 
 def __getattr__(name):

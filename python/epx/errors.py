@@ -16,6 +16,13 @@ class Error(RuntimeError):
         self.code = code
         self.origin_rank = origin_rank
 
+    @property
+    def is_peer_loss(self):
+        """True for the errors a lost peer causes ("peer_failed", "timeout"), after which the
+        survivors may go on without it (epx.agree_and_rebuild); a bad input
+        ("invalid_argument", ...) is not one. As epx::is_peer_loss in C++."""
+        return self.code in ("peer_failed", "timeout")
+
     def __reduce__(self):  # survives pickling (epx.launch carries errors back from the ranks), with
         # any attribute set on it (epx.launch's exc_type and rank_traceback, notes)
         return (Error, (str(self), self.code, self.origin_rank), dict(self.__dict__))

@@ -18,10 +18,23 @@ def _dist():
     return dist
 
 
+def _healed(group):
+    """The epx.heal.Group `group` is, or None (a torch.distributed group)."""
+    from .heal import Group
+    return group if isinstance(group, Group) else None
+
+
 def bootstrap_of(group, need_allgather=True):
     """(rank, size, allgather) over `group` (None: the default group). allgather(bytes) ->
     the concatenation of every rank's bytes (all the same length), by torch.distributed
-    all_gather of uint8 tensors."""
+    all_gather of uint8 tensors. A group of survivors (epx.agree_and_rebuild) has its
+    transport already and no all-gather (torch.distributed is not used there)."""
+    healed = _healed(group)
+    if healed is not None:
+        if need_allgather:
+            raise Error(f"rank {healed.rank}: a group rebuilt after a lost rank has no torch.distributed "
+                        "all-gather (its transport exists: epx.group.transport_of(group))", "unsupported", healed.rank)
+        return healed.rank, healed.size, None
     dist = _dist()
     if not dist.is_available() or not dist.is_initialized():
         raise Error("EPBuffer: torch.distributed is not initialised (call init_process_group, run under torchrun, "
@@ -57,7 +70,17 @@ def transport_of(group=None, transport="auto", timeout_secs=300):
     machine) and timeout — collectively, so every rank of the group must make the same
     calls in the same order, as it does when it builds the same buffers — and shared by
     every buffer of the group afterwards (EPBuffer, BucketBuffer, ...), each on its own
-    endpoint: an application may hold several buffers of several kinds on one group."""
+    endpoint: an application may hold several buffers of several kinds on one group.
+
+    A group of survivors (epx.agree_and_rebuild) has one transport, made by the rebuild: the
+    shm kind ("auto" or "shm" ask for it) with the timeout of the group it was rebuilt from
+    (timeout_secs is not used there)."""
+    healed = _healed(group)
+    if healed is not None:
+        if str(transport) not in ("auto", "shm"):
+            raise Error(f"rank {healed.rank}: a group rebuilt after a lost rank runs on the shm transport, "
+                        f"not {transport!r}", "unsupported", healed.rank)
+        return healed.transport
     rank, size, allgather = bootstrap_of(group)
     from . import _epx
     g = group if group is not None else _dist().group.WORLD
@@ -68,6 +91,17 @@ def transport_of(group=None, transport="auto", timeout_secs=300):
     t = _epx.Transport(rank, size, allgather, str(transport), float(timeout_secs))
     _transports[key] = (g, t)
     return t
+
+
+def transports_of(group=None):
+    """The epx transports this process made for torch.distributed `group` (None: the default
+    group), one per kind and timeout its buffers asked for; [] if none (no torch needed then)."""
+    import sys
+    if group is None:
+        if "torch.distributed" not in sys.modules or not _dist().is_initialized():
+            return []
+        group = _dist().group.WORLD
+    return [t for (gid, _, _), (g, t) in list(_transports.items()) if gid == id(group) and g is group]
 
 
 _TAIL_LINES = 12  # of a failed rank's traceback, carried to the caller of launch
@@ -141,7 +175,22 @@ def _exit_words(code):
     return f"exit code {code}"
 
 
-def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
+class LaunchResult(list):
+    """epx.launch's return value: fn's values by rank (None for a lost rank), with ``.lost``,
+    the ranks an elastic launch lost (ascending; [] otherwise)."""
+    lost = ()
+
+
+def _stopped(pid):
+    """True if process `pid` is stopped (SIGSTOP: state T or t in /proc/<pid>/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn", elastic=False):
     """Runs fn(rank, num_ranks, *args) on `num_ranks` processes of this machine and returns
     the list of fn's return values by rank. Each rank starts with torch.distributed
     initialised — a gloo process group over a FileStore in a temporary directory, so
@@ -159,7 +208,13 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
     start_method "spawn" (default: safe with torch's thread pools) imports fn in each rank by
     its module and name, so fn must be a module-level function of an importable file —
     not one defined under ``python -c`` or in an interactive session, nor a closure or
-    lambda (refused at once, saying so); "fork" is faster to start and runs any fn."""
+    lambda (refused at once, saying so); "fork" is faster to start and runs any fn.
+
+    elastic=True: a rank that dies (a signal, os._exit: it reports nothing) does not end the
+    job; the others' epx calls raise an epx.Error whose ``is_peer_loss`` is True, and they go
+    on without it (epx.agree_and_rebuild, docs/reliability.md). A rank still stopped
+    (SIGSTOP) once every other rank has ended is killed and lost too. The result's ``.lost``
+    lists the lost ranks (their values are None). A rank that raises still fails the launch."""
     import multiprocessing as mp
     _dist()  # imported once here: forked ranks inherit torch instead of each importing it
     if start_method != "fork":
@@ -177,10 +232,10 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
                  for r in range(num_ranks)]
         for p in procs:
             p.start()
-        values, errors = {}, {}
+        values, errors, lost = {}, {}, set()
         deadline = None
         try:
-            while len(values) + len(errors) < num_ranks:
+            while len(values) + len(errors) + len(lost) < num_ranks:
                 try:
                     rank, ok, v = results.get(timeout=0.1)
                     (values if ok else errors)[rank] = pickle.loads(v)
@@ -190,7 +245,7 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
                 except queue.Empty:
                     pass
                 for r, p in enumerate(procs):
-                    if r not in values and r not in errors and p.exitcode is not None:
+                    if r not in values and r not in errors and r not in lost and p.exitcode is not None:
                         time.sleep(0.2)  # its last message may still be in the pipe
                         try:
                             while True:
@@ -198,13 +253,22 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
                                 (values if ok else errors)[rank] = pickle.loads(v)
                         except queue.Empty:
                             pass
-                        if r not in values and r not in errors:
+                        if r not in values and r not in errors and elastic:
+                            lost.add(r)  # the survivors go on without it
+                        elif r not in values and r not in errors:
                             errors[r] = Error(f"rank {r} died ({_exit_words(p.exitcode)}) without reporting an error: "
                                               "its own output (stderr) above says why", "peer_failed", r)
                             deadline = deadline or time.monotonic() + timeout_secs
+                if elastic:
+                    waiting = [r for r in range(num_ranks) if r not in values and r not in errors and r not in lost]
+                    if waiting and len(waiting) < num_ranks and all(_stopped(procs[r].pid) for r in waiting):
+                        for r in waiting:  # stopped while every other rank ended: lost as well
+                            procs[r].kill()
+                            procs[r].join()
+                            lost.add(r)
                 if deadline is not None and time.monotonic() > deadline:
                     for r in range(num_ranks):
-                        if r not in values and r not in errors:
+                        if r not in values and r not in errors and r not in lost:
                             errors[r] = Error(f"rank {r} did not end after another rank failed and was killed",
                                               "peer_failed", -1)
                     break
@@ -216,8 +280,12 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn"):
                     p.join()
             results.close()
     if errors:
-        raise _pick_error(errors, values)
-    return [values[r] for r in range(num_ranks)]
+        err = _pick_error(errors, values)
+        err.lost = sorted(lost)
+        raise err
+    result = LaunchResult(values.get(r) for r in range(num_ranks))
+    result.lost = sorted(lost)
+    return result
 
 
 def _pick_error(errors, values):

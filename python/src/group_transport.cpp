@@ -4,7 +4,10 @@
 #include <cstring>
 
 #include "epx/connect.hpp"
+#include "epx/elastic.hpp"
 #include "epx/error.hpp"
+
+#include <pybind11/stl.h>
 
 namespace epx::py {
 
@@ -63,6 +66,44 @@ void PyTransport::barrier(const std::string& phase) {
   interrupt_->released([&] { transport_->barrier(phase.c_str()); });
 }
 
+PyTransport::PyTransport(std::shared_ptr<Interrupt> interrupt, std::shared_ptr<Transport> transport)
+    : interrupt_(std::move(interrupt)), transport_(std::move(transport)) {}
+
+pyb::dict PyTransport::agree_survivors() {
+  const Membership m = interrupt_->released([&] { return epx::agree_survivors(*transport_); });
+  pyb::dict d;
+  d["round"] = m.round;
+  d["old_num_ranks"] = m.old_num_ranks;
+  d["survivors"] = m.survivors;
+  d["lost"] = m.lost;
+  d["new_rank"] = m.new_rank;
+  return d;
+}
+
+std::shared_ptr<PyTransport> PyTransport::rebuild(int round, int old_num_ranks, const std::vector<int>& survivors,
+                                                  const std::vector<int>& lost, int new_rank) {
+  Membership m;
+  m.round = round;
+  m.old_num_ranks = old_num_ranks;
+  m.survivors = survivors;
+  m.lost = lost;
+  m.new_rank = new_rank;
+  std::unique_ptr<Transport> fresh = interrupt_->released([&] { return rebuild_group(*transport_, m); });
+  // The new group reads the first group's control block through the old transport: one
+  // owner holds both, the new one destroyed first (members go in reverse order), so every
+  // shared() handed out keeps the whole chain.
+  struct Chain {
+    std::shared_ptr<Transport> parent;
+    std::unique_ptr<Transport> group;
+  };
+  auto chain = std::make_shared<Chain>(Chain{transport_, std::move(fresh)});
+  return std::make_shared<PyTransport>(interrupt_, std::shared_ptr<Transport>(chain, chain->group.get()));
+}
+
+std::vector<std::int64_t> PyTransport::sum(const std::vector<std::int64_t>& values) {
+  return interrupt_->released([&] { return sum_over_group(*transport_, values); });
+}
+
 PyTransport::~PyTransport() {
   {
     pyb::gil_scoped_release nogil;
@@ -78,7 +119,12 @@ void bind_transport(pyb::module_& m) {
       .def_property_readonly("rank", &PyTransport::rank)
       .def_property_readonly("num_ranks", &PyTransport::num_ranks)
       .def_property_readonly("name", &PyTransport::name)
-      .def("barrier", &PyTransport::barrier, pyb::arg("phase"));
+      .def("barrier", &PyTransport::barrier, pyb::arg("phase"))
+      .def_property_readonly("timeout_s", &PyTransport::timeout_s)
+      .def("agree_survivors", &PyTransport::agree_survivors)
+      .def("rebuild", &PyTransport::rebuild, pyb::arg("round"), pyb::arg("old_num_ranks"), pyb::arg("survivors"),
+           pyb::arg("lost"), pyb::arg("new_rank"))
+      .def("sum", &PyTransport::sum, pyb::arg("values"));
 }
 
 }  // namespace epx::py

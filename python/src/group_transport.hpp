@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "epx/bootstrap.hpp"
 #include "epx/error.hpp"
@@ -69,6 +70,22 @@ class PyTransport {
   /// Collective: epx's barrier over the transport (shared memory: no socket round trip),
   /// GIL released; `phase` names it in a timeout's error. Between calls, not during one.
   void barrier(const std::string& phase);
+
+  // After a lost rank (epx/elastic.hpp; epx.agree_and_rebuild in Python). GIL released.
+  /// Collective over the survivors: epx::agree_survivors, as a dict (round, old_num_ranks,
+  /// survivors, lost, new_rank).
+  pyb::dict agree_survivors();
+  /// Collective over the survivors: epx::rebuild_group of the agreed membership; the new
+  /// group's transport, which keeps this one's (it reads the first group's records through
+  /// it) and shares its interrupt state.
+  std::shared_ptr<PyTransport> rebuild(int round, int old_num_ranks, const std::vector<int>& survivors,
+                                       const std::vector<int>& lost, int new_rank);
+  /// Collective: epx::sum_over_group.
+  std::vector<std::int64_t> sum(const std::vector<std::int64_t>& values);
+  double timeout_s() const noexcept { return static_cast<double>(transport_->timeout().count()) / 1000.0; }
+
+  /// A rebuilt group's transport (rebuild()).
+  PyTransport(std::shared_ptr<Interrupt> interrupt, std::shared_ptr<Transport> transport);
 
  private:
   std::shared_ptr<Interrupt> interrupt_;

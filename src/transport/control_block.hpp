@@ -22,6 +22,12 @@ inline constexpr std::size_t kMemberWords = 1024 / 64;
 struct alignas(8) RankSlot {  // 8-aligned: the window table follows the slots
   std::atomic<std::int32_t> state{0};
   std::atomic<std::int32_t> pid{0};
+  // Who the rank's process is, for a group no launcher watches (connect()-ed, and groups
+  // rebuilt from one): its start time (/proc/<pid>/stat field 22) and pid namespace (inode
+  // of /proc/<pid>/ns/pid), written before any peer reads them (shm/shm_transport.hpp,
+  // ProcessIdentity). 0 where unknown (a launched group: its launcher records deaths).
+  std::uint64_t start_time = 0;
+  std::uint64_t pid_ns = 0;
   std::int32_t error_code = 0;
   std::int32_t origin_rank = -1;
   char message[1024] = {};

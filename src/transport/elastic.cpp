@@ -1,7 +1,10 @@
 // Elastic groups (epx/elastic.hpp): the survivors' agreement and the group's small sums
 // through the control block, and the rebuilt group: a shm transport over a new control
-// block, whose members' deaths are read from the launch's control block (the launcher
-// records them there by the ranks' original numbers).
+// block. Who is dead: in a launched group the launcher records deaths in the launch's
+// control block (by the ranks' original numbers), and a rebuilt group reads them there; in
+// a connect()-ed group (and a group rebuilt from one) every slot holds its rank's process
+// identity (ProcessIdentity), which the survivors check themselves, and the rebuilt group's
+// block gets copies of its members' identities.
 #include "epx/elastic.hpp"
 
 #include <fcntl.h>
@@ -10,8 +13,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "control_block.hpp"
 #include "epx/launch.hpp"
@@ -39,21 +44,44 @@ constexpr auto kFailed = static_cast<std::int32_t>(RankState::kFailed);
 
 ShmTransport& elastic_shm(Transport& t, const char* what) {
   auto* shm = dynamic_cast<ShmTransport*>(&t);
-  if (shm == nullptr || !shm->launcher_watched())
+  if (shm == nullptr)
     throw Error(ErrorCode::kUnsupported,
-                std::string(what) + ": elastic groups need the shm transport of epx::launch (a process per rank, " +
-                    "LaunchOptions::elastic); this transport is '" + t.caps().name +
-                    (shm != nullptr ? "' started by another launcher" : "'"));
+                "rank " + std::to_string(t.rank()) + ": " + what +
+                    ": elastic groups need the shm transport (processes on one machine: epx::launch with "
+                    "LaunchOptions::elastic, or a connect()-ed group); this transport is '" +
+                    t.caps().name + "'");
+  if (shm->retired_round() != 0)
+    throw Error(ErrorCode::kBadHandle,
+                "rank " + std::to_string(t.rank()) + ": " + what + ": this group was rebuilt already (survivors' round " +
+                    std::to_string(shm->retired_round()) + "): call it on the group the rebuild returned",
+                t.rank());
   return *shm;
 }
 
-/// Rank p of `t`'s group has ended for good: the launcher recorded its death (or it gave up),
-/// or it left the group (its transport was destroyed: done).
-bool is_lost(const ShmTransport& t, int p) {
-  ControlBlock* root = t.root_control();
-  if (root->ranks()[t.root_rank(p)].state.load(std::memory_order_acquire) == kFailed) return true;
-  return t.control_block()->ranks()[p].state.load(std::memory_order_acquire) != kRunning;
-}
+/// Which ranks of `t`'s group have ended for good, for a wait loop: a death recorded (by the
+/// launcher, or by a peer that saw the process end) or the rank left the group (its
+/// transport was destroyed: done) on every look; without a launcher, the processes
+/// themselves (/proc) at most every 10 ms per rank.
+class LossWatch {
+ public:
+  explicit LossWatch(const ShmTransport& t)
+      : t_(t), lost_(static_cast<std::size_t>(t.num_ranks()), false), next_(lost_.size()) {}
+  bool operator()(int p) {
+    const auto u = static_cast<std::size_t>(p);
+    if (lost_[u]) return true;
+    if (t_.control_block()->ranks()[p].state.load(std::memory_order_acquire) != kRunning) return lost_[u] = true;
+    if (t_.launcher_watched()) return lost_[u] = t_.peer_ended(p);  // a load of the launcher's record
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_[u]) return false;
+    next_[u] = now + std::chrono::milliseconds(10);
+    return lost_[u] = t_.peer_ended(p);
+  }
+
+ private:
+  const ShmTransport& t_;
+  std::vector<bool> lost_;
+  std::vector<std::chrono::steady_clock::time_point> next_;
+};
 
 std::string rank_str(int r) { return "rank " + std::to_string(r); }
 
@@ -61,12 +89,14 @@ std::string rank_str(int r) { return "rank " + std::to_string(r); }
 /// from "/<prefix>ctl"), which checks its members against the launch's control block.
 class ElasticShmTransport final : public ShmTransport {
  public:
-  ElasticShmTransport(ControlBlock* control, std::size_t control_bytes, int rank, std::chrono::milliseconds timeout,
-                      std::string prefix, ControlBlock* root, std::vector<int> root_ranks)
-      : ShmTransport(control, rank, timeout, std::move(prefix)),
+  ElasticShmTransport(ControlBlock* control, std::size_t control_bytes, int rank, const ShmTransport& parent,
+                      std::string prefix, std::vector<int> root_ranks)
+      : ShmTransport(control, rank, parent.timeout(), std::move(prefix)),
         control_bytes_(control_bytes),
-        root_(root),
-        root_ranks_(std::move(root_ranks)) {
+        root_(parent.root_control()),
+        root_ranks_(std::move(root_ranks)),
+        launched_(parent.launcher_watched()) {
+    wait_hook_ = parent.wait_hook();
     disarm_fault_hook();
     mirror_phases_to(root_, root_ranks_[static_cast<std::size_t>(rank)]);
   }
@@ -81,12 +111,19 @@ class ElasticShmTransport final : public ShmTransport {
 
   ControlBlock* root_control() const noexcept override { return root_; }
   int root_rank(int p) const noexcept override { return root_ranks_[static_cast<std::size_t>(p)]; }
+  bool launcher_watched() const noexcept override { return launched_; }
 
   /// Collective: every member has mapped the control block (then its name can go).
   void join(const char* phase) { bootstrap_barrier(phase); }
 
  protected:
   void check_alive(const char* phase) const override {
+    if (!launched_) {
+      // No launcher: this group's slots hold its members' process identities.
+      return check_processes(phase, [this](int p) {
+        return " (rank " + std::to_string(root_ranks_[static_cast<std::size_t>(p)]) + " of the first group)";
+      });
+    }
     for (int p = 0; p < num_ranks(); ++p) {
       const int o = root_ranks_[static_cast<std::size_t>(p)];
       if (p == rank() || root_->ranks()[o].state.load(std::memory_order_acquire) != kFailed) continue;
@@ -102,6 +139,7 @@ class ElasticShmTransport final : public ShmTransport {
   std::size_t control_bytes_;
   ControlBlock* root_;
   std::vector<int> root_ranks_;
+  bool launched_;
 };
 
 /// Spin-then-yield until done(); false once the timeout has passed.
@@ -126,12 +164,13 @@ Membership agree_survivors(Transport& transport) {
   const std::uint32_t g = c->ranks()[me].elastic_round.load(std::memory_order_relaxed) + 1;
   c->ranks()[me].elastic_round.store(g, std::memory_order_release);
   auto arrived = [&](int p) { return c->ranks()[p].elastic_round.load(std::memory_order_acquire) >= g; };
+  LossWatch is_lost(t);
 
   // Everyone is here or gone (or the timeout passed): one rank decides, in a single CAS.
   wait_for(t.timeout(), [&] {
     if (c->elastic_decided.load(std::memory_order_acquire) >= g) return true;
     for (int p = 0; p < P; ++p)
-      if (p != me && !arrived(p) && !is_lost(t, p)) return false;
+      if (p != me && !arrived(p) && !is_lost(p)) return false;
     return true;
   });
   std::uint32_t expected = g - 1;
@@ -139,7 +178,7 @@ Membership agree_survivors(Transport& transport) {
     std::atomic<std::uint64_t>* words = c->elastic_members[g % 2];
     for (std::size_t w = 0; w < kMemberWords; ++w) words[w].store(0, std::memory_order_relaxed);
     for (int p = 0; p < P; ++p)
-      if (p == me || (arrived(p) && !is_lost(t, p)))
+      if (p == me || (arrived(p) && !is_lost(p)))
         words[p / 64].fetch_or(std::uint64_t{1} << (p % 64), std::memory_order_relaxed);
     c->elastic_decided.store(g, std::memory_order_release);
   }
@@ -199,12 +238,16 @@ std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership&
       c->elastic_ready_failed.store(g, std::memory_order_release);
       throw Error(ErrorCode::kIo, who + ": cannot create the group's control block " + name + ": " + std::strerror(err), me);
     }
-    ControlBlock::create(memory, P, c->job_id);
+    ControlBlock* fresh = ControlBlock::create(memory, P, c->job_id);
+    // Who each member is (a group without a launcher checks its peers' processes by these).
+    for (int i = 0; i < P; ++i)
+      ProcessIdentity::of(c->ranks()[m.survivors[static_cast<std::size_t>(i)]]).write_to(fresh->ranks()[i]);
     c->elastic_ready.store(g, std::memory_order_release);
   } else {
+    LossWatch is_lost(t);
     const bool ready = wait_for(t.timeout(), [&] {
       return c->elastic_ready.load(std::memory_order_acquire) >= g ||
-             c->elastic_ready_failed.load(std::memory_order_acquire) >= g || is_lost(t, leader);
+             c->elastic_ready_failed.load(std::memory_order_acquire) >= g || is_lost(leader);
     });
     if (!ready || c->elastic_ready.load(std::memory_order_acquire) < g)
       throw Error(ready ? ErrorCode::kPeerFailed : ErrorCode::kTimeout,
@@ -223,8 +266,8 @@ std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership&
 
   std::vector<int> root_ranks(static_cast<std::size_t>(P));
   for (int i = 0; i < P; ++i) root_ranks[static_cast<std::size_t>(i)] = t.root_rank(m.survivors[static_cast<std::size_t>(i)]);
-  auto group = std::make_unique<ElasticShmTransport>(static_cast<ControlBlock*>(memory), bytes, m.new_rank, t.timeout(),
-                                                     prefix, t.root_control(), std::move(root_ranks));
+  auto group = std::make_unique<ElasticShmTransport>(static_cast<ControlBlock*>(memory), bytes, m.new_rank, t, prefix,
+                                                     std::move(root_ranks));
   try {
     group->join("elastic rebuild");
   } catch (...) {
@@ -232,6 +275,7 @@ std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership&
     throw;
   }
   if (me == leader) shm_unlink(name.c_str());  // every member maps it: nothing left in /dev/shm
+  t.retire(m.round);  // the old group's buffers now fail at once, naming the rebuild
   return group;
 }
 

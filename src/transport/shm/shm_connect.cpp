@@ -31,37 +31,15 @@ struct Hello {
   std::int32_t pad = 0;
 };
 
-/// Field 3 (state) and field 22 (start time) of /proc/<pid>/stat; false if it is gone.
-bool read_stat(int pid, char& state, std::uint64_t& start_time) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!in || !std::getline(in, line)) return false;
-  const std::size_t close = line.rfind(')');  // the command name may hold spaces and ')'
-  if (close == std::string::npos) return false;
-  std::istringstream rest(line.substr(close + 1));
-  std::string field;
-  rest >> state;
-  for (int f = 4; f <= 22 && rest >> field; ++f)
-    if (f == 22) start_time = std::stoull(field);
-  return true;
-}
-
-std::uint64_t pid_namespace() {
-  struct stat st {};
-  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
-}
-
 /// The shm transport plus what a foreign launcher does not provide: the control block's
-/// mapping, the peers' liveness and the caller's wait hook.
+/// mapping, the peers' liveness (their ProcessIdentity in the control block) and the
+/// caller's wait hook.
 class ConnectedShmTransport final : public ShmTransport {
  public:
-  ConnectedShmTransport(ControlBlock* control, std::size_t control_bytes, int rank, const ConnectOptions& o,
-                        std::vector<Hello> peers)
-      : ShmTransport(control, rank, o.timeout),
-        control_bytes_(control_bytes),
-        hook_(o.wait_hook),
-        peers_(std::move(peers)),
-        own_ns_(pid_namespace()) {}
+  ConnectedShmTransport(ControlBlock* control, std::size_t control_bytes, int rank, const ConnectOptions& o)
+      : ShmTransport(control, rank, o.timeout), control_bytes_(control_bytes) {
+    wait_hook_ = o.wait_hook;
+  }
 
   ~ConnectedShmTransport() override {
     auto& state = control_->ranks()[rank()].state;
@@ -74,43 +52,10 @@ class ConnectedShmTransport final : public ShmTransport {
   bool launcher_watched() const noexcept override { return false; }
 
  protected:
-  void check_alive(const char* phase) const override {
-    using Clock = std::chrono::steady_clock;
-    const auto now = Clock::now().time_since_epoch().count();
-    if (hook_) {
-      thread_local std::int64_t last_hook = 0;
-      if (now - last_hook >= std::chrono::nanoseconds(std::chrono::milliseconds(50)).count()) {
-        last_hook = now;
-        hook_();
-      }
-    }
-    std::int64_t next = next_check_.load(std::memory_order_relaxed);
-    if (now < next) return;
-    if (!next_check_.compare_exchange_strong(next, now + std::chrono::nanoseconds(std::chrono::milliseconds(20)).count()))
-      return;  // another thread of this rank checks now
-    for (int p = 0; p < num_ranks(); ++p) {
-      const Hello& h = peers_[static_cast<std::size_t>(p)];
-      if (p == rank() || h.pid_ns != own_ns_ || h.pid <= 0) continue;
-      // Only running ranks can die unnoticed (one that ended marked itself done or failed).
-      if (control_->ranks()[p].state.load(std::memory_order_acquire) != static_cast<std::int32_t>(RankState::kRunning))
-        continue;
-      char state = '?';
-      std::uint64_t start = 0;
-      const bool present = read_stat(h.pid, state, start);
-      if (present && state != 'Z' && state != 'X' && start == h.start_time) continue;
-      const std::string msg = "rank " + std::to_string(rank()) + ": peer rank " + std::to_string(p) + " (pid " +
-                              std::to_string(h.pid) + ") died while this rank waited in phase '" + phase + "'";
-      control_->record_failure(p, static_cast<int>(ErrorCode::kPeerFailed), p, msg.c_str());
-      throw Error(ErrorCode::kPeerFailed, msg, p);
-    }
-  }
+  void check_alive(const char* phase) const override { check_processes(phase, nullptr); }
 
  private:
   std::size_t control_bytes_;
-  std::function<void()> hook_;
-  std::vector<Hello> peers_;
-  std::uint64_t own_ns_;
-  mutable std::atomic<std::int64_t> next_check_{0};
 };
 
 std::string control_name(std::uint64_t job_id) { return "/" + ShmTransport::segment_prefix(job_id) + "ctl"; }
@@ -132,10 +77,10 @@ std::unique_ptr<Transport> connect_shm(Bootstrap& b, const ConnectOptions& optio
 
   // 1. Who is who: pids and start times for the liveness checks, rank 0's nonce names the job.
   Hello mine;
-  mine.pid = static_cast<std::int32_t>(getpid());
-  char state = '?';
-  read_stat(mine.pid, state, mine.start_time);
-  mine.pid_ns = pid_namespace();
+  const ProcessIdentity self = ProcessIdentity::self();
+  mine.pid = self.pid;
+  mine.start_time = self.start_time;
+  mine.pid_ns = self.pid_ns;
   if (rank == 0) {
     std::random_device rd;
     mine.nonce = (static_cast<std::uint64_t>(rd()) << 32 ^ rd()) ^
@@ -175,7 +120,10 @@ std::unique_ptr<Transport> connect_shm(Bootstrap& b, const ConnectOptions& optio
     if (!sized || memory == MAP_FAILED)
       throw Error(ErrorCode::kIo, me + "cannot size or map the control block " + name + ": " + std::strerror(err), rank);
     ControlBlock* c = ControlBlock::create(memory, P, job_id);
-    for (int r = 0; r < P; ++r) c->ranks()[r].pid.store(hello[static_cast<std::size_t>(r)].pid);
+    for (int r = 0; r < P; ++r) {
+      const Hello& h = hello[static_cast<std::size_t>(r)];
+      ProcessIdentity{h.pid, h.start_time, h.pid_ns}.write_to(c->ranks()[r]);
+    }
   });
   step(rank != 0, [&] {
     const int fd = shm_open(name.c_str(), O_RDWR, 0600);
@@ -187,8 +135,7 @@ std::unique_ptr<Transport> connect_shm(Bootstrap& b, const ConnectOptions& optio
       throw Error(ErrorCode::kIo, me + "cannot map rank 0's control block " + name + ": " + std::strerror(err), rank);
   });
   shm_unlink(name.c_str());  // every rank holds a mapping (or failed above): nothing left in /dev/shm
-  return std::make_unique<ConnectedShmTransport>(static_cast<ControlBlock*>(memory), bytes, rank, options,
-                                                 std::move(hello));
+  return std::make_unique<ConnectedShmTransport>(static_cast<ControlBlock*>(memory), bytes, rank, options);
 }
 
 }  // namespace epx::detail

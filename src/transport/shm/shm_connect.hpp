@@ -6,11 +6,14 @@
 // nonce, agreed through Bootstrap::allgather) and every rank unlinks once all have mapped
 // it; every setup step ends with an all-gather of each rank's status, so a failure on one
 // rank fails connect() on every rank with that rank's message. No launcher watches these
-// ranks, so a waiting rank checks its peers' liveness itself: the pid and start time each
-// rank announced (/proc/<pid>/stat; a zombie or a reused pid counts as dead), every 20 ms
-// of a yielding wait. Peers in another pid namespace are not checked (only the timeout
-// catches them). A rank whose transport is destroyed is marked done: a peer still waiting
-// for it fails at once ("finished without answering").
+// ranks, so a waiting rank checks its peers' liveness itself: the pid, start time and pid
+// namespace each rank announced, which rank 0 records in every rank's control-block slot
+// (ProcessIdentity, shm/shm_transport.hpp; /proc/<pid>/stat: a zombie or a reused pid counts
+// as dead), every 20 ms of a yielding wait. Peers in another pid namespace are not checked
+// (only the timeout catches them). A rank whose transport is destroyed is marked done: a peer
+// still waiting for it fails at once ("finished without answering"). The same records tell
+// the survivors of a lost rank who is dead (epx/elastic.hpp: agree_survivors, rebuild_group
+// work on these groups too; a rebuilt group copies its members' records into its own block).
 #pragma once
 
 #include <memory>

@@ -2,11 +2,15 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "epx/error.hpp"
 #include "epx/spi/janitor.hpp"
@@ -23,6 +27,151 @@ ShmTransport::ShmTransport(ControlBlock* control, int rank, std::chrono::millise
 ShmTransport::~ShmTransport() { unmap_all(); }
 
 namespace {
+
+/// Field 3 (state) and field 22 (start time) of /proc/<pid>/stat; false if it is gone.
+bool read_stat(int pid, char& state, std::uint64_t& start_time) noexcept {
+  try {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!in || !std::getline(in, line)) return false;
+    const std::size_t close = line.rfind(')');  // the command name may hold spaces and ')'
+    if (close == std::string::npos) return false;
+    std::istringstream rest(line.substr(close + 1));
+    std::string field;
+    rest >> state;
+    for (int f = 4; f <= 22 && rest >> field; ++f)
+      if (f == 22) start_time = std::stoull(field);
+    return true;
+  } catch (...) {
+    return false;  // unreadable: as if gone is wrong, as if alive is safe (the timeout still runs)
+  }
+}
+
+std::uint64_t pid_namespace_of(const std::string& pid) noexcept {
+  struct stat st {};
+  return ::stat(("/proc/" + pid + "/ns/pid").c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+}
+
+std::uint64_t own_pid_namespace() noexcept {
+  static const std::uint64_t ns = pid_namespace_of("self");
+  return ns;
+}
+
+}  // namespace
+
+ProcessIdentity ProcessIdentity::self() noexcept {
+  ProcessIdentity id;
+  id.pid = static_cast<std::int32_t>(getpid());
+  char state = '?';
+  if (!read_stat(id.pid, state, id.start_time)) id.start_time = 0;
+  id.pid_ns = own_pid_namespace();
+  return id;
+}
+
+ProcessIdentity ProcessIdentity::of(const RankSlot& slot) noexcept {
+  ProcessIdentity id;
+  id.pid = slot.pid.load(std::memory_order_acquire);
+  id.start_time = slot.start_time;
+  id.pid_ns = slot.pid_ns;
+  return id;
+}
+
+void ProcessIdentity::write_to(RankSlot& slot) const noexcept {
+  slot.start_time = start_time;
+  slot.pid_ns = pid_ns;
+  slot.pid.store(pid, std::memory_order_release);
+}
+
+bool ProcessIdentity::ended() const noexcept {
+  if (pid <= 0 || pid_ns == 0 || pid_ns != own_pid_namespace()) return false;
+  char state = '?';
+  std::uint64_t start = 0;
+  if (!read_stat(pid, state, start)) return true;
+  return state == 'Z' || state == 'X' || (start_time != 0 && start != start_time);
+}
+
+bool ShmTransport::peer_ended(int p) const {
+  constexpr auto kFailed = static_cast<std::int32_t>(RankState::kFailed);
+  if (launcher_watched()) return root_control()->ranks()[root_rank(p)].state.load(std::memory_order_acquire) == kFailed;
+  RankSlot& slot = control_->ranks()[p];
+  const std::int32_t state = slot.state.load(std::memory_order_acquire);
+  if (state == kFailed) return true;
+  if (state != static_cast<std::int32_t>(RankState::kRunning) || !ProcessIdentity::of(slot).ended()) return false;
+  const std::string msg = "rank " + std::to_string(p) + " (pid " + std::to_string(slot.pid.load()) + ") died";
+  control_->record_failure(p, static_cast<int>(ErrorCode::kPeerFailed), p, msg.c_str());
+  return true;
+}
+
+void ShmTransport::check_processes(const char* phase, const std::function<std::string(int)>& what) const {
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now().time_since_epoch().count();
+  if (wait_hook_) {
+    thread_local std::int64_t last_hook = 0;
+    if (now - last_hook >= std::chrono::nanoseconds(std::chrono::milliseconds(50)).count()) {
+      last_hook = now;
+      wait_hook_();
+    }
+  }
+  std::int64_t next = next_check_.load(std::memory_order_relaxed);
+  if (now < next) return;
+  if (!next_check_.compare_exchange_strong(next, now + std::chrono::nanoseconds(std::chrono::milliseconds(20)).count()))
+    return;  // another thread of this rank checks now
+  for (int p = 0; p < num_ranks(); ++p) {
+    if (p == rank()) continue;
+    RankSlot& slot = control_->ranks()[p];
+    // Only running ranks can die unnoticed (one that ended marked itself done or failed).
+    if (slot.state.load(std::memory_order_acquire) != static_cast<std::int32_t>(RankState::kRunning)) continue;
+    const ProcessIdentity id = ProcessIdentity::of(slot);
+    if (!id.ended()) continue;
+    const std::string msg = "rank " + std::to_string(rank()) + ": peer rank " + std::to_string(p) +
+                            (what ? what(p) : std::string()) + " (pid " + std::to_string(id.pid) +
+                            ") died while this rank waited in phase '" + phase + "'";
+    control_->record_failure(p, static_cast<int>(ErrorCode::kPeerFailed), p, msg.c_str());
+    throw Error(ErrorCode::kPeerFailed, msg, p);
+  }
+}
+
+void ShmTransport::require_live(const char* call) const {
+  const int round = retired_round();
+  if (round == 0) return;
+  throw Error(ErrorCode::kBadHandle,
+              "rank " + std::to_string(rank()) + ": " + call + " on a group that was rebuilt without its lost ranks " +
+                  "(survivors' round " + std::to_string(round) + "): a buffer of the old group cannot be used any more; " +
+                  "build it again on the group the rebuild returned",
+              rank());
+}
+
+void ShmTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int queue) {
+  require_live("put");
+  MappedTransport::put(peer, offset, src, bytes, queue);
+}
+void ShmTransport::get(int peer, std::size_t offset, void* dst, std::size_t bytes, int queue) {
+  require_live("get");
+  MappedTransport::get(peer, offset, dst, bytes, queue);
+}
+void ShmTransport::signal(int peer, std::size_t slot, std::uint64_t value, int queue) {
+  require_live("signal");
+  MappedTransport::signal(peer, slot, value, queue);
+}
+void ShmTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) {
+  require_live(where.phase);
+  MappedTransport::wait_signal(slot, at_least, where);
+}
+void ShmTransport::put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes, std::uint64_t flag,
+                               int queue) {
+  require_live("put");
+  MappedTransport::put_flagged(peer, offset, src, bytes, flag, queue);
+}
+void ShmTransport::wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) {
+  require_live(where.phase);
+  MappedTransport::wait_flag(offset, at_least, where);
+}
+void ShmTransport::barrier(const char* phase) {
+  require_live(phase);
+  MappedTransport::barrier(phase);
+}
+
+namespace {
 /// An endpoint of a shm group: its own segments, the group's control block, and the peers'
 /// liveness, phase mirror and launcher as its parent has them.
 class ShmEndpoint final : public ShmTransport {
@@ -30,6 +179,7 @@ class ShmEndpoint final : public ShmTransport {
   ShmEndpoint(const ShmTransport& parent, std::string prefix)
       : ShmTransport(parent.control_block(), parent.rank(), parent.timeout(), std::move(prefix)), parent_(parent) {
     inherit_from(parent);
+    follow_retirement_of(parent);  // a rebuild retires the group's buffers with it
   }
   ControlBlock* root_control() const noexcept override { return parent_.root_control(); }
   int root_rank(int p) const noexcept override { return parent_.root_rank(p); }
@@ -44,6 +194,7 @@ class ShmEndpoint final : public ShmTransport {
 }  // namespace
 
 std::unique_ptr<Transport> ShmTransport::open_endpoint() {
+  require_live("open_endpoint");
   return std::make_unique<ShmEndpoint>(*this, prefix_ + "w" + std::to_string(++endpoints_) + "-");
 }
 
@@ -70,6 +221,7 @@ void ShmTransport::unmap_all() noexcept {
 
 void ShmTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
   if (window_bytes == 0 && num_signals == 0) return release_windows();
+  require_live("allocate");
   const std::string me = "rank " + std::to_string(rank()) + ": ";
   const std::size_t bytes = (segment_bytes(window_bytes, num_signals) + 4095) / 4096 * 4096;
   // Checked on every rank before any segment of this generation exists (all ranks pass here

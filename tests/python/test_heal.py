@@ -1,0 +1,277 @@
+"""Going on without a lost rank from Python (epx.agree_and_rebuild, docs/reliability.md "Elastic"):
+4 ranks with an EPBuffer and a BucketBuffer on one group; rank 2 SIGKILLs itself inside a
+dispatch; the 3 survivors get an epx.Error with is_peer_loss, agree, rebuild both buffers on
+the new group and go on — dispatch / combine bit for bit against the numpy reference of the
+routing over the live ranks (the lost rank's experts served by their redundant slots, or
+dropped and counted, checked against a plain loop here), all_reduce against a float32 sum
+over the survivors — then rank 1 dies too (3 -> 2). A buffer of the old group raises
+bad_handle; a bad input is not a peer loss. Once with epx.launch(elastic=True), once with 4
+processes of a torch.distributed group (file:// store) the test starts itself. Nothing is
+left in /dev/shm, no process is left."""
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import epx
+import epx_ref
+from epx_cases import check_dispatch, expert_y, inputs, make_case, same
+
+P0, L, B, H, K = 4, 2, 2, 128, 3
+E_LOG = P0 * L
+# Rank d's redundant slots hold logical experts MAPPING[d] (-1 unused). Expert e's home is
+# rank e // L. Rank 2 (home of 4, 5) dies first: 4 has replicas on ranks 0 and 3, 5 has none
+# (dropped); rank 1 (home of 2, 3) dies next: 2 has a replica on rank 3, 3 none.
+MAPPING = [[4, 6], [0, -1], [1, 7], [2, 4]]
+TOKENS = [6, 5, 7, 4]
+FAULTS = [2, 1]  # the victim of each stage, by its rank in the first group
+PAIRS, KILL_PAIR = 3, 1
+TIMEOUT = 10
+NVALS = 1000
+
+
+def _shm():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("epx-")}
+
+
+def hand_mask(idx, lost):
+    """The routing sent to live replicas, written apart from epx: replicas of e are its home
+    copy, then the slots holding it by ascending (rank, slot); of the live ones, token t takes
+    the (t mod count)-th; rank d of the survivors holds physical experts d*(L+B) .. +L+B-1."""
+    survivors = [r for r in range(P0) if r not in lost]
+    out = np.full(idx.shape, -1, dtype=np.int64)
+    pairs = tokens = 0
+    for t in range(idx.shape[0]):
+        dropped = False
+        for k in range(idx.shape[1]):
+            e = int(idx[t, k])
+            if e < 0:
+                continue
+            live = []
+            if e // L not in lost:
+                live.append(survivors.index(e // L) * (L + B) + e % L)
+            for d in range(P0):
+                for b in range(B):
+                    if MAPPING[d][b] == e and d not in lost:
+                        live.append(survivors.index(d) * (L + B) + L + b)
+            if not live:
+                pairs += 1
+                dropped = True
+                continue
+            out[t, k] = live[t % len(live)]
+        tokens += dropped
+    return out, pairs, tokens
+
+
+def values(orig, stage, pair):
+    rng = np.random.default_rng(7919 * orig + 101 * stage + pair)
+    return (rng.choice([-1.0, 1.0], NVALS) * np.ldexp(1.0 + rng.random(NVALS), rng.integers(-8, 9, NVALS))).astype(np.float32)
+
+
+def _f32(bucket):
+    s = bucket.storage
+    return s[:4 * NVALS].view(np.float32) if isinstance(s, np.ndarray) else s[:4 * NVALS].view(__import__("torch").float32)
+
+
+def run_pair(ep, bucket, group, stage, j, lost, orig):
+    """One dispatch / combine of stage `stage`'s pair j and one all_reduce, checked bit for bit."""
+    survivors = [r for r in range(P0) if r not in lost]
+    me = survivors.index(orig)
+    logical = make_case(P0, E_LOG, K, H, TOKENS, seed=1000 * stage + j)
+    masks = [hand_mask(logical.topk_idx[r], lost) for r in survivors]
+    x, idx, w = inputs(logical, orig, "torch")
+    if group is not None:
+        routed, num_experts, pairs, tokens = epx.live_routing(idx, MAPPING, L, group)
+        assert np.array_equal(routed.numpy(), masks[me][0]), f"rank {orig}: live_routing differs from the plain loop"
+        assert (num_experts, pairs, tokens) == (len(survivors) * (L + B), masks[me][1], masks[me][2])
+    else:
+        routed = __import__("torch").from_numpy(masks[me][0].copy())
+    n = len(survivors)
+    case = epx_ref.Case({"num_ranks": n, "num_experts": n * (L + B), "hidden": H, "num_topk": K},
+                        [m[0] for m in masks], [logical.topk_weights[r] for r in survivors],
+                        x=[logical.x[r] for r in survivors])
+    expanded = j % 2 == 1
+    res = epx_ref.compute(case, layout="expanded" if expanded else "compact", alignment=4 if expanded else 1,
+                          deterministic=True, zero_padding=True)
+    recv_x, recv_idx, recv_w, handle, _ = ep.dispatch(x, routed, w, do_expand=expanded,
+                                                      expert_alignment=4 if expanded else 1, deterministic=True,
+                                                      do_zero_padding=True)
+    check_dispatch(case, res, me, (recv_x, recv_idx, recv_w, handle), expanded, False)
+    y = expert_y(case, recv_x, recv_idx, handle, expanded)
+    combined, _, _ = ep.combine(y, handle)
+    same("combined_x", combined, res.ranks[me]["combined_x"], orig)
+    if group is not None:  # the group's dropped totals (a collective: after the pair, so a kill lands in the dispatch)
+        assert group.sum([pairs, tokens]) == [sum(m[1] for m in masks), sum(m[2] for m in masks)]
+    v = _f32(bucket)
+    v[:] = __import__("torch").from_numpy(values(orig, stage, j)) if not isinstance(v, np.ndarray) else values(orig, stage, j)
+    out = bucket.all_reduce(v).wait()
+    want = values(survivors[0], stage, j)
+    for r in survivors[1:]:
+        want = (want + values(r, stage, j)).astype(np.float32)
+    assert np.array_equal(np.asarray(out), want), f"rank {orig}: all_reduce differs after losing {lost}"
+    return sum(m[1] for m in masks)
+
+
+def _make_buffers(group, size):
+    ep = epx.EPBuffer(group, num_max_tokens_per_rank=max(TOKENS), hidden=H, num_topk=K,
+                      num_experts=size * (L + B), num_cpu_timeout_secs=TIMEOUT)
+    if group is None:
+        bucket = epx.BucketBuffer(None, 1 << 16, num_cpu_timeout_secs=TIMEOUT)
+    else:
+        bucket = epx.BucketBuffer(group, 1 << 16, transport_group=group)
+    return ep, bucket
+
+
+def body(orig):
+    """Every rank: the stages of FAULTS; returns (dropped pairs per stage, errors seen)."""
+    group, lost, dropped, seen = None, [], [], []
+    ep, bucket = _make_buffers(None, P0)
+    for stage in range(len(FAULTS) + 1):
+        victim = FAULTS[stage] if stage < len(FAULTS) else None
+        survivors = [r for r in range(P0) if r not in lost]
+        assert ep.group_size == len(survivors) and ep.rank == survivors.index(orig)
+        completed, total = 0, 0
+        try:
+            for j in range(PAIRS):
+                if victim is not None and j == KILL_PAIR:
+                    if orig == victim:  # dies inside the dispatch: it waits there for the others' rows
+                        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                    else:
+                        time.sleep(1.5)
+                total += run_pair(ep, bucket, group, stage, j, lost, orig)
+                completed += 1
+            assert victim is None, f"rank {orig}: every pair of stage {stage} completed: the death went unnoticed"
+        except epx.Error as e:
+            if victim is None or orig == victim:
+                raise
+            assert e.is_peer_loss, f"rank {orig}: not a peer loss: {e.code}: {e}"
+            assert completed == KILL_PAIR, f"rank {orig}: failed after {completed} pairs: {e}"
+            seen.append((e.code, str(e)))
+            old_ep = ep
+            group = epx.agree_and_rebuild(group, buffers=[bucket])
+            vic = survivors.index(victim)
+            assert group.lost == (vic,) and group.survivors == tuple(i for i in range(len(survivors)) if i != vic)
+            assert group.round == 1 and group.size == len(survivors) - 1
+            assert group.rank == survivors.index(orig) - (survivors.index(orig) > vic)
+            assert group.original_lost == tuple(sorted(lost + [victim]))
+            assert group.original_ranks == tuple(r for r in survivors if r != victim)
+            # a buffer of the retired group: a clear error at once, no wait on the moved-on ranks
+            x, idx, w = inputs(make_case(P0, E_LOG, K, H, TOKENS, seed=1), orig, "torch")
+            with pytest.raises(epx.Error) as info:
+                old_ep.dispatch(x, idx, w)
+            assert info.value.code == "bad_handle" and "rebuilt" in str(info.value), str(info.value)
+            assert not info.value.is_peer_loss
+            old_ep.destroy()
+            assert not bucket._is_live()  # destroyed by agree_and_rebuild (passed in buffers=)
+            lost.append(victim)
+            ep, bucket = _make_buffers(group, group.size)
+        dropped.append(total)
+    # a bad input on the last group fails every rank alike, and is not a peer loss
+    x, idx, w = inputs(make_case(P0, E_LOG, K, H, TOKENS, seed=5), orig, "torch")
+    idx = idx.clone()
+    idx.fill_(-1)
+    if group.rank == 0:
+        idx[0, 0] = group.size * (L + B)  # one past the last expert
+    with pytest.raises(epx.Error) as info:
+        ep.dispatch(x, idx, w)
+    assert info.value.code == "invalid_argument" and not info.value.is_peer_loss, str(info.value)
+    total = run_pair(ep, bucket, group, len(FAULTS), PAIRS, lost, orig)  # the group goes on
+    ep.destroy()
+    bucket.destroy()
+    return dropped, total, seen
+
+
+def _launched(rank, n):
+    return body(rank)
+
+
+def check_results(results):
+    survivors = [r for r in range(P0) if r not in FAULTS]
+    for r in survivors:
+        dropped, _, seen = results[r]
+        assert len(seen) == len(FAULTS)
+        # the stages after each loss dropped pairs (experts 5, then 3 have no live replica)
+        assert dropped[0] == 0 and dropped[1] > 0 and dropped[2] > 0, dropped
+        for code, text in seen:
+            assert code in ("peer_failed", "timeout"), text
+    first = results[survivors[0]][1]
+    assert all(results[r][1] == first for r in survivors)
+
+
+def test_launch_elastic_survivors_rebuild_and_go_on():
+    before = _shm()
+    out = epx.launch(_launched, P0, start_method="fork", timeout_secs=120, elastic=True)
+    assert out.lost == sorted(FAULTS)
+    assert all(out[r] is None for r in FAULTS)
+    check_results(out)
+    assert _shm() <= before, f"left in /dev/shm: {_shm() - before}"
+    assert not mp.active_children()
+
+
+def _torch_rank(rank, store, queue):
+    import datetime
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=P0,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        queue.put((rank, True, body(rank)))
+    except BaseException as e:  # noqa: BLE001 - the test process reports it
+        queue.put((rank, False, f"{type(e).__name__}: {e}"))
+    finally:
+        queue.close()
+        queue.join_thread()
+    os._exit(0)  # the torch group is broken (a rank died): no collective teardown
+
+
+def test_torch_distributed_group_survivors_rebuild_and_go_on(tmp_path):
+    before = _shm()
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_torch_rank, args=(r, str(tmp_path / "store"), queue)) for r in range(P0)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        deadline = time.monotonic() + 180
+        while len(results) < P0 - len(FAULTS) and time.monotonic() < deadline:
+            try:
+                rank, ok, value = queue.get(timeout=1)
+            except Exception:  # noqa: BLE001 - queue.Empty
+                continue
+            assert ok, f"rank {rank}: {value}"
+            results[rank] = value
+        for p in procs:
+            p.join(timeout=30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert sorted(results) == [r for r in range(P0) if r not in FAULTS]
+    assert [procs[r].exitcode for r in FAULTS] == [-signal.SIGKILL] * len(FAULTS)
+    check_results(results)
+    assert _shm() <= before, f"left in /dev/shm: {_shm() - before}"
+    assert not mp.active_children()
+
+
+def _not_shm(rank, n):
+    import torch.distributed as dist
+    # no epx buffer on the group: nothing to rebuild, said at once
+    with pytest.raises(epx.Error) as info:
+        epx.agree_and_rebuild(None)
+    assert info.value.code == "invalid_argument"
+    assert dist.is_initialized()
+    return True
+
+
+def test_nothing_to_rebuild_is_a_clear_error():
+    assert epx.launch(_not_shm, 2, start_method="fork", timeout_secs=60) == [True, True]
+
+
+def test_is_peer_loss_follows_the_code():
+    assert epx.Error("x", "peer_failed").is_peer_loss and epx.Error("x", "timeout").is_peer_loss
+    assert not epx.Error("x", "invalid_argument").is_peer_loss and not epx.Error("x", "bad_handle").is_peer_loss
