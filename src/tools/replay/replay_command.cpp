@@ -54,6 +54,40 @@ NpyArray read_rank_file(const fs::path& dir, int r, const std::string& name) {
   }
 }
 
+// The Buffer of a replay: meta.json's shape, the options' workers and data plane.
+BufferConfig replay_config(const ReplayMeta& meta, const ReplayOptions& o) {
+  BufferConfig cfg;
+  cfg.num_experts = meta.num_experts;
+  cfg.hidden = meta.hidden;
+  cfg.num_topk = meta.num_topk;
+  cfg.max_tokens_per_rank = meta.max_tokens_per_rank;
+  cfg.num_workers = o.workers;
+  cfg.dataplane = o.dataplane;
+  cfg.ring_rows = o.ring_rows;
+  return cfg;
+}
+
+// The dispatch's outputs in rank r's staging directory (docs/spec.md §7's names).
+void write_dispatch_outputs(const fs::path& dir, const DispatchResult& d, RecvLayout layout, bool fp8) {
+  fs::create_directories(dir);
+  auto widen = [](const std::vector<std::int32_t>& v) { return std::vector<std::int64_t>(v.begin(), v.end()); };
+  write_i64(dir / "num_tokens_per_rank.npy", widen(d.layout.num_tokens_per_rank));
+  write_i64(dir / "num_tokens_per_expert.npy", widen(d.layout.num_tokens_per_expert));
+  write_tensor(dir / "is_token_in_rank.npy", d.layout.is_token_in_rank);
+  write_tensor(dir / (fp8 ? "recv_x_fp8.npy" : "recv_x.npy"), d.recv_x);
+  if (fp8) write_tensor(dir / "recv_x_scales.npy", d.recv_x_scales);
+  write_tensor(dir / "recv_src.npy", d.recv_src);
+  write_i64(dir / "num_recv_tokens_per_expert.npy", d.num_recv_tokens_per_expert);
+  if (layout == RecvLayout::kCompact) {
+    write_tensor(dir / "recv_topk_idx.npy", d.recv_topk_idx);
+    write_tensor(dir / "recv_topk_weights.npy", d.recv_topk_weights);
+  } else {
+    write_tensor(dir / "recv_weights.npy", d.recv_weights);
+    write_i64(dir / "expert_offsets.npy", d.expert_offsets);
+  }
+
+}
+
 // The rank's part of a replay: load, dispatch, write, expert, combine, write.
 void replay_rank(Transport& t, const ReplayMeta& meta, const ReplayOptions& o, const fs::path& staging) {
   const int r = t.rank();
@@ -72,15 +106,7 @@ void replay_rank(Transport& t, const ReplayMeta& meta, const ReplayOptions& o, c
     }
   };
 
-  BufferConfig cfg;
-  cfg.num_experts = meta.num_experts;
-  cfg.hidden = meta.hidden;
-  cfg.num_topk = meta.num_topk;
-  cfg.max_tokens_per_rank = meta.max_tokens_per_rank;
-  cfg.num_workers = o.workers;
-  cfg.dataplane = o.dataplane;
-  cfg.ring_rows = o.ring_rows;
-  Buffer buffer(t, cfg);
+  Buffer buffer(t, replay_config(meta, o));
 
   DispatchArgs args;
   args.x = view(x, fp8 ? "x_fp8.npy" : "x.npy");
@@ -95,22 +121,7 @@ void replay_rank(Transport& t, const ReplayMeta& meta, const ReplayOptions& o, c
   DispatchResult d = buffer.dispatch(args);
 
   const fs::path dir = staging / rank_dir(r);
-  fs::create_directories(dir);
-  auto widen = [](const std::vector<std::int32_t>& v) { return std::vector<std::int64_t>(v.begin(), v.end()); };
-  write_i64(dir / "num_tokens_per_rank.npy", widen(d.layout.num_tokens_per_rank));
-  write_i64(dir / "num_tokens_per_expert.npy", widen(d.layout.num_tokens_per_expert));
-  write_tensor(dir / "is_token_in_rank.npy", d.layout.is_token_in_rank);
-  write_tensor(dir / (fp8 ? "recv_x_fp8.npy" : "recv_x.npy"), d.recv_x);
-  if (fp8) write_tensor(dir / "recv_x_scales.npy", d.recv_x_scales);
-  write_tensor(dir / "recv_src.npy", d.recv_src);
-  write_i64(dir / "num_recv_tokens_per_expert.npy", d.num_recv_tokens_per_expert);
-  if (args.layout == RecvLayout::kCompact) {
-    write_tensor(dir / "recv_topk_idx.npy", d.recv_topk_idx);
-    write_tensor(dir / "recv_topk_weights.npy", d.recv_topk_weights);
-  } else {
-    write_tensor(dir / "recv_weights.npy", d.recv_weights);
-    write_i64(dir / "expert_offsets.npy", d.expert_offsets);
-  }
+  write_dispatch_outputs(dir, d, args.layout, fp8);
 
   const Tensor y = replay_expert(d, args.layout, meta.hidden, meta.num_topk);
   CombineArgs c;
@@ -235,6 +246,52 @@ void run_replay(const ReplayOptions& o) {
               o.layout.c_str(), describe_dataplane(o.dataplane).c_str(), o.out.c_str(), meta.num_ranks - 1);
 }
 
+// C defaults to the largest S_r (when meta.json does not give it); every rank's x is of one
+// kind (bf16 or FP8), else kDtypeMismatch naming the rank. Collective.
+void agree_on_tokens_and_dtype(Bootstrap& boot, ReplayMeta& meta, bool c_given, std::int64_t S, bool fp8) {
+  const int P = boot.size();
+  const auto facts = allgather_strings(boot, std::to_string(S) + (fp8 ? " fp8" : " bf16"));
+  for (int r = 0; r < P; ++r) {
+    const std::string& f = facts[static_cast<std::size_t>(r)];
+    if (!c_given) meta.max_tokens_per_rank = std::max<std::int64_t>(meta.max_tokens_per_rank, std::stoll(f));
+    if (f.substr(f.find(' ')) != facts[0].substr(facts[0].find(' ')))
+      throw Error(ErrorCode::kDtypeMismatch, "rank " + std::to_string(r) + ": its x is " + f.substr(f.find(' ') + 1) +
+                                                 ", rank 0's is " + facts[0].substr(facts[0].find(' ') + 1) +
+                                                 " (every rank has x.npy, bf16, or every rank x_fp8.npy + x_scales.npy)",
+                  r);
+  }
+}
+
+// The replay over the OpenSHMEM transport, then every rank's OUT/rank<r> published (a
+// failure on any rank removes this rank's staged and published results). Returns the
+// ranks' layout over the nodes, for the summary line. Collective.
+std::string replay_and_publish(Bootstrap& boot, const NodeMap& nodes, const ReplayMeta& meta, const ReplayOptions& o,
+                               const fs::path& staging, const fs::path& out) {
+  const int me = boot.rank();
+  auto drop = [&] {
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+    if (is_replay_output(out / rank_dir(me))) fs::remove_all(out / rank_dir(me), ec);
+  };
+  try {
+    const std::string layout = describe_nodes(boot, nodes);
+    ConnectOptions co;
+    co.kind = ConnectKind::kShmem;
+    co.timeout = checked_timeout(o.timeout_ms);
+    auto t = connect(boot, co);
+    // Collective errors (a bad topk_idx on one rank) are agreed; a timed-out or dead peer is not (it may be gone).
+    agree_on_step(boot, [&] { replay_rank(*t, meta, o, staging); });
+    agree_on_step(boot, [&] {
+      publish_rank(staging, out, me);
+      fs::remove_all(staging);
+    });
+    return layout;
+  } catch (...) {
+    drop();
+    throw;
+  }
+}
+
 // --transport shmem: this process is rank PE of a job oshrun / mpirun started (epx forks
 // nothing). Every rank reads IN/meta.json and its own IN/rank<r> (so IN may be a copy per
 // machine), writes OUT/rank<r> (staged, renamed once every rank succeeded); an input error
@@ -272,17 +329,7 @@ void run_replay_shmem(const ReplayOptions& given) {
     S = check_replay_rank_inputs(in, bound, me, fp8, false);
     check_old_output(out, me);
   });
-  // C defaults to the largest S_r; every rank's x is of one kind (bf16 or FP8).
-  const auto facts = allgather_strings(*boot, std::to_string(S) + (fp8 ? " fp8" : " bf16"));
-  for (int r = 0; r < P; ++r) {
-    const std::string& f = facts[static_cast<std::size_t>(r)];
-    if (!c_given) meta.max_tokens_per_rank = std::max<std::int64_t>(meta.max_tokens_per_rank, std::stoll(f));
-    if (f.substr(f.find(' ')) != facts[0].substr(facts[0].find(' ')))
-      throw Error(ErrorCode::kDtypeMismatch, "rank " + std::to_string(r) + ": its x is " + f.substr(f.find(' ') + 1) +
-                                                 ", rank 0's is " + facts[0].substr(facts[0].find(' ') + 1) +
-                                                 " (every rank has x.npy, bf16, or every rank x_fp8.npy + x_scales.npy)",
-                  r);
-  }
+  agree_on_tokens_and_dtype(*boot, meta, c_given, S, fp8);
   default_topology_from_nodes(o.dataplane, *boot, nodes, "epx replay");
   agree_on_step(*boot, [&] {
     check_dataplane(o.dataplane, P);
@@ -291,28 +338,7 @@ void run_replay_shmem(const ReplayOptions& given) {
     fs::create_directories(out);
     fs::create_directory(staging);
   });
-  std::string layout;
-  auto drop = [&] {
-    std::error_code ec;
-    fs::remove_all(staging, ec);
-    if (is_replay_output(out / rank_dir(me))) fs::remove_all(out / rank_dir(me), ec);
-  };
-  try {
-    layout = describe_nodes(*boot, nodes);
-    ConnectOptions co;
-    co.kind = ConnectKind::kShmem;
-    co.timeout = checked_timeout(o.timeout_ms);
-    auto t = connect(*boot, co);
-    // Collective errors (a bad topk_idx on one rank) are agreed; a timed-out or dead peer is not (it may be gone).
-    agree_on_step(*boot, [&] { replay_rank(*t, meta, o, staging); });
-    agree_on_step(*boot, [&] {
-      publish_rank(staging, out, me);
-      fs::remove_all(staging);
-    });
-  } catch (...) {
-    drop();
-    throw;
-  }
+  const std::string layout = replay_and_publish(*boot, nodes, meta, o, staging, out);
   if (me == 0)
     std::printf("epx replay: %d ranks (shmem, ranks from the launcher: %s), %s layout, %s; wrote %s/rank0..rank%d\n", P,
                 layout.c_str(), o.layout.c_str(), describe_dataplane(o.dataplane).c_str(), o.out.c_str(), P - 1);
