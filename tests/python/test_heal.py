@@ -6,8 +6,8 @@ routing over the live ranks (the lost rank's experts served by their redundant s
 dropped and counted, checked against a plain loop here), all_reduce against a float32 sum
 over the survivors — then rank 1 dies too (3 -> 2). A buffer of the old group raises
 bad_handle; a bad input is not a peer loss. Once with epx.launch(elastic=True), once with 4
-processes of a torch.distributed group (file:// store) the test starts itself. Nothing is
-left in /dev/shm, no process is left."""
+processes of a torch.distributed group (file:// store) the test starts itself; a PPBuffer on
+the last group. Nothing is left in /dev/shm, no process is left."""
 import multiprocessing as mp
 import os
 import signal
@@ -126,8 +126,27 @@ def _make_buffers(group, size):
     return ep, bucket
 
 
-def body(orig):
-    """Every rank: the stages of FAULTS; returns (dropped pairs per stage, errors seen)."""
+def _wait_until_dead(pid_dir, rank):
+    """Until the process of `rank` (its pid in pid_dir) has ended (gone, or a zombie)."""
+    with open(os.path.join(pid_dir, f"pid{rank}")) as f:
+        pid = int(f.read())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except OSError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"rank {rank} (pid {pid}) did not die")
+
+
+def body(orig, pid_dir):
+    """Every rank: the stages of FAULTS; returns (dropped pairs per stage, sums of the last
+    pair, errors seen)."""
+    with open(os.path.join(pid_dir, f"pid{orig}"), "w") as f:
+        f.write(str(os.getpid()))
     group, lost, dropped, seen = None, [], [], []
     ep, bucket = _make_buffers(None, P0)
     for stage in range(len(FAULTS) + 1):
@@ -138,10 +157,10 @@ def body(orig):
         try:
             for j in range(PAIRS):
                 if victim is not None and j == KILL_PAIR:
-                    if orig == victim:  # dies inside the dispatch: it waits there for the others' rows
+                    if orig == victim:  # dies inside the dispatch, where it waits for the others' rows
                         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
-                    else:
-                        time.sleep(1.5)
+                    else:  # which they send once it is dead: no race on where it dies
+                        _wait_until_dead(pid_dir, victim)
                 total += run_pair(ep, bucket, group, stage, j, lost, orig)
                 completed += 1
             assert victim is None, f"rank {orig}: every pair of stage {stage} completed: the death went unnoticed"
@@ -182,11 +201,19 @@ def body(orig):
     total = run_pair(ep, bucket, group, len(FAULTS), PAIRS, lost, orig)  # the group goes on
     ep.destroy()
     bucket.destroy()
+    # a PPBuffer on the survivors' group: each rank sends its neighbour a message
+    with epx.PPBuffer(group, 4096, 1) as pp:
+        peer = (group.rank + 1) % group.size
+        src = (group.rank - 1) % group.size
+        pp.send(np.random.default_rng([orig, 9]).integers(0, 256, 1000, dtype=np.uint8), peer)
+        got = pp.recv(np.empty(1000, np.uint8), src)
+        want = np.random.default_rng([group.original_ranks[src], 9]).integers(0, 256, 1000, dtype=np.uint8)
+        assert np.array_equal(got, want), f"rank {orig}: the PPBuffer message from rank {src} differs"
     return dropped, total, seen
 
 
-def _launched(rank, n):
-    return body(rank)
+def _launched(rank, n, pid_dir):
+    return body(rank, pid_dir)
 
 
 def check_results(results):
@@ -202,9 +229,9 @@ def check_results(results):
     assert all(results[r][1] == first for r in survivors)
 
 
-def test_launch_elastic_survivors_rebuild_and_go_on():
+def test_launch_elastic_survivors_rebuild_and_go_on(tmp_path):
     before = _shm()
-    out = epx.launch(_launched, P0, start_method="fork", timeout_secs=120, elastic=True)
+    out = epx.launch(_launched, P0, str(tmp_path), start_method="fork", timeout_secs=120, elastic=True)
     assert out.lost == sorted(FAULTS)
     assert all(out[r] is None for r in FAULTS)
     check_results(out)
@@ -212,13 +239,13 @@ def test_launch_elastic_survivors_rebuild_and_go_on():
     assert not mp.active_children()
 
 
-def _torch_rank(rank, store, queue):
+def _torch_rank(rank, store, queue, pid_dir):
     import datetime
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=P0,
                             timeout=datetime.timedelta(seconds=60))
     try:
-        queue.put((rank, True, body(rank)))
+        queue.put((rank, True, body(rank, pid_dir)))
     except BaseException as e:  # noqa: BLE001 - the test process reports it
         queue.put((rank, False, f"{type(e).__name__}: {e}"))
     finally:
@@ -231,7 +258,8 @@ def test_torch_distributed_group_survivors_rebuild_and_go_on(tmp_path):
     before = _shm()
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_torch_rank, args=(r, str(tmp_path / "store"), queue)) for r in range(P0)]
+    procs = [ctx.Process(target=_torch_rank, args=(r, str(tmp_path / "store"), queue, str(tmp_path)))
+             for r in range(P0)]
     for p in procs:
         p.start()
     results = {}
