@@ -96,80 +96,94 @@ std::string fmt_load(double v) {
   return buf;
 }
 
+// What run_eplb computed, for the text and the JSON.
+struct EplbRun {
+  Weights w;
+  int replicas = 0;
+  EplbPlan plan;
+  std::vector<double> before, after;              // [layers][gpus] load per GPU
+  std::vector<double> ratio_before, ratio_after;  // [layers] max / avg
+};
+
+std::string eplb_text(const EplbRun& x, const EplbOptions& o) {
+  const int per_gpu = x.replicas / o.gpus;
+  const auto R = static_cast<std::size_t>(x.replicas);
+  const auto G = static_cast<std::size_t>(o.gpus);
+  std::ostringstream out;
+  out << "eplb: " << x.w.layers << " layer(s), " << x.w.experts << " logical experts -> " << x.replicas
+      << " physical slots on " << o.gpus << " GPUs (" << per_gpu << " per GPU), " << o.nodes << " node(s), " << o.groups
+      << " group(s), " << (x.plan.hierarchical ? "hierarchical" : "global") << " policy\n";
+  for (int l = 0; l < x.w.layers; ++l) {
+    const auto L = static_cast<std::size_t>(l);
+    out << "layer " << l << "\n  phy2log:";
+    for (std::size_t p = 0; p < R; ++p) out << ' ' << x.plan.phy2log[L * R + p];
+    out << "\n";
+    double max_b = 0, sum_b = 0, max_a = 0, sum_a = 0;
+    for (std::size_t g = 0; g < G; ++g) {
+      out << "  gpu " << g << ": experts";
+      for (int k = 0; k < per_gpu; ++k)
+        out << ' ' << x.plan.phy2log[L * R + g * static_cast<std::size_t>(per_gpu) + static_cast<std::size_t>(k)];
+      out << "  load " << fmt_load(x.after[L * G + g]) << " (before " << fmt_load(x.before[L * G + g]) << ")\n";
+      max_b = std::max(max_b, x.before[L * G + g]);
+      sum_b += x.before[L * G + g];
+      max_a = std::max(max_a, x.after[L * G + g]);
+      sum_a += x.after[L * G + g];
+    }
+    out << "  load per GPU before: max " << fmt_load(max_b) << " avg " << fmt_load(sum_b / o.gpus) << " max/avg "
+        << fmt_load(x.ratio_before[L]) << "; after: max " << fmt_load(max_a) << " avg " << fmt_load(sum_a / o.gpus)
+        << " max/avg " << fmt_load(x.ratio_after[L]) << "\n";
+  }
+  return out.str();
+}
+
+nlohmann::json eplb_json(const EplbRun& x, const EplbOptions& o) {
+  const auto R = static_cast<std::size_t>(x.replicas);
+  const auto G = static_cast<std::size_t>(o.gpus);
+  nlohmann::json j;
+  j["weights"] = o.weights;
+  j["num_layers"] = x.w.layers;
+  j["num_logical_experts"] = x.w.experts;
+  j["num_replicas"] = x.replicas;
+  j["num_groups"] = o.groups;
+  j["num_nodes"] = o.nodes;
+  j["num_gpus"] = o.gpus;
+  j["policy"] = x.plan.hierarchical ? "hierarchical" : "global";
+  j["max_replicas"] = x.plan.max_replicas;
+  j["phy2log"] = rows(x.plan.phy2log, R);
+  nlohmann::json log2phy = nlohmann::json::array();
+  const auto E = static_cast<std::size_t>(x.w.experts);
+  const auto M = static_cast<std::size_t>(x.plan.max_replicas);
+  for (std::size_t l = 0; l < static_cast<std::size_t>(x.w.layers); ++l) {
+    std::vector<std::int64_t> layer(x.plan.log2phy.begin() + static_cast<std::ptrdiff_t>(l * E * M),
+                                    x.plan.log2phy.begin() + static_cast<std::ptrdiff_t>((l + 1) * E * M));
+    log2phy.push_back(rows(layer, M));
+  }
+  j["log2phy"] = log2phy;
+  j["logcnt"] = rows(x.plan.logcnt, E);
+  j["load_before"] = rows(x.before, G);
+  j["load_after"] = rows(x.after, G);
+  j["max_over_avg_before"] = x.ratio_before;
+  j["max_over_avg_after"] = x.ratio_after;
+  return j;
+}
+
 void run_eplb(const EplbOptions& o) {
-  const Weights w = load_weights(o.weights);
-  int replicas = o.replicas;
+  EplbRun x;
+  x.w = load_weights(o.weights);
+  x.replicas = o.replicas;
   if (o.replicas_option == nullptr || o.replicas_option->count() == 0) {
     // Default: the smallest multiple of --gpus above the expert count (1 to gpus redundant slots).
     if (o.gpus <= 0)
       throw Error(ErrorCode::kInvalidArgument, "eplb: num_gpus must be positive, got " + std::to_string(o.gpus));
-    replicas = (w.experts / o.gpus + 1) * o.gpus;
+    x.replicas = (x.w.experts / o.gpus + 1) * o.gpus;
   }
-  const EplbPlan plan = rebalance_experts(w.values, w.layers, w.experts, replicas, o.groups, o.nodes, o.gpus);
-  const auto before = eplb_gpu_load_without_replicas(w.values, w.layers, w.experts, o.gpus);
-  const auto after = eplb_gpu_load(plan, w.values, o.gpus);
-  const auto ratio_before = eplb_max_over_avg(before, w.layers, o.gpus);
-  const auto ratio_after = eplb_max_over_avg(after, w.layers, o.gpus);
-  const int per_gpu = replicas / o.gpus;
-  const auto R = static_cast<std::size_t>(replicas);
-  const auto G = static_cast<std::size_t>(o.gpus);
-
-  std::ostringstream out;
-  out << "eplb: " << w.layers << " layer(s), " << w.experts << " logical experts -> " << replicas
-      << " physical slots on " << o.gpus << " GPUs (" << per_gpu << " per GPU), " << o.nodes << " node(s), " << o.groups
-      << " group(s), " << (plan.hierarchical ? "hierarchical" : "global") << " policy\n";
-  for (int l = 0; l < w.layers; ++l) {
-    const auto L = static_cast<std::size_t>(l);
-    out << "layer " << l << "\n  phy2log:";
-    for (std::size_t p = 0; p < R; ++p) out << ' ' << plan.phy2log[L * R + p];
-    out << "\n";
-    for (std::size_t g = 0; g < G; ++g) {
-      out << "  gpu " << g << ": experts";
-      for (int k = 0; k < per_gpu; ++k)
-        out << ' ' << plan.phy2log[L * R + g * static_cast<std::size_t>(per_gpu) + static_cast<std::size_t>(k)];
-      out << "  load " << fmt_load(after[L * G + g]) << " (before " << fmt_load(before[L * G + g]) << ")\n";
-    }
-    double max_b = 0, sum_b = 0, max_a = 0, sum_a = 0;
-    for (std::size_t g = 0; g < G; ++g) {
-      max_b = std::max(max_b, before[L * G + g]);
-      sum_b += before[L * G + g];
-      max_a = std::max(max_a, after[L * G + g]);
-      sum_a += after[L * G + g];
-    }
-    out << "  load per GPU before: max " << fmt_load(max_b) << " avg " << fmt_load(sum_b / o.gpus) << " max/avg "
-        << fmt_load(ratio_before[L]) << "; after: max " << fmt_load(max_a) << " avg " << fmt_load(sum_a / o.gpus)
-        << " max/avg " << fmt_load(ratio_after[L]) << "\n";
-  }
-  std::cout << out.str() << std::flush;
-
-  if (!o.json.empty()) {
-    nlohmann::json j;
-    j["weights"] = o.weights;
-    j["num_layers"] = w.layers;
-    j["num_logical_experts"] = w.experts;
-    j["num_replicas"] = replicas;
-    j["num_groups"] = o.groups;
-    j["num_nodes"] = o.nodes;
-    j["num_gpus"] = o.gpus;
-    j["policy"] = plan.hierarchical ? "hierarchical" : "global";
-    j["max_replicas"] = plan.max_replicas;
-    j["phy2log"] = rows(plan.phy2log, R);
-    nlohmann::json log2phy = nlohmann::json::array();
-    const auto E = static_cast<std::size_t>(w.experts);
-    const auto M = static_cast<std::size_t>(plan.max_replicas);
-    for (std::size_t l = 0; l < static_cast<std::size_t>(w.layers); ++l) {
-      std::vector<std::int64_t> layer(plan.log2phy.begin() + static_cast<std::ptrdiff_t>(l * E * M),
-                                      plan.log2phy.begin() + static_cast<std::ptrdiff_t>((l + 1) * E * M));
-      log2phy.push_back(rows(layer, M));
-    }
-    j["log2phy"] = log2phy;
-    j["logcnt"] = rows(plan.logcnt, E);
-    j["load_before"] = rows(before, G);
-    j["load_after"] = rows(after, G);
-    j["max_over_avg_before"] = ratio_before;
-    j["max_over_avg_after"] = ratio_after;
-    write_text_file(o.json, "--json", j.dump() + "\n");
-  }
+  x.plan = rebalance_experts(x.w.values, x.w.layers, x.w.experts, x.replicas, o.groups, o.nodes, o.gpus);
+  x.before = eplb_gpu_load_without_replicas(x.w.values, x.w.layers, x.w.experts, o.gpus);
+  x.after = eplb_gpu_load(x.plan, x.w.values, o.gpus);
+  x.ratio_before = eplb_max_over_avg(x.before, x.w.layers, o.gpus);
+  x.ratio_after = eplb_max_over_avg(x.after, x.w.layers, o.gpus);
+  std::cout << eplb_text(x, o) << std::flush;
+  if (!o.json.empty()) write_text_file(o.json, "--json", eplb_json(x, o).dump() + "\n");
 }
 
 }  // namespace
