@@ -366,6 +366,33 @@ TEST(ConnectUcx, DataPlaneConformance) {
   nothing_left.check();
 }
 
+// Rank 2 dies (SIGKILL) once the buffer exists; ranks 0, 1, 3 are in dispatch and must fail
+// within the timeout (3 s) naming rank 2 and the phase, never hang.
+TEST(ConnectUcx, KilledPeerFailsEveryOtherRankNamingIt) {
+  NothingLeft nothing_left;
+  const ref::Problem p = problem(4, 256, {9, 3, 14, 5}, 77);
+  const auto ok = run_ranks(4, {}, [&](Bootstrap& b) {
+    auto t = connect_ucx(b, std::chrono::seconds(3));
+    Buffer buffer(*t, config_for(p));
+    if (b.rank() == 2) ::raise(SIGKILL);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      buffer.dispatch(dispatch_args(views_of(p, b.rank()), {}));
+    } catch (const Error& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const std::string m = e.what();
+      check((e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kPeerFailed) && m.find("rank 2 (node 0 '") != std::string::npos &&
+                m.find("phase '") != std::string::npos && s < 8,
+            b.rank(), "wrong failure after " + std::to_string(s) + " s: " + m);
+      return;
+    }
+    fail(b.rank(), "dispatch succeeded with rank 2 dead");
+  });
+  for (int r : {0, 1, 3}) EXPECT_TRUE(ok[static_cast<std::size_t>(r)]) << "rank " << r;
+  EXPECT_FALSE(ok[2]);
+  nothing_left.check();
+}
+
 TEST(ConnectUcx, AutoPicksTheTransportByNodesAndLauncher) {
   EXPECT_EQ(auto_connect_kind(1, false, true), ConnectKind::kShm);
   EXPECT_EQ(auto_connect_kind(1, true, true), ConnectKind::kShm);
