@@ -153,7 +153,8 @@ def live_routing(topk_idx, mapping, home_experts, group, prefer_own_rank=False):
     lives on rank e // L as its home expert e % L); mapping: [P0, B], the redundant slots of
     every rank of the first group (the logical expert each holds, -1 unused: EPBuffer's
     lb_prefetch_weights mapping); home_experts: L; group: the Group of the survivors
-    (agree_and_rebuild), whose original_lost ranks are gone.
+    (agree_and_rebuild), whose original_lost ranks are gone — or, before any loss, the
+    torch.distributed group (None: the default group): every replica is live then.
 
     The physical experts of the survivors' group: its rank d holds L + B of them, its L home
     experts then its B slots, so dispatch the result with num_experts = size x (L + B); the
@@ -177,23 +178,26 @@ def live_routing(topk_idx, mapping, home_experts, group, prefer_own_rank=False):
     P0, B = int(m.shape[0]), int(m.shape[1])
     if L < 1:
         raise Error(f"live_routing: home_experts = {L}: expected >= 1", "invalid_argument")
-    if not isinstance(group, Group):
-        raise Error(f"live_routing: group must be the Group agree_and_rebuild returned, got {type(group).__name__}",
-                    "invalid_argument")
-    if group.original_size != P0:
-        raise Error(f"live_routing: mapping has {P0} ranks, the first group of {group!r} had {group.original_size}",
-                    "invalid_argument")
+    if isinstance(group, Group):
+        rank, size, original_lost, original_ranks = group.rank, group.size, group.original_lost, group.original_ranks
+    else:  # the first group (a torch.distributed group; None: the default one): nothing lost yet
+        from .group import bootstrap_of
+        rank, size, _ = bootstrap_of(group, need_allgather=False)
+        original_lost, original_ranks = (), tuple(range(size))
+    if len(original_ranks) + len(original_lost) != P0:
+        raise Error(f"rank {rank}: live_routing: mapping has {P0} ranks, the first group had "
+                    f"{len(original_ranks) + len(original_lost)}", "invalid_argument", rank)
     E = P0 * L
     bad = (idx < -1) | (idx >= E) | ((m < -1) | (m >= E)).any()
     if np.any(bad):
         where = np.argwhere((idx < -1) | (idx >= E))
         what = (f"topk_idx[{where[0][0]}, {where[0][1]}] = {idx[tuple(where[0])]}" if len(where)
                 else "a mapping value")
-        raise Error(f"rank {group.rank}: live_routing: {what} is outside [-1, {E})", "invalid_argument", group.rank)
+        raise Error(f"rank {rank}: live_routing: {what} is outside [-1, {E})", "invalid_argument", rank)
     lost = np.zeros(P0, dtype=bool)
-    lost[list(group.original_lost)] = True
+    lost[list(original_lost)] = True
     new_rank = np.cumsum(~lost) - 1  # first-group rank -> rank of the survivors' group
-    me = group.original_ranks[group.rank]
+    me = original_ranks[rank]
     per = L + B
     # replicas of each expert in order: home, then the slots by ascending global slot
     replicas = [[(e // L, e % L)] for e in range(E)]
@@ -222,7 +226,7 @@ def live_routing(topk_idx, mapping, home_experts, group, prefer_own_rank=False):
     out = np.where((idx >= 0) & (n > 0), out, -1).astype(np.int64)
     dropped = (idx >= 0) & (count[e] == 0)
     result = out if not cv.is_torch(topk_idx) else _torch_of(out)
-    return result, group.size * per, int(dropped.sum()), int(dropped.any(axis=1).sum())
+    return result, size * per, int(dropped.sum()), int(dropped.any(axis=1).sum())
 
 
 def _torch_of(a):

@@ -1,4 +1,5 @@
-// Elastic recovery (docs/reliability.md): 8 shm ranks dispatch and combine through EPLB replicas; one
+// Elastic recovery (docs/reliability.md): 8 shm ranks (launched, or connect()-ed by a fork
+// here) dispatch and combine through EPLB replicas; one
 // rank is SIGKILLed inside a call; the 7 survivors get the collective error naming it, agree
 // on who is left (epx::agree_survivors), rebuild the group without it (epx::rebuild_group),
 // mask the routing (epx::map_to_live_replicas) and go on, bit for bit against the reference
@@ -10,12 +11,20 @@
 // launch(), no /dev/shm segment remains.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <new>
 #include <set>
+#include <thread>
 
+#include "epx/bootstrap.hpp"
+#include "epx/connect.hpp"
 #include "epx/elastic.hpp"
 #include "epx/eplb.hpp"
 #include "multirank_support.hpp"
@@ -242,71 +251,165 @@ void check_pair(Buffer& buffer, Transport& group, const EplbPlan& plan, const St
   run_pair(buffer, st.pairs[static_cast<std::size_t>(j)], me, v, orig);
 }
 
-/// 8 ranks; before each fault, pairs until the victim is lost inside pair kKillPair; then the
-/// survivors agree, rebuild and go on; after the last fault kPairsAfter pairs. Returns the
-/// last stage (its dropped count is the caller's to check).
-Stage lose_ranks_and_continue(const EplbPlan& plan, const std::vector<Fault>& faults, std::chrono::milliseconds timeout) {
+/// One rank's run over the stages: before each fault, pairs until the victim is lost inside
+/// pair kKillPair; then the survivors agree, rebuild and go on; after the last fault
+/// kPairsAfter pairs. `connected`: a connect()-ed group, whose survivors see the death
+/// themselves (no launcher's "killed by signal" words in the message).
+void run_stages(Transport& t, const EplbPlan& plan, const std::vector<Stage>& stages, const std::vector<Fault>& faults,
+                bool connected) {
+  const int orig = t.rank();
+  std::vector<std::unique_ptr<Transport>> groups;  // each rebuilt from the one before: kept alive
+  Transport* now = &t;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    const Stage& st = stages[s];
+    const bool last = s + 1 == stages.size();
+    const auto pos = std::find(st.survivors.begin(), st.survivors.end(), orig) - st.survivors.begin();
+    if (now->rank() != pos || now->num_ranks() != static_cast<int>(st.survivors.size()))
+      fail(orig, "stage " + std::to_string(s) + ": rank " + std::to_string(now->rank()) + " of " +
+                     std::to_string(now->num_ranks()) + ", want " + std::to_string(pos) + " of " +
+                     std::to_string(st.survivors.size()));
+    const Fault* f = last ? nullptr : &faults[s];
+    // The victim's rank in this group.
+    const int victim = f ? static_cast<int>(std::find(st.survivors.begin(), st.survivors.end(), f->victim) - st.survivors.begin()) : -1;
+    int completed = 0;
+    try {
+      KillingTransport killing(*now, f ? f->phase : "", f && f->stop);
+      Buffer buffer(killing, config_for(st.pairs[0].problem));
+      for (int j = 0; j < static_cast<int>(st.pairs.size()); ++j, ++completed) {
+        if (f && orig == f->victim && j == kKillPair) killing.arm();
+        check_pair(buffer, *now, plan, st, j, orig);
+      }
+      if (last) break;
+      fail(orig, "every pair completed: the victim's death went unnoticed");
+    } catch (const Error& e) {
+      if (last) throw;
+      const std::string what = e.what(), peer = "rank " + std::to_string(victim);
+      // A kill is named (the rank and, by the launcher, the phase it died in) by every
+      // survivor; a stop makes some rank time out waiting for it and the others, maybe, for
+      // that rank.
+      if (!is_peer_loss(e) ||
+          (!f->stop && (e.origin_rank() != victim || what.find("peer " + peer) == std::string::npos ||
+                        (!connected && what.find("SIGKILL) in phase '" + std::string(f->phase) + "'") == std::string::npos))))
+        fail(orig, "the error does not name the victim and its phase: " + what);
+    }
+    if (completed < kKillPair || completed > kKillPair + 1)
+      fail(orig, "failed after " + std::to_string(completed) + " pairs, not in the victim's pair or the next");
+
+    const Membership m = agree_survivors(*now);
+    if (m.lost != std::vector<int>{victim} || m.new_rank != m.new_rank_of(now->rank()) ||
+        m.new_rank != (now->rank() < victim ? now->rank() : now->rank() - 1))
+      fail(orig, "agree_survivors: lost " + std::to_string(m.lost.size()) + " ranks, new rank " + std::to_string(m.new_rank));
+    groups.push_back(rebuild_group(*now, m));
+    // The old group is retired: a call on it fails at once naming the rebuild, never waits.
+    try {
+      now->barrier("old group");
+      fail(orig, "a barrier on the retired group returned");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kBadHandle || std::string(e.what()).find("rebuilt") == std::string::npos) throw;
+    }
+    now = groups.back().get();
+  }
+}
+
+std::vector<Stage> stages_for(const EplbPlan& plan, const std::vector<Fault>& faults, std::vector<int>& lost) {
   std::vector<Stage> stages;
-  std::vector<int> lost;
   for (std::size_t s = 0; s <= faults.size(); ++s) {
     const bool last = s == faults.size();
     stages.push_back(make_stage(plan, lost, 100 * (s + 1), last ? kPairsAfter : kPairsBefore));
     if (!last) lost.push_back(faults[s].victim);
   }
   std::sort(lost.begin(), lost.end());
+  return stages;
+}
 
+/// 8 ranks of an elastic launch lose the faults' victims and go on. Returns the last stage
+/// (its dropped count is the caller's to check).
+Stage lose_ranks_and_continue(const EplbPlan& plan, const std::vector<Fault>& faults, std::chrono::milliseconds timeout) {
+  std::vector<int> lost;
+  const std::vector<Stage> stages = stages_for(plan, faults, lost);
   const auto segments_before = epx_segments();
   std::vector<int> lost_reported;
   LaunchOptions lo{kP, TransportKind::kShm, timeout};
   lo.elastic = true;
   lo.lost = &lost_reported;
-  launch(lo, [&](Transport& t) {
-    const int orig = t.rank();
-    std::vector<std::unique_ptr<Transport>> groups;  // each rebuilt from the one before: kept alive
-    Transport* now = &t;
-    for (std::size_t s = 0; s < stages.size(); ++s) {
-      const Stage& st = stages[s];
-      const bool last = s + 1 == stages.size();
-      const auto pos = std::find(st.survivors.begin(), st.survivors.end(), orig) - st.survivors.begin();
-      if (now->rank() != pos || now->num_ranks() != static_cast<int>(st.survivors.size()))
-        fail(orig, "stage " + std::to_string(s) + ": rank " + std::to_string(now->rank()) + " of " +
-                       std::to_string(now->num_ranks()) + ", want " + std::to_string(pos) + " of " +
-                       std::to_string(st.survivors.size()));
-      const Fault* f = last ? nullptr : &faults[s];
-      // The victim's rank in this group.
-      const int victim = f ? static_cast<int>(std::find(st.survivors.begin(), st.survivors.end(), f->victim) - st.survivors.begin()) : -1;
-      int completed = 0;
-      try {
-        KillingTransport killing(*now, f ? f->phase : "", f && f->stop);
-        Buffer buffer(killing, config_for(st.pairs[0].problem));
-        for (int j = 0; j < static_cast<int>(st.pairs.size()); ++j, ++completed) {
-          if (f && orig == f->victim && j == kKillPair) killing.arm();
-          check_pair(buffer, *now, plan, st, j, orig);
-        }
-        if (last) break;
-        fail(orig, "every pair completed: the victim's death went unnoticed");
-      } catch (const Error& e) {
-        if (last) throw;
-        const std::string what = e.what(), peer = "rank " + std::to_string(victim);
-        // A kill is named (the rank and the phase it died in) by every survivor; a stop makes
-        // some rank time out waiting for it and the others, maybe, for that rank.
-        if (!is_peer_loss(e) ||
-            (!f->stop && (e.origin_rank() != victim || what.find("peer " + peer) == std::string::npos ||
-                          what.find("SIGKILL) in phase '" + std::string(f->phase) + "'") == std::string::npos)))
-          fail(orig, "the error does not name the victim and its phase: " + what);
-      }
-      if (completed < kKillPair || completed > kKillPair + 1)
-        fail(orig, "failed after " + std::to_string(completed) + " pairs, not in the victim's pair or the next");
-
-      const Membership m = agree_survivors(*now);
-      if (m.lost != std::vector<int>{victim} || m.new_rank != m.new_rank_of(now->rank()) ||
-          m.new_rank != (now->rank() < victim ? now->rank() : now->rank() - 1))
-        fail(orig, "agree_survivors: lost " + std::to_string(m.lost.size()) + " ranks, new rank " + std::to_string(m.new_rank));
-      groups.push_back(rebuild_group(*now, m));
-      now = groups.back().get();
-    }
-  });
+  launch(lo, [&](Transport& t) { run_stages(t, plan, stages, faults, false); });
   EXPECT_EQ(lost_reported, lost);
+  const std::set<std::string> left = segments_left(segments_before);
+  EXPECT_TRUE(left.empty()) << "a /dev/shm segment was left: " << *left.begin();
+  return stages.back();
+}
+
+/// The all-gather of forked ranks through an anonymous shared mapping made before the fork
+/// (the bootstrap of a connect()-ed group that epx did not launch).
+struct ForkHub {
+  static constexpr std::size_t kBytes = 512;
+  std::atomic<std::uint32_t> arrived{0}, generation{0};
+  char data[kP][kBytes];
+};
+
+void hub_barrier(ForkHub& hub, int P) {
+  const std::uint32_t g = hub.generation.load(std::memory_order_acquire);
+  if (hub.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(P)) {
+    hub.arrived.store(0, std::memory_order_relaxed);
+    hub.generation.fetch_add(1, std::memory_order_release);
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (hub.generation.load(std::memory_order_acquire) == g) {
+    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the test's bootstrap hub timed out");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+/// 8 forked ranks of a connect()-ed shm group (no launcher records deaths: the survivors see
+/// the victims' processes end) lose the faults' victims and go on, as in a launch.
+Stage lose_ranks_and_continue_connected(const EplbPlan& plan, const std::vector<Fault>& faults,
+                                        std::chrono::milliseconds timeout) {
+  std::vector<int> lost;
+  const std::vector<Stage> stages = stages_for(plan, faults, lost);
+  const auto segments_before = epx_segments();
+  void* mem = mmap(nullptr, sizeof(ForkHub), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  EXPECT_NE(mem, MAP_FAILED);
+  if (mem == MAP_FAILED) return stages.back();
+  auto* hub = new (mem) ForkHub();
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kP; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        FunctionBootstrap b(r, kP, [&, r](const void* in, void* out, std::size_t bytes) {
+          if (bytes > ForkHub::kBytes) throw std::runtime_error("the test's bootstrap hub takes 512 bytes a rank");
+          std::memcpy(hub->data[r], in, bytes);
+          hub_barrier(*hub, kP);
+          for (int q = 0; q < kP; ++q) std::memcpy(static_cast<char*>(out) + q * bytes, hub->data[q], bytes);
+          hub_barrier(*hub, kP);
+        }, "test-fork");
+        ConnectOptions o;
+        o.kind = ConnectKind::kShm;
+        o.timeout = timeout;
+        std::unique_ptr<Transport> t = connect(b, o);
+        run_stages(*t, plan, stages, faults, true);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (int r = 0; r < kP; ++r) {
+    int status = 0;
+    ::waitpid(pids[static_cast<std::size_t>(r)], &status, 0);
+    const bool victim = std::binary_search(lost.begin(), lost.end(), r);
+    if (victim)
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "rank " << r << " should have been killed";
+    else
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " failed (its stderr says why)";
+  }
+  munmap(mem, sizeof(ForkHub));
   const std::set<std::string> left = segments_left(segments_before);
   EXPECT_TRUE(left.empty()) << "a /dev/shm segment was left: " << *left.begin();
   return stages.back();
@@ -368,14 +471,29 @@ TEST(ElasticTest, ARankThatThrowsStillFailsTheLaunch) {
   EXPECT_TRUE(lost.empty());
 }
 
-TEST(ElasticTest, OnlyLaunchedShmGroups) {
+// A connect()-ed group (ranks forked here, a bootstrap of the test's own): no launcher
+// records deaths, the survivors see the victims' processes end (their identities in the
+// control block), agree, rebuild and go on; a second loss in the rebuilt group too.
+TEST(ElasticTest, AConnectedGroupLosesTwoRanksAndGoesOn) {
+  const EplbPlan plan = the_plan();
+  const int first = victim_covered_by_replicas(plan), second = victim_with_only_copy(plan);
+  ASSERT_GE(first, 0);
+  ASSERT_GE(second, 0);
+  ASSERT_NE(first, second);
+  const Stage st = lose_ranks_and_continue_connected(plan, {{first, "dispatch data"}, {second, "combine data"}}, kTimeout);
+  EXPECT_EQ(st.survivors.size(), 6u);
+  EXPECT_GT(st.dropped_pairs, 0);
+}
+
+TEST(ElasticTest, OnlyShmGroups) {
   EXPECT_THROW(launch({2, TransportKind::kThreads, std::chrono::milliseconds(1000), true}, [](Transport&) {}), Error);
   launch({2, TransportKind::kThreads, std::chrono::milliseconds(1000)}, [](Transport& t) {
     try {
       agree_survivors(t);
       fail(t.rank(), "agree_survivors accepted the threads transport");
     } catch (const Error& e) {
-      if (e.code() != ErrorCode::kUnsupported) throw;
+      // The message names the transport (so a user of another one knows why).
+      if (e.code() != ErrorCode::kUnsupported || std::string(e.what()).find("'threads'") == std::string::npos) throw;
     }
   });
 }

@@ -84,12 +84,9 @@ def run_pair(ep, bucket, group, stage, j, lost, orig):
     logical = make_case(P0, E_LOG, K, H, TOKENS, seed=1000 * stage + j)
     masks = [hand_mask(logical.topk_idx[r], lost) for r in survivors]
     x, idx, w = inputs(logical, orig, "torch")
-    if group is not None:
-        routed, num_experts, pairs, tokens = epx.live_routing(idx, MAPPING, L, group)
-        assert np.array_equal(routed.numpy(), masks[me][0]), f"rank {orig}: live_routing differs from the plain loop"
-        assert (num_experts, pairs, tokens) == (len(survivors) * (L + B), masks[me][1], masks[me][2])
-    else:
-        routed = __import__("torch").from_numpy(masks[me][0].copy())
+    routed, num_experts, pairs, tokens = epx.live_routing(idx, MAPPING, L, group)  # group None: the torch group
+    assert np.array_equal(routed.numpy(), masks[me][0]), f"rank {orig}: live_routing differs from the plain loop"
+    assert (num_experts, pairs, tokens) == (len(survivors) * (L + B), masks[me][1], masks[me][2])
     n = len(survivors)
     case = epx_ref.Case({"num_ranks": n, "num_experts": n * (L + B), "hidden": H, "num_topk": K},
                         [m[0] for m in masks], [logical.topk_weights[r] for r in survivors],
