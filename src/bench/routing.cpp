@@ -191,6 +191,60 @@ void expect(const NpyArray& a, int r, const char* name, const char* descr, std::
   }
 }
 
+// Rank r's topk_idx (checked against meta.json and the expert count) and topk_weights
+// (random when the file is absent).
+void load_routing(const fs::path& in, int r, const BenchProblem& p, const BenchOptions& o, BenchRankInput& ri) {
+  const int K = p.topk;
+  const NpyArray idx = read_rank(in, r, "topk_idx.npy");
+  if (idx.shape.size() != 2) rank_error(r, "topk_idx.npy must be 2-D [S, K]", ErrorCode::kShapeMismatch);
+  ri.tokens = idx.shape[0];
+  expect(idx, r, "topk_idx.npy", "<i8", ri.tokens, K);
+  if (ri.tokens > p.max_tokens)
+    rank_error(r, "topk_idx.npy has S = " + std::to_string(ri.tokens) + " tokens but num_max_tokens_per_rank is " +
+                      std::to_string(p.max_tokens),
+               ErrorCode::kCapacityExceeded);
+  ri.topk_idx.resize(static_cast<std::size_t>(ri.tokens * K));
+  copy_bytes(ri.topk_idx.data(), idx.data.data(), ri.topk_idx.size() * sizeof(std::int64_t));
+  if (auto issue = check_topk_idx(ri.topk_idx.data(), RoutingShape{ri.tokens, K, p.experts, p.ranks}))
+    rank_error(r, "topk_idx.npy: " + issue->message, ErrorCode::kInvalidArgument);
+  if (fs::exists(in / ("rank" + std::to_string(r)) / "topk_weights.npy")) {
+    const NpyArray w = read_rank(in, r, "topk_weights.npy");
+    expect(w, r, "topk_weights.npy", "<f4", ri.tokens, K);
+    ri.topk_weights.resize(ri.topk_idx.size());
+    copy_bytes(ri.topk_weights.data(), w.data.data(), ri.topk_weights.size() * sizeof(float));
+  } else {
+    Rng g(rank_seed(o.seed, r, 3));
+    random_weights(ri, K, g);
+  }
+}
+
+// Rank r's x: x_fp8.npy + x_scales.npy, or x.npy (cast to FP8 with --fp8), or random rows.
+void load_x(const fs::path& in, int r, const BenchProblem& p, const BenchOptions& o, BenchRankInput& ri) {
+  const int H = p.hidden;
+  const fs::path rd = in / ("rank" + std::to_string(r));
+  if (p.fp8 && fs::exists(rd / "x_fp8.npy")) {
+    const NpyArray x = read_rank(in, r, "x_fp8.npy");
+    const NpyArray s = read_rank(in, r, "x_scales.npy");
+    expect(x, r, "x_fp8.npy", "|u1", ri.tokens, H);
+    expect(s, r, "x_scales.npy", "<f4", ri.tokens, H / 128);
+    ri.x = Tensor(DType::kFP8E4M3, {ri.tokens, H});
+    copy_bytes(ri.x.data(), x.data.data(), ri.x.nbytes());
+    ri.x_scales = Tensor(DType::kF32, {ri.tokens, H / 128});
+    copy_bytes(ri.x_scales.data(), s.data.data(), ri.x_scales.nbytes());
+  } else if (fs::exists(rd / "x.npy")) {
+    const NpyArray x = read_rank(in, r, "x.npy");
+    expect(x, r, "x.npy", "<u2", ri.tokens, H);
+    Tensor xb(DType::kBF16, {ri.tokens, H});
+    copy_bytes(xb.data(), x.data.data(), xb.nbytes());
+    if (p.fp8)
+      to_fp8(xb, ri);
+    else
+      ri.x = std::move(xb);
+  } else {
+    random_x(ri, H, p.fp8, rank_seed(o.seed, r, 2));
+  }
+}
+
 BenchProblem load(const BenchOptions& o) {
   const fs::path in(o.routing);
   const ReplayMeta meta = read_replay_meta(in);
@@ -211,53 +265,11 @@ BenchProblem load(const BenchOptions& o) {
                                          p.max_tokens, 0, o.output_pool_bytes());
   check_footprint("epx bench: ", {f.window, detail::add_sat(f.total, f.inputs), f.inputs}, p.ranks,
                   o.transport == "shm");
-  const int K = p.topk, H = p.hidden;
   p.rank.resize(static_cast<std::size_t>(p.ranks));
   for (int r = 0; r < p.ranks; ++r) {
     BenchRankInput& ri = p.rank[static_cast<std::size_t>(r)];
-    const fs::path rd = in / ("rank" + std::to_string(r));
-    const NpyArray idx = read_rank(in, r, "topk_idx.npy");
-    if (idx.shape.size() != 2) rank_error(r, "topk_idx.npy must be 2-D [S, K]", ErrorCode::kShapeMismatch);
-    ri.tokens = idx.shape[0];
-    expect(idx, r, "topk_idx.npy", "<i8", ri.tokens, K);
-    if (ri.tokens > p.max_tokens)
-      rank_error(r, "topk_idx.npy has S = " + std::to_string(ri.tokens) + " tokens but num_max_tokens_per_rank is " +
-                        std::to_string(p.max_tokens),
-                 ErrorCode::kCapacityExceeded);
-    ri.topk_idx.resize(static_cast<std::size_t>(ri.tokens * K));
-    copy_bytes(ri.topk_idx.data(), idx.data.data(), ri.topk_idx.size() * sizeof(std::int64_t));
-    if (auto issue = check_topk_idx(ri.topk_idx.data(), RoutingShape{ri.tokens, K, p.experts, p.ranks}))
-      rank_error(r, "topk_idx.npy: " + issue->message, ErrorCode::kInvalidArgument);
-    if (fs::exists(rd / "topk_weights.npy")) {
-      const NpyArray w = read_rank(in, r, "topk_weights.npy");
-      expect(w, r, "topk_weights.npy", "<f4", ri.tokens, K);
-      ri.topk_weights.resize(ri.topk_idx.size());
-      copy_bytes(ri.topk_weights.data(), w.data.data(), ri.topk_weights.size() * sizeof(float));
-    } else {
-      Rng g(rank_seed(o.seed, r, 3));
-      random_weights(ri, K, g);
-    }
-    if (p.fp8 && fs::exists(rd / "x_fp8.npy")) {
-      const NpyArray x = read_rank(in, r, "x_fp8.npy");
-      const NpyArray s = read_rank(in, r, "x_scales.npy");
-      expect(x, r, "x_fp8.npy", "|u1", ri.tokens, H);
-      expect(s, r, "x_scales.npy", "<f4", ri.tokens, H / 128);
-      ri.x = Tensor(DType::kFP8E4M3, {ri.tokens, H});
-      copy_bytes(ri.x.data(), x.data.data(), ri.x.nbytes());
-      ri.x_scales = Tensor(DType::kF32, {ri.tokens, H / 128});
-      copy_bytes(ri.x_scales.data(), s.data.data(), ri.x_scales.nbytes());
-    } else if (fs::exists(rd / "x.npy")) {
-      const NpyArray x = read_rank(in, r, "x.npy");
-      expect(x, r, "x.npy", "<u2", ri.tokens, H);
-      Tensor xb(DType::kBF16, {ri.tokens, H});
-      copy_bytes(xb.data(), x.data.data(), xb.nbytes());
-      if (p.fp8)
-        to_fp8(xb, ri);
-      else
-        ri.x = std::move(xb);
-    } else {
-      random_x(ri, H, p.fp8, rank_seed(o.seed, r, 2));
-    }
+    load_routing(in, r, p, o, ri);
+    load_x(in, r, p, o, ri);
   }
   return p;
 }
