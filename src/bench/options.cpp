@@ -56,6 +56,45 @@ void check_shape(int ranks, int experts, int hidden, int topk, bool fp8, const s
   if (fp8 && hidden % 128 != 0) bad(where + ": --fp8 needs hidden % 128 == 0, got H = " + std::to_string(hidden));
 }
 
+namespace {
+
+// --ring-rows and --zero-copy against each other and the data plane.
+void validate_ring_and_views(const BenchOptions& o) {
+  if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));
+  if (o.ring_rows > 0 && o.zero_copy) bad("--ring-rows cannot be combined with --zero-copy (a ring has no slot for every row)");
+  if (o.ring_rows > 0 && o.dataplane.protocol == Protocol::kFlag) bad("--ring-rows needs --protocol explicit or tail");
+  if (o.ring_rows > 0 && o.dataplane.schedule.kind == ScheduleKind::kHierarchical)
+    bad("--ring-rows does not combine with --schedule hierarchical");
+  if (o.zero_copy && o.dataplane.protocol == Protocol::kFlag)
+    bad("--zero-copy cannot be combined with --protocol flag (flagged blocks are unpacked on arrival, so recv_x cannot be "
+        "a view of the window)");
+}
+
+// The --eplb* options: each needs --eplb, and their values.
+void validate_eplb_options(const BenchOptions& o) {
+  if (!o.eplb) {
+    if (o.eplb_replicas != 0) bad("--eplb-replicas needs --eplb");
+    if (!o.eplb_choice.empty()) bad("--eplb-choice needs --eplb");
+    if (o.eplb_servers_of != 0) bad("--eplb-servers-of needs --eplb");
+    return;
+  }
+  if (o.eplb_expert_bytes != "1M" && eplb_choice_name(o) != "dynamic")
+    bad("--eplb-expert-bytes only applies to --eplb-choice dynamic");
+  if (parse_byte_size(o.eplb_expert_bytes) % 4 != 0)
+    bad("--eplb-expert-bytes must be a multiple of 4 (the gradients are float32), got " + o.eplb_expert_bytes);
+  if (o.eplb_replicas < 0) bad("--eplb-replicas must be >= 0 (0 = default), got " + std::to_string(o.eplb_replicas));
+  const std::string choice = eplb_choice_name(o);
+  if (choice != "spread" && choice != "rank" && choice != "server" && choice != "dynamic")
+    bad("--eplb-choice must be 'spread', 'rank', 'server' or 'dynamic', got '" + o.eplb_choice + "'");
+  if (o.eplb_servers_of < 0) bad("--eplb-servers-of must be >= 1, got " + std::to_string(o.eplb_servers_of));
+  if (o.eplb_servers_of != 0 && choice != "server")
+    bad("--eplb-servers-of only applies to --eplb-choice server (got --eplb-choice " + choice + ")");
+  // The replicas against the shape: here for a generated routing, again in apply_eplb for --routing.
+  if (o.routing.empty()) check_eplb_shape(o, o.ranks, o.experts);
+}
+
+}  // namespace
+
 void validate_options(const BenchOptions& o) {
   // shmem: one rank per process, started by oshrun/mpirun (run_shmem.cpp): P is the launcher's.
   const bool forked = o.transport != "shmem";
@@ -91,37 +130,12 @@ void validate_options(const BenchOptions& o) {
   if (!o.baseline.empty() && o.baseline != "mpi") bad("--baseline must be 'mpi', got '" + o.baseline + "'");
   // With --routing, P is known once meta.json is read: run_bench checks the rest then.
   check_dataplane(o.dataplane, o.routing.empty() ? o.ranks : 0);
-  if (o.ring_rows < 0) bad("--ring-rows must be >= 0, got " + std::to_string(o.ring_rows));
-  if (o.ring_rows > 0 && o.zero_copy) bad("--ring-rows cannot be combined with --zero-copy (a ring has no slot for every row)");
-  if (o.ring_rows > 0 && o.dataplane.protocol == Protocol::kFlag) bad("--ring-rows needs --protocol explicit or tail");
-  if (o.ring_rows > 0 && o.dataplane.schedule.kind == ScheduleKind::kHierarchical)
-    bad("--ring-rows does not combine with --schedule hierarchical");
-  if (o.zero_copy && o.dataplane.protocol == Protocol::kFlag)
-    bad("--zero-copy cannot be combined with --protocol flag (flagged blocks are unpacked on arrival, so recv_x cannot be "
-        "a view of the window)");
+  validate_ring_and_views(o);
   if (!o.sweep.empty() && !o.trace.empty()) bad("--trace records one run; it cannot be combined with --sweep");
   if (!o.sweep.empty() && !o.html.empty()) bad("--html draws one run; it cannot be combined with --sweep (its table is the report)");
   if (!o.sweep.empty() && !o.baseline.empty())
     bad("--baseline does not depend on the data-plane options; run it without --sweep");
-  if (!o.eplb) {
-    if (o.eplb_replicas != 0) bad("--eplb-replicas needs --eplb");
-    if (!o.eplb_choice.empty()) bad("--eplb-choice needs --eplb");
-    if (o.eplb_servers_of != 0) bad("--eplb-servers-of needs --eplb");
-    return;
-  }
-  if (o.eplb_expert_bytes != "1M" && eplb_choice_name(o) != "dynamic")
-    bad("--eplb-expert-bytes only applies to --eplb-choice dynamic");
-  if (parse_byte_size(o.eplb_expert_bytes) % 4 != 0)
-    bad("--eplb-expert-bytes must be a multiple of 4 (the gradients are float32), got " + o.eplb_expert_bytes);
-  if (o.eplb_replicas < 0) bad("--eplb-replicas must be >= 0 (0 = default), got " + std::to_string(o.eplb_replicas));
-  const std::string choice = eplb_choice_name(o);
-  if (choice != "spread" && choice != "rank" && choice != "server" && choice != "dynamic")
-    bad("--eplb-choice must be 'spread', 'rank', 'server' or 'dynamic', got '" + o.eplb_choice + "'");
-  if (o.eplb_servers_of < 0) bad("--eplb-servers-of must be >= 1, got " + std::to_string(o.eplb_servers_of));
-  if (o.eplb_servers_of != 0 && choice != "server")
-    bad("--eplb-servers-of only applies to --eplb-choice server (got --eplb-choice " + choice + ")");
-  // The replicas against the shape: here for a generated routing, again in apply_eplb for --routing.
-  if (o.routing.empty()) check_eplb_shape(o, o.ranks, o.experts);
+  validate_eplb_options(o);
 }
 
 void check_eplb_shape(const BenchOptions& o, int ranks, int experts) {
