@@ -283,6 +283,37 @@ def test_torch_distributed_group_survivors_rebuild_and_go_on(tmp_path):
     assert not mp.active_children()
 
 
+def _stopped_rank(rank, n):
+    """Rank 1 stops (SIGSTOP) before an all_reduce: the others time out, agree without it
+    after the timeout (it is neither dead nor arriving), rebuild and all_reduce over the two."""
+    bucket = epx.BucketBuffer(None, 1 << 16, num_cpu_timeout_secs=2)
+    v = _f32(bucket)
+    if rank == 1:  # between calls: its rows never come (inside one, they may all be out already)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    v[:] = __import__("torch").from_numpy(values(rank, 9, 0))
+    with pytest.raises(epx.Error) as info:
+        bucket.all_reduce(v).wait()
+    assert info.value.is_peer_loss, str(info.value)
+    group = epx.agree_and_rebuild(None, buffers=[bucket])
+    assert group.lost == (1,) and group.original_ranks == (0, 2) and group.rank == rank // 2
+    bucket = epx.BucketBuffer(group, 1 << 16, transport_group=group)
+    v = _f32(bucket)
+    v[:] = __import__("torch").from_numpy(values(rank, 9, 1))
+    out = np.asarray(bucket.all_reduce(v).wait())
+    assert np.array_equal(out, (values(0, 9, 1) + values(2, 9, 1)).astype(np.float32))
+    bucket.destroy()
+    return info.value.code
+
+
+def test_a_stopped_rank_is_left_out_after_the_timeout():
+    before = _shm()
+    out = epx.launch(_stopped_rank, 3, start_method="fork", timeout_secs=60, elastic=True)
+    assert out.lost == [1] and out[1] is None
+    assert out[0] in ("timeout", "peer_failed") and out[2] in ("timeout", "peer_failed")
+    assert _shm() <= before, f"left in /dev/shm: {_shm() - before}"
+    assert not mp.active_children()
+
+
 def _not_shm(rank, n):
     import torch.distributed as dist
     # no epx buffer on the group: nothing to rebuild, said at once
