@@ -7,7 +7,8 @@ dropped and counted, checked against a plain loop here), all_reduce against a fl
 over the survivors — then rank 1 dies too (3 -> 2). A buffer of the old group raises
 bad_handle; a bad input is not a peer loss. Once with epx.launch(elastic=True), once with 4
 processes of a torch.distributed group (file:// store) the test starts itself; a PPBuffer on
-the last group. Nothing is left in /dev/shm, no process is left."""
+the last group; a stopped rank left out after the timeout. Nothing is left in /dev/shm, no
+process is left."""
 import multiprocessing as mp
 import os
 import signal
