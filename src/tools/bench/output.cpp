@@ -299,8 +299,71 @@ void write_json_file(const fs::path& path, const ordered_json& j) { write_text_f
 
 void write_bench_json(const fs::path& path, const BenchReport& r) { write_json_file(path, bench_json(r)); }
 
-json bench_trace(const std::vector<BenchRankRecord>& records) {
+namespace {
+
+// Chrome trace events of a bench run: one process per rank, one thread per worker and one
+// for the memcpy reference; times from the first call's start.
+struct TraceWriter {
   json events = json::array();
+  double t0 = 0;
+  int memcpy_tid = 1;
+
+  void slice(const std::string& name, const char* cat, int pid, int tid, double ts, double dur, json args) {
+    json e = {{"name", name}, {"cat", cat}, {"ph", "X"}, {"pid", pid}, {"tid", tid}, {"ts", ts - t0}, {"dur", std::max(0.0, dur)}};
+    if (!args.is_null()) e["args"] = std::move(args);
+    events.push_back(std::move(e));
+  }
+
+  void names(const BenchRankRecord& rec) {
+    const int pid = rec.rank;
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
+    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+    for (int w = 0; w < std::max(1, rec.workers); ++w)
+      events.push_back(
+          {{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", w}, {"args", {{"name", "worker " + std::to_string(w)}}}});
+    events.push_back(
+        {{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", memcpy_tid}, {"args", {{"name", "memcpy reference"}}}});
+  }
+
+  // Call i of `name` on every worker, then its phases.
+  void call(const BenchCall& c, std::size_t i, const char* name, int pid) {
+    const int workers = std::max<int>(1, static_cast<int>(c.workers.size()));
+    for (int w = 0; w < workers; ++w) {
+      json args = {{"iteration", i}, {"latency_us", c.lat_us}};
+      if (!c.workers.empty()) {
+        const WorkerStats& s = c.workers[static_cast<std::size_t>(w)];
+        args["puts"] = s.puts + s.local_puts;
+        args["bytes"] = s.put_bytes + s.local_bytes;
+      }
+      slice(std::string(name) + " #" + std::to_string(i), name, pid, w, c.start_us, c.lat_us, std::move(args));
+    }
+    if (c.workers.empty()) return;
+    // Phases in order from the call's start; every worker's phase p starts where
+    // worker 0's does (the phases are fork-join steps of the call).
+    double offset = 0;
+    for (int p = 0; p < kNumPhases; ++p) {
+      for (int w = 0; w < workers; ++w) {
+        const double dur = c.workers[static_cast<std::size_t>(w)].phase_us[static_cast<std::size_t>(p)];
+        if (dur > 0) slice(to_string(static_cast<Phase>(p)), "phase", pid, w, c.start_us + offset, dur, {{"iteration", i}});
+      }
+      offset += c.workers[0].phase_us[static_cast<std::size_t>(p)];
+    }
+  }
+
+  void memcpy_reference(const BenchRankRecord& rec) {
+    for (std::size_t i = 0; i < rec.memcpy_dispatch_us.size(); ++i) {
+      slice("memcpy dispatch bytes #" + std::to_string(i), "memcpy", rec.rank, memcpy_tid, rec.memcpy_dispatch_start_us[i],
+            rec.memcpy_dispatch_us[i], {{"iteration", i}});
+      slice("memcpy combine bytes #" + std::to_string(i), "memcpy", rec.rank, memcpy_tid, rec.memcpy_combine_start_us[i],
+            rec.memcpy_combine_us[i], {{"iteration", i}});
+    }
+  }
+};
+
+}  // namespace
+
+json bench_trace(const std::vector<BenchRankRecord>& records) {
+  TraceWriter tw;
   double t0 = 1e300;
   int max_workers = 1;
   for (const BenchRankRecord& rec : records) {
@@ -310,59 +373,15 @@ json bench_trace(const std::vector<BenchRankRecord>& records) {
         max_workers = std::max(max_workers, static_cast<int>(c.workers.size()));
       }
   }
-  if (t0 > 1e299) t0 = 0;
-  const int memcpy_tid = max_workers;
-  auto slice = [&](const std::string& name, const char* cat, int pid, int tid, double ts, double dur, json args) {
-    json e = {{"name", name}, {"cat", cat}, {"ph", "X"}, {"pid", pid}, {"tid", tid}, {"ts", ts - t0}, {"dur", std::max(0.0, dur)}};
-    if (!args.is_null()) e["args"] = std::move(args);
-    events.push_back(std::move(e));
-  };
+  tw.t0 = t0 > 1e299 ? 0 : t0;
+  tw.memcpy_tid = max_workers;
   for (const BenchRankRecord& rec : records) {
-    const int pid = rec.rank;
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
-    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
-    const int W = std::max(1, rec.workers);
-    for (int w = 0; w < W; ++w)
-      events.push_back(
-          {{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", w}, {"args", {{"name", "worker " + std::to_string(w)}}}});
-    events.push_back(
-        {{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", memcpy_tid}, {"args", {{"name", "memcpy reference"}}}});
-    for (int op = 0; op < 2; ++op) {
-      const auto& calls = op == 0 ? rec.dispatch : rec.combine;
-      const char* name = op == 0 ? "dispatch" : "combine";
-      for (std::size_t i = 0; i < calls.size(); ++i) {
-        const BenchCall& c = calls[i];
-        const int workers = std::max<int>(1, static_cast<int>(c.workers.size()));
-        for (int w = 0; w < workers; ++w) {
-          json args = {{"iteration", i}, {"latency_us", c.lat_us}};
-          if (!c.workers.empty()) {
-            const WorkerStats& s = c.workers[static_cast<std::size_t>(w)];
-            args["puts"] = s.puts + s.local_puts;
-            args["bytes"] = s.put_bytes + s.local_bytes;
-          }
-          slice(std::string(name) + " #" + std::to_string(i), name, pid, w, c.start_us, c.lat_us, std::move(args));
-        }
-        if (c.workers.empty()) continue;
-        // Phases in order from the call's start; every worker's phase p starts where
-        // worker 0's does (the phases are fork-join steps of the call).
-        double offset = 0;
-        for (int p = 0; p < kNumPhases; ++p) {
-          for (int w = 0; w < workers; ++w) {
-            const double dur = c.workers[static_cast<std::size_t>(w)].phase_us[static_cast<std::size_t>(p)];
-            if (dur > 0) slice(to_string(static_cast<Phase>(p)), "phase", pid, w, c.start_us + offset, dur, {{"iteration", i}});
-          }
-          offset += c.workers[0].phase_us[static_cast<std::size_t>(p)];
-        }
-      }
-    }
-    for (std::size_t i = 0; i < rec.memcpy_dispatch_us.size(); ++i) {
-      slice("memcpy dispatch bytes #" + std::to_string(i), "memcpy", pid, memcpy_tid, rec.memcpy_dispatch_start_us[i],
-            rec.memcpy_dispatch_us[i], {{"iteration", i}});
-      slice("memcpy combine bytes #" + std::to_string(i), "memcpy", pid, memcpy_tid, rec.memcpy_combine_start_us[i],
-            rec.memcpy_combine_us[i], {{"iteration", i}});
-    }
+    tw.names(rec);
+    for (std::size_t i = 0; i < rec.dispatch.size(); ++i) tw.call(rec.dispatch[i], i, "dispatch", rec.rank);
+    for (std::size_t i = 0; i < rec.combine.size(); ++i) tw.call(rec.combine[i], i, "combine", rec.rank);
+    tw.memcpy_reference(rec);
   }
-  return json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+  return json{{"traceEvents", std::move(tw.events)}, {"displayTimeUnit", "ms"}};
 }
 
 void write_bench_trace(const fs::path& path, const std::vector<BenchRankRecord>& records) {
