@@ -62,6 +62,36 @@ void print_peers(const std::vector<PeerRun>& peers, std::FILE* out) {
 
 double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
+// The one-way latency lines of --op pp: epx's per pair, each peer's and their ratios.
+void print_pp_latency(const PPBenchReport& r, std::FILE* out) {
+  std::fprintf(out, "latency, one-way (ping-pong / 2), p50 us per pair (2k, 2k+1):\n");
+  for (const PPSizeResult& s : r.sizes) {
+    std::fprintf(out, "  %-9s epx", size_text(s.bytes).c_str());
+    for (const Summary& l : s.pair_latency_us) std::fprintf(out, " %.1f", l.p50);
+    for (std::size_t i = 0; i < r.peers.size(); ++i) {
+      if (!r.peers[i].ran) continue;
+      std::fprintf(out, " | %s", r.peers[i].name.c_str());
+      double sum_ratio = 0;
+      for (std::size_t p = 0; p < s.peer_pair_latency_us[i].size(); ++p) {
+        std::fprintf(out, " %.1f", s.peer_pair_latency_us[i][p].p50);
+        sum_ratio += ratio(s.peer_pair_latency_us[i][p].p50, s.pair_latency_us[p].p50);
+      }
+      if (!s.peer_pair_latency_us[i].empty())
+        std::fprintf(out, " (%.2fx epx)", sum_ratio / static_cast<double>(s.peer_pair_latency_us[i].size()));
+    }
+    std::fprintf(out, "\n  %-9s epx planned", size_text(s.bytes).c_str());
+    for (const Summary& l : s.pair_latency_planned_us) std::fprintf(out, " %.1f", l.p50);
+    for (std::size_t i = 0; i < r.peers.size(); ++i) {
+      if (!r.peers[i].ran || s.peer_pair_latency_us[i].empty()) continue;
+      double sum_ratio = 0;
+      for (std::size_t p = 0; p < s.peer_pair_latency_us[i].size(); ++p)
+        sum_ratio += ratio(s.peer_pair_latency_us[i][p].p50, s.pair_latency_planned_us[p].p50);
+      std::fprintf(out, " | %s %.2fx", r.peers[i].name.c_str(), sum_ratio / static_cast<double>(s.peer_pair_latency_us[i].size()));
+    }
+    std::fprintf(out, "\n");
+  }
+}
+
 void print_pp(const PPBenchReport& r, std::FILE* out) {
   const PPBenchOptions& o = r.options;
   std::fprintf(out, "epx bench --op pp: %d %s ranks, %s, %d messages per link per iteration, %d timed iterations x %d "
@@ -92,32 +122,7 @@ void print_pp(const PPBenchReport& r, std::FILE* out) {
           std::fprintf(out, " %s k%d %s %.2fx / %.2fx;", size_text(s.bytes).c_str(), s.inflight[k], r.peers[i].name.c_str(),
                        ratio(s.peer_stream_us[i].p50, s.view_us[k].p50), ratio(s.peer_stream_us[i].p50, s.planned_us[k].p50));
   std::fprintf(out, ")\n");
-  std::fprintf(out, "latency, one-way (ping-pong / 2), p50 us per pair (2k, 2k+1):\n");
-  for (const PPSizeResult& s : r.sizes) {
-    std::fprintf(out, "  %-9s epx", size_text(s.bytes).c_str());
-    for (const Summary& l : s.pair_latency_us) std::fprintf(out, " %.1f", l.p50);
-    for (std::size_t i = 0; i < r.peers.size(); ++i) {
-      if (!r.peers[i].ran) continue;
-      std::fprintf(out, " | %s", r.peers[i].name.c_str());
-      double sum_ratio = 0;
-      for (std::size_t p = 0; p < s.peer_pair_latency_us[i].size(); ++p) {
-        std::fprintf(out, " %.1f", s.peer_pair_latency_us[i][p].p50);
-        sum_ratio += ratio(s.peer_pair_latency_us[i][p].p50, s.pair_latency_us[p].p50);
-      }
-      if (!s.peer_pair_latency_us[i].empty())
-        std::fprintf(out, " (%.2fx epx)", sum_ratio / static_cast<double>(s.peer_pair_latency_us[i].size()));
-    }
-    std::fprintf(out, "\n  %-9s epx planned", size_text(s.bytes).c_str());
-    for (const Summary& l : s.pair_latency_planned_us) std::fprintf(out, " %.1f", l.p50);
-    for (std::size_t i = 0; i < r.peers.size(); ++i) {
-      if (!r.peers[i].ran || s.peer_pair_latency_us[i].empty()) continue;
-      double sum_ratio = 0;
-      for (std::size_t p = 0; p < s.peer_pair_latency_us[i].size(); ++p)
-        sum_ratio += ratio(s.peer_pair_latency_us[i][p].p50, s.pair_latency_planned_us[p].p50);
-      std::fprintf(out, " | %s %.2fx", r.peers[i].name.c_str(), sum_ratio / static_cast<double>(s.peer_pair_latency_us[i].size()));
-    }
-    std::fprintf(out, "\n");
-  }
+  print_pp_latency(r, out);
   bool ok = true;
   for (const PPSizeResult& s : r.sizes) ok = ok && s.correct;
   std::fprintf(out, "check: epx %s\n", ok ? "delivered every receiver's last message of every size bit for bit" : "DELIVERED WRONG BYTES");
