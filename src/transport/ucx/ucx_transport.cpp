@@ -1,13 +1,16 @@
 #include "ucx/ucx_transport.hpp"
 
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -29,6 +32,38 @@ constexpr auto kHookEvery = std::chrono::milliseconds(50);
 std::size_t round_page(std::size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
 std::string status_text(ucs_status_t s) { return ucs_status_string(s); }
+
+/// What a rank says about its process, so that a same-machine peer can tell it died.
+struct Life {
+  std::uint64_t start_time = 0;  // /proc/<pid>/stat field 22 (clock ticks since boot)
+  std::uint64_t pid_ns = 0;      // inode of /proc/self/ns/pid
+  std::int64_t pid = 0;
+};
+
+/// Field 3 (state) and field 22 (start time) of /proc/<pid>/stat; false if it is gone.
+bool read_stat(std::int64_t pid, char& state, std::uint64_t& start_time) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!in || !std::getline(in, line)) return false;
+  const std::size_t close = line.rfind(')');  // the command name may hold spaces and ')'
+  if (close == std::string::npos) return false;
+  std::istringstream rest(line.substr(close + 1));
+  std::string field;
+  rest >> state;
+  for (int f = 4; f <= 22 && rest >> field; ++f)
+    if (f == 22) start_time = std::stoull(field);
+  return true;
+}
+
+Life my_life() {
+  Life l;
+  l.pid = static_cast<std::int64_t>(getpid());
+  char state = '?';
+  read_stat(l.pid, state, l.start_time);
+  struct stat st {};
+  if (::stat("/proc/self/ns/pid", &st) == 0) l.pid_ns = static_cast<std::uint64_t>(st.st_ino);
+  return l;
+}
 
 std::string hostname() {
   char name[256] = {};
@@ -67,7 +102,7 @@ class UcxGroup {
   /// by the next flush); an error means the peer's endpoint failed.
   void settle(ucs_status_ptr_t r, int peer, const char* what);
   /// Every operation this worker issued to a peer it talked to is complete at the target.
-  void flush(std::uint64_t* lap_ns);
+  void flush(std::uint64_t* lap_ns, bool teardown = false);
   /// Between looks of a wait: the awaited peer's endpoint failed, or the caller's hook.
   void check_waiting(const WaitPoint& where, bool yielding);
   [[noreturn]] void fail_timeout(const WaitPoint& where) const;
@@ -83,12 +118,20 @@ class UcxGroup {
     UcxGroup* group = nullptr;
     int peer = -1;
   };
+  struct Pending {
+    int peer;
+    void* request;
+  };
+  void await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_ns, bool teardown);
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   void make_context();
   void make_worker();
   void connect_endpoints();
   void close_endpoints() noexcept;
   [[noreturn]] void fail_peer(int peer, ucs_status_t status, const char* what) const;
+  /// A same-machine peer this rank waits for (whose endpoint reports nothing: no peer error
+  /// handling) died: kPeerFailed. Every 20 ms at most, while a wait yields.
+  void check_alive(const WaitPoint& where);
 
   Bootstrap& boot_;
   int rank_, size_;
@@ -103,6 +146,8 @@ class UcxGroup {
   std::unique_ptr<PeerState[]> peer_state_;         // [P] the error handler's argument
   std::unique_ptr<std::atomic<int>[]> failed_;      // [P] ucs_status_t of a failed endpoint, else 0
   std::unique_ptr<std::atomic<bool>[]> touched_;    // [P] an operation ever went to this peer
+  std::vector<Life> lives_;                         // [P] each rank's process, for the same-machine liveness check
+  std::atomic<std::int64_t> next_life_check_{0};    // steady-clock ns of the next one (one thread of the rank at a time)
   std::atomic<const char*> phase_{"setup"};
   // A wait or flush failed: teardown skips its flushes, which would wait for the same peers.
   mutable std::atomic<bool> broken_{false};
@@ -113,6 +158,9 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
   const auto P = static_cast<std::size_t>(size_);
   node_of_rank_ = discover_nodes(boot).node_of_rank;
   hosts_ = allgather_strings(boot, hostname());
+  const Life mine = my_life();
+  lives_.resize(P);
+  boot.allgather(&mine, lives_.data(), sizeof mine);
   peer_state_.reset(new PeerState[P]);
   failed_.reset(new std::atomic<int>[P]);
   touched_.reset(new std::atomic<bool>[P]);
@@ -136,7 +184,7 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
 
 UcxGroup::~UcxGroup() {
   try {
-    if (!broken()) flush(nullptr);  // this rank's last signals reach their peers before the connections close
+    if (!broken()) flush(nullptr, true);  // this rank's last signals reach their peers before the connections close
   } catch (const Error&) {
     // A peer that is gone cannot receive them anyway.
   }
@@ -261,7 +309,7 @@ void UcxGroup::settle(ucs_status_ptr_t r, int peer, const char* what) {
 void UcxGroup::fail_peer(int peer, ucs_status_t status, const char* what) const {
   broken_.store(true, std::memory_order_relaxed);
   throw Error(ErrorCode::kPeerFailed,
-              "rank " + std::to_string(rank_) + ": ucx: " + what + " to " + describe(peer) + " failed in phase '" +
+              "rank " + std::to_string(rank_) + ": ucx: " + what + " " + describe(peer) + " failed in phase '" +
                   phase_.load(std::memory_order_relaxed) + "': " + status_text(status) +
                   " (the peer ended or died, or the link to its machine is down)",
               peer);
@@ -276,20 +324,26 @@ std::string UcxGroup::describe(int peer) const {
 }
 
 // One flush request per peer this worker talked to; each completion is that peer's lap.
-void UcxGroup::flush(std::uint64_t* lap_ns) {
-  struct Pending {
-    int peer;
-    void* request;
-  };
+// `teardown`: peers whose endpoint failed are skipped and errors end nothing (a peer that
+// ended first closed its connections; the others must still get this rank's last signals).
+void UcxGroup::flush(std::uint64_t* lap_ns, bool teardown) {
   std::vector<Pending> pending;
   ucp_request_param_t prm{};
   for (int p = 0; p < size_; ++p) {
     const auto up = static_cast<std::size_t>(p);
     if (p == rank_ || !touched_[up].load(std::memory_order_relaxed)) continue;
+    if (teardown && failed_[up].load(std::memory_order_relaxed) != 0) continue;
     ucs_status_ptr_t r = ucp_ep_flush_nbx(eps_[up], &prm);
-    if (UCS_PTR_IS_ERR(r)) fail_peer(p, UCS_PTR_STATUS(r), "completing puts");
-    if (r != nullptr) pending.push_back({p, r});
+    if (UCS_PTR_IS_ERR(r) && !teardown) {
+      for (const Pending& q : pending) ucp_request_free(q.request);
+      fail_peer(p, UCS_PTR_STATUS(r), "completing puts to");
+    }
+    if (UCS_PTR_IS_PTR(r)) pending.push_back({p, r});
   }
+  if (!pending.empty()) await_flushes(pending, lap_ns, teardown);
+}
+
+void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_ns, bool teardown) {
   auto since = std::chrono::steady_clock::now();
   const auto deadline = since + timeout_;
   for (unsigned i = 0; !pending.empty(); ++i) {
@@ -304,18 +358,19 @@ void UcxGroup::flush(std::uint64_t* lap_ns) {
       ucp_request_free(it->request);
       const int peer = it->peer;
       it = pending.erase(it);
-      if (s != UCS_OK) {
+      if (s != UCS_OK && !teardown) {
         for (const Pending& q : pending) ucp_request_free(q.request);
-        fail_peer(peer, s, "completing puts");
+        fail_peer(peer, s, "completing puts to");
       }
       if (lap_ns != nullptr) lap_ns[peer] += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count());
       since = now;
     }
-    if (pending.empty()) break;
+    if (pending.empty()) return;
     if (now >= deadline) {
       std::string who;
       for (const Pending& q : pending) who += (who.empty() ? "" : ", ") + describe(q.peer), ucp_request_free(q.request);
       broken_.store(true, std::memory_order_relaxed);
+      if (teardown) return;
       throw Error(ErrorCode::kTimeout,
                   "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) + " ms in phase '" +
                       phase_.load(std::memory_order_relaxed) + "' completing puts to " + who +
@@ -329,14 +384,35 @@ void UcxGroup::flush(std::uint64_t* lap_ns) {
 void UcxGroup::check_waiting(const WaitPoint& where, bool yielding) {
   if (where.peer >= 0 && where.peer < size_) {
     const int s = failed_[static_cast<std::size_t>(where.peer)].load(std::memory_order_relaxed);
-    if (s != 0) fail_peer(where.peer, static_cast<ucs_status_t>(s), (std::string("waiting in phase '") + where.phase + "' for").c_str());
+    if (s != 0) note(where.phase), fail_peer(where.peer, static_cast<ucs_status_t>(s), "the wait for");
   }
-  if (!hook_ || !yielding) return;
+  if (!yielding) return;
+  check_alive(where);
+  if (!hook_) return;
   thread_local auto last = std::chrono::steady_clock::time_point{};
   const auto now = std::chrono::steady_clock::now();
   if (now - last < kHookEvery) return;
   last = now;
   hook_();
+}
+
+void UcxGroup::check_alive(const WaitPoint& where) {
+  const int peer = where.peer;
+  if (peer < 0 || peer >= size_ || peer == rank_ || !same_node(peer)) return;
+  const Life& l = lives_[static_cast<std::size_t>(peer)];
+  if (l.pid <= 0 || l.pid_ns != lives_[static_cast<std::size_t>(rank_)].pid_ns) return;  // another pid namespace: the timeout decides
+  const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  std::int64_t next = next_life_check_.load(std::memory_order_relaxed);
+  if (now < next || !next_life_check_.compare_exchange_strong(next, now + std::chrono::nanoseconds(std::chrono::milliseconds(20)).count()))
+    return;
+  char state = '?';
+  std::uint64_t start = 0;
+  if (read_stat(l.pid, state, start) && state != 'Z' && state != 'X' && start == l.start_time) return;
+  broken_.store(true, std::memory_order_relaxed);
+  throw Error(ErrorCode::kPeerFailed,
+              "rank " + std::to_string(rank_) + ": ucx: " + describe(peer) + " (pid " + std::to_string(l.pid) +
+                  ") died while this rank waited for it in phase '" + where.phase + "'",
+              peer);
 }
 
 void UcxGroup::fail_timeout(const WaitPoint& where) const {
@@ -383,7 +459,7 @@ std::unique_ptr<Transport> UcxTransport::open_endpoint() { return std::make_uniq
 void UcxTransport::release() noexcept {
   if (base_ == nullptr) return;
   try {
-    if (!group_->broken()) group_->flush(nullptr);  // nothing of this block is still read by a get or a put in flight
+    if (!group_->broken()) group_->flush(nullptr, true);  // nothing of this block is still read by a get or a put in flight
   } catch (const Error&) {
   }
   for (ucp_rkey_h& k : rkeys_)
@@ -470,7 +546,7 @@ void UcxTransport::put(int peer, std::size_t offset, const void* src, std::size_
   if (peer == rank()) return bulk_copy(base_ + offset, src, bytes);
   const auto p = static_cast<std::size_t>(peer);
   ucp_request_param_t prm{};
-  group_->settle(ucp_put_nbx(group_->ep(peer), src, bytes, remote_base_[p] + offset, rkeys_[p], &prm), peer, "a put");
+  group_->settle(ucp_put_nbx(group_->ep(peer), src, bytes, remote_base_[p] + offset, rkeys_[p], &prm), peer, "a put to");
 }
 
 void UcxTransport::get(int peer, std::size_t offset, void* dst, std::size_t bytes, int) {
@@ -479,7 +555,7 @@ void UcxTransport::get(int peer, std::size_t offset, void* dst, std::size_t byte
   if (peer == rank()) return static_cast<void>(std::memcpy(dst, base_ + offset, bytes));
   const auto p = static_cast<std::size_t>(peer);
   ucp_request_param_t prm{};
-  group_->settle(ucp_get_nbx(group_->ep(peer), dst, bytes, remote_base_[p] + offset, rkeys_[p], &prm), peer, "a get");
+  group_->settle(ucp_get_nbx(group_->ep(peer), dst, bytes, remote_base_[p] + offset, rkeys_[p], &prm), peer, "a get from");
 }
 
 void UcxTransport::ordered_set(int peer, std::size_t offset, std::uint64_t value) {
@@ -504,7 +580,7 @@ void UcxTransport::ordered_set(int peer, std::size_t offset, std::uint64_t value
   ucs_status_ptr_t r = ucp_put_nbx(group_->ep(peer), word, sizeof *word, remote_base_[p] + offset, rkeys_[p], &prm);
   if (UCS_PTR_IS_PTR(r)) return;  // the callback frees the word and the request
   delete word;
-  group_->settle(r, peer, "a signal");
+  group_->settle(r, peer, "a signal to");
 }
 
 void UcxTransport::signal(int peer, std::size_t slot, std::uint64_t value, int) {
