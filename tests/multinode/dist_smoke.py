@@ -104,7 +104,11 @@ class Smoke:
         self.broadcast()
         self.send_recv()
         dist.barrier()
-        print(f"dist_smoke: rank {self.rank} of {self.size} on {self.host}: {self.checks} checks passed", flush=True)
+        pg = dist.distributed_c10d._get_default_group()
+        kind = getattr(getattr(pg, "_transport", None), "name", None)  # epx's transport (shm, ucx, ...)
+        how = f"backend {dist.get_backend()}" + (f", transport {kind}" if kind else "")
+        print(f"dist_smoke: rank {self.rank} of {self.size} on {self.host}: {self.checks} checks passed ({how})",
+              flush=True)
         if self.a.loop:
             end, k = time.monotonic() + self.a.loop, 0
             self.quiet = True

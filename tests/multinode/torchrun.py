@@ -241,17 +241,24 @@ class Cluster:
         return {r: pid for r, (pid, _) in self.workers_running(i).items()}
 
     def workers_running(self, i):
-        """{global rank: (pid, local rank)} of torchrun's workers running on machine i (their
-        environment has RANK, LOCAL_RANK and TORCHELASTIC_RUN_ID; the agent has no RANK)."""
-        out = {}
+        """{global rank: (pid, local rank)} of torchrun's workers running on machine i: the
+        innermost process whose environment has RANK, LOCAL_RANK and TORCHELASTIC_RUN_ID (the
+        program, not its sh wrapper; the agent has no RANK)."""
+        found = {}  # pid: (rank, local rank, parent pid)
         for p in machines.sh("ip", "netns", "pids", self.names[i], check=False).stdout.split():
             try:
                 with open(f"/proc/{p}/environ", "rb") as f:
                     env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            except OSError:
+                with open(f"/proc/{p}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
             if b"TORCHELASTIC_RUN_ID" in env and b"RANK" in env and b"LOCAL_RANK" in env:
-                out[int(env[b"RANK"])] = (int(p), int(env[b"LOCAL_RANK"]))
+                found[int(p)] = (int(env[b"RANK"]), int(env[b"LOCAL_RANK"]), ppid)
+        out = {}
+        for pid, (rank, lr, ppid) in found.items():
+            if not any(q != pid and found[q][2] == pid for q in found):  # no child of its own among them
+                out[rank] = (pid, lr)
         return out
 
     # -- a job ------------------------------------------------------------------------
