@@ -20,11 +20,13 @@ is implemented and how each reduction is ordered).
 """
 import datetime
 import os
+import threading
+import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, ReduceOp, _create_work_from_future
+from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work, _create_work_from_future
 
 from . import _epx
 
@@ -50,6 +52,8 @@ def _op_of(opts_or_op):
     op = getattr(opts_or_op, "reduceOp", opts_or_op)
     op = getattr(op, "op", op)  # a ReduceOp instance wraps its RedOpType
     name = _OPS.get(op)
+    if op == R.PREMUL_SUM:  # NCCL's; gloo 1.13 refuses it alike
+        raise RuntimeError("epx backend: Cannot use ReduceOp.PREMUL_SUM with epx (as with Gloo: it is NCCL's)")
     if name is None:
         raise RuntimeError(f"epx backend: reduce op {op} is not implemented yet")
     return op, name
@@ -66,8 +70,9 @@ def _signature(dtype, op):
     return float(_code(dtype) * 2 + (op == R.AVG))
 
 
-def _nyi(op):
-    raise RuntimeError(f"epx backend: {op} is not implemented yet")
+def _single(tensors, op):
+    if len(tensors) != 1:
+        raise RuntimeError(f"epx backend: {op}: requires a single-element tensor list, got {len(tensors)}")
 
 
 def _done(result):
@@ -139,6 +144,353 @@ def _reduce_local(parts, op, dtype):
     return acc.to(dtype)
 
 
+# -- point-to-point: asynchronous, matched by (source, tag) as gloo does -------------------
+# Every user message is a 32-byte header (bytes, dtype code, tag, kind) and then its bytes in
+# chunks of at most EPX_DIST_P2P_BYTES, on the group's own point-to-point PPBuffer. A thread
+# per destination sends the queued messages in issue order (so isend returns at once, whatever
+# the receiver does); a thread per source, running while a receive that a message from that
+# source could match is posted, takes each message as it comes: into the first posted receive
+# of its tag (in posting order, any-source receives included), or else into a stash that the
+# next matching receive takes. The threads wait inside epx with the GIL released.
+_HEAD = 32
+_DATA, _CLOSE = 0, 1
+
+
+def _secs(timeout, default):
+    if timeout is None:
+        return default
+    s = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return default if s <= 0 else s
+
+
+def _is(e, code):
+    return getattr(e, "code", None) == code
+
+
+class _P2PWork(Work):
+    """The Work of a send or a receive: done when its thread has moved the bytes. wait(timeout)
+    raises a RuntimeError after the timeout (the group's when none is given; the message stays
+    queued, as gloo's does); exception() is the error or None; get_future() is completed with
+    the tensors (or the error) from the group's thread."""
+
+    def __init__(self, pg, what, tensors, peer):
+        super().__init__()
+        self._pg_timeout, self._rank = pg._timeout, pg._rank
+        self._what, self._tensors, self._peer = what, tensors, peer
+        self._event = threading.Event()
+        self._error = None
+        self._fut = torch.futures.Future()
+
+    def _finish(self, error=None, src=None):
+        if src is not None:
+            self._peer = src
+        self._error = error
+        self._event.set()
+        if error is None:
+            self._fut.set_result(self._tensors)
+        else:
+            self._fut.set_exception(error)
+
+    def wait(self, timeout=datetime.timedelta(0)):
+        secs = _secs(timeout, self._pg_timeout)
+        if not self._event.wait(secs):
+            raise RuntimeError(f"epx backend: {self._what}: rank {self._rank}: timed out after {secs:g} s "
+                               f"waiting for the message to complete")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        return self._event.is_set()
+
+    def is_success(self):
+        return self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self):
+        return self._fut
+
+    def result(self):
+        return list(self._tensors)
+
+    def synchronize(self):
+        pass
+
+    def source_rank(self):
+        if not self._what.startswith("recv"):
+            raise RuntimeError("epx backend: source_rank() is only defined for the Work of a receive")
+        if not self._event.is_set():
+            raise RuntimeError("epx backend: source_rank() before the receive completed (wait() first)")
+        return self._peer
+
+    _source_rank = source_rank
+
+
+class _Recv:
+    """A posted receive: its flat bytes, dtype code and tag, and where the bytes go back."""
+
+    def __init__(self, work, src, tag, tensor):
+        flat, self.back = _flat(tensor)
+        self.u8, self.code, self.dtype = _u8(flat), _code(tensor.dtype), tensor.dtype
+        self.work, self.src, self.tag = work, src, tag
+
+    def takes(self, src, tag):
+        return (self.src is None or self.src == src) and self.tag == tag
+
+
+class _Stash:
+    """A message that arrived before a receive matched it."""
+
+    def __init__(self, src, tag, code, nbytes):
+        self.src, self.tag, self.code = src, tag, code
+        self.data = torch.empty(nbytes, dtype=torch.uint8)
+        self.ready, self.taker, self.error = False, None, None
+
+
+class _P2P:
+    def __init__(self, pg, pp):
+        self.pg, self.pp, self.me, self.P = pg, pp, pg._rank, pg._size
+        self.cv = threading.Condition()
+        self.posted = []      # _Recv in posting order
+        self.stash = []       # _Stash in arrival order
+        self.queues = {}      # dst -> [(work, u8, code, tag)]
+        self.busy = set()     # dsts whose thread is moving a message
+        self.senders, self.receivers = {}, {}
+        self.broken = {}      # peer -> the error that broke the pair
+        self.closing = False
+
+    # -- threads ---------------------------------------------------------------------------
+    def _thread(self, table, peer, fn):
+        t = table.get(peer)
+        if t is None or not t.is_alive():
+            t = threading.Thread(target=fn, args=(peer,), daemon=True, name=f"epx-p2p-{fn.__name__}-{peer}")
+            table[peer] = t
+            t.start()
+
+    def _native(self, fn, ptr, n, peer):
+        """One PPBuffer call, again after epx's timeout (a wait longer than the group's timeout is
+        the waiting Work's to report); None once the group is closing."""
+        while True:
+            try:
+                fn(ptr, n, peer)
+                return True
+            except RuntimeError as e:
+                if not _is(e, "timeout"):
+                    raise
+                if self.closing:
+                    return None
+
+    def _error(self, what, peer, e):
+        return RuntimeError(f"epx backend: {what}: {_with_rank(str(e), self.me)}") if not str(e).startswith("epx") else e
+
+    def _break(self, peer, err):
+        """The pair with `peer` failed: every queued or posted message of it fails with `err`."""
+        with self.cv:
+            self.broken.setdefault(peer, err)
+            doomed = [r for r in self.posted if r.src == peer]
+            self.posted = [r for r in self.posted if r.src != peer]
+            sends = self.queues.pop(peer, [])
+        for r in doomed:
+            r.work._finish(err)
+        for w, *_ in sends:
+            if not w.is_completed():
+                w._finish(err)
+
+    def _send_loop(self, dst):
+        pp, head = self.pp, torch.empty(4, dtype=torch.int64)
+        cap = _P2P_BYTES
+        while True:
+            with self.cv:
+                while not self.queues.get(dst) and not self.closing:
+                    self.cv.wait()
+                q = self.queues.get(dst)
+                if not q:
+                    return
+                work, u8, code, tag, kind = q[0]
+                self.busy.add(dst)
+            try:
+                head[0], head[1], head[2], head[3] = u8.numel(), code, tag, kind
+                ok = self._native(pp.send, head.data_ptr(), _HEAD, dst)
+                for s in range(0, u8.numel(), cap):
+                    if not ok:
+                        break
+                    piece = u8[s:s + cap]
+                    ok = self._native(pp.send, piece.data_ptr(), piece.numel(), dst)
+            except RuntimeError as e:
+                with self.cv:
+                    self.busy.discard(dst)
+                self._break(dst, self._error(f"send to rank {dst}", dst, e))
+                return
+            with self.cv:
+                self.busy.discard(dst)
+                if q and q[0][0] is work:
+                    q.pop(0)
+                self.cv.notify_all()
+            if ok is None:
+                work._finish(RuntimeError(f"epx backend: send: rank {self.me}: the group was destroyed while the "
+                                          f"message to rank {dst} was in flight"))
+                return
+            work._finish()
+
+    def _wanted(self, src):
+        return any(r.src is None or r.src == src for r in self.posted)
+
+    def _recv_loop(self, src):
+        pp, head = self.pp, torch.empty(4, dtype=torch.int64)
+        cap = _P2P_BYTES
+        while True:
+            with self.cv:
+                while not self.closing and not self._wanted(src):
+                    self.cv.wait()
+                if self.closing:
+                    return
+            try:
+                if self._native(pp.recv, head.data_ptr(), _HEAD, src) is None:
+                    return
+                nbytes, code, tag, kind = (int(v) for v in head)
+                if kind == _CLOSE:
+                    self._break(src, RuntimeError(f"epx backend: recv: rank {self.me}: rank {src} destroyed the "
+                                                  f"group before sending the message"))
+                    return
+                with self.cv:
+                    mine = next((r for r in self.posted if r.takes(src, tag)), None)
+                    if mine is not None:
+                        self.posted.remove(mine)
+                        stash = None
+                    else:
+                        stash = _Stash(src, tag, code, nbytes)
+                        self.stash.append(stash)
+                if stash is not None:
+                    dst = stash.data
+                elif nbytes == mine.u8.numel():
+                    dst = mine.u8
+                else:
+                    dst = None  # drained
+                for s in range(0, nbytes, cap):
+                    m = min(cap, nbytes - s)
+                    if dst is None:
+                        v = pp.recv_view(src, -1)
+                        pp.release(v)
+                    elif self._native(pp.recv, dst[s:s + m].data_ptr(), m, src) is None:
+                        return
+            except RuntimeError as e:
+                self._break(src, self._error(f"recv from rank {src}", src, e))
+                return
+            if stash is None:
+                self._deliver(mine, src, nbytes, code, None)
+            else:
+                with self.cv:
+                    stash.ready = True
+                    taker = stash.taker
+                if taker is not None:
+                    self._deliver(taker, src, nbytes, code, stash.data)
+
+    def _deliver(self, r, src, nbytes, code, data):
+        """Completes the receive r with a message of src (data: a stashed copy, else already in r)."""
+        if nbytes != r.u8.numel() or (code and r.code and code != r.code):
+            got = f"{nbytes} bytes" + (f" of {_DTYPES[code - 1]}" if 0 < code <= len(_DTYPES) else "")
+            r.work._finish(RuntimeError(
+                f"epx backend: recv: rank {src} sends {got} (tag {r.tag}), rank {self.me} expects "
+                f"{r.u8.numel()} bytes of {r.dtype}"))
+            return
+        try:
+            if data is not None and nbytes:
+                r.u8.copy_(data)
+            r.back()
+        except RuntimeError as e:
+            r.work._finish(e)
+            return
+        r.work._finish(None, src)
+
+    # -- what the ProcessGroup calls --------------------------------------------------------
+    def send(self, tensor, dst, tag, kind=_DATA, what="send"):
+        u8 = _u8(_flat(tensor)[0])  # the tensor itself when contiguous: torch's rule is not to touch it before wait()
+        work = _P2PWork(self.pg, what, [tensor], dst)
+        if dst == self.me:  # to itself: matched here, a copy (no thread waits on this rank)
+            data = u8.clone()
+            with self.cv:
+                mine = next((r for r in self.posted if r.takes(dst, int(tag))), None)
+                if mine is not None:
+                    self.posted.remove(mine)
+                else:
+                    st = _Stash(dst, int(tag), _code(tensor.dtype), 0)
+                    st.data, st.ready = data, True
+                    self.stash.append(st)
+            if mine is not None:
+                self._deliver(mine, dst, data.numel(), _code(tensor.dtype), data)
+            work._finish()
+            return work
+        with self.cv:
+            if self.closing:
+                raise RuntimeError(f"epx backend: {what}: rank {self.me}: the group was destroyed")
+            if dst in self.broken:
+                raise self.broken[dst]
+            self.queues.setdefault(dst, []).append((work, u8, _code(tensor.dtype), int(tag), kind))
+            self._thread(self.senders, dst, self._send_loop)
+            self.cv.notify_all()
+        return work
+
+    def recv(self, tensor, src, tag, what="recv"):
+        work = _P2PWork(self.pg, what, [tensor], src)
+        r = _Recv(work, src, int(tag), tensor)
+        with self.cv:
+            if self.closing:
+                raise RuntimeError(f"epx backend: {what}: rank {self.me}: the group was destroyed")
+            if src is not None and src in self.broken:
+                raise self.broken[src]
+            hit = next((s for s in self.stash if r.takes(s.src, s.tag) and s.taker is None), None)
+            if hit is not None:
+                self.stash.remove(hit)
+                if not hit.ready:
+                    hit.taker = r
+            else:
+                self.posted.append(r)
+                for p in ([src] if src is not None else range(self.P)):
+                    if p not in self.broken and p != self.me:
+                        self._thread(self.receivers, p, self._recv_loop)
+                self.cv.notify_all()
+        if hit is not None and hit.ready:
+            self._deliver(r, hit.src, hit.data.numel(), hit.code, hit.data)
+        return work
+
+    def cancel(self, work):
+        """Withdraws a posted receive that no message matched yet (True if it was withdrawn)."""
+        with self.cv:
+            for r in self.posted:
+                if r.work is work:
+                    self.posted.remove(r)
+                    return True
+        return False
+
+    def close(self):
+        """Local: the threads stop. Each peer whose pair is idle gets a close message, which ends
+        a receive thread of that peer still waiting for this rank (an any-source receive's)."""
+        with self.cv:
+            self.closing = True
+            self.cv.notify_all()
+            idle = [d for d in range(self.P) if d != self.me and not self.queues.get(d) and d not in self.busy
+                    and d not in self.broken]
+        head = torch.tensor([0, 0, 0, _CLOSE], dtype=torch.int64)
+        for d in idle:
+            try:
+                if self.pp.in_flight(d) < _INFLIGHT:
+                    self.pp.send(head.data_ptr(), _HEAD, d)
+            except RuntimeError:
+                pass
+        deadline = time.monotonic() + 2.0  # a receive thread still waiting ends with its peer's close
+        for table in (self.senders, self.receivers):
+            for t in list(table.values()):
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self.cv:
+            pending = [r for r in self.posted]
+            self.posted = []
+        for r in pending:
+            r.work._finish(RuntimeError(f"epx backend: recv: rank {self.me}: the group was destroyed before a "
+                                        f"message matched"))
+
+
 class ProcessGroupEpx(ProcessGroup):
     """A torch.distributed ProcessGroup over epx's buffers (made by init_process_group /
     new_group with backend "epx"; not meant to be built directly)."""
@@ -156,6 +508,9 @@ class ProcessGroupEpx(ProcessGroup):
         self._want = {}
         self._pp = _epx.PPBuffer(self._transport, _PP_BYTES, _INFLIGHT, [], 0, [], 0)
         self._p2p = _epx.PPBuffer(self._transport, _P2P_BYTES, _INFLIGHT, [], 0, [], 0)
+        self._q = _P2P(self, self._p2p)
+        self._mb_round = 0
+        self._seq = 0
         _live.append(self)
 
     # -- c10d's identity ----------------------------------------------------------------
@@ -178,6 +533,15 @@ class ProcessGroupEpx(ProcessGroup):
     def _alive(self, op):
         if self._bucket is None:
             raise RuntimeError(f"epx backend: {op} on a process group that was destroyed")
+        self._seq += 1
+
+    # torch (init_process_group, for gloo and NCCL by name) numbers each group's calls; every
+    # rank counts its own calls from 0 here, which agrees across ranks as the calls do
+    def _set_sequence_number_for_group(self):
+        self._seq = 0
+
+    def _get_sequence_number_for_group(self):
+        return self._seq
 
     def _view(self, nbytes, dtype, offset=0):
         return self._storage.narrow(0, offset, nbytes).view(dtype)
@@ -338,7 +702,28 @@ class ProcessGroupEpx(ProcessGroup):
         return _done([o for outs in output_tensor_lists for o in outs])
 
     def allgather_coalesced(self, output_tensor_lists, input_tensors, opts=None):
-        _nyi("allgather_coalesced")
+        """output_tensor_lists[r][i] = rank r's input_tensors[i]: one all_gather of the inputs
+        laid end to end (torch checks that they share one dtype)."""
+        self._alive("allgather_coalesced")
+        me, P = self._rank, self._size
+        if len(output_tensor_lists) != P:
+            raise RuntimeError(f"epx backend: allgather_coalesced: rank {me}: {len(output_tensor_lists)} output lists, "
+                               f"expected {P}")
+        for outs in output_tensor_lists:
+            if len(outs) != len(input_tensors) or any(o.numel() != i.numel() or o.dtype != i.dtype
+                                                      for o, i in zip(outs, input_tensors)):
+                raise RuntimeError(f"epx backend: allgather_coalesced: rank {me}: each output list must match the "
+                                   f"inputs {[(i.dtype, tuple(i.shape)) for i in input_tensors]}")
+        if len({i.dtype for i in input_tensors}) > 1:
+            raise RuntimeError(f"epx backend: allgather_coalesced: rank {me}: the inputs differ in dtype")
+        flat = torch.cat([i.reshape(-1) for i in input_tensors]) if input_tensors else torch.empty(0)
+        parts = self._gather_all(flat, "allgather_coalesced")
+        for r, outs in enumerate(output_tensor_lists):
+            off = 0
+            for o in outs:
+                o.copy_(parts[r][off:off + o.numel()].view(o.shape))
+                off += o.numel()
+        return _done([o for outs in output_tensor_lists for o in outs])
 
     def _allgather_base(self, output, input, opts=None):
         self._alive("_allgather_base")
@@ -607,35 +992,78 @@ class ProcessGroupEpx(ProcessGroup):
         self._bucket_call("barrier", self._bucket.all_reduce, [(stage.data_ptr(), 4, 4)], 1.0, 0)
         return _done([])
 
-    def monitored_barrier(self, *args, **kwargs):
-        _nyi("monitored_barrier")
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """gloo's monitored barrier: every rank reports to rank 0, which waits for each (in rank
+        order) within `timeout` and then releases them; rank 0 raises naming the first rank that
+        did not arrive (every such rank with wait_all_ranks), the others that they arrived but
+        were not released."""
+        self._alive("monitored_barrier")
+        secs = self._timeout if timeout is None else (
+            timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout))
+        ms = int(secs * 1000)
+        self._mb_round += 1
+        arrive, release = -(1 << 40) - 2 * self._mb_round, -(1 << 40) - 2 * self._mb_round - 1
+        me, q = self._rank, self._q
+        if me != 0:
+            sw = q.send(torch.zeros(1), 0, arrive, what="monitored_barrier")
+            rw = q.recv(torch.zeros(1), 0, release, what="recv monitored_barrier")
+            t0 = time.monotonic()
+            ok = sw._event.wait(secs) and rw._event.wait(max(0.0, secs - (time.monotonic() - t0)))
+            if not ok or sw._error is not None or rw._error is not None:
+                q.cancel(rw)
+                why = rw._error or sw._error or f"no reply from rank 0 within {ms} ms"
+                raise RuntimeError(f"epx backend: monitored_barrier: Rank {me} successfully reached monitoredBarrier, "
+                                   f"but received errors while waiting for send/recv from rank 0. Please check rank 0 "
+                                   f"logs for faulty rank. ({why})")
+            return _done([])
+        start = time.monotonic()
+        works = {r: q.recv(torch.zeros(1), r, arrive, what="recv monitored_barrier") for r in range(1, self._size)}
+        failed = []
+        try:
+            for r, w in works.items():
+                left = secs if wait_all_ranks else secs - (time.monotonic() - start)
+                if not wait_all_ranks and left <= 0 and not w.is_completed():
+                    raise RuntimeError(f"epx backend: monitored_barrier: Rank 0 timed out in monitoredBarrier after "
+                                       f"{ms} ms (ranks {[p for p in works if not works[p].is_completed()]} had not "
+                                       f"arrived)")
+                if not w._event.wait(max(left, 0.0)) or w._error is not None:
+                    if not wait_all_ranks:
+                        raise RuntimeError(f"epx backend: monitored_barrier: [Rank 0]: Rank {r} failed to pass "
+                                           f"monitoredBarrier in {ms} ms")
+                    failed.append(r)
+            if failed:
+                raise RuntimeError(f"epx backend: monitored_barrier: [Rank 0]: Ranks {', '.join(map(str, failed))} "
+                                   f"failed to pass monitoredBarrier in {ms} ms")
+        except RuntimeError:
+            for w in works.values():
+                q.cancel(w)
+            raise
+        for w in [q.send(torch.zeros(1), r, release, what="monitored_barrier") for r in range(1, self._size)]:
+            w.wait()
+        return _done([])
 
     def send(self, tensors, dst, tag):
         self._alive("send")
-        if tag != 0:
-            _nyi("send with a tag other than 0")
-        for t in tensors:
-            self._pp_call("send", self._send, self._p2p, _u8(_flat(t)[0]), dst, _P2P_BYTES)
-        return _done(list(tensors))
+        _single(tensors, "send")
+        return self._q.send(tensors[0], dst, tag)
 
     def recv(self, tensors, src, tag):
         self._alive("recv")
-        if tag != 0:
-            _nyi("recv with a tag other than 0")
-        for t in tensors:
-            flat, back = _flat(t)
-            self._pp_call("recv", self._recv, self._p2p, _u8(flat), src, _P2P_BYTES)
-            back()
-        return _done(list(tensors))
+        _single(tensors, "recv")
+        return self._q.recv(tensors[0], src, tag)
 
     def recv_anysource(self, tensors, tag):
-        _nyi("recv from any source")
+        self._alive("recv_anysource")
+        _single(tensors, "recv_anysource")
+        return self._q.recv(tensors[0], None, tag, what="recv from any source")
 
     # -- lifetime -------------------------------------------------------------------------
     def _release(self):
         """Drops this rank's buffers and transport (locally: it may run while peers are gone)."""
+        if self._q is not None:
+            self._q.close()
         self._storage = self._f32 = None
-        self._bucket = self._pp = self._p2p = None
+        self._bucket = self._pp = self._p2p = self._q = None
         self._transport = None
 
 
@@ -670,11 +1098,37 @@ def _destroy_process_group(group=None):
     gc.collect()
 
 
+_torch_monitored_barrier = dist.monitored_barrier
+
+
+def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch's monitored_barrier, which refuses every backend but gloo by name: an epx group's
+    own monitored_barrier (gloo's semantics) for an epx group."""
+    from torch.distributed import distributed_c10d as c10d
+    pg = c10d._get_default_group() if group is None or group is c10d.GroupMember.WORLD else group
+    if isinstance(pg, ProcessGroupEpx):
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+    return _torch_monitored_barrier(group=c10d.GroupMember.WORLD if group is None else group, timeout=timeout,
+                                    wait_all_ranks=wait_all_ranks)
+
+
+def _close_at_exit():
+    """At interpreter exit, the point-to-point threads end while Python still runs (one that
+    came back from epx during finalization would abort the process)."""
+    for pg in list(_live):
+        if pg._q is not None:
+            pg._q.close()
+
+
 if "EPX" not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND, _create)
     dist.destroy_process_group = _destroy_process_group
+    dist.monitored_barrier = _monitored_barrier
     import torch.distributed.distributed_c10d as _c10d
     _c10d.destroy_process_group = _destroy_process_group
+    _c10d.monitored_barrier = _monitored_barrier
+    import atexit
+    atexit.register(_close_at_exit)
 
 
 # -- a quick comparison with gloo (not a test): python3 -m epx.distributed [ranks] -----------
