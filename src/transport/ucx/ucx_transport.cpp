@@ -457,13 +457,14 @@ void UcxTransport::enter_phase(const char* phase) noexcept { group_->note(phase)
 std::unique_ptr<Transport> UcxTransport::open_endpoint() { return std::make_unique<UcxTransport>(group_); }
 
 void UcxTransport::release() noexcept {
-  if (base_ == nullptr) return;
+  if (memh_ == nullptr) return;
   try {
     if (!group_->broken()) group_->flush(nullptr, true);  // nothing of this block is still read by a get or a put in flight
   } catch (const Error&) {
   }
   for (ucp_rkey_h& k : rkeys_)
     if (k != nullptr) ucp_rkey_destroy(k), k = nullptr;
+  rkeys_.clear();
   ucp_mem_unmap(group_->context(), memh_);
   memh_ = nullptr;
   base_ = nullptr;
@@ -477,57 +478,63 @@ void UcxTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
 }
 
 // UCX allocates the block (UCP_MEM_MAP_ALLOCATE): shared memory that its same-machine
-// transports map. Each rank publishes "address + packed rkey", or "!" + why it has none, so
-// a rank that cannot allocate fails every rank alike instead of leaving them waiting.
-void UcxTransport::make_block(std::size_t window_bytes, std::size_t num_signals) {
-  const int P = num_ranks(), me = rank();
-  signal_offset_ = round_page(window_bytes);
-  const std::size_t bytes = signal_offset_ + (num_signals + static_cast<std::size_t>(P)) * sizeof(std::uint64_t);
-  std::string mine;
+// transports map. Returns what this rank publishes: "+" address, packed rkey; or "!" why it
+// has none, so that a rank that cannot allocate fails every rank alike instead of leaving
+// them waiting.
+std::string UcxTransport::map_block(std::size_t bytes) {
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   mp.address = nullptr;
   mp.length = bytes;
   mp.flags = UCP_MEM_MAP_ALLOCATE;
   ucs_status_t s = ucp_mem_map(group_->context(), &mp, &memh_);
-  if (s == UCS_OK) {
-    ucp_mem_attr_t attr{};
-    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
-    ucp_mem_query(memh_, &attr);
-    base_ = static_cast<std::byte*>(attr.address);
-    std::memset(base_, 0, bytes);  // zeroed and pre-faulted before any peer learns the rkey
-    void* packed = nullptr;
-    std::size_t packed_size = 0;
-    s = ucp_rkey_pack(group_->context(), memh_, &packed, &packed_size);
-    if (s == UCS_OK) {
-      const auto addr = reinterpret_cast<std::uint64_t>(base_);
-      mine.assign(reinterpret_cast<const char*>(&addr), sizeof addr);
-      mine.append(static_cast<const char*>(packed), packed_size);
-      ucp_rkey_buffer_release(packed);
-    }
+  if (s != UCS_OK) {
+    memh_ = nullptr;
+    return "!ucp_mem_map of " + format_bytes(bytes) + ": " + status_text(s);
   }
-  if (s != UCS_OK) mine = "!ucp_mem_map of " + format_bytes(bytes) + ": " + status_text(s);
-  const std::vector<std::string> all = group_->exchange(mine);
-  for (int p = 0; p < P; ++p)
-    if (all[static_cast<std::size_t>(p)].empty() || all[static_cast<std::size_t>(p)][0] == '!') {
-      release();
-      throw Error(ErrorCode::kCapacityExceeded, "rank " + std::to_string(me) + ": ucx: rank " + std::to_string(p) +
-                                                    " cannot register its window: " + all[static_cast<std::size_t>(p)].substr(1), p);
-    }
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+  ucp_mem_query(memh_, &attr);
+  base_ = static_cast<std::byte*>(attr.address);
+  std::memset(base_, 0, bytes);  // zeroed and pre-faulted before any peer learns the rkey
+  void* packed = nullptr;
+  std::size_t packed_size = 0;
+  s = ucp_rkey_pack(group_->context(), memh_, &packed, &packed_size);
+  if (s != UCS_OK) return "!ucp_rkey_pack: " + status_text(s);
+  const auto addr = reinterpret_cast<std::uint64_t>(base_);
+  std::string mine = "+";
+  mine.append(reinterpret_cast<const char*>(&addr), sizeof addr);
+  mine.append(static_cast<const char*>(packed), packed_size);
+  ucp_rkey_buffer_release(packed);
+  return mine;
+}
+
+void UcxTransport::make_block(std::size_t window_bytes, std::size_t num_signals) {
+  const int P = num_ranks(), me = rank();
+  signal_offset_ = round_page(window_bytes);
+  const std::size_t bytes = signal_offset_ + (num_signals + static_cast<std::size_t>(P)) * sizeof(std::uint64_t);
+  block_bytes_ = bytes;
+  const std::vector<std::string> all = group_->exchange(map_block(bytes));
+  for (int p = 0; p < P; ++p) {
+    const std::string& blob = all[static_cast<std::size_t>(p)];
+    if (blob.size() >= 1 + sizeof(std::uint64_t) && blob[0] == '+') continue;
+    release();
+    throw Error(ErrorCode::kCapacityExceeded, "rank " + std::to_string(me) + ": ucx: rank " + std::to_string(p) +
+                                                  " cannot register its window: " + (blob.empty() ? "(nothing sent)" : blob.substr(1)), p);
+  }
   rkeys_.assign(static_cast<std::size_t>(P), nullptr);
   remote_base_.assign(static_cast<std::size_t>(P), 0);
   for (int p = 0; p < P; ++p) {
     const std::string& blob = all[static_cast<std::size_t>(p)];
-    std::memcpy(&remote_base_[static_cast<std::size_t>(p)], blob.data(), sizeof(std::uint64_t));
+    std::memcpy(&remote_base_[static_cast<std::size_t>(p)], blob.data() + 1, sizeof(std::uint64_t));
     if (p == me) continue;
-    s = ucp_ep_rkey_unpack(group_->ep(p), blob.data() + sizeof(std::uint64_t), &rkeys_[static_cast<std::size_t>(p)]);
+    const ucs_status_t s = ucp_ep_rkey_unpack(group_->ep(p), blob.data() + 1 + sizeof(std::uint64_t), &rkeys_[static_cast<std::size_t>(p)]);
     if (s != UCS_OK) {
       rkeys_[static_cast<std::size_t>(p)] = nullptr;
       release();
       throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(me) + ": ucx: cannot unpack the rkey of " + group_->describe(p) + ": " + status_text(s), p);
     }
   }
-  block_bytes_ = bytes;
   window_bytes_ = window_bytes;
   num_signals_ = num_signals;
   barrier_epoch_ = 0;
