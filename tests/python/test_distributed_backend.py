@@ -5,6 +5,7 @@ import multiprocessing as mp
 import os
 import socket
 import tempfile
+import time
 import traceback
 
 import pytest
@@ -335,11 +336,97 @@ def _ops(rank, size):
     z = torch.ones(3)
     dist.all_reduce(z)
     check("usable after errors", z.eq(size).all())
+    # point-to-point as gloo: from any source, tags matched out of order, asynchronous
+    if rank == 0:
+        senders = set()
+        for _ in range(size - 1):
+            t = torch.empty(3)
+            src = dist.recv(t)
+            senders.add(src)
+            check(f"recv from any source: the data of rank {src}", t.eq(src).all())
+        w = dist.irecv(torch.empty(3))
+        dist.send(torch.full((3,), 0.0), 0)  # to itself, matched by the any-source irecv
+        w.wait()
+        check("recv from any source: every sender, itself too", senders == set(range(1, size))
+              and w._source_rank() == 0)
+    else:
+        dist.send(torch.full((3,), float(rank)), 0)
+    wa = dist.isend(torch.full((5,), 7.0 + rank), nxt, tag=7)
+    wb = dist.isend(torch.full((5,), 8.0 + rank), nxt, tag=8)
+    b8, b7 = torch.empty(5), torch.empty(5)
+    dist.recv(b8, prv, tag=8)  # the tag-7 message came first: it waits, stashed
+    dist.recv(b7, prv, tag=7)
+    wa.wait(), wb.wait()
+    check("tags matched out of order", b8.eq(8.0 + prv).all() and b7.eq(7.0 + prv).all())
+    big = _data(rank, torch.float32, (300_000,))  # 1.2 MB: many chunks, more than the pair's slots
+    w = dist.isend(big, nxt)
+    dist.barrier(group=gloo)  # the receiver posts only after this: isend must not wait for it
+    got = torch.empty_like(big)
+    dist.irecv(got, prv).wait()
+    w.wait()
+    check("isend before the receiver posts", _eq(got, _data(prv, torch.float32, (300_000,))))
+    sends = [dist.isend(torch.full((100 + i,), float(i)), nxt) for i in range(30)]
+    outs = [torch.empty(100 + i) for i in range(30)]
+    recvs = [dist.irecv(o, prv) for o in outs]
+    for w in reversed(recvs + sends):
+        w.wait()
+    check("30 outstanding isend/irecv complete in issue order", all(o.eq(i).all() for i, o in enumerate(outs)))
+    w = recvs[3]
+    check("p2p Work: completed, success, no exception, future, source",
+          w.is_completed() and w.is_success() and w.exception() is None and w.get_future().done()
+          and w.get_future().value()[0] is outs[3] and w._source_rank() == prv)
+    lonely = dist.irecv(torch.empty(1), prv, tag=99)  # no such message: wait(timeout) raises in time
+    t0 = time.time()
     try:
-        dist.irecv(torch.empty(1))
-        check("recv anysource raises", False)
+        lonely.wait(datetime.timedelta(seconds=0.5))
+        check("recv wait(timeout) raises", False)
     except RuntimeError as ex:
-        check("recv anysource raises", "not implemented" in str(ex))
+        check("recv wait(timeout) raises", "timed out" in str(ex) and 0.4 < time.time() - t0 < 10
+              and not lonely.is_completed())
+    dist.send(torch.ones(10), nxt)  # 10 floats into 11: the receiver raises naming the sender
+    try:
+        dist.recv(torch.empty(11), prv)
+        pmsg = ""
+    except RuntimeError as ex:
+        pmsg = str(ex)
+    check("p2p size mismatch", f"rank {prv} sends 40 bytes" in pmsg and f"rank {rank} expects 44 bytes" in pmsg)
+    dist.send(torch.ones(4), nxt)
+    try:
+        dist.recv(torch.empty(4, dtype=torch.int32), prv)
+        pmsg = ""
+    except RuntimeError as ex:
+        pmsg = str(ex)
+    check("p2p dtype mismatch", "torch.float32" in pmsg and "torch.int32" in pmsg)
+    # monitored_barrier as gloo's: rank 0 names the rank that did not come (every one with wait_all_ranks)
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=20))
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=20), wait_all_ranks=True)
+    if rank != 2:
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=1))
+            mmsg = ""
+        except RuntimeError as ex:
+            mmsg = str(ex)
+        want = "Rank 2 failed to pass monitoredBarrier" if rank == 0 else f"Rank {rank} successfully reached"
+        check("monitored_barrier names the missing rank", want in mmsg)
+    dist.barrier(group=gloo)
+    if rank < 2:
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
+            mmsg = ""
+        except RuntimeError as ex:
+            mmsg = str(ex)
+        check("monitored_barrier wait_all_ranks", rank != 0 or "Ranks 2, 3 failed to pass monitoredBarrier" in mmsg)
+    dist.barrier(group=gloo)  # (a rank that skipped a monitored_barrier is a round behind, as on gloo)
+    # all_gather_coalesced, PREMUL_SUM (NCCL's: refused, as gloo does)
+    outs = [[torch.empty(2, 3), torch.empty(4)] for _ in range(size)]
+    dist.all_gather_coalesced(outs, [_data(rank, torch.float32, (2, 3)), _data(rank, torch.float32, (4,), seed=5)])
+    check("all_gather_coalesced", all(_eq(outs[r][0], _data(r, torch.float32, (2, 3)))
+                                      and _eq(outs[r][1], _data(r, torch.float32, (4,), seed=5)) for r in range(size)))
+    try:
+        dist.all_reduce(torch.ones(3), op=dist._make_nccl_premul_sum(2.0))
+        check("PREMUL_SUM refused", False)
+    except RuntimeError as ex:
+        check("PREMUL_SUM refused", "PREMUL_SUM" in str(ex))
     # complex, coalesced, batch_isend_irecv
     c = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * (rank + 1)
     dist.all_reduce(c)
