@@ -1,0 +1,66 @@
+"""What the end-to-end programs share: the command line, init by env:// (torchrun, one machine
+or several), and one verdict agreed by every rank (exit status 1 with the reasons on a mismatch)."""
+import argparse
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def setup(prog, doc, extra=None):
+    ap = argparse.ArgumentParser(prog=prog, description=doc)
+    ap.add_argument("--backend", default="epx", help="the backend under test: epx (default) or gloo")
+    ap.add_argument("--timeout", type=float, default=120.0, help="the process group's timeout, seconds")
+    if extra:
+        extra(ap)
+    a = ap.parse_args()
+    if a.backend == "epx":
+        import epx.distributed  # noqa: F401  registers the backend
+    if "RANK" not in os.environ:
+        sys.exit(f"{prog}: run me under torchrun (env:// needs RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+    dist.init_process_group(a.backend, init_method="env://", timeout=datetime.timedelta(seconds=a.timeout))
+    a.rank, a.size, a.t0 = dist.get_rank(), dist.get_world_size(), time.time()
+    return a
+
+
+class Checks:
+    """Named comparisons of this rank; finish() agrees on them with every rank."""
+
+    def __init__(self, prog, rank):
+        self.prog, self.rank, self.failed, self.n = prog, rank, [], 0
+
+    def close(self, name, got, want, rtol=1e-5, atol=1e-6):
+        self.n += 1
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=rtol, atol=atol):
+            diff = (got - want).abs().max().item() if got.shape == want.shape else f"shapes {tuple(got.shape)} vs {tuple(want.shape)}"
+            self.failed.append(f"{name}: max |difference| {diff} (rtol {rtol}, atol {atol})")
+
+    def equal(self, name, got, want):
+        self.n += 1
+        if got.shape != want.shape or not torch.equal(got, want):
+            self.failed.append(f"{name}: not bitwise equal")
+
+    def true(self, name, ok, detail=""):
+        self.n += 1
+        if not ok:
+            self.failed.append(f"{name}: {detail}")
+
+    def finish(self, summary, group=None):
+        """Every rank's failures, gathered over `group` (the default group if None); rank 0
+        prints them or the summary line; exits 1 on any failure."""
+        verdicts = [None] * dist.get_world_size(group)
+        dist.all_gather_object(verdicts, (self.rank, self.n, self.failed), group=group)
+        bad = [(r, f) for r, _, fs in verdicts for f in fs]
+        secs = time.time() - self._t0 if hasattr(self, "_t0") else 0.0
+        if self.rank == 0:
+            if bad:
+                for r, f in bad:
+                    print(f"{self.prog}: FAILED on rank {r}: {f}", file=sys.stderr, flush=True)
+                print(f"{self.prog}: FAILED {len(bad)} of {sum(v[1] for v in verdicts)} checks ({summary})", flush=True)
+            else:
+                print(f"{self.prog}: OK {sum(v[1] for v in verdicts)} checks; {summary}", flush=True)
+        dist.destroy_process_group()
+        sys.exit(1 if bad else 0)
