@@ -179,7 +179,7 @@ def body(orig, pid_dir):
             assert e.is_peer_loss, f"rank {orig}: not a peer loss: {e.code}: {e}"
             assert completed == KILL_PAIR, f"rank {orig}: failed after {completed} pairs: {e}"
             seen.append((e.code, str(e)))
-            old_ep = ep
+            old_ep, old_group = ep, group
             group = epx.agree_and_rebuild(group, buffers=[bucket])
             vic = survivors.index(victim)
             assert group.lost == (vic,) and group.survivors == tuple(i for i in range(len(survivors)) if i != vic)
@@ -194,6 +194,9 @@ def body(orig, pid_dir):
             assert info.value.code == "bad_handle" and "rebuilt" in str(info.value), str(info.value)
             assert not info.value.is_peer_loss
             old_ep.destroy()
+            with pytest.raises(epx.Error) as info:  # nor can a new buffer be built on the old group
+                _make_buffers(old_group, len(survivors))
+            assert info.value.code == "bad_handle", str(info.value)
             assert not bucket._is_live()  # destroyed by agree_and_rebuild (passed in buffers=)
             lost.append(victim)
             ep, bucket = _make_buffers(group, group.size)
