@@ -446,6 +446,28 @@ std::uint64_t rows_across(const ref::Problem& p, int from, int per_machine) {
   return rows;
 }
 
+// quiet_timed across machines charges the peers it waited for: puts to the other machine's
+// ranks are complete only when they acknowledge them, so their laps add up to more than 0
+// (two completions seen at one look: the later one's lap is 0); this machine's ranks none.
+void laps_name_remote_peers(Transport& t) {
+  const int P = t.num_ranks(), r = t.rank();
+  auto e = t.open_endpoint();
+  constexpr std::size_t kBytes = std::size_t{512} << 10;
+  e->allocate(kBytes * static_cast<std::size_t>(P), 1);
+  std::vector<std::uint8_t> src(kBytes, static_cast<std::uint8_t>(r + 1));
+  std::vector<std::uint64_t> laps(static_cast<std::size_t>(P), 0);
+  for (int p = 0; p < P; ++p)
+    if (p / 2 != r / 2) e->put(p, static_cast<std::size_t>(r) * kBytes, src.data(), kBytes, 0);
+  e->quiet_timed(0, laps.data());
+  std::uint64_t remote = 0;
+  for (int p = 0; p < P; ++p) {
+    if (p / 2 != r / 2) remote += laps[static_cast<std::size_t>(p)];
+    else check(laps[static_cast<std::size_t>(p)] == 0, r, "quiet_timed charged rank " + std::to_string(p) + " of this machine");
+  }
+  check(remote > 0, r, "quiet_timed charged nothing to the other machine's ranks");
+  e->barrier("laps");
+}
+
 TEST(ConnectUcx, TwoMachinesAutoPicksUcxAndBytesCrossTheVeth) {
   std::string why;
   if (!can_make_machines(why)) GTEST_SKIP() << why;
@@ -468,6 +490,7 @@ TEST(ConnectUcx, TwoMachinesAutoPicksUcxAndBytesCrossTheVeth) {
                every_flavour(*t, 256, {9, 0, 14, 5});
                bucket_all_reduce(*t, "builtin:servers:2");
                plane_conformance(*t);  // hierarchical: servers:2 are the two machines
+               laps_name_remote_peers(*t);
              }),
              "two machines");
   for (int i = 0; i < 2; ++i) {
@@ -558,6 +581,49 @@ TEST(ConnectUcx, CutLinkFailsEveryRankNamingAPeerAndItsMachine) {
     std::printf("rank %d after %lld ms: %s:%s\n", o.rank, o.at_ms - cut_at, o.code.c_str(), o.message.c_str());
   }
   EXPECT_TRUE(across) << "no rank named a peer on the other machine";
+  m.remove();
+}
+
+// Rank 3 (machine 2) dies: its TCP connections close, so the ranks on machine 1 see their
+// endpoints fail and rank 2 sees its process gone: every survivor raises kPeerFailed well
+// before the 20 s timeout naming a peer and its machine (a rank may name one that failed
+// and ended first), and the first failures name rank 3.
+TEST(ConnectUcx, KilledRankOnTheOtherMachineFailsTheOthersAtOnce) {
+  std::string why;
+  if (!can_make_machines(why)) GTEST_SKIP() << why;
+  ucx::Machines m(2);
+  ASSERT_TRUE(m.ready()) << m.error();
+  const std::string dir = std::filesystem::temp_directory_path() / ("epx-ucx-kill-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string outcomes = dir + "/outcomes";
+  const ref::Problem p = problem(4, 256, {9, 3, 14, 5}, 78);
+  const auto start = now_ms();
+  const auto ok = run_ranks(4, m.names(), [&](Bootstrap& b) {
+    ::unsetenv("OMPI_COMM_WORLD_SIZE");
+    auto t = connect(b, {.timeout = std::chrono::seconds(20)});
+    Buffer buffer(*t, config_for(p));
+    if (b.rank() == 3) ::raise(SIGKILL);
+    try {
+      for (int i = 0; i < 3; ++i) buffer.dispatch(dispatch_args(views_of(p, b.rank()), {}));
+    } catch (const Error& e) {
+      std::ofstream(outcomes, std::ios::app) << b.rank() << ' ' << now_ms() << ' ' << to_string(e.code()) << ' ' << e.what() << "\n";
+      return;
+    }
+    fail(b.rank(), "dispatch succeeded with rank 3 dead");
+  });
+  for (int r : {0, 1, 2}) EXPECT_TRUE(ok[static_cast<std::size_t>(r)]) << "rank " << r;
+  EXPECT_FALSE(ok[3]);
+  std::vector<Outcome> seen = read_outcomes(outcomes);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(seen.size(), 3u) << "every survivor should report one error";
+  std::sort(seen.begin(), seen.end(), [](const Outcome& a, const Outcome& b) { return a.at_ms < b.at_ms; });
+  EXPECT_NE(seen.front().message.find("rank 3 (node 1 '" + m.names()[1] + "'"), std::string::npos) << seen.front().message;
+  for (const Outcome& o : seen) {
+    EXPECT_TRUE(o.code == "peer_failed" && o.message.find("(node ") != std::string::npos && o.message.find("phase '") != std::string::npos)
+        << "rank " << o.rank << ": " << o.code << ":" << o.message;
+    EXPECT_LT(o.at_ms - start, 15000) << "rank " << o.rank << ": " << o.message;
+    std::printf("rank %d: %s:%s\n", o.rank, o.code.c_str(), o.message.c_str());
+  }
   m.remove();
 }
 

@@ -96,7 +96,10 @@ class UcxGroup {
   }
   void progress() noexcept { ucp_worker_progress(worker_); }
   void fence(int peer);
-  void note(const char* phase) noexcept { phase_.store(phase, std::memory_order_relaxed); }
+  /// Where this rank waits now, for the messages of calls that name no phase (puts, quiet).
+  /// Copied: a WaitPoint's phase need not outlive its wait.
+  void note(const char* phase) noexcept;
+  std::string phase() const;
 
   /// A non-blocking call's result: a request is handed back to UCX (completion is learned
   /// by the next flush); an error means the peer's endpoint failed.
@@ -148,7 +151,9 @@ class UcxGroup {
   std::unique_ptr<std::atomic<bool>[]> touched_;    // [P] an operation ever went to this peer
   std::vector<Life> lives_;                         // [P] each rank's process, for the same-machine liveness check
   std::atomic<std::int64_t> next_life_check_{0};    // steady-clock ns of the next one (one thread of the rank at a time)
-  std::atomic<const char*> phase_{"setup"};
+  std::atomic<const char*> phase_ptr_{nullptr};  // the last noted pointer: the same one is not copied again
+  mutable std::mutex phase_mu_;
+  std::string phase_ = "setup";
   // A wait or flush failed: teardown skips its flushes, which would wait for the same peers.
   mutable std::atomic<bool> broken_{false};
 };
@@ -293,6 +298,21 @@ void UcxGroup::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
   st->group->failed_[static_cast<std::size_t>(st->peer)].compare_exchange_strong(ok, static_cast<int>(status));
 }
 
+void UcxGroup::note(const char* phase) noexcept {
+  if (phase == nullptr || phase_ptr_.exchange(phase, std::memory_order_relaxed) == phase) return;
+  try {
+    std::lock_guard<std::mutex> lock(phase_mu_);
+    phase_ = *phase != '\0' ? phase : "(unnamed)";
+  } catch (...) {
+    // Out of memory for a phase name: the messages keep the previous one.
+  }
+}
+
+std::string UcxGroup::phase() const {
+  std::lock_guard<std::mutex> lock(phase_mu_);
+  return phase_;
+}
+
 void UcxGroup::fence(int) {
   // Worker-wide (every thread's earlier operations, to every peer): a superset of what the
   // ordered signal needs, and UCX offers no cheaper per-endpoint fence.
@@ -309,8 +329,8 @@ void UcxGroup::settle(ucs_status_ptr_t r, int peer, const char* what) {
 void UcxGroup::fail_peer(int peer, ucs_status_t status, const char* what) const {
   broken_.store(true, std::memory_order_relaxed);
   throw Error(ErrorCode::kPeerFailed,
-              "rank " + std::to_string(rank_) + ": ucx: " + what + " " + describe(peer) + " failed in phase '" +
-                  phase_.load(std::memory_order_relaxed) + "': " + status_text(status) +
+              "rank " + std::to_string(rank_) + ": ucx: " + what + " " + describe(peer) + " failed in phase '" + phase() +
+                  "': " + status_text(status) +
                   " (the peer ended or died, or the link to its machine is down)",
               peer);
 }
@@ -373,7 +393,7 @@ void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_n
       if (teardown) return;
       throw Error(ErrorCode::kTimeout,
                   "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) + " ms in phase '" +
-                      phase_.load(std::memory_order_relaxed) + "' completing puts to " + who +
+                      phase() + "' completing puts to " + who +
                       " (ucx transport: the peer stopped progressing, or the link to its machine is down)",
                   pending.front().peer);
     }
@@ -509,19 +529,39 @@ std::string UcxTransport::map_block(std::size_t bytes) {
   return mine;
 }
 
+// Two all-gathers: the blocks, then whether every rank holds every peer's rkey. The second
+// keeps a rank from going on (and perhaps dying) while a peer still attaches to its block:
+// UCX 1.13 crashes in ucp_ep_rkey_unpack's error path when the segment is gone.
 void UcxTransport::make_block(std::size_t window_bytes, std::size_t num_signals) {
   const int P = num_ranks(), me = rank();
   signal_offset_ = round_page(window_bytes);
-  const std::size_t bytes = signal_offset_ + (num_signals + static_cast<std::size_t>(P)) * sizeof(std::uint64_t);
-  block_bytes_ = bytes;
-  const std::vector<std::string> all = group_->exchange(map_block(bytes));
-  for (int p = 0; p < P; ++p) {
+  block_bytes_ = signal_offset_ + (num_signals + static_cast<std::size_t>(P)) * sizeof(std::uint64_t);
+  const std::vector<std::string> all = group_->exchange(map_block(block_bytes_));
+  std::string why;  // "C..." (no block) or "P..." (no rkey) when this rank cannot go on
+  for (int p = 0; p < P && why.empty(); ++p) {
     const std::string& blob = all[static_cast<std::size_t>(p)];
-    if (blob.size() >= 1 + sizeof(std::uint64_t) && blob[0] == '+') continue;
-    release();
-    throw Error(ErrorCode::kCapacityExceeded, "rank " + std::to_string(me) + ": ucx: rank " + std::to_string(p) +
-                                                  " cannot register its window: " + (blob.empty() ? "(nothing sent)" : blob.substr(1)), p);
+    if (blob.size() < 1 + sizeof(std::uint64_t) || blob[0] != '+')
+      why = "Crank " + std::to_string(p) + " cannot register its window: " + (blob.empty() ? "(nothing sent)" : blob.substr(1));
   }
+  if (why.empty()) why = unpack_rkeys(all);
+  const std::vector<std::string> verdicts = group_->exchange(why.empty() ? "+" : "!" + why);
+  for (int p = 0; p < P; ++p) {
+    const std::string& v = verdicts[static_cast<std::size_t>(p)];
+    if (v == "+") continue;
+    release();
+    const bool capacity = v.size() > 1 && v[1] == 'C';
+    throw Error(capacity ? ErrorCode::kCapacityExceeded : ErrorCode::kPeerFailed,
+                "rank " + std::to_string(me) + ": ucx: allocate failed on rank " + std::to_string(p) + ": " + (v.size() > 2 ? v.substr(2) : v),
+                capacity ? p : -1);
+  }
+  window_bytes_ = window_bytes;
+  num_signals_ = num_signals;
+  barrier_epoch_ = 0;
+}
+
+// Every peer's block address and rkey; "" or "P" + why not.
+std::string UcxTransport::unpack_rkeys(const std::vector<std::string>& all) {
+  const int P = num_ranks(), me = rank();
   rkeys_.assign(static_cast<std::size_t>(P), nullptr);
   remote_base_.assign(static_cast<std::size_t>(P), 0);
   for (int p = 0; p < P; ++p) {
@@ -531,13 +571,10 @@ void UcxTransport::make_block(std::size_t window_bytes, std::size_t num_signals)
     const ucs_status_t s = ucp_ep_rkey_unpack(group_->ep(p), blob.data() + 1 + sizeof(std::uint64_t), &rkeys_[static_cast<std::size_t>(p)]);
     if (s != UCS_OK) {
       rkeys_[static_cast<std::size_t>(p)] = nullptr;
-      release();
-      throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(me) + ": ucx: cannot unpack the rkey of " + group_->describe(p) + ": " + status_text(s), p);
+      return "Pcannot unpack the rkey of " + group_->describe(p) + ": " + status_text(s);
     }
   }
-  window_bytes_ = window_bytes;
-  num_signals_ = num_signals;
-  barrier_epoch_ = 0;
+  return "";
 }
 
 void UcxTransport::check_range(const char* what, int peer, std::size_t offset, std::size_t bytes) const {

@@ -77,6 +77,7 @@ class UcxTransport final : public Transport {
   void release() noexcept;
   std::string map_block(std::size_t bytes);
   void make_block(std::size_t window_bytes, std::size_t num_signals);
+  std::string unpack_rkeys(const std::vector<std::string>& all);
   std::uint64_t* signal_word(std::size_t slot) const noexcept;
   /// Sets `peer`'s copy of the word at `offset` of the block, after every earlier put of
   /// this worker to `peer`.
