@@ -194,8 +194,8 @@ class _P2PWork(Work):
     def wait(self, timeout=datetime.timedelta(0)):
         secs = _secs(timeout, self._pg_timeout)
         if not self._event.wait(secs):
-            raise RuntimeError(f"epx backend: {self._what}: rank {self._rank}: timed out after {secs:g} s "
-                               f"waiting for the message to complete")
+            raise RuntimeError(f"epx backend: {self._what}: rank {self._rank}: Timed out waiting {secs:g} s for the "
+                               f"{self._what} (rank {self._peer}) to complete")
         if self._error is not None:
             raise self._error
         return True
@@ -552,7 +552,9 @@ class ProcessGroupEpx(ProcessGroup):
             ev.wait()
             return ev
         except RuntimeError as e:
-            raise RuntimeError(f"epx backend: {op}: {_with_rank(str(e), self._rank)}") from e
+            # "Timed out" as gloo words it: code that matches gloo's message matches this one
+            what = "Timed out waiting for the other ranks: " if _is(e, "timeout") else ""
+            raise RuntimeError(f"epx backend: {op}: {what}{_with_rank(str(e), self._rank)}") from e
 
     # -- all_reduce ---------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -837,7 +839,8 @@ class ProcessGroupEpx(ProcessGroup):
         except RuntimeError as e:
             if str(e).startswith("epx backend:"):
                 raise
-            raise RuntimeError(f"epx backend: {op}: {_with_rank(str(e), self._rank)}") from e
+            what = "Timed out waiting for the other ranks: " if _is(e, "timeout") else ""
+            raise RuntimeError(f"epx backend: {op}: {what}{_with_rank(str(e), self._rank)}") from e
 
     def broadcast(self, tensors, opts=None):
         self._alive("broadcast")

@@ -34,6 +34,8 @@ class Checks:
 
     def close(self, name, got, want, rtol=1e-5, atol=1e-6):
         self.n += 1
+        if self.n == 1 and self.rank == 1 and os.environ.get("EPX_DIST_PROGRAM_SABOTAGE") == "1":
+            got = got + 1e-2  # the failure path's own test: rank 1's first comparison is off
         if got.shape != want.shape or not torch.allclose(got, want, rtol=rtol, atol=atol):
             diff = (got - want).abs().max().item() if got.shape == want.shape else f"shapes {tuple(got.shape)} vs {tuple(want.shape)}"
             self.failed.append(f"{name}: max |difference| {diff} (rtol {rtol}, atol {atol})")

@@ -35,7 +35,15 @@ if _MODE == "epx":
         def __init__(self, store, rank, size, timeout=_c10d.default_pg_timeout):
             super().__init__(store, rank, size, timeout)
 
+    def _unwrapped(wrapped_pg, *args, **kwargs):
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps each gloo or NCCL group in torch's C++ checking
+        # wrapper, and no group of another backend: an epx group is not wrapped, as under its
+        # own name (the wrapper's C++ calls, sequence numbers among them, do not reach a
+        # Python ProcessGroup in torch 1.13)
+        return wrapped_pg
+
     _c10d.ProcessGroupGloo = _EpxAsGloo
+    _c10d._create_process_group_wrapper = _unwrapped
     os.environ["BACKEND"] = "gloo"
 elif _MODE == "epx-plugin":
     os.environ["BACKEND"] = "epx"
@@ -70,7 +78,12 @@ if "BACKEND" in os.environ:  # the parent once its arguments are read, and every
     class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         def setUp(self):
             super().setUp()
-            self._spawn_processes()
+            # fork (as torch's former test_distributed_fork.py did for gloo): the ranks start
+            # from this process, torch already imported, instead of a fresh interpreter each
+            if os.environ.get("EPX_TORCH_SUITE_START", "fork") == "fork":
+                self._start_processes(torch.multiprocessing.get_context("fork").Process)
+            else:
+                self._spawn_processes()
 
 
 def main():
@@ -80,10 +93,11 @@ def main():
     ap.add_argument("-k", action="append", default=[], help="run only tests whose name contains this")
     ap.add_argument("--tests", help="a file of test names, one a line")
     ap.add_argument("--json", help="write {test: outcome} here")
+    ap.add_argument("--start", choices=["fork", "spawn"], default="fork", help="how each test starts its ranks")
     ap.add_argument("-v", action="store_true")
     a = ap.parse_args()
     env = {"EPX_TORCH_SUITE_MODE": a.backend if a.backend != "gloo" else "", "WORLD_SIZE": str(a.world_size),
-           "BACKEND": "gloo" if a.backend != "epx-plugin" else "epx"}
+           "BACKEND": "gloo" if a.backend != "epx-plugin" else "epx", "EPX_TORCH_SUITE_START": a.start}
     if "TEMP_DIR" not in os.environ:
         env["TEMP_DIR"] = tempfile.mkdtemp(prefix="epx-torch-suite-")
     os.environ.update(env)
