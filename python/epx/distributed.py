@@ -570,6 +570,9 @@ class ProcessGroupEpx(ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def _allreduce_one(self, t, op, opname):
+        if t.is_sparse:
+            self._allreduce_sparse(t, op, opname)
+            return
         if t.is_complex() and op in (R.SUM, R.AVG):
             self._allreduce_one(torch.view_as_real(t), op, opname)
             return
@@ -580,6 +583,25 @@ class ProcessGroupEpx(ProcessGroup):
         parts = self._gather_all(flat, f"allreduce({opname})")
         flat.copy_(_reduce_local(parts, op, t.dtype))
         back()
+
+    def _allreduce_sparse(self, t, op, opname):
+        """A sparse COO tensor (gloo's SUM): every rank's indices and values, gathered padded to
+        the largest count, summed by coalescing; the result replaces t's contents."""
+        if op != R.SUM:
+            raise RuntimeError(f"epx backend: allreduce: rank {self._rank}: a sparse tensor takes SUM only, not {opname}")
+        c = t.coalesce()
+        idx, val = c.indices(), c.values()
+        counts = self._gather_all(torch.tensor([idx.shape[1]], dtype=torch.int64), "allreduce(sparse counts)")
+        most = max(int(n) for n in counts)
+        pad_i = torch.zeros(idx.shape[0], most, dtype=torch.int64)
+        pad_i[:, :idx.shape[1]] = idx
+        pad_v = torch.zeros((most,) + tuple(val.shape[1:]), dtype=val.dtype)
+        pad_v[:val.shape[0]] = val
+        all_i = self._gather_all(pad_i.reshape(-1), "allreduce(sparse indices)")
+        all_v = self._gather_all(pad_v.reshape(-1), "allreduce(sparse values)")
+        ii = torch.cat([a.view(idx.shape[0], most)[:, :int(n)] for a, n in zip(all_i, counts)], 1)
+        vv = torch.cat([a.view((most,) + tuple(val.shape[1:]))[:int(n)] for a, n in zip(all_v, counts)], 0)
+        t.copy_(torch.sparse_coo_tensor(ii, vv, t.shape).coalesce())
 
     def _sum_fast(self, t, op, opname):
         """float32 (bf16 and fp16 through float32 staging) SUM / AVG on the BucketBuffer,
