@@ -843,8 +843,10 @@ class ProcessGroupEpx(ProcessGroup):
     def _mismatch(self, op, peer, got, want):
         def words(h):
             return f"{h[0]} bytes" + (f" of {_DTYPES[h[1] - 1]}" if 0 < h[1] <= len(_DTYPES) else "")
-        return RuntimeError(f"epx backend: {op}: rank {peer} sends {words(got)}, rank {self._rank} expects "
-                            f"{words(want)}")
+        e = RuntimeError(f"epx backend: {op}: rank {peer} sends {words(got)}, rank {self._rank} expects "
+                         f"{words(want)}")
+        e.epx_mismatch = True  # the pair stayed in step: the call settles (_settle) instead of failing here
+        return e
 
     def _recv(self, pp, dst_u8, peer, cap, code=0, op="recv"):
         got = self._recv_head(pp, peer)
@@ -870,13 +872,20 @@ class ProcessGroupEpx(ProcessGroup):
         for t in tensors:
             flat, back = _flat(t)
             u8 = _u8(flat)
+            problem = None
             if self._rank == root:
                 for peer in range(self._size):
                     if peer != root:
                         self._pp_call("broadcast", self._send, self._pp, u8, peer, _PP_BYTES, _code(t.dtype))
             else:
-                self._pp_call("broadcast", self._recv, self._pp, u8, root, _PP_BYTES, _code(t.dtype), "broadcast")
-                back()
+                try:
+                    self._pp_call("broadcast", self._recv, self._pp, u8, root, _PP_BYTES, _code(t.dtype), "broadcast")
+                except RuntimeError as e:
+                    if not getattr(e, "epx_mismatch", False):
+                        raise
+                    problem = e
+            self._settle("broadcast", problem)
+            back()
         return _done(list(tensors))
 
     def _exchange(self, op, sends, recvs):
@@ -915,8 +924,30 @@ class ProcessGroupEpx(ProcessGroup):
                         pp.recv(piece.data_ptr(), piece.numel(), src)
                     else:
                         pp.release(pp.recv_view(src, -1))
+        return problem
+
+    def _settle(self, op, problem, local=False):
+        """After a pairwise call (its messages all moved or drained): every rank learns every
+        rank's problem (a 256-byte text each, one BucketBuffer all_gather), so a mismatch is an
+        error on every rank, naming the rank that saw it. A rank's own wrong arguments (`local`)
+        come first: the size mismatches they cause on its peers follow from them."""
+        P, me, k = self._size, self._rank, 256
+        mine = self._view(k, torch.uint8, me * k)
+        mine.zero_()
         if problem is not None:
+            text = (("!" if local else "?") + str(problem)).encode()[:k]
+            mine[:len(text)].copy_(torch.frombuffer(bytearray(text), dtype=torch.uint8))
+        self._bucket_call(op, self._bucket.all_gather, [(mine.data_ptr(), k, 1)], [], 0)
+        texts = [bytes(self._view(k, torch.uint8, r * k).numpy()).rstrip(b"\0").decode(errors="replace")
+                 for r in range(P)]
+        if problem is not None and local:
             raise problem
+        for mark in "!?":
+            if problem is not None and mark == "?":
+                raise problem
+            for r, text in enumerate(texts):
+                if text.startswith(mark):
+                    raise RuntimeError(f"epx backend: {op}: rank {me}: the call failed on rank {r}: {text[1:]}")
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         self._alive("alltoall_base")
@@ -931,28 +962,35 @@ class ProcessGroupEpx(ProcessGroup):
         row_o = of.numel() // rows_o if rows_o else 0
         row_i = inf.numel() // rows_i if rows_i else 0
 
+        problem = None
+
         def splits(given, rows, what):
+            nonlocal problem
             if not given:
-                if rows % P:
-                    raise RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: {what} has {rows} rows, "
-                                       f"not divisible by {P} ranks")
+                if rows % P and problem is None:
+                    problem = RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: {what} has {rows} "
+                                           f"rows, not divisible by {P} ranks")
                 return [rows // P] * P
-            if len(given) != P or sum(given) != rows:
-                raise RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: {what} split sizes {list(given)}"
-                                   f" do not cover its {rows} rows in {P} parts")
+            if (len(given) != P or sum(given) != rows) and problem is None:
+                problem = RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: {what} split sizes "
+                                       f"{list(given)} do not cover its {rows} rows in {P} parts")
             return list(given)
 
         so, si = splits(output_split_sizes, rows_o, "output"), splits(input_split_sizes, rows_i, "input")
-        uo, ui = _u8(of), _u8(inf)
-        bo, bi = row_o * of.element_size(), row_i * inf.element_size()
-        offs_o = [sum(so[:p]) * bo for p in range(P)]
-        offs_i = [sum(si[:p]) * bi for p in range(P)]
-        recvs = [uo[offs_o[p]:offs_o[p] + so[p] * bo] for p in range(P)]
-        sends = [ui[offs_i[p]:offs_i[p] + si[p] * bi] for p in range(P)]
-        if recvs[self._rank].numel() != sends[self._rank].numel():
-            raise RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: sends itself {si[self._rank]} rows "
-                               f"but expects {so[self._rank]}")
-        self._pp_call("all_to_all_single", self._exchange, "all_to_all_single", sends, recvs)
+        if problem is None and so[self._rank] * row_o != si[self._rank] * row_i:
+            problem = RuntimeError(f"epx backend: all_to_all_single: rank {self._rank}: sends itself "
+                                   f"{si[self._rank]} rows but expects {so[self._rank]}")
+        if problem is None:
+            uo, ui = _u8(of), _u8(inf)
+            bo, bi = row_o * of.element_size(), row_i * inf.element_size()
+            offs_o = [sum(so[:p]) * bo for p in range(P)]
+            offs_i = [sum(si[:p]) * bi for p in range(P)]
+            recvs = [uo[offs_o[p]:offs_o[p] + so[p] * bo] for p in range(P)]
+            sends = [ui[offs_i[p]:offs_i[p] + si[p] * bi] for p in range(P)]
+        else:  # this rank's arguments are wrong: it still takes part, moving nothing
+            sends = recvs = [torch.empty(0, dtype=torch.uint8)] * P
+        seen = self._pp_call("all_to_all_single", self._exchange, "all_to_all_single", sends, recvs)
+        self._settle("all_to_all_single", problem or seen, local=problem is not None)
         back()
         return _done([output])
 
@@ -964,9 +1002,12 @@ class ProcessGroupEpx(ProcessGroup):
         flats = [_flat(o) for o in output_tensors]
         recvs = [_u8(f) for f, _ in flats]
         sends = [_u8(_flat(i)[0]) for i in input_tensors]
+        problem = None
         if recvs[self._rank].numel() != sends[self._rank].numel():
-            raise RuntimeError(f"epx backend: all_to_all: rank {self._rank}: its own input and output differ in size")
-        self._pp_call("all_to_all", self._exchange, "all_to_all", sends, recvs)
+            problem = RuntimeError(f"epx backend: all_to_all: rank {self._rank}: its own input and output differ in size")
+            sends = recvs = [torch.empty(0, dtype=torch.uint8)] * P
+        seen = self._pp_call("all_to_all", self._exchange, "all_to_all", sends, recvs)
+        self._settle("all_to_all", problem or seen, local=problem is not None)
         for _, back in flats:
             back()
         return _done(list(output_tensors))
@@ -983,8 +1024,16 @@ class ProcessGroupEpx(ProcessGroup):
                     self._pp_call("scatter", self._send, self._pp, _u8(_flat(ins[peer])[0]), peer, _PP_BYTES,
                                   _code(ins[peer].dtype))
             of.copy_(ins[root].reshape(-1))
+            problem = None
         else:
-            self._pp_call("scatter", self._recv, self._pp, _u8(of), root, _PP_BYTES, _code(out.dtype), "scatter")
+            try:
+                self._pp_call("scatter", self._recv, self._pp, _u8(of), root, _PP_BYTES, _code(out.dtype), "scatter")
+                problem = None
+            except RuntimeError as e:
+                if not getattr(e, "epx_mismatch", False):
+                    raise
+                problem = e
+        self._settle("scatter", problem)
         back()
         return _done([out])
 

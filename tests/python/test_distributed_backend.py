@@ -318,7 +318,8 @@ def _ops(rank, size):
         bmsg = None
     except RuntimeError as ex:
         bmsg = str(ex)
-    check("broadcast mismatch", (bmsg is None) == (rank != 1) and (rank != 1 or "rank 0 sends" in bmsg))
+    check("broadcast mismatch raises on every rank", bmsg is not None and "rank 0 sends 400000 bytes" in bmsg
+          and "rank 1 expects 399996 bytes" in bmsg)
     try:
         n_in = [3] * size
         n_out = [3] * size if rank != 2 else [3, 3, 3, 4]  # rank 3 sends rank 2 three rows
@@ -326,7 +327,14 @@ def _ops(rank, size):
         amsg = None
     except RuntimeError as ex:
         amsg = str(ex)
-    check("all_to_all_single mismatch", (amsg is None) == (rank != 2) and (rank != 2 or "rank 3 sends" in amsg))
+    check("all_to_all_single mismatch raises on every rank", amsg is not None and "rank 3 sends" in amsg
+          and "rank 2 expects" in amsg)
+    try:  # rank 1's split sizes do not add up: every rank hears it, and the exchange moves nothing
+        dist.all_to_all_single(torch.empty(4 * size), torch.ones(4 * size), None, [4] * size if rank != 1 else [4, 4, 4, 5])
+        amsg = None
+    except RuntimeError as ex:
+        amsg = str(ex)
+    check("all_to_all_single split sizes of one rank", amsg is not None and "rank 1: input split sizes [4, 4, 4, 5]" in amsg)
     x = torch.full((100_000,), float(rank))
     dist.broadcast(x, src=3)
     e = torch.empty(size * 20)
