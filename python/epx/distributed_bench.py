@@ -120,8 +120,11 @@ class Bench:
         import torch.distributed as dist
         self.torch, self.dist = torch, dist
         self.a, self.rank, self.P = args, rank, size
-        self.E = dist.new_group(backend="epx")
-        self.G = dist.new_group(backend="gloo")
+        # a group's timeout is its own (new_group's default is 30 min): a stuck call raises
+        # naming the rank it waits for, well before the job's timeout ends the ranks
+        timeout = datetime.timedelta(seconds=args.group_timeout)
+        self.E = dist.new_group(backend="epx", timeout=timeout)
+        self.G = dist.new_group(backend="gloo", timeout=timeout)
         self.failed = []
 
     def log(self, *a):
@@ -140,6 +143,10 @@ class Bench:
             t0 = time.perf_counter()
             epx_call()
             t1 = time.perf_counter()
+            # Untimed: across machines (UCX) a rank whose call returned must still progress
+            # for its peers' last puts to complete; in a gloo barrier it does not, so an epx
+            # barrier first (tests/multinode/test_torchrun.py has the case that hangs without)
+            dist.barrier(group=self.E)
             if before_gloo:
                 before_gloo()
             dist.barrier()
@@ -348,7 +355,7 @@ def _rank_main(rank, size, init, argv, which):
     import epx.distributed  # noqa: F401  (registers "epx")
     torch.set_num_threads(1)  # ranks share the machine's cores
     kw = {} if init == "env://" else {"rank": rank, "world_size": size}
-    dist.init_process_group("gloo", init_method=init, timeout=datetime.timedelta(seconds=args.timeout), **kw)
+    dist.init_process_group("gloo", init_method=init, timeout=datetime.timedelta(seconds=args.group_timeout), **kw)
     rank, size = dist.get_rank(), dist.get_world_size()
     b = Bench(args, rank, size)
     if rank == 0:
@@ -441,6 +448,7 @@ def _parser():
     ap.add_argument("--profile", action="store_true", help="where each epx call's time goes (cProfile, rank 0)")
     ap.add_argument("--machines", action="store_true", help="2 namespace machines x 2 ranks (root, a checkout)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds for the whole job")
+    ap.add_argument("--group-timeout", type=float, default=120, help="each process group's timeout, seconds")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a torchrun worker (env://)
     return ap
 

@@ -8,6 +8,9 @@ the inputs every rank is known to have (integer-valued float32 below 2^24: every
 order gives the same bits, so the check is exact on any backend). Prints one line per check
 and "dist_smoke: rank R of P on HOST: N checks passed" at the end.
 
+--mixed K: instead, K rounds of (all_to_all_single of several MB per pair, then a barrier on a
+gloo group), the pattern of a job that mixes an epx group with gloo.
+
 --loop S: after the checks, repeat a checked all_reduce for S seconds, printing
 "dist_smoke: rank R iteration K" each time (the fault tests kill a rank or cut the link while
 this runs). Any error prints "dist_smoke: rank R on HOST: FAILED: <message>" on stderr and
@@ -97,12 +100,37 @@ class Smoke:
             dist.send(out, nxt)
         self.ok(f"send/recv {n} float32 from rank {prv}", got, _value(prv, n, 4))
 
+    def mixed(self):
+        """--mixed K: K rounds of an all_to_all_single of several chunks per pair on this
+        group, each followed by a barrier on a gloo group: a rank that is done with its part
+        waits in gloo (no more calls on this group), so whatever its peers still need from it
+        must have been sent before its call returned."""
+        P, me, w = self.size, self.rank, 4096
+        gloo = dist.new_group(backend="gloo")
+        rows = [((me + d) % P + 1) * 300 for d in range(P)]  # 2.3-9.4 MB per pair: several chunks
+        recv = [((s + me) % P + 1) * 300 for s in range(P)]
+        send = torch.cat([torch.full((rows[d], w), float(me * 10 + d)) for d in range(P)])
+        want = torch.cat([torch.full((recv[s], w), float(s * 10 + me)) for s in range(P)])
+        for k in range(self.a.mixed):
+            out = torch.empty(sum(recv), w)
+            dist.all_to_all_single(out, send, recv, rows)
+            if not torch.equal(out, want):
+                raise AssertionError(f"mixed round {k}: all_to_all_single differs from the reference")
+            if me == P - 1:
+                time.sleep(0.2)  # the last rank comes late to the barrier: its peers are done and wait
+            dist.barrier(group=gloo)
+        self.checks += 1
+        print(f"dist_smoke: rank {me}: {self.a.mixed} rounds of all_to_all_single then a gloo barrier ok", flush=True)
+
     def run(self):
-        self.all_reduce()
-        self.all_gather()
-        self.all_to_all()
-        self.broadcast()
-        self.send_recv()
+        if self.a.mixed:  # that pattern alone
+            self.mixed()
+        else:
+            self.all_reduce()
+            self.all_gather()
+            self.all_to_all()
+            self.broadcast()
+            self.send_recv()
         dist.barrier()
         pg = dist.distributed_c10d._get_default_group()
         kind = getattr(getattr(pg, "_transport", None), "name", None)  # epx's transport (shm, ucx, ...)
@@ -126,6 +154,7 @@ def main():
     ap.add_argument("--elements", type=int, default=1 << 18, help="all_reduce size in float32 elements")
     ap.add_argument("--timeout", type=float, default=60, help="the process group's timeout, seconds")
     ap.add_argument("--loop", type=float, default=0, help="then all_reduce in a loop for this many seconds")
+    ap.add_argument("--mixed", type=int, default=0, help="rounds of all_to_all_single, each then a gloo barrier")
     a = ap.parse_args()
     rank = int(os.environ.get("RANK", -1))
     try:
