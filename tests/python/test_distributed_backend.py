@@ -373,6 +373,13 @@ def _ops(rank, size):
     dist.irecv(got, prv).wait()
     w.wait()
     check("isend before the receiver posts", _eq(got, _data(prv, torch.float32, (300_000,))))
+    src_nc = _data(rank, torch.float64, (6, 8)).t()  # non-contiguous both ways; a view written only
+    w = dist.isend(src_nc, nxt, tag=3)
+    base = torch.full((8, 12), -1.0, dtype=torch.float64)
+    dist.recv(base[:, 2:8], prv, tag=3)
+    w.wait()
+    check("send / recv of non-contiguous views", _eq(base[:, 2:8], _data(prv, torch.float64, (6, 8)).t())
+          and base[:, :2].eq(-1).all() and base[:, 8:].eq(-1).all())
     sends = [dist.isend(torch.full((100 + i,), float(i)), nxt) for i in range(30)]
     outs = [torch.empty(100 + i) for i in range(30)]
     recvs = [dist.irecv(o, prv) for o in outs]
