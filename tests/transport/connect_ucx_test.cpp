@@ -206,9 +206,19 @@ void transport_contract(Bootstrap& b) {
   fail(r, "a wait for a signal nobody sent returned");
 }
 
+// The one-machine tests run twice: same-machine peers mapped (ucp_rkey_ptr: copies), the
+// default, and through UCX's own transports (EPX_UCX_MAP_PEERS=0: ucp_put_nbx over sysv/posix).
+ucx::Body unmapped(ucx::Body body) {
+  return [body](Bootstrap& b) {
+    ::setenv("EPX_UCX_MAP_PEERS", "0", 1);
+    body(b);
+  };
+}
+
 TEST(ConnectUcx, TransportKeepsItsContract) {
   NothingLeft nothing_left;
   expect_all(run_ranks(4, {}, transport_contract), "contract");
+  expect_all(run_ranks(4, {}, unmapped(transport_contract)), "contract, peers not mapped");
   nothing_left.check();
 }
 
@@ -272,12 +282,13 @@ void bucket_all_reduce(Transport& t, const std::string& topology) {
 
 TEST(ConnectUcx, DispatchCombineAndAllReduceMatchTheReference) {
   NothingLeft nothing_left;
-  expect_all(run_ranks(4, {}, [](Bootstrap& b) {
-               auto t = connect_ucx(b);
-               every_flavour(*t, 256, {9, 0, 14, 5});
-               bucket_all_reduce(*t, "");
-             }),
-             "dispatch/combine/all_reduce");
+  const ucx::Body body = [](Bootstrap& b) {
+    auto t = connect_ucx(b);
+    every_flavour(*t, 256, {9, 0, 14, 5});
+    bucket_all_reduce(*t, "");
+  };
+  expect_all(run_ranks(4, {}, body), "dispatch/combine/all_reduce");
+  expect_all(run_ranks(4, {}, unmapped(body)), "dispatch/combine/all_reduce, peers not mapped");
   nothing_left.check();
 }
 
@@ -362,7 +373,9 @@ void plane_conformance(Transport& t) {
 
 TEST(ConnectUcx, DataPlaneConformance) {
   NothingLeft nothing_left;
-  expect_all(run_ranks(kCaseRanks, {}, [](Bootstrap& b) { plane_conformance(*connect_ucx(b)); }), "conformance");
+  const ucx::Body body = [](Bootstrap& b) { plane_conformance(*connect_ucx(b)); };
+  expect_all(run_ranks(kCaseRanks, {}, body), "conformance");
+  expect_all(run_ranks(kCaseRanks, {}, unmapped(body)), "conformance, peers not mapped");
   nothing_left.check();
 }
 

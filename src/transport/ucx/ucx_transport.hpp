@@ -95,6 +95,7 @@ class UcxTransport final : public Transport {
   std::uint64_t barrier_epoch_ = 0;
   std::vector<std::uint64_t> remote_base_;  // [P] each peer's block address
   std::vector<ucp_rkey_h> rkeys_;           // [P] (nullptr for this rank)
+  std::vector<std::byte*> mapped_;          // [P] where a same-machine peer's block is mapped here (ucp_rkey_ptr), else nullptr
 };
 
 }  // namespace epx::detail
