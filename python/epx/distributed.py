@@ -580,7 +580,7 @@ class ProcessGroupEpx(ProcessGroup):
             self._sum_fast(t, op, opname)
             return
         flat, back = _flat(t)
-        parts = self._gather_all(flat, f"allreduce({opname})")
+        parts = self._gather_all(flat, f"allreduce({opname})", int(op) + 1)
         flat.copy_(_reduce_local(parts, op, t.dtype))
         back()
 
@@ -663,22 +663,23 @@ class ProcessGroupEpx(ProcessGroup):
         src[:] = f[:n]
 
     # -- all_gather -----------------------------------------------------------------------
-    def _gather_all(self, flat, op):
+    def _gather_all(self, flat, op, kind=0):
         """Every rank's `flat` (contiguous, same dtype and size on every rank), by rank:
         the BucketBuffer's all_gather, chunked; the first chunk carries a 16-byte header
         (dtype code, numel) whose copies name the first rank that differs."""
         out = [torch.empty_like(flat) for _ in range(self._size)]
-        self._gather_into(flat, [o for o in out], op)
+        self._gather_into(flat, [o for o in out], op, kind)
         return out
 
-    def _gather_into(self, flat, outs, op):
+    def _gather_into(self, flat, outs, op, kind=0):
         """all_gather of flat (contiguous 1-D) into outs[r] (contiguous 1-D, flat's size)."""
         P, me = self._size, self._rank
         src = _u8(flat)
         dst = [_u8(o) for o in outs]
         nbytes, hdr = src.numel(), 16
         cap = (_WINDOW // P - hdr) // 64 * 64
-        header = torch.tensor([_code(flat.dtype), flat.numel()], dtype=torch.int64).view(torch.uint8)
+        # (dtype code + 256 x the reduction's op + 1, numel): the ranks agree on all three
+        header = torch.tensor([_code(flat.dtype) + 256 * kind, flat.numel()], dtype=torch.int64).view(torch.uint8)
         start, first = 0, True
         while first or start < nbytes:
             m = min(cap, nbytes - start)
@@ -696,7 +697,12 @@ class ProcessGroupEpx(ProcessGroup):
                 heads = pieces[:, :hdr].contiguous().view(torch.int64).view(P, 2)
                 for r in range(P):
                     if heads[r, 0] != heads[me, 0] or heads[r, 1] != heads[me, 1]:
-                        d_r = _DTYPES[int(heads[r, 0]) - 1] if 0 < heads[r, 0] <= len(_DTYPES) else "?"
+                        c_r, k_r = int(heads[r, 0]) % 256, int(heads[r, 0]) // 256
+                        if c_r == _code(flat.dtype) and heads[r, 1] == flat.numel():
+                            name = {int(o) + 1: n for o, n in _OPS.items()}
+                            raise RuntimeError(f"epx backend: {op}: rank {r} reduces with {name.get(k_r, k_r)}, "
+                                               f"rank {me} with {name.get(kind, kind)}")
+                        d_r = _DTYPES[c_r - 1] if 0 < c_r <= len(_DTYPES) else "?"
                         raise RuntimeError(f"epx backend: {op}: rank {r}'s tensor is {d_r} x {int(heads[r, 1])} "
                                            f"elements, rank {me}'s is {flat.dtype} x {flat.numel()}")
                 for r in range(P):
@@ -814,7 +820,7 @@ class ProcessGroupEpx(ProcessGroup):
                 first = False
         else:
             whole = torch.cat([i.reshape(-1) for i in ins]) if ins else of.new_empty(0)
-            parts = self._gather_all(whole, f"reduce_scatter({opname})")
+            parts = self._gather_all(whole, f"reduce_scatter({opname})", int(op) + 1)
             n = of.numel()
             of.copy_(_reduce_local([p[me * n:(me + 1) * n] for p in parts], op, out.dtype))
         back()
