@@ -51,19 +51,22 @@ std::string sysv_segments() {
   return all;
 }
 
+// What the ucx transport could leave: UCX's POSIX segments (/dev/shm/ucx*) and System V
+// segments nobody is attached to any more (UCX's are removed at once and go with their last
+// user). Other names and attached segments belong to whatever else runs on the machine.
 class NothingLeft {
  public:
-  NothingLeft() : shm_(dev_shm()), sysv_(sysv_segments()) {}
+  NothingLeft() : shm_(dev_shm()), sysv_(orphan_segments()) {}
   void check() const {
     for (int attempt = 0;; ++attempt) {
       std::set<std::string> left;
       for (const auto& n : dev_shm())
-        if (!shm_.count(n) && n.rfind("epx-", 0) != 0) left.insert(n);  // other suites' epx segments come and go
-      for (const auto& n : dev_shm())
-        if (!shm_.count(n) && n.rfind("epx-", 0) == 0 && attempt >= 20) left.insert(n);
-      if (left.empty() && sysv_segments() == sysv_) return;
+        if (!shm_.count(n) && n.rfind("ucx", 0) == 0) left.insert("/dev/shm/" + n);
+      for (const auto& id : orphan_segments())
+        if (!sysv_.count(id)) left.insert("System V segment " + id);
+      if (left.empty()) return;
       if (attempt >= 20) {
-        ADD_FAILURE() << "left behind: " << (left.empty() ? "System V segments:\n" + sysv_segments() : "/dev/shm/" + *left.begin());
+        ADD_FAILURE() << "left behind: " << *left.begin();
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -71,8 +74,20 @@ class NothingLeft {
   }
 
  private:
+  // The ids of System V segments with no process attached (/proc/sysvipc/shm: key shmid perms
+  // size cpid lpid nattch ...).
+  static std::set<std::string> orphan_segments() {
+    std::set<std::string> ids;
+    std::istringstream all(sysv_segments());
+    for (std::string line; std::getline(all, line);) {
+      std::istringstream f(line);
+      std::string key, shmid, perms, size, cpid, lpid, nattch;
+      if (f >> key >> shmid >> perms >> size >> cpid >> lpid >> nattch && nattch == "0") ids.insert(shmid);
+    }
+    return ids;
+  }
   std::set<std::string> shm_;
-  std::string sysv_;
+  std::set<std::string> sysv_;
 };
 
 void expect_all(const std::vector<bool>& ok, const char* what) {
@@ -201,6 +216,7 @@ void transport_contract(Bootstrap& b) {
     check(e.code() == ErrorCode::kTimeout && e.origin_rank() == peer && s >= 2.9 && s < 8 &&
               m.find("rank " + std::to_string(peer) + " (node 0 '") != std::string::npos && m.find("phase 'never signalled'") != std::string::npos,
           r, "wrong timeout after " + std::to_string(s) + " s: " + m);
+    b.barrier();  // no rank ends while another still waits for it (that would be a death, not a timeout)
     return;
   }
   fail(r, "a wait for a signal nobody sent returned");

@@ -1,5 +1,6 @@
 #include "ucx/ucx_transport.hpp"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -44,10 +45,16 @@ struct Life {
 };
 
 /// Field 3 (state) and field 22 (start time) of /proc/<pid>/stat; false if it is gone.
+/// Field 3 (state) and field 22 (start time) of /proc/<pid>/stat; false if it is gone.
 bool read_stat(std::int64_t pid, char& state, std::uint64_t& start_time) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!in || !std::getline(in, line)) return false;
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  const std::string line(buf, static_cast<std::size_t>(n));
   const std::size_t close = line.rfind(')');  // the command name may hold spaces and ')'
   if (close == std::string::npos) return false;
   std::istringstream rest(line.substr(close + 1));
@@ -162,7 +169,8 @@ class UcxGroup {
   std::unique_ptr<std::atomic<bool>[]> touched_;    // [P] an operation ever went to this peer
   bool map_peers_ = true, remote_peers_ = false;
   std::vector<Life> lives_;                         // [P] each rank's process, for the same-machine liveness check
-  std::atomic<std::int64_t> next_life_check_{0};    // steady-clock ns of the next one (one thread of the rank at a time)
+  std::atomic<std::int64_t> next_life_check_{0};
+  std::unique_ptr<std::atomic<std::int64_t>[]> suspect_since_;  // [P] steady-clock ns a peer was first seen dead (0: alive)    // steady-clock ns of the next one (one thread of the rank at a time)
   std::atomic<const char*> phase_ptr_{nullptr};  // the last noted pointer: the same one is not copied again
   mutable std::mutex phase_mu_;
   std::string phase_ = "setup";
@@ -182,6 +190,8 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
   hosts_ = allgather_strings(boot, hostname());
   const Life mine = my_life();
   lives_.resize(P);
+  suspect_since_.reset(new std::atomic<std::int64_t>[P]);
+  for (std::size_t p = 0; p < P; ++p) suspect_since_[p] = 0;
   boot.allgather(&mine, lives_.data(), sizeof mine);
   peer_state_.reset(new PeerState[P]);
   failed_.reset(new std::atomic<int>[P]);
@@ -450,10 +460,19 @@ void UcxGroup::check_alive(const WaitPoint& where) {
     return;
   char state = '?';
   std::uint64_t start = 0;
-  if (read_stat(l.pid, state, start) && state != 'Z' && state != 'X' && start == l.start_time) return;
+  const bool present = read_stat(l.pid, state, start);
+  std::atomic<std::int64_t>& suspect = suspect_since_[static_cast<std::size_t>(peer)];
+  if (present && state != 'Z' && state != 'X' && start == l.start_time) return suspect.store(0, std::memory_order_relaxed);
+  // Death is final: seen again 100 ms later it is reported (a single /proc look was
+  // measured to miss a live peer under load, rarely).
+  const std::int64_t since = suspect.load(std::memory_order_relaxed);
+  if (since == 0) return suspect.store(now, std::memory_order_relaxed);
+  if (now - since < std::chrono::nanoseconds(std::chrono::milliseconds(100)).count()) return;
   broken_.store(true, std::memory_order_relaxed);
+  const std::string seen = !present ? "gone" : state == 'Z' || state == 'X' ? std::string("state ") + state
+                                                                            : "started at " + std::to_string(start) + ", not " + std::to_string(l.start_time);
   throw Error(ErrorCode::kPeerFailed,
-              "rank " + std::to_string(rank_) + ": ucx: " + describe(peer) + " (pid " + std::to_string(l.pid) +
+              "rank " + std::to_string(rank_) + ": ucx: " + describe(peer) + " (pid " + std::to_string(l.pid) + ": " + seen +
                   ") died while this rank waited for it in phase '" + where.phase + "'",
               peer);
 }
