@@ -7,7 +7,7 @@
 # (tests/consumer is that project; `scripts/run.sh test` builds it against an install).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
-set(EPX_INSTALL_TARGETS epx_core epx_transport epx_plan epx_buffer_base epx_engine epx_diagnose epx_bucket epx_pp
+set(EPX_INSTALL_TARGETS epx_core epx_transport epx_plan epx_comm epx_engine epx_diagnose epx_bucket epx_pp
                         epx_engram epx_sim epx_eplb epx_lb)
 if(TARGET epx_oshmem)
   list(APPEND EPX_INSTALL_TARGETS epx_oshmem)  # the OpenSHMEM link line the shmem transport needs

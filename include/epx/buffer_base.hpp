@@ -47,7 +47,7 @@ struct AgreedValue {
 
 
 namespace detail {
-/// What a rank says in one agreement round (src/buffers/buffer_base.cpp).
+/// What a rank says in one agreement round (src/comm/buffer_base.cpp).
 struct RoundMessage {
   std::int32_t code = -1;  // -1: no problem, else an ErrorCode
   std::uint32_t flags = 0;

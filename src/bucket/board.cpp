@@ -2,13 +2,9 @@
 
 #include <atomic>
 
-#include "epx/spi/backoff.hpp"
+#include "epx/spi/wait.hpp"
 
 namespace epx::detail {
-
-void wait_signal_yielding(Transport& t, std::size_t slot, std::uint64_t target, const WaitPoint& where, bool yield) {
-  if (!spi::peek([&] { return t.read_signal(slot) >= target; }, yield)) t.wait_signal(slot, target, where);
-}
 
 Board::Board(Transport& t, const BucketLayout& layout, bool yield)
     : t_(t), layout_(layout), yield_(yield), epoch_(static_cast<std::size_t>(layout.num_boards), 0) {}
@@ -25,7 +21,7 @@ void Board::exchange(int g, const std::vector<int>& members, int me) {
   for (int s = 1; s < n; ++s) t_.signal(members[static_cast<std::size_t>((me + s) % n)], mine, e, 0);
   for (int s = 1; s < n; ++s) {
     const int from = members[static_cast<std::size_t>((me + n - s) % n)];
-    wait_signal_yielding(t_, layout_.board_flag_slot(g, from), e, WaitPoint{"bucket header", from}, yield_);
+    spi::await_signal(t_, layout_.board_flag_slot(g, from), e, WaitPoint{"bucket header", from}, yield_);
   }
 }
 

@@ -30,13 +30,6 @@
 
 namespace epx::detail {
 
-/// Waits until this rank's signal `slot` >= target. With `yield` (more ranks than cores)
-/// every look gives the core away at once — the rank being waited for may need this very
-/// core, and a spin of the transport's length costs it a slice; otherwise a few looks a
-/// pause apart, then yielding looks, then the transport's own wait (which owns the timeout
-/// and the peer-failure checks).
-void wait_signal_yielding(Transport& t, std::size_t slot, std::uint64_t target, const WaitPoint& where, bool yield);
-
 class Board {
  public:
   Board(Transport& t, const BucketLayout& layout, bool yield);

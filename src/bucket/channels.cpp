@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "epx/spi/wait.hpp"
+
 namespace epx::detail {
 
 namespace {
@@ -25,34 +27,26 @@ std::size_t BucketLayout::window_bytes() const noexcept {
          2 * static_cast<std::size_t>(num_boards) * board_slot_bytes();
 }
 
-Channels::Channels(Transport& t, const BucketLayout& layout)
-    : t_(t), layout_(layout),
-      sent_(static_cast<std::size_t>(layout.num_ranks)), received_(sent_.size()),
-      done_sent_(sent_.size()), done_received_(sent_.size()) {}
+Channels::Channels(Transport& t, const BucketLayout& layout, bool yield)
+    : t_(t), layout_(layout), credit_(t, 2, BucketLayout::kChannelSignals, yield), yield_(yield),
+      done_sent_(static_cast<std::size_t>(layout.num_ranks)), done_received_(done_sent_.size()) {}
 
 std::size_t Channels::out_slot(int to) const noexcept {
-  return layout_.slot_offset(t_.rank(), static_cast<int>(sent_[static_cast<std::size_t>(to)] % 2));
+  return layout_.slot_offset(t_.rank(), static_cast<int>(credit_.next_to(to) % 2));
 }
 
-void Channels::wait_credit(int to, const char* phase) {
-  const std::uint64_t m = sent_[static_cast<std::size_t>(to)];
-  if (m >= 2) t_.wait_signal(layout_.credit_slot(to), m - 1, WaitPoint{phase, to});
-}
+void Channels::wait_credit(int to, const char* phase) { credit_.await_slot(to, phase); }
 
-void Channels::send(int to, int queue) {
-  std::uint64_t& m = sent_[static_cast<std::size_t>(to)];
-  t_.signal(to, layout_.msg_slot(t_.rank()), ++m, queue);
-}
+void Channels::send(int to, int queue) { credit_.publish(to, queue); }
 
 const std::byte* Channels::receive(int from, const char* phase) {
-  const std::uint64_t m = received_[static_cast<std::size_t>(from)];
-  t_.wait_signal(layout_.msg_slot(from), m + 1, WaitPoint{phase, from});
-  return t_.window() + layout_.slot_offset(from, static_cast<int>(m % 2));
+  credit_.await_message(from, phase);
+  return t_.window() + layout_.slot_offset(from, static_cast<int>(credit_.next_from(from) % 2));
 }
 
 void Channels::consume(int from, int queue) {
-  std::uint64_t& m = received_[static_cast<std::size_t>(from)];
-  t_.signal(from, layout_.credit_slot(t_.rank()), ++m, queue);
+  credit_.take(from);
+  credit_.release(from, credit_.next_from(from), queue);
 }
 
 void Channels::send_done(int to, int queue) {
@@ -61,7 +55,8 @@ void Channels::send_done(int to, int queue) {
 
 void Channels::wait_done(int from, const char* phase) {
   const auto t0 = std::chrono::steady_clock::now();
-  t_.wait_signal(layout_.done_slot(from), ++done_received_[static_cast<std::size_t>(from)], WaitPoint{phase, from});
+  spi::await_signal(t_, layout_.done_slot(from), ++done_received_[static_cast<std::size_t>(from)], WaitPoint{phase, from},
+                    yield_);
   done_wait_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 

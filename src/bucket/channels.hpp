@@ -12,19 +12,18 @@
 // result: board_slot_bytes), at board_offset(g, s), and the signal slots board_flag[g][j]
 // (member j's call epoch).
 //
-// A channel j -> k carries messages numbered 0, 1, 2, ... over all calls of the buffer
-// (every group): message m lands in k's slot (j, m % 2). Before writing message m the
-// sender waits for k's credit (messages consumed) >= m - 1, so a slot is never written
-// while its previous message is being read; then it puts the bytes and signals k's
-// msg[j] = m + 1 (ordered after the puts). The receiver waits for msg[j] >= m + 1, reads the
-// slot and, once done with it, signals j's credit[k] = m + 1. Done signals (done[j]) count
-// separately: "every put of this call from j to me has landed".
+// A channel j -> k is a credit channel of two slots (epx/spi/channel.hpp, the protocol every
+// buffer kind shares) carrying messages numbered 0, 1, 2, ... over all calls of the buffer
+// (every group): message m lands in k's slot (j, m % 2); msg[j] is its arrived count,
+// credit[k] its released count. Done signals (done[j]) count separately: "every put of this
+// call from j to me has landed".
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "epx/spi/channel.hpp"
 #include "epx/transport.hpp"
 
 namespace epx::detail {
@@ -52,9 +51,11 @@ struct BucketLayout {
   std::size_t num_signals() const noexcept {
     return (3 + static_cast<std::size_t>(num_boards)) * static_cast<std::size_t>(num_ranks);
   }
-  std::size_t msg_slot(int source) const noexcept { return static_cast<std::size_t>(source); }
-  std::size_t credit_slot(int receiver) const noexcept { return static_cast<std::size_t>(num_ranks + receiver); }
-  std::size_t done_slot(int source) const noexcept { return static_cast<std::size_t>(2 * num_ranks + source); }
+  /// The credit channels' signal slots come first (msg[j] = arrived[j], credit[k] = released[k]).
+  static constexpr std::size_t kChannelSignals = 0;
+  std::size_t done_slot(int source) const noexcept {
+    return spi::CreditChannels::num_signals(num_ranks) + static_cast<std::size_t>(source);
+  }
   /// Where `source` publishes the epoch of its latest call on group `g` (in every member's slots).
   std::size_t board_flag_slot(int g, int source) const noexcept {
     return static_cast<std::size_t>((3 + g) * num_ranks + source);
@@ -64,7 +65,8 @@ struct BucketLayout {
 /// The channels of this rank (one thread at a time; the counters are this rank's view).
 class Channels {
  public:
-  Channels(Transport& t, const BucketLayout& layout);
+  /// `yield` as spi::await_signal (ranks outnumber the cores).
+  Channels(Transport& t, const BucketLayout& layout, bool yield);
 
   /// Offset in `to`'s window where my next message to it goes (after wait_credit).
   std::size_t out_slot(int to) const noexcept;
@@ -92,7 +94,9 @@ class Channels {
  private:
   Transport& t_;
   BucketLayout layout_;
-  std::vector<std::uint64_t> sent_, received_, done_sent_, done_received_;
+  spi::CreditChannels credit_;
+  bool yield_;
+  std::vector<std::uint64_t> done_sent_, done_received_;
 };
 
 }  // namespace epx::detail

@@ -15,7 +15,7 @@ namespace epx {
 struct BucketBuffer::Impl {
   Impl(Transport& t, const detail::BucketLayout& layout, bool read_peers, std::vector<int> machines, BucketAlgorithm forced,
        bool yield)
-      : channels(t, layout), board(t, layout, yield),
+      : channels(t, layout, yield), board(t, layout, yield),
         ctx{t, channels, read_peers, read_peers && layout.num_boards > 0 ? &board : nullptr, std::move(machines)}, forced(forced),
         header(detail::kHeaderBytes) {}
   detail::Channels channels;

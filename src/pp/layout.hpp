@@ -5,8 +5,9 @@
 // header (the sender's byte count and the message number) and the payload. Every rank's
 // window has the size of the largest (most linked ranks x slots x slot bytes).
 //
-// Signal slots of rank r: arrived(s) = messages s has put into r's inbox of s (s's puts are
-// ordered before it); released(d) = messages of the pair (r, d) d has released.
+// Signal slots of rank r: the pairs' credit channels (epx/spi/channel.hpp, slots = inflight):
+// arrived(s) = messages s has put into r's inbox of s (s's puts are ordered before it);
+// released(d) = messages of the pair (r, d) d has released.
 //
 // Streaming (messages of at least stream_min_bytes() between mapped peers, pp_buffer.cpp):
 // after the slots, every window has a control block per rank p (three cache lines: the post
@@ -24,6 +25,8 @@
 #include <cstdint>
 #include <utility>
 #include <vector>
+
+#include "epx/spi/channel.hpp"
 
 namespace epx::pp {
 
@@ -91,11 +94,9 @@ class Layout {
   std::size_t user_offset() const noexcept { return user_at_; }
   std::size_t user_bytes() const noexcept { return user_bytes_; }
 
-  static std::size_t arrived_signal(int sender) noexcept { return static_cast<std::size_t>(sender); }
-  std::size_t released_signal(int receiver) const noexcept {
-    return static_cast<std::size_t>(num_ranks_ + receiver);
-  }
-  std::size_t num_signals() const noexcept { return 2 * static_cast<std::size_t>(num_ranks_); }
+  /// The signal slots: the pairs' credit channels' (arrived, released; epx/spi/channel.hpp), from 0.
+  static constexpr std::size_t kChannelSignals = 0;
+  std::size_t num_signals() const noexcept { return spi::CreditChannels::num_signals(num_ranks_); }
 
  private:
   /// Position of `sender` among `receiver`'s linked ranks, -1 if not linked.

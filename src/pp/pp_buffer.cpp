@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "epx/spi/channel.hpp"
 #include "epx/spi/cpu_relax.hpp"
 #include "layout.hpp"
 #include "stream.hpp"
@@ -64,7 +65,10 @@ std::vector<std::pair<int, int>> pp_chain_links(int num_ranks, int stages) {
 
 struct PPBuffer::Impl {
   pp::Layout layout;
-  std::vector<std::uint64_t> sent, received, released;  // per peer
+  // The pairs' credit channels (epx/spi/channel.hpp; made once the window exists): message
+  // numbers sent and received per peer, arrived and released counts.
+  std::unique_ptr<spi::CreditChannels> ch;
+  std::vector<std::uint64_t> released;  // per source: messages released in order (views may be held out of order)
   std::vector<std::deque<bool>> held;  // per source: messages received, not released in order (true = released)
   std::vector<PPPeerStats> stats;
   // per peer, streaming (stream.hpp): ring chunks produced to it / consumed from it, and
@@ -76,7 +80,6 @@ struct PPBuffer::Impl {
 
   Impl(int P, const PPConfig& c, std::size_t user_bytes)
       : layout(P, c.num_max_tensor_bytes, c.num_max_inflight_tensors, c.links, c.chunk_bytes, user_bytes),
-        sent(static_cast<std::size_t>(P)), received(static_cast<std::size_t>(P)),
         released(static_cast<std::size_t>(P)), held(static_cast<std::size_t>(P)),
         stats(static_cast<std::size_t>(P)), ring_sent(static_cast<std::size_t>(P)),
         ring_received(static_cast<std::size_t>(P)), withdrawn(static_cast<std::size_t>(P), pp::kNoRing) {}
@@ -124,6 +127,7 @@ void PPBuffer::init(Transport&, const BufferAllocator* plan) {
   try {
     allocate(impl_->layout.window_bytes(), impl_->layout.num_signals());
     Transport& t = endpoint("pp");
+    impl_->ch = std::make_unique<spi::CreditChannels>(t, impl_->layout.inflight(), pp::Layout::kChannelSignals, impl_->yield);
     impl_->mapped = t.caps().peer_memory_mapped;
     for (int p = 0; p < num_ranks(); ++p) impl_->mapped = impl_->mapped && t.peer_window(p) != nullptr;
   } catch (const Error& e) {
@@ -176,10 +180,9 @@ void check_peer(const pp::Layout& l, int me, int peer, const char* call, const c
 }  // namespace
 
 std::uint64_t PPBuffer::in_flight(int dst_rank) {
-  Transport& t = endpoint("pp.in_flight");
+  endpoint("pp.in_flight");  // a destroyed buffer is refused
   check_peer(impl_->layout, rank(), dst_rank, "pp.in_flight", "dst_rank");
-  const auto d = static_cast<std::size_t>(dst_rank);
-  return impl_->sent[d] - t.read_signal(impl_->layout.released_signal(dst_rank));
+  return impl_->ch->in_flight(dst_rank);
 }
 
 void PPBuffer::move_message(Transport& t, const std::byte* x, std::size_t nbytes, int dst_rank, std::uint64_t n) {
@@ -188,8 +191,8 @@ void PPBuffer::move_message(Transport& t, const std::byte* x, std::size_t nbytes
   const auto d = static_cast<std::size_t>(dst_rank);
   if (m.mapped && dst_rank != me) {
     const pp::SlotHeader h = m.streams(me, dst_rank, nbytes)
-                                 ? pp::stream_send({t, m.layout, me, dst_rank, n, x, nbytes, m.ring_sent[d], m.yield})
-                                 : pp::small_send(t, m.layout, me, dst_rank, n, x, nbytes);
+                                 ? pp::stream_send({t, *m.ch, m.layout, me, dst_rank, n, x, nbytes, m.ring_sent[d], m.yield})
+                                 : pp::small_send(t, *m.ch, m.layout, me, dst_rank, n, x, nbytes);
     if (h.direct != 0) m.stats[d].direct += 1;
     else if (h.ring_from != pp::kNoRing) m.stats[d].streamed += 1;
     return;
@@ -200,14 +203,14 @@ void PPBuffer::move_message(Transport& t, const std::byte* x, std::size_t nbytes
     std::byte* slot = window() + off;
     std::memcpy(slot, &m.header, sizeof m.header);
     if (nbytes > 0) pp::copy_message(slot + pp::kHeaderBytes, x, nbytes);
-    t.signal(dst_rank, pp::Layout::arrived_signal(me), n + 1, 0);
+    m.ch->publish(dst_rank, 0);
     return;
   }
   t.put(dst_rank, off, &m.header, sizeof m.header, 0);
   if (nbytes > 0) t.put(dst_rank, off + pp::kHeaderBytes, x, nbytes, 0);
   const TransportCaps& caps = t.caps();
   if (!caps.ordered_signal_per_queue && !caps.put_completes_on_return) t.quiet(0);
-  t.signal(dst_rank, pp::Layout::arrived_signal(me), n + 1, 0);
+  m.ch->publish(dst_rank, 0);
   t.quiet(0);  // x and the header may be reused once send returns
 }
 
@@ -225,30 +228,26 @@ void PPBuffer::send(const TensorView& x, int dst_rank) {
   if (nbytes > 0 && x.data == nullptr)
     throw Error(ErrorCode::kInvalidArgument, r_of(me) + ": pp.send: x has no data", me);
   const auto d = static_cast<std::size_t>(dst_rank);
-  const std::uint64_t n = m.sent[d];
+  const std::uint64_t n = m.ch->next_to(dst_rank);
   const auto M = static_cast<std::uint64_t>(m.layout.inflight());
   PPPeerStats& st = m.stats[d];
-  if (n >= M) {
-    const std::size_t slot = m.layout.released_signal(dst_rank);
-    if (t.read_signal(slot) < n - M + 1) {
-      const std::uint64_t t0 = now_ns();
-      try {
-        pp::wait_until(t, slot, pp::kNoFlag, n - M + 1, {"pp send (waiting for a free slot)", dst_rank}, impl_->yield);
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::kTimeout) throw;
-        throw Error(ErrorCode::kTimeout,
-                    r_of(me) + ": pp.send to rank " + std::to_string(dst_rank) + ": message " + std::to_string(n) +
-                        " found all " + std::to_string(M) + " slots of the pair full for " +
-                        std::to_string(t.timeout().count()) + " ms: rank " + std::to_string(dst_rank) +
-                        "'s receives are behind (it released " + std::to_string(t.read_signal(slot)) + " of the " +
-                        std::to_string(n) + " messages sent to it)",
-                    dst_rank);
-      }
-      st.send_wait_ns += now_ns() - t0;
+  if (!m.ch->slot_free(dst_rank)) {
+    const std::uint64_t t0 = now_ns();
+    try {
+      m.ch->await_slot(dst_rank, "pp send (waiting for a free slot)");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kTimeout) throw;
+      throw Error(ErrorCode::kTimeout,
+                  r_of(me) + ": pp.send to rank " + std::to_string(dst_rank) + ": message " + std::to_string(n) +
+                      " found all " + std::to_string(M) + " slots of the pair full for " +
+                      std::to_string(t.timeout().count()) + " ms: rank " + std::to_string(dst_rank) +
+                      "'s receives are behind (it released " + std::to_string(n - m.ch->in_flight(dst_rank)) +
+                      " of the " + std::to_string(n) + " messages sent to it)",
+                  dst_rank);
     }
+    st.send_wait_ns += now_ns() - t0;
   }
-  move_message(t, static_cast<const std::byte*>(x.data), nbytes, dst_rank, n);
-  m.sent[d] = n + 1;
+  move_message(t, static_cast<const std::byte*>(x.data), nbytes, dst_rank, n);  // publishes message n
   st.sent += 1;
   st.bytes_sent += nbytes;
 }
@@ -263,14 +262,13 @@ std::uint64_t token_of(int src, std::uint64_t seq) { return (seq + 1) << 12 | st
 void PPBuffer::wait_message(Transport& t, int src_rank, std::uint64_t n, std::size_t post_nbytes, std::uint64_t direct) {
   Impl& m = *impl_;
   const auto s = static_cast<std::size_t>(src_rank);
-  const std::size_t slot = pp::Layout::arrived_signal(src_rank);
-  if (t.read_signal(slot) >= n + 1) return;
+  if (m.ch->arrived_count(src_rank) >= n + 1) return;
   const bool post = post_nbytes != kAnyBytes && m.withdrawn[s] != n;
   if (post) pp::post_receive(t, m.layout, src_rank, n, post_nbytes, direct);
   const std::uint64_t t0 = now_ns();
   for (;;) {
     try {
-      pp::wait_until(t, slot, pp::kNoFlag, n + 1, {"pp recv (waiting for a message)", src_rank}, m.yield);
+      m.ch->await_message(src_rank, "pp recv (waiting for a message)");
       break;
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kTimeout) throw;
@@ -279,7 +277,7 @@ void PPBuffer::wait_message(Transport& t, int src_rank, std::uint64_t n, std::si
       throw Error(ErrorCode::kTimeout,
                   r_of(rank()) + ": pp.recv from rank " + std::to_string(src_rank) + ": message " + std::to_string(n) +
                       " did not arrive within " + std::to_string(t.timeout().count()) + " ms (rank " +
-                      std::to_string(src_rank) + " has sent " + std::to_string(t.read_signal(slot)) + " messages)",
+                      std::to_string(src_rank) + " has sent " + std::to_string(m.ch->arrived_count(src_rank)) + " messages)",
                   src_rank);
     }
   }
@@ -292,7 +290,7 @@ PPBuffer::Peeked PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const M
   const int me = rank();
   check_peer(m.layout, me, src_rank, "pp.recv", "src_rank");
   const auto s = static_cast<std::size_t>(src_rank);
-  const std::uint64_t n = m.received[s];
+  const std::uint64_t n = m.ch->next_from(src_rank);
   const auto M = static_cast<std::uint64_t>(m.layout.inflight());
   if (n - m.released[s] >= M)
     throw Error(ErrorCode::kInvalidArgument,
@@ -377,7 +375,7 @@ PPView PPBuffer::recv_view(int src_rank, std::size_t expect_nbytes) {
 
 void PPBuffer::take(const PPView& v) {
   const auto s = static_cast<std::size_t>(v.src);
-  impl_->received[s] += 1;
+  impl_->ch->take(v.src);
   impl_->held[s].push_back(false);
   PPPeerStats& st = impl_->stats[s];
   st.received += 1;
@@ -385,7 +383,7 @@ void PPBuffer::take(const PPView& v) {
 }
 
 void PPBuffer::release(PPView& v) {
-  Transport& t = endpoint("pp.release");
+  endpoint("pp.release");  // a destroyed buffer is refused
   Impl& m = *impl_;
   const int me = rank();
   const int src = v.src;
@@ -393,7 +391,7 @@ void PPBuffer::release(PPView& v) {
                     v.token == token_of(src, v.seq) &&
                     v.data == window() + m.layout.slot_offset(me, src, v.seq) + pp::kHeaderBytes;
   const auto s = static_cast<std::size_t>(ours ? src : 0);
-  const bool held = ours && v.seq >= m.released[s] && v.seq < m.received[s] &&
+  const bool held = ours && v.seq >= m.released[s] && v.seq < m.ch->next_from(src) &&
                     !m.held[s][static_cast<std::size_t>(v.seq - m.released[s])];
   if (!held)
     throw Error(ErrorCode::kBadHandle, r_of(me) + ": pp.release: the view (rank " + std::to_string(src) + ", message " +
@@ -405,7 +403,7 @@ void PPBuffer::release(PPView& v) {
     m.held[s].pop_front();
     m.released[s] += 1;
   }
-  if (m.released[s] != before) t.signal(src, m.layout.released_signal(me), m.released[s], 0);
+  if (m.released[s] != before) m.ch->release(src, m.released[s], 0);
   v = PPView{};
 }
 

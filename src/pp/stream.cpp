@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "epx/spi/copy.hpp"
-#include "epx/spi/backoff.hpp"
+#include "epx/spi/wait.hpp"
 
 namespace epx::pp {
 
@@ -39,26 +39,14 @@ Claim claim(const Layout& l, const std::byte* peer, int me, std::uint64_t n, std
   return {true, direct};
 }
 
-/// The header into the slot, then arrived (ordered after every earlier store).
-void announce(Transport& t, int me, int dst, std::byte* slot, const SlotHeader& h) {
+/// The header into the slot, then arrived (ordered after every earlier store): the credit
+/// channel's publish of message h.seq.
+void announce(spi::CreditChannels& ch, int dst, std::byte* slot, const SlotHeader& h) {
   std::memcpy(slot, &h, sizeof h);
-  t.signal(dst, Layout::arrived_signal(me), h.seq + 1, 0);
+  ch.publish(dst, 0);
 }
 
 }  // namespace
-
-void wait_until(Transport& t, std::size_t slot, std::size_t flag_offset, std::uint64_t target, const WaitPoint& where,
-                bool yield) {
-  const std::byte* own = t.window();
-  auto look = [&] {
-    return flag_offset == kNoFlag ? t.read_signal(slot) : word(own, flag_offset).load(std::memory_order_acquire);
-  };
-  // A look first (spi::peek: the peer is likely running and about to write), then the
-  // transport's own wait, which owns the timeout and the peer-failure checks.
-  if (spi::peek([&] { return look() >= target; }, yield)) return;
-  if (flag_offset == kNoFlag) t.wait_signal(slot, target, where);
-  else t.wait_flag(flag_offset, target, where);
-}
 
 void copy_message(void* dst, const void* src, std::size_t bytes) noexcept {
   if (bytes < kDefaultChunkBytes * kRingChunks) std::memcpy(dst, src, bytes);
@@ -83,7 +71,7 @@ SlotHeader stream_send(const StreamSend& s) {
           h.direct = k.direct;
           break;
         }
-        announce(s.t, s.me, s.dst, slot, h);
+        announce(s.ch, s.dst, slot, h);
       }
     }
     if (h.ring_from == kNoRing) {
@@ -91,18 +79,18 @@ SlotHeader stream_send(const StreamSend& s) {
       continue;
     }
     if (s.ring_sent >= kRingChunks)
-      wait_until(s.t, 0, s.l.consumed_offset(s.dst), s.ring_sent - kRingChunks + 1,
-                 {"pp send (waiting for the receiver to take a chunk)", s.dst}, s.yield);
+      spi::await_flag(s.t, s.l.consumed_offset(s.dst), s.ring_sent - kRingChunks + 1,
+                      {"pp send (waiting for the receiver to take a chunk)", s.dst}, s.yield);
     std::memcpy(writable(peer) + s.l.ring_offset(s.dst, s.me, s.ring_sent), from, bytes);
     s.ring_sent += 1;
     word(peer, s.l.produced_offset(s.me)).store(s.ring_sent, std::memory_order_release);
   }
-  if (h.ring_from == kNoRing || h.direct != 0) announce(s.t, s.me, s.dst, slot, h);
+  if (h.ring_from == kNoRing || h.direct != 0) announce(s.ch, s.dst, slot, h);
   return h;
 }
 
-SlotHeader small_send(Transport& t, const Layout& l, int me, int dst, std::uint64_t n, const std::byte* x,
-                      std::size_t nbytes) {
+SlotHeader small_send(Transport& t, spi::CreditChannels& ch, const Layout& l, int me, int dst, std::uint64_t n,
+                      const std::byte* x, std::size_t nbytes) {
   std::byte* peer = writable(t.peer_window(dst));
   std::byte* slot = peer + l.slot_offset(dst, me, n);
   SlotHeader h{nbytes, n, kNoRing, 0};
@@ -113,7 +101,7 @@ SlotHeader small_send(Transport& t, const Layout& l, int me, int dst, std::uint6
   } else {  // unclaimed, or claimed for a receive that is not planned: the slot (plain stores)
     if (nbytes > 0) copy_message(slot + kHeaderBytes, x, nbytes);
   }
-  announce(t, me, dst, slot, h);
+  announce(ch, dst, slot, h);
   return h;
 }
 
@@ -136,8 +124,8 @@ void stream_recv(const StreamRecv& r) {
       bulk_copy(r.out + next_slot * cb, r.payload + next_slot * cb, bytes_of(next_slot));
       next_slot += 1;
     } else {
-      wait_until(r.t, 0, r.l.produced_offset(r.src), r.ring_received + 1,
-                 {"pp recv (waiting for the sender's next chunk)", r.src}, r.yield);
+      spi::await_flag(r.t, r.l.produced_offset(r.src), r.ring_received + 1,
+                      {"pp recv (waiting for the sender's next chunk)", r.src}, r.yield);
     }
   }
 }

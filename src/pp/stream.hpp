@@ -25,18 +25,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "epx/spi/channel.hpp"
 #include "epx/transport.hpp"
 #include "layout.hpp"
 
 namespace epx::pp {
-
-/// Waits until this rank's signal `slot` (flag_offset == kNoFlag) or the 8-byte word at
-/// `flag_offset` of its window holds >= target: looks, a pause apart while the machine has a
-/// core for every rank, with the core yielded between them when it does not (`yield`: the
-/// peer may need this very core), then the transport's own wait (timeout, peer failure).
-inline constexpr std::size_t kNoFlag = ~std::size_t{0};
-void wait_until(Transport& t, std::size_t slot, std::size_t flag_offset, std::uint64_t target, const WaitPoint& where,
-                bool yield);
 
 /// The copy of a message's bytes out of or into a slot: plain stores below stream_min (the
 /// reader takes them soon, from cache), streaming stores above.
@@ -45,6 +38,7 @@ void copy_message(void* dst, const void* src, std::size_t bytes) noexcept;
 /// One message to a mapped peer (not this rank), at least stream_min_bytes.
 struct StreamSend {
   Transport& t;
+  spi::CreditChannels& ch;  // announces the message (arrived) once its header is in the slot
   const Layout& l;
   int me, dst;
   std::uint64_t n;  // the message's number on the pair
@@ -60,8 +54,8 @@ SlotHeader stream_send(const StreamSend& s);
 /// A message below stream_min_bytes to a mapped peer (not this rank): into the planned tensor
 /// when the receiver posted one for it, else into the slot; then the header and arrived.
 /// Returns the header it wrote.
-SlotHeader small_send(Transport& t, const Layout& l, int me, int dst, std::uint64_t n, const std::byte* x,
-                      std::size_t nbytes);
+SlotHeader small_send(Transport& t, spi::CreditChannels& ch, const Layout& l, int me, int dst, std::uint64_t n,
+                      const std::byte* x, std::size_t nbytes);
 
 /// This rank's receive of message n from `src` (a mapped peer, not this rank).
 struct StreamRecv {
