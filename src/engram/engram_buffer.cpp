@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "epx/spi/backoff.hpp"
 #include "fetch_paths.hpp"
 #include "fetch_state.hpp"
 #include "layout.hpp"
@@ -238,7 +239,8 @@ EngramFetch EngramBuffer::fetch(const TensorView& indices, const std::optional<C
   auto s = std::make_shared<engram::FetchState>();
   s->live = m.live;
   s->generation = ++*m.live;
-  s->core = {&t, window(), m.num_bytes, &l, m.path, rank(), m.zero_row.data(), m.zero_sf.data()};
+  s->core = {&t, window(), m.num_bytes, &l, m.path, rank(), m.zero_row.data(), m.zero_sf.data(),
+             spi::ranks_outnumber_cpus(num_ranks())};
   s->keep = endpoint_ref();
   s->num_tokens = indices.shape[1];
   s->indices = indices.as<std::int32_t>();

@@ -5,6 +5,7 @@
 
 #include "epx/error.hpp"
 #include "epx/spi/copy.hpp"
+#include "epx/spi/wait.hpp"
 
 namespace epx::engram {
 
@@ -100,8 +101,8 @@ void scatter_replies(FetchState& s, int l) {
   const Layout& L = *c.layout;
   for (int p = 0; p < L.num_ranks(); ++p)
     if (p != c.rank)
-      c.endpoint->wait_signal(L.reply_signal(p), s.reply_target[static_cast<std::size_t>(l)],
-                              {"engram fetch (waiting for a layer's rows)", p});
+      spi::await_signal(*c.endpoint, L.reply_signal(p), s.reply_target[static_cast<std::size_t>(l)],
+                        {"engram fetch (waiting for a layer's rows)", p}, c.yield);
   const std::size_t rb = L.row_bytes(), sb = L.sf_row_bytes();
   std::byte* out = c.window + L.out_offset(l);
   std::byte* out_sf = c.window + L.out_sf_offset(l);
@@ -210,7 +211,7 @@ void serve(FetchState& s, ServedState& st, int q) {
   const Layout& L = *c.layout;
   Transport& t = *c.endpoint;
   const std::uint64_t fetch = st.fetches + 1;
-  t.wait_signal(Layout::request_signal(q), fetch, {"engram fetch (waiting for a rank's requests)", q});
+  spi::await_signal(t, Layout::request_signal(q), fetch, {"engram fetch (waiting for a rank's requests)", q}, c.yield);
   const std::byte* block = c.window + L.request_offset(q);
   RequestHeader h;
   std::memcpy(&h, block, sizeof h);
@@ -254,7 +255,8 @@ void start_served(FetchState& s, ServedState& st) {
   Transport& t = *c.endpoint;
   const int P = L.num_ranks();
   for (int p = 0; p < P; ++p)  // the previous fetch's requests and replies are done with
-    if (p != c.rank) t.wait_signal(L.reply_signal(p), st.layers, {"engram fetch (the previous fetch's rows)", p});
+    if (p != c.rank)
+      spi::await_signal(t, L.reply_signal(p), st.layers, {"engram fetch (the previous fetch's rows)", p}, c.yield);
   build_requests(s, st);
   for (int p = 0; p < P; ++p) {
     if (p == c.rank) continue;

@@ -26,6 +26,7 @@ struct Core {
   int rank = 0;
   const std::byte* zero_row = nullptr;  // row_bytes zeros: the source of a -1 entry
   const std::byte* zero_sf = nullptr;   // sf_row_bytes zeros
+  bool yield = false;                   // ranks outnumber the cores: waits yield at once (spi::await_signal)
 };
 
 struct FetchState {
