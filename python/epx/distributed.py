@@ -303,7 +303,7 @@ class _P2P:
         cap = _P2P_BYTES
         while True:
             with self.cv:
-                while not self.queues.get(dst) and not self.closing:
+                while (not self.queues.get(dst) or dst in self.busy) and not self.closing:
                     self.cv.wait()
                 q = self.queues.get(dst)
                 if not q:
@@ -427,6 +427,28 @@ class _P2P:
                 raise RuntimeError(f"epx backend: {what}: rank {self.me}: the group was destroyed")
             if dst in self.broken:
                 raise self.broken[dst]
+            inline = (not self.queues.get(dst) and dst not in self.busy and u8.numel() <= _P2P_BYTES
+                      and self.pp.in_flight(dst) + 1 + (u8.numel() > 0) <= _INFLIGHT)
+            if inline:  # the pair's slots are free: sent from here at once, no thread hand-off
+                self.busy.add(dst)
+        if inline:
+            try:
+                head = torch.tensor([u8.numel(), _code(tensor.dtype), int(tag), kind], dtype=torch.int64)
+                self.pp.send(head.data_ptr(), _HEAD, dst)  # neither waits: a slot is free for each
+                if u8.numel():
+                    self.pp.send(u8.data_ptr(), u8.numel(), dst)
+            except RuntimeError as e:
+                with self.cv:
+                    self.busy.discard(dst)
+                    self.cv.notify_all()
+                self._break(dst, self._error(f"send to rank {dst}", dst, e))
+                raise self.broken[dst]
+            with self.cv:
+                self.busy.discard(dst)
+                self.cv.notify_all()
+            work._finish()
+            return work
+        with self.cv:
             self.queues.setdefault(dst, []).append((work, u8, _code(tensor.dtype), int(tag), kind))
             self._thread(self.senders, dst, self._send_loop)
             self.cv.notify_all()
