@@ -24,7 +24,7 @@ from . import _epx
 from .buffer import EventOverlap
 from ._lifecycle import BufferLifecycle
 from .errors import Error
-from .group import transport_of
+from .group import _healed, transport_of
 from ._sizes import align as _align
 
 _ALIGNMENT = 2 << 20  # DeepEP's planned-tensor alignment (epx::kBufferAlignment)
@@ -211,7 +211,8 @@ class BucketBuffer(BufferLifecycle):
     transport, num_cpu_timeout_secs: as EPBuffer (the default group's shared transport).
     transport_group: build the buffer over this torch.distributed group's transport instead
         (only its ranks take part; `group` then names ranks of it: a list of its ranks, or
-        this group itself).
+        this group itself). A group epx.agree_and_rebuild returned is taken as its own
+        transport_group.
     chunk_bytes, algorithm: epx::BucketOptions (0 / "auto" unless measuring).
     session_bytes: storage for sessions' staging past the plan's tensors (or added to num_bytes).
     """
@@ -233,6 +234,8 @@ class BucketBuffer(BufferLifecycle):
         self.explicitly_destroy = explicitly_destroy
         self._session = None
         self._plan_bytes = plan.num_bytes if plan is not None else 0
+        if transport_group is None and single and _healed(group) is not None:
+            transport_group = group  # a group rebuilt over the survivors is its own transport's group
         self._transport_group = transport_group
         self._transport = transport_of(transport_group, transport, num_cpu_timeout_secs)
         if transport_group is not None:

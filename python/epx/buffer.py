@@ -20,7 +20,7 @@ from . import _weights
 from ._lifecycle import BufferLifecycle
 from .errors import Error
 from .events import EventHandle, EventOverlap
-from .group import bootstrap_of, transport_of
+from .group import _healed, bootstrap_of, transport_of
 
 _ALIGN = 2 << 20
 #: The most local experts (num_experts / group size) an EPBuffer supports; a size hint
@@ -412,7 +412,11 @@ class EPBuffer(BufferLifecycle):
                               num_workers, output_pool_rows)
 
     def barrier(self):
-        """Collective: a barrier over the group (torch.distributed)."""
+        """Collective: a barrier over the group (torch.distributed; a group epx.agree_and_rebuild
+        returned: its own barrier, the torch group being broken after a lost rank)."""
+        if _healed(self.group) is not None:
+            self.group.barrier()
+            return
         import torch.distributed as dist
         with cv.normal_tensors():
             dist.barrier(group=self.group)

@@ -130,8 +130,9 @@ def _make_buffers(group, size):
                       num_experts=size * (L + B), num_cpu_timeout_secs=TIMEOUT)
     if group is None:
         bucket = epx.BucketBuffer(None, 1 << 16, num_cpu_timeout_secs=TIMEOUT)
-    else:
-        bucket = epx.BucketBuffer(group, 1 << 16, transport_group=group)
+    else:  # a rebuilt group is its own transport group; its barrier is the group's own
+        bucket = epx.BucketBuffer(group, 1 << 16)
+        ep.barrier()
     return ep, bucket
 
 
