@@ -423,6 +423,24 @@ TEST(ConnectUcx, KilledPeerFailsEveryOtherRankNamingIt) {
   nothing_left.check();
 }
 
+// A rank whose UCX cannot start (here: UCX_TLS names no transport) fails connect on every
+// rank with its message, instead of leaving the others in the bootstrap.
+TEST(ConnectUcx, ARankWhoseUcxCannotStartFailsEveryRank) {
+  expect_all(run_ranks(3, {}, [](Bootstrap& b) {
+               if (b.rank() == 1) ::setenv("UCX_TLS", "no-such-transport", 1);
+               try {
+                 connect(b, {.kind = ConnectKind::kUcx, .timeout = std::chrono::seconds(10)});
+               } catch (const Error& e) {
+                 const std::string m = e.what();
+                 check(e.code() == ErrorCode::kUnsupported && e.origin_rank() == 1 && m.find("rank 1: ucx: ucp_init failed") != std::string::npos,
+                       b.rank(), "wrong failure: " + m);
+                 return;
+               }
+               fail(b.rank(), "connect succeeded with rank 1's UCX unable to start");
+             }),
+             "a rank without UCX");
+}
+
 TEST(ConnectUcx, AutoPicksTheTransportByNodesAndLauncher) {
   EXPECT_EQ(auto_connect_kind(1, false, true), ConnectKind::kShm);
   EXPECT_EQ(auto_connect_kind(1, true, true), ConnectKind::kShm);

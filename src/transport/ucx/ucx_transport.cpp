@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -45,7 +44,6 @@ struct Life {
 };
 
 /// Field 3 (state) and field 22 (start time) of /proc/<pid>/stat; false if it is gone.
-/// Field 3 (state) and field 22 (start time) of /proc/<pid>/stat; false if it is gone.
 bool read_stat(std::int64_t pid, char& state, std::uint64_t& start_time) {
   const std::string path = "/proc/" + std::to_string(pid) + "/stat";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -61,7 +59,7 @@ bool read_stat(std::int64_t pid, char& state, std::uint64_t& start_time) {
   std::string field;
   rest >> state;
   for (int f = 4; f <= 22 && rest >> field; ++f)
-    if (f == 22) start_time = std::stoull(field);
+    if (f == 22) start_time = std::strtoull(field.c_str(), nullptr, 10);
   return true;
 }
 
@@ -115,7 +113,11 @@ class UcxGroup {
   /// A released block unmapped only when the group ends (after a failure).
   void keep_mapped(ucp_mem_h memh) noexcept {
     std::lock_guard<std::mutex> lock(kept_mu_);
-    kept_.push_back(memh);
+    try {
+      kept_.push_back(memh);
+    } catch (...) {
+      // No memory to remember it: the block stays mapped until the process ends.
+    }
   }
   std::string phase() const;
 
@@ -147,7 +149,8 @@ class UcxGroup {
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   void make_context();
   void make_worker();
-  void connect_endpoints();
+  std::vector<std::string> start_worker();
+  void connect_endpoints(const std::vector<std::string>& addresses);
   void close_endpoints() noexcept;
   [[noreturn]] void fail_peer(int peer, ucs_status_t status, const char* what) const;
   /// A same-machine peer this rank waits for (whose endpoint reports nothing: no peer error
@@ -169,8 +172,8 @@ class UcxGroup {
   std::unique_ptr<std::atomic<bool>[]> touched_;    // [P] an operation ever went to this peer
   bool map_peers_ = true, remote_peers_ = false;
   std::vector<Life> lives_;                         // [P] each rank's process, for the same-machine liveness check
-  std::atomic<std::int64_t> next_life_check_{0};
-  std::unique_ptr<std::atomic<std::int64_t>[]> suspect_since_;  // [P] steady-clock ns a peer was first seen dead (0: alive)    // steady-clock ns of the next one (one thread of the rank at a time)
+  std::atomic<std::int64_t> next_life_check_{0};    // steady-clock ns of the next one (one thread of the rank at a time)
+  std::unique_ptr<std::atomic<std::int64_t>[]> suspect_since_;  // [P] steady-clock ns a peer was first seen dead (0: alive)
   std::atomic<const char*> phase_ptr_{nullptr};  // the last noted pointer: the same one is not copied again
   mutable std::mutex phase_mu_;
   std::string phase_ = "setup";
@@ -203,9 +206,7 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
   caps_.flagged_puts = true;              // bytes, fence, the flag's put
   caps_.one_sided_get = true;             // ucp_get_nbx, completed by the flush
   try {
-    make_context();
-    make_worker();
-    connect_endpoints();
+    connect_endpoints(start_worker());
   } catch (...) {
     close_endpoints();
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
@@ -231,8 +232,8 @@ void UcxGroup::make_context() {
   // where the user set none: epx's puts across machines are runs of whole rows. Measured
   // between two namespaces (veth), 4 MiB in 1 MiB puts + quiet: 0.7-0.76 GB/s instead of
   // 0.21-0.26, an 8-byte put + signal one way (ping-pong / 2) 68-75 us instead of 90-115 (the
-  // shmem transport sets the same). Through the environment (not overwriting): UCX reads its transports' settings
-  // there, and ucp_config_modify warns of them as unknown keys.
+  // shmem transport sets the same). Through the environment, not overwriting: UCX reads its
+  // transports' settings there, and ucp_config_modify warns of them as unknown keys.
   setenv("UCX_TCP_TX_SEG_SIZE", "64K", 0);
   setenv("UCX_TCP_RX_SEG_SIZE", "512K", 0);
   ucp_config_t* config = nullptr;
@@ -269,21 +270,44 @@ void UcxGroup::make_worker() {
                                              "workers need: this UCX was built without --enable-mt");
 }
 
-// Every rank publishes its worker's address; each makes an endpoint to every other rank.
-// The connections are wired up lazily, by the first operation (both sides progress then).
-// Error handling: PEER (a lost peer fails its endpoint instead of aborting the process) to
-// other machines; NONE to this machine's ranks, because UCX 1.13 offers its shared-memory
-// transports only without it: with PEER a same-machine put went over TCP loopback (measured,
-// 2 ranks: 0.3 GB/s and 75 us per put + signal, against 6.4 GB/s and 18 us over sysv/posix).
-// A same-machine peer that dies is then seen by the waits' timeout, naming it.
-void UcxGroup::connect_endpoints() {
-  ucp_address_t* address = nullptr;
-  std::size_t length = 0;
-  ucs_status_t s = ucp_worker_get_address(worker_, &address, &length);
-  if (s != UCS_OK) throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank_) + ": ucx: ucp_worker_get_address failed: " + status_text(s));
-  const std::string mine(reinterpret_cast<const char*>(address), length);
-  ucp_worker_release_address(worker_, address);
-  const std::vector<std::string> all = allgather_strings(boot_, mine);
+// Every rank publishes its worker's address ("+" address), or "!" + why it has none: a rank
+// whose UCX cannot start fails every rank with its message instead of leaving them waiting
+// in the bootstrap. Returns every rank's address.
+std::vector<std::string> UcxGroup::start_worker() {
+  std::string mine;
+  try {
+    make_context();
+    make_worker();
+    ucp_address_t* address = nullptr;
+    std::size_t length = 0;
+    const ucs_status_t s = ucp_worker_get_address(worker_, &address, &length);
+    if (s != UCS_OK) throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank_) + ": ucx: ucp_worker_get_address failed: " + status_text(s));
+    mine = "+" + std::string(reinterpret_cast<const char*>(address), length);
+    ucp_worker_release_address(worker_, address);
+  } catch (const Error& e) {
+    mine = "!" + std::to_string(static_cast<int>(e.code())) + " " + e.what();
+  }
+  std::vector<std::string> all = allgather_strings(boot_, mine);
+  for (int p = 0; p < size_; ++p) {
+    const std::string& a = all[static_cast<std::size_t>(p)];
+    if (!a.empty() && a[0] == '+') continue;
+    const auto space = a.find(' ');
+    const int code = a.size() > 1 ? std::atoi(a.c_str() + 1) : static_cast<int>(ErrorCode::kInternal);
+    throw Error(static_cast<ErrorCode>(code), space == std::string::npos ? a : a.substr(space + 1), p);
+  }
+  for (std::string& a : all) a.erase(0, 1);
+  return all;
+}
+
+// Each rank makes an endpoint to every other. The connections are wired up lazily, by the
+// first operation (both sides progress then). Error handling: PEER (a lost peer fails its
+// endpoint instead of aborting the process) to other machines; NONE to this machine's ranks,
+// because UCX 1.13 offers its shared-memory transports only without it: with PEER a
+// same-machine put went over TCP loopback (measured, 2 ranks: 0.3 GB/s and 75 us per put +
+// signal, against 6.4 GB/s and 18 us over sysv/posix). A same-machine peer that dies is seen
+// through /proc instead (check_alive).
+void UcxGroup::connect_endpoints(const std::vector<std::string>& all) {
+  ucs_status_t s = UCS_OK;
   eps_.assign(static_cast<std::size_t>(size_), nullptr);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
