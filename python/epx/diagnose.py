@@ -37,14 +37,15 @@ from .errors import Error
 from .group import transport_of
 
 _OPS = ("dispatch", "combine")
-_DEFAULT_THRESHOLDS = {"row": 3.0, "col": 3.0, "point": 5.0, "links": True}
+_DEFAULT_THRESHOLDS = {"row": 3.0, "col": 3.0, "point": 5.0, "links": True, "floor_us": 50.0}
 
 
 def _thresholds(thresholds):
     t = dict(_DEFAULT_THRESHOLDS)
     for k, v in (thresholds or {}).items():
         if k not in t:
-            raise Error(f"Diagnose: unknown threshold {k!r} (expected row, col, point, links)", "invalid_argument")
+            raise Error(f"Diagnose: unknown threshold {k!r} (expected row, col, point, links, floor_us)",
+                        "invalid_argument")
         t[k] = bool(v) if k == "links" else float(v)
     return t
 
@@ -58,7 +59,8 @@ class Diagnose:
     watch). Either way the exchange runs on an endpoint of its own of the group's transport
     (`transport` and `timeout_secs` pick that transport for a group, as EPBuffer's do).
     `interval`: seconds between background exchanges. `thresholds`: {"row", "col",
-    "point"}, DeepEP's 3, 3, 5 by default."""
+    "point"}, DeepEP's 3, 3, 5 by default; "floor_us", the µs per call a row, column or point
+    must also exceed its typical value by (50; 0: the ratios alone); "links" (True)."""
 
     def __init__(self, buffer_or_group=None, interval=10, *, thresholds=None, log_dir=None,
                  log_max_bytes=64 << 20, log_backups=2, transport="auto", timeout_secs=300):
@@ -69,7 +71,8 @@ class Diagnose:
         self.thresholds = _thresholds(thresholds)
         self.interval = interval
         t = self.thresholds
-        opts = (interval, t["row"], t["col"], t["point"], t["links"], str(log_dir), int(log_max_bytes), int(log_backups))
+        opts = (interval, t["row"], t["col"], t["point"], t["links"], t["floor_us"], str(log_dir), int(log_max_bytes),
+                int(log_backups))
         self._d = None
         buf = buffer_or_group if isinstance(buffer_or_group, EPBuffer) else None
         if buf is not None:  # the group's transport, as the buffer's engines use it
@@ -151,9 +154,9 @@ class Diagnose:
         return self.report()["ranks"]
 
     @staticmethod
-    def diagnose_matrix(mat, thres_col=3.0, thres_row=3.0, thres_point=5.0, links=True):
+    def diagnose_matrix(mat, thres_col=3.0, thres_row=3.0, thres_point=5.0, links=True, floor_us=50.0):
         """The verdict rule on any square matrix (the same C++ code as the exchange's verdicts;
-        values in µs: the 50 µs floor applies): {"abnormal_cols", "abnormal_rows",
+        values in µs, `floor_us` the absolute floor, 0 for ratios alone): {"abnormal_cols", "abnormal_rows",
         "abnormal_points": [[i, j, value, ratio], ...]}, ratio = value / the typical link.
         links=False: a point that alone makes its row and column abnormal is reported as that
         row and column, not as the point."""
@@ -161,7 +164,7 @@ class Diagnose:
         if m.ndim != 2 or m.shape[0] != m.shape[1]:
             raise Error(f"Diagnose.diagnose_matrix: expected a square matrix, got shape {m.shape}", "shape_mismatch")
         v = _epx.diagnose_matrix(m.ravel().tolist(), m.shape[0], float(thres_row), float(thres_col), float(thres_point),
-                                 bool(links))
+                                 bool(links), float(floor_us))
         return {"abnormal_cols": v["abnormal_cols"], "abnormal_rows": v["abnormal_rows"],
                 "abnormal_points": [list(p) for p in v["abnormal_points"]]}
 

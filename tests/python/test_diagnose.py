@@ -50,8 +50,17 @@ def test_diagnose_matrix_slow_rank_cannot_hide():
     assert rows[5] / rows.mean() < 3
     assert rows[5] / np.delete(rows, 5).mean() > 3.5
     assert epx.Diagnose.diagnose_matrix(m) == {"abnormal_cols": [], "abnormal_rows": [5], "abnormal_points": []}
-    # A few microseconds are no fault: the same matrix in us / 100 names nothing.
+    # A few microseconds are no fault: the same matrix in us / 100 names nothing...
     assert epx.Diagnose.diagnose_matrix(m / 100) == {"abnormal_cols": [], "abnormal_rows": [], "abnormal_points": []}
+    # ... under the 50 us floor (row 5 is 40 us, ~30 us above the others); the ratios alone
+    # (floor_us=0), or a floor below that excess, name it again; one above it does not.
+    assert epx.Diagnose.diagnose_matrix(m / 100, floor_us=0)["abnormal_rows"] == [5]
+    assert epx.Diagnose.diagnose_matrix(m / 100, floor_us=20)["abnormal_rows"] == [5]
+    assert epx.Diagnose.diagnose_matrix(m / 100, floor_us=35)["abnormal_rows"] == []
+    with pytest.raises(epx.Error):
+        epx.Diagnose.diagnose_matrix(m, floor_us=-1)
+    with pytest.raises(epx.Error):
+        epx.Diagnose(None, thresholds={"flor_us": 0})  # a typo is refused, before any group is touched
 
 
 def _calls(buf, case, rank, n, late=-1, delay=0.0):
