@@ -228,7 +228,7 @@ class EPBuffer(BufferLifecycle):
     DeepEP V2.5's arguments, then epx's own (keyword-only). Collective. `group`: a
     torch.distributed ProcessGroup (gloo on CPU; None = the default group); it carries only
     setup traffic, the rows move over epx's transport ("auto": shared memory when every
-    rank is on this machine).
+    rank is on this machine, else UCX — OpenSHMEM when oshrun started the ranks).
 
     Sizing, as DeepEP: num_max_tokens_per_rank / hidden / num_topk (what the buffer is
     built for), and num_experts with each dispatch. A dispatch with an expert count the

@@ -47,7 +47,7 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, EPBuffer):
 
     - group: a torch.distributed ProcessGroup (gloo on CPU; None = the default group). It
       carries setup traffic only; rows move over epx's transport (`transport`: "auto" = shared
-      memory when every rank is on this machine).
+      memory when every rank is on this machine, else UCX, or OpenSHMEM under oshrun).
     - num_bytes: None, or a multiple of 2 MiB: the most this rank's dispatch / combine windows
       may take in all (a dispatch needing more fails on every rank with capacity_exceeded);
       None = the size hint of the shape below (get_buffer_size_hint), unbounded. The AG/RS,

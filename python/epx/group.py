@@ -67,7 +67,7 @@ atexit.register(_transports.clear)  # before the interpreter's teardown, with th
 def transport_of(group=None, transport="auto", timeout_secs=300):
     """The epx transport of `group` (None: the default group) in this process: made on the
     first call for that group, kind ("auto" = shared memory when every rank is on this
-    machine) and timeout — collectively, so every rank of the group must make the same
+    machine, else UCX, or OpenSHMEM when oshrun started the ranks) and timeout — collectively, so every rank of the group must make the same
     calls in the same order, as it does when it builds the same buffers — and shared by
     every buffer of the group afterwards (EPBuffer, BucketBuffer, ...), each on its own
     endpoint: an application may hold several buffers of several kinds on one group.
