@@ -283,7 +283,9 @@ class _P2P:
                     return None
 
     def _error(self, what, peer, e):
-        return RuntimeError(f"epx backend: {what}: {_with_rank(str(e), self.me)}") if not str(e).startswith("epx") else e
+        if str(e).startswith("epx"):
+            return e
+        return RuntimeError(f"epx backend: {what}: {_with_rank(str(e), self.me)}")
 
     def _break(self, peer, err):
         """The pair with `peer` failed: every queued or posted message of it fails with `err`."""
@@ -610,7 +612,8 @@ class ProcessGroupEpx(ProcessGroup):
         """A sparse COO tensor (gloo's SUM): every rank's indices and values, gathered padded to
         the largest count, summed by coalescing; the result replaces t's contents."""
         if op != R.SUM:
-            raise RuntimeError(f"epx backend: allreduce: rank {self._rank}: a sparse tensor takes SUM only, not {opname}")
+            raise RuntimeError(f"epx backend: allreduce: rank {self._rank}: a sparse tensor takes SUM only, "
+                               f"not {opname}")
         c = t.coalesce()
         idx, val = c.indices(), c.values()
         counts = self._gather_all(torch.tensor([idx.shape[1]], dtype=torch.int64), "allreduce(sparse counts)")
@@ -1032,7 +1035,8 @@ class ProcessGroupEpx(ProcessGroup):
         sends = [_u8(_flat(i)[0]) for i in input_tensors]
         problem = None
         if recvs[self._rank].numel() != sends[self._rank].numel():
-            problem = RuntimeError(f"epx backend: all_to_all: rank {self._rank}: its own input and output differ in size")
+            problem = RuntimeError(f"epx backend: all_to_all: rank {self._rank}: its own input and output differ "
+                                   f"in size")
             sends = recvs = [torch.empty(0, dtype=torch.uint8)] * P
         seen = self._pp_call("all_to_all", self._exchange, "all_to_all", sends, recvs)
         self._settle("all_to_all", problem or seen, local=problem is not None)

@@ -37,7 +37,8 @@ class Checks:
         if self.n == 1 and self.rank == 1 and os.environ.get("EPX_DIST_PROGRAM_SABOTAGE") == "1":
             got = got + 1e-2  # the failure path's own test: rank 1's first comparison is off
         if got.shape != want.shape or not torch.allclose(got, want, rtol=rtol, atol=atol):
-            diff = (got - want).abs().max().item() if got.shape == want.shape else f"shapes {tuple(got.shape)} vs {tuple(want.shape)}"
+            diff = ((got - want).abs().max().item() if got.shape == want.shape
+                    else f"shapes {tuple(got.shape)} vs {tuple(want.shape)}")
             self.failed.append(f"{name}: max |difference| {diff} (rtol {rtol}, atol {atol})")
 
     def equal(self, name, got, want):
@@ -56,7 +57,6 @@ class Checks:
         verdicts = [None] * dist.get_world_size(group)
         dist.all_gather_object(verdicts, (self.rank, self.n, self.failed), group=group)
         bad = [(r, f) for r, _, fs in verdicts for f in fs]
-        secs = time.time() - self._t0 if hasattr(self, "_t0") else 0.0
         if self.rank == 0:
             if bad:
                 for r, f in bad:

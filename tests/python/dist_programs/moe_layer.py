@@ -98,7 +98,8 @@ def moe_reference(x, router, w1, w2):
         for e in range(w1.shape[0]):
             sel = ids[:, k] == e
             if sel.any():
-                y = y.index_add(0, sel.nonzero().squeeze(1), weights[sel, k].unsqueeze(-1) * expert(x[sel], w1[e], w2[e]))
+                rows = weights[sel, k].unsqueeze(-1) * expert(x[sel], w1[e], w2[e])
+                y = y.index_add(0, sel.nonzero().squeeze(1), rows)
     return y
 
 
