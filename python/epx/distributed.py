@@ -300,6 +300,19 @@ class _P2P:
             if not w.is_completed():
                 w._finish(err)
 
+    def _free_slot(self, dst):
+        """Waits in Python (not inside epx) until the pair has a free slot, so that the send
+        after it does not wait: a sender thread never waits inside epx, where an exit of the
+        process could find it (a thread that comes back from epx while the interpreter
+        finalizes aborts the process). None once the group is closing."""
+        delay = 0.0
+        while self.pp.in_flight(dst) >= _INFLIGHT:
+            if self.closing:
+                return None
+            time.sleep(delay)
+            delay = min(max(2 * delay, 2e-5), 1e-3)
+        return True
+
     def _send_loop(self, dst):
         pp, head = self.pp, torch.empty(4, dtype=torch.int64)
         cap = _P2P_BYTES
@@ -314,12 +327,12 @@ class _P2P:
                 self.busy.add(dst)
             try:
                 head[0], head[1], head[2], head[3] = u8.numel(), code, tag, kind
-                ok = self._native(pp.send, head.data_ptr(), _HEAD, dst)
+                ok = self._free_slot(dst) and self._native(pp.send, head.data_ptr(), _HEAD, dst)
                 for s in range(0, u8.numel(), cap):
                     if not ok:
                         break
                     piece = u8[s:s + cap]
-                    ok = self._native(pp.send, piece.data_ptr(), piece.numel(), dst)
+                    ok = self._free_slot(dst) and self._native(pp.send, piece.data_ptr(), piece.numel(), dst)
             except RuntimeError as e:
                 with self.cv:
                     self.busy.discard(dst)
@@ -353,8 +366,8 @@ class _P2P:
                     return
                 nbytes, code, tag, kind = (int(v) for v in head)
                 if kind == _CLOSE:
-                    self._break(src, RuntimeError(f"epx backend: recv: rank {self.me}: rank {src} destroyed the "
-                                                  f"group before sending the message"))
+                    self._break(src, RuntimeError(f"epx backend: rank {self.me}: rank {src} destroyed the group "
+                                                  f"(or exited): no message from it will come, none to it be taken"))
                     return
                 with self.cv:
                     mine = next((r for r in self.posted if r.takes(src, tag)), None)
