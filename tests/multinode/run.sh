@@ -125,7 +125,7 @@ check_pass() {
   echo "PASS: $name ($got cases; $(grep -h ' paths:' "$work/$name.out" | head -1))"
 }
 
-all_cases=14
+all_cases=16
 t0=$(date +%s)
 only=${EPX_MN_ONLY:-.}  # a regex over the section names below, for debugging one of them
 want() { [[ $1 =~ $only ]]; }

@@ -47,6 +47,7 @@ struct Case {
   int workers = 2;
   Protocol protocol = Protocol::kExplicit;
   int queues = 1;
+  int ring_rows = 0;  // BufferConfig::ring_rows: a bounded receive area, paced by credits
 };
 
 ref::FixtureOptions fx(int P, int K, std::uint64_t seed) {
@@ -110,6 +111,14 @@ std::vector<Case> cases(int P) {
       c.workers = 3;
       v.push_back(c);
     }
+  // The ring paths poll their credit and tail signals between puts: over a network transport
+  // whose signals need the target's progress, they must still move.
+  for (bool exp : {false, true}) {
+    Case c{std::string("ring4_") + (exp ? "expanded" : "compact"), fx(P, 3, 22 + (exp ? 1 : 0)), {}};
+    c.ring_rows = 4;
+    c.d.expanded = exp;
+    v.push_back(c);
+  }
   return v;
 }
 
@@ -117,6 +126,7 @@ BufferConfig config_of(const ref::Problem& p, const Case& c) {
   BufferConfig b = config_for(p, c.workers);
   b.dataplane.protocol = c.protocol;
   b.dataplane.queues = c.queues;
+  b.ring_rows = c.ring_rows;
   return b;
 }
 
@@ -170,8 +180,9 @@ void run_case(Transport& t, const Case& c) {
   wide.y = TensorView(y_wide[ur].data(), DType::kBF16, {want[ur].rows, p.hidden});
   wide.bias0 = wide.bias1 = TensorView();
   expect_bits(r, "combined_x (wide-range y)", buffer.combine(wide).combined_x.data(), combined_wide);
-  // Zero-copy output and the pull combine (y in place; pulls only where every peer is mapped).
-  if (!c.d.expanded && c.protocol != Protocol::kFlag && !p.fp8) {
+  // Zero-copy output and the pull combine (y in place; pulls only where every peer is mapped;
+  // not with a ring, which has no slot for every row).
+  if (!c.d.expanded && c.protocol != Protocol::kFlag && !p.fp8 && c.ring_rows == 0) {
     DispatchArgs zc = dispatch_args(v, c.d);
     zc.recv_in_window = true;
     DispatchResult dz = buffer.dispatch(zc);

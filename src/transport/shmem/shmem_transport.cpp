@@ -514,6 +514,10 @@ void ShmemTransport::put_flagged(int peer, std::size_t offset, const void* src, 
 }
 
 std::uint64_t ShmemTransport::read_signal(std::size_t slot) noexcept {
+  // A caller polling signals in a loop of its own (the EP rings' credits and tails) waits for
+  // network peers whose puts and signals land only while this PE progresses (UCX over TCP
+  // emulates them with active messages); without this the rings of two machines stall.
+  if (!caps_.peer_memory_mapped) opal_progress();
   return std::atomic_ref<std::uint64_t>(*signal_word(base_, slot)).load(std::memory_order_acquire);
 }
 
