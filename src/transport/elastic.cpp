@@ -241,7 +241,7 @@ std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership&
     ControlBlock* fresh = ControlBlock::create(memory, P, c->job_id);
     // Who each member is (a group without a launcher checks its peers' processes by these).
     for (int i = 0; i < P; ++i)
-      ProcessIdentity::of(c->ranks()[m.survivors[static_cast<std::size_t>(i)]]).write_to(fresh->ranks()[i]);
+      record_identity(identity_of(c->ranks()[m.survivors[static_cast<std::size_t>(i)]]), fresh->ranks()[i]);
     c->elastic_ready.store(g, std::memory_order_release);
   } else {
     LossWatch is_lost(t);

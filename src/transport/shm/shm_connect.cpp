@@ -122,7 +122,7 @@ std::unique_ptr<Transport> connect_shm(Bootstrap& b, const ConnectOptions& optio
     ControlBlock* c = ControlBlock::create(memory, P, job_id);
     for (int r = 0; r < P; ++r) {
       const Hello& h = hello[static_cast<std::size_t>(r)];
-      ProcessIdentity{h.pid, h.start_time, h.pid_ns}.write_to(c->ranks()[r]);
+      record_identity(ProcessIdentity{h.pid, h.start_time, h.pid_ns}, c->ranks()[r]);
     }
   });
   step(rank != 0, [&] {

@@ -2,15 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "epx/error.hpp"
 #include "epx/spi/janitor.hpp"
@@ -26,49 +23,7 @@ ShmTransport::ShmTransport(ControlBlock* control, int rank, std::chrono::millise
 
 ShmTransport::~ShmTransport() { unmap_all(); }
 
-namespace {
-
-/// Field 3 (state) and field 22 (start time) of /proc/<pid>/stat; false if it is gone.
-bool read_stat(int pid, char& state, std::uint64_t& start_time) noexcept {
-  try {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    if (!in || !std::getline(in, line)) return false;
-    const std::size_t close = line.rfind(')');  // the command name may hold spaces and ')'
-    if (close == std::string::npos) return false;
-    std::istringstream rest(line.substr(close + 1));
-    std::string field;
-    rest >> state;
-    for (int f = 4; f <= 22 && rest >> field; ++f)
-      if (f == 22) start_time = std::stoull(field);
-    return true;
-  } catch (...) {
-    return false;  // unreadable: as if gone is wrong, as if alive is safe (the timeout still runs)
-  }
-}
-
-std::uint64_t pid_namespace_of(const std::string& pid) noexcept {
-  struct stat st {};
-  return ::stat(("/proc/" + pid + "/ns/pid").c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
-}
-
-std::uint64_t own_pid_namespace() noexcept {
-  static const std::uint64_t ns = pid_namespace_of("self");
-  return ns;
-}
-
-}  // namespace
-
-ProcessIdentity ProcessIdentity::self() noexcept {
-  ProcessIdentity id;
-  id.pid = static_cast<std::int32_t>(getpid());
-  char state = '?';
-  if (!read_stat(id.pid, state, id.start_time)) id.start_time = 0;
-  id.pid_ns = own_pid_namespace();
-  return id;
-}
-
-ProcessIdentity ProcessIdentity::of(const RankSlot& slot) noexcept {
+ProcessIdentity identity_of(const RankSlot& slot) noexcept {
   ProcessIdentity id;
   id.pid = slot.pid.load(std::memory_order_acquire);
   id.start_time = slot.start_time;
@@ -76,18 +31,10 @@ ProcessIdentity ProcessIdentity::of(const RankSlot& slot) noexcept {
   return id;
 }
 
-void ProcessIdentity::write_to(RankSlot& slot) const noexcept {
-  slot.start_time = start_time;
-  slot.pid_ns = pid_ns;
-  slot.pid.store(pid, std::memory_order_release);
-}
-
-bool ProcessIdentity::ended() const noexcept {
-  if (pid <= 0 || pid_ns == 0 || pid_ns != own_pid_namespace()) return false;
-  char state = '?';
-  std::uint64_t start = 0;
-  if (!read_stat(pid, state, start)) return true;
-  return state == 'Z' || state == 'X' || (start_time != 0 && start != start_time);
+void record_identity(const ProcessIdentity& id, RankSlot& slot) noexcept {
+  slot.start_time = id.start_time;
+  slot.pid_ns = id.pid_ns;
+  slot.pid.store(id.pid, std::memory_order_release);
 }
 
 bool ShmTransport::peer_ended(int p) const {
@@ -96,7 +43,7 @@ bool ShmTransport::peer_ended(int p) const {
   RankSlot& slot = control_->ranks()[p];
   const std::int32_t state = slot.state.load(std::memory_order_acquire);
   if (state == kFailed) return true;
-  if (state != static_cast<std::int32_t>(RankState::kRunning) || !ProcessIdentity::of(slot).ended()) return false;
+  if (state != static_cast<std::int32_t>(RankState::kRunning) || !identity_of(slot).ended()) return false;
   const std::string msg = "rank " + std::to_string(p) + " (pid " + std::to_string(slot.pid.load()) + ") died";
   control_->record_failure(p, static_cast<int>(ErrorCode::kPeerFailed), p, msg.c_str());
   return true;
@@ -121,7 +68,7 @@ void ShmTransport::check_processes(const char* phase, const std::function<std::s
     RankSlot& slot = control_->ranks()[p];
     // Only running ranks can die unnoticed (one that ended marked itself done or failed).
     if (slot.state.load(std::memory_order_acquire) != static_cast<std::int32_t>(RankState::kRunning)) continue;
-    const ProcessIdentity id = ProcessIdentity::of(slot);
+    const ProcessIdentity id = identity_of(slot);
     if (!id.ended()) continue;
     const std::string msg = "rank " + std::to_string(rank()) + ": peer rank " + std::to_string(p) +
                             (what ? what(p) : std::string()) + " (pid " + std::to_string(id.pid) +

@@ -12,27 +12,15 @@
 #include <vector>
 
 #include "mapped_transport.hpp"
+#include "process_identity.hpp"
 
 namespace epx::detail {
 
-/// Who a rank's process is, to tell later whether it still lives: a group that no launcher
-/// watches (connect()-ed, shm/shm_connect.hpp, and the groups rebuilt from one) checks its
-/// peers so, reading each peer's identity from its control-block slot.
-struct ProcessIdentity {
-  std::int32_t pid = 0;
-  std::uint64_t start_time = 0;  // /proc/<pid>/stat field 22 (clock ticks since boot)
-  std::uint64_t pid_ns = 0;      // inode of /proc/<pid>/ns/pid
-
-  /// This process.
-  static ProcessIdentity self() noexcept;
-  /// The identity recorded in `slot` / recorded into it (before any peer reads it).
-  static ProcessIdentity of(const RankSlot& slot) noexcept;
-  void write_to(RankSlot& slot) const noexcept;
-  /// True once the process has ended: gone, a zombie, or its pid reused by a later process
-  /// (another start time). False while it runs, and when it cannot be told (no pid, or a
-  /// process of another pid namespace: then only the timeout catches it).
-  bool ended() const noexcept;
-};
+/// The identity recorded in a control-block slot / recorded into it (before any peer reads
+/// it): a group that no launcher watches (connect()-ed, shm/shm_connect.hpp, and the groups
+/// rebuilt from one) checks its peers by the identities in their slots (process_identity.hpp).
+ProcessIdentity identity_of(const RankSlot& slot) noexcept;
+void record_identity(const ProcessIdentity& id, RankSlot& slot) noexcept;
 
 class ShmTransport : public MappedTransport {
  public:

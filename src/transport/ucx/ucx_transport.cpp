@@ -1,8 +1,6 @@
 #include "ucx/ucx_transport.hpp"
 
-#include <fcntl.h>
 #include <sched.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,7 +8,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -19,6 +16,7 @@
 #include "epx/spi/backoff.hpp"
 #include "epx/spi/copy.hpp"
 #include "epx/spi/resources.hpp"
+#include "process_identity.hpp"
 
 namespace epx::detail {
 namespace {
@@ -35,43 +33,6 @@ constexpr std::size_t kProgressEveryBytes = std::size_t{256} << 10;  // of copie
 std::size_t round_page(std::size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
 std::string status_text(ucs_status_t s) { return ucs_status_string(s); }
-
-/// What a rank says about its process, so that a same-machine peer can tell it died.
-struct Life {
-  std::uint64_t start_time = 0;  // /proc/<pid>/stat field 22 (clock ticks since boot)
-  std::uint64_t pid_ns = 0;      // inode of /proc/self/ns/pid
-  std::int64_t pid = 0;
-};
-
-/// Field 3 (state) and field 22 (start time) of /proc/<pid>/stat; false if it is gone.
-bool read_stat(std::int64_t pid, char& state, std::uint64_t& start_time) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[1024];
-  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (n <= 0) return false;
-  const std::string line(buf, static_cast<std::size_t>(n));
-  const std::size_t close = line.rfind(')');  // the command name may hold spaces and ')'
-  if (close == std::string::npos) return false;
-  std::istringstream rest(line.substr(close + 1));
-  std::string field;
-  rest >> state;
-  for (int f = 4; f <= 22 && rest >> field; ++f)
-    if (f == 22) start_time = std::strtoull(field.c_str(), nullptr, 10);
-  return true;
-}
-
-Life my_life() {
-  Life l;
-  l.pid = static_cast<std::int64_t>(getpid());
-  char state = '?';
-  read_stat(l.pid, state, l.start_time);
-  struct stat st {};
-  if (::stat("/proc/self/ns/pid", &st) == 0) l.pid_ns = static_cast<std::uint64_t>(st.st_ino);
-  return l;
-}
 
 std::string hostname() {
   char name[256] = {};
@@ -171,7 +132,7 @@ class UcxGroup {
   std::unique_ptr<std::atomic<int>[]> failed_;      // [P] ucs_status_t of a failed endpoint, else 0
   std::unique_ptr<std::atomic<bool>[]> touched_;    // [P] an operation ever went to this peer
   bool map_peers_ = true, remote_peers_ = false;
-  std::vector<Life> lives_;                         // [P] each rank's process, for the same-machine liveness check
+  std::vector<ProcessIdentity> lives_;              // [P] each rank's process, for the same-machine liveness check
   std::atomic<std::int64_t> next_life_check_{0};    // steady-clock ns of the next one (one thread of the rank at a time)
   std::unique_ptr<std::atomic<std::int64_t>[]> suspect_since_;  // [P] steady-clock ns a peer was first seen dead (0: alive)
   std::atomic<const char*> phase_ptr_{nullptr};  // the last noted pointer: the same one is not copied again
@@ -191,7 +152,7 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
   const char* map = std::getenv("EPX_UCX_MAP_PEERS");
   map_peers_ = map == nullptr || std::string(map) != "0";
   hosts_ = allgather_strings(boot, hostname());
-  const Life mine = my_life();
+  const ProcessIdentity mine = ProcessIdentity::self();
   lives_.resize(P);
   suspect_since_.reset(new std::atomic<std::int64_t>[P]);
   for (std::size_t p = 0; p < P; ++p) suspect_since_[p] = 0;
@@ -476,27 +437,23 @@ void UcxGroup::check_waiting(const WaitPoint& where, bool yielding) {
 void UcxGroup::check_alive(const WaitPoint& where) {
   const int peer = where.peer;
   if (peer < 0 || peer >= size_ || peer == rank_ || !same_node(peer)) return;
-  const Life& l = lives_[static_cast<std::size_t>(peer)];
-  if (l.pid <= 0 || l.pid_ns != lives_[static_cast<std::size_t>(rank_)].pid_ns) return;  // another pid namespace: the timeout decides
+  const ProcessIdentity& l = lives_[static_cast<std::size_t>(peer)];
+  if (!l.checkable()) return;  // another pid namespace: the timeout decides
   const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
   std::int64_t next = next_life_check_.load(std::memory_order_relaxed);
   if (now < next || !next_life_check_.compare_exchange_strong(next, now + std::chrono::nanoseconds(std::chrono::milliseconds(20)).count()))
     return;
-  char state = '?';
-  std::uint64_t start = 0;
-  const bool present = read_stat(l.pid, state, start);
+  const ProcessIdentity::Seen seen = l.look();
   std::atomic<std::int64_t>& suspect = suspect_since_[static_cast<std::size_t>(peer)];
-  if (present && state != 'Z' && state != 'X' && start == l.start_time) return suspect.store(0, std::memory_order_relaxed);
+  if (!l.ended(seen)) return suspect.store(0, std::memory_order_relaxed);
   // Death is final: seen again 100 ms later it is reported (a single /proc look was
   // measured to miss a live peer under load, rarely).
   const std::int64_t since = suspect.load(std::memory_order_relaxed);
   if (since == 0) return suspect.store(now, std::memory_order_relaxed);
   if (now - since < std::chrono::nanoseconds(std::chrono::milliseconds(100)).count()) return;
   broken_.store(true, std::memory_order_relaxed);
-  const std::string seen = !present ? "gone" : state == 'Z' || state == 'X' ? std::string("state ") + state
-                                                                            : "started at " + std::to_string(start) + ", not " + std::to_string(l.start_time);
   throw Error(ErrorCode::kPeerFailed,
-              "rank " + std::to_string(rank_) + ": ucx: " + describe(peer) + " (pid " + std::to_string(l.pid) + ": " + seen +
+              "rank " + std::to_string(rank_) + ": ucx: " + describe(peer) + " (pid " + std::to_string(l.pid) + ": " + l.describe(seen) +
                   ") died while this rank waited for it in phase '" + where.phase + "'",
               peer);
 }
