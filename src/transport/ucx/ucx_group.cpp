@@ -1,0 +1,363 @@
+// The ucx transport's group (ucx_group.hpp): context, worker, endpoints, flushes with a
+// deadline, the peers' liveness and the bootstrap exchanges.
+#include "ucx/ucx_group.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "epx/error.hpp"
+#include "epx/spi/backoff.hpp"
+#include "epx/spi/copy.hpp"
+#include "epx/spi/resources.hpp"
+
+namespace epx::detail {
+
+using namespace ucx;
+
+UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
+    : boot_(boot), rank_(boot.rank()), size_(boot.size()), timeout_(options.timeout), hook_(options.wait_hook) {
+  const auto P = static_cast<std::size_t>(size_);
+  node_of_rank_ = discover_nodes(boot).node_of_rank;
+  for (int p = 0; p < size_; ++p) remote_peers_ = remote_peers_ || !same_node(p);
+  const char* map = std::getenv("EPX_UCX_MAP_PEERS");
+  map_peers_ = map == nullptr || std::string(map) != "0";
+  hosts_ = allgather_strings(boot, hostname());
+  const ProcessIdentity mine = ProcessIdentity::self();
+  lives_.resize(P);
+  suspect_since_.reset(new std::atomic<std::int64_t>[P]);
+  for (std::size_t p = 0; p < P; ++p) suspect_since_[p] = 0;
+  boot.allgather(&mine, lives_.data(), sizeof mine);
+  peer_state_.reset(new PeerState[P]);
+  failed_.reset(new std::atomic<int>[P]);
+  touched_.reset(new std::atomic<bool>[P]);
+  for (std::size_t p = 0; p < P; ++p) peer_state_[p] = {this, static_cast<int>(p)}, failed_[p] = 0, touched_[p] = false;
+  caps_.name = "ucx";
+  caps_.ordered_signal_per_queue = true;  // ucp_worker_fence before the signal's put
+  caps_.max_queues = 64;                  // queues are labels here: a flush completes all of them
+  caps_.flagged_puts = true;              // bytes, fence, the flag's put
+  caps_.one_sided_get = true;             // ucp_get_nbx, completed by the flush
+  try {
+    connect_endpoints(start_worker());
+  } catch (...) {
+    close_endpoints();
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+    throw;
+  }
+}
+
+UcxGroup::~UcxGroup() {
+  try {
+    flush(nullptr, true);  // this rank's last signals and puts reach their peers before the connections close
+  } catch (const Error&) {
+    // A peer that is gone cannot receive them anyway.
+  }
+  close_endpoints();
+  for (ucp_mem_h m : kept_) ucp_mem_unmap(context_, m);
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(context_);
+}
+
+void UcxGroup::make_context() {
+  // UCX's TCP transport with bigger segments than its defaults (8K to send, 64K to receive),
+  // where the user set none: epx's puts across machines are runs of whole rows. Measured
+  // between two namespaces (veth), 4 MiB in 1 MiB puts + quiet: 0.7-0.76 GB/s instead of
+  // 0.21-0.26, an 8-byte put + signal one way (ping-pong / 2) 68-75 us instead of 90-115 (the
+  // shmem transport sets the same). Through the environment, not overwriting: UCX reads its
+  // transports' settings there, and ucp_config_modify warns of them as unknown keys.
+  setenv("UCX_TCP_TX_SEG_SIZE", "64K", 0);
+  setenv("UCX_TCP_RX_SEG_SIZE", "512K", 0);
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) + ": ucx: ucp_config_read failed: " + status_text(s));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+  params.features = UCP_FEATURE_RMA;
+  params.mt_workers_shared = 0;
+  params.estimated_num_eps = static_cast<std::size_t>(size_);
+  s = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (s != UCS_OK) {
+    context_ = nullptr;
+    throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) + ": ucx: ucp_init failed: " + status_text(s) +
+                                             " (UCX_TLS / UCX_NET_DEVICES name no usable transport?)");
+  }
+}
+
+void UcxGroup::make_worker() {
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_MULTI;  // the engine's workers put and quiet from several threads
+  ucs_status_t s = ucp_worker_create(context_, &wp, &worker_);
+  if (s != UCS_OK) {
+    worker_ = nullptr;
+    throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) + ": ucx: ucp_worker_create failed: " + status_text(s));
+  }
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+  if (ucp_worker_query(worker_, &attr) != UCS_OK || attr.thread_mode != UCS_THREAD_MODE_MULTI)
+    throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) +
+                                             ": ucx: the worker is not thread-safe (UCS_THREAD_MODE_MULTI), which epx's "
+                                             "workers need: this UCX was built without --enable-mt");
+}
+
+// Every rank publishes its worker's address ("+" address), or "!" + why it has none: a rank
+// whose UCX cannot start fails every rank with its message instead of leaving them waiting
+// in the bootstrap. Returns every rank's address.
+std::vector<std::string> UcxGroup::start_worker() {
+  std::string mine;
+  try {
+    make_context();
+    make_worker();
+    ucp_address_t* address = nullptr;
+    std::size_t length = 0;
+    const ucs_status_t s = ucp_worker_get_address(worker_, &address, &length);
+    if (s != UCS_OK) throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank_) + ": ucx: ucp_worker_get_address failed: " + status_text(s));
+    mine = "+" + std::string(reinterpret_cast<const char*>(address), length);
+    ucp_worker_release_address(worker_, address);
+  } catch (const Error& e) {
+    mine = "!" + std::to_string(static_cast<int>(e.code())) + " " + e.what();
+  }
+  std::vector<std::string> all = allgather_strings(boot_, mine);
+  for (int p = 0; p < size_; ++p) {
+    const std::string& a = all[static_cast<std::size_t>(p)];
+    if (!a.empty() && a[0] == '+') continue;
+    const auto space = a.find(' ');
+    const int code = a.size() > 1 ? std::atoi(a.c_str() + 1) : static_cast<int>(ErrorCode::kInternal);
+    throw Error(static_cast<ErrorCode>(code), space == std::string::npos ? a : a.substr(space + 1), p);
+  }
+  for (std::string& a : all) a.erase(0, 1);
+  return all;
+}
+
+// Each rank makes an endpoint to every other. The connections are wired up lazily, by the
+// first operation (both sides progress then). Error handling: PEER (a lost peer fails its
+// endpoint instead of aborting the process) to other machines; NONE to this machine's ranks,
+// because UCX 1.13 offers its shared-memory transports only without it: with PEER a
+// same-machine put went over TCP loopback (measured, 2 ranks: 0.3 GB/s and 75 us per put +
+// signal, against 6.4 GB/s and 18 us over sysv/posix). A same-machine peer that dies is seen
+// through /proc instead (check_alive).
+void UcxGroup::connect_endpoints(const std::vector<std::string>& all) {
+  ucs_status_t s = UCS_OK;
+  eps_.assign(static_cast<std::size_t>(size_), nullptr);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(all[static_cast<std::size_t>(p)].data());
+    ep.err_mode = same_node(p) ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &UcxGroup::on_error;
+    ep.err_handler.arg = &peer_state_[static_cast<std::size_t>(p)];
+    s = ucp_ep_create(worker_, &ep, &eps_[static_cast<std::size_t>(p)]);
+    if (s != UCS_OK) {
+      eps_[static_cast<std::size_t>(p)] = nullptr;
+      throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank_) + ": ucx: cannot make an endpoint to " + describe(p) +
+                                              ": " + status_text(s) + " (no common transport: see UCX_TLS / UCX_NET_DEVICES)", p);
+    }
+  }
+}
+
+// Forced: the flush before it delivered what this rank sent; a peer still connected sees the
+// connection close (its endpoint to this rank fails, which matters only if it waits for this
+// rank again).
+void UcxGroup::close_endpoints() noexcept {
+  for (ucp_ep_h& ep : eps_) {
+    if (ep == nullptr) continue;
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &prm);
+    if (UCS_PTR_IS_PTR(r)) {
+      while (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+      ucp_request_free(r);
+    }
+    ep = nullptr;
+  }
+}
+
+void UcxGroup::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* st = static_cast<PeerState*>(arg);
+  int ok = 0;
+  st->group->failed_[static_cast<std::size_t>(st->peer)].compare_exchange_strong(ok, static_cast<int>(status));
+}
+
+void UcxGroup::note(const char* phase) noexcept {
+  if (phase == nullptr || phase_ptr_.exchange(phase, std::memory_order_relaxed) == phase) return;
+  try {
+    std::lock_guard<std::mutex> lock(phase_mu_);
+    phase_ = *phase != '\0' ? phase : "(unnamed)";
+  } catch (...) {
+    // Out of memory for a phase name: the messages keep the previous one.
+  }
+}
+
+std::string UcxGroup::phase() const {
+  std::lock_guard<std::mutex> lock(phase_mu_);
+  return phase_;
+}
+
+void UcxGroup::fence(int) {
+  // Worker-wide (every thread's earlier operations, to every peer): a superset of what the
+  // ordered signal needs, and UCX offers no cheaper per-endpoint fence.
+  const ucs_status_t s = ucp_worker_fence(worker_);
+  if (s != UCS_OK) throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank_) + ": ucx: ucp_worker_fence failed: " + status_text(s));
+}
+
+void UcxGroup::settle(ucs_status_ptr_t r, int peer, const char* what) {
+  if (r == nullptr) return;
+  if (UCS_PTR_IS_ERR(r)) fail_peer(peer, UCS_PTR_STATUS(r), what);
+  ucp_request_free(r);  // completes internally; the next flush waits for it
+}
+
+void UcxGroup::fail_peer(int peer, ucs_status_t status, const char* what) const {
+  broken_.store(true, std::memory_order_relaxed);
+  throw Error(ErrorCode::kPeerFailed,
+              "rank " + std::to_string(rank_) + ": ucx: " + what + " " + describe(peer) + " failed in phase '" + phase() +
+                  "': " + status_text(status) +
+                  " (the peer ended or died, or the link to its machine is down)",
+              peer);
+}
+
+std::string UcxGroup::describe(int peer) const {
+  if (peer < 0 || peer >= size_) return "the other ranks";
+  const auto p = static_cast<std::size_t>(peer);
+  const bool same = same_node(peer);
+  return "rank " + std::to_string(peer) + " (node " + std::to_string(node_of_rank_[p]) + " '" + hosts_[p] + "', " +
+         (same ? "this machine)" : "another machine)");
+}
+
+// One flush request per peer this worker talked to; each completion is that peer's lap.
+// `teardown`: peers whose endpoint failed are skipped and errors end nothing (a peer that
+// ended first closed its connections; the others must still get this rank's last signals).
+// After a failure too (the group's, with every block still mapped), for at most
+// kBrokenTeardown: a put this rank leaves unacknowledged when it closes its connections ends
+// its target inside UCX 1.13 (ucp_put_handler's "Fatal: unexpected error" when the
+// acknowledgement cannot be sent), measured in the killed-rank test as a survivor's abort in
+// 1 of ~15 runs without this flush.
+void UcxGroup::flush(std::uint64_t* lap_ns, bool teardown) {
+  std::vector<Pending> pending;
+  ucp_request_param_t prm{};
+  for (int p = 0; p < size_; ++p) {
+    const auto up = static_cast<std::size_t>(p);
+    if (p == rank_ || !touched_[up].load(std::memory_order_relaxed)) continue;
+    if (teardown && failed_[up].load(std::memory_order_relaxed) != 0) continue;
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(eps_[up], &prm);
+    if (UCS_PTR_IS_ERR(r) && !teardown) {
+      for (const Pending& q : pending) ucp_request_free(q.request);
+      fail_peer(p, UCS_PTR_STATUS(r), "completing puts to");
+    }
+    if (UCS_PTR_IS_PTR(r)) pending.push_back({p, r});
+  }
+  if (!pending.empty()) await_flushes(pending, lap_ns, teardown);
+}
+
+void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_ns, bool teardown) {
+  auto since = std::chrono::steady_clock::now();
+  const auto deadline = since + (teardown && broken() ? std::min<std::chrono::milliseconds>(timeout_, kBrokenTeardown) : timeout_);
+  for (unsigned i = 0; !pending.empty(); ++i) {
+    ucp_worker_progress(worker_);
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = pending.begin(); it != pending.end();) {
+      const ucs_status_t s = ucp_request_check_status(it->request);
+      if (s == UCS_INPROGRESS) {
+        ++it;
+        continue;
+      }
+      ucp_request_free(it->request);
+      const int peer = it->peer;
+      it = pending.erase(it);
+      if (s != UCS_OK && !teardown) {
+        for (const Pending& q : pending) ucp_request_free(q.request);
+        fail_peer(peer, s, "completing puts to");
+      }
+      if (lap_ns != nullptr) lap_ns[peer] += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count());
+      since = now;
+    }
+    if (pending.empty()) return;
+    if (now >= deadline) {
+      std::string who;
+      for (const Pending& q : pending) who += (who.empty() ? "" : ", ") + describe(q.peer), ucp_request_free(q.request);
+      broken_.store(true, std::memory_order_relaxed);
+      if (teardown) return;
+      throw Error(ErrorCode::kTimeout,
+                  "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) + " ms in phase '" +
+                      phase() + "' completing puts to " + who +
+                      " (ucx transport: the peer stopped progressing, or the link to its machine is down)",
+                  pending.front().peer);
+    }
+    if (i >= 64) sched_yield();
+  }
+}
+
+void UcxGroup::check_waiting(const WaitPoint& where, bool yielding) {
+  if (where.peer >= 0 && where.peer < size_) {
+    const int s = failed_[static_cast<std::size_t>(where.peer)].load(std::memory_order_relaxed);
+    if (s != 0) note(where.phase), fail_peer(where.peer, static_cast<ucs_status_t>(s), "the wait for");
+  }
+  if (!yielding) return;
+  check_alive(where);
+  if (!hook_) return;
+  thread_local auto last = std::chrono::steady_clock::time_point{};
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last < kHookEvery) return;
+  last = now;
+  hook_();
+}
+
+void UcxGroup::check_alive(const WaitPoint& where) {
+  const int peer = where.peer;
+  if (peer < 0 || peer >= size_ || peer == rank_ || !same_node(peer)) return;
+  const ProcessIdentity& l = lives_[static_cast<std::size_t>(peer)];
+  if (!l.checkable()) return;  // another pid namespace: the timeout decides
+  const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+  std::int64_t next = next_life_check_.load(std::memory_order_relaxed);
+  if (now < next || !next_life_check_.compare_exchange_strong(next, now + std::chrono::nanoseconds(std::chrono::milliseconds(20)).count()))
+    return;
+  const ProcessIdentity::Seen seen = l.look();
+  std::atomic<std::int64_t>& suspect = suspect_since_[static_cast<std::size_t>(peer)];
+  if (!l.ended(seen)) return suspect.store(0, std::memory_order_relaxed);
+  // Death is final: seen again 100 ms later it is reported (a single /proc look was
+  // measured to miss a live peer under load, rarely).
+  const std::int64_t since = suspect.load(std::memory_order_relaxed);
+  if (since == 0) return suspect.store(now, std::memory_order_relaxed);
+  if (now - since < std::chrono::nanoseconds(std::chrono::milliseconds(100)).count()) return;
+  broken_.store(true, std::memory_order_relaxed);
+  throw Error(ErrorCode::kPeerFailed,
+              "rank " + std::to_string(rank_) + ": ucx: " + describe(peer) + " (pid " + std::to_string(l.pid) + ": " + l.describe(seen) +
+                  ") died while this rank waited for it in phase '" + where.phase + "'",
+              peer);
+}
+
+void UcxGroup::fail_timeout(const WaitPoint& where) const {
+  broken_.store(true, std::memory_order_relaxed);
+  throw Error(ErrorCode::kTimeout,
+              "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) + " ms in phase '" +
+                  where.phase + "' waiting for " + describe(where.peer) + " (ucx transport)",
+              where.peer);
+}
+
+std::vector<std::string> UcxGroup::exchange(const std::string& mine) {
+  std::atomic<bool> stop{false};
+  std::thread helper([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      ucp_worker_progress(worker_);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  struct Join {
+    std::atomic<bool>& stop;
+    std::thread& t;
+    ~Join() {
+      stop = true;
+      t.join();
+    }
+  } join{stop, helper};
+  return allgather_strings(boot_, mine);
+}
+
+}  // namespace epx::detail

@@ -1,0 +1,149 @@
+// The ucx transport's shared part (ucx_transport.hpp): the UCP context, worker and endpoints
+// of a group, which every endpoint (UcxTransport) of it uses; and the constants both use.
+#pragma once
+
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "epx/bootstrap.hpp"
+#include "epx/connect.hpp"
+#include "epx/transport.hpp"
+#include "process_identity.hpp"
+
+namespace epx::detail {
+namespace ucx {
+
+inline constexpr std::size_t kPage = 4096;
+// Pauses a wait takes before it yields (spi::Backoff): each look also progresses the worker,
+// so a look costs more than a mapped transport's and it spins less (as the shmem transport).
+inline constexpr int kNetworkSpins = 64;
+// How often a yielding wait calls ConnectOptions::wait_hook (the Python binding's Ctrl-C).
+inline constexpr auto kHookEvery = std::chrono::milliseconds(50);
+// How long a teardown after a failure tries to complete this rank's puts (a cut link: all of it).
+inline constexpr std::chrono::milliseconds kBrokenTeardown{2000};
+inline constexpr std::size_t kProgressEveryBytes = std::size_t{256} << 10;  // of copies to mapped peers, when some peer is remote
+inline std::size_t round_page(std::size_t n) { return (n + kPage - 1) / kPage * kPage; }
+
+inline std::string status_text(ucs_status_t s) { return ucs_status_string(s); }
+
+inline std::string hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+}  // namespace ucx
+
+// What a transport and its endpoints share: the UCP context, the worker, one UCP endpoint
+// per peer, who the peers are, and which of them failed.
+class UcxGroup {
+ public:
+  UcxGroup(Bootstrap& boot, const ConnectOptions& options);
+  ~UcxGroup();
+  UcxGroup(const UcxGroup&) = delete;
+  UcxGroup& operator=(const UcxGroup&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const TransportCaps& caps() const noexcept { return caps_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  ucp_context_h context() const noexcept { return context_; }
+  /// EPX_UCX_MAP_PEERS=0: same-machine peers through UCX's transports, not mapped copies.
+  bool map_peers() const noexcept { return map_peers_; }
+  bool has_remote_peers() const noexcept { return remote_peers_; }
+  bool same_node(int peer) const noexcept {
+    return node_of_rank_[static_cast<std::size_t>(peer)] == node_of_rank_[static_cast<std::size_t>(rank_)];
+  }
+  ucp_ep_h ep(int peer) noexcept {
+    touched_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
+    return eps_[static_cast<std::size_t>(peer)];
+  }
+  void progress() noexcept { ucp_worker_progress(worker_); }
+  void fence(int peer);
+  /// Where this rank waits now, for the messages of calls that name no phase (puts, quiet).
+  /// Copied: a WaitPoint's phase need not outlive its wait.
+  void note(const char* phase) noexcept;
+  /// A released block unmapped only when the group ends (after a failure).
+  void keep_mapped(ucp_mem_h memh) noexcept {
+    std::lock_guard<std::mutex> lock(kept_mu_);
+    try {
+      kept_.push_back(memh);
+    } catch (...) {
+      // No memory to remember it: the block stays mapped until the process ends.
+    }
+  }
+  std::string phase() const;
+
+  /// A non-blocking call's result: a request is handed back to UCX (completion is learned
+  /// by the next flush); an error means the peer's endpoint failed.
+  void settle(ucs_status_ptr_t r, int peer, const char* what);
+  /// Every operation this worker issued to a peer it talked to is complete at the target.
+  void flush(std::uint64_t* lap_ns, bool teardown = false);
+  /// Between looks of a wait: the awaited peer's endpoint failed, or the caller's hook.
+  void check_waiting(const WaitPoint& where, bool yielding);
+  [[noreturn]] void fail_timeout(const WaitPoint& where) const;
+  bool broken() const noexcept { return broken_.load(std::memory_order_relaxed); }
+  /// Collective: every rank's `mine`, with the worker progressed meanwhile (a peer may still
+  /// be completing puts into this rank, which over TCP needs this rank's progress).
+  std::vector<std::string> exchange(const std::string& mine);
+  /// "rank 3 (node 1 'host-b', another machine)"; -1: "the other ranks".
+  std::string describe(int peer) const;
+
+ private:
+  struct PeerState {
+    UcxGroup* group = nullptr;
+    int peer = -1;
+  };
+  struct Pending {
+    int peer;
+    void* request;
+  };
+  void await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_ns, bool teardown);
+  static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  void make_context();
+  void make_worker();
+  std::vector<std::string> start_worker();
+  void connect_endpoints(const std::vector<std::string>& addresses);
+  void close_endpoints() noexcept;
+  [[noreturn]] void fail_peer(int peer, ucs_status_t status, const char* what) const;
+  /// A same-machine peer this rank waits for (whose endpoint reports nothing: no peer error
+  /// handling) died: kPeerFailed. Every 20 ms at most, while a wait yields.
+  void check_alive(const WaitPoint& where);
+
+  Bootstrap& boot_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::function<void()> hook_;
+  TransportCaps caps_;
+  std::vector<int> node_of_rank_;
+  std::vector<std::string> hosts_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<ucp_ep_h> eps_;                       // [P], nullptr for this rank (puts to it are copies)
+  std::unique_ptr<PeerState[]> peer_state_;         // [P] the error handler's argument
+  std::unique_ptr<std::atomic<int>[]> failed_;      // [P] ucs_status_t of a failed endpoint, else 0
+  std::unique_ptr<std::atomic<bool>[]> touched_;    // [P] an operation ever went to this peer
+  bool map_peers_ = true, remote_peers_ = false;
+  std::vector<ProcessIdentity> lives_;              // [P] each rank's process, for the same-machine liveness check
+  std::atomic<std::int64_t> next_life_check_{0};    // steady-clock ns of the next one (one thread of the rank at a time)
+  std::unique_ptr<std::atomic<std::int64_t>[]> suspect_since_;  // [P] steady-clock ns a peer was first seen dead (0: alive)
+  std::atomic<const char*> phase_ptr_{nullptr};  // the last noted pointer: the same one is not copied again
+  mutable std::mutex phase_mu_;
+  std::string phase_ = "setup";
+  std::mutex kept_mu_;
+  std::vector<ucp_mem_h> kept_;  // blocks released after a failure, unmapped by the destructor
+  // A wait or flush failed: teardown's flushes wait kBrokenTeardown at most.
+  mutable std::atomic<bool> broken_{false};
+};
+
+}  // namespace epx::detail
