@@ -79,10 +79,8 @@ def test_gloo_mixed_across_machines(cluster):
     assert all("30 rounds of all_to_all_single then a gloo barrier ok" in w.stdout for w in run.workers), run.text()
 
 
-@pytest.mark.xfail(strict=True, reason="UCX transport: a rank that returned from an epx call (all_to_all_single, "
-                   "or a barrier) and then waits in a gloo barrier can leave a peer waiting to complete its puts to it "
-                   "until the group's timeout (they complete only while it calls into epx again); on shm these rounds "
-                   "pass, and on gloo (above)")
+# A rank that returned from an epx call and then waits in gloo (or the application) must not
+# leave a peer unable to complete its puts to it: the ucx transport progresses in the background.
 def test_epx_then_gloo_barrier_across_machines(cluster):
     run = cluster.torchrun(SMOKE, ["--backend", "epx", "--mixed", 30, "--timeout", 20], nproc=NPROC, timeout=120,
                            env=_env())

@@ -49,9 +49,26 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
     if (context_ != nullptr) ucp_cleanup(context_);
     throw;
   }
+  if (remote_peers_) start_progress();
+}
+
+void UcxGroup::start_progress() {
+  progress_thread_ = std::thread([this] {
+    while (!progress_stop_.load(std::memory_order_relaxed)) {
+      ucp_worker_progress(worker_);
+      std::this_thread::sleep_for(kBackgroundProgress);
+    }
+  });
+}
+
+void UcxGroup::stop_progress() noexcept {
+  if (!progress_thread_.joinable()) return;
+  progress_stop_.store(true, std::memory_order_relaxed);
+  progress_thread_.join();
 }
 
 UcxGroup::~UcxGroup() {
+  stop_progress();  // the teardown's flushes progress the worker themselves
   try {
     flush(nullptr, true);  // this rank's last signals and puts reach their peers before the connections close
   } catch (const Error&) {
@@ -342,6 +359,7 @@ void UcxGroup::fail_timeout(const WaitPoint& where) const {
 }
 
 std::vector<std::string> UcxGroup::exchange(const std::string& mine) {
+  if (progress_thread_.joinable()) return allgather_strings(boot_, mine);  // it progresses meanwhile
   std::atomic<bool> stop{false};
   std::thread helper([&] {
     while (!stop.load(std::memory_order_relaxed)) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "epx/bootstrap.hpp"
@@ -31,6 +32,8 @@ inline constexpr int kNetworkSpins = 64;
 inline constexpr auto kHookEvery = std::chrono::milliseconds(50);
 // How long a teardown after a failure tries to complete this rank's puts (a cut link: all of it).
 inline constexpr std::chrono::milliseconds kBrokenTeardown{2000};
+// How often the background thread of a group with remote peers progresses the worker.
+inline constexpr auto kBackgroundProgress = std::chrono::microseconds(200);
 inline constexpr std::size_t kProgressEveryBytes = std::size_t{256} << 10;  // of copies to mapped peers, when some peer is remote
 inline std::size_t round_page(std::size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
@@ -144,6 +147,14 @@ class UcxGroup {
   std::vector<ucp_mem_h> kept_;  // blocks released after a failure, unmapped by the destructor
   // A wait or flush failed: teardown's flushes wait kBrokenTeardown at most.
   mutable std::atomic<bool> broken_{false};
+  // With peers on other machines, a thread progresses the worker every kBackgroundProgress
+  // while the group lives: UCX over TCP lands a peer's puts and signals into this rank only
+  // while this rank progresses, and between epx calls (a rank waiting in gloo, in the
+  // application, or done and about to exit) no epx wait does.
+  std::thread progress_thread_;
+  std::atomic<bool> progress_stop_{false};
+  void start_progress();
+  void stop_progress() noexcept;
 };
 
 }  // namespace epx::detail
