@@ -108,8 +108,10 @@ case "$cmd" in
     # The Python package from this build tree: nothing is written into the system Python.
     export PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}"
     ctest --test-dir build --output-on-failure -j "$JOBS"
-    # The Python package (Debian's Python; pytest exit 5 = no tests collected is not a failure).
-    timeout 300 /usr/bin/python3 -m pytest -q tests/python || [ $? -eq 5 ]
+    # The Python package (Debian's Python; pytest exit 5 = no tests collected is not a failure);
+    # the torch.distributed backend's programs under torchrun and a subset of torch's own suite
+    # included. ~150 s.
+    timeout 600 /usr/bin/python3 -m pytest -q tests/python || [ $? -eq 5 ]
     # The runner of DeepEP's own test files (tests/deepep), on a made-up DeepEP checkout: counted
     # checks, --keep-going, a failing rank, a hung test killed with its ranks. ~55 s.
     timeout 300 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/deepep/test_run_deepep.py
@@ -140,6 +142,10 @@ case "$cmd" in
     # epx bench/sim --html and epx html opened in headless Chromium: no console error, every chart drawn; screenshots in build/html/.
     timeout 300 /usr/bin/python3 tests/html/check_pages.py --epx build/src/tools/epx --out build/html
     timeout 420 bash tests/multinode/run.sh build  # shmem across network namespaces; SKIP without root
+    # torchrun across two namespace machines: the "epx" backend over UCX (smoke, mixed epx/gloo
+    # rounds, DDP / MoE / pipeline programs) and its faults (a rank killed on the other machine,
+    # the link cut); skips without root. ~170 s.
+    timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/multinode/test_torchrun.py
     ;;
   benchmarks)
     # BENCHMARKS.md's figures, docs/img/benchmarks.{json,svg}: the headline set against its peers.
