@@ -142,10 +142,6 @@ case "$cmd" in
     # epx bench/sim --html and epx html opened in headless Chromium: no console error, every chart drawn; screenshots in build/html/.
     timeout 300 /usr/bin/python3 tests/html/check_pages.py --epx build/src/tools/epx --out build/html
     timeout 420 bash tests/multinode/run.sh build  # shmem across network namespaces; SKIP without root
-    # torchrun across two namespace machines: the "epx" backend over UCX (smoke, mixed epx/gloo
-    # rounds, DDP / MoE / pipeline programs) and its faults (a rank killed on the other machine,
-    # the link cut); skips without root. ~170 s.
-    timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/multinode/test_torchrun.py
     ;;
   benchmarks)
     # BENCHMARKS.md's figures, docs/img/benchmarks.{json,svg}: the headline set against its peers.
