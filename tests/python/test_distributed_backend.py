@@ -3,6 +3,7 @@
 import datetime
 import multiprocessing as mp
 import os
+import queue
 import socket
 import tempfile
 import time
@@ -61,12 +62,18 @@ def _run(fn, size=P, init=None, env=None):
         procs = [ctx.Process(target=_rank_main, args=(fn, r, size, init, env or {}, q), daemon=True) for r in range(size)]
         for p in procs:
             p.start()
-        out = {}
+        out, errors = {}, {}
         try:
-            for _ in range(size):
-                rank, value, err = q.get(timeout=TIMEOUT + 60)
-                assert err is None, f"rank {rank} failed:\n{err}"
+            for _ in range(size):  # every rank's answer first: the first error may be a consequence of another's
+                try:
+                    rank, value, err = q.get(timeout=TIMEOUT + 60)
+                except queue.Empty:
+                    raise AssertionError(f"ranks {sorted(set(range(size)) - set(out))} never answered; the others: "
+                                         + "\n".join(f"rank {r} failed:\n{e}" for r, e in sorted(errors.items())))
+                if err is not None:
+                    errors[rank] = err
                 out[rank] = value
+            assert not errors, "\n".join(f"rank {r} failed:\n{e}" for r, e in sorted(errors.items()))
         finally:
             for p in procs:
                 p.join(timeout=10)
