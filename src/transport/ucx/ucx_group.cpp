@@ -2,7 +2,6 @@
 // deadline, the peers' liveness and the bootstrap exchanges.
 #include "ucx/ucx_group.hpp"
 
-#include <sched.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -275,8 +274,10 @@ void UcxGroup::flush(std::uint64_t* lap_ns, bool teardown) {
 
 void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_ns, bool teardown) {
   auto since = std::chrono::steady_clock::now();
-  const auto deadline = since + (teardown && broken() ? std::min<std::chrono::milliseconds>(timeout_, kBrokenTeardown) : timeout_);
-  for (unsigned i = 0; !pending.empty(); ++i) {
+  // The one wait policy (spi::Backoff): spin, then yield, until the deadline.
+  spi::Backoff backoff(teardown && broken() ? std::min<std::chrono::milliseconds>(timeout_, kBrokenTeardown) : timeout_,
+                       kNetworkSpins);
+  while (!pending.empty()) {
     ucp_worker_progress(worker_);
     const auto now = std::chrono::steady_clock::now();
     for (auto it = pending.begin(); it != pending.end();) {
@@ -296,7 +297,7 @@ void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_n
       since = now;
     }
     if (pending.empty()) return;
-    if (now >= deadline) {
+    if (!backoff.step()) {
       std::string who;
       for (const Pending& q : pending) who += (who.empty() ? "" : ", ") + describe(q.peer), ucp_request_free(q.request);
       broken_.store(true, std::memory_order_relaxed);
@@ -307,7 +308,6 @@ void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_n
                       " (ucx transport: the peer stopped progressing, or the link to its machine is down)",
                   pending.front().peer);
     }
-    if (i >= 64) sched_yield();
   }
 }
 
