@@ -17,9 +17,9 @@ foreach(t ${EPX_INSTALL_TARGETS})
   set_target_properties(${t} PROPERTIES EXPORT_NAME ${name})
 endforeach()
 install(TARGETS ${EPX_INSTALL_TARGETS} EXPORT epxTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
-# The tools' libraries (epx_bench, epx_io, epx_sim_runner) are not installed: nor are their headers.
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/epx DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        PATTERN "bench" EXCLUDE PATTERN "io" EXCLUDE PATTERN "runner" EXCLUDE)
+# include/epx/ is what a library user includes: installed whole. The tools' libraries (epx_io,
+# epx_replay, epx_bench, epx_sim_runner) and their headers (tools/include/) are not installed.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/epx DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 set(EPX_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/epx)
 install(EXPORT epxTargets NAMESPACE epx:: DESTINATION ${EPX_CMAKE_DIR})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/epxConfig.cmake.in ${CMAKE_BINARY_DIR}/epxConfig.cmake

@@ -6,12 +6,18 @@
 //  - epx::engram: each rank writes its shard of a table and fetches rows of both shards,
 //    which must equal the table rows (and -1 a zero row);
 //  - epx::sim: the same dispatch and combine on the simulator transport, whose trace must
-//    record the puts between the two ranks and replay on a built-in hardware model.
+//    record the puts between the two ranks and replay on a built-in hardware model;
+//  - epx::eplb: 3 replicas of 2 experts of load 3 and 1: the heavier one gets the spare;
+//  - epx::lb: the (t, k) slots a routing sends each expert, counted by hand;
+//  - epx::diagnose: a 4-rank wait matrix whose rank 2 waits 100x the others: row 2 alone.
 // Exit status 0 when all hold.
 #include <epx/bucket.hpp>
 #include <epx/buffer.hpp>
+#include <epx/diagnose.hpp>
 #include <epx/engram.hpp>
+#include <epx/eplb.hpp>
 #include <epx/launch.hpp>
+#include <epx/lb.hpp>
 #include <epx/pp.hpp>
 #include <epx/sim/launch.hpp>
 #include <epx/sim/replay.hpp>
@@ -86,6 +92,30 @@ bool engram_fetch(epx::Transport& t) {
   return true;
 }
 
+// Local, pure calls of the planners and the diagnosis rule.
+bool eplb_plan() {
+  const epx::EplbPlan plan = epx::rebalance_experts({3.0f, 1.0f}, 1, 2, 3, 1, 1, 1);
+  const std::vector<std::int64_t> logcnt{2, 1};
+  int slots_of_0 = 0;
+  for (std::int64_t e : plan.phy2log) slots_of_0 += e == 0;
+  return plan.logcnt == logcnt && plan.phy2log.size() == 3 && slots_of_0 == 2;
+}
+
+bool lb_counts() {
+  const std::vector<std::int64_t> expect{1, 0, 2};  // topk_idx [2, 2] = {0, 2 | -1, 2}
+  return epx::count_expert_slots({0, 2, -1, 2}, 3) == expect;
+}
+
+bool diagnose_rule() {
+  constexpr int R = 4;
+  std::vector<double> m(R * R, 0.0);  // waits in us, m[src * R + dst]; the diagonal stays 0
+  for (int s = 0; s < R; ++s)
+    for (int d = 0; d < R; ++d)
+      if (s != d) m[s * R + d] = s == 2 ? 1000.0 : 10.0;
+  const epx::MatrixVerdict v = epx::diagnose_matrix(m, R);
+  return v.rows == std::vector<int>{2} && v.cols.empty() && v.points.empty();
+}
+
 }  // namespace
 
 int main() {
@@ -107,9 +137,11 @@ int main() {
   const epx::sim::CallTiming timing = epx::sim::replay_call(
       trace, static_cast<int>(trace.calls.size()) - 1, epx::sim::load_hardware("h800-deepep"), {});
   if (across == 0 || timing.ranks.size() != P || timing.max_rank.ps <= 0) sim = false;
-  std::printf("epx consumer: engine %s, bucket %s, pp %s, engram %s, sim %s (%llu bytes rank 0 -> 1, %s %.3f us)\n",
-              ep ? "ok" : "MISMATCH", bucket ? "ok" : "MISMATCH", pp ? "ok" : "MISMATCH",
-              engram ? "ok" : "MISMATCH", sim ? "ok" : "MISMATCH", static_cast<unsigned long long>(across),
-              timing.name.c_str(), static_cast<double>(timing.max_rank.ps) / 1e6);
-  return ep && bucket && pp && engram && sim ? 0 : 1;
+  const bool eplb = eplb_plan(), lb = lb_counts(), diagnose = diagnose_rule();
+  const auto word = [](bool ok) { return ok ? "ok" : "MISMATCH"; };
+  std::printf("epx consumer: engine %s, bucket %s, pp %s, engram %s, sim %s (%llu bytes rank 0 -> 1, %s %.3f us), "
+              "eplb %s, lb %s, diagnose %s\n",
+              word(ep), word(bucket), word(pp), word(engram), word(sim), static_cast<unsigned long long>(across),
+              timing.name.c_str(), static_cast<double>(timing.max_rank.ps) / 1e6, word(eplb), word(lb), word(diagnose));
+  return ep && bucket && pp && engram && sim && eplb && lb && diagnose ? 0 : 1;
 }

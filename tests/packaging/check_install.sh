@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# epx installed like any Python package, tested from outside the checkout:
+# epx installed, tested from outside the checkout:
+#   0. `cmake --install BUILD_DIR` into a temporary prefix: the headers installed are exactly
+#      include/epx/ (what a library user includes), none of the tools' (tools/include/), and
+#      each compiles on its own with only the prefix on the include path;
+# and like any Python package:
 #   1. `pip install --no-build-isolation .` into a fresh venv (Debian's Python with its
 #      torch and numpy: --system-site-packages), the module built in the existing build
 #      tree BUILD_DIR (nothing compiled twice), and a subset of tests/python run against it;
@@ -15,6 +19,26 @@ py=/usr/bin/python3
 unset PYTHONPATH  # the venvs' own package, not the build tree's that `run.sh test` exports
 tmp=$(mktemp -d /tmp/epx-install-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
+echo "check_install: cmake --install, every installed header on its own"
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+inc="$tmp/prefix/include"
+diff <(cd "$root/include" && find epx -type f | sort) <(cd "$inc" && find epx -type f | sort) \
+  || { echo "check_install: the installed headers are not include/epx/ (above: < not installed, > extra)"; exit 1; }
+tool_headers=$(cd "$root/tools/include" && find epx -type f | sort)
+[ -n "$tool_headers" ] || { echo "check_install: no tool header found under tools/include"; exit 1; }
+for h in $tool_headers; do
+  [ ! -e "$inc/$h" ] || { echo "check_install: tool header $h installed"; exit 1; }
+done
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+headers=$(cd "$inc" && find epx -name '*.hpp' | sort)
+n=$(echo "$headers" | wc -l)
+# One translation unit per header, nothing before it: a header that leans on an include of
+# its includer fails here. Two at a time.
+echo "$headers" | CXX="${cxx:-c++}" INC="$inc" xargs -P 2 -I{} sh -c \
+  'printf "#include <%s>\n" "$1" | "$CXX" -std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Werror -I"$INC" -x c++ - \
+   || { echo "check_install: $1 does not compile on its own"; exit 255; }' sh {}
+echo "check_install: $n installed headers, each compiles alone; none of the tools'"
+
 if ! "$py" -c "import build, setuptools, wheel, venv" 2>/dev/null; then
   echo "check_install: SKIP (needs python3-build python3-setuptools python3-wheel python3-venv)"; exit 0
 fi
