@@ -9,7 +9,8 @@
 //   * two "machines" (network namespaces, tests/multinode's layout; needs root and `ip`):
 //     2 x 2 ranks, auto picks ucx, the same bit-exact checks, and the bytes crossed the veth;
 //     the link cut mid-call: every rank raises within the timeout naming a peer, its machine
-//     and the phase.
+//     and the phase; a rank that closes while a peer on the other machine still signals it
+//     (the peer's calls complete) and one killed instead (they fail naming it).
 // Nothing is left in /dev/shm or among the System V segments; namespaces are removed.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -672,6 +673,112 @@ TEST(ConnectUcx, KilledRankOnTheOtherMachineFailsTheOthersAtOnce) {
     std::printf("rank %d: %s:%s\n", o.rank, o.code.c_str(), o.message.c_str());
   }
   m.remove();
+}
+
+// ---- closing: the goodbye ----
+
+// Rank 1 (machine 2) is done first: it releases its block and closes its group right after
+// the barrier, while rank 0 (machine 1), slower, goes on putting and signalling into that
+// block and completing those calls for 1.5 s (the last signals of a call that rank 1 no
+// longer waits for). Rank 0 writes "rounds N" when its loop ended without an error, then
+// waits for a signal rank 1 never sent; rank 1 writes "closed" once its group is gone.
+// `kill`: rank 1 is SIGKILLed after the barrier instead.
+void late_signals_to_a_closing_rank(Bootstrap& b, bool kill, const std::string& outcomes) {
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  auto t = connect_ucx(b, std::chrono::seconds(5));
+  constexpr std::size_t kBytes = std::size_t{64} << 10;
+  t->allocate(kBytes, 4);
+  t->barrier("closing: start");
+  if (b.rank() == 1) {
+    if (kill) ::raise(SIGKILL);
+    t->allocate(0, 0);  // released: rank 0's puts still arrive (into a block kept mapped)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    t.reset();  // the group's end: goodbye, then the connections close
+    std::ofstream(outcomes, std::ios::app) << "1 " << now_ms() << " closed\n";
+    return;
+  }
+  const std::vector<std::uint8_t> src(kBytes, 7);
+  const long long start = now_ms();
+  std::uint64_t rounds = 0;
+  const auto report = [&](const Error& e) {
+    std::string m = e.what();
+    std::replace(m.begin(), m.end(), '\n', ' ');
+    std::ofstream(outcomes, std::ios::app) << "0 " << now_ms() << ' ' << to_string(e.code()) << ' ' << m << "\n";
+  };
+  try {
+    while (now_ms() - start < 1500) {
+      t->put(1, 0, src.data(), kBytes, 0);
+      t->signal(1, 0, ++rounds, 0);
+      t->quiet(0);
+    }
+  } catch (const Error& e) {
+    return report(e);
+  }
+  std::ofstream(outcomes, std::ios::app) << "0 " << now_ms() << " rounds " << rounds << "\n";
+  try {
+    t->wait_signal(1, 1, WaitPoint{"closing: a signal rank 1 never sent", 1});
+    std::ofstream(outcomes, std::ios::app) << "0 " << now_ms() << " waited a signal nobody sent\n";
+  } catch (const Error& e) {
+    report(e);
+  }
+}
+
+// A rank that closes right after its last call while a peer on another machine still puts
+// and signals into it: the peer's calls all complete (rank 1 said goodbye; what it no longer
+// reads is dropped), rank 1 ends cleanly, and a wait for a signal rank 1 never sent fails at
+// once naming it, long before the 5 s timeout.
+TEST(ConnectUcx, LateSignalsToARankThatClosedComplete) {
+  std::string why;
+  if (!can_make_machines(why)) GTEST_SKIP() << why;
+  NothingLeft nothing_left;
+  ucx::Machines m(2);
+  ASSERT_TRUE(m.ready()) << m.error();
+  const std::string dir = std::filesystem::temp_directory_path() / ("epx-ucx-close-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string outcomes = dir + "/outcomes";
+  expect_all(run_ranks(2, m.names(), [&](Bootstrap& b) { late_signals_to_a_closing_rank(b, false, outcomes); }), "closing");
+  std::vector<Outcome> seen = read_outcomes(outcomes);
+  std::filesystem::remove_all(dir);
+  for (const Outcome& o : seen) std::printf("rank %d at %lld: %s%s\n", o.rank, o.at_ms, o.code.c_str(), o.message.c_str());
+  ASSERT_EQ(seen.size(), 3u) << "rank 1's close, rank 0's loop and its wait";
+  std::sort(seen.begin(), seen.end(), [](const Outcome& a, const Outcome& b) { return a.at_ms < b.at_ms; });
+  EXPECT_EQ(seen[0].rank, 1) << "rank 1 closed while rank 0 still signalled it";
+  EXPECT_EQ(seen[0].code, "closed");
+  EXPECT_EQ(seen[1].code, "rounds") << "rank 0's calls to the closed rank failed: " << seen[1].message;
+  EXPECT_GE(seen[1].at_ms - seen[0].at_ms, 500) << "rank 0's loop should run well past rank 1's end";
+  EXPECT_EQ(seen[2].code, "peer_failed") << seen[2].message;
+  EXPECT_NE(seen[2].message.find("rank 1 (node 1 '" + m.names()[1] + "', another machine) closed its group"), std::string::npos) << seen[2].message;
+  EXPECT_LT(seen[2].at_ms - seen[1].at_ms, 1000) << "the wait should fail at once: " << seen[2].message;
+  m.remove();
+  nothing_left.check();
+}
+
+// The same with rank 1 SIGKILLed instead of closing: it said no goodbye, so rank 0's calls
+// fail, naming rank 1 and its machine, within the timeout.
+TEST(ConnectUcx, SignalsToARankKilledWithoutGoodbyeFail) {
+  std::string why;
+  if (!can_make_machines(why)) GTEST_SKIP() << why;
+  NothingLeft nothing_left;
+  ucx::Machines m(2);
+  ASSERT_TRUE(m.ready()) << m.error();
+  const std::string dir = std::filesystem::temp_directory_path() / ("epx-ucx-vanish-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string outcomes = dir + "/outcomes";
+  const long long start = now_ms();
+  const auto ok = run_ranks(2, m.names(), [&](Bootstrap& b) { late_signals_to_a_closing_rank(b, true, outcomes); });
+  EXPECT_TRUE(ok[0]);
+  EXPECT_FALSE(ok[1]);
+  const std::vector<Outcome> seen = read_outcomes(outcomes);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(seen.size(), 1u) << "rank 0's one error";
+  const Outcome& o = seen[0];
+  std::printf("rank %d after %lld ms: %s:%s\n", o.rank, o.at_ms - start, o.code.c_str(), o.message.c_str());
+  EXPECT_TRUE(o.code == "peer_failed" || o.code == "timeout") << o.code << ":" << o.message;
+  EXPECT_NE(o.message.find("rank 1 (node 1 '" + m.names()[1] + "', another machine)"), std::string::npos) << o.message;
+  EXPECT_EQ(o.message.find("closed its group"), std::string::npos) << o.message;
+  EXPECT_LT(o.at_ms - start, 5000 + 3000) << o.message;
+  m.remove();
+  nothing_left.check();
 }
 
 }  // namespace

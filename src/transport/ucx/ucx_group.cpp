@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -17,6 +18,19 @@
 namespace epx::detail {
 
 using namespace ucx;
+
+namespace {
+// The groups with peers on other machines alive in this process, for their goodbye when it
+// exits with one still alive. Never destroyed: exit() still reads it.
+struct LiveGroups {
+  std::mutex mu;
+  std::vector<UcxGroup*> groups;
+};
+LiveGroups& live() {
+  static auto* groups = new LiveGroups;
+  return *groups;
+}
+}  // namespace
 
 UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
     : boot_(boot), rank_(boot.rank()), size_(boot.size()), timeout_(options.timeout), hook_(options.wait_hook) {
@@ -34,7 +48,9 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
   peer_state_.reset(new PeerState[P]);
   failed_.reset(new std::atomic<int>[P]);
   touched_.reset(new std::atomic<bool>[P]);
-  for (std::size_t p = 0; p < P; ++p) peer_state_[p] = {this, static_cast<int>(p)}, failed_[p] = 0, touched_[p] = false;
+  gets_.reset(new std::atomic<bool>[P]);
+  for (std::size_t p = 0; p < P; ++p)
+    peer_state_[p] = {this, static_cast<int>(p)}, failed_[p] = 0, touched_[p] = false, gets_[p] = false;
   caps_.name = "ucx";
   caps_.ordered_signal_per_queue = true;  // ucp_worker_fence before the signal's put
   caps_.max_queues = 64;                  // queues are labels here: a flush completes all of them
@@ -42,13 +58,36 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
   caps_.one_sided_get = true;             // ucp_get_nbx, completed by the flush
   try {
     connect_endpoints(start_worker());
+    if (remote_peers_) map_goodbye_block();
   } catch (...) {
     close_endpoints();
+    for (ucp_rkey_h k : goodbye_rkeys_)
+      if (k != nullptr) ucp_rkey_destroy(k);
+    if (goodbye_memh_ != nullptr) ucp_mem_unmap(context_, goodbye_memh_);
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     if (context_ != nullptr) ucp_cleanup(context_);
     throw;
   }
-  if (remote_peers_) start_progress();
+  if (!remote_peers_) return;
+  start_progress();
+  owner_ = ::getpid();
+  std::lock_guard<std::mutex> lock(live().mu);
+  live().groups.push_back(this);
+  static std::once_flag registered;
+  std::call_once(registered, [] { std::atexit(&UcxGroup::goodbye_at_exit); });
+}
+
+// A process that exits with a group alive (its owner never destroyed it: a Python program
+// that ends without destroy_process_group) says the group's goodbye from exit(): its peers'
+// last puts to it then end as complete instead of failing on the connections the exit
+// closes. The progress thread stops first (UCX's own teardown follows the handlers).
+void UcxGroup::goodbye_at_exit() noexcept {
+  std::lock_guard<std::mutex> lock(live().mu);
+  for (UcxGroup* g : live().groups) {
+    if (g->owner_ != ::getpid()) continue;  // inherited by fork: the parent's group
+    g->stop_progress();
+    g->say_goodbye();
+  }
 }
 
 void UcxGroup::start_progress() {
@@ -67,16 +106,111 @@ void UcxGroup::stop_progress() noexcept {
 }
 
 UcxGroup::~UcxGroup() {
-  stop_progress();  // the teardown's flushes progress the worker themselves
-  try {
-    flush(nullptr, true);  // this rank's last signals and puts reach their peers before the connections close
-  } catch (const Error&) {
-    // A peer that is gone cannot receive them anyway.
+  if (remote_peers_) {
+    std::lock_guard<std::mutex> lock(live().mu);
+    auto& v = live().groups;
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
   }
+  stop_progress();  // the teardown's flushes progress the worker themselves
+  say_goodbye();
   close_endpoints();
+  for (ucp_rkey_h k : goodbye_rkeys_)
+    if (k != nullptr) ucp_rkey_destroy(k);
   for (ucp_mem_h m : kept_) ucp_mem_unmap(context_, m);
+  if (goodbye_memh_ != nullptr) ucp_mem_unmap(context_, goodbye_memh_);
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
+}
+
+// How a rank closes (once: the group's end, or exit() with the group alive). First this
+// rank's own puts and signals complete at their targets (a peer may still wait for them);
+// then it sets its word in every other machine's ranks' goodbye blocks and completes those
+// puts too, while its blocks are all still mapped (a peer's late put lands harmlessly).
+// Only then do the connections close, so a peer that sees its operation to this rank fail
+// finds the word already set (it was written before the acknowledgement this rank waited
+// for) and takes the operation as complete. A peer that vanished without this (killed, its
+// link cut) leaves the word unset: its peers' calls fail naming it. Errors end nothing here:
+// a peer that is gone cannot receive anything anyway.
+void UcxGroup::say_goodbye() noexcept {
+  if (said_goodbye_.exchange(true)) return;
+  try {
+    flush(nullptr, true);
+  } catch (const Error&) {
+  }
+  if (goodbye_memh_ == nullptr) return;
+  static const std::uint64_t kSaid = 1;
+  for (int p = 0; p < size_; ++p) {
+    const auto up = static_cast<std::size_t>(p);
+    if (p == rank_ || same_node(p) || failed_[up].load(std::memory_order_relaxed) != 0 || closed(p)) continue;
+    ucp_request_param_t prm{};
+    ucs_status_ptr_t r = ucp_put_nbx(ep(p), &kSaid, sizeof kSaid, goodbye_remote_[up] + static_cast<std::uint64_t>(rank_) * sizeof kSaid,
+                                     goodbye_rkeys_[up], &prm);
+    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);  // the flush below waits for it
+  }
+  try {
+    flush(nullptr, true);
+  } catch (const Error&) {
+  }
+}
+
+// Every rank's goodbye block (P words, allocated and registered by UCX as the windows are):
+// its address and rkey go to every rank, which unpacks those of the other machines' ranks.
+void UcxGroup::map_goodbye_block() {
+  const auto P = static_cast<std::size_t>(size_);
+  goodbye_remote_.assign(P, 0);
+  goodbye_rkeys_.assign(P, nullptr);
+  std::string mine;
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = round_page(P * sizeof(std::uint64_t));
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  ucs_status_t s = ucp_mem_map(context_, &mp, &goodbye_memh_);
+  if (s != UCS_OK) {
+    goodbye_memh_ = nullptr;
+    mine = "!ucp_mem_map: " + status_text(s);
+  } else {
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+    ucp_mem_query(goodbye_memh_, &attr);
+    goodbye_ = static_cast<std::uint64_t*>(attr.address);
+    std::memset(goodbye_, 0, P * sizeof(std::uint64_t));
+    void* packed = nullptr;
+    std::size_t packed_size = 0;
+    s = ucp_rkey_pack(context_, goodbye_memh_, &packed, &packed_size);
+    if (s != UCS_OK) {
+      mine = "!ucp_rkey_pack: " + status_text(s);
+    } else {
+      const auto addr = reinterpret_cast<std::uint64_t>(goodbye_);
+      mine = "+";
+      mine.append(reinterpret_cast<const char*>(&addr), sizeof addr);
+      mine.append(static_cast<const char*>(packed), packed_size);
+      ucp_rkey_buffer_release(packed);
+    }
+  }
+  const std::vector<std::string> all = allgather_strings(boot_, mine);
+  for (int p = 0; p < size_; ++p) {
+    const std::string& blob = all[static_cast<std::size_t>(p)];
+    if (blob.size() < 1 + sizeof(std::uint64_t) || blob[0] != '+')
+      throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank_) + ": ucx: rank " + std::to_string(p) +
+                                            " cannot register its goodbye block: " + (blob.empty() ? "(nothing sent)" : blob.substr(1)), p);
+  }
+  for (int p = 0; p < size_; ++p) {
+    const auto up = static_cast<std::size_t>(p);
+    if (p == rank_ || same_node(p)) continue;
+    const std::string& blob = all[up];
+    std::memcpy(&goodbye_remote_[up], blob.data() + 1, sizeof(std::uint64_t));
+    s = ucp_ep_rkey_unpack(eps_[up], blob.data() + 1 + sizeof(std::uint64_t), &goodbye_rkeys_[up]);
+    if (s != UCS_OK) {
+      goodbye_rkeys_[up] = nullptr;
+      throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank_) + ": ucx: cannot unpack the goodbye block's rkey of " + describe(p) +
+                                              ": " + status_text(s), p);
+    }
+  }
+}
+
+bool UcxGroup::closed(int peer) const noexcept {
+  return goodbye_ != nullptr && std::atomic_ref<std::uint64_t>(goodbye_[static_cast<std::size_t>(peer)]).load(std::memory_order_acquire) != 0;
 }
 
 void UcxGroup::make_context() {
@@ -224,9 +358,12 @@ void UcxGroup::fence(int) {
   if (s != UCS_OK) throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank_) + ": ucx: ucp_worker_fence failed: " + status_text(s));
 }
 
-void UcxGroup::settle(ucs_status_ptr_t r, int peer, const char* what) {
+void UcxGroup::settle(ucs_status_ptr_t r, int peer, const char* what, bool is_get) {
   if (r == nullptr) return;
-  if (UCS_PTR_IS_ERR(r)) fail_peer(peer, UCS_PTR_STATUS(r), what);
+  if (UCS_PTR_IS_ERR(r)) {
+    if (!is_get && closed(peer)) return;  // it said goodbye: it reads nothing more
+    fail_peer(peer, UCS_PTR_STATUS(r), what);
+  }
   ucp_request_free(r);  // completes internally; the next flush waits for it
 }
 
@@ -235,7 +372,8 @@ void UcxGroup::fail_peer(int peer, ucs_status_t status, const char* what) const 
   throw Error(ErrorCode::kPeerFailed,
               "rank " + std::to_string(rank_) + ": ucx: " + what + " " + describe(peer) + " failed in phase '" + phase() +
                   "': " + status_text(status) +
-                  " (the peer ended or died, or the link to its machine is down)",
+                  (closed(peer) ? " (the peer closed its group: its program ended or destroyed the group)"
+                                : " (the peer ended or died without closing its group, or the link to its machine is down)"),
               peer);
 }
 
@@ -262,12 +400,14 @@ void UcxGroup::flush(std::uint64_t* lap_ns, bool teardown) {
     const auto up = static_cast<std::size_t>(p);
     if (p == rank_ || !touched_[up].load(std::memory_order_relaxed)) continue;
     if (teardown && failed_[up].load(std::memory_order_relaxed) != 0) continue;
+    // Cleared before the flush: a get issued meanwhile is checked by the next one.
+    const bool gets = gets_[up].exchange(false, std::memory_order_relaxed);
     ucs_status_ptr_t r = ucp_ep_flush_nbx(eps_[up], &prm);
-    if (UCS_PTR_IS_ERR(r) && !teardown) {
+    if (UCS_PTR_IS_ERR(r) && !teardown && lost_to(p, gets)) {
       for (const Pending& q : pending) ucp_request_free(q.request);
       fail_peer(p, UCS_PTR_STATUS(r), "completing puts to");
     }
-    if (UCS_PTR_IS_PTR(r)) pending.push_back({p, r});
+    if (UCS_PTR_IS_PTR(r)) pending.push_back({p, r, gets});
   }
   if (!pending.empty()) await_flushes(pending, lap_ns, teardown);
 }
@@ -288,8 +428,9 @@ void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_n
       }
       ucp_request_free(it->request);
       const int peer = it->peer;
+      const bool gets = it->gets;
       it = pending.erase(it);
-      if (s != UCS_OK && !teardown) {
+      if (s != UCS_OK && !teardown && lost_to(peer, gets)) {
         for (const Pending& q : pending) ucp_request_free(q.request);
         fail_peer(peer, s, "completing puts to");
       }
@@ -311,10 +452,23 @@ void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_n
   }
 }
 
-void UcxGroup::check_waiting(const WaitPoint& where, bool yielding) {
-  if (where.peer >= 0 && where.peer < size_) {
+void UcxGroup::check_waiting(const WaitPoint& where, bool yielding, const std::uint64_t* word, std::uint64_t at_least) {
+  if (where.peer >= 0 && where.peer < size_ && where.peer != rank_) {
     const int s = failed_[static_cast<std::size_t>(where.peer)].load(std::memory_order_relaxed);
-    if (s != 0) note(where.phase), fail_peer(where.peer, static_cast<ucs_status_t>(s), "the wait for");
+    const bool gone = closed(where.peer);
+    // The word again, after the failure or goodbye was seen: what the peer put before either
+    // is in this rank's memory by then (its puts complete before its goodbye is sent).
+    if ((s != 0 || gone) &&
+        std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(word)).load(std::memory_order_acquire) < at_least) {
+      note(where.phase);
+      if (!gone) fail_peer(where.peer, static_cast<ucs_status_t>(s), "the wait for");
+      broken_.store(true, std::memory_order_relaxed);
+      throw Error(ErrorCode::kPeerFailed,
+                  "rank " + std::to_string(rank_) + ": ucx: " + describe(where.peer) +
+                      " closed its group (its program ended or destroyed the group) while this rank waited for it in phase '" +
+                      where.phase + "'",
+                  where.peer);
+    }
   }
   if (!yielding) return;
   check_alive(where);

@@ -88,12 +88,23 @@ class UcxGroup {
   std::string phase() const;
 
   /// A non-blocking call's result: a request is handed back to UCX (completion is learned
-  /// by the next flush); an error means the peer's endpoint failed.
-  void settle(ucs_status_ptr_t r, int peer, const char* what);
+  /// by the next flush); an error means the peer's endpoint failed, which fails the call
+  /// unless the peer said goodbye and the call wrote to it (`is_get` false): see closed().
+  void settle(ucs_status_ptr_t r, int peer, const char* what, bool is_get = false);
+  /// `peer` (on another machine) closed its group cleanly: it completed its own puts, then
+  /// set its word in this rank's goodbye block. It reads nothing more, so a put or signal
+  /// to it is dropped, and one that fails on its closed connection is complete; a wait for
+  /// it that its words did not end fails at once. Ranks on this machine send no goodbye
+  /// (their puts are copies into memory that outlives them; a wait sees their end in /proc).
+  bool closed(int peer) const noexcept;
+  /// A get to `peer` went out: a flush that finds `peer` closed fails (its bytes are lost).
+  void note_get(int peer) noexcept { gets_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed); }
   /// Every operation this worker issued to a peer it talked to is complete at the target.
   void flush(std::uint64_t* lap_ns, bool teardown = false);
-  /// Between looks of a wait: the awaited peer's endpoint failed, or the caller's hook.
-  void check_waiting(const WaitPoint& where, bool yielding);
+  /// Between looks of a wait (whose word is still short of its value): the awaited peer's
+  /// endpoint failed or the peer said goodbye, or the caller's hook. `word` is looked at
+  /// again first: what the peer put before it failed or closed ends the wait.
+  void check_waiting(const WaitPoint& where, bool yielding, const std::uint64_t* word, std::uint64_t at_least);
   [[noreturn]] void fail_timeout(const WaitPoint& where) const;
   bool broken() const noexcept { return broken_.load(std::memory_order_relaxed); }
   /// Collective: every rank's `mine`, with the worker progressed meanwhile (a peer may still
@@ -110,8 +121,15 @@ class UcxGroup {
   struct Pending {
     int peer;
     void* request;
+    bool gets;  // a get from the peer was among what the flush completes
   };
   void await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_ns, bool teardown);
+  /// A flush to `peer` failed with `s`: nothing lost if the peer said goodbye and no get
+  /// from it was pending.
+  bool lost_to(int peer, bool gets_pending) const noexcept { return !closed(peer) || gets_pending; }
+  void map_goodbye_block();
+  void say_goodbye() noexcept;
+  static void goodbye_at_exit() noexcept;
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   void make_context();
   void make_worker();
@@ -136,6 +154,15 @@ class UcxGroup {
   std::unique_ptr<PeerState[]> peer_state_;         // [P] the error handler's argument
   std::unique_ptr<std::atomic<int>[]> failed_;      // [P] ucs_status_t of a failed endpoint, else 0
   std::unique_ptr<std::atomic<bool>[]> touched_;    // [P] an operation ever went to this peer
+  std::unique_ptr<std::atomic<bool>[]> gets_;       // [P] a get from this peer since the last flush began
+  // The goodbye block: word p is set by peer p when it closes (its put, after its own puts
+  // completed); peer p's copy of this rank's word is at goodbye_remote_[p] + 8 * rank.
+  ucp_mem_h goodbye_memh_ = nullptr;
+  std::uint64_t* goodbye_ = nullptr;
+  std::vector<std::uint64_t> goodbye_remote_;
+  std::vector<ucp_rkey_h> goodbye_rkeys_;
+  std::atomic<bool> said_goodbye_{false};
+  pid_t owner_ = 0;  // the process that made the group (a forked child must not say its goodbye)
   bool map_peers_ = true, remote_peers_ = false;
   std::vector<ProcessIdentity> lives_;              // [P] each rank's process, for the same-machine liveness check
   std::atomic<std::int64_t> next_life_check_{0};    // steady-clock ns of the next one (one thread of the rank at a time)

@@ -25,7 +25,10 @@ using namespace ucx;
 
 UcxTransport::UcxTransport(std::shared_ptr<UcxGroup> group) : group_(std::move(group)) {}
 
-UcxTransport::~UcxTransport() { release(); }
+UcxTransport::~UcxTransport() {
+  release();
+  for (ucp_mem_h m : retired_) group_->keep_mapped(m);
+}
 
 int UcxTransport::rank() const noexcept { return group_->rank(); }
 int UcxTransport::num_ranks() const noexcept { return group_->size(); }
@@ -35,8 +38,13 @@ void UcxTransport::enter_phase(const char* phase) noexcept { group_->note(phase)
 
 std::unique_ptr<Transport> UcxTransport::open_endpoint() { return std::make_unique<UcxTransport>(group_); }
 
-// After a failure a peer may still put into this block (UCX writes whatever arrives while
-// the worker progresses, unchecked): the block then stays mapped until the group's end.
+// A peer on another machine may still put into this block after this rank released it: a
+// failed peer, or a slower one still sending the last signals of a call this rank already
+// finished (UCX writes whatever arrives while the worker progresses, unchecked, so an
+// unmapped block would take them as a segfault or as writes into whatever is mapped there
+// next). With such peers the block stays mapped: until every rank has joined this
+// endpoint's next allocation (each released its own rkeys after completing its puts), else
+// until the group's end, after its goodbye.
 void UcxTransport::release() noexcept {
   if (memh_ == nullptr) return;
   try {
@@ -47,8 +55,17 @@ void UcxTransport::release() noexcept {
     if (k != nullptr) ucp_rkey_destroy(k), k = nullptr;
   rkeys_.clear();
   mapped_.clear();
-  if (group_->broken()) group_->keep_mapped(memh_);
-  else ucp_mem_unmap(group_->context(), memh_);
+  if (group_->broken()) {
+    group_->keep_mapped(memh_);
+  } else if (group_->has_remote_peers()) {
+    try {
+      retired_.push_back(memh_);
+    } catch (...) {
+      group_->keep_mapped(memh_);
+    }
+  } else {
+    ucp_mem_unmap(group_->context(), memh_);
+  }
   memh_ = nullptr;
   base_ = nullptr;
   block_bytes_ = window_bytes_ = num_signals_ = 0;
@@ -100,6 +117,8 @@ void UcxTransport::make_block(std::size_t window_bytes, std::size_t num_signals)
   signal_offset_ = round_page(window_bytes);
   block_bytes_ = signal_offset_ + (num_signals + static_cast<std::size_t>(P)) * sizeof(std::uint64_t);
   const std::vector<std::string> all = group_->exchange(map_block(block_bytes_));
+  for (ucp_mem_h m : retired_) ucp_mem_unmap(group_->context(), m);  // every rank is past its release now
+  retired_.clear();
   std::string why;  // "C..." (no block) or "P..." (no rkey) when this rank cannot go on
   for (int p = 0; p < P && why.empty(); ++p) {
     const std::string& blob = all[static_cast<std::size_t>(p)];
@@ -169,6 +188,7 @@ void UcxTransport::put(int peer, std::size_t offset, const void* src, std::size_
     if (group_->has_remote_peers() && (copied += bytes) >= kProgressEveryBytes) copied = 0, group_->progress();
     return;
   }
+  if (group_->closed(peer)) return;  // it said goodbye: it reads nothing more
   ucp_request_param_t prm{};
   group_->settle(ucp_put_nbx(group_->ep(peer), src, bytes, remote_base_[p] + offset, rkeys_[p], &prm), peer, "a put to");
 }
@@ -178,8 +198,9 @@ void UcxTransport::get(int peer, std::size_t offset, void* dst, std::size_t byte
   check_range("get", peer, offset, bytes);
   const auto p = static_cast<std::size_t>(peer);
   if (const std::byte* src = mapped_[p]) return static_cast<void>(std::memcpy(dst, src + offset, bytes));
+  group_->note_get(peer);
   ucp_request_param_t prm{};
-  group_->settle(ucp_get_nbx(group_->ep(peer), dst, bytes, remote_base_[p] + offset, rkeys_[p], &prm), peer, "a get from");
+  group_->settle(ucp_get_nbx(group_->ep(peer), dst, bytes, remote_base_[p] + offset, rkeys_[p], &prm), peer, "a get from", true);
 }
 
 void UcxTransport::ordered_set(int peer, std::size_t offset, std::uint64_t value) {
@@ -189,6 +210,7 @@ void UcxTransport::ordered_set(int peer, std::size_t offset, std::uint64_t value
     std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(dst + offset)).store(value, std::memory_order_release);
     return;
   }
+  if (group_->closed(peer)) return;     // it said goodbye: it reads nothing more
   group_->fence(peer);  // earlier puts to `peer` complete before what follows
   // The value must outlive the put, which may wait for room in UCX's send queue: a heap word
   // that the completion callback frees (or this call, if it completed at once).
@@ -233,7 +255,7 @@ void UcxTransport::wait_word(std::uint64_t* word, std::uint64_t at_least, const 
   for (;;) {
     group_->progress();  // over TCP a peer's put lands only while this rank progresses
     if (w.load(std::memory_order_acquire) >= at_least) break;
-    group_->check_waiting(where, backoff.yielding());
+    group_->check_waiting(where, backoff.yielding(), word, at_least);
     if (!backoff.step()) group_->fail_timeout(where);
   }
   // The acquire load that saw the value orders the puts before it (no fence: the sanitizer

@@ -22,7 +22,12 @@
 //     the peer, its node (hostname) and the phase; a peer whose endpoint failed is kPeerFailed;
 //   * barrier: signals through the block like the other transports (a deadline);
 //   * bootstrap calls (allocate's rkey exchange) run with a helper thread progressing the
-//     worker, so a peer that still completes puts to this rank is never stuck behind it.
+//     worker, so a peer that still completes puts to this rank is never stuck behind it;
+//   * closing (ucx_group.cpp, say_goodbye): a rank completes its puts, then sets its word in
+//     the goodbye block of every rank on another machine, then closes its connections; a
+//     put, signal or flush to a rank that said goodbye is complete (it reads nothing more),
+//     one to a rank that vanished without it fails naming the rank. A released block stays
+//     mapped until no peer can put into it any more.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -96,6 +101,9 @@ class UcxTransport final : public Transport {
   std::vector<std::uint64_t> remote_base_;  // [P] each peer's block address
   std::vector<ucp_rkey_h> rkeys_;           // [P] (nullptr for this rank)
   std::vector<std::byte*> mapped_;          // [P] where a same-machine peer's block is mapped here (ucp_rkey_ptr), else nullptr
+  // Released blocks a peer on another machine may still put into (release()): unmapped once
+  // every rank joined this endpoint's next allocation, else at the group's end.
+  std::vector<ucp_mem_h> retired_;
 };
 
 }  // namespace epx::detail
