@@ -57,8 +57,39 @@
 // destroy() throws kBadHandle at once, swallowed by their destructors) and never use them
 // again. The old Transport object stays valid for agree_survivors and rebuild_group until a
 // rebuild succeeded (a failed rebuild is retried from it), and must outlive the new group.
+//
+// Growing back, or growing: ranks join a running launch.
+//
+//   epx::launch({.num_ranks = 8, .elastic = true, .spare_ranks = 2}, [&](epx::Transport& t) {
+//     const epx::Admission* joined = epx::joined_admission();  // non-null in a joiner
+//     ...
+//     if (now->rank() == 0) epx::request_ranks(*now, 1);      // a replacement, or one more
+//     auto bigger = epx::admit(*now, {.joiners = 1, .tag = iteration});  // every member, same point
+//     if (bigger) { keep the old group alive; now = bigger.get(); rebuild Buffers for the new P }
+//   });
+//
+// request_ranks asks the launcher for new rank processes; each runs the launch's function
+// too, but only after it was admitted, on the group the admission made (joined_admission()
+// says so, with the members' tag: e.g. the iteration to start at). admit is collective over
+// the members of a group, at a point they agree on (the same iteration): the group's rank 0
+// waits (at most AdmitOptions::wait) for the joiners asked for to knock at the launch's door,
+// invites them, and every member and joiner maps the new group (old ranks keep their
+// numbers, joiners are numbered after them, in the order they were started). The members
+// then decide together, over the old group, whether every one of them saw the new group
+// stand: if a joiner died or never arrived, the new group is abandoned and admit returns
+// null, with the old group exactly as it was (its windows and Buffers untouched); else the
+// old group is retired as after rebuild_group and admit returns the new one. A member that
+// dies during admit makes the others throw is_peer_loss as in any call: agree_survivors on
+// the old group then. A joiner not admitted ends without running the function (not a
+// failure of the launch); one that died is in LaunchOptions::lost by its root number
+// (launch's num_ranks + the order it was started in).
+//
+// Support for admission: groups of an elastic launch with spare_ranks (and the groups rebuilt
+// or admitted from them). A connect()-ed group throws kUnsupported (its joiners would come
+// through the foreign bootstrap, which epx does not drive).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -109,5 +140,37 @@ inline constexpr std::size_t kMaxSumValues = 4;
 /// kMaxSumValues), e.g. the dropped (token, k) pairs and tokens of map_to_live_replicas.
 /// Throws kInvalidArgument on a bad count, kPeerFailed / kTimeout as any collective call.
 std::vector<std::int64_t> sum_over_group(Transport& transport, const std::vector<std::int64_t>& values);
+
+/// How a group admission went (the same on every member and joiner).
+struct Admission {
+  int round = 0;          ///< the admission's number in the group it ran in: 1, 2, ...
+  int old_num_ranks = 0;  ///< P of the admitting group
+  int joined = 0;         ///< joiners admitted: they are ranks old_num_ranks .. old_num_ranks + joined - 1
+  int new_rank = -1;      ///< this rank in the new group
+  std::uint64_t tag = 0;  ///< AdmitOptions::tag of the admitting group's rank 0
+};
+
+struct AdmitOptions {
+  int joiners = 1;                     ///< how many to admit (>= 1): admit waits for that many
+  std::chrono::milliseconds wait{0};   ///< how long rank 0 waits for them; 0: the group's timeout
+  std::uint64_t tag = 0;               ///< passed to the joiners (joined_admission()->tag)
+};
+
+/// Asks the launcher for `count` new rank processes (an elastic launch with spare_ranks, at
+/// most spare_ranks over the whole launch): local, returns at once. Throws kInvalidArgument
+/// past the spare ranks, kUnsupported outside such a launch.
+void request_ranks(Transport& transport, int count);
+
+/// Collective over the group's members (see above): the joiners knocking at the door (up to
+/// options.joiners, waiting for them at most options.wait) become ranks P.. of a new group.
+/// Returns the new group (`admission` filled), or null if none was admitted or the admission
+/// was abandoned (the old group as it was; admission->joined == 0). Throws is_peer_loss
+/// errors if a member is lost, kUnsupported outside an elastic launch with spare ranks.
+/// The returned transport must not outlive `group`.
+std::unique_ptr<Transport> admit(Transport& group, const AdmitOptions& options = {}, Admission* admission = nullptr);
+
+/// In a rank process started by request_ranks and admitted: how (tag included); null in the
+/// ranks the launch started.
+const Admission* joined_admission() noexcept;
 
 }  // namespace epx

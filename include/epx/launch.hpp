@@ -65,6 +65,11 @@ struct LaunchOptions {
   bool elastic = false;
   /// With `elastic`: if set, receives the ranks that died (ascending); empty if none did.
   std::vector<int>* lost = nullptr;
+  /// With `elastic`: how many ranks may join while the job runs (epx/elastic.hpp:
+  /// request_ranks, admit), over the whole launch. Joiner k (in the order they were asked
+  /// for) has the root number num_ranks + k (in `lost`, and in the launcher's messages).
+  /// num_ranks + spare_ranks <= max_ranks(kShm).
+  int spare_ranks = 0;
 };
 
 /// The function every rank runs. It may throw: the exception becomes the launch's error

@@ -43,6 +43,11 @@ struct alignas(8) RankSlot {  // 8-aligned: the window table follows the slots
   std::atomic<std::uint32_t> elastic_round{0};
   std::atomic<std::uint32_t> sum_round{0};
   std::atomic<std::int64_t> sum_words[2][kSumWords] = {};
+  // Admission (epx::admit): the last admission this rank arrived at, and, in a group an
+  // admission made, the rank's number in the launch's control block (its "root rank": the
+  // launcher records its death there), written by the group's maker before anyone reads it.
+  std::atomic<std::uint32_t> admit_round{0};
+  std::int32_t root_rank = -1;
 
   void set_phase(const char* p) noexcept;
   /// A copy of `phase` (NUL-terminated).
@@ -77,6 +82,15 @@ struct ControlBlock {
   std::atomic<std::uint32_t> elastic_ready{0};
   std::atomic<std::uint32_t> elastic_ready_failed{0};
   std::atomic<std::uint64_t> elastic_members[2][kMemberWords] = {};
+  // Admission of round g (epx::admit): the group's rank 0 publishes how many joiners it
+  // invited (admit_joined, then admit_decided = g; admit_failed = g when it could not make the
+  // new group's control block). In the control block of the group an admission makes: the
+  // members' verdict, 1 = the new group stands, 2 = it was abandoned (a joiner died or never
+  // arrived), which the joiners wait for.
+  std::atomic<std::uint32_t> admit_decided{0};
+  std::atomic<std::uint32_t> admit_failed{0};
+  std::atomic<std::int32_t> admit_joined{0};
+  std::atomic<std::uint32_t> admit_outcome{0};
   // Threads transport only: every rank's window base, published in allocate().
   // (Processes map segments by name instead.)
   RankSlot* ranks() noexcept { return reinterpret_cast<RankSlot*>(this + 1); }

@@ -15,10 +15,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "control_block.hpp"
+#include "door.hpp"
 #include "epx/launch.hpp"
 #include "shm/shm_transport.hpp"
 
@@ -52,7 +55,7 @@ ShmTransport& elastic_shm(Transport& t, const char* what) {
                     t.caps().name + "'");
   if (shm->retired_round() != 0)
     throw Error(ErrorCode::kBadHandle,
-                "rank " + std::to_string(t.rank()) + ": " + what + ": this group was rebuilt already (survivors' round " +
+                "rank " + std::to_string(t.rank()) + ": " + what + ": this group was rebuilt already (round " +
                     std::to_string(shm->retired_round()) + "): call it on the group the rebuild returned",
                 t.rank());
   return *shm;
@@ -91,12 +94,19 @@ class ElasticShmTransport final : public ShmTransport {
  public:
   ElasticShmTransport(ControlBlock* control, std::size_t control_bytes, int rank, const ShmTransport& parent,
                       std::string prefix, std::vector<int> root_ranks)
-      : ShmTransport(control, rank, parent.timeout(), std::move(prefix)),
+      : ElasticShmTransport(control, control_bytes, rank, parent.timeout(), std::move(prefix), parent.root_control(),
+                            std::move(root_ranks), parent.launcher_watched(), parent.wait_hook()) {}
+
+  /// A group without a parent transport in this process (a joiner's first group).
+  ElasticShmTransport(ControlBlock* control, std::size_t control_bytes, int rank, std::chrono::milliseconds timeout,
+                      std::string prefix, ControlBlock* root, std::vector<int> root_ranks, bool launched,
+                      std::function<void()> wait_hook)
+      : ShmTransport(control, rank, timeout, std::move(prefix)),
         control_bytes_(control_bytes),
-        root_(parent.root_control()),
+        root_(root),
         root_ranks_(std::move(root_ranks)),
-        launched_(parent.launcher_watched()) {
-    wait_hook_ = parent.wait_hook();
+        launched_(launched) {
+    wait_hook_ = std::move(wait_hook);
     disarm_fault_hook();
     mirror_phases_to(root_, root_ranks_[static_cast<std::size_t>(rank)]);
   }
@@ -151,7 +161,104 @@ bool wait_for(std::chrono::milliseconds timeout, Done done) {
   return true;
 }
 
+constexpr auto kSeatStarted = static_cast<std::uint32_t>(SeatState::kStarted);
+constexpr auto kSeatKnocking = static_cast<std::uint32_t>(SeatState::kKnocking);
+constexpr auto kSeatClaimed = static_cast<std::uint32_t>(SeatState::kClaimed);
+constexpr auto kSeatInvited = static_cast<std::uint32_t>(SeatState::kInvited);
+constexpr auto kSeatAdmitted = static_cast<std::uint32_t>(SeatState::kAdmitted);
+constexpr auto kSeatLeft = static_cast<std::uint32_t>(SeatState::kLeft);
+constexpr std::uint32_t kAdmitStands = 1, kAdmitAbandoned = 2;
+
+std::optional<Admission> g_joined;
+
+bool root_failed(ControlBlock* root, int r) {
+  return root->ranks()[r].state.load(std::memory_order_acquire) == kFailed;
+}
+
+Door& launch_door(const ShmTransport& t, const char* what) {
+  if (t.launcher_watched() && g_launch_door != nullptr && g_launch_door->num_seats > 0) return *g_launch_door;
+  throw Error(ErrorCode::kUnsupported,
+              rank_str(t.rank()) + ": " + what + ": ranks join only the groups of an elastic epx::launch with " +
+                  "LaunchOptions::spare_ranks > 0; " +
+                  (t.launcher_watched() ? "this launch has no spare ranks" : "this group is connect()-ed (its joiners would "
+                                                                             "come through a bootstrap epx does not drive)"),
+              t.rank());
+}
+
+std::size_t block_bytes(int P) { return (ControlBlock::bytes_for(P) + 4095) / 4096 * 4096; }
+
+void* map_block(const std::string& name, std::size_t bytes) {
+  void* memory = MAP_FAILED;
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd >= 0) {
+    memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+  }
+  return memory;
+}
+
+std::vector<int> root_ranks_of(ControlBlock* c) {
+  std::vector<int> roots(static_cast<std::size_t>(c->num_ranks));
+  for (int i = 0; i < c->num_ranks; ++i) roots[static_cast<std::size_t>(i)] = c->ranks()[i].root_rank;
+  return roots;
+}
+
 }  // namespace
+
+Door* g_launch_door = nullptr;
+ControlBlock* g_launch_root = nullptr;
+
+Door* Door::create(void* memory, int first_root, int seats) noexcept {
+  auto* d = new (memory) Door();
+  d->first_root = first_root;
+  d->num_seats = seats;
+  for (int i = 0; i < seats; ++i) new (&d->seat(i)) Seat();
+  return d;
+}
+
+std::unique_ptr<Transport> join_at_door(ControlBlock* root, Door* door, int s, std::chrono::milliseconds timeout) {
+  Seat& seat = door->seat(s);
+  const int me = door->first_root + s;
+  auto leave = [&]() -> std::unique_ptr<Transport> {
+    seat.state.store(kSeatLeft, std::memory_order_release);
+    return nullptr;
+  };
+  root->enter_phase(me, "elastic knock");
+  seat.state.store(kSeatKnocking, std::memory_order_release);
+  wait_for(timeout, [&] {
+    return seat.state.load(std::memory_order_acquire) != kSeatKnocking || door->closed.load(std::memory_order_acquire) != 0;
+  });
+  std::uint32_t knocking = kSeatKnocking;
+  if (seat.state.compare_exchange_strong(knocking, kSeatLeft, std::memory_order_acq_rel)) return nullptr;
+  // Claimed by an admitting group's rank 0: its invitation follows.
+  if (!wait_for(timeout, [&] { return seat.state.load(std::memory_order_acquire) == kSeatInvited; })) return leave();
+
+  FaultPlan fault = FaultPlan::from_env();  // the tests' "a joiner dies while joining"
+  fault.maybe_fire(me, "elastic admit");
+  root->enter_phase(me, "elastic admit");
+  const std::string prefix = seat.prefix;
+  void* memory = map_block("/" + prefix + "ctl", seat.control_bytes);
+  if (memory == MAP_FAILED) return leave();  // abandoned and unlinked before this joiner came
+  auto* c = static_cast<ControlBlock*>(memory);
+  std::vector<int> roots = root_ranks_of(c);
+  const int leader_root = roots[0];
+  auto group = std::make_unique<ElasticShmTransport>(c, static_cast<std::size_t>(seat.control_bytes), seat.new_rank,
+                                                     timeout, prefix, root, std::move(roots), true, std::function<void()>());
+  try {
+    group->join("elastic admit");
+  } catch (const Error&) {
+    // The members' verdict decides, not what this joiner saw.
+  }
+  wait_for(timeout, [&] {
+    return c->admit_outcome.load(std::memory_order_acquire) != 0 || root_failed(root, leader_root);
+  });
+  if (c->admit_outcome.load(std::memory_order_acquire) != kAdmitStands) return leave();
+  g_joined = Admission{static_cast<int>(seat.round), seat.old_num_ranks, seat.num_ranks - seat.old_num_ranks,
+                       seat.new_rank, seat.tag};
+  seat.state.store(kSeatAdmitted, std::memory_order_release);
+  return group;
+}
+
 }  // namespace detail
 
 Membership agree_survivors(Transport& transport) {
@@ -308,5 +415,171 @@ std::vector<std::int64_t> sum_over_group(Transport& transport, const std::vector
   }
   return total;
 }
+
+void request_ranks(Transport& transport, int count) {
+  using namespace detail;
+  ShmTransport& t = elastic_shm(transport, "request_ranks");
+  Door& door = launch_door(t, "request_ranks");
+  if (count < 1)
+    throw Error(ErrorCode::kInvalidArgument, rank_str(t.rank()) + ": request_ranks: count must be >= 1, got " + std::to_string(count),
+                t.rank());
+  std::uint32_t asked = door.requested.load(std::memory_order_acquire);
+  do {
+    if (static_cast<std::int64_t>(asked) + count > door.num_seats)
+      throw Error(ErrorCode::kInvalidArgument,
+                  rank_str(t.rank()) + ": request_ranks: " + std::to_string(count) + " more rank(s) asked for, but the launch has " +
+                      "spare_ranks = " + std::to_string(door.num_seats) + " and " + std::to_string(asked) + " were asked for already",
+                  t.rank());
+  } while (!door.requested.compare_exchange_weak(asked, asked + static_cast<std::uint32_t>(count), std::memory_order_acq_rel));
+}
+
+std::unique_ptr<Transport> admit(Transport& transport, const AdmitOptions& options, Admission* admission) {
+  using namespace detail;
+  ShmTransport& t = elastic_shm(transport, "admit");
+  Door& door = launch_door(t, "admit");
+  const int P = t.num_ranks(), me = t.rank();
+  const std::string who = rank_str(me) + ": admit";
+  if (options.joiners < 1 || options.wait.count() < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                who + ": AdmitOptions::joiners must be >= 1 and wait >= 0, got " + std::to_string(options.joiners) + " and " +
+                    std::to_string(options.wait.count()) + " ms",
+                me);
+  ControlBlock* c = t.control_block();
+  ControlBlock* root = t.root_control();
+  t.enter_phase("elastic admit");
+  const std::uint32_t g = c->ranks()[me].admit_round.load(std::memory_order_relaxed) + 1;
+  c->ranks()[me].admit_round.store(g, std::memory_order_release);
+  const std::string prefix = t.prefix() + "a" + std::to_string(g) + "-";
+  const std::string name = "/" + prefix + "ctl";
+  const auto wait = options.wait.count() > 0 ? options.wait : t.timeout();
+  Admission a;
+  a.round = static_cast<int>(g);
+  a.old_num_ranks = P;
+  a.new_rank = me;
+  a.tag = options.tag;
+  if (admission != nullptr) *admission = a;
+  void* memory = MAP_FAILED;
+
+  if (me == 0) {
+    // The joiners knocking now (alive), and how many more may still come: asked for but not
+    // started, or started and not knocking yet.
+    auto knocking = [&] {
+      std::vector<int> seats;
+      for (int s = 0; s < door.num_seats; ++s)
+        if (door.seat(s).state.load(std::memory_order_acquire) == kSeatKnocking && !root_failed(root, door.first_root + s))
+          seats.push_back(s);
+      return seats;
+    };
+    auto coming = [&] {
+      int n = static_cast<int>(door.requested.load(std::memory_order_acquire)) -
+              static_cast<int>(door.started.load(std::memory_order_acquire));
+      for (int s = 0; s < door.num_seats; ++s)
+        n += door.seat(s).state.load(std::memory_order_acquire) == kSeatStarted && !root_failed(root, door.first_root + s);
+      return n;
+    };
+    wait_for(wait, [&] { return static_cast<int>(knocking().size()) >= options.joiners || coming() == 0; });
+    std::vector<int> seats;
+    for (int s : knocking()) {
+      if (static_cast<int>(seats.size()) == options.joiners) break;
+      std::uint32_t k = kSeatKnocking;
+      if (door.seat(s).state.compare_exchange_strong(k, kSeatClaimed, std::memory_order_acq_rel)) seats.push_back(s);
+    }
+    const int J = static_cast<int>(seats.size());
+    if (J > 0) {
+      const int Q = P + J;
+      const std::size_t bytes = block_bytes(Q);
+      const int fd = prefix.size() < sizeof(Seat::prefix) ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600) : -1;
+      if (fd >= 0) {
+        if (ftruncate(fd, static_cast<off_t>(bytes)) == 0)
+          memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+      }
+      if (memory == MAP_FAILED) {
+        const std::string why = fd < 0 && prefix.size() >= sizeof(Seat::prefix) ? "the name is too long" : std::strerror(errno);
+        shm_unlink(name.c_str());
+        for (int s : seats) door.seat(s).state.store(kSeatKnocking, std::memory_order_release);  // for a later admission
+        c->admit_failed.store(g, std::memory_order_release);
+        throw Error(ErrorCode::kIo, who + ": cannot create the new group's control block " + name + ": " + why, me);
+      }
+      ControlBlock* fresh = ControlBlock::create(memory, Q, c->job_id);
+      for (int i = 0; i < P; ++i) {
+        fresh->ranks()[i].root_rank = t.root_rank(i);
+        record_identity(identity_of(c->ranks()[i]), fresh->ranks()[i]);
+      }
+      for (int k = 0; k < J; ++k) {
+        fresh->ranks()[P + k].root_rank = door.first_root + seats[static_cast<std::size_t>(k)];
+        Seat& seat = door.seat(seats[static_cast<std::size_t>(k)]);
+        seat.round = g;
+        seat.new_rank = P + k;
+        seat.num_ranks = Q;
+        seat.old_num_ranks = P;
+        seat.tag = options.tag;
+        seat.control_bytes = bytes;
+        std::memcpy(seat.prefix, prefix.c_str(), prefix.size() + 1);
+        seat.state.store(kSeatInvited, std::memory_order_release);
+      }
+    }
+    c->admit_joined.store(J, std::memory_order_relaxed);
+    c->admit_decided.store(g, std::memory_order_release);
+  } else {
+    LossWatch is_lost(t);
+    const bool ready = wait_for(wait + t.timeout(), [&] {
+      return c->admit_decided.load(std::memory_order_acquire) >= g || c->admit_failed.load(std::memory_order_acquire) >= g ||
+             is_lost(0);
+    });
+    if (c->admit_failed.load(std::memory_order_acquire) >= g)
+      throw Error(ErrorCode::kIo, who + ": rank 0 could not create the new group's control block", 0);
+    if (c->admit_decided.load(std::memory_order_acquire) < g)
+      throw Error(ready ? ErrorCode::kPeerFailed : ErrorCode::kTimeout,
+                  who + ": rank 0 " +
+                      (ready ? std::string("died while admitting")
+                             : "published no admission within " + std::to_string((wait + t.timeout()).count()) + " ms"),
+                  0);
+  }
+  const int J = c->admit_joined.load(std::memory_order_relaxed);
+  if (J == 0) return nullptr;  // nobody knocked: the group as it was
+
+  // Every member and joiner maps the new group and meets in its first barrier.
+  const int Q = P + J;
+  const std::size_t bytes = block_bytes(Q);
+  if (me != 0) memory = map_block(name, bytes);
+  std::unique_ptr<ElasticShmTransport> group;
+  bool stands = false;
+  if (memory != MAP_FAILED) {
+    auto* fresh = static_cast<ControlBlock*>(memory);
+    group = std::make_unique<ElasticShmTransport>(fresh, bytes, me, t, prefix, root_ranks_of(fresh));
+    try {
+      group->join("elastic admit");
+      stands = true;
+    } catch (const Error&) {
+      // A joiner died or never came: the members decide below, together.
+    }
+  }
+  // The verdict, over the old group (still whole): the new group stands only if it stood
+  // for every member; a barrier can pass on one member and fail on another when a joiner
+  // dies right after arriving.
+  std::vector<std::int64_t> failed;
+  try {
+    failed = sum_over_group(t, {stands ? 0 : 1});
+  } catch (...) {
+    if (me == 0) {
+      static_cast<ControlBlock*>(memory)->admit_outcome.store(kAdmitAbandoned, std::memory_order_release);
+      shm_unlink(name.c_str());
+    }
+    throw;
+  }
+  const bool commit = failed[0] == 0;
+  if (me == 0) {
+    static_cast<ControlBlock*>(memory)->admit_outcome.store(commit ? kAdmitStands : kAdmitAbandoned, std::memory_order_release);
+    shm_unlink(name.c_str());  // every joiner that could still use it has mapped it
+  }
+  if (!commit) return nullptr;  // `group` goes: the old group goes on as it was
+  t.release_windows();
+  t.retire(static_cast<int>(g));
+  if (admission != nullptr) admission->joined = J;
+  return group;
+}
+
+const Admission* joined_admission() noexcept { return detail::g_joined ? &*detail::g_joined : nullptr; }
 
 }  // namespace epx

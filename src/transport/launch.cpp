@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "control_block.hpp"
+#include "door.hpp"
 #include "epx/error.hpp"
 #include "epx/spi/janitor.hpp"
 #include "epx/spi/resources.hpp"
@@ -95,8 +97,8 @@ void run_rank(ControlBlock* control, int rank, Transport& transport, const RankF
 // first, else the lowest rank that reported an error naming someone, else any failure.
 // With `lost` (an elastic launch): the ranks that died are not the launch's failure as long
 // as some rank ended normally, and a survivor's own failure is reported before them.
-void throw_if_failed(ControlBlock* control, const std::vector<bool>* lost = nullptr) {
-  const int P = control->num_ranks;
+void throw_if_failed(ControlBlock* control, const std::vector<bool>* lost = nullptr, int num_slots = -1) {
+  const int P = num_slots >= 0 ? num_slots : control->num_ranks;
   int pick = -1, pick_quality = 0;
   bool survivor_failed = false;
   if (lost != nullptr) {
@@ -256,24 +258,77 @@ std::vector<pid_t> fork_ranks(const LaunchOptions& opt, ControlBlock* control, c
   return pids;
 }
 
+// Forks the process of joiner `seat` (epx::request_ranks): it waits at the door to be
+// admitted, then runs `fn` on the group that admitted it; not admitted, it ends as done
+// without running it. -1 if the fork failed (recorded as its failure).
+pid_t fork_joiner(const LaunchOptions& opt, ControlBlock* control, detail::Door* door, int seat, const RankFn& fn,
+                  pid_t launcher, const struct sigaction& old_int, const struct sigaction& old_term) {
+  const int r = door->first_root + seat;
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(1);
+    detail::janitor_after_fork_in_child();
+    start_on_own_cpu(r);
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    int code = 0;
+    {
+      std::unique_ptr<Transport> group;
+      try {
+        group = detail::join_at_door(control, door, seat, opt.timeout);
+      } catch (...) {
+        group.reset();
+      }
+      if (group) {
+        run_rank(control, r, *group, fn);
+        code = control->ranks()[r].state.load() == static_cast<std::int32_t>(RankState::kDone) ? 0 : 1;
+      } else {
+        control->ranks()[r].state.store(static_cast<std::int32_t>(RankState::kDone), std::memory_order_release);
+      }
+    }
+    std::fflush(nullptr);
+    _exit(code);
+  }
+  if (pid < 0) {
+    const std::string msg = "launch: fork of joining rank " + std::to_string(r) + " failed";
+    control->record_failure(r, static_cast<int>(ErrorCode::kInternal), r, msg.c_str());
+    door->seat(seat).state.store(static_cast<std::uint32_t>(detail::SeatState::kLeft), std::memory_order_release);
+    return -1;
+  }
+  control->ranks()[r].pid.store(pid);
+  return pid;
+}
+
 // Reaps the rank processes. After the first failure the others get a grace period to fail
 // by themselves (they see the failure in their next wait), then they are killed.
 class RankReaper {
  public:
-  RankReaper(const LaunchOptions& opt, ControlBlock* control, std::vector<pid_t> pids, std::int64_t oom_kills_before)
-      : opt_(opt), control_(control), P_(opt.num_ranks), pids_(std::move(pids)), oom_kills_before_(oom_kills_before),
+  /// `spawn(seat)`: forks joiner `seat` of `door` (null: no spare ranks), its pid or -1.
+  RankReaper(const LaunchOptions& opt, ControlBlock* control, std::vector<pid_t> pids, std::int64_t oom_kills_before,
+             detail::Door* door = nullptr, std::function<pid_t(int)> spawn = {})
+      : opt_(opt), control_(control), P_(opt.num_ranks), n_(opt.num_ranks), pids_(std::move(pids)),
+        oom_kills_before_(oom_kills_before),
         grace_(std::min<std::chrono::milliseconds>(opt.timeout, std::chrono::milliseconds(5000))),
-        stopped_in_(at(P_)), lost_(at(P_), false), killed_stopped_(at(P_), false) {
+        stopped_in_(at(P_ + opt.spare_ranks)), lost_(at(P_ + opt.spare_ranks), false),
+        killed_stopped_(at(P_ + opt.spare_ranks), false), door_(door), spawn_(std::move(spawn)) {
     for (pid_t p : pids_) alive_ += p > 0;
     started_ = alive_;
+    pids_.resize(at(P_ + opt.spare_ranks), -1);
   }
+
+  /// Slots in use: the launched ranks, then the joiners started so far.
+  int num_slots() const { return n_; }
 
   // Until every started rank is reaped.
   void run() {
     while (alive_ > 0) {
+      if (door_ != nullptr) start_joiners();
       bool reaped = false;
-      for (int r = 0; r < P_; ++r) reaped = poll(r) || reaped;
+      for (int r = 0; r < n_; ++r) reaped = poll(r) || reaped;
       if (reaped) continue;
+      if (door_ != nullptr) close_door_if_only_joiners_wait();
       if (opt_.elastic) kill_if_only_stopped_left();
       stop_on_interrupt();
       kill_after_deadline();
@@ -286,6 +341,34 @@ class RankReaper {
 
  private:
   static std::size_t at(int r) { return static_cast<std::size_t>(r); }
+
+  // The ranks asked for (request_ranks) that have no process yet get one (not once the job
+  // is being stopped).
+  void start_joiners() {
+    while (door_->started.load(std::memory_order_acquire) < door_->requested.load(std::memory_order_acquire)) {
+      if (!no_deadline() || g_interrupted) return;
+      const int seat = static_cast<int>(door_->started.load(std::memory_order_relaxed));
+      door_->seat(seat).state.store(static_cast<std::uint32_t>(detail::SeatState::kStarted), std::memory_order_release);
+      door_->started.fetch_add(1, std::memory_order_acq_rel);
+      const int r = P_ + seat;
+      n_ = std::max(n_, r + 1);
+      const pid_t pid = spawn_(seat);
+      pids_[at(r)] = pid;
+      if (pid > 0) ++alive_, ++started_;
+    }
+  }
+
+  // Once no rank that could admit them runs any more, the joiners still waiting leave.
+  void close_door_if_only_joiners_wait() {
+    if (door_->closed.load(std::memory_order_relaxed) != 0) return;
+    for (int r = 0; r < n_; ++r) {
+      if (pids_[at(r)] <= 0) continue;
+      if (r < P_) return;
+      const auto st = static_cast<detail::SeatState>(door_->seat(r - P_).state.load(std::memory_order_acquire));
+      if (st != detail::SeatState::kStarted && st != detail::SeatState::kKnocking) return;
+    }
+    door_->closed.store(1, std::memory_order_release);
+  }
   bool no_deadline() const { return kill_deadline_ == std::chrono::steady_clock::time_point::max(); }
 
   // Rank r's process, if it changed state: true when it ended (and was reaped).
@@ -343,10 +426,10 @@ class RankReaper {
   void kill_if_only_stopped_left() {
     if (alive_ >= started_ || !no_deadline()) return;
     bool all_stopped = true;
-    for (int r = 0; r < P_; ++r)
+    for (int r = 0; r < n_; ++r)
       if (pids_[at(r)] > 0) all_stopped &= !stopped_in_[at(r)].empty();
     if (!all_stopped) return;
-    for (int r = 0; r < P_; ++r)
+    for (int r = 0; r < n_; ++r)
       if (pids_[at(r)] > 0 && !killed_stopped_[at(r)]) {
         killed_stopped_[at(r)] = true;
         kill(pids_[at(r)], SIGKILL);
@@ -355,7 +438,7 @@ class RankReaper {
 
   void stop_on_interrupt() {
     if (!g_interrupted || !no_deadline()) return;
-    for (int r = 0; r < P_; ++r) control_->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), -1, "interrupted");
+    for (int r = 0; r < n_; ++r) control_->record_failure(r, static_cast<int>(ErrorCode::kPeerFailed), -1, "interrupted");
     for (pid_t p : pids_)
       if (p > 0) kill(p, SIGTERM);
     kill_deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
@@ -371,6 +454,7 @@ class RankReaper {
   const LaunchOptions& opt_;
   ControlBlock* control_;
   const int P_;
+  int n_;
   std::vector<pid_t> pids_;
   const std::int64_t oom_kills_before_;
   const std::chrono::milliseconds grace_;
@@ -379,14 +463,24 @@ class RankReaper {
   bool killed_ = false;
   std::vector<std::string> stopped_in_;  // "was stopped by signal 19 ..." while stopped
   std::vector<bool> lost_, killed_stopped_;  // died; stopped and killed once every other rank had ended
+  detail::Door* door_;
+  std::function<pid_t(int)> spawn_;
 };
 
 void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
   const int P = opt.num_ranks;
-  const std::size_t bytes = ControlBlock::bytes_for(P);
+  // With spare ranks the block has a slot for each joiner too (the launcher records their
+  // deaths there), while the launched group is P ranks; the door follows it.
+  const std::size_t control_bytes = (ControlBlock::bytes_for(P + opt.spare_ranks) + 63) / 64 * 64;
+  const std::size_t bytes = control_bytes + (opt.spare_ranks > 0 ? detail::Door::bytes_for(opt.spare_ranks) : 0);
   void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) throw Error(ErrorCode::kIo, "launch: cannot map the control block");
-  ControlBlock* control = ControlBlock::create(memory, P, new_job_id());
+  ControlBlock* control = ControlBlock::create(memory, P + opt.spare_ranks, new_job_id());
+  control->num_ranks = P;
+  detail::Door* door = nullptr;
+  if (opt.spare_ranks > 0) door = detail::Door::create(static_cast<std::byte*>(memory) + control_bytes, P, opt.spare_ranks);
+  detail::g_launch_door = door;  // the ranks forked below inherit it
+  detail::g_launch_root = control;
   // If this launcher is SIGKILLed, its ranks die with it (PR_SET_PDEATHSIG) and the
   // janitor unlinks whatever segment a rank had not unlinked yet.
   detail::unlink_segments_at_exit(detail::ShmTransport::segment_prefix(control->job_id));
@@ -401,19 +495,23 @@ void launch_processes(const LaunchOptions& opt, const RankFn& fn) {
   sigaction(SIGTERM, &sa, &old_term);
   g_interrupted = 0;
 
-  RankReaper reaper(opt, control, fork_ranks(opt, control, fn, getpid(), old_int, old_term), oom_kills_before);
+  const pid_t launcher = getpid();
+  RankReaper reaper(opt, control, fork_ranks(opt, control, fn, launcher, old_int, old_term), oom_kills_before, door,
+                    [&](int seat) { return fork_joiner(opt, control, door, seat, fn, launcher, old_int, old_term); });
   reaper.run();
+  detail::g_launch_door = nullptr;
+  detail::g_launch_root = nullptr;
   detail::ShmTransport::unlink_leftovers(control->job_id);
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   const std::vector<bool>& lost = reaper.lost();
   if (opt.lost != nullptr) {
     opt.lost->clear();
-    for (int r = 0; r < P; ++r)
+    for (int r = 0; r < reaper.num_slots(); ++r)
       if (lost[static_cast<std::size_t>(r)]) opt.lost->push_back(r);
   }
   try {
-    throw_if_failed(control, opt.elastic ? &lost : nullptr);
+    throw_if_failed(control, opt.elastic ? &lost : nullptr, reaper.num_slots());
   } catch (...) {
     munmap(memory, bytes);
     if (g_interrupted) raise(g_interrupted);
@@ -430,6 +528,11 @@ void check_launch_options(const LaunchOptions& options) {
                     "' (at most " + std::to_string(kMaxRanks) + ", and " + std::to_string(kMaxRanksPerCore) +
                     " per online core for processes), got " + std::to_string(options.num_ranks));
   checked_timeout(options.timeout.count(), "launch: timeout");
+  if (options.spare_ranks != 0 &&
+      (!options.elastic || options.spare_ranks < 0 || options.num_ranks + options.spare_ranks > most))
+    throw Error(ErrorCode::kInvalidArgument,
+                "launch: spare_ranks needs elastic and must be in [0, " + std::to_string(most - options.num_ranks) +
+                    "] (num_ranks + spare_ranks <= " + std::to_string(most) + "), got " + std::to_string(options.spare_ranks));
   if (options.elastic && options.transport != TransportKind::kShm)
     throw Error(ErrorCode::kUnsupported, std::string("launch: elastic needs the shm transport (a process per rank: a rank "
                                                      "that dies must not take the others with it), not '") +

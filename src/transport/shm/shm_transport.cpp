@@ -82,9 +82,9 @@ void ShmTransport::require_live(const char* call) const {
   const int round = retired_round();
   if (round == 0) return;
   throw Error(ErrorCode::kBadHandle,
-              "rank " + std::to_string(rank()) + ": " + call + " on a group that was rebuilt without its lost ranks " +
-                  "(survivors' round " + std::to_string(round) + "): a buffer of the old group cannot be used any more; " +
-                  "build it again on the group the rebuild returned",
+              "rank " + std::to_string(rank()) + ": " + call + " on a group that was rebuilt (without its lost ranks, or with the " +
+                  "ranks it admitted; round " + std::to_string(round) + "): a buffer of the old group cannot be used any " +
+                  "more; build it again on the group the rebuild or admission returned",
               rank());
 }
 
