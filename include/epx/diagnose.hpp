@@ -14,7 +14,8 @@
 // whole matrix after each exchange.
 //
 // The verdict is DeepEP's rule (deep_ep/diagnose.py, diagnose_matrix) — ratios to a typical
-// value — with the typical value taken from the OTHERS (docs/diagnose.md, "The verdict"):
+// value — with the typical value taken from the OTHERS, never including the value judged
+// (docs/diagnose.md, "The verdict"):
 //   * abnormal row s:    mean of row s    / mean of the other rows' means    > thresholds.row   (3): a
 //                        slow source — every rank waits for s (s is late: stopped, starved of CPU, ...);
 //   * abnormal column d: mean of column d / mean of the other columns' means > thresholds.col   (3): a
@@ -25,7 +26,10 @@
 //                        rows and columns, whose points are not listed again — except
 //                        (thresholds.links) a point that alone makes its row or column abnormal:
 //                        it is listed, that row or column is not;
-//   and each also above its typical value by more than thresholds.floor_us (50 µs per call).
+//   and each also above the others' mean by more than thresholds.floor_us (50 µs per call), and
+//   above the others' MEDIAN by more than floor_us and by more than thresholds.spread (5) robust
+//   deviations of the others (1.4826 x their median absolute deviation): a value stands out
+//   only of others tight enough for it to, and a few slow others lower no bar.
 // DeepEP divides by the mean of all rows, the slow one's included: a single slow rank at k
 // times the others reaches only kP / (k + P - 1) (8 ranks, k = 4.6: 3.2x; 4 ranks: never
 // 4x), so a rank stopped in bursts could hide in the mean it inflates. Against the others'
@@ -59,7 +63,7 @@ namespace epx {
 class Buffer;
 
 /// DeepEP's defaults: a row or column 3x the typical row / column, a point 5x the typical link
-/// (each against the mean of the others, above), and an absolute floor.
+/// (each against the mean of the others, above), an absolute floor and a robust deviation.
 struct DiagnoseThresholds {
   double row = 3.0;
   double col = 3.0;
@@ -71,6 +75,10 @@ struct DiagnoseThresholds {
   /// value by more than this (a wait of 5 µs against 1 µs is a ratio of 5, not a fault; a
   /// descheduled rank costs milliseconds). >= 0; 0 = ratios alone.
   double floor_us = 50.0;
+  /// Robust deviations: a row, column or point is abnormal only if it also exceeds the
+  /// others' median by more than `spread` x 1.4826 x the others' median absolute deviation
+  /// (a normal noise's standard deviation). >= 0; 0 = no such test.
+  double spread = 5.0;
 };
 
 /// One slow link: M[src][dst] = value_us, ratio = value_us / the typical link (the mean of the
@@ -98,7 +106,7 @@ struct MatrixVerdict {
 /// to the typical link row s or column d is no longer abnormal, is reported as a point
 /// instead of it (largest first, repeatedly; the rest is judged on the matrix with those
 /// points set aside). Throws kInvalidArgument unless m.size() == P * P, P >= 1, every value finite
-/// and >= 0, every threshold > 0 and floor_us finite and >= 0. An all-equal or all-zero
+/// and >= 0, every threshold > 0, floor_us and spread finite and >= 0. An all-equal or all-zero
 /// matrix flags nothing.
 MatrixVerdict diagnose_matrix(const std::vector<double>& m, int num_ranks, const DiagnoseThresholds& thresholds = {});
 

@@ -11,16 +11,18 @@
 matrix[src, dst] is the average time per call, in microseconds, that rank dst waited for rank
 src's header and rows during the last interval (every Buffer records it, always on). Rows
 are sources (the ranks waited for), columns destinations (the ranks that waited). The
-verdict keeps DeepEP's ratios and thresholds, against the others: a row (slow source) or
-column (slow destination) whose mean is more than `thresholds["row"]` / `["col"]` (3) times
-the mean of the OTHER rows' / columns' means, a point (slow link) more than
-`thresholds["point"]` (5) times the typical link (the mean of the other off-diagonal values
-outside the abnormal rows and columns, whose points are not listed again; it must stand out
-of its own row and column the same way), each also more
-than 50 µs per call above its typical value (`thresholds["floor_us"]` in the reports; a slow rank cannot hide in a mean it inflates:
-docs/diagnose.md) — and a point which alone makes its row and column abnormal is listed as
-the point (`thresholds["links"]`, default True). Every rank holds the same matrices and
-verdicts.
+verdict keeps DeepEP's ratios and thresholds, against the others (never the value judged): a
+row (slow source) or column (slow destination) whose mean is more than `thresholds["row"]` /
+`["col"]` (3) times the mean of the OTHER rows' / columns' means, a point (slow link) more
+than `thresholds["point"]` (5) times the typical link (the mean of the other off-diagonal
+values outside the abnormal rows and columns, whose points are not listed again; it must
+stand out of its own row and column the same way) — each also more than 50 µs per call
+above the others' mean (`thresholds["floor_us"]`), and above the others' median by more
+than that and by more than 5 robust deviations of the others (1.4826 x their median absolute
+deviation; C++ `DiagnoseThresholds::spread`): a slow rank cannot hide in a mean it inflates,
+and noise among the others does not make a rank stand out (docs/diagnose.md). A point which
+alone makes its row and column abnormal is listed as the point (`thresholds["links"]`,
+default True). Every rank holds the same matrices and verdicts.
 
 With `log_dir` (default: $EPX_DIAGNOSE_LOG_PATH, else no log), rank 0 appends each exchange's
 verdicts and matrices to log_dir/diagnose.log, rotated at `log_max_bytes` (.log.1, .log.2).

@@ -1,4 +1,5 @@
-// The verdict on a wait matrix (DeepEP's ratio rule against the others' mean, epx/diagnose.hpp) and the
+// The verdict on a wait matrix (DeepEP's ratio rule against the others' mean, and the others' median and
+// robust deviation: epx/diagnose.hpp) and the
 // report as text (the log's and `epx bench --diagnose`'s).
 #include <algorithm>
 #include <cmath>
@@ -28,95 +29,67 @@ void check_matrix(const std::vector<double>& m, int P, const DiagnoseThresholds&
   if (!std::isfinite(t.floor_us) || t.floor_us < 0)
     throw Error(ErrorCode::kInvalidArgument,
                 "diagnose_matrix: floor_us must be finite and >= 0, got " + std::to_string(t.floor_us));
+  if (!std::isfinite(t.spread) || t.spread < 0)
+    throw Error(ErrorCode::kInvalidArgument, "diagnose_matrix: spread must be finite and >= 0, got " + std::to_string(t.spread));
 }
 
 bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
-// Abnormal against the mean of the others: above `threshold` times it, and above it by more
-// than the floor. No others: never.
-bool abnormal(double x, double others_sum, std::size_t others, double threshold, double floor_us, double* ratio) {
-  if (others == 0) return false;
-  const double base = others_sum / static_cast<double>(others);
-  if (ratio) *ratio = x / (base + kTiny);
-  return x > threshold * base && x - base > floor_us;
+// The typical value of a set of others: their mean (DeepEP's ratios are to it), their median
+// and their robust deviation, 1.4826 x the median absolute deviation from the median (the
+// standard deviation for normal noise; a few outliers among the others move neither).
+struct Others {
+  double sum = 0;
+  std::vector<double> values;
+  void add(double v) {
+    sum += v;
+    values.push_back(v);
+  }
+  std::size_t size() const noexcept { return values.size(); }
+  double mean() const noexcept { return values.empty() ? 0 : sum / static_cast<double>(values.size()); }
+};
+
+double median_of(std::vector<double>& v) {
+  const std::size_t h = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(h), v.end());
+  const double hi = v[h];
+  if (v.size() % 2 == 1) return hi;
+  return (*std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(h)) + hi) / 2;
 }
 
-// The indices whose mean is abnormal against the mean of the OTHER means.
-std::vector<int> abnormal_means(const std::vector<double>& means, double threshold, double floor_us) {
-  double sum = 0;
-  for (double v : means) sum += v;
+// Abnormal against the others: above `threshold` times their mean (DeepEP's ratio, the value's
+// own weight left out of it), above that mean by more than the floor, and above their median
+// by more than the floor and by more than thresholds.spread robust deviations of the others
+// (so a value is named only where the others are tight enough for it to stand out, and a
+// few slow others do not lower the bar). No others: never. `ratio` (when given) is set
+// whenever there are others.
+bool abnormal(double x, const Others& o, double threshold, const DiagnoseThresholds& t, double* ratio) {
+  if (o.size() == 0) return false;
+  const double base = o.mean();
+  if (ratio) *ratio = x / (base + kTiny);
+  if (!(x > threshold * base && x - base > t.floor_us)) return false;
+  std::vector<double> v = o.values;
+  const double med = median_of(v);
+  for (double& y : v) y = std::fabs(y - med);
+  const double sigma = 1.4826 * median_of(v);
+  return x - med > std::max(t.floor_us, t.spread * sigma);
+}
+
+// The indices whose mean is abnormal against the OTHER means.
+std::vector<int> abnormal_means(const std::vector<double>& means, double threshold, const DiagnoseThresholds& t) {
   std::vector<int> out;
-  for (std::size_t i = 0; i < means.size(); ++i)
-    if (abnormal(means[i], sum - means[i], means.size() - 1, threshold, floor_us, nullptr)) out.push_back(static_cast<int>(i));
+  for (std::size_t i = 0; i < means.size(); ++i) {
+    Others o;
+    for (std::size_t k = 0; k < means.size(); ++k)
+      if (k != i) o.add(means[k]);
+    if (abnormal(means[i], o, threshold, t, nullptr)) out.push_back(static_cast<int>(i));
+  }
   return out;
 }
 
 // The links' typical value: the off-diagonal values outside the abnormal rows and columns.
-struct Typical {
-  double sum = 0;
-  std::size_t n = 0;
-  bool holds(std::size_t s, std::size_t d, const MatrixVerdict& v) const {
-    return s != d && !contains(v.rows, static_cast<int>(s)) && !contains(v.cols, static_cast<int>(d));
-  }
-};
-
-Typical typical_links(const std::vector<double>& m, std::size_t n, const MatrixVerdict& v) {
-  Typical t;
-  for (std::size_t s = 0; s < n; ++s)
-    for (std::size_t d = 0; d < n; ++d)
-      if (t.holds(s, d, v)) {
-        t.sum += m[s * n + d];
-        ++t.n;
-      }
-  return t;
-}
-
-// A link stands out of its own row and column too: M[s][d] against the mean of the other
-// off-diagonal values of row s (outside the abnormal columns) and of column d (outside the
-// abnormal rows). A source late for some of its destinations (descheduled in the middle of
-// its sends) lifts several links of its row: that is no slow link. None there: no test.
-bool stands_out(const std::vector<double>& m, std::size_t n, const MatrixVerdict& v, std::size_t s, std::size_t d,
-                const DiagnoseThresholds& t) {
-  const double x = m[s * n + d];
-  double row_sum = 0, col_sum = 0;
-  std::size_t row_n = 0, col_n = 0;
-  for (std::size_t k = 0; k < n; ++k) {
-    if (k != s && k != d && !contains(v.cols, static_cast<int>(k))) {
-      row_sum += m[s * n + k];
-      ++row_n;
-    }
-    if (k != d && k != s && !contains(v.rows, static_cast<int>(k))) {
-      col_sum += m[k * n + d];
-      ++col_n;
-    }
-  }
-  return (row_n == 0 || abnormal(x, row_sum, row_n, t.point, t.floor_us, nullptr)) &&
-         (col_n == 0 || abnormal(x, col_sum, col_n, t.point, t.floor_us, nullptr));
-}
-
-// The rule without the link refinement: rows and columns by their means against the mean of
-// the other rows' (columns') means; points, outside them, against the mean of the other
-// off-diagonal points outside them, and standing out of their own row and column.
-MatrixVerdict judge(const std::vector<double>& m, std::size_t n, const DiagnoseThresholds& t) {
-  std::vector<double> row_mean(n, 0), col_mean(n, 0);
-  for (std::size_t s = 0; s < n; ++s)
-    for (std::size_t d = 0; d < n; ++d) {
-      row_mean[s] += m[s * n + d] / static_cast<double>(n);
-      col_mean[d] += m[s * n + d] / static_cast<double>(n);
-    }
-  MatrixVerdict v;
-  v.rows = abnormal_means(row_mean, t.row, t.floor_us);
-  v.cols = abnormal_means(col_mean, t.col, t.floor_us);
-  const Typical typ = typical_links(m, n, v);
-  for (std::size_t s = 0; s < n; ++s)
-    for (std::size_t d = 0; d < n; ++d) {
-      if (!typ.holds(s, d, v)) continue;
-      const double x = m[s * n + d];
-      double ratio = 0;
-      if (abnormal(x, typ.sum - x, typ.n - 1, t.point, t.floor_us, &ratio) && stands_out(m, n, v, s, d, t))
-        v.points.push_back({static_cast<int>(s), static_cast<int>(d), x, ratio});
-    }
-  return v;
+bool typical(std::size_t s, std::size_t d, const MatrixVerdict& v) {
+  return s != d && !contains(v.rows, static_cast<int>(s)) && !contains(v.cols, static_cast<int>(d));
 }
 
 bool is_link(const std::vector<AbnormalPoint>& links, std::size_t s, std::size_t d) {
@@ -125,31 +98,87 @@ bool is_link(const std::vector<AbnormalPoint>& links, std::size_t s, std::size_t
   });
 }
 
-// The typical link of `m` under verdict `v`, the links set aside left out (they hold stand-ins).
-double typical_link(const std::vector<double>& m, std::size_t n, const MatrixVerdict& v,
-                    const std::vector<AbnormalPoint>& links, bool* any) {
-  const Typical all = typical_links(m, n, v);
-  double sum = all.sum;
-  std::size_t count = all.n;
-  for (const AbnormalPoint& l : links)
-    if (all.holds(static_cast<std::size_t>(l.src), static_cast<std::size_t>(l.dst), v)) {
-      sum -= m[static_cast<std::size_t>(l.src) * n + static_cast<std::size_t>(l.dst)];
-      --count;
+// The typical links of `m` under verdict `v`, but (s, d) itself (none: n, n) and the links set
+// aside (they hold stand-ins).
+Others typical_links(const std::vector<double>& m, std::size_t n, const MatrixVerdict& v,
+                     const std::vector<AbnormalPoint>& links, std::size_t skip_s, std::size_t skip_d) {
+  Others o;
+  for (std::size_t s = 0; s < n; ++s)
+    for (std::size_t d = 0; d < n; ++d)
+      if (typical(s, d, v) && !(s == skip_s && d == skip_d) && !is_link(links, s, d)) o.add(m[s * n + d]);
+  return o;
+}
+
+// A link stands out of its own row and column too: M[s][d] against the other off-diagonal
+// values of row s (outside the abnormal columns) and of column d (outside the abnormal
+// rows), by the same test. A source late for some of its destinations (descheduled in the
+// middle of its sends) lifts several links of its row: that is no slow link. None there: no test.
+bool stands_out_of_row(const std::vector<double>& m, std::size_t n, const MatrixVerdict& v, std::size_t s, std::size_t d,
+                       const DiagnoseThresholds& t) {
+  Others row;
+  for (std::size_t k = 0; k < n; ++k)
+    if (k != s && k != d && !contains(v.cols, static_cast<int>(k))) row.add(m[s * n + k]);
+  return row.size() == 0 || abnormal(m[s * n + d], row, t.point, t, nullptr);
+}
+
+bool stands_out_of_col(const std::vector<double>& m, std::size_t n, const MatrixVerdict& v, std::size_t s, std::size_t d,
+                       const DiagnoseThresholds& t) {
+  Others col;
+  for (std::size_t k = 0; k < n; ++k)
+    if (k != d && k != s && !contains(v.rows, static_cast<int>(k))) col.add(m[k * n + d]);
+  return col.size() == 0 || abnormal(m[s * n + d], col, t.point, t, nullptr);
+}
+
+bool stands_out(const std::vector<double>& m, std::size_t n, const MatrixVerdict& v, std::size_t s, std::size_t d,
+                const DiagnoseThresholds& t) {
+  return stands_out_of_row(m, n, v, s, d, t) && stands_out_of_col(m, n, v, s, d, t);
+}
+
+// The rule without the link refinement: rows and columns by their means against the other
+// rows' (columns') means; points, outside them, against the other typical links, and standing
+// out of their own row and column.
+MatrixVerdict judge(const std::vector<double>& m, std::size_t n, const DiagnoseThresholds& t) {
+  std::vector<double> row_mean(n, 0), col_mean(n, 0);
+  for (std::size_t s = 0; s < n; ++s)
+    for (std::size_t d = 0; d < n; ++d) {
+      row_mean[s] += m[s * n + d] / static_cast<double>(n);
+      col_mean[d] += m[s * n + d] / static_cast<double>(n);
     }
-  *any = count > 0;
-  return count > 0 ? sum / static_cast<double>(count) : 0;
+  MatrixVerdict v;
+  v.rows = abnormal_means(row_mean, t.row, t);
+  v.cols = abnormal_means(col_mean, t.col, t);
+  double sum = 0;
+  std::size_t count = 0;
+  for (std::size_t s = 0; s < n; ++s)
+    for (std::size_t d = 0; d < n; ++d)
+      if (typical(s, d, v)) {
+        sum += m[s * n + d];
+        ++count;
+      }
+  for (std::size_t s = 0; s < n; ++s)
+    for (std::size_t d = 0; d < n; ++d) {
+      if (!typical(s, d, v) || count < 2) continue;
+      const double x = m[s * n + d];
+      // The others' mean alone first: the others' median and deviation only for what passes it.
+      const double base = (sum - x) / static_cast<double>(count - 1);
+      if (!(x > t.point * base && x - base > t.floor_us)) continue;
+      double ratio = 0;
+      if (abnormal(x, typical_links(m, n, v, {}, s, d), t.point, t, &ratio) && stands_out(m, n, v, s, d, t))
+        v.points.push_back({static_cast<int>(s), static_cast<int>(d), x, ratio});
+    }
+  return v;
 }
 
 // The largest point (s, d), s != d, not set aside yet, of an abnormal row s or an abnormal
 // column d (which of the two crosses its threshold first is a coin toss for a single point),
 // abnormal against the typical link, that alone makes one of them abnormal: with it set to
 // the typical link, row s or column d is no longer abnormal (a row abnormal through several
-// of its points stays a row). Returns false if there is none; else `m` has it set so.
+// of its points stays a row), and it stands out of that row's or column's other values. Returns false if there is none; else `m` has it set so.
 bool set_aside_link(std::vector<double>& m, std::size_t n, const MatrixVerdict& v, const DiagnoseThresholds& t,
                     const std::vector<AbnormalPoint>& links, AbnormalPoint& link) {
-  bool any = false;
-  const double base = typical_link(m, n, v, links, &any);
-  if (!any) return false;
+  const Others others = typical_links(m, n, v, links, n, n);
+  if (others.size() == 0) return false;
+  const double base = others.mean();
   bool found = false;
   std::vector<double> best;
   for (std::size_t s = 0; s < n; ++s)
@@ -160,12 +189,17 @@ bool set_aside_link(std::vector<double>& m, std::size_t n, const MatrixVerdict& 
       const std::size_t at = s * n + d;
       const double x = m[at];
       double ratio = 0;
-      if (!abnormal(x, base, 1, t.point, t.floor_us, &ratio) || (found && x <= link.value_us)) continue;
+      if ((found && x <= link.value_us) || !abnormal(x, others, t.point, t, &ratio)) continue;
       std::vector<double> repaired = m;
       repaired[at] = base;
       const MatrixVerdict w = judge(repaired, n, t);
-      const bool row_cleared = contains(v.rows, static_cast<int>(s)) && !contains(w.rows, static_cast<int>(s));
-      const bool col_cleared = contains(v.cols, static_cast<int>(d)) && !contains(w.cols, static_cast<int>(d));
+      // A row (column) is the point only if the point stands out of the row's (column's)
+      // other values: a slow source at 4 ranks has 3 links, and one of them a little higher
+      // than the others carries the row across its threshold, but it is the row that is slow.
+      const bool row_cleared = contains(v.rows, static_cast<int>(s)) && !contains(w.rows, static_cast<int>(s)) &&
+                               stands_out_of_row(m, n, v, s, d, t);
+      const bool col_cleared = contains(v.cols, static_cast<int>(d)) && !contains(w.cols, static_cast<int>(d)) &&
+                               stands_out_of_col(m, n, v, s, d, t);
       if (!row_cleared && !col_cleared) continue;
       found = true;
       link = {static_cast<int>(s), static_cast<int>(d), x, ratio};
@@ -179,9 +213,9 @@ bool set_aside_link(std::vector<double>& m, std::size_t n, const MatrixVerdict& 
 // were taken with the later links still in, too high); returns the new verdict.
 MatrixVerdict restand(std::vector<double>& m, std::size_t n, const DiagnoseThresholds& t, std::vector<AbnormalPoint>& links) {
   MatrixVerdict v = judge(m, n, t);
-  bool any = false;
-  const double base = typical_link(m, n, v, links, &any);
-  if (!any) return v;
+  const Others others = typical_links(m, n, v, links, n, n);
+  if (others.size() == 0) return v;
+  const double base = others.mean();
   for (AbnormalPoint& l : links) {
     m[static_cast<std::size_t>(l.src) * n + static_cast<std::size_t>(l.dst)] = base;
     l.ratio = l.value_us / (base + kTiny);
@@ -265,9 +299,9 @@ std::string format_report(const DiagnoseReport& r) {
   char head[256];
   std::snprintf(head, sizeof head,
                 "diagnose: %zu ranks, exchange %llu, %.1f s; thresholds row %g col %g point %g (x the others' mean), "
-                "floor %g us\n",
+                "floor %g us, spread %g (robust deviations of the others above their median)\n",
                 r.ranks.size(), static_cast<unsigned long long>(r.exchanges), r.seconds, r.thresholds.row, r.thresholds.col,
-                r.thresholds.point, r.thresholds.floor_us);
+                r.thresholds.point, r.thresholds.floor_us, r.thresholds.spread);
   std::string out = head;
   if (!r.error.empty()) out += "  the background exchange ended: " + r.error + "\n";
   if (r.exchanges == 0) return out + "  no exchange yet\n";

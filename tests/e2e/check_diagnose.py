@@ -61,6 +61,7 @@ LOAD_SHAPE = ["--ranks", "4", "--tokens", "128", "--hidden", "2048", "--topk", "
               "--counters-overhead", "0", "--no-counters", "--no-progress"]
 PID_LINE = re.compile(r"epx bench: diagnose: rank pids:(.*)")
 failures = []
+table = []  # (check, runs, named or None for a quiet check, runs with a false name): the closing table
 
 
 def fail(what):
@@ -169,6 +170,7 @@ class Tally:
 
     def finish(self):
         runs = self.runs + len(self.errors)
+        table.append((self.name, runs, None if self.quiet else self.named, self.false))
         if self.quiet:
             line = f"{self.name}: false names in {self.false} of {runs} quiet runs"
         else:
@@ -425,6 +427,16 @@ def check_netem(epx, runs, iters, rate_kbit=256, delay_ms=15, shape=True, netem=
         shutil.rmtree(work, ignore_errors=True)
 
 
+def print_table():
+    """Every check's runs (a confirming run included) as a table: named in X of N, false names in Y of N."""
+    if not table:
+        return
+    print("\n| check | named | false names |\n|---|---|---|")
+    for name, runs, named, false in table:
+        print(f"| {name} | {'—' if named is None else f'{named} of {runs}'} | {false} of {runs} |")
+    print(flush=True)
+
+
 def ints(text):
     return [int(x) for x in text.split(",") if x]
 
@@ -472,6 +484,7 @@ def main():
     if "netem-quiet" in only:
         confirmed(c, check_netem, epx, a.quiet_runs, a.netem_quiet_iters, shape=False, save_dir=a.save)
     print(f"check_diagnose: {time.time() - t0:.0f} s, load average {os.getloadavg()[0]:.1f}", flush=True)
+    print_table()
     if failures:
         print(f"FAIL: check_diagnose: {len(failures)} check(s) failed", flush=True)
         return 1

@@ -1,9 +1,11 @@
 // The verdict on a wait matrix (epx::diagnose_matrix: DeepEP's ratios, against the others'
-// mean) against matrices whose answers are worked out by hand here, matrices measured here, and PeerWaits' snapshots under a concurrent writer.
+// mean, median and robust deviation) against matrices whose answers are worked out by hand here, matrices measured here, and PeerWaits' snapshots under a concurrent writer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -311,6 +313,159 @@ TEST(DiagnoseMatrix, SlowLinkHoldsItsSender) {
   EXPECT_TRUE(forward && back);
 }
 
+// ---- Robust statistics: synthetic matrices, expected verdicts worked out here ---------------------
+
+// A P x P matrix of `typical` µs per call with a multiplicative log-normal jitter of `sigma`
+// (the spread of measured waits: a few values well above the rest) and a diagonal of ~0.
+std::vector<double> jittered(int P, double typical, double sigma, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> z(0.0, 1.0);
+  std::vector<double> m(static_cast<std::size_t>(P) * static_cast<std::size_t>(P));
+  for (int s = 0; s < P; ++s)
+    for (int d = 0; d < P; ++d) at(m, P, s, d) = s == d ? 0.4 : typical * std::exp(sigma * z(gen));
+  return m;
+}
+
+// The rows (or, transposed, the columns) this test expects named, by the rule written out
+// plainly: the means of the rows, and for each the others' mean, median (by a full sort) and
+// median absolute deviation; no link refinement (compared with links = false).
+std::vector<int> expected_rows(const std::vector<double>& m, int P, bool columns, const DiagnoseThresholds& t) {
+  std::vector<double> mean(static_cast<std::size_t>(P), 0);
+  for (int s = 0; s < P; ++s)
+    for (int d = 0; d < P; ++d) mean[static_cast<std::size_t>(columns ? d : s)] += at(m, P, s, d) / P;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  std::vector<int> out;
+  for (int i = 0; i < P && P > 1; ++i) {
+    std::vector<double> others;
+    for (int k = 0; k < P; ++k)
+      if (k != i) others.push_back(mean[static_cast<std::size_t>(k)]);
+    double sum = 0;
+    for (double x : others) sum += x;
+    const double base = sum / static_cast<double>(others.size());
+    const double med = median(others);
+    std::vector<double> dev;
+    for (double x : others) dev.push_back(std::fabs(x - med));
+    const double sigma = 1.4826 * median(dev);
+    const double x = mean[static_cast<std::size_t>(i)];
+    const double threshold = columns ? t.col : t.row;
+    if (x > threshold * base && x - base > t.floor_us && x - med > std::max(t.floor_us, t.spread * sigma)) out.push_back(i);
+  }
+  return out;
+}
+
+// DeepEP's own ratio: a row's mean over the mean of ALL row means, its own included.
+double deepep_row_ratio(const std::vector<double>& m, int P, int row) {
+  double all = 0, mine = 0;
+  for (int s = 0; s < P; ++s)
+    for (int d = 0; d < P; ++d) {
+      all += at(m, P, s, d) / (static_cast<double>(P) * P);
+      if (s == row) mine += at(m, P, s, d) / P;
+    }
+  return mine / all;
+}
+
+// One slow source (a row k times the others) or one slow destination (a column k times) among
+// 4, 8, 16 and 64 ranks with a 25 % jitter, at strengths 4, 6, 10 and 40: named, and nothing
+// else — where DeepEP's ratio to the mean of all rows misses a 4x row at P = 4 (16 / 7 =
+// 2.3x) and at P = 8 (32 / 11 = 2.9x). The verdict is also the plainly written rule's.
+TEST(DiagnoseMatrix, OneSlowRowOrColumnAtEveryRankCountAndStrength) {
+  const DiagnoseThresholds plain{3, 3, 5, false};
+  for (int P : {4, 8, 16, 64})
+    for (double k : {4.0, 6.0, 10.0, 40.0})
+      for (bool column : {false, true})
+        for (unsigned seed = 1; seed <= 3; ++seed) {
+          SCOPED_TRACE("P = " + std::to_string(P) + ", k = " + std::to_string(k) + (column ? ", column " : ", row ") +
+                       "seed " + std::to_string(seed));
+          std::vector<double> m = jittered(P, 800, 0.25, seed * 100 + static_cast<unsigned>(P));
+          const int victim = static_cast<int>(seed) % P;
+          for (int i = 0; i < P; ++i)
+            if (i != victim) (column ? at(m, P, i, victim) : at(m, P, victim, i)) *= k;
+          if (k == 4.0 && P <= 8 && !column) {
+            EXPECT_LT(deepep_row_ratio(m, P, victim), 3.0);
+          }
+          const MatrixVerdict v = diagnose_matrix(m, P);
+          EXPECT_EQ(column ? v.cols : v.rows, std::vector<int>{victim});
+          EXPECT_TRUE(column ? v.rows.empty() : v.cols.empty());
+          EXPECT_TRUE(v.points.empty()) << v.points.size() << " points, the first " << v.points[0].src << " -> "
+                                        << v.points[0].dst;
+          const MatrixVerdict p = diagnose_matrix(m, P, plain);
+          EXPECT_EQ(p.rows, expected_rows(m, P, false, plain));
+          EXPECT_EQ(p.cols, expected_rows(m, P, true, plain));
+        }
+}
+
+// Quiet matrices name nobody: jitter of 15-30 %, a single value 3-4x the others (a one-off
+// stall, below the point threshold of 5), with it a source 2x the others (a busier core); half
+// the ranks 3.5x the other half (two cores' groups); at 4 ... 64 ranks. The plainly written
+// rule agrees (it names nobody either).
+TEST(DiagnoseMatrix, QuietNoisyMatricesNameNobody) {
+  const DiagnoseThresholds plain{3, 3, 5, false};
+  for (int P : {4, 8, 16, 64})
+    for (unsigned seed = 1; seed <= 10; ++seed) {
+      SCOPED_TRACE("P = " + std::to_string(P) + ", seed " + std::to_string(seed));
+      const double sigma = 0.15 + 0.015 * seed;
+      const std::vector<double> base = jittered(P, 600, sigma, seed * 7 + static_cast<unsigned>(P));
+      std::vector<double> m = base;
+      const int a = static_cast<int>(seed) % P, b = (a + 1 + static_cast<int>(seed) / 3) % P;
+      at(m, P, a, b) = 600 * (3 + 0.1 * seed);  // a one-off stall: one link, 3.1-4x the typical
+      auto named = [&](const std::vector<double>& x) {
+        const MatrixVerdict v = diagnose_matrix(x, P);
+        EXPECT_TRUE(expected_rows(x, P, false, plain).empty() && expected_rows(x, P, true, plain).empty());
+        return v.rows.size() + v.cols.size() + v.points.size();
+      };
+      EXPECT_EQ(named(m), 0u);
+      std::vector<double> busy = m;
+      for (int d = 0; d < P; ++d) at(busy, P, (a + 2) % P, d) *= 2;  // a busier core's source
+      EXPECT_EQ(named(busy), 0u);
+      std::vector<double> groups = base;  // (with the stall in it, at P = 4 a stall of an even rank is its row)
+      for (int s = 0; s < P; s += 2)
+        for (int d = 0; d < P; ++d) at(groups, P, s, d) *= 3.5;  // the even ranks share the busier core
+      EXPECT_EQ(named(groups), 0u);
+    }
+}
+
+// The spread test by hand: every row constant (so no column and no point stands out), the
+// rows' values 100, 200, ..., 700 and one row x. For x the others are those seven: mean 400,
+// median 400, absolute deviations 300 200 100 0 100 200 300 (median 200): a robust deviation
+// of 1.4826 x 200 = 296.5. x = 1500 is 3.75x the others' mean but 1100 above their median,
+// under 5 deviations (1482.6): not named with spread 5, named with spread 0 (ratios and floor
+// alone). x = 2000 is 1600 above: named with both.
+TEST(DiagnoseMatrix, SpreadByHand) {
+  constexpr int P = 8;
+  auto with = [](double x) {
+    std::vector<double> m(P * P);
+    for (int s = 0; s < P; ++s)
+      for (int d = 0; d < P; ++d) at(m, P, s, d) = s == 7 ? x : 100.0 * (s + 1);
+    return m;
+  };
+  EXPECT_TRUE(diagnose_matrix(with(1500), P).clean());
+  EXPECT_EQ(diagnose_matrix(with(1500), P, {3, 3, 5, true, 50, 0}).rows, std::vector<int>{7});
+  EXPECT_EQ(diagnose_matrix(with(2000), P).rows, std::vector<int>{7});
+  EXPECT_TRUE(diagnose_matrix(with(2000), P).cols.empty());
+  EXPECT_TRUE(diagnose_matrix(with(2000), P).points.empty());
+  EXPECT_TRUE(diagnose_matrix(with(1100), P, {3, 3, 5, true, 50, 0}).clean());  // 2.75x: under the ratio
+}
+
+// A slow rank does not hide among other slow-ish ranks: two ranks at 2x (a busier core) and
+// one stopped rank at 8x of 8. The others' mean for the stopped rank is (5 + 2 x 2) / 7 =
+// 1.29: 6.2x; their median 1, deviation 0 (the floor decides): named, the 2x ranks not.
+TEST(DiagnoseMatrix, SlowRankAmongSlowishRanks) {
+  constexpr int P = 8;
+  std::vector<double> m(P * P, 1000.0);
+  for (int d = 0; d < P; ++d) {
+    at(m, P, 1, d) = 2000;
+    at(m, P, 4, d) = 2000;
+    at(m, P, 6, d) = 8000;
+  }
+  const MatrixVerdict v = diagnose_matrix(m, P);
+  EXPECT_EQ(v.rows, std::vector<int>{6});
+  EXPECT_TRUE(v.cols.empty() && v.points.empty());
+}
+
 TEST(DiagnoseMatrix, SingleRankFlagsNothing) { EXPECT_TRUE(diagnose_matrix({5000.0}, 1).clean()); }
 
 TEST(DiagnoseMatrix, RejectsBadInput) {
@@ -327,6 +482,8 @@ TEST(DiagnoseMatrix, RejectsBadInput) {
   EXPECT_EQ(code([] { diagnose_matrix({1, 1, 1, 1}, 2, {0, 3, 5}); }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(code([] { diagnose_matrix({1, 1, 1, 1}, 2, {3, 3, 5, true, -1}); }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(code([] { diagnose_matrix({1, 1, 1, 1}, 2, {3, 3, 5, true, std::nan("")}); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code([] { diagnose_matrix({1, 1, 1, 1}, 2, {3, 3, 5, true, 50, -1}); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code([] { diagnose_matrix({1, 1, 1, 1}, 2, {3, 3, 5, true, 50, INFINITY}); }), ErrorCode::kInvalidArgument);
 }
 
 TEST(DiagnoseMatrix, ReportNamesNodes) {
