@@ -201,9 +201,30 @@ def _ops(rank, size):
     fut = w.get_future()
     check("async work", w.is_completed() and w.is_success() and fut.done() and x.eq(size).all()
           and _eq(fut.value()[0], x))
-    wg = dist.all_reduce(torch.ones(3), group=gloo, async_op=True)
-    wg.wait()
-    check("async work exception() as gloo's", _exception_of(w) == _exception_of(wg))
+    check("async work exception() is None after success", _exception_of(w) == ("value", None))
+    # many outstanding: they run on the group's thread in issue order; a call that waits runs after them
+    xs = [torch.full((3000,), float(rank + i)) for i in range(4)]
+    ws = [dist.all_reduce(t, async_op=True) for t in xs]
+    y = xs[3].clone()
+    wy = dist.all_reduce(xs[3], op=dist.ReduceOp.MAX, async_op=True)  # after ws[3] on the same tensor
+    dist.all_reduce(y)  # waits: the four before it ran first (y is its own copy, taken before ws[3] ran)
+    for w_ in ws + [wy]:
+        w_.wait()
+    want = [sum(float(r + i) for r in range(size)) for i in range(4)]
+    check("async calls complete in issue order", all(t.eq(v).all() for t, v in zip(xs[:3], want))
+          and xs[3].eq(want[3]).all() and y.eq(sum(float(r + 3) for r in range(size))).all())
+    # an error of an async call is wait()'s (on every rank), the future's and exception()'s
+    bad = torch.ones(3 if rank == 0 else 4, dtype=torch.float64)
+    wb = dist.all_reduce(bad, op=dist.ReduceOp.MAX, async_op=True)
+    try:
+        wb.wait()
+        raised = None
+    except RuntimeError as e:
+        raised = str(e)
+    check("async error raised by wait()", raised is not None and "epx backend: allreduce(MAX)" in raised
+          and wb.is_completed() and not wb.is_success() and str(wb.exception()) == raised
+          and wb.get_future().done())
+    dist.barrier()
 
     # broadcast (chunked), every dtype
     for name in DTYPES + ["complex64"]:

@@ -13,10 +13,13 @@ pairs (broadcast, scatter, all_to_all) and a second PPBuffer for the user's send
 that point-to-point messages never interleave with a collective's).
 
 Tensors of any size go through the window in chunks; non-contiguous tensors are worked on
-as a contiguous copy and written back (a view: only the view is written). Every call runs
-to completion before it returns (async_op=True returns a completed Work); an error raises
-at the call, on every rank for a collective (see docs/distributed.md for the list of what
-is implemented and how each reduction is ordered).
+as a contiguous copy and written back (a view: only the view is written). A collective
+called with async_op=True, or by DDP's reducer during the backward pass, runs on the group's
+worker thread in issue order and its Work completes there (its error raised by wait() and
+set on its future); every other call runs to completion before it returns, after the
+collectives issued before it, and an error raises at the call, on every rank for a
+collective (see docs/distributed.md for the list of what is implemented and how each
+reduction is ordered).
 """
 import torch.distributed as dist
 
@@ -71,8 +74,9 @@ def _monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 def _close_at_exit():
     """At interpreter exit, the point-to-point threads end while Python still runs (one that
-    came back from epx during finalization would abort the process)."""
+    came back from epx during finalization would abort the process), the collectives' worker too."""
     for pg in list(_live):
+        pg._worker.close()
         if pg._q is not None:
             pg._q.close()
 

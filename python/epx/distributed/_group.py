@@ -1,6 +1,7 @@
 """ProcessGroupEpx: the group's transport and buffers, its identity for c10d, barriers,
 send / recv and its release."""
 import datetime
+import sys
 import time
 
 import numpy as np
@@ -11,7 +12,8 @@ from ._gather import _Gathers
 from ._p2p import _P2P
 from ._pairwise import _Pairwise
 from ._reduce import _Reductions
-from ._util import _INFLIGHT, _P2P_BYTES, _PP_BYTES, _WINDOW, BACKEND, _done, _is, _single, _store_allgather, _with_rank
+from ._worker import _Worker, _mode
+from ._util import _ASYNC, _INFLIGHT, _P2P_BYTES, _PP_BYTES, _WINDOW, BACKEND, _done, _is, _single, _store_allgather, _with_rank
 from .. import _epx
 
 _live = []  # the groups of this process not yet released (closed at interpreter exit)
@@ -35,6 +37,7 @@ class ProcessGroupEpx(_Reductions, _Gathers, _Pairwise, ProcessGroup):
         self._pp = _epx.PPBuffer(self._transport, _PP_BYTES, _INFLIGHT, [], 0, [], 0)
         self._p2p = _epx.PPBuffer(self._transport, _P2P_BYTES, _INFLIGHT, [], 0, [], 0)
         self._q = _P2P(self, self._p2p)
+        self._worker = _Worker(rank)
         self._mb_round = 0
         self._seq = 0
         _live.append(self)
@@ -84,9 +87,21 @@ class ProcessGroupEpx(_Reductions, _Gathers, _Pairwise, ProcessGroup):
 
     # -- how a collective runs --------------------------------------------------------------
     def _issue(self, name, args, kwargs):
-        """Runs the collective `name` (the mixins' method, which returns the result's tensors)
-        and returns its Work."""
-        return _done(getattr(super(), name)(*args, **kwargs))
+        """The collective `name` (the mixins' method, which returns the result's tensors): run
+        here, or queued on the group's worker thread (_worker.py says which), and its Work."""
+        run = getattr(super(), name)
+        if self._worker.here():  # a collective inside another (reduce's all_reduce, ...)
+            return _done(run(*args, **kwargs))
+        try:
+            mode = _mode(sys._getframe(2))  # 0 is _issue, 1 its wrapper, 2 the caller (C++ shows no frame)
+        except ValueError:
+            mode = None
+        if mode is None or not _ASYNC:
+            self._worker.drain()
+            return _done(run(*args, **kwargs))
+        if self._bucket is None:
+            raise RuntimeError(f"epx backend: {name} on a process group that was destroyed")
+        return self._worker.submit(name, lambda: run(*args, **kwargs), mode, self)
 
     # -- monitored barrier, send / recv -------------------------------------------------------------
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
@@ -159,6 +174,7 @@ class ProcessGroupEpx(_Reductions, _Gathers, _Pairwise, ProcessGroup):
         """Drops this rank's buffers and transport (locally: it may run while peers are gone)."""
         if self._q is not None:
             self._q.close()
+        self._worker.close()
         self._storage = self._f32 = None
         self._bucket = self._pp = self._p2p = self._q = None
         self._transport = None

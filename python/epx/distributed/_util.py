@@ -10,6 +10,7 @@ _WINDOW = int(os.environ.get("EPX_DIST_WINDOW_BYTES", 32 << 20))
 _PP_BYTES = int(os.environ.get("EPX_DIST_PP_BYTES", 4 << 20))
 _P2P_BYTES = int(os.environ.get("EPX_DIST_P2P_BYTES", 1 << 20))
 _INFLIGHT = 2  # pairwise exchanges interleave one send and one receive: two slots never deadlock
+_ASYNC = os.environ.get("EPX_DIST_ASYNC", "1") != "0"  # 0: every collective completes before it returns
 
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32,
            torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128]

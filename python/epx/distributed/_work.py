@@ -68,3 +68,26 @@ class _P2PWork(Work):
 
     _source_rank = source_rank
 
+
+
+class _AsyncWork(_P2PWork):
+    """The Work of a collective issued with async_op=True: done when the group's worker thread
+    has run it (the group's collectives run there in issue order). wait(timeout) raises the
+    call's error, or a RuntimeError after the timeout (the group's when none is given; the
+    call still runs); get_future() is completed with the call's tensors or its error."""
+
+    def __init__(self, pg, what):
+        super().__init__(pg, what, [], None)
+
+    def _done_with(self, result, error):
+        self._tensors = result if result is not None else []
+        self._finish(error)
+
+    def wait(self, timeout=datetime.timedelta(0)):
+        secs = _secs(timeout, self._pg_timeout)
+        if not self._event.wait(secs):
+            raise RuntimeError(f"epx backend: {self._what}: rank {self._rank}: Timed out waiting {secs:g} s for the "
+                               f"{self._what} to complete")
+        if self._error is not None:
+            raise self._error
+        return True
