@@ -8,6 +8,7 @@
 #include "bench/bench_ops.hpp"
 #include "bench/p2p_ops.hpp"
 #include "commands.hpp"
+#include "epx/bench/elastic.hpp"
 
 namespace epx::tools {
 
@@ -27,7 +28,20 @@ void add_bench_command(CLI::App& app) {
       if (v == op.name) return std::string();
     return "unknown op '" + v + "', expected one of " + bench_op_names();
   });
-  sub->callback([o, sub] {
+  auto elastic = std::make_shared<ElasticBenchOptions>();
+  sub->add_flag("--elastic", elastic->enabled,
+                "an elastic launch with a fault schedule (--kill, --join): each event's time to detect, agree, rebuild and "
+                "admit, and the throughput before and after (docs/reliability.md)");
+  sub->add_option("--kill", elastic->kill, "with --elastic: RANK@ITER, launched rank RANK dies (SIGKILL) in iteration ITER")
+      ->take_all();
+  sub->add_option("--join", elastic->join, "with --elastic: @ITER, a new rank is started and admitted at iteration ITER")
+      ->take_all();
+  sub->callback([o, sub, elastic] {
+    if (elastic->enabled || !elastic->kill.empty() || !elastic->join.empty()) {
+      const int status = run_elastic_bench(*o, *elastic, stdout);
+      if (status != 0) throw CLI::RuntimeError(status);
+      return;
+    }
     if (!o->routing.empty())
       for (const char* shape : {"--ranks", "--tokens", "--hidden", "--topk", "--experts"})
         if (sub->count(shape) > 0)
