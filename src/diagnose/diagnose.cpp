@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -44,6 +45,10 @@ void check_options(const DiagnoseOptions& o) {
   if (!(o.thresholds.row > 0) || !(o.thresholds.col > 0) || !(o.thresholds.point > 0))
     bad("thresholds must be > 0, got row " + std::to_string(o.thresholds.row) + ", col " + std::to_string(o.thresholds.col) +
         ", point " + std::to_string(o.thresholds.point));
+  if (!std::isfinite(o.thresholds.floor_us) || o.thresholds.floor_us < 0)
+    bad("thresholds.floor_us must be finite and >= 0, got " + std::to_string(o.thresholds.floor_us));
+  if (!std::isfinite(o.thresholds.spread) || o.thresholds.spread < 0)
+    bad("thresholds.spread must be finite and >= 0, got " + std::to_string(o.thresholds.spread));
   if (o.log_backups < 0) bad("log_backups must be >= 0, got " + std::to_string(o.log_backups));
   if (o.log_max_bytes == 0) bad("log_max_bytes must be > 0");
 }

@@ -149,6 +149,14 @@ TEST(Diagnose, threads_RefusesMisuse) {
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kInvalidArgument) throw;
     }
+    DiagnoseOptions bad_spread;
+    bad_spread.thresholds.spread = -1;  // refused at construction, not at the first exchange
+    try {
+      Diagnose d(t, bad_spread);
+      fail(t.rank(), "a spread of -1 was accepted");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) throw;
+    }
     Diagnose d(t);
     d.start();
     auto refused = [&](auto f, const char* what) {
