@@ -389,8 +389,8 @@ class Machines(machines.Machines):
 
 def oshrun_cmd(m, hostfile, np):
     """oshrun on the last machine, which runs no rank: each rank's machine then holds one
-    rank and one Open MPI daemon alike. (Launched from machine 1, rank 0 shared its machine
-    with the launcher and was the slowest source of unshaped runs: its row named in 2-3 of 20.)"""
+    rank and one Open MPI daemon alike (launched from machine 1, rank 0 shared its machine
+    with the launcher). Rank 0 is still the slowest source of unshaped runs (docs/diagnose.md)."""
     agent = os.path.join(REPO, "tests", "multinode", "agent.sh")
     return ["ip", "netns", "exec", m.ns[-1], "oshrun", "--allow-run-as-root", "--oversubscribe", "--hostfile", hostfile,
             "-np", str(np), "--mca", "spml", "ucx", "--mca", "osc", "ucx", "--mca", "pml", "ucx",
