@@ -5,7 +5,8 @@
 # group's timeout naming a peer and its machine), and the end-to-end programs of
 # tests/python/dist_programs/ on epx when they exist.
 #
-#   /usr/bin/python3 -m pytest -q tests/multinode/test_torchrun.py      (root; about 2 min)
+#   /usr/bin/python3 -m pytest -q tests/multinode/test_torchrun.py      (root; 5-8 min on a loaded
+#   2-core box: each test is a torchrun job of its own, ~30 s of it starting torch on 4 ranks)
 #
 # Skips only without root or ip / unshare. The epx package comes from build/python, or from
 # EPX_TORCHRUN_PYTHONPATH (another build directory's python/).
@@ -23,6 +24,10 @@ E2E = ["ddp_train.py", "moe_layer.py", "pipeline.py"]
 NPROC = 2
 ELEMENTS = 1 << 18  # all_reduce of 1 MiB: at least that many bytes must cross each way
 GROUP_TIMEOUT = 15  # the process group's timeout in the fault runs, seconds
+# Rounds of the mixed runs: each moves 5-20 MB per pair of ranks (about 50 MB out of each
+# machine), which on a loaded 2-core box crosses the veth at 10-25 MB/s (the receiving ranks
+# get little CPU): 30 rounds took over 120 s there, and one 4 MiB message over 20 s.
+MIXED = 8
 
 why = torchrun.available()
 pytestmark = pytest.mark.skipif(why is not None, reason=why or "")
@@ -73,19 +78,19 @@ def test_epx_smoke_across_machines(cluster):
 
 def test_gloo_mixed_across_machines(cluster):
     """The reference for the next test: the same rounds with gloo underneath."""
-    run = cluster.torchrun(SMOKE, ["--backend", "gloo", "--mixed", 30, "--timeout", 20], nproc=NPROC, timeout=120,
+    run = cluster.torchrun(SMOKE, ["--backend", "gloo", "--mixed", MIXED, "--timeout", 60], nproc=NPROC, timeout=150,
                            env=_env())
     assert run.ok, run.text()
-    assert all("30 rounds of all_to_all_single then a gloo barrier ok" in w.stdout for w in run.workers), run.text()
+    assert all(f"{MIXED} rounds of all_to_all_single then a gloo barrier ok" in w.stdout for w in run.workers), run.text()
 
 
 # A rank that returned from an epx call and then waits in gloo (or the application) must not
 # leave a peer unable to complete its puts to it: the ucx transport progresses in the background.
 def test_epx_then_gloo_barrier_across_machines(cluster):
-    run = cluster.torchrun(SMOKE, ["--backend", "epx", "--mixed", 30, "--timeout", 20], nproc=NPROC, timeout=120,
+    run = cluster.torchrun(SMOKE, ["--backend", "epx", "--mixed", MIXED, "--timeout", 60], nproc=NPROC, timeout=150,
                            env=_env())
     assert run.ok, run.text()
-    assert all("30 rounds of all_to_all_single then a gloo barrier ok" in w.stdout for w in run.workers), run.text()
+    assert all(f"{MIXED} rounds of all_to_all_single then a gloo barrier ok" in w.stdout for w in run.workers), run.text()
 
 
 def _fault_run(cluster, kind):
