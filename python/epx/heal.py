@@ -30,6 +30,10 @@ Redundant experts: live_routing(topk_idx, mapping, home_experts, group) sends ea
 of a logical routing to a live replica of its expert (its home rank's copy or a redundant
 slot of EPBuffer.lb_prefetch_weights's mapping) and drops (-1) and counts the pairs whose
 expert has none, as epx::map_to_live_replicas does for EPLB plans.
+
+Ranks joining a running group (epx::request_ranks / epx::admit in C++) work for groups of a
+C++ epx::launch only; from Python (connect()-ed groups: torch.distributed, epx.launch) a group
+can shrink, not grow yet (docs/reliability.md, "Joins").
 """
 import numpy as np
 
