@@ -1,4 +1,4 @@
-// The bench engine as a library (epx_bench, include/epx/bench/): a run of 2 threads ranks
+// The bench engine as a library (epx_bench, tools/include/epx/bench/): a run of 2 threads ranks
 // called directly, without the CLI, its result struct checked against an independent count
 // of the routing made here from topk_idx alone (not RouteCount, not the engine's plan).
 #include <gtest/gtest.h>
