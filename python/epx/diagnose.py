@@ -39,14 +39,14 @@ from .errors import Error
 from .group import transport_of
 
 _OPS = ("dispatch", "combine")
-_DEFAULT_THRESHOLDS = {"row": 3.0, "col": 3.0, "point": 5.0, "links": True, "floor_us": 50.0}
+_DEFAULT_THRESHOLDS = {"row": 3.0, "col": 3.0, "point": 5.0, "links": True, "floor_us": 50.0, "spread": 5.0}
 
 
 def _thresholds(thresholds):
     t = dict(_DEFAULT_THRESHOLDS)
     for k, v in (thresholds or {}).items():
         if k not in t:
-            raise Error(f"Diagnose: unknown threshold {k!r} (expected row, col, point, links, floor_us)",
+            raise Error(f"Diagnose: unknown threshold {k!r} (expected row, col, point, links, floor_us, spread)",
                         "invalid_argument")
         t[k] = bool(v) if k == "links" else float(v)
     return t
@@ -62,7 +62,9 @@ class Diagnose:
     (`transport` and `timeout_secs` pick that transport for a group, as EPBuffer's do).
     `interval`: seconds between background exchanges. `thresholds`: {"row", "col",
     "point"}, DeepEP's 3, 3, 5 by default; "floor_us", the µs per call a row, column or point
-    must also exceed its typical value by (50; 0: the ratios alone); "links" (True)."""
+    must also exceed its typical value by (50; 0: the ratios alone); "spread", the robust
+    deviations (1.4826 x MAD) of the others it must also stand above their median by (5; 0:
+    off); "links" (True)."""
 
     def __init__(self, buffer_or_group=None, interval=10, *, thresholds=None, log_dir=None,
                  log_max_bytes=64 << 20, log_backups=2, transport="auto", timeout_secs=300):
@@ -73,7 +75,7 @@ class Diagnose:
         self.thresholds = _thresholds(thresholds)
         self.interval = interval
         t = self.thresholds
-        opts = (interval, t["row"], t["col"], t["point"], t["links"], t["floor_us"], str(log_dir), int(log_max_bytes),
+        opts = (interval, t["row"], t["col"], t["point"], t["links"], t["floor_us"], t["spread"], str(log_dir), int(log_max_bytes),
                 int(log_backups))
         self._d = None
         buf = buffer_or_group if isinstance(buffer_or_group, EPBuffer) else None
@@ -156,9 +158,10 @@ class Diagnose:
         return self.report()["ranks"]
 
     @staticmethod
-    def diagnose_matrix(mat, thres_col=3.0, thres_row=3.0, thres_point=5.0, links=True, floor_us=50.0):
+    def diagnose_matrix(mat, thres_col=3.0, thres_row=3.0, thres_point=5.0, links=True, floor_us=50.0, spread=5.0):
         """The verdict rule on any square matrix (the same C++ code as the exchange's verdicts;
-        values in µs, `floor_us` the absolute floor, 0 for ratios alone): {"abnormal_cols", "abnormal_rows",
+        values in µs, `floor_us` the absolute floor, 0 for ratios alone; `spread` the robust
+        deviations a value must stand above the others' median by, 0 to turn that off): {"abnormal_cols", "abnormal_rows",
         "abnormal_points": [[i, j, value, ratio], ...]}, ratio = value / the typical link.
         links=False: a point that alone makes its row and column abnormal is reported as that
         row and column, not as the point."""
@@ -166,7 +169,7 @@ class Diagnose:
         if m.ndim != 2 or m.shape[0] != m.shape[1]:
             raise Error(f"Diagnose.diagnose_matrix: expected a square matrix, got shape {m.shape}", "shape_mismatch")
         v = _epx.diagnose_matrix(m.ravel().tolist(), m.shape[0], float(thres_row), float(thres_col), float(thres_point),
-                                 bool(links), float(floor_us))
+                                 bool(links), float(floor_us), float(spread))
         return {"abnormal_cols": v["abnormal_cols"], "abnormal_rows": v["abnormal_rows"],
                 "abnormal_points": [list(p) for p in v["abnormal_points"]]}
 

@@ -18,13 +18,13 @@ namespace {
 
 namespace pyb = pybind11;
 
-DiagnoseOptions make_options(double interval_s, double row, double col, double point, bool links, double floor_us,
+DiagnoseOptions make_options(double interval_s, double row, double col, double point, bool links, double floor_us, double spread,
                              const std::string& log_dir, std::uint64_t log_max_bytes, int log_backups) {
   if (!(interval_s > 0) || interval_s > 86400.0 * 365)
     throw Error(ErrorCode::kInvalidArgument, "Diagnose: interval must be > 0 seconds, got " + std::to_string(interval_s));
   DiagnoseOptions o;
   o.interval = std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(interval_s * 1000)));
-  o.thresholds = {row, col, point, links, floor_us};
+  o.thresholds = {row, col, point, links, floor_us, spread};
   o.log_dir = log_dir;
   o.log_max_bytes = log_max_bytes;
   o.log_backups = log_backups;
@@ -66,6 +66,7 @@ pyb::dict report_dict(const DiagnoseReport& r) {
   t["point"] = r.thresholds.point;
   t["links"] = r.thresholds.links;
   t["floor_us"] = r.thresholds.floor_us;
+  t["spread"] = r.thresholds.spread;
   d["thresholds"] = t;
   for (int op = 0; op < kNumWaitOps; ++op) {
     const DiagnoseOp& o = r.ops[static_cast<std::size_t>(op)];
@@ -128,12 +129,13 @@ void bind_diagnose(pyb::module_& m, WaitsOf waits_of) {
       .def_static(
           "over_transport",
           [](std::shared_ptr<PyTransport> group, double interval_s, double row, double col, double point,
-             bool links, double floor_us, const std::string& log_dir, std::uint64_t log_max_bytes, int log_backups) {
+             bool links, double floor_us, double spread, const std::string& log_dir, std::uint64_t log_max_bytes,
+             int log_backups) {
             return std::make_unique<PyDiagnose>(
-                std::move(group), make_options(interval_s, row, col, point, links, floor_us, log_dir, log_max_bytes, log_backups));
+                std::move(group), make_options(interval_s, row, col, point, links, floor_us, spread, log_dir, log_max_bytes, log_backups));
           },
           pyb::arg("transport"), pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"),
-          pyb::arg("links"), pyb::arg("floor_us"), pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
+          pyb::arg("links"), pyb::arg("floor_us"), pyb::arg("spread"), pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
       .def("watch", [waits_of](PyDiagnose& d, pyb::handle buffer) { d.watch(waits_of(buffer)); })
       .def("start", &PyDiagnose::start)
       .def("stop", &PyDiagnose::stop)
@@ -143,11 +145,12 @@ void bind_diagnose(pyb::module_& m, WaitsOf waits_of) {
       .def_property_readonly("closed", &PyDiagnose::closed);
   m.def(
       "diagnose_matrix",
-      [](const std::vector<double>& flat, int num_ranks, double row, double col, double point, bool links, double floor_us) {
-        return verdict_dict(diagnose_matrix(flat, num_ranks, {row, col, point, links, floor_us}), {});
+      [](const std::vector<double>& flat, int num_ranks, double row, double col, double point, bool links, double floor_us,
+         double spread) {
+        return verdict_dict(diagnose_matrix(flat, num_ranks, {row, col, point, links, floor_us, spread}), {});
       },
       pyb::arg("matrix"), pyb::arg("num_ranks"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"), pyb::arg("links"),
-      pyb::arg("floor_us"));
+      pyb::arg("floor_us"), pyb::arg("spread"));
 }
 
 }  // namespace epx::py

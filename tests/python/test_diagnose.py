@@ -63,6 +63,26 @@ def test_diagnose_matrix_slow_rank_cannot_hide():
         epx.Diagnose(None, thresholds={"flor_us": 0})  # a typo is refused, before any group is touched
 
 
+def test_diagnose_matrix_spread_of_the_others():
+    # Ranks whose rows differ widely (100 .. 1300 us per call) and rank 7 at 2200: 3.1x the
+    # others' mean, so DeepEP's ratio names it; but it stands above the others' median by
+    # less than 5 of their robust deviations (1.4826 x MAD), so the default spread does not.
+    per_rank = np.array([100, 300, 500, 700, 900, 1100, 1300, 2200], dtype=np.float64)
+    m = np.repeat(per_rank[:, None], 8, axis=1)
+    np.fill_diagonal(m, 0.0)
+    rows = m.sum(axis=1) / 7  # the same for any per-row statistic: every row has 7 links
+    others = rows[:7]
+    assert rows[7] / others.mean() > 3
+    dev = 1.4826 * np.median(np.abs(others - np.median(others)))
+    excess = rows[7] - np.median(others)
+    assert 2 * dev < excess < 5 * dev
+    assert epx.Diagnose.diagnose_matrix(m)["abnormal_rows"] == []
+    assert epx.Diagnose.diagnose_matrix(m, spread=2)["abnormal_rows"] == [7]
+    assert epx.Diagnose.diagnose_matrix(m, spread=0)["abnormal_rows"] == [7]
+    with pytest.raises(epx.Error):
+        epx.Diagnose.diagnose_matrix(m, spread=-1)
+
+
 def _calls(buf, case, rank, n, late=-1, delay=0.0):
     x, idx, w = inputs(case, rank, "torch")
     for _ in range(n):

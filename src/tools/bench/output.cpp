@@ -158,7 +158,8 @@ ordered_json diagnose_json(const DiagnoseReport& d) {
         {"abnormal_cols", o.verdict.cols},
         {"abnormal_points", points},
         {"thresholds", {{"row", d.thresholds.row}, {"col", d.thresholds.col}, {"point", d.thresholds.point},
-                        {"links", d.thresholds.links}, {"floor_us", d.thresholds.floor_us}}},
+                        {"links", d.thresholds.links}, {"floor_us", d.thresholds.floor_us},
+                        {"spread", d.thresholds.spread}}},
         {"calls_per_rank", o.calls}};
   }
   j["seconds"] = d.seconds;
