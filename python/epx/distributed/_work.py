@@ -26,11 +26,13 @@ class _P2PWork(Work):
         if src is not None:
             self._peer = src
         self._error = error
-        self._event.set()
+        # The future first: a caller that returns from wait() may look at get_future().done()
+        # at once (the event set first made that a race, seen as a failed check under load).
         if error is None:
             self._fut.set_result(self._tensors)
         else:
             self._fut.set_exception(error)
+        self._event.set()
 
     def wait(self, timeout=datetime.timedelta(0)):
         secs = _secs(timeout, self._pg_timeout)
