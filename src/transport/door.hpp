@@ -38,7 +38,8 @@ struct Seat {
   char prefix[160] = {};            ///< the new group's segment prefix; its control block is "/<prefix>ctl"
 };
 
-struct Door {
+// Aligned as a Seat, so the seats that follow it in memory (seat(i)) are aligned too.
+struct alignas(alignof(Seat)) Door {
   std::int32_t first_root = 0;  ///< root rank of seat 0: the launch's num_ranks
   std::int32_t num_seats = 0;   ///< LaunchOptions::spare_ranks
   std::atomic<std::uint32_t> requested{0};  ///< ranks asked for so far (request_ranks)
@@ -46,6 +47,7 @@ struct Door {
   std::atomic<std::uint32_t> closed{0};     ///< 1: no admission can come any more (every member ended)
 
   Seat& seat(int i) noexcept { return reinterpret_cast<Seat*>(this + 1)[i]; }
+  static_assert(sizeof(Seat) % alignof(Seat) == 0);
   static std::size_t bytes_for(int seats) noexcept {
     return sizeof(Door) + static_cast<std::size_t>(seats) * sizeof(Seat);
   }
