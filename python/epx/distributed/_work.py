@@ -37,8 +37,9 @@ class _P2PWork(Work):
     def wait(self, timeout=datetime.timedelta(0)):
         secs = _secs(timeout, self._pg_timeout)
         if not self._event.wait(secs):
+            peer = "" if self._peer is None else f" (rank {self._peer})"  # a collective's Work has no peer
             raise RuntimeError(f"epx backend: {self._what}: rank {self._rank}: Timed out waiting {secs:g} s for the "
-                               f"{self._what} (rank {self._peer}) to complete")
+                               f"{self._what}{peer} to complete")
         if self._error is not None:
             raise self._error
         return True
@@ -84,12 +85,3 @@ class _AsyncWork(_P2PWork):
     def _done_with(self, result, error):
         self._tensors = result if result is not None else []
         self._finish(error)
-
-    def wait(self, timeout=datetime.timedelta(0)):
-        secs = _secs(timeout, self._pg_timeout)
-        if not self._event.wait(secs):
-            raise RuntimeError(f"epx backend: {self._what}: rank {self._rank}: Timed out waiting {secs:g} s for the "
-                               f"{self._what} to complete")
-        if self._error is not None:
-            raise self._error
-        return True
