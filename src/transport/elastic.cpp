@@ -433,6 +433,149 @@ void request_ranks(Transport& transport, int count) {
   } while (!door.requested.compare_exchange_weak(asked, asked + static_cast<std::uint32_t>(count), std::memory_order_acq_rel));
 }
 
+namespace detail {
+namespace {
+
+// One admission, as its steps share it.
+struct AdmitCall {
+  ShmTransport& t;
+  Door& door;
+  const AdmitOptions& options;
+  int P, me;
+  std::uint32_t g;          // the admission's round in this group
+  std::string who, prefix;  // the new group's segment prefix
+  std::string name;         // its control block
+  std::chrono::milliseconds wait;
+};
+
+// Rank 0: waits for the joiners (up to options.joiners, at most `wait`, or until no more can
+// come) and claims the seats of those knocking.
+std::vector<int> claim_joiners(const AdmitCall& a) {
+  Door& door = a.door;
+  ControlBlock* root = a.t.root_control();
+  // The joiners knocking now (alive), and how many more may still come: asked for but not
+  // started, or started and not knocking yet.
+  auto knocking = [&] {
+    std::vector<int> seats;
+    for (int s = 0; s < door.num_seats; ++s)
+      if (door.seat(s).state.load(std::memory_order_acquire) == kSeatKnocking && !root_failed(root, door.first_root + s))
+        seats.push_back(s);
+    return seats;
+  };
+  auto coming = [&] {
+    int n = static_cast<int>(door.requested.load(std::memory_order_acquire)) -
+            static_cast<int>(door.started.load(std::memory_order_acquire));
+    for (int s = 0; s < door.num_seats; ++s)
+      n += door.seat(s).state.load(std::memory_order_acquire) == kSeatStarted && !root_failed(root, door.first_root + s);
+    return n;
+  };
+  wait_for(a.wait, [&] { return static_cast<int>(knocking().size()) >= a.options.joiners || coming() == 0; });
+  std::vector<int> seats;
+  for (int s : knocking()) {
+    if (static_cast<int>(seats.size()) == a.options.joiners) break;
+    std::uint32_t k = kSeatKnocking;
+    if (door.seat(s).state.compare_exchange_strong(k, kSeatClaimed, std::memory_order_acq_rel)) seats.push_back(s);
+  }
+  return seats;
+}
+
+// Rank 0, with joiners claimed: creates the new group's control block (the members first,
+// the joiners after them) and invites each joiner into it. Its mapping.
+void* invite_joiners(const AdmitCall& a, ControlBlock* c, const std::vector<int>& seats) {
+  const int J = static_cast<int>(seats.size()), Q = a.P + J;
+  const std::size_t bytes = block_bytes(Q);
+  void* memory = MAP_FAILED;
+  const int fd = a.prefix.size() < sizeof(Seat::prefix) ? shm_open(a.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600) : -1;
+  if (fd >= 0) {
+    if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+  }
+  if (memory == MAP_FAILED) {
+    const std::string why = fd < 0 && a.prefix.size() >= sizeof(Seat::prefix) ? "the name is too long" : std::strerror(errno);
+    shm_unlink(a.name.c_str());
+    for (int s : seats) a.door.seat(s).state.store(kSeatKnocking, std::memory_order_release);  // for a later admission
+    c->admit_failed.store(a.g, std::memory_order_release);
+    throw Error(ErrorCode::kIo, a.who + ": cannot create the new group's control block " + a.name + ": " + why, a.me);
+  }
+  ControlBlock* fresh = ControlBlock::create(memory, Q, c->job_id);
+  for (int i = 0; i < a.P; ++i) {
+    fresh->ranks()[i].root_rank = a.t.root_rank(i);
+    record_identity(identity_of(c->ranks()[i]), fresh->ranks()[i]);
+  }
+  for (int k = 0; k < J; ++k) {
+    fresh->ranks()[a.P + k].root_rank = a.door.first_root + seats[static_cast<std::size_t>(k)];
+    Seat& seat = a.door.seat(seats[static_cast<std::size_t>(k)]);
+    seat.round = a.g;
+    seat.new_rank = a.P + k;
+    seat.num_ranks = Q;
+    seat.old_num_ranks = a.P;
+    seat.tag = a.options.tag;
+    seat.control_bytes = bytes;
+    std::memcpy(seat.prefix, a.prefix.c_str(), a.prefix.size() + 1);
+    seat.state.store(kSeatInvited, std::memory_order_release);
+  }
+  return memory;
+}
+
+// The other members: until rank 0 published its decision (or failed, or died).
+void await_admission(const AdmitCall& a, ControlBlock* c) {
+  LossWatch is_lost(a.t);
+  const bool ready = wait_for(a.wait + a.t.timeout(), [&] {
+    return c->admit_decided.load(std::memory_order_acquire) >= a.g || c->admit_failed.load(std::memory_order_acquire) >= a.g ||
+           is_lost(0);
+  });
+  if (c->admit_failed.load(std::memory_order_acquire) >= a.g)
+    throw Error(ErrorCode::kIo, a.who + ": rank 0 could not create the new group's control block", 0);
+  if (c->admit_decided.load(std::memory_order_acquire) < a.g)
+    throw Error(ready ? ErrorCode::kPeerFailed : ErrorCode::kTimeout,
+                a.who + ": rank 0 " +
+                    (ready ? std::string("died while admitting")
+                           : "published no admission within " + std::to_string((a.wait + a.t.timeout()).count()) + " ms"),
+                0);
+}
+
+// Every member with J joiners decided: maps the new group, meets the joiners in its first
+// barrier, and the verdict over the old group (still whole): the new group stands only if
+// it stood for every member; a barrier can pass on one member and fail on another when a
+// joiner dies right after arriving. The new group, or null (the old one goes on as it was).
+std::unique_ptr<Transport> join_admitted(const AdmitCall& a, void* memory, int J) {
+  const int Q = a.P + J;
+  const std::size_t bytes = block_bytes(Q);
+  if (a.me != 0) memory = map_block(a.name, bytes);
+  std::unique_ptr<ElasticShmTransport> group;
+  bool stands = false;
+  if (memory != MAP_FAILED) {
+    auto* fresh = static_cast<ControlBlock*>(memory);
+    group = std::make_unique<ElasticShmTransport>(fresh, bytes, a.me, a.t, a.prefix, root_ranks_of(fresh));
+    try {
+      group->join("elastic admit");
+      stands = true;
+    } catch (const Error&) {
+      // A joiner died or never came: the members decide below, together.
+    }
+  }
+  std::vector<std::int64_t> failed;
+  try {
+    failed = sum_over_group(a.t, {stands ? 0 : 1});
+  } catch (...) {
+    if (a.me == 0) {
+      static_cast<ControlBlock*>(memory)->admit_outcome.store(kAdmitAbandoned, std::memory_order_release);
+      shm_unlink(a.name.c_str());
+    }
+    throw;
+  }
+  const bool commit = failed[0] == 0;
+  if (a.me == 0) {
+    static_cast<ControlBlock*>(memory)->admit_outcome.store(commit ? kAdmitStands : kAdmitAbandoned, std::memory_order_release);
+    shm_unlink(a.name.c_str());  // every joiner that could still use it has mapped it
+  }
+  if (!commit) return nullptr;  // `group` goes: the old group goes on as it was
+  return group;
+}
+
+}  // namespace
+}  // namespace detail
+
 std::unique_ptr<Transport> admit(Transport& transport, const AdmitOptions& options, Admission* admission) {
   using namespace detail;
   ShmTransport& t = elastic_shm(transport, "admit");
@@ -445,135 +588,31 @@ std::unique_ptr<Transport> admit(Transport& transport, const AdmitOptions& optio
                     std::to_string(options.wait.count()) + " ms",
                 me);
   ControlBlock* c = t.control_block();
-  ControlBlock* root = t.root_control();
   t.enter_phase("elastic admit");
   const std::uint32_t g = c->ranks()[me].admit_round.load(std::memory_order_relaxed) + 1;
   c->ranks()[me].admit_round.store(g, std::memory_order_release);
   const std::string prefix = t.prefix() + "a" + std::to_string(g) + "-";
-  const std::string name = "/" + prefix + "ctl";
-  const auto wait = options.wait.count() > 0 ? options.wait : t.timeout();
-  Admission a;
-  a.round = static_cast<int>(g);
-  a.old_num_ranks = P;
-  a.new_rank = me;
-  a.tag = options.tag;
-  if (admission != nullptr) *admission = a;
+  const AdmitCall a{t, door, options, P, me, g, who, prefix, "/" + prefix + "ctl",
+                    options.wait.count() > 0 ? options.wait : t.timeout()};
+  Admission record;
+  record.round = static_cast<int>(g);
+  record.old_num_ranks = P;
+  record.new_rank = me;
+  record.tag = options.tag;
+  if (admission != nullptr) *admission = record;
   void* memory = MAP_FAILED;
-
   if (me == 0) {
-    // The joiners knocking now (alive), and how many more may still come: asked for but not
-    // started, or started and not knocking yet.
-    auto knocking = [&] {
-      std::vector<int> seats;
-      for (int s = 0; s < door.num_seats; ++s)
-        if (door.seat(s).state.load(std::memory_order_acquire) == kSeatKnocking && !root_failed(root, door.first_root + s))
-          seats.push_back(s);
-      return seats;
-    };
-    auto coming = [&] {
-      int n = static_cast<int>(door.requested.load(std::memory_order_acquire)) -
-              static_cast<int>(door.started.load(std::memory_order_acquire));
-      for (int s = 0; s < door.num_seats; ++s)
-        n += door.seat(s).state.load(std::memory_order_acquire) == kSeatStarted && !root_failed(root, door.first_root + s);
-      return n;
-    };
-    wait_for(wait, [&] { return static_cast<int>(knocking().size()) >= options.joiners || coming() == 0; });
-    std::vector<int> seats;
-    for (int s : knocking()) {
-      if (static_cast<int>(seats.size()) == options.joiners) break;
-      std::uint32_t k = kSeatKnocking;
-      if (door.seat(s).state.compare_exchange_strong(k, kSeatClaimed, std::memory_order_acq_rel)) seats.push_back(s);
-    }
-    const int J = static_cast<int>(seats.size());
-    if (J > 0) {
-      const int Q = P + J;
-      const std::size_t bytes = block_bytes(Q);
-      const int fd = prefix.size() < sizeof(Seat::prefix) ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600) : -1;
-      if (fd >= 0) {
-        if (ftruncate(fd, static_cast<off_t>(bytes)) == 0)
-          memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-      }
-      if (memory == MAP_FAILED) {
-        const std::string why = fd < 0 && prefix.size() >= sizeof(Seat::prefix) ? "the name is too long" : std::strerror(errno);
-        shm_unlink(name.c_str());
-        for (int s : seats) door.seat(s).state.store(kSeatKnocking, std::memory_order_release);  // for a later admission
-        c->admit_failed.store(g, std::memory_order_release);
-        throw Error(ErrorCode::kIo, who + ": cannot create the new group's control block " + name + ": " + why, me);
-      }
-      ControlBlock* fresh = ControlBlock::create(memory, Q, c->job_id);
-      for (int i = 0; i < P; ++i) {
-        fresh->ranks()[i].root_rank = t.root_rank(i);
-        record_identity(identity_of(c->ranks()[i]), fresh->ranks()[i]);
-      }
-      for (int k = 0; k < J; ++k) {
-        fresh->ranks()[P + k].root_rank = door.first_root + seats[static_cast<std::size_t>(k)];
-        Seat& seat = door.seat(seats[static_cast<std::size_t>(k)]);
-        seat.round = g;
-        seat.new_rank = P + k;
-        seat.num_ranks = Q;
-        seat.old_num_ranks = P;
-        seat.tag = options.tag;
-        seat.control_bytes = bytes;
-        std::memcpy(seat.prefix, prefix.c_str(), prefix.size() + 1);
-        seat.state.store(kSeatInvited, std::memory_order_release);
-      }
-    }
-    c->admit_joined.store(J, std::memory_order_relaxed);
+    const std::vector<int> seats = claim_joiners(a);
+    if (!seats.empty()) memory = invite_joiners(a, c, seats);
+    c->admit_joined.store(static_cast<int>(seats.size()), std::memory_order_relaxed);
     c->admit_decided.store(g, std::memory_order_release);
   } else {
-    LossWatch is_lost(t);
-    const bool ready = wait_for(wait + t.timeout(), [&] {
-      return c->admit_decided.load(std::memory_order_acquire) >= g || c->admit_failed.load(std::memory_order_acquire) >= g ||
-             is_lost(0);
-    });
-    if (c->admit_failed.load(std::memory_order_acquire) >= g)
-      throw Error(ErrorCode::kIo, who + ": rank 0 could not create the new group's control block", 0);
-    if (c->admit_decided.load(std::memory_order_acquire) < g)
-      throw Error(ready ? ErrorCode::kPeerFailed : ErrorCode::kTimeout,
-                  who + ": rank 0 " +
-                      (ready ? std::string("died while admitting")
-                             : "published no admission within " + std::to_string((wait + t.timeout()).count()) + " ms"),
-                  0);
+    await_admission(a, c);
   }
   const int J = c->admit_joined.load(std::memory_order_relaxed);
   if (J == 0) return nullptr;  // nobody knocked: the group as it was
-
-  // Every member and joiner maps the new group and meets in its first barrier.
-  const int Q = P + J;
-  const std::size_t bytes = block_bytes(Q);
-  if (me != 0) memory = map_block(name, bytes);
-  std::unique_ptr<ElasticShmTransport> group;
-  bool stands = false;
-  if (memory != MAP_FAILED) {
-    auto* fresh = static_cast<ControlBlock*>(memory);
-    group = std::make_unique<ElasticShmTransport>(fresh, bytes, me, t, prefix, root_ranks_of(fresh));
-    try {
-      group->join("elastic admit");
-      stands = true;
-    } catch (const Error&) {
-      // A joiner died or never came: the members decide below, together.
-    }
-  }
-  // The verdict, over the old group (still whole): the new group stands only if it stood
-  // for every member; a barrier can pass on one member and fail on another when a joiner
-  // dies right after arriving.
-  std::vector<std::int64_t> failed;
-  try {
-    failed = sum_over_group(t, {stands ? 0 : 1});
-  } catch (...) {
-    if (me == 0) {
-      static_cast<ControlBlock*>(memory)->admit_outcome.store(kAdmitAbandoned, std::memory_order_release);
-      shm_unlink(name.c_str());
-    }
-    throw;
-  }
-  const bool commit = failed[0] == 0;
-  if (me == 0) {
-    static_cast<ControlBlock*>(memory)->admit_outcome.store(commit ? kAdmitStands : kAdmitAbandoned, std::memory_order_release);
-    shm_unlink(name.c_str());  // every joiner that could still use it has mapped it
-  }
-  if (!commit) return nullptr;  // `group` goes: the old group goes on as it was
+  std::unique_ptr<Transport> group = join_admitted(a, memory, J);
+  if (group == nullptr) return nullptr;
   t.release_windows();
   t.retire(static_cast<int>(g));
   if (admission != nullptr) admission->joined = J;
