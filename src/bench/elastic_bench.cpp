@@ -104,125 +104,164 @@ BufferConfig config_of(const BenchOptions& o, int experts) {
 
 double ms_between(std::int64_t a, std::int64_t b) { return static_cast<double>(b - a) / 1e6; }
 
-/// One rank's run (the launched ranks and the joiners alike).
-void run_rank(Transport& t, const BenchOptions& o, const std::vector<ElasticEventSpec>& schedule, Shared* sh) {
-  const int per_rank = o.experts / o.ranks;
-  const Admission* joined = joined_admission();
-  const int orig = joined != nullptr ? -1 : t.rank();  // joiners are never victims
-  int it = joined != nullptr ? static_cast<int>(joined->tag) : 0;
-  std::vector<std::unique_ptr<Transport>> groups;  // each made from the one before: kept alive
-  Transport* now = &t;
-  auto buffer = std::make_unique<Buffer>(*now, config_of(o, per_rank * now->num_ranks()));
-  std::vector<std::uint16_t> x;
-  std::vector<std::int64_t> idx;
-  std::vector<float> w;
-  std::int64_t stretch_start = now_ns();
-  int stretch_first = it;
-
-  auto close_stretch = [&](int end_iter, std::int64_t end_ns, bool recorder) {
-    if (!recorder || end_iter <= stretch_first) return;
-    const int n = sh->num_stretches.load();
-    if (n > kMaxEvents) return;
-    sh->stretches[n] = {stretch_first, end_iter - stretch_first, now->num_ranks(), static_cast<double>(end_ns - stretch_start) / 1e9};
-    sh->num_stretches.store(n + 1);
-  };
-  auto record = [&](const Shared::Event& ev) {
-    const int n = sh->num_events.load();
-    if (n >= kMaxEvents) return;
-    sh->events[n] = ev;
-    sh->num_events.store(n + 1);
-  };
-
-  while (it < o.iters) {
-    int joins = 0;
-    for (const ElasticEventSpec& ev : schedule) joins += ev.kind == ElasticEventSpec::kJoin && ev.iter == it;
-    if (joins > 0 && !(joined != nullptr && it == static_cast<int>(joined->tag) && stretch_first == it)) {
-      const std::int64_t t0 = now_ns();
-      close_stretch(it, t0, now->rank() == 0);
-      buffer.reset();
-      if (now->rank() == 0) request_ranks(*now, joins);
-      Admission a;
-      std::unique_ptr<Transport> bigger = admit(*now, {joins, std::chrono::milliseconds(0), static_cast<std::uint64_t>(it)}, &a);
-      const std::int64_t t1 = now_ns();
-      const int before = now->num_ranks();
-      if (bigger) {
-        groups.push_back(std::move(bigger));
-        now = groups.back().get();
-      }
-      buffer = std::make_unique<Buffer>(*now, config_of(o, per_rank * now->num_ranks()));
-      const std::int64_t t2 = now_ns();
-      if (now->rank() == 0) {
-        Shared::Event ev;
-        ev.kind = ElasticEventSpec::kJoin;
-        ev.iter = it;
-        ev.ranks_before = before;
-        ev.ranks_after = now->num_ranks();
-        ev.admit_ms = ms_between(t0, t1);
-        ev.buffer_ms = ms_between(t1, t2);
-        record(ev);
-      }
-      stretch_start = now_ns();
-      stretch_first = it;
-    }
-    try {
-      for (int k = 0; k < static_cast<int>(schedule.size()); ++k) {
-        const ElasticEventSpec& ev = schedule[static_cast<std::size_t>(k)];
-        if (ev.kind == ElasticEventSpec::kKill && ev.iter == it && ev.rank == orig) {
-          sh->killed_at_ns[k].store(now_ns());
-          raise(SIGKILL);
-        }
-      }
-      const int experts = per_rank * now->num_ranks();
-      make_inputs(o, experts, it, now->rank(), x, idx, w);
-      DispatchArgs d;
-      d.x = TensorView(x.data(), DType::kBF16, {o.tokens, o.hidden});
-      d.topk_idx = TensorView(idx.data(), DType::kI64, {o.tokens, o.topk});
-      d.topk_weights = TensorView(w.data(), DType::kF32, {o.tokens, o.topk});
-      DispatchResult r = buffer->dispatch(d);
-      CombineArgs c;
-      c.y = r.recv_x.view();
-      c.handle = &r.handle;
-      buffer->combine(c);
-      ++it;
-    } catch (const Error& e) {
-      if (!is_peer_loss(e)) throw;
-      const std::int64_t t_detect = now_ns();
-      // The kill this loss comes from: the latest one scheduled at or before this iteration
-      // (a survivor may have finished the victim's iteration and failed in the next).
-      int k = -1;
-      for (int j = 0; j < static_cast<int>(schedule.size()); ++j)
-        if (schedule[static_cast<std::size_t>(j)].kind == ElasticEventSpec::kKill && schedule[static_cast<std::size_t>(j)].iter <= it)
-          k = j;
-      buffer.reset();
-      const int before = now->num_ranks();
-      const Membership m = agree_survivors(*now);
-      const std::int64_t t_agree = now_ns();
-      close_stretch(k >= 0 ? schedule[static_cast<std::size_t>(k)].iter : it, t_detect, m.new_rank == 0);
-      groups.push_back(rebuild_group(*now, m));
-      now = groups.back().get();
-      const std::int64_t t_rebuild = now_ns();
-      buffer = std::make_unique<Buffer>(*now, config_of(o, per_rank * now->num_ranks()));
-      const std::int64_t t_buffer = now_ns();
-      // Every survivor resumes after the victim's iteration (its interrupted pair is dropped).
-      it = (k >= 0 ? schedule[static_cast<std::size_t>(k)].iter : it) + 1;
-      if (now->rank() == 0) {
-        Shared::Event ev;
-        ev.kind = ElasticEventSpec::kKill;
-        ev.iter = k >= 0 ? schedule[static_cast<std::size_t>(k)].iter : it - 1;
-        ev.ranks_before = before;
-        ev.ranks_after = now->num_ranks();
-        const std::int64_t killed = k >= 0 ? sh->killed_at_ns[k].load() : 0;
-        ev.detect_ms = killed > 0 ? ms_between(killed, t_detect) : -1;
-        ev.agree_ms = ms_between(t_detect, t_agree);
-        ev.rebuild_ms = ms_between(t_agree, t_rebuild);
-        ev.buffer_ms = ms_between(t_rebuild, t_buffer);
-        record(ev);
-      }
-      stretch_start = now_ns();
-      stretch_first = it;
-    }
+/// One rank's run (the launched ranks and the joiners alike): its group, Buffer and the
+/// stretch of iterations since the last event.
+class RankRun {
+ public:
+  RankRun(Transport& t, const BenchOptions& o, const std::vector<ElasticEventSpec>& schedule, Shared* sh)
+      : o_(o), schedule_(schedule), sh_(sh), per_rank_(o.experts / o.ranks), joined_(joined_admission()),
+        orig_(joined_ != nullptr ? -1 : t.rank()),  // joiners are never victims
+        it_(joined_ != nullptr ? static_cast<int>(joined_->tag) : 0), now_(&t), stretch_first_(it_) {
+    new_buffer();
+    stretch_start_ = now_ns();  // the first stretch starts with its Buffer made
   }
-  close_stretch(it, now_ns(), now->rank() == 0);
+
+  void run() {
+    while (it_ < o_.iters) {
+      int joins = 0;
+      for (const ElasticEventSpec& ev : schedule_) joins += ev.kind == ElasticEventSpec::kJoin && ev.iter == it_;
+      if (joins > 0 && !(joined_ != nullptr && it_ == static_cast<int>(joined_->tag) && stretch_first_ == it_)) admit_joiners(joins);
+      try {
+        one_pair();
+      } catch (const Error& e) {
+        if (!is_peer_loss(e)) throw;
+        heal();
+      }
+    }
+    close_stretch(it_, now_ns(), now_->rank() == 0);
+  }
+
+ private:
+  void new_buffer() { buffer_ = std::make_unique<Buffer>(*now_, config_of(o_, per_rank_ * now_->num_ranks())); }
+
+  void close_stretch(int end_iter, std::int64_t end_ns, bool recorder) {
+    if (!recorder || end_iter <= stretch_first_) return;
+    const int n = sh_->num_stretches.load();
+    if (n > kMaxEvents) return;
+    sh_->stretches[n] = {stretch_first_, end_iter - stretch_first_, now_->num_ranks(),
+                         static_cast<double>(end_ns - stretch_start_) / 1e9};
+    sh_->num_stretches.store(n + 1);
+  }
+
+  void record(const Shared::Event& ev) {
+    const int n = sh_->num_events.load();
+    if (n >= kMaxEvents) return;
+    sh_->events[n] = ev;
+    sh_->num_events.store(n + 1);
+  }
+
+  void new_stretch() {
+    stretch_start_ = now_ns();
+    stretch_first_ = it_;
+  }
+
+  // The schedule's joins at this iteration: rank 0 asks for them, every member admits them.
+  void admit_joiners(int joins) {
+    const std::int64_t t0 = now_ns();
+    close_stretch(it_, t0, now_->rank() == 0);
+    buffer_.reset();
+    if (now_->rank() == 0) request_ranks(*now_, joins);
+    Admission a;
+    std::unique_ptr<Transport> bigger = admit(*now_, {joins, std::chrono::milliseconds(0), static_cast<std::uint64_t>(it_)}, &a);
+    const std::int64_t t1 = now_ns();
+    const int before = now_->num_ranks();
+    if (bigger) {
+      groups_.push_back(std::move(bigger));
+      now_ = groups_.back().get();
+    }
+    new_buffer();
+    const std::int64_t t2 = now_ns();
+    if (now_->rank() == 0) {
+      Shared::Event ev;
+      ev.kind = ElasticEventSpec::kJoin;
+      ev.iter = it_;
+      ev.ranks_before = before;
+      ev.ranks_after = now_->num_ranks();
+      ev.admit_ms = ms_between(t0, t1);
+      ev.buffer_ms = ms_between(t1, t2);
+      record(ev);
+    }
+    new_stretch();
+  }
+
+  // The schedule's kill of this rank at this iteration, else one dispatch + combine pair.
+  void one_pair() {
+    for (int k = 0; k < static_cast<int>(schedule_.size()); ++k) {
+      const ElasticEventSpec& ev = schedule_[static_cast<std::size_t>(k)];
+      if (ev.kind == ElasticEventSpec::kKill && ev.iter == it_ && ev.rank == orig_) {
+        sh_->killed_at_ns[k].store(now_ns());
+        raise(SIGKILL);
+      }
+    }
+    make_inputs(o_, per_rank_ * now_->num_ranks(), it_, now_->rank(), x_, idx_, w_);
+    DispatchArgs d;
+    d.x = TensorView(x_.data(), DType::kBF16, {o_.tokens, o_.hidden});
+    d.topk_idx = TensorView(idx_.data(), DType::kI64, {o_.tokens, o_.topk});
+    d.topk_weights = TensorView(w_.data(), DType::kF32, {o_.tokens, o_.topk});
+    DispatchResult r = buffer_->dispatch(d);
+    CombineArgs c;
+    c.y = r.recv_x.view();
+    c.handle = &r.handle;
+    buffer_->combine(c);
+    ++it_;
+  }
+
+  // A peer was lost: agree on the survivors, rebuild, and resume after the victim's iteration.
+  void heal() {
+    const std::int64_t t_detect = now_ns();
+    // The kill this loss comes from: the latest one scheduled at or before this iteration
+    // (a survivor may have finished the victim's iteration and failed in the next).
+    int k = -1;
+    for (int j = 0; j < static_cast<int>(schedule_.size()); ++j)
+      if (schedule_[static_cast<std::size_t>(j)].kind == ElasticEventSpec::kKill && schedule_[static_cast<std::size_t>(j)].iter <= it_)
+        k = j;
+    buffer_.reset();
+    const int before = now_->num_ranks();
+    const Membership m = agree_survivors(*now_);
+    const std::int64_t t_agree = now_ns();
+    close_stretch(k >= 0 ? schedule_[static_cast<std::size_t>(k)].iter : it_, t_detect, m.new_rank == 0);
+    groups_.push_back(rebuild_group(*now_, m));
+    now_ = groups_.back().get();
+    const std::int64_t t_rebuild = now_ns();
+    new_buffer();
+    const std::int64_t t_buffer = now_ns();
+    // Every survivor resumes after the victim's iteration (its interrupted pair is dropped).
+    it_ = (k >= 0 ? schedule_[static_cast<std::size_t>(k)].iter : it_) + 1;
+    if (now_->rank() == 0) {
+      Shared::Event ev;
+      ev.kind = ElasticEventSpec::kKill;
+      ev.iter = k >= 0 ? schedule_[static_cast<std::size_t>(k)].iter : it_ - 1;
+      ev.ranks_before = before;
+      ev.ranks_after = now_->num_ranks();
+      const std::int64_t killed = k >= 0 ? sh_->killed_at_ns[k].load() : 0;
+      ev.detect_ms = killed > 0 ? ms_between(killed, t_detect) : -1;
+      ev.agree_ms = ms_between(t_detect, t_agree);
+      ev.rebuild_ms = ms_between(t_agree, t_rebuild);
+      ev.buffer_ms = ms_between(t_rebuild, t_buffer);
+      record(ev);
+    }
+    new_stretch();
+  }
+
+  const BenchOptions& o_;
+  const std::vector<ElasticEventSpec>& schedule_;
+  Shared* sh_;
+  const int per_rank_;
+  const Admission* joined_;
+  const int orig_;
+  int it_;
+  std::vector<std::unique_ptr<Transport>> groups_;  // each made from the one before: kept alive
+  Transport* now_;
+  std::unique_ptr<Buffer> buffer_;
+  std::vector<std::uint16_t> x_;
+  std::vector<std::int64_t> idx_;
+  std::vector<float> w_;
+  std::int64_t stretch_start_ = 0;
+  int stretch_first_;
+};
+
+void run_rank(Transport& t, const BenchOptions& o, const std::vector<ElasticEventSpec>& schedule, Shared* sh) {
+  RankRun(t, o, schedule, sh).run();
 }
 
 }  // namespace
