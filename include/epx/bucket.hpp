@@ -45,12 +45,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "epx/buffer_allocator.hpp"
 #include "epx/buffer_base.hpp"
+#include "epx/dataplane.hpp"
 #include "epx/tensor.hpp"
 #include "epx/transport.hpp"
 
@@ -103,6 +105,15 @@ struct BucketOptions {
   /// named: for tests and A/B runs. Forcing kStaged, kPipelined or kTwoLevel on a mapped
   /// transport also brings back the headers' channel exchange (no boards).
   BucketAlgorithm algorithm = BucketAlgorithm::kNone;
+  /// How a call's messages complete (docs/buffers.md, "Completion protocols"): explicit
+  /// (quiet, then the signal), tail (the signal, ordered after the puts), flag (the one-shot
+  /// board's header round: each member's slot carries the call's epoch after its header and
+  /// inputs and the members look at it in place, no signal; needs the boards, i.e. readable
+  /// peer windows and no forced channel algorithm; the credit channels stay tail). Unset:
+  /// tail where the transport orders signals after puts, else explicit (or the
+  /// EPX_BUCKET_PROTOCOL environment variable's value, for A/B runs). A protocol the
+  /// transport cannot run is refused at construction (epx/spi/kind_support.hpp).
+  std::optional<Protocol> protocol{};
 };
 
 

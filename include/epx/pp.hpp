@@ -37,12 +37,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "epx/buffer_allocator.hpp"
 #include "epx/buffer_base.hpp"
+#include "epx/dataplane.hpp"
 #include "epx/tensor.hpp"
 
 namespace epx {
@@ -67,6 +69,14 @@ struct PPConfig {
   /// bytes cross memory once). 0: 256 KiB; else a multiple of 64. The window has the rings
   /// when num_max_tensor_bytes is at least 4 chunks.
   std::size_t chunk_bytes = 0;
+  /// How a message's receiver learns it has landed (docs/buffers.md, "Completion protocols"):
+  /// explicit (quiet, then the arrived signal), tail (the arrived signal, ordered after the
+  /// puts), flag (the slot header's last word carries the message number, written after the
+  /// bytes; no signal; mapped peers only). Unset: tail where the transport orders signals
+  /// after puts, else explicit (or the EPX_PP_PROTOCOL environment variable's value, for A/B
+  /// runs). A protocol the transport cannot run is refused at construction
+  /// (epx/spi/kind_support.hpp). Every rank passes the same value.
+  std::optional<Protocol> protocol{};
 };
 
 /// Links of a ring of `num_ranks`: r with (r + 1) % num_ranks (DeepEP's neighbours).
