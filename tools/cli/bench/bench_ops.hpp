@@ -1,7 +1,7 @@
 // `epx bench --op`: the one table of ops. A new op is a row in bench_ops() (bench_ops.cpp):
 // its --op name, one line of --help, and the function that measures it, prints its report
 // and writes --json / --trace; the function lives in a file of its own next to this one,
-// over a measurement in the bench library (src/bench). Options an op does not use are
+// over a measurement in the bench library (tools/bench). Options an op does not use are
 // ignored by it (BenchOptions holds every op's options).
 #pragma once
 

@@ -10,7 +10,7 @@
 namespace epx::tools {
 
 struct BenchOptions {
-  /// --op: what to time (src/tools/bench/bench_ops.hpp lists them); "dispatch" = dispatch + combine.
+  /// --op: what to time (tools/cli/bench/bench_ops.hpp lists them); "dispatch" = dispatch + combine.
   std::string op = "dispatch";
   // --op all_gather | reduce_scatter | all_reduce (epx/bench/collective.hpp).
   std::string bytes = "64M";   ///< N: the whole tensor of a call (K/M/G suffixes)

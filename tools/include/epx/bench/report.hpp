@@ -1,6 +1,6 @@
 // `epx bench` results: the ranks' records aggregated into the numbers of the report (one
-// definition for each, see bench_definitions() in src/tools/bench/bench_cli.hpp). The text
-// report and the JSON are the tool's (src/tools/bench/).
+// definition for each, see bench_definitions() in tools/cli/bench/bench_cli.hpp). The text
+// report and the JSON are the tool's (tools/cli/bench/).
 #pragma once
 
 #include <array>

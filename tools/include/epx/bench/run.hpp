@@ -1,5 +1,5 @@
 // The bench engine end to end: options -> routing -> P ranks -> records -> aggregated report
-// (the `epx bench` command prints it, src/tools/bench/).
+// (the `epx bench` command prints it, tools/cli/bench/).
 #pragma once
 
 #include <string>
