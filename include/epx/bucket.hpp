@@ -3,7 +3,7 @@
 //
 //   epx::BufferAllocator plan;
 //   plan.allocate("grads", {1 << 20}, epx::DType::kF32);
-//   epx::BucketBuffer bucket(t, {epx::world_ranks(t.num_ranks())}, plan);   // collective
+//   epx::BucketBuffer bucket(t, epx::BucketConfig{}, plan);   // collective; groups {}: the world
 //   epx::MutableView g = bucket.tensor("grads");                           // a view of the storage
 //   ... write this rank's gradients into g ...
 //   bucket.all_reduce({g}, 1.0f / t.num_ranks());                           // collective, in place
@@ -53,6 +53,7 @@
 #include "epx/buffer_allocator.hpp"
 #include "epx/buffer_base.hpp"
 #include "epx/dataplane.hpp"
+#include "epx/error.hpp"
 #include "epx/tensor.hpp"
 #include "epx/transport.hpp"
 
@@ -117,6 +118,23 @@ struct BucketOptions {
 };
 
 
+/// What a BucketBuffer is built for: the `Kind(Transport&, KindConfig)` shape every buffer
+/// kind shares (EPConfig, PPConfig, EngramConfig). Every rank passes the same values.
+///   epx::BucketBuffer b(t, {.num_bytes = 64 << 20});                          // the world
+///   epx::BucketBuffer b(t, {.groups = {{0, 1}, {2, 3}}, .num_bytes = 1 << 20}); // two pairs
+///   epx::BucketBuffer b(t, epx::BucketConfig{}, plan);                        // a plan's storage
+/// (With a plan, name the type: a bare brace list there could also be the first
+/// constructors' groups.)
+struct BucketConfig {
+  /// 1..kBucketMaxGroups groups, each ascending distinct world ranks (the groups of the
+  /// file's header). Empty: one group, every rank of the transport (world_ranks).
+  std::vector<std::vector<int>> groups{};
+  /// Bytes of storage (> 0) without a plan. With a plan: 0 (the plan's total_bytes()) or
+  /// exactly the plan's total_bytes(); another value throws kInvalidArgument locally.
+  std::size_t num_bytes = 0;
+  BucketOptions options{};
+};
+
 /// Where the time of a call went on this rank (BucketBuffer::last_stats), microseconds.
 struct BucketStats {
   BucketAlgorithm algorithm = BucketAlgorithm::kNone;
@@ -158,15 +176,25 @@ class BucketEvent {
 
 class BucketBuffer final : public BufferBase {
  public:
-  /// Collective over every rank of `transport`: checks that every rank passes the same
-  /// groups, size and options (kInvalidArgument naming the first difference and the rank)
-  /// and allocates the window: `num_bytes` of storage (> 0) plus the staging slots.
+  /// Collective over every rank of `transport` (which must outlive the buffer): checks that
+  /// every rank passes the same groups, size and options (kInvalidArgument naming the first
+  /// difference and the rank) and allocates the window: config.num_bytes of storage (> 0),
+  /// zeroed, plus the staging slots (kCapacityExceeded when it does not fit in memory).
+  BucketBuffer(Transport& transport, const BucketConfig& config)
+      : BucketBuffer(transport, groups_of(transport, config), config.num_bytes, config.options) {}
+  /// As above with the storage of `plan` (every rank the same plan; its tensors are then
+  /// tensor(name)); config.num_bytes 0 or the plan's total_bytes().
+  BucketBuffer(Transport& transport, const BucketConfig& config, const BufferAllocator& plan)
+      : BucketBuffer(transport, groups_of(transport, config, &plan), plan, config.options) {}
+  /// The first constructors, equivalent to the above: BucketBuffer(t, groups, n, options)
+  /// is BucketBuffer(t, {.groups = groups, .num_bytes = n, .options = options}) (groups
+  /// not empty here), and BucketBuffer(t, groups, plan, options) is
+  /// BucketBuffer(t, {.groups = groups, .options = options}, plan).
   BucketBuffer(Transport& transport, const std::vector<std::vector<int>>& groups, std::size_t num_bytes,
                const BucketOptions& options = {});
-  /// As above with the storage of `plan` (every rank the same plan; its tensors are then
-  /// tensor(name)).
   BucketBuffer(Transport& transport, const std::vector<std::vector<int>>& groups, const BufferAllocator& plan,
                const BucketOptions& options = {});
+  /// Calls destroy() if the caller did not (collective then; errors are swallowed).
   ~BucketBuffer() override;
 
   /// Collective (over the group's members): docs/spec.md §8 all_gather, batched. `srcs[i]` any
@@ -224,6 +252,19 @@ class BucketBuffer final : public BufferBase {
   struct Impl;
 
  private:
+  // config.groups, or the world when empty; with a plan, checks config.num_bytes against it
+  // (local: a config every rank passes alike fails alike, before any collective).
+  static std::vector<std::vector<int>> groups_of(const Transport& transport, const BucketConfig& config,
+                                                 const BufferAllocator* plan = nullptr) {
+    if (plan != nullptr && config.num_bytes != 0 && config.num_bytes != plan->total_bytes())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "rank " + std::to_string(transport.rank()) + ": bucket.create: BucketConfig::num_bytes is " +
+                      std::to_string(config.num_bytes) + " but the plan holds " +
+                      std::to_string(plan->total_bytes()) + " bytes (pass 0 or the plan's total_bytes())",
+                  transport.rank());
+    if (!config.groups.empty()) return config.groups;
+    return {world_ranks(transport.num_ranks())};
+  }
   void init(const std::vector<std::vector<int>>& groups, std::size_t num_bytes, const BufferAllocator* plan,
             const BucketOptions& options);
   void on_destroy() noexcept override;

@@ -1,10 +1,17 @@
-// epx/buffer.hpp — dispatch and combine (docs/spec.md §3, §4).
+// epx/buffer.hpp — the EP buffer: dispatch and combine (docs/spec.md §3, §4).
 //
-//   epx::Buffer buffer(transport, {.num_experts = 256, .hidden = 7168, .num_topk = 8,
-//                                  .max_tokens_per_rank = 4096});          // collective
+//   epx::EPBuffer buffer(transport, {.num_experts = 256, .hidden = 7168, .num_topk = 8,
+//                                    .max_tokens_per_rank = 4096});        // collective
 //   auto d = buffer.dispatch({.x = x, .topk_idx = idx, .topk_weights = w}); // collective
 //   ... experts compute y from d.recv_x ...
 //   auto c = buffer.combine({.y = y, .handle = &d.handle});                // collective
+//
+// Names: epx::EPBuffer (built from an epx::EPConfig) is the EP buffer, as Python's
+// epx.EPBuffer and DeepEP V2.5's EPBuffer; epx::Buffer and epx::BufferConfig are the same
+// types under their first names, kept so that existing code builds unchanged. Every buffer
+// kind is built the same way, `Kind(Transport&, KindConfig)` (EPBuffer/EPConfig,
+// BucketBuffer/BucketConfig, PPBuffer/PPConfig, EngramBuffer/EngramConfig), with the
+// lifecycle of epx/buffer_base.hpp; docs/cpp.md, "Names", lists every name and its aliases.
 //
 // Collective calls must be made by every rank of the group, in the same order. A bad
 // input on any rank makes the call throw epx::Error on every rank, naming the rank at
@@ -208,14 +215,18 @@ class PendingCombine {
   CombineResult outputs_;
 };
 
-/// The EP buffer (DeepEP's EPBuffer): a BufferBase of kind "ep" (epx/buffer_base.hpp: its own
-/// endpoint of the transport, so other buffers may share the group; destroy() collective and
-/// idempotent; every call after it throws kInvalidArgument; window_bytes()).
+/// The EP buffer (DeepEP's EPBuffer; spelled epx::EPBuffer, the alias below): a BufferBase of
+/// kind "ep" (epx/buffer_base.hpp: its own endpoint of the transport, so other buffers may
+/// share the group; destroy() collective and idempotent; every call after it throws
+/// kInvalidArgument; window_bytes()).
 class Buffer : public BufferBase {
  public:
-  /// Collective: checks that every rank passes the same config and allocates the
-  /// symmetric window on its own endpoint of `transport`, which must outlive the Buffer.
+  /// Collective: checks that every rank passes the same config (EPConfig; kInvalidArgument
+  /// on every rank naming the first differing value and the rank) and allocates the
+  /// symmetric window on its own endpoint of `transport`, which must outlive the Buffer
+  /// (kCapacityExceeded when the window does not fit in memory).
   Buffer(Transport& transport, const BufferConfig& config);
+  /// Calls destroy() if the caller did not (collective then; errors are swallowed).
   ~Buffer() override;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -265,6 +276,8 @@ class Buffer : public BufferBase {
   /// Buffer. Local.
   std::shared_ptr<const PeerWaits> peer_waits() const noexcept;
 
+  /// The config the buffer was built with, as passed (auto values such as num_workers = 0
+  /// stay as given). Local.
   const BufferConfig& config() const noexcept;
 
   /// The engine's state: an opaque type, defined only inside the library (src/engine), where
@@ -275,5 +288,9 @@ class Buffer : public BufferBase {
   void on_destroy() noexcept override;
   std::unique_ptr<Impl> impl_;
 };
+
+/// The EP buffer's documented name, the same type as epx::Buffer (static_assert'ed in
+/// tests/multirank/names_test.cpp): `epx::EPBuffer ep(transport, epx::EPConfig{...})`.
+using EPBuffer = Buffer;
 
 }  // namespace epx

@@ -1,5 +1,12 @@
-// epx/config.hpp — what a Buffer is sized and agreed for. Every rank of the group passes
-// the same values (Buffer's constructor checks this collectively).
+// epx/config.hpp — what an EP buffer (epx::EPBuffer, epx/buffer.hpp) is sized and agreed for.
+// Every rank of the group passes the same values (the constructor checks this collectively).
+//
+//   epx::EPConfig c{.num_experts = 256, .hidden = 7168, .num_topk = 8, .max_tokens_per_rank = 4096};
+//   epx::EPBuffer ep(transport, c);
+//
+// epx::EPConfig is the name to use (one `Kind(Transport&, KindConfig)` shape for every buffer
+// kind: EPConfig, BucketConfig, PPConfig, EngramConfig); BufferConfig is the same type under
+// its first name, kept for existing code.
 #pragma once
 
 #include <cstddef>
@@ -50,6 +57,9 @@ struct BufferConfig {
   /// Topology, peer schedule, queues, put aggregation, completion protocol.
   DataPlaneOptions dataplane{};
 };
+
+/// The EP buffer's config under the name that matches epx::EPBuffer (the same type).
+using EPConfig = BufferConfig;
 
 /// Bytes one dispatch output of `rows` rows of `hidden` columns of `dtype` (FP8: with its
 /// float32 scales) takes in the output pool (BufferConfig::output_pool_bytes). The auto pool

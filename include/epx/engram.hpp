@@ -3,12 +3,16 @@
 //
 //   epx::EngramConfig c{.num_entries_per_layer = {131072, 131072}, .hidden = 256,
 //                       .num_max_tokens = 512, .num_entries_per_token = 24};
-//   auto [bytes, storage] = epx::EngramBuffer::get_storage_size_hint(P, c);
-//   epx::EngramBuffer engram(transport, bytes, storage);       // collective
-//   engram.set_config(c);                                      // collective
+//   epx::EngramBuffer engram(transport, c);                    // collective: sized for c, set_config(c)
 //   engram.write({shard0, shard1});                            // collective: this rank's rows
 //   epx::EngramFetch f = engram.fetch(indices);                // int32 [L, T, E']
 //   epx::EngramLayer l1 = f.layer(1);                          // waits for layer 1 only
+//
+// DeepEP's two steps are kept and equivalent: a window of explicit sizes, then the tables'
+// shape (a buffer sized once for the largest tables, set_config'ed for several):
+//   auto [bytes, storage] = epx::EngramBuffer::get_storage_size_hint(P, c);
+//   epx::EngramBuffer engram(transport, bytes, storage);       // collective
+//   engram.set_config(c);                                      // collective
 //
 // Semantics (docs/spec.md §10): layer l's table has P * N_l rows of H values (bf16, or FP8 E4M3
 // with num_sf_packs float32 scales per row); global row g lives on rank g / N_l as its
@@ -35,12 +39,16 @@
 
 #include "epx/buffer_base.hpp"
 #include "epx/tensor.hpp"
+#include "epx/transport.hpp"
 
 namespace epx {
 
 /// The most layers an EngramBuffer holds.
 inline constexpr int kMaxEngramLayers = 128;
 
+/// The tables' shape (set_config), and what an EngramBuffer is built for with
+/// `epx::EngramBuffer engram(transport, config)` (the shape of every buffer kind: EPConfig,
+/// BucketConfig, PPConfig). Every rank passes the same values.
 struct EngramConfig {
   /// N_l: rows of layer l on each rank (1..kMaxEngramLayers layers, each N_l >= 1).
   std::vector<std::int64_t> num_entries_per_layer;
@@ -114,9 +122,23 @@ class EngramBuffer : public BufferBase {
   /// Throws kInvalidArgument for a config set_config would refuse.
   static EngramSizes get_storage_size_hint(int num_ranks, const EngramConfig& config);
 
-  /// Collective: a window of num_bytes + num_storage_bytes (every rank the same, else
-  /// kInvalidArgument on every rank). Throws kCapacityExceeded if it does not fit in memory.
+  /// Collective: the `Kind(Transport&, KindConfig)` shape every buffer kind shares. A window
+  /// sized for `config` on the transport's ranks (get_storage_size_hint), then
+  /// set_config(config): the same as the two steps below. Throws kInvalidArgument locally for a
+  /// config get_storage_size_hint refuses (every rank alike when every rank passes it), and as
+  /// those two steps throw otherwise. `transport` must outlive the buffer.
+  EngramBuffer(Transport& transport, const EngramConfig& config)
+      : EngramBuffer(transport, get_storage_size_hint(transport.num_ranks(), config)) {
+    set_config(config);
+  }
+  /// Collective: a window of sizes.num_bytes + sizes.num_storage_bytes, as below.
+  EngramBuffer(Transport& transport, const EngramSizes& sizes)
+      : EngramBuffer(transport, sizes.num_bytes, sizes.num_storage_bytes) {}
+  /// Collective (DeepEP's constructor): a window of num_bytes + num_storage_bytes (every rank
+  /// the same, else kInvalidArgument on every rank); set_config follows before write / fetch.
+  /// Throws kCapacityExceeded if it does not fit in memory.
   EngramBuffer(Transport& transport, std::size_t num_bytes, std::size_t num_storage_bytes);
+  /// Calls destroy() if the caller did not (collective then; errors are swallowed).
   ~EngramBuffer() override;
 
   /// Collective: the tables' shape. Every rank passes the same config, which must fit in

@@ -18,6 +18,13 @@
 // All weights and loads are computed in float32, like the original (torch float32).
 // Physical expert p lives on GPU p / (num_replicas / num_gpus).
 // All arrays are row-major (C order) std::vector, shapes given in brackets.
+//
+// Names: one vocabulary with epx/lb.hpp, "replicas". The names to use are StaticReplicaPlan,
+// plan_static_replicas, route_through_replicas, route_through_live_replicas, replica_load,
+// load_without_replicas and load_imbalance (declared after the first names, each the same
+// function); EplbPlan, rebalance_experts (DeepSeek's eplb.py name), map_to_replicas,
+// map_to_live_replicas, eplb_gpu_load, eplb_gpu_load_without_replicas and eplb_max_over_avg
+// are their first names, kept. A "GPU" of the first names is a rank.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +32,9 @@
 
 namespace epx {
 
-struct EplbPlan {
+/// Replicas planned from measured load (DeepSeek's EPLB): the static counterpart of
+/// epx::DynamicReplicaPlan (epx/lb.hpp), which plans them from one batch's routing.
+struct StaticReplicaPlan {
   int layers = 0;                     ///< number of MoE layers (rows of the weight matrix)
   int logical_experts = 0;            ///< logical experts per layer
   int num_replicas = 0;               ///< physical expert slots per layer (across all GPUs)
@@ -37,18 +46,21 @@ struct EplbPlan {
   std::vector<std::int64_t> logcnt;   ///< [layers, logical_experts]: number of replicas (>= 1) of each expert
 };
 
+/// The plan's first name, the same type.
+using EplbPlan = StaticReplicaPlan;
+
 /// Plans the replicas. `weight` is [layers, logical_experts] float32 (finite, >= 0).
 /// Throws epx::Error(kInvalidArgument) naming the parameter and the reason when: any count is
 /// not positive, weight.size() != layers * logical_experts, a weight is negative, NaN or
 /// infinite, num_replicas < logical_experts, num_replicas % num_gpus != 0,
 /// num_gpus % num_nodes != 0, or (hierarchical policy only) logical_experts % num_groups != 0.
-EplbPlan rebalance_experts(const std::vector<float>& weight, int layers, int logical_experts, int num_replicas,
+StaticReplicaPlan rebalance_experts(const std::vector<float>& weight, int layers, int logical_experts, int num_replicas,
                            int num_groups, int num_nodes, int num_gpus);
 
 /// Per-GPU load of `plan`, [layers, num_gpus] (double): the sum over the replicas a GPU holds
 /// of weight[expert] / logcnt[expert]. GPU of physical slot p = p / (num_replicas / num_gpus).
 /// Throws kInvalidArgument if num_gpus does not divide plan.num_replicas or weight has the wrong size.
-std::vector<double> eplb_gpu_load(const EplbPlan& plan, const std::vector<float>& weight, int num_gpus);
+std::vector<double> eplb_gpu_load(const StaticReplicaPlan& plan, const std::vector<float>& weight, int num_gpus);
 
 /// Per-GPU load without replicas, [layers, num_gpus] (double): the logical experts split evenly
 /// in order across the GPUs, GPU g holding experts [g*E/num_gpus, (g+1)*E/num_gpus) (integer
@@ -85,7 +97,7 @@ struct ReplicaRouting {
 /// serves. Throws kInvalidArgument on a value outside [-1, logical_experts) (naming the
 /// token and slot) or when num_replicas % num_ranks != 0.
 std::vector<std::int64_t> map_to_replicas(const std::vector<std::int64_t>& topk_idx, int num_topk,
-                                          const EplbPlan& plan, const ReplicaRouting& routing);
+                                          const StaticReplicaPlan& plan, const ReplicaRouting& routing);
 
 /// The routing of a group that lost ranks (epx/elastic.hpp): physical slots in the
 /// survivors' numbering, and what could not be served.
@@ -107,8 +119,48 @@ struct MaskedRouting {
 /// group; phy2log of the old slot gives the logical expert. With no lost rank: exactly
 /// map_to_replicas. Local and pure. Throws kInvalidArgument as map_to_replicas does, and on a
 /// lost rank outside [0, P) or named twice, or a routing.rank that is lost.
-MaskedRouting map_to_live_replicas(const std::vector<std::int64_t>& topk_idx, int num_topk, const EplbPlan& plan,
+MaskedRouting map_to_live_replicas(const std::vector<std::int64_t>& topk_idx, int num_topk, const StaticReplicaPlan& plan,
                                    const ReplicaRouting& routing, const std::vector<int>& lost_ranks);
+
+// -- The vocabulary's names (see the header): the same functions, arguments in the order of
+// epx/lb.hpp's route_through_replicas (the plan first, then whose tokens, then the tokens).
+
+/// = rebalance_experts. `weight` [layers, logical_experts] float32; num_ranks is its num_gpus.
+inline StaticReplicaPlan plan_static_replicas(const std::vector<float>& weight, int layers, int logical_experts,
+                                              int num_replicas, int num_groups, int num_nodes, int num_ranks) {
+  return rebalance_experts(weight, layers, logical_experts, num_replicas, num_groups, num_nodes, num_ranks);
+}
+
+/// = map_to_replicas(topk_idx, num_topk, plan, routing): [S, K] int64 logical -> physical.
+inline std::vector<std::int64_t> route_through_replicas(const StaticReplicaPlan& plan, const ReplicaRouting& routing,
+                                                        const std::vector<std::int64_t>& topk_idx, int num_topk) {
+  return map_to_replicas(topk_idx, num_topk, plan, routing);
+}
+
+/// = map_to_live_replicas(topk_idx, num_topk, plan, routing, lost_ranks).
+inline MaskedRouting route_through_live_replicas(const StaticReplicaPlan& plan, const ReplicaRouting& routing,
+                                                 const std::vector<int>& lost_ranks,
+                                                 const std::vector<std::int64_t>& topk_idx, int num_topk) {
+  return map_to_live_replicas(topk_idx, num_topk, plan, routing, lost_ranks);
+}
+
+/// = eplb_gpu_load: [layers, num_ranks] load of each rank under `plan`.
+inline std::vector<double> replica_load(const StaticReplicaPlan& plan, const std::vector<float>& weight,
+                                        int num_ranks) {
+  return eplb_gpu_load(plan, weight, num_ranks);
+}
+
+/// = eplb_gpu_load_without_replicas: [layers, num_ranks] load with the experts split in order.
+inline std::vector<double> load_without_replicas(const std::vector<float>& weight, int layers, int logical_experts,
+                                                 int num_ranks) {
+  return eplb_gpu_load_without_replicas(weight, layers, logical_experts, num_ranks);
+}
+
+/// = eplb_max_over_avg: max / mean of each row of a [rows, cols] load (what
+/// DynamicReplicaPlan::imbalance_with / imbalance_without hold for one batch).
+inline std::vector<double> load_imbalance(const std::vector<double>& load, int rows, int cols) {
+  return eplb_max_over_avg(load, rows, cols);
+}
 
 namespace eplb_detail {
 

@@ -52,6 +52,9 @@ namespace epx {
 /// The most slots one ordered pair may have.
 inline constexpr int kMaxPPInflight = 64;
 
+/// What a PPBuffer is built for (`epx::PPBuffer pp(transport, {.num_max_tensor_bytes = ...})`,
+/// the shape of every buffer kind: EPConfig, BucketConfig, EngramConfig). Every rank passes
+/// the same values.
 struct PPConfig {
   /// Largest message in bytes (>= 1); a larger one is refused before anything moves.
   std::size_t num_max_tensor_bytes = 0;
@@ -110,14 +113,16 @@ struct PPPeerStats {
 
 class PPBuffer : public BufferBase {
  public:
-  /// Collective: every rank passes the same config (else kInvalidArgument on every rank
-  /// naming the first differing value). Throws kInvalidArgument for a size of 0, an
-  /// in-flight count outside 1..kMaxPPInflight or a link naming a rank outside the group,
-  /// kCapacityExceeded when the window (slots x linked ranks) does not fit in memory.
+  /// Collective, the `Kind(Transport&, KindConfig)` shape every buffer kind shares: every
+  /// rank passes the same config (else kInvalidArgument on every rank naming the first
+  /// differing value). Throws kInvalidArgument for a size of 0, an in-flight count outside
+  /// 1..kMaxPPInflight or a link naming a rank outside the group, kCapacityExceeded when the
+  /// window (slots x linked ranks) does not fit in memory. `transport` must outlive the buffer.
   PPBuffer(Transport& transport, const PPConfig& config);
   /// As above, the window ending with `plan`'s tensors (every rank the same plan, else
   /// kInvalidArgument on every rank naming the first differing entry and the rank).
   PPBuffer(Transport& transport, const PPConfig& config, const BufferAllocator& plan);
+  /// Calls destroy() if the caller did not (collective then; errors are swallowed).
   ~PPBuffer() override;
 
   /// Bytes a window needs for `config` (and `plan`) on `num_ranks` ranks (local, for planning).
