@@ -11,9 +11,14 @@ tensors.
     bucket = epx.BucketBuffer(group, num_bytes)          # all_gather / reduce_scatter / all_reduce
     bucket.all_reduce(grads, scale=1 / world).wait()
 
+Every buffer kind (EPBuffer, ElasticBuffer, BucketBuffer, PPBuffer, EngramBuffer, and Buffer,
+DeepEP V1's API, also named LegacyBuffer) is built as Kind(group, sizes..., explicitly_destroy=False,
+*, options) and has one life cycle: `with buf:`, destroy() (collective, idempotent) and an end
+without destroy() when the object goes (epx/_lifecycle.py).
+
 See ElasticBuffer, EPBuffer, EPHandle, EventOverlap, Buffer, BucketBuffer, BufferAllocator, PPBuffer,
-EngramBuffer, launch and Error; the README's "Python"
-section, docs/python.md, and docs/deepep.md (every DeepEP call and its status here).
+EngramBuffer, launch and Error; the README's "Python" section, docs/python.md ("Names": the
+concept -> C++ -> Python -> DeepEP table), and docs/deepep.md (every DeepEP call and its status here).
 """
 from ._version import __version__
 from . import utils
@@ -27,9 +32,10 @@ from .engram import EngramBuffer
 from .group import launch
 from .heal import agree_and_rebuild, live_routing
 from .pp import PPBuffer, PPView
-from .legacy import Buffer, Config
+from .legacy import Buffer, Config, LegacyBuffer, LegacyConfig
 
-__all__ = ["EPBuffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "Buffer", "Config", "Diagnose", "Error", "launch",
+__all__ = ["EPBuffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "Buffer", "Config", "LegacyBuffer",
+           "LegacyConfig", "Diagnose", "Error", "launch",
            "get_num_allocation_alignment", "MAX_LOCAL_EXPERTS", "topk_idx_t", "__version__",
            "BucketBuffer", "BucketSession", "BufferAllocator", "PPBuffer", "PPView", "EngramBuffer",
            "get_physical_domain_size", "get_logical_domain_size", "agree_and_rebuild", "live_routing"]

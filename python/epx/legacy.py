@@ -440,3 +440,10 @@ def _plain_x(x):
     elif scales is not None:
         scales = np.ascontiguousarray(scales)
     return data, scales
+
+
+# The names that say what these classes are, next to DeepEP's (deep_ep.Buffer / deep_ep.Config,
+# kept): DeepEP V1's normal-mode API, not the EP buffer itself (that is EPBuffer, which
+# epx::EPBuffer is in C++).
+LegacyBuffer = Buffer
+LegacyConfig = Config
