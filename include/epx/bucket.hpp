@@ -69,6 +69,7 @@ std::vector<int> world_ranks(int num_ranks);
 /// What reduce_scatter sends and sums: every member's contribution as float32, or rounded
 /// to bf16 first (docs/spec.md §8: v_j = f32(bf16(x_j[e])), the member's own included).
 enum class CommPrecision { kFP32, kBF16 };
+/// "fp32" | "bf16" (static strings).
 const char* to_string(CommPrecision p) noexcept;
 /// "fp32" | "bf16"; throws kInvalidArgument naming the accepted values otherwise.
 CommPrecision parse_comm_precision(std::string_view name);
@@ -83,6 +84,7 @@ enum class BucketAlgorithm {
   kDirect,    ///< all_gather: header exchange, then puts straight into the peers' outputs
   kOneShot,   ///< small calls where peer windows are readable: inputs with the header in the caller's own window, one round
 };
+/// The names parse_bucket_algorithm accepts ("auto" for kNone); static strings.
 const char* to_string(BucketAlgorithm a) noexcept;
 /// "auto" (kNone) | "staged" | "mapped" | "pipelined" | "two-level" | "direct" | "one-shot"; throws
 /// kInvalidArgument naming the accepted values otherwise.
@@ -151,6 +153,7 @@ struct BucketCall;
 /// for the call (its error, if any, is dropped).
 class BucketEvent {
  public:
+  /// An empty event (valid() false): what a moved-from one is.
   BucketEvent() noexcept;
   BucketEvent(BucketEvent&&) noexcept;
   BucketEvent& operator=(BucketEvent&&) noexcept;

@@ -165,6 +165,7 @@ enum class Completion {
 /// topk_weights) must stay alive and unchanged.
 class PendingDispatch {
  public:
+  /// An empty one (valid() false): what a moved-from one is.
   PendingDispatch() noexcept;
   PendingDispatch(PendingDispatch&&) noexcept;
   PendingDispatch& operator=(PendingDispatch&&) noexcept;
@@ -197,6 +198,7 @@ class PendingDispatch {
 /// must stay alive and unchanged until finish().
 class PendingCombine {
  public:
+  /// An empty one (valid() false), as PendingDispatch.
   PendingCombine() noexcept;
   PendingCombine(PendingCombine&&) noexcept;
   PendingCombine& operator=(PendingCombine&&) noexcept;

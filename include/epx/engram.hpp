@@ -102,6 +102,7 @@ class EngramFetch {
   EngramFetch& operator=(EngramFetch&&) noexcept;
   ~EngramFetch();
 
+  /// L, the layers of the fetch (0 for an empty EngramFetch).
   int num_layers() const noexcept;
   /// Waits for layer l and returns its views. Throws kInvalidArgument for l outside
   /// 0..num_layers()-1, kBadHandle once a later fetch (or destroy) made this one stale,
