@@ -14,6 +14,11 @@
 // stores the epoch into its result flag (the header area's last 64 bytes, release); a member
 // that finds a member's result flag at e copies that result instead of summing P inputs.
 //
+// The flag protocol (BucketOptions::protocol) publishes call e without signals: the slot's
+// ready word (the header area's last 64 bytes, after the result flag) gets e after the header
+// and inputs (release), and the members look at it where it lies (spi::await_word). The reuse
+// argument below holds for it alike: the word of slot e % 2 only grows (e, e + 2, ...).
+//
 // Reuse without a second round: a rank writes slot e % 2 again at epoch e + 2. Before that
 // its call e + 1 saw every member's flag e + 1, which each member raised only after its
 // call e had ended, reading of this rank's slot included (a rank starts no call while one
@@ -32,7 +37,8 @@ namespace epx::detail {
 
 class Board {
  public:
-  Board(Transport& t, const BucketLayout& layout, bool yield);
+  /// `protocol`: how exchange() publishes a slot (explicit, tail: signals; flag: its ready word).
+  Board(Transport& t, const BucketLayout& layout, bool yield, Protocol protocol);
 
   /// This rank's slot for its next call on group g (the epoch advances).
   std::byte* next_slot(int g);
@@ -53,6 +59,7 @@ class Board {
   Transport& t_;
   BucketLayout layout_;
   bool yield_;
+  Protocol protocol_;
   std::vector<std::uint64_t> epoch_;  ///< [g]: calls of group g so far
 };
 

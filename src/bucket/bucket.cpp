@@ -10,6 +10,7 @@
 #include "check.hpp"
 #include "epx/error.hpp"
 #include "epx/spi/cpu_relax.hpp"
+#include "epx/spi/kind_support.hpp"
 #include "epx/topology.hpp"
 #include "impl.hpp"
 
@@ -210,6 +211,21 @@ void BucketBuffer::init(const std::vector<std::vector<int>>& groups, std::size_t
   }
   if (problem.empty() && options.chunk_bytes != 0 && (options.chunk_bytes < 256 || options.chunk_bytes % 64 != 0))
     problem = "chunk_bytes: " + std::to_string(options.chunk_bytes) + ", expected 0 (auto) or a multiple of 64 >= 256";
+  // The protocol asked for (the options', else EPX_BUCKET_PROTOCOL's), else the table's pick
+  // for the variant the headers take; refused after the agreement (every rank alike).
+  const bool mapped_caps = t.caps().peer_memory_mapped;
+  const char* variant = uses_boards(mapped_caps, options.algorithm) ? "board" : "channels";
+  std::optional<Protocol> asked;
+  try {
+    asked = spi::asked_protocol(options.protocol, "EPX_BUCKET_PROTOCOL");
+  } catch (const Error& e) {
+    if (problem.empty()) problem = e.what();
+  }
+  const Protocol protocol = asked ? *asked : spi::pick(spi::Kind::kBucket, variant, t.caps()).value_or(Protocol::kExplicit);
+  // The channels under flag: tail where the transport orders signals, else explicit.
+  const Protocol channel_protocol = protocol != Protocol::kFlag
+                                        ? protocol
+                                        : spi::pick(spi::Kind::kBucket, "channels", t.caps()).value_or(Protocol::kExplicit);
   std::vector<AgreedValue> values;
   for (std::size_t g = 0; g < groups.size(); ++g) values.push_back({"groups[" + std::to_string(g) + "]", group_text(groups[g])});
   values.push_back({"number of groups", std::to_string(groups.size())});
@@ -217,14 +233,23 @@ void BucketBuffer::init(const std::vector<std::vector<int>>& groups, std::size_t
   values.push_back({"topology", options.topology});
   values.push_back({"chunk_bytes", std::to_string(options.chunk_bytes)});
   values.push_back({"algorithm", to_string(options.algorithm)});
+  values.push_back({"protocol", to_string(protocol)});
   if (plan)
     for (AgreedValue& v : plan_values(*plan)) values.push_back(std::move(v));
   agree(values, problem);
+  std::string refused = spi::refuse_protocol(spi::Kind::kBucket, variant, protocol, t.caps());
+  if (refused.empty()) refused = spi::refuse_protocol(spi::Kind::kBucket, "channels", channel_protocol, t.caps());
+  if (!refused.empty())
+    throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank()) + ": bucket.create: " + refused +
+                                             (std::string(variant) == "channels" && protocol == Protocol::kFlag
+                                                  ? " (flag takes the boards: readable peer windows and no forced staged, "
+                                                    "pipelined or two-level algorithm)"
+                                                  : ""),
+                rank());
 
   groups_ = groups;
   num_bytes_ = num_bytes;
   if (plan) plan_ = *plan;
-  const bool mapped_caps = t.caps().peer_memory_mapped;
   chunk_bytes_ = options.chunk_bytes ? options.chunk_bytes : auto_chunk_bytes(mapped_caps, num_ranks());
   detail::BucketLayout layout{num_ranks(), num_bytes, chunk_bytes_, uses_boards(mapped_caps, options.algorithm) ? num_groups() : 0};
   allocate(layout.window_bytes(), layout.num_signals());
@@ -235,7 +260,12 @@ void BucketBuffer::init(const std::vector<std::vector<int>>& groups, std::size_t
   if (machines.empty() && read_peers) machines.assign(static_cast<std::size_t>(num_ranks()), 0);
   // More ranks than cores: the waits on the boards yield at once (board.hpp).
   const bool yield = spi::ranks_outnumber_cpus(num_ranks());
-  impl_ = std::make_unique<Impl>(ep, layout, read_peers, std::move(machines), options.algorithm, yield);
+  if (protocol == Protocol::kFlag && !read_peers)  // caps said mapped, a window is not: no boards
+    throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank()) +
+                                             ": bucket.create: protocol 'flag' takes the boards, but a peer's window is not readable here",
+                rank());
+  impl_ = std::make_unique<Impl>(ep, layout, read_peers, std::move(machines), options.algorithm, yield, protocol,
+                                 channel_protocol);
   const BucketAlgorithm a = options.algorithm;
   if ((a == BucketAlgorithm::kMapped || a == BucketAlgorithm::kOneShot) && !read_peers)
     agree_call("construct", CallProblem{ErrorCode::kUnsupported, std::string("algorithm ") + to_string(a) +

@@ -27,8 +27,8 @@ std::size_t BucketLayout::window_bytes() const noexcept {
          2 * static_cast<std::size_t>(num_boards) * board_slot_bytes();
 }
 
-Channels::Channels(Transport& t, const BucketLayout& layout, bool yield)
-    : t_(t), layout_(layout), credit_(t, 2, BucketLayout::kChannelSignals, yield), yield_(yield),
+Channels::Channels(Transport& t, const BucketLayout& layout, bool yield, Protocol protocol)
+    : t_(t), layout_(layout), credit_(t, 2, BucketLayout::kChannelSignals, yield, protocol), yield_(yield),
       done_sent_(static_cast<std::size_t>(layout.num_ranks)), done_received_(done_sent_.size()) {}
 
 std::size_t Channels::out_slot(int to) const noexcept {
@@ -50,6 +50,7 @@ void Channels::consume(int from, int queue) {
 }
 
 void Channels::send_done(int to, int queue) {
+  if (credit_.protocol() == Protocol::kExplicit) t_.quiet(queue);
   t_.signal(to, layout_.done_slot(t_.rank()), ++done_sent_[static_cast<std::size_t>(to)], queue);
 }
 

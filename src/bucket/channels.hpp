@@ -16,7 +16,8 @@
 // buffer kind shares) carrying messages numbered 0, 1, 2, ... over all calls of the buffer
 // (every group): message m lands in k's slot (j, m % 2); msg[j] is its arrived count,
 // credit[k] its released count. Done signals (done[j]) count separately: "every put of this
-// call from j to me has landed".
+// call from j to me has landed". Both are published by the buffer's protocol for the channels
+// (explicit: a quiet before each signal; tail: the signal ordered after the puts).
 #pragma once
 
 #include <cstddef>
@@ -65,8 +66,8 @@ struct BucketLayout {
 /// The channels of this rank (one thread at a time; the counters are this rank's view).
 class Channels {
  public:
-  /// `yield` as spi::await_signal (ranks outnumber the cores).
-  Channels(Transport& t, const BucketLayout& layout, bool yield);
+  /// `yield` as spi::await_signal (ranks outnumber the cores); `protocol` explicit or tail.
+  Channels(Transport& t, const BucketLayout& layout, bool yield, Protocol protocol);
 
   /// Offset in `to`'s window where my next message to it goes (after wait_credit).
   std::size_t out_slot(int to) const noexcept;

@@ -13,9 +13,11 @@
 namespace epx {
 
 struct BucketBuffer::Impl {
+  /// `board_protocol`: the boards' (explicit, tail or flag); `channel_protocol`: the credit
+  /// channels' and done signals' (explicit or tail; spi/kind_support.hpp).
   Impl(Transport& t, const detail::BucketLayout& layout, bool read_peers, std::vector<int> machines, BucketAlgorithm forced,
-       bool yield)
-      : channels(t, layout, yield), board(t, layout, yield),
+       bool yield, Protocol board_protocol, Protocol channel_protocol)
+      : channels(t, layout, yield, channel_protocol), board(t, layout, yield, board_protocol),
         ctx{t, channels, read_peers, read_peers && layout.num_boards > 0 ? &board : nullptr, std::move(machines)}, forced(forced),
         header(detail::kHeaderBytes) {}
   detail::Channels channels;

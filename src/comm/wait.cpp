@@ -2,7 +2,9 @@
 #include "epx/spi/wait.hpp"
 
 #include <atomic>
+#include <string>
 
+#include "epx/error.hpp"
 #include "epx/spi/backoff.hpp"
 
 namespace epx::spi {
@@ -15,6 +17,23 @@ void await_flag(Transport& t, std::size_t offset, std::uint64_t target, const Wa
   auto* word = reinterpret_cast<std::uint64_t*>(t.window() + offset);
   if (!peek([&] { return std::atomic_ref<std::uint64_t>(*word).load(std::memory_order_acquire) >= target; }, yield))
     t.wait_flag(offset, target, where);
+}
+
+void await_word(Transport& t, const std::byte* word, std::uint64_t target, const WaitPoint& where, bool yield) {
+  std::atomic_ref<std::uint64_t> w(*reinterpret_cast<std::uint64_t*>(const_cast<std::byte*>(word)));
+  auto ready = [&] { return w.load(std::memory_order_acquire) >= target; };
+  if (peek(ready, yield)) return;
+  t.enter_phase(where.phase);
+  Backoff backoff(t.timeout(), wait_spins(t.num_ranks()));
+  while (!ready()) {
+    if (backoff.step()) continue;
+    if (ready()) return;
+    throw Error(ErrorCode::kTimeout,
+                "rank " + std::to_string(t.rank()) + ": " + where.phase + ": rank " + std::to_string(where.peer) +
+                    " did not write its word within " + std::to_string(t.timeout().count()) + " ms (it waits for " +
+                    std::to_string(target) + ", holds " + std::to_string(w.load(std::memory_order_acquire)) + ")",
+                where.peer);
+  }
 }
 
 }  // namespace epx::spi

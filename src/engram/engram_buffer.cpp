@@ -7,6 +7,7 @@
 #include <string>
 
 #include "epx/spi/backoff.hpp"
+#include "epx/spi/kind_support.hpp"
 #include "fetch_paths.hpp"
 #include "fetch_state.hpp"
 #include "layout.hpp"
@@ -54,6 +55,7 @@ struct EngramBuffer::Impl {
   std::optional<engram::Layout> layout;
   bool written = false;
   engram::Path path = engram::Path::kLocal;
+  Protocol served_protocol = Protocol::kExplicit;  // the served path's (spi/kind_support.hpp)
   std::shared_ptr<std::uint64_t> live = std::make_shared<std::uint64_t>(0);
   std::vector<std::byte> zero_row, zero_sf;  // the source of -1 entries
   engram::ServedState served;  // fetches and layers served so far (served path)
@@ -75,6 +77,10 @@ EngramBuffer::EngramBuffer(Transport& transport, std::size_t num_bytes, std::siz
   impl_->num_storage_bytes = num_storage_bytes;
   allocate(num_bytes + num_storage_bytes, 2 * static_cast<std::size_t>(num_ranks()));
   impl_->path = path_of(endpoint("engram"));
+  // Only the served path has a sender to complete its puts; the table picks how for this
+  // transport (mapped rows need nothing, gets only the requester's quiet).
+  impl_->served_protocol =
+      spi::pick(spi::Kind::kEngram, "served", endpoint("engram").caps()).value_or(Protocol::kExplicit);
 }
 
 EngramBuffer::~EngramBuffer() {
@@ -240,7 +246,7 @@ EngramFetch EngramBuffer::fetch(const TensorView& indices, const std::optional<C
   s->live = m.live;
   s->generation = ++*m.live;
   s->core = {&t, window(), m.num_bytes, &l, m.path, rank(), m.zero_row.data(), m.zero_sf.data(),
-             spi::ranks_outnumber_cpus(num_ranks())};
+             spi::ranks_outnumber_cpus(num_ranks()), m.served_protocol};
   s->keep = endpoint_ref();
   s->num_tokens = indices.shape[1];
   s->indices = indices.as<std::int32_t>();

@@ -241,7 +241,7 @@ void serve(FetchState& s, ServedState& st, int q) {
       t.put(q, L.reply_offset(asks[static_cast<std::size_t>(l)].reply_base), at, count * rb, 0);
       if (sb) t.put(q, L.reply_sf_offset(asks[static_cast<std::size_t>(l)].reply_base), at + count * rb, count * sb, 0);
     }
-    if (!t.caps().ordered_signal_per_queue && !t.caps().put_completes_on_return) t.quiet(0);
+    if (c.served_protocol == Protocol::kExplicit) t.quiet(0);
     t.signal(q, L.reply_signal(c.rank), st.layers + static_cast<std::uint64_t>(l) + 1, 0);
     at += count * (rb + sb);
   }
@@ -262,7 +262,7 @@ void start_served(FetchState& s, ServedState& st) {
     if (p == c.rank) continue;
     const auto& b = st.requests[static_cast<std::size_t>(p)];
     t.put(p, L.request_offset(c.rank), b.data(), b.size(), 0);
-    if (!t.caps().ordered_signal_per_queue && !t.caps().put_completes_on_return) t.quiet(0);
+    if (c.served_protocol == Protocol::kExplicit) t.quiet(0);
     t.signal(p, Layout::request_signal(c.rank), st.fetches + 1, 0);
   }
   t.quiet(0);

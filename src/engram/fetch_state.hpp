@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "epx/dataplane.hpp"
 #include "epx/engram.hpp"
 #include "epx/transport.hpp"
 #include "layout.hpp"
@@ -27,6 +28,9 @@ struct Core {
   const std::byte* zero_row = nullptr;  // row_bytes zeros: the source of a -1 entry
   const std::byte* zero_sf = nullptr;   // sf_row_bytes zeros
   bool yield = false;                   // ranks outnumber the cores: waits yield at once (spi::await_signal)
+  /// The served path's requests and replies: tail (the signal ordered after the puts) or
+  /// explicit (a quiet first), the support table's pick for the transport (spi/kind_support.hpp).
+  Protocol served_protocol = Protocol::kExplicit;
 };
 
 struct FetchState {

@@ -51,6 +51,10 @@ struct SlotHeader {
   std::uint64_t direct;
 };
 static_assert(sizeof(SlotHeader) <= kHeaderBytes);
+/// Under the flag protocol (PPConfig::protocol) the header's last word is the slot's flag:
+/// the message number + 1, stored after the payload and the header (spi::CreditChannels).
+inline constexpr std::size_t kFlagWordOffset = kHeaderBytes - 8;
+static_assert(sizeof(SlotHeader) <= kFlagWordOffset);
 
 class Layout {
  public:
@@ -73,6 +77,10 @@ class Layout {
   std::size_t window_bytes() const noexcept { return window_bytes_; }
   /// Offset in `receiver`'s window of the slot holding message `seq` from `sender`.
   std::size_t slot_offset(int receiver, int sender, std::uint64_t seq) const noexcept;
+  /// Offset in `receiver`'s window of that slot's flag word (kFlagWordOffset).
+  std::size_t flag_offset(int receiver, int sender, std::uint64_t seq) const noexcept {
+    return slot_offset(receiver, sender, seq) + kFlagWordOffset;
+  }
 
   /// Streaming: the chunk size, the smallest message that may stream (0: none may: the
   /// window has no rings because no message is that large).

@@ -1,7 +1,9 @@
 // PPBuffer: per ordered pair, a FIFO of slots in the receiver's window (layout.hpp). A send
 // waits for a free slot (the receiver's released count), puts header and payload, then
-// signals the receiver's arrived count (ordered after the puts). A receive waits for that
-// count, checks the header, copies (or lends the slot) and signals the released count back.
+// publishes the receiver's arrived count by the buffer's completion protocol (PPConfig::
+// protocol: a signal after a quiet, a signal ordered after the puts, or the slot header's flag
+// word). A receive waits for that, checks the header, copies (or lends the slot) and signals
+// the released count back.
 // Large messages between mapped ranks may stream through a ring instead (stream.hpp).
 #include "epx/pp.hpp"
 
@@ -14,6 +16,7 @@
 
 #include "epx/spi/channel.hpp"
 #include "epx/spi/cpu_relax.hpp"
+#include "epx/spi/kind_support.hpp"
 #include "layout.hpp"
 #include "stream.hpp"
 
@@ -77,6 +80,7 @@ struct PPBuffer::Impl {
   pp::SlotHeader header{};  // the send's header, put from here
   bool yield = false;       // more ranks than this machine's cores: waits yield at once
   bool mapped = false;      // peers' windows are mapped here: direct copies, streaming
+  Protocol protocol = Protocol::kTail;  // how messages complete (spi/kind_support.hpp)
 
   Impl(int P, const PPConfig& c, std::size_t user_bytes)
       : layout(P, c.num_max_tensor_bytes, c.num_max_inflight_tensors, c.links, c.chunk_bytes, user_bytes),
@@ -108,6 +112,16 @@ PPBuffer::PPBuffer(Transport& transport, const PPConfig& config, const BufferAll
 void PPBuffer::init(Transport&, const BufferAllocator* plan) {
   const PPConfig& config = config_;
   std::string problem = config_problem(config);
+  // The protocol asked for (the config's, else EPX_PP_PROTOCOL's), else the table's pick for
+  // this transport; refused after the agreement (every rank then refuses alike).
+  std::optional<Protocol> asked;
+  try {
+    asked = spi::asked_protocol(config.protocol, "EPX_PP_PROTOCOL");
+  } catch (const Error& e) {
+    if (problem.empty()) problem = "pp: " + std::string(e.what());
+  }
+  const TransportCaps& caps = endpoint("pp").caps();
+  const Protocol protocol = asked ? *asked : spi::pick(spi::Kind::kPP, "slots", caps).value_or(Protocol::kExplicit);
   if (problem.empty()) {
     try {
       impl_ = std::make_unique<Impl>(num_ranks(), config, plan_.total_bytes());
@@ -120,16 +134,24 @@ void PPBuffer::init(Transport&, const BufferAllocator* plan) {
                                   {"num_max_inflight_tensors", std::to_string(config.num_max_inflight_tensors)},
                                   {"links", links_value(config.links)},
                                   {"chunk_bytes", std::to_string(config.chunk_bytes)},
+                                  {"protocol", to_string(protocol)},
                                   {"planned tensors", std::to_string(plan ? plan->tensors().size() : 0)}};
   if (plan)
     for (AgreedValue& v : plan_values(*plan)) values.push_back(std::move(v));
   agree(values, problem);
+  if (const std::string refused = spi::refuse_protocol(spi::Kind::kPP, "slots", protocol, caps); !refused.empty())
+    throw Error(ErrorCode::kUnsupported, r_of(rank()) + ": pp.create: " + refused, rank());
+  impl_->protocol = protocol;
   try {
     allocate(impl_->layout.window_bytes(), impl_->layout.num_signals());
     Transport& t = endpoint("pp");
-    impl_->ch = std::make_unique<spi::CreditChannels>(t, impl_->layout.inflight(), pp::Layout::kChannelSignals, impl_->yield);
+    impl_->ch = std::make_unique<spi::CreditChannels>(t, impl_->layout.inflight(), pp::Layout::kChannelSignals, impl_->yield,
+                                                      protocol);
     impl_->mapped = t.caps().peer_memory_mapped;
     for (int p = 0; p < num_ranks(); ++p) impl_->mapped = impl_->mapped && t.peer_window(p) != nullptr;
+    if (protocol == Protocol::kFlag && !impl_->mapped)  // caps said mapped, a window is not
+      throw Error(ErrorCode::kUnsupported, r_of(rank()) + ": pp.create: protocol 'flag' needs every peer's window mapped here",
+                  rank());
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kCapacityExceeded || !config.links.empty()) throw;
     throw Error(e.code(), std::string(e.what()) + " (every rank has slots for every other: pass PPConfig::links, "
@@ -203,13 +225,12 @@ void PPBuffer::move_message(Transport& t, const std::byte* x, std::size_t nbytes
     std::byte* slot = window() + off;
     std::memcpy(slot, &m.header, sizeof m.header);
     if (nbytes > 0) pp::copy_message(slot + pp::kHeaderBytes, x, nbytes);
-    m.ch->publish(dst_rank, 0);
+    m.ch->publish(dst_rank, 0, m.layout.flag_offset(dst_rank, me, n));
     return;
   }
+  // Not mapped: explicit or tail (the table refuses flag here); explicit's quiet is publish's.
   t.put(dst_rank, off, &m.header, sizeof m.header, 0);
   if (nbytes > 0) t.put(dst_rank, off + pp::kHeaderBytes, x, nbytes, 0);
-  const TransportCaps& caps = t.caps();
-  if (!caps.ordered_signal_per_queue && !caps.put_completes_on_return) t.quiet(0);
   m.ch->publish(dst_rank, 0);
   t.quiet(0);  // x and the header may be reused once send returns
 }
@@ -262,13 +283,14 @@ std::uint64_t token_of(int src, std::uint64_t seq) { return (seq + 1) << 12 | st
 void PPBuffer::wait_message(Transport& t, int src_rank, std::uint64_t n, std::size_t post_nbytes, std::uint64_t direct) {
   Impl& m = *impl_;
   const auto s = static_cast<std::size_t>(src_rank);
-  if (m.ch->arrived_count(src_rank) >= n + 1) return;
+  const std::size_t flag = m.layout.flag_offset(rank(), src_rank, n);
+  if (m.ch->arrived(src_rank, flag)) return;
   const bool post = post_nbytes != kAnyBytes && m.withdrawn[s] != n;
   if (post) pp::post_receive(t, m.layout, src_rank, n, post_nbytes, direct);
   const std::uint64_t t0 = now_ns();
   for (;;) {
     try {
-      m.ch->await_message(src_rank, "pp recv (waiting for a message)");
+      m.ch->await_message(src_rank, "pp recv (waiting for a message)", flag);
       break;
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kTimeout) throw;
@@ -277,7 +299,10 @@ void PPBuffer::wait_message(Transport& t, int src_rank, std::uint64_t n, std::si
       throw Error(ErrorCode::kTimeout,
                   r_of(rank()) + ": pp.recv from rank " + std::to_string(src_rank) + ": message " + std::to_string(n) +
                       " did not arrive within " + std::to_string(t.timeout().count()) + " ms (rank " +
-                      std::to_string(src_rank) + " has sent " + std::to_string(m.ch->arrived_count(src_rank)) + " messages)",
+                      std::to_string(src_rank) + " has sent " +
+                      (m.protocol == Protocol::kFlag ? std::to_string(n) + " or fewer"
+                                                     : std::to_string(m.ch->arrived_count(src_rank))) +
+                      " messages)",
                   src_rank);
     }
   }

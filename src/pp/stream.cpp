@@ -40,10 +40,10 @@ Claim claim(const Layout& l, const std::byte* peer, int me, std::uint64_t n, std
 }
 
 /// The header into the slot, then arrived (ordered after every earlier store): the credit
-/// channel's publish of message h.seq.
-void announce(spi::CreditChannels& ch, int dst, std::byte* slot, const SlotHeader& h) {
+/// channel's publish of message h.seq (under flag: into the slot's flag word, `flag`).
+void announce(spi::CreditChannels& ch, int dst, std::byte* slot, const SlotHeader& h, std::size_t flag) {
   std::memcpy(slot, &h, sizeof h);
-  ch.publish(dst, 0);
+  ch.publish(dst, 0, flag);
 }
 
 }  // namespace
@@ -71,7 +71,7 @@ SlotHeader stream_send(const StreamSend& s) {
           h.direct = k.direct;
           break;
         }
-        announce(s.ch, s.dst, slot, h);
+        announce(s.ch, s.dst, slot, h, s.l.flag_offset(s.dst, s.me, s.n));
       }
     }
     if (h.ring_from == kNoRing) {
@@ -85,7 +85,7 @@ SlotHeader stream_send(const StreamSend& s) {
     s.ring_sent += 1;
     word(peer, s.l.produced_offset(s.me)).store(s.ring_sent, std::memory_order_release);
   }
-  if (h.ring_from == kNoRing || h.direct != 0) announce(s.ch, s.dst, slot, h);
+  if (h.ring_from == kNoRing || h.direct != 0) announce(s.ch, s.dst, slot, h, s.l.flag_offset(s.dst, s.me, s.n));
   return h;
 }
 
@@ -101,7 +101,7 @@ SlotHeader small_send(Transport& t, spi::CreditChannels& ch, const Layout& l, in
   } else {  // unclaimed, or claimed for a receive that is not planned: the slot (plain stores)
     if (nbytes > 0) copy_message(slot + kHeaderBytes, x, nbytes);
   }
-  announce(ch, dst, slot, h);
+  announce(ch, dst, slot, h, l.flag_offset(dst, me, n));
   return h;
 }
 

@@ -12,6 +12,13 @@
 // m + 1. A receiver waits for arrived >= m + 1, reads the slot, and releases. Counts are
 // monotonic, so slots and signals are reused without clearing.
 //
+// How arrived is published is the channel's completion protocol (epx/spi/kind_support.hpp):
+// explicit quiets the queue before the signal, tail relies on the signal's order after the
+// puts, flag writes no signal: the message's own flag word (an 8-byte word of its slot the
+// kind names, in the receiver's window) gets m + 1 after its bytes, and the receiver looks
+// there (the slot's word, reused every `slots` messages, only grows). The released counts
+// are signals under every protocol.
+//
 // Threading: one thread per rank at a time (the counters are this rank's view).
 #pragma once
 
@@ -19,6 +26,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "epx/dataplane.hpp"
 #include "epx/transport.hpp"
 
 namespace epx::spi {
@@ -27,7 +35,11 @@ class CreditChannels {
  public:
   /// Signal slots [signal_base, signal_base + num_signals(P)) of `t`'s endpoint are the
   /// channels'. `slots`: messages a pair may have in flight (>= 1). `yield` as await_signal.
-  CreditChannels(Transport& t, int slots, std::size_t signal_base, bool yield);
+  /// `protocol`: how arrived is published (flag: the callers pass each message's flag word).
+  CreditChannels(Transport& t, int slots, std::size_t signal_base, bool yield, Protocol protocol = Protocol::kTail);
+  Protocol protocol() const noexcept { return protocol_; }
+  /// The flag_offset of the calls below when the protocol is not flag.
+  static constexpr std::size_t kNoFlag = ~std::size_t{0};
 
   static std::size_t num_signals(int num_ranks) noexcept { return 2 * static_cast<std::size_t>(num_ranks); }
   std::size_t arrived_signal(int source) const noexcept { return base_ + static_cast<std::size_t>(source); }
@@ -42,20 +54,22 @@ class CreditChannels {
   /// Waits until the next message's slot at `to` is free (kTimeout / kPeerFailed as the transport's).
   void await_slot(int to, const char* phase);
   /// The next message to `to` is complete in its slot: arrived = its number + 1, ordered
-  /// after this thread's earlier puts on `queue`.
-  void publish(int to, int queue = 0);
+  /// after this thread's earlier puts on `queue` (flag: into the message's flag word at
+  /// `flag_offset` of `to`'s window, after this thread's earlier stores; mapped peers).
+  void publish(int to, int queue = 0, std::size_t flag_offset = kNoFlag);
   /// Messages to `to` not released yet.
   std::uint64_t in_flight(int to) const noexcept;
 
   // --- receive side (from `from`) ---
   /// The number of the next message from `from` (its slot: next_from(from) % slots()).
   std::uint64_t next_from(int from) const noexcept { return received_[static_cast<std::size_t>(from)]; }
-  /// Whether the next message from `from` has arrived (no wait).
-  bool arrived(int from) const noexcept;
-  /// Messages `from` has published to this rank so far.
+  /// Whether the next message from `from` has arrived (no wait; flag: its flag word at
+  /// `flag_offset` of this rank's window).
+  bool arrived(int from, std::size_t flag_offset = kNoFlag) const noexcept;
+  /// Messages `from` has published to this rank so far (not known under flag: 0).
   std::uint64_t arrived_count(int from) const noexcept;
-  /// Waits until the next message from `from` has arrived.
-  void await_message(int from, const char* phase);
+  /// Waits until the next message from `from` has arrived (flag: as arrived()).
+  void await_message(int from, const char* phase, std::size_t flag_offset = kNoFlag);
   /// Takes the next message from `from` (after it arrived): next_from advances.
   void take(int from) noexcept { ++received_[static_cast<std::size_t>(from)]; }
   /// Tells `from` that its messages [0, count) are released (count only grows).
@@ -66,6 +80,7 @@ class CreditChannels {
   int P_, slots_;
   std::size_t base_;
   bool yield_;
+  Protocol protocol_;
   std::vector<std::uint64_t> sent_, received_;
 };
 

@@ -24,4 +24,11 @@ void await_signal(Transport& t, std::size_t slot, std::uint64_t target, const Wa
 /// Until the 8-byte word at `offset` of this rank's window holds >= target (acquire).
 void await_flag(Transport& t, std::size_t offset, std::uint64_t target, const WaitPoint& where, bool yield);
 
+/// Until the 8-byte word at `word`, in a peer's window mapped here (Transport::peer_window),
+/// holds >= target (acquire): a data-as-flag word its owner writes into its own window and
+/// the others read in place. The same look first; then spi::Backoff up to the transport's
+/// timeout, after which kTimeout names `where`'s phase and peer. The transport cannot watch
+/// a word of a peer's window, so a peer that died shows as that timeout, not kPeerFailed.
+void await_word(Transport& t, const std::byte* word, std::uint64_t target, const WaitPoint& where, bool yield);
+
 }  // namespace epx::spi
