@@ -84,14 +84,36 @@
 // failure of the launch); one that died is in LaunchOptions::lost by its root number
 // (launch's num_ranks + the order it was started in).
 //
-// Support for admission: groups of an elastic launch with spare_ranks (and the groups rebuilt
-// or admitted from them). A connect()-ed group throws kUnsupported (its joiners would come
-// through the foreign bootstrap, which epx does not drive).
+// Support for admission: groups of an elastic launch with spare_ranks, connect()-ed shm
+// groups with an open door (below), and the groups rebuilt or admitted from either.
+//
+// A connect()-ed group (torch.distributed, Python's epx.launch, any foreign launcher) has
+// no launcher to start joiners: its members open a door, a named segment that a process
+// started later finds through the group's own rendezvous (e.g. torch's store), and that
+// process joins with join_door.
+//
+//   // members (every rank of the group):
+//   std::string door = epx::open_door(*now);            // collective; publish `door` (rank 0)
+//   ...
+//   epx::request_ranks(*now, 1);                         // optional: admit waits for them
+//   auto bigger = epx::admit(*now, {.joiners = 1, .tag = iteration});
+//   ...
+//   epx::close_door(*now);                                // every member, at the end
+//   // the joiner (a process started meanwhile, with `door` from the rendezvous):
+//   epx::Admission how;
+//   std::unique_ptr<epx::Transport> group = epx::join_door(door, {}, &how);  // null: not admitted
+//
+// The door lives as long as a member keeps it open: a member killed with it open leaves
+// the name to the others' close_door (every member unlinks it; the first one finds it). A
+// joiner killed while joining is seen dead by its process identity (as the members see each
+// other): the admission is abandoned and the group goes on as it was.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "epx/error.hpp"
@@ -157,8 +179,10 @@ struct AdmitOptions {
 };
 
 /// Asks the launcher for `count` new rank processes (an elastic launch with spare_ranks, at
-/// most spare_ranks over the whole launch): local, returns at once. Throws kInvalidArgument
-/// past the spare ranks, kUnsupported outside such a launch.
+/// most spare_ranks over the whole launch): local, returns at once. In a connect()-ed group
+/// with an open door: says that `count` more joiners are coming (started by the caller), so
+/// that admit waits for them. Throws kInvalidArgument past the spare ranks (the door's
+/// seats), kUnsupported outside such a launch and without a door.
 void request_ranks(Transport& transport, int count);
 
 /// Collective over the group's members (see above): the joiners knocking at the door (up to
@@ -169,8 +193,43 @@ void request_ranks(Transport& transport, int count);
 /// The returned transport must not outlive `group`.
 std::unique_ptr<Transport> admit(Transport& group, const AdmitOptions& options = {}, Admission* admission = nullptr);
 
-/// In a rank process started by request_ranks and admitted: how (tag included); null in the
-/// ranks the launch started.
+/// In a rank process started by request_ranks and admitted, or one admitted by join_door:
+/// how (tag included); null in the ranks the launch started.
 const Admission* joined_admission() noexcept;
+
+/// Local: the first group's number of each rank of `group` (a rebuilt or admitted group's
+/// ranks keep theirs; a joiner's is the first group's size + the door seat it took, e.g. 4,
+/// 5, ... after a first group of 4). 0..P-1 for a first group and transports other than shm.
+std::vector<int> original_ranks(const Transport& group);
+
+/// Collective over the members of a connect()-ed shm group (or one rebuilt or admitted from
+/// one): opens the job's door, a segment "/<job prefix>door" (mode 0600) with `seats` seats
+/// (the joins it can take over its life), mapped by every member. Returns its name, the same
+/// on every member, for the group's rendezvous to publish. On a group whose job's door this
+/// process has open already: that name, at once (the door outlives rebuilds and admissions).
+/// Throws kUnsupported on a launched group (its door is the launcher's: spare_ranks) and
+/// other transports, kIo if the segment cannot be made or mapped (on every member alike),
+/// kInvalidArgument on seats outside [1, 64].
+std::string open_door(Transport& group, int seats = 8);
+
+/// Local, on every member when the job ends (or no more joins are wanted): closes the job's
+/// door (joiners waiting there leave), unlinks its name and unmaps it. Nothing if it is not
+/// open in this process.
+void close_door(Transport& group) noexcept;
+
+struct JoinOptions {
+  /// How long to wait to be invited, then for each step of the admission; the new group's timeout.
+  std::chrono::milliseconds timeout{30000};
+  /// Run while the new group's waits yield (as ConnectOptions::wait_hook); empty: none.
+  std::function<void()> wait_hook;
+};
+
+/// A process outside the group: takes a free seat of the door `name` (open_door's), knocks,
+/// and waits at most options.timeout for an admission. Returns the new group (`admission`
+/// filled, and joined_admission()), or null if it was not admitted (the door closed, nobody
+/// invited it in time, or the admission was abandoned). Throws kInvalidArgument if there is
+/// no door of that name or it has no free seat.
+std::unique_ptr<Transport> join_door(const std::string& name, const JoinOptions& options = {},
+                                     Admission* admission = nullptr);
 
 }  // namespace epx

@@ -31,10 +31,30 @@ of a logical routing to a live replica of its expert (its home rank's copy or a 
 slot of EPBuffer.lb_prefetch_weights's mapping) and drops (-1) and counts the pairs whose
 expert has none, as epx::map_to_live_replicas does for EPLB plans.
 
-Ranks joining a running group (epx::request_ranks / epx::admit in C++) work for groups of a
-C++ epx::launch only; from Python (connect()-ed groups: torch.distributed, epx.launch) a group
-can shrink, not grow yet (docs/reliability.md, "Joins").
+Ranks joining a running group (epx/elastic.hpp's request_ranks / admit / open_door /
+join_door; docs/reliability.md, "Joins"): the members of a group (torch.distributed's, or
+epx.launch's, or one agree_and_rebuild or admit returned) open a door once, a named
+shared-memory segment whose name rank 0 publishes in the torch store; a process started
+later joins through it, at a point every member agrees on:
+
+    door = epx.heal.open_door(group)                # collective; rank 0 puts the name in the store
+    ...
+    if group.rank == 0:                             # a replacement, or one more
+        joiners = epx.heal.request_ranks(group, 1, fn, *args)   # forked: fn(new_group, *args)
+    bigger = epx.heal.admit(group, joiners=1, tag=step)         # every member, the same point
+    if bigger is not None:                          # else the joiner died: the group as it was
+        group = bigger                              # old ranks keep their numbers, joiners after
+        ... new buffers on group (the old group is retired, as after a rebuild) ...
+    ...
+    epx.heal.close_door(group)                      # every member, at the end
+
+    # a process started some other way: the group it joined, or None if it was not admitted
+    group = epx.heal.join(store=store)              # or join(door_name)
 """
+import os
+import pickle
+import signal
+
 import numpy as np
 
 from . import _convert as cv
@@ -51,7 +71,12 @@ class Group:
     original_ranks: the first group's rank (the torch.distributed group's, or epx.launch's)
         of each rank of this one; original_lost: the first group's ranks lost so far.
     transport: its epx transport (shared by every buffer built on the group).
+    admission: for a group an admission made (admit, join), a dict of round, old_num_ranks,
+        joined (its joiners are ranks old_num_ranks ..), new_rank and tag; else None.
+    A joiner's group has original_ranks (the first group's ranks, then the joiners' numbers:
+    the first group's size + the door seat each took) but no original_lost (it was not there).
     """
+    admission = None
 
     def __init__(self, transport, membership, parent_original_ranks, parent_original_lost):
         self.transport = transport
@@ -63,6 +88,16 @@ class Group:
         self.original_ranks = tuple(parent_original_ranks[r] for r in self.survivors)
         self.original_lost = tuple(sorted(tuple(parent_original_lost) + tuple(parent_original_ranks[r]
                                                                                for r in self.lost)))
+
+    @classmethod
+    def _of(cls, transport, survivors, lost, round_, parent_size, original_ranks, original_lost, admission=None):
+        g = cls.__new__(cls)
+        g.transport = transport
+        g.rank, g.size = transport.rank, transport.num_ranks
+        g.survivors, g.lost, g.round, g.parent_size = tuple(survivors), tuple(lost), round_, parent_size
+        g.original_ranks, g.original_lost = tuple(original_ranks), tuple(original_lost)
+        g.admission = admission
+        return g
 
     @property
     def original_size(self):
@@ -236,3 +271,235 @@ def live_routing(topk_idx, mapping, home_experts, group, prefer_own_rank=False):
 def _torch_of(a):
     import torch
     return torch.from_numpy(a)
+
+
+# ---- joins --------------------------------------------------------------------------------
+
+DOOR_KEY = "epx/door"
+_door = [None]  # the name of the door this process opened or joined through last
+
+
+def _default_store(group):
+    """The torch.distributed store of the default group, or None (no torch group there)."""
+    import sys
+    if isinstance(group, Group) or "torch.distributed" not in sys.modules:
+        return None
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        return None
+    from torch.distributed import distributed_c10d as c10d
+    return c10d._get_default_store()
+
+
+def open_door(group=None, seats=8, store=None, key=DOOR_KEY):
+    """Collective over the group's members: opens the job's door (epx::open_door), a
+    shared-memory segment that a process started later joins through (join), with `seats`
+    seats (the joins it can take over its life). Returns its name, the same on every member;
+    rank 0 also puts it in `store` under `key` — store: a torch.distributed Store, None: the
+    default group's store when the group is a torch.distributed one (none is used for a
+    Group, whose torch group may be broken: pass the store), False: publish nothing. The door
+    follows the job: after a rebuild or an admission the same door serves the new group.
+
+    Raises epx.Error "unsupported" on a transport other than shm, "io" if the segment cannot
+    be made (on every member alike)."""
+    transport, _, _ = _resolve(group)
+    name = transport.open_door(int(seats))
+    _door[0] = name
+    if store is None:
+        store = _default_store(group)
+    if store is not False and store is not None and transport.rank == 0:
+        store.set(key, name)
+    return name
+
+
+def close_door(group=None):
+    """Local, on every member at the end: closes the job's door (joiners still waiting there
+    leave), unlinks its name and unmaps it. Nothing if it is not open in this process."""
+    transport, _, _ = _resolve(group)
+    transport.close_door()
+
+
+class Joiner:
+    """A joiner process request_ranks started: ``pid``; ``result(timeout_secs)`` waits for it
+    to end and returns fn's value, None if it was not admitted, or raises its error (an
+    epx.Error "peer_failed" naming the signal if it died)."""
+
+    def __init__(self, pid, read_fd):
+        self.pid, self._fd, self._done, self._value = pid, read_fd, False, None
+
+    def result(self, timeout_secs=120):
+        if not self._done:
+            import select
+            import time
+            data, deadline = b"", time.monotonic() + timeout_secs
+            while True:
+                left = deadline - time.monotonic()
+                ready, _, _ = select.select([self._fd], [], [], max(0.0, left))
+                if not ready:
+                    os.kill(self.pid, signal.SIGKILL)
+                    os.waitpid(self.pid, 0)
+                    os.close(self._fd)
+                    self._done = True
+                    self._value = (False, Error(f"joiner (pid {self.pid}) did not end within {timeout_secs} s: "
+                                                "killed", "timeout"))
+                    break
+                chunk = os.read(self._fd, 1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+            if not self._done:
+                os.close(self._fd)
+                _, status = os.waitpid(self.pid, 0)
+                self._done = True
+                if data:
+                    self._value = pickle.loads(data)
+                else:
+                    how = (f"killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
+                           else f"exit code {os.WEXITSTATUS(status)}")
+                    self._value = (False, Error(f"joiner (pid {self.pid}) died ({how}) without reporting",
+                                                "peer_failed"))
+        ok, value = self._value
+        if not ok:
+            raise value
+        return value
+
+
+def request_ranks(group, count, fn=None, *args, door=None, env=None, timeout_secs=60):
+    """Local: says that `count` joiners are coming, so that the members' next admit waits
+    for them (epx::request_ranks; at most the door's seats over its life), and, with `fn`,
+    starts them: `count` processes forked from this one, each joining through the door
+    (join(door, timeout_secs=timeout_secs); door: its name, default the one this process
+    opened) and, once admitted, running fn(group, *args) on the group it joined. env: extra
+    environment variables of the joiners. Returns a Joiner per process (its result), [] without fn.
+
+    The members must call admit at a point they agree on; a joiner not admitted within
+    timeout_secs ends with the value None."""
+    transport, _, _ = _resolve(group)
+    transport.request_ranks(int(count))
+    if fn is None:
+        return []
+    if door is None:
+        door = _door[0]
+        if door is None:
+            raise Error(f"rank {transport.rank}: request_ranks: no door open in this process (open_door first)",
+                        "invalid_argument", transport.rank)
+    joiners = []
+    for _ in range(int(count)):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the joiner: reports through the pipe and never returns into the caller's code
+            os.close(r)
+            code = 0
+            try:
+                for k, v in (env or {}).items():
+                    os.environ[str(k)] = str(v)
+                try:
+                    g = join(door, timeout_secs=timeout_secs)
+                    out = (True, None if g is None else fn(g, *args))
+                except BaseException as e:  # noqa: BLE001 - every failure goes back to the requester
+                    out = (False, e if isinstance(e, Error) else Error(f"joiner: {type(e).__name__}: {e}", "internal"))
+                data = pickle.dumps(out)
+                while data:
+                    data = data[os.write(w, data):]
+            except BaseException:  # noqa: BLE001
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        joiners.append(Joiner(pid, r))
+    return joiners
+
+
+def admit(group=None, joiners=1, wait_secs=0, tag=0):
+    """Collective over the group's members, at a point they agree on (e.g. the same step):
+    up to `joiners` processes knocking at the job's door (open_door) join; every member and
+    joiner maps the new group (old ranks keep their numbers, joiners are ranks group.size ..).
+    Rank 0 waits at most wait_secs (0: the group's timeout) for the joiners request_ranks
+    announced. Returns the new Group (its ``admission``; the old group is retired, as after
+    agree_and_rebuild: build new buffers on the new one), or None if nobody was admitted or
+    the admission was abandoned because a joiner died or never arrived — the old group and its
+    buffers then go on exactly as they were. tag: an int the joiners get (admission["tag"]).
+
+    Raises epx.Error with is_peer_loss if a member is lost meanwhile (agree_and_rebuild on the
+    old group then), "unsupported" if the group's door is not open."""
+    transport, original_ranks, original_lost = _resolve(group)
+    fresh, how = transport.admit(int(joiners), float(wait_secs), int(tag))
+    if fresh is None:
+        return None
+    roots = tuple(fresh.root_ranks)
+    P = how["old_num_ranks"]
+    return Group._of(fresh, range(P), (), how["round"], P, tuple(original_ranks) + roots[P:], original_lost, how)
+
+
+def join(door=None, *, store=None, key=DOOR_KEY, timeout_secs=60):
+    """A process outside the group: joins it through its door (epx::join_door) — door: the
+    name open_door returned, or None to read it from `store` (a torch.distributed Store, e.g.
+    a TCPStore or FileStore over the members' rendezvous) under `key`. Waits at most
+    timeout_secs to be admitted. Returns the Group it joined (``admission``, ``rank`` =
+    admission["new_rank"]), or None if it was not admitted (the door closed, no admission in
+    time, or the members abandoned it). Raises epx.Error "invalid_argument" if there is no
+    such door or no free seat."""
+    from . import _epx
+    if door is None:
+        if store is None:
+            raise Error("join: pass the door's name or the store it was published in", "invalid_argument")
+        door = bytes(store.get(key)).decode()
+    fresh, how = _epx.join_door(str(door), float(timeout_secs))
+    if fresh is None:
+        return None
+    _door[0] = str(door)
+    P = how["old_num_ranks"]
+    return Group._of(fresh, range(P), (), how["round"], P, tuple(fresh.root_ranks), (), how)
+
+
+# ---- the replica plan of a group of a new size, and the weights moved to it ------------------
+
+class ReplicaPlan:
+    """The lb layer's replica plan (epx/lb.hpp, plan_dynamic_replicas) over a group of `ranks`
+    ranks with `home_experts` (L) logical experts each and `slots` (B) redundant slots each:
+    rank d holds physical experts d*(L+B) .. d*(L+B)+L+B-1, its L home experts (logical
+    d*L + i) then its B slots (``mapping[d]``, -1 unused). Dispatch ``route(rank, topk_idx)``
+    with ``num_experts``."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self.ranks, self.home_experts, self.slots = raw.ranks, raw.home_experts, raw.slots
+        self.mapping = np.asarray(raw.mapping, dtype=np.int64).reshape(self.ranks, self.slots)
+        self.num_experts = self.ranks * (self.home_experts + self.slots)
+        self.replicas_used = raw.replicas_used  # slots the plan filled, over all ranks
+        self.rows_with = list(raw.rows_with)  # rows each rank's experts get through the plan
+        self.rows_without = list(raw.rows_without)  # and through its home experts only
+
+    def route(self, rank, topk_idx):
+        """Rank `rank`'s logical routing [S, K] (the one its counts came from) as physical
+        experts of the plan (int64 numpy)."""
+        idx = np.asarray(topk_idx.detach().cpu().numpy() if cv.is_torch(topk_idx) else topk_idx, dtype=np.int64)
+        S, K = idx.shape
+        return np.asarray(self._raw.route(int(rank), idx.reshape(-1).tolist(), int(K)), dtype=np.int64).reshape(S, K)
+
+    def layout(self):
+        """[P, L + B]: the logical expert each rank's physical experts hold (-1: an unused slot)."""
+        L = self.home_experts
+        homes = np.arange(self.ranks * L, dtype=np.int64).reshape(self.ranks, L)
+        return np.concatenate([homes, self.mapping], axis=1)
+
+
+def plan_replicas(counts, num_ranks, home_experts, slots_per_rank):
+    """The replica plan for a group of num_ranks ranks (e.g. the one admit returned) from
+    `counts` [num_ranks, num_ranks * home_experts]: the (t, k) pairs each rank routes to each
+    logical expert, the same on every rank (local, pure, deterministic)."""
+    from . import _epx
+    c = np.asarray(counts, dtype=np.int64)
+    return ReplicaPlan(_epx.plan_replicas(c.reshape(-1).tolist(), int(num_ranks), int(home_experts),
+                                          int(slots_per_rank)))
+
+
+def place_experts(ep, experts, old_homes, plan):
+    """Collective over the group of EPBuffer `ep` (the group of the plan's size): every rank's
+    `experts` [L + B, ...] (its physical experts under `plan`: home experts, then slots)
+    receive bitwise copies of their logical experts' weights from where they are now —
+    `old_homes` [L0, ...], every rank's home experts of the layout before (logical e on rank
+    e // L0: the members before an admission keep their ranks; a joiner passes a tensor of that
+    shape whose contents are not read) — over lb_prefetch_weights' path (the buffer's own
+    dispatch). Unused slots are left alone. Any dtype, several weight kinds as lists."""
+    ep.lb_prefetch_weights(experts, old_homes, plan.layout())

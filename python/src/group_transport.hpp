@@ -84,6 +84,19 @@ class PyTransport {
   std::vector<std::int64_t> sum(const std::vector<std::int64_t>& values);
   double timeout_s() const noexcept { return static_cast<double>(transport_->timeout().count()) / 1000.0; }
 
+  // Joins (epx/elastic.hpp; epx.admit / epx.request_ranks / epx.join in Python). GIL released.
+  /// Collective: epx::open_door; the door's name.
+  std::string open_door(int seats);
+  /// Local: epx::close_door.
+  void close_door();
+  /// Local: epx::request_ranks.
+  void request_ranks(int count);
+  /// Collective over the members: epx::admit. (the new group's transport or None, the
+  /// Admission as a dict: round, old_num_ranks, joined, new_rank, tag).
+  pyb::tuple admit(int joiners, double wait_s, std::uint64_t tag);
+  /// The first group's number of each rank of this group (Transport's root ranks).
+  std::vector<int> root_ranks() const;
+
   /// A rebuilt group's transport (rebuild()).
   PyTransport(std::shared_ptr<Interrupt> interrupt, std::shared_ptr<Transport> transport);
 

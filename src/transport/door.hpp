@@ -11,12 +11,21 @@
 // closed, nobody invited it within the timeout, or the admission was abandoned). A
 // knocking joiner leaves by CAS kKnocking -> kLeft, so it never leaves a seat a leader
 // claimed.
+//
+// A connect()-ed group (ranks another launcher started: torch.distributed, Python's
+// epx.launch) has no launcher to fork joiners or record their deaths: its members open a
+// door of their own (epx::open_door), a named segment "/<job prefix>door" that a process
+// started later maps by name (published through the group's own rendezvous, e.g. torch's
+// store). The joiner takes a free seat itself (kFree -> kStarted by CAS), writes its process
+// identity there, and the members check that identity (/proc) where a launched group reads
+// the launcher's record.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "control_block.hpp"
@@ -35,6 +44,10 @@ struct Seat {
   std::int32_t old_num_ranks = 0;   ///< the admitting group's P
   std::uint64_t tag = 0;            ///< the members' AdmitOptions::tag
   std::uint64_t control_bytes = 0;  ///< of the new group's control block
+  // The joiner's process (a connect()-ed group's door only), written before kKnocking.
+  std::int32_t pid = 0;
+  std::uint64_t start_time = 0;
+  std::uint64_t pid_ns = 0;
   char prefix[160] = {};            ///< the new group's segment prefix; its control block is "/<prefix>ctl"
 };
 
@@ -59,9 +72,12 @@ struct alignas(alignof(Seat)) Door {
 extern Door* g_launch_door;
 extern ControlBlock* g_launch_root;
 
-/// A joiner's side of admission (in the process the launcher forked for `seat`): knocks,
-/// waits to be invited (at most `timeout`, or until the door closes), then joins the new
-/// group and waits for the members' verdict. The group if admitted, null if not.
-std::unique_ptr<Transport> join_at_door(ControlBlock* root, Door* door, int seat, std::chrono::milliseconds timeout);
+/// A joiner's side of admission (in the process the launcher forked for `seat`, or one that
+/// took a seat of a connect()-ed group's door: `root` null): knocks, waits to be invited (at
+/// most `timeout`, or until the door closes), then joins the new group and waits for the
+/// members' verdict. The group if admitted, null if not. `wait_hook`: the new group's (a
+/// connect()-ed group's joiner).
+std::unique_ptr<Transport> join_at_door(ControlBlock* root, Door* door, int seat, std::chrono::milliseconds timeout,
+                                        std::function<void()> wait_hook = {});
 
 }  // namespace epx::detail

@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "control_block.hpp"
 #include "door.hpp"
 #include "epx/launch.hpp"
+#include "process_identity.hpp"
 #include "shm/shm_transport.hpp"
 
 namespace epx {
@@ -108,7 +110,10 @@ class ElasticShmTransport final : public ShmTransport {
         launched_(launched) {
     wait_hook_ = std::move(wait_hook);
     disarm_fault_hook();
-    mirror_phases_to(root_, root_ranks_[static_cast<std::size_t>(rank)]);
+    // A joiner of a connect()-ed group has no first group's block: its root is this block,
+    // whose slots may be fewer than the root numbers.
+    const int o = root_ranks_[static_cast<std::size_t>(rank)];
+    if (o >= 0 && o < root_->num_ranks) mirror_phases_to(root_, o);
   }
 
   ~ElasticShmTransport() override {
@@ -175,14 +180,55 @@ bool root_failed(ControlBlock* root, int r) {
   return root->ranks()[r].state.load(std::memory_order_acquire) == kFailed;
 }
 
-Door& launch_door(const ShmTransport& t, const char* what) {
+// The doors of connect()-ed groups this process has open (open_door), by job.
+struct OpenDoor {
+  pid_t owner = 0;  // the process that opened it (a forked child inherits the list, not the door)
+  std::uint64_t job = 0;
+  std::string name;
+  Door* door = nullptr;
+  std::size_t bytes = 0;
+};
+
+struct OpenDoors {
+  std::vector<OpenDoor> doors;
+  OpenDoor* find(std::uint64_t job) {
+    for (auto& d : doors)
+      if (d.job == job && d.owner == getpid()) return &d;
+    return nullptr;
+  }
+  void close(std::uint64_t job) noexcept {
+    for (auto it = doors.begin(); it != doors.end(); ++it)
+      if (it->job == job && it->owner == getpid()) {
+        it->door->closed.store(1, std::memory_order_release);
+        shm_unlink(it->name.c_str());
+        munmap(it->door, it->bytes);
+        doors.erase(it);
+        return;
+      }
+  }
+  ~OpenDoors() {  // a process that ends with its door open: the name goes with it
+    for (const auto& d : std::vector<OpenDoor>(doors)) close(d.job);
+  }
+};
+OpenDoors g_doors;
+
+Door& group_door(const ShmTransport& t, const char* what) {
   if (t.launcher_watched() && g_launch_door != nullptr && g_launch_door->num_seats > 0) return *g_launch_door;
+  if (!t.launcher_watched())
+    if (OpenDoor* d = g_doors.find(t.control_block()->job_id)) return *d->door;
   throw Error(ErrorCode::kUnsupported,
               rank_str(t.rank()) + ": " + what + ": ranks join only the groups of an elastic epx::launch with " +
-                  "LaunchOptions::spare_ranks > 0; " +
-                  (t.launcher_watched() ? "this launch has no spare ranks" : "this group is connect()-ed (its joiners would "
-                                                                             "come through a bootstrap epx does not drive)"),
+                  "LaunchOptions::spare_ranks > 0, or connect()-ed groups with an open door; " +
+                  (t.launcher_watched() ? "this launch has no spare ranks" : "this group's door is not open (epx::open_door)"),
               t.rank());
+}
+
+/// The process of seat `s` has ended: the launcher's record (a launched group's door, `root`
+/// its control block), else the identity the joiner wrote in its seat.
+bool seat_dead(Door& door, int s, ControlBlock* root) {
+  if (root != nullptr) return root->ranks()[door.first_root + s].state.load(std::memory_order_acquire) == kFailed;
+  const Seat& seat = door.seat(s);
+  return ProcessIdentity{seat.pid, seat.start_time, seat.pid_ns}.ended();
 }
 
 std::size_t block_bytes(int P) { return (ControlBlock::bytes_for(P) + 4095) / 4096 * 4096; }
@@ -216,14 +262,15 @@ Door* Door::create(void* memory, int first_root, int seats) noexcept {
   return d;
 }
 
-std::unique_ptr<Transport> join_at_door(ControlBlock* root, Door* door, int s, std::chrono::milliseconds timeout) {
+std::unique_ptr<Transport> join_at_door(ControlBlock* root, Door* door, int s, std::chrono::milliseconds timeout,
+                                        std::function<void()> wait_hook) {
   Seat& seat = door->seat(s);
   const int me = door->first_root + s;
   auto leave = [&]() -> std::unique_ptr<Transport> {
     seat.state.store(kSeatLeft, std::memory_order_release);
     return nullptr;
   };
-  root->enter_phase(me, "elastic knock");
+  if (root != nullptr) root->enter_phase(me, "elastic knock");
   seat.state.store(kSeatKnocking, std::memory_order_release);
   wait_for(timeout, [&] {
     return seat.state.load(std::memory_order_acquire) != kSeatKnocking || door->closed.load(std::memory_order_acquire) != 0;
@@ -235,22 +282,28 @@ std::unique_ptr<Transport> join_at_door(ControlBlock* root, Door* door, int s, s
 
   FaultPlan fault = FaultPlan::from_env();  // the tests' "a joiner dies while joining"
   fault.maybe_fire(me, "elastic admit");
-  root->enter_phase(me, "elastic admit");
+  if (root != nullptr) root->enter_phase(me, "elastic admit");
   const std::string prefix = seat.prefix;
   void* memory = map_block("/" + prefix + "ctl", seat.control_bytes);
   if (memory == MAP_FAILED) return leave();  // abandoned and unlinked before this joiner came
   auto* c = static_cast<ControlBlock*>(memory);
   std::vector<int> roots = root_ranks_of(c);
   const int leader_root = roots[0];
+  const bool launched = root != nullptr;
+  // Without a launcher the rank-0 member's death is seen by its process (its identity in the block).
+  auto leader_dead = [&] {
+    return launched ? root_failed(root, leader_root) : identity_of(c->ranks()[0]).ended();
+  };
   auto group = std::make_unique<ElasticShmTransport>(c, static_cast<std::size_t>(seat.control_bytes), seat.new_rank,
-                                                     timeout, prefix, root, std::move(roots), true, std::function<void()>());
+                                                     timeout, prefix, launched ? root : c, std::move(roots), launched,
+                                                     std::move(wait_hook));
   try {
     group->join("elastic admit");
   } catch (const Error&) {
     // The members' verdict decides, not what this joiner saw.
   }
   wait_for(timeout, [&] {
-    return c->admit_outcome.load(std::memory_order_acquire) != 0 || root_failed(root, leader_root);
+    return c->admit_outcome.load(std::memory_order_acquire) != 0 || leader_dead();
   });
   if (c->admit_outcome.load(std::memory_order_acquire) != kAdmitStands) return leave();
   g_joined = Admission{static_cast<int>(seat.round), seat.old_num_ranks, seat.num_ranks - seat.old_num_ranks,
@@ -312,10 +365,71 @@ Membership agree_survivors(Transport& transport) {
   return m;
 }
 
+namespace detail {
+namespace {
+
+// One rebuild, as its steps share it.
+struct RebuildCall {
+  ShmTransport& t;
+  const Membership& m;
+  int me, P, leader;          // P: the new group's size; leader: its rank 0 (old rank)
+  std::uint32_t g;            // the agreement's round
+  std::string who, prefix;    // the new group's segment prefix
+  std::string name;           // its control block
+  std::size_t bytes;
+};
+
+// The new group's rank 0: creates its control block (the members' identities copied) and
+// announces it; on failure announces that, for the others to fail at once too.
+void* create_rebuilt_block(const RebuildCall& r) {
+  ControlBlock* c = r.t.control_block();
+  void* memory = MAP_FAILED;
+  const int fd = shm_open(r.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd >= 0) {
+    if (ftruncate(fd, static_cast<off_t>(r.bytes)) == 0)
+      memory = mmap(nullptr, r.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+  }
+  if (memory == MAP_FAILED) {
+    const int err = errno;
+    shm_unlink(r.name.c_str());
+    c->elastic_ready_failed.store(r.g, std::memory_order_release);
+    throw Error(ErrorCode::kIo, r.who + ": cannot create the group's control block " + r.name + ": " + std::strerror(err), r.me);
+  }
+  ControlBlock* fresh = ControlBlock::create(memory, r.P, c->job_id);
+  // Who each member is (a group without a launcher checks its peers' processes by these).
+  for (int i = 0; i < r.P; ++i)
+    record_identity(identity_of(c->ranks()[r.m.survivors[static_cast<std::size_t>(i)]]), fresh->ranks()[i]);
+  c->elastic_ready.store(r.g, std::memory_order_release);
+  return memory;
+}
+
+// The other survivors: wait for rank 0's announcement (or its failure or death), then map it.
+void* map_rebuilt_block(const RebuildCall& r) {
+  ControlBlock* c = r.t.control_block();
+  LossWatch is_lost(r.t);
+  const bool ready = wait_for(r.t.timeout(), [&] {
+    return c->elastic_ready.load(std::memory_order_acquire) >= r.g ||
+           c->elastic_ready_failed.load(std::memory_order_acquire) >= r.g || is_lost(r.leader);
+  });
+  if (!ready || c->elastic_ready.load(std::memory_order_acquire) < r.g)
+    throw Error(ready ? ErrorCode::kPeerFailed : ErrorCode::kTimeout,
+                r.who + ": rank " + std::to_string(r.leader) + " (the new group's rank 0) " +
+                    (!ready ? "did not create the group's control block within " + std::to_string(r.t.timeout().count()) + " ms"
+                            : std::string("failed to create the group's control block or died")),
+                r.leader);
+  void* memory = map_block(r.name, r.bytes);
+  if (memory == MAP_FAILED)
+    throw Error(ErrorCode::kIo, r.who + ": cannot map the group's control block " + r.name + ": " + std::strerror(errno), r.leader);
+  return memory;
+}
+
+}  // namespace
+}  // namespace detail
+
 std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership& m) {
   using namespace detail;
   ShmTransport& t = elastic_shm(old_group, "rebuild_group");
-  ControlBlock* c = t.control_block();
   const int me = t.rank();
   const std::string who = rank_str(me) + ": rebuild_group";
   if (m.old_num_ranks != t.num_ranks() || m.new_rank < 0 || m.survivors.empty() ||
@@ -325,63 +439,22 @@ std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership&
   t.release_windows();  // nobody touches the old windows any more
 
   const int P = static_cast<int>(m.survivors.size());
-  const int leader = m.survivors[0];
-  const auto g = static_cast<std::uint32_t>(m.round);
-  const std::string prefix = t.prefix() + "e" + std::to_string(g) + "-";
-  const std::string name = "/" + prefix + "ctl";
-  const std::size_t bytes = (ControlBlock::bytes_for(P) + 4095) / 4096 * 4096;
-  void* memory = MAP_FAILED;
-
-  if (me == leader) {
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0) {
-      if (ftruncate(fd, static_cast<off_t>(bytes)) == 0)
-        memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      close(fd);
-    }
-    if (memory == MAP_FAILED) {
-      const int err = errno;
-      shm_unlink(name.c_str());
-      c->elastic_ready_failed.store(g, std::memory_order_release);
-      throw Error(ErrorCode::kIo, who + ": cannot create the group's control block " + name + ": " + std::strerror(err), me);
-    }
-    ControlBlock* fresh = ControlBlock::create(memory, P, c->job_id);
-    // Who each member is (a group without a launcher checks its peers' processes by these).
-    for (int i = 0; i < P; ++i)
-      record_identity(identity_of(c->ranks()[m.survivors[static_cast<std::size_t>(i)]]), fresh->ranks()[i]);
-    c->elastic_ready.store(g, std::memory_order_release);
-  } else {
-    LossWatch is_lost(t);
-    const bool ready = wait_for(t.timeout(), [&] {
-      return c->elastic_ready.load(std::memory_order_acquire) >= g ||
-             c->elastic_ready_failed.load(std::memory_order_acquire) >= g || is_lost(leader);
-    });
-    if (!ready || c->elastic_ready.load(std::memory_order_acquire) < g)
-      throw Error(ready ? ErrorCode::kPeerFailed : ErrorCode::kTimeout,
-                  who + ": rank " + std::to_string(leader) + " (the new group's rank 0) " +
-                      (!ready ? "did not create the group's control block within " + std::to_string(t.timeout().count()) + " ms"
-                              : std::string("failed to create the group's control block or died")),
-                  leader);
-    const int fd = shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd >= 0) {
-      memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      close(fd);
-    }
-    if (memory == MAP_FAILED)
-      throw Error(ErrorCode::kIo, who + ": cannot map the group's control block " + name + ": " + std::strerror(errno), leader);
-  }
+  const std::string prefix = t.prefix() + "e" + std::to_string(m.round) + "-";
+  const RebuildCall r{t, m, me, P, m.survivors[0], static_cast<std::uint32_t>(m.round), who, prefix, "/" + prefix + "ctl",
+                      block_bytes(P)};
+  void* memory = me == r.leader ? create_rebuilt_block(r) : map_rebuilt_block(r);
 
   std::vector<int> root_ranks(static_cast<std::size_t>(P));
   for (int i = 0; i < P; ++i) root_ranks[static_cast<std::size_t>(i)] = t.root_rank(m.survivors[static_cast<std::size_t>(i)]);
-  auto group = std::make_unique<ElasticShmTransport>(static_cast<ControlBlock*>(memory), bytes, m.new_rank, t, prefix,
+  auto group = std::make_unique<ElasticShmTransport>(static_cast<ControlBlock*>(memory), r.bytes, m.new_rank, t, prefix,
                                                      std::move(root_ranks));
   try {
     group->join("elastic rebuild");
   } catch (...) {
-    if (me == leader) shm_unlink(name.c_str());
+    if (me == r.leader) shm_unlink(r.name.c_str());
     throw;
   }
-  if (me == leader) shm_unlink(name.c_str());  // every member maps it: nothing left in /dev/shm
+  if (me == r.leader) shm_unlink(r.name.c_str());  // every member maps it: nothing left in /dev/shm
   t.retire(m.round);  // the old group's buffers now fail at once, naming the rebuild
   return group;
 }
@@ -419,7 +492,7 @@ std::vector<std::int64_t> sum_over_group(Transport& transport, const std::vector
 void request_ranks(Transport& transport, int count) {
   using namespace detail;
   ShmTransport& t = elastic_shm(transport, "request_ranks");
-  Door& door = launch_door(t, "request_ranks");
+  Door& door = group_door(t, "request_ranks");
   if (count < 1)
     throw Error(ErrorCode::kInvalidArgument, rank_str(t.rank()) + ": request_ranks: count must be >= 1, got " + std::to_string(count),
                 t.rank());
@@ -452,21 +525,22 @@ struct AdmitCall {
 // come) and claims the seats of those knocking.
 std::vector<int> claim_joiners(const AdmitCall& a) {
   Door& door = a.door;
-  ControlBlock* root = a.t.root_control();
+  ControlBlock* root = a.t.launcher_watched() ? a.t.root_control() : nullptr;
   // The joiners knocking now (alive), and how many more may still come: asked for but not
   // started, or started and not knocking yet.
   auto knocking = [&] {
     std::vector<int> seats;
     for (int s = 0; s < door.num_seats; ++s)
-      if (door.seat(s).state.load(std::memory_order_acquire) == kSeatKnocking && !root_failed(root, door.first_root + s))
+      if (door.seat(s).state.load(std::memory_order_acquire) == kSeatKnocking && !seat_dead(door, s, root))
         seats.push_back(s);
     return seats;
   };
   auto coming = [&] {
-    int n = static_cast<int>(door.requested.load(std::memory_order_acquire)) -
-            static_cast<int>(door.started.load(std::memory_order_acquire));
+    // (A connect()-ed group's joiners may come unannounced: started can pass requested.)
+    int n = std::max(0, static_cast<int>(door.requested.load(std::memory_order_acquire)) -
+                            static_cast<int>(door.started.load(std::memory_order_acquire)));
     for (int s = 0; s < door.num_seats; ++s)
-      n += door.seat(s).state.load(std::memory_order_acquire) == kSeatStarted && !root_failed(root, door.first_root + s);
+      n += door.seat(s).state.load(std::memory_order_acquire) == kSeatStarted && !seat_dead(door, s, root);
     return n;
   };
   wait_for(a.wait, [&] { return static_cast<int>(knocking().size()) >= a.options.joiners || coming() == 0; });
@@ -505,6 +579,8 @@ void* invite_joiners(const AdmitCall& a, ControlBlock* c, const std::vector<int>
   for (int k = 0; k < J; ++k) {
     fresh->ranks()[a.P + k].root_rank = a.door.first_root + seats[static_cast<std::size_t>(k)];
     Seat& seat = a.door.seat(seats[static_cast<std::size_t>(k)]);
+    if (!a.t.launcher_watched())  // the members watch the joiner's process as each other's
+      record_identity(ProcessIdentity{seat.pid, seat.start_time, seat.pid_ns}, fresh->ranks()[a.P + k]);
     seat.round = a.g;
     seat.new_rank = a.P + k;
     seat.num_ranks = Q;
@@ -579,7 +655,7 @@ std::unique_ptr<Transport> join_admitted(const AdmitCall& a, void* memory, int J
 std::unique_ptr<Transport> admit(Transport& transport, const AdmitOptions& options, Admission* admission) {
   using namespace detail;
   ShmTransport& t = elastic_shm(transport, "admit");
-  Door& door = launch_door(t, "admit");
+  Door& door = group_door(t, "admit");
   const int P = t.num_ranks(), me = t.rank();
   const std::string who = rank_str(me) + ": admit";
   if (options.joiners < 1 || options.wait.count() < 0)
@@ -620,5 +696,140 @@ std::unique_ptr<Transport> admit(Transport& transport, const AdmitOptions& optio
 }
 
 const Admission* joined_admission() noexcept { return detail::g_joined ? &*detail::g_joined : nullptr; }
+
+namespace detail {
+namespace {
+
+constexpr int kMaxDoorSeats = 64;
+
+// Rank 0 of the group: makes the door segment (its mapping, or MAP_FAILED and why).
+void* create_door(const std::string& name, std::size_t bytes, std::string& why) {
+  shm_unlink(name.c_str());  // a door of this job whose opener died before closing it
+  void* memory = MAP_FAILED;
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd >= 0) {
+    if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+  }
+  if (memory == MAP_FAILED) {
+    why = std::strerror(errno);
+    shm_unlink(name.c_str());
+  }
+  return memory;
+}
+
+// Maps the door `name` as it is (its size from the segment); MAP_FAILED if there is none.
+void* map_door(const std::string& name, std::size_t& bytes) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) return MAP_FAILED;
+  struct stat st {};
+  void* memory = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(Door)) {
+    bytes = static_cast<std::size_t>(st.st_size);
+    memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  close(fd);
+  return memory;
+}
+
+// A joiner: the first free seat of `door` (kFree -> kStarted), its identity written; -1 if none.
+int take_seat(Door& door) {
+  const ProcessIdentity self = ProcessIdentity::self();
+  for (int s = 0; s < door.num_seats; ++s) {
+    Seat& seat = door.seat(s);
+    std::uint32_t free_seat = static_cast<std::uint32_t>(SeatState::kFree);
+    if (!seat.state.compare_exchange_strong(free_seat, kSeatStarted, std::memory_order_acq_rel)) continue;
+    seat.pid = self.pid;
+    seat.start_time = self.start_time;
+    seat.pid_ns = self.pid_ns;
+    door.started.fetch_add(1, std::memory_order_acq_rel);
+    return s;
+  }
+  return -1;
+}
+
+}  // namespace
+}  // namespace detail
+
+std::vector<int> original_ranks(const Transport& group) {
+  std::vector<int> roots(static_cast<std::size_t>(group.num_ranks()));
+  const auto* shm = dynamic_cast<const detail::ShmTransport*>(&group);
+  for (int p = 0; p < group.num_ranks(); ++p) roots[static_cast<std::size_t>(p)] = shm != nullptr ? shm->root_rank(p) : p;
+  return roots;
+}
+
+std::string open_door(Transport& group, int seats) {
+  using namespace detail;
+  ShmTransport& t = elastic_shm(group, "open_door");
+  const int me = t.rank();
+  const std::string who = rank_str(me) + ": open_door";
+  if (t.launcher_watched())
+    throw Error(ErrorCode::kUnsupported,
+                who + ": a launched group's joiners come through the launcher (LaunchOptions::spare_ranks, request_ranks)", me);
+  if (seats < 1 || seats > kMaxDoorSeats)
+    throw Error(ErrorCode::kInvalidArgument,
+                who + ": seats must be in [1, " + std::to_string(kMaxDoorSeats) + "], got " + std::to_string(seats), me);
+  const std::uint64_t job = t.control_block()->job_id;
+  const std::string name = "/" + ShmTransport::segment_prefix(job) + "door";
+  // Every member has it open or none (open_door is collective): the same answer everywhere.
+  if (g_doors.find(job) != nullptr) return name;
+  t.enter_phase("elastic open door");
+  std::size_t bytes = (Door::bytes_for(seats) + 4095) / 4096 * 4096;
+  std::string why;
+  void* memory = MAP_FAILED;
+  if (me == 0) {
+    memory = create_door(name, bytes, why);
+    if (memory != MAP_FAILED) Door::create(memory, t.root_control()->num_ranks, seats);
+  }
+  // Two sums: rank 0 made it (the others map it after), then every member mapped it.
+  if (sum_over_group(t, {me == 0 && memory == MAP_FAILED ? 1 : 0})[0] != 0)
+    throw Error(ErrorCode::kIo, who + ": rank 0 could not create the door " + name + (me == 0 ? ": " + why : std::string()), 0);
+  if (me != 0) memory = map_door(name, bytes);
+  if (sum_over_group(t, {memory == MAP_FAILED ? 1 : 0})[0] != 0) {
+    if (memory != MAP_FAILED) munmap(memory, bytes);
+    if (me == 0) shm_unlink(name.c_str());
+    throw Error(ErrorCode::kIo, who + ": a member could not map the door " + name, me);
+  }
+  g_doors.doors.push_back(OpenDoor{getpid(), job, name, static_cast<Door*>(memory), bytes});
+  return name;
+}
+
+void close_door(Transport& group) noexcept {
+  auto* shm = dynamic_cast<detail::ShmTransport*>(&group);
+  if (shm != nullptr) detail::g_doors.close(shm->control_block()->job_id);
+}
+
+std::unique_ptr<Transport> join_door(const std::string& name, const JoinOptions& options, Admission* admission) {
+  using namespace detail;
+  const std::string who = "joiner (pid " + std::to_string(getpid()) + "): join_door";
+  std::size_t bytes = 0;
+  void* memory = map_door(name, bytes);
+  if (memory == MAP_FAILED)
+    throw Error(ErrorCode::kInvalidArgument, who + ": no door " + name + " (not opened, or closed: epx::open_door)");
+  auto* door = static_cast<Door*>(memory);
+  if (bytes < Door::bytes_for(door->num_seats) || door->closed.load(std::memory_order_acquire) != 0) {
+    munmap(memory, bytes);
+    throw Error(ErrorCode::kInvalidArgument, who + ": the door " + name + " is closed");
+  }
+  const int s = take_seat(*door);
+  if (s < 0) {
+    munmap(memory, bytes);
+    throw Error(ErrorCode::kInvalidArgument,
+                who + ": the door " + name + " has no free seat (its " + std::to_string(door->num_seats) + " were taken)");
+  }
+  std::unique_ptr<Transport> group = join_at_door(nullptr, door, s, options.timeout, options.wait_hook);
+  if (group == nullptr) {
+    munmap(memory, bytes);
+    return nullptr;
+  }
+  // A member now: it keeps the door open as the others do (request_ranks, admit, close_door).
+  const std::uint64_t job = static_cast<ShmTransport&>(*group).control_block()->job_id;
+  if (g_doors.find(job) == nullptr)
+    g_doors.doors.push_back(OpenDoor{getpid(), job, name, door, bytes});
+  else
+    munmap(memory, bytes);
+  if (admission != nullptr) *admission = *g_joined;
+  return group;
+}
 
 }  // namespace epx
