@@ -313,19 +313,20 @@ std::vector<ElasticEventSpec> parse_elastic_schedule(const ElasticBenchOptions& 
   return events;
 }
 
-int run_elastic_bench(const BenchOptions& o, const ElasticBenchOptions& e, std::FILE* out) {
+namespace {
+
+/// The shapes --elastic can keep while ranks come and go (the experts per rank stay E/P).
+void check_elastic_shape(const BenchOptions& o) {
   if (o.transport != "shm") bad("--elastic needs --transport shm (a process per rank: a rank that dies takes no other with it)");
   if (o.ranks < 1 || o.experts % o.ranks != 0 || o.topk < 1 || o.topk > o.experts / o.ranks || o.tokens < 1 || o.hidden < 1)
     bad("--elastic: E must be a multiple of P and K at most E/P (the experts per rank stay E/P as ranks come and go), got P = " +
         std::to_string(o.ranks) + ", E = " + std::to_string(o.experts) + ", K = " + std::to_string(o.topk));
-  const std::vector<ElasticEventSpec> schedule = parse_elastic_schedule(e, o);
+}
+
+/// An elastic shm launch with a spare rank for each join of the schedule; the lost ranks land in `lost`.
+LaunchOptions elastic_launch(const BenchOptions& o, const std::vector<ElasticEventSpec>& schedule, std::vector<int>& lost) {
   int joins = 0;
   for (const ElasticEventSpec& ev : schedule) joins += ev.kind == ElasticEventSpec::kJoin;
-
-  void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) throw Error(ErrorCode::kIo, "epx bench --elastic: cannot map the ranks' record");
-  auto* sh = new (mem) Shared();
-  std::vector<int> lost;
   LaunchOptions lo;
   lo.num_ranks = o.ranks;
   lo.transport = TransportKind::kShm;
@@ -333,6 +334,10 @@ int run_elastic_bench(const BenchOptions& o, const ElasticBenchOptions& e, std::
   lo.elastic = true;
   lo.lost = &lost;
   lo.spare_ranks = joins;
+  return lo;
+}
+
+void print_elastic_header(std::FILE* out, const BenchOptions& o, const std::vector<ElasticEventSpec>& schedule) {
   std::fprintf(out, "epx bench --elastic: P = %d (shm), S = %lld tokens, H = %d, K = %d, E/P = %d, %d iterations\n", o.ranks,
                static_cast<long long>(o.tokens), o.hidden, o.topk, o.experts / o.ranks, o.iters);
   std::fprintf(out, "schedule:");
@@ -343,31 +348,36 @@ int run_elastic_bench(const BenchOptions& o, const ElasticBenchOptions& e, std::
       std::fprintf(out, " join @%d;", ev.iter);
   std::fprintf(out, "%s\n", schedule.empty() ? " (none)" : "");
   std::fflush(out);
-  try {
-    launch(lo, [&](Transport& t) { run_rank(t, o, schedule, sh); });
-  } catch (...) {
-    munmap(mem, sizeof(Shared));
-    throw;
-  }
+}
+
+/// A milliseconds cell, "-" where the event has no such step.
+std::string ms_cell(double v) {
+  char b[32];
+  if (v < 0) return std::string("-");
+  std::snprintf(b, sizeof b, "%.2f", v);
+  return std::string(b);
+}
+
+/// One line per event: a lost rank's detect, agree, rebuild and Buffer times; a join's Buffer and admit.
+void print_events(std::FILE* out, const Shared& sh) {
   std::fprintf(out, "\n%-14s %5s %8s %10s %9s %11s %10s %9s\n", "event", "iter", "ranks", "detect ms", "agree ms", "rebuild ms",
                "buffer ms", "admit ms");
-  auto cell = [](double v) {
-    char b[32];
-    if (v < 0) return std::string("-");
-    std::snprintf(b, sizeof b, "%.2f", v);
-    return std::string(b);
-  };
-  for (int i = 0; i < sh->num_events.load(); ++i) {
-    const Shared::Event& ev = sh->events[i];
+  for (int i = 0; i < sh.num_events.load(); ++i) {
+    const Shared::Event& ev = sh.events[i];
     const bool kill = ev.kind == ElasticEventSpec::kKill;
     const std::string ranks = std::to_string(ev.ranks_before) + "->" + std::to_string(ev.ranks_after);
     std::fprintf(out, "%-14s %5d %8s %10s %9s %11s %10s %9s\n", kill ? "rank lost" : "join", ev.iter, ranks.c_str(),
-                 kill ? cell(ev.detect_ms).c_str() : "-", kill ? cell(ev.agree_ms).c_str() : "-",
-                 kill ? cell(ev.rebuild_ms).c_str() : "-", cell(ev.buffer_ms).c_str(), kill ? "-" : cell(ev.admit_ms).c_str());
+                 kill ? ms_cell(ev.detect_ms).c_str() : "-", kill ? ms_cell(ev.agree_ms).c_str() : "-",
+                 kill ? ms_cell(ev.rebuild_ms).c_str() : "-", ms_cell(ev.buffer_ms).c_str(),
+                 kill ? "-" : ms_cell(ev.admit_ms).c_str());
   }
+}
+
+/// One line per stretch of iterations over one group: its pace and throughput; then the lost ranks.
+void print_stretches(std::FILE* out, const BenchOptions& o, const Shared& sh, const std::vector<int>& lost) {
   std::fprintf(out, "\n%-10s %6s %6s %10s %14s\n", "stretch", "iters", "ranks", "ms/iter", "tokens/s");
-  for (int i = 0; i < sh->num_stretches.load(); ++i) {
-    const Shared::Stretch& s = sh->stretches[i];
+  for (int i = 0; i < sh.num_stretches.load(); ++i) {
+    const Shared::Stretch& s = sh.stretches[i];
     const std::string span = std::to_string(s.first_iter) + "-" + std::to_string(s.first_iter + s.iters - 1);
     const double tokens = static_cast<double>(s.iters) * s.ranks * static_cast<double>(o.tokens);
     std::fprintf(out, "%-10s %6d %6d %10.3f %14.0f\n", span.c_str(), s.iters, s.ranks, s.seconds * 1e3 / s.iters,
@@ -377,6 +387,28 @@ int run_elastic_bench(const BenchOptions& o, const ElasticBenchOptions& e, std::
                     "lost ranks:");
   for (int r : lost) std::fprintf(out, " %d", r);
   std::fprintf(out, "%s)\n", lost.empty() ? " none" : "");
+}
+
+}  // namespace
+
+int run_elastic_bench(const BenchOptions& o, const ElasticBenchOptions& e, std::FILE* out) {
+  check_elastic_shape(o);
+  const std::vector<ElasticEventSpec> schedule = parse_elastic_schedule(e, o);
+  // The ranks' record, shared with every rank process (one of which may die).
+  void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw Error(ErrorCode::kIo, "epx bench --elastic: cannot map the ranks' record");
+  auto* sh = new (mem) Shared();
+  std::vector<int> lost;
+  const LaunchOptions lo = elastic_launch(o, schedule, lost);
+  print_elastic_header(out, o, schedule);
+  try {
+    launch(lo, [&](Transport& t) { run_rank(t, o, schedule, sh); });
+  } catch (...) {
+    munmap(mem, sizeof(Shared));
+    throw;
+  }
+  print_events(out, *sh);
+  print_stretches(out, o, *sh, lost);
   munmap(mem, sizeof(Shared));
   return 0;
 }

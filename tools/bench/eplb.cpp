@@ -166,6 +166,92 @@ EplbReport apply_eplb(const BenchOptions& o, BenchProblem& p) {
   return e;
 }
 
+namespace {
+
+/// The byte that fills expert `expert`'s weights, so that a slot shows whose weights it holds.
+std::uint8_t expert_byte(std::int64_t expert) { return static_cast<std::uint8_t>(expert % 251 + 1); }
+
+/// One rank's part of the lb transfers: L home experts and B slots of n bytes each, and their
+/// float32 gradients (each replica's all 1.0f).
+struct LbRankData {
+  LbRankData(int r, int L, int B, std::size_t n)
+      : home(n * static_cast<std::size_t>(L)),
+        slots(n * static_cast<std::size_t>(B)),
+        grad_home(n / 4 * static_cast<std::size_t>(L)),
+        grad_slots(n / 4 * static_cast<std::size_t>(B), 1.0f) {
+    for (int j = 0; j < L; ++j) std::memset(home.data() + n * static_cast<std::size_t>(j), expert_byte(r * L + j), n);
+  }
+  std::vector<std::uint8_t> home, slots;
+  std::vector<float> grad_home, grad_slots;
+};
+
+/// The timed pairs, in microseconds: prefetch_weights, then reduce_grads, each between barriers.
+struct LbTimes {
+  std::vector<double> prefetch, reduce;
+};
+
+LbTimes time_lb_pairs(Transport& t, Buffer& buf, LbRankData& d, const LbPlacement& pl, std::size_t n, int iters) {
+  LbTimes times;
+  for (int it = 0; it <= iters; ++it) {  // the first pair warms the Buffer and the pages
+    std::fill(d.slots.begin(), d.slots.end(), std::uint8_t{0});
+    std::fill(d.grad_home.begin(), d.grad_home.end(), 0.0f);
+    t.barrier("bench: lb prefetch");
+    const double t0 = bench_now_us();
+    prefetch_weights(buf, {{d.slots.data(), n}}, {{d.home.data(), n}}, pl);
+    t.barrier("bench: lb prefetch done");
+    const double t1 = bench_now_us();
+    reduce_grads(buf, {{d.grad_slots.data(), n}}, {{d.grad_home.data(), n}}, pl);
+    t.barrier("bench: lb reduce done");
+    const double t2 = bench_now_us();
+    if (it > 0) times.prefetch.push_back(t1 - t0), times.reduce.push_back(t2 - t1);
+  }
+  return times;
+}
+
+/// What moved: every used slot holds its expert's bytes; every home gradient is the count of
+/// its replicas (each replica's gradient is all 1.0f).
+void check_lb_moved(const LbRankData& d, const LbPlacement& pl, int r, std::size_t n, int L, int B) {
+  for (int b = 0; b < B; ++b) {
+    const std::int64_t ex = pl.mapping[static_cast<std::size_t>(r * B + b)];
+    const std::uint8_t* s = d.slots.data() + n * static_cast<std::size_t>(b);
+    if (ex >= 0 && std::any_of(s, s + n, [&](std::uint8_t v) { return v != expert_byte(ex); }))
+      throw Error(ErrorCode::kInternal, "epx bench: rank " + std::to_string(r) + ": slot " + std::to_string(b) +
+                                            " does not hold expert " + std::to_string(ex) + "'s weights after prefetch");
+  }
+  for (int j = 0; j < L; ++j) {
+    const auto c = static_cast<float>(std::count(pl.mapping.begin(), pl.mapping.end(), r * L + j));
+    const float* g = d.grad_home.data() + n / 4 * static_cast<std::size_t>(j);
+    if (std::any_of(g, g + n / 4, [&](float v) { return v != c; }))
+      throw Error(ErrorCode::kInternal, "epx bench: rank " + std::to_string(r) + ": expert " + std::to_string(r * L + j) +
+                                            "'s gradient is not the sum of its " + std::to_string(static_cast<int>(c)) +
+                                            " replicas' after reduce_grads");
+  }
+}
+
+/// Rank 0's times handed to the launching process through a file: the count, then both series.
+void write_lb_times(const std::string& path, const LbTimes& times) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  const std::uint64_t k = times.prefetch.size();
+  f.write(reinterpret_cast<const char*>(&k), sizeof k);
+  f.write(reinterpret_cast<const char*>(times.prefetch.data()), static_cast<std::streamsize>(k * sizeof(double)));
+  f.write(reinterpret_cast<const char*>(times.reduce.data()), static_cast<std::streamsize>(k * sizeof(double)));
+  if (!f.flush()) throw Error(ErrorCode::kIo, "epx bench: cannot write " + path);
+}
+
+void read_lb_times(const std::string& path, int iters, EplbReport& e) {
+  std::ifstream f(path, std::ios::binary);
+  std::uint64_t k = 0;
+  f.read(reinterpret_cast<char*>(&k), sizeof k);
+  if (!f || k != static_cast<std::uint64_t>(iters)) throw Error(ErrorCode::kIo, "epx bench: cannot read " + path);
+  e.prefetch_us.resize(k);
+  e.reduce_us.resize(k);
+  f.read(reinterpret_cast<char*>(e.prefetch_us.data()), static_cast<std::streamsize>(k * sizeof(double)));
+  f.read(reinterpret_cast<char*>(e.reduce_us.data()), static_cast<std::streamsize>(k * sizeof(double)));
+  if (!f) throw Error(ErrorCode::kIo, "epx bench: cannot read " + path);
+}
+
+}  // namespace
+
 void time_lb_transfers(const BenchOptions& o, const BenchProblem& p, const LaunchOptions& launch_options, int iters,
                        const std::string& scratch_dir, EplbReport& e) {
   e.expert_bytes = parse_byte_size(o.eplb_expert_bytes);
@@ -180,59 +266,12 @@ void time_lb_transfers(const BenchOptions& o, const BenchProblem& p, const Launc
   launch(launch_options, [&](Transport& t) {
     Buffer buf(t, bench_buffer_config(o, p));
     const int r = t.rank();
-    const auto byte_of = [](std::int64_t expert) { return static_cast<std::uint8_t>(expert % 251 + 1); };
-    std::vector<std::uint8_t> home(n * static_cast<std::size_t>(L)), slots(n * static_cast<std::size_t>(B));
-    for (int j = 0; j < L; ++j) std::memset(home.data() + n * static_cast<std::size_t>(j), byte_of(r * L + j), n);
-    std::vector<float> grad_home(n / 4 * static_cast<std::size_t>(L)), grad_slots(n / 4 * static_cast<std::size_t>(B), 1.0f);
-    std::vector<double> prefetch, reduce;
-    for (int it = 0; it <= iters; ++it) {  // the first pair warms the Buffer and the pages
-      std::fill(slots.begin(), slots.end(), std::uint8_t{0});
-      std::fill(grad_home.begin(), grad_home.end(), 0.0f);
-      t.barrier("bench: lb prefetch");
-      const double t0 = bench_now_us();
-      prefetch_weights(buf, {{slots.data(), n}}, {{home.data(), n}}, pl);
-      t.barrier("bench: lb prefetch done");
-      const double t1 = bench_now_us();
-      reduce_grads(buf, {{grad_slots.data(), n}}, {{grad_home.data(), n}}, pl);
-      t.barrier("bench: lb reduce done");
-      const double t2 = bench_now_us();
-      if (it > 0) prefetch.push_back(t1 - t0), reduce.push_back(t2 - t1);
-    }
-    // What moved: every used slot holds its expert's bytes; every home gradient is the count
-    // of its replicas (each replica's gradient is all 1.0f).
-    for (int b = 0; b < B; ++b) {
-      const std::int64_t ex = pl.mapping[static_cast<std::size_t>(r * B + b)];
-      const std::uint8_t* s = slots.data() + n * static_cast<std::size_t>(b);
-      if (ex >= 0 && std::any_of(s, s + n, [&](std::uint8_t v) { return v != byte_of(ex); }))
-        throw Error(ErrorCode::kInternal, "epx bench: rank " + std::to_string(r) + ": slot " + std::to_string(b) +
-                                              " does not hold expert " + std::to_string(ex) + "'s weights after prefetch");
-    }
-    for (int j = 0; j < L; ++j) {
-      const auto c = static_cast<float>(std::count(pl.mapping.begin(), pl.mapping.end(), r * L + j));
-      const float* g = grad_home.data() + n / 4 * static_cast<std::size_t>(j);
-      if (std::any_of(g, g + n / 4, [&](float v) { return v != c; }))
-        throw Error(ErrorCode::kInternal, "epx bench: rank " + std::to_string(r) + ": expert " + std::to_string(r * L + j) +
-                                              "'s gradient is not the sum of its " + std::to_string(static_cast<int>(c)) +
-                                              " replicas' after reduce_grads");
-    }
-    if (r == 0) {
-      std::ofstream f(times_path, std::ios::binary | std::ios::trunc);
-      const std::uint64_t k = prefetch.size();
-      f.write(reinterpret_cast<const char*>(&k), sizeof k);
-      f.write(reinterpret_cast<const char*>(prefetch.data()), static_cast<std::streamsize>(k * sizeof(double)));
-      f.write(reinterpret_cast<const char*>(reduce.data()), static_cast<std::streamsize>(k * sizeof(double)));
-      if (!f.flush()) throw Error(ErrorCode::kIo, "epx bench: cannot write " + times_path);
-    }
+    LbRankData d(r, L, B, n);
+    const LbTimes times = time_lb_pairs(t, buf, d, pl, n, iters);
+    check_lb_moved(d, pl, r, n, L, B);
+    if (r == 0) write_lb_times(times_path, times);
   });
-  std::ifstream f(times_path, std::ios::binary);
-  std::uint64_t k = 0;
-  f.read(reinterpret_cast<char*>(&k), sizeof k);
-  if (!f || k != static_cast<std::uint64_t>(iters)) throw Error(ErrorCode::kIo, "epx bench: cannot read " + times_path);
-  e.prefetch_us.resize(k);
-  e.reduce_us.resize(k);
-  f.read(reinterpret_cast<char*>(e.prefetch_us.data()), static_cast<std::streamsize>(k * sizeof(double)));
-  f.read(reinterpret_cast<char*>(e.reduce_us.data()), static_cast<std::streamsize>(k * sizeof(double)));
-  if (!f) throw Error(ErrorCode::kIo, "epx bench: cannot read " + times_path);
+  read_lb_times(times_path, iters, e);
 }
 
 }  // namespace epx::tools

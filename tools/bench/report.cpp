@@ -360,11 +360,8 @@ DiagnoseReport diagnose_of(const BenchRankRecord& rec, const std::vector<RankInf
   return d;
 }
 
-}  // namespace
-
-BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const RouteCount& rc,
-                            const std::vector<BenchRankRecord>& records) {
-  BenchReport r;
+/// What the report says the run was: the options, the problem's shape and the routing's count.
+void describe_run(const BenchOptions& o, const BenchProblem& p, const RouteCount& rc, BenchReport& r) {
   r.options = o;
   r.ranks = p.ranks;
   r.experts = p.experts;
@@ -375,6 +372,10 @@ BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const 
   r.source = p.source;
   r.cores = std::thread::hardware_concurrency();
   r.count = rc;
+}
+
+/// The ranks' own facts: workers, window, memory, how the outputs were handed over, who is where.
+void gather_rank_facts(const std::vector<BenchRankRecord>& records, BenchReport& r) {
   for (const BenchRankRecord& rec : records) r.workers = std::max(r.workers, rec.workers);
   for (const BenchRankRecord& rec : records) {
     r.window_bytes = std::max(r.window_bytes, rec.window_bytes);
@@ -386,18 +387,21 @@ BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const 
     if (!rec.copy_why.empty()) r.copy_why = rec.copy_why;
   }
   for (const BenchRankRecord& rec : records) r.rank_info.push_back({rec.rank, rec.pid, rec.node});
-  if (!records.empty() && records[0].diagnosed) r.diagnose = diagnose_of(records[0], r.rank_info);
-  r.dispatch = aggregate_op("dispatch", true, o, rc, records, r.warnings);
-  r.combine = aggregate_op("combine", false, o, rc, records, r.warnings);
-  const double mt = r.dispatch.memcpy_max_rank.avg + r.combine.memcpy_max_rank.avg;
-  r.memcpy_gbps = gbps(static_cast<double>(r.dispatch.total_moved + r.combine.total_moved), mt);
+}
+
+/// A warning for each rank whose dispatch output has other than the routing's row count.
+void warn_on_output_rows(const RouteCount& rc, const std::vector<BenchRankRecord>& records,
+                         std::vector<std::string>& warnings) {
   for (const BenchRankRecord& rec : records)
     if (rec.out_rows != rc.out_rows[at(rec.rank)])
-      r.warnings.push_back(fmt("rank %d: epx's dispatch output has %lld rows, the routing gives %lld", rec.rank,
-                               static_cast<long long>(rec.out_rows), static_cast<long long>(rc.out_rows[at(rec.rank)])));
+      warnings.push_back(fmt("rank %d: epx's dispatch output has %lld rows, the routing gives %lld", rec.rank,
+                             static_cast<long long>(rec.out_rows), static_cast<long long>(rc.out_rows[at(rec.rank)])));
+}
 
-  // Route histogram.
-  RouteReport& h = r.route;
+/// The routing's shape (destinations per token, rows per rank and per expert) and the
+/// ranks' round trips.
+RouteReport route_report(const RouteCount& rc, const OpReport& dispatch, const OpReport& combine) {
+  RouteReport h;
   const int P = rc.ranks;
   h.unique_dest_hist.assign(rc.unique_dest_hist.empty() ? 1 : rc.unique_dest_hist[0].size(), 0);
   std::int64_t tokens = 0, dests = 0;
@@ -408,29 +412,45 @@ BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const 
       dests += rank_hist[n] * static_cast<std::int64_t>(n);
     }
   h.avg_unique_dest = tokens > 0 ? static_cast<double>(dests) / static_cast<double>(tokens) : 0;
-  if (P > 0) {
-    const auto [mn, mx] = std::minmax_element(rc.recv_rows.begin(), rc.recv_rows.end());
-    h.recv_min = *mn;
-    h.recv_max = *mx;
-    h.recv_max_rank = static_cast<int>(mx - rc.recv_rows.begin());
-    h.recv_avg = static_cast<double>(std::accumulate(rc.recv_rows.begin(), rc.recv_rows.end(), std::int64_t{0})) / P;
-    h.recv_imbalance = h.recv_avg > 0 ? static_cast<double>(h.recv_max) / h.recv_avg : 0;
-    const auto [emn, emx] = std::minmax_element(rc.expert_rows.begin(), rc.expert_rows.end());
-    h.expert_min = *emn;
-    h.expert_max = *emx;
-    h.expert_max_id = static_cast<int>(emx - rc.expert_rows.begin());
-    h.expert_avg = static_cast<double>(std::accumulate(rc.expert_rows.begin(), rc.expert_rows.end(), std::int64_t{0})) /
-                   static_cast<double>(rc.expert_rows.size());
-    h.expert_imbalance = h.expert_avg > 0 ? static_cast<double>(h.expert_max) / h.expert_avg : 0;
-    for (int q = 0; q < P; ++q) {
-      const double rt = r.dispatch.rank[at(q)].avg + r.combine.rank[at(q)].avg;
-      h.round_trip_avg_us += rt / P;
-      if (q == 0 || rt > h.slowest_round_trip_us) {
-        h.slowest_round_trip_us = rt;
-        h.slowest_rank = q;
-      }
+  if (P <= 0) return h;
+  const auto [mn, mx] = std::minmax_element(rc.recv_rows.begin(), rc.recv_rows.end());
+  h.recv_min = *mn;
+  h.recv_max = *mx;
+  h.recv_max_rank = static_cast<int>(mx - rc.recv_rows.begin());
+  h.recv_avg = static_cast<double>(std::accumulate(rc.recv_rows.begin(), rc.recv_rows.end(), std::int64_t{0})) / P;
+  h.recv_imbalance = h.recv_avg > 0 ? static_cast<double>(h.recv_max) / h.recv_avg : 0;
+  const auto [emn, emx] = std::minmax_element(rc.expert_rows.begin(), rc.expert_rows.end());
+  h.expert_min = *emn;
+  h.expert_max = *emx;
+  h.expert_max_id = static_cast<int>(emx - rc.expert_rows.begin());
+  h.expert_avg = static_cast<double>(std::accumulate(rc.expert_rows.begin(), rc.expert_rows.end(), std::int64_t{0})) /
+                 static_cast<double>(rc.expert_rows.size());
+  h.expert_imbalance = h.expert_avg > 0 ? static_cast<double>(h.expert_max) / h.expert_avg : 0;
+  for (int q = 0; q < P; ++q) {
+    const double rt = dispatch.rank[at(q)].avg + combine.rank[at(q)].avg;
+    h.round_trip_avg_us += rt / P;
+    if (q == 0 || rt > h.slowest_round_trip_us) {
+      h.slowest_round_trip_us = rt;
+      h.slowest_rank = q;
     }
   }
+  return h;
+}
+
+}  // namespace
+
+BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const RouteCount& rc,
+                            const std::vector<BenchRankRecord>& records) {
+  BenchReport r;
+  describe_run(o, p, rc, r);
+  gather_rank_facts(records, r);
+  if (!records.empty() && records[0].diagnosed) r.diagnose = diagnose_of(records[0], r.rank_info);
+  r.dispatch = aggregate_op("dispatch", true, o, rc, records, r.warnings);
+  r.combine = aggregate_op("combine", false, o, rc, records, r.warnings);
+  const double mt = r.dispatch.memcpy_max_rank.avg + r.combine.memcpy_max_rank.avg;
+  r.memcpy_gbps = gbps(static_cast<double>(r.dispatch.total_moved + r.combine.total_moved), mt);
+  warn_on_output_rows(rc, records, r.warnings);
+  r.route = route_report(rc, r.dispatch, r.combine);
   return r;
 }
 

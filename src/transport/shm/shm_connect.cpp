@@ -60,82 +60,114 @@ class ConnectedShmTransport final : public ShmTransport {
 
 std::string control_name(std::uint64_t job_id) { return "/" + ShmTransport::segment_prefix(job_id) + "ctl"; }
 
-}  // namespace
-
-std::unique_ptr<Transport> connect_shm(Bootstrap& b, const ConnectOptions& options) {
-  const int rank = b.rank(), P = b.size();
-  const std::string me = "rank " + std::to_string(rank) + ": connect (shm): ";
+/// The shm transport maps one machine's memory: every rank on one node, or an error naming
+/// the node of each rank.
+void require_one_node(Bootstrap& b, const std::string& me) {
+  const int P = b.size();
   const NodeMap nodes = discover_nodes(b);
-  if (nodes.num_nodes != 1) {
-    std::string where;
-    for (int r = 0; r < P; ++r) where += (r ? ", " : "") + std::to_string(nodes.node_of_rank[static_cast<std::size_t>(r)]);
-    throw Error(ErrorCode::kInvalidArgument,
-                me + "the shm transport needs every rank on one node, but the " + std::to_string(P) + " ranks are on " +
-                    std::to_string(nodes.num_nodes) + " nodes (node of each rank: " + where +
-                    "); use the shmem transport across nodes");
-  }
+  if (nodes.num_nodes == 1) return;
+  std::string where;
+  for (int r = 0; r < P; ++r) where += (r ? ", " : "") + std::to_string(nodes.node_of_rank[static_cast<std::size_t>(r)]);
+  throw Error(ErrorCode::kInvalidArgument,
+              me + "the shm transport needs every rank on one node, but the " + std::to_string(P) + " ranks are on " +
+                  std::to_string(nodes.num_nodes) + " nodes (node of each rank: " + where +
+                  "); use the shmem transport across nodes");
+}
 
-  // 1. Who is who: pids and start times for the liveness checks, rank 0's nonce names the job.
+/// Who is who: pids and start times for the liveness checks; rank 0's nonce names the job.
+std::vector<Hello> exchange_hellos(Bootstrap& b) {
   Hello mine;
   const ProcessIdentity self = ProcessIdentity::self();
   mine.pid = self.pid;
   mine.start_time = self.start_time;
   mine.pid_ns = self.pid_ns;
-  if (rank == 0) {
+  if (b.rank() == 0) {
     std::random_device rd;
     mine.nonce = (static_cast<std::uint64_t>(rd()) << 32 ^ rd()) ^
                  static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   }
-  std::vector<Hello> hello(static_cast<std::size_t>(P));
+  std::vector<Hello> hello(static_cast<std::size_t>(b.size()));
   b.allgather(&mine, hello.data(), sizeof(Hello));
-  const std::uint64_t job_id = hello[0].nonce;
-  const std::string name = control_name(job_id);
-  const std::size_t bytes = (ControlBlock::bytes_for(P) + 4095) / 4096 * 4096;
+  return hello;
+}
 
-  // 2. Rank 0 creates the control block; 3. the others map it; then every rank unlinks the
-  // name (only the first unlink finds it). Any rank's failure fails every rank.
+/// The control block while it is set up: its /dev/shm name, its size and this rank's mapping.
+struct ControlMapping {
+  std::string name;
+  std::size_t bytes = 0;
   void* memory = MAP_FAILED;
-  auto unmap = [&] {
+
+  /// A failed step, on any rank: nothing left in /dev/shm, nothing mapped.
+  void abandon() noexcept {
+    shm_unlink(name.c_str());
     if (memory != MAP_FAILED) munmap(memory, bytes);
     memory = MAP_FAILED;
-  };
-  auto step = [&](bool mine_to_do, auto&& body) {
-    try {
-      agree_on_step(b, [&] {
-        if (mine_to_do) body();
-      });
-    } catch (...) {
-      shm_unlink(name.c_str());
-      unmap();
-      throw;
-    }
-  };
-  step(rank == 0, [&] {
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) throw Error(ErrorCode::kIo, me + "cannot create the control block " + name + ": " + std::strerror(errno), rank);
-    const bool sized = ftruncate(fd, static_cast<off_t>(bytes)) == 0;
-    if (sized) memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    const int err = errno;
-    close(fd);
-    if (!sized || memory == MAP_FAILED)
-      throw Error(ErrorCode::kIo, me + "cannot size or map the control block " + name + ": " + std::strerror(err), rank);
-    ControlBlock* c = ControlBlock::create(memory, P, job_id);
-    for (int r = 0; r < P; ++r) {
-      const Hello& h = hello[static_cast<std::size_t>(r)];
-      record_identity(ProcessIdentity{h.pid, h.start_time, h.pid_ns}, c->ranks()[r]);
-    }
-  });
-  step(rank != 0, [&] {
-    const int fd = shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd < 0) throw Error(ErrorCode::kIo, me + "cannot open rank 0's control block " + name + ": " + std::strerror(errno), rank);
-    memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    const int err = errno;
-    close(fd);
-    if (memory == MAP_FAILED)
-      throw Error(ErrorCode::kIo, me + "cannot map rank 0's control block " + name + ": " + std::strerror(err), rank);
-  });
-  shm_unlink(name.c_str());  // every rank holds a mapping (or failed above): nothing left in /dev/shm
-  return std::make_unique<ConnectedShmTransport>(static_cast<ControlBlock*>(memory), bytes, rank, options);
+  }
+};
+
+/// One setup step that every rank agrees on: `body` runs where it is `mine_to_do`, and any
+/// rank's failure fails every rank, each abandoning the control block.
+template <class Body>
+void agreed_step(Bootstrap& b, ControlMapping& control, bool mine_to_do, Body&& body) {
+  try {
+    agree_on_step(b, [&] {
+      if (mine_to_do) body();
+    });
+  } catch (...) {
+    control.abandon();
+    throw;
+  }
+}
+
+/// Rank 0: the control block created, sized, mapped, and every rank's identity recorded in it.
+void create_control_block(ControlMapping& control, std::uint64_t job_id, const std::vector<Hello>& hello, int rank,
+                          const std::string& me) {
+  const int P = static_cast<int>(hello.size());
+  const int fd = shm_open(control.name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0)
+    throw Error(ErrorCode::kIo, me + "cannot create the control block " + control.name + ": " + std::strerror(errno), rank);
+  const bool sized = ftruncate(fd, static_cast<off_t>(control.bytes)) == 0;
+  if (sized) control.memory = mmap(nullptr, control.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (!sized || control.memory == MAP_FAILED)
+    throw Error(ErrorCode::kIo, me + "cannot size or map the control block " + control.name + ": " + std::strerror(err),
+                rank);
+  ControlBlock* c = ControlBlock::create(control.memory, P, job_id);
+  for (int r = 0; r < P; ++r) {
+    const Hello& h = hello[static_cast<std::size_t>(r)];
+    record_identity(ProcessIdentity{h.pid, h.start_time, h.pid_ns}, c->ranks()[r]);
+  }
+}
+
+/// The other ranks: rank 0's control block mapped.
+void map_control_block(ControlMapping& control, int rank, const std::string& me) {
+  const int fd = shm_open(control.name.c_str(), O_RDWR, 0600);
+  if (fd < 0)
+    throw Error(ErrorCode::kIo, me + "cannot open rank 0's control block " + control.name + ": " + std::strerror(errno),
+                rank);
+  control.memory = mmap(nullptr, control.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (control.memory == MAP_FAILED)
+    throw Error(ErrorCode::kIo, me + "cannot map rank 0's control block " + control.name + ": " + std::strerror(err), rank);
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> connect_shm(Bootstrap& b, const ConnectOptions& options) {
+  const int rank = b.rank(), P = b.size();
+  const std::string me = "rank " + std::to_string(rank) + ": connect (shm): ";
+  require_one_node(b, me);
+  const std::vector<Hello> hello = exchange_hellos(b);
+  const std::uint64_t job_id = hello[0].nonce;
+  ControlMapping control{control_name(job_id), (ControlBlock::bytes_for(P) + 4095) / 4096 * 4096};
+  // Rank 0 creates the control block, the others map it; then every rank unlinks the name
+  // (only the first unlink finds it).
+  agreed_step(b, control, rank == 0, [&] { create_control_block(control, job_id, hello, rank, me); });
+  agreed_step(b, control, rank != 0, [&] { map_control_block(control, rank, me); });
+  shm_unlink(control.name.c_str());  // every rank holds a mapping (or failed above): nothing left in /dev/shm
+  return std::make_unique<ConnectedShmTransport>(static_cast<ControlBlock*>(control.memory), control.bytes, rank, options);
 }
 
 }  // namespace epx::detail
