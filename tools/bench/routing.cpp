@@ -316,19 +316,13 @@ void check_group_limit(int groups, int topk_groups, int experts, int topk, doubl
 
 BenchProblem make_problem(const BenchOptions& o) { return o.routing.empty() ? generate(o) : load(o); }
 
-RouteCount count_routes(int ranks, int experts, int topk, const std::vector<const std::int64_t*>& topk_idx,
-                        const std::vector<std::int64_t>& tokens, std::size_t x_row_bytes, std::size_t y_row_bytes,
-                        bool expanded, int alignment) {
-  const int P = ranks, E = experts, K = topk, L = experts / ranks;
-  const auto up = [](int n) { return static_cast<std::size_t>(n); };
-  RouteCount c;
-  c.ranks = P;
-  c.experts = E;
-  c.topk = K;
-  c.expanded = expanded;
-  c.x_row_bytes = x_row_bytes;
-  c.y_row_bytes = y_row_bytes;
-  c.tokens = tokens;
+namespace {
+
+std::size_t up(int n) { return static_cast<std::size_t>(n); }
+
+/// Every counter of `c` sized for its ranks and experts, at zero.
+void zero_counters(RouteCount& c) {
+  const int P = c.ranks, E = c.experts;
   c.sent_rows.assign(up(P), 0);
   c.sent_local_rows.assign(up(P), 0);
   c.recv_rows.assign(up(P), 0);
@@ -340,38 +334,44 @@ RouteCount count_routes(int ranks, int experts, int topk, const std::vector<cons
   c.out_rows.assign(up(P), 0);
   c.expert_rows.assign(up(E), 0);
   c.pair_rows.assign(up(P) * up(P), 0);
-  const int max_dest = std::min(K, P);
+  const int max_dest = std::min(c.topk, P);
   c.unique_dest_hist.assign(up(P), std::vector<std::int64_t>(up(max_dest) + 1, 0));
-  std::vector<std::int64_t> seen(up(P), -1);  // token id that last reached each rank
-  std::int64_t token_id = 0;
-  for (int s = 0; s < P; ++s) {
-    for (std::int64_t t = 0; t < tokens[up(s)]; ++t, ++token_id) {
-      int unique = 0;
-      for (int k = 0; k < K; ++k) {
-        const std::int64_t e = topk_idx[up(s)][t * K + k];
-        if (e < 0) continue;
-        ++c.expert_rows[static_cast<std::size_t>(e)];
-        const int d = static_cast<int>(e / L);
-        ++c.recv_slots[up(d)];
-        ++c.sent_slots[up(s)];
-        ++c.pair_slots[up(s) * up(P) + up(d)];
-        if (d == s) ++c.recv_local_slots[up(d)];
-        if (seen[up(d)] == token_id) continue;
-        seen[up(d)] = token_id;
-        ++unique;
-        ++c.sent_rows[up(s)];
-        ++c.recv_rows[up(d)];
-        ++c.pair_rows[up(s) * up(P) + up(d)];
-        if (d == s) {
-          ++c.sent_local_rows[up(s)];
-          ++c.recv_local_rows[up(d)];
-        }
-      }
-      ++c.unique_dest_hist[up(s)][up(unique)];
+}
+
+/// Rank s's token `token_id` counted: its K slots (-1 = none) as slots at their experts' ranks,
+/// and as one row per unique destination rank (`seen`: the token that last reached each rank).
+void count_token(RouteCount& c, int s, const std::int64_t* slots, int L, std::int64_t token_id,
+                 std::vector<std::int64_t>& seen) {
+  const int P = c.ranks;
+  int unique = 0;
+  for (int k = 0; k < c.topk; ++k) {
+    const std::int64_t e = slots[k];
+    if (e < 0) continue;
+    ++c.expert_rows[static_cast<std::size_t>(e)];
+    const int d = static_cast<int>(e / L);
+    ++c.recv_slots[up(d)];
+    ++c.sent_slots[up(s)];
+    ++c.pair_slots[up(s) * up(P) + up(d)];
+    if (d == s) ++c.recv_local_slots[up(d)];
+    if (seen[up(d)] == token_id) continue;
+    seen[up(d)] = token_id;
+    ++unique;
+    ++c.sent_rows[up(s)];
+    ++c.recv_rows[up(d)];
+    ++c.pair_rows[up(s) * up(P) + up(d)];
+    if (d == s) {
+      ++c.sent_local_rows[up(s)];
+      ++c.recv_local_rows[up(d)];
     }
   }
-  for (int d = 0; d < P; ++d) {
-    if (!expanded) {
+  ++c.unique_dest_hist[up(s)][up(unique)];
+}
+
+/// The dispatch output's rows per rank: the compact rows, or in the expanded layout each local
+/// expert's slots padded to `alignment`.
+void count_output_rows(RouteCount& c, int L, int alignment) {
+  for (int d = 0; d < c.ranks; ++d) {
+    if (!c.expanded) {
       c.out_rows[up(d)] = c.recv_rows[up(d)];
       continue;
     }
@@ -380,6 +380,28 @@ RouteCount count_routes(int ranks, int experts, int topk, const std::vector<cons
       c.out_rows[up(d)] += (n + alignment - 1) / alignment * alignment;
     }
   }
+}
+
+}  // namespace
+
+RouteCount count_routes(int ranks, int experts, int topk, const std::vector<const std::int64_t*>& topk_idx,
+                        const std::vector<std::int64_t>& tokens, std::size_t x_row_bytes, std::size_t y_row_bytes,
+                        bool expanded, int alignment) {
+  const int P = ranks, K = topk, L = experts / ranks;
+  RouteCount c;
+  c.ranks = P;
+  c.experts = experts;
+  c.topk = K;
+  c.expanded = expanded;
+  c.x_row_bytes = x_row_bytes;
+  c.y_row_bytes = y_row_bytes;
+  c.tokens = tokens;
+  zero_counters(c);
+  std::vector<std::int64_t> seen(up(P), -1);  // token id that last reached each rank
+  std::int64_t token_id = 0;
+  for (int s = 0; s < P; ++s)
+    for (std::int64_t t = 0; t < tokens[up(s)]; ++t, ++token_id) count_token(c, s, topk_idx[up(s)] + t * K, L, token_id, seen);
+  count_output_rows(c, L, alignment);
   return c;
 }
 
