@@ -1,4 +1,4 @@
-// The HTML report (src/tools/html/) and the progress line (epx/bench/progress.hpp): the page
+// The HTML report (tools/cli/html/) and the progress line (epx/bench/progress.hpp): the page
 // carries exactly the data the tool's JSON has, no value can end its script element, it loads
 // nothing, and `epx html` refuses what is not one bench run. Drawing is checked in a browser
 // (tests/html/check_pages.py).
