@@ -1,10 +1,14 @@
 // PPBuffer across P ranks (docs/spec.md §9): seeded random programs of sends to random peers with at
 // most the in-flight bound outstanding, every byte checked against the reference's message
-// function (tests/reference/pp_engram.hpp); the errors of send and recv.
+// function (tests/reference/pp_engram.hpp), under every completion protocol a transport
+// runs (PPConfig::protocol), also over puts that land late (deferred_put_transport.hpp);
+// the errors of send and recv, and the protocols the support table refuses.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <thread>
 
+#include "deferred_put_transport.hpp"
 #include "pp_engram_checks.hpp"
 
 namespace epx::testing {
@@ -16,6 +20,8 @@ struct ProgramCase {
   int inflight;
   std::size_t chunk_bytes = 0;  // small chunks: messages of >= 4 chunks stream on mapped transports
   bool planned = false;         // receives into tensors planned in the buffer's window
+  std::optional<Protocol> protocol{};  // PPConfig::protocol (unset: the table's pick)
+  int deferred = 0;  // 0: the transport itself; 1, 2: under a DeferredPutTransport, its signals unordered / ordered
 };
 
 class PPRandom : public ::testing::TestWithParam<ProgramCase> {};
@@ -33,9 +39,12 @@ TEST_P(PPRandom, EveryByteOfEveryMessageInOrder) {
     lo.num_ranks = P;
     lo.transport = c.kind;
     lo.timeout = std::chrono::milliseconds(20000);
-    launch(lo, [&](Transport& t) {
+    launch(lo, [&](Transport& world) {
+      std::optional<DeferredPutTransport> deferred;
+      if (c.deferred) deferred.emplace(world, c.deferred == 2, false);
+      Transport& t = deferred ? static_cast<Transport&>(*deferred) : world;
       PPBuffer pp(t, {.num_max_tensor_bytes = max_bytes, .num_max_inflight_tensors = c.inflight, .links = links,
-                      .chunk_bytes = c.chunk_bytes},
+                      .chunk_bytes = c.chunk_bytes, .protocol = c.protocol},
                   c.planned ? pp_receive_plan(max_bytes) : BufferAllocator{});
       run_program(pp, prog, t.rank(), c.planned);
       for (int q = 0; q < P; ++q) {
@@ -63,12 +72,27 @@ INSTANTIATE_TEST_SUITE_P(Transports, PPRandom,
                                            ProgramCase{TransportKind::kThreads, "ring", 1, 256, true},
                                            ProgramCase{TransportKind::kShm, "all", 3, 192, true},
                                            ProgramCase{TransportKind::kShm, "chain", 1, 0, true},
-                                           ProgramCase{TransportKind::kSim, "all", 2, 256, true}),
+                                           ProgramCase{TransportKind::kSim, "all", 2, 256, true},
+                                           // the completion protocols (PPConfig::protocol)
+                                           ProgramCase{TransportKind::kThreads, "all", 2, 0, false, Protocol::kFlag},
+                                           ProgramCase{TransportKind::kShm, "all", 3, 0, false, Protocol::kFlag},
+                                           ProgramCase{TransportKind::kShm, "ring", 3, 256, false, Protocol::kFlag},
+                                           ProgramCase{TransportKind::kThreads, "all", 2, 192, true, Protocol::kFlag},
+                                           ProgramCase{TransportKind::kShm, "chain", 1, 0, true, Protocol::kFlag},
+                                           ProgramCase{TransportKind::kThreads, "all", 2, 256, false, Protocol::kExplicit},
+                                           ProgramCase{TransportKind::kSim, "all", 2, 0, false, Protocol::kExplicit},
+                                           ProgramCase{TransportKind::kShm, "all", 1, 192, true, Protocol::kTail},
+                                           // puts that land late: explicit (the pick without ordered signals), tail
+                                           ProgramCase{TransportKind::kThreads, "all", 2, 0, false, std::nullopt, 1},
+                                           ProgramCase{TransportKind::kThreads, "ring", 3, 0, false, Protocol::kExplicit, 2},
+                                           ProgramCase{TransportKind::kThreads, "all", 2, 0, false, Protocol::kTail, 2}),
                          [](const auto& info) {
                            return std::string(to_string(info.param.kind)) + "_" + info.param.links + "_" +
                                   std::to_string(info.param.inflight) +
                                   (info.param.chunk_bytes ? "_chunks" + std::to_string(info.param.chunk_bytes) : "") +
-                                  (info.param.planned ? "_planned" : "");
+                                  (info.param.planned ? "_planned" : "") +
+                                  (info.param.protocol ? std::string("_") + to_string(*info.param.protocol) : "") +
+                                  (info.param.deferred ? (info.param.deferred == 2 ? "_deferred_ordered" : "_deferred") : "");
                          });
 
 template <class F>
@@ -205,6 +229,31 @@ TEST(PPErrors, ConfigThatDiffersFailsEveryRankNamingIt) {
     });
     expect_error(r, ErrorCode::kInvalidArgument, {"num_max_inflight_tensors = 0"},
                  [&] { PPBuffer pp(t, {.num_max_tensor_bytes = 32, .num_max_inflight_tensors = 0}); });
+  });
+}
+
+// A protocol the transport cannot run is refused on every rank at construction, naming the
+// kind, the protocol and the guarantee it lacks (epx/spi/kind_support.hpp); a protocol that
+// differs between ranks is a config difference.
+TEST(PPErrors, AProtocolTheTransportCannotRunIsRefusedNamingWhy) {
+  LaunchOptions lo{.num_ranks = 2, .transport = TransportKind::kThreads, .timeout = std::chrono::milliseconds(20000)};
+  launch(lo, [](Transport& world) {
+    const int r = world.rank();
+    DeferredPutTransport unordered(world, false, true);
+    expect_error(r, ErrorCode::kUnsupported, {"rank " + std::to_string(r), "pp (slots)", "'tail'", "ordered", "deferred"}, [&] {
+      PPBuffer pp(unordered, {.num_max_tensor_bytes = 64, .num_max_inflight_tensors = 1, .links = {}, .chunk_bytes = 0, .protocol = Protocol::kTail});
+    });
+    expect_error(r, ErrorCode::kUnsupported, {"pp (slots)", "'flag'", "mapped", "deferred"}, [&] {
+      PPBuffer pp(unordered, {.num_max_tensor_bytes = 64, .num_max_inflight_tensors = 1, .links = {}, .chunk_bytes = 0, .protocol = Protocol::kFlag});
+    });
+    expect_error(r, ErrorCode::kInvalidArgument, {"rank 1", "protocol", "flag vs tail"}, [&] {
+      PPBuffer pp(world, {.num_max_tensor_bytes = 64, .num_max_inflight_tensors = 1, .links = {}, .chunk_bytes = 0, .protocol = r == 1 ? Protocol::kFlag : Protocol::kTail});
+    });
+  });
+  LaunchOptions sim{.num_ranks = 2, .transport = TransportKind::kSim, .timeout = std::chrono::milliseconds(20000)};
+  launch(sim, [](Transport& t) {  // the simulator states mapped caps but lends no peer window
+    expect_error(t.rank(), ErrorCode::kUnsupported, {"pp.create", "'flag'", "mapped"},
+                 [&] { PPBuffer pp(t, {.num_max_tensor_bytes = 64, .num_max_inflight_tensors = 1, .links = {}, .chunk_bytes = 0, .protocol = Protocol::kFlag}); });
   });
 }
 
