@@ -8,8 +8,9 @@ the inputs every rank is known to have (integer-valued float32 below 2^24: every
 order gives the same bits, so the check is exact on any backend). Prints one line per check
 and "dist_smoke: rank R of P on HOST: N checks passed" at the end.
 
---mixed K: instead, K rounds of (all_to_all_single of several MB per pair, then a barrier on a
-gloo group), the pattern of a job that mixes an epx group with gloo.
+--mixed K: after the checks, K rounds of (all_to_all_single of several MB per pair, then a
+barrier on a gloo group), the pattern of a job that mixes an epx group with gloo (one more
+check).
 
 --loop S: after the checks, repeat a checked all_reduce for S seconds, printing
 "dist_smoke: rank R iteration K" each time (the fault tests kill a rank or cut the link while
@@ -119,18 +120,18 @@ class Smoke:
             if me == P - 1:
                 time.sleep(0.2)  # the last rank comes late to the barrier: its peers are done and wait
             dist.barrier(group=gloo)
+            print(f"dist_smoke: rank {me}: mixed round {k} done", flush=True)  # where a stalled run stopped
         self.checks += 1
         print(f"dist_smoke: rank {me}: {self.a.mixed} rounds of all_to_all_single then a gloo barrier ok", flush=True)
 
     def run(self):
-        if self.a.mixed:  # that pattern alone
+        self.all_reduce()
+        self.all_gather()
+        self.all_to_all()
+        self.broadcast()
+        self.send_recv()
+        if self.a.mixed:
             self.mixed()
-        else:
-            self.all_reduce()
-            self.all_gather()
-            self.all_to_all()
-            self.broadcast()
-            self.send_recv()
         dist.barrier()
         pg = dist.distributed_c10d._get_default_group()
         kind = getattr(getattr(pg, "_transport", None), "name", None)  # epx's transport (shm, ucx, ...)

@@ -13,11 +13,14 @@ Each machine i runs Debian's `/usr/bin/python3 -m torch.distributed.run --nnodes
 --nproc_per_node K --rdzv_backend c10d --rdzv_endpoint 10.201.0.1:PORT --rdzv_id ID PROGRAM
 ARGS` (torch 1.13 spells the options with underscores) inside
 
-    timeout -k 10 T ip netns exec NS unshare --uts --mount --ipc --propagation private sh -c
+    timeout -k 10 T ip netns exec NS unshare --uts --mount --ipc --pid --fork --mount-proc
+        --kill-child --propagation private sh -c
         'hostname NS; mount -t tmpfs tmpfs /dev/shm; mount --bind HOSTS /etc/hosts; ...'
 
 so that each machine has its own hostname, IPC namespace and /dev/shm (nothing crosses
-through shared memory: epx's and UCX's shared-memory paths see only their own machine) and
+through shared memory: epx's and UCX's shared-memory paths see only their own machine), its
+own pid namespace and /proc (nothing crosses by cross-memory attach either: process_vm_readv
+between two machines' ranks fails, as it does between real machines) and
 an /etc/hosts naming both machines (torchrun hands its workers MASTER_ADDR = rank 0's
 hostname, and gloo picks the interface its hostname resolves to, as on real machines).
 
@@ -133,6 +136,7 @@ class Run:
         self.agents_stopped = []
         self.fault = None
         self.cmd = []
+        self.snapshot = ""  # Cluster.snapshot() taken while the run went on (snapshot_after)
 
     @property
     def ok(self):
@@ -150,6 +154,8 @@ class Run:
                + (f", agents stopped after their workers ended: {self.agents_stopped}" if self.agents_stopped else "")]
         if self.fault:
             out.append(f"fault {self.fault.kind} on {self.names[self.fault.machine]}: {self.fault.note}")
+        if self.snapshot:
+            out.append(f"== snapshot {self.snapshot}")
         for i, name in enumerate(self.names):
             out.append(f"== {name}: {' '.join(shlex.quote(a) for a in self.cmd[i][-8:])} -> rc {self.rc[i]}")
             out.append(_tail(self.agent[i], limit))
@@ -224,7 +230,8 @@ class Cluster:
         """argv run on machine i, under `timeout`."""
         ns = self.names[i]
         return ["timeout", "-k", "10", str(int(timeout)), "ip", "netns", "exec", ns, "unshare", "--uts", "--mount",
-                "--ipc", "--propagation", "private", "/bin/sh", "-c", _INSIDE, "inside", ns, self.hosts, shmlog] + list(argv)
+                "--ipc", "--pid", "--fork", "--mount-proc", "--kill-child", "--propagation", "private", "/bin/sh", "-c",
+                _INSIDE, "inside", ns, self.hosts, shmlog] + list(argv)
 
     def tx_bytes(self, i):
         r = machines.sh("ip", "-j", "-s", "-n", self.names[i], "link", "show", "eth1")
@@ -263,10 +270,15 @@ class Cluster:
 
     # -- a job ------------------------------------------------------------------------
     def torchrun(self, program, args=(), nproc=2, timeout=120, env=None, fault=None, port=29400,
-                 monitor_interval=1, agent_grace=30, python=PYTHON):
+                 monitor_interval=1, agent_grace=30, python=PYTHON, snapshot_after=None):
         """Run `program args` with torchrun on every machine (nproc workers each); returns a
         Run. `timeout` bounds each machine's torchrun; once every worker has ended, an agent
-        still running after `agent_grace` seconds is stopped (run.agents_stopped)."""
+        still running after `agent_grace` seconds is stopped (run.agents_stopped).
+        `snapshot_after` seconds (default: EPX_TORCHRUN_SNAPSHOT, else none) with workers still
+        running: run.snapshot gets each machine's TCP sockets and every worker's threads'
+        stacks (snapshot()), the evidence of a stalled run."""
+        if snapshot_after is None and os.environ.get("EPX_TORCHRUN_SNAPSHOT"):
+            snapshot_after = float(os.environ["EPX_TORCHRUN_SNAPSHOT"])
         self.runs += 1
         n = len(self.names)
         rdir = os.path.join(self.dir, f"run{self.runs}")
@@ -310,6 +322,8 @@ class Cluster:
                     break
                 if fault and fault.done_at is None:
                     self._maybe_fault(fault, rdir, nproc, t0)
+                if snapshot_after is not None and not run.snapshot and now - t0 > snapshot_after:
+                    run.snapshot = f"at {now - t0:.1f} s:\n" + self.snapshot()
                 if all_done is None and len(glob.glob(os.path.join(wdir, "*.rc"))) == n * nproc:
                     all_done = now
                 if all_done is not None and now - all_done > agent_grace and (not fault or fault.done_at is not None):
@@ -344,6 +358,25 @@ class Cluster:
             run.workers.append(Worker(i, int(lr), int(r), _read(path), _read(path[:-4] + ".err"), rc, ended))
         run.workers.sort(key=lambda w: w.rank)
         return run
+
+    def snapshot(self):
+        """What every machine's TCP sockets hold (ss: queues, retransmissions, timers) and where
+        every worker's threads are (gdb, UCX's and epx's frames), as text."""
+        out = []
+        for i, ns in enumerate(self.names):
+            r = machines.sh("ip", "netns", "exec", ns, "ss", "-tnpioe", check=False)
+            out.append(f"-- {ns}: ss -tnpioe\n" + "\n".join(ln for ln in r.stdout.splitlines() if "cgroup2" not in ln))
+        for i, ns in enumerate(self.names):
+            for rank, (pid, _) in sorted(self.workers_running(i).items()):
+                cmd = ["gdb", "-p", str(pid), "-batch", "-nx", "-iex", "set auto-solib-add off", "-ex",
+                       "sharedlibrary libuc|_epx|libc.so|libstdc", "-ex", "thread apply all bt 20"]
+                try:
+                    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=90)
+                    text = "\n".join(ln for ln in r.stdout.splitlines() if ln.startswith(("#", "Thread")))
+                except (OSError, subprocess.TimeoutExpired) as e:
+                    text = f"(no stacks: {e})"
+                out.append(f"-- rank {rank} (pid {pid}) on {ns}:\n{text}")
+        return "\n".join(out)
 
     def _stop(self, procs):
         for p in procs:

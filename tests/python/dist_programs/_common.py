@@ -54,15 +54,26 @@ class Checks:
     def finish(self, summary, group=None):
         """Every rank's failures, gathered over `group` (the default group if None); rank 0
         prints them or the summary line; exits 1 on any failure."""
-        verdicts = [None] * dist.get_world_size(group)
-        dist.all_gather_object(verdicts, (self.rank, self.n, self.failed), group=group)
-        bad = [(r, f) for r, _, fs in verdicts for f in fs]
-        if self.rank == 0:
+        finish_all([(self, summary)], group)
+
+
+def finish_all(results, group=None):
+    """finish() of several programs run one after another in one job: [(Checks, summary)],
+    one gather of every rank's verdicts; rank 0 prints each program's failures or summary
+    line; exits 1 if any program failed on any rank."""
+    verdicts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(verdicts, [(c.rank, c.n, c.failed) for c, _ in results], group=group)
+    failed = False
+    for i, (c, summary) in enumerate(results):
+        mine = [v[i] for v in verdicts]
+        bad = [(r, f) for r, _, fs in mine for f in fs]
+        failed = failed or bool(bad)
+        if c.rank == 0:
             if bad:
                 for r, f in bad:
-                    print(f"{self.prog}: FAILED on rank {r}: {f}", file=sys.stderr, flush=True)
-                print(f"{self.prog}: FAILED {len(bad)} of {sum(v[1] for v in verdicts)} checks ({summary})", flush=True)
+                    print(f"{c.prog}: FAILED on rank {r}: {f}", file=sys.stderr, flush=True)
+                print(f"{c.prog}: FAILED {len(bad)} of {sum(v[1] for v in mine)} checks ({summary})", flush=True)
             else:
-                print(f"{self.prog}: OK {sum(v[1] for v in verdicts)} checks; {summary}", flush=True)
-        dist.destroy_process_group()
-        sys.exit(1 if bad else 0)
+                print(f"{c.prog}: OK {sum(v[1] for v in mine)} checks; {summary}", flush=True)
+    dist.destroy_process_group()
+    sys.exit(1 if failed else 0)

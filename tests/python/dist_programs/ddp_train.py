@@ -38,10 +38,9 @@ def train(pg, rank, size, steps):
     return torch.tensor(losses), torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def main():
-    a = setup("ddp_train", __doc__.split("\n\n")[0], lambda ap: ap.add_argument("--steps", type=int, default=8))
+def run(a, c):
+    """The checks on this rank (into c); returns the summary line's text."""
     gloo = dist.new_group(backend="gloo") if a.backend != "gloo" else None
-    c = Checks("ddp_train", a.rank)
     losses, params = train(None, a.rank, a.size, a.steps)
     ref_losses, ref_params = train(gloo, a.rank, a.size, a.steps)
     c.close("loss curve against gloo's", losses, ref_losses, rtol=1e-5, atol=1e-6)
@@ -51,8 +50,18 @@ def main():
     dist.all_gather(everyone, params, group=gloo)  # through gloo: not the backend checking itself
     for r, p in enumerate(everyone):
         c.equal(f"final parameters of rank {r} against rank {a.rank}'s", p, params)
-    c.finish(f"backend {a.backend}, {a.size} ranks, {a.steps} DDP steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
-             f"max |loss - gloo's| {(losses - ref_losses).abs().max().item():.2e}")
+    return (f"backend {a.backend}, {a.size} ranks, {a.steps} DDP steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
+            f"max |loss - gloo's| {(losses - ref_losses).abs().max().item():.2e}")
+
+
+def options(ap):
+    ap.add_argument("--steps", type=int, default=8)
+
+
+def main():
+    a = setup("ddp_train", __doc__.split("\n\n")[0], options)
+    c = Checks("ddp_train", a.rank)
+    c.finish(run(a, c))
 
 
 if __name__ == "__main__":

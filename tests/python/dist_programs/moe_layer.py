@@ -103,9 +103,12 @@ def moe_reference(x, router, w1, w2):
     return y
 
 
-def main():
-    a = setup("moe_layer", __doc__.split("\n\n")[0], lambda ap: ap.add_argument("--tokens", type=int, default=40))
-    c = Checks("moe_layer", a.rank)
+def options(ap):
+    ap.add_argument("--tokens", type=int, default=40)
+
+
+def run(a, c):
+    """The checks on this rank (into c); returns the summary line's text."""
     P, r, T = a.size, a.rank, a.tokens
     E = P * EXPERTS_PER_RANK
     router0, w1_all, w2_all = make_params(E)
@@ -132,8 +135,14 @@ def main():
     uneven = torch.tensor([len(set(in_splits)) > 1], dtype=torch.int32)
     dist.all_reduce(uneven)
     c.true("the splits were uneven somewhere", int(uneven) > 0, "every rank sent every rank the same count")
-    c.finish(f"backend {a.backend}, {P} ranks, {E} experts top-{TOPK}, {T} tokens a rank; rank 0 sent "
-             f"{in_splits} and received {out_splits} rows; forward and backward equal to one process's")
+    return (f"backend {a.backend}, {P} ranks, {E} experts top-{TOPK}, {T} tokens a rank; rank 0 sent "
+            f"{in_splits} and received {out_splits} rows; forward and backward equal to one process's")
+
+
+def main():
+    a = setup("moe_layer", __doc__.split("\n\n")[0], options)
+    c = Checks("moe_layer", a.rank)
+    c.finish(run(a, c))
 
 
 if __name__ == "__main__":

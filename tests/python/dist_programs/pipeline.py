@@ -53,9 +53,8 @@ def reference(pipes):
     return losses, full
 
 
-def main():
-    a = setup("pipeline", __doc__.split("\n\n")[0])
-    c = Checks("pipeline", a.rank)
+def run(a, c):
+    """The checks on this rank (into c); returns the summary line's text."""
     P, r = a.size, a.rank
     if P % 2:
         raise SystemExit("pipeline: needs an even number of ranks")
@@ -114,8 +113,14 @@ def main():
     c.close("loss curve", torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
     c.close(f"stage {stage} parameters after {STEPS} steps", flat(part), flat(ref[:3] if stage == 0 else ref[3:]),
             rtol=1e-4, atol=1e-6)
-    c.finish(f"backend {a.backend}, {P} ranks = {half} pipelines x 2 stages, {MICRO} micro-batches, {STEPS} steps, "
-             f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, equal to the unsplit model's")
+    return (f"backend {a.backend}, {P} ranks = {half} pipelines x 2 stages, {MICRO} micro-batches, {STEPS} steps, "
+            f"loss {losses[0]:.4f} -> {losses[-1]:.4f}, equal to the unsplit model's")
+
+
+def main():
+    a = setup("pipeline", __doc__.split("\n\n")[0])
+    c = Checks("pipeline", a.rank)
+    c.finish(run(a, c))
 
 
 if __name__ == "__main__":
