@@ -675,6 +675,103 @@ TEST(ConnectUcx, KilledRankOnTheOtherMachineFailsTheOthersAtOnce) {
   m.remove();
 }
 
+// ---- rounds across machines with waits outside epx ----
+
+std::uint8_t pair_byte(int src, int dst, int round, std::size_t i) {
+  return static_cast<std::uint8_t>(src * 53 + dst * 29 + round * 7 + i * 13 + (i >> 11));
+}
+
+// Messages between every pair as epx's PPBuffer moves them to a peer on another machine: two
+// slots per ordered pair in the receiver's window; a send waits for a free slot (the
+// receiver's released count), puts the bytes, signals the arrived count, then quiets; a
+// receive waits for the arrived count, copies the slot out and signals the released count.
+class Pairs {
+ public:
+  static constexpr std::size_t kMsg = std::size_t{1} << 20;
+  explicit Pairs(Transport& t) : t_(t), P_(t.num_ranks()), sent_(P_, 0), received_(P_, 0) {
+    t_.allocate(2 * kMsg * static_cast<std::size_t>(P_), 2 * static_cast<std::size_t>(P_));
+  }
+  void send(int dst, const std::uint8_t* data, std::size_t n) {
+    std::uint64_t& m = sent_[static_cast<std::size_t>(dst)];
+    if (m >= 2) t_.wait_signal(static_cast<std::size_t>(P_ + dst), m - 1, WaitPoint{"pairs: a free slot", dst});
+    t_.put(dst, slot(t_.rank(), m), data, n, 0);
+    t_.signal(dst, static_cast<std::size_t>(t_.rank()), ++m, 0);
+    t_.quiet(0);
+  }
+  void recv(int src, std::uint8_t* out, std::size_t n) {
+    std::uint64_t& m = received_[static_cast<std::size_t>(src)];
+    t_.wait_signal(static_cast<std::size_t>(src), m + 1, WaitPoint{"pairs: a message", src});
+    std::memcpy(out, t_.window() + slot(src, m), n);
+    t_.signal(src, static_cast<std::size_t>(P_ + t_.rank()), ++m, 0);
+  }
+
+ private:
+  std::size_t slot(int src, std::uint64_t m) const { return (2 * static_cast<std::size_t>(src) + m % 2) * kMsg; }
+  Transport& t_;
+  int P_;
+  std::vector<std::uint64_t> sent_, received_;
+};
+
+// epx.distributed's all_to_all_single across machines, then the application's own barrier
+// (test_torchrun's mixed rounds): a pairwise exchange of 1 MiB messages (step s sends to
+// rank + s and receives from rank - s, a message each way at a time; every peer first gets
+// its first message), 2-4 MiB per pair and round, every byte checked; then a barrier of the
+// test's own bootstrap (no UCX: only the background progress moves the peers' puts
+// meanwhile) that the last rank joins 200 ms late.
+void pairwise_rounds(Bootstrap& b, int rounds) {
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  auto t = connect_ucx(b, std::chrono::seconds(20));
+  const int P = b.size(), me = b.rank();
+  constexpr std::size_t kMsg = Pairs::kMsg;
+  Pairs pairs(*t);
+  const auto bytes = [&](int src, int dst) {
+    return kMsg * static_cast<std::size_t>(2 + (src + dst) % 3) - 4096 * static_cast<std::size_t>(src);
+  };
+  std::vector<std::uint8_t> got;
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<std::vector<std::uint8_t>> out(static_cast<std::size_t>(P));
+    for (int d = 0; d < P; ++d) {
+      auto& o = out[static_cast<std::size_t>(d)];
+      o.resize(bytes(me, d));
+      for (std::size_t i = 0; i < o.size(); ++i) o[i] = pair_byte(me, d, round, i);
+    }
+    const auto send_piece = [&](int dst, std::size_t k) {
+      const auto& o = out[static_cast<std::size_t>(dst)];
+      pairs.send(dst, o.data() + k * kMsg, std::min(kMsg, o.size() - k * kMsg));
+    };
+    for (int s = 1; s < P; ++s) send_piece((me + s) % P, 0);
+    for (int s = 1; s < P; ++s) {
+      const int dst = (me + s) % P, src = (me - s + P) % P;
+      const std::size_t ns = (bytes(me, dst) + kMsg - 1) / kMsg, nr = (bytes(src, me) + kMsg - 1) / kMsg;
+      got.assign(bytes(src, me), 0);
+      for (std::size_t k = 0; k < std::max(ns, nr); ++k) {
+        if (k > 0 && k < ns) send_piece(dst, k);
+        if (k < nr) pairs.recv(src, got.data() + k * kMsg, std::min(kMsg, got.size() - k * kMsg));
+      }
+      for (std::size_t i = 0; i < got.size(); ++i)
+        if (got[i] != pair_byte(src, me, round, i))
+          fail(me, "round " + std::to_string(round) + ": byte " + std::to_string(i) + " from rank " + std::to_string(src) + " differs");
+    }
+    if (me == P - 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    b.barrier();
+  }
+}
+
+// Rounds of epx.distributed's all-to-all across two machines, each followed by a wait outside
+// epx: every byte arrives, no call waits out its timeout.
+TEST(ConnectUcx, PairwiseRoundsAcrossMachinesWithWaitsOutsideEpx) {
+  std::string why;
+  if (!can_make_machines(why)) GTEST_SKIP() << why;
+  NothingLeft nothing_left;
+  ucx::Machines m(2);
+  ASSERT_TRUE(m.ready()) << m.error();
+  const auto start = now_ms();
+  expect_all(run_ranks(4, m.names(), [&](Bootstrap& b) { pairwise_rounds(b, 8); }), "pairwise rounds");
+  std::printf("8 rounds in %lld ms\n", now_ms() - start);
+  m.remove();
+  nothing_left.check();
+}
+
 // ---- closing: the goodbye ----
 
 // Rank 1 (machine 2) is done first: it releases its block and closes its group right after

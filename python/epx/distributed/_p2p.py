@@ -51,6 +51,10 @@ class _P2P:
         self.senders, self.receivers = {}, {}
         self.broken = {}      # peer -> the error that broke the pair
         self.closing = False
+        # One pp.send at a time: the PPBuffer puts every message's header from one staging
+        # word of its own, which a send to another peer from another thread would overwrite
+        # before a put still queued in the transport has read it (over UCX to another machine).
+        self.send_lock = threading.Lock()
 
     # -- threads ---------------------------------------------------------------------------
     def _thread(self, table, peer, fn):
@@ -65,7 +69,11 @@ class _P2P:
         the waiting Work's to report); None once the group is closing."""
         while True:
             try:
-                fn(ptr, n, peer)
+                if fn == self.pp.send:
+                    with self.send_lock:
+                        fn(ptr, n, peer)
+                else:
+                    fn(ptr, n, peer)
                 return True
             except RuntimeError as e:
                 if not _is(e, "timeout"):
@@ -240,9 +248,10 @@ class _P2P:
         if inline:
             try:
                 head = torch.tensor([u8.numel(), _code(tensor.dtype), int(tag), kind], dtype=torch.int64)
-                self.pp.send(head.data_ptr(), _HEAD, dst)  # neither waits: a slot is free for each
-                if u8.numel():
-                    self.pp.send(u8.data_ptr(), u8.numel(), dst)
+                with self.send_lock:  # neither waits: a slot is free for each
+                    self.pp.send(head.data_ptr(), _HEAD, dst)
+                    if u8.numel():
+                        self.pp.send(u8.data_ptr(), u8.numel(), dst)
             except RuntimeError as e:
                 with self.cv:
                     self.busy.discard(dst)
@@ -303,8 +312,13 @@ class _P2P:
         head = torch.tensor([0, 0, 0, _CLOSE], dtype=torch.int64)
         for d in idle:
             try:
-                if self.pp.in_flight(d) < _INFLIGHT:
-                    self.pp.send(head.data_ptr(), _HEAD, d)
+                # a sender thread still inside a send to a lost peer holds the lock for up to
+                # the timeout: a close message is not worth waiting for that
+                if self.pp.in_flight(d) < _INFLIGHT and self.send_lock.acquire(timeout=0.5):
+                    try:
+                        self.pp.send(head.data_ptr(), _HEAD, d)
+                    finally:
+                        self.send_lock.release()
             except RuntimeError:
                 pass
         deadline = time.monotonic() + 2.0  # a receive thread still waiting ends with its peer's close
