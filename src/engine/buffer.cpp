@@ -1,4 +1,4 @@
-// Buffer: construction (config agreement, window layout), input validation at the
+// Buffer: construction (the Setup, setup.cpp; then the window), input validation at the
 // boundary, and the public entry points that run the phases in order.
 #include <algorithm>
 #include <cstring>
@@ -23,130 +23,15 @@ using detail::Status;
 
 std::int64_t DispatchHandle::num_recv_rows() const noexcept { return state_ ? state_->out_rows : 0; }
 
-namespace {
-
-int auto_workers(int num_ranks) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / num_ranks);
-}
-
-std::string check_config(const BufferConfig& c, int P) {
-  if (c.num_experts <= 0) return "num_experts must be > 0, got " + std::to_string(c.num_experts);
-  if (c.num_experts % P != 0)
-    return "num_experts E = " + std::to_string(c.num_experts) + " is not a multiple of the number of ranks P = " +
-           std::to_string(P) + " (E % P must be 0)";
-  if (c.hidden <= 0) return "hidden must be > 0, got " + std::to_string(c.hidden);
-  if (c.num_topk <= 0) return "num_topk must be > 0, got " + std::to_string(c.num_topk);
-  if (c.max_tokens_per_rank < 0) return "max_tokens_per_rank must be >= 0, got " + std::to_string(c.max_tokens_per_rank);
-  if (c.max_recv_rows < 0) return "max_recv_rows must be >= 0, got " + std::to_string(c.max_recv_rows);
-  if (c.num_workers < 0) return "num_workers must be >= 0, got " + std::to_string(c.num_workers);
-  if (c.ring_rows < 0) return "ring_rows must be >= 0, got " + std::to_string(c.ring_rows);
-  if (c.output_pool_bytes < -1)
-    return "output_pool_bytes must be >= 0 (or -1: auto), got " + std::to_string(c.output_pool_bytes);
-  return {};
-}
-
-// The data-plane options that fit neither the transport nor the table, or "" if they do;
-// fills the table and the visiting order.
-std::string check_dataplane(const BufferConfig& c, const Transport& t, Topology& topology, std::vector<int>& visit_order) {
-  const DataPlaneOptions& o = c.dataplane;
-  const TransportCaps& caps = t.caps();
-  if (o.queues < 1 || o.queues > kMaxStatQueues || o.queues > caps.max_queues)
-    return "queues must be 1.." + std::to_string(std::min(kMaxStatQueues, caps.max_queues)) + " on transport '" +
-           caps.name + "', got " + std::to_string(o.queues);
-  if (o.queue_split.kind == QueueSplitKind::kRatio && static_cast<int>(o.queue_split.ratio.size()) != o.queues)
-    return "queue split " + to_string(o.queue_split) + " has " + std::to_string(o.queue_split.ratio.size()) +
-           " parts but there are " + std::to_string(o.queues) + " queues";
-  // Path x protocol x transport guarantee: the one support table.
-  if (std::string why = spi::refuse_config(c, caps); !why.empty()) return why;
-  try {
-    topology = load_topology(o.topology, t.num_ranks());
-    for (const auto& round : peer_rounds(o.schedule, topology, t.rank()))
-      visit_order.insert(visit_order.end(), round.begin(), round.end());
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return {};
-}
-
-// Everything that must be equal on every rank.
-std::vector<AgreedValue> agreed_values(const BufferConfig& c, int W) {
-  const DataPlaneOptions& o = c.dataplane;
-  std::string ratio;
-  for (int r : o.queue_split.ratio) ratio += (ratio.empty() ? "" : ":") + std::to_string(r);
-  const auto n = [](auto v) { return std::to_string(v); };
-  return {{"num_experts", n(c.num_experts)},
-          {"hidden", n(c.hidden)},
-          {"num_topk", n(c.num_topk)},
-          {"max_tokens_per_rank", n(c.max_tokens_per_rank)},
-          {"max_recv_rows", n(c.max_recv_rows)},
-          {"num_workers", n(W)},
-          {"topology", o.topology},
-          {"schedule", n(static_cast<int>(o.schedule.kind))},
-          {"schedule group width", n(o.schedule.group_width)},
-          {"queues", n(o.queues)},
-          {"queue split", n(static_cast<int>(o.queue_split.kind))},
-          {"queue split ratio", ratio},
-          {"aggregate_bytes", n(o.aggregate_bytes)},
-          {"protocol", n(static_cast<int>(o.protocol))},
-          {"ring_rows", n(c.ring_rows)},
-          {"output_pool_bytes", n(c.output_pool_bytes)},
-          {"combine order", to_string(o.combine_order)},
-          {"combine replies", to_string(o.combine_replies)},
-          {"replies_first_max_bytes", n(o.replies_first_max_bytes)},
-          {"stream_min_call_bytes", n(o.stream_min_call_bytes)},
-          {"relay_chunk_bytes", n(o.relay_chunk_bytes)}};
-}
-
-}  // namespace
-
 Buffer::Impl::Impl(Buffer& owner, const BufferConfig& c)
-    : transport(owner.endpoint("create")),
-      model(dynamic_cast<sim::ModelTransport*>(&transport)),
-      moves_payload(model == nullptr || model->moves_payload()),
-      config(c),
-      rank(transport.rank()),
-      P(transport.num_ranks()),
-      L(c.num_experts > 0 && c.num_experts % transport.num_ranks() == 0 ? c.num_experts / transport.num_ranks() : 1),
-      W(c.num_workers > 0 ? c.num_workers : auto_workers(transport.num_ranks())),
-      buffer_id(std::random_device{}() ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32)),
-      pool(W),
-      zero_row(static_cast<std::size_t>(std::max(c.hidden, 0)), 0) {
-  Transport& t = transport;
-  // 1. Agree on the config before sizing anything by it (the base's small window).
-  std::string problem = check_config(c, P);
-  if (problem.empty()) problem = check_dataplane(c, t, topology, visit_order);
-  owner.agree(agreed_values(c, W), problem);
-  // 2. The real window, sized from the agreed config.
-  detail::ReplyChannels channels = detail::reply_channels(topology, rank, P, visit_order, hierarchical());
-  reply_order = std::move(channels.order);
-  reply_sources = std::move(channels.sources);
-  server_members = std::move(channels.members);
-  if (hierarchical())
-    relay_chunk_rows = detail::relay_chunk_rows(c.dataplane.relay_chunk_bytes, static_cast<std::size_t>(c.hidden) * sizeof(std::uint16_t),
-                                                t.caps());
-  const int servers = channels.servers;
-  geo = detail::Geometry(detail::GeometryShape::of(config, P, W, servers, std::max<int>(1, static_cast<int>(server_members.size()))));
-  // A model-only simulator moves no payload (outputs are views of its window): with the auto
-  // pool its window has the pool's bytes (the size a real one has) but no output uses it, so
-  // its calls go rows first as the copying engine's do. A pool sized explicitly stays (`epx
-  // sim --one-copy`): the rows land in output blocks, whose payload it does not move either.
-  if (!moves_payload && c.output_pool_bytes < 0) config.output_pool_bytes = 0;
+    : detail::Setup(owner.endpoint("create"), c,
+                    [&owner](const std::vector<AgreedValue>& values, const std::string& problem) { owner.agree(values, problem); }),
+      detail::CallContext(P),
+      pool(W) {
   owner.allocate(geo.total_bytes(), geo.num_signals());
-  blocks = detail::BlockPool(t.window() + geo.region(detail::Region::kOutputs), geo.output_pool_bytes(), owner.endpoint_ref());
-  if (auto* listener = dynamic_cast<spi::PayloadRegionListener*>(&t))
+  blocks = detail::BlockPool(transport.window() + geo.region(detail::Region::kOutputs), geo.output_pool_bytes(), owner.endpoint_ref());
+  if (auto* listener = dynamic_cast<spi::PayloadRegionListener*>(&transport))
     listener->set_payload_region(geo.payload_begin(), geo.total_bytes());
-}
-
-std::vector<int> Buffer::Impl::relayed_sources() const {
-  const RankPlace& me = topology.ranks[static_cast<std::size_t>(rank)];
-  std::vector<int> sources;
-  for (int i = 1; i < P; ++i) {
-    const int s = (rank + i) % P;
-    const RankPlace& place = topology.ranks[static_cast<std::size_t>(s)];
-    if (place.server != me.server && place.lane == me.lane) sources.push_back(s);
-  }
-  return sources;
 }
 
 Status Buffer::Impl::make_status(ErrorCode code, const std::string& what) const {
@@ -462,7 +347,7 @@ struct Buffer::Impl::DispatchCall : detail::AsyncCall {
     const bool in_block = landing[static_cast<std::size_t>(m.rank)].block;
     m.epilogue(*h, a, fp8, out, path->rows_at(), in_block);
     // A receiver with no output rows copies nothing either way.
-    m.stats.output = a.recv_in_window || !m.moves_payload ? OutputKind::kView
+    m.stats.output = m.payload.recv_view(a.recv_in_window) ? OutputKind::kView
                      : in_block || h->out_rows == 0       ? OutputKind::kOneCopy
                                                           : OutputKind::kCopy;
     m.stats.output_why = m.stats.output == OutputKind::kCopy ? why_copy : "";
@@ -614,7 +499,7 @@ Tensor Buffer::combine_buffer(const DispatchHandle& handle) {
   const Shape shape{h->out_rows, static_cast<std::int64_t>(m.config.hidden)};
   // In the receive area (what pull reads as y_offset = the data region) only where pull is
   // possible, the area holds the rows and nobody else may be using it.
-  const bool in_window = m.moves_payload && spi::allows(spi::Path::kPull, m.config, m.transport.peer_window(m.rank) != nullptr) &&
+  const bool in_window = m.payload.reads_in_place() && spi::allows(spi::Path::kPull, m.config, m.transport.peer_window(m.rank) != nullptr) &&
                          h->out_rows <= m.geo.recv_rows() && !m.calls.holds_view() && !m.calls.pending();
   if (!in_window) return m.outputs.make(DType::kBF16, shape);
   std::byte* data = m.transport.window() + m.geo.region(detail::Region::kData);

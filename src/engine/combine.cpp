@@ -51,8 +51,7 @@ const std::uint16_t* Buffer::Impl::Replies::of(std::int64_t r) {
     staged_ = 0;
   }
   std::uint16_t* out = stage_ + static_cast<std::size_t>(staged_++) * H;
-  if (m_.moves_payload)  // else partial sums are not computed
-    reduce_row(out, RowTerms{nullptr, slot_rows_.data(), a_.weighted ? slot_weights_.data() : nullptr, slots}, H);
+  m_.payload.values([&] { reduce_row(out, RowTerms{nullptr, slot_rows_.data(), a_.weighted ? slot_weights_.data() : nullptr, slots}, H); });
   return out;
 }
 
@@ -145,7 +144,7 @@ void Buffer::Impl::send_replies(const HandleState& h, const CombineArgs& a, bool
 }
 
 bool Buffer::Impl::relay_sums_in_place(const HandleState& h) const {
-  return moves_payload && spi::base_path(config) == spi::Path::kRelay && config.dataplane.combine_order == CombineOrder::kNodeFirst &&
+  return payload.reads_in_place() && spi::base_path(config) == spi::Path::kRelay && config.dataplane.combine_order == CombineOrder::kNodeFirst &&
          relay_chunk_rows == 0 && h.layout == RecvLayout::kCompact &&
          std::all_of(server_members.begin(), server_members.end(), [&](int d) { return transport.peer_window(d) != nullptr; });
 }
@@ -259,15 +258,15 @@ void Buffer::Impl::keep_slot_dests(HandleState& h, const DispatchArgs& a) const 
 
 Tensor Buffer::Impl::combined_output(std::int64_t S) {
   const Shape shape{S, static_cast<std::int64_t>(config.hidden)};
-  if (moves_payload) return outputs.make(DType::kBF16, shape);
+  if (payload.computes_sums()) return outputs.make(DType::kBF16, shape);
   // A modelling transport: no values are added up, so the output is a view of the replies.
   return Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), transport.window() + geo.region(Region::kReplies)), DType::kBF16,
                        shape);
 }
 
 void Buffer::Impl::reduce(const HandleState& h, const CombineArgs& a, const Peers* pull, Tensor& out) {
+  if (!payload.computes_sums()) return;
   const std::int64_t S = h.plan.shape.num_tokens;
-  if (!moves_payload) return;
   // Where the row answering entry e (token t at destination d) is: push, my reply area at
   // d's block; pull, d's receive area (its y in place) at my segment.
   std::vector<const std::uint16_t*> rows_of(static_cast<std::size_t>(P));

@@ -85,8 +85,10 @@ void Buffer::Impl::put_segment_scales(Sender& send, const HandleState& h, const 
   // This worker's scale rows for d gathered in slot order (plan order in scale_stage, as the
   // metadata), then sent as consecutive rows: not one small put per run of rows.
   std::byte* stage = scale_stage.data() + (first + static_cast<std::size_t>(p0)) * scale_bytes;
-  for (std::int64_t p = p0; p < p1 && moves_payload; ++p)  // (a model transport moves no payload bytes)
-    std::memcpy(stage + static_cast<std::size_t>(p - p0) * scale_bytes, scales + static_cast<std::size_t>(seg[p]) * scale_bytes, scale_bytes);
+  payload.values([&] {
+    for (std::int64_t p = p0; p < p1; ++p)
+      std::memcpy(stage + static_cast<std::size_t>(p - p0) * scale_bytes, scales + static_cast<std::size_t>(seg[p]) * scale_bytes, scale_bytes);
+  });
   send.put_landed(d, at, Region::kScales, base + p0, stage, p1 - p0, scale_bytes);
 }
 
@@ -217,7 +219,7 @@ DispatchResult Buffer::Impl::make_outputs(const HandleState& h, const DispatchAr
     std::byte* window_base = transport.window();
     out.recv_x = Tensor::adopt(kept, dt, {rows, H});
     if (fp8) out.recv_x_scales = Tensor::adopt(std::shared_ptr<std::byte>(kept, window_base + block->scales), DType::kF32, {rows, H / 128});
-  } else if (a.recv_in_window || !moves_payload) {  // views: the rows already sit where the compact output wants them
+  } else if (payload.recv_view(a.recv_in_window)) {  // views: the rows already sit where the compact output wants them
     std::byte* base = transport.window();
     out.recv_x = Tensor::adopt(std::shared_ptr<std::byte>(std::shared_ptr<void>(), base + geo.region(Region::kData)), dt, {rows, H});
     if (fp8)
@@ -253,15 +255,15 @@ class Epilogue {
   Epilogue(Buffer::Impl& m, const HandleState& h, const DispatchArgs& a, bool fp8, DispatchResult& out, detail::RowsAt at,
            bool in_block)
       : m_(m), h_(h), a_(a), out_(out), fp8_(fp8), expanded_(h.layout == RecvLayout::kExpanded),
-        rows_first_(at == detail::RowsAt::kStretches), payload_(m.moves_payload),
-        in_place_(a.recv_in_window || !m.moves_payload || in_block),
+        rows_first_(at == detail::RowsAt::kStretches), payload_(m.payload.moves()),
+        in_place_(m.payload.recv_view(a.recv_in_window) || in_block),
         // the bounded ring places rows as they arrive; an output block holds them already
-        place_rows_(m.moves_payload && at != detail::RowsAt::kPlaced && !in_block),
-        copy_scales_(fp8 && !in_place_), zero_rows_(m.moves_payload && (a.zero_padding || h.zero_padding)),  // a cached dispatch keeps its handle's choice
+        place_rows_(payload_ && at != detail::RowsAt::kPlaced && !in_block),
+        copy_scales_(fp8 && !in_place_), zero_rows_(payload_ && (a.zero_padding || h.zero_padding)),  // a cached dispatch keeps its handle's choice
         row_bytes_(static_cast<std::size_t>(m.config.hidden) * dtype_size(a.x.dtype)),
         scale_bytes_(fp8 ? static_cast<std::size_t>(m.config.hidden / 128) * sizeof(float) : 0),
         // row bytes copied out of the receive area per output row (the ring's copies as they arrive count too)
-        copied_row_(m.moves_payload && !in_block ? row_bytes_ : 0),
+        copied_row_(payload_ && !in_block ? row_bytes_ : 0),
         data_(m.transport.window() + m.geo.region(Region::kData)),
         scales_(m.transport.window() + m.geo.region(Region::kScales)),
         rx_(static_cast<std::byte*>(out.recv_x.data())),

@@ -1,14 +1,19 @@
 // Private to the engine: the Buffer's state and the phases (notify → data plane →
-// epilogue; combine), one file each. The handle's contents live in handle.hpp; every window
-// offset, signal slot and row address in geometry.hpp (the one owner of the geometry).
-//   buffer.cpp    — construction, input validation, the public entry points
+// epilogue; combine), one file each. The state is three parts: Setup (setup.hpp: fixed
+// when the Buffer is built — config, ranks, topology, geometry, the payload policy of
+// payload.hpp), CallContext (call_context.hpp: epoch, stats, waits, staging) and the
+// services below. The handle's contents live in handle.hpp; every window offset, signal
+// slot and row address in geometry.hpp (the one owner of the geometry).
+//   setup.cpp     — the config's checks and agreement, the ranks' places, the geometry
+//   buffer.cpp    — allocation, input validation, the public entry points
 //   notify.cpp    — control plane: status + counts exchange, prefix sums, row slots
 //   channels.cpp  — a worker's puts: queues, aggregation (Sender), which calls the
 //                   completion protocol's unit (protocol.hpp, protocols/*.cpp)
 //   dispatch.cpp  — dispatch building blocks: a worker's segment puts, metadata, the
 //                   receiver's metadata and epilogue
 //   combine.cpp   — combine building blocks: partial sums, the replies' puts, the ordered reduction
-//   path.hpp, paths/ — the data paths, one unit each (how rows and replies travel)
+//   path.hpp, paths/ — the data paths, one unit each (how rows and replies travel), which
+//                   see the Buffer only through path_context.hpp
 #pragma once
 
 #include <chrono>
@@ -29,10 +34,12 @@
 #include "epx/topology.hpp"
 #include "async_call.hpp"
 #include "block_pool.hpp"
+#include "call_context.hpp"
 #include "call_state.hpp"
 #include "geometry.hpp"
 #include "handle.hpp"
 #include "handle_recycler.hpp"
+#include "setup.hpp"
 #include "tensor_pool.hpp"
 #include "worker_pool.hpp"
 
@@ -84,7 +91,7 @@ inline int num_counts(const BufferConfig& c, int P) {
 
 namespace epx {
 
-struct Buffer::Impl {
+struct Buffer::Impl : detail::Setup, detail::CallContext {
   /// Collective: agrees on `config` and allocates the window on `owner`'s endpoint.
   Impl(Buffer& owner, const BufferConfig& config);
 
@@ -229,12 +236,10 @@ struct Buffer::Impl {
   using SourceLanded = std::function<void(int)>;
   void await_rows(CompletionSlot slot, const char* phase, const std::vector<std::int64_t>& begin,
                   std::initializer_list<RowGroup> groups, const SourceLanded* landed = nullptr);
-  bool hierarchical() const noexcept { return config.dataplane.schedule.kind == ScheduleKind::kHierarchical; }
 
   // The hierarchical schedule (paths/dispatch_relay.cpp, paths/combine_relay.cpp): a token
   // crossing servers goes once to the same-lane rank of the target server, which forwards it.
-  /// Other-server ranks of my lane, rotated from me: the sources whose rows I relay.
-  std::vector<int> relayed_sources() const;
+  // (Setup::relayed_sources: the other-server ranks of my lane, whose rows I relay.)
   /// A dispatch row's metadata for destination d (expert_base: each expert's first row there).
   void fill_meta(detail::RowMetaView m, const detail::HandleState& h, const DispatchArgs& a, int d, std::int32_t t,
                  const std::vector<std::int32_t>& expert_base) const;
@@ -380,53 +385,18 @@ struct Buffer::Impl {
     });
     if (model) model->workers_joined();
   }
-
-
-  /// This call's puts and copies may stream (StreamScope, set by run_workers on each worker):
-  /// the payload this rank writes in the call is at least DataPlaneOptions::stream_min_call_bytes.
-  bool stream_stores = true;
+  /// Whether this call's stores stream (CallContext::stream_stores), by the payload it writes.
   void choose_stores(std::uint64_t payload_bytes) noexcept {
     stream_stores = payload_bytes >= config.dataplane.stream_min_call_bytes;
   }
 
-  Transport& transport;
-  /// The transport's optional model interface (the simulator), asked for once; null elsewhere.
-  sim::ModelTransport* model;
-  /// Payload bytes really move (false only on a model-only simulator: the engine then skips
-  /// every loop that reads or writes payload, and output values are unspecified).
-  bool moves_payload;
-  BufferConfig config;
-  int rank, P, L, W;
-  std::uint64_t buffer_id;
-  std::uint64_t epoch = 0;  // collective calls made so far (the same on every rank)
   detail::CallState calls;  // what the previous calls freed, views out, the last handle (call_state.hpp)
-  detail::Geometry geo;  // every window region, signal slot and row address (geometry.hpp)
   detail::WorkerPool pool;
   detail::TensorPool outputs;  // every tensor a call returns but one-copy outputs
   detail::HandleRecycler handles;  // fresh handles, their receive arrays recycled
   detail::BlockPool blocks;    // the window's output pool (Geometry's region kOutputs)
-  std::vector<int> visit_order;           // peers in the schedule's order (all rounds)
-  std::vector<int> reply_order;           // combine's channels: visit_order; hierarchical: my server's ranks
-  std::vector<std::vector<int>> reply_sources;  // [P] sources whose replies travel to a channel's peer
-  Topology topology;
-  std::vector<int> server_members;        // hierarchical: my server's ranks by lane
-  std::int64_t relay_chunk_rows = 0;      // hierarchical: relayed rows per relay chunk, both directions (0: serial; send_policy.hpp)
-  std::vector<std::byte> meta_stage;      // sender's row metadata, per plan entry
-  std::vector<std::byte> scale_stage;     // sender's FP8 scale rows, per plan entry (put_segment_scales)
-  std::vector<std::byte> relay_stage;     // hierarchical: records of my relayed rows, per relay
-  std::vector<std::uint16_t> reply_stage;  // combine partials that need rounding
-  std::vector<std::uint16_t> relay_sums;   // node-first relays: one sum per relayed row (paths/combine_relay.cpp)
-  std::vector<std::uint16_t> zero_row;     // H bf16 zeros: the reduce's term for a missing bias1
-  CallStats stats;
-  std::chrono::steady_clock::time_point call_start;
-  std::shared_ptr<PeerWaits> waits = std::make_shared<PeerWaits>(transport.num_ranks());
-  std::vector<std::uint64_t> call_waits;  // this call's ns per (worker, source): [W][P]
-  std::vector<std::uint64_t> call_laps;   // this call's end-of-call quiet per peer it waited for: [P]
-  std::vector<std::uint64_t> call_held;   // each source's announced held_ns (its header): [P]
-  std::uint64_t held_ns = 0;              // what held me after my last header (into my next header)
-  std::uint64_t laps_announced = 0;       // this call's laps before its header (announced in it)
-  WaitOp wait_op = WaitOp::kDispatch;
-  int wait_first = 0;
+  // (The Setup base: what the Buffer fixed when built; the CallContext base: epoch, stats,
+  // waits and staging of the call in progress.)
 };
 
 }  // namespace epx

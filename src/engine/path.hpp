@@ -9,15 +9,18 @@
 //   combine_pull.cpp      pull: sources read the experts' rows in place
 //   combine_relay.cpp     push through the relays (they forward other servers' replies)
 //   combine_ring.cpp      bounded reply area: rounds of replies paced by credits
-// The units share the building blocks of Buffer::Impl (Sender in channels.cpp, the
-// completion protocols' units behind it and await_rows, protocol.hpp; Geometry, put_segment / fill_meta, receive_meta, the epilogue,
-// send_replies / reduce). Granularity: one virtual call per step of a call, never per row.
+// A unit sees its Buffer only through PathContext (path_context.hpp): the Setup (read only),
+// the call in progress, and the shared services by name (Sender in channels.cpp, the
+// completion protocols' units behind it and await_rows, protocol.hpp; put_segment /
+// fill_meta; send_replies / reduce). Receive_meta and the epilogue stay with the call.
+// Granularity: one virtual call per step of a call, never per row.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "engine.hpp"
+#include "path_context.hpp"
 
 namespace epx::detail {
 
@@ -49,15 +52,15 @@ class DispatchPath {
   /// Where the received rows lie once receive is done (what receive_meta and the epilogue read).
   virtual RowsAt rows_at() const noexcept { return RowsAt::kSlots; }
   /// Fresh dispatch, before the exchange: counts this path adds to the header.
-  virtual void add_counts(Impl&, HandleState&, std::vector<std::int32_t>&) const {}
+  virtual void add_counts(PathContext, HandleState&, std::vector<std::int32_t>&) const {}
   /// Fresh dispatch, after plan_slots: the path's own plan from the gathered counts.
-  virtual void plan(Impl&, HandleState&, const Peers&) const {}
+  virtual void plan(PathContext, HandleState&, const Peers&) const {}
   /// This rank's rows to their destinations (and, for a path that needs it, the rows arriving here).
-  virtual void send(Impl&, const DispatchStep&) const = 0;
+  virtual void send(PathContext, const DispatchStep&) const = 0;
   /// Until every row of this dispatch has landed here (rows first, ring: already).
-  virtual void receive(Impl&, const DispatchStep&) const = 0;
+  virtual void receive(PathContext, const DispatchStep&) const = 0;
   /// Fresh dispatch, after receive_meta: what the handle keeps for this path's combines.
-  virtual void keep(Impl&, HandleState&) const {}
+  virtual void keep(PathContext, HandleState&) const {}
 };
 
 /// One combine as its path sees it.
@@ -74,9 +77,9 @@ class CombinePath {
   /// The replies travel before the header exchange, which completes them (replies first).
   virtual bool replies_before_exchange() const noexcept { return false; }
   /// The replies (or partials) of this rank's received rows to their sources.
-  virtual void send(Impl&, const CombineStep&) const = 0;
+  virtual void send(PathContext, const CombineStep&) const = 0;
   /// Until every reply to this rank has landed, then docs/spec.md §4's sums into out.
-  virtual void receive(Impl&, const CombineStep&) const = 0;
+  virtual void receive(PathContext, const CombineStep&) const = 0;
 };
 
 /// Combine's reply channels of this rank, fixed per Buffer (paths/combine_relay.cpp owns

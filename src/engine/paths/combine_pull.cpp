@@ -12,18 +12,18 @@ namespace {
 
 // My reads are plain loads that completed before this store (release orders them), so a
 // peer that sees it may overwrite the rows I read.
-void finish_pull(Impl& m) {
-  Impl::PhaseTimer timer(m, 0, Phase::kBarrier);
+void finish_pull(PathContext& m) {
+  Impl::PhaseTimer timer = m.timer(0, Phase::kBarrier);
   // My reads are plain loads that completed before this store (release orders them), so a
   // peer that sees it may overwrite the rows I read (its user's next y, the next dispatch).
-  for (int i = 0; i < m.P; ++i) m.transport.signal((m.rank + i) % m.P, m.geo.pull_done_signal(m.rank), m.epoch, 0);
-  for (int s = 0; s < m.P; ++s) m.transport.wait_signal(m.geo.pull_done_signal(s), m.epoch, {"combine pull done", s});
+  for (int i = 0; i < m.setup.P; ++i) m.setup.transport.signal((m.setup.rank + i) % m.setup.P, m.setup.geo.pull_done_signal(m.setup.rank), m.call.epoch, 0);
+  for (int s = 0; s < m.setup.P; ++s) m.setup.transport.wait_signal(m.setup.geo.pull_done_signal(s), m.call.epoch, {"combine pull done", s});
 }
 
 class Pull final : public CombinePath {
  public:
-  void send(Impl&, const CombineStep&) const override {}  // nothing moves: the sources read in place
-  void receive(Impl& m, const CombineStep& s) const override {
+  void send(PathContext, const CombineStep&) const override {}  // nothing moves: the sources read in place
+  void receive(PathContext m, const CombineStep& s) const override {
     m.reduce(*s.h, *s.a, s.peers, *s.out);
     finish_pull(m);
   }

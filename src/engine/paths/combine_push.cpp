@@ -43,12 +43,12 @@ namespace {
 
 class Push final : public CombinePath {
  public:
-  void send(Impl& m, const CombineStep& s) const override { m.send_replies(*s.h, *s.a, true); }
-  void receive(Impl& m, const CombineStep& s) const override {
+  void send(PathContext m, const CombineStep& s) const override { m.send_replies(*s.h, *s.a, true); }
+  void receive(PathContext m, const CombineStep& s) const override {
     // Reply row i answers plan entry i in segment order (destination d's rows start at segment_begin[d]).
     const std::vector<std::int32_t>& seg = s.h->plan.segment_begin;
     m.await_rows(&Geometry::combine_signal, "combine data", std::vector<std::int64_t>(seg.begin(), seg.end()),
-                 {{Region::kReplies, static_cast<std::size_t>(m.config.hidden) * sizeof(std::uint16_t)}});
+                 {{Region::kReplies, static_cast<std::size_t>(m.setup.config.hidden) * sizeof(std::uint16_t)}});
     m.reduce(*s.h, *s.a, nullptr, *s.out);
   }
 };
@@ -56,8 +56,8 @@ class Push final : public CombinePath {
 class RepliesFirst final : public CombinePath {
  public:
   bool replies_before_exchange() const noexcept override { return true; }
-  void send(Impl& m, const CombineStep& s) const override { m.send_replies(*s.h, *s.a, false); }
-  void receive(Impl& m, const CombineStep& s) const override { m.reduce(*s.h, *s.a, nullptr, *s.out); }  // the exchange completed them
+  void send(PathContext m, const CombineStep& s) const override { m.send_replies(*s.h, *s.a, false); }
+  void receive(PathContext m, const CombineStep& s) const override { m.reduce(*s.h, *s.a, nullptr, *s.out); }  // the exchange completed them
 };
 
 }  // namespace

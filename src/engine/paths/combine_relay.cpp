@@ -36,13 +36,13 @@
 namespace epx::detail {
 namespace {
 
-bool node_first(const Impl& m) { return m.config.dataplane.combine_order == CombineOrder::kNodeFirst; }
+bool node_first(const PathContext& m) { return m.setup.config.dataplane.combine_order == CombineOrder::kNodeFirst; }
 
 // Node first: the lanes of my server in ascending rank (a server's terms add up by ascending d).
-std::vector<std::size_t> lanes_by_rank(const Impl& m) {
-  std::vector<std::size_t> lanes(m.server_members.size());
+std::vector<std::size_t> lanes_by_rank(const PathContext& m) {
+  std::vector<std::size_t> lanes(m.setup.server_members.size());
   std::iota(lanes.begin(), lanes.end(), std::size_t{0});
-  std::sort(lanes.begin(), lanes.end(), [&](std::size_t u, std::size_t v) { return m.server_members[u] < m.server_members[v]; });
+  std::sort(lanes.begin(), lanes.end(), [&](std::size_t u, std::size_t v) { return m.setup.server_members[u] < m.setup.server_members[v]; });
   return lanes;
 }
 
@@ -52,29 +52,31 @@ std::vector<std::size_t> lanes_by_rank(const Impl& m) {
 // server's y in its window) in that rank's y, at the row's slot there.
 class ServerSums {
  public:
-  ServerSums(const Impl& m, const Impl::Peers* in_place) : m_(m), lanes_(lanes_by_rank(m)), rows_(lanes_.size()) {
+  ServerSums(const PathContext& m, const Impl::Peers* in_place) : m_(m), lanes_(lanes_by_rank(m)), rows_(lanes_.size()) {
     if (in_place == nullptr) return;
-    for (int d : m.server_members)
-      y_.push_back(m.transport.peer_window(d) + in_place->header[static_cast<std::size_t>(d)]->y_offset);
+    for (int d : m.setup.server_members)
+      y_.push_back(m.setup.transport.peer_window(d) + in_place->header[static_cast<std::size_t>(d)]->y_offset);
   }
 
   void sum(const HandleState& h, std::int64_t i, std::uint16_t* out) {
-    const std::size_t H = static_cast<std::size_t>(m_.config.hidden), row_bytes = H * sizeof(std::uint16_t);
+    const std::size_t H = static_cast<std::size_t>(m_.setup.config.hidden), row_bytes = H * sizeof(std::uint16_t);
     const std::size_t at = static_cast<std::size_t>(i) * lanes_.size();
     const std::int32_t* reply_row = h.relayed_reply_row.data() + at;
     int n = 0;
     for (std::size_t lane : lanes_)
       if (reply_row[lane] >= 0)
         rows_[static_cast<std::size_t>(n++)] = reinterpret_cast<const std::uint16_t*>(
-            y_.empty() ? m_.transport.window() + m_.geo.row(Region::kRelayReplies, m_.geo.relay_reply_row(i, static_cast<int>(lane)), row_bytes)
+            y_.empty() ? m_.setup.transport.window() + m_.setup.geo.row(Region::kRelayReplies, m_.setup.geo.relay_reply_row(i, static_cast<int>(lane)), row_bytes)
                        : y_[lane] + static_cast<std::size_t>(h.relayed_slot[at + lane]) * row_bytes);
-    if (!m_.moves_payload || n == 0) return;
-    if (n == 1) std::memcpy(out, rows_[0], row_bytes);
-    else reduce_row(out, RowTerms{nullptr, rows_.data(), nullptr, n}, H);
+    if (n == 0) return;
+    m_.setup.payload.values([&] {
+      if (n == 1) std::memcpy(out, rows_[0], row_bytes);
+      else reduce_row(out, RowTerms{nullptr, rows_.data(), nullptr, n}, H);
+    });
   }
 
  private:
-  const Impl& m_;
+  const PathContext& m_;
   std::vector<std::size_t> lanes_;
   std::vector<const std::uint16_t*> rows_;
   std::vector<const std::byte*> y_;  // in place: each lane's y
@@ -84,76 +86,74 @@ class ServerSums {
 // relayed row in relay_sums (every sum has its own row until the quiet), put into s's relay
 // area (free during a combine; HandleState::sums_at_source) in puts of up to aggregate_bytes,
 // each issued as soon as its rows are summed.
-void put_sums(Impl& m, const HandleState& h, ServerSums& sums, int s, std::int64_t i0, std::int64_t i1, WorkerStats* ws) {
-  const std::size_t H = static_cast<std::size_t>(m.config.hidden), row_bytes = H * sizeof(std::uint16_t);
-  const std::int64_t per_put = std::max<std::int64_t>(1, static_cast<std::int64_t>(m.config.dataplane.aggregate_bytes / row_bytes));
+void put_sums(PathContext& m, const HandleState& h, ServerSums& sums, int s, std::int64_t i0, std::int64_t i1, WorkerStats* ws) {
+  const std::size_t H = static_cast<std::size_t>(m.setup.config.hidden), row_bytes = H * sizeof(std::uint16_t);
+  const std::int64_t per_put = std::max<std::int64_t>(1, static_cast<std::int64_t>(m.setup.config.dataplane.aggregate_bytes / row_bytes));
   const std::int64_t b = h.relayed_begin[static_cast<std::size_t>(s)];
   for (std::int64_t p0 = i0; p0 < i1; p0 += per_put) {
     const std::int64_t p1 = std::min(i1, p0 + per_put);
-    for (std::int64_t i = p0; i < p1; ++i) sums.sum(h, i, m.relay_sums.data() + static_cast<std::size_t>(i) * H);
+    for (std::int64_t i = p0; i < p1; ++i) sums.sum(h, i, m.call.relay_sums.data() + static_cast<std::size_t>(i) * H);
     const std::size_t bytes = static_cast<std::size_t>(p1 - p0) * row_bytes;
-    m.transport.put(s, m.geo.row(Region::kRelay, h.sums_at_source[static_cast<std::size_t>(s)] + (p0 - b), row_bytes),
-                    m.relay_sums.data() + static_cast<std::size_t>(p0) * H, bytes, 0);
+    m.setup.transport.put(s, m.setup.geo.row(Region::kRelay, h.sums_at_source[static_cast<std::size_t>(s)] + (p0 - b), row_bytes),
+                    m.call.relay_sums.data() + static_cast<std::size_t>(p0) * H, bytes, 0);
     if (ws) m.count_put(*ws, s, bytes, 0);
   }
 }
 
 // At a relay, flat order: every reply to source s's relayed rows [i0, i1) on to its reply
 // row at s, as it is.
-void put_forwarded(Impl& m, const HandleState& h, int s, std::int64_t i0, std::int64_t i1, WorkerStats* ws) {
-  const std::size_t lanes = m.server_members.size();
-  const std::size_t row_bytes = static_cast<std::size_t>(m.config.hidden) * sizeof(std::uint16_t);
+void put_forwarded(PathContext& m, const HandleState& h, int s, std::int64_t i0, std::int64_t i1, WorkerStats* ws) {
+  const std::size_t lanes = m.setup.server_members.size();
+  const std::size_t row_bytes = static_cast<std::size_t>(m.setup.config.hidden) * sizeof(std::uint16_t);
   for (std::int64_t i = i0; i < i1; ++i) {
     const std::int32_t* reply_row = h.relayed_reply_row.data() + static_cast<std::size_t>(i) * lanes;
     for (std::size_t lane = 0; lane < lanes; ++lane) {
       if (reply_row[lane] < 0) continue;
-      const std::byte* from = m.transport.window() + m.geo.row(Region::kRelayReplies, m.geo.relay_reply_row(i, static_cast<int>(lane)), row_bytes);
-      m.transport.put(s, m.geo.row(Region::kReplies, reply_row[lane], row_bytes), from, row_bytes, 0);
+      const std::byte* from = m.setup.transport.window() + m.setup.geo.row(Region::kRelayReplies, m.setup.geo.relay_reply_row(i, static_cast<int>(lane)), row_bytes);
+      m.setup.transport.put(s, m.setup.geo.row(Region::kReplies, reply_row[lane], row_bytes), from, row_bytes, 0);
       if (ws) m.count_put(*ws, s, row_bytes, 0);
     }
   }
 }
 
 // Source s's relayed rows [i0, i1) on: summed (node first) or as they are (flat).
-void forward_rows(Impl& m, const HandleState& h, ServerSums& sums, int s, std::int64_t i0, std::int64_t i1, WorkerStats* ws) {
+void forward_rows(PathContext& m, const HandleState& h, ServerSums& sums, int s, std::int64_t i0, std::int64_t i1, WorkerStats* ws) {
   if (node_first(m)) put_sums(m, h, sums, s, i0, i1, ws);
   else put_forwarded(m, h, s, i0, i1, ws);
 }
 
-WorkerStats* stats_of(Impl& m, int w) { return m.config.collect_stats ? &m.stats.workers[static_cast<std::size_t>(w)] : nullptr; }
-
-void reserve_sums(Impl& m, const HandleState& h) {
-  if (node_first(m)) m.relay_sums.resize(static_cast<std::size_t>(h.relayed_begin.back()) * static_cast<std::size_t>(m.config.hidden));
+void reserve_sums(PathContext& m, const HandleState& h) {
+  if (node_first(m)) m.call.relay_sums.resize(static_cast<std::size_t>(h.relayed_begin.back()) * static_cast<std::size_t>(m.setup.config.hidden));
 }
 
 // At a relay, serial (relay_chunk_rows 0): its server's replies to other servers' sources
 // of my lane go on to those sources after every member's completion signal, then one signal
 // each: every reply on its own (flat order), or one sum per token (node first).
-void forward_replies(Impl& m, const HandleState& h) {
-  const std::vector<int> sources = m.relayed_sources();
+void forward_replies(PathContext& m, const HandleState& h) {
+  const std::vector<int> sources = m.setup.relayed_sources();
   {  // every member of my server has put all its replies to me
-    Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
-    for (int d : m.server_members)
-      for (int w = 0; w < m.W; ++w) m.transport.wait_signal(m.geo.combine_signal(d, w), m.epoch, {"combine relay", d});
+    Impl::PhaseTimer timer = m.timer(0, Phase::kWaitData);
+    for (int d : m.setup.server_members)
+      for (int w = 0; w < m.setup.W; ++w) m.setup.transport.wait_signal(m.setup.geo.combine_signal(d, w), m.call.epoch, {"combine relay", d});
   }
   reserve_sums(m, h);
   m.run_workers([&](int w) {
-    Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+    Impl::PhaseTimer timer = m.timer(w, Phase::kPutIssue);
     ServerSums sums(m, nullptr);
-    for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(m.W)) {
+    for (std::size_t k = static_cast<std::size_t>(w); k < sources.size(); k += static_cast<std::size_t>(m.setup.W)) {
       const int s = sources[k];
       forward_rows(m, h, sums, s, h.relayed_begin[static_cast<std::size_t>(s)], h.relayed_begin[static_cast<std::size_t>(s) + 1],
-                   stats_of(m, w));
-      m.transport.quiet(0);
-      m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
+                   m.stats_of(w));
+      m.setup.transport.quiet(0);
+      m.setup.transport.signal(s, m.setup.geo.forward_signal(m.setup.rank), m.call.epoch, 0);
     }
   });
 }
 
 // Node first, in place (Impl::relay_sums_in_place, and every rank of my server said in its
 // header that its y lies in its window): nobody puts a reply to a relay of its own server.
-bool in_place(const Impl& m, const CombineStep& s) {
-  return m.relay_sums_in_place(*s.h) && std::all_of(m.server_members.begin(), m.server_members.end(), [&](int d) {
+bool in_place(const PathContext& m, const CombineStep& s) {
+  return m.relay_sums_in_place(*s.h) && std::all_of(m.setup.server_members.begin(), m.setup.server_members.end(), [&](int d) {
            return s.peers->header[static_cast<std::size_t>(d)]->y_in_window != 0;
          });
 }
@@ -163,29 +163,29 @@ bool in_place(const Impl& m, const CombineStep& s) {
 // (each worker a slice of every source's rows) go to the sources; once every worker has
 // summed, every rank of my server hears "done reading your y" (it waits for that before its
 // y may change); after the quiet, each source its signal.
-void forward_in_place(Impl& m, const HandleState& h, const Impl::Peers& peers) {
-  const std::vector<int> sources = m.relayed_sources();
+void forward_in_place(PathContext& m, const HandleState& h, const Impl::Peers& peers) {
+  const std::vector<int> sources = m.setup.relayed_sources();
   reserve_sums(m, h);
-  std::atomic<int> reading{m.W};
+  std::atomic<int> reading{m.setup.W};
   m.run_workers([&](int w) {
-    Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+    Impl::PhaseTimer timer = m.timer(w, Phase::kPutIssue);
     ServerSums sums(m, &peers);
     for (int s : sources) {
       const std::int64_t b = h.relayed_begin[static_cast<std::size_t>(s)];
-      const auto [i0, i1] = split_range(h.relayed_begin[static_cast<std::size_t>(s) + 1] - b, w, m.W);
-      if (i0 < i1) put_sums(m, h, sums, s, b + i0, b + i1, stats_of(m, w));
+      const auto [i0, i1] = split_range(h.relayed_begin[static_cast<std::size_t>(s) + 1] - b, w, m.setup.W);
+      if (i0 < i1) put_sums(m, h, sums, s, b + i0, b + i1, m.stats_of(w));
     }
     if (reading.fetch_sub(1, std::memory_order_acq_rel) == 1)  // the last worker to finish reading (the sums are staged)
-      for (int d : m.server_members) m.transport.signal(d, m.geo.pull_done_signal(m.rank), m.epoch, 0);
-    m.transport.quiet(0);
+      for (int d : m.setup.server_members) m.setup.transport.signal(d, m.setup.geo.pull_done_signal(m.setup.rank), m.call.epoch, 0);
+    m.setup.transport.quiet(0);
   });
-  for (int s : sources) m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
+  for (int s : sources) m.setup.transport.signal(s, m.setup.geo.forward_signal(m.setup.rank), m.call.epoch, 0);
 }
 
 // In place: until every relay of my server has read my y.
-void await_readers(Impl& m) {
-  Impl::PhaseTimer timer(m, 0, Phase::kBarrier);
-  for (int d : m.server_members) m.transport.wait_signal(m.geo.pull_done_signal(d), m.epoch, {"combine relay done reading", d});
+void await_readers(PathContext& m) {
+  Impl::PhaseTimer timer = m.timer(0, Phase::kBarrier);
+  for (int d : m.setup.server_members) m.setup.transport.wait_signal(m.setup.geo.pull_done_signal(d), m.call.epoch, {"combine relay done reading", d});
 }
 
 // ---- Relay chunks (relay_chunks.hpp): chunk c of every relay travels in round c of every
@@ -210,11 +210,11 @@ struct ChunkPlan {
   std::vector<int> sources;
 };
 
-void send_round(Impl& m, Impl::Sender& send, Impl::Replies& replies, const HandleState& h, const CombineArgs& a, int w,
+void send_round(PathContext& m, Impl::Sender& send, Impl::Replies& replies, const HandleState& h, const CombineArgs& a, int w,
                 std::int64_t c, const ChunkPlan& plan, std::vector<std::vector<RelayCursor>>& cursors) {
-  const std::int64_t R = m.relay_chunk_rows;
-  for (std::size_t j = 0; j < m.reply_order.size(); ++j) {
-    const int peer = m.reply_order[j];
+  const std::int64_t R = m.setup.relay_chunk_rows;
+  for (std::size_t j = 0; j < m.setup.reply_order.size(); ++j) {
+    const int peer = m.setup.reply_order[j];
     for (RelayCursor& cur : cursors[j]) {
       std::int64_t stop = cur.next;
       while (stop < cur.end && h.recv_relay_row[static_cast<std::size_t>(stop)] - cur.base < (c + 1) * R) ++stop;
@@ -230,15 +230,15 @@ void send_round(Impl& m, Impl::Sender& send, Impl::Replies& replies, const Handl
 
 // At a relay, chunked: my chunk c, once every member's every worker has signalled it: each
 // source's rows of it (forward_rows), my sources in rotated order.
-void forward_chunk(Impl& m, const HandleState& h, const std::vector<int>& sources, ServerSums& sums, int w, std::int64_t c) {
+void forward_chunk(PathContext& m, const HandleState& h, const std::vector<int>& sources, ServerSums& sums, int w, std::int64_t c) {
   {
-    Impl::PhaseTimer timer(m, w, Phase::kWaitData);
-    for (int d : m.server_members) wait_chunk(m, d, c, "combine relay chunk");
+    Impl::PhaseTimer timer = m.timer(w, Phase::kWaitData);
+    for (int d : m.setup.server_members) wait_chunk(m, d, c, "combine relay chunk");
   }
-  Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+  Impl::PhaseTimer timer = m.timer(w, Phase::kPutIssue);
   for (int s : sources) {
-    const auto [i0, i1] = chunk_range(h.relayed_begin, s, c, m.relay_chunk_rows);
-    if (i0 < i1) forward_rows(m, h, sums, s, i0, i1, stats_of(m, w));
+    const auto [i0, i1] = chunk_range(h.relayed_begin, s, c, m.setup.relay_chunk_rows);
+    if (i0 < i1) forward_rows(m, h, sums, s, i0, i1, m.stats_of(w));
   }
 }
 
@@ -247,42 +247,42 @@ void forward_chunk(Impl& m, const HandleState& h, const std::vector<int>& source
 // replies in rounds (send_round) and, between them, forwards the relay chunks it owns (c = w,
 // w + W, ...) whose round is kRelayLag behind; then completes its channels as send_replies
 // does, forwards the rest and quiets. After every worker: one signal per relayed source.
-void send_and_forward(Impl& m, const HandleState& h, const CombineArgs& a) {
+void send_and_forward(PathContext& m, const HandleState& h, const CombineArgs& a) {
   ChunkPlan plan;
-  plan.mine = relay_chunks(h.relayed_begin, m.relay_chunk_rows);
-  plan.sources = m.relayed_sources();
-  for (int d : m.reply_order) {
-    plan.chunks.push_back(relay_chunks(h.relayed_begin_at[static_cast<std::size_t>(d)], m.relay_chunk_rows));
+  plan.mine = relay_chunks(h.relayed_begin, m.setup.relay_chunk_rows);
+  plan.sources = m.setup.relayed_sources();
+  for (int d : m.setup.reply_order) {
+    plan.chunks.push_back(relay_chunks(h.relayed_begin_at[static_cast<std::size_t>(d)], m.setup.relay_chunk_rows));
     plan.rounds = std::max(plan.rounds, plan.chunks.back());
   }
   m.reserve_reply_stage(h);
   reserve_sums(m, h);
   m.run_workers([&](int w) {
-    Impl::Sender send(m, w, m.geo.combine_signal(m.rank, w), m.reply_channel_bytes(h, w), m.reply_order);
-    Impl::Replies replies(m, h, a, w);
+    Impl::Sender send = m.sender(w, m.setup.geo.combine_signal(m.setup.rank, w), m.reply_channel_bytes(h, w), m.setup.reply_order);
+    Impl::Replies replies = m.replies(h, a, w);
     ServerSums sums(m, nullptr);
-    std::vector<std::vector<RelayCursor>> cursors(m.reply_order.size());
-    for (std::size_t j = 0; j < m.reply_order.size(); ++j)
-      for (int s : m.reply_sources[static_cast<std::size_t>(m.reply_order[j])])
-        if (s != m.reply_order[j]) {
+    std::vector<std::vector<RelayCursor>> cursors(m.setup.reply_order.size());
+    for (std::size_t j = 0; j < m.setup.reply_order.size(); ++j)
+      for (int s : m.setup.reply_sources[static_cast<std::size_t>(m.setup.reply_order[j])])
+        if (s != m.setup.reply_order[j]) {
           const auto [first, end] = m.reply_slice(h, s, w);
-          cursors[j].push_back({s, first, end, h.relayed_begin_at[static_cast<std::size_t>(m.reply_order[j])][static_cast<std::size_t>(s)]});
+          cursors[j].push_back({s, first, end, h.relayed_begin_at[static_cast<std::size_t>(m.setup.reply_order[j])][static_cast<std::size_t>(s)]});
         }
-    OwnChunks own(plan.mine, w, m.W);  // my chunks as a relay
+    OwnChunks own(plan.mine, w, m.setup.W);  // my chunks as a relay
     auto forward_upto = [&](std::int64_t last) { own.upto(last, [&](std::int64_t c) { forward_chunk(m, h, plan.sources, sums, w, c); }); };
     for (std::int64_t c = 0; c < plan.rounds; ++c) {
       {
-        Impl::PhaseTimer timer(m, w, Phase::kPutIssue);
+        Impl::PhaseTimer timer = m.timer(w, Phase::kPutIssue);
         send_round(m, send, replies, h, a, w, c, plan, cursors);
       }
       forward_upto(c - kRelayLag);
     }
-    for (int peer : m.reply_order) send.end_channel(peer);
+    for (int peer : m.setup.reply_order) send.end_channel(peer);
     send.finish();
     forward_upto(plan.mine);
-    m.transport.quiet(0);
+    m.setup.transport.quiet(0);
   });
-  for (int s : plan.sources) m.transport.signal(s, m.geo.forward_signal(m.rank), m.epoch, 0);
+  for (int s : plan.sources) m.setup.transport.signal(s, m.setup.geo.forward_signal(m.setup.rank), m.call.epoch, 0);
 }
 
 // At the source, node first: per token, its replies grouped by the server of their rank,
@@ -292,12 +292,12 @@ void send_and_forward(Impl& m, const HandleState& h, const CombineArgs& a) {
 // servers' sums, rounded once (docs/spec.md §4).
 class NodeFirstReduce {
  public:
-  NodeFirstReduce(Impl& m, const HandleState& h, const CombineArgs& a, std::int64_t t0)
-      : m_(m), h_(h), H_(static_cast<std::size_t>(m.config.hidden)), my_server_(server_of(m.rank)),
+  NodeFirstReduce(PathContext& m, const HandleState& h, const CombineArgs& a, std::int64_t t0)
+      : m_(m), h_(h), H_(static_cast<std::size_t>(m.setup.config.hidden)), my_server_(server_of(m.setup.rank)),
         b0_(a.bias0.empty() ? nullptr : a.bias0.as<std::uint16_t>()), b1_(a.bias1.empty() ? nullptr : a.bias1.as<std::uint16_t>()),
-        replies_(reinterpret_cast<const std::uint16_t*>(m.transport.window() + m.geo.region(Region::kReplies))),
-        next_(static_cast<std::size_t>(m.P)), my_sum_(H_) {
-    for (int r = 0; r < m.P; ++r) {  // my first token through each relay at or after t0
+        replies_(reinterpret_cast<const std::uint16_t*>(m.setup.transport.window() + m.setup.geo.region(Region::kReplies))),
+        next_(static_cast<std::size_t>(m.setup.P)), my_sum_(H_) {
+    for (int r = 0; r < m.setup.P; ++r) {  // my first token through each relay at or after t0
       const auto& tokens = h.relay_tokens[static_cast<std::size_t>(r)];
       next_[static_cast<std::size_t>(r)] = std::lower_bound(tokens.begin(), tokens.end(), t0) - tokens.begin();
     }
@@ -309,11 +309,11 @@ class NodeFirstReduce {
     for (std::int32_t i = plan.token_begin[static_cast<std::size_t>(t)]; i < plan.token_begin[static_cast<std::size_t>(t) + 1]; ++i) {
       const auto e = static_cast<std::size_t>(i);
       const int d = plan.entry_rank[e];
-      order_.push_back({server_of(d), d, replies_ + static_cast<std::size_t>(m_.geo.replied_row(h_, d, plan.entry_position[e])) * H_});
+      order_.push_back({server_of(d), d, replies_ + static_cast<std::size_t>(m_.setup.geo.replied_row(h_, d, plan.entry_position[e])) * H_});
     }
     std::sort(order_.begin(), order_.end(), [](const Term& u, const Term& v) { return u.server != v.server ? u.server < v.server : u.rank < v.rank; });
     const std::size_t off = static_cast<std::size_t>(t) * H_;
-    terms_.assign(1, b1_ ? b1_ + off : m_.zero_row.data());  // as in reduce_tokens: a missing bias1 adds +0.0
+    terms_.assign(1, b1_ ? b1_ + off : m_.setup.zero_row.data());  // as in reduce_tokens: a missing bias1 adds +0.0
     for (std::size_t j = 0; j < order_.size();) {
       std::size_t k = j;
       while (k < order_.size() && order_[k].server == order_[j].server) ++k;
@@ -328,7 +328,7 @@ class NodeFirstReduce {
     int server, rank;
     const std::uint16_t* row;
   };
-  int server_of(int d) const { return m_.topology.ranks[static_cast<std::size_t>(d)].server; }
+  int server_of(int d) const { return m_.setup.topology.ranks[static_cast<std::size_t>(d)].server; }
 
   // My server's replies order_[j, k): one passes unchanged, more are summed here.
   const std::uint16_t* mine(std::size_t j, std::size_t k) {
@@ -341,14 +341,14 @@ class NodeFirstReduce {
 
   // The sum of token t's replies at d's server, from its relay.
   const std::uint16_t* relayed_sum(std::int64_t t, int d) {
-    const auto r = static_cast<std::size_t>(relay_rank(m_.topology, m_.rank, d));
+    const auto r = static_cast<std::size_t>(relay_rank(m_.setup.topology, m_.setup.rank, d));
     const auto& tokens = h_.relay_tokens[r];
     while (tokens[static_cast<std::size_t>(next_[r])] < t) ++next_[r];
     const std::size_t row_bytes = H_ * sizeof(std::uint16_t);
-    return reinterpret_cast<const std::uint16_t*>(m_.transport.window() + m_.geo.row(Region::kRelay, h_.my_sums[r] + next_[r], row_bytes));
+    return reinterpret_cast<const std::uint16_t*>(m_.setup.transport.window() + m_.setup.geo.row(Region::kRelay, h_.my_sums[r] + next_[r], row_bytes));
   }
 
-  Impl& m_;
+  PathContext& m_;
   const HandleState& h_;
   std::size_t H_;
   int my_server_;
@@ -359,11 +359,11 @@ class NodeFirstReduce {
   std::vector<const std::uint16_t*> rows_, terms_;
 };
 
-void reduce_node_first(Impl& m, const HandleState& h, const CombineArgs& a, Tensor& out) {
-  if (!m.moves_payload) return;
+void reduce_node_first(PathContext& m, const HandleState& h, const CombineArgs& a, Tensor& out) {
+  if (!m.setup.payload.computes_sums()) return;
   m.run_workers([&](int w) {
-    Impl::PhaseTimer timer(m, w, Phase::kEpilogue);
-    const auto [t0, t1] = split_range(h.plan.shape.num_tokens, w, m.W);
+    Impl::PhaseTimer timer = m.timer(w, Phase::kEpilogue);
+    const auto [t0, t1] = split_range(h.plan.shape.num_tokens, w, m.setup.W);
     NodeFirstReduce reduce(m, h, a, t0);
     for (std::int64_t t = t0; t < t1; ++t) reduce.token(t, out.as<std::uint16_t>());
   });
@@ -371,30 +371,30 @@ void reduce_node_first(Impl& m, const HandleState& h, const CombineArgs& a, Tens
 
 class Relay final : public CombinePath {
  public:
-  void send(Impl& m, const CombineStep& s) const override {
-    if (m.relay_chunk_rows > 0) {
+  void send(PathContext m, const CombineStep& s) const override {
+    if (m.setup.relay_chunk_rows > 0) {
       send_and_forward(m, *s.h, *s.a);  // the relays forward while they send
     } else {
       m.send_replies(*s.h, *s.a, true, !in_place(m, s));  // in place: only to my own server's sources
     }
   }
 
-  void receive(Impl& m, const CombineStep& s) const override {
-    const bool read_in_place = m.relay_chunk_rows == 0 && in_place(m, s);
+  void receive(PathContext m, const CombineStep& s) const override {
+    const bool read_in_place = m.setup.relay_chunk_rows == 0 && in_place(m, s);
     if (read_in_place) forward_in_place(m, *s.h, *s.peers);
-    else if (m.relay_chunk_rows == 0) forward_replies(m, *s.h);
+    else if (m.setup.relay_chunk_rows == 0) forward_replies(m, *s.h);
     {  // My server's ranks answer directly; each other server's answers come from its relay.
-      Impl::PhaseTimer timer(m, 0, Phase::kWaitData);
+      Impl::PhaseTimer timer = m.timer(0, Phase::kWaitData);
       Impl::WaitClock::time_point since = Impl::WaitClock::now();
-      for (int d : m.server_members) {
-        for (int w = 0; w < m.W; ++w) m.transport.wait_signal(m.geo.combine_signal(d, w), m.epoch, {"combine data", d});
+      for (int d : m.setup.server_members) {
+        for (int w = 0; w < m.setup.W; ++w) m.setup.transport.wait_signal(m.setup.geo.combine_signal(d, w), m.call.epoch, {"combine data", d});
         since = m.lap_wait(0, d, since);
       }
-      const int my_server = m.topology.ranks[static_cast<std::size_t>(m.rank)].server;
-      for (int d = 0; d < m.P; ++d) {
-        const int relay = relay_rank(m.topology, m.rank, d);
-        if (m.topology.ranks[static_cast<std::size_t>(d)].server != my_server && relay == d) {
-          m.transport.wait_signal(m.geo.forward_signal(relay), m.epoch, {"combine data (relayed)", relay});
+      const int my_server = m.setup.topology.ranks[static_cast<std::size_t>(m.setup.rank)].server;
+      for (int d = 0; d < m.setup.P; ++d) {
+        const int relay = relay_rank(m.setup.topology, m.setup.rank, d);
+        if (m.setup.topology.ranks[static_cast<std::size_t>(d)].server != my_server && relay == d) {
+          m.setup.transport.wait_signal(m.setup.geo.forward_signal(relay), m.call.epoch, {"combine data (relayed)", relay});
           since = m.lap_wait(0, relay, since);
         }
       }

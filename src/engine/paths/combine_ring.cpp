@@ -27,19 +27,19 @@ struct Source {
 // its credit allows) and the source side (each round reduced once every rank signalled it).
 class RingCombine {
  public:
-  RingCombine(Impl& m, const HandleState& h, const CombineArgs& a, const Peers& peers, Tensor& out)
-      : m_(m), h_(h), a_(a), out_(out), S_(h.plan.shape.num_tokens), C_(m.geo.reply_round_tokens()),
-        H_(static_cast<std::size_t>(m.config.hidden)), row_bytes_(H_ * sizeof(std::uint16_t)), stamp_(m.epoch << 32),
-        my_rounds_(rounds_of(S_)), round_start_(static_cast<std::size_t>(m.P), 0), rows_of_(static_cast<std::size_t>(m.P)),
-        first_row_(static_cast<std::size_t>(m.P)), timer_(m, 0, Phase::kPutIssue),
-        send_(m, 0, 0, channel_bytes(), m.reply_order), replies_(m, h, a, (reserve_stage(m, h), 0)) {
-    for (int s : m.reply_order)
+  RingCombine(PathContext& m, const HandleState& h, const CombineArgs& a, const Peers& peers, Tensor& out)
+      : m_(m), h_(h), a_(a), out_(out), S_(h.plan.shape.num_tokens), C_(m.setup.geo.reply_round_tokens()),
+        H_(static_cast<std::size_t>(m.setup.config.hidden)), row_bytes_(H_ * sizeof(std::uint16_t)), stamp_(m.call.epoch << 32),
+        my_rounds_(rounds_of(S_)), round_start_(static_cast<std::size_t>(m.setup.P), 0), rows_of_(static_cast<std::size_t>(m.setup.P)),
+        first_row_(static_cast<std::size_t>(m.setup.P)), timer_(m.timer(0, Phase::kPutIssue)),
+        send_(m.sender(0, 0, channel_bytes(), m.setup.reply_order)), replies_(m.replies(h, a, (reserve_stage(m, h), 0))) {
+    for (int s : m.setup.reply_order)
       sources_.push_back({s, rounds_of(peers.header[static_cast<std::size_t>(s)]->tokens), 0,
                           h.recv_begin[static_cast<std::size_t>(s)]});
   }
 
   void run() {
-    progress_until_done(m_.transport.timeout(), m_.rank, "combine ring", sources_.empty() ? -1 : sources_.front().peer,
+    progress_until_done(m_.setup.transport.timeout(), m_.setup.rank, "combine ring", sources_.empty() ? -1 : sources_.front().peer,
                         [this] { return pass(); }, [this] { return waiting(); });
     send_.flush();
   }
@@ -47,18 +47,18 @@ class RingCombine {
  private:
   std::int64_t rounds_of(std::int64_t tokens) const { return (tokens + C_ - 1) / C_; }
   std::int64_t count_of(std::uint64_t v) const { return v >= stamp_ ? static_cast<std::int64_t>(v - stamp_) : 0; }
-  std::int64_t tail_of(int d) { return count_of(m_.transport.read_signal(m_.geo.ring_tail_signal(d))); }
+  std::int64_t tail_of(int d) { return count_of(m_.setup.transport.read_signal(m_.setup.geo.ring_tail_signal(d))); }
 
   // Expanded replies are partial sums built in reply_stage, which Replies finds at its construction.
-  static void reserve_stage(Impl& m, const HandleState& h) {
+  static void reserve_stage(PathContext& m, const HandleState& h) {
     if (h.layout == RecvLayout::kExpanded)
-      m.reply_stage.resize(static_cast<std::size_t>(m.W * Impl::kReplyStageRows) * static_cast<std::size_t>(m.config.hidden));
+      m.call.reply_stage.resize(static_cast<std::size_t>(m.setup.W * Impl::kReplyStageRows) * static_cast<std::size_t>(m.setup.config.hidden));
   }
 
   // Bytes of replies to each source (decides the Sender's queues).
   std::vector<std::uint64_t> channel_bytes() const {
-    std::vector<std::uint64_t> bytes(static_cast<std::size_t>(m_.P));
-    for (int s : m_.reply_order) {
+    std::vector<std::uint64_t> bytes(static_cast<std::size_t>(m_.setup.P));
+    for (int s : m_.setup.reply_order) {
       const auto us = static_cast<std::size_t>(s);
       bytes[us] = static_cast<std::uint64_t>(h_.recv_begin[us + 1] - h_.recv_begin[us]) * row_bytes_;
     }
@@ -72,14 +72,14 @@ class RingCombine {
     const std::int64_t first = src.next_row;
     std::int64_t r = first;
     while (r < end && h_.recv_token[static_cast<std::size_t>(r)] < end_token) ++r;
-    const std::int64_t dst = m_.geo.reply_ring_row(src.sent, m_.rank);
+    const std::int64_t dst = m_.setup.geo.reply_ring_row(src.sent, m_.setup.rank);
     if (h_.layout == RecvLayout::kCompact)
       send_.put_rows(src.peer, Region::kReplies, dst, replies_.of(first), r - first, row_bytes_);
     else
       for (std::int64_t i = first; i < r; ++i) send_.put_rows(src.peer, Region::kReplies, dst + (i - first), replies_.of(i), 1, row_bytes_);
     src.next_row = r;
     ++src.sent;
-    send_.signal(src.peer, m_.geo.ring_tail_signal(m_.rank), stamp_ + static_cast<std::uint64_t>(src.sent));
+    send_.signal(src.peer, m_.setup.geo.ring_tail_signal(m_.setup.rank), stamp_ + static_cast<std::uint64_t>(src.sent));
   }
 
   // Source side: the round's rows at every expert rank d (my segment at d is token-ascending:
@@ -87,24 +87,25 @@ class RingCombine {
   void reduce_round() {
     const std::int64_t t0 = reduced_ * C_, t1 = std::min(S_, t0 + C_);
     const RoutingPlan& plan = h_.plan;
-    const auto* replies_base = reinterpret_cast<const std::uint16_t*>(m_.transport.window() + m_.geo.region(Region::kReplies));
-    for (int d = 0; d < m_.P; ++d) {
+    const auto* replies_base = reinterpret_cast<const std::uint16_t*>(m_.setup.transport.window() + m_.setup.geo.region(Region::kReplies));
+    for (int d = 0; d < m_.setup.P; ++d) {
       const auto ud = static_cast<std::size_t>(d);
       const std::int32_t* seg = plan.segment_token.data() + plan.segment_begin[ud];
       std::int64_t p = round_start_[ud];
-      rows_of_[ud] = replies_base + static_cast<std::size_t>(m_.geo.reply_ring_row(reduced_, d)) * H_;
+      rows_of_[ud] = replies_base + static_cast<std::size_t>(m_.setup.geo.reply_ring_row(reduced_, d)) * H_;
       first_row_[ud] = -p;
       while (p < plan.tokens_to(d) && seg[p] < t1) ++p;
       round_start_[ud] = p;
     }
-    if (m_.moves_payload)
+    m_.setup.payload.values([&] {
       m_.run_workers([&](int w) {
-        const auto [u0, u1] = split_range(t1 - t0, w, m_.W);
+        const auto [u0, u1] = split_range(t1 - t0, w, m_.setup.W);
         m_.reduce_tokens(h_, a_, t0 + u0, t0 + u1, rows_of_, first_row_, out_.as<std::uint16_t>(), nullptr);
       });
+    });
     ++reduced_;
-    for (int i = 0; i < m_.P; ++i)
-      m_.transport.signal((m_.rank + i) % m_.P, m_.geo.ring_credit_signal(m_.rank), stamp_ + static_cast<std::uint64_t>(reduced_), 0);
+    for (int i = 0; i < m_.setup.P; ++i)
+      m_.setup.transport.signal((m_.setup.rank + i) % m_.setup.P, m_.setup.geo.ring_credit_signal(m_.setup.rank), stamp_ + static_cast<std::uint64_t>(reduced_), 0);
   }
 
   Progress pass() {
@@ -113,14 +114,14 @@ class RingCombine {
       if (src.sent == src.rounds) continue;
       p.pending = true;
       // Half sent % 2 is free once the source has reduced round sent - 2.
-      if (src.sent >= 2 && count_of(m_.transport.read_signal(m_.geo.ring_credit_signal(src.peer))) < src.sent - 1) continue;
+      if (src.sent >= 2 && count_of(m_.setup.transport.read_signal(m_.setup.geo.ring_credit_signal(src.peer))) < src.sent - 1) continue;
       send_round(src);
       p.moved = true;
     }
     if (reduced_ < my_rounds_) {
       p.pending = true;
       bool all = true;
-      for (int d = 0; d < m_.P && all; ++d) all = tail_of(d) > reduced_;
+      for (int d = 0; d < m_.setup.P && all; ++d) all = tail_of(d) > reduced_;
       if (all) {
         reduce_round();
         p.moved = true;
@@ -133,12 +134,12 @@ class RingCombine {
     std::string what;
     for (const Source& src : sources_)
       if (src.sent < src.rounds) what += " credit from rank " + std::to_string(src.peer);
-    for (int d = 0; d < m_.P && reduced_ < my_rounds_; ++d)
+    for (int d = 0; d < m_.setup.P && reduced_ < my_rounds_; ++d)
       if (tail_of(d) <= reduced_) what += " replies from rank " + std::to_string(d);
     return what;
   }
 
-  Impl& m_;
+  PathContext& m_;
   const HandleState& h_;
   const CombineArgs& a_;
   Tensor& out_;
@@ -158,14 +159,14 @@ class RingCombine {
   Impl::Replies replies_;
 };
 
-void combine_through_ring(Impl& m, const HandleState& h, const CombineArgs& a, const Peers& peers, Tensor& out) {
+void combine_through_ring(PathContext& m, const HandleState& h, const CombineArgs& a, const Peers& peers, Tensor& out) {
   RingCombine(m, h, a, peers, out).run();
 }
 
 class Ring final : public CombinePath {
  public:
-  void send(Impl& m, const CombineStep& s) const override { combine_through_ring(m, *s.h, *s.a, *s.peers, *s.out); }
-  void receive(Impl&, const CombineStep&) const override {}  // send reduced every round
+  void send(PathContext m, const CombineStep& s) const override { combine_through_ring(m, *s.h, *s.a, *s.peers, *s.out); }
+  void receive(PathContext, const CombineStep&) const override {}  // send reduced every round
 };
 
 }  // namespace

@@ -18,7 +18,7 @@
 namespace epx::detail {
 
 inline std::int64_t chunks_of(std::int64_t rows, std::int64_t per) { return (rows + per - 1) / per; }
-inline std::uint64_t chunk_value(const Impl& m, std::int64_t chunks) { return m.epoch << 32 | static_cast<std::uint64_t>(chunks); }
+inline std::uint64_t chunk_value(const PathContext& m, std::int64_t chunks) { return m.call.epoch << 32 | static_cast<std::uint64_t>(chunks); }
 
 /// The chunks of a relay whose relayed rows per source begin at `begin` ([P + 1]).
 inline std::int64_t relay_chunks(const std::vector<std::int64_t>& begin, std::int64_t per) {
@@ -60,14 +60,14 @@ constexpr std::int64_t kRelayLag = 1;
 
 /// Worker w has sent its rows of chunk c to `relay` on queue q: the chunk's ordered signal
 /// (a quiet first where the transport does not order signals after puts).
-inline void signal_chunk(Impl& m, int relay, int q, int w, std::int64_t c) {
-  if (!m.transport.caps().ordered_signal_per_queue) m.transport.quiet(q);
-  m.transport.signal(relay, m.geo.relay_chunk_signal(m.rank, w), chunk_value(m, c + 1), q);
+inline void signal_chunk(PathContext& m, int relay, int q, int w, std::int64_t c) {
+  if (!m.setup.transport.caps().ordered_signal_per_queue) m.setup.transport.quiet(q);
+  m.setup.transport.signal(relay, m.setup.geo.relay_chunk_signal(m.setup.rank, w), chunk_value(m, c + 1), q);
 }
 
 /// At a relay: until every worker of `sender` has signalled chunk c.
-inline void wait_chunk(Impl& m, int sender, std::int64_t c, const char* phase) {
-  for (int sw = 0; sw < m.W; ++sw) m.transport.wait_signal(m.geo.relay_chunk_signal(sender, sw), chunk_value(m, c + 1), {phase, sender});
+inline void wait_chunk(PathContext& m, int sender, std::int64_t c, const char* phase) {
+  for (int sw = 0; sw < m.setup.W; ++sw) m.setup.transport.wait_signal(m.setup.geo.relay_chunk_signal(sender, sw), chunk_value(m, c + 1), {phase, sender});
 }
 
 }  // namespace epx::detail

@@ -32,7 +32,7 @@ struct SourceLaps {
 // go from `first` on (r0 <= first <= r1), then from r0: this call's first source first.
 void receive_flagged(Buffer::Impl& m, Region region, std::int64_t r0, std::int64_t r1, std::int64_t first,
                      std::size_t row_bytes, const std::int32_t* source_of, const char* phase, SourceLaps& laps) {
-  const bool copy = m.moves_payload || region == Region::kMeta;
+  const bool copy = m.payload.carried(region);
   std::byte* window_base = m.transport.window();
   for (std::int64_t i = 0; i < r1 - r0; ++i) {
     const std::int64_t r = first + i < r1 ? first + i : first + i - (r1 - r0);
