@@ -516,12 +516,19 @@ def _ops(rank, size):
         z = torch.full((5,), float(rank))
         dist.all_reduce(z, group=sub)
         check("new_group epx", z.eq(4).all())
+    # the path this job was asked for: every rank reading its peers' tensors, or the window
+    default = dist.distributed_c10d._get_default_group()
+    check("peer reads as asked", (default._peer_pids() is not None) == (os.environ.get("EPX_DIST_PEER_READ", "1") != "0"))
     return checks
 
 
-def test_every_op_against_gloo():
+# On one machine the pieces of broadcast, all_to_all and the gathers, and large sums, are read
+# out of the peers' tensors; the window paths (those of ranks on several machines) run with
+# the reads turned off.
+@pytest.mark.parametrize("peer_read", ["1", "0"])
+def test_every_op_against_gloo(peer_read):
     before = _shm()
-    results = _run(_ops)
+    results = _run(_ops, env={"EPX_DIST_PEER_READ": peer_read})
     failed = [(r, name) for r, checks in enumerate(results) for name, ok in checks if not ok]
     print(len(results[0]), "checks on each rank")
     assert len(results[0]) >= 100, "checks missing"
@@ -582,4 +589,49 @@ def test_torchrun_and_timeout(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path).stdout
     assert out.count("[3.0, 3.0, 3.0, 3.0, 3.0] epx") == 2, out
     assert "RAISED True True" in out, out
+    assert _no_new_shm(before)
+
+
+def _both_paths(rank, size):
+    """The same calls on a group that reads its peers' tensors and on one that goes through
+    the window: the same bits (the sums are the same left fold in rank order)."""
+    on = dist.new_group(backend="epx")
+    reads = on._peer_pids() is not None
+    os.environ["EPX_DIST_PEER_READ"] = "0"
+    off = dist.new_group(backend="epx")
+    window = off._peer_pids() is None
+    diffs = []
+    for i, dt in enumerate((torch.float32, torch.bfloat16, torch.float16)):
+        for n in (300_000, (1 << 20) + 7):  # below and above the sums' 1 MiB switch, over several windows
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                x = _data(rank + 10 * i, torch.float32, (n,)).mul(100).to(dt)
+                a, b = x.clone(), x.clone()
+                dist.all_reduce(a, op=op, group=on)
+                dist.all_reduce(b, op=op, group=off)
+                oa, ob = torch.empty(n // size, dtype=dt), torch.empty(n // size, dtype=dt)
+                dist._reduce_scatter_base(oa, x[:n // size * size], op=op, group=on)
+                dist._reduce_scatter_base(ob, x[:n // size * size], op=op, group=off)
+                ga, gb = torch.empty(n * size, dtype=dt), torch.empty(n * size, dtype=dt)
+                dist.all_gather_into_tensor(ga, x, group=on)
+                dist.all_gather_into_tensor(gb, x, group=off)
+                diffs += [name for name, u, v in (("all_reduce", a, b), ("reduce_scatter", oa, ob), ("all_gather", ga, gb))
+                          if not _eq(u, v)]
+    rows = [3 + (rank * 5 + p) % 7 for p in range(size)]  # uneven splits: rank r sends p 3 + (5r + p) % 7 rows
+    recv = [3 + (r * 5 + rank) % 7 for r in range(size)]
+    inp = _data(rank, torch.float32, (sum(rows), 33))
+    outs = []
+    for g in (on, off):
+        out = torch.empty(sum(recv), 33)
+        dist.all_to_all_single(out, inp, recv, rows, group=g)
+        outs.append(out)
+    if not _eq(outs[0], outs[1]):
+        diffs.append("all_to_all_single")
+    return reads, window, diffs
+
+
+def test_peer_reads_equal_the_window():
+    before = _shm()
+    for reads, window, diffs in _run(_both_paths, env={"EPX_DIST_WINDOW_BYTES": str(1 << 20)}):
+        assert reads and window, "a group did not take the path asked for"
+        assert not diffs, diffs
     assert _no_new_shm(before)

@@ -1,10 +1,12 @@
-"""all_gather in its forms and gather: the BucketBuffer's all_gather through the window."""
+"""all_gather in its forms and gather: the BucketBuffer's all_gather through the window, or, when
+every rank is on this machine, each rank reading every peer's tensor into its output (_peer_read.py)."""
 import torch
 
-from ._util import _DTYPES, _OPS, _WINDOW, _code, _flat, _u8
+from ._peer_read import _PeerReads
+from ._util import _WINDOW, _code, _flat, _u8
 
 
-class _Gathers:
+class _Gathers(_PeerReads):
     # -- all_gather -----------------------------------------------------------------------
     def _gather_all(self, flat, op, kind=0):
         """Every rank's `flat` (contiguous, same dtype and size on every rank), by rank:
@@ -14,8 +16,22 @@ class _Gathers:
         self._gather_into(flat, [o for o in out], op, kind)
         return out
 
+    def _gather_by_reads(self, flat, outs, op, kind):
+        """_gather_into on one machine: each rank reads every peer's tensor straight into its
+        output (_peer_read.py); the record exchange carries the same header as the window's."""
+        me, src = self._rank, _u8(flat)
+        recs = self._records(op, [_code(flat.dtype) + 256 * kind, flat.numel(), src.data_ptr()])
+        self._check_heads(op, [r[:2] for r in recs], flat, kind)
+        dst = [_u8(o) for o in outs]
+        dst[me].copy_(src)
+        order = [(me + k) % self._size for k in range(1, self._size)]
+        self._settle(op, self._read_pieces(op, self._peer_pids(), [(r, recs[r][2], dst[r]) for r in order]))
+
     def _gather_into(self, flat, outs, op, kind=0):
         """all_gather of flat (contiguous 1-D) into outs[r] (contiguous 1-D, flat's size)."""
+        if self._peer_pids() is not None:
+            self._gather_by_reads(flat, outs, op, kind)
+            return
         P, me = self._size, self._rank
         src = _u8(flat)
         dst = [_u8(o) for o in outs]
@@ -37,17 +53,7 @@ class _Gathers:
             self._bucket_call(op, self._bucket.all_gather, [(mine.data_ptr(), k, 1)], [], 0)
             pieces = whole.view(P, k)
             if first:
-                heads = pieces[:, :hdr].contiguous().view(torch.int64).view(P, 2)
-                for r in range(P):
-                    if heads[r, 0] != heads[me, 0] or heads[r, 1] != heads[me, 1]:
-                        c_r, k_r = int(heads[r, 0]) % 256, int(heads[r, 0]) // 256
-                        if c_r == _code(flat.dtype) and heads[r, 1] == flat.numel():
-                            name = {int(o) + 1: n for o, n in _OPS.items()}
-                            raise RuntimeError(f"epx backend: {op}: rank {r} reduces with {name.get(k_r, k_r)}, "
-                                               f"rank {me} with {name.get(kind, kind)}")
-                        d_r = _DTYPES[c_r - 1] if 0 < c_r <= len(_DTYPES) else "?"
-                        raise RuntimeError(f"epx backend: {op}: rank {r}'s tensor is {d_r} x {int(heads[r, 1])} "
-                                           f"elements, rank {me}'s is {flat.dtype} x {flat.numel()}")
+                self._check_heads(op, pieces[:, :hdr].contiguous().view(torch.int64).view(P, 2).tolist(), flat, kind)
                 for r in range(P):
                     dst[r][:m].copy_(pieces[r, hdr:])
             else:

@@ -1,10 +1,16 @@
-"""broadcast, all_to_all and scatter: pieces moved between pairs on the group's PPBuffer."""
+"""broadcast, all_to_all and scatter: pieces moved between pairs on the group's PPBuffer, or,
+when every rank is on this machine, read by each receiver out of its peers' tensors (_peer_read.py)."""
 import torch
 
+from ._peer_read import _PeerReads
 from ._util import _DTYPES, _PP_BYTES, _code, _flat, _is, _u8, _with_rank
 
 
-class _Pairwise:
+def _words(nbytes, code):
+    return f"{nbytes} bytes" + (f" of {_DTYPES[code - 1]}" if 0 < code <= len(_DTYPES) else "")
+
+
+class _Pairwise(_PeerReads):
     # -- pairwise: broadcast, all_to_all, scatter ---------------------------------------
     # Every message of a pairwise call is a 16-byte header (bytes, dtype code) and then its
     # bytes in chunks of at most `cap`: a receiver whose tensor does not match drains the
@@ -26,11 +32,9 @@ class _Pairwise:
         for _ in range(0, nbytes, cap):
             pp.release(pp.recv_view(peer, -1))
 
-    def _mismatch(self, op, peer, got, want):
-        def words(h):
-            return f"{h[0]} bytes" + (f" of {_DTYPES[h[1] - 1]}" if 0 < h[1] <= len(_DTYPES) else "")
-        e = RuntimeError(f"epx backend: {op}: rank {peer} sends {words(got)}, rank {self._rank} expects "
-                         f"{words(want)}")
+    def _mismatch(self, op, peer, got, want, receiver=None):
+        receiver = self._rank if receiver is None else receiver
+        e = RuntimeError(f"epx backend: {op}: rank {peer} sends {_words(*got)}, rank {receiver} expects {_words(*want)}")
         e.epx_mismatch = True  # the pair stayed in step: the call settles (_settle) instead of failing here
         return e
 
@@ -59,6 +63,10 @@ class _Pairwise:
             flat, back = _flat(t)
             u8 = _u8(flat)
             problem = None
+            if self._peer_pids() is not None:
+                self._broadcast_by_reads(u8, root, _code(t.dtype))
+                back()
+                continue
             if self._rank == root:
                 for peer in range(self._size):
                     if peer != root:
@@ -73,6 +81,40 @@ class _Pairwise:
             self._settle("broadcast", problem)
             back()
         return list(tensors)
+
+    def _broadcast_by_reads(self, u8, root, code):
+        """broadcast on one machine: every rank reads the root's tensor (_peer_read.py). A rank
+        whose tensor differs from the root's in size or dtype fails the call on every rank."""
+        op = "broadcast"
+        recs = self._records(op, [u8.numel(), code, u8.data_ptr()])
+        n, c, addr = recs[root]
+        for r, (nr, cr, _) in enumerate(recs):
+            if nr != n or (c and cr and cr != c):
+                raise self._mismatch(op, root, (n, c), (nr, cr), receiver=r)
+        problem = None
+        if self._rank != root:
+            problem = self._read_pieces(op, self._peer_pids(), [(root, addr, u8)])
+        self._settle(op, problem)
+
+    def _exchange_by_reads(self, op, sends, recvs, problem):
+        """_exchange on one machine: each rank reads its pieces out of its peers' send tensors
+        (_peer_read.py). Every rank sees every rank's sizes first, so a piece whose sender and
+        receiver disagree on its size raises on every rank, naming both, before anything moves;
+        a rank whose own arguments were wrong (`problem`) fails the call on every rank."""
+        P, me = self._size, self._rank
+        recs = self._records(op, [int(problem is not None)] + [s.data_ptr() if s.numel() else 0 for s in sends]
+                             + [s.numel() for s in sends] + [r.numel() for r in recvs])
+        if any(rec[0] for rec in recs):
+            self._settle(op, problem, local=problem is not None)
+            return
+        for r in range(P):
+            for s in range(P):
+                got, want = recs[s][1 + P + r], recs[r][1 + 2 * P + s]
+                if got != want:
+                    raise self._mismatch(op, s, (got, 0), (want, 0), receiver=r)
+        recvs[me].copy_(sends[me])
+        order = [(me + k) % P for k in range(1, P)]  # each source is read by one rank at a time, at first
+        self._settle(op, self._read_pieces(op, self._peer_pids(), [(s, recs[s][1 + me], recvs[s]) for s in order]))
 
     def _exchange(self, op, sends, recvs):
         """Pairwise exchange: sends[p] / recvs[p] are flat uint8 tensors to / from rank p.
@@ -111,29 +153,6 @@ class _Pairwise:
                     else:
                         pp.release(pp.recv_view(src, -1))
         return problem
-
-    def _settle(self, op, problem, local=False):
-        """After a pairwise call (its messages all moved or drained): every rank learns every
-        rank's problem (a 256-byte text each, one BucketBuffer all_gather), so a mismatch is an
-        error on every rank, naming the rank that saw it. A rank's own wrong arguments (`local`)
-        come first: the size mismatches they cause on its peers follow from them."""
-        P, me, k = self._size, self._rank, 256
-        mine = self._view(k, torch.uint8, me * k)
-        mine.zero_()
-        if problem is not None:
-            text = (("!" if local else "?") + str(problem)).encode()[:k]
-            mine[:len(text)].copy_(torch.frombuffer(bytearray(text), dtype=torch.uint8))
-        self._bucket_call(op, self._bucket.all_gather, [(mine.data_ptr(), k, 1)], [], 0)
-        texts = [bytes(self._view(k, torch.uint8, r * k).numpy()).rstrip(b"\0").decode(errors="replace")
-                 for r in range(P)]
-        if problem is not None and local:
-            raise problem
-        for mark in "!?":
-            if problem is not None and mark == "?":
-                raise problem
-            for r, text in enumerate(texts):
-                if text.startswith(mark):
-                    raise RuntimeError(f"epx backend: {op}: rank {me}: the call failed on rank {r}: {text[1:]}")
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         self._alive("alltoall_base")
@@ -175,6 +194,10 @@ class _Pairwise:
             sends = [ui[offs_i[p]:offs_i[p] + si[p] * bi] for p in range(P)]
         else:  # this rank's arguments are wrong: it still takes part, moving nothing
             sends = recvs = [torch.empty(0, dtype=torch.uint8)] * P
+        if self._peer_pids() is not None:
+            self._exchange_by_reads("all_to_all_single", sends, recvs, problem)
+            back()
+            return [output]
         seen = self._pp_call("all_to_all_single", self._exchange, "all_to_all_single", sends, recvs)
         self._settle("all_to_all_single", problem or seen, local=problem is not None)
         back()
@@ -193,8 +216,11 @@ class _Pairwise:
             problem = RuntimeError(f"epx backend: all_to_all: rank {self._rank}: its own input and output differ "
                                    f"in size")
             sends = recvs = [torch.empty(0, dtype=torch.uint8)] * P
-        seen = self._pp_call("all_to_all", self._exchange, "all_to_all", sends, recvs)
-        self._settle("all_to_all", problem or seen, local=problem is not None)
+        if self._peer_pids() is not None:
+            self._exchange_by_reads("all_to_all", sends, recvs, problem)
+        else:
+            seen = self._pp_call("all_to_all", self._exchange, "all_to_all", sends, recvs)
+            self._settle("all_to_all", problem or seen, local=problem is not None)
         for _, back in flats:
             back()
         return list(output_tensors)

@@ -1,13 +1,31 @@
 """all_reduce, reduce_scatter and reduce: the BucketBuffer's float32 sums for SUM / AVG of
-float32, bfloat16 and float16 (chunked through the window), every other op and dtype a local
+float32, bfloat16 and float16 (chunked through the window; from 1 MiB on one machine the same
+fold over the peers' tensors read in place, _peer_read.py), every other op and dtype a local
 left fold in rank order over an all_gather."""
 import numpy as np
 import torch
 
-from ._util import _FAST, _WINDOW, R, _flat, _op_of, _reduce_local, _signature
+from ._peer_read import _PeerReads
+from ._util import _FAST, _WINDOW, R, _code, _flat, _op_of, _reduce_local, _signature
+
+# From this many bytes a float32 / bf16 / fp16 sum on one machine reads the peers' tensors
+# (_peer_read.py) instead of staging through the window; below, the window's one call is faster.
+_READ_SUM_BYTES = 1 << 20
+_READ_CHUNK = 1 << 18  # elements summed at a time: the parts of a chunk stay in cache
 
 
-class _Reductions:
+def _fold(parts, dtype, scale):
+    """The BucketBuffer's sum: a left fold in rank order in float32, times `scale` (AVG), in
+    the input's dtype (bf16 / fp16 rounded once): the same bits as the window's."""
+    acc = parts[0].float() if parts[0].dtype != torch.float32 else parts[0].clone()
+    for p in parts[1:]:
+        acc.add_(p if p.dtype == torch.float32 else p.float())
+    if scale != 1.0:
+        acc.mul_(scale)
+    return acc.to(dtype)
+
+
+class _Reductions(_PeerReads):
     # -- all_reduce ---------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op, opname = _op_of(opts if opts is not None else R.SUM)
@@ -29,7 +47,10 @@ class _Reductions:
             self._allreduce_one(torch.view_as_real(t), op, opname)
             return
         if t.dtype in _FAST and op in (R.SUM, R.AVG):
-            self._sum_fast(t, op, opname)
+            if t.numel() * t.element_size() >= _READ_SUM_BYTES and self._peer_pids() is not None:
+                self._sum_by_reads(t, op, opname)
+            else:
+                self._sum_fast(t, op, opname)
             return
         flat, back = _flat(t)
         parts = self._gather_all(flat, f"allreduce({opname})", int(op) + 1)
@@ -88,6 +109,55 @@ class _Reductions:
             first = False
         back()
 
+    def _sum_by_reads(self, t, op, opname):
+        """all_reduce on one machine (_peer_read.py): rank r sums the r-th of P slices of every
+        rank's tensor, read out of their tensors (the window's order: left fold in rank order,
+        float32) and writes it into its own; then every rank reads the other sums from their
+        owners. Each phase ends with every rank's outcome (_settle): no tensor changes while a
+        peer may still read it."""
+        P, me, call = self._size, self._rank, f"allreduce({opname})"
+        flat, back = _flat(t)
+        n, esz = flat.numel(), flat.element_size()
+        recs = self._records(call, [_code(t.dtype) + 256 * (int(op) + 1), n, flat.data_ptr()])
+        self._check_heads(call, [r[:2] for r in recs], flat, int(op) + 1)
+        cut = [n * r // P for r in range(P + 1)]
+        pids, scale = self._peer_pids(), 1.0 / P if op == R.AVG else 1.0
+        problem, parts = None, [torch.empty(min(_READ_CHUNK, cut[me + 1] - cut[me]), dtype=t.dtype) for _ in range(P)]
+        for lo in range(cut[me], cut[me + 1], _READ_CHUNK):
+            m = min(_READ_CHUNK, cut[me + 1] - lo)
+            views = [flat[lo:lo + m] if s == me else parts[s][:m] for s in range(P)]
+            problem = self._read_pieces(call, pids, [(s, recs[s][2] + lo * esz, views[s].view(torch.uint8))
+                                                     for s in range(P) if s != me])
+            if problem is not None:
+                break
+            flat[lo:lo + m].copy_(_fold(views, t.dtype, scale))
+        self._settle(call, problem)
+        self._settle(call, self._read_pieces(call, pids, [(s, recs[s][2] + cut[s] * esz,
+                                                          flat[cut[s]:cut[s + 1]].view(torch.uint8))
+                                                         for s in range(P) if s != me]))
+        back()
+
+    def _reduce_scatter_by_reads(self, of, ins, op, opname):
+        """reduce_scatter on one machine (_peer_read.py): this rank reads its part of every
+        rank's input and folds them as the window does; the closing _settle keeps every input
+        as it is until its readers are done."""
+        P, me, call = self._size, self._rank, f"reduce_scatter({opname})"
+        n, esz = of.numel(), of.element_size()
+        mine = [i.contiguous() for i in ins]  # kept alive until the peers have read them
+        recs = self._records(call, [_code(of.dtype) + 256 * (int(op) + 1), n] + [i.data_ptr() for i in mine])
+        self._check_heads(call, [r[:2] for r in recs], of, int(op) + 1)
+        pids, scale = self._peer_pids(), 1.0 / P if op == R.AVG else 1.0
+        parts, problem = [torch.empty(min(_READ_CHUNK, n), dtype=of.dtype) for _ in range(P)], None
+        for lo in range(0, n, _READ_CHUNK):
+            m = min(_READ_CHUNK, n - lo)
+            views = [mine[me][lo:lo + m] if s == me else parts[s][:m] for s in range(P)]
+            problem = self._read_pieces(call, pids, [(s, recs[s][2 + me] + lo * esz, views[s].view(torch.uint8))
+                                                     for s in range(P) if s != me])
+            if problem is not None:
+                break
+            of[lo:lo + m].copy_(_fold(views, of.dtype, scale))
+        self._settle(call, problem)
+
     def _agree(self, call, got, want, detail):
         """The (c, c^2) slots' sums against what they are when every rank has this rank's
         code (_signature): else the ranks took the call with different dtypes or ops."""
@@ -141,7 +211,10 @@ class _Reductions:
     def _reduce_scatter_one(self, out, ins, op, opname):
         P, me = self._size, self._rank
         of, back = _flat(out)
-        if out.dtype in _FAST and op in (R.SUM, R.AVG):
+        if (out.dtype in _FAST and op in (R.SUM, R.AVG) and of.numel() * of.element_size() * P >= _READ_SUM_BYTES
+                and self._peer_pids() is not None):
+            self._reduce_scatter_by_reads(of, ins, op, opname)
+        elif out.dtype in _FAST and op in (R.SUM, R.AVG):
             n = of.numel()
             cap = _WINDOW // (4 * P) - 2
             scale = 1.0 / P if op == R.AVG else 1.0
