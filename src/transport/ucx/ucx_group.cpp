@@ -6,7 +6,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -20,6 +24,40 @@ namespace epx::detail {
 using namespace ucx;
 
 namespace {
+// This process's established TCP connections and what their kernel queues hold
+// (/proc/net/tcp), for a timeout's message: bytes still queued say the network or the
+// peer's kernel holds them; empty queues, that UCX on one side or the other never sent them
+// (or their acknowledgements). "" when there is nothing to tell.
+std::string tcp_queues() {
+  std::set<unsigned long> mine;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0) mine.insert(std::strtoul(target.c_str() + 8, nullptr, 10));
+  }
+  const auto addr = [](const std::string& hex) {  // "0100C90A:AF4A": 10.201.0.1:44874
+    if (hex.size() != 13) return hex;
+    const unsigned long ip = std::strtoul(hex.substr(0, 8).c_str(), nullptr, 16);
+    return std::to_string(ip & 0xff) + "." + std::to_string((ip >> 8) & 0xff) + "." + std::to_string((ip >> 16) & 0xff) +
+           "." + std::to_string(ip >> 24) + ":" + std::to_string(std::strtoul(hex.substr(9).c_str(), nullptr, 16));
+  };
+  std::ifstream f("/proc/net/tcp");
+  std::string line, out;
+  std::getline(f, line);  // the header
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    std::string sl, local, remote, st, queues, timer, retransmits, uid, timeout;
+    unsigned long inode = 0;
+    if (!(in >> sl >> local >> remote >> st >> queues >> timer >> retransmits >> uid >> timeout >> inode)) continue;
+    if (!mine.count(inode) || st != "01" || queues.size() != 17) continue;  // 01: established
+    out += (out.empty() ? "" : "; ") + addr(local) + "->" + addr(remote) + " send-q " +
+           std::to_string(std::strtoul(queues.substr(0, 8).c_str(), nullptr, 16)) + " recv-q " +
+           std::to_string(std::strtoul(queues.substr(9).c_str(), nullptr, 16)) + " retransmits " +
+           std::to_string(std::strtoul(retransmits.c_str(), nullptr, 16));
+  }
+  return out.empty() ? "" : " [this rank's TCP connections: " + out + "]";
+}
+
 // The groups with peers on other machines alive in this process, for their goodbye when it
 // exits with one still alive. Never destroyed: exit() still reads it.
 struct LiveGroups {
@@ -285,31 +323,83 @@ std::vector<std::string> UcxGroup::start_worker() {
   return all;
 }
 
-// Each rank makes an endpoint to every other. The connections are wired up lazily, by the
-// first operation (both sides progress then). Error handling: PEER (a lost peer fails its
+// Each rank makes an endpoint to every other. Error handling: PEER (a lost peer fails its
 // endpoint instead of aborting the process) to other machines; NONE to this machine's ranks,
 // because UCX 1.13 offers its shared-memory transports only without it: with PEER a
 // same-machine put went over TCP loopback (measured, 2 ranks: 0.3 GB/s and 75 us per put +
 // signal, against 6.4 GB/s and 18 us over sysv/posix). A same-machine peer that dies is seen
 // through /proc instead (check_alive).
+//
+// In a fixed order: in the first round each rank makes its endpoints to the higher ranks
+// and wires them up (a flush completes once the connection is up and the peer has answered),
+// everyone waits for everyone, and only then does each rank make its endpoints to the lower
+// ranks, which find the connections their peers made. Made all at once, both ranks of a pair
+// connect to each other at the same moment, and UCX 1.13's TCP transport resolves the two
+// crossing connections (its simultaneous-connection path in tcp_cm.c, which moves a
+// connection's receive side and pending sends from one endpoint to the other); ordered, that
+// path is never taken. A round that fails on any rank fails every rank with that rank's
+// error (no rank is left waiting in the bootstrap).
 void UcxGroup::connect_endpoints(const std::vector<std::string>& all) {
-  ucs_status_t s = UCS_OK;
   eps_.assign(static_cast<std::size_t>(size_), nullptr);
+  std::vector<int> higher, lower;
   for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
+    if (p > rank_) higher.push_back(p);
+    if (p < rank_) lower.push_back(p);
+  }
+  for (const std::vector<int>* peers : {&higher, &lower}) {
+    std::string why;
+    try {
+      make_endpoints(all, *peers);
+      wire_up(*peers);
+    } catch (const Error& e) {
+      why = std::to_string(static_cast<int>(e.code())) + " " + std::to_string(e.origin_rank()) + " " + e.what();
+    }
+    const std::vector<std::string> verdicts = exchange(why);  // the worker progresses meanwhile
+    for (int p = 0; p < size_; ++p) {
+      const std::string& v = verdicts[static_cast<std::size_t>(p)];
+      if (v.empty()) continue;
+      std::istringstream in(v);
+      int code = 0, origin = -1;
+      in >> code >> origin;
+      std::string text;
+      std::getline(in, text);
+      throw Error(static_cast<ErrorCode>(code), text.empty() ? v : text.substr(1), origin);
+    }
+  }
+}
+
+void UcxGroup::make_endpoints(const std::vector<std::string>& all, const std::vector<int>& peers) {
+  for (int p : peers) {
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(all[static_cast<std::size_t>(p)].data());
     ep.err_mode = same_node(p) ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &UcxGroup::on_error;
     ep.err_handler.arg = &peer_state_[static_cast<std::size_t>(p)];
-    s = ucp_ep_create(worker_, &ep, &eps_[static_cast<std::size_t>(p)]);
+    const ucs_status_t s = ucp_ep_create(worker_, &ep, &eps_[static_cast<std::size_t>(p)]);
     if (s != UCS_OK) {
       eps_[static_cast<std::size_t>(p)] = nullptr;
       throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank_) + ": ucx: cannot make an endpoint to " + describe(p) +
                                               ": " + status_text(s) + " (no common transport: see UCX_TLS / UCX_NET_DEVICES)", p);
     }
   }
+}
+
+// Flushes the endpoints to `peers` until each completed: its connection is up and the peer
+// answered. Within the group's timeout; a peer that fails or never answers fails this rank.
+void UcxGroup::wire_up(const std::vector<int>& peers) {
+  note("connect: wiring up the endpoints");
+  std::vector<Pending> pending;
+  ucp_request_param_t prm{};
+  for (int p : peers) {
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(eps_[static_cast<std::size_t>(p)], &prm);
+    if (UCS_PTR_IS_ERR(r)) {
+      for (const Pending& q : pending) ucp_request_free(q.request);
+      fail_peer(p, UCS_PTR_STATUS(r), "connecting to");
+    }
+    if (UCS_PTR_IS_PTR(r)) pending.push_back({p, r, false});
+  }
+  if (!pending.empty()) await_flushes(pending, nullptr, false);
 }
 
 // Forced: the flush before it delivered what this rank sent; a peer still connected sees the
@@ -446,7 +536,7 @@ void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_n
       throw Error(ErrorCode::kTimeout,
                   "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) + " ms in phase '" +
                       phase() + "' completing puts to " + who +
-                      " (ucx transport: the peer stopped progressing, or the link to its machine is down)",
+                      " (ucx transport: the peer stopped progressing, or the link to its machine is down)" + tcp_queues(),
                   pending.front().peer);
     }
   }
@@ -508,7 +598,8 @@ void UcxGroup::fail_timeout(const WaitPoint& where) const {
   broken_.store(true, std::memory_order_relaxed);
   throw Error(ErrorCode::kTimeout,
               "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) + " ms in phase '" +
-                  where.phase + "' waiting for " + describe(where.peer) + " (ucx transport)",
+                  where.phase + "' waiting for " + describe(where.peer) + " (ucx transport)" +
+                  (remote_peers_ ? tcp_queues() : std::string()),
               where.peer);
 }
 
