@@ -5,7 +5,8 @@
 //   diag.start();                          // an exchange of the waits every interval, in the background
 //   ... dispatch / combine as usual ...
 //   diag.stop();                           // collective: one last exchange, then the thread ends
-//   epx::DiagnoseReport r = diag.report();  // on every rank: the last interval's matrices and verdicts
+//   epx::DiagnoseReport r = diag.report();  // on every rank: the last interval's matrices and verdicts,
+//                                           // and the persistent verdicts over the last intervals
 //
 // The matrix, per op (dispatch, combine): M[src][dst] = the average time per call, in µs,
 // that rank dst waited for rank src's header and rows during the interval — rank dst's
@@ -34,6 +35,12 @@
 // times the others reaches only kP / (k + P - 1) (8 ranks, k = 4.6: 3.2x; 4 ranks: never
 // 4x), so a rank stopped in bursts could hide in the mean it inflates. Against the others'
 // mean, its ratio is k at every P. Nothing is flagged at P = 1 (there are no others).
+//
+// That is the verdict of ONE interval (DiagnoseOp::verdict, DeepEP's meaning). Beside it, the
+// persistent verdict (DiagnoseOp::persistent) names only what the interval verdicts named in at
+// least options.persist.need of the last options.persist.of intervals: a rank the scheduler
+// left behind, or a stall of the whole machine, is abnormal in one interval and gone in the
+// next; a stopped, starved or badly linked rank stays.
 //
 // The exchange runs on an endpoint of the transport of its own (Transport::open_endpoint(): a
 // small window of its own, never the Buffer's), from the thread that start() creates: every
@@ -110,6 +117,26 @@ struct MatrixVerdict {
 /// matrix flags nothing.
 MatrixVerdict diagnose_matrix(const std::vector<double>& m, int num_ranks, const DiagnoseThresholds& thresholds = {});
 
+/// The persistent verdict's rule: a row, column or point is named persistently when the
+/// per-interval verdict (diagnose_matrix) named it in at least `need` of the last `of`
+/// intervals. One interval is a snapshot: on an oversubscribed machine the scheduler can leave
+/// any rank behind for a whole interval (measured: 3-6x the others, as late as a stopped
+/// rank), and one stall of the whole machine is charged to whatever each rank waited for at
+/// that moment; such names move from interval to interval, a fault stays (docs/diagnose.md,
+/// "Over intervals"). 1 <= need <= of.
+struct DiagnosePersist {
+  int of = 5;
+  int need = 3;
+};
+
+/// Local, pure: the persistent verdict of one op over its intervals' verdicts (oldest first):
+/// of the last `rule.of` of them (all of them if fewer), every row, column and point
+/// (src, dst) that at least `rule.need` name, each counted on its own (a row is counted as a
+/// row only, a point only as that point). A point's value_us and ratio are those of the latest
+/// interval that named it. Fewer than `need` verdicts name nothing. Throws kInvalidArgument
+/// unless 1 <= need <= of.
+MatrixVerdict persistent_verdict(const std::vector<MatrixVerdict>& verdicts, const DiagnosePersist& rule);
+
 /// Where a rank runs: its process id and node (gethostname()).
 struct RankInfo {
   int rank = 0;
@@ -121,7 +148,10 @@ struct RankInfo {
 struct DiagnoseOp {
   std::vector<double> matrix_us;     ///< [P * P], row-major [src][dst]: µs per call (0 where dst made no call)
   std::vector<std::uint64_t> calls;  ///< [P]: the calls of this op each rank made in the interval
-  MatrixVerdict verdict;
+  MatrixVerdict verdict;             ///< this interval's verdict: DeepEP's rule (diagnose_matrix)
+  /// What `verdict` named in at least persist.need of the last persist.of intervals, this one
+  /// included (persistent_verdict; DiagnoseReport::window of them so far).
+  MatrixVerdict persistent;
 };
 
 /// The result of the latest exchange, the same on every rank.
@@ -131,17 +161,22 @@ struct DiagnoseReport {
   std::array<DiagnoseOp, kNumWaitOps> ops;  ///< [WaitOp]: dispatch, combine
   std::vector<RankInfo> ranks;   ///< [P]
   DiagnoseThresholds thresholds;
+  DiagnosePersist persist;       ///< the rule of ops[].persistent
+  std::uint64_t window = 0;      ///< the intervals ops[].persistent counted over: min(exchanges, persist.of)
   std::string error;             ///< why the background exchange ended early ("" = it did not)
 };
 
-/// The report as text: per op the verdict (naming the nodes of each rank and point) and the
-/// matrix; what the log and `epx bench --diagnose` print.
+/// The report as text: per op the interval's verdict (naming the nodes of each rank and
+/// point), the persistent verdict and the matrix; what the log and `epx bench --diagnose` print.
 std::string format_report(const DiagnoseReport& report);
 
 struct DiagnoseOptions {
   /// Between two background exchanges (start()); > 0. DeepEP's default: 10 s.
   std::chrono::milliseconds interval{10000};
   DiagnoseThresholds thresholds{};
+  /// The persistent verdict's rule (DiagnoseOp::persistent): named in `need` of the last `of`
+  /// exchanges (at DeepEP's 10 s: 30 s of the last 50).
+  DiagnosePersist persist{};
   /// Non-empty: rank 0 appends each exchange's format_report() to `log_dir`/diagnose.log
   /// (the directory is created), rotated when it would pass log_max_bytes: .log -> .log.1
   /// -> ... -> .log.<log_backups> (the oldest dropped).
@@ -178,7 +213,8 @@ class Diagnose {
   /// Collective: one exchange now, on the calling thread (not while started).
   void exchange();
 
-  /// Local: the latest exchange's result (any thread).
+  /// Local: the latest exchange's result (any thread): its matrices and verdicts, and the
+  /// persistent verdicts over the exchanges before it.
   DiagnoseReport report() const;
   int rank() const noexcept;
   int num_ranks() const noexcept;

@@ -7,6 +7,7 @@
     diag.matrices()   # {"dispatch": [P, P] numpy array, "combine": ...}: matrix[src, dst], µs per call
     diag.diagnose()   # {"dispatch": {"abnormal_rows": [...], "abnormal_cols": [...],
                       #               "abnormal_points": [[src, dst, value, ratio], ...]}, "combine": {...}}
+    diag.persistent() # the same keys: what the verdicts of `persist[1]` of the last `persist[0]` intervals named
 
 matrix[src, dst] is the average time per call, in microseconds, that rank dst waited for rank
 src's header and rows during the last interval (every Buffer records it, always on). Rows
@@ -24,6 +25,11 @@ and noise among the others does not make a rank stand out (docs/diagnose.md). A 
 alone makes its row and column abnormal is listed as the point (`thresholds["links"]`,
 default True). Every rank holds the same matrices and verdicts.
 
+That verdict is one interval's (DeepEP's). On a busy machine the scheduler can leave any rank
+behind for a whole interval, as late as a stopped one; a fault stays over intervals, that does
+not. `persistent()` names only what at least `need` of the last `of` intervals' verdicts
+named (`persist=(of, need)`, default (5, 3)), each row, column and point counted on its own.
+
 With `log_dir` (default: $EPX_DIAGNOSE_LOG_PATH, else no log), rank 0 appends each exchange's
 verdicts and matrices to log_dir/diagnose.log, rotated at `log_max_bytes` (.log.1, .log.2).
 $EPX_DIAGNOSE_INTERVAL overrides `interval`, as DeepEP's DEEPEP_DIAGNOSE_INTERVAL does.
@@ -40,6 +46,18 @@ from .group import transport_of
 
 _OPS = ("dispatch", "combine")
 _DEFAULT_THRESHOLDS = {"row": 3.0, "col": 3.0, "point": 5.0, "links": True, "floor_us": 50.0, "spread": 5.0}
+_DEFAULT_PERSIST = (5, 3)  # named in 3 of the last 5 intervals (C++ DiagnosePersist)
+_VERDICT_KEYS = ("abnormal_rows", "abnormal_cols", "abnormal_points")
+
+
+def _persist(persist):
+    try:
+        of, need = (int(x) for x in persist)
+    except (TypeError, ValueError):
+        raise Error(f"Diagnose: persist must be (of, need), got {persist!r}", "invalid_argument") from None
+    if not 1 <= need <= of:
+        raise Error(f"Diagnose: persist (of, need) needs 1 <= need <= of, got ({of}, {need})", "invalid_argument")
+    return of, need
 
 
 def _thresholds(thresholds):
@@ -53,7 +71,7 @@ def _thresholds(thresholds):
 
 
 class Diagnose:
-    """Diagnose(buffer_or_group=None, interval=10, *, thresholds=None, log_dir=None,
+    """Diagnose(buffer_or_group=None, interval=10, *, thresholds=None, persist=(5, 3), log_dir=None,
              log_max_bytes=64 MiB, log_backups=2, transport="auto", timeout_secs=300)
 
     Collective. `buffer_or_group`: an EPBuffer (its waits are watched), or a
@@ -64,19 +82,21 @@ class Diagnose:
     "point"}, DeepEP's 3, 3, 5 by default; "floor_us", the µs per call a row, column or point
     must also exceed its typical value by (50; 0: the ratios alone); "spread", the robust
     deviations (1.4826 x MAD) of the others it must also stand above their median by (5; 0:
-    off); "links" (True)."""
+    off); "links" (True). `persist`: (of, need), the persistent verdict's rule: named in
+    `need` of the last `of` intervals."""
 
-    def __init__(self, buffer_or_group=None, interval=10, *, thresholds=None, log_dir=None,
+    def __init__(self, buffer_or_group=None, interval=10, *, thresholds=None, persist=_DEFAULT_PERSIST, log_dir=None,
                  log_max_bytes=64 << 20, log_backups=2, transport="auto", timeout_secs=300):
         from .buffer import EPBuffer
         interval = float(os.environ.get("EPX_DIAGNOSE_INTERVAL", interval))
         if log_dir is None:
             log_dir = os.environ.get("EPX_DIAGNOSE_LOG_PATH", "")
         self.thresholds = _thresholds(thresholds)
+        self.persist = _persist(persist)
         self.interval = interval
         t = self.thresholds
-        opts = (interval, t["row"], t["col"], t["point"], t["links"], t["floor_us"], t["spread"], str(log_dir), int(log_max_bytes),
-                int(log_backups))
+        opts = (interval, t["row"], t["col"], t["point"], t["links"], t["floor_us"], t["spread"], *self.persist, str(log_dir),
+                int(log_max_bytes), int(log_backups))
         self._d = None
         buf = buffer_or_group if isinstance(buffer_or_group, EPBuffer) else None
         if buf is not None:  # the group's transport, as the buffer's engines use it
@@ -131,15 +151,19 @@ class Diagnose:
     # -- results ------------------------------------------------------------------------
     def report(self):
         """The latest exchange as a dict: "exchanges", "seconds", "error", "ranks" ([{rank,
-        pid, node}]), "thresholds", "text" (the log's text) and per op ("dispatch", "combine")
-        matrix_us ([P, P] numpy), calls ([P]: calls each rank made in the interval),
-        abnormal_rows, abnormal_cols, abnormal_points, point_nodes ([[src node, dst node]])."""
+        pid, node}]), "thresholds", "persist" ({"of", "need"}), "window" (the intervals the
+        persistent verdict counted over so far), "text" (the log's text) and per op
+        ("dispatch", "combine") matrix_us ([P, P] numpy), calls ([P]: calls each rank made in
+        the interval), abnormal_rows, abnormal_cols, abnormal_points, point_nodes ([[src node,
+        dst node]]) of the interval's verdict, and "persistent": the same four keys of the
+        persistent verdict."""
         r = self._live().report()
         P = len(r["ranks"])
         for op in _OPS:
             r[op]["matrix_us"] = np.asarray(r[op]["matrix_us"], dtype=np.float64).reshape(P, P)
-            r[op]["abnormal_points"] = [list(p) for p in r[op]["abnormal_points"]]
-            r[op]["point_nodes"] = [list(p) for p in r[op]["point_nodes"]]
+            for v in (r[op], r[op]["persistent"]):
+                v["abnormal_points"] = [list(p) for p in v["abnormal_points"]]
+                v["point_nodes"] = [list(p) for p in v["point_nodes"]]
         return r
 
     def matrices(self):
@@ -151,7 +175,13 @@ class Diagnose:
         """{"dispatch": {...}, "combine": {...}}, each {"abnormal_rows", "abnormal_cols",
         "abnormal_points": [[src, dst, value, ratio], ...]} for the last interval."""
         r = self.report()
-        return {op: {k: r[op][k] for k in ("abnormal_rows", "abnormal_cols", "abnormal_points")} for op in _OPS}
+        return {op: {k: r[op][k] for k in _VERDICT_KEYS} for op in _OPS}
+
+    def persistent(self):
+        """{"dispatch": {...}, "combine": {...}} as diagnose(), of the persistent verdict: what
+        the verdicts of at least `need` of the last `of` intervals named (`persist`)."""
+        r = self.report()
+        return {op: {k: r[op]["persistent"][k] for k in _VERDICT_KEYS} for op in _OPS}
 
     def ranks(self):
         """[{"rank", "pid", "node"}] of every rank."""

@@ -19,12 +19,14 @@ namespace {
 namespace pyb = pybind11;
 
 DiagnoseOptions make_options(double interval_s, double row, double col, double point, bool links, double floor_us, double spread,
-                             const std::string& log_dir, std::uint64_t log_max_bytes, int log_backups) {
+                             int persist_of, int persist_need, const std::string& log_dir, std::uint64_t log_max_bytes,
+                             int log_backups) {
   if (!(interval_s > 0) || interval_s > 86400.0 * 365)
     throw Error(ErrorCode::kInvalidArgument, "Diagnose: interval must be > 0 seconds, got " + std::to_string(interval_s));
   DiagnoseOptions o;
   o.interval = std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(interval_s * 1000)));
   o.thresholds = {row, col, point, links, floor_us, spread};
+  o.persist = {persist_of, persist_need};
   o.log_dir = log_dir;
   o.log_max_bytes = log_max_bytes;
   o.log_backups = log_backups;
@@ -68,9 +70,15 @@ pyb::dict report_dict(const DiagnoseReport& r) {
   t["floor_us"] = r.thresholds.floor_us;
   t["spread"] = r.thresholds.spread;
   d["thresholds"] = t;
+  pyb::dict persist;
+  persist["of"] = r.persist.of;
+  persist["need"] = r.persist.need;
+  d["persist"] = persist;
+  d["window"] = r.window;
   for (int op = 0; op < kNumWaitOps; ++op) {
     const DiagnoseOp& o = r.ops[static_cast<std::size_t>(op)];
     pyb::dict od = verdict_dict(o.verdict, r.ranks);
+    od["persistent"] = verdict_dict(o.persistent, r.ranks);
     od["matrix_us"] = o.matrix_us;  // flat, [src * P + dst]: the Python side reshapes
     od["calls"] = o.calls;
     d[to_string(static_cast<WaitOp>(op))] = od;
@@ -129,13 +137,15 @@ void bind_diagnose(pyb::module_& m, WaitsOf waits_of) {
       .def_static(
           "over_transport",
           [](std::shared_ptr<PyTransport> group, double interval_s, double row, double col, double point,
-             bool links, double floor_us, double spread, const std::string& log_dir, std::uint64_t log_max_bytes,
-             int log_backups) {
+             bool links, double floor_us, double spread, int persist_of, int persist_need, const std::string& log_dir,
+             std::uint64_t log_max_bytes, int log_backups) {
             return std::make_unique<PyDiagnose>(
-                std::move(group), make_options(interval_s, row, col, point, links, floor_us, spread, log_dir, log_max_bytes, log_backups));
+                std::move(group), make_options(interval_s, row, col, point, links, floor_us, spread, persist_of, persist_need,
+                                               log_dir, log_max_bytes, log_backups));
           },
           pyb::arg("transport"), pyb::arg("interval_s"), pyb::arg("row"), pyb::arg("col"), pyb::arg("point"),
-          pyb::arg("links"), pyb::arg("floor_us"), pyb::arg("spread"), pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
+          pyb::arg("links"), pyb::arg("floor_us"), pyb::arg("spread"), pyb::arg("persist_of"), pyb::arg("persist_need"),
+          pyb::arg("log_dir"), pyb::arg("log_max_bytes"), pyb::arg("log_backups"))
       .def("watch", [waits_of](PyDiagnose& d, pyb::handle buffer) { d.watch(waits_of(buffer)); })
       .def("start", &PyDiagnose::start)
       .def("stop", &PyDiagnose::stop)

@@ -1,6 +1,6 @@
 // epx::Diagnose (epx/diagnose.hpp): the exchange of every rank's PeerWaits totals on an
-// endpoint of its own, the matrices and verdicts of each interval, the background thread
-// and the log.
+// endpoint of its own, the matrices and verdicts of each interval, the persistent verdicts
+// over the last intervals, the background thread and the log.
 //
 // The endpoint's window: every rank's identity (pid, node, the instance id), then two
 // parities of P records; a record is a rank's stop bit and, per op, its calls and ns waited
@@ -49,6 +49,8 @@ void check_options(const DiagnoseOptions& o) {
     bad("thresholds.floor_us must be finite and >= 0, got " + std::to_string(o.thresholds.floor_us));
   if (!std::isfinite(o.thresholds.spread) || o.thresholds.spread < 0)
     bad("thresholds.spread must be finite and >= 0, got " + std::to_string(o.thresholds.spread));
+  if (o.persist.of < 1 || o.persist.need < 1 || o.persist.need > o.persist.of)
+    bad("persist: expected 1 <= need <= of, got need " + std::to_string(o.persist.need) + " of " + std::to_string(o.persist.of));
   if (o.log_backups < 0) bad("log_backups must be >= 0, got " + std::to_string(o.log_backups));
   if (o.log_max_bytes == 0) bad("log_max_bytes must be > 0");
 }
@@ -107,6 +109,8 @@ struct Diagnose::Impl {
   std::vector<std::uint64_t> previous;  // [P][record_words]: every rank's last record
   Clock::time_point last = Clock::now();
   std::vector<RankInfo> ranks;
+  // Per op, the last persist.of intervals' verdicts, oldest first: the persistent verdict's input.
+  std::array<std::vector<MatrixVerdict>, kNumWaitOps> history;
 
   mutable std::mutex mutex;  // report_, error, stop_requested, the thread's state
   std::condition_variable wake;
@@ -132,6 +136,7 @@ Diagnose::Impl::Impl(Transport& t, const DiagnoseOptions& o, bool need_endpoint)
   exchange_identity();
   report_.ranks = ranks;
   report_.thresholds = o.thresholds;
+  report_.persist = o.persist;
 }
 
 void Diagnose::Impl::exchange_identity() {
@@ -184,6 +189,7 @@ bool Diagnose::Impl::run_exchange(bool stop) {
   last = now;
   r.ranks = ranks;
   r.thresholds = options.thresholds;
+  r.persist = options.persist;
   bool any_stop = false;
   const std::size_t words = record_words();
   for (std::size_t d = 0; d < P; ++d) {
@@ -202,7 +208,15 @@ bool Diagnose::Impl::run_exchange(bool stop) {
     }
     std::memcpy(prev, rec, words * sizeof(std::uint64_t));
   }
-  for (DiagnoseOp& o : r.ops) o.verdict = diagnose_matrix(o.matrix_us, static_cast<int>(P), options.thresholds);
+  for (std::size_t op = 0; op < static_cast<std::size_t>(kNumWaitOps); ++op) {
+    DiagnoseOp& o = r.ops[op];
+    o.verdict = diagnose_matrix(o.matrix_us, static_cast<int>(P), options.thresholds);
+    std::vector<MatrixVerdict>& h = history[op];
+    h.push_back(o.verdict);
+    if (h.size() > static_cast<std::size_t>(options.persist.of)) h.erase(h.begin());
+    o.persistent = persistent_verdict(h, options.persist);
+    r.window = h.size();
+  }
   publish(std::move(r));
   return any_stop;
 }

@@ -1,5 +1,5 @@
 // The verdict on a wait matrix (DeepEP's ratio rule against the others' mean, and the others' median and
-// robust deviation: epx/diagnose.hpp) and the
+// robust deviation: epx/diagnose.hpp), the persistent verdict over intervals, and the
 // report as text (the log's and `epx bench --diagnose`'s).
 #include <algorithm>
 #include <cmath>
@@ -247,6 +247,45 @@ MatrixVerdict diagnose_matrix(const std::vector<double>& matrix, int P, const Di
   return v;
 }
 
+MatrixVerdict persistent_verdict(const std::vector<MatrixVerdict>& verdicts, const DiagnosePersist& rule) {
+  if (rule.of < 1 || rule.need < 1 || rule.need > rule.of)
+    throw Error(ErrorCode::kInvalidArgument, "persistent_verdict: expected 1 <= need <= of, got need " +
+                                                 std::to_string(rule.need) + " of " + std::to_string(rule.of));
+  const std::size_t n = std::min(verdicts.size(), static_cast<std::size_t>(rule.of));
+  const auto first = verdicts.end() - static_cast<std::ptrdiff_t>(n);
+  const auto need = static_cast<std::size_t>(rule.need);
+  MatrixVerdict out;
+  // Rows and columns: the indices named at least `need` times (each verdict lists an index once).
+  auto persistent = [&](std::vector<int> MatrixVerdict::*field) {
+    std::vector<int> all;
+    for (auto v = first; v != verdicts.end(); ++v) all.insert(all.end(), ((*v).*field).begin(), ((*v).*field).end());
+    std::sort(all.begin(), all.end());
+    std::vector<int> kept;
+    for (std::size_t i = 0; i < all.size();) {
+      std::size_t j = i;
+      while (j < all.size() && all[j] == all[i]) ++j;
+      if (j - i >= need) kept.push_back(all[i]);
+      i = j;
+    }
+    return kept;
+  };
+  out.rows = persistent(&MatrixVerdict::rows);
+  out.cols = persistent(&MatrixVerdict::cols);
+  // Points: the same by (src, dst); the latest naming interval's value and ratio (the later
+  // verdicts come later in `all`, and the stable sort keeps that order).
+  std::vector<AbnormalPoint> all;
+  for (auto v = first; v != verdicts.end(); ++v) all.insert(all.end(), v->points.begin(), v->points.end());
+  std::stable_sort(all.begin(), all.end(),
+                   [](const AbnormalPoint& a, const AbnormalPoint& b) { return a.src != b.src ? a.src < b.src : a.dst < b.dst; });
+  for (std::size_t i = 0; i < all.size();) {
+    std::size_t j = i;
+    while (j < all.size() && all[j].src == all[i].src && all[j].dst == all[i].dst) ++j;
+    if (j - i >= need) out.points.push_back(all[j - 1]);
+    i = j;
+  }
+  return out;
+}
+
 namespace {
 
 std::string list(const std::vector<int>& v, const std::vector<RankInfo>& ranks) {
@@ -264,22 +303,32 @@ std::string node_of(const std::vector<RankInfo>& ranks, int r) {
   return static_cast<std::size_t>(r) < ranks.size() ? ranks[static_cast<std::size_t>(r)].node : "?";
 }
 
+std::string format_verdict(const MatrixVerdict& v, const std::vector<RankInfo>& ranks, const char* indent) {
+  std::string out = std::string(indent) + "slow sources (rows): " + list(v.rows, ranks) + "\n";
+  out += std::string(indent) + "slow destinations (columns): " + list(v.cols, ranks) + "\n";
+  out += std::string(indent) + "slow links (points):";
+  if (v.points.empty()) out += " none";
+  char buf[160];
+  for (const AbnormalPoint& p : v.points) {
+    std::snprintf(buf, sizeof buf, " %d -> %d (%s -> %s) %.1f us %.1fx;", p.src, p.dst, node_of(ranks, p.src).c_str(),
+                  node_of(ranks, p.dst).c_str(), p.value_us, p.ratio);
+    out += buf;
+  }
+  return out + "\n";
+}
+
 std::string format_op(const DiagnoseReport& r, int op) {
   const DiagnoseOp& o = r.ops[static_cast<std::size_t>(op)];
   const std::size_t P = o.calls.size();
   std::string out = std::string(to_string(static_cast<WaitOp>(op))) + ": ";
-  out += o.verdict.clean() ? "nothing abnormal\n" : "ABNORMAL\n";
-  out += "  slow sources (rows): " + list(o.verdict.rows, r.ranks) + "\n";
-  out += "  slow destinations (columns): " + list(o.verdict.cols, r.ranks) + "\n";
-  out += "  slow links (points):";
-  if (o.verdict.points.empty()) out += " none";
-  char buf[160];
-  for (const AbnormalPoint& p : o.verdict.points) {
-    std::snprintf(buf, sizeof buf, " %d -> %d (%s -> %s) %.1f us %.1fx;", p.src, p.dst, node_of(r.ranks, p.src).c_str(),
-                  node_of(r.ranks, p.dst).c_str(), p.value_us, p.ratio);
-    out += buf;
-  }
-  out += "\n  wait per call, us: matrix[src][dst] (calls per dst:";
+  out += o.verdict.clean() ? "nothing abnormal" : "ABNORMAL";
+  out += " this interval; persistently (named in " + std::to_string(r.persist.need) + " of the last " +
+         std::to_string(r.persist.of) + " intervals, " + std::to_string(r.window) +
+         " so far): " + (o.persistent.clean() ? "nothing abnormal\n" : "ABNORMAL\n");
+  out += format_verdict(o.verdict, r.ranks, "  ");
+  out += "  persistent:\n" + format_verdict(o.persistent, r.ranks, "    ");
+  char buf[64];
+  out += "  wait per call, us: matrix[src][dst] (calls per dst:";
   for (std::uint64_t c : o.calls) out += " " + std::to_string(c);
   out += ")\n";
   for (std::size_t s = 0; s < P; ++s) {

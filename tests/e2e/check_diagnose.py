@@ -17,7 +17,12 @@
 
     check_diagnose.py --epx build/src/tools/epx [--only quiet,sigstop,...] [--runs N]
                       [--bursts 20,40,80] [--quota 10] [--ranks 8] [--load] [--save DIR] [--confirm]
+                      [--intervals K] [--need N] [--verdict persistent|loop]
 
+The verdict judged is the bench's persistent one (--verdict persistent, the default): the timed
+loop in --intervals K exchanges (the bench's default without it), and what the verdicts of
+--need N of them name (docs/diagnose.md, "Over intervals"); --verdict loop judges the one
+verdict of the whole loop's matrices instead (DeepEP's, on one long interval).
 Every check is strict: each run of a fault must name its victim and nothing else, each quiet
 run must name nothing (the rule is made for it: docs/diagnose.md, "The verdict"). --runs N
 repeats every check N times and prints "named in X of N" / "false names in Y of N runs";
@@ -61,6 +66,9 @@ NETEM_EXTRA = os.environ.get("EPX_DIAG_NETEM_EXTRA", "--protocol tail --queues 4
 LOAD_SHAPE = ["--ranks", "4", "--tokens", "128", "--hidden", "2048", "--topk", "4", "--experts", "16", "--iters", "300",
               "--counters-overhead", "0", "--no-counters", "--no-progress"]
 PID_LINE = re.compile(r"epx bench: diagnose: rank pids:(.*)")
+# --intervals / --need / --verdict (main sets them): the bench's intervals and what is judged.
+BENCH_DIAG = []
+VERDICT = "persistent"
 failures = []
 table = []  # (check, runs, named or None for a quiet check, runs with a false name): the closing table
 tallies = []  # every Tally made, in order (confirmed() compares two runs' wrong verdicts)
@@ -102,9 +110,11 @@ def confirmed(confirm, check, *args, **kwargs):
           + "; ".join(first + second), flush=True)
 
 
-def flagged(diag):
-    """{op: (rows, cols, points)} of a bench JSON's "diagnose"."""
-    return {op: (diag[op]["abnormal_rows"], diag[op]["abnormal_cols"], [tuple(p[:2]) for p in diag[op]["abnormal_points"]])
+def flagged(diag, verdict=None):
+    """{op: (rows, cols, points)} of a bench JSON's "diagnose": its persistent verdict over the
+    intervals ("persistent"), or the whole loop's one verdict ("loop")."""
+    v = diag["persistent"] if (verdict or VERDICT) == "persistent" else diag
+    return {op: (v[op]["abnormal_rows"], v[op]["abnormal_cols"], [tuple(p[:2]) for p in v[op]["abnormal_points"]])
             for op in ("dispatch", "combine")}
 
 
@@ -115,7 +125,16 @@ def every_name(diag):
 
 
 def describe(diag):
-    return "; ".join(f"{op}: rows {r} cols {c} points {p}" for op, (r, c, p) in flagged(diag).items())
+    """The judged verdict, and each interval's in short (rows R, cols C, points P of either op)."""
+    text = "; ".join(f"{op}: rows {r} cols {c} points {p}" for op, (r, c, p) in flagged(diag).items())
+    if VERDICT == "persistent":
+        each = []
+        for i in diag.get("intervals", []):
+            named = [f"{k}{x}" for _, (r, c, p) in flagged(i, "loop").items()
+                     for k, xs in (("r", r), ("c", c), ("p", p)) for x in xs]
+            each.append(",".join(named) or "-")
+        text += f" [intervals: {' | '.join(each)}]"
+    return text
 
 
 def run_bench(cmd, fault=None, limit=240):
@@ -242,7 +261,7 @@ def check_quiet(epx, runs, iters, ranks, load=True, save_dir=None):
             time.sleep(1)  # its ranks are up
         for i in range(runs):
             diag = t.verdict(i, run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters), "--no-progress"]
-                                          + SHAPE), save_dir)
+                                          + SHAPE + BENCH_DIAG), save_dir)
             if diag is not None:
                 t.add(i, False, every_name(diag), diag)
     finally:
@@ -285,7 +304,7 @@ def sigstop_bursts(victim, stop_s, run_s):
 def check_sigstop(epx, runs, iters, ranks, burst_ms, victim=2, save_dir=None):
     t = Tally(f"sigstop (rank {victim} of {ranks}, SIGSTOP {burst_ms} ms / SIGCONT {burst_ms} ms)")
     for i in range(runs):
-        diag = t.verdict(i, run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE,
+        diag = t.verdict(i, run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE + BENCH_DIAG,
                                       sigstop_bursts(victim, burst_ms / 1000, burst_ms / 1000)), save_dir)
         if diag is not None:
             t.add(i, *victim_verdict(diag, victim), diag)
@@ -353,7 +372,7 @@ def check_cgroup(epx, runs, iters, ranks, quota_pct, victim=1, save_dir=None):
         try:
             def fault(pids, proc):
                 cg.add(pids[victim])
-            run = run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE, fault)
+            run = run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE + BENCH_DIAG, fault)
         finally:
             cg.remove()
         diag = t.verdict(i, run, save_dir)
@@ -426,7 +445,7 @@ def check_netem(epx, runs, iters, rate_kbit=256, delay_ms=15, shape=True, netem=
             f.writelines(f"{ns} slots=1\n" for ns in m.ns[:4])
         cmd = oshrun_cmd(m, hosts, 4) + [epx, "bench", "--transport", "shmem", "--iters", str(iters), "--no-progress"]
         for i in range(runs):
-            run = run_bench(cmd + NETEM_SHAPE + NETEM_EXTRA, limit=180)
+            run = run_bench(cmd + NETEM_SHAPE + NETEM_EXTRA + BENCH_DIAG, limit=180)
             diag = t.verdict(i, run, save_dir)
             if diag is None:
                 continue
@@ -489,7 +508,17 @@ def main():
     ap.add_argument("--confirm", action="store_true",
                     help="a failed check runs once more and fails only if the same wrong verdict repeats (the test command's mode)")
     ap.add_argument("--save", help="write each run's verdict and matrices (JSON) into this directory")
+    ap.add_argument("--intervals", type=int, help="the bench's --diagnose-intervals (default: the bench's)")
+    ap.add_argument("--need", type=int, help="the bench's --diagnose-need (default: the bench's)")
+    ap.add_argument("--verdict", choices=("persistent", "loop"), default="persistent",
+                    help="judge the persistent verdict over the intervals, or the whole loop's one verdict")
     a = ap.parse_args()
+    global VERDICT
+    VERDICT = a.verdict
+    if a.intervals:
+        BENCH_DIAG.extend(["--diagnose-intervals", str(a.intervals)])
+    if a.need:
+        BENCH_DIAG.extend(["--diagnose-need", str(a.need)])
     epx = os.path.abspath(a.epx)
     only = a.only.split(",")
     t0 = time.time()

@@ -80,6 +80,47 @@ TEST(Diagnose, threads_LateRankIsTheSlowSource) {
   EXPECT_EQ(r.ranks[3].pid, static_cast<std::int64_t>(getpid()));  // threads: one process
 }
 
+// Three exchanges, the late rank 2, then 1, then 2 again: each interval's verdict names that
+// interval's late rank; the persistent one (2 of the last 3) names nobody after the second
+// (each rank once) and rank 2 after the third, on every rank.
+TEST(Diagnose, threads_PersistentVerdictNamesWhatStays) {
+  const ref::Problem p = small_problem();
+  std::mutex mu;
+  std::vector<std::vector<DiagnoseReport>> reports(4);
+  launch({4, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+    Buffer b(t, config_for(p));
+    run_calls(b, p, 2);  // warm: not in the matrices
+    DiagnoseOptions o;
+    o.persist = {3, 2};
+    Diagnose diag(t, b, o);
+    std::vector<DiagnoseReport> mine;
+    for (int late : {2, 1, 2}) {
+      run_calls(b, p, 12, late, std::chrono::milliseconds(25));
+      diag.exchange();
+      mine.push_back(diag.report());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    reports[static_cast<std::size_t>(t.rank())] = std::move(mine);
+  });
+  for (std::size_t rank = 0; rank < 4; ++rank) {
+    const std::vector<DiagnoseReport>& r = reports[rank];
+    ASSERT_EQ(r.size(), 3u);
+    auto rows = [&](std::size_t k) { return r[k].ops[static_cast<std::size_t>(WaitOp::kDispatch)].verdict.rows; };
+    auto persistent = [&](std::size_t k) { return r[k].ops[static_cast<std::size_t>(WaitOp::kDispatch)].persistent.rows; };
+    EXPECT_EQ(rows(0), std::vector<int>{2}) << verdict_text(r[0]);
+    EXPECT_EQ(rows(1), std::vector<int>{1}) << verdict_text(r[1]);
+    EXPECT_EQ(rows(2), std::vector<int>{2}) << verdict_text(r[2]);
+    EXPECT_TRUE(persistent(0).empty()) << verdict_text(r[0]);  // one interval: not 2 of them
+    EXPECT_TRUE(persistent(1).empty()) << verdict_text(r[1]);
+    EXPECT_EQ(persistent(2), std::vector<int>{2}) << verdict_text(r[2]);
+    for (std::size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(r[k].window, k + 1);
+      EXPECT_EQ(r[k].persist.of, 3);
+      EXPECT_EQ(r[k].persist.need, 2);
+    }
+  }
+}
+
 TEST(Diagnose, threads_BackgroundExchangeAndRotatingLog) {
   const ref::Problem p = small_problem();
   char tmpl[] = "/tmp/epx_diagnose_test.XXXXXX";
@@ -154,6 +195,14 @@ TEST(Diagnose, threads_RefusesMisuse) {
     try {
       Diagnose d(t, bad_spread);
       fail(t.rank(), "a spread of -1 was accepted");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) throw;
+    }
+    DiagnoseOptions bad_persist;
+    bad_persist.persist = {3, 4};  // need > of
+    try {
+      Diagnose d(t, bad_persist);
+      fail(t.rank(), "a persistent rule of 4 of 3 intervals was accepted");
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kInvalidArgument) throw;
     }

@@ -74,10 +74,28 @@ TEST_F(BenchRun, DiagnoseGoesIntoTheJsonAndTheReport) {
     EXPECT_EQ(d["thresholds"]["col"], 3.0);
     EXPECT_EQ(d["thresholds"]["point"], 5.0);
     EXPECT_EQ(d["calls_per_rank"], json(std::vector<int>(4, 6))) << op;  // the timed calls only
+    // --diagnose-intervals 5 (the default) over 6 iterations: intervals of 1, 1, 1, 1, 2 calls;
+    // the whole loop's matrix is their waits summed over its calls.
+    const json& intervals = j["diagnose"]["intervals"];
+    ASSERT_EQ(intervals.size(), 5u);
+    for (std::size_t k = 0; k < 5; ++k)
+      EXPECT_EQ(intervals[k][op]["calls_per_rank"], json(std::vector<int>(4, k == 4 ? 2 : 1))) << op << " interval " << k;
+    for (std::size_t s = 0; s < 4; ++s)
+      for (std::size_t dst = 0; dst < 4; ++dst) {
+        double waited = 0;
+        for (const json& i : intervals)
+          waited += i[op]["matrix_us"][s][dst].get<double>() * i[op]["calls_per_rank"][dst].get<double>();
+        EXPECT_NEAR(d["matrix_us"][s][dst].get<double>(), waited / 6, 1e-9 + 1e-9 * waited) << op << " " << s << " " << dst;
+      }
+    const json& p = j["diagnose"]["persistent"][op];
+    EXPECT_TRUE(p["abnormal_rows"].is_array() && p["abnormal_cols"].is_array() && p["abnormal_points"].is_array()) << op;
   }
+  EXPECT_EQ(j["diagnose"]["persist"]["of"], 5);
+  EXPECT_EQ(j["diagnose"]["persist"]["need"], 3);
   std::ifstream in(text);
   const std::string report((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_NE(report.find("DIAGNOSE (the timed loop"), std::string::npos);
+  EXPECT_NE(report.find("DIAGNOSE (the timed loop in 5 intervals"), std::string::npos) << report;
+  EXPECT_NE(report.find("persistently (named in 3 of the last 5 intervals, 5 so far)"), std::string::npos) << report;
   EXPECT_NE(report.find("wait per call, us: matrix[src][dst] (calls per dst: 6 6 6 6)"), std::string::npos) << report;
 }
 
@@ -266,9 +284,13 @@ TEST(BenchRecord, RoundTrips) {
   r.pid = 4321;
   r.node = "node-b";
   r.diagnosed = true;
-  r.diagnose_seconds = 1.5;
-  r.diagnose_us[1] = {0.5, 7, 8, 0.25};
-  r.diagnose_calls[1] = {6, 6};
+  r.diagnose_seconds = {1.5, 2.5};
+  r.diagnose_us.resize(2);
+  r.diagnose_calls.resize(2);
+  r.diagnose_us[0][1] = {0.5, 7, 8, 0.25};
+  r.diagnose_calls[0][1] = {6, 6};
+  r.diagnose_us[1][0] = {1, 2, 3, 4};
+  r.diagnose_calls[1][0] = {5, 7};
   const fs::path p = fs::temp_directory_path() / ("epx_bench_record_" + std::to_string(::getpid()));
   write_bench_record(p, r);
   const BenchRankRecord q = read_bench_record(p);
@@ -289,9 +311,14 @@ TEST(BenchRecord, RoundTrips) {
   EXPECT_EQ(q.pid, 4321);
   EXPECT_EQ(q.node, "node-b");
   EXPECT_TRUE(q.diagnosed);
-  EXPECT_EQ(q.diagnose_seconds, 1.5);
-  EXPECT_TRUE(q.diagnose_us[0].empty());
-  EXPECT_EQ(q.diagnose_us[1], (std::vector<double>{0.5, 7, 8, 0.25}));
-  EXPECT_EQ(q.diagnose_calls[1], (std::vector<std::uint64_t>{6, 6}));
+  EXPECT_EQ(q.diagnose_seconds, (std::vector<double>{1.5, 2.5}));
+  ASSERT_EQ(q.diagnose_us.size(), 2u);
+  ASSERT_EQ(q.diagnose_calls.size(), 2u);
+  EXPECT_TRUE(q.diagnose_us[0][0].empty());
+  EXPECT_EQ(q.diagnose_us[0][1], (std::vector<double>{0.5, 7, 8, 0.25}));
+  EXPECT_EQ(q.diagnose_calls[0][1], (std::vector<std::uint64_t>{6, 6}));
+  EXPECT_EQ(q.diagnose_us[1][0], (std::vector<double>{1, 2, 3, 4}));
+  EXPECT_EQ(q.diagnose_calls[1][0], (std::vector<std::uint64_t>{5, 7}));
+  EXPECT_TRUE(q.diagnose_calls[1][1].empty());
   EXPECT_THROW(read_bench_record(p), epx::Error);
 }

@@ -120,6 +120,12 @@ void validate_options(const BenchOptions& o) {
   check_workers(o.workers, o.routing.empty() ? o.ranks : 1, "epx bench");
   if (o.iters < 1) bad("--iters must be >= 1, got " + std::to_string(o.iters));
   if (o.warmup < 0) bad("--warmup must be >= 0, got " + std::to_string(o.warmup));
+  if (o.diagnose && (o.diagnose_intervals < 1 || o.diagnose_intervals > o.iters))
+    bad("--diagnose-intervals must be in [1, --iters = " + std::to_string(o.iters) + "], got " +
+        std::to_string(o.diagnose_intervals));
+  if (o.diagnose && (o.diagnose_need < 1 || o.diagnose_need > o.diagnose_intervals))
+    bad("--diagnose-need must be in [1, --diagnose-intervals = " + std::to_string(o.diagnose_intervals) + "], got " +
+        std::to_string(o.diagnose_need));
   if (o.overhead_iters < 0) bad("--counters-overhead must be >= 0, got " + std::to_string(o.overhead_iters));
   if (o.overhead_of != "counters" && o.overhead_of != "waits")
     bad("--overhead-of must be 'counters' or 'waits', got '" + o.overhead_of + "'");

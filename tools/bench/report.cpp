@@ -346,18 +346,53 @@ const std::vector<std::string>& worker_metric_names() {
 
 namespace {
 
-// --diagnose: rank 0's matrices of the timed loop, with DeepEP's verdict (the thresholds' defaults).
-DiagnoseReport diagnose_of(const BenchRankRecord& rec, const std::vector<RankInfo>& ranks) {
-  DiagnoseReport d;
-  d.exchanges = 1;
-  d.seconds = rec.diagnose_seconds;
+// --diagnose: rank 0's matrices of each interval of the timed loop with DeepEP's verdict (the
+// thresholds' defaults), and the whole loop's: the intervals' waits summed (µs per call x
+// calls), over their calls, its verdict, and the persistent verdict over the intervals'.
+void diagnose_of(const BenchOptions& o, const BenchRankRecord& rec, const std::vector<RankInfo>& ranks, BenchReport& r) {
+  const std::size_t P = ranks.size();
+  DiagnoseReport& d = r.diagnose;
   d.ranks = ranks;
+  d.persist = {o.diagnose_intervals, o.diagnose_need};
+  std::array<std::vector<double>, kNumWaitOps> total_us;
   for (std::size_t op = 0; op < d.ops.size(); ++op) {
-    d.ops[op].matrix_us = rec.diagnose_us[op];
-    d.ops[op].calls = rec.diagnose_calls[op];
-    d.ops[op].verdict = diagnose_matrix(d.ops[op].matrix_us, static_cast<int>(ranks.size()), d.thresholds);
+    total_us[op].assign(P * P, 0);
+    d.ops[op].calls.assign(P, 0);
   }
-  return d;
+  std::array<std::vector<MatrixVerdict>, kNumWaitOps> verdicts;
+  for (std::size_t k = 0; k < rec.diagnose_seconds.size(); ++k) {
+    DiagnoseReport i;
+    i.exchanges = k + 1;
+    i.seconds = rec.diagnose_seconds[k];
+    i.ranks = ranks;
+    i.persist = d.persist;
+    i.window = std::min<std::uint64_t>(k + 1, static_cast<std::uint64_t>(d.persist.of));
+    for (std::size_t op = 0; op < d.ops.size(); ++op) {
+      DiagnoseOp& io = i.ops[op];
+      io.matrix_us = rec.diagnose_us[k][op];
+      io.calls = rec.diagnose_calls[k][op];
+      io.verdict = diagnose_matrix(io.matrix_us, static_cast<int>(P), i.thresholds);
+      verdicts[op].push_back(io.verdict);
+      io.persistent = persistent_verdict(verdicts[op], i.persist);
+      for (std::size_t s = 0; s < P; ++s)
+        for (std::size_t dst = 0; dst < P; ++dst)
+          total_us[op][s * P + dst] += io.matrix_us[s * P + dst] * static_cast<double>(io.calls[dst]);
+      for (std::size_t dst = 0; dst < P; ++dst) d.ops[op].calls[dst] += io.calls[dst];
+    }
+    d.seconds += i.seconds;
+    r.diagnose_intervals.push_back(std::move(i));
+  }
+  d.exchanges = rec.diagnose_seconds.size();
+  d.window = std::min<std::uint64_t>(d.exchanges, static_cast<std::uint64_t>(d.persist.of));
+  for (std::size_t op = 0; op < d.ops.size(); ++op) {
+    DiagnoseOp& w = d.ops[op];
+    w.matrix_us.assign(P * P, 0);
+    for (std::size_t s = 0; s < P; ++s)
+      for (std::size_t dst = 0; dst < P; ++dst)
+        if (w.calls[dst] > 0) w.matrix_us[s * P + dst] = total_us[op][s * P + dst] / static_cast<double>(w.calls[dst]);
+    w.verdict = diagnose_matrix(w.matrix_us, static_cast<int>(P), d.thresholds);
+    w.persistent = persistent_verdict(verdicts[op], d.persist);
+  }
 }
 
 /// What the report says the run was: the options, the problem's shape and the routing's count.
@@ -444,7 +479,7 @@ BenchReport aggregate_bench(const BenchOptions& o, const BenchProblem& p, const 
   BenchReport r;
   describe_run(o, p, rc, r);
   gather_rank_facts(records, r);
-  if (!records.empty() && records[0].diagnosed) r.diagnose = diagnose_of(records[0], r.rank_info);
+  if (!records.empty() && records[0].diagnosed) diagnose_of(o, records[0], r.rank_info, r);
   r.dispatch = aggregate_op("dispatch", true, o, rc, records, r.warnings);
   r.combine = aggregate_op("combine", false, o, rc, records, r.warnings);
   const double mt = r.dispatch.memcpy_max_rank.avg + r.combine.memcpy_max_rank.avg;

@@ -317,6 +317,7 @@ class RankBench {
       diag.emplace(t_, *buf);
       if (o_.progress && r_ == 0) announce_ranks(diag->report().ranks);
     }
+    int interval = 0;  // --diagnose: the timed loop's intervals ended so far
     for (int it = 0; it < total; ++it) {
       const bool timed = it >= o_.warmup;
       if (diag && it == o_.warmup) diag->exchange();  // the matrices cover the timed calls only
@@ -338,8 +339,14 @@ class RankBench {
       }
       if (timed && other && it % 2 == 0) other_round(*other);
       progress_.update(timed ? "iter" : "warmup", timed ? it - o_.warmup + 1 : it + 1, timed ? o_.iters : o_.warmup, d_us, c_us);
+      // Interval k (1-based) ends after k * iters / K timed iterations: every rank exchanges there.
+      if (diag && timed &&
+          static_cast<std::int64_t>(it - o_.warmup + 1) * o_.diagnose_intervals >=
+              static_cast<std::int64_t>(interval + 1) * o_.iters) {
+        keep_diagnose(*diag);
+        ++interval;
+      }
     }
-    if (diag) keep_diagnose(*diag);
     // Private memory while the timed Buffer (and its heap output pool) still lives.
     std::ifstream status("/proc/self/status");
     for (std::string line; std::getline(status, line);)
@@ -354,14 +361,17 @@ class RankBench {
     std::fflush(stderr);
   }
 
+  // One interval's exchange: its matrices (the verdicts are the report's, over all intervals).
   void keep_diagnose(Diagnose& diag) {
     diag.exchange();
     const DiagnoseReport r = diag.report();
     rec_.diagnosed = true;
-    rec_.diagnose_seconds = r.seconds;
+    rec_.diagnose_seconds.push_back(r.seconds);
+    rec_.diagnose_us.emplace_back();
+    rec_.diagnose_calls.emplace_back();
     for (std::size_t op = 0; op < r.ops.size(); ++op) {
-      rec_.diagnose_us[op] = r.ops[op].matrix_us;
-      rec_.diagnose_calls[op] = r.ops[op].calls;
+      rec_.diagnose_us.back()[op] = r.ops[op].matrix_us;
+      rec_.diagnose_calls.back()[op] = r.ops[op].calls;
     }
   }
 
@@ -495,11 +505,12 @@ void write_bench_record(const fs::path& path, const BenchRankRecord& r) {
     o.pod(r.pid);
     o.vec(std::vector<char>(r.node.begin(), r.node.end()));
     o.pod(r.diagnosed);
-    o.pod(r.diagnose_seconds);
-    for (std::size_t op = 0; op < r.diagnose_us.size(); ++op) {
-      o.vec(r.diagnose_us[op]);
-      o.vec(r.diagnose_calls[op]);
-    }
+    o.vec(r.diagnose_seconds);
+    for (std::size_t k = 0; k < r.diagnose_seconds.size(); ++k)
+      for (std::size_t op = 0; op < static_cast<std::size_t>(kNumWaitOps); ++op) {
+        o.vec(r.diagnose_us[k][op]);
+        o.vec(r.diagnose_calls[k][op]);
+      }
     if (!o.ok()) throw Error(ErrorCode::kIo, tmp.string() + ": cannot write the rank's bench record", r.rank);
   }
   fs::rename(tmp, path);
@@ -532,11 +543,14 @@ BenchRankRecord read_bench_record(const fs::path& path) {
   const std::vector<char> node = in.vec<char>();
   r.node.assign(node.begin(), node.end());
   r.diagnosed = in.pod<bool>();
-  r.diagnose_seconds = in.pod<double>();
-  for (std::size_t op = 0; op < r.diagnose_us.size(); ++op) {
-    r.diagnose_us[op] = in.vec<double>();
-    r.diagnose_calls[op] = in.vec<std::uint64_t>();
-  }
+  r.diagnose_seconds = in.vec<double>();
+  r.diagnose_us.resize(r.diagnose_seconds.size());
+  r.diagnose_calls.resize(r.diagnose_seconds.size());
+  for (std::size_t k = 0; k < r.diagnose_seconds.size(); ++k)
+    for (std::size_t op = 0; op < static_cast<std::size_t>(kNumWaitOps); ++op) {
+      r.diagnose_us[k][op] = in.vec<double>();
+      r.diagnose_calls[k][op] = in.vec<std::uint64_t>();
+    }
   return r;
 }
 

@@ -88,6 +88,11 @@ constexpr const char kRunShapes[] = R"(  data plane   --topology --schedule --qu
                sources) and columns (slow destinations) at 3x the mean of the OTHER rows /
                columns, points (slow links) at 5x the mean of the other links, outside
                abnormal rows and columns and above an absolute floor (docs/diagnose.md). JSON: "diagnose"; every rank's pid and node: "ranks".
+               The loop in --diagnose-intervals K exchanges (5): each interval's verdict, and
+               the persistent verdict: what --diagnose-need N (3) of the K verdicts name
+               (a fault stays, a rank the scheduler left behind once does not). JSON:
+               "diagnose" keeps the whole loop's matrices and verdict; "persistent",
+               "persist" and "intervals" are the intervals'.
   span, skew   per iteration, first rank's call start to last rank's call end, and the spread
                of the call starts (how well the barrier aligned the ranks).
   slowest rank the rank with the highest avg latency (per op; for the route histogram: of
@@ -202,6 +207,12 @@ void add_report_options(CLI::App* sub, BenchOptions& o) {
   sub->add_flag("!--no-counters", o.counters, "time with epx's per-worker counters off (no phases, no put counts)");
   sub->add_flag("--diagnose", o.diagnose,
                 "the timed loop's wait matrices per op (rank src x rank dst, epx::Diagnose) and their verdict: slow ranks and links");
+  sub->add_option("--diagnose-intervals", o.diagnose_intervals,
+                  "--diagnose: the timed loop in K exchanges, a verdict for each")
+      ->capture_default_str();
+  sub->add_option("--diagnose-need", o.diagnose_need,
+                  "--diagnose: the persistent verdict names what the verdicts of N of the K intervals name")
+      ->capture_default_str();
   sub->add_option("--counters-overhead", o.overhead_iters,
                   "counters off-vs-on ratio: N iterations with the other counters setting before and N after the timed loop (0 = skip)")
       ->capture_default_str();

@@ -141,6 +141,12 @@ ordered_json ranks_json(const BenchReport& r) {
 }
 
 // --diagnose: per op the [src][dst] matrix (µs per call), the verdict and its thresholds.
+ordered_json verdict_json(const MatrixVerdict& v) {
+  ordered_json points = ordered_json::array();
+  for (const AbnormalPoint& p : v.points) points.push_back({p.src, p.dst, p.value_us, p.ratio});
+  return {{"abnormal_rows", v.rows}, {"abnormal_cols", v.cols}, {"abnormal_points", points}};
+}
+
 ordered_json diagnose_json(const DiagnoseReport& d) {
   ordered_json j;
   const std::size_t P = d.ranks.size();
@@ -150,19 +156,30 @@ ordered_json diagnose_json(const DiagnoseReport& d) {
     for (std::size_t s = 0; s < P; ++s)
       m.push_back(std::vector<double>(o.matrix_us.begin() + static_cast<std::ptrdiff_t>(s * P),
                                       o.matrix_us.begin() + static_cast<std::ptrdiff_t>((s + 1) * P)));
-    ordered_json points = ordered_json::array();
-    for (const AbnormalPoint& p : o.verdict.points) points.push_back({p.src, p.dst, p.value_us, p.ratio});
-    j[to_string(static_cast<WaitOp>(op))] = {
-        {"matrix_us", m},
-        {"abnormal_rows", o.verdict.rows},
-        {"abnormal_cols", o.verdict.cols},
-        {"abnormal_points", points},
-        {"thresholds", {{"row", d.thresholds.row}, {"col", d.thresholds.col}, {"point", d.thresholds.point},
-                        {"links", d.thresholds.links}, {"floor_us", d.thresholds.floor_us},
-                        {"spread", d.thresholds.spread}}},
-        {"calls_per_rank", o.calls}};
+    ordered_json v = {{"matrix_us", m}};
+    v.update(verdict_json(o.verdict));
+    v["thresholds"] = {{"row", d.thresholds.row}, {"col", d.thresholds.col}, {"point", d.thresholds.point},
+                       {"links", d.thresholds.links}, {"floor_us", d.thresholds.floor_us}, {"spread", d.thresholds.spread}};
+    v["calls_per_rank"] = o.calls;
+    j[to_string(static_cast<WaitOp>(op))] = v;
   }
   j["seconds"] = d.seconds;
+  return j;
+}
+
+// The whole loop's report (the keys above) and the intervals': "persist" (the rule),
+// "persistent" (per op, what need of the intervals named) and "intervals" (each one's
+// matrices and verdict, by the keys above).
+ordered_json diagnose_json(const DiagnoseReport& whole, const std::vector<DiagnoseReport>& intervals) {
+  ordered_json j = diagnose_json(whole);
+  j["persist"] = {{"of", whole.persist.of}, {"need", whole.persist.need}};
+  ordered_json p;
+  for (int op = 0; op < kNumWaitOps; ++op)
+    p[to_string(static_cast<WaitOp>(op))] = verdict_json(whole.ops[static_cast<std::size_t>(op)].persistent);
+  j["persistent"] = p;
+  ordered_json list = ordered_json::array();
+  for (const DiagnoseReport& i : intervals) list.push_back(diagnose_json(i));
+  j["intervals"] = list;
   return j;
 }
 
@@ -278,7 +295,7 @@ ordered_json bench_json(const BenchReport& r) {
   j["combine"] = op_json(r.combine, rc, false);
 
   j["route"] = route_json(r);
-  if (r.diagnose.exchanges > 0) j["diagnose"] = diagnose_json(r.diagnose);
+  if (r.diagnose.exchanges > 0) j["diagnose"] = diagnose_json(r.diagnose, r.diagnose_intervals);
 
   if (r.dispatch.counters || r.combine.counters) {
     ordered_json wc;

@@ -282,6 +282,32 @@ std::string summary_op_line(const BenchReport& r, const OpReport& op) {
   return line + fmt("; slowest rank %d (+%.1f%% over the ranks' mean)", op.slowest_rank, slow);
 }
 
+// --diagnose: the whole loop's report (its matrices and verdict, and the persistent verdict
+// over the intervals), then one line per interval with what its verdict named.
+std::string named_brief(const MatrixVerdict& v) {
+  if (v.clean()) return "-";
+  std::string out;
+  auto ints = [&](const char* what, const std::vector<int>& xs) {
+    if (xs.empty()) return;
+    out += std::string(out.empty() ? "" : " ") + what;
+    for (std::size_t i = 0; i < xs.size(); ++i) out += (i ? "," : " ") + std::to_string(xs[i]);
+  };
+  ints("rows", v.rows);
+  ints("cols", v.cols);
+  if (!v.points.empty()) out += std::string(out.empty() ? "" : " ") + "points";
+  for (const AbnormalPoint& p : v.points) out += " " + std::to_string(p.src) + "->" + std::to_string(p.dst);
+  return out;
+}
+
+void print_diagnose(std::FILE* f, const BenchReport& r) {
+  std::fprintf(f, "\nDIAGNOSE (the timed loop in %zu intervals; epx::Diagnose)\n%s", r.diagnose_intervals.size(),
+               format_report(r.diagnose).c_str());
+  std::fprintf(f, "  per interval (what each interval's verdict named):\n");
+  for (const DiagnoseReport& i : r.diagnose_intervals)
+    std::fprintf(f, "    %2llu  %6.2f s  dispatch: %-24s combine: %s\n", static_cast<unsigned long long>(i.exchanges), i.seconds,
+                 named_brief(i.ops[0].verdict).c_str(), named_brief(i.ops[1].verdict).c_str());
+}
+
 void print_summary(std::FILE* f, const BenchReport& r) {
   std::fprintf(f, "\nSUMMARY\n");
   for (const OpReport* op : {&r.dispatch, &r.combine}) std::fprintf(f, "%s\n", summary_op_line(r, *op).c_str());
@@ -294,7 +320,7 @@ void print_summary(std::FILE* f, const BenchReport& r) {
     std::fprintf(f, "  payload check: epx's byte counters >= the independent count of the routing on every rank (%s)\n",
                  r.options.dataplane.protocol == Protocol::kFlag ? "flag blocks carry flags and padding" : "relays forward rows once more");
   for (const std::string& w : r.warnings) std::fprintf(f, "  WARNING: %s\n", w.c_str());
-  if (r.diagnose.exchanges > 0) std::fprintf(f, "\nDIAGNOSE (the timed loop; epx::Diagnose)\n%s", format_report(r.diagnose).c_str());
+  if (r.diagnose.exchanges > 0) print_diagnose(f, r);
 }
 
 }  // namespace

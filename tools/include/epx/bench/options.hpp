@@ -52,6 +52,11 @@ struct BenchOptions {
   /// --diagnose: an epx::Diagnose over the timed Buffer (its own endpoint); its exchange
   /// after the warmup and after the timed loop gives the timed loop's wait matrices and verdicts.
   bool diagnose = false;
+  /// --diagnose-intervals K: the timed loop in K intervals of about iters / K iterations, an
+  /// exchange after each; --diagnose-need N: the persistent verdict names what N of the K
+  /// intervals' verdicts name (docs/diagnose.md, "Over intervals"). 1 <= N <= K <= iters.
+  int diagnose_intervals = 5;
+  int diagnose_need = 3;
   int overhead_iters = 3;   ///< iterations per comparison block with the other counters setting (0 = skip)
   /// --overhead-of: what --counters-overhead compares: "counters" (collect_stats: blocks of N
   /// iterations with the other setting before and after the timed loop) or "waits"

@@ -118,9 +118,11 @@ struct BenchReport {
   std::uint64_t one_copy_calls = 0, copy_calls = 0, view_calls = 0;  ///< timed dispatches, all ranks
   std::string copy_why;  ///< why the last copy was one (a rank's CallStats::output_why)
   std::vector<RankInfo> rank_info;  ///< [P] each rank's pid and node
-  /// --diagnose: the timed loop's wait matrices and verdicts (rank 0's Diagnose exchange;
-  /// exchanges == 0 without --diagnose).
+  /// --diagnose: the timed loop's wait matrices and verdicts (rank 0's Diagnose exchanges,
+  /// summed over the intervals; exchanges == 0 without --diagnose); ops[].persistent: what
+  /// persist.need of the persist.of = --diagnose-intervals intervals named.
   DiagnoseReport diagnose;
+  std::vector<DiagnoseReport> diagnose_intervals;  ///< each interval's matrices and verdict
 };
 
 /// Whether every row travels exactly once with its metadata, so epx's byte counters must

@@ -46,12 +46,13 @@ struct BenchRankRecord {
   std::int64_t out_rows = 0;  ///< rows of the dispatch output
   std::int64_t pid = 0;       ///< the rank's process
   std::string node;           ///< gethostname()
-  /// --diagnose: the timed loop's wait matrices as every rank's Diagnose exchange gave them
-  /// ([WaitOp][src * P + dst] µs per call; [WaitOp][dst] calls), and the seconds covered.
+  /// --diagnose: the timed loop's wait matrices as every rank's Diagnose exchanges gave them,
+  /// one per interval (--diagnose-intervals: [interval][WaitOp][src * P + dst] µs per call;
+  /// [interval][WaitOp][dst] calls), and the seconds each covered.
   bool diagnosed = false;
-  std::array<std::vector<double>, kNumWaitOps> diagnose_us;
-  std::array<std::vector<std::uint64_t>, kNumWaitOps> diagnose_calls;
-  double diagnose_seconds = 0;
+  std::vector<std::array<std::vector<double>, kNumWaitOps>> diagnose_us;
+  std::vector<std::array<std::vector<std::uint64_t>, kNumWaitOps>> diagnose_calls;
+  std::vector<double> diagnose_seconds;
   bool hashed = false;        ///< hashes computed (--baseline mpi, bf16)
   std::uint64_t dispatch_hash = 0, combine_hash = 0;
 };
