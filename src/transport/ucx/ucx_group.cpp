@@ -330,42 +330,13 @@ std::vector<std::string> UcxGroup::start_worker() {
 // signal, against 6.4 GB/s and 18 us over sysv/posix). A same-machine peer that dies is seen
 // through /proc instead (check_alive).
 //
-// In a fixed order: in the first round each rank makes its endpoints to the higher ranks
-// and wires them up (a flush completes once the connection is up and the peer has answered),
-// everyone waits for everyone, and only then does each rank make its endpoints to the lower
-// ranks, which find the connections their peers made. Made all at once, both ranks of a pair
-// connect to each other at the same moment, and UCX 1.13's TCP transport resolves the two
-// crossing connections (its simultaneous-connection path in tcp_cm.c, which moves a
-// connection's receive side and pending sends from one endpoint to the other); ordered, that
-// path is never taken. A round that fails on any rank fails every rank with that rank's
-// error (no rank is left waiting in the bootstrap).
+// The connections are wired up lazily, by the first operation (both sides progress then).
 void UcxGroup::connect_endpoints(const std::vector<std::string>& all) {
   eps_.assign(static_cast<std::size_t>(size_), nullptr);
-  std::vector<int> higher, lower;
-  for (int p = 0; p < size_; ++p) {
-    if (p > rank_) higher.push_back(p);
-    if (p < rank_) lower.push_back(p);
-  }
-  for (const std::vector<int>* peers : {&higher, &lower}) {
-    std::string why;
-    try {
-      make_endpoints(all, *peers);
-      wire_up(*peers);
-    } catch (const Error& e) {
-      why = std::to_string(static_cast<int>(e.code())) + " " + std::to_string(e.origin_rank()) + " " + e.what();
-    }
-    const std::vector<std::string> verdicts = exchange(why);  // the worker progresses meanwhile
-    for (int p = 0; p < size_; ++p) {
-      const std::string& v = verdicts[static_cast<std::size_t>(p)];
-      if (v.empty()) continue;
-      std::istringstream in(v);
-      int code = 0, origin = -1;
-      in >> code >> origin;
-      std::string text;
-      std::getline(in, text);
-      throw Error(static_cast<ErrorCode>(code), text.empty() ? v : text.substr(1), origin);
-    }
-  }
+  std::vector<int> peers;
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) peers.push_back(p);
+  make_endpoints(all, peers);
 }
 
 void UcxGroup::make_endpoints(const std::vector<std::string>& all, const std::vector<int>& peers) {
@@ -383,23 +354,6 @@ void UcxGroup::make_endpoints(const std::vector<std::string>& all, const std::ve
                                               ": " + status_text(s) + " (no common transport: see UCX_TLS / UCX_NET_DEVICES)", p);
     }
   }
-}
-
-// Flushes the endpoints to `peers` until each completed: its connection is up and the peer
-// answered. Within the group's timeout; a peer that fails or never answers fails this rank.
-void UcxGroup::wire_up(const std::vector<int>& peers) {
-  note("connect: wiring up the endpoints");
-  std::vector<Pending> pending;
-  ucp_request_param_t prm{};
-  for (int p : peers) {
-    ucs_status_ptr_t r = ucp_ep_flush_nbx(eps_[static_cast<std::size_t>(p)], &prm);
-    if (UCS_PTR_IS_ERR(r)) {
-      for (const Pending& q : pending) ucp_request_free(q.request);
-      fail_peer(p, UCS_PTR_STATUS(r), "connecting to");
-    }
-    if (UCS_PTR_IS_PTR(r)) pending.push_back({p, r, false});
-  }
-  if (!pending.empty()) await_flushes(pending, nullptr, false);
 }
 
 // Forced: the flush before it delivered what this rank sent; a peer still connected sees the

@@ -136,7 +136,6 @@ class UcxGroup {
   std::vector<std::string> start_worker();
   void connect_endpoints(const std::vector<std::string>& addresses);
   void make_endpoints(const std::vector<std::string>& addresses, const std::vector<int>& peers);
-  void wire_up(const std::vector<int>& peers);
   void close_endpoints() noexcept;
   [[noreturn]] void fail_peer(int peer, ucs_status_t status, const char* what) const;
   /// A same-machine peer this rank waits for (whose endpoint reports nothing: no peer error
