@@ -30,7 +30,7 @@ from .errors import Error
 from .events import EventHandle, EventOverlap
 from .engram import EngramBuffer
 from .group import launch
-from .heal import agree_and_rebuild, live_routing
+from .heal import admit, agree_and_rebuild, close_door, join, live_routing, open_door, request_ranks
 from .pp import PPBuffer, PPView
 from .legacy import Buffer, Config, LegacyBuffer, LegacyConfig
 
@@ -38,7 +38,8 @@ __all__ = ["EPBuffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle
            "LegacyConfig", "Diagnose", "Error", "launch",
            "get_num_allocation_alignment", "MAX_LOCAL_EXPERTS", "topk_idx_t", "__version__",
            "BucketBuffer", "BucketSession", "BufferAllocator", "PPBuffer", "PPView", "EngramBuffer",
-           "get_physical_domain_size", "get_logical_domain_size", "agree_and_rebuild", "live_routing"]
+           "get_physical_domain_size", "get_logical_domain_size", "agree_and_rebuild", "live_routing",
+           "open_door", "close_door", "request_ranks", "admit", "join"]
 
 
 def __getattr__(name):
