@@ -137,6 +137,7 @@ class Run:
         self.fault = None
         self.cmd = []
         self.snapshot = ""  # Cluster.snapshot() taken while the run went on (snapshot_after)
+        self.tcp_counters = []  # [i]: machine i's TCP counters that moved (nstat), for a failure's text
 
     @property
     def ok(self):
@@ -156,6 +157,8 @@ class Run:
             out.append(f"fault {self.fault.kind} on {self.names[self.fault.machine]}: {self.fault.note}")
         if self.snapshot:
             out.append(f"== snapshot {self.snapshot}")
+        for i, counters in enumerate(self.tcp_counters):
+            out.append(f"== {self.names[i]}'s TCP counters: {counters}")
         for i, name in enumerate(self.names):
             out.append(f"== {name}: {' '.join(shlex.quote(a) for a in self.cmd[i][-8:])} -> rc {self.rc[i]}")
             out.append(_tail(self.agent[i], limit))
@@ -351,6 +354,7 @@ class Cluster:
             except OSError:
                 run.tx.append(None)
             run.shm_left.append(_read(os.path.join(rdir, f"shm{i}.txt")).split())
+            run.tcp_counters.append(self.tcp_counters(i))
         for path in sorted(glob.glob(os.path.join(rdir, "workers", "*.out"))):
             host, lr, r = os.path.basename(path)[:-4].rsplit("-", 2)
             i = self.names.index(host) if host in self.names else -1
@@ -358,6 +362,19 @@ class Cluster:
             run.workers.append(Worker(i, int(lr), int(r), _read(path), _read(path[:-4] + ".err"), rc, ended))
         run.workers.sort(key=lambda w: w.rank)
         return run
+
+    def tcp_counters(self, i):
+        """Machine i's TCP counters of trouble since it was made (retransmissions, timeouts,
+        zero windows, drops): the ones that are not 0, as text."""
+        keep = ("RetransSegs", "Timeouts", "LossProbes", "ZeroWindow", "Prune", "Drop", "Collapsed", "Backlog",
+                "MemoryPressures", "SpuriousRTOs", "Abort")
+        r = machines.sh("ip", "netns", "exec", self.names[i], "nstat", "-az", check=False)
+        out = []
+        for line in r.stdout.splitlines():
+            f = line.split()
+            if len(f) >= 2 and f[1] != "0" and any(k in f[0] for k in keep):
+                out.append(f"{f[0]} {f[1]}")
+        return ", ".join(out) or "(none)"
 
     def snapshot(self):
         """What every machine's TCP sockets hold (ss: queues, retransmissions, timers) and where
@@ -368,8 +385,10 @@ class Cluster:
             out.append(f"-- {ns}: ss -tnpioe\n" + "\n".join(ln for ln in r.stdout.splitlines() if "cgroup2" not in ln))
         for i, ns in enumerate(self.names):
             for rank, (pid, _) in sorted(self.workers_running(i).items()):
-                cmd = ["gdb", "-p", str(pid), "-batch", "-nx", "-iex", "set auto-solib-add off", "-ex",
-                       "sharedlibrary libuc|_epx|libc.so|libstdc", "-ex", "thread apply all bt 20"]
+                cmd = ["gdb", "-p", str(pid), "-batch", "-nx", "-iex", "set auto-solib-add off"]
+                for lib in ("libucp", "libuct", "libucs", "_epx", "libc.so"):  # not torch's: minutes to load
+                    cmd += ["-ex", f"sharedlibrary {lib}"]
+                cmd += ["-ex", "thread apply all bt 20"]
                 try:
                     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=90)
                     text = "\n".join(ln for ln in r.stdout.splitlines() if ln.startswith(("#", "Thread")))
