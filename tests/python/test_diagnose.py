@@ -130,3 +130,33 @@ def test_late_rank_is_the_slow_source(tmp_path):
         assert [x["pid"] for x in g["ranks"]] == [x["pid"] for x in got], r
     assert (tmp_path / "diagnose.log").exists()
     assert "slow sources (rows): 2" in (tmp_path / "diagnose.log").read_text()
+
+
+def _persistent(rank, num_ranks):
+    # Three exchanges with rank 2, then 1, then 2 late: the persistent verdict (2 of the last 3)
+    # names nobody after the second (each rank once), rank 2 after the third.
+    case = make_case(P, 8, 2, 128, [16] * P, seed=11)
+    out = []
+    with epx.EPBuffer(None, num_max_tokens_per_rank=16, hidden=128, num_topk=2, num_experts=8) as buf:
+        _calls(buf, case, rank, 2)
+        with epx.Diagnose(buf, interval=10, persist=(3, 2)) as diag:
+            for late in (2, 1, 2):
+                _calls(buf, case, rank, 10, late=late, delay=0.025)
+                diag.exchange()
+                rep = diag.report()
+                out.append((diag.diagnose(), diag.persistent(), rep["window"], rep["persist"], rep["text"]))
+    return out
+
+
+def test_persistent_verdict_names_what_stays():
+    got = epx.launch(_persistent, P, start_method="fork", timeout_secs=120)
+    for r, g in enumerate(got):
+        assert [v["dispatch"]["abnormal_rows"] for v, _, _, _, _ in g] == [[2], [1], [2]], (r, g)
+        assert [p["dispatch"]["abnormal_rows"] for _, p, _, _, _ in g] == [[], [], [2]], (r, g)
+        assert [w for _, _, w, _, _ in g] == [1, 2, 3]
+        assert g[0][3] == {"of": 3, "need": 2}
+        assert "persistently (named in 2 of the last 3 intervals, 3 so far): ABNORMAL" in g[2][4]
+    with pytest.raises(epx.Error):
+        epx.Diagnose(None, persist=(3, 4))  # need > of: refused before any group is touched
+    with pytest.raises(epx.Error):
+        epx.Diagnose(None, persist=3)

@@ -71,8 +71,9 @@ TEST(DiagnosePersist, AFaultStaysASchedulerNameMoves) {
   ASSERT_EQ(two.points.size(), 1u);
   EXPECT_EQ(two.points[0].src, 3);
   EXPECT_EQ(two.points[0].dst, 4);
-  // Only the last `of` count: over the last 2 intervals rank 2 is a row once.
-  EXPECT_TRUE(persistent_verdict(v, {2, 2}).rows.empty());
+  // Only the last `of` count: in the last 3 intervals rank 2 is a row twice (4 times in all 5).
+  EXPECT_TRUE(persistent_verdict(v, {3, 3}).rows.empty());
+  EXPECT_EQ(persistent_verdict(v, {3, 2}).rows, std::vector<int>{2});
   EXPECT_EQ(persistent_verdict(v, {2, 1}).rows, (std::vector<int>{2, 6}));
 }
 
