@@ -76,11 +76,11 @@ EngramBuffer::EngramBuffer(Transport& transport, std::size_t num_bytes, std::siz
   impl_->num_bytes = num_bytes;
   impl_->num_storage_bytes = num_storage_bytes;
   allocate(num_bytes + num_storage_bytes, 2 * static_cast<std::size_t>(num_ranks()));
-  impl_->path = path_of(endpoint("engram"));
+  impl_->path = path_of(endpoint("construct"));
   // Only the served path has a sender to complete its puts; the table picks how for this
   // transport (mapped rows need nothing, gets only the requester's quiet).
   impl_->served_protocol =
-      spi::pick(spi::Kind::kEngram, "served", endpoint("engram").caps()).value_or(Protocol::kExplicit);
+      spi::pick(spi::Kind::kEngram, "served", endpoint("construct").caps()).value_or(Protocol::kExplicit);
 }
 
 EngramBuffer::~EngramBuffer() {
@@ -92,7 +92,7 @@ void EngramBuffer::on_destroy() noexcept {
   *impl_->live = 0;
   if (*impl_->gets_pending) {  // nothing may still land in the window being released
     try {
-      endpoint("engram.destroy").quiet(0);
+      endpoint("destroy").quiet(0);
     } catch (...) {
     }
     *impl_->gets_pending = false;
@@ -102,7 +102,7 @@ void EngramBuffer::on_destroy() noexcept {
 const char* EngramBuffer::path() const noexcept { return engram::to_string(impl_->path); }
 
 void EngramBuffer::set_config(const EngramConfig& config) {
-  endpoint("engram.set_config");
+  endpoint("set_config");
   const std::string problem = engram::config_problem(config);
   agree({{"num_entries_per_layer", list_of(config.num_entries_per_layer)},
          {"hidden", std::to_string(config.hidden)},
@@ -176,7 +176,7 @@ void EngramBuffer::write(const std::vector<TensorView>& tables, const std::vecto
 
 void EngramBuffer::write(const std::vector<TensorView>& tables, const std::vector<TensorView>& sfs,
                          const std::optional<CallProblem>& caller_problem) {
-  Transport& t = endpoint("engram.write");
+  Transport& t = endpoint("write");
   if (!impl_->layout)
     throw Error(ErrorCode::kInvalidArgument, r_of(rank()) + ": engram.write: call set_config first", rank());
   const engram::Layout& l = *impl_->layout;
@@ -232,7 +232,7 @@ std::optional<CallProblem> index_problem(const engram::Layout& l, const TensorVi
 EngramFetch EngramBuffer::fetch(const TensorView& indices) { return fetch(indices, std::nullopt); }
 
 EngramFetch EngramBuffer::fetch(const TensorView& indices, const std::optional<CallProblem>& caller_problem) {
-  Transport& t = endpoint("engram.fetch");
+  Transport& t = endpoint("fetch");
   Impl& m = *impl_;
   if (!m.layout || !m.written)
     throw Error(ErrorCode::kInvalidArgument,

@@ -120,7 +120,7 @@ void PPBuffer::init(Transport&, const BufferAllocator* plan) {
   } catch (const Error& e) {
     if (problem.empty()) problem = "pp: " + std::string(e.what());
   }
-  const TransportCaps& caps = endpoint("pp").caps();
+  const TransportCaps& caps = endpoint("construct").caps();
   const Protocol protocol = asked ? *asked : spi::pick(spi::Kind::kPP, "slots", caps).value_or(Protocol::kExplicit);
   if (problem.empty()) {
     try {
@@ -144,7 +144,7 @@ void PPBuffer::init(Transport&, const BufferAllocator* plan) {
   impl_->protocol = protocol;
   try {
     allocate(impl_->layout.window_bytes(), impl_->layout.num_signals());
-    Transport& t = endpoint("pp");
+    Transport& t = endpoint("construct");
     impl_->ch = std::make_unique<spi::CreditChannels>(t, impl_->layout.inflight(), pp::Layout::kChannelSignals, impl_->yield,
                                                       protocol);
     impl_->mapped = t.caps().peer_memory_mapped;
@@ -162,7 +162,7 @@ void PPBuffer::init(Transport&, const BufferAllocator* plan) {
 
 MutableView PPBuffer::tensor(const std::string& name) {
   const PlannedTensor& p = plan_.at(name, r_of(rank()) + ": pp.tensor");
-  endpoint("pp.tensor");
+  endpoint("tensor");
   return MutableView{storage() + p.offset, p.dtype, p.shape};
 }
 
@@ -171,7 +171,7 @@ std::byte* PPBuffer::storage() noexcept {
 }
 
 std::shared_ptr<std::byte> PPBuffer::storage_ref() {
-  endpoint("pp.storage");
+  endpoint("storage");
   if (plan_.total_bytes() == 0)
     throw Error(ErrorCode::kInvalidArgument, r_of(rank()) + ": pp.storage: the buffer was built without a plan", rank());
   return std::shared_ptr<std::byte>(endpoint_ref(), storage());
@@ -202,7 +202,7 @@ void check_peer(const pp::Layout& l, int me, int peer, const char* call, const c
 }  // namespace
 
 std::uint64_t PPBuffer::in_flight(int dst_rank) {
-  endpoint("pp.in_flight");  // a destroyed buffer is refused
+  endpoint("in_flight");  // a destroyed buffer is refused
   check_peer(impl_->layout, rank(), dst_rank, "pp.in_flight", "dst_rank");
   return impl_->ch->in_flight(dst_rank);
 }
@@ -236,7 +236,7 @@ void PPBuffer::move_message(Transport& t, const std::byte* x, std::size_t nbytes
 }
 
 void PPBuffer::send(const TensorView& x, int dst_rank) {
-  Transport& t = endpoint("pp.send");
+  Transport& t = endpoint("send");
   Impl& m = *impl_;
   const int me = rank();
   check_peer(m.layout, me, dst_rank, "pp.send", "dst_rank");
@@ -310,7 +310,7 @@ void PPBuffer::wait_message(Transport& t, int src_rank, std::uint64_t n, std::si
 }
 
 PPBuffer::Peeked PPBuffer::peek(int src_rank, std::size_t expect_nbytes, const MutableView* into, std::uint64_t direct) {
-  Transport& t = endpoint("pp.recv");
+  Transport& t = endpoint("recv");
   Impl& m = *impl_;
   const int me = rank();
   check_peer(m.layout, me, src_rank, "pp.recv", "src_rank");
@@ -383,7 +383,7 @@ void PPBuffer::recv(const MutableView& out, int src_rank) {
     const std::size_t before = std::min(want, static_cast<std::size_t>(p.ring_from) * impl_->layout.chunk_bytes());
     if (before > 0) pp::copy_message(into, payload, before);
   } else if (p.ring_from != pp::kNoRing) {
-    pp::stream_recv({endpoint("pp.recv"), impl_->layout, rank(), src_rank, payload, into, want, p.ring_from,
+    pp::stream_recv({endpoint("recv"), impl_->layout, rank(), src_rank, payload, into, want, p.ring_from,
                      impl_->ring_received[static_cast<std::size_t>(src_rank)], impl_->yield});
   } else if (want > 0) {
     pp::copy_message(into, payload, want);
@@ -408,7 +408,7 @@ void PPBuffer::take(const PPView& v) {
 }
 
 void PPBuffer::release(PPView& v) {
-  endpoint("pp.release");  // a destroyed buffer is refused
+  endpoint("release");  // a destroyed buffer is refused
   Impl& m = *impl_;
   const int me = rank();
   const int src = v.src;
