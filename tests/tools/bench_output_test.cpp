@@ -74,12 +74,13 @@ TEST_F(BenchRun, DiagnoseGoesIntoTheJsonAndTheReport) {
     EXPECT_EQ(d["thresholds"]["col"], 3.0);
     EXPECT_EQ(d["thresholds"]["point"], 5.0);
     EXPECT_EQ(d["calls_per_rank"], json(std::vector<int>(4, 6))) << op;  // the timed calls only
-    // --diagnose-intervals 5 (the default) over 6 iterations: intervals of 1, 1, 1, 1, 2 calls;
-    // the whole loop's matrix is their waits summed over its calls.
+    // --diagnose-intervals 5 (the default) over 6 iterations: interval k ends after
+    // ceil(k * 6 / 5) iterations (2, 3, 4, 5, 6): 2, 1, 1, 1, 1 calls; the whole loop's matrix
+    // is their waits summed over its calls.
     const json& intervals = j["diagnose"]["intervals"];
     ASSERT_EQ(intervals.size(), 5u);
     for (std::size_t k = 0; k < 5; ++k)
-      EXPECT_EQ(intervals[k][op]["calls_per_rank"], json(std::vector<int>(4, k == 4 ? 2 : 1))) << op << " interval " << k;
+      EXPECT_EQ(intervals[k][op]["calls_per_rank"], json(std::vector<int>(4, k == 0 ? 2 : 1))) << op << " interval " << k;
     for (std::size_t s = 0; s < 4; ++s)
       for (std::size_t dst = 0; dst < 4; ++dst) {
         double waited = 0;
