@@ -1,4 +1,4 @@
-// The data of `epx bench --op pp|engram`, one definition for the bench engine (src/bench)
+// The data of `epx bench --op pp|engram`, one definition for the bench engine (tools/bench)
 // and for the baselines that run the same problem without epx (mpi_p2p_baseline.cpp; the
 // gloo baseline gloo_p2p_baseline.py follows it word for word). Header-only, no epx header.
 //

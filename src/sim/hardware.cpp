@@ -55,7 +55,7 @@ constexpr Spec kSpecs[] = {
     {"scaleup_share_with_nic", "ratio", "default: 0, the scale-up ports keep link_bandwidth when the NIC is used too", 0},
 };
 
-// The calibrated values come from `epx sim calibrate` (src/sim/runner/calibrate.cpp); the
+// The calibrated values come from `epx sim calibrate` (tools/sim_runner/calibrate.cpp); the
 // calibration shape and the fitted points are in docs/sim.md.
 constexpr const char* kAscend950 = R"json({
   "name": "ascend950-supernode",
