@@ -168,6 +168,80 @@ std::size_t auto_chunk_bytes(bool read_peers, int num_ranks) {
   return c / 4096 * 4096;
 }
 
+/// This rank's first problem with the arguments (groups, num_bytes, topology, chunk_bytes),
+/// or ""; `machines`: each rank's server from the topology, when one is given.
+std::string local_problem(const std::vector<std::vector<int>>& groups, int num_ranks, std::size_t num_bytes,
+                          const BucketOptions& options, std::vector<int>& machines) {
+  std::string problem = check_groups(groups, num_ranks);
+  if (problem.empty() && num_bytes == 0) problem = "num_bytes: 0 (the storage needs at least one byte)";
+  if (problem.empty() && !options.topology.empty()) {
+    try {
+      const Topology topo = load_topology(options.topology, num_ranks);
+      for (const RankPlace& p : topo.ranks) machines.push_back(p.server);
+    } catch (const Error& e) {
+      problem = std::string("topology: ") + e.what();
+    }
+  }
+  if (problem.empty() && options.chunk_bytes != 0 && (options.chunk_bytes < 256 || options.chunk_bytes % 64 != 0))
+    problem = "chunk_bytes: " + std::to_string(options.chunk_bytes) + ", expected 0 (auto) or a multiple of 64 >= 256";
+  return problem;
+}
+
+// The completion protocols of one buffer: the headers' variant ("board" or "channels") and
+// its protocol, and the channels' protocol.
+struct ProtocolPick {
+  const char* variant;
+  Protocol protocol;
+  Protocol channel_protocol;
+};
+
+// The protocol asked for (the options', else EPX_BUCKET_PROTOCOL's), else the table's pick
+// for the variant the headers take; refused after the agreement (every rank alike). A bad
+// ask becomes `problem` unless there is one already.
+ProtocolPick pick_protocols(const TransportCaps& caps, const BucketOptions& options, std::string& problem) {
+  const char* variant = uses_boards(caps.peer_memory_mapped, options.algorithm) ? "board" : "channels";
+  std::optional<Protocol> asked;
+  try {
+    asked = spi::asked_protocol(options.protocol, "EPX_BUCKET_PROTOCOL");
+  } catch (const Error& e) {
+    if (problem.empty()) problem = e.what();
+  }
+  const Protocol protocol = asked ? *asked : spi::pick(spi::Kind::kBucket, variant, caps).value_or(Protocol::kExplicit);
+  // The channels under flag: tail where the transport orders signals, else explicit.
+  const Protocol channel_protocol = protocol != Protocol::kFlag
+                                        ? protocol
+                                        : spi::pick(spi::Kind::kBucket, "channels", caps).value_or(Protocol::kExplicit);
+  return {variant, protocol, channel_protocol};
+}
+
+// What every rank must pass alike (a plan's tensors follow them).
+std::vector<AgreedValue> agreed_values(const std::vector<std::vector<int>>& groups, std::size_t num_bytes,
+                                       const BucketOptions& options, Protocol protocol) {
+  std::vector<AgreedValue> values;
+  for (std::size_t g = 0; g < groups.size(); ++g) values.push_back({"groups[" + std::to_string(g) + "]", group_text(groups[g])});
+  values.push_back({"number of groups", std::to_string(groups.size())});
+  values.push_back({"num_bytes", std::to_string(num_bytes)});
+  values.push_back({"topology", options.topology});
+  values.push_back({"chunk_bytes", std::to_string(options.chunk_bytes)});
+  values.push_back({"algorithm", to_string(options.algorithm)});
+  values.push_back({"protocol", to_string(protocol)});
+  return values;
+}
+
+// After the agreement: throws kUnsupported if the table refuses the headers' or the
+// channels' protocol on this transport.
+void refuse_unsupported(const ProtocolPick& pick, const TransportCaps& caps, int rank) {
+  std::string refused = spi::refuse_protocol(spi::Kind::kBucket, pick.variant, pick.protocol, caps);
+  if (refused.empty()) refused = spi::refuse_protocol(spi::Kind::kBucket, "channels", pick.channel_protocol, caps);
+  if (!refused.empty())
+    throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank) + ": bucket.create: " + refused +
+                                             (std::string(pick.variant) == "channels" && pick.protocol == Protocol::kFlag
+                                                  ? " (flag takes the boards: readable peer windows and no forced staged, "
+                                                    "pipelined or two-level algorithm)"
+                                                  : ""),
+                rank);
+}
+
 }  // namespace
 
 std::uint64_t detail::members_hash(const std::vector<int>& ranks) {
@@ -198,54 +272,15 @@ BucketBuffer::~BucketBuffer() {
 void BucketBuffer::init(const std::vector<std::vector<int>>& groups, std::size_t num_bytes, const BufferAllocator* plan,
                         const BucketOptions& options) {
   Transport& t = endpoint("construct");
-  std::string problem = check_groups(groups, num_ranks());
-  if (problem.empty() && num_bytes == 0) problem = "num_bytes: 0 (the storage needs at least one byte)";
   std::vector<int> machines;
-  if (problem.empty() && !options.topology.empty()) {
-    try {
-      const Topology topo = load_topology(options.topology, num_ranks());
-      for (const RankPlace& p : topo.ranks) machines.push_back(p.server);
-    } catch (const Error& e) {
-      problem = std::string("topology: ") + e.what();
-    }
-  }
-  if (problem.empty() && options.chunk_bytes != 0 && (options.chunk_bytes < 256 || options.chunk_bytes % 64 != 0))
-    problem = "chunk_bytes: " + std::to_string(options.chunk_bytes) + ", expected 0 (auto) or a multiple of 64 >= 256";
-  // The protocol asked for (the options', else EPX_BUCKET_PROTOCOL's), else the table's pick
-  // for the variant the headers take; refused after the agreement (every rank alike).
+  std::string problem = local_problem(groups, num_ranks(), num_bytes, options, machines);
   const bool mapped_caps = t.caps().peer_memory_mapped;
-  const char* variant = uses_boards(mapped_caps, options.algorithm) ? "board" : "channels";
-  std::optional<Protocol> asked;
-  try {
-    asked = spi::asked_protocol(options.protocol, "EPX_BUCKET_PROTOCOL");
-  } catch (const Error& e) {
-    if (problem.empty()) problem = e.what();
-  }
-  const Protocol protocol = asked ? *asked : spi::pick(spi::Kind::kBucket, variant, t.caps()).value_or(Protocol::kExplicit);
-  // The channels under flag: tail where the transport orders signals, else explicit.
-  const Protocol channel_protocol = protocol != Protocol::kFlag
-                                        ? protocol
-                                        : spi::pick(spi::Kind::kBucket, "channels", t.caps()).value_or(Protocol::kExplicit);
-  std::vector<AgreedValue> values;
-  for (std::size_t g = 0; g < groups.size(); ++g) values.push_back({"groups[" + std::to_string(g) + "]", group_text(groups[g])});
-  values.push_back({"number of groups", std::to_string(groups.size())});
-  values.push_back({"num_bytes", std::to_string(num_bytes)});
-  values.push_back({"topology", options.topology});
-  values.push_back({"chunk_bytes", std::to_string(options.chunk_bytes)});
-  values.push_back({"algorithm", to_string(options.algorithm)});
-  values.push_back({"protocol", to_string(protocol)});
+  const ProtocolPick pick = pick_protocols(t.caps(), options, problem);
+  std::vector<AgreedValue> values = agreed_values(groups, num_bytes, options, pick.protocol);
   if (plan)
     for (AgreedValue& v : plan_values(*plan)) values.push_back(std::move(v));
   agree(values, problem);
-  std::string refused = spi::refuse_protocol(spi::Kind::kBucket, variant, protocol, t.caps());
-  if (refused.empty()) refused = spi::refuse_protocol(spi::Kind::kBucket, "channels", channel_protocol, t.caps());
-  if (!refused.empty())
-    throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank()) + ": bucket.create: " + refused +
-                                             (std::string(variant) == "channels" && protocol == Protocol::kFlag
-                                                  ? " (flag takes the boards: readable peer windows and no forced staged, "
-                                                    "pipelined or two-level algorithm)"
-                                                  : ""),
-                rank());
+  refuse_unsupported(pick, t.caps(), rank());
 
   groups_ = groups;
   num_bytes_ = num_bytes;
@@ -260,12 +295,12 @@ void BucketBuffer::init(const std::vector<std::vector<int>>& groups, std::size_t
   if (machines.empty() && read_peers) machines.assign(static_cast<std::size_t>(num_ranks()), 0);
   // More ranks than cores: the waits on the boards yield at once (board.hpp).
   const bool yield = spi::ranks_outnumber_cpus(num_ranks());
-  if (protocol == Protocol::kFlag && !read_peers)  // caps said mapped, a window is not: no boards
+  if (pick.protocol == Protocol::kFlag && !read_peers)  // caps said mapped, a window is not: no boards
     throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank()) +
                                              ": bucket.create: protocol 'flag' takes the boards, but a peer's window is not readable here",
                 rank());
-  impl_ = std::make_unique<Impl>(ep, layout, read_peers, std::move(machines), options.algorithm, yield, protocol,
-                                 channel_protocol);
+  impl_ = std::make_unique<Impl>(ep, layout, read_peers, std::move(machines), options.algorithm, yield, pick.protocol,
+                                 pick.channel_protocol);
   const BucketAlgorithm a = options.algorithm;
   if ((a == BucketAlgorithm::kMapped || a == BucketAlgorithm::kOneShot) && !read_peers)
     agree_call("construct", CallProblem{ErrorCode::kUnsupported, std::string("algorithm ") + to_string(a) +
