@@ -260,6 +260,11 @@ void UcxGroup::make_context() {
   // transports' settings there, and ucp_config_modify warns of them as unknown keys.
   setenv("UCX_TCP_TX_SEG_SIZE", "64K", 0);
   setenv("UCX_TCP_RX_SEG_SIZE", "512K", 0);
+  // UCX 1.13's TCP transport can leave bytes unread in a socket's receive queue while its
+  // worker progresses (seen under load across namespace machines: recv-q 217 for 60 s, then
+  // a flush that never completes); a keepalive message every second brings new data, and so a
+  // new read, to every connection (docs/transport.md, "The mid-run stall"). UCX's default is 20 s.
+  setenv("UCX_KEEPALIVE_INTERVAL", "1s", 0);
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) + ": ucx: ucp_config_read failed: " + status_text(s));
