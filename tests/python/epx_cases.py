@@ -1,6 +1,10 @@
-"""Shared by tests/python/test_buffer*.py: random dispatch / combine problems (every rank builds the same
-one from the seed), the fixed expert function of docs/spec.md §7 applied to epx's outputs, and
-comparisons against the numpy reference (tests/e2e/epx_ref.py), bit for bit."""
+"""Shared by tests/python/test_buffer*.py, test_heal.py and test_elastic_join.py: random dispatch /
+combine problems (every rank builds the same one from the seed), the fixed expert function of
+docs/spec.md §7 applied to epx's outputs, comparisons against the numpy reference
+(tests/e2e/epx_ref.py), bit for bit, and waiting for a killed rank's process to end."""
+import os
+import time
+
 import numpy as np
 
 import epx_ref
@@ -121,3 +125,19 @@ def check_dispatch(case, res, r, out, expanded, fp8):
     else:
         same("recv_topk_idx", recv_idx, want["recv_topk_idx"], r)
         same("recv_topk_weights", recv_w, want["recv_topk_weights"], r)
+
+
+def wait_until_dead(pid_dir, rank):
+    """Until the process of `rank` (its pid in pid_dir) has ended (gone, or a zombie)."""
+    with open(os.path.join(pid_dir, f"pid{rank}")) as f:
+        pid = int(f.read())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except OSError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"rank {rank} (pid {pid}) did not die")

@@ -19,12 +19,10 @@ import signal
 import threading
 import time
 
-import numpy as np
-
 import epx
 import epx.heal as heal
 import epx_ref
-from epx_cases import check_dispatch, expert_y, inputs, make_case, same
+from epx_cases import check_dispatch, expert_y, inputs, make_case, same, wait_until_dead
 
 L, H, K = 2, 128, 3
 TOKENS = [6, 5, 7, 4]
@@ -67,21 +65,6 @@ def _buffer(group, n):
     if group is not None:
         ep.barrier()
     return ep
-
-
-def _wait_until_dead(pid_dir, rank):
-    with open(os.path.join(pid_dir, f"pid{rank}")) as f:
-        pid = int(f.read())
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return
-        except OSError:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"rank {rank} (pid {pid}) did not die")
 
 
 def _after_growth(group, ep, log):
@@ -129,7 +112,7 @@ def _member(rank, n, pid_dir):
                 if rank == 3:  # dies inside the dispatch, where it waits for the others' rows
                     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
                 else:
-                    _wait_until_dead(pid_dir, 3)
+                    wait_until_dead(pid_dir, 3)
             run_pair(ep, 4, rank, 0, j)
             log.append((0, j))
         raise AssertionError(f"rank {rank}: the death of rank 3 went unnoticed")

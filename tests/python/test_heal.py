@@ -20,7 +20,7 @@ import pytest
 
 import epx
 import epx_ref
-from epx_cases import check_dispatch, expert_y, inputs, make_case, same
+from epx_cases import check_dispatch, expert_y, inputs, make_case, same, wait_until_dead
 
 P0, L, B, H, K = 4, 2, 2, 128, 3
 E_LOG = P0 * L
@@ -136,22 +136,6 @@ def _make_buffers(group, size):
     return ep, bucket
 
 
-def _wait_until_dead(pid_dir, rank):
-    """Until the process of `rank` (its pid in pid_dir) has ended (gone, or a zombie)."""
-    with open(os.path.join(pid_dir, f"pid{rank}")) as f:
-        pid = int(f.read())
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return
-        except OSError:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"rank {rank} (pid {pid}) did not die")
-
-
 def body(orig, pid_dir):
     """Every rank: the stages of FAULTS; returns (dropped pairs per stage, sums of the last
     pair, errors seen)."""
@@ -170,7 +154,7 @@ def body(orig, pid_dir):
                     if orig == victim:  # dies inside the dispatch, where it waits for the others' rows
                         threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
                     else:  # which they send once it is dead: no race on where it dies
-                        _wait_until_dead(pid_dir, victim)
+                        wait_until_dead(pid_dir, victim)
                 total += run_pair(ep, bucket, group, stage, j, lost, orig)
                 completed += 1
             assert victim is None, f"rank {orig}: every pair of stage {stage} completed: the death went unnoticed"
