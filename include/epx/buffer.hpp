@@ -282,8 +282,8 @@ class Buffer : public BufferBase {
   /// stay as given). Local.
   const BufferConfig& config() const noexcept;
 
-  /// The engine's state: an opaque type, defined only inside the library (src/engine), where
-  /// the data-path units (src/engine/paths) work on it.
+  /// The engine's state: an opaque type, defined only inside the library (src/ep), where
+  /// the data-path units (src/ep/paths) work on it.
   struct Impl;
 
  private:

@@ -1,4 +1,4 @@
-// Each data path unit (src/engine/paths/) driven alone, through a minimal Buffer whose
+// Each data path unit (src/ep/paths/) driven alone, through a minimal Buffer whose
 // config and call sequence make the support table name exactly that path, on the
 // deferred-put transport (puts complete late, in reverse order; deferred_put_transport.hpp)
 // — except pull, which by definition reads mapped peers (the deferred transport maps none)

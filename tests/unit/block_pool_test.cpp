@@ -1,4 +1,4 @@
-// The output pool's allocator (src/engine/block_pool.hpp) alone: reservations take the
+// The output pool's allocator (src/ep/block_pool.hpp) alone: reservations take the
 // largest free extent up to the asked size, a kept block returns when its last owner dies
 // (from any thread), released neighbours merge, and a block outliving its pool is harmless.
 #include "block_pool.hpp"

@@ -1,4 +1,4 @@
-// The state a Buffer carries between calls (src/engine/call_state.hpp), alone: which call
+// The state a Buffer carries between calls (src/ep/call_state.hpp), alone: which call
 // may put its data before the header exchange, over sequences of dispatches and combines
 // with and without views, failed exchanges and other handles.
 #include "call_state.hpp"

@@ -1,4 +1,4 @@
-// The engine's one owner of window geometry (src/engine/geometry.hpp), tested alone: no two
+// The engine's one owner of window geometry (src/ep/geometry.hpp), tested alone: no two
 // regions overlap and every one fits the window; signal-slot groups are disjoint and fill
 // exactly num_signals(); rows go where the plan says on both sides (a sender's row for d
 // is the receiver's row of that source, direct and rows first); ring and reply-ring rows

@@ -1,4 +1,4 @@
-// Fresh handles' recycled arrays (src/engine/handle_recycler.hpp) and the routing plan built
+// Fresh handles' recycled arrays (src/ep/handle_recycler.hpp) and the routing plan built
 // into a reused plan (epx/plan.hpp): a dead handle's arrays come back empty with their
 // memory, never while it is alive, a handle may outlive its recycler, and a plan built over
 // an older, larger one equals the plan built from nothing.

@@ -1,4 +1,4 @@
-// The dispatch's send policy (src/engine/send_policy.hpp): tokens per block of the send loop
+// The dispatch's send policy (src/ep/send_policy.hpp): tokens per block of the send loop
 // from the policy, the shape of the call and the transport's put costs.
 #include "send_policy.hpp"
 

@@ -52,7 +52,7 @@ class ZeroMap {
 
 std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
 
-// The engine's window layout (src/engine/buffer.cpp make_layout) for the payload region, used
+// The engine's window layout (src/ep/buffer.cpp make_layout) for the payload region, used
 // only while the engine does not announce it itself (set_payload_region): copy mode at a
 // reduced hidden size then scales exactly these puts by H / H_run.
 std::pair<std::size_t, std::size_t> fallback_payload_region(const BufferConfig& c, int P) {

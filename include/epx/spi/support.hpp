@@ -3,7 +3,7 @@
 // (refuse_config), per dispatch (refuse_output) and once per call for the path the call
 // takes (dispatch_path / combine_path, from allows: whether a call may take the rows-first or
 // pull path); the conformance and path unit tests enumerate it instead of re-deriving it.
-// Adding a path or a protocol = a row here, its unit in src/engine/paths (path.hpp), and its
+// Adding a path or a protocol = a row here, its unit in src/ep/paths (path.hpp), and its
 // tests (docs/engine.md: "Add a data path", "Add a completion protocol").
 #pragma once
 

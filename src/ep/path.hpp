@@ -1,7 +1,7 @@
 // The data paths' seam: one small interface for how a dispatch's rows and a combine's
 // replies travel. A call picks its path once, from the support table (spi::dispatch_path /
 // spi::combine_path), and runs front → path.send → path.receive → back without knowing
-// which path it is. Each path is one unit in src/engine/paths/, read top to bottom:
+// which path it is. Each path is one unit in src/ep/paths/, read top to bottom:
 //   dispatch_direct.cpp   direct (rows at their planned slots) and its rows-first variant
 //   dispatch_relay.cpp    hierarchical schedule: cross-server rows through a same-lane relay
 //   dispatch_ring.cpp     bounded receive area: rows paced by credits, placed as they arrive
