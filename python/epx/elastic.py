@@ -207,18 +207,10 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, EPBuffer):
         """
         _wait_for(previous_event)
         _wait_for(previous_event_before_epilogue)
-        problem, code = "", ""
         cached = handle is not None
-        if cached:
-            problem, code = self._cached_args_problem(handle, topk_idx, topk_weights, do_cpu_sync, do_expand,
-                                                      num_experts, num_max_tokens_per_rank, expert_alignment)
-            topk_idx = None
-            layout = dict(do_expand=None, expert_alignment=None, num_experts=None, num_max_tokens_per_rank=None)
-        else:
-            if do_handle_copy and topk_idx is not None and hasattr(topk_idx, "shape"):
-                topk_idx = cv.copy_of(topk_idx)
-            layout = dict(do_expand=bool(do_expand), expert_alignment=expert_alignment, num_experts=num_experts,
-                          num_max_tokens_per_rank=num_max_tokens_per_rank)
+        problem, code, topk_idx, layout = self._dispatch_layout(
+            handle, topk_idx, topk_weights, do_cpu_sync, do_expand, num_experts, num_max_tokens_per_rank,
+            expert_alignment, do_handle_copy)
         # a cached dispatch with weights runs synchronously: their own dispatch follows
         asy = bool(async_with_compute_stream) and not (cached and topk_weights is not None)
         recv_x, recv_idx, recv_w, h, ev = self._dispatch(
@@ -233,6 +225,21 @@ class ElasticBuffer(AgrsMixin, PPMixin, EngramMixin, EPBuffer):
             recv_w = self._cached_weights(handle, topk_weights, recv_x[0] if isinstance(recv_x, tuple) else recv_x,
                                           problem, code)
         return recv_x, recv_idx, recv_w if topk_weights is not None else None, handle, ev
+
+    def _dispatch_layout(self, handle, topk_idx, topk_weights, do_cpu_sync, do_expand, num_experts,
+                         num_max_tokens_per_rank, expert_alignment, do_handle_copy):
+        """(problem, code, topk_idx, layout) of a dispatch: a cached one's argument problem ("" when
+        fine), no topk_idx and no layout of its own (the handle's); a fresh one's layout and its
+        topk_idx (a copy unless do_handle_copy is False)."""
+        if handle is not None:
+            problem, code = self._cached_args_problem(handle, topk_idx, topk_weights, do_cpu_sync, do_expand,
+                                                      num_experts, num_max_tokens_per_rank, expert_alignment)
+            return problem, code, None, dict(do_expand=None, expert_alignment=None, num_experts=None,
+                                             num_max_tokens_per_rank=None)
+        if do_handle_copy and topk_idx is not None and hasattr(topk_idx, "shape"):
+            topk_idx = cv.copy_of(topk_idx)
+        return "", "", topk_idx, dict(do_expand=bool(do_expand), expert_alignment=expert_alignment,
+                                      num_experts=num_experts, num_max_tokens_per_rank=num_max_tokens_per_rank)
 
     def _cached_args_problem(self, handle, topk_idx, topk_weights, do_cpu_sync, do_expand, num_experts, C, alignment):
         """(problem, code) of a cached dispatch's DeepEP arguments ("" when fine); the engine

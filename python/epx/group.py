@@ -232,53 +232,17 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn", elastic
                  for r in range(num_ranks)]
         for p in procs:
             p.start()
-        values, errors, lost = {}, {}, set()
-        deadline = None
+        out = _Outcomes(procs, results, timeout_secs, elastic)
         try:
-            while len(values) + len(errors) + len(lost) < num_ranks:
-                try:
-                    rank, ok, v = results.get(timeout=0.1)
-                    (values if ok else errors)[rank] = pickle.loads(v)
-                    if not ok and deadline is None:
-                        deadline = time.monotonic() + timeout_secs
-                    continue
-                except queue.Empty:
-                    pass
-                for r, p in enumerate(procs):
-                    if r not in values and r not in errors and r not in lost and p.exitcode is not None:
-                        time.sleep(0.2)  # its last message may still be in the pipe
-                        try:
-                            while True:
-                                rank, ok, v = results.get_nowait()
-                                (values if ok else errors)[rank] = pickle.loads(v)
-                        except queue.Empty:
-                            pass
-                        if r not in values and r not in errors and elastic:
-                            lost.add(r)  # the survivors go on without it
-                        elif r not in values and r not in errors:
-                            errors[r] = Error(f"rank {r} died ({_exit_words(p.exitcode)}) without reporting an error: "
-                                              "its own output (stderr) above says why", "peer_failed", r)
-                            deadline = deadline or time.monotonic() + timeout_secs
-                if elastic:
-                    waiting = [r for r in range(num_ranks) if r not in values and r not in errors and r not in lost]
-                    if waiting and len(waiting) < num_ranks and all(_stopped(procs[r].pid) for r in waiting):
-                        for r in waiting:  # stopped while every other rank ended: lost as well
-                            procs[r].kill()
-                            procs[r].join()
-                            lost.add(r)
-                if deadline is not None and time.monotonic() > deadline:
-                    for r in range(num_ranks):
-                        if r not in values and r not in errors and r not in lost:
-                            errors[r] = Error(f"rank {r} did not end after another rank failed and was killed",
-                                              "peer_failed", -1)
-                    break
+            out.collect()
         finally:
             for p in procs:
-                p.join(timeout=5 if not errors else 1)
+                p.join(timeout=5 if not out.errors else 1)
                 if p.is_alive():
                     p.kill()
                     p.join()
             results.close()
+    values, errors, lost = out.values, out.errors, out.lost
     if errors:
         err = _pick_error(errors, values)
         err.lost = sorted(lost)
@@ -286,6 +250,69 @@ def launch(fn, num_ranks, *args, timeout_secs=300, start_method="spawn", elastic
     result = LaunchResult(values.get(r) for r in range(num_ranks))
     result.lost = sorted(lost)
     return result
+
+
+class _Outcomes:
+    """What launch learns of its ranks: fn's values, the errors, the ranks an elastic launch
+    lost, and once a rank has failed, the time the others have left to end."""
+
+    def __init__(self, procs, results, timeout_secs, elastic):
+        self.procs, self.results, self.timeout_secs, self.elastic = procs, results, timeout_secs, elastic
+        self.values, self.errors, self.lost = {}, {}, set()
+        self.deadline = None
+
+    def pending(self, r):
+        return r not in self.values and r not in self.errors and r not in self.lost
+
+    def take(self, rank, ok, v):
+        (self.values if ok else self.errors)[rank] = pickle.loads(v)
+
+    def collect(self):
+        """Until every rank has a value, an error or is lost; or, after a failure, until the
+        deadline (the ranks still running then count as failed)."""
+        while len(self.values) + len(self.errors) + len(self.lost) < len(self.procs):
+            try:
+                rank, ok, v = self.results.get(timeout=0.1)
+                self.take(rank, ok, v)
+                if not ok and self.deadline is None:
+                    self.deadline = time.monotonic() + self.timeout_secs
+                continue
+            except queue.Empty:
+                pass
+            self._ended()
+            if self.elastic:
+                self._lose_stopped()
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                for r in range(len(self.procs)):
+                    if self.pending(r):
+                        self.errors[r] = Error(f"rank {r} did not end after another rank failed and was killed",
+                                               "peer_failed", -1)
+                break
+
+    def _ended(self):
+        """Ranks whose process ended: their last message read, else lost (elastic) or failed."""
+        for r, p in enumerate(self.procs):
+            if self.pending(r) and p.exitcode is not None:
+                time.sleep(0.2)  # its last message may still be in the pipe
+                try:
+                    while True:
+                        self.take(*self.results.get_nowait())
+                except queue.Empty:
+                    pass
+                if r not in self.values and r not in self.errors and self.elastic:
+                    self.lost.add(r)  # the survivors go on without it
+                elif r not in self.values and r not in self.errors:
+                    self.errors[r] = Error(f"rank {r} died ({_exit_words(p.exitcode)}) without reporting an error: "
+                                           "its own output (stderr) above says why", "peer_failed", r)
+                    self.deadline = self.deadline or time.monotonic() + self.timeout_secs
+
+    def _lose_stopped(self):
+        waiting = [r for r in range(len(self.procs)) if self.pending(r)]
+        if waiting and len(waiting) < len(self.procs) and all(_stopped(self.procs[r].pid) for r in waiting):
+            for r in waiting:  # stopped while every other rank ended: lost as well
+                self.procs[r].kill()
+                self.procs[r].join()
+                self.lost.add(r)
 
 
 def _pick_error(errors, values):
