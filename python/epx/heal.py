@@ -141,7 +141,7 @@ def _resolve(group_or_transport):
     return t, tuple(range(t.num_ranks)), ()
 
 
-def agree_and_rebuild(group_or_transport=None, buffers=()):
+def agree_and_rebuild(group_or_transport=None, buffers=(), *, store=None, error=None):
     """Collective over the survivors, after a call on the group raised an epx.Error whose
     ``is_peer_loss`` is True: agree on the live ranks and return a new Group over them.
 
@@ -150,12 +150,29 @@ def agree_and_rebuild(group_or_transport=None, buffers=()):
     returned (after a second loss), or an _epx.Transport. buffers: the buffers of that group
     to destroy once it is retired (errors there are the retirement's and are ignored).
 
+    A group whose transport is UCX (ranks on several machines) agrees and rebuilds through
+    a torch.distributed store instead of shared memory (epx/heal_ucx.py): `store` — the
+    job's store, where every survivor meets (default: the torch.distributed default group's;
+    a Group this function returned keeps the one it was made with); `error` — the epx.Error
+    the failed call raised (default: the exception being handled, when called in an
+    ``except`` block), whose peer_failed rank is known dead and not waited for. The new
+    group's UCX transport is bootstrapped through the store; the old group is not retired
+    there (a buffer of it fails on the lost peer or times out: build on the new group).
+
     Raises epx.Error: "peer_failed" on a rank the others left out (it arrived after they
     decided), "timeout" if the agreement's deciding rank died while deciding, "unsupported"
-    on a transport other than shm (OpenSHMEM, UCX: the message names it), "bad_handle" on a
-    group that was rebuilt already. A survivor that dies during the rebuild makes the others
-    agree again (the next round) and retry, up to the group's size times."""
+    on a transport other than shm and UCX (OpenSHMEM: the message names it), "bad_handle" on
+    a shm group that was rebuilt already, "invalid_argument" on a UCX group without a store.
+    A survivor that dies during the rebuild makes the others agree again (the next round)
+    and retry, up to the group's size times."""
     transport, original_ranks, original_lost = _resolve(group_or_transport)
+    if _by_store(transport):
+        from . import heal_ucx
+        if error is None:
+            import sys
+            error = sys.exc_info()[1]
+        return heal_ucx.agree_and_rebuild(group_or_transport, transport, original_ranks, original_lost, buffers,
+                                          store, error if isinstance(error, Error) else None)
     last = None
     for _ in range(max(1, transport.num_ranks)):
         membership = transport.agree_survivors()
@@ -172,6 +189,11 @@ def agree_and_rebuild(group_or_transport=None, buffers=()):
     for b in buffers:
         _destroy_quietly(b)
     return Group(fresh, membership, original_ranks, original_lost)
+
+
+def _by_store(transport):
+    """True if `transport`'s losses and joins go through a store (UCX: epx/heal_ucx.py)."""
+    return transport.name == "ucx"
 
 
 def _destroy_quietly(buffer):
@@ -300,9 +322,19 @@ def open_door(group=None, seats=8, store=None, key=DOOR_KEY):
     Group, whose torch group may be broken: pass the store), False: publish nothing. The door
     follows the job: after a rebuild or an admission the same door serves the new group.
 
-    Raises epx.Error "unsupported" on a transport other than shm, "io" if the segment cannot
-    be made (on every member alike)."""
-    transport, _, _ = _resolve(group)
+    On a UCX group (ranks on several machines) the door is a namespace of the store
+    (default: the default group's; a Group keeps the store it was made with) and its name
+    "ucx:<namespace>"; joiners pass that store to join.
+
+    Raises epx.Error "unsupported" on a transport other than shm and UCX, "io" if the
+    segment cannot be made (on every member alike)."""
+    transport, original_ranks, original_lost = _resolve(group)
+    if _by_store(transport):
+        from . import heal_ucx
+        name = heal_ucx.open_door(group, transport, original_ranks, original_lost, seats,
+                                  None if store is None else store, key)
+        _door[0] = name
+        return name
     name = transport.open_door(int(seats))
     _door[0] = name
     if store is None:
@@ -316,6 +348,9 @@ def close_door(group=None):
     """Local, on every member at the end: closes the job's door (joiners still waiting there
     leave), unlinks its name and unmaps it. Nothing if it is not open in this process."""
     transport, _, _ = _resolve(group)
+    if _by_store(transport):
+        from . import heal_ucx
+        return heal_ucx.close_door(group, transport)
     transport.close_door()
 
 
@@ -375,6 +410,14 @@ def request_ranks(group, count, fn=None, *args, door=None, env=None, timeout_sec
     The members must call admit at a point they agree on; a joiner not admitted within
     timeout_secs ends with the value None."""
     transport, _, _ = _resolve(group)
+    if _by_store(transport):
+        from . import heal_ucx
+        heal_ucx.request_ranks(group, transport, int(count))
+        if fn is not None:
+            raise Error(f"rank {transport.rank}: request_ranks: on a UCX group the joiners are started by the job "
+                        "(on any machine: torchrun's next worker, a script) and call epx.heal.join(store=...); "
+                        f"{count} announced, fn not run", "unsupported", transport.rank)
+        return []
     transport.request_ranks(int(count))
     if fn is None:
         return []
@@ -423,6 +466,10 @@ def admit(group=None, joiners=1, wait_secs=0, tag=0):
     Raises epx.Error with is_peer_loss if a member is lost meanwhile (agree_and_rebuild on the
     old group then), "unsupported" if the group's door is not open."""
     transport, original_ranks, original_lost = _resolve(group)
+    if _by_store(transport):
+        from . import heal_ucx
+        return heal_ucx.admit(group, transport, original_ranks, original_lost, int(joiners), float(wait_secs),
+                              int(tag))
     fresh, how = transport.admit(int(joiners), float(wait_secs), int(tag))
     if fresh is None:
         return None
@@ -444,6 +491,12 @@ def join(door=None, *, store=None, key=DOOR_KEY, timeout_secs=60):
         if store is None:
             raise Error("join: pass the door's name or the store it was published in", "invalid_argument")
         door = bytes(store.get(key)).decode()
+    from . import heal_ucx
+    if str(door).startswith(heal_ucx.DOOR_PREFIX):  # a UCX group's door: a namespace of the store
+        g, _ = heal_ucx.join(str(door), store, timeout_secs)
+        if g is not None:
+            _door[0] = str(door)
+        return g
     fresh, how = _epx.join_door(str(door), float(timeout_secs))
     if fresh is None:
         return None

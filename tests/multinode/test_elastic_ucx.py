@@ -1,0 +1,436 @@
+# Losing and replacing a rank of a group whose transport is UCX, across two network-namespace
+# "machines" (tests/multinode/machines.py through torchrun.py's Cluster), 2 x 2 ranks of one
+# torch.distributed group (gloo over a TCPStore that machine 0's agent holds, as torchrun's
+# agent would); every rank's EPBuffer and BucketBuffer share the group's epx transport, UCX
+# between the machines (docs/reliability.md, "Elastic" and "Joins"):
+#   * stage 0, 4 ranks: dispatch / combine through the replicas of a redundant-slot mapping
+#     (epx.live_routing) and an all_reduce, bit for bit; at the second pair rank 3 (machine 1)
+#     SIGKILLs itself inside the dispatch, where it waits for the others' rows (they send them
+#     once its agent saw it dead);
+#   * the 3 survivors get a peer loss naming rank 3, epx.agree_and_rebuild agrees through the
+#     store and rebuilds both buffers' transport (UCX, bootstrapped through the store);
+#   * stage 1, 3 ranks: the routing over the live replicas (rank 3's experts through their
+#     slots, or dropped and counted: Group.sum) bit for bit against epx_ref, all_reduce
+#     against a float32 sum over the survivors;
+#   * machine 1's agent starts a replacement, which joins through the store (epx.heal.join);
+#     the members admit it (rank 0 announced it: request_ranks); stage 2, 4 ranks: dispatch /
+#     combine and all_reduce bit for bit again, on the grown group.
+# Nothing is left in either machine's /dev/shm, no namespace or process is left.
+#
+#   /usr/bin/python3 -m pytest -q tests/multinode/test_elastic_ucx.py       (root; ~1-2 min)
+#
+# The same file is the agents' and ranks' program (python3 test_elastic_ucx.py agent|rank|joiner).
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+PYTHON = "/usr/bin/python3"
+PORT = 29517          # the store, on machine 0 (10.201.0.1): ports are per network namespace
+P0, L, B, H, K = 4, 2, 2, 128, 3
+# Rank d's redundant slots hold logical experts MAPPING[d] (-1 unused); expert e's home is
+# rank e // L. Rank 3 (home of 6 and 7) dies: 6 has a replica on rank 0, 7 none (dropped).
+MAPPING = [[6, 2], [0, -1], [1, 5], [3, -1]]
+TOKENS = [6, 5, 7, 4]
+VICTIM, KILL_PAIR, PAIRS = 3, 1, 3
+TIMEOUT = 12          # the epx group's timeout, seconds
+NVALS = 1000
+
+
+# ---- the references (written apart from epx) ------------------------------------------------
+
+def hand_mask(idx, lost):
+    """A logical routing sent to live replicas: replicas of e are its home copy, then the
+    slots holding it by ascending (rank, slot); of the live ones, token t takes the
+    (t mod count)-th; rank d of the survivors holds physical experts d*(L+B) .. +L+B-1."""
+    import numpy as np
+    survivors = [r for r in range(P0) if r not in lost]
+    out = np.full(idx.shape, -1, dtype=np.int64)
+    pairs = tokens = 0
+    for t in range(idx.shape[0]):
+        dropped = False
+        for k in range(idx.shape[1]):
+            e = int(idx[t, k])
+            if e < 0:
+                continue
+            live = []
+            if e // L not in lost:
+                live.append(survivors.index(e // L) * (L + B) + e % L)
+            for d in range(P0):
+                for b in range(B):
+                    if MAPPING[d][b] == e and d not in lost:
+                        live.append(survivors.index(d) * (L + B) + L + b)
+            if not live:
+                pairs += 1
+                dropped = True
+                continue
+            out[t, k] = live[t % len(live)]
+        tokens += dropped
+    return out, pairs, tokens
+
+
+def values(who, stage, pair):
+    import numpy as np
+    rng = np.random.default_rng(7919 * who + 101 * stage + pair)
+    return (rng.choice([-1.0, 1.0], NVALS) * np.ldexp(1.0 + rng.random(NVALS), rng.integers(-8, 9, NVALS))).astype(np.float32)
+
+
+# ---- a rank ---------------------------------------------------------------------------------
+
+def _paths():
+    sys.path[:0] = [os.path.join(REPO, "tests", "python"), os.path.join(REPO, "tests", "e2e")]
+
+
+def _store():
+    import torch.distributed as dist
+    return dist.TCPStore("10.201.0.1", PORT, is_master=False, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=120))
+
+
+def _say(who, **kv):
+    print(json.dumps(dict(kv, who=who)), flush=True)
+
+
+def _all_reduce(bucket, group_ranks, me, stage, j):
+    """An all_reduce of this rank's values, against the float32 sum over `group_ranks` (each
+    rank's values are its number in the first group's, or the joiner's own)."""
+    import numpy as np
+    import torch
+    s = bucket.storage
+    v = s[:4 * NVALS].view(np.float32) if isinstance(s, np.ndarray) else s[:4 * NVALS].view(torch.float32)
+    v[:] = values(me, stage, j) if isinstance(v, np.ndarray) else torch.from_numpy(values(me, stage, j))
+    out = np.asarray(bucket.all_reduce(v).wait())
+    want = values(group_ranks[0], stage, j)
+    for r in group_ranks[1:]:
+        want = (want + values(r, stage, j)).astype(np.float32)
+    assert np.array_equal(out, want), f"rank {me}: all_reduce of stage {stage} pair {j} differs"
+
+
+def masked_pair(ep, bucket, group, stage, j, lost, orig):
+    """Stage 0 / 1: a dispatch / combine through the live replicas and an all_reduce, checked
+    bit for bit; the dropped (token, k) pairs of the group."""
+    import epx
+    import epx_ref
+    import numpy as np
+    from epx_cases import check_dispatch, expert_y, inputs, make_case, same
+    survivors = [r for r in range(P0) if r not in lost]
+    me = survivors.index(orig)
+    logical = make_case(P0, P0 * L, K, H, TOKENS, seed=1000 * stage + j)
+    masks = [hand_mask(logical.topk_idx[r], lost) for r in survivors]
+    x, idx, w = inputs(logical, orig, "torch")
+    routed, num_experts, pairs, tokens = epx.live_routing(idx, MAPPING, L, group)
+    assert np.array_equal(routed.numpy(), masks[me][0]), f"rank {orig}: live_routing differs from the plain loop"
+    assert (num_experts, pairs, tokens) == (len(survivors) * (L + B), masks[me][1], masks[me][2])
+    n = len(survivors)
+    case = epx_ref.Case({"num_ranks": n, "num_experts": n * (L + B), "hidden": H, "num_topk": K},
+                        [m[0] for m in masks], [logical.topk_weights[r] for r in survivors],
+                        x=[logical.x[r] for r in survivors])
+    expanded = j % 2 == 1
+    res = epx_ref.compute(case, layout="expanded" if expanded else "compact", alignment=4 if expanded else 1,
+                          deterministic=True, zero_padding=True)
+    out = ep.dispatch(x, routed, w, do_expand=expanded, expert_alignment=4 if expanded else 1, deterministic=True,
+                      do_zero_padding=True)
+    check_dispatch(case, res, me, out[:4], expanded, False)
+    y = expert_y(case, out[0], out[1], out[3], expanded)
+    combined, _, _ = ep.combine(y, out[3])
+    same("combined_x", combined, res.ranks[me]["combined_x"], orig)
+    dropped = [sum(m[1] for m in masks), sum(m[2] for m in masks)]
+    if group is not None:  # the group's totals, through the store
+        assert group.sum([pairs, tokens]) == dropped, f"rank {orig}: Group.sum"
+    _all_reduce(bucket, survivors, orig, stage, j)
+    return dropped
+
+
+def grown_pair(ep, bucket, group, j, mine):
+    """Stage 2, the grown group of 4: the plain routing over its 4 * L experts and an
+    all_reduce, bit for bit (`mine`: this rank's values' number)."""
+    import epx_ref
+    from epx_cases import check_dispatch, expert_y, inputs, make_case, same
+    n, me = group.size, group.rank
+    case = make_case(n, n * L, K, H, TOKENS[:n], seed=3000 + j)
+    x, idx, w = inputs(case, me, "torch")
+    expanded = j % 2 == 1
+    res = epx_ref.compute(case, layout="expanded" if expanded else "compact", alignment=4 if expanded else 1,
+                          deterministic=True, zero_padding=True)
+    out = ep.dispatch(x, idx, w, do_expand=expanded, expert_alignment=4 if expanded else 1, deterministic=True,
+                      do_zero_padding=True)
+    check_dispatch(case, res, me, out[:4], expanded, False)
+    y = expert_y(case, out[0], out[1], out[3], expanded)
+    combined, _, _ = ep.combine(y, out[3])
+    same("combined_x", combined, res.ranks[me]["combined_x"], me)
+    _all_reduce(bucket, list(group.original_ranks), mine, 2, j)
+
+
+def _buffers(group, num_experts):
+    import epx
+    ep = epx.EPBuffer(group, num_max_tokens_per_rank=max(TOKENS), hidden=H, num_topk=K, num_experts=num_experts,
+                      num_cpu_timeout_secs=TIMEOUT)
+    if group is None:
+        return ep, epx.BucketBuffer(None, 1 << 16, num_cpu_timeout_secs=TIMEOUT)
+    return ep, epx.BucketBuffer(group, 1 << 16, transport_group=group)
+
+
+def _stage2(group, store, who, mine):
+    import epx
+    import epx.heal as heal
+    ep, bucket = _buffers(group, group.size * L)
+    assert epx.group.transport_of(group).name == "ucx"
+    for j in range(2):
+        grown_pair(ep, bucket, group, j, mine)
+        _say(who, stage=2, pair=j, ok=True, rank=group.rank, size=group.size)
+    ep.destroy()
+    bucket.destroy()
+    group.barrier("the end")
+    heal.close_door(group)
+    _finish(store, who)
+
+
+def _finish(store, who):
+    """Every rank past the last barrier before any leaves (its last signals are in), then out
+    without torch's teardown (the torch group lost a rank)."""
+    store.add("test/done", 1)
+    deadline = time.monotonic() + 60
+    while store.add("test/done", 0) < P0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _say(who, done=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def rank_main(rank):
+    _paths()
+    import torch.distributed as dist
+    import epx
+    import epx.heal as heal
+    who = f"rank {rank}"
+    store = _store()
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=P0,
+                            timeout=datetime.timedelta(seconds=60))
+    ep, bucket = _buffers(None, P0 * (L + B))
+    assert epx.group.transport_of(None, "auto", TIMEOUT).name == "ucx", "the group's transport is not UCX"
+    door = heal.open_door(None, seats=2, store=store)
+    _say(who, door=door, transport="ucx")
+    group, lost, completed = None, [], 0
+    try:
+        for j in range(PAIRS):
+            if j == KILL_PAIR:
+                if rank == VICTIM:  # dies inside the dispatch, where it waits for the others' rows
+                    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                else:  # which they send once its agent saw it dead: no race on where it dies
+                    deadline = time.monotonic() + 60
+                    while store.add("test/dead", 0) == 0 and time.monotonic() < deadline:
+                        time.sleep(0.01)
+            masked_pair(ep, bucket, None, 0, j, lost, rank)
+            _say(who, stage=0, pair=j, ok=True)
+            completed += 1
+        raise AssertionError(f"rank {rank}: every pair of stage 0 completed: the death of rank {VICTIM} went unnoticed")
+    except epx.Error as e:
+        assert e.is_peer_loss, f"rank {rank}: not a peer loss: {e.code}: {e}"
+        assert completed == KILL_PAIR, f"rank {rank}: failed after {completed} pairs: {e}"
+        _say(who, loss=e.code, origin=e.origin_rank, message=str(e))
+        t0 = time.monotonic()
+        group = epx.agree_and_rebuild(None, buffers=[ep, bucket], store=store)
+        _say(who, rebuilt=round(time.monotonic() - t0, 2), rank=group.rank, size=group.size,
+             survivors=list(group.survivors), lost=list(group.lost), original_lost=list(group.original_lost),
+             original_ranks=list(group.original_ranks), round=group.round)
+    assert not ep._is_live() and not bucket._is_live()  # destroyed by agree_and_rebuild (buffers=)
+    lost = [VICTIM]
+    ep, bucket = _buffers(group, group.size * (L + B))
+    assert epx.group.transport_of(group).name == "ucx"
+    for j in range(2):
+        dropped = masked_pair(ep, bucket, group, 1, j, lost, rank)
+        _say(who, stage=1, pair=j, ok=True, dropped=dropped)
+    if group.rank == 0:
+        heal.request_ranks(group, 1)  # the replacement is on its way: admit waits for it
+    bigger = heal.admit(group, joiners=1, tag=2)
+    assert bigger is not None, f"rank {rank}: the replacement was not admitted"
+    _say(who, admitted=True, rank=bigger.rank, size=bigger.size, original_ranks=list(bigger.original_ranks),
+         admission=bigger.admission)
+    heal._destroy_quietly(ep)
+    heal._destroy_quietly(bucket)
+    _stage2(bigger, store, who, rank)
+
+
+def joiner_main():
+    _paths()
+    import epx.heal as heal
+    who = "joiner"
+    store = _store()
+    t0 = time.monotonic()
+    group = heal.join(store=store, timeout_secs=120)
+    assert group is not None, "the joiner was not admitted"
+    _say(who, joined=round(time.monotonic() - t0, 2), rank=group.rank, size=group.size,
+         original_ranks=list(group.original_ranks), admission=group.admission)
+    _stage2(group, store, who, P0)  # its values: the first group's size + its seat (0)
+
+
+# ---- a machine's agent (as torchrun's: starts the ranks, holds the store on machine 0) ------
+
+def agent_main(machine, out_dir, timeout):
+    import torch.distributed as dist
+    server = None
+    if machine == 0:  # the job's store outlives every rank (a killed one included)
+        server = dist.TCPStore("10.201.0.1", PORT, is_master=True, wait_for_workers=False,
+                               timeout=datetime.timedelta(seconds=timeout))
+    store = _store()
+
+    def start(role, *args):
+        name = f"{role}{''.join(str(a) for a in args)}"
+        out = open(os.path.join(out_dir, name + ".out"), "w")
+        err = open(os.path.join(out_dir, name + ".err"), "w")
+        return name, subprocess.Popen([PYTHON, "-u", os.path.abspath(__file__), role] + [str(a) for a in args],
+                                      stdout=out, stderr=err)
+
+    procs = dict(start("rank", r) for r in (2 * machine, 2 * machine + 1))
+    deadline = time.monotonic() + timeout
+    codes = {}
+    replaced = machine != 1
+    while time.monotonic() < deadline and (len(codes) < len(procs) or not replaced):
+        for name, p in list(procs.items()):
+            if name not in codes and p.poll() is not None:
+                codes[name] = p.returncode
+                if name == f"rank{VICTIM}":
+                    store.add("test/dead", 1)
+                    name_j, pj = start("joiner")  # the replacement: started once the victim is gone
+                    procs[name_j] = pj
+                    replaced = True
+        time.sleep(0.05)
+    for name, p in procs.items():
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            codes.setdefault(name, "killed by the agent")
+    if server is not None:  # machine 1's ranks may still read the store: until all said done
+        while store.add("test/done", 0) < P0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    with open(os.path.join(out_dir, f"agent{machine}.json"), "w") as f:
+        json.dump(codes, f)
+    return 0
+
+
+# ---- the test ---------------------------------------------------------------------------------
+
+def _lines(path):
+    out = []
+    try:
+        with open(path) as f:
+            for ln in f:
+                if ln.startswith("{"):
+                    out.append(json.loads(ln))
+    except OSError:
+        pass
+    return out
+
+
+def _read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def test_ucx_group_loses_a_rank_on_the_other_machine_and_takes_a_replacement():
+    import pytest  # noqa: F401 - run by pytest
+    sys.path.insert(0, HERE)
+    import torchrun
+    assert torchrun.available() is None, torchrun.available()
+    timeout = 240
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.environ.get("EPX_TORCHRUN_PYTHONPATH") or os.path.join(REPO, "build", "python")
+    env["PYTHONUNBUFFERED"] = "1"
+    with torchrun.Cluster(2) as c:
+        out_dir = os.path.join(c.dir, "out")
+        os.makedirs(out_dir)
+        agents = []
+        for i in range(2):
+            log = open(os.path.join(out_dir, f"agent{i}.txt"), "w")
+            agents.append(subprocess.Popen(c.wrap(i, [PYTHON, "-u", os.path.abspath(__file__), "agent", str(i), out_dir,
+                                                      str(timeout - 30)], timeout, os.path.join(out_dir, f"shm{i}.txt")),
+                                           stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        rcs = []
+        for a in agents:
+            try:
+                rcs.append(a.wait(timeout=timeout + 30))
+            except subprocess.TimeoutExpired:
+                os.killpg(a.pid, signal.SIGKILL)
+                rcs.append(a.wait())
+        names = ["rank0", "rank1", "rank2", "rank3", "joiner"]
+        outs = {n: _lines(os.path.join(out_dir, n + ".out")) for n in names}
+        text = "\n".join(f"== {n} stdout:\n{_read(os.path.join(out_dir, n + '.out'))[-4000:]}\n== {n} stderr:\n"
+                         f"{_read(os.path.join(out_dir, n + '.err'))[-4000:]}" for n in names)
+        text += "".join(f"\n== agent {i}: rc {rcs[i]}\n{_read(os.path.join(out_dir, f'agent{i}.txt'))[-3000:]}"
+                        f"\ncodes {_read(os.path.join(out_dir, f'agent{i}.json'))}" for i in range(2))
+        shm = [_read(os.path.join(out_dir, f"shm{i}.txt")).split() for i in range(2)]
+        codes = {}
+        for i in range(2):
+            try:
+                with open(os.path.join(out_dir, f"agent{i}.json")) as f:
+                    codes.update(json.load(f))
+            except (OSError, ValueError):
+                pass
+    netns = torchrun.machines.sh("ip", "netns", "list").stdout.split()
+    assert not [ns for ns in c.names if ns in netns], "namespaces left"
+    assert not os.path.exists(c.dir), "the run's directory left"
+    assert rcs == [0, 0], text
+    assert codes == {"rank0": 0, "rank1": 0, "rank2": 0, "rank3": -signal.SIGKILL, "joiner": 0}, text
+    assert shm == [[], []], f"left in the machines' /dev/shm: {shm}\n{text}"
+
+    def find(n, key):
+        return [d for d in outs[n] if key in d]
+
+    # the victim: stage 0's first pair only, then killed inside the second pair's dispatch
+    assert [(d["stage"], d["pair"]) for d in find("rank3", "stage")] == [(0, 0)], text
+    total = {}
+    for r in range(3):
+        n = f"rank{r}"
+        assert find(n, "door") and find(n, "door")[0]["door"].startswith("ucx:"), text
+        assert [(d["stage"], d["pair"]) for d in find(n, "stage")] == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1)], text
+        loss = find(n, "loss")
+        assert len(loss) == 1, text
+        # the error names the lost peer — or, for a survivor that waited inside the call for
+        # another survivor that had left it on the loss, that survivor (a timeout)
+        if loss[0]["loss"] == "peer_failed":
+            assert loss[0]["origin"] == VICTIM and "rank 3 " in loss[0]["message"], text
+        else:
+            assert loss[0]["loss"] == "timeout" and loss[0]["origin"] in (0, 1, 2), text
+            assert f"rank {loss[0]['origin']} " in loss[0]["message"], text
+    assert sum(find(f"rank{r}", "loss")[0]["loss"] == "peer_failed" for r in range(3)) >= 1, text
+    for r in range(3):
+        n = f"rank{r}"
+        rb = find(n, "rebuilt")[0]
+        assert (rb["rank"], rb["size"], rb["survivors"], rb["lost"], rb["original_lost"], rb["original_ranks"],
+                rb["round"]) == (r, 3, [0, 1, 2], [3], [3], [0, 1, 2], 1), text
+        # rank 3 was named dead by the errors and not waited for (that is 2 x TIMEOUT); a survivor
+        # may have waited for another one inside the failed call, at most TIMEOUT
+        assert rb["rebuilt"] < 1.5 * TIMEOUT, f"rank {r}: the agreement took {rb['rebuilt']} s\n{text}"
+        total[r] = [d["dropped"] for d in find(n, "stage") if d["stage"] == 1]
+        ad = find(n, "admitted")[0]
+        assert (ad["rank"], ad["size"], ad["original_ranks"]) == (r, 4, [0, 1, 2, 4]), text
+        assert (ad["admission"]["joined"], ad["admission"]["old_num_ranks"], ad["admission"]["tag"]) == (1, 3, 2), text
+        assert find(n, "done"), text
+    # expert 7 (rank 3's) has no replica: its pairs were dropped and counted the same on every survivor
+    assert total[0] == total[1] == total[2] and all(t[0] > 0 for t in total[0]), (total, text)
+    j = find("joiner", "joined")
+    assert j and (j[0]["rank"], j[0]["size"], j[0]["original_ranks"]) == (3, 4, [0, 1, 2, 4]), text
+    assert j[0]["admission"]["tag"] == 2 and j[0]["admission"]["new_rank"] == 3, text
+    assert [(d["stage"], d["pair"]) for d in find("joiner", "stage")] == [(2, 0), (2, 1)], text
+    assert find("joiner", "done"), text
+
+
+if __name__ == "__main__":
+    role = sys.argv[1]
+    if role == "agent":
+        sys.exit(agent_main(int(sys.argv[2]), sys.argv[3], float(sys.argv[4])))
+    elif role == "rank":
+        rank_main(int(sys.argv[2]))
+    elif role == "joiner":
+        joiner_main()
+    else:
+        sys.exit(f"unknown role {role}")
