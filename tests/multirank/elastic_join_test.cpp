@@ -5,24 +5,20 @@
 // was (same Buffer, same windows). Every pair — before, between and after — is checked bit
 // for bit against the reference dispatch / combine of a routing over the ranks live at the
 // time (the experts split evenly over them: kPerRank slots a rank). Nothing is left behind:
-// every process is reaped by launch(), no /dev/shm segment remains.
+// every process is reaped (by launch(), or by the test's own fork harness), no /dev/shm
+// segment remains.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <new>
 #include <set>
-#include <thread>
+#include <string>
 
 #include "epx/bootstrap.hpp"
 #include "epx/connect.hpp"
 #include "epx/elastic.hpp"
+#include "fork_harness.hpp"
 #include "multirank_support.hpp"
 
 namespace epx::testing {
@@ -250,52 +246,7 @@ TEST(ElasticJoinTest, AJoinerThatDiesWhileJoiningLeavesTheJobAsItWas) {
   EXPECT_TRUE(left.empty()) << "a /dev/shm segment was left: " << *left.begin();
 }
 
-/// The test's rendezvous for forked ranks of a connect()-ed group: the bootstrap's all-gather
-/// and the door's name, in an anonymous shared mapping made before the forks.
-struct Hub {
-  static constexpr int kRanks = 3;
-  static constexpr std::size_t kBytes = 512;
-  std::atomic<std::uint32_t> arrived{0}, generation{0}, door_ready{0}, first_admitted{0};
-  char data[kRanks][kBytes];
-  char door[128] = {};
-};
-
-void hub_barrier(Hub& hub) {
-  const std::uint32_t g = hub.generation.load(std::memory_order_acquire);
-  if (hub.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(Hub::kRanks)) {
-    hub.arrived.store(0, std::memory_order_relaxed);
-    hub.generation.fetch_add(1, std::memory_order_release);
-    return;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (hub.generation.load(std::memory_order_acquire) == g) {
-    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the test's bootstrap hub timed out");
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-}
-
-/// Runs body() in a forked process: its exit status (0 if body returned, 1 if it threw).
-template <class Body>
-pid_t fork_running(Body body) {
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  int code = 0;
-  try {
-    body();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    code = 1;
-  }
-  std::fflush(nullptr);
-  ::_exit(code);
-}
-
-int wait_status(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return status;
-}
+constexpr int kDoorReady = 0, kFirstAdmitted = 1;  // the test's flags in its ForkHub
 
 // A connect()-ed group of 3 (no launcher: the test forks the ranks and bootstraps them) opens
 // its door; a process the test starts later joins through it as rank 3 and the 4 go on; then
@@ -304,27 +255,22 @@ int wait_status(pid_t pid) {
 TEST(ElasticJoinTest, AConnectedGroupGrowsThroughItsDoor) {
   constexpr std::uint64_t kTag = 9;
   const std::vector<Pair> three = stage(3, 70, 2), four = stage(4, 80, 4);
+  constexpr int kMembers = 3;
   const auto segments_before = epx_segments();
-  void* mem = mmap(nullptr, sizeof(Hub), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(mem, MAP_FAILED);
-  auto* hub = new (mem) Hub();
+  ForkHub hub(kMembers);
+  ForkedRanks procs;
   std::vector<pid_t> members;
-  for (int r = 0; r < Hub::kRanks; ++r)
-    members.push_back(fork_running([&, r] {
-      FunctionBootstrap b(r, Hub::kRanks, [&, r](const void* in, void* out, std::size_t bytes) {
-        std::memcpy(hub->data[r], in, bytes);
-        hub_barrier(*hub);
-        for (int q = 0; q < Hub::kRanks; ++q) std::memcpy(static_cast<char*>(out) + q * bytes, hub->data[q], bytes);
-        hub_barrier(*hub);
-      }, "test-fork");
+  for (int r = 0; r < kMembers; ++r)
+    members.push_back(procs.start([&, r] {
+      FunctionBootstrap b(r, kMembers, hub.allgather(r), "test-fork");
       ConnectOptions o;
       o.kind = ConnectKind::kShm;
       o.timeout = kTimeout;
       std::unique_ptr<Transport> t = connect(b, o);
       const std::string door = open_door(*t, 2);
       if (t->rank() == 0) {  // the rendezvous: the joiners read the name there
-        std::snprintf(hub->door, sizeof hub->door, "%s", door.c_str());
-        hub->door_ready.store(1, std::memory_order_release);
+        hub.set_text(door);
+        hub.set_flag(kDoorReady);
         request_ranks(*t, 1);
       }
       run_stage(*t, three, t->rank());
@@ -345,20 +291,16 @@ TEST(ElasticJoinTest, AConnectedGroupGrowsThroughItsDoor) {
       close_door(*bigger);
     }));
   auto wait_for_door = [&] {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (hub->door_ready.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the door's name never came");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return std::string(hub->door);
+    hub.wait_flag(kDoorReady, "the door's name never came");
+    return hub.text();
   };
-  const pid_t joiner = fork_running([&] {
+  const pid_t joiner = procs.start([&] {
     Admission a;
     std::unique_ptr<Transport> g = join_door(wait_for_door(), JoinOptions{kTimeout, {}}, &a);
     if (g == nullptr) fail(-1, "the joiner was not admitted");
     expect_joined(*g, 3, 1, kTag);
     if (a.new_rank != 3 || original_ranks(*g) != std::vector<int>{0, 1, 2, 3}) fail(3, "the joiner's admission");
-    hub->first_admitted.store(1, std::memory_order_release);  // the next joiner may knock
+    hub.set_flag(kFirstAdmitted);  // the next joiner may knock
     Buffer buffer(*g, config_for(four[0].problem));
     check_pair(buffer, *g, four[0], 3);
     check_pair(buffer, *g, four[1], 3);
@@ -369,25 +311,16 @@ TEST(ElasticJoinTest, AConnectedGroupGrowsThroughItsDoor) {
     g->barrier("done");
     close_door(*g);
   });
-  const pid_t dying = fork_running([&] {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (hub->first_admitted.load(std::memory_order_acquire) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the first joiner was never admitted");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+  const pid_t dying = procs.start([&] {
+    hub.wait_flag(kFirstAdmitted, "the first joiner was never admitted");
     setenv("EPX_FAULT_INJECT", "4:elastic admit:KILL", 1);
     join_door(wait_for_door(), JoinOptions{kTimeout, {}}, nullptr);
     fail(4, "the joiner that was to die returned from join_door");
   });
-  const int joined = wait_status(joiner);
-  EXPECT_TRUE(WIFEXITED(joined) && WEXITSTATUS(joined) == 0) << "the joiner failed (its stderr says why)";
-  const int died = wait_status(dying);
-  EXPECT_TRUE(WIFSIGNALED(died) && WTERMSIG(died) == SIGKILL) << "the dying joiner was not killed";
-  for (pid_t pid : members) {
-    const int status = wait_status(pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a member failed (its stderr says why)";
-  }
-  munmap(mem, sizeof(Hub));
+  EXPECT_TRUE(ForkedRanks::exited_0(procs.wait(joiner))) << "the joiner failed (its stderr says why)";
+  EXPECT_TRUE(ForkedRanks::killed(procs.wait(dying))) << "the dying joiner was not killed";
+  for (pid_t pid : members)
+    EXPECT_TRUE(ForkedRanks::exited_0(procs.wait(pid))) << "a member failed (its stderr says why)";
   const std::set<std::string> left = segments_left(segments_before);
   EXPECT_TRUE(left.empty()) << "a /dev/shm segment was left: " << *left.begin();
 }

@@ -7,26 +7,21 @@
 // independent plain implementation here (mask_by_hand), its dropped counts too, per rank
 // and summed over the group (epx::sum_over_group). Two victims: one that holds the only
 // replica of an expert (tokens are dropped and counted), one whose experts all have a
-// replica elsewhere (nothing is dropped). Nothing is left behind: every rank is reaped by
-// launch(), no /dev/shm segment remains.
+// replica elsewhere (nothing is dropped). Nothing is left behind: every rank is reaped (by
+// launch(), or by the test's own fork harness), no /dev/shm segment remains.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstring>
-#include <new>
 #include <set>
-#include <thread>
+#include <string>
 
 #include "epx/bootstrap.hpp"
 #include "epx/connect.hpp"
 #include "epx/elastic.hpp"
 #include "epx/eplb.hpp"
+#include "fork_harness.hpp"
 #include "multirank_support.hpp"
 
 namespace epx::testing {
@@ -339,28 +334,6 @@ Stage lose_ranks_and_continue(const EplbPlan& plan, const std::vector<Fault>& fa
   return stages.back();
 }
 
-/// The all-gather of forked ranks through an anonymous shared mapping made before the fork
-/// (the bootstrap of a connect()-ed group that epx did not launch).
-struct ForkHub {
-  static constexpr std::size_t kBytes = 512;
-  std::atomic<std::uint32_t> arrived{0}, generation{0};
-  char data[kP][kBytes];
-};
-
-void hub_barrier(ForkHub& hub, int P) {
-  const std::uint32_t g = hub.generation.load(std::memory_order_acquire);
-  if (hub.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(P)) {
-    hub.arrived.store(0, std::memory_order_relaxed);
-    hub.generation.fetch_add(1, std::memory_order_release);
-    return;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (hub.generation.load(std::memory_order_acquire) == g) {
-    if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the test's bootstrap hub timed out");
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-}
-
 /// 8 forked ranks of a connect()-ed shm group (no launcher records deaths: the survivors see
 /// the victims' processes end) lose the faults' victims and go on, as in a launch.
 Stage lose_ranks_and_continue_connected(const EplbPlan& plan, const std::vector<Fault>& faults,
@@ -368,48 +341,25 @@ Stage lose_ranks_and_continue_connected(const EplbPlan& plan, const std::vector<
   std::vector<int> lost;
   const std::vector<Stage> stages = stages_for(plan, faults, lost);
   const auto segments_before = epx_segments();
-  void* mem = mmap(nullptr, sizeof(ForkHub), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  EXPECT_NE(mem, MAP_FAILED);
-  if (mem == MAP_FAILED) return stages.back();
-  auto* hub = new (mem) ForkHub();
-  std::fflush(nullptr);
+  ForkHub hub(kP);
+  ForkedRanks ranks;
   std::vector<pid_t> pids;
+  for (int r = 0; r < kP; ++r)
+    pids.push_back(ranks.start([&, r] {
+      FunctionBootstrap b(r, kP, hub.allgather(r), "test-fork");
+      ConnectOptions o;
+      o.kind = ConnectKind::kShm;
+      o.timeout = timeout;
+      std::unique_ptr<Transport> t = connect(b, o);
+      run_stages(*t, plan, stages, faults, true);
+    }, "rank " + std::to_string(r)));
   for (int r = 0; r < kP; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      int code = 0;
-      try {
-        FunctionBootstrap b(r, kP, [&, r](const void* in, void* out, std::size_t bytes) {
-          if (bytes > ForkHub::kBytes) throw std::runtime_error("the test's bootstrap hub takes 512 bytes a rank");
-          std::memcpy(hub->data[r], in, bytes);
-          hub_barrier(*hub, kP);
-          for (int q = 0; q < kP; ++q) std::memcpy(static_cast<char*>(out) + q * bytes, hub->data[q], bytes);
-          hub_barrier(*hub, kP);
-        }, "test-fork");
-        ConnectOptions o;
-        o.kind = ConnectKind::kShm;
-        o.timeout = timeout;
-        std::unique_ptr<Transport> t = connect(b, o);
-        run_stages(*t, plan, stages, faults, true);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-        code = 1;
-      }
-      std::fflush(nullptr);
-      ::_exit(code);
-    }
-    pids.push_back(pid);
-  }
-  for (int r = 0; r < kP; ++r) {
-    int status = 0;
-    ::waitpid(pids[static_cast<std::size_t>(r)], &status, 0);
-    const bool victim = std::binary_search(lost.begin(), lost.end(), r);
-    if (victim)
-      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "rank " << r << " should have been killed";
+    const int status = ranks.wait(pids[static_cast<std::size_t>(r)]);
+    if (std::binary_search(lost.begin(), lost.end(), r))
+      EXPECT_TRUE(ForkedRanks::killed(status)) << "rank " << r << " should have been killed";
     else
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " failed (its stderr says why)";
+      EXPECT_TRUE(ForkedRanks::exited_0(status)) << "rank " << r << " failed (its stderr says why)";
   }
-  munmap(mem, sizeof(ForkHub));
   const std::set<std::string> left = segments_left(segments_before);
   EXPECT_TRUE(left.empty()) << "a /dev/shm segment was left: " << *left.begin();
   return stages.back();
