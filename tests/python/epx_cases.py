@@ -1,8 +1,12 @@
 """Shared by tests/python/test_buffer*.py, test_heal.py and test_elastic_join.py: random dispatch /
 combine problems (every rank builds the same one from the seed), the fixed expert function of
 docs/spec.md §7 applied to epx's outputs, comparisons against the numpy reference
-(tests/e2e/epx_ref.py), bit for bit, and waiting for a killed rank's process to end."""
+(tests/e2e/epx_ref.py), bit for bit; for tests that start their own ranks: running them and
+collecting their answers, waiting for a killed rank's process to end, the epx segments left in
+/dev/shm."""
+import multiprocessing as mp
 import os
+import queue as queue_module
 import time
 
 import numpy as np
@@ -141,3 +145,71 @@ def wait_until_dead(pid_dir, rank):
             return
         time.sleep(0.01)
     raise AssertionError(f"rank {rank} (pid {pid}) did not die")
+
+
+def _answer(target, rank, args, answers):
+    """In a rank's process: target(*args)'s value, or its error as text, into `answers`; then
+    the process ends without its interpreter's teardown (a group whose rank died cannot be
+    torn down collectively)."""
+    try:
+        answers.put((rank, True, target(*args)))
+    except BaseException as e:  # noqa: BLE001 - the test process reports it
+        answers.put((rank, False, f"{type(e).__name__}: {e}"))
+    finally:
+        answers.close()
+        answers.join_thread()
+    os._exit(0)
+
+
+def run_ranks(ranks, expect, timeout, later=(), delay=0.5):
+    """Starts target(*args) for each (rank, target, args) of `ranks` in a forked process, then
+    those of `later` after `delay` s; collects (ok, value) per rank until `expect` ranks have
+    answered, one has failed or `timeout` s have passed; waits up to 30 s for each process to
+    end (unless one failed) and kills what is left. Returns ({rank: (ok, value)}, the processes' exit codes in start order)."""
+    ctx = mp.get_context("fork")
+    answers = ctx.Queue()
+    procs = []
+
+    def start(group):
+        for rank, target, args in group:
+            procs.append(ctx.Process(target=_answer, args=(target, rank, args, answers)))
+            procs[-1].start()
+    results = {}
+    try:
+        start(ranks)
+        if later:
+            time.sleep(delay)
+            start(later)
+        deadline = time.monotonic() + timeout
+        while len(results) < expect and time.monotonic() < deadline:
+            try:
+                rank, ok, value = answers.get(timeout=1)
+            except queue_module.Empty:
+                continue
+            results[rank] = (ok, value)
+            if not ok:
+                break  # the test fails on it: the others are killed below, not waited for
+        if all(ok for ok, _ in results.values()):
+            for p in procs:
+                p.join(timeout=30)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results, [p.exitcode for p in procs]
+
+
+def shm_segments():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("epx-")}
+
+
+def segments_left(before, patience=5.0):
+    """epx segments not in `before` still there after up to `patience` s: another job on the
+    machine holds its own only between creating and unlinking them, a leaked one stays."""
+    deadline = time.monotonic() + patience
+    while True:
+        left = shm_segments() - before
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)

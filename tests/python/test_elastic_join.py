@@ -17,30 +17,17 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-import time
 
 import epx
 import epx.heal as heal
 import epx_ref
-from epx_cases import check_dispatch, expert_y, inputs, make_case, same, wait_until_dead
+from epx_cases import (check_dispatch, expert_y, inputs, make_case, run_ranks, same, segments_left,
+                        shm_segments, wait_until_dead)
 
 L, H, K = 2, 128, 3
 TOKENS = [6, 5, 7, 4]
 TIMEOUT = 10
 PAIRS = 2
-
-
-def _shm():
-    return {f for f in os.listdir("/dev/shm") if f.startswith("epx-")}
-
-
-def _left(before, patience=5.0):
-    deadline = time.monotonic() + patience
-    while True:
-        left = _shm() - before
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
 
 
 def run_pair(ep, n, me, stage, j):
@@ -144,7 +131,7 @@ def _member(rank, n, pid_dir):
 
 
 def test_a_lost_rank_is_replaced_and_a_joiner_dying_leaves_the_group_as_it_was(tmp_path):
-    before = _shm()
+    before = shm_segments()
     out = epx.launch(_member, 4, str(tmp_path), start_method="fork", timeout_secs=120, elastic=True)
     assert out.lost == [3] and out[3] is None
     want = [(0, 0)] + [(s, j) for s in (1, 2, 3) for j in range(PAIRS)]
@@ -156,7 +143,7 @@ def test_a_lost_rank_is_replaced_and_a_joiner_dying_leaves_the_group_as_it_was(t
     with open(tmp_path / "joiner") as f:
         pid = int(f.read())
     assert not os.path.exists(f"/proc/{pid}"), "the joiner's process is left"
-    assert not _left(before), f"left in /dev/shm: {_left(before, 0)}"
+    assert not segments_left(before), f"left in /dev/shm: {segments_left(before, 0)}"
     assert not mp.active_children()
 
 
@@ -169,85 +156,48 @@ def _store(port, master=False):
                          timeout=datetime.timedelta(seconds=60))
 
 
-def _torch_member(rank, port, queue):
+def _torch_member(rank, port):
     import datetime
     import torch.distributed as dist
-    try:
-        store = _store(port)
-        dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=3,
-                                timeout=datetime.timedelta(seconds=60))
-        ep = _buffer(None, 3)
-        heal.open_door(None, store=store)  # the raw store: the joiner reads the name there
-        run_pair(ep, 3, rank, 0, 0)
-        if rank == 0:
-            heal.request_ranks(None, 1)  # one is coming: admit waits for it
-        group = heal.admit(None, joiners=1, tag=7)
-        assert group is not None and group.size == 4 and group.rank == rank and group.original_ranks == (0, 1, 2, 3)
-        heal._destroy_quietly(ep)
-        ep = _buffer(group, 4)
-        for j in range(PAIRS):
-            run_pair(ep, 4, rank, 1, j)
-        ep.destroy()
-        group.barrier("end")
-        heal.close_door(group)
-        queue.put((rank, True, None))
-    except BaseException as e:  # noqa: BLE001
-        queue.put((rank, False, f"{type(e).__name__}: {e}"))
-    finally:
-        queue.close()
-        queue.join_thread()
-    os._exit(0)
+    store = _store(port)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=3,
+                            timeout=datetime.timedelta(seconds=60))
+    ep = _buffer(None, 3)
+    heal.open_door(None, store=store)  # the raw store: the joiner reads the name there
+    run_pair(ep, 3, rank, 0, 0)
+    if rank == 0:
+        heal.request_ranks(None, 1)  # one is coming: admit waits for it
+    group = heal.admit(None, joiners=1, tag=7)
+    assert group is not None and group.size == 4 and group.rank == rank and group.original_ranks == (0, 1, 2, 3)
+    heal._destroy_quietly(ep)
+    ep = _buffer(group, 4)
+    for j in range(PAIRS):
+        run_pair(ep, 4, rank, 1, j)
+    ep.destroy()
+    group.barrier("end")
+    heal.close_door(group)
 
 
-def _torch_joiner(port, queue):
-    try:
-        group = heal.join(store=_store(port), timeout_secs=60)
-        assert group is not None and group.rank == 3 and group.size == 4 and group.admission["tag"] == 7, group
-        assert group.original_ranks == (0, 1, 2, 3), group
-        ep = _buffer(group, 4)
-        for j in range(PAIRS):
-            run_pair(ep, 4, 3, 1, j)
-        ep.destroy()
-        group.barrier("end")
-        heal.close_door(group)
-        queue.put((3, True, None))
-    except BaseException as e:  # noqa: BLE001
-        queue.put((3, False, f"{type(e).__name__}: {e}"))
-    finally:
-        queue.close()
-        queue.join_thread()
-    os._exit(0)
+def _torch_joiner(port):
+    group = heal.join(store=_store(port), timeout_secs=60)
+    assert group is not None and group.rank == 3 and group.size == 4 and group.admission["tag"] == 7, group
+    assert group.original_ranks == (0, 1, 2, 3), group
+    ep = _buffer(group, 4)
+    for j in range(PAIRS):
+        run_pair(ep, 4, 3, 1, j)
+    ep.destroy()
+    group.barrier("end")
+    heal.close_door(group)
 
 
 def test_a_torch_group_grows_by_a_process_started_later():
-    before = _shm()
+    before = shm_segments()
     master = _store(0, master=True)
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_torch_member, args=(r, master.port, queue)) for r in range(3)]
-    for p in procs:
-        p.start()
-    time.sleep(0.5)  # started while the group runs
-    procs.append(ctx.Process(target=_torch_joiner, args=(master.port, queue)))
-    procs[-1].start()
-    results = {}
-    try:
-        deadline = time.monotonic() + 150
-        while len(results) < 4 and time.monotonic() < deadline:
-            try:
-                rank, ok, value = queue.get(timeout=1)
-            except Exception:  # noqa: BLE001 - queue.Empty
-                continue
-            results[rank] = (ok, value)
-        for p in procs:
-            p.join(timeout=30)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    # the joiner is started while the group runs
+    results, exits = run_ranks([(r, _torch_member, (r, master.port)) for r in range(3)], 4, 150,
+                               later=[(3, _torch_joiner, (master.port,))], delay=0.5)
     assert sorted(results) == [0, 1, 2, 3], results
     assert all(ok for ok, _ in results.values()), results
-    assert [p.exitcode for p in procs] == [0] * 4
-    assert not _left(before), f"left in /dev/shm: {_left(before, 0)}"
+    assert exits == [0] * 4
+    assert not segments_left(before), f"left in /dev/shm: {segments_left(before, 0)}"
     assert not mp.active_children()

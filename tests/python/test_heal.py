@@ -13,14 +13,14 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
 
 import epx
 import epx_ref
-from epx_cases import check_dispatch, expert_y, inputs, make_case, same, wait_until_dead
+from epx_cases import (check_dispatch, expert_y, inputs, make_case, run_ranks, same, segments_left,
+                        shm_segments, wait_until_dead)
 
 P0, L, B, H, K = 4, 2, 2, 128, 3
 E_LOG = P0 * L
@@ -33,21 +33,6 @@ FAULTS = [2, 1]  # the victim of each stage, by its rank in the first group
 PAIRS, KILL_PAIR = 3, 1
 TIMEOUT = 10
 NVALS = 1000
-
-
-def _shm():
-    return {f for f in os.listdir("/dev/shm") if f.startswith("epx-")}
-
-
-def _left(before, patience=5.0):
-    """epx segments not in `before` still there after up to `patience` s: another job on the
-    machine holds its own only between creating and unlinking them, a leaked one stays."""
-    deadline = time.monotonic() + patience
-    while True:
-        left = _shm() - before
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
 
 
 def hand_mask(idx, lost):
@@ -240,59 +225,33 @@ def check_results(results):
 
 
 def test_launch_elastic_survivors_rebuild_and_go_on(tmp_path):
-    before = _shm()
+    before = shm_segments()
     out = epx.launch(_launched, P0, str(tmp_path), start_method="fork", timeout_secs=120, elastic=True)
     assert out.lost == sorted(FAULTS)
     assert all(out[r] is None for r in FAULTS)
     check_results(out)
-    assert not _left(before), f"left in /dev/shm: {_left(before, 0)}"
+    assert not segments_left(before), f"left in /dev/shm: {segments_left(before, 0)}"
     assert not mp.active_children()
 
 
-def _torch_rank(rank, store, queue, pid_dir):
+def _torch_rank(rank, store, pid_dir):
     import datetime
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=P0,
                             timeout=datetime.timedelta(seconds=60))
-    try:
-        queue.put((rank, True, body(rank, pid_dir)))
-    except BaseException as e:  # noqa: BLE001 - the test process reports it
-        queue.put((rank, False, f"{type(e).__name__}: {e}"))
-    finally:
-        queue.close()
-        queue.join_thread()
-    os._exit(0)  # the torch group is broken (a rank died): no collective teardown
+    return body(rank, pid_dir)  # then run_ranks ends the process: the torch group is broken (a rank died)
 
 
 def test_torch_distributed_group_survivors_rebuild_and_go_on(tmp_path):
-    before = _shm()
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_torch_rank, args=(r, str(tmp_path / "store"), queue, str(tmp_path)))
-             for r in range(P0)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        deadline = time.monotonic() + 180
-        while len(results) < P0 - len(FAULTS) and time.monotonic() < deadline:
-            try:
-                rank, ok, value = queue.get(timeout=1)
-            except Exception:  # noqa: BLE001 - queue.Empty
-                continue
-            assert ok, f"rank {rank}: {value}"
-            results[rank] = value
-        for p in procs:
-            p.join(timeout=30)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert sorted(results) == [r for r in range(P0) if r not in FAULTS]
-    assert [procs[r].exitcode for r in FAULTS] == [-signal.SIGKILL] * len(FAULTS)
-    check_results(results)
-    assert not _left(before), f"left in /dev/shm: {_left(before, 0)}"
+    before = shm_segments()
+    survivors = [r for r in range(P0) if r not in FAULTS]
+    results, exits = run_ranks([(r, _torch_rank, (r, str(tmp_path / "store"), str(tmp_path))) for r in range(P0)],
+                               len(survivors), 180)
+    assert all(ok for ok, _ in results.values()), results
+    assert sorted(results) == survivors, results
+    assert [exits[r] for r in FAULTS] == [-signal.SIGKILL] * len(FAULTS)
+    check_results({r: value for r, (_, value) in results.items()})
+    assert not segments_left(before), f"left in /dev/shm: {segments_left(before, 0)}"
     assert not mp.active_children()
 
 
@@ -319,11 +278,11 @@ def _stopped_rank(rank, n):
 
 
 def test_a_stopped_rank_is_left_out_after_the_timeout():
-    before = _shm()
+    before = shm_segments()
     out = epx.launch(_stopped_rank, 3, start_method="fork", timeout_secs=60, elastic=True)
     assert out.lost == [1] and out[1] is None
     assert out[0] in ("timeout", "peer_failed") and out[2] in ("timeout", "peer_failed")
-    assert not _left(before), f"left in /dev/shm: {_left(before, 0)}"
+    assert not segments_left(before), f"left in /dev/shm: {segments_left(before, 0)}"
     assert not mp.active_children()
 
 
