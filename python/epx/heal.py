@@ -17,7 +17,9 @@ agree_and_rebuild is collective over the survivors of the group whose call raise
 on who is left (the dead are not waited for; a rank that neither arrives nor is dead within
 the transport's timeout is left out) and map a new epx group over them, ranks renumbered
 densely in ascending old rank. It needs no torch.distributed (whose group is broken once a
-rank died): the survivors agree through the old group's shared memory. The returned Group is
+rank died): the survivors agree through the old group's shared memory — or, for a group
+whose transport is UCX (ranks on several machines), through the group's torch.distributed
+store, which outlives a lost rank (epx/heal_ucx.py; the joins below too). The returned Group is
 accepted by EPBuffer, BucketBuffer (with transport_group=group), PPBuffer and EngramBuffer
 wherever they take a group, and can be healed again after a second loss.
 
@@ -70,7 +72,8 @@ class Group:
     parent_size: the size of the group it was rebuilt from.
     original_ranks: the first group's rank (the torch.distributed group's, or epx.launch's)
         of each rank of this one; original_lost: the first group's ranks lost so far.
-    transport: its epx transport (shared by every buffer built on the group).
+    transport: its epx transport (shared by every buffer built on the group): shm, or UCX
+        for a group rebuilt or admitted across machines (a heal_ucx.StoreGroup).
     admission: for a group an admission made (admit, join), a dict of round, old_num_ranks,
         joined (its joiners are ranks old_num_ranks ..), new_rank and tag; else None.
     A joiner's group has original_ranks (the first group's ranks, then the joiners' numbers:
