@@ -262,11 +262,7 @@ TEST(ElasticJoinTest, AConnectedGroupGrowsThroughItsDoor) {
   std::vector<pid_t> members;
   for (int r = 0; r < kMembers; ++r)
     members.push_back(procs.start([&, r] {
-      FunctionBootstrap b(r, kMembers, hub.allgather(r), "test-fork");
-      ConnectOptions o;
-      o.kind = ConnectKind::kShm;
-      o.timeout = kTimeout;
-      std::unique_ptr<Transport> t = connect(b, o);
+      std::unique_ptr<Transport> t = hub.connect_shm(r, kTimeout);
       const std::string door = open_door(*t, 2);
       if (t->rank() == 0) {  // the rendezvous: the joiners read the name there
         hub.set_text(door);

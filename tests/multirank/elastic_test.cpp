@@ -346,11 +346,7 @@ Stage lose_ranks_and_continue_connected(const EplbPlan& plan, const std::vector<
   std::vector<pid_t> pids;
   for (int r = 0; r < kP; ++r)
     pids.push_back(ranks.start([&, r] {
-      FunctionBootstrap b(r, kP, hub.allgather(r), "test-fork");
-      ConnectOptions o;
-      o.kind = ConnectKind::kShm;
-      o.timeout = timeout;
-      std::unique_ptr<Transport> t = connect(b, o);
+      std::unique_ptr<Transport> t = hub.connect_shm(r, timeout);
       run_stages(*t, plan, stages, faults, true);
     }, "rank " + std::to_string(r)));
   for (int r = 0; r < kP; ++r) {

@@ -1,6 +1,7 @@
 // Ranks a test starts itself (a connect()-ed group that no launcher started, and processes
-// that join it later): ForkHub is their rendezvous — the bootstrap's all-gather, a few flags
-// and a short text (a door's name) — in an anonymous shared mapping made before the forks;
+// that join it later): ForkHub is their rendezvous — the bootstrap's all-gather (and a shm
+// group connected over it), a few flags and a short text (a door's name) — in an anonymous
+// shared mapping made before the forks;
 // ForkedRanks starts each process running a body, waits for it, and kills and reaps every one
 // not waited for when it goes out of scope, so a test that stops early (a failed ASSERT)
 // leaves no process behind.
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "epx/bootstrap.hpp"
+#include "epx/connect.hpp"
 
 namespace epx::testing {
 
@@ -55,6 +58,16 @@ class ForkHub {
       for (int q = 0; q < ranks_; ++q) std::memcpy(static_cast<char*>(out) + q * bytes, s_->data[q], bytes);
       barrier();  // nobody overwrites its slot before every rank has read it
     };
+  }
+
+  /// Rank r's transport of a connect()-ed shm group bootstrapped over this hub (called in
+  /// that rank's process; the bootstrap lives as long as the hub, in that process).
+  std::unique_ptr<Transport> connect_shm(int r, std::chrono::milliseconds timeout) {
+    bootstrap_ = std::make_unique<FunctionBootstrap>(r, ranks_, allgather(r), "test-fork");
+    ConnectOptions o;
+    o.kind = ConnectKind::kShm;
+    o.timeout = timeout;
+    return connect(*bootstrap_, o);
   }
 
   /// Returns when all `ranks` processes have called it (60 s at most, then throws).
@@ -99,6 +112,7 @@ class ForkHub {
 
   Shared* s_ = nullptr;
   int ranks_;
+  std::unique_ptr<FunctionBootstrap> bootstrap_;
 };
 
 class ForkedRanks {
