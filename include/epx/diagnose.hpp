@@ -37,10 +37,12 @@
 // mean, its ratio is k at every P. Nothing is flagged at P = 1 (there are no others).
 //
 // That is the verdict of ONE interval (DiagnoseOp::verdict, DeepEP's meaning). Beside it, the
-// persistent verdict (DiagnoseOp::persistent) names only what the interval verdicts named in at
-// least options.persist.need of the last options.persist.of intervals: a rank the scheduler
-// left behind, or a stall of the whole machine, is abnormal in one interval and gone in the
-// next; a stopped, starved or badly linked rank stays.
+// persistent verdict names only what the interval verdicts named in at least
+// options.persist.need of the last options.persist.of intervals: a rank the scheduler left
+// behind, or a stall of the whole machine, is abnormal in one interval and gone in the next; a
+// stopped, starved or badly linked rank stays. DiagnoseReport::persistent counts per RANK (a
+// row or column of either op) and per link (a point pair named by both ops): the verdict to
+// act on. DiagnoseOp::persistent counts each op's rows, columns and points apart.
 //
 // The exchange runs on an endpoint of the transport of its own (Transport::open_endpoint(): a
 // small window of its own, never the Buffer's), from the thread that start() creates: every
@@ -137,6 +139,29 @@ struct DiagnosePersist {
 /// unless 1 <= need <= of.
 MatrixVerdict persistent_verdict(const std::vector<MatrixVerdict>& verdicts, const DiagnosePersist& rule);
 
+/// The persistent verdict per rank and per link, over both ops (DiagnoseReport::persistent).
+/// A fault's evidence moves between the kinds and ops of the interval verdicts: a rank
+/// stopped in bursts is a dispatch row in one interval, a combine row in the next, a column in
+/// a third (a stop inside one of its own waits is charged to the peer it waited for), so no
+/// single kind of one op need reach `need` of `of` while the rank is named in every interval.
+struct RankVerdict {
+  /// Slow ranks, ascending: named as a row or a column of either op in at least need of the
+  /// last `of` intervals (an interval counts a rank once, however many kinds name it).
+  std::vector<int> ranks;
+  /// Slow links, by src then dst: a pair of ranks {a, b} that BOTH ops named as a point (a, b)
+  /// or (b, a) in at least need of the last `of` intervals — a slow link carries both ops'
+  /// rows (and both directions' TCP acknowledgements), while one op's send order makes single
+  /// points of its own (a source serves some destination last in every call). Listed as the
+  /// latest counting interval's largest such point (its value and ratio).
+  std::vector<AbnormalPoint> links;
+  bool clean() const noexcept { return ranks.empty() && links.empty(); }
+};
+
+/// Local, pure: the per-rank rule (RankVerdict) over the intervals' verdicts (oldest first;
+/// [WaitOp] per interval): of the last `rule.of` of them (all if fewer). Fewer than `need`
+/// intervals name nothing. Throws kInvalidArgument unless 1 <= need <= of.
+RankVerdict persistent_ranks(const std::vector<std::array<MatrixVerdict, kNumWaitOps>>& intervals, const DiagnosePersist& rule);
+
 /// Where a rank runs: its process id and node (gethostname()).
 struct RankInfo {
   int rank = 0;
@@ -161,8 +186,11 @@ struct DiagnoseReport {
   std::array<DiagnoseOp, kNumWaitOps> ops;  ///< [WaitOp]: dispatch, combine
   std::vector<RankInfo> ranks;   ///< [P]
   DiagnoseThresholds thresholds;
-  DiagnosePersist persist;       ///< the rule of ops[].persistent
+  DiagnosePersist persist;       ///< the rule of ops[].persistent and of persistent
   std::uint64_t window = 0;      ///< the intervals ops[].persistent counted over: min(exchanges, persist.of)
+  /// The persistent verdict per rank and link, both ops together (persistent_ranks): the slow
+  /// ranks and links to act on. ops[].persistent counts each op and kind apart.
+  RankVerdict persistent;
   std::string error;             ///< why the background exchange ended early ("" = it did not)
 };
 

@@ -8,6 +8,7 @@
     diag.diagnose()   # {"dispatch": {"abnormal_rows": [...], "abnormal_cols": [...],
                       #               "abnormal_points": [[src, dst, value, ratio], ...]}, "combine": {...}}
     diag.persistent() # the same keys: what the verdicts of `persist[1]` of the last `persist[0]` intervals named
+    diag.persistent_ranks()  # {"ranks": [...], "links": [[src, dst, value, ratio]]}: the same, per rank and link, both ops
 
 matrix[src, dst] is the average time per call, in microseconds, that rank dst waited for rank
 src's header and rows during the last interval (every Buffer records it, always on). Rows
@@ -28,7 +29,10 @@ default True). Every rank holds the same matrices and verdicts.
 That verdict is one interval's (DeepEP's). On a busy machine the scheduler can leave any rank
 behind for a whole interval, as late as a stopped one; a fault stays over intervals, that does
 not. `persistent()` names only what at least `need` of the last `of` intervals' verdicts
-named (`persist=(of, need)`, default (5, 3)), each row, column and point counted on its own.
+named (`persist=(of, need)`, default (5, 3)), each row, column and point counted on its own;
+`persistent_ranks()` counts per rank (a row or column of either op) and per link (a point
+that both ops name): a fault's evidence moves between ops and kinds from interval to
+interval, so that is the verdict to act on.
 
 With `log_dir` (default: $EPX_DIAGNOSE_LOG_PATH, else no log), rank 0 appends each exchange's
 verdicts and matrices to log_dir/diagnose.log, rotated at `log_max_bytes` (.log.1, .log.2).
@@ -156,9 +160,11 @@ class Diagnose:
         ("dispatch", "combine") matrix_us ([P, P] numpy), calls ([P]: calls each rank made in
         the interval), abnormal_rows, abnormal_cols, abnormal_points, point_nodes ([[src node,
         dst node]]) of the interval's verdict, and "persistent": the same four keys of the
-        persistent verdict."""
+        persistent verdict counted per op; "persistent_ranks": {"ranks", "links"}, the
+        persistent verdict per rank and link over both ops (persistent_ranks())."""
         r = self._live().report()
         P = len(r["ranks"])
+        r["persistent_ranks"]["links"] = [list(p) for p in r["persistent_ranks"]["links"]]
         for op in _OPS:
             r[op]["matrix_us"] = np.asarray(r[op]["matrix_us"], dtype=np.float64).reshape(P, P)
             for v in (r[op], r[op]["persistent"]):
@@ -182,6 +188,13 @@ class Diagnose:
         the verdicts of at least `need` of the last `of` intervals named (`persist`)."""
         r = self.report()
         return {op: {k: r[op]["persistent"][k] for k in _VERDICT_KEYS} for op in _OPS}
+
+    def persistent_ranks(self):
+        """{"ranks": [...], "links": [[src, dst, value, ratio], ...]}: the persistent verdict
+        per rank and link, both ops together — a rank named as a row or column of either op,
+        a pair of ranks named as a point by both ops, in at least `need` of the last `of`
+        intervals (docs/diagnose.md, "Over intervals"). The verdict to act on."""
+        return self.report()["persistent_ranks"]
 
     def ranks(self):
         """[{"rank", "pid", "node"}] of every rank."""

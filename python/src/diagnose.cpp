@@ -83,6 +83,12 @@ pyb::dict report_dict(const DiagnoseReport& r) {
     od["calls"] = o.calls;
     d[to_string(static_cast<WaitOp>(op))] = od;
   }
+  pyb::list links;
+  for (const AbnormalPoint& p : r.persistent.links) links.append(pyb::make_tuple(p.src, p.dst, p.value_us, p.ratio));
+  pyb::dict both;
+  both["ranks"] = r.persistent.ranks;
+  both["links"] = links;
+  d["persistent_ranks"] = both;
   d["text"] = format_report(r);
   return d;
 }

@@ -217,6 +217,11 @@ bool Diagnose::Impl::run_exchange(bool stop) {
     o.persistent = persistent_verdict(h, options.persist);
     r.window = h.size();
   }
+  // The ops' histories have the same length: one verdict of each per exchange.
+  std::vector<std::array<MatrixVerdict, kNumWaitOps>> both(history[0].size());
+  for (std::size_t k = 0; k < both.size(); ++k)
+    for (std::size_t op = 0; op < static_cast<std::size_t>(kNumWaitOps); ++op) both[k][op] = history[op][k];
+  r.persistent = persistent_ranks(both, options.persist);
   publish(std::move(r));
   return any_stop;
 }

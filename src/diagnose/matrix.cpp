@@ -286,6 +286,74 @@ MatrixVerdict persistent_verdict(const std::vector<MatrixVerdict>& verdicts, con
   return out;
 }
 
+RankVerdict persistent_ranks(const std::vector<std::array<MatrixVerdict, kNumWaitOps>>& intervals,
+                             const DiagnosePersist& rule) {
+  if (rule.of < 1 || rule.need < 1 || rule.need > rule.of)
+    throw Error(ErrorCode::kInvalidArgument, "persistent_ranks: expected 1 <= need <= of, got need " +
+                                                 std::to_string(rule.need) + " of " + std::to_string(rule.of));
+  const std::size_t n = std::min(intervals.size(), static_cast<std::size_t>(rule.of));
+  const auto first = intervals.end() - static_cast<std::ptrdiff_t>(n);
+  const auto need = static_cast<std::size_t>(rule.need);
+  // Per interval: the ranks any op names as a row or column (each once), the pairs {a < b}
+  // both ops name as a point, with the largest such point of that interval.
+  std::vector<std::size_t> rank_count;
+  std::vector<std::pair<std::pair<int, int>, std::size_t>> pair_count;  // {a, b} -> intervals
+  std::vector<std::pair<std::pair<int, int>, AbnormalPoint>> pair_latest;
+  auto bump = [](auto& counts, auto key) -> std::size_t& {
+    for (auto& kv : counts)
+      if (kv.first == key) return kv.second;
+    counts.push_back({key, {}});
+    return counts.back().second;
+  };
+  for (auto it = first; it != intervals.end(); ++it) {
+    std::vector<int> named;
+    for (const MatrixVerdict& v : *it) {
+      named.insert(named.end(), v.rows.begin(), v.rows.end());
+      named.insert(named.end(), v.cols.begin(), v.cols.end());
+    }
+    std::sort(named.begin(), named.end());
+    named.erase(std::unique(named.begin(), named.end()), named.end());
+    for (int r : named) {
+      if (rank_count.size() <= static_cast<std::size_t>(r)) rank_count.resize(static_cast<std::size_t>(r) + 1, 0);
+      ++rank_count[static_cast<std::size_t>(r)];
+    }
+    // Pairs: every pair the first op names, kept if every other op names it too.
+    std::vector<std::pair<std::pair<int, int>, AbnormalPoint>> pairs;
+    for (std::size_t op = 0; op < it->size(); ++op)
+      for (const AbnormalPoint& p : (*it)[op].points) {
+        const std::pair<int, int> key{std::min(p.src, p.dst), std::max(p.src, p.dst)};
+        bool in_all = true;
+        for (const MatrixVerdict& w : *it)
+          in_all = in_all && std::any_of(w.points.begin(), w.points.end(), [&](const AbnormalPoint& q) {
+                     return std::min(q.src, q.dst) == key.first && std::max(q.src, q.dst) == key.second;
+                   });
+        if (!in_all) continue;
+        auto same = std::find_if(pairs.begin(), pairs.end(), [&](const auto& kv) { return kv.first == key; });
+        if (same == pairs.end())
+          pairs.push_back({key, p});
+        else if (p.value_us > same->second.value_us)
+          same->second = p;
+      }
+    for (const auto& [key, p] : pairs) {
+      ++bump(pair_count, key);
+      auto latest = std::find_if(pair_latest.begin(), pair_latest.end(), [&](const auto& kv) { return kv.first == key; });
+      if (latest == pair_latest.end())
+        pair_latest.push_back({key, p});
+      else
+        latest->second = p;
+    }
+  }
+  RankVerdict out;
+  for (std::size_t r = 0; r < rank_count.size(); ++r)
+    if (rank_count[r] >= need) out.ranks.push_back(static_cast<int>(r));
+  for (const auto& [key, count] : pair_count)
+    if (count >= need)
+      out.links.push_back(std::find_if(pair_latest.begin(), pair_latest.end(), [&](const auto& kv) { return kv.first == key; })->second);
+  std::sort(out.links.begin(), out.links.end(),
+            [](const AbnormalPoint& a, const AbnormalPoint& b) { return a.src != b.src ? a.src < b.src : a.dst < b.dst; });
+  return out;
+}
+
 namespace {
 
 std::string list(const std::vector<int>& v, const std::vector<RankInfo>& ranks) {
@@ -354,6 +422,18 @@ std::string format_report(const DiagnoseReport& r) {
   std::string out = head;
   if (!r.error.empty()) out += "  the background exchange ended: " + r.error + "\n";
   if (r.exchanges == 0) return out + "  no exchange yet\n";
+  out += "persistently, both ops (a rank: a row or column of either op; a link: a point of both ops; named in " +
+         std::to_string(r.persist.need) + " of the last " + std::to_string(r.persist.of) + " intervals, " +
+         std::to_string(r.window) + " so far): " + (r.persistent.clean() ? "nothing abnormal\n" : "ABNORMAL\n");
+  out += "  slow ranks: " + list(r.persistent.ranks, r.ranks) + "\n  slow links:";
+  if (r.persistent.links.empty()) out += " none";
+  char buf[160];
+  for (const AbnormalPoint& p : r.persistent.links) {
+    std::snprintf(buf, sizeof buf, " %d -> %d (%s -> %s) %.1f us %.1fx;", p.src, p.dst, node_of(r.ranks, p.src).c_str(),
+                  node_of(r.ranks, p.dst).c_str(), p.value_us, p.ratio);
+    out += buf;
+  }
+  out += "\n";
   for (int op = 0; op < kNumWaitOps; ++op) out += format_op(r, op);
   return out;
 }

@@ -17,17 +17,22 @@
 
     check_diagnose.py --epx build/src/tools/epx [--only quiet,sigstop,...] [--runs N]
                       [--bursts 20,40,80] [--quota 10] [--ranks 8] [--load] [--save DIR] [--confirm]
-                      [--intervals K] [--need N] [--verdict persistent|loop]
+                      [--intervals K] [--need N] [--verdict ranks|persistent|loop]
 
-The verdict judged is the bench's persistent one (--verdict persistent, the default): the timed
-loop in --intervals K exchanges (the bench's default without it), and what the verdicts of
---need N of them name (docs/diagnose.md, "Over intervals"); --verdict loop judges the one
-verdict of the whole loop's matrices instead (DeepEP's, on one long interval).
+The verdict judged is the bench's persistent one per rank and link (--verdict ranks, the
+default: "persistent_ranks"): the timed loop in --intervals K exchanges (the bench's default
+without it); a rank is named when the verdicts of --need N of them name it as a row or column
+of either op, a link when both ops name a point between its two ranks in N of them
+(docs/diagnose.md, "Over intervals"). --verdict persistent judges the per-op persistent verdict
+(each op's rows, columns and points counted apart); --verdict loop the one verdict of the
+whole loop's matrices (DeepEP's, on one long interval).
 Every check is strict: each run of a fault must name its victim and nothing else, each quiet
 run must name nothing (the rule is made for it: docs/diagnose.md, "The verdict"). --runs N
 repeats every check N times and prints "named in X of N" / "false names in Y of N runs";
---confirm runs a failed check once more and fails only if it fails again with a verdict of
-the first repeated (the same false name, or the fault missed again): the test command.
+--confirm K (default 2 when given bare) runs a failed check up to K more times and fails only
+if every run fails and a wrong verdict of the first repeats in each (the same false name, or
+the fault missed again): the test command (docs/diagnose.md gives the single-run rates and the
+chance of a failure by chance).
 Everything this test makes (processes, the second job, the cgroup, namespaces, the bridge;
 the qdisc lives in a namespace) is removed in `finally` blocks, also when a check fails; every
 run is under a timeout. Exit 1 if any check failed.
@@ -68,7 +73,7 @@ LOAD_SHAPE = ["--ranks", "4", "--tokens", "128", "--hidden", "2048", "--topk", "
 PID_LINE = re.compile(r"epx bench: diagnose: rank pids:(.*)")
 # --intervals / --need / --verdict (main sets them): the bench's intervals and what is judged.
 BENCH_DIAG = []
-VERDICT = "persistent"
+VERDICT = "ranks"
 failures = []
 table = []  # (check, runs, named or None for a quiet check, runs with a false name): the closing table
 tallies = []  # every Tally made, in order (confirmed() compares two runs' wrong verdicts)
@@ -80,40 +85,47 @@ def fail(what):
 
 
 def confirmed(confirm, check, *args, **kwargs):
-    """Runs one check; with confirm, a check that failed runs once more and fails only if the
-    second run fails with a verdict of the first REPEATED: the same false name (row / column /
-    point and its index, in either op) or the fault missed again (or the bench failing again). Chance
-    names differ from run to run — on this 2-core machine a rank is at times slow for a whole
-    interval, measured in docs/diagnose.md — while a rule that is wrong names the same thing
-    or misses the same fault every time. The first failure is still printed, marked as
-    confirmed away."""
+    """Runs one check; with confirm = K > 0, a check that failed runs up to K more times and
+    fails only if every one of them fails too, each with a wrong verdict of the first run
+    REPEATED: the same false name (a rank, or a row / column / point and its index) or the
+    fault missed again (or the bench failing again). Chance names differ from run to run —
+    on this 2-core machine a rank is at times slow for a whole interval, measured in
+    docs/diagnose.md — while a rule that is wrong names the same thing or misses the same
+    fault every time. A failure that does not repeat is still printed, marked as confirmed away."""
     before, t0 = len(failures), len(tallies)
     check(*args, **kwargs)
     if not confirm or len(failures) == before:
         return
     first = failures[before:]
-    first_wrong = set().union(*(t.wrong for t in tallies[t0:]))
+    wrong = set().union(*(t.wrong for t in tallies[t0:]))
     del failures[before:]
-    print(f"check_diagnose: {len(first)} failure(s) above; confirming with one more run", flush=True)
-    t1 = len(tallies)
-    check(*args, **kwargs)
-    if len(failures) == before:
-        print("check_diagnose: not confirmed (the second run passed): " + "; ".join(first), flush=True)
-        return
-    repeated = first_wrong & set().union(*(t.wrong for t in tallies[t1:]))
-    if repeated:
-        fail(f"confirmed: the same verdict twice: {sorted(repeated, key=str)}")
-        return
-    second = failures[before:]
-    del failures[before:]
-    print("check_diagnose: not confirmed (the second run failed differently, nothing repeated): "
-          + "; ".join(first + second), flush=True)
+    seen = list(first)
+    for attempt in range(confirm):
+        print(f"check_diagnose: {len(seen)} failure(s) above; confirming, run {attempt + 1} of at most {confirm}", flush=True)
+        t1 = len(tallies)
+        check(*args, **kwargs)
+        if len(failures) == before:
+            print("check_diagnose: not confirmed (a further run passed): " + "; ".join(seen), flush=True)
+            return
+        wrong &= set().union(*(t.wrong for t in tallies[t1:]))
+        seen += failures[before:]
+        del failures[before:]
+        if not wrong:
+            print("check_diagnose: not confirmed (the runs failed differently, nothing repeated): " + "; ".join(seen),
+                  flush=True)
+            return
+    fail(f"confirmed: the same wrong verdict in {confirm + 1} runs: {sorted(wrong, key=str)}")
 
 
 def flagged(diag, verdict=None):
-    """{op: (rows, cols, points)} of a bench JSON's "diagnose": its persistent verdict over the
-    intervals ("persistent"), or the whole loop's one verdict ("loop")."""
-    v = diag["persistent"] if (verdict or VERDICT) == "persistent" else diag
+    """{op: (rows, cols, points)} of a bench JSON's "diagnose": the persistent verdict per rank
+    and link ("ranks": one pseudo-op "both", its ranks as rows, its links as points), per op
+    ("persistent"), or the whole loop's one verdict ("loop")."""
+    verdict = verdict or VERDICT
+    if verdict == "ranks":
+        v = diag["persistent_ranks"]
+        return {"both": (v["ranks"], [], [tuple(p[:2]) for p in v["links"]])}
+    v = diag["persistent"] if verdict == "persistent" else diag
     return {op: (v[op]["abnormal_rows"], v[op]["abnormal_cols"], [tuple(p[:2]) for p in v[op]["abnormal_points"]])
             for op in ("dispatch", "combine")}
 
@@ -126,11 +138,15 @@ def every_name(diag):
 
 def describe(diag):
     """The judged verdict, and each interval's in short (rows R, cols C, points P of either op)."""
-    text = "; ".join(f"{op}: rows {r} cols {c} points {p}" for op, (r, c, p) in flagged(diag).items())
-    if VERDICT == "persistent":
+    if VERDICT == "ranks":
+        (r, _, p), = flagged(diag).values()
+        text = f"ranks {r} links {p}"
+    else:
+        text = "; ".join(f"{op}: rows {r} cols {c} points {p}" for op, (r, c, p) in flagged(diag).items())
+    if VERDICT != "loop":
         each = []
         for i in diag.get("intervals", []):
-            named = [f"{k}{x}" for _, (r, c, p) in flagged(i, "loop").items()
+            named = [f"{op[0]}{k}{x}" for op, (r, c, p) in flagged(i, "loop").items()
                      for k, xs in (("r", r), ("c", c), ("p", p)) for x in xs]
             each.append(",".join(named) or "-")
         text += f" [intervals: {' | '.join(each)}]"
@@ -505,13 +521,15 @@ def main():
     ap.add_argument("--quiet-ranks", type=int, default=8, help="P of the quiet runs")
     ap.add_argument("--load", action="store_true",
                     help="quiet runs with a second job (another 4-rank bench in a loop): 12 ranks on 2 cores")
-    ap.add_argument("--confirm", action="store_true",
-                    help="a failed check runs once more and fails only if the same wrong verdict repeats (the test command's mode)")
+    ap.add_argument("--confirm", type=int, nargs="?", const=2, default=0, metavar="K",
+                    help="a failed check runs up to K (2) more times and fails only if each fails with a wrong verdict "
+                         "of the first repeated (the test command's mode)")
     ap.add_argument("--save", help="write each run's verdict and matrices (JSON) into this directory")
     ap.add_argument("--intervals", type=int, help="the bench's --diagnose-intervals (default: the bench's)")
     ap.add_argument("--need", type=int, help="the bench's --diagnose-need (default: the bench's)")
-    ap.add_argument("--verdict", choices=("persistent", "loop"), default="persistent",
-                    help="judge the persistent verdict over the intervals, or the whole loop's one verdict")
+    ap.add_argument("--verdict", choices=("ranks", "persistent", "loop"), default="ranks",
+                    help="judge the persistent verdict per rank and link (ranks), per op (persistent), or the whole "
+                         "loop's one verdict (loop)")
     a = ap.parse_args()
     global VERDICT
     VERDICT = a.verdict

@@ -4,6 +4,7 @@
 // on hand-made sequences and on random ones.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <map>
 #include <random>
 #include <set>
@@ -165,6 +166,152 @@ TEST(DiagnosePersist, ReportPrintsBothVerdicts) {
   EXPECT_NE(text.find("  slow sources (rows): 0 (a)\n"), std::string::npos) << text;
   EXPECT_NE(text.find("  persistent:\n    slow sources (rows): 2 (b)\n"), std::string::npos) << text;
   EXPECT_NE(text.find("combine: nothing abnormal this interval; persistently (named in 3 of the last 5 intervals, 4 so far): nothing abnormal"),
+            std::string::npos)
+      << text;
+}
+
+// ---- the per-rank verdict (persistent_ranks): both ops, a rank's row or column, a link's pair ----
+
+using Both = std::array<MatrixVerdict, kNumWaitOps>;
+
+// The rule, plainly: over the last `of` intervals, a rank counts in an interval when some op
+// names it as a row or a column; a pair {a, b} counts when every op names (a, b) or (b, a).
+struct PlainRanks {
+  std::set<int> ranks;
+  std::set<std::pair<int, int>> pairs;
+};
+
+PlainRanks plain_ranks(const std::vector<Both>& all, int of, int need) {
+  std::map<int, int> ranks;
+  std::map<std::pair<int, int>, int> pairs;
+  const std::size_t first = all.size() > static_cast<std::size_t>(of) ? all.size() - static_cast<std::size_t>(of) : 0;
+  for (std::size_t i = first; i < all.size(); ++i) {
+    std::set<int> named;
+    std::array<std::set<std::pair<int, int>>, kNumWaitOps> op_pairs;
+    for (std::size_t op = 0; op < all[i].size(); ++op) {
+      named.insert(all[i][op].rows.begin(), all[i][op].rows.end());
+      named.insert(all[i][op].cols.begin(), all[i][op].cols.end());
+      for (const AbnormalPoint& p : all[i][op].points) op_pairs[op].insert({std::min(p.src, p.dst), std::max(p.src, p.dst)});
+    }
+    for (int r : named) ++ranks[r];
+    for (const auto& pr : op_pairs[0])
+      if (op_pairs[1].count(pr)) ++pairs[pr];
+  }
+  PlainRanks out;
+  for (auto [r, n] : ranks)
+    if (n >= need) out.ranks.insert(r);
+  for (auto [pr, n] : pairs)
+    if (n >= need) out.pairs.insert(pr);
+  return out;
+}
+
+std::set<std::pair<int, int>> link_pairs(const RankVerdict& v) {
+  std::set<std::pair<int, int>> out;
+  for (const AbnormalPoint& p : v.links) out.insert({std::min(p.src, p.dst), std::max(p.src, p.dst)});
+  return out;
+}
+
+TEST(DiagnosePersistRanks, ARanksEvidenceMovesBetweenOpsAndKinds) {
+  // Measured (a rank stopped in bursts of 80 ms, 5 intervals): rank 2 a dispatch row, then a
+  // combine row, then a dispatch column, then nothing, then a combine column. No kind of one
+  // op reaches 3 of 5; the rank is named in 4 of 5.
+  const std::vector<Both> v = {Both{verdict({2}, {}), verdict({}, {})}, Both{verdict({}, {}), verdict({2}, {})},
+                               Both{verdict({}, {2}), verdict({5}, {})}, Both{verdict({}, {}), verdict({}, {})},
+                               Both{verdict({}, {}), verdict({}, {2})}};
+  for (int op = 0; op < kNumWaitOps; ++op) {
+    std::vector<MatrixVerdict> one;
+    for (const Both& b : v) one.push_back(b[static_cast<std::size_t>(op)]);
+    EXPECT_TRUE(persistent_verdict(one, {5, 3}).clean()) << "op " << op;
+  }
+  const RankVerdict r = persistent_ranks(v, {5, 3});
+  EXPECT_EQ(r.ranks, std::vector<int>{2});
+  EXPECT_TRUE(r.links.empty());
+  EXPECT_TRUE(persistent_ranks(v, {5, 5}).clean());  // 4 of 5
+  EXPECT_EQ(persistent_ranks(v, {5, 4}).ranks, std::vector<int>{2});
+}
+
+TEST(DiagnosePersistRanks, ARankCountsOncePerInterval) {
+  // Rank 1 a row and a column of both ops in each of two intervals: two intervals, not eight.
+  const Both all_of_it{verdict({1}, {1}), verdict({1}, {1})};
+  const std::vector<Both> v = {all_of_it, all_of_it, Both{}};
+  EXPECT_TRUE(persistent_ranks(v, {3, 3}).clean());
+  EXPECT_EQ(persistent_ranks(v, {3, 2}).ranks, std::vector<int>{1});
+}
+
+TEST(DiagnosePersistRanks, ALinkIsAPairThatBothOpsName) {
+  // (0, 1) in dispatch and (1, 0) in combine: the link {0, 1}, in 3 intervals. (6, 5) in
+  // combine alone (a source that serves that destination last), every interval: no link. A
+  // point is no evidence against its ranks.
+  std::vector<Both> v;
+  for (int i = 0; i < 4; ++i)
+    v.push_back(Both{verdict({}, {}, i == 2 ? std::vector<std::pair<int, int>>{} : std::vector<std::pair<int, int>>{{0, 1}},
+                             100.0 + i),
+                     verdict({}, {}, {{1, 0}, {6, 5}}, 200.0 + i)});
+  const RankVerdict r = persistent_ranks(v, {4, 3});
+  EXPECT_TRUE(r.ranks.empty());
+  ASSERT_EQ(r.links.size(), 1u);
+  // The latest counting interval's largest point of the pair: combine's (1, 0) of interval 3.
+  EXPECT_EQ(r.links[0].src, 1);
+  EXPECT_EQ(r.links[0].dst, 0);
+  EXPECT_EQ(r.links[0].value_us, 203.0);
+  EXPECT_TRUE(persistent_ranks(v, {4, 4}).clean());
+}
+
+TEST(DiagnosePersistRanks, WindowAndBadRules) {
+  const std::vector<Both> v = {Both{verdict({3}, {})}, Both{verdict({3}, {})}, Both{}, Both{}};
+  EXPECT_EQ(persistent_ranks(v, {4, 2}).ranks, std::vector<int>{3});
+  EXPECT_TRUE(persistent_ranks(v, {3, 2}).clean());  // only the last 3 count
+  EXPECT_TRUE(persistent_ranks({}, {5, 1}).clean());
+  for (DiagnosePersist bad : {DiagnosePersist{0, 0}, DiagnosePersist{3, 0}, DiagnosePersist{3, 4}}) {
+    try {
+      persistent_ranks(v, bad);
+      ADD_FAILURE() << "accepted need " << bad.need << " of " << bad.of;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    }
+  }
+}
+
+TEST(DiagnosePersistRanks, MatchesThePlainRuleOnRandomSequences) {
+  std::mt19937 rng(29);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int P = 2 + static_cast<int>(rng() % 7);
+    const int of = 1 + static_cast<int>(rng() % 8);
+    const int need = 1 + static_cast<int>(rng() % static_cast<unsigned>(of));
+    std::vector<Both> all(rng() % 12);
+    for (Both& b : all)
+      for (MatrixVerdict& v : b) {
+        for (int r = 0; r < P; ++r) {
+          if (rng() % 5 == 0) v.rows.push_back(r);
+          if (rng() % 6 == 0) v.cols.push_back(r);
+        }
+        for (int s = 0; s < P; ++s)
+          for (int d = 0; d < P; ++d)
+            if (s != d && rng() % 4 == 0) v.points.push_back({s, d, static_cast<double>(rng() % 1000), 7});
+      }
+    const RankVerdict got = persistent_ranks(all, {of, need});
+    const PlainRanks want = plain_ranks(all, of, need);
+    EXPECT_EQ(got.ranks, std::vector<int>(want.ranks.begin(), want.ranks.end())) << "trial " << trial;
+    EXPECT_EQ(link_pairs(got), want.pairs) << "trial " << trial;
+    EXPECT_EQ(got.links.size(), want.pairs.size()) << "trial " << trial;  // one per pair
+  }
+}
+
+TEST(DiagnosePersistRanks, ReportPrintsIt) {
+  DiagnoseReport r;
+  r.exchanges = 5;
+  r.window = 5;
+  r.persist = {5, 3};
+  r.ranks = {{0, 10, "a"}, {1, 11, "a"}, {2, 12, "b"}};
+  for (DiagnoseOp& o : r.ops) {
+    o.matrix_us.assign(9, 1.0);
+    o.calls.assign(3, 7);
+  }
+  r.persistent.ranks = {2};
+  r.persistent.links = {{0, 1, 812.5, 9.5}};
+  const std::string text = format_report(r);
+  EXPECT_NE(text.find("named in 3 of the last 5 intervals, 5 so far): ABNORMAL\n  slow ranks: 2 (b)\n"
+                      "  slow links: 0 -> 1 (a -> a) 812.5 us 9.5x;\n"),
             std::string::npos)
       << text;
 }

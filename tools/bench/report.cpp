@@ -360,6 +360,7 @@ void diagnose_of(const BenchOptions& o, const BenchRankRecord& rec, const std::v
     d.ops[op].calls.assign(P, 0);
   }
   std::array<std::vector<MatrixVerdict>, kNumWaitOps> verdicts;
+  std::vector<std::array<MatrixVerdict, kNumWaitOps>> both;  // per interval, both ops: the per-rank verdict's input
   for (std::size_t k = 0; k < rec.diagnose_seconds.size(); ++k) {
     DiagnoseReport i;
     i.exchanges = k + 1;
@@ -379,6 +380,9 @@ void diagnose_of(const BenchOptions& o, const BenchRankRecord& rec, const std::v
           total_us[op][s * P + dst] += io.matrix_us[s * P + dst] * static_cast<double>(io.calls[dst]);
       for (std::size_t dst = 0; dst < P; ++dst) d.ops[op].calls[dst] += io.calls[dst];
     }
+    both.emplace_back();
+    for (std::size_t op = 0; op < d.ops.size(); ++op) both.back()[op] = i.ops[op].verdict;
+    i.persistent = persistent_ranks(both, i.persist);
     d.seconds += i.seconds;
     r.diagnose_intervals.push_back(std::move(i));
   }
@@ -393,6 +397,7 @@ void diagnose_of(const BenchOptions& o, const BenchRankRecord& rec, const std::v
     w.verdict = diagnose_matrix(w.matrix_us, static_cast<int>(P), d.thresholds);
     w.persistent = persistent_verdict(verdicts[op], d.persist);
   }
+  d.persistent = persistent_ranks(both, d.persist);
 }
 
 /// What the report says the run was: the options, the problem's shape and the routing's count.

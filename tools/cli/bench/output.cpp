@@ -168,7 +168,8 @@ ordered_json diagnose_json(const DiagnoseReport& d) {
 }
 
 // The whole loop's report (the keys above) and the intervals': "persist" (the rule),
-// "persistent" (per op, what need of the intervals named) and "intervals" (each one's
+// "persistent" (per op, what need of the intervals named), "persistent_ranks" (both ops:
+// {"ranks": [...], "links": [[src, dst, us, ratio], ...]}) and "intervals" (each one's
 // matrices and verdict, by the keys above).
 ordered_json diagnose_json(const DiagnoseReport& whole, const std::vector<DiagnoseReport>& intervals) {
   ordered_json j = diagnose_json(whole);
@@ -177,6 +178,9 @@ ordered_json diagnose_json(const DiagnoseReport& whole, const std::vector<Diagno
   for (int op = 0; op < kNumWaitOps; ++op)
     p[to_string(static_cast<WaitOp>(op))] = verdict_json(whole.ops[static_cast<std::size_t>(op)].persistent);
   j["persistent"] = p;
+  ordered_json links = ordered_json::array();
+  for (const AbnormalPoint& l : whole.persistent.links) links.push_back({l.src, l.dst, l.value_us, l.ratio});
+  j["persistent_ranks"] = {{"ranks", whole.persistent.ranks}, {"links", links}};
   ordered_json list = ordered_json::array();
   for (const DiagnoseReport& i : intervals) list.push_back(diagnose_json(i));
   j["intervals"] = list;
