@@ -1,9 +1,10 @@
 """Shared by tests/python/test_buffer*.py, test_heal.py and test_elastic_join.py: random dispatch /
 combine problems (every rank builds the same one from the seed), the fixed expert function of
 docs/spec.md §7 applied to epx's outputs, comparisons against the numpy reference
-(tests/e2e/epx_ref.py), bit for bit; for tests that start their own ranks: running them and
-collecting their answers, waiting for a killed rank's process to end, the epx segments left in
-/dev/shm."""
+(tests/e2e/epx_ref.py), bit for bit, and one checked dispatch / combine of a group; for the
+elastic tests a routing masked to live replicas written apart from epx; for tests that start
+their own ranks: running them and collecting their answers, waiting for a killed rank's
+process to end, the epx segments left in /dev/shm."""
 import multiprocessing as mp
 import os
 import queue as queue_module
@@ -129,6 +130,54 @@ def check_dispatch(case, res, r, out, expanded, fp8):
     else:
         same("recv_topk_idx", recv_idx, want["recv_topk_idx"], r)
         same("recv_topk_weights", recv_w, want["recv_topk_weights"], r)
+
+
+def checked_pair(ep, n, me, L, K, H, tokens, seed, expanded):
+    """One dispatch / combine of EPBuffer `ep` over a group of n ranks (this one: me) routing
+    to its n * L experts (tokens[:n] a rank), bit for bit against the reference."""
+    case = make_case(n, n * L, K, H, tokens[:n], seed=seed)
+    x, idx, w = inputs(case, me, "torch")
+    res = epx_ref.compute(case, layout="expanded" if expanded else "compact", alignment=4 if expanded else 1,
+                          deterministic=True, zero_padding=True)
+    out = ep.dispatch(x, idx, w, do_expand=expanded, expert_alignment=4 if expanded else 1, deterministic=True,
+                      do_zero_padding=True)
+    check_dispatch(case, res, me, out[:4], expanded, False)
+    y = expert_y(case, out[0], out[1], out[3], expanded)
+    combined, _, _ = ep.combine(y, out[3])
+    same("combined_x", combined, res.ranks[me]["combined_x"], me)
+
+
+def hand_mask(idx, lost, mapping, L):
+    """A logical routing sent to live replicas, written apart from epx. Expert e's home is
+    rank e // L; rank d's redundant slots hold the logical experts mapping[d] (-1: unused).
+    The replicas of e are its home copy, then the slots holding it by ascending (rank, slot);
+    of the live ones, token t takes the (t mod count)-th; rank d of the survivors holds the
+    physical experts d*(L+B) .. +L+B-1. Returns (the routing, the dropped (token, slot) pairs,
+    the tokens with a dropped slot)."""
+    P0, B = len(mapping), len(mapping[0])
+    survivors = [r for r in range(P0) if r not in lost]
+    out = np.full(idx.shape, -1, dtype=np.int64)
+    pairs = tokens = 0
+    for t in range(idx.shape[0]):
+        dropped = False
+        for k in range(idx.shape[1]):
+            e = int(idx[t, k])
+            if e < 0:
+                continue
+            live = []
+            if e // L not in lost:
+                live.append(survivors.index(e // L) * (L + B) + e % L)
+            for d in range(P0):
+                for b in range(B):
+                    if mapping[d][b] == e and d not in lost:
+                        live.append(survivors.index(d) * (L + B) + L + b)
+            if not live:
+                pairs += 1
+                dropped = True
+                continue
+            out[t, k] = live[t % len(live)]
+        tokens += dropped
+    return out, pairs, tokens
 
 
 def wait_until_dead(pid_dir, rank):

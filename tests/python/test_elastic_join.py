@@ -20,9 +20,7 @@ import threading
 
 import epx
 import epx.heal as heal
-import epx_ref
-from epx_cases import (check_dispatch, expert_y, inputs, make_case, run_ranks, same, segments_left,
-                        shm_segments, wait_until_dead)
+from epx_cases import checked_pair, run_ranks, segments_left, shm_segments, wait_until_dead
 
 L, H, K = 2, 128, 3
 TOKENS = [6, 5, 7, 4]
@@ -32,18 +30,8 @@ PAIRS = 2
 
 def run_pair(ep, n, me, stage, j):
     """One dispatch / combine over a group of n ranks (this one: me), bit for bit against
-    the reference of the routing over those n ranks."""
-    case = make_case(n, n * L, K, H, TOKENS[:n], seed=1000 * stage + j)
-    x, idx, w = inputs(case, me, "torch")
-    expanded = j % 2 == 1
-    res = epx_ref.compute(case, layout="expanded" if expanded else "compact", alignment=4 if expanded else 1,
-                          deterministic=True, zero_padding=True)
-    out = ep.dispatch(x, idx, w, do_expand=expanded, expert_alignment=4 if expanded else 1, deterministic=True,
-                      do_zero_padding=True)
-    check_dispatch(case, res, me, out[:4], expanded, False)
-    y = expert_y(case, out[0], out[1], out[3], expanded)
-    combined, _, _ = ep.combine(y, out[3])
-    same("combined_x", combined, res.ranks[me]["combined_x"], me)
+    the reference of the routing over those n ranks; odd pairs in the expanded layout."""
+    checked_pair(ep, n, me, L, K, H, TOKENS, 1000 * stage + j, j % 2 == 1)
 
 
 def _buffer(group, n):

@@ -19,7 +19,7 @@ import pytest
 
 import epx
 import epx_ref
-from epx_cases import (check_dispatch, expert_y, inputs, make_case, run_ranks, same, segments_left,
+from epx_cases import (check_dispatch, expert_y, hand_mask, inputs, make_case, run_ranks, same, segments_left,
                         shm_segments, wait_until_dead)
 
 P0, L, B, H, K = 4, 2, 2, 128, 3
@@ -33,35 +33,6 @@ FAULTS = [2, 1]  # the victim of each stage, by its rank in the first group
 PAIRS, KILL_PAIR = 3, 1
 TIMEOUT = 10
 NVALS = 1000
-
-
-def hand_mask(idx, lost):
-    """The routing sent to live replicas, written apart from epx: replicas of e are its home
-    copy, then the slots holding it by ascending (rank, slot); of the live ones, token t takes
-    the (t mod count)-th; rank d of the survivors holds physical experts d*(L+B) .. +L+B-1."""
-    survivors = [r for r in range(P0) if r not in lost]
-    out = np.full(idx.shape, -1, dtype=np.int64)
-    pairs = tokens = 0
-    for t in range(idx.shape[0]):
-        dropped = False
-        for k in range(idx.shape[1]):
-            e = int(idx[t, k])
-            if e < 0:
-                continue
-            live = []
-            if e // L not in lost:
-                live.append(survivors.index(e // L) * (L + B) + e % L)
-            for d in range(P0):
-                for b in range(B):
-                    if MAPPING[d][b] == e and d not in lost:
-                        live.append(survivors.index(d) * (L + B) + L + b)
-            if not live:
-                pairs += 1
-                dropped = True
-                continue
-            out[t, k] = live[t % len(live)]
-        tokens += dropped
-    return out, pairs, tokens
 
 
 def values(orig, stage, pair):
@@ -79,7 +50,7 @@ def run_pair(ep, bucket, group, stage, j, lost, orig):
     survivors = [r for r in range(P0) if r not in lost]
     me = survivors.index(orig)
     logical = make_case(P0, E_LOG, K, H, TOKENS, seed=1000 * stage + j)
-    masks = [hand_mask(logical.topk_idx[r], lost) for r in survivors]
+    masks = [hand_mask(logical.topk_idx[r], lost, MAPPING, L) for r in survivors]
     x, idx, w = inputs(logical, orig, "torch")
     routed, num_experts, pairs, tokens = epx.live_routing(idx, MAPPING, L, group)  # group None: the torch group
     assert np.array_equal(routed.numpy(), masks[me][0]), f"rank {orig}: live_routing differs from the plain loop"
