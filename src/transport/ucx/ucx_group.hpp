@@ -2,6 +2,8 @@
 // of a group, which every endpoint (UcxTransport) of it uses; and the constants both use.
 #pragma once
 
+#include <poll.h>
+#include <sched.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -32,8 +35,10 @@ inline constexpr int kNetworkSpins = 64;
 inline constexpr auto kHookEvery = std::chrono::milliseconds(50);
 // How long a teardown after a failure tries to complete this rank's puts (a cut link: all of it).
 inline constexpr std::chrono::milliseconds kBrokenTeardown{2000};
-// How often the background thread of a group with remote peers progresses the worker.
-inline constexpr auto kBackgroundProgress = std::chrono::microseconds(200);
+// The longest a thread sleeps on the worker's event fd (a wait for a peer on another machine,
+// the background progress thread) before it looks again: the fd wakes it when bytes arrive,
+// this bounds what no fd event announces (a hook, a deadline, a same-machine peer's store).
+inline constexpr int kSleepMs = 1;
 inline constexpr std::size_t kProgressEveryBytes = std::size_t{256} << 10;  // of copies to mapped peers, when some peer is remote
 inline std::size_t round_page(std::size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
@@ -71,7 +76,38 @@ class UcxGroup {
     touched_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
     return eps_[static_cast<std::size_t>(peer)];
   }
-  void progress() noexcept { ucp_worker_progress(worker_); }
+  /// Progresses the worker; when it did something and a thread sleeps in sleep_unless, wakes
+  /// it (what this progress did may be what it waits for: its word, its flush).
+  void progress() noexcept {
+    if (ucp_worker_progress(worker_) != 0 && wakeup_) {
+      progressed_.fetch_add(1, std::memory_order_seq_cst);
+      if (sleepers_.load(std::memory_order_seq_cst) > 0) wake_sleepers();
+    }
+  }
+  /// A thread that waits for `peer` may sleep instead of yielding: the peer is on another
+  /// machine (its bytes arrive through a socket, which wakes the progress thread), not a
+  /// same-machine peer whose stores nothing announces.
+  bool sleeps_for(int peer) const noexcept { return wakeup_ && peer >= 0 && peer < size_ && peer != rank_ && !same_node(peer); }
+  /// Sleeps until some thread's progress did something (the progress thread sleeps on the
+  /// worker's event fd and wakes as soon as a socket has bytes), or kSleepMs passed; returns at
+  /// once when `ready()` already holds. Under load a sleeper is woken by the kernel at once,
+  /// where a yielding poll loop waits for its turn (measured: docs/transport.md).
+  template <class Ready>
+  void sleep_unless(Ready&& ready) noexcept {
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t seen = progressed_.load(std::memory_order_seq_cst);
+    if (!ready()) sleep_while(seen);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  /// Puts and signals to a peer on another machine go through the group's own TCP
+  /// connection to it (see Link below) rather than UCX: true when every rank set them up.
+  bool uses_link(int peer) const noexcept { return links_on_ && !same_node(peer); }
+  /// Sends `bytes` from `src` to the absolute address `addr` of `peer` (a put), or, with `src`
+  /// null, the 8-byte `value` stored there with release order (a signal or flag), after
+  /// everything this rank sent the peer before. Returns when the bytes are in the kernel's
+  /// socket buffer (the source may be reused); a later flush() waits for the peer to have
+  /// written them. Dropped for a peer that said goodbye.
+  void link_send(int peer, std::uint64_t addr, const void* src, std::size_t bytes, std::uint64_t value, const char* what);
   void fence(int peer);
   /// Where this rank waits now, for the messages of calls that name no phase (puts, quiet).
   /// Copied: a WaitPoint's phase need not outlive its wait.
@@ -175,14 +211,49 @@ class UcxGroup {
   std::vector<ucp_mem_h> kept_;  // blocks released after a failure, unmapped by the destructor
   // A wait or flush failed: teardown's flushes wait kBrokenTeardown at most.
   mutable std::atomic<bool> broken_{false};
-  // With peers on other machines, a thread progresses the worker every kBackgroundProgress
+  // With peers on other machines, a thread progresses the worker whenever its event fd says
+  // UCX has something to do (kSleepMs at the longest)
   // while the group lives: UCX over TCP lands a peer's puts and signals into this rank only
   // while this rank progresses, and between epx calls (a rank waiting in gloo, in the
   // application, or done and about to exit) no epx wait does.
   std::thread progress_thread_;
   std::atomic<bool> progress_stop_{false};
+  // UCP_FEATURE_WAKEUP (groups with peers on other machines): the progress thread sleeps on
+  // the worker's event fd; the other waiting threads sleep on progressed_ (a futex word that
+  // every progress that did something bumps), counted in sleepers_.
+  bool wakeup_ = false;
+  int efd_ = -1;
+  std::atomic<std::uint32_t> progressed_{0};
+  std::atomic<int> sleepers_{0};
   void start_progress();
   void stop_progress() noexcept;
+  // ---- the links: puts and signals to other machines over TCP connections of the group's
+  // own. UCX 1.13 over TCP moves a put as 64 KiB active messages, each copied on both sides
+  // and acknowledged, and lands them only while the target progresses its worker; a
+  // connection of our own moves the bytes as gloo does (the kernel's copies only, written by
+  // a reader thread that sleeps in recv) and keeps the order that signals need. UCX still
+  // carries gets, the goodbye, the keepalive and its endpoints' error reports.
+  struct Link {
+    int out = -1;  // this rank -> the peer: messages; the peer's acknowledgements come back
+    int in = -1;   // the peer -> this rank: messages; this rank acknowledges on it
+    std::mutex send_mu;
+    std::atomic<std::uint64_t> sent{0};   // messages written to `out`
+    std::atomic<std::uint64_t> acked{0};  // of them, written at the peer (its acknowledgement)
+    std::atomic<bool> down{false};        // a connection ended (EOF or an error)
+    std::thread reader, ack_reader;
+  };
+  void connect_links();
+  void close_links() noexcept;
+  void read_link(int peer) noexcept;
+  void read_acks(int peer) noexcept;
+  void link_down(int peer) noexcept;
+  /// Waits until every link message sent before the call is acknowledged (part of flush()).
+  void await_links(std::uint64_t* lap_ns, bool teardown);
+  std::unique_ptr<Link[]> links_;  // [P]; connections only towards other machines' ranks
+  bool links_on_ = false;
+  std::atomic<bool> links_closing_{false};
+  void sleep_while(std::uint32_t seen) noexcept;  // futex: until progressed_ != seen, kSleepMs at most
+  void wake_sleepers() noexcept;
 };
 
 }  // namespace epx::detail

@@ -189,6 +189,7 @@ void UcxTransport::put(int peer, std::size_t offset, const void* src, std::size_
     return;
   }
   if (group_->closed(peer)) return;  // it said goodbye: it reads nothing more
+  if (group_->uses_link(peer)) return group_->link_send(peer, remote_base_[p] + offset, src, bytes, 0, "a put to");
   ucp_request_param_t prm{};
   group_->settle(ucp_put_nbx(group_->ep(peer), src, bytes, remote_base_[p] + offset, rkeys_[p], &prm), peer, "a put to");
 }
@@ -211,6 +212,8 @@ void UcxTransport::ordered_set(int peer, std::size_t offset, std::uint64_t value
     return;
   }
   if (group_->closed(peer)) return;     // it said goodbye: it reads nothing more
+  if (group_->uses_link(peer))  // after every earlier message on the link: its order is the stream's
+    return group_->link_send(peer, remote_base_[static_cast<std::size_t>(peer)] + offset, nullptr, 0, value, "a signal to");
   group_->fence(peer);  // earlier puts to `peer` complete before what follows
   // The value must outlive the put, which may wait for room in UCX's send queue: a heap word
   // that the completion callback frees (or this call, if it completed at once).
@@ -252,11 +255,20 @@ void UcxTransport::wait_word(std::uint64_t* word, std::uint64_t at_least, const 
   std::atomic_ref<std::uint64_t> w(*word);
   if (w.load(std::memory_order_acquire) >= at_least) return;
   spi::Backoff backoff(group_->timeout(), kNetworkSpins);
+  const bool sleeps = group_->sleeps_for(where.peer);
+  const auto ready = [&] { return w.load(std::memory_order_acquire) >= at_least; };
   for (;;) {
     group_->progress();  // over TCP a peer's put lands only while this rank progresses
-    if (w.load(std::memory_order_acquire) >= at_least) break;
+    if (ready()) break;
     group_->check_waiting(where, backoff.yielding(), word, at_least);
-    if (!backoff.step()) group_->fail_timeout(where);
+    if (sleeps && backoff.yielding()) {
+      // A peer on another machine: asleep on the worker's event fd instead of yielding (its
+      // bytes wake this thread as soon as they reach the socket).
+      group_->sleep_unless(ready);
+      if (backoff.expired()) group_->fail_timeout(where);
+    } else if (!backoff.step()) {
+      group_->fail_timeout(where);
+    }
   }
   // The acquire load that saw the value orders the puts before it (no fence: the sanitizer
   // build refuses std::atomic_thread_fence).
