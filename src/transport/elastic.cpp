@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "control_block.hpp"
+#include "elastic_ops.hpp"
 #include "elastic_shm.hpp"
 #include "epx/launch.hpp"
 #include "process_identity.hpp"
@@ -47,7 +48,8 @@ ShmTransport& elastic_shm(Transport& t, const char* what) {
     throw Error(ErrorCode::kUnsupported,
                 "rank " + std::to_string(t.rank()) + ": " + what +
                     ": elastic groups need the shm transport (processes on one machine: epx::launch with "
-                    "LaunchOptions::elastic, or a connect()-ed group); this transport is '" +
+                    "LaunchOptions::elastic, or a connect()-ed group; across machines the shmem transport heals from "
+                    "losses: agree_survivors, rebuild_group, sum_over_group); this transport is '" +
                     t.caps().name + "'");
   if (shm->retired_round() != 0)
     throw Error(ErrorCode::kBadHandle,
@@ -128,6 +130,7 @@ void* map_block(const std::string& name, std::size_t bytes) {
 
 Membership agree_survivors(Transport& transport) {
   using namespace detail;
+  if (auto* ops = dynamic_cast<ElasticOps*>(&transport)) return ops->agree_survivors();  // shmem: its own words
   ShmTransport& t = elastic_shm(transport, "agree_survivors");
   ControlBlock* c = t.control_block();
   const int P = t.num_ranks(), me = t.rank();
@@ -241,6 +244,7 @@ void* map_rebuilt_block(const RebuildCall& r) {
 
 std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership& m) {
   using namespace detail;
+  if (auto* ops = dynamic_cast<ElasticOps*>(&old_group)) return ops->rebuild_group(m);
   ShmTransport& t = elastic_shm(old_group, "rebuild_group");
   const int me = t.rank();
   const std::string who = rank_str(me) + ": rebuild_group";
@@ -273,6 +277,7 @@ std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership&
 
 std::vector<std::int64_t> sum_over_group(Transport& transport, const std::vector<std::int64_t>& values) {
   using namespace detail;
+  if (auto* ops = dynamic_cast<ElasticOps*>(&transport)) return ops->sum_over_group(values);
   ShmTransport& t = elastic_shm(transport, "sum_over_group");
   if (values.empty() || values.size() > kSumWords)
     throw Error(ErrorCode::kInvalidArgument,

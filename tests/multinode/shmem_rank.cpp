@@ -16,10 +16,19 @@
 // --fault kill-rank:R: rank R SIGKILLs itself between a dispatch and its combine.
 // --fault loop:FILE: dispatch/combine in a loop until an error; rank 0 creates FILE once
 //   the loop runs (the script then cuts the link or kills a daemon).
+// --fault heal:R: as kill-rank:R in the 4th round trip (each checked bit for bit), then the
+//   survivors heal (needs oshrun --mca orte_abort_on_non_zero_status 0, else Open MPI ends
+//   them): each prints its error, agrees (epx::agree_survivors: R lost), rebuilds the group
+//   over the shmem transport (epx::rebuild_group) and checks the old group refuses calls
+//   ("HEAL rank ..." lines with the times); then, on the P-1 survivors, bit for bit: a
+//   replica plan's routing masked to the live replicas (the dropped counts summed by
+//   epx::sum_over_group) and the --cases (default: all) for P-1 ranks ("PASS heal:<case>" on the new rank 0). The
+//   process then ends through epx (the survivors' last barrier, rank 0 ends the job).
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +39,7 @@
 
 #include "epx/buffer.hpp"
 #include "epx/connect.hpp"
+#include "epx/elastic.hpp"
 #include "epx/error.hpp"
 #include "epx/shmem.hpp"
 #include "../multirank/multirank_support.hpp"
@@ -335,6 +345,175 @@ void fault_loop(Transport& t, const std::string& marker, int kill_rank) {
   }
 }
 
+using Clock = std::chrono::steady_clock;
+long long ms_since(Clock::time_point t0) {
+  return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+}
+
+/// A replica plan for the first group (P ranks, 2P logical experts, 3 slots per rank, slot s
+/// on rank s / 3): slots [0, P) hold a second replica of experts 1, 3, 5, ..., slots [P, 3P)
+/// experts 0 .. 2P-1 in order. Rank r's routing masked to the live replicas, written here
+/// apart from the library (the rule of epx::map_to_live_replicas, kSpread): replica t mod
+/// the live ones, in slot order, renumbered densely over the survivors; a pair whose expert
+/// has no live replica becomes -1 and is counted.
+struct Masked {
+  std::vector<std::int64_t> topk_idx;
+  std::int64_t pairs = 0, tokens = 0;
+};
+Masked mask_to_live(const std::vector<std::int64_t>& topk_idx, int K, int P, const std::vector<int>& lost) {
+  auto is_lost = [&](int rank) { return std::find(lost.begin(), lost.end(), rank) != lost.end(); };
+  auto expert_of = [&](int slot) { return slot < P ? 2 * slot + 1 : slot - P; };
+  Masked m;
+  m.topk_idx.assign(topk_idx.size(), -1);
+  for (std::size_t t = 0; t < topk_idx.size() / static_cast<std::size_t>(K); ++t) {
+    bool dropped = false;
+    for (int k = 0; k < K; ++k) {
+      const std::size_t i = t * static_cast<std::size_t>(K) + static_cast<std::size_t>(k);
+      if (topk_idx[i] < 0) continue;
+      std::vector<int> live;
+      for (int slot = 0; slot < 3 * P; ++slot)
+        if (expert_of(slot) == topk_idx[i] && !is_lost(slot / 3)) live.push_back(slot);
+      if (live.empty()) {
+        ++m.pairs, dropped = true;
+        continue;
+      }
+      const int slot = live[t % live.size()];
+      int below = 0;
+      for (int l : lost) below += l < slot / 3;
+      m.topk_idx[i] = slot - 3 * below;
+    }
+    m.tokens += dropped;
+  }
+  return m;
+}
+
+/// The first group's routing masked to the survivors' live replicas (mask_to_live): every
+/// survivor masks every survivor's routing, dispatches its own over `group` and combines,
+/// bit for bit against the reference over the masked problem; the dropped counts summed by
+/// epx::sum_over_group must be the sum of every survivor's.
+void masked_pair(Transport& group, int P, const Membership& m, int orig) {
+  constexpr int kTopk = 3;
+  ref::FixtureOptions f;
+  f.num_ranks = P;
+  f.num_experts = 2 * P;
+  f.num_topk = kTopk;
+  f.hidden = 128;
+  f.tokens = 24;
+  f.zipf = 1.0;
+  f.seed = 61;
+  const ref::Problem p = ref::make_problem(f);
+  ref::Problem q = p;
+  q.num_ranks = static_cast<int>(m.survivors.size());
+  q.num_experts = 3 * q.num_ranks;
+  q.ranks.clear();
+  std::int64_t pairs = 0, tokens = 0, my_pairs = 0, my_tokens = 0;
+  for (int o : m.survivors) {
+    const Masked mr = mask_to_live(p.ranks[static_cast<std::size_t>(o)].topk_idx, kTopk, P, m.lost);
+    q.ranks.push_back(p.ranks[static_cast<std::size_t>(o)]);
+    q.ranks.back().topk_idx = mr.topk_idx;
+    pairs += mr.pairs, tokens += mr.tokens;
+    if (o == orig) my_pairs = mr.pairs, my_tokens = mr.tokens;
+  }
+  const std::vector<std::int64_t> total = sum_over_group(group, {my_pairs, my_tokens});
+  if (total != std::vector<std::int64_t>{pairs, tokens})
+    fail(orig, "sum_over_group of the dropped counts: " + std::to_string(total[0]) + "/" + std::to_string(total[1]) +
+                   ", want " + std::to_string(pairs) + "/" + std::to_string(tokens));
+  const int me = group.rank();
+  const ref::DispatchOptions o{};
+  const auto want = ref::dispatch_all(q, o);
+  std::vector<std::vector<std::uint16_t>> y(want.size());
+  for (std::size_t r = 0; r < want.size(); ++r) y[r] = ref::expert_fn(q, want[r], o);
+  const auto combined = ref::combine(q, o, want, y, nullptr, nullptr, false, me);
+  Buffer buffer(group, config_for(q, 2));
+  DispatchResult d = buffer.dispatch(dispatch_args(views_of(q, me), o));
+  expect_dispatch(me, q, o, want[static_cast<std::size_t>(me)], d);
+  CombineArgs ca;
+  ca.y = TensorView(y[static_cast<std::size_t>(me)].data(), DType::kBF16, {want[static_cast<std::size_t>(me)].rows, q.hidden});
+  ca.handle = &d.handle;
+  expect_bits(me, "combined_x (masked routing)", buffer.combine(ca).combined_x.data(), combined);
+  if (me == 0)
+    std::printf("PASS heal:masked_replicas (P=%d, %lld pairs / %lld tokens without a live replica, summed over the group)\n",
+                q.num_ranks, static_cast<long long>(pairs), static_cast<long long>(tokens));
+  std::fflush(stdout);
+}
+
+/// The survivors' part of --fault heal:R: agree, rebuild, go on (see the top).
+void heal_after(Transport& t, const NodeMap& nodes, int victim, const std::string& which, int completed,
+                const std::string& error, Clock::time_point failed_at) {
+  const int P = t.num_ranks(), r = t.rank();
+  const auto ur = static_cast<std::size_t>(r);
+  if (completed < 3 || completed > 4) fail(r, "heal: failed after " + std::to_string(completed) + " round trips, not in the victim's");
+  std::printf("LOSS rank %d: %s\n", r, error.c_str());
+  std::fflush(stdout);
+  const Membership m = agree_survivors(t);
+  const long long agreed = ms_since(failed_at);
+  if (m.lost != std::vector<int>{victim} || m.new_rank != (r < victim ? r : r - 1))
+    fail(r, "agree_survivors: lost " + std::to_string(m.lost.size()) + " rank(s), new rank " + std::to_string(m.new_rank));
+  std::unique_ptr<Transport> group = rebuild_group(t, m);
+  std::printf("HEAL rank %d (node %d) -> rank %d of %d: lost rank %d; agreed %lld ms after its error, rebuilt in %lld ms\n", r,
+              nodes.node_of_rank[ur], group->rank(), group->num_ranks(), victim, agreed, ms_since(failed_at) - agreed);
+  std::fflush(stdout);
+  try {  // the old group is retired: a call on it fails at once naming the rebuild
+    t.barrier("old group");
+    fail(r, "a barrier on the retired group returned");
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kBadHandle || std::string(e.what()).find("rebuilt") == std::string::npos) throw;
+  }
+  masked_pair(*group, P, m, r);
+  for (const Case& k : cases(group->num_ranks())) {
+    if (which != "all" && ("," + which + ",").find("," + k.name + ",") == std::string::npos) continue;
+    const auto t0 = Clock::now();
+    run_case(*group, k);
+    group->barrier("case done");
+    if (group->rank() == 0)
+      std::printf("PASS heal:%s (P=%d, %lld ms)\n", k.name.c_str(), group->num_ranks(), ms_since(t0));
+    std::fflush(stdout);
+  }
+  std::printf("DONE rank %d\n", r);
+  std::fflush(stdout);
+}
+
+/// --fault heal:R (see the top).
+void heal(Transport& t, const NodeMap& nodes, int victim, const std::string& which) {
+  const int P = t.num_ranks(), r = t.rank();
+  Case c{"heal", fx(P, 4, 50), {}};
+  const ref::Problem p = ref::make_problem(c.fx);
+  const auto want = ref::dispatch_all(p, c.d);
+  std::vector<std::vector<std::uint16_t>> y(static_cast<std::size_t>(P));
+  for (int s = 0; s < P; ++s) y[static_cast<std::size_t>(s)] = ref::expert_fn(p, want[static_cast<std::size_t>(s)], c.d);
+  const auto combined = ref::combine(p, c.d, want, y, nullptr, nullptr, false, r);
+  const auto ur = static_cast<std::size_t>(r);
+  int completed = 0;
+  std::string error;
+  Clock::time_point failed_at = Clock::now();
+  try {
+    Buffer buffer(t, config_of(p, c));
+    for (;; ++completed) {
+      DispatchResult d = buffer.dispatch(dispatch_args(views_of(p, r), c.d));
+      expect_dispatch(r, p, c.d, want[ur], d);
+      if (completed == 3 && r == victim) raise(SIGKILL);  // between a dispatch and its combine
+      CombineArgs ca;
+      ca.y = TensorView(y[ur].data(), DType::kBF16, {want[ur].rows, p.hidden});
+      ca.handle = &d.handle;
+      expect_bits(r, "combined_x (before the loss)", buffer.combine(ca).combined_x.data(), combined);
+      if (completed > 100) fail(r, "heal: the loss of rank " + std::to_string(victim) + " went unnoticed");
+    }
+  } catch (const Error& e) {
+    if (!is_peer_loss(e)) throw;
+    error = e.what();
+    failed_at = Clock::now();
+  }
+  try {
+    heal_after(t, nodes, victim, which, completed, error, failed_at);
+  } catch (const std::exception& e) {
+    // Not rank_main's _Exit: after a loss only exit() lets epx end the job (at once, with a
+    // non-zero status); a process that just vanishes leaves Open MPI waiting for the dead PE.
+    std::fprintf(stderr, "epx_multinode_rank: %s\n", e.what());
+    std::fflush(stderr);
+    std::exit(1);
+  }
+}
+
 // --ping N: rank 0 and the last rank bounce a signal N times (a timing probe, prints us per round trip).
 void ping(Transport& t, int n) {
   const int P = t.num_ranks(), r = t.rank(), other = r == 0 ? P - 1 : 0;
@@ -385,6 +564,7 @@ int main_impl(int argc, char** argv) {
   if (!fault.empty()) {
     if (fault.rfind("kill-rank:", 0) == 0) fault_loop(*t, "", std::stoi(fault.substr(10)));
     else if (fault.rfind("loop:", 0) == 0) fault_loop(*t, fault.substr(5), -1);
+    else if (fault.rfind("heal:", 0) == 0) return heal(*t, nodes, std::stoi(fault.substr(5)), which), 0;
     else throw std::invalid_argument("unknown fault " + fault);
   }
   if (pings > 0) return ping(*t, pings), 0;

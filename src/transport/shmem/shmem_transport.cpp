@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <string>
 
@@ -21,6 +22,8 @@
 #include "epx/spi/copy.hpp"
 #include "epx/spi/resources.hpp"
 #include "shmem/shmem_settings.hpp"
+#include "shmem/shmem_runtime.hpp"
+#include "shmem/shmem_elastic.hpp"
 
 // Open MPI's progress engine (libopen-pal): OpenSHMEM 1.4 has no call that only progresses,
 // and shmem_ulong_test does not; liboshmem registers its UCX worker with it.
@@ -30,73 +33,123 @@ namespace epx::detail {
 
 // One OpenSHMEM runtime per process: started by the first shmem_bootstrap(), finalised when
 // the last bootstrap / transport holding it is gone. After a failure (a wait that timed
-// out) the collective calls of teardown (shmem_free, shmem_finalize) are skipped: they
-// would wait for the peer that is gone, and the launcher ends the job anyway.
-class ShmemRuntime {
- public:
-  static std::shared_ptr<ShmemRuntime> acquire(const ShmemOptions& options = {}) {
-    std::lock_guard<std::mutex> lock(mu());
-    if (auto live = current().lock()) return live;
-    if (started_)
-      throw Error(ErrorCode::kUnsupported,
-                  "shmem bootstrap: the OpenSHMEM runtime of this process was already finalised (it cannot start twice)");
-    // What epx needs from Open MPI, where the launcher has not set it (shmem_settings.hpp):
-    // read by shmem_init_thread, so set before it.
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    const std::uint64_t memory = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : UINT64_MAX;
-    ShmemSettings settings = decide_shmem_settings(options.heap_bytes, [](const char* n) { return std::getenv(n); }, memory);
-    for (const auto& [name, value] : settings.set) setenv(name.c_str(), value.c_str(), 1);
-    int provided = -1;
-    if (shmem_init_thread(SHMEM_THREAD_MULTIPLE, &provided) != 0)
-      throw Error(ErrorCode::kUnsupported, "shmem bootstrap: shmem_init_thread failed (was the process started by oshrun?)");
-    started_ = true;
-    auto rt = std::shared_ptr<ShmemRuntime>(new ShmemRuntime(std::move(settings)));
-    if (provided < SHMEM_THREAD_MULTIPLE) {
-      shmem_finalize();
-      throw Error(ErrorCode::kUnsupported, "shmem bootstrap: the OpenSHMEM runtime offers thread level " +
-                                               std::to_string(provided) + ", epx's workers need SHMEM_THREAD_MULTIPLE");
+// out) or a loss the collective calls of teardown (shmem_free, shmem_finalize) are skipped:
+// they would wait for the peer that is gone (after a loss the survivors end the job
+// themselves: shmem_elastic.cpp).
+std::mutex& ShmemRuntime::mu() {
+  static std::mutex m;
+  return m;
+}
+std::weak_ptr<ShmemRuntime>& ShmemRuntime::current() {
+  static std::weak_ptr<ShmemRuntime> c;
+  return c;
+}
+
+std::shared_ptr<ShmemRuntime> ShmemRuntime::acquire(const ShmemOptions& options) {
+  std::lock_guard<std::mutex> lock(mu());
+  if (auto live = current().lock()) return live;
+  if (started_)
+    throw Error(ErrorCode::kUnsupported,
+                "shmem bootstrap: the OpenSHMEM runtime of this process was already finalised (it cannot start twice)");
+  // What epx needs from Open MPI, where the launcher has not set it (shmem_settings.hpp):
+  // read by shmem_init_thread, so set before it.
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const std::uint64_t memory = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : UINT64_MAX;
+  ShmemSettings settings = decide_shmem_settings(options.heap_bytes, [](const char* n) { return std::getenv(n); }, memory);
+  for (const auto& [name, value] : settings.set) setenv(name.c_str(), value.c_str(), 1);
+  int provided = -1;
+  if (shmem_init_thread(SHMEM_THREAD_MULTIPLE, &provided) != 0)
+    throw Error(ErrorCode::kUnsupported, "shmem bootstrap: shmem_init_thread failed (was the process started by oshrun?)");
+  started_ = true;
+  auto rt = std::shared_ptr<ShmemRuntime>(new ShmemRuntime(std::move(settings)));
+  if (provided < SHMEM_THREAD_MULTIPLE) {
+    shmem_finalize();
+    throw Error(ErrorCode::kUnsupported, "shmem bootstrap: the OpenSHMEM runtime offers thread level " +
+                                             std::to_string(provided) + ", epx's workers need SHMEM_THREAD_MULTIPLE");
+  }
+  current() = rt;
+  return rt;
+}
+
+ShmemRuntimeInfo ShmemRuntime::info() {
+  std::lock_guard<std::mutex> lock(mu());
+  auto live = current().lock();
+  if (!live) throw Error(ErrorCode::kUnsupported, "shmem_runtime_info: no OpenSHMEM runtime runs in this process (call shmem_bootstrap() first)");
+  ShmemRuntimeInfo i;
+  i.heap_bytes = live->settings_.heap_bytes;
+  i.heap_from = live->settings_.heap_from;
+  for (const auto& [name, value] : live->settings_.set) i.set_by_epx.push_back(name + "=" + value);
+  return i;
+}
+
+ShmemRuntime::~ShmemRuntime() {
+  if (!failed() && !lost()) shmem_finalize();
+}
+
+void ShmemRuntime::register_block(std::byte* base, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(blocks_mu_);
+  blocks_[base] = Block{bytes, false};
+}
+
+void ShmemRuntime::unregister_block(std::byte* base) {
+  std::lock_guard<std::mutex> lock(blocks_mu_);
+  blocks_.erase(base);
+}
+
+void ShmemRuntime::orphan_block(std::byte* base) {
+  std::lock_guard<std::mutex> lock(blocks_mu_);
+  auto it = blocks_.find(base);
+  if (it == blocks_.end()) return;
+  it->second.orphan = true;
+  // One piece with an orphaned neighbour that touches it (the pieces reuse_block split).
+  if (auto next = std::next(it); next != blocks_.end() && next->second.orphan && it->first + it->second.bytes == next->first) {
+    it->second.bytes += next->second.bytes;
+    blocks_.erase(next);
+  }
+  if (it != blocks_.begin())
+    if (auto prev = std::prev(it); prev->second.orphan && prev->first + prev->second.bytes == it->first) {
+      prev->second.bytes += it->second.bytes;
+      blocks_.erase(it);
     }
-    current() = rt;
-    return rt;
-  }
-  /// The running runtime's settings; kUnsupported if none runs.
-  static ShmemRuntimeInfo info() {
-    std::lock_guard<std::mutex> lock(mu());
-    auto live = current().lock();
-    if (!live) throw Error(ErrorCode::kUnsupported, "shmem_runtime_info: no OpenSHMEM runtime runs in this process (call shmem_bootstrap() first)");
-    ShmemRuntimeInfo i;
-    i.heap_bytes = live->settings_.heap_bytes;
-    i.heap_from = live->settings_.heap_from;
-    for (const auto& [name, value] : live->settings_.set) i.set_by_epx.push_back(name + "=" + value);
-    return i;
-  }
-  ~ShmemRuntime() {
-    if (!failed()) shmem_finalize();
-  }
-  static bool failed() noexcept { return failed_.load(std::memory_order_acquire); }
-  static void mark_failed() noexcept { failed_.store(true, std::memory_order_release); }
+}
 
-  /// This PE's symmetric heap as epx set or read it (0: unknown).
-  std::size_t heap_bytes() const noexcept { return settings_.heap_bytes; }
-  const std::string& heap_from() const noexcept { return settings_.heap_from; }
-  /// Bytes of the heap epx's transports hold now (every window of every endpoint).
-  std::atomic<std::size_t>& heap_in_use() noexcept { return in_use_; }
+std::byte* ShmemRuntime::reuse_block(std::size_t bytes, std::size_t* got) {
+  std::lock_guard<std::mutex> lock(blocks_mu_);
+  auto best = blocks_.end();
+  for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
+    if (it->second.orphan && it->second.bytes >= bytes && (best == blocks_.end() || it->second.bytes < best->second.bytes))
+      best = it;
+  if (best == blocks_.end()) return nullptr;
+  best->second.orphan = false;
+  // A block much bigger than asked is split: the rest stays free for the next window.
+  constexpr std::size_t kPiece = std::size_t{64} << 10;
+  const std::size_t take = (bytes + 4095) / 4096 * 4096;
+  if (best->second.bytes >= take + kPiece) {
+    blocks_[best->first + take] = Block{best->second.bytes - take, true};
+    best->second.bytes = take;
+  }
+  *got = best->second.bytes;
+  return best->first;
+}
 
- private:
-  explicit ShmemRuntime(ShmemSettings settings) : settings_(std::move(settings)) {}
-  static std::mutex& mu() {
-    static std::mutex m;
-    return m;
-  }
-  static std::weak_ptr<ShmemRuntime>& current() {
-    static std::weak_ptr<ShmemRuntime> c;
-    return c;
-  }
-  static inline bool started_ = false;
-  static inline std::atomic<bool> failed_{false};
-  ShmemSettings settings_;
-  std::atomic<std::size_t> in_use_{0};
-};
+std::string ShmemRuntime::orphans() const {
+  std::lock_guard<std::mutex> lock(blocks_mu_);
+  std::string s;
+  int n = 0;
+  for (const auto& [base, b] : blocks_)
+    if (b.orphan) s += (n++ ? ", " : "") + format_bytes(b.bytes);
+  return n == 0 ? std::string("none") : std::to_string(n) + ": " + s;
+}
+
+std::shared_ptr<ShmemControl> ShmemRuntime::control() const {
+  std::lock_guard<std::mutex> lock(blocks_mu_);
+  return control_;
+}
+
+void ShmemRuntime::set_control(std::shared_ptr<ShmemControl> c) {
+  std::lock_guard<std::mutex> lock(blocks_mu_);
+  control_ = std::move(c);
+}
 
 namespace {
 
@@ -107,10 +160,14 @@ class ShmemBootstrap final : public Bootstrap {
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
   const char* name() const noexcept override { return "shmem"; }
-  void barrier() override { shmem_barrier_all(); }
+  void barrier() override {
+    refuse_after_loss("barrier");
+    shmem_barrier_all();
+  }
 
   // Each rank puts its blob into every PE's symmetric buffer; barrier_all completes the puts.
   void allgather(const void* in, void* out, std::size_t bytes) override {
+    refuse_after_loss("allgather");
     if (bytes == 0) return shmem_barrier_all();
     const std::size_t slot = (bytes + 7) / 8 * 8;
     auto* buf = static_cast<std::byte*>(shmem_malloc(slot * static_cast<std::size_t>(size_)));  // collective
@@ -126,6 +183,14 @@ class ShmemBootstrap final : public Bootstrap {
   }
 
  private:
+  // Both are calls over every PE, which cannot complete once a PE died.
+  void refuse_after_loss(const char* call) const {
+    if (ShmemRuntime::lost())
+      throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) + ": shmem bootstrap: " + call +
+                                               " runs over every PE of the job, and PEs were lost (a group was rebuilt "
+                                               "without them): use the rebuilt group",
+                  rank_);
+  }
   std::shared_ptr<ShmemRuntime> rt_;
   int rank_;
   int size_;
@@ -165,6 +230,9 @@ ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const Node
   mapped_.assign(static_cast<std::size_t>(num_ranks_), false);
   for (int p = 0; p < num_ranks_; ++p) mapped_[static_cast<std::size_t>(p)] = p == rank_ || shmem_ptr(probe, p) != nullptr;
   shmem_free(probe);
+  pe_.resize(static_cast<std::size_t>(num_ranks_));
+  for (int p = 0; p < num_ranks_; ++p) pe_[static_cast<std::size_t>(p)] = p;
+  control_ = runtime_->control();
   const bool all_mapped = std::all_of(mapped_.begin(), mapped_.end(), [](bool m) { return m; });
   caps_.name = "shmem";
   caps_.peer_memory_mapped = all_mapped;
@@ -180,6 +248,10 @@ ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const Node
 
 ShmemTransport::ShmemTransport(ShmemTransport& parent, int)
     : runtime_(parent.runtime_),
+      control_(parent.control_),
+      pe_(parent.pe_),
+      lineage_(parent.lineage_),
+      group_(parent.group_),  // retired with its group
       heap_bytes_(parent.heap_bytes_),
       parent_(&parent),
       rank_(parent.rank_),
@@ -198,6 +270,7 @@ ShmemTransport::ShmemTransport(ShmemTransport& parent, int)
 }
 
 std::unique_ptr<Transport> ShmemTransport::open_endpoint() {
+  require_live("open_endpoint");
   return std::unique_ptr<Transport>(new ShmemTransport(*this, 0));
 }
 
@@ -223,7 +296,13 @@ void ShmemTransport::note(const char* phase, int peer) noexcept {
 
 ShmemTransport::~ShmemTransport() {
   remove_term_note();
-  if (parent_ == nullptr) release_heap();  // an endpoint's block, if still held, goes with the job (free is collective)
+  if (parent_ == nullptr) release_heap();
+  else if (base_ != nullptr) {
+    // An endpoint's block stays in the heap (a free is collective; the buffer's destroy()
+    // frees it where every rank does), free for a group rebuilt after a loss.
+    runtime_->orphan_block(base_);
+    runtime_->heap_in_use() -= block_bytes_;
+  }
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
     stop_watch_ = true;
@@ -271,6 +350,14 @@ void ShmemTransport::watchdog_fire(const Blocking& b) {
                           " blocks in the OpenSHMEM runtime, which cannot be interrupted: ending this process)\n";
   std::fwrite(msg.data(), 1, msg.size(), stderr);
   std::fflush(stderr);
+  // Where the launcher lets survivors live (they may heal), Open MPI ends the job only when
+  // told: a process that just vanishes leaves it waiting for the dead PE. Ask it to abort
+  // (from another thread: this one may not come back), and vanish a second later anyway.
+  if (launcher_keeps_survivors()) {
+    std::thread([] { shmem_global_exit(1); }).detach();
+    const timespec pause{1, 0};
+    nanosleep(&pause, nullptr);
+  }
   std::_Exit(1);
 }
 
@@ -384,6 +471,9 @@ void ShmemTransport::release_heap() noexcept {
   if (base_ != nullptr && !ShmemRuntime::failed()) {
     shmem_quiet();
     shmem_free(base_);  // collective
+    runtime_->unregister_block(base_);
+  } else if (base_ != nullptr) {
+    runtime_->orphan_block(base_);  // kept: a group rebuilt over the survivors reuses it
   }
   if (base_ != nullptr) runtime_->heap_in_use() -= block_bytes_;
   base_ = nullptr;
@@ -392,8 +482,9 @@ void ShmemTransport::release_heap() noexcept {
 }
 
 void ShmemTransport::allocate(std::size_t window_bytes, std::size_t num_signals) {
+  if (window_bytes == 0 && num_signals == 0) return release_heap();
+  require_live("allocate");
   release_heap();
-  if (window_bytes == 0 && num_signals == 0) return;
   make_block(window_bytes, num_signals);
 }
 
@@ -401,25 +492,31 @@ void ShmemTransport::make_block(std::size_t window_bytes, std::size_t num_signal
   signal_offset_ = round_page(window_bytes);
   // The signals, the barrier's P slots, and the beacon word that quiet_timed reads (1).
   const std::size_t bytes = signal_offset_ + (num_signals + static_cast<std::size_t>(num_ranks_) + 1) * sizeof(std::uint64_t);
-  check_heap(bytes);
-  base_ = static_cast<std::byte*>(shmem_malloc(bytes));  // collective, the same size on every PE
-  if (base_ == nullptr)
-    throw Error(ErrorCode::kCapacityExceeded, "rank " + std::to_string(rank_) + ": shmem: shmem_malloc(" +
-                                                  format_bytes(bytes) + ") failed: " + heap_advice(bytes));
-  block_bytes_ = bytes;
-  runtime_->heap_in_use() += bytes;
-  std::memset(base_, 0, bytes);  // zeroed and pre-faulted
+  if (ShmemRuntime::lost()) {
+    reuse_block(bytes);  // zeroed, the same block on every member, which all reached it
+  } else {
+    check_heap(bytes);
+    base_ = static_cast<std::byte*>(shmem_malloc(bytes));  // collective, the same size on every PE
+    if (base_ == nullptr)
+      throw Error(ErrorCode::kCapacityExceeded, "rank " + std::to_string(rank_) + ": shmem: shmem_malloc(" +
+                                                    format_bytes(bytes) + ") failed: " + heap_advice(bytes));
+    block_bytes_ = bytes;
+    runtime_->register_block(base_, bytes);
+    runtime_->heap_in_use() += bytes;
+    std::memset(base_, 0, bytes);  // zeroed and pre-faulted
+  }
   *signal_word(base_, num_signals + static_cast<std::size_t>(num_ranks_)) = 1;  // the beacon
   peer_base_.assign(static_cast<std::size_t>(num_ranks_), nullptr);
   for (int p = 0; p < num_ranks_; ++p)
     if (mapped_[static_cast<std::size_t>(p)])
-      peer_base_[static_cast<std::size_t>(p)] = p == rank_ ? base_ : static_cast<std::byte*>(shmem_ptr(base_, p));
+      peer_base_[static_cast<std::size_t>(p)] = p == rank_ ? base_ : static_cast<std::byte*>(shmem_ptr(base_, pe(p)));
   window_bytes_ = window_bytes;
   num_signals_ = num_signals;
   barrier_epoch_ = 0;
   payload_begin_ = payload_end_ = 0;
   // Counters run from the transport's construction (peer_info: take differences).
-  shmem_barrier_all();  // every PE zeroed its block before anyone writes into it
+  if (ShmemRuntime::lost()) control_barrier("allocate");  // every member zeroed its block before anyone writes into it
+  else shmem_barrier_all();
 }
 
 // Every PE allocates the same blocks and knows the same (agreed) heap, so a block that does
@@ -465,6 +562,7 @@ void ShmemTransport::count(int peer, std::size_t offset, std::size_t bytes) noex
 }
 
 void ShmemTransport::put(int peer, std::size_t offset, const void* src, std::size_t bytes, int) {
+  require_live("put");
   count(peer, offset, bytes);
   if (std::byte* dst = peer_base_[static_cast<std::size_t>(peer)]) {
     bulk_copy(dst + offset, src, bytes);
@@ -480,13 +578,14 @@ void ShmemTransport::put(int peer, std::size_t offset, const void* src, std::siz
   }
   mark_outstanding(peer);
   unprobed_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
-  shmem_putmem_nbi(base_ + offset, src, bytes, peer);
+  shmem_putmem_nbi(base_ + offset, src, bytes, pe(peer));
 }
 
 void ShmemTransport::get(int peer, std::size_t offset, void* dst, std::size_t bytes, int) {
+  require_live("get");
   if (const std::byte* src = peer_base_[static_cast<std::size_t>(peer)]) return static_cast<void>(std::memcpy(dst, src + offset, bytes));
   mark_outstanding(peer);
-  shmem_getmem_nbi(dst, base_ + offset, bytes, peer);
+  shmem_getmem_nbi(dst, base_ + offset, bytes, pe(peer));
 }
 
 void ShmemTransport::ordered_set(int peer, std::size_t offset, std::uint64_t value) {
@@ -500,10 +599,11 @@ void ShmemTransport::ordered_set(int peer, std::size_t offset, std::uint64_t val
   // namespaces: ~0.5 ms per signal round trip, against 2.5-5 ms with shmem_ulong_atomic_set
   // (a fetching swap in Open MPI 4.1's spml ucx: the initiator waits for the reply).
   static_assert(sizeof(unsigned long) == sizeof(std::uint64_t));
-  shmem_ulong_p(reinterpret_cast<unsigned long*>(base_ + offset), static_cast<unsigned long>(value), peer);
+  shmem_ulong_p(reinterpret_cast<unsigned long*>(base_ + offset), static_cast<unsigned long>(value), pe(peer));
 }
 
 void ShmemTransport::signal(int peer, std::size_t slot, std::uint64_t value, int) {
+  require_live("signal");
   ordered_set(peer, signal_offset_ + slot * sizeof(std::uint64_t), value);
 }
 
@@ -522,6 +622,7 @@ std::uint64_t ShmemTransport::read_signal(std::size_t slot) noexcept {
 }
 
 void ShmemTransport::wait_word(std::uint64_t* word, std::uint64_t at_least, const WaitPoint& where) {
+  require_live("wait");
   note(where.phase, where.peer);
   std::atomic_ref<std::uint64_t> w(*word);
   if (w.load(std::memory_order_acquire) >= at_least) return;
@@ -574,7 +675,7 @@ void ShmemTransport::quiet_timed(int queue, std::uint64_t* lap_ns) {
       if (peer_base_[static_cast<std::size_t>(p)] == nullptr &&
           unprobed_[static_cast<std::size_t>(p)].exchange(false, std::memory_order_relaxed)) {
         if (pending.empty()) guarded("shmem_fence", -1, [] { shmem_fence(); });
-        shmem_getmem_nbi(&landed[static_cast<std::size_t>(p)], base_ + beacon, sizeof(std::uint64_t), p);
+        shmem_getmem_nbi(&landed[static_cast<std::size_t>(p)], base_ + beacon, sizeof(std::uint64_t), pe(p));
         pending.push_back(p);
       }
   }
@@ -603,6 +704,7 @@ void ShmemTransport::quiet_timed(int queue, std::uint64_t* lap_ns) {
 }
 
 void ShmemTransport::barrier(const char* phase) {
+  require_live("barrier");
   // A transport whose buffers each opened an endpoint has no block of its own until its first
   // barrier: then one with the barrier's slots only (collective, as the barrier is).
   if (base_ == nullptr) make_block(0, 0);
@@ -635,6 +737,47 @@ std::vector<ShmemPeerInfo> ShmemTransport::peer_info() const {
   return v;
 }
 
+namespace {
+
+// EPX_SHMEM_ELASTIC_RESERVE=SIZE (the heap's syntax: 512M, 2G): a block of the heap kept
+// free from the start for the windows of groups rebuilt after a loss, which can take no new
+// block (shmem_malloc would wait for the dead PEs) and otherwise only reuse the old group's.
+// Its pages cost memory only once such a window touches them. The same on every PE (checked).
+void reserve_for_rebuilds(Bootstrap& bootstrap, ShmemRuntime& rt, std::size_t heap) {
+  const char* text = std::getenv("EPX_SHMEM_ELASTIC_RESERVE");
+  const int me = shmem_my_pe(), n = shmem_n_pes();
+  std::uint64_t want = 0;
+  if (text != nullptr && *text != '\0') {
+    want = parse_heap_size(text);
+    if (want == 0) want = UINT64_MAX;  // not a size: every PE learns it below
+  }
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(n));
+  bootstrap.allgather(&want, all.data(), sizeof want);
+  const std::string who = "rank " + std::to_string(me) + ": shmem: EPX_SHMEM_ELASTIC_RESERVE";
+  for (int p = 0; p < n; ++p) {
+    if (all[static_cast<std::size_t>(p)] == UINT64_MAX)
+      throw Error(ErrorCode::kInvalidArgument, who + " of rank " + std::to_string(p) +
+                                                   " is not a size (a number, optionally followed by K, M, G or T)", p);
+    if (all[static_cast<std::size_t>(p)] != want)
+      throw Error(ErrorCode::kInvalidArgument, who + " differs between the ranks (" + std::to_string(want) + " bytes here, " +
+                                                   std::to_string(all[static_cast<std::size_t>(p)]) + " on rank " +
+                                                   std::to_string(p) + "): give every rank the same (oshrun -x)", p);
+  }
+  if (want == 0) return;
+  constexpr std::size_t kSlack = std::size_t{8} << 20;
+  if (heap != 0 && rt.heap_in_use().load() + want + kSlack > heap)
+    throw Error(ErrorCode::kCapacityExceeded, who + "=" + text + " does not fit in the symmetric heap of " + format_bytes(heap) +
+                                                  " per PE (" + rt.heap_from() + ")", me);
+  auto* block = static_cast<std::byte*>(shmem_malloc(want));  // collective; untouched
+  if (block == nullptr)
+    throw Error(ErrorCode::kCapacityExceeded, who + ": shmem_malloc(" + format_bytes(want) + ") failed (" + rt.heap_from() + ")", me);
+  rt.register_block(block, want);
+  rt.orphan_block(block);  // free, for reuse_block only (which runs only after a loss)
+  rt.heap_in_use() += want;  // the heap left for the windows before a loss
+}
+
+}  // namespace
+
 std::unique_ptr<Transport> connect_shmem(Bootstrap& bootstrap, const ConnectOptions& options) {
   auto rt = ShmemRuntime::acquire();
   const int me = shmem_my_pe(), n = shmem_n_pes();
@@ -650,6 +793,12 @@ std::unique_ptr<Transport> connect_shmem(Bootstrap& bootstrap, const ConnectOpti
   std::vector<std::uint64_t> heaps(static_cast<std::size_t>(n));
   bootstrap.allgather(&mine, heaps.data(), sizeof mine);
   const std::uint64_t agreed = *std::min_element(heaps.begin(), heaps.end());
+  // The elastic words, once per process, while every PE lives (shmem_malloc is collective:
+  // every PE's first connect makes them), and the reserve for groups rebuilt after a loss.
+  if (!rt->control()) {
+    rt->set_control(std::make_shared<ShmemControl>(me, n));
+    reserve_for_rebuilds(bootstrap, *rt, static_cast<std::size_t>(agreed));
+  }
   return std::make_unique<ShmemTransport>(std::move(rt), nodes, options.timeout, static_cast<std::size_t>(agreed));
 }
 

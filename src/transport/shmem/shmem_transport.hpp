@@ -26,6 +26,12 @@
 //     ignores SIGTERM, so the rank would die of the SIGKILL a second later, silently). The
 //     line's pieces are built when the transport is made; the handler only copies them and
 //     the current phase and peer (async-signal-safe).
+//   * elastic (epx/elastic.hpp; shmem_elastic.cpp): the survivors of a lost PE agree and
+//     sum through words of their own (ShmemControl) and rebuild a group over themselves: a
+//     transport whose rank i is PE survivors[i], over the same symmetric heap, whose
+//     windows reuse the blocks the old group gave back (shmem_malloc would wait for the dead
+//     PE). Open MPI must let the survivors live (oshrun --mca orte_abort_on_non_zero_status
+//     0); they end the job at exit (end_job_with_group).
 #pragma once
 
 #include <atomic>
@@ -47,16 +53,18 @@
 #include "epx/shmem.hpp"
 #include "epx/spi/payload_region.hpp"
 #include "epx/transport.hpp"
+#include "elastic_ops.hpp"
 
 namespace epx::detail {
 
 class ShmemRuntime;
+class ShmemControl;
 
 /// connect(kShmem): collective over `bootstrap`, which must be (or agree with) the
 /// OpenSHMEM runtime of this job: same rank and size as shmem_my_pe / shmem_n_pes.
 std::unique_ptr<Transport> connect_shmem(Bootstrap& bootstrap, const ConnectOptions& options);
 
-class ShmemTransport final : public Transport, public spi::PayloadRegionListener {
+class ShmemTransport final : public Transport, public spi::PayloadRegionListener, public ElasticOps {
  public:
   /// `heap_bytes`: the symmetric heap every PE has (the smallest of theirs; 0 = unknown).
   ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const NodeMap& nodes, std::chrono::milliseconds timeout,
@@ -93,8 +101,21 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
 
   std::vector<ShmemPeerInfo> peer_info() const;
 
+  // Elastic (shmem_elastic.cpp): collective over the group's live ranks / the survivors.
+  Membership agree_survivors() override;
+  std::unique_ptr<Transport> rebuild_group(const Membership& membership) override;
+  std::vector<std::int64_t> sum_over_group(const std::vector<std::int64_t>& values) override;
+
  private:
   ShmemTransport(ShmemTransport& parent, int);  // an endpoint
+  ShmemTransport(ShmemTransport& old, const Membership& m);  // a group over old's survivors
+  /// kBadHandle once a rebuild retired this group (`call` names the call).
+  void require_live(const char* call) const;
+  /// A block from those the old group gave back (after a loss), the same one on every member.
+  void reuse_block(std::size_t bytes);
+  /// A barrier over the control words (this group's PEs); throws kTimeout naming the missing rank.
+  void control_barrier(const char* phase);
+  int pe(int rank) const noexcept { return pe_[static_cast<std::size_t>(rank)]; }
   void make_block(std::size_t window_bytes, std::size_t num_signals);
   void release_heap() noexcept;
   /// kCapacityExceeded (on every PE alike) if a block of `bytes` cannot fit in the heap.
@@ -131,6 +152,16 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   static void on_term(int sig) noexcept;
 
   std::shared_ptr<ShmemRuntime> runtime_;
+  std::shared_ptr<ShmemControl> control_;  // the elastic words (the runtime's)
+  std::vector<int> pe_;                    // [P] the PE of each rank (the identity but in a rebuilt group)
+  int lineage_ = 0;                        // rebuilds since the first group
+  // Shared by a group and its endpoints: the sequences of its control-word stamps, and the
+  // round of the rebuild that retired it (0: live).
+  struct GroupState {
+    std::atomic<std::uint64_t> agree{0}, sums{0}, barriers{0};
+    std::atomic<int> retired{0};
+  };
+  std::shared_ptr<GroupState> group_ = std::make_shared<GroupState>();
   std::size_t heap_bytes_;            // the heap every PE has (0: unknown)
   std::size_t block_bytes_ = 0;       // this transport's shmem_malloc block
   ShmemTransport* parent_ = nullptr;  // an endpoint's transport

@@ -1,0 +1,88 @@
+// The shmem transport's elastic words: one small symmetric block per process (the first
+// connect makes it, while every PE lives), indexed by PE, through which the survivors of a
+// lost PE agree (agree_survivors), sum (sum_over_group) and meet (the barriers of a group
+// rebuilt over them, and the last one at exit) without any call over every PE.
+//
+//   arrive[pe]   the agreement stamp PE pe announced     barrier[pe]  its barrier stamp
+//   check[pe]    a value to compare (the block a rebuilt group's allocate took)
+//   sum_round[pe], sum_words[pe][2][kSumWords]          decided, members[2][kMemberWords]
+//
+// Each word is written by one PE only (its own index; the decision by the deciding PE), with
+// stamps that only grow: (group lineage << 40) | sequence within the group, so a group
+// rebuilt from another never mistakes the old group's words for its own.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "control_block.hpp"
+
+namespace epx::detail {
+
+class ShmemControl {
+ public:
+  /// Collective over every PE: shmem_malloc of the words (throws kCapacityExceeded naming `rank`).
+  ShmemControl(int rank, int npes);
+  ShmemControl(const ShmemControl&) = delete;
+  ShmemControl& operator=(const ShmemControl&) = delete;
+  // Never freed: shmem_free is collective (and the survivors' exit needs the words).
+  ~ShmemControl() = default;
+
+  static std::uint64_t stamp(int lineage, std::uint64_t seq) noexcept {
+    return (static_cast<std::uint64_t>(lineage) << 40) | seq;
+  }
+
+  std::size_t arrive(int pe) const noexcept { return static_cast<std::size_t>(pe); }
+  std::size_t barrier_word(int pe) const noexcept { return n_ + static_cast<std::size_t>(pe); }
+  std::size_t check(int pe) const noexcept { return 2 * n_ + static_cast<std::size_t>(pe); }
+  std::size_t sum_round(int pe) const noexcept { return 3 * n_ + static_cast<std::size_t>(pe); }
+  std::size_t sum_words(int pe, int parity) const noexcept {
+    return 4 * n_ + (static_cast<std::size_t>(pe) * 2 + static_cast<std::size_t>(parity)) * kSumWords;
+  }
+  std::size_t decided() const noexcept { return 4 * n_ + n_ * 2 * kSumWords; }
+  std::size_t members(int parity) const noexcept { return decided() + 1 + static_cast<std::size_t>(parity) * kMemberWords; }
+
+  /// Sets word `w` on PE `pe` to `value`, after this PE's earlier puts to `pe` (this PE's
+  /// own word: a local store).
+  void set(int pe, std::size_t w, std::uint64_t value);
+  /// Writes `n` words from `src` at word `w` on PE `pe` (complete before a later set() to it).
+  void put(int pe, std::size_t w, const std::uint64_t* src, std::size_t n);
+  /// This PE's word `w` (acquire).
+  std::uint64_t load(std::size_t w) const noexcept;
+  /// Progresses the runtime until word `w` here holds >= `at_least`; false at `deadline`.
+  bool wait(std::size_t w, std::uint64_t at_least, std::chrono::steady_clock::time_point deadline) const;
+  /// A barrier over `pes` (this PE among them): sets barrier[me] = `stamp` on each, then
+  /// waits for each one's. Returns the index in `pes` of the first that did not arrive
+  /// within `timeout`, -1 when all did.
+  int barrier(const std::vector<int>& pes, std::uint64_t stamp, std::chrono::milliseconds timeout);
+
+  int my_pe() const noexcept { return me_; }
+
+ private:
+  std::uint64_t* word(int pe, std::size_t w) const noexcept;
+  int me_;
+  std::size_t n_;
+  std::uint64_t* words_ = nullptr;
+  std::vector<std::uint64_t*> mapped_;  // [pe] shmem_ptr of the words, or null (a network peer)
+};
+
+/// The launcher lets the other PEs live when one dies (oshrun --mca
+/// orte_abort_on_non_zero_status 0, which Open MPI passes to the PEs as
+/// OMPI_MCA_orte_abort_on_non_zero_status): the survivors can heal, and whoever ends the
+/// process must end the job too (shmem_global_exit), or Open MPI waits for the dead PE.
+bool launcher_keeps_survivors() noexcept;
+
+/// From the agreement on, the process ends the survivors' way: at exit, the last rebuilt
+/// group meets in a barrier (exit status 0) and its rank 0 ends the job with
+/// shmem_global_exit (OpenSHMEM's finalize would wait for the dead PEs, and Open MPI ends a
+/// job only when each PE finalised or one aborted); a non-zero status ends it at once.
+/// `pes`: the survivors' PEs; `me`: this rank among them. Called again by each agreement and
+/// rebuild (the latest group counts).
+void end_job_with_group(std::shared_ptr<ShmemControl> control, std::vector<int> pes, int me, int lineage,
+                        std::chrono::milliseconds timeout);
+
+}  // namespace epx::detail
