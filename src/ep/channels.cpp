@@ -139,13 +139,4 @@ void CompletionProtocol::await_rows(Buffer::Impl& m, Buffer::Impl::CompletionSlo
   }
 }
 
-const CompletionProtocol& protocol_unit(Protocol p) {
-  switch (p) {
-    case Protocol::kExplicit: return explicit_unit();
-    case Protocol::kTail: return tail_unit();
-    case Protocol::kFlag: return flag_unit();
-  }
-  return explicit_unit();
-}
-
 }  // namespace epx::detail

@@ -1,7 +1,9 @@
 // The data paths' seam: one small interface for how a dispatch's rows and a combine's
 // replies travel. A call picks its path once, from the support table (spi::dispatch_path /
 // spi::combine_path), and runs front → path.send → path.receive → back without knowing
-// which path it is. Each path is one unit in src/ep/paths/, read top to bottom:
+// which path it is. Each path is one unit in src/ep/paths/, read top to bottom, with its
+// row of the table (spi::PathRule) beside it; a PathUnit joins the two and add_path
+// registers it (paths/units.cpp: the built-in ones; tests/recipes: one from outside):
 //   dispatch_direct.cpp   direct (rows at their planned slots) and its rows-first variant
 //   dispatch_relay.cpp    hierarchical schedule: cross-server rows through a same-lane relay
 //   dispatch_ring.cpp     bounded receive area: rows paced by credits, placed as they arrive
@@ -97,8 +99,50 @@ struct ReplyChannels {
 ReplyChannels reply_channels(const Topology& topology, int rank, int P, const std::vector<int>& visit_order,
                              bool hierarchical);
 
-/// The unit of each path (paths/*.cpp); a path the table names for dispatch or combine.
+/// A path as the engine knows it: its row of the support table and its two sides (a side
+/// may be another path's: a dispatch-only path keeps the base path's combine; null: none,
+/// as `rule.dispatch` says). Each path's file defines its own and units.cpp registers it.
+struct PathUnit {
+  const spi::PathRule& rule;
+  const DispatchPath* dispatch;
+  const CombinePath* combine;
+};
+
+/// Registers a path (its unit must outlive the registration): its row joins spi::kPaths,
+/// base_path asks its base_of before every path registered earlier, and dispatch_unit /
+/// combine_unit name its sides. Refuses (kInvalidArgument) a Path value or key already
+/// registered and a row whose `dispatch` disagrees with the sides. Register before building
+/// the Buffers that should take it and remove after destroying them: the table is read by
+/// every call, without a lock.
+void add_path(const PathUnit& unit);
+void remove_path(spi::Path p);
+
+/// A path registered for a scope (a test's, or a library's that loads it).
+class RegisteredPath {
+ public:
+  explicit RegisteredPath(const PathUnit& unit) : path_(unit.rule.path) { add_path(unit); }
+  ~RegisteredPath() { remove_path(path_); }
+  RegisteredPath(const RegisteredPath&) = delete;
+  RegisteredPath& operator=(const RegisteredPath&) = delete;
+
+ private:
+  spi::Path path_;
+};
+
+/// The sides of a registered path; a path the table names for dispatch or combine.
 const DispatchPath& dispatch_unit(spi::Path p);
 const CombinePath& combine_unit(spi::Path p);
+
+/// The built-in paths, each defined in its own file beside its row (paths/units.cpp
+/// registers them), and the combine sides the dispatch files pair with their own.
+const PathUnit& direct_path();      // dispatch_direct.cpp (+ push_combine)
+const PathUnit& rows_first_path();  // dispatch_direct.cpp (+ replies_first_combine)
+const PathUnit& relay_path();       // dispatch_relay.cpp (+ relay_combine)
+const PathUnit& ring_path();        // dispatch_ring.cpp (+ ring_combine)
+const PathUnit& pull_path();        // combine_pull.cpp (combine only)
+const CombinePath& push_combine();           // combine_push.cpp
+const CombinePath& replies_first_combine();  // combine_push.cpp
+const CombinePath& relay_combine();          // combine_relay.cpp
+const CombinePath& ring_combine();           // combine_ring.cpp
 
 }  // namespace epx::detail

@@ -1,9 +1,10 @@
 // A completion protocol (epx/dataplane.hpp's Protocol) as one unit: how a worker's puts to
 // a peer complete there — its send side, run by every worker's Sender on every data path —
 // and how the receiver knows the rows have landed (await_rows). One unit per file in
-// protocols/; protocol_unit() names the configured one. The support table
-// (epx/spi/support.hpp, kProtocols) says what each relies on and which paths take it; the
-// window space one needs (flag blocks) is Geometry's.
+// protocols/, beside its row of the support table (spi::ProtocolRule: what it relies on,
+// which paths take it, whether views work); protocols/units.cpp registers them and
+// protocol_unit() names the configured one. The window space one needs (flag blocks) is
+// Geometry's.
 //   explicit  puts; quiet every queue; one signal per peer and worker      (explicit.cpp)
 //   tail      puts; right after a peer's last put, its ordered signal      (tail.cpp)
 //   flag      every 480 payload bytes carry their own epoch flag; no signal (flag.cpp)
@@ -45,10 +46,36 @@ class CompletionProtocol {
                           const Buffer::Impl::SourceLanded* landed) const;
 };
 
-/// The unit of `p` (one static instance each).
+/// A completion protocol as the engine knows it: its row of the support table and its unit,
+/// both defined in the protocol's own file; protocols/units.cpp registers the built-in ones.
+struct ProtocolUnit {
+  const spi::ProtocolRule& rule;
+  const CompletionProtocol& unit;
+};
+
+/// Registers a protocol (it must outlive the registration): its row joins spi::kProtocols,
+/// and a config naming its Protocol value runs it. Refuses (kInvalidArgument) a value or name
+/// already registered. As for paths: register before building the Buffers that use it,
+/// remove after destroying them (every call reads the table without a lock).
+void add_protocol(const ProtocolUnit& protocol);
+void remove_protocol(Protocol p);
+
+/// A protocol registered for a scope.
+class RegisteredProtocol {
+ public:
+  explicit RegisteredProtocol(const ProtocolUnit& protocol) : protocol_(protocol.rule.protocol) { add_protocol(protocol); }
+  ~RegisteredProtocol() { remove_protocol(protocol_); }
+  RegisteredProtocol(const RegisteredProtocol&) = delete;
+  RegisteredProtocol& operator=(const RegisteredProtocol&) = delete;
+
+ private:
+  Protocol protocol_;
+};
+
+/// The unit of a registered `p` (kInternal if none: the config check refuses such a config).
 const CompletionProtocol& protocol_unit(Protocol p);
-const CompletionProtocol& explicit_unit();
-const CompletionProtocol& tail_unit();
-const CompletionProtocol& flag_unit();
+const ProtocolUnit& explicit_protocol();  // protocols/explicit.cpp
+const ProtocolUnit& tail_protocol();      // protocols/tail.cpp
+const ProtocolUnit& flag_protocol();      // protocols/flag.cpp
 
 }  // namespace epx::detail

@@ -1,12 +1,18 @@
-// epx/spi/support.hpp — the one table of what the engine supports: data path x completion
-// protocol x transport guarantee x output layout. The Buffer consults it at construction
-// (refuse_config), per dispatch (refuse_output) and once per call for the path the call
-// takes (dispatch_path / combine_path, from allows: whether a call may take the rows-first or
-// pull path); the conformance and path unit tests enumerate it instead of re-deriving it.
-// Adding a path or a protocol = a row here, its unit in src/ep/paths (path.hpp), and its
-// tests (docs/engine.md: "Add a data path", "Add a completion protocol").
+// epx/spi/support.hpp — what the engine supports: data path x completion protocol x transport
+// guarantee x output layout. The Buffer consults it at construction (refuse_config), per
+// dispatch (refuse_output) and once per call for the path the call takes (dispatch_path /
+// combine_path, from allows: whether a call may take the rows-first or pull path); the
+// conformance and path unit tests enumerate it instead of re-deriving it.
+//
+// The rows are not written here: each path's unit declares its PathRule in its own file
+// (src/ep/paths/), each completion protocol's unit its ProtocolRule (src/ep/protocols/), and
+// registers it with the unit (paths/units.cpp, protocols/units.cpp). kPaths and kProtocols
+// are the registered rows, in Path / Protocol order: the table as the units state it. A path
+// or protocol written outside the library registers the same way, at run time (its unit and
+// its row together: docs/engine.md, "Add a data path", "Add a completion protocol").
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "epx/buffer.hpp"
@@ -17,19 +23,22 @@ namespace epx::spi {
 
 /// How rows travel. A Buffer has one base path (direct, relay or ring, from its config);
 /// rows first and pull are per-call variants of the direct path.
-enum class Path {
+/// A path registered outside the library takes a value of its own after these (the registry
+/// refuses a value or key already taken).
+enum class Path : int {
   kDirect,    ///< every sender puts its rows at their planned slots (docs/engine.md)
   kRelay,     ///< hierarchical schedule: cross-server rows go through a same-lane relay
   kRing,      ///< bounded receive area (ring_rows): rows paced by credits
   kRowsFirst, ///< a call right after one of the other kind puts before the header exchange
   kPull,      ///< combine reads the experts' rows in place (mapped peers, zero-copy y)
 };
-inline constexpr int kNumPaths = 5;
 
 struct PathRule {
   Path path;
   const char* name;
-  bool protocols[3];     ///< indexed by Protocol: explicit, tail, flag
+  /// Indexed by the built-in protocols (explicit, tail, flag); another protocol is taken
+  /// where the one its row names (ProtocolRule::paths_as) is: takes().
+  bool protocols[3];
   const char* why_not;   ///< why the refused protocols do not fit
   bool views;            ///< recv_in_window (zero-copy output) possible
   bool expanded;         ///< the expanded layout possible
@@ -42,7 +51,10 @@ struct PathRule {
   /// header exchange that names the receiver's block).
   bool with_pool;
   const char* key;       ///< short name (CallStats::path, test names)
-  bool dispatch;         ///< a dispatch path (pull is combine only)
+  bool dispatch;         ///< a dispatch path (pull is combine only; its unit has no dispatch side)
+  /// The configs whose base path this is; nullptr: a per-call variant, which the call names
+  /// (dispatch_path / combine_path). base_path asks the last registered path first.
+  bool (*base_of)(const BufferConfig&) = nullptr;
 };
 
 struct ProtocolRule {
@@ -53,37 +65,54 @@ struct ProtocolRule {
   bool views;                  ///< zero-copy output possible
   const char* why_no_views;
   const char* why_copy;        ///< why rows cannot land in the receiver's output block (nullptr: they can)
+  /// The built-in protocol whose column of the path rows says which paths take this one (a
+  /// built-in names itself): explicit or tail for one that completes rows by a signal after
+  /// them, flag for one whose rows complete themselves.
+  Protocol paths_as;
 };
 
-inline constexpr PathRule kPaths[kNumPaths] = {
-    {Path::kDirect, "direct", {true, true, true}, "", true, true, false, false, nullptr, true, "direct", true},
-    {Path::kRelay, "schedule 'hierarchical'", {true, true, false},
-     "relays forward a source's rows when its signal arrives (use explicit or tail)", true, true, false, false, nullptr, true, "relay", true},
-    {Path::kRing, "ring_rows (bounded receive area)", {true, true, false},
-     "ring counts travel as signals (use explicit or tail)", false, true, false, false, "ring_rows", true, "ring", true},
-    {Path::kRowsFirst, "rows first", {true, true, false}, "flagged rows complete themselves, not by the exchange", true, true,
-     true, false, "rows first", false, "rows_first", true},
-    {Path::kPull, "pull", {true, true, false}, "flagged rows are not where y lies", true, true, true, true, "pull", true, "pull", false},
+/// The registered rows in Path or Protocol order, for `for (const PathRule& r : kPaths)`.
+template <class Row>
+class RowIterator {
+ public:
+  explicit RowIterator(const Row* const* at) noexcept : at_(at) {}
+  const Row& operator*() const noexcept { return **at_; }
+  const Row* operator->() const noexcept { return *at_; }
+  RowIterator& operator++() noexcept {
+    ++at_;
+    return *this;
+  }
+  bool operator==(const RowIterator& o) const noexcept { return at_ == o.at_; }
+
+ private:
+  const Row* const* at_;
 };
-
-inline constexpr ProtocolRule kProtocols[3] = {
-    {Protocol::kExplicit, "explicit", nullptr, "", true, "", nullptr},
-    {Protocol::kTail, "tail", &TransportCaps::ordered_signal_per_queue,
-     "signals ordered after earlier puts on their queue", true, "", nullptr},
-    {Protocol::kFlag, "flag", &TransportCaps::flagged_puts,
-     "flagged puts (a block's flag visible only after its bytes)", false,
-     "recv_in_window needs rows stored contiguously, but the flag protocol delivers 512-byte blocks", "flag protocol"},
+struct PathRows {  // defined with the registry (src/ep/paths/units.cpp)
+  RowIterator<PathRule> begin() const;
+  RowIterator<PathRule> end() const;
+  std::size_t size() const;
 };
+struct ProtocolRows {  // src/ep/protocols/units.cpp
+  RowIterator<ProtocolRule> begin() const;
+  RowIterator<ProtocolRule> end() const;
+  std::size_t size() const;
+};
+inline constexpr PathRows kPaths{};
+inline constexpr ProtocolRows kProtocols{};
 
-inline const PathRule& rule(Path p) noexcept { return kPaths[static_cast<int>(p)]; }
-inline const ProtocolRule& rule(Protocol p) noexcept { return kProtocols[static_cast<int>(p)]; }
+/// A registered path's or protocol's row; nullptr if none is registered under that value.
+const PathRule* find_rule(Path p) noexcept;
+const ProtocolRule* find_rule(Protocol p) noexcept;
+/// ... that must exist (ErrorCode::kInternal if not: a config the checks let through names it).
+const PathRule& rule(Path p);
+const ProtocolRule& rule(Protocol p);
 
-/// The base path of a config: ring, relay or direct (ring and relay together are refused).
-inline Path base_path(const BufferConfig& c) noexcept {
-  if (c.ring_rows > 0) return Path::kRing;
-  if (c.dataplane.schedule.kind == ScheduleKind::kHierarchical) return Path::kRelay;
-  return Path::kDirect;
-}
+/// Whether a path takes a protocol (the path row's column for the protocol's paths_as).
+inline bool takes(const PathRule& path, Protocol p) { return path.protocols[static_cast<int>(rule(p).paths_as)]; }
+
+/// The base path of a config: the last registered path whose base_of holds (built in: ring
+/// when ring_rows > 0, relay with the hierarchical schedule, direct otherwise).
+Path base_path(const BufferConfig& c);
 
 /// Why a Buffer with this config cannot run on a transport with these caps ("" if it can).
 inline std::string refuse_config(const BufferConfig& c, const TransportCaps& caps) {
@@ -98,9 +127,10 @@ inline std::string refuse_config(const BufferConfig& c, const TransportCaps& cap
   if (c.dataplane.combine_replies == CombineReplies::kSelections && c.dataplane.protocol == Protocol::kFlag)
     return "combine replies 'selections' land at (token, k) rows, which the flag protocol's blocks do not address (use explicit or tail)";
   const Protocol p = c.dataplane.protocol;
+  if (find_rule(p) == nullptr) return "protocol " + std::to_string(static_cast<int>(p)) + " is not a registered completion protocol";
   const PathRule& path = rule(base_path(c));
   const ProtocolRule& proto = rule(p);
-  if (!path.protocols[static_cast<int>(p)])
+  if (!takes(path, p))
     return std::string(path.name) + " with protocol '" + proto.name + "' is not supported: " + path.why_not;
   if (proto.needs != nullptr && !(caps.*proto.needs))
     return std::string("protocol '") + proto.name + "' relies on " + proto.needs_text + ", which transport '" + caps.name +
@@ -129,12 +159,12 @@ inline std::string refuse_output(const BufferConfig& c, RecvLayout layout, bool 
 
 /// Whether a per-call variant (rows first, pull) exists for this config at all; the call
 /// still needs its own conditions (docs/engine.md: the previous call, views, the handle).
-inline bool allows(Path variant, const BufferConfig& c, bool peer_window = false) noexcept {
+inline bool allows(Path variant, const BufferConfig& c, bool peer_window = false) {
   const PathRule& v = rule(variant);
   if (v.variant_of_direct && base_path(c) != Path::kDirect) return false;
   if (!v.with_pool && c.output_pool_bytes != 0) return false;
   if (v.needs_peer_window && !peer_window) return false;
-  return v.protocols[static_cast<int>(c.dataplane.protocol)];
+  return takes(v, c.dataplane.protocol);
 }
 
 /// Whether a combine may push its replies before the header exchange (replies first) at all:
@@ -142,14 +172,14 @@ inline bool allows(Path variant, const BufferConfig& c, bool peer_window = false
 /// the sources' reply areas, never in an output block. The call still needs its own
 /// conditions (CallState: right after the dispatch of its handle, no views) and, with a
 /// pool, a small enough call (DataPlaneOptions::replies_first_max_bytes).
-inline bool allows_replies_first(const BufferConfig& c) noexcept {
-  return base_path(c) == Path::kDirect && rule(Path::kRowsFirst).protocols[static_cast<int>(c.dataplane.protocol)];
+inline bool allows_replies_first(const BufferConfig& c) {
+  return base_path(c) == Path::kDirect && takes(rule(Path::kRowsFirst), c.dataplane.protocol);
 }
 
 /// The path one dispatch takes (named once per call): rows first when the call state chose
 /// it (`rows_first`: the previous call was a combine that freed every receive area and no
 /// rank holds a view; CallState::begin_dispatch) and the table allows it, else the base path.
-inline Path dispatch_path(const BufferConfig& c, bool rows_first) noexcept {
+inline Path dispatch_path(const BufferConfig& c, bool rows_first) {
   return rows_first && allows(Path::kRowsFirst, c) ? Path::kRowsFirst : base_path(c);
 }
 
@@ -157,7 +187,7 @@ inline Path dispatch_path(const BufferConfig& c, bool rows_first) noexcept {
 /// it (CallState::begin_combine; known before the exchange), pull when every rank's y lies
 /// in its window (`all_y_in_window`, from the headers; each rank offers it only where
 /// allows(kPull) holds), else the base path (direct = push, relay, ring).
-inline Path combine_path(const BufferConfig& c, bool replies_first, bool all_y_in_window) noexcept {
+inline Path combine_path(const BufferConfig& c, bool replies_first, bool all_y_in_window) {
   if (replies_first && allows_replies_first(c)) return Path::kRowsFirst;
   if (!replies_first && all_y_in_window && allows(Path::kPull, c, true)) return Path::kPull;
   return base_path(c);
@@ -167,7 +197,7 @@ inline Path combine_path(const BufferConfig& c, bool replies_first, bool all_y_i
 /// receive area rather than a block of the output pool the senders put into ("" = one copy
 /// possible; the pool may still be exhausted at the call). A static string
 /// (CallStats::output_why).
-inline const char* why_copy(const BufferConfig& c, RecvLayout layout) noexcept {
+inline const char* why_copy(const BufferConfig& c, RecvLayout layout) {
   if (c.output_pool_bytes == 0) return "output pool off";
   if (const char* why = rule(base_path(c)).why_copy) return why;
   if (const char* why = rule(c.dataplane.protocol).why_copy) return why;

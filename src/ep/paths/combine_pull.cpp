@@ -29,11 +29,17 @@ class Pull final : public CombinePath {
   }
 };
 
+// The pull path's row: a per-call variant of direct's combine (no dispatch side) where the
+// peers are mapped; explicit or tail (flagged rows are not where y lies).
+constexpr spi::PathRule kPullRow{spi::Path::kPull, "pull", {true, true, false}, "flagged rows are not where y lies", true, true, true,
+                                 true, "pull", true, "pull", false};
+
 }  // namespace
 
-const CombinePath& pull_combine() {
+const PathUnit& pull_path() {
   static const Pull unit;
-  return unit;
+  static const PathUnit path{kPullRow, nullptr, &unit};
+  return path;
 }
 
 }  // namespace epx::detail

@@ -102,15 +102,27 @@ class RowsFirst final : public DispatchPath {
   void receive(PathContext, const DispatchStep&) const override {}  // the header exchange completed the rows
 };
 
+// The direct path's row: every protocol, views, both layouts, one copy; the base path of a
+// flat schedule without a ring.
+constexpr spi::PathRule kDirectRow{spi::Path::kDirect, "direct", {true, true, true}, "", true, true, false, false, nullptr, true,
+                                   "direct", true, [](const BufferConfig& c) {
+                                     return c.ring_rows <= 0 && c.dataplane.schedule.kind != ScheduleKind::kHierarchical;
+                                   }};
+constexpr spi::PathRule kRowsFirstRow{spi::Path::kRowsFirst, "rows first", {true, true, false},
+                                      "flagged rows complete themselves, not by the exchange", true, true, true, false,
+                                      "rows first", false, "rows_first", true};
+
 }  // namespace
 
-const DispatchPath& direct_dispatch() {
+const PathUnit& direct_path() {
   static const Direct unit;
-  return unit;
+  static const PathUnit path{kDirectRow, &unit, &push_combine()};
+  return path;
 }
-const DispatchPath& rows_first_dispatch() {
+const PathUnit& rows_first_path() {
   static const RowsFirst unit;
-  return unit;
+  static const PathUnit path{kRowsFirstRow, &unit, &replies_first_combine()};
+  return path;
 }
 
 }  // namespace epx::detail

@@ -372,11 +372,20 @@ class Relay final : public DispatchPath {
   void keep(PathContext m, HandleState& h) const override { keep_reply_rows(m, h); }
 };
 
+// The relay path's row: explicit or tail (a relay forwards on a source's signal), views,
+// both layouts; the base path of the hierarchical schedule.
+constexpr spi::PathRule kRelayRow{spi::Path::kRelay, "schedule 'hierarchical'", {true, true, false},
+                                  "relays forward a source's rows when its signal arrives (use explicit or tail)", true, true, false,
+                                  false, nullptr, true, "relay", true, [](const BufferConfig& c) {
+                                    return c.ring_rows <= 0 && c.dataplane.schedule.kind == ScheduleKind::kHierarchical;
+                                  }};
+
 }  // namespace
 
-const DispatchPath& relay_dispatch() {
+const PathUnit& relay_path() {
   static const Relay unit;
-  return unit;
+  static const PathUnit path{kRelayRow, &unit, &relay_combine()};
+  return path;
 }
 
 }  // namespace epx::detail

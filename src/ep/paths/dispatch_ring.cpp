@@ -182,11 +182,18 @@ class Ring final : public DispatchPath {
   void receive(PathContext, const DispatchStep&) const override {}  // send placed every arriving row
 };
 
+// The ring path's row: explicit or tail (credits are signals), no views (no slot for every
+// row), both layouts, always a copy out of the ring; the base path where ring_rows > 0.
+constexpr spi::PathRule kRingRow{spi::Path::kRing, "ring_rows (bounded receive area)", {true, true, false},
+                                 "ring counts travel as signals (use explicit or tail)", false, true, false, false, "ring_rows", true,
+                                 "ring", true, [](const BufferConfig& c) { return c.ring_rows > 0; }};
+
 }  // namespace
 
-const DispatchPath& ring_dispatch() {
+const PathUnit& ring_path() {
   static const Ring unit;
-  return unit;
+  static const PathUnit path{kRingRow, &unit, &ring_combine()};
+  return path;
 }
 
 }  // namespace epx::detail

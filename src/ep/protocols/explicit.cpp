@@ -16,11 +16,15 @@ class Explicit final : public CompletionProtocol {
   }
 };
 
+// Relies on nothing beyond quiet; every path takes it; views work.
+constexpr spi::ProtocolRule kExplicitRow{Protocol::kExplicit, "explicit", nullptr, "", true, "", nullptr, Protocol::kExplicit};
+
 }  // namespace
 
-const CompletionProtocol& explicit_unit() {
+const ProtocolUnit& explicit_protocol() {
   static const Explicit unit;
-  return unit;
+  static const ProtocolUnit protocol{kExplicitRow, unit};
+  return protocol;
 }
 
 }  // namespace epx::detail

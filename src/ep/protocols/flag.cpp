@@ -93,11 +93,19 @@ class Flag final : public CompletionProtocol {
   }
 };
 
+// Relies on flagged puts; only the direct path takes it (its rows complete themselves);
+// no views (rows arrive in blocks), no output blocks.
+constexpr spi::ProtocolRule kFlagRow{Protocol::kFlag, "flag", &TransportCaps::flagged_puts,
+                                     "flagged puts (a block's flag visible only after its bytes)", false,
+                                     "recv_in_window needs rows stored contiguously, but the flag protocol delivers 512-byte blocks",
+                                     "flag protocol", Protocol::kFlag};
+
 }  // namespace
 
-const CompletionProtocol& flag_unit() {
+const ProtocolUnit& flag_protocol() {
   static const Flag unit;
-  return unit;
+  static const ProtocolUnit protocol{kFlagRow, unit};
+  return protocol;
 }
 
 }  // namespace epx::detail

@@ -15,11 +15,16 @@ class Tail final : public CompletionProtocol {
   }
 };
 
+// Relies on ordered signals; every path takes it; views work.
+constexpr spi::ProtocolRule kTailRow{Protocol::kTail, "tail", &TransportCaps::ordered_signal_per_queue,
+                                     "signals ordered after earlier puts on their queue", true, "", nullptr, Protocol::kTail};
+
 }  // namespace
 
-const CompletionProtocol& tail_unit() {
+const ProtocolUnit& tail_protocol() {
   static const Tail unit;
-  return unit;
+  static const ProtocolUnit protocol{kTailRow, unit};
+  return protocol;
 }
 
 }  // namespace epx::detail
