@@ -40,7 +40,8 @@ rank drops it and admit returns None (the old group as it was).
 
 Not as on shm: the old group is not retired (UCX transports have no retirement): a call of
 a buffer of the old group after a rebuild fails on the lost peer (peer_failed) or times
-out; build every buffer on the returned group. Group.sum goes through the store.
+out; build every buffer on the returned group. The buffers passed to agree_and_rebuild are
+let go of locally (_drop), not destroyed collectively. Group.sum goes through the store.
 """
 import json
 import os
@@ -315,13 +316,30 @@ def agree_and_rebuild(group_or_transport, transport, original_ranks, original_lo
             failed = {survivors[r] for r in getattr(e, "missing", []) if r < len(survivors)}
     else:
         raise last
-    from .heal import _destroy_quietly
-    for b in buffers:  # their destroy fails at once on the lost peer's endpoint: only the Python side remains
-        _destroy_quietly(b)
+    for b in buffers:
+        _drop(b)
     membership = {"survivors": survivors, "lost": lost, "round": g, "old_num_ranks": transport.num_ranks}
     g_new = StoreGroup(fresh, membership, original_ranks, original_lost)
     g_new._line = line.child(ns)
     return g_new
+
+
+def _drop(buffer):
+    """A buffer of the group that lost a rank, let go of locally: its destroy() is a
+    collective round over that group, which a survivor can be left waiting in for a timeout
+    (its puts to a dead peer on its own machine are copies that succeed, so it goes on to wait
+    for a survivor that failed on the dead one's endpoint before signalling). The C++ buffer
+    goes with its last reference instead (its destructor is local); the Python object is
+    marked destroyed, so a later call says so."""
+    if hasattr(buffer, "_engines"):      # EPBuffer
+        buffer._engines, buffer._destroyed = {}, True
+    elif hasattr(buffer, "runtime"):     # BucketBuffer
+        buffer.runtime = None
+    elif hasattr(buffer, "_runtime"):    # PPBuffer, EngramBuffer
+        buffer._destroyed = True
+    else:
+        from .heal import _destroy_quietly
+        _destroy_quietly(buffer)
 
 
 # ---- joins -------------------------------------------------------------------------------------

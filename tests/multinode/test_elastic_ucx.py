@@ -15,7 +15,9 @@
 #   * machine 1's agent starts a replacement, which joins through the store (epx.heal.join);
 #     the members admit it (rank 0 announced it: request_ranks); stage 2, 4 ranks: dispatch /
 #     combine and all_reduce bit for bit again, on the grown group.
-# Nothing is left in either machine's /dev/shm, no namespace or process is left.
+# Nothing is left in either machine's /dev/shm, no namespace or process is left. A second test,
+# on this machine alone (no root needed), heals a rebuilt group again and abandons an
+# admission whose joiner died.
 #
 #   /usr/bin/python3 -m pytest -q tests/multinode/test_elastic_ucx.py       (root; ~1-2 min)
 #
@@ -78,7 +80,8 @@ def hand_mask(idx, lost):
 def values(who, stage, pair):
     import numpy as np
     rng = np.random.default_rng(7919 * who + 101 * stage + pair)
-    return (rng.choice([-1.0, 1.0], NVALS) * np.ldexp(1.0 + rng.random(NVALS), rng.integers(-8, 9, NVALS))).astype(np.float32)
+    signs = rng.choice([-1.0, 1.0], NVALS)
+    return (signs * np.ldexp(1.0 + rng.random(NVALS), rng.integers(-8, 9, NVALS))).astype(np.float32)
 
 
 # ---- a rank ---------------------------------------------------------------------------------
@@ -337,7 +340,6 @@ def _read(path):
 
 
 def test_ucx_group_loses_a_rank_on_the_other_machine_and_takes_a_replacement():
-    import pytest  # noqa: F401 - run by pytest
     sys.path.insert(0, HERE)
     import torchrun
     assert torchrun.available() is None, torchrun.available()
@@ -351,8 +353,8 @@ def test_ucx_group_loses_a_rank_on_the_other_machine_and_takes_a_replacement():
         agents = []
         for i in range(2):
             log = open(os.path.join(out_dir, f"agent{i}.txt"), "w")
-            agents.append(subprocess.Popen(c.wrap(i, [PYTHON, "-u", os.path.abspath(__file__), "agent", str(i), out_dir,
-                                                      str(timeout - 30)], timeout, os.path.join(out_dir, f"shm{i}.txt")),
+            argv = [PYTHON, "-u", os.path.abspath(__file__), "agent", str(i), out_dir, str(timeout - 30)]
+            agents.append(subprocess.Popen(c.wrap(i, argv, timeout, os.path.join(out_dir, f"shm{i}.txt")),
                                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         rcs = []
         for a in agents:
@@ -422,6 +424,158 @@ def test_ucx_group_loses_a_rank_on_the_other_machine_and_takes_a_replacement():
     assert j[0]["admission"]["tag"] == 2 and j[0]["admission"]["new_rank"] == 3, text
     assert [(d["stage"], d["pair"]) for d in find("joiner", "stage")] == [(2, 0), (2, 1)], text
     assert find("joiner", "done"), text
+
+
+# ---- on one machine (no namespaces): a second loss, a joiner dying in its admission -------
+# The same calls on a UCX group of 4 processes of this machine (transport="ucx"), a TCPStore
+# held by the test: rank 3 dies inside a dispatch (4 -> 3), then rank 1 (3 -> 2: a rebuilt
+# group rebuilt again); a joiner dies once invited (before its transport stands): admit
+# returns None on both members and the 2-rank group and its buffers go on as they were; a
+# second joiner is admitted (2 -> 3). Every pair bit for bit against epx_ref.
+
+LOCAL_TIMEOUT = 6
+
+
+def _local_store(port, master=False):
+    import torch.distributed as dist
+    return dist.TCPStore("127.0.0.1", port, is_master=master, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=60))
+
+
+def _local_buffers(group, n):
+    import epx
+    kind = {"transport": "ucx"} if group is None else {}
+    ep = epx.EPBuffer(group, num_max_tokens_per_rank=max(TOKENS), hidden=H, num_topk=K, num_experts=n * L,
+                      num_cpu_timeout_secs=LOCAL_TIMEOUT, **kind)
+    if group is None:
+        return ep, epx.BucketBuffer(None, 1 << 16, num_cpu_timeout_secs=LOCAL_TIMEOUT, **kind)
+    return ep, epx.BucketBuffer(group, 1 << 16, transport_group=group)
+
+
+def _local_pair(ep, bucket, ranks, me, stage, j):
+    """A dispatch / combine over the group `ranks` (plain routing over its len * L experts)
+    and an all_reduce of each rank's values, bit for bit."""
+    import epx_ref
+    from epx_cases import check_dispatch, expert_y, inputs, make_case, same
+    n, i = len(ranks), ranks.index(me)
+    case = make_case(n, n * L, K, H, TOKENS[:n], seed=5000 + 10 * stage + j)
+    x, idx, w = inputs(case, i, "torch")
+    res = epx_ref.compute(case, layout="compact", alignment=1, deterministic=True, zero_padding=True)
+    out = ep.dispatch(x, idx, w, deterministic=True, do_zero_padding=True)
+    check_dispatch(case, res, i, out[:4], False, False)
+    y = expert_y(case, out[0], out[1], out[3], False)
+    combined, _, _ = ep.combine(y, out[3])
+    same("combined_x", combined, res.ranks[i]["combined_x"], me)
+    _all_reduce(bucket, list(ranks), me, stage, j)
+
+
+def _local_member(rank, port, pid_dir):
+    import torch.distributed as dist
+    import epx
+    import epx.heal as heal
+    from epx_cases import wait_until_dead
+    with open(os.path.join(pid_dir, f"pid{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    store = _local_store(port)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=P0,
+                            timeout=datetime.timedelta(seconds=60))
+    ep, bucket = _local_buffers(None, P0)
+    assert epx.group.transport_of(None, "ucx", LOCAL_TIMEOUT).name == "ucx"
+    heal.open_door(None, seats=4, store=store)
+    group, ranks, log = None, [0, 1, 2, 3], []
+    for stage, victim in ((0, 3), (1, 1)):
+        try:
+            for j in range(2):
+                if j == 1:
+                    if rank == victim:  # dies inside the dispatch, where it waits for the others' rows
+                        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+                    else:
+                        wait_until_dead(pid_dir, victim)
+                _local_pair(ep, bucket, ranks, rank, stage, j)
+                log.append((stage, j))
+            raise AssertionError(f"rank {rank}: the death of rank {victim} went unnoticed")
+        except epx.Error as e:
+            assert e.is_peer_loss, f"rank {rank}: {e.code}: {e}"
+            group = epx.agree_and_rebuild(group, buffers=[ep, bucket], store=store)
+        ranks = [r for r in ranks if r != victim]
+        assert (group.size, group.rank, list(group.original_ranks)) == (len(ranks), ranks.index(rank), ranks), group
+        assert group.lost == (3,) if stage == 0 else group.lost == (1,), group
+        assert list(group.original_lost) == sorted({0: [3], 1: [1, 3]}[stage]), group
+        assert epx.group.transport_of(group).name == "ucx"
+        ep, bucket = _local_buffers(group, group.size)
+    _local_pair(ep, bucket, ranks, rank, 2, 0)
+    log.append((2, 0))
+    # a joiner that dies once invited: the admission is abandoned, the group goes on as it was
+    if group.rank == 0:
+        heal.request_ranks(group, 1)
+        store.add("test/admit", 1)  # the test starts the dying joiner now
+    assert heal.admit(group, joiners=1, tag=8) is None, f"rank {rank}: an admission whose joiner died stood"
+    _local_pair(ep, bucket, ranks, rank, 3, 0)
+    log.append((3, 0))
+    # a second joiner is admitted: 2 -> 3
+    if group.rank == 0:
+        heal.request_ranks(group, 1)
+        store.add("test/admit", 1)
+    bigger = heal.admit(group, joiners=1, tag=9)
+    assert bigger is not None and bigger.size == 3 and bigger.rank == group.rank, bigger
+    assert list(bigger.original_ranks) == ranks + [P0 + 1], bigger  # seat 1 (seat 0: the joiner that died)
+    heal._destroy_quietly(ep)
+    heal._destroy_quietly(bucket)
+    ep, bucket = _local_buffers(bigger, 3)
+    _local_pair(ep, bucket, ranks + [P0 + 1], rank, 4, 0)
+    log.append((4, 0))
+    ep.destroy()
+    bucket.destroy()
+    bigger.barrier("the end")
+    heal.close_door(bigger)
+    return log
+
+
+def _local_joiner(port, die):
+    import epx.heal as heal
+    import epx.heal_ucx as heal_ucx
+    store = _local_store(port)
+    if die:  # invited, then dies before its transport stands
+        heal_ucx._connect = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    group = heal.join(store=store, timeout_secs=60)
+    assert group is not None and group.size == 3 and group.rank == 2 and group.admission["tag"] == 9, group
+    ep, bucket = _local_buffers(group, 3)
+    ranks = list(group.original_ranks)
+    _local_pair(ep, bucket, ranks, ranks[2], 4, 0)
+    ep.destroy()
+    bucket.destroy()
+    group.barrier("the end")
+    heal.close_door(group)
+    return [(4, 0)]
+
+
+def test_one_machine_ucx_group_loses_two_ranks_and_a_joiner_dies_in_its_admission(tmp_path):
+    _paths()
+    from epx_cases import run_ranks
+    master = _local_store(0, master=True)
+    before = set(os.listdir("/dev/shm"))
+    # the joiners start when rank 0 announces each (a process started later, as torchrun's next worker)
+    def joiner_when(n, die):
+        def target(port, die_):
+            s = _local_store(port)
+            deadline = time.monotonic() + 120
+            while s.add("test/admit", 0) < n and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return _local_joiner(port, die_)
+        return (P0 + n, target, (master.port, die))
+    results, codes = run_ranks([(r, _local_member, (r, master.port, str(tmp_path))) for r in range(P0)]
+                               + [joiner_when(1, True), joiner_when(2, False)], expect=3, timeout=240)
+    assert all(ok for ok, _ in results.values()), results
+    assert sorted(results) == [0, 2, P0 + 2], results
+    want = [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0)]
+    assert results[0][1] == want and results[2][1] == want, results
+    assert results[P0 + 2][1] == [(4, 0)], results
+    assert codes[3] == -signal.SIGKILL and codes[1] == -signal.SIGKILL and codes[P0] == -signal.SIGKILL, codes
+    deadline = time.monotonic() + 5
+    while set(os.listdir("/dev/shm")) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = {f for f in set(os.listdir("/dev/shm")) - before if not f.startswith("sem.mp-")}
+    assert not left, f"left in /dev/shm: {left}"
 
 
 if __name__ == "__main__":
