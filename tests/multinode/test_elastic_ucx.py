@@ -14,7 +14,10 @@
 #     against a float32 sum over the survivors;
 #   * machine 1's agent starts a replacement, which joins through the store (epx.heal.join);
 #     the members admit it (rank 0 announced it: request_ranks); stage 2, 4 ranks: dispatch /
-#     combine and all_reduce bit for bit again, on the grown group.
+#     combine and all_reduce bit for bit again, on the grown group; then the replica plan is
+#     recomputed for the 4 and every rank's experts (the replacement's too, across the
+#     machines) receive their weights (epx.heal.plan_replicas / place_experts), checked bit
+#     for bit, and a dispatch / combine through the plan's routing.
 # Nothing is left in either machine's /dev/shm, no namespace or process is left. A second test,
 # on this machine alone (no root needed), heals a rebuilt group again and abandons an
 # admission whose joiner died.
@@ -170,6 +173,65 @@ def grown_pair(ep, bucket, group, j, mine):
     _all_reduce(bucket, list(group.original_ranks), mine, 2, j)
 
 
+# The plan and the weights after the admission (as tests/python/test_elastic_join_eplb.py on
+# shm): 12 logical experts, 4 at home on each of the 3 members before (logical e on member
+# e // 4), replanned for the 4 ranks (3 home experts and 2 redundant slots each) from a
+# batch's routing; every rank's physical experts — the joiner's, on the other machine,
+# included — receive their weights over the buffer's dispatch.
+E_PLAN, L_OLD, L_NEW, B_NEW = 12, 4, 3, 2
+
+
+def weights(e):
+    """Logical expert e's two weight kinds, written apart from epx."""
+    import numpy as np
+    rng = np.random.default_rng([e, 77])
+    return rng.standard_normal((5, 7)).astype(np.float32), rng.integers(-30000, 30000, 3).astype(np.int16)
+
+
+def planned(group):
+    """Every rank of the grown group: the plan, the weights placed and checked bit for bit,
+    and a dispatch / combine through the plan's routing against epx_ref. The layout."""
+    import epx
+    import epx.heal as heal
+    import epx_ref
+    import numpy as np
+    import torch
+    from epx_cases import check_dispatch, expert_y, inputs, make_case, same
+    me, n = group.rank, group.size
+    case = make_case(n, E_PLAN, K, H, TOKENS, seed=4242)
+    counts = np.zeros((n, E_PLAN), np.int64)
+    for d in range(n):
+        np.add.at(counts[d], case.topk_idx[d][case.topk_idx[d] >= 0], 1)
+    plan = heal.plan_replicas(counts, n, L_NEW, B_NEW)
+    ep = epx.EPBuffer(group, num_max_tokens_per_rank=max(TOKENS), hidden=H, num_topk=K,
+                      num_experts=plan.num_experts, num_cpu_timeout_secs=TIMEOUT)
+    if me < n - 1:  # a member: its home experts of the layout before
+        ws = [weights(me * L_OLD + i) for i in range(L_OLD)]
+        old = [np.stack([w[0] for w in ws]), np.stack([w[1] for w in ws])]
+    else:  # the joiner held none: the contents are not read
+        old = [np.zeros((L_OLD, 5, 7), np.float32), np.zeros((L_OLD, 3), np.int16)]
+    mine = [np.zeros((L_NEW + B_NEW, 5, 7), np.float32), np.zeros((L_NEW + B_NEW, 3), np.int16)]
+    heal.place_experts(ep, mine, old, plan)
+    layout = plan.layout()
+    assert (layout[:, L_NEW:] >= 0).any(), "the plan placed no replica: nothing checks the slots"
+    for j, e in enumerate(layout[me]):
+        want = weights(int(e)) if e >= 0 else (np.zeros((5, 7), np.float32), np.zeros(3, np.int16))
+        assert mine[0][j].tobytes() == want[0].tobytes(), f"rank {me}: physical expert {j} (w1)"
+        assert mine[1][j].tobytes() == want[1].tobytes(), f"rank {me}: physical expert {j} (w2)"
+    routed = [plan.route(d, case.topk_idx[d]) for d in range(n)]
+    physical = epx_ref.Case({"num_ranks": n, "num_experts": plan.num_experts, "hidden": H, "num_topk": K},
+                            routed, case.topk_weights, x=case.x)
+    res = epx_ref.compute(physical, layout="compact", alignment=1, deterministic=True, zero_padding=True)
+    x, _, w = inputs(case, me, "torch")
+    out = ep.dispatch(x, torch.from_numpy(routed[me].copy()), w, deterministic=True, do_zero_padding=True)
+    check_dispatch(physical, res, me, out[:4], False, False)
+    y = expert_y(physical, out[0], out[1], out[3], False)
+    combined, _, _ = ep.combine(y, out[3])
+    same("combined_x", combined, res.ranks[me]["combined_x"], me)
+    ep.destroy()
+    return [int(v) for v in layout.reshape(-1)]
+
+
 def _buffers(group, num_experts):
     import epx
     ep = epx.EPBuffer(group, num_max_tokens_per_rank=max(TOKENS), hidden=H, num_topk=K, num_experts=num_experts,
@@ -189,6 +251,7 @@ def _stage2(group, store, who, mine):
         _say(who, stage=2, pair=j, ok=True, rank=group.rank, size=group.size)
     ep.destroy()
     bucket.destroy()
+    _say(who, layout=planned(group))
     group.barrier("the end")
     heal.close_door(group)
     _finish(store, who)
@@ -424,6 +487,9 @@ def test_ucx_group_loses_a_rank_on_the_other_machine_and_takes_a_replacement():
     assert j[0]["admission"]["tag"] == 2 and j[0]["admission"]["new_rank"] == 3, text
     assert [(d["stage"], d["pair"]) for d in find("joiner", "stage")] == [(2, 0), (2, 1)], text
     assert find("joiner", "done"), text
+    # the same plan on every rank of the grown group, its weights checked on each (planned())
+    layouts = [find(n, "layout") for n in ("rank0", "rank1", "rank2", "joiner")]
+    assert all(lay and lay[0]["layout"] == layouts[0][0]["layout"] for lay in layouts), text
 
 
 # ---- on one machine (no namespaces): a second loss, a joiner dying in its admission -------
