@@ -32,6 +32,10 @@
 #       its own timeout; after a SIGKILL in the line its SIGTERM from the launcher makes it
 #       print), no epx rank is left in either namespace (so neither private /dev/shm
 #       survives), nothing new in the host's /dev/shm.
+#   healing, 2 x 2 (Open MPI told to let survivors live): SIGKILL of a rank on the other
+#       machine, then of one on rank 0's machine; the survivors agree, rebuild the group
+#       over the shmem transport and go on bit for bit on 3 ranks across both machines; the
+#       job ends by itself, nothing left behind.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -420,6 +424,63 @@ want fault-daemon && fault_async fault-sigkill-remote-daemon 60 0 10 "Remote dae
 if want fault-link; then
   fault_async fault-link-cut 25 1 25 "" "ip -n $ns2 link set eth1 down" timeout "" 0 1
   ip -n "$ns2" link set eth1 up
+fi
+
+# 8. Healing across machines (2 x 2; src/transport/shmem/shmem_elastic.cpp): with Open MPI
+# told to let the survivors live (--mca orte_abort_on_non_zero_status 0; the ranks see it
+# as OMPI_MCA_orte_abort_on_non_zero_status) a rank SIGKILLs itself between a dispatch and
+# its combine (epx_multinode_rank --fault heal:R). Each survivor's call fails naming a peer
+# and phase (a peer loss), they agree on who is left (R), rebuild the group over the
+# shmem transport (ranks renumbered densely, the same symmetric heap: the old group's blocks
+# and the reserve EPX_SHMEM_ELASTIC_RESERVE) and go on bit for bit on 3 ranks across both
+# machines: a replica plan's routing masked to the live replicas (dropped counts summed by
+# sum_over_group) and the cases. At exit the survivors meet and rank 0 ends the job
+# (shmem_global_exit): the job ends by itself (mpirun exits non-zero: a rank was killed),
+# no epx rank is left in either namespace, neither machine's /dev/shm keeps an entry. The
+# timeout (6 s) stays above UCX's keepalive (1 s: a shmem_quiet with puts to the dead PE
+# returns once UCX declares its endpoint dead; under the watchdog a 3 s timeout was seen
+# to end survivors at load ~25).
+heal_ms=6000
+heal_flags=("${across[@]}" --mca orte_abort_on_non_zero_status 0 -x EPX_SHMEM_ELASTIC_RESERVE=4M)
+# heal_case NAME VICTIM WANT_PASS LIMIT [rank args...]
+heal_case() {
+  local name=$1 victim=$2 want_pass=$3 limit=$4; shift 4
+  local s rc took ok=1 r p left=""
+  s=$(date +%s)
+  flags=heal_flags across "$name" 4 hosts2 "$limit" --timeout-ms $heal_ms --fault "heal:$victim" "$@"
+  rc=$? took=$(( $(date +%s) - s ))
+  local out=$work/$name.out
+  [ "$rc" -ne 124 ] || { fail "$name: the job did not end by itself (timeout after ${limit}s)"; ok=0; }
+  for r in 0 1 2 3; do
+    [ "$r" = "$victim" ] && continue
+    grep -q "^LOSS rank $r: rank $r: timed out after $heal_ms ms in phase '[^']*' waiting for rank [0-9]" "$out" ||
+      { fail "$name: rank $r did not name a peer and phase"; ok=0; }
+    grep -q "^HEAL rank $r (node [01]) -> rank $(( r < victim ? r : r - 1 )) of 3: lost rank $victim;" "$out" ||
+      { fail "$name: rank $r did not heal into rank $(( r < victim ? r : r - 1 )) of 3"; ok=0; }
+    grep -q "^DONE rank $r\$" "$out" || { fail "$name: rank $r did not finish"; ok=0; }
+  done
+  grep -Eq "^LOSS rank [0-9]: .*waiting for rank $victim \(" "$out" || { fail "$name: no survivor named rank $victim"; ok=0; }
+  local got
+  got=$(grep -c '^PASS heal:' "$out")
+  [ "$got" = "$want_pass" ] || { fail "$name: $got of $want_pass cases passed on the survivors"; ok=0; }
+  for f in "$work"/shm-*; do
+    [ -e "$f" ] && [ -s "$f" ] && { fail "$name: /dev/shm of $(basename "$f") kept: $(tr '\n' ' ' <"$f")"; ok=0; }
+  done
+  sleep 1
+  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do
+    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = epx_multinode_r ] && left="$left $p"
+  done
+  [ -z "$left" ] || { fail "$name: epx ranks left in the namespaces:$left"; ok=0; }
+  if [ "$ok" = 1 ]; then
+    echo "PASS: $name (exit $rc after ${took}s; $got cases on the 3 survivors; $(grep -m1 "^HEAL rank 0 " "$out" | sed 's/^HEAL //'))"
+  else
+    quiet_noise "$work/$name.err" | grep -v 'Internal error\|flush.c' | tail -8
+  fi
+  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+}
+if want fault-heal; then
+  heal_case heal-remote-rank 3 17 240            # the other machine's rank: every case after the heal
+  heal_case heal-local-rank 1 4 180 --cases compact,flag_q2_expanded,ring4_compact  # a rank of rank 0's machine
 fi
 
 shm_after=$(ls -A /dev/shm | sort)

@@ -5,9 +5,11 @@
 // shmem_finalize's barrier) cannot complete once a PE died, so after a loss (lost(): a
 // rebuild left PEs out) or a failure (failed(): a wait timed out) epx makes none: a block
 // a transport gives back is kept ("orphaned") instead of freed, and a group rebuilt over
-// the survivors takes its windows from those blocks (reuse_block). Every survivor gave
-// back the same blocks in the same order (the calls are collective), so each picks the
-// same one; the group checks that before using it (shmem_elastic.cpp).
+// the survivors takes its windows from those blocks (reuse_block: the best fit, split when
+// much bigger; pieces that touch again are joined) and from the reserve
+// EPX_SHMEM_ELASTIC_RESERVE kept at the first connect. Every survivor gave back the same
+// blocks in the same order (the calls are collective), so each picks the same one; the
+// group checks that before using it (shmem_elastic.cpp).
 #pragma once
 
 #include <atomic>

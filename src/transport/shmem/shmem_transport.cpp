@@ -786,6 +786,9 @@ std::unique_ptr<Transport> connect_shmem(Bootstrap& bootstrap, const ConnectOpti
                                                  std::to_string(bootstrap.rank()) + " of " + std::to_string(bootstrap.size()) +
                                                  ", the OpenSHMEM runtime PE " + std::to_string(me) + " of " +
                                                  std::to_string(n) + " (use epx::shmem_bootstrap())");
+  if (ShmemRuntime::lost())
+    throw Error(ErrorCode::kUnsupported, "connect(shmem): PEs of this job were lost (a group was rebuilt without them), and a "
+                                         "connect runs over every PE: use the rebuilt group");
   const NodeMap nodes = discover_nodes(bootstrap);
   // The heap every PE can count on: the smallest (nodes with less memory get a smaller
   // default); 0 if any PE does not know its own.

@@ -16,7 +16,8 @@
 //   * shmem_quiet and shmem_fence block inside UCX with no deadline (a cut link: forever), so
 //     a watchdog thread ends the process (exit 1, the error on stderr naming the peers with
 //     incomplete puts and the last phase) when one of them outlasts the timeout; the
-//     launcher then ends the job;
+//     launcher then ends the job (where it lets survivors live, after the watchdog's
+//     shmem_global_exit: otherwise it would wait for the dead PE);
 //   * barrier: signals through the window like the mapped transports (a deadline, unlike
 //     shmem_barrier_all);
 //   * while a transport lives, a SIGTERM handler writes one line naming this rank, its node,
