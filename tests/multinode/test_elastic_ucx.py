@@ -487,6 +487,9 @@ def test_ucx_group_loses_a_rank_on_the_other_machine_and_takes_a_replacement():
     assert j[0]["admission"]["tag"] == 2 and j[0]["admission"]["new_rank"] == 3, text
     assert [(d["stage"], d["pair"]) for d in find("joiner", "stage")] == [(2, 0), (2, 1)], text
     assert find("joiner", "done"), text
+    print(f"losses: {[(find(f'rank{r}', 'loss')[0]['loss'], find(f'rank{r}', 'loss')[0]['origin']) for r in range(3)]}; "
+          f"agreement + rebuild (s): {[find(f'rank{r}', 'rebuilt')[0]['rebuilt'] for r in range(3)]}; "
+          f"joiner admitted after {j[0]['joined']} s")
     # the same plan on every rank of the grown group, its weights checked on each (planned())
     layouts = [find(n, "layout") for n in ("rank0", "rank1", "rank2", "joiner")]
     assert all(lay and lay[0]["layout"] == layouts[0][0]["layout"] for lay in layouts), text
