@@ -142,8 +142,15 @@ def _connect(store, ns, rank, size, timeout_s):
     try:
         return _epx.Transport(rank, size, boot, "ucx", float(timeout_s))
     except Error as e:
-        e.missing = _missing.pop(id(boot), [])
-        raise
+        missing = _missing.pop(id(boot), [])
+        if not missing:
+            raise
+        # the all-gather's own words (the binding's wrapping adds the Python traceback)
+        err = Error(f"rank {rank}: building the group '{ns}' ({size} ranks) through the store: "
+                    f"{_ranks_text(missing)} of it did not arrive within {timeout_s:g} s (lost during the rebuild?)",
+                    "timeout", missing[0])
+        err.missing = missing
+        raise err from e
     finally:
         _missing.pop(id(boot), None)
 
@@ -312,8 +319,10 @@ def agree_and_rebuild(group_or_transport, transport, original_ranks, original_lo
         except Error as e:
             if not e.is_peer_loss:
                 raise
-            last = e  # a survivor died or stopped during the rebuild: agree again, naming it
-            failed = {survivors[r] for r in getattr(e, "missing", []) if r < len(survivors)}
+            # a survivor died or stopped during the rebuild: agree again, naming it (and the
+            # ranks this round left out, which will not come either)
+            last = e
+            failed = set(lost) | {survivors[r] for r in getattr(e, "missing", []) if r < len(survivors)}
     else:
         raise last
     for b in buffers:
