@@ -30,6 +30,8 @@
 #include <vector>
 
 #include "epx/bootstrap.hpp"
+#include "epx/bucket.hpp"
+#include "epx/buffer_allocator.hpp"
 #include "epx/connect.hpp"
 #include "epx/error.hpp"
 #include "ucx_ranks.hpp"
@@ -233,6 +235,62 @@ void bandwidth(Bootstrap& b) {
               median(tcp_both) / median(ucx_both));
   std::printf("  ping-pong  ucx %8.1f us per round trip   tcp %8.1f us\n", median(ucx_ping), median(tcp_ping));
   std::fflush(stdout);
+}
+
+// BucketBuffer all_reduce of EPX_UCX_BW_MIB (16) MiB float32 on 2 x 2 ranks over the ucx
+// transport, the flat algorithm (no topology: what epx.distributed's groups use) against the
+// two-level one (topology builtin:servers:2, the two machines), rounds interleaved; every
+// element checked (integer-valued inputs: any summation order gives the same bits). Rank 0
+// prints the medians and the bytes each algorithm put across machines (its own puts).
+void all_reduce_algorithms(Bootstrap& b) {
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  const std::size_t n = (env_size("EPX_UCX_BW_MIB", 16) << 20) / 4;
+  const int rounds = static_cast<int>(env_size("EPX_UCX_BW_ROUNDS", 7));
+  const int me = b.rank(), P = b.size();
+  auto t = connect(b, {.kind = ConnectKind::kUcx, .timeout = std::chrono::seconds(60)});
+  BufferAllocator plan;
+  plan.allocate("x", Shape{static_cast<std::int64_t>(n)}, DType::kF32);
+  std::vector<std::vector<int>> world{{}};
+  for (int r = 0; r < P; ++r) world[0].push_back(r);
+  BucketBuffer flat(*t, world, plan, {});
+  BucketBuffer two(*t, world, plan, {.topology = "builtin:servers:2"});
+  std::vector<double> ms[2];
+  for (int round = 0; round < rounds; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      BucketBuffer& bb = k == 0 ? flat : two;
+      MutableView x = bb.tensor("x");
+      auto* f = static_cast<float*>(x.data);
+      for (std::size_t i = 0; i < n; ++i) f[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(me * 131 + round * 17)) % 1000);
+      t->barrier("allreduce: start");
+      const auto t0 = Clock::now();
+      bb.all_reduce({x});
+      ms[k].push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      for (std::size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int r = 0; r < P; ++r) want += static_cast<float>((i * 7 + static_cast<std::size_t>(r * 131 + round * 17)) % 1000);
+        if (f[i] != want) die(me, std::string(k == 0 ? "flat" : "two-level") + " all_reduce: element " + std::to_string(i) + " is " + std::to_string(f[i]) + ", want " + std::to_string(want));
+      }
+    }
+  }
+  t->barrier("allreduce: end");
+  if (me != 0) return;
+  std::printf("BucketBuffer all_reduce %zu MiB float32, 2 x 2 ranks over ucx, median of %d interleaved rounds: flat %.2f ms, "
+              "two-level (builtin:servers:2) %.2f ms, flat / two-level %.2f\n",
+              (n * 4) >> 20, rounds, median(ms[0]), median(ms[1]), median(ms[0]) / median(ms[1]));
+  std::fflush(stdout);
+}
+
+TEST(UcxAcrossMachines, AllReduceFlatAgainstTwoLevel) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to make network namespaces";
+  if (!ucx::run_cmd("ip -V")) GTEST_SKIP() << "no `ip` (apt-get install iproute2)";
+  ucx::Machines m(2);
+  ASSERT_TRUE(m.ready()) << m.error();
+  const std::uint64_t sent0[2] = {m.sent_bytes(0), m.sent_bytes(1)};
+  const std::vector<bool> ok = ucx::run_ranks(4, m.names(), all_reduce_algorithms);
+  for (std::size_t r = 0; r < ok.size(); ++r) EXPECT_TRUE(ok[r]) << "rank " << r << " failed (its error is above)";
+  std::printf("each machine's eth1 sent %llu / %llu MB in all\n", static_cast<unsigned long long>((m.sent_bytes(0) - sent0[0]) >> 20),
+              static_cast<unsigned long long>((m.sent_bytes(1) - sent0[1]) >> 20));
+  m.remove();
 }
 
 TEST(UcxAcrossMachines, BulkBytesAgainstPlainTcp) {

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 
@@ -160,7 +161,7 @@ void UcxGroup::start_progress() {
       const ucs_status_t s = ucp_worker_arm(worker_);
       if (s == UCS_OK && !progress_stop_.load(std::memory_order_relaxed)) {
         pollfd p{efd_, POLLIN, 0};
-        ::poll(&p, 1, kSleepMs);
+        ::poll(&p, 1, links_on_ ? kIdleLinksMs : kSleepMs);
       } else if (s != UCS_OK && s != UCS_ERR_BUSY) {
         std::this_thread::sleep_for(std::chrono::milliseconds(kSleepMs));
       }
@@ -571,6 +572,7 @@ struct LinkMessage {
   std::uint32_t from;
 };
 constexpr std::uint32_t kPutMessage = 1, kSetMessage = 2, kLinkHello = 0x65707831;  // "epx1"
+constexpr std::size_t kAckEveryBytes = std::size_t{1} << 20;
 
 bool read_full(int fd, void* p, std::size_t n) noexcept {
   char* c = static_cast<char*>(p);
@@ -695,8 +697,9 @@ void UcxGroup::connect_links() {
     else tune_link(fd), links_[static_cast<std::size_t>(p)].out = fd;
   }
   // Every remote rank's connection to this one (they connected before accepting theirs: the
-  // listen backlog holds them meanwhile).
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  // listen backlog holds them meanwhile); a rank that could not connect leaves the others
+  // here for 10 s at most before they all go on without links.
+  const auto deadline = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10));
   for (int got = 0; ok && got < remote; ++got) {
     pollfd pf{listener, POLLIN, 0};
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
@@ -724,11 +727,29 @@ void UcxGroup::connect_links() {
     return;
   }
   links_on_ = true;
+  // A child made by fork inherits the connections: it closes its copies at once, so that a
+  // rank that dies is seen by its peers (the end of its connections) even while children of
+  // it live on.
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { ::pthread_atfork(nullptr, nullptr, &UcxGroup::close_links_in_child); });
   for (int p = 0; p < size_; ++p) {
     if (same_node(p)) continue;
     Link& l = links_[static_cast<std::size_t>(p)];
     l.reader = std::thread([this, p] { read_link(p); });
     l.ack_reader = std::thread([this, p] { read_acks(p); });
+  }
+}
+
+// In a child made by fork: only this process's copies of the descriptors, no shutdown (that
+// would end the parent's connections too). The child's group is never used.
+void UcxGroup::close_links_in_child() noexcept {
+  for (UcxGroup* g : live().groups) {
+    if (!g->links_) continue;
+    for (int p = 0; p < g->size_; ++p) {
+      Link& l = g->links_[static_cast<std::size_t>(p)];
+      if (l.out >= 0) ::close(l.out), l.out = -1;
+      if (l.in >= 0) ::close(l.in), l.in = -1;
+    }
   }
 }
 
@@ -772,9 +793,11 @@ void UcxGroup::link_down(int peer) noexcept {
 void UcxGroup::read_link(int peer) noexcept {
   Link& l = links_[static_cast<std::size_t>(peer)];
   std::uint64_t processed = 0;
+  std::size_t unacked_bytes = 0;
   for (;;) {
     LinkMessage m{};
     if (!read_full(l.in, &m, sizeof m)) break;
+    unacked_bytes += sizeof m + m.bytes;
     if (m.kind == kPutMessage) {
       if (!read_full(l.in, reinterpret_cast<void*>(static_cast<std::uintptr_t>(m.addr)), m.bytes)) break;
     } else {
@@ -784,7 +807,10 @@ void UcxGroup::read_link(int peer) noexcept {
     progressed_.fetch_add(1, std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) wake_sleepers();
     pollfd pf{l.in, POLLIN, 0};
-    if (::poll(&pf, 1, 0) == 1) continue;  // more is coming: one acknowledgement for the burst
+    // More is coming: one acknowledgement for the burst, or per kAckEveryBytes of a long one
+    // (a flush waits for its own messages, not for the end of a stream other threads send).
+    if (unacked_bytes < kAckEveryBytes && ::poll(&pf, 1, 0) == 1) continue;
+    unacked_bytes = 0;
     iovec iov{&processed, sizeof processed};
     if (write_full(l.in, &iov, 1, std::chrono::steady_clock::now() + timeout_) != 0) break;
   }

@@ -39,6 +39,9 @@ inline constexpr std::chrono::milliseconds kBrokenTeardown{2000};
 // the background progress thread) before it looks again: the fd wakes it when bytes arrive,
 // this bounds what no fd event announces (a hook, a deadline, a same-machine peer's store).
 inline constexpr int kSleepMs = 1;
+// The progress thread's longest sleep when puts and signals go over links (UCX then carries
+// only gets, the goodbye and its keepalive, whose bytes wake it anyway).
+inline constexpr int kIdleLinksMs = 10;
 inline constexpr std::size_t kProgressEveryBytes = std::size_t{256} << 10;  // of copies to mapped peers, when some peer is remote
 inline std::size_t round_page(std::size_t n) { return (n + kPage - 1) / kPage * kPage; }
 
@@ -244,6 +247,7 @@ class UcxGroup {
   };
   void connect_links();
   void close_links() noexcept;
+  static void close_links_in_child() noexcept;
   void read_link(int peer) noexcept;
   void read_acks(int peer) noexcept;
   void link_down(int peer) noexcept;
