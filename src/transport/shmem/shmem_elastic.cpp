@@ -5,7 +5,8 @@
 //
 // Agreement: each member announces the round on every member (a store where shmem_ptr maps
 // the peer, else a fence and an 8-byte put) and waits for the others' announcements at most
-// the timeout; the lowest rank it saw arrive decides: it writes the members it saw to every
+// the timeout, or until a member of the dead PE's machine announces it gone (it reads the
+// dead process's identity in the dead PE's mapped words); the lowest rank it saw arrive decides: it writes the members it saw to every
 // one of them, who take that decision (waiting at most twice the timeout). Assumes the
 // ranks fail by stopping and no other rank is lost during the agreement (as the shm
 // agreement assumes its one CAS completes).
@@ -33,6 +34,7 @@
 
 #include "epx/error.hpp"
 #include "epx/spi/resources.hpp"
+#include "process_identity.hpp"
 #include "shmem/shmem_runtime.hpp"
 #include "shmem/shmem_transport.hpp"
 
@@ -52,12 +54,16 @@ void store_word(std::uint64_t* w, std::uint64_t v) noexcept {
 }  // namespace
 
 ShmemControl::ShmemControl(int rank, int npes) : me_(rank), n_(static_cast<std::size_t>(npes)) {
-  const std::size_t bytes = (members(1) + kMemberWords) * sizeof(std::uint64_t);
+  const std::size_t bytes = total_words() * sizeof(std::uint64_t);
   words_ = static_cast<std::uint64_t*>(shmem_malloc(bytes));  // collective
   if (words_ == nullptr)
     throw Error(ErrorCode::kCapacityExceeded, "rank " + std::to_string(rank) + ": shmem: shmem_malloc(" + std::to_string(bytes) +
                                                   " bytes) of the elastic words failed (symmetric heap full?)");
   std::memset(words_, 0, bytes);
+  const ProcessIdentity self = ProcessIdentity::self();  // for the PEs of this machine to read
+  words_[identity(me_)] = static_cast<std::uint64_t>(static_cast<std::uint32_t>(self.pid));
+  words_[identity(me_) + 1] = self.start_time;
+  words_[identity(me_) + 2] = self.pid_ns;
   mapped_.assign(n_, nullptr);
   for (int p = 0; p < npes; ++p)
     mapped_[static_cast<std::size_t>(p)] = p == me_ ? words_ : static_cast<std::uint64_t*>(shmem_ptr(words_, p));
@@ -85,6 +91,16 @@ void ShmemControl::put(int pe, std::size_t w, const std::uint64_t* src, std::siz
 }
 
 std::uint64_t ShmemControl::load(std::size_t w) const noexcept { return load_word(words_ + w); }
+
+bool ShmemControl::seen_dead(int pe) const {
+  const std::uint64_t* theirs = pe == me_ ? nullptr : mapped_[static_cast<std::size_t>(pe)];
+  if (theirs == nullptr) return false;
+  ProcessIdentity id;
+  id.pid = static_cast<std::int32_t>(theirs[identity(pe)]);
+  id.start_time = theirs[identity(pe) + 1];
+  id.pid_ns = theirs[identity(pe) + 2];
+  return id.checkable() && id.ended();
+}
 
 bool ShmemControl::wait(std::size_t w, std::uint64_t at_least, std::chrono::steady_clock::time_point deadline) const {
   for (unsigned i = 0;; ++i) {
@@ -267,10 +283,42 @@ Membership ShmemTransport::agree_survivors() {
   const int parity = static_cast<int>(g % 2);
   for (int q = 0; q < P; ++q) c.set(pe(q), c.arrive(pe(me)), stamp);
 
-  // Everyone is here or the timeout passed: whoever has not arrived by then is lost.
+  // Everyone is here or known dead, or the timeout passed: whoever has not arrived by then
+  // is lost. A PE whose process a PE of its machine sees gone (its identity, in its own
+  // words) is announced dead to every member at once, so the agreement need not wait the
+  // timeout for it (a machine that is gone whole still costs the timeout).
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  enum : char { kPending, kArrived, kDead };
+  std::vector<char> state(static_cast<std::size_t>(P), kPending);
+  state[static_cast<std::size_t>(me)] = kArrived;
+  for (unsigned i = 0;; ++i) {
+    bool pending = false;
+    for (int q = 0; q < P; ++q) {
+      char& st = state[static_cast<std::size_t>(q)];
+      if (st != kPending) continue;
+      if (c.load(c.arrive(pe(q))) >= stamp) {
+        st = kArrived;
+      } else if (c.load(c.dead_at(pe(q))) >= stamp) {
+        st = kDead;
+      } else if (i % 64 == 0 && c.seen_dead(pe(q))) {
+        for (int x = 0; x < P; ++x) c.set(pe(x), c.dead_at(pe(q)), stamp);
+        st = kDead;
+      } else {
+        pending = true;
+      }
+    }
+    if (!pending) break;
+    opal_progress();  // a network peer's announcement lands only while this PE progresses
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    if (i >= 256) {
+      const timespec pause{0, 100'000};
+      nanosleep(&pause, nullptr);
+    } else if (i >= 64) {
+      sched_yield();
+    }
+  }
   std::vector<bool> in(static_cast<std::size_t>(P), false);
-  for (int q = 0; q < P; ++q) in[static_cast<std::size_t>(q)] = q == me || c.wait(c.arrive(pe(q)), stamp, deadline);
+  for (int q = 0; q < P; ++q) in[static_cast<std::size_t>(q)] = state[static_cast<std::size_t>(q)] == kArrived;
   const int leader = static_cast<int>(std::find(in.begin(), in.end(), true) - in.begin());
   if (leader == me) {
     std::uint64_t bits[kMemberWords] = {};

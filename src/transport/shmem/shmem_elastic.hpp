@@ -6,6 +6,8 @@
 //   arrive[pe]   the agreement stamp PE pe announced     barrier[pe]  its barrier stamp
 //   check[pe]    a value to compare (the block a rebuilt group's allocate took)
 //   sum_round[pe], sum_words[pe][2][kSumWords]          decided, members[2][kMemberWords]
+//   dead_at[pe]  the agreement in which a PE of pe's machine saw pe's process gone
+//   identity[pe][3]  pe's process (pid, start time, pid namespace), in pe's own words
 //
 // Each word is written by one PE only (its own index; the decision by the deciding PE), with
 // stamps that only grow: (group lineage << 40) | sequence within the group, so a group
@@ -45,6 +47,11 @@ class ShmemControl {
   }
   std::size_t decided() const noexcept { return 4 * n_ + n_ * 2 * kSumWords; }
   std::size_t members(int parity) const noexcept { return decided() + 1 + static_cast<std::size_t>(parity) * kMemberWords; }
+  /// The agreement stamp at which a PE on pe's machine saw pe's process gone.
+  std::size_t dead_at(int pe) const noexcept { return members(1) + kMemberWords + static_cast<std::size_t>(pe); }
+  /// pe's process identity (pid, start time, pid namespace), written by pe into its own words.
+  std::size_t identity(int pe) const noexcept { return dead_at(0) + n_ + 3 * static_cast<std::size_t>(pe); }
+  std::size_t total_words() const noexcept { return identity(0) + 3 * n_; }
 
   /// Sets word `w` on PE `pe` to `value`, after this PE's earlier puts to `pe` (this PE's
   /// own word: a local store).
@@ -61,6 +68,9 @@ class ShmemControl {
   int barrier(const std::vector<int>& pes, std::uint64_t stamp, std::chrono::milliseconds timeout);
 
   int my_pe() const noexcept { return me_; }
+  /// PE pe shares this machine (shmem_ptr maps its words) and its process has ended (read
+  /// from its own words: ProcessIdentity). False where that cannot be told.
+  bool seen_dead(int pe) const;
 
  private:
   std::uint64_t* word(int pe, std::size_t w) const noexcept;

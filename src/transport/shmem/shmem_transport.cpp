@@ -328,13 +328,21 @@ void ShmemTransport::guarded(const char* call, int peer, F&& f) {
   blocking_.erase(it);
 }
 
+// Where the launcher lets survivors live, a shmem_quiet with puts to a PE that just died
+// returns only once UCX's keepalive declares that endpoint dead (UCX_KEEPALIVE_INTERVAL; at
+// load ~25 on 2 cores more than 6 s was seen with 1 s): twice the timeout lets a survivor
+// heal instead of being ended, at the price of a cut link ending it later.
+std::chrono::milliseconds ShmemTransport::watch_limit() const noexcept {
+  return launcher_keeps_survivors() ? 2 * timeout_ : timeout_;
+}
+
 void ShmemTransport::watchdog_loop() {
   std::unique_lock<std::mutex> lock(watch_mu_);
   while (!stop_watch_) {
     watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
     const auto now = std::chrono::steady_clock::now();
     for (const Blocking& b : blocking_)
-      if (now - b.since > timeout_) watchdog_fire(b);
+      if (now - b.since > watch_limit()) watchdog_fire(b);
   }
 }
 
@@ -344,7 +352,7 @@ void ShmemTransport::watchdog_fire(const Blocking& b) {
   for (int p = 0; p < num_ranks_; ++p)
     if (b.peer == p || (b.peer < 0 && outstanding_[static_cast<std::size_t>(p)].load()))
       peers += (peers.empty() ? "" : ", ") + describe_peer(p);
-  const std::string msg = "epx: rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) +
+  const std::string msg = "epx: rank " + std::to_string(rank_) + ": timed out after " + std::to_string(watch_limit().count()) +
                           " ms in phase '" + last_phase_.load() + "' waiting for " + (peers.empty() ? "the other ranks" : peers) +
                           " to complete puts (" + b.call +
                           " blocks in the OpenSHMEM runtime, which cannot be interrupted: ending this process)\n";

@@ -16,8 +16,9 @@
 //   * shmem_quiet and shmem_fence block inside UCX with no deadline (a cut link: forever), so
 //     a watchdog thread ends the process (exit 1, the error on stderr naming the peers with
 //     incomplete puts and the last phase) when one of them outlasts the timeout; the
-//     launcher then ends the job (where it lets survivors live, after the watchdog's
-//     shmem_global_exit: otherwise it would wait for the dead PE);
+//     launcher then ends the job (where it lets survivors live: after twice the timeout,
+//     UCX's time to declare a dead PE's endpoint dead, and by shmem_global_exit, else Open
+//     MPI would wait for the dead PE);
 //   * barrier: signals through the window like the mapped transports (a deadline, unlike
 //     shmem_barrier_all);
 //   * while a transport lives, a SIGTERM handler writes one line naming this rank, its node,
@@ -135,6 +136,8 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   template <class F>
   void guarded(const char* call, int peer, F&& f);
   void watchdog_loop();
+  /// How long a shmem_quiet / shmem_fence may block before the watchdog ends the process.
+  std::chrono::milliseconds watch_limit() const noexcept;
   [[noreturn]] void watchdog_fire(const Blocking& b);
   /// The 8-byte word at `offset` of the block: this rank's or, mapped, `peer`'s.
   std::uint64_t* signal_word(std::byte* base, std::size_t slot) const noexcept;
