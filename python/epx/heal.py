@@ -414,12 +414,12 @@ def request_ranks(group, count, fn=None, *args, door=None, env=None, timeout_sec
     timeout_secs ends with the value None."""
     transport, _, _ = _resolve(group)
     if _by_store(transport):
-        from . import heal_ucx
-        heal_ucx.request_ranks(group, transport, int(count))
         if fn is not None:
             raise Error(f"rank {transport.rank}: request_ranks: on a UCX group the joiners are started by the job "
                         "(on any machine: torchrun's next worker, a script) and call epx.heal.join(store=...); "
-                        f"{count} announced, fn not run", "unsupported", transport.rank)
+                        "call request_ranks(group, count) without fn to announce them", "unsupported", transport.rank)
+        from . import heal_ucx
+        heal_ucx.request_ranks(group, transport, int(count))
         return []
     transport.request_ranks(int(count))
     if fn is None:
@@ -484,7 +484,9 @@ def admit(group=None, joiners=1, wait_secs=0, tag=0):
 def join(door=None, *, store=None, key=DOOR_KEY, timeout_secs=60):
     """A process outside the group: joins it through its door (epx::join_door) — door: the
     name open_door returned, or None to read it from `store` (a torch.distributed Store, e.g.
-    a TCPStore or FileStore over the members' rendezvous) under `key`. Waits at most
+    a TCPStore or FileStore over the members' rendezvous) under `key`. A UCX group's door
+    ("ucx:<namespace>", members on several machines) is a namespace of that store: pass the
+    store the members use (the joiner may run on any machine that reaches it). Waits at most
     timeout_secs to be admitted. Returns the Group it joined (``admission``, ``rank`` =
     admission["new_rank"]), or None if it was not admitted (the door closed, no admission in
     time, or the members abandoned it). Raises epx.Error "invalid_argument" if there is no
