@@ -281,7 +281,11 @@ Membership ShmemTransport::agree_survivors() {
   const std::uint64_t g = group_->agree.fetch_add(1) + 1;
   const std::uint64_t stamp = ShmemControl::stamp(lineage_, g);
   const int parity = static_cast<int>(g % 2);
-  for (int q = 0; q < P; ++q) c.set(pe(q), c.arrive(pe(me)), stamp);
+  // Not to a PE known gone: a put UCX cannot deliver stays in flight until its keepalive
+  // declares the endpoint dead, holding up every shmem_quiet of this PE meanwhile.
+  auto gone = [&](int q) { return c.load(c.gone(pe(q))) != 0; };
+  for (int q = 0; q < P; ++q)
+    if (!gone(q)) c.set(pe(q), c.arrive(pe(me)), stamp);
 
   // Everyone is here or known dead, or the timeout passed: whoever has not arrived by then
   // is lost. A PE whose process a PE of its machine sees gone (its identity, in its own
@@ -298,10 +302,11 @@ Membership ShmemTransport::agree_survivors() {
       if (st != kPending) continue;
       if (c.load(c.arrive(pe(q))) >= stamp) {
         st = kArrived;
-      } else if (c.load(c.dead_at(pe(q))) >= stamp) {
+      } else if (c.load(c.dead_at(pe(q))) >= stamp || gone(q)) {
         st = kDead;
       } else if (i % 64 == 0 && c.seen_dead(pe(q))) {
-        for (int x = 0; x < P; ++x) c.set(pe(x), c.dead_at(pe(q)), stamp);
+        for (int x = 0; x < P; ++x)
+          if (x != q && !gone(x)) c.set(pe(x), c.dead_at(pe(q)), stamp);
         st = kDead;
       } else {
         pending = true;

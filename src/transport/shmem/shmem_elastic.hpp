@@ -8,6 +8,7 @@
 //   sum_round[pe], sum_words[pe][2][kSumWords]          decided, members[2][kMemberWords]
 //   dead_at[pe]  the agreement in which a PE of pe's machine saw pe's process gone
 //   identity[pe][3]  pe's process (pid, start time, pid namespace), in pe's own words
+//   gone[pe]     1 once a PE of pe's machine saw pe's process gone (the waits look at it)
 //
 // Each word is written by one PE only (its own index; the decision by the deciding PE), with
 // stamps that only grow: (group lineage << 40) | sequence within the group, so a group
@@ -51,7 +52,9 @@ class ShmemControl {
   std::size_t dead_at(int pe) const noexcept { return members(1) + kMemberWords + static_cast<std::size_t>(pe); }
   /// pe's process identity (pid, start time, pid namespace), written by pe into its own words.
   std::size_t identity(int pe) const noexcept { return dead_at(0) + n_ + 3 * static_cast<std::size_t>(pe); }
-  std::size_t total_words() const noexcept { return identity(0) + 3 * n_; }
+  /// Non-zero once a PE of pe's machine saw pe's process gone (set on every member; sticky).
+  std::size_t gone(int pe) const noexcept { return identity(0) + 3 * n_ + static_cast<std::size_t>(pe); }
+  std::size_t total_words() const noexcept { return gone(0) + n_; }
 
   /// Sets word `w` on PE `pe` to `value`, after this PE's earlier puts to `pe` (this PE's
   /// own word: a local store).

@@ -640,13 +640,45 @@ void ShmemTransport::wait_word(std::uint64_t* word, std::uint64_t at_least, cons
     ~Waiting() { n.fetch_sub(1, std::memory_order_relaxed); }
   } waiting{term_root().waiting_};  // an endpoint's (a worker's) wait too: the line reads the root
   spi::Backoff backoff(timeout_, kNetworkSpins);
+  const bool watch = control_ && launcher_keeps_survivors();
+  auto next_look = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
   for (;;) {
     // Over UCX's TCP transport a peer's put lands only while this PE progresses.
     opal_progress();
     if (w.load(std::memory_order_acquire) >= at_least) break;
     if (!backoff.step()) fail_timeout(where);
+    if (watch && backoff.yielding() && std::chrono::steady_clock::now() >= next_look) {
+      check_members(where);
+      next_look = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+    }
   }
   std::atomic_thread_fence(std::memory_order_acquire);
+}
+
+// Where survivors may heal: a member whose process a PE of its machine saw gone (announced
+// in the control words, or seen here) dooms the call; say so at once instead of after the
+// timeout, naming it, so the survivors agree and rebuild within milliseconds of the death.
+void ShmemTransport::check_members(const WaitPoint& where) {
+  ShmemControl& c = *control_;
+  for (int p = 0; p < num_ranks_; ++p) {
+    if (p == rank_) continue;
+    const int q = pe(p);
+    if (c.load(c.gone(q)) == 0) {
+      if (!c.seen_dead(q)) continue;
+      // Every other member learns it (nothing more to the dead PE: a put UCX cannot deliver
+      // stays in flight until its keepalive declares the endpoint dead, holding up every
+      // shmem_quiet of this PE meanwhile).
+      for (int x = 0; x < num_ranks_; ++x)
+        if (x != p && c.load(c.gone(pe(x))) == 0) c.set(pe(x), c.gone(q), 1);
+    }
+    ShmemRuntime::mark_failed();
+    throw Error(ErrorCode::kPeerFailed,
+                "rank " + std::to_string(rank_) + ": " + describe_peer(p) + " died (its process is gone, seen on its machine) " +
+                    "while this rank waited in phase '" + where.phase + "'" +
+                    (where.peer >= 0 && where.peer != p ? " for " + describe_peer(where.peer) : std::string()) +
+                    " (shmem transport)",
+                p);
+  }
 }
 
 void ShmemTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) {

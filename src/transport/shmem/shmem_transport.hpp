@@ -21,6 +21,9 @@
 //     MPI would wait for the dead PE);
 //   * barrier: signals through the window like the mapped transports (a deadline, unlike
 //     shmem_barrier_all);
+//   * where the launcher lets survivors live, a wait that yields looks every 20 ms whether a
+//     member's process is gone (seen by a PE of its machine, announced to every member) and
+//     then fails at once naming it (kPeerFailed) instead of after the timeout;
 //   * while a transport lives, a SIGTERM handler writes one line naming this rank, its node,
 //     the phase and the peer awaited (Open MPI's daemons send SIGTERM, then SIGKILL after
 //     odls_base_sigkill_timeout, to the ranks they end when another rank or daemon died),
@@ -142,6 +145,8 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   /// The 8-byte word at `offset` of the block: this rank's or, mapped, `peer`'s.
   std::uint64_t* signal_word(std::byte* base, std::size_t slot) const noexcept;
   void wait_word(std::uint64_t* word, std::uint64_t at_least, const WaitPoint& where);
+  /// kPeerFailed if a member's process is known gone (shmem_elastic.cpp's control words).
+  void check_members(const WaitPoint& where);
   /// Sets `peer`'s copy of the word at `offset` from this block's start, after every
   /// earlier put of this PE to `peer`.
   void ordered_set(int peer, std::size_t offset, std::uint64_t value);
