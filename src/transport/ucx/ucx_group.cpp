@@ -1,4 +1,4 @@
-// The ucx transport's group (ucx_group.hpp): context, worker, endpoints, flushes with a
+// The ucx transport's group (ucx_group.hpp): context, worker, endpoints, links, flushes with a
 // deadline, the peers' liveness and the bootstrap exchanges.
 #include "ucx/ucx_group.hpp"
 
@@ -835,9 +835,11 @@ void UcxGroup::link_send(int peer, std::uint64_t addr, const void* src, std::siz
   iovec iov[2] = {{&m, sizeof m}, {const_cast<void*>(src), src != nullptr ? bytes : 0}};
   int err = 0;
   {
-    std::lock_guard<std::mutex> lock(l.send_mu);
-    if (l.down.load(std::memory_order_acquire)) err = ECONNRESET;
-    else err = write_full(l.out, iov, src != nullptr ? 2 : 1, std::chrono::steady_clock::now() + timeout_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    std::unique_lock<std::timed_mutex> lock(l.send_mu, deadline);
+    if (!lock.owns_lock()) err = ETIMEDOUT;  // another thread's message is stuck as long
+    else if (l.down.load(std::memory_order_acquire)) err = ECONNRESET;
+    else err = write_full(l.out, iov, src != nullptr ? 2 : 1, deadline);
     if (err == 0) l.sent.fetch_add(1, std::memory_order_release);
   }
   if (err == 0 || closed(peer)) return;  // a peer that said goodbye reads nothing more

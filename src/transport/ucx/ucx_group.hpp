@@ -1,4 +1,4 @@
-// The ucx transport's shared part (ucx_transport.hpp): the UCP context, worker and endpoints
+// The ucx transport's shared part (ucx_transport.hpp): the UCP context, worker, endpoints and links
 // of a group, which every endpoint (UcxTransport) of it uses; and the constants both use.
 #pragma once
 
@@ -239,7 +239,7 @@ class UcxGroup {
   struct Link {
     int out = -1;  // this rank -> the peer: messages; the peer's acknowledgements come back
     int in = -1;   // the peer -> this rank: messages; this rank acknowledges on it
-    std::mutex send_mu;
+    std::timed_mutex send_mu;  // one message at a time; a sender waits for it with its deadline
     std::atomic<std::uint64_t> sent{0};   // messages written to `out`
     std::atomic<std::uint64_t> acked{0};  // of them, written at the peer (its acknowledgement)
     std::atomic<bool> down{false};        // a connection ended (EOF or an error)

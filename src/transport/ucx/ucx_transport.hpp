@@ -10,16 +10,20 @@
 //     can reach from the same machine), its rkey packed and exchanged through the bootstrap
 //     and unpacked per peer; every endpoint (open_endpoint) has a block of its own over the
 //     same worker and endpoints;
-//   * put: ucp_put_nbx (src valid until quiet); to this rank itself a copy;
-//   * ordered signal: ucp_worker_fence, then an 8-byte put of the value (one aligned store at
-//     the target); put_flagged the same (bytes, fence, flag);
+//   * put / ordered signal to a peer on another machine: a message on the group's own TCP
+//     connection to it (a "link", ucx_group.hpp), which a reader thread there writes into the
+//     window in order (UCX 1.13 over TCP moves puts as acknowledged 64 KiB active messages,
+//     several times slower than the socket); to a same-machine peer a copy into its mapped
+//     block; otherwise (EPX_UCX_LINKS=0, EPX_UCX_MAP_PEERS=0) ucp_put_nbx (src valid until
+//     quiet), a signal ucp_worker_fence + an 8-byte put; put_flagged: the bytes, then the flag;
 //   * get: ucp_get_nbx (complete after quiet);
-//   * quiet: ucp_ep_flush_nbx to every peer this group has talked to, progressed until done
-//     or the timeout: a cut link becomes kTimeout naming the peers with incomplete puts and
-//     their machines (hostname), never a hang;
-//   * waits poll local memory (spi::Backoff) and call ucp_worker_progress meanwhile: UCX over
-//     TCP emulates RMA with active messages that the target must progress; a timeout names
-//     the peer, its node (hostname) and the phase; a peer whose endpoint failed is kPeerFailed;
+//   * quiet: every link message acknowledged by its reader, then ucp_ep_flush_nbx to every peer
+//     this group has talked to, until done or the timeout: a cut link becomes kTimeout naming
+//     the peers with incomplete puts and their machines (hostname), never a hang;
+//   * waits look at local memory (spi::Backoff) and call ucp_worker_progress meanwhile, then
+//     sleep (a futex the link readers and every productive progress bump) when the awaited
+//     peer is on another machine; a timeout names the peer, its node (hostname) and the
+//     phase; a peer whose endpoint or link failed is kPeerFailed;
 //   * barrier: signals through the block like the other transports (a deadline);
 //   * bootstrap calls (allocate's rkey exchange) run with a helper thread progressing the
 //     worker, so a peer that still completes puts to this rank is never stuck behind it;
