@@ -158,7 +158,8 @@ def agree_and_rebuild(group_or_transport=None, buffers=(), *, store=None, error=
     job's store, where every survivor meets (default: the torch.distributed default group's;
     a Group this function returned keeps the one it was made with); `error` — the epx.Error
     the failed call raised (default: the exception being handled, when called in an
-    ``except`` block), whose peer_failed rank is known dead and not waited for. The new
+    ``except`` block), whose peer_failed rank is known dead and not waited for. The store a
+    group's first such call (this one, or open_door) used stays the group's. The new
     group's UCX transport is bootstrapped through the store; the old group is not retired
     there (a buffer of it fails on the lost peer or times out: build on the new group).
 

@@ -24,6 +24,10 @@
 #
 #   /usr/bin/python3 -m pytest -q tests/multinode/test_elastic_ucx.py       (root; ~1-2 min)
 #
+# The epx package comes from build/python, or from EPX_TORCHRUN_PYTHONPATH (another build
+# directory's python/), as in test_torchrun.py; it needs a build with the join and replica-plan
+# bindings (_epx.plan_replicas).
+#
 # The same file is the agents' and ranks' program (python3 test_elastic_ucx.py agent|rank|joiner).
 import datetime
 import json
