@@ -43,6 +43,7 @@ a buffer of the old group after a rebuild fails on the lost peer (peer_failed) o
 out; build every buffer on the returned group. The buffers passed to agree_and_rebuild are
 let go of locally (_drop), not destroyed collectively. Group.sum goes through the store.
 """
+import atexit
 import json
 import os
 import socket
@@ -176,6 +177,9 @@ class _Line:
 
 _first_lines = {}  # id(transport of a torch.distributed group) -> (transport, _Line)
 _open_doors = {}   # door namespace -> the store it is in (doors this process opened or joined through)
+# The transports held here go before the interpreter's teardown (with the GIL and torch
+# alive), as epx.group's cache does: registered after it, so run before it.
+atexit.register(_first_lines.clear)
 
 
 def _torch_ns(group):
