@@ -29,7 +29,7 @@ whole loop's matrices (DeepEP's, on one long interval).
 Every check is strict: each run of a fault must name its victim and nothing else, each quiet
 run must name nothing (the rule is made for it: docs/diagnose.md, "The verdict"). --runs N
 repeats every check N times and prints "named in X of N" / "false names in Y of N runs";
---confirm K (default 2 when given bare) runs a failed check up to K more times and fails only
+--confirm K (3 when given bare) runs a failed check up to K more times and fails only
 if every run fails and a wrong verdict of the first repeats in each (the same false name, or
 the fault missed again): the test command (docs/diagnose.md gives the single-run rates and the
 chance of a failure by chance).
@@ -224,6 +224,10 @@ class Tally:
             self.error(f"run {i}: exit {rc}\n{tail}")
             return None
         save(save_dir, self.name, i, data)
+        if VERDICT == "ranks" and "persistent_ranks" not in data["diagnose"]:
+            self.error(f"run {i}: the bench's JSON has no diagnose.persistent_ranks (an epx built before the "
+                       f"per-rank verdict?); --verdict persistent or loop judge such a build")
+            return None
         return data["diagnose"]
 
     def finish(self):
@@ -521,8 +525,8 @@ def main():
     ap.add_argument("--quiet-ranks", type=int, default=8, help="P of the quiet runs")
     ap.add_argument("--load", action="store_true",
                     help="quiet runs with a second job (another 4-rank bench in a loop): 12 ranks on 2 cores")
-    ap.add_argument("--confirm", type=int, nargs="?", const=2, default=0, metavar="K",
-                    help="a failed check runs up to K (2) more times and fails only if each fails with a wrong verdict "
+    ap.add_argument("--confirm", type=int, nargs="?", const=3, default=0, metavar="K",
+                    help="a failed check runs up to K (3) more times and fails only if each fails with a wrong verdict "
                          "of the first repeated (the test command's mode)")
     ap.add_argument("--save", help="write each run's verdict and matrices (JSON) into this directory")
     ap.add_argument("--intervals", type=int, help="the bench's --diagnose-intervals (default: the bench's)")
