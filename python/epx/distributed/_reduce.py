@@ -25,6 +25,27 @@ def _fold(parts, dtype, scale):
     return acc.to(dtype)
 
 
+def _fold_into(out, parts, dtype, scale, spare):
+    """out = _fold(parts, dtype, scale), made in place where it can be: in float32 the first
+    add writes `out` (each element's p0 + p1 in float32, as the clone and add_ make it) and the
+    others add into it, so there is no accumulator to copy; `out` may be parts[0] or parts[1]
+    (an element is read before it is written). When `out` is a later part (this rank's slice of
+    an all_reduce, still to be added), the fold runs in `spare` (a part this rank read and owns:
+    it is overwritten) and is copied out once."""
+    if dtype != torch.float32 or len(parts) < 2:
+        out.copy_(_fold(parts, dtype, scale))
+        return
+    later = any(p.data_ptr() == out.data_ptr() for p in parts[2:])
+    acc = spare if later else out
+    torch.add(parts[0], parts[1], out=acc)
+    for p in parts[2:]:
+        acc.add_(p)
+    if scale != 1.0:
+        acc.mul_(scale)
+    if later:
+        out.copy_(acc)
+
+
 class _Reductions(_PeerReads):
     # -- all_reduce ---------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -130,7 +151,7 @@ class _Reductions(_PeerReads):
                                                      for s in range(P) if s != me])
             if problem is not None:
                 break
-            flat[lo:lo + m].copy_(_fold(views, t.dtype, scale))
+            _fold_into(flat[lo:lo + m], views, t.dtype, scale, views[0] if me else None)
         self._settle(call, problem)
         self._settle(call, self._read_pieces(call, pids, [(s, recs[s][2] + cut[s] * esz,
                                                           flat[cut[s]:cut[s + 1]].view(torch.uint8))
@@ -155,7 +176,7 @@ class _Reductions(_PeerReads):
                                                      for s in range(P) if s != me])
             if problem is not None:
                 break
-            of[lo:lo + m].copy_(_fold(views, of.dtype, scale))
+            _fold_into(of[lo:lo + m], views, of.dtype, scale, views[0] if me else None)
         self._settle(call, problem)
 
     def _agree(self, call, got, want, detail):
