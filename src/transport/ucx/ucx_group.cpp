@@ -313,8 +313,9 @@ void UcxGroup::make_context() {
   if (s != UCS_OK) throw Error(ErrorCode::kUnsupported, "rank " + std::to_string(rank_) + ": ucx: ucp_config_read failed: " + status_text(s));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
-  // WAKEUP with peers on other machines: a thread waiting for them sleeps on the worker's
-  // event fd, woken when their bytes reach its sockets (UcxGroup::sleep_unless).
+  // WAKEUP with peers on other machines: the progress thread sleeps on the worker's event fd,
+  // woken when bytes reach UCX's sockets, and wakes the threads waiting for them
+  // (UcxGroup::sleep_unless).
   params.features = UCP_FEATURE_RMA | (remote_peers_ ? UCP_FEATURE_WAKEUP : 0);
   params.mt_workers_shared = 0;
   params.estimated_num_eps = static_cast<std::size_t>(size_);
@@ -540,8 +541,9 @@ void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_n
       since = now;
     }
     if (pending.empty()) return;
-    // Waiting for a peer on another machine: asleep on the event fd (its acknowledgements, or
-    // room in a full socket for the puts still queued, wake it); otherwise the backoff's yield.
+    // Waiting for a peer on another machine: asleep (sleep_unless: its acknowledgements, or room
+    // in a full socket for the puts still queued, wake the progress thread, which wakes this
+    // one); otherwise the backoff's yield.
     const bool sleep = backoff.yielding() && std::any_of(pending.begin(), pending.end(), [&](const Pending& q) { return sleeps_for(q.peer); });
     if (sleep) sleep_unless([&] {
       return std::any_of(pending.begin(), pending.end(), [](const Pending& q) { return ucp_request_check_status(q.request) != UCS_INPROGRESS; });

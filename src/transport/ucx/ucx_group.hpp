@@ -2,8 +2,6 @@
 // of a group, which every endpoint (UcxTransport) of it uses; and the constants both use.
 #pragma once
 
-#include <poll.h>
-#include <sched.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -11,7 +9,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -35,9 +32,9 @@ inline constexpr int kNetworkSpins = 64;
 inline constexpr auto kHookEvery = std::chrono::milliseconds(50);
 // How long a teardown after a failure tries to complete this rank's puts (a cut link: all of it).
 inline constexpr std::chrono::milliseconds kBrokenTeardown{2000};
-// The longest a thread sleeps on the worker's event fd (a wait for a peer on another machine,
-// the background progress thread) before it looks again: the fd wakes it when bytes arrive,
-// this bounds what no fd event announces (a hook, a deadline, a same-machine peer's store).
+// The longest a waiting thread sleeps (a wait or flush for a peer on another machine, the
+// progress thread on the worker's event fd) before it looks again: what arrives wakes it
+// sooner; this bounds what nothing announces (a hook, a deadline, a same-machine store).
 inline constexpr int kSleepMs = 1;
 // The progress thread's longest sleep when puts and signals go over links (UCX then carries
 // only gets, the goodbye and its keepalive, whose bytes wake it anyway).
@@ -88,12 +85,12 @@ class UcxGroup {
     }
   }
   /// A thread that waits for `peer` may sleep instead of yielding: the peer is on another
-  /// machine (its bytes arrive through a socket, which wakes the progress thread), not a
-  /// same-machine peer whose stores nothing announces.
+  /// machine (its bytes arrive through a socket, which wakes a link reader or the progress
+  /// thread), not a same-machine peer whose stores nothing announces.
   bool sleeps_for(int peer) const noexcept { return wakeup_ && peer >= 0 && peer < size_ && peer != rank_ && !same_node(peer); }
-  /// Sleeps until some thread's progress did something (the progress thread sleeps on the
-  /// worker's event fd and wakes as soon as a socket has bytes), or kSleepMs passed; returns at
-  /// once when `ready()` already holds. Under load a sleeper is woken by the kernel at once,
+  /// Sleeps until some thread's progress or a link reader did something (they sleep on their
+  /// sockets and wake as soon as bytes arrive), or kSleepMs passed; returns at once when
+  /// `ready()` already holds. Under load a sleeper is woken by the kernel at once,
   /// where a yielding poll loop waits for its turn (measured: docs/transport.md).
   template <class Ready>
   void sleep_unless(Ready&& ready) noexcept {
@@ -215,10 +212,10 @@ class UcxGroup {
   // A wait or flush failed: teardown's flushes wait kBrokenTeardown at most.
   mutable std::atomic<bool> broken_{false};
   // With peers on other machines, a thread progresses the worker whenever its event fd says
-  // UCX has something to do (kSleepMs at the longest)
-  // while the group lives: UCX over TCP lands a peer's puts and signals into this rank only
-  // while this rank progresses, and between epx calls (a rank waiting in gloo, in the
-  // application, or done and about to exit) no epx wait does.
+  // UCX has something to do, while the group lives: UCX over TCP serves a peer's gets and
+  // lands its goodbye (and, without links, its puts and signals) only while this rank
+  // progresses, and between epx calls (a rank waiting in gloo, in the application, or done
+  // and about to exit) no epx wait does.
   std::thread progress_thread_;
   std::atomic<bool> progress_stop_{false};
   // UCP_FEATURE_WAKEUP (groups with peers on other machines): the progress thread sleeps on
