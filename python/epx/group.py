@@ -73,12 +73,13 @@ def transport_of(group=None, transport="auto", timeout_secs=300):
     endpoint: an application may hold several buffers of several kinds on one group.
 
     A group of survivors (epx.agree_and_rebuild) has one transport, made by the rebuild: the
-    shm kind ("auto" or "shm" ask for it) with the timeout of the group it was rebuilt from
-    (timeout_secs is not used there)."""
+    kind of the group it was rebuilt from (shm on one machine, UCX across machines; "auto" or
+    that kind ask for it) with that group's timeout (timeout_secs is not used there)."""
     healed = _healed(group)
     if healed is not None:
-        if str(transport) not in ("auto", "shm"):
-            raise Error(f"rank {healed.rank}: a group rebuilt after a lost rank runs on the shm transport, "
+        kind = getattr(healed.transport, "name", "shm")
+        if str(transport) not in ("auto", kind):
+            raise Error(f"rank {healed.rank}: a group rebuilt after a lost rank runs on the {kind} transport, "
                         f"not {transport!r}", "unsupported", healed.rank)
         return healed.transport
     rank, size, allgather = bootstrap_of(group)
