@@ -48,8 +48,30 @@
 //
 // Support: the shm transport — a launched group (a process per rank, LaunchOptions::elastic:
 // else the launcher ends the job at the first death), a connect()-ed shm group (one machine),
-// and the groups rebuilt from either (rebuild again after a second loss). Other transports
-// (threads, sim, OpenSHMEM, and any other: the message names it) throw kUnsupported.
+// and the groups rebuilt from either (rebuild again after a second loss) — and the OpenSHMEM
+// transport (ranks that oshrun started, on one machine or several; below). Other transports
+// (threads, sim, and any other: the message names it) throw kUnsupported.
+//
+// On the OpenSHMEM transport (epx/shmem.hpp) agree_survivors, rebuild_group and
+// sum_over_group do as above through a few words of their own in the symmetric heap, with no
+// call over every PE (shmem_malloc, shmem_barrier_all and shmem_finalize would wait for the
+// dead PE). Open MPI ends every PE at the first death unless the launcher lets the survivors
+// live: `oshrun --mca orte_abort_on_non_zero_status 0`. A survivor on the dead PE's machine
+// sees its process gone and tells every member, so their calls fail at once naming it and
+// the agreement takes milliseconds (a machine gone whole costs the timeout). A survivor with
+// puts in flight to the dead PE waits in shmem_quiet until UCX declares that endpoint dead
+// (UCX_KEEPALIVE_INTERVAL): keep the transport's timeout above that (in this mode the
+// watchdog allows shmem_quiet twice the timeout). The rebuilt group is over the same heap:
+// its windows reuse the blocks the old group gave back, and the block kept at the first
+// connect by EPX_SHMEM_ELASTIC_RESERVE=SIZE (the same on every PE), so destroy the old
+// Buffers first and build none bigger (else kCapacityExceeded names the blocks there are).
+// After a loss a bootstrap's barrier / allgather and connect (calls over every PE) throw
+// kUnsupported. At exit the survivors meet and the group's rank 0 ends the job
+// (shmem_global_exit; a non-zero exit status ends it at once): end with exit() or a return
+// from main, since a process that _exit()s leaves oshrun waiting for the dead PE. Joins are
+// not built there (request_ranks, admit and the doors throw kUnsupported), and
+// original_ranks gives 0..P-1.
+//
 // Memory and order: rebuild_group unmaps the old group's own windows and retires the old
 // group: from then on every call of it and of every endpoint opened from it (so every old
 // Buffer) throws kBadHandle naming the rebuild, never a wait on ranks that moved on; an old
@@ -140,8 +162,9 @@ struct Membership {
 /// threw is_peer_loss). Waits until every rank of the group has arrived or is dead, at most
 /// the transport's timeout (then decides without the ranks still missing). Throws
 /// kPeerFailed on a rank left out of the decision, kTimeout if no decision appears within a
-/// second timeout (the deciding rank died while deciding), kUnsupported on a transport
-/// other than shm (see above), kBadHandle on a group a rebuild retired.
+/// second timeout (the deciding rank died while deciding; on shmem: twice the timeout),
+/// kUnsupported on a transport other than shm and shmem (see above), kBadHandle on a group a
+/// rebuild retired.
 Membership agree_survivors(Transport& transport);
 
 /// Collective over membership.survivors: a transport over them (this rank is
@@ -149,7 +172,7 @@ Membership agree_survivors(Transport& transport);
 /// a connect()-ed group, its wait hook). Unmaps `old_group`'s windows; once the new group
 /// stands, retires `old_group` and its endpoints (kBadHandle on every later call). Throws
 /// kPeerFailed / kTimeout if a survivor dies or never arrives meanwhile (then
-/// agree_survivors(old_group) again and retry), kIo if a segment cannot be made. The
+/// agree_survivors(old_group) again and retry), kIo if a segment cannot be made (shm). The
 /// returned transport must not outlive `old_group` (it reads the launcher's record of how
 /// ranks ended, or the first group's control block, through it).
 std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership& membership);
@@ -157,9 +180,10 @@ std::unique_ptr<Transport> rebuild_group(Transport& old_group, const Membership&
 /// The most values one sum_over_group carries.
 inline constexpr std::size_t kMaxSumValues = 4;
 
-/// Collective over the group of `transport` (an shm group: launched, connected or rebuilt): the
-/// element-wise sum over all ranks of `values` (the same count on every rank, at most
-/// kMaxSumValues), e.g. the dropped (token, k) pairs and tokens of map_to_live_replicas.
+/// Collective over the group of `transport` (an shm group: launched, connected or rebuilt; a
+/// shmem group, first or rebuilt): the element-wise sum over all ranks of `values` (the same
+/// count on every rank, at most kMaxSumValues), e.g. the dropped (token, k) pairs and tokens
+/// of map_to_live_replicas.
 /// Throws kInvalidArgument on a bad count, kPeerFailed / kTimeout as any collective call.
 std::vector<std::int64_t> sum_over_group(Transport& transport, const std::vector<std::int64_t>& values);
 

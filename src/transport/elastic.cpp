@@ -114,6 +114,24 @@ void ElasticShmTransport::check_alive(const char* phase) const {
   }
 }
 
+Membership decided_membership(std::uint64_t round, int old_num_ranks, int me, const std::string& who,
+                              const std::function<std::uint64_t(std::size_t)>& member_word) {
+  Membership m;
+  m.round = static_cast<int>(round);
+  m.old_num_ranks = old_num_ranks;
+  for (int p = 0; p < old_num_ranks; ++p) {
+    const bool in = (member_word(static_cast<std::size_t>(p / 64)) >> (p % 64)) & 1u;
+    (in ? m.survivors : m.lost).push_back(p);
+  }
+  m.new_rank = m.new_rank_of(me);
+  if (m.new_rank < 0)
+    throw Error(ErrorCode::kPeerFailed,
+                who + ": this rank was left out of the survivors' group of round " + std::to_string(round) +
+                    " (it arrived after the others decided without it)",
+                me);
+  return m;
+}
+
 std::size_t block_bytes(int P) { return (ControlBlock::bytes_for(P) + 4095) / 4096 * 4096; }
 
 void* map_block(const std::string& name, std::size_t bytes) {
@@ -163,21 +181,8 @@ Membership agree_survivors(Transport& transport) {
                     std::to_string(t.timeout().count()) + " ms (the deciding rank died while deciding?)",
                 -1);
 
-  Membership m;
-  m.round = static_cast<int>(g);
-  m.old_num_ranks = P;
   const std::atomic<std::uint64_t>* words = c->elastic_members[g % 2];
-  for (int p = 0; p < P; ++p) {
-    const bool in = (words[p / 64].load(std::memory_order_relaxed) >> (p % 64)) & 1u;
-    (in ? m.survivors : m.lost).push_back(p);
-  }
-  m.new_rank = m.new_rank_of(me);
-  if (m.new_rank < 0)
-    throw Error(ErrorCode::kPeerFailed,
-                who + ": this rank was left out of the survivors' group of round " + std::to_string(g) +
-                    " (it arrived after the others decided without it)",
-                me);
-  return m;
+  return decided_membership(g, P, me, who, [words](std::size_t w) { return words[w].load(std::memory_order_relaxed); });
 }
 
 namespace detail {

@@ -2,11 +2,15 @@
 // whose survivors agree, sum and meet through symmetric words of their own and rebuild over
 // the same symmetric heap (src/transport/shmem/shmem_elastic.cpp). elastic.cpp hands
 // agree_survivors, rebuild_group and sum_over_group to it; the shm transport's are
-// elastic.cpp's own (through the control block). Internal to epx_transport.
+// elastic.cpp's own (through the control block). Both read the agreement's decision with
+// decided_membership. Internal to epx_transport.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "epx/elastic.hpp"
@@ -23,5 +27,12 @@ class ElasticOps {
  protected:
   ~ElasticOps() = default;
 };
+
+/// The membership that agreement round `round` decided over `old_num_ranks` ranks: rank p
+/// is in when bit p % 64 of `member_word(p / 64)` is set. kPeerFailed if the decision left
+/// `me` out (it arrived after the others decided); `who` begins the message ("rank 2:
+/// agree_survivors").
+Membership decided_membership(std::uint64_t round, int old_num_ranks, int me, const std::string& who,
+                              const std::function<std::uint64_t(std::size_t)>& member_word);
 
 }  // namespace epx::detail

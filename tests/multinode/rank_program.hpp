@@ -1,6 +1,6 @@
 // What every multinode rank program (tests/multinode/*_rank.cpp, started by oshrun from
 // tests/multinode/run.sh) does first and last: read its options, join the job and connect
-// the shmem transport, and end the process on an error without a collective teardown.
+// the shmem transport, and end the process on an error through epx's exit handlers.
 #pragma once
 
 #include <chrono>
@@ -56,16 +56,20 @@ inline std::unique_ptr<Transport> connect_shmem(Bootstrap& boot, std::chrono::mi
   return connect(boot, co);
 }
 
-/// main(): `body`'s status, or 1 with the error on stderr, named by `program`. The process
-/// ends at once (std::_Exit): no collective teardown, the peers may be gone; the launcher
-/// ends the job.
+/// main(): `body`'s status, or 1 with the error on stderr, named by `program`, by
+/// std::exit: the unwinding already tore down what it could (a transport that failed makes
+/// no call over every PE), and the exit handlers end the job. After a failure epx's
+/// handler ends the process before liboshmem's finalize (a barrier over every PE, which
+/// never completes once a PE died or a link was cut) and the launcher ends the job; after
+/// the survivors agreed on a loss (epx/elastic.hpp) epx ends the job at once (a process
+/// that just vanishes then leaves oshrun waiting for the dead PE).
 inline int rank_main(const char* program, int argc, char** argv, int (*body)(int, char**)) {
   try {
     return body(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", program, e.what());
     std::fflush(stderr);
-    std::_Exit(1);
+    std::exit(1);
   }
 }
 

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "epx/error.hpp"
 #include "epx/spi/resources.hpp"
@@ -270,31 +271,19 @@ void ShmemTransport::reuse_block(std::size_t bytes) {
     }
 }
 
-Membership ShmemTransport::agree_survivors() {
-  require_live("agree_survivors");
-  const int P = num_ranks_, me = rank_;
-  const std::string who = "rank " + std::to_string(me) + ": agree_survivors";
-  if (static_cast<std::size_t>(P) > kMemberWords * 64)
-    throw Error(ErrorCode::kUnsupported, who + ": more than " + std::to_string(kMemberWords * 64) + " ranks", me);
-  note("elastic agree", -1);
-  ShmemControl& c = *control_;
-  const std::uint64_t g = group_->agree.fetch_add(1) + 1;
-  const std::uint64_t stamp = ShmemControl::stamp(lineage_, g);
-  const int parity = static_cast<int>(g % 2);
-  // Not to a PE known gone: a put UCX cannot deliver stays in flight until its keepalive
-  // declares the endpoint dead, holding up every shmem_quiet of this PE meanwhile.
-  auto gone = [&](int q) { return c.load(c.gone(pe(q))) != 0; };
-  for (int q = 0; q < P; ++q)
-    if (!gone(q)) c.set(pe(q), c.arrive(pe(me)), stamp);
+bool ShmemTransport::member_gone(int rank) const noexcept { return control_->load(control_->gone(pe(rank))) != 0; }
 
-  // Everyone is here or known dead, or the timeout passed: whoever has not arrived by then
-  // is lost. A PE whose process a PE of its machine sees gone (its identity, in its own
-  // words) is announced dead to every member at once, so the agreement need not wait the
-  // timeout for it (a machine that is gone whole still costs the timeout).
+// Everyone is here or known dead, or the timeout passed: whoever has not arrived by then is
+// lost. A PE whose process a PE of its machine sees gone (its identity, in its own words) is
+// announced dead to every member at once, so the agreement need not wait the timeout for it
+// (a machine that is gone whole still costs the timeout).
+std::vector<bool> ShmemTransport::arrivals(std::uint64_t stamp) {
+  ShmemControl& c = *control_;
+  const int P = num_ranks_;
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   enum : char { kPending, kArrived, kDead };
   std::vector<char> state(static_cast<std::size_t>(P), kPending);
-  state[static_cast<std::size_t>(me)] = kArrived;
+  state[static_cast<std::size_t>(rank_)] = kArrived;
   for (unsigned i = 0;; ++i) {
     bool pending = false;
     for (int q = 0; q < P; ++q) {
@@ -302,11 +291,11 @@ Membership ShmemTransport::agree_survivors() {
       if (st != kPending) continue;
       if (c.load(c.arrive(pe(q))) >= stamp) {
         st = kArrived;
-      } else if (c.load(c.dead_at(pe(q))) >= stamp || gone(q)) {
+      } else if (c.load(c.dead_at(pe(q))) >= stamp || member_gone(q)) {
         st = kDead;
       } else if (i % 64 == 0 && c.seen_dead(pe(q))) {
         for (int x = 0; x < P; ++x)
-          if (x != q && !gone(x)) c.set(pe(x), c.dead_at(pe(q)), stamp);
+          if (x != q && !member_gone(x)) c.set(pe(x), c.dead_at(pe(q)), stamp);
         st = kDead;
       } else {
         pending = true;
@@ -324,6 +313,26 @@ Membership ShmemTransport::agree_survivors() {
   }
   std::vector<bool> in(static_cast<std::size_t>(P), false);
   for (int q = 0; q < P; ++q) in[static_cast<std::size_t>(q)] = state[static_cast<std::size_t>(q)] == kArrived;
+  return in;
+}
+
+Membership ShmemTransport::agree_survivors() {
+  require_live("agree_survivors");
+  const int P = num_ranks_, me = rank_;
+  const std::string who = "rank " + std::to_string(me) + ": agree_survivors";
+  if (static_cast<std::size_t>(P) > kMemberWords * 64)
+    throw Error(ErrorCode::kUnsupported, who + ": more than " + std::to_string(kMemberWords * 64) + " ranks", me);
+  note("elastic agree", -1);
+  ShmemControl& c = *control_;
+  const std::uint64_t g = group_->agree.fetch_add(1) + 1;
+  const std::uint64_t stamp = ShmemControl::stamp(lineage_, g);
+  const int parity = static_cast<int>(g % 2);
+  // Not to a PE known gone: a put UCX cannot deliver stays in flight until its keepalive
+  // declares the endpoint dead, holding up every shmem_quiet of this PE meanwhile.
+  for (int q = 0; q < P; ++q)
+    if (!member_gone(q)) c.set(pe(q), c.arrive(pe(me)), stamp);
+  const std::vector<bool> in = arrivals(stamp);
+  // The lowest rank that arrived decides: it writes the members it saw to each of them.
   const int leader = static_cast<int>(std::find(in.begin(), in.end(), true) - in.begin());
   if (leader == me) {
     std::uint64_t bits[kMemberWords] = {};
@@ -341,26 +350,13 @@ Membership ShmemTransport::agree_survivors() {
                     std::to_string(g) + " within " + std::to_string(2 * timeout_.count()) + " ms (it died while deciding?)",
                 leader);
   }
-
-  Membership m;
-  m.round = static_cast<int>(g);
-  m.old_num_ranks = P;
-  for (int p = 0; p < P; ++p) {
-    const bool member = (c.load(c.members(parity) + static_cast<std::size_t>(p / 64)) >> (p % 64)) & 1u;
-    (member ? m.survivors : m.lost).push_back(p);
-  }
-  m.new_rank = m.new_rank_of(me);
-  if (m.new_rank >= 0 && !m.lost.empty()) {
+  Membership m = decided_membership(g, P, me, who, [&c, parity](std::size_t w) { return c.load(c.members(parity) + w); });
+  if (!m.lost.empty()) {
     // From here an exit() ends the job the survivors' way (a failure in between too).
     std::vector<int> pes;
     for (int o : m.survivors) pes.push_back(pe(o));
     end_job_with_group(control_, std::move(pes), m.new_rank, lineage_ + 1, timeout_);
   }
-  if (m.new_rank < 0)
-    throw Error(ErrorCode::kPeerFailed,
-                who + ": this rank was left out of the survivors' group of round " + std::to_string(g) +
-                    " (it arrived after the others decided without it)",
-                me);
   return m;
 }
 

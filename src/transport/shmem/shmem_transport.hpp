@@ -6,11 +6,12 @@
 //     refused on every PE before shmem_malloc, naming the heap and how to raise it);
 //   * put: shmem_putmem_nbi, or a plain copy where shmem_ptr maps the peer's heap here
 //     (same-node peers when UCX shares memory between them);
-//   * ordered signal: shmem_fence, then shmem_ulong_atomic_set (OpenSHMEM 1.4 has no
-//     put_signal); data-as-flag blocks the same way (bytes, fence, atomic set of the flag);
-//     to a mapped peer: copy, then a release store;
+//   * ordered signal: shmem_fence, then one aligned 8-byte put (shmem_ulong_p; OpenSHMEM 1.4
+//     has no put_signal, and Open MPI 4.1's shmem_ulong_atomic_set waits for a reply);
+//     data-as-flag blocks the same way (bytes, fence, the flag's word); to a mapped peer:
+//     copy, then a release store;
 //   * quiet: shmem_quiet (completes every put of this PE, a superset of one queue's);
-//   * waits poll local memory with a deadline and call shmem_ulong_test meanwhile, which
+//   * waits poll local memory with a deadline and call opal_progress meanwhile, which
 //     drives the runtime's progress (UCX over TCP emulates puts with active messages that
 //     the target must poll for); a timeout names the peer, its node and the phase;
 //   * shmem_quiet and shmem_fence block inside UCX with no deadline (a cut link: forever), so
@@ -37,6 +38,10 @@
 //     windows reuse the blocks the old group gave back (shmem_malloc would wait for the dead
 //     PE). Open MPI must let the survivors live (oshrun --mca orte_abort_on_non_zero_status
 //     0); they end the job at exit (end_job_with_group).
+//
+// The sources: shmem_runtime.cpp (the runtime, the bootstrap, connect), shmem_transport.cpp
+// (the data path), shmem_faults.cpp (the watchdog, the SIGTERM line, the errors naming a
+// peer), shmem_elastic.cpp (losing PEs).
 #pragma once
 
 #include <atomic>
@@ -118,6 +123,11 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   void require_live(const char* call) const;
   /// A block from those the old group gave back (after a loss), the same one on every member.
   void reuse_block(std::size_t bytes);
+  /// A PE of `rank`'s machine saw its process gone (announced in the control words).
+  bool member_gone(int rank) const noexcept;
+  /// agree_survivors' wait for the members' announcements of `stamp`: [P] who arrived (the
+  /// others are known dead, or missed the timeout).
+  std::vector<bool> arrivals(std::uint64_t stamp);
   /// A barrier over the control words (this group's PEs); throws kTimeout naming the missing rank.
   void control_barrier(const char* phase);
   int pe(int rank) const noexcept { return pe_[static_cast<std::size_t>(rank)]; }
