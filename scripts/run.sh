@@ -144,6 +144,12 @@ case "$cmd" in
     # epx bench/sim --html and epx html opened in headless Chromium: no console error, every chart drawn; screenshots in build/html/.
     timeout 300 /usr/bin/python3 tests/html/check_pages.py --epx build/src/tools/epx --out build/html
     timeout 420 bash tests/multinode/run.sh build  # shmem across network namespaces; SKIP without root
+    # The torch.distributed backend across 2 namespace machines under torchrun (UCX transport):
+    # every op, the DDP loop, the MoE layer and the pipeline, a rank killed, the link cut. ~150 s.
+    timeout 900 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/multinode/test_torchrun.py
+    # Healing across machines on a UCX group: a rank of the other machine killed mid-dispatch,
+    # the survivors agree through the torch store and go on bit for bit, a replacement joins. ~70 s.
+    timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/multinode/test_elastic_ucx.py
     ;;
   benchmarks)
     # BENCHMARKS.md's figures, docs/img/benchmarks.{json,svg}: the headline set against its peers.
