@@ -1,8 +1,10 @@
 # torchrun across two network-namespace "machines" (tests/multinode/torchrun.py), 2 x 2 ranks,
-# the epx backend with its UCX transport between the machines, four torchrun jobs:
+# the epx backend with its UCX transport between the machines, five torchrun jobs:
 #   * dist_smoke.py: every result checked against the program's own reference, then rounds of
 #     all_to_all_single each followed by a gloo barrier (a rank waiting outside epx must not
 #     leave a peer unable to complete its puts to it), bytes seen crossing the veth;
+#   * buffers_smoke.py: EPBuffer, BucketBuffer, PPBuffer and EngramBuffer on the job's default
+#     group, every call checked against the program's own reference, bytes seen crossing;
 #   * the end-to-end programs of tests/python/dist_programs/ in one job (all_programs.py): DDP
 #     against gloo, a Megatron-style MoE layer forward and backward against one process, a
 #     2-stage pipeline's send/recv against the unsplit model;
@@ -70,6 +72,35 @@ def test_epx_smoke_and_mixed_rounds_across_machines(cluster):
     for i in range(2):  # each machine holds NPROC ranks, and the rounds' bytes crossed each way
         assert sum(w.machine == i for w in run.workers) == NPROC, run.text()
         assert run.tx[i] >= MIXED_BYTES, run.text()
+        assert run.shm_left[i] == [], run.text()
+
+
+BUFFERS = os.path.join(HERE, "buffers_smoke.py")
+# buffers_smoke.py's PPBuffer messages (float32 elements) that go to the other machine: from
+# each machine one rank's ring send and both ranks' sends P/2 away, at least these bytes each way.
+PP_SIZES = (5, 4096, 70001)
+PP_CROSS_BYTES = 3 * 4 * sum(PP_SIZES)
+
+
+def test_four_buffer_kinds_across_machines(cluster):
+    """EPBuffer, BucketBuffer, PPBuffer and EngramBuffer built on torchrun's default group
+    (backend epx), their ranks on two machines: every call checked against the program's own
+    reference on every rank, over UCX, remote Engram rows read by one-sided gets."""
+    run = cluster.torchrun(BUFFERS, ["--backend", "epx", "--timeout", 60], nproc=NPROC, timeout=240, env=_env())
+    assert run.ok, run.text()
+    assert sorted(w.rank for w in run.workers) == list(range(2 * NPROC)), run.text()
+    for w in run.workers:
+        assert w.rc == 0, run.text()
+        # ep: compact and expanded; bucket: 3 calls on the world and on the pair across machines;
+        # pp: 3 messages around the ring and 3 to the other machine; engram: 2 layers and the stats
+        want = (f"buffers_smoke: OK rank {w.rank} of {2 * NPROC} on {run.names[w.machine]}: 17 checks "
+                f"(ep 2, bucket 6, pp 6, engram 3; transport ucx, engram path get)")
+        assert want in w.stdout, run.text()
+        assert f"rank {w.rank}: bucket all_reduce ranks [{w.rank % NPROC}, {w.rank % NPROC + NPROC}] (scale 0.5) ok" \
+            in w.stdout, run.text()
+    for i in range(2):
+        assert sum(w.machine == i for w in run.workers) == NPROC, run.text()
+        assert run.tx[i] >= PP_CROSS_BYTES, run.text()
         assert run.shm_left[i] == [], run.text()
 
 
