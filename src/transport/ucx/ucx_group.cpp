@@ -1,21 +1,11 @@
-// The ucx transport's group (ucx_group.hpp): context, worker, endpoints, links, flushes with a
-// deadline, the peers' liveness and the bootstrap exchanges.
+// The ucx transport's group (ucx_group.hpp): context, worker, endpoints, flushes with a deadline,
+// the peers' liveness and the bootstrap exchanges. The links are in ucx_links.cpp.
 #include "ucx/ucx_group.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <ifaddrs.h>
 #include <linux/futex.h>
-#include <net/if.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
 #include <poll.h>
-#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
-
 
 #include <algorithm>
 #include <cerrno>
@@ -39,7 +29,7 @@ namespace epx::detail {
 
 using namespace ucx;
 
-namespace {
+namespace ucx {
 // This process's established TCP connections and what their kernel queues hold
 // (/proc/net/tcp), for a timeout's message: bytes still queued say the network or the
 // peer's kernel holds them; empty queues, that UCX on one side or the other never sent them
@@ -74,17 +64,12 @@ std::string tcp_queues() {
   return out.empty() ? "" : " [this rank's TCP connections: " + out + "]";
 }
 
-// The groups with peers on other machines alive in this process, for their goodbye when it
-// exits with one still alive. Never destroyed: exit() still reads it.
-struct LiveGroups {
-  std::mutex mu;
-  std::vector<UcxGroup*> groups;
-};
-LiveGroups& live() {
+// Never destroyed: exit() still reads it.
+LiveGroups& live_groups() {
   static auto* groups = new LiveGroups;
   return *groups;
 }
-}  // namespace
+}  // namespace ucx
 
 UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
     : boot_(boot), rank_(boot.rank()), size_(boot.size()), timeout_(options.timeout), hook_(options.wait_hook) {
@@ -127,8 +112,8 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
   if (!remote_peers_) return;
   start_progress();
   owner_ = ::getpid();
-  std::lock_guard<std::mutex> lock(live().mu);
-  live().groups.push_back(this);
+  std::lock_guard<std::mutex> lock(live_groups().mu);
+  live_groups().groups.push_back(this);
   static std::once_flag registered;
   std::call_once(registered, [] { std::atexit(&UcxGroup::goodbye_at_exit); });
 }
@@ -138,8 +123,8 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
 // last puts to it then end as complete instead of failing on the connections the exit
 // closes. The progress thread stops first (UCX's own teardown follows the handlers).
 void UcxGroup::goodbye_at_exit() noexcept {
-  std::lock_guard<std::mutex> lock(live().mu);
-  for (UcxGroup* g : live().groups) {
+  std::lock_guard<std::mutex> lock(live_groups().mu);
+  for (UcxGroup* g : live_groups().groups) {
     if (g->owner_ != ::getpid()) continue;  // inherited by fork: the parent's group
     g->stop_progress();
     g->say_goodbye();
@@ -187,8 +172,8 @@ void UcxGroup::stop_progress() noexcept {
 
 UcxGroup::~UcxGroup() {
   if (remote_peers_) {
-    std::lock_guard<std::mutex> lock(live().mu);
-    auto& v = live().groups;
+    std::lock_guard<std::mutex> lock(live_groups().mu);
+    auto& v = live_groups().groups;
     v.erase(std::remove(v.begin(), v.end(), this), v.end());
   }
   stop_progress();  // the teardown's flushes progress the worker themselves
@@ -559,351 +544,6 @@ void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_n
                       " (ucx transport: the peer stopped progressing, or the link to its machine is down)" + tcp_queues(),
                   pending.front().peer);
     }
-  }
-}
-
-// ---- the links (ucx_group.hpp, Link) ----
-
-namespace {
-// One message on a link: a put (`bytes` follow the header) or an 8-byte store (`value`).
-struct LinkMessage {
-  std::uint64_t addr;
-  std::uint64_t bytes;
-  std::uint64_t value;
-  std::uint32_t kind;  // kPutMessage or kSetMessage
-  std::uint32_t from;
-};
-constexpr std::uint32_t kPutMessage = 1, kSetMessage = 2, kLinkHello = 0x65707831;  // "epx1"
-constexpr std::size_t kAckEveryBytes = std::size_t{1} << 20;
-
-bool read_full(int fd, void* p, std::size_t n) noexcept {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    const ssize_t r = ::recv(fd, c, n, MSG_WAITALL);
-    if (r > 0) c += r, n -= static_cast<std::size_t>(r);
-    else if (r < 0 && errno == EINTR) continue;
-    else return false;
-  }
-  return true;
-}
-
-// Writes all of `iov` to `fd` (whose other direction another thread may read), waiting for room
-// until `deadline`. 0, or the errno of the failure (ETIMEDOUT at the deadline).
-int write_full(int fd, iovec* iov, int n, std::chrono::steady_clock::time_point deadline) noexcept {
-  while (n > 0) {
-    msghdr mh{};
-    mh.msg_iov = iov;
-    mh.msg_iovlen = static_cast<std::size_t>(n);
-    const ssize_t w = ::sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) return errno;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-      if (left <= 0) return ETIMEDOUT;
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 50)));
-      continue;
-    }
-    auto done = static_cast<std::size_t>(w);
-    while (n > 0 && done >= iov->iov_len) done -= iov->iov_len, ++iov, --n;
-    if (n > 0) iov->iov_base = static_cast<char*>(iov->iov_base) + done, iov->iov_len -= done;
-  }
-  return 0;
-}
-
-// This host's IPv4 addresses a peer may reach it at: every interface that is up, not the
-// loopback, and among UCX_NET_DEVICES when that names devices (the network the user chose).
-std::string link_addresses() {
-  std::set<std::string> allowed;
-  if (const char* d = std::getenv("UCX_NET_DEVICES"); d != nullptr && std::string(d) != "all" && *d != '\0') {
-    std::istringstream in(d);
-    for (std::string dev; std::getline(in, dev, ',');) allowed.insert(dev.substr(0, dev.find(':')));
-  }
-  ifaddrs* all = nullptr;
-  if (::getifaddrs(&all) != 0) return "";
-  std::string out;
-  for (ifaddrs* a = all; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET || (a->ifa_flags & IFF_LOOPBACK) || !(a->ifa_flags & IFF_UP)) continue;
-    if (!allowed.empty() && !allowed.count(a->ifa_name)) continue;
-    char buf[INET_ADDRSTRLEN] = {};
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
-    out += (out.empty() ? "" : ",") + std::string(buf);
-  }
-  ::freeifaddrs(all);
-  return out;
-}
-
-int connect_to(const std::string& ip, int port, std::chrono::milliseconds limit) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) return -1;
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return -1;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    pollfd p{fd, POLLOUT, 0};
-    int err = 0;
-    socklen_t len = sizeof err;
-    if (errno != EINPROGRESS || ::poll(&p, 1, static_cast<int>(limit.count())) != 1 ||
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
-      ::close(fd);
-      return -1;
-    }
-  }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  return fd;
-}
-
-void tune_link(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-}  // namespace
-
-// Collective. Every rank listens, publishes its addresses and port, connects to every rank
-// on another machine (its messages to that rank) and accepts their connections (their
-// messages to it). A rank that cannot (no address, a refused connection, EPX_UCX_LINKS=0)
-// says so, and then no rank uses links: puts and signals go through UCX as before.
-void UcxGroup::connect_links() {
-  const auto P = static_cast<std::size_t>(size_);
-  links_.reset(new Link[P]);
-  const char* env = std::getenv("EPX_UCX_LINKS");
-  std::string mine = "-";
-  int listener = -1;
-  if (env == nullptr || std::string(env) != "0") {
-    listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t len = sizeof a;
-    const std::string ips = link_addresses();
-    if (listener >= 0 && !ips.empty() && ::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-        ::listen(listener, size_) == 0 && ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-      mine = "+" + std::to_string(ntohs(a.sin_port)) + " " + ips;
-  }
-  const std::vector<std::string> all = allgather_strings(boot_, mine);
-  bool ok = std::all_of(all.begin(), all.end(), [](const std::string& a) { return !a.empty() && a[0] == '+'; });
-  int remote = 0;
-  for (int p = 0; ok && p < size_; ++p) {
-    if (same_node(p)) continue;
-    ++remote;
-    const std::string& a = all[static_cast<std::size_t>(p)];
-    const auto space = a.find(' ');
-    const int port = std::atoi(a.c_str() + 1);
-    std::istringstream ips(a.substr(space + 1));
-    int fd = -1;
-    for (std::string ip; fd < 0 && std::getline(ips, ip, ',');) fd = connect_to(ip, port, std::chrono::milliseconds(2000));
-    const std::uint32_t hello[2] = {kLinkHello, static_cast<std::uint32_t>(rank_)};
-    if (fd >= 0 && ::send(fd, hello, sizeof hello, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof hello)) ::close(fd), fd = -1;
-    if (fd < 0) ok = false;
-    else tune_link(fd), links_[static_cast<std::size_t>(p)].out = fd;
-  }
-  // Every remote rank's connection to this one (they connected before accepting theirs: the
-  // listen backlog holds them meanwhile); a rank that could not connect leaves the others
-  // here for 10 s at most before they all go on without links.
-  const auto deadline = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(10));
-  for (int got = 0; ok && got < remote; ++got) {
-    pollfd pf{listener, POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-    const int fd = left > 0 && ::poll(&pf, 1, static_cast<int>(left)) == 1 ? ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC) : -1;
-    std::uint32_t hello[2] = {0, 0};
-    timeval tv{2, 0};
-    if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    const bool valid = fd >= 0 && read_full(fd, hello, sizeof hello) && hello[0] == kLinkHello && hello[1] < static_cast<std::uint32_t>(size_) &&
-                       !same_node(static_cast<int>(hello[1])) && links_[hello[1]].in < 0;
-    if (!valid) {
-      if (fd >= 0) ::close(fd);
-      ok = false;
-      break;
-    }
-    timeval none{0, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
-    tune_link(fd);
-    links_[hello[1]].in = fd;
-  }
-  if (listener >= 0) ::close(listener);
-  const std::vector<std::string> verdicts = allgather_strings(boot_, ok ? "+" : "-");
-  ok = std::all_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v == "+"; });
-  if (!ok) {
-    close_links();
-    return;
-  }
-  links_on_ = true;
-  // A child made by fork inherits the connections: it closes its copies at once, so that a
-  // rank that dies is seen by its peers (the end of its connections) even while children of
-  // it live on.
-  static std::once_flag at_fork;
-  std::call_once(at_fork, [] { ::pthread_atfork(nullptr, nullptr, &UcxGroup::close_links_in_child); });
-  for (int p = 0; p < size_; ++p) {
-    if (same_node(p)) continue;
-    Link& l = links_[static_cast<std::size_t>(p)];
-    l.reader = std::thread([this, p] { read_link(p); });
-    l.ack_reader = std::thread([this, p] { read_acks(p); });
-  }
-}
-
-// In a child made by fork: only this process's copies of the descriptors, no shutdown (that
-// would end the parent's connections too). The child's group is never used.
-void UcxGroup::close_links_in_child() noexcept {
-  for (UcxGroup* g : live().groups) {
-    if (!g->links_) continue;
-    for (int p = 0; p < g->size_; ++p) {
-      Link& l = g->links_[static_cast<std::size_t>(p)];
-      if (l.out >= 0) ::close(l.out), l.out = -1;
-      if (l.in >= 0) ::close(l.in), l.in = -1;
-    }
-  }
-}
-
-// Shuts the connections (the readers' recv return), joins the readers, closes.
-void UcxGroup::close_links() noexcept {
-  if (!links_) return;
-  links_closing_.store(true, std::memory_order_relaxed);
-  for (int p = 0; p < size_; ++p) {
-    Link& l = links_[static_cast<std::size_t>(p)];
-    if (l.out >= 0) ::shutdown(l.out, SHUT_RDWR);
-    if (l.in >= 0) ::shutdown(l.in, SHUT_RDWR);
-  }
-  for (int p = 0; p < size_; ++p) {
-    Link& l = links_[static_cast<std::size_t>(p)];
-    if (l.reader.joinable()) l.reader.join();
-    if (l.ack_reader.joinable()) l.ack_reader.join();
-    if (l.out >= 0) ::close(l.out), l.out = -1;
-    if (l.in >= 0) ::close(l.in), l.in = -1;
-  }
-  links_on_ = false;
-}
-
-// A connection to `peer` ended. Its goodbye said first: nothing is lost (it reads nothing
-// more, and what it sent is written). Otherwise the peer failed, as UCX's error callback
-// says of its endpoint: its waits and flushes fail naming it.
-void UcxGroup::link_down(int peer) noexcept {
-  Link& l = links_[static_cast<std::size_t>(peer)];
-  l.down.store(true, std::memory_order_release);
-  if (!links_closing_.load(std::memory_order_relaxed) && !closed(peer)) {
-    int ok = 0;
-    failed_[static_cast<std::size_t>(peer)].compare_exchange_strong(ok, static_cast<int>(UCS_ERR_CONNECTION_RESET));
-  }
-  progressed_.fetch_add(1, std::memory_order_seq_cst);
-  wake_sleepers();
-}
-
-// The peer's messages to this rank, written where they say (their addresses are this rank's
-// blocks, from the rkey exchange, as UCX's puts are), in order; acknowledged (the count
-// processed) whenever no more is waiting in the socket, so a flush at the peer waits for one
-// message at most per burst.
-void UcxGroup::read_link(int peer) noexcept {
-  Link& l = links_[static_cast<std::size_t>(peer)];
-  std::uint64_t processed = 0;
-  std::size_t unacked_bytes = 0;
-  for (;;) {
-    LinkMessage m{};
-    if (!read_full(l.in, &m, sizeof m)) break;
-    unacked_bytes += sizeof m + m.bytes;
-    if (m.kind == kPutMessage) {
-      if (!read_full(l.in, reinterpret_cast<void*>(static_cast<std::uintptr_t>(m.addr)), m.bytes)) break;
-    } else {
-      std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(static_cast<std::uintptr_t>(m.addr))).store(m.value, std::memory_order_release);
-    }
-    ++processed;
-    progressed_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) wake_sleepers();
-    pollfd pf{l.in, POLLIN, 0};
-    // More is coming: one acknowledgement for the burst, or per kAckEveryBytes of a long one
-    // (a flush waits for its own messages, not for the end of a stream other threads send).
-    if (unacked_bytes < kAckEveryBytes && ::poll(&pf, 1, 0) == 1) continue;
-    unacked_bytes = 0;
-    iovec iov{&processed, sizeof processed};
-    if (write_full(l.in, &iov, 1, std::chrono::steady_clock::now() + timeout_) != 0) break;
-  }
-  link_down(peer);
-}
-
-void UcxGroup::read_acks(int peer) noexcept {
-  Link& l = links_[static_cast<std::size_t>(peer)];
-  for (std::uint64_t n = 0; read_full(l.out, &n, sizeof n);) {
-    l.acked.store(n, std::memory_order_release);
-    progressed_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) > 0) wake_sleepers();
-  }
-  link_down(peer);
-}
-
-void UcxGroup::link_send(int peer, std::uint64_t addr, const void* src, std::size_t bytes, std::uint64_t value, const char* what) {
-  Link& l = links_[static_cast<std::size_t>(peer)];
-  if (closed(peer)) return;
-  touched_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
-  LinkMessage m{addr, src != nullptr ? bytes : 0, value, src != nullptr ? kPutMessage : kSetMessage, static_cast<std::uint32_t>(rank_)};
-  iovec iov[2] = {{&m, sizeof m}, {const_cast<void*>(src), src != nullptr ? bytes : 0}};
-  int err = 0;
-  {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    std::unique_lock<std::timed_mutex> lock(l.send_mu, deadline);
-    if (!lock.owns_lock()) err = ETIMEDOUT;  // another thread's message is stuck as long
-    else if (l.down.load(std::memory_order_acquire)) err = ECONNRESET;
-    else err = write_full(l.out, iov, src != nullptr ? 2 : 1, deadline);
-    if (err == 0) l.sent.fetch_add(1, std::memory_order_release);
-  }
-  if (err == 0 || closed(peer)) return;  // a peer that said goodbye reads nothing more
-  broken_.store(true, std::memory_order_relaxed);
-  if (err == ETIMEDOUT)
-    throw Error(ErrorCode::kTimeout, "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) +
-                                         " ms in phase '" + phase() + "' completing puts to " + describe(peer) +
-                                         " (ucx transport: its connection took no more bytes: the peer stopped reading, or the link to its machine is down)" +
-                                         tcp_queues(),
-                 peer);
-  const int s = failed_[static_cast<std::size_t>(peer)].load(std::memory_order_relaxed);
-  fail_peer(peer, s != 0 ? static_cast<ucs_status_t>(s) : UCS_ERR_CONNECTION_RESET, what);
-}
-
-void UcxGroup::await_links(std::uint64_t* lap_ns, bool teardown) {
-  std::vector<std::pair<int, std::uint64_t>> pending;  // peer, messages to be acknowledged
-  for (int p = 0; p < size_; ++p) {
-    if (same_node(p)) continue;
-    const Link& l = links_[static_cast<std::size_t>(p)];
-    const std::uint64_t sent = l.sent.load(std::memory_order_acquire);
-    if (l.acked.load(std::memory_order_acquire) < sent) pending.emplace_back(p, sent);
-  }
-  if (pending.empty()) return;
-  auto since = std::chrono::steady_clock::now();
-  spi::Backoff backoff(teardown && broken() ? std::min<std::chrono::milliseconds>(timeout_, kBrokenTeardown) : timeout_, kNetworkSpins);
-  const auto done = [&](const std::pair<int, std::uint64_t>& q) {
-    const Link& l = links_[static_cast<std::size_t>(q.first)];
-    return l.acked.load(std::memory_order_acquire) >= q.second || l.down.load(std::memory_order_acquire);
-  };
-  for (;;) {
-    const auto now = std::chrono::steady_clock::now();
-    for (auto it = pending.begin(); it != pending.end();) {
-      if (!done(*it)) {
-        ++it;
-        continue;
-      }
-      const int peer = it->first;
-      const bool lost = links_[static_cast<std::size_t>(peer)].acked.load(std::memory_order_acquire) < it->second;
-      it = pending.erase(it);
-      if (lost && !teardown && !closed(peer)) {
-        const int s = failed_[static_cast<std::size_t>(peer)].load(std::memory_order_relaxed);
-        fail_peer(peer, s != 0 ? static_cast<ucs_status_t>(s) : UCS_ERR_CONNECTION_RESET, "completing puts to");
-      }
-      if (lap_ns != nullptr) lap_ns[peer] += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - since).count());
-      since = now;
-    }
-    if (pending.empty()) return;
-    if (backoff.yielding()) {
-      sleep_unless([&] { return std::any_of(pending.begin(), pending.end(), done); });
-      if (!backoff.expired()) continue;
-    } else if (backoff.step()) {
-      continue;
-    }
-    broken_.store(true, std::memory_order_relaxed);
-    if (teardown) return;
-    std::string who;
-    for (const auto& q : pending) who += (who.empty() ? "" : ", ") + describe(q.first);
-    throw Error(ErrorCode::kTimeout,
-                "rank " + std::to_string(rank_) + ": timed out after " + std::to_string(timeout_.count()) + " ms in phase '" + phase() +
-                    "' completing puts to " + who + " (ucx transport: the peer stopped reading, or the link to its machine is down)" +
-                    tcp_queues(),
-                pending.front().first);
   }
 }
 

@@ -22,6 +22,9 @@
 #include "process_identity.hpp"
 
 namespace epx::detail {
+
+class UcxGroup;
+
 namespace ucx {
 
 inline constexpr std::size_t kPage = 4096;
@@ -49,6 +52,16 @@ inline std::string hostname() {
   if (gethostname(name, sizeof name - 1) != 0) return "?";
   return name;
 }
+
+// The groups with peers on other machines alive in this process (ucx_group.cpp), for their
+// goodbye when it exits with one still alive and for a forked child's closing of the links.
+struct LiveGroups {
+  std::mutex mu;
+  std::vector<UcxGroup*> groups;
+};
+LiveGroups& live_groups();
+// This process's established TCP connections and their kernel queues, for a timeout's message.
+std::string tcp_queues();
 
 }  // namespace ucx
 
@@ -100,7 +113,10 @@ class UcxGroup {
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
   /// Puts and signals to a peer on another machine go through the group's own TCP
-  /// connection to it (see Link below) rather than UCX: true when every rank set them up.
+  /// connection to it (see Link below) rather than UCX: true when every rank set them up,
+  /// which a rank does where UCX's own puts would go over TCP (links_refusal: every lane of
+  /// its endpoints to other machines is UCX's tcp transport; with an RDMA lane, rc, dc or
+  /// ud, UCX's puts stay the path), or when EPX_UCX_LINKS=1 forces them (=0 forbids them).
   bool uses_link(int peer) const noexcept { return links_on_ && !same_node(peer); }
   /// Sends `bytes` from `src` to the absolute address `addr` of `peer` (a put), or, with `src`
   /// null, the 8-byte `value` stored there with release order (a signal or flag), after
@@ -227,12 +243,14 @@ class UcxGroup {
   std::atomic<int> sleepers_{0};
   void start_progress();
   void stop_progress() noexcept;
-  // ---- the links: puts and signals to other machines over TCP connections of the group's
-  // own. UCX 1.13 over TCP moves a put as 64 KiB active messages, each copied on both sides
-  // and acknowledged, and lands them only while the target progresses its worker; a
-  // connection of our own moves the bytes as gloo does (the kernel's copies only, written by
-  // a reader thread that sleeps in recv) and keeps the order that signals need. UCX still
-  // carries gets, the goodbye, the keepalive and its endpoints' error reports.
+  // ---- the links (ucx_links.cpp): puts and signals to other machines over TCP connections
+  // of the group's own, where UCX itself would use TCP. UCX 1.13 over TCP has no RMA lane: it
+  // moves a put as 64 KiB active messages, each copied on both sides and acknowledged, and
+  // lands them only while the target progresses its worker; a connection of our own moves
+  // the bytes as gloo does (the kernel's copies only, written by a reader thread that sleeps
+  // in recv) and keeps the order that signals need. UCX still carries gets, the goodbye, the
+  // keepalive and its endpoints' error reports. Over RDMA (rc, dc, ud lanes) UCX's puts are
+  // one-sided and need no target thread: no links then.
   struct Link {
     int out = -1;  // this rank -> the peer: messages; the peer's acknowledgements come back
     int in = -1;   // the peer -> this rank: messages; this rank acknowledges on it
@@ -243,6 +261,12 @@ class UcxGroup {
     std::thread reader, ack_reader;
   };
   void connect_links();
+  /// "" when this rank wants links (EPX_UCX_LINKS, else UCX's lanes: ucx_lanes.hpp), else why
+  /// not; one rank's refusal turns them off for every rank (connect_links' all-gather).
+  std::string links_refusal();
+  bool connect_outgoing(const std::vector<std::string>& all);
+  bool accept_incoming(int listener, int remote);
+  void start_links();
   void close_links() noexcept;
   static void close_links_in_child() noexcept;
   void read_link(int peer) noexcept;
