@@ -6,6 +6,7 @@
 #include <shmem.h>
 
 #include <stdlib.h>  // on_exit
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <iterator>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "epx/error.hpp"
@@ -45,11 +47,18 @@ namespace {
 // liboshmem's exit handler (Open MPI 4.1) finalises the runtime whatever the exit status:
 // a barrier over every PE, which never completes once a PE died or a link was cut. This one,
 // registered after it and so run before it, ends a process that exits non-zero after a
-// failure there, as _exit would: the launcher sees the status and ends the job. (After the
-// survivors agreed on a loss, end_job, registered later still, ends the job first.)
+// failure there: the launcher sees the status and ends the job. Where the launcher lets
+// survivors live it ends the job only when told (a process that just vanishes leaves it
+// waiting, even once every process is gone): shmem_global_exit, from another thread, with
+// a bound. After the survivors agreed on a loss end_job, registered later still, runs first.
 void skip_finalize_after_failure(int status, void*) {
   if (status == 0 || !ShmemRuntime::failed()) return;
   std::fflush(nullptr);
+  if (launcher_keeps_survivors()) {
+    std::thread([status] { shmem_global_exit(status); }).detach();
+    const timespec pause{5, 0};
+    nanosleep(&pause, nullptr);
+  }
   _exit(status);
 }
 
