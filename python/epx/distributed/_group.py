@@ -1,6 +1,8 @@
 """ProcessGroupEpx: the group's transport and buffers, its identity for c10d, barriers,
 send / recv and its release."""
+import contextlib
 import datetime
+import os
 import sys
 import time
 
@@ -13,10 +15,30 @@ from ._p2p import _P2P
 from ._pairwise import _Pairwise
 from ._reduce import _Reductions
 from ._worker import _Worker, _mode
-from ._util import _ASYNC, _INFLIGHT, _P2P_BYTES, _PP_BYTES, _WINDOW, BACKEND, _done, _is, _single, _store_allgather, _with_rank
+from ._util import _ASYNC, _INFLIGHT, _P2P_BYTES, _PP_BYTES, _WAIT, _WINDOW, BACKEND, _done, _is, _single, _store_allgather, _with_rank
 from .. import _epx
 
 _live = []  # the groups of this process not yet released (closed at interpreter exit)
+
+
+@contextlib.contextmanager
+def _wait_mode():
+    """The group's transport and buffers made with EPX_WAIT=_WAIT (docs/distributed.md,
+    Settings) unless the user set EPX_WAIT: epx reads it once, when each of them is made.
+
+    Why sleep by default: a rank of a torch program waits long in its collectives (a DDP
+    bucket's all_reduce waits on its worker thread for the other ranks' backward passes),
+    and epx's default wait yields the core between looks, which keeps the waiter runnable:
+    with more ranks than cores those looks take CPU from the ranks it waits for. Sleep mode
+    yields for 500 us and then sleeps on a futex that the peers' signals ring."""
+    if not _WAIT or "EPX_WAIT" in os.environ:
+        yield
+        return
+    os.environ["EPX_WAIT"] = _WAIT
+    try:
+        yield
+    finally:
+        os.environ.pop("EPX_WAIT", None)
 
 
 class ProcessGroupEpx(_Reductions, _Gathers, _Pairwise, ProcessGroup):
@@ -28,14 +50,16 @@ class ProcessGroupEpx(_Reductions, _Gathers, _Pairwise, ProcessGroup):
         self._rank, self._size = rank, size
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
         self._timeout = secs
-        self._transport = _epx.Transport(rank, size, _store_allgather(store, rank, size, "epx-bootstrap"), "auto", secs)
-        self._bucket = _epx.BucketBuffer(self._transport, [list(range(size))], _WINDOW, [], 0, "auto")
+        with _wait_mode():
+            self._transport = _epx.Transport(rank, size, _store_allgather(store, rank, size, "epx-bootstrap"), "auto",
+                                             secs)
+            self._bucket = _epx.BucketBuffer(self._transport, [list(range(size))], _WINDOW, [], 0, "auto")
+            self._pp = _epx.PPBuffer(self._transport, _PP_BYTES, _INFLIGHT, [], 0, [], 0)
+            self._p2p = _epx.PPBuffer(self._transport, _P2P_BYTES, _INFLIGHT, [], 0, [], 0)
         self._storage = self._bucket.storage("torch")
         self._f32 = self._storage.numpy().view(np.float32)
         self._base = self._storage.data_ptr()
         self._want = {}
-        self._pp = _epx.PPBuffer(self._transport, _PP_BYTES, _INFLIGHT, [], 0, [], 0)
-        self._p2p = _epx.PPBuffer(self._transport, _P2P_BYTES, _INFLIGHT, [], 0, [], 0)
         self._q = _P2P(self, self._p2p)
         self._worker = _Worker(rank)
         self._mb_round = 0

@@ -11,6 +11,9 @@ _PP_BYTES = int(os.environ.get("EPX_DIST_PP_BYTES", 4 << 20))
 _P2P_BYTES = int(os.environ.get("EPX_DIST_P2P_BYTES", 1 << 20))
 _INFLIGHT = 2  # pairwise exchanges interleave one send and one receive: two slots never deadlock
 _ASYNC = os.environ.get("EPX_DIST_ASYNC", "1") != "0"  # 0: every collective completes before it returns
+# How the group's waits pass the time (EPX_WAIT for its transport and buffers; "" keeps epx's
+# own default): _group.py's _wait_mode says why sleep
+_WAIT = os.environ.get("EPX_DIST_WAIT", "sleep")
 
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16, torch.int32,
            torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128]
