@@ -10,12 +10,14 @@
 //     can reach from the same machine), its rkey packed and exchanged through the bootstrap
 //     and unpacked per peer; every endpoint (open_endpoint) has a block of its own over the
 //     same worker and endpoints;
-//   * put / ordered signal to a peer on another machine: a message on the group's own TCP
-//     connection to it (a "link", ucx_group.hpp), which a reader thread there writes into the
-//     window in order (UCX 1.13 over TCP moves puts as acknowledged 64 KiB active messages,
-//     several times slower than the socket); to a same-machine peer a copy into its mapped
-//     block; otherwise (EPX_UCX_LINKS=0, EPX_UCX_MAP_PEERS=0) ucp_put_nbx (src valid until
-//     quiet), a signal ucp_worker_fence + an 8-byte put; put_flagged: the bytes, then the flag;
+//   * put / ordered signal to a peer on another machine that UCX reaches over TCP only: a
+//     message on the group's own TCP connection to it (a "link", ucx_links.cpp), which a
+//     reader thread there writes into the window in order (UCX 1.13 over TCP moves puts as
+//     acknowledged 64 KiB active messages, several times slower than the socket); to a
+//     same-machine peer a copy into its mapped block; otherwise (UCX has an RDMA lane, rc / dc
+//     / ud, to some other machine: ucx_lanes.hpp; EPX_UCX_LINKS=0; EPX_UCX_MAP_PEERS=0)
+//     ucp_put_nbx (src valid until quiet), a signal ucp_worker_fence + an 8-byte put;
+//     EPX_UCX_LINKS=1 forces links; put_flagged: the bytes, then the flag;
 //   * get: ucp_get_nbx (complete after quiet);
 //   * quiet: every link message acknowledged by its reader, then ucp_ep_flush_nbx to every peer
 //     this group has talked to, until done or the timeout: a cut link becomes kTimeout naming
