@@ -89,10 +89,12 @@ constexpr const char kRunShapes[] = R"(  data plane   --topology --schedule --qu
                columns, points (slow links) at 5x the mean of the other links, outside
                abnormal rows and columns and above an absolute floor (docs/diagnose.md). JSON: "diagnose"; every rank's pid and node: "ranks".
                The loop in --diagnose-intervals K exchanges (5): each interval's verdict, and
-               the persistent verdict: what --diagnose-need N (3) of the K verdicts name
-               (a fault stays, a rank the scheduler left behind once does not). JSON:
-               "diagnose" keeps the whole loop's matrices and verdict; "persistent",
-               "persist" and "intervals" are the intervals'.
+               the persistent verdicts: what --diagnose-need N (3) of the K verdicts name
+               (a fault stays, a rank the scheduler left behind once does not), per rank and
+               link over both ops (a rank: a row or column of either op; a link: a point of
+               both ops) and per op. JSON: "diagnose" keeps the whole loop's matrices and
+               verdict; "persistent_ranks" (per rank), "persistent" (per op), "persist" and
+               "intervals" are the intervals'.
   span, skew   per iteration, first rank's call start to last rank's call end, and the spread
                of the call starts (how well the barrier aligned the ranks).
   slowest rank the rank with the highest avg latency (per op; for the route histogram: of
