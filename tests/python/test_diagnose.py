@@ -144,18 +144,25 @@ def _persistent(rank, num_ranks):
                 _calls(buf, case, rank, 10, late=late, delay=0.025)
                 diag.exchange()
                 rep = diag.report()
-                out.append((diag.diagnose(), diag.persistent(), rep["window"], rep["persist"], rep["text"]))
+                out.append((diag.diagnose(), diag.persistent(), rep["window"], rep["persist"], rep["text"],
+                            diag.persistent_ranks()))
     return out
 
 
 def test_persistent_verdict_names_what_stays():
     got = epx.launch(_persistent, P, start_method="fork", timeout_secs=120)
     for r, g in enumerate(got):
-        assert [v["dispatch"]["abnormal_rows"] for v, _, _, _, _ in g] == [[2], [1], [2]], (r, g)
-        assert [p["dispatch"]["abnormal_rows"] for _, p, _, _, _ in g] == [[], [], [2]], (r, g)
-        assert [w for _, _, w, _, _ in g] == [1, 2, 3]
+        assert [v["dispatch"]["abnormal_rows"] for v, *_ in g] == [[2], [1], [2]], (r, g)
+        assert [p["dispatch"]["abnormal_rows"] for _, p, *_ in g] == [[], [], [2]], (r, g)
+        assert [w for _, _, w, *_ in g] == [1, 2, 3]
         assert g[0][3] == {"of": 3, "need": 2}
         assert "persistently (named in 2 of the last 3 intervals, 3 so far): ABNORMAL" in g[2][4]
+        # Per rank over both ops (a row or a column of either): nobody after one interval (2 of
+        # 3 needed), rank 2 after the third (late in the first and the third). Another rank may
+        # join it under load: a column or a row of the other op counts too.
+        assert g[0][5] == {"ranks": [], "links": []}, (r, g)
+        assert 2 in g[2][5]["ranks"], (r, g)
+        assert "slow ranks: " in g[2][4] and "2" in g[2][4].split("slow ranks: ")[1].split("\n")[0]
     with pytest.raises(epx.Error):
         epx.Diagnose(None, persist=(3, 4))  # need > of: refused before any group is touched
     with pytest.raises(epx.Error):
