@@ -54,36 +54,6 @@ NVALS = 1000
 
 # ---- the references (written apart from epx) ------------------------------------------------
 
-def hand_mask(idx, lost):
-    """A logical routing sent to live replicas: replicas of e are its home copy, then the
-    slots holding it by ascending (rank, slot); of the live ones, token t takes the
-    (t mod count)-th; rank d of the survivors holds physical experts d*(L+B) .. +L+B-1."""
-    import numpy as np
-    survivors = [r for r in range(P0) if r not in lost]
-    out = np.full(idx.shape, -1, dtype=np.int64)
-    pairs = tokens = 0
-    for t in range(idx.shape[0]):
-        dropped = False
-        for k in range(idx.shape[1]):
-            e = int(idx[t, k])
-            if e < 0:
-                continue
-            live = []
-            if e // L not in lost:
-                live.append(survivors.index(e // L) * (L + B) + e % L)
-            for d in range(P0):
-                for b in range(B):
-                    if MAPPING[d][b] == e and d not in lost:
-                        live.append(survivors.index(d) * (L + B) + L + b)
-            if not live:
-                pairs += 1
-                dropped = True
-                continue
-            out[t, k] = live[t % len(live)]
-        tokens += dropped
-    return out, pairs, tokens
-
-
 def values(who, stage, pair):
     import numpy as np
     rng = np.random.default_rng(7919 * who + 101 * stage + pair)
@@ -128,11 +98,11 @@ def masked_pair(ep, bucket, group, stage, j, lost, orig):
     import epx
     import epx_ref
     import numpy as np
-    from epx_cases import check_dispatch, expert_y, inputs, make_case, same
+    from epx_cases import check_dispatch, expert_y, hand_mask, inputs, make_case, same
     survivors = [r for r in range(P0) if r not in lost]
     me = survivors.index(orig)
     logical = make_case(P0, P0 * L, K, H, TOKENS, seed=1000 * stage + j)
-    masks = [hand_mask(logical.topk_idx[r], lost) for r in survivors]
+    masks = [hand_mask(logical.topk_idx[r], lost, MAPPING, L) for r in survivors]
     x, idx, w = inputs(logical, orig, "torch")
     routed, num_experts, pairs, tokens = epx.live_routing(idx, MAPPING, L, group)
     assert np.array_equal(routed.numpy(), masks[me][0]), f"rank {orig}: live_routing differs from the plain loop"
@@ -160,20 +130,8 @@ def masked_pair(ep, bucket, group, stage, j, lost, orig):
 def grown_pair(ep, bucket, group, j, mine):
     """Stage 2, the grown group of 4: the plain routing over its 4 * L experts and an
     all_reduce, bit for bit (`mine`: this rank's values' number)."""
-    import epx_ref
-    from epx_cases import check_dispatch, expert_y, inputs, make_case, same
-    n, me = group.size, group.rank
-    case = make_case(n, n * L, K, H, TOKENS[:n], seed=3000 + j)
-    x, idx, w = inputs(case, me, "torch")
-    expanded = j % 2 == 1
-    res = epx_ref.compute(case, layout="expanded" if expanded else "compact", alignment=4 if expanded else 1,
-                          deterministic=True, zero_padding=True)
-    out = ep.dispatch(x, idx, w, do_expand=expanded, expert_alignment=4 if expanded else 1, deterministic=True,
-                      do_zero_padding=True)
-    check_dispatch(case, res, me, out[:4], expanded, False)
-    y = expert_y(case, out[0], out[1], out[3], expanded)
-    combined, _, _ = ep.combine(y, out[3])
-    same("combined_x", combined, res.ranks[me]["combined_x"], me)
+    from epx_cases import checked_pair
+    checked_pair(ep, group.size, group.rank, L, K, H, TOKENS, 3000 + j, j % 2 == 1)
     _all_reduce(bucket, list(group.original_ranks), mine, 2, j)
 
 
