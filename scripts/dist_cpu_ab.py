@@ -8,7 +8,7 @@ epx against gloo:
       PYTHONPATH=build/python python3 scripts/dist_cpu_ab.py all_reduce 8 5 --backend $b
     done; done
 
-case: all_gather (64 MiB out), all_reduce (64 MiB float32), all_reduce_16k, reduce_scatter
+case: all_gather (64 MiB float32 in, RANKS x that out), all_reduce (64 MiB float32), all_reduce_16k, reduce_scatter
 (64 MiB in), a2a_4096 / a2a_128 (all_to_all_single of 4096 / 128 tokens x 8 of 7168 fp16 rows a
 rank, even splits), ddp (a DistributedDataParallel step of the 25M-parameter MLP of
 epx.distributed_bench, batch 8) and step (the same step without DDP: no communication, the
@@ -37,7 +37,7 @@ def _mlp():
 
 def _call(case, rank, world, group):
     if case == "all_gather":
-        x = torch.full((16 * MiB // world,), float(rank))
+        x = torch.full((16 * MiB,), float(rank))
         out = torch.empty(world * x.numel())
         return lambda: dist.all_gather_into_tensor(out, x, group=group)
     if case in ("all_reduce", "all_reduce_16k"):
