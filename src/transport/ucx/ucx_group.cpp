@@ -229,7 +229,7 @@ void UcxGroup::map_goodbye_block() {
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   mp.address = nullptr;
-  mp.length = round_page(P * sizeof(std::uint64_t));
+  mp.length = round_page(2 * P * sizeof(std::uint64_t));  // the goodbye words, then the left words
   mp.flags = UCP_MEM_MAP_ALLOCATE;
   ucs_status_t s = ucp_mem_map(context_, &mp, &goodbye_memh_);
   if (s != UCS_OK) {
@@ -240,7 +240,8 @@ void UcxGroup::map_goodbye_block() {
     attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
     ucp_mem_query(goodbye_memh_, &attr);
     goodbye_ = static_cast<std::uint64_t*>(attr.address);
-    std::memset(goodbye_, 0, P * sizeof(std::uint64_t));
+    std::memset(goodbye_, 0, 2 * P * sizeof(std::uint64_t));
+    left_ = goodbye_ + P;
     void* packed = nullptr;
     std::size_t packed_size = 0;
     s = ucp_rkey_pack(context_, goodbye_memh_, &packed, &packed_size);
@@ -456,6 +457,15 @@ void UcxGroup::settle(ucs_status_ptr_t r, int peer, const char* what, bool is_ge
 
 void UcxGroup::fail_peer(int peer, ucs_status_t status, const char* what) const {
   broken_.store(true, std::memory_order_relaxed);
+  if (const int lost = left_because(peer); lost >= 0) {
+    // The peer had left its call because `lost` failed (and ended since): the cause is named.
+    tell_left(lost);
+    throw Error(ErrorCode::kPeerFailed,
+                "rank " + std::to_string(rank_) + ": ucx: " + describe(lost) + " failed: " + what + " " + describe(peer) +
+                    " failed in phase '" + phase() + "' after it left the call on that failure: " + status_text(status),
+                lost);
+  }
+  tell_left(peer);
   throw Error(ErrorCode::kPeerFailed,
               "rank " + std::to_string(rank_) + ": ucx: " + what + " " + describe(peer) + " failed in phase '" + phase() +
                   "': " + status_text(status) +
@@ -548,6 +558,7 @@ void UcxGroup::await_flushes(std::vector<Pending>& pending, std::uint64_t* lap_n
 }
 
 void UcxGroup::check_waiting(const WaitPoint& where, bool yielding, const std::uint64_t* word, std::uint64_t at_least) {
+  check_left(where, word, at_least);  // first: a peer that left, then closed, names the cause
   if (where.peer >= 0 && where.peer < size_ && where.peer != rank_) {
     const int s = failed_[static_cast<std::size_t>(where.peer)].load(std::memory_order_relaxed);
     const bool gone = closed(where.peer);
@@ -558,6 +569,7 @@ void UcxGroup::check_waiting(const WaitPoint& where, bool yielding, const std::u
       note(where.phase);
       if (!gone) fail_peer(where.peer, static_cast<ucs_status_t>(s), "the wait for");
       broken_.store(true, std::memory_order_relaxed);
+      tell_left(where.peer);
       throw Error(ErrorCode::kPeerFailed,
                   "rank " + std::to_string(rank_) + ": ucx: " + describe(where.peer) +
                       " closed its group (its program ended or destroyed the group) while this rank waited for it in phase '" +
@@ -593,10 +605,49 @@ void UcxGroup::check_alive(const WaitPoint& where) {
   if (since == 0) return suspect.store(now, std::memory_order_relaxed);
   if (now - since < std::chrono::nanoseconds(std::chrono::milliseconds(100)).count()) return;
   broken_.store(true, std::memory_order_relaxed);
+  tell_left(peer);
   throw Error(ErrorCode::kPeerFailed,
               "rank " + std::to_string(rank_) + ": ucx: " + describe(peer) + " (pid " + std::to_string(l.pid) + ": " + l.describe(seen) +
                   ") died while this rank waited for it in phase '" + where.phase + "'",
               peer);
+}
+
+// This rank leaves its call because `lost` failed: every rank on another machine that may
+// wait for it learns so at once (its left word here, which check_left reads) instead of
+// waiting a whole timeout for signals this rank will not send. Once per group; a put, as the
+// goodbye's, completed by the teardown's flush.
+void UcxGroup::tell_left(int lost) const noexcept {
+  if (goodbye_memh_ == nullptr || lost < 0 || lost >= size_ || told_left_.exchange(true)) return;
+  left_value_ = static_cast<std::uint64_t>(lost) + 1;
+  for (int p = 0; p < size_; ++p) {
+    const auto up = static_cast<std::size_t>(p);
+    if (p == rank_ || p == lost || same_node(p) || failed_[up].load(std::memory_order_relaxed) != 0 || closed(p)) continue;
+    touched_[up].store(true, std::memory_order_relaxed);
+    ucp_request_param_t prm{};
+    const std::uint64_t at = goodbye_remote_[up] + (static_cast<std::uint64_t>(size_) + static_cast<std::uint64_t>(rank_)) * sizeof left_value_;
+    ucs_status_ptr_t r = ucp_put_nbx(eps_[up], &left_value_, sizeof left_value_, at, goodbye_rkeys_[up], &prm);
+    if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+  }
+}
+
+int UcxGroup::left_because(int peer) const noexcept {
+  if (left_ == nullptr || peer < 0 || peer >= size_ || peer == rank_ || same_node(peer)) return -1;
+  const std::uint64_t v = std::atomic_ref<std::uint64_t>(left_[static_cast<std::size_t>(peer)]).load(std::memory_order_acquire);
+  return v == 0 || v > static_cast<std::uint64_t>(size_) || v - 1 == static_cast<std::uint64_t>(rank_) ? -1 : static_cast<int>(v - 1);
+}
+
+// The awaited peer (on another machine) left the call because a rank failed, and its word is
+// still short: the wait fails at once, naming the lost rank as the cause (kPeerFailed).
+void UcxGroup::check_left(const WaitPoint& where, const std::uint64_t* word, std::uint64_t at_least) {
+  const int lost = left_because(where.peer);
+  if (lost < 0 || std::atomic_ref<std::uint64_t>(*const_cast<std::uint64_t*>(word)).load(std::memory_order_acquire) >= at_least) return;
+  note(where.phase);
+  broken_.store(true, std::memory_order_relaxed);
+  tell_left(lost);
+  throw Error(ErrorCode::kPeerFailed,
+              "rank " + std::to_string(rank_) + ": ucx: " + describe(lost) + " failed: " + describe(where.peer) +
+                  " left the call on its failure while this rank waited for it in phase '" + where.phase + "'",
+              lost);
 }
 
 void UcxGroup::fail_timeout(const WaitPoint& where) const {

@@ -193,6 +193,12 @@ class UcxGroup {
   /// A same-machine peer this rank waits for (whose endpoint reports nothing: no peer error
   /// handling) died: kPeerFailed. Every 20 ms at most, while a wait yields.
   void check_alive(const WaitPoint& where);
+  /// This rank leaves its call because `lost` failed: its left word set at every live rank
+  /// on another machine (once per group), whose waits for this rank then fail at once.
+  void tell_left(int lost) const noexcept;
+  void check_left(const WaitPoint& where, const std::uint64_t* word, std::uint64_t at_least);
+  /// The rank whose failure made `peer` (on another machine) leave its call, or -1.
+  int left_because(int peer) const noexcept;
 
   Bootstrap& boot_;
   int rank_, size_;
@@ -212,6 +218,12 @@ class UcxGroup {
   // completed); peer p's copy of this rank's word is at goodbye_remote_[p] + 8 * rank.
   ucp_mem_h goodbye_memh_ = nullptr;
   std::uint64_t* goodbye_ = nullptr;
+  // The block's second half: word p is set by peer p (to lost + 1) when it left a call
+  // because rank `lost` failed (tell_left); peer p's copy of this rank's word is at
+  // goodbye_remote_[p] + 8 * (P + rank).
+  std::uint64_t* left_ = nullptr;
+  mutable std::atomic<bool> told_left_{false};
+  mutable std::uint64_t left_value_ = 0;  // the put's source: valid until the teardown's flush
   std::vector<std::uint64_t> goodbye_remote_;
   std::vector<ucp_rkey_h> goodbye_rkeys_;
   std::atomic<bool> said_goodbye_{false};
