@@ -20,7 +20,7 @@ def _dist():
 
 def _healed(group):
     """The epx.heal.Group `group` is, or None (a torch.distributed group)."""
-    from .heal import Group
+    from ._healed import Group
     return group if isinstance(group, Group) else None
 
 

@@ -50,7 +50,7 @@ import socket
 import time
 
 from .errors import Error
-from .heal import Group
+from ._healed import Group
 
 _BITS = 60  # ranks per mask word (an int64 counter each rank adds its bit to once)
 _missing = {}  # id(_StoreAllgather) -> ranks a failed all-gather waited for
@@ -351,7 +351,7 @@ def _drop(buffer):
     elif hasattr(buffer, "_runtime"):    # PPBuffer, EngramBuffer
         buffer._destroyed = True
     else:
-        from .heal import _destroy_quietly
+        from ._healed import _destroy_quietly
         _destroy_quietly(buffer)
 
 
