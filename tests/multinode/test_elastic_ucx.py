@@ -619,8 +619,10 @@ def _local_joiner(port, die, pid_dir):
     return [(3, 0)] + _last_stage(group, ep, bucket, ranks, ranks[2], pid_dir, store)
 
 
-def test_one_machine_ucx_group_a_loss_in_the_rebuild_a_dying_joiner_and_a_loss_after_a_join(tmp_path):
+def test_one_machine_ucx_group_a_loss_in_the_rebuild_a_dying_joiner_and_a_loss_after_a_join(tmp_path, monkeypatch):
     _paths()
+    # the ranks are forked from this process: they find epx where the machines' ranks do
+    monkeypatch.syspath_prepend(os.environ.get("EPX_TORCHRUN_PYTHONPATH") or os.path.join(REPO, "build", "python"))
     from epx_cases import run_ranks
     master = _local_store(0, master=True)
     before = set(os.listdir("/dev/shm"))
