@@ -29,10 +29,7 @@ gloo's all_to_all takes neither bf16 nor int16: both groups move the bf16 rows a
 tests/multinode/torchrun.py (2 x 2 ranks: all_reduce 16 MiB, all_to_all_single at 512
 tokens, both >= 2x). --profile: rank 0 runs each case's epx call under cProfile afterwards
 and prints where its time goes. Exit status 1 when a result check fails (a missed target
-is reported, not an error). Across machines the run can stop at the group timeout: the UCX
-transport needs a rank that returned from a call to keep progressing for its peers' last puts
-to complete, and a rank in gloo's barrier does not (tests/multinode/test_torchrun.py's
-xfail case).
+is reported, not an error).
 """
 import argparse
 import datetime
