@@ -165,10 +165,12 @@ case "$cmd" in
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ./build-tsan/tests/epx_multirank_tests --gtest_filter='*threads*:*Errors*:*deferred*:*Deferred*-*shm*' --gtest_brief=1
     # AddressSanitizer + UBSan: the library's unit tests and every transport; the data-plane combinations (the same engine
     # code on each transport, all run by `test`) only on threads, to keep CI within its time.
-    build build-asan -DEPX_SANITIZER=address -- epx_multirank_tests epx_unit_tests
+    build build-asan -DEPX_SANITIZER=address -- epx_multirank_tests epx_unit_tests epx_recipe_tests
     ASAN_OPTIONS="detect_leaks=1" ./build-asan/tests/epx_multirank_tests --gtest_brief=1 \
       --gtest_filter='-EveryCombination/*shm*:EveryCombination/*sim*'
     ASAN_OPTIONS="detect_leaks=1" ./build-asan/tests/epx_unit_tests --gtest_brief=1
+    # The recipes' toy path, protocol and buffer kind, registered from outside the library.
+    ASAN_OPTIONS="detect_leaks=1" ./build-asan/tests/epx_recipe_tests --gtest_brief=1
     ;;
   cross)
     install_deps "${CROSS_PACKAGES[@]}"
