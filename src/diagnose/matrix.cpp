@@ -334,21 +334,23 @@ RankVerdict persistent_ranks(const std::vector<std::array<MatrixVerdict, kNumWai
         else if (p.value_us > same->second.value_us)
           same->second = p;
       }
-    for (const auto& [key, p] : pairs) {
+    for (const auto& kp : pairs) {  // not a structured binding: clang 14 cannot capture one in a lambda
+      const auto& key = kp.first;
       ++bump(pair_count, key);
       auto latest = std::find_if(pair_latest.begin(), pair_latest.end(), [&](const auto& kv) { return kv.first == key; });
       if (latest == pair_latest.end())
-        pair_latest.push_back({key, p});
+        pair_latest.push_back({key, kp.second});
       else
-        latest->second = p;
+        latest->second = kp.second;
     }
   }
   RankVerdict out;
   for (std::size_t r = 0; r < rank_count.size(); ++r)
     if (rank_count[r] >= need) out.ranks.push_back(static_cast<int>(r));
-  for (const auto& [key, count] : pair_count)
-    if (count >= need)
-      out.links.push_back(std::find_if(pair_latest.begin(), pair_latest.end(), [&](const auto& kv) { return kv.first == key; })->second);
+  for (const auto& kc : pair_count)
+    if (kc.second >= need)
+      out.links.push_back(
+          std::find_if(pair_latest.begin(), pair_latest.end(), [&](const auto& kv) { return kv.first == kc.first; })->second);
   std::sort(out.links.begin(), out.links.end(),
             [](const AbnormalPoint& a, const AbnormalPoint& b) { return a.src != b.src ? a.src < b.src : a.dst < b.dst; });
   return out;
