@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "epx/diagnose.hpp"
@@ -286,71 +287,66 @@ MatrixVerdict persistent_verdict(const std::vector<MatrixVerdict>& verdicts, con
   return out;
 }
 
-RankVerdict persistent_ranks(const std::vector<std::array<MatrixVerdict, kNumWaitOps>>& intervals,
-                             const DiagnosePersist& rule) {
+namespace {
+using Interval = std::array<MatrixVerdict, kNumWaitOps>;
+using Link = std::pair<int, int>;  // {a < b}
+
+// The ranks any op of one interval names as a row or a column, each once.
+std::vector<int> ranks_named(const Interval& interval) {
+  std::vector<int> named;
+  for (const MatrixVerdict& v : interval) {
+    named.insert(named.end(), v.rows.begin(), v.rows.end());
+    named.insert(named.end(), v.cols.begin(), v.cols.end());
+  }
+  std::sort(named.begin(), named.end());
+  named.erase(std::unique(named.begin(), named.end()), named.end());
+  return named;
+}
+
+// The links every op of one interval names as a point (either direction), each with the
+// largest such point of the interval.
+std::map<Link, AbnormalPoint> links_every_op_names(const Interval& interval) {
+  auto link_of = [](const AbnormalPoint& p) { return Link{std::min(p.src, p.dst), std::max(p.src, p.dst)}; };
+  std::map<Link, AbnormalPoint> out;
+  for (const MatrixVerdict& v : interval)
+    for (const AbnormalPoint& p : v.points) {
+      const Link key = link_of(p);
+      const bool in_all = std::all_of(interval.begin(), interval.end(), [&](const MatrixVerdict& w) {
+        return std::any_of(w.points.begin(), w.points.end(), [&](const AbnormalPoint& q) { return link_of(q) == key; });
+      });
+      if (!in_all) continue;
+      auto [at, fresh] = out.emplace(key, p);
+      if (!fresh && p.value_us > at->second.value_us) at->second = p;
+    }
+  return out;
+}
+}  // namespace
+
+RankVerdict persistent_ranks(const std::vector<Interval>& intervals, const DiagnosePersist& rule) {
   if (rule.of < 1 || rule.need < 1 || rule.need > rule.of)
     throw Error(ErrorCode::kInvalidArgument, "persistent_ranks: expected 1 <= need <= of, got need " +
                                                  std::to_string(rule.need) + " of " + std::to_string(rule.of));
   const std::size_t n = std::min(intervals.size(), static_cast<std::size_t>(rule.of));
-  const auto first = intervals.end() - static_cast<std::ptrdiff_t>(n);
   const auto need = static_cast<std::size_t>(rule.need);
-  // Per interval: the ranks any op names as a row or column (each once), the pairs {a < b}
-  // both ops name as a point, with the largest such point of that interval.
-  std::vector<std::size_t> rank_count;
-  std::vector<std::pair<std::pair<int, int>, std::size_t>> pair_count;  // {a, b} -> intervals
-  std::vector<std::pair<std::pair<int, int>, AbnormalPoint>> pair_latest;
-  auto bump = [](auto& counts, auto key) -> std::size_t& {
-    for (auto& kv : counts)
-      if (kv.first == key) return kv.second;
-    counts.push_back({key, {}});
-    return counts.back().second;
+  std::map<int, std::size_t> rank_count;  // rank -> intervals naming it
+  struct Seen {
+    std::size_t count = 0;
+    AbnormalPoint latest;  // the largest point of the last interval that named the link
   };
-  for (auto it = first; it != intervals.end(); ++it) {
-    std::vector<int> named;
-    for (const MatrixVerdict& v : *it) {
-      named.insert(named.end(), v.rows.begin(), v.rows.end());
-      named.insert(named.end(), v.cols.begin(), v.cols.end());
-    }
-    std::sort(named.begin(), named.end());
-    named.erase(std::unique(named.begin(), named.end()), named.end());
-    for (int r : named) {
-      if (rank_count.size() <= static_cast<std::size_t>(r)) rank_count.resize(static_cast<std::size_t>(r) + 1, 0);
-      ++rank_count[static_cast<std::size_t>(r)];
-    }
-    // Pairs: every pair the first op names, kept if every other op names it too.
-    std::vector<std::pair<std::pair<int, int>, AbnormalPoint>> pairs;
-    for (std::size_t op = 0; op < it->size(); ++op)
-      for (const AbnormalPoint& p : (*it)[op].points) {
-        const std::pair<int, int> key{std::min(p.src, p.dst), std::max(p.src, p.dst)};
-        bool in_all = true;
-        for (const MatrixVerdict& w : *it)
-          in_all = in_all && std::any_of(w.points.begin(), w.points.end(), [&](const AbnormalPoint& q) {
-                     return std::min(q.src, q.dst) == key.first && std::max(q.src, q.dst) == key.second;
-                   });
-        if (!in_all) continue;
-        auto same = std::find_if(pairs.begin(), pairs.end(), [&](const auto& kv) { return kv.first == key; });
-        if (same == pairs.end())
-          pairs.push_back({key, p});
-        else if (p.value_us > same->second.value_us)
-          same->second = p;
-      }
-    for (const auto& kp : pairs) {  // not a structured binding: clang 14 cannot capture one in a lambda
-      const auto& key = kp.first;
-      ++bump(pair_count, key);
-      auto latest = std::find_if(pair_latest.begin(), pair_latest.end(), [&](const auto& kv) { return kv.first == key; });
-      if (latest == pair_latest.end())
-        pair_latest.push_back({key, kp.second});
-      else
-        latest->second = kp.second;
+  std::map<Link, Seen> link_seen;
+  for (auto it = intervals.end() - static_cast<std::ptrdiff_t>(n); it != intervals.end(); ++it) {
+    for (int r : ranks_named(*it)) ++rank_count[r];
+    for (const auto& kv : links_every_op_names(*it)) {
+      Seen& seen = link_seen[kv.first];
+      ++seen.count;
+      seen.latest = kv.second;
     }
   }
   RankVerdict out;
-  for (std::size_t r = 0; r < rank_count.size(); ++r)
-    if (rank_count[r] >= need) out.ranks.push_back(static_cast<int>(r));
-  for (const auto& kc : pair_count)
-    if (kc.second >= need)
-      out.links.push_back(
-          std::find_if(pair_latest.begin(), pair_latest.end(), [&](const auto& kv) { return kv.first == kc.first; })->second);
+  for (const auto& kv : rank_count)
+    if (kv.second >= need) out.ranks.push_back(kv.first);
+  for (const auto& kv : link_seen)
+    if (kv.second.count >= need) out.links.push_back(kv.second.latest);
   std::sort(out.links.begin(), out.links.end(),
             [](const AbnormalPoint& a, const AbnormalPoint& b) { return a.src != b.src ? a.src < b.src : a.dst < b.dst; });
   return out;
