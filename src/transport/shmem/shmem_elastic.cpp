@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "epx/error.hpp"
+#include "epx/spi/backoff.hpp"
 #include "epx/spi/resources.hpp"
 #include "process_identity.hpp"
 #include "shmem/shmem_runtime.hpp"
@@ -103,17 +104,38 @@ bool ShmemControl::seen_dead(int pe) const {
   return id.checkable() && id.ended();
 }
 
-bool ShmemControl::wait(std::size_t w, std::uint64_t at_least, std::chrono::steady_clock::time_point deadline) const {
-  for (unsigned i = 0;; ++i) {
-    if (load(w) >= at_least) return true;
-    opal_progress();  // a network peer's put lands only while this PE progresses
-    if (std::chrono::steady_clock::now() >= deadline) return load(w) >= at_least;
-    if (i >= 256) {  // a long wait (the agreement waits the whole timeout for a dead PE): leave the core
+namespace {
+// One idle step of the control words' waits: progress (a network peer's put lands only while
+// this PE progresses), then the core's wait policy (spi::Backoff: 64 short spins, then yields);
+// past 256 looks the wait is a long one (the agreement waits the whole timeout for a dead PE)
+// and rests 100 us between looks instead of taking the core. False once `deadline` has passed.
+class ControlWait {
+ public:
+  explicit ControlWait(std::chrono::steady_clock::time_point deadline) : deadline_(deadline) {}
+  bool step() {
+    opal_progress();
+    if (std::chrono::steady_clock::now() >= deadline_) return false;
+    if (++looks_ > kRestAfter) {
       const timespec pause{0, 100'000};
       nanosleep(&pause, nullptr);
-    } else if (i >= 64) {
-      sched_yield();
+    } else {
+      backoff_.step();
     }
+    return true;
+  }
+
+ private:
+  static constexpr unsigned kRestAfter = 256;
+  std::chrono::steady_clock::time_point deadline_;
+  spi::Backoff backoff_{64};
+  unsigned looks_ = 0;
+};
+}  // namespace
+
+bool ShmemControl::wait(std::size_t w, std::uint64_t at_least, std::chrono::steady_clock::time_point deadline) const {
+  for (ControlWait idle(deadline);;) {
+    if (load(w) >= at_least) return true;
+    if (!idle.step()) return load(w) >= at_least;
   }
 }
 
@@ -280,10 +302,10 @@ bool ShmemTransport::member_gone(int rank) const noexcept { return control_->loa
 std::vector<bool> ShmemTransport::arrivals(std::uint64_t stamp) {
   ShmemControl& c = *control_;
   const int P = num_ranks_;
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
   enum : char { kPending, kArrived, kDead };
   std::vector<char> state(static_cast<std::size_t>(P), kPending);
   state[static_cast<std::size_t>(rank_)] = kArrived;
+  ControlWait idle(std::chrono::steady_clock::now() + timeout_);
   for (unsigned i = 0;; ++i) {
     bool pending = false;
     for (int q = 0; q < P; ++q) {
@@ -301,15 +323,7 @@ std::vector<bool> ShmemTransport::arrivals(std::uint64_t stamp) {
         pending = true;
       }
     }
-    if (!pending) break;
-    opal_progress();  // a network peer's announcement lands only while this PE progresses
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    if (i >= 256) {
-      const timespec pause{0, 100'000};
-      nanosleep(&pause, nullptr);
-    } else if (i >= 64) {
-      sched_yield();
-    }
+    if (!pending || !idle.step()) break;
   }
   std::vector<bool> in(static_cast<std::size_t>(P), false);
   for (int q = 0; q < P; ++q) in[static_cast<std::size_t>(q)] = state[static_cast<std::size_t>(q)] == kArrived;
