@@ -95,31 +95,10 @@ def _all_reduce(bucket, group_ranks, me, stage, j):
 def masked_pair(ep, bucket, group, stage, j, lost, orig):
     """Stage 0 / 1: a dispatch / combine through the live replicas and an all_reduce, checked
     bit for bit; the dropped (token, k) pairs of the group."""
-    import epx
-    import epx_ref
-    import numpy as np
-    from epx_cases import check_dispatch, expert_y, hand_mask, inputs, make_case, same
+    import epx_cases
     survivors = [r for r in range(P0) if r not in lost]
-    me = survivors.index(orig)
-    logical = make_case(P0, P0 * L, K, H, TOKENS, seed=1000 * stage + j)
-    masks = [hand_mask(logical.topk_idx[r], lost, MAPPING, L) for r in survivors]
-    x, idx, w = inputs(logical, orig, "torch")
-    routed, num_experts, pairs, tokens = epx.live_routing(idx, MAPPING, L, group)
-    assert np.array_equal(routed.numpy(), masks[me][0]), f"rank {orig}: live_routing differs from the plain loop"
-    assert (num_experts, pairs, tokens) == (len(survivors) * (L + B), masks[me][1], masks[me][2])
-    n = len(survivors)
-    case = epx_ref.Case({"num_ranks": n, "num_experts": n * (L + B), "hidden": H, "num_topk": K},
-                        [m[0] for m in masks], [logical.topk_weights[r] for r in survivors],
-                        x=[logical.x[r] for r in survivors])
-    expanded = j % 2 == 1
-    res = epx_ref.compute(case, layout="expanded" if expanded else "compact", alignment=4 if expanded else 1,
-                          deterministic=True, zero_padding=True)
-    out = ep.dispatch(x, routed, w, do_expand=expanded, expert_alignment=4 if expanded else 1, deterministic=True,
-                      do_zero_padding=True)
-    check_dispatch(case, res, me, out[:4], expanded, False)
-    y = expert_y(case, out[0], out[1], out[3], expanded)
-    combined, _, _ = ep.combine(y, out[3])
-    same("combined_x", combined, res.ranks[me]["combined_x"], orig)
+    logical = epx_cases.make_case(P0, P0 * L, K, H, TOKENS, seed=1000 * stage + j)
+    masks, pairs, tokens = epx_cases.masked_pair(ep, group, logical, lost, orig, MAPPING, L, j % 2 == 1)
     dropped = [sum(m[1] for m in masks), sum(m[2] for m in masks)]
     if group is not None:  # the group's totals, through the store
         assert group.sum([pairs, tokens]) == dropped, f"rank {orig}: Group.sum"

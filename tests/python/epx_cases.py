@@ -132,11 +132,9 @@ def check_dispatch(case, res, r, out, expanded, fp8):
         same("recv_topk_weights", recv_w, want["recv_topk_weights"], r)
 
 
-def checked_pair(ep, n, me, L, K, H, tokens, seed, expanded):
-    """One dispatch / combine of EPBuffer `ep` over a group of n ranks (this one: me) routing
-    to its n * L experts (tokens[:n] a rank), bit for bit against the reference."""
-    case = make_case(n, n * L, K, H, tokens[:n], seed=seed)
-    x, idx, w = inputs(case, me, "torch")
+def round_trip(ep, case, me, x, idx, w, expanded, who=None):
+    """One dispatch / combine of EPBuffer `ep` of rank me's inputs (x, idx, w) of `case`, bit for
+    bit against the reference (`who`: the rank the messages name, me by default)."""
     res = epx_ref.compute(case, layout="expanded" if expanded else "compact", alignment=4 if expanded else 1,
                           deterministic=True, zero_padding=True)
     out = ep.dispatch(x, idx, w, do_expand=expanded, expert_alignment=4 if expanded else 1, deterministic=True,
@@ -144,7 +142,39 @@ def checked_pair(ep, n, me, L, K, H, tokens, seed, expanded):
     check_dispatch(case, res, me, out[:4], expanded, False)
     y = expert_y(case, out[0], out[1], out[3], expanded)
     combined, _, _ = ep.combine(y, out[3])
-    same("combined_x", combined, res.ranks[me]["combined_x"], me)
+    same("combined_x", combined, res.ranks[me]["combined_x"], me if who is None else who)
+
+
+def checked_pair(ep, n, me, L, K, H, tokens, seed, expanded):
+    """One dispatch / combine of EPBuffer `ep` over a group of n ranks (this one: me) routing
+    to its n * L experts (tokens[:n] a rank), bit for bit against the reference."""
+    case = make_case(n, n * L, K, H, tokens[:n], seed=seed)
+    x, idx, w = inputs(case, me, "torch")
+    round_trip(ep, case, me, x, idx, w, expanded)
+
+
+def masked_pair(ep, group, logical, lost, orig, mapping, L, expanded):
+    """One dispatch / combine of rank orig's inputs of `logical` (a case over the first group's
+    len(mapping) ranks), routed by epx.live_routing to the live replicas of the survivors of
+    `lost`: the routing against hand_mask, then bit for bit against the reference of that
+    routing. Returns (hand_mask's (routing, pairs, tokens) of every survivor, this rank's
+    dropped pairs and tokens as live_routing counted them)."""
+    import epx
+    B = len(mapping[0])
+    survivors = [r for r in range(len(mapping)) if r not in lost]
+    me = survivors.index(orig)
+    masks = [hand_mask(logical.topk_idx[r], lost, mapping, L) for r in survivors]
+    x, idx, w = inputs(logical, orig, "torch")
+    routed, num_experts, pairs, tokens = epx.live_routing(idx, mapping, L, group)  # group None: the torch group
+    assert np.array_equal(routed.numpy(), masks[me][0]), f"rank {orig}: live_routing differs from the plain loop"
+    assert (num_experts, pairs, tokens) == (len(survivors) * (L + B), masks[me][1], masks[me][2])
+    n = len(survivors)
+    case = epx_ref.Case({"num_ranks": n, "num_experts": n * (L + B), "hidden": logical.x[0].shape[1],
+                         "num_topk": logical.topk_idx[0].shape[1]},
+                        [m[0] for m in masks], [logical.topk_weights[r] for r in survivors],
+                        x=[logical.x[r] for r in survivors])
+    round_trip(ep, case, me, x, routed, w, expanded, who=orig)
+    return masks, pairs, tokens
 
 
 def hand_mask(idx, lost, mapping, L):

@@ -18,9 +18,7 @@ import numpy as np
 import pytest
 
 import epx
-import epx_ref
-from epx_cases import (check_dispatch, expert_y, hand_mask, inputs, make_case, run_ranks, same, segments_left,
-                        shm_segments, wait_until_dead)
+from epx_cases import inputs, make_case, masked_pair, run_ranks, segments_left, shm_segments, wait_until_dead
 
 P0, L, B, H, K = 4, 2, 2, 128, 3
 E_LOG = P0 * L
@@ -48,27 +46,8 @@ def _f32(bucket):
 def run_pair(ep, bucket, group, stage, j, lost, orig):
     """One dispatch / combine of stage `stage`'s pair j and one all_reduce, checked bit for bit."""
     survivors = [r for r in range(P0) if r not in lost]
-    me = survivors.index(orig)
     logical = make_case(P0, E_LOG, K, H, TOKENS, seed=1000 * stage + j)
-    masks = [hand_mask(logical.topk_idx[r], lost, MAPPING, L) for r in survivors]
-    x, idx, w = inputs(logical, orig, "torch")
-    routed, num_experts, pairs, tokens = epx.live_routing(idx, MAPPING, L, group)  # group None: the torch group
-    assert np.array_equal(routed.numpy(), masks[me][0]), f"rank {orig}: live_routing differs from the plain loop"
-    assert (num_experts, pairs, tokens) == (len(survivors) * (L + B), masks[me][1], masks[me][2])
-    n = len(survivors)
-    case = epx_ref.Case({"num_ranks": n, "num_experts": n * (L + B), "hidden": H, "num_topk": K},
-                        [m[0] for m in masks], [logical.topk_weights[r] for r in survivors],
-                        x=[logical.x[r] for r in survivors])
-    expanded = j % 2 == 1
-    res = epx_ref.compute(case, layout="expanded" if expanded else "compact", alignment=4 if expanded else 1,
-                          deterministic=True, zero_padding=True)
-    recv_x, recv_idx, recv_w, handle, _ = ep.dispatch(x, routed, w, do_expand=expanded,
-                                                      expert_alignment=4 if expanded else 1, deterministic=True,
-                                                      do_zero_padding=True)
-    check_dispatch(case, res, me, (recv_x, recv_idx, recv_w, handle), expanded, False)
-    y = expert_y(case, recv_x, recv_idx, handle, expanded)
-    combined, _, _ = ep.combine(y, handle)
-    same("combined_x", combined, res.ranks[me]["combined_x"], orig)
+    masks, pairs, tokens = masked_pair(ep, group, logical, lost, orig, MAPPING, L, j % 2 == 1)
     if group is not None:  # the group's dropped totals (a collective: after the pair, so a kill lands in the dispatch)
         assert group.sum([pairs, tokens]) == [sum(m[1] for m in masks), sum(m[2] for m in masks)]
     v = _f32(bucket)
