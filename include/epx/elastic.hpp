@@ -68,9 +68,11 @@
 // After a loss a bootstrap's barrier / allgather and connect (calls over every PE) throw
 // kUnsupported. At exit the survivors meet and the group's rank 0 ends the job
 // (shmem_global_exit; a non-zero exit status ends it at once): end with exit() or a return
-// from main, since a process that _exit()s leaves oshrun waiting for the dead PE. Joins are
-// not built there (request_ranks, admit and the doors throw kUnsupported), and
-// original_ranks gives 0..P-1.
+// from main, since a process that _exit()s leaves oshrun waiting for the dead PE. Joins come
+// from the job's spare PEs: with EPX_SHMEM_SPARES=S (and a reserve) the last S PEs of the
+// job wait inside connect() until admit takes them (connect then returns the grown group,
+// joined_admission() says how) or the job ends (they end, status 0, without returning);
+// the doors throw kUnsupported, and original_ranks gives 0..P-1.
 //
 // Memory and order: rebuild_group unmaps the old group's own windows and retires the old
 // group: from then on every call of it and of every endpoint opened from it (so every old
@@ -107,7 +109,8 @@
 // (launch's num_ranks + the order it was started in).
 //
 // Support for admission: groups of an elastic launch with spare_ranks, connect()-ed shm
-// groups with an open door (below), and the groups rebuilt or admitted from either.
+// groups with an open door (below), shmem groups of a job with spare PEs (above), and the
+// groups rebuilt or admitted from any of them.
 //
 // A connect()-ed group (torch.distributed, Python's epx.launch, any foreign launcher) has
 // no launcher to start joiners: its members open a door, a named segment that a process
@@ -217,8 +220,9 @@ void request_ranks(Transport& transport, int count);
 /// The returned transport must not outlive `group`.
 std::unique_ptr<Transport> admit(Transport& group, const AdmitOptions& options = {}, Admission* admission = nullptr);
 
-/// In a rank process started by request_ranks and admitted, or one admitted by join_door:
-/// how (tag included); null in the ranks the launch started.
+/// In a rank process started by request_ranks and admitted, one admitted by join_door, or
+/// a spare PE of a shmem job once admitted: how (tag included); null in the ranks the
+/// launch started.
 const Admission* joined_admission() noexcept;
 
 /// Local: the first group's number of each rank of `group` (a rebuilt or admitted group's

@@ -19,6 +19,7 @@
 
 #include "control_block.hpp"
 #include "door.hpp"
+#include "elastic_ops.hpp"
 #include "elastic_shm.hpp"
 #include "epx/elastic.hpp"
 #include "epx/launch.hpp"
@@ -167,6 +168,7 @@ std::unique_ptr<Transport> join_at_door(ControlBlock* root, Door* door, int s, s
 
 void request_ranks(Transport& transport, int count) {
   using namespace detail;
+  if (auto* ops = dynamic_cast<ElasticOps*>(&transport)) return ops->request_ranks(count);  // shmem: its spare PEs
   ShmTransport& t = elastic_shm(transport, "request_ranks");
   Door& door = group_door(t, "request_ranks");
   if (count < 1)
@@ -330,6 +332,7 @@ std::unique_ptr<Transport> join_admitted(const AdmitCall& a, void* memory, int J
 
 std::unique_ptr<Transport> admit(Transport& transport, const AdmitOptions& options, Admission* admission) {
   using namespace detail;
+  if (auto* ops = dynamic_cast<ElasticOps*>(&transport)) return ops->admit(options, admission);  // shmem: its spare PEs
   ShmTransport& t = elastic_shm(transport, "admit");
   Door& door = group_door(t, "admit");
   const int P = t.num_ranks(), me = t.rank();
@@ -371,7 +374,10 @@ std::unique_ptr<Transport> admit(Transport& transport, const AdmitOptions& optio
   return group;
 }
 
-const Admission* joined_admission() noexcept { return detail::g_joined ? &*detail::g_joined : nullptr; }
+const Admission* joined_admission() noexcept {
+  if (detail::g_joined) return &*detail::g_joined;
+  return detail::g_transport_joined ? &*detail::g_transport_joined : nullptr;
+}
 
 namespace detail {
 namespace {

@@ -36,6 +36,10 @@
 #       machine, then of one on rank 0's machine; the survivors agree, rebuild the group
 #       over the shmem transport and go on bit for bit on 3 ranks across both machines; the
 #       job ends by itself, nothing left behind.
+#   joins, 2 machines, spare PEs (EPX_SHMEM_SPARES): a spare admitted after a heal (4 ranks
+#       again), 2 -> 4 ranks without a loss (a third spare never admitted ends with the job),
+#       a spare that dies while joining (admit null on every member, they go on); every
+#       case bit for bit on the grown group, each job ends by itself.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -485,6 +489,73 @@ heal_case() {
 if want fault-heal; then
   heal_case heal-remote-rank 3 17 240            # the other machine's rank: every case after the heal
   heal_case heal-local-rank 1 4 180 --cases compact,flag_q2_expanded,ring4_compact  # a rank of rank 0's machine
+fi
+
+# 9. Joins from spare PEs (src/transport/shmem/shmem_join.cpp): oshrun starts the members
+# and S spare PEs (EPX_SHMEM_SPARES=S: the last S), which wait inside connect until the
+# members admit them (epx::admit; the spares' connect then returns the grown group, and
+# epx::joined_admission() says how). epx_multinode_rank --join: (a) heal:3, 2 x 2 members +
+# 1 spare on the other machine: rank 3 SIGKILLs itself, the 3 survivors heal, then admit
+# the spare: 4 ranks again, every case bit for bit; (b) grow:2, 2 members on machine 1 and 3
+# spares on machine 2: 2 -> 4 without a loss, the third spare never runs the program and
+# ends with the job (exit 0); (c) abandon, 2 x 2 members + 1 spare that
+# SIGKILLs itself when invited (EPX_FAULT_INJECT): admit returns null on every member after
+# the timeout, and they go on as they were. Each job ends by itself (a spare never admitted
+# ends too), nothing left behind; a job without a death exits 0.
+join_flags=("${heal_flags[@]}")
+printf '%s slots=2\n%s slots=3\n' "$ns1" "$ns2" >"$work/hosts23"
+# join_case NAME NP HOSTS SPARES LIMIT WANT_RC WANT_PASS "REGEX..." -- [rank args...]: the job
+# exits WANT_RC (any non-zero: x), WANT_PASS "PASS join:" lines, each REGEX a line of the output.
+join_case() {
+  local name=$1 np=$2 hosts=$3 spares=$4 limit=$5 want_rc=$6 want_pass=$7; shift 7
+  local regexes=() s rc took ok=1 p left="" got x
+  while [ "$1" != -- ]; do regexes+=("$1"); shift; done
+  shift
+  s=$(date +%s)
+  flags=join_flags across_run "$name" "$np" "$hosts" "$limit" -x EPX_SHMEM_SPARES="$spares" "$bin" --timeout-ms $heal_ms "$@"
+  rc=$? took=$(( $(date +%s) - s ))
+  local out=$work/$name.out
+  [ "$rc" -ne 124 ] || { fail "$name: the job did not end by itself (timeout after ${limit}s)"; ok=0; }
+  if [ "$want_rc" = x ]; then [ "$rc" -ne 0 ] || { fail "$name: exit 0, want non-zero (a PE died)"; ok=0; }
+  else [ "$rc" = "$want_rc" ] || { fail "$name: exit $rc, want $want_rc"; ok=0; }; fi
+  for x in "${regexes[@]}"; do grep -Eq "$x" "$out" || { fail "$name: no line /$x/"; ok=0; }; done
+  got=$(grep -c '^PASS join:' "$out")
+  [ "$got" = "$want_pass" ] || { fail "$name: $got of $want_pass cases passed"; ok=0; }
+  for f in "$work"/shm-*; do
+    [ -e "$f" ] && [ -s "$f" ] && { fail "$name: /dev/shm of $(basename "$f") kept: $(tr '\n' ' ' <"$f")"; ok=0; }
+  done
+  sleep 1
+  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do
+    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = epx_multinode_r ] && left="$left $p"
+  done
+  [ -z "$left" ] || { fail "$name: epx ranks left in the namespaces:$left"; ok=0; }
+  if [ "$ok" = 1 ]; then
+    echo "PASS: $name (exit $rc after ${took}s; $got cases on the grown group; $(grep -m1 '^ADMIT rank 0 ' "$out" | sed 's/^ADMIT //'))"
+  else
+    quiet_noise "$work/$name.err" | grep -v 'Internal error\|flush.c' | tail -8
+  fi
+  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+}
+if want fault-join; then
+  join_cases=compact,fp8_expanded_worst,flag_q2_expanded,ring4_compact
+  join_case join-after-heal 5 hosts23 1 180 x 4 \
+    '^HEAL rank 0 \(node 0\) -> rank 0 of 3: lost rank 3;' '^HEAL rank 2 \(node 1\) -> rank 2 of 3: lost rank 3;' \
+    '^ADMIT rank 0 -> rank 0 of 4: 1 joined in [0-9]+ ms$' '^ADMIT rank 2 -> rank 2 of 4: 1 joined' \
+    '^JOINED rank 3 of 4 \(round 1, 1 joined to 3, tag 7\)$' '^DONE rank 0$' '^DONE rank 1$' '^DONE rank 2$' '^DONE rank 3$' \
+    -- --join heal:3 --cases "$join_cases"
+  join_case join-grow 5 hosts23 3 180 0 4 \
+    '^PASS before:compact \(P=2\)$' '^ADMIT rank 0 -> rank 0 of 4: 2 joined in [0-9]+ ms$' '^ADMIT rank 1 -> rank 1 of 4: 2 joined' \
+    '^JOINED rank 2 of 4 \(round 1, 2 joined to 2, tag 7\)$' '^JOINED rank 3 of 4 \(round 1, 2 joined to 2, tag 7\)$' \
+    '^DONE rank 0$' '^DONE rank 1$' '^DONE rank 2$' '^DONE rank 3$' \
+    -- --join grow:2 --cases "$join_cases"
+  [ "$(grep -c '^JOINED' "$work/join-grow.out")" = 2 ] || fail "join-grow: not 2 spares ran the program"
+  join_flags=("${heal_flags[@]}" -x "EPX_FAULT_INJECT=4:elastic admit:KILL")
+  join_case join-spare-dies 5 hosts23 1 180 x 4 \
+    '^ADMIT rank 0 -> abandoned, still rank 0 of 4, in [0-9]+ ms$' '^ADMIT rank 3 -> abandoned, still rank 3 of 4' \
+    '^DONE rank 0$' '^DONE rank 1$' '^DONE rank 2$' '^DONE rank 3$' \
+    -- --join abandon --cases "$join_cases"
+  grep -q '^JOINED' "$work/join-spare-dies.out" && fail "join-spare-dies: the killed spare ran the program"
+  join_flags=("${heal_flags[@]}")
 fi
 
 shm_after=$(ls -A /dev/shm | sort)

@@ -24,6 +24,13 @@
 //   replica plan's routing masked to the live replicas (the dropped counts summed by
 //   epx::sum_over_group) and the --cases (default: all) for P-1 ranks ("PASS heal:<case>" on the new rank 0). The
 //   process then ends through epx (the survivors' last barrier, rank 0 ends the job).
+// --join grow:K | heal:R | abandon (a job with spare PEs: EPX_SHMEM_SPARES; the spares wait in
+//   connect and run only once admitted, "JOINED ..." then the cases): grow:K, the members
+//   check compact on their P, then admit K spares ("ADMIT rank ... in N ms") and run the
+//   --cases on P + K ("PASS join:<case>"); heal:R, as --fault heal:R, then the survivors admit
+//   one spare and run the cases on the grown group; abandon, the members admit one spare,
+//   which dies joining (EPX_FAULT_INJECT="<its PE>:elastic admit:KILL"): admit returns null
+//   on every member, which run the cases on their group as it was.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -437,9 +444,39 @@ void masked_pair(Transport& group, int P, const Membership& m, int orig) {
   std::fflush(stdout);
 }
 
-/// The survivors' part of --fault heal:R: agree, rebuild, go on (see the top).
+/// The --cases on `group` ("PASS <label>:<case>" on its rank 0), then "DONE rank <r>".
+void cases_on(Transport& group, const std::string& which, const char* label, int orig) {
+  for (const Case& k : cases(group.num_ranks())) {
+    if (which != "all" && ("," + which + ",").find("," + k.name + ",") == std::string::npos) continue;
+    const auto t0 = Clock::now();
+    run_case(group, k);
+    group.barrier("case done");
+    if (group.rank() == 0) std::printf("PASS %s:%s (P=%d, %lld ms)\n", label, k.name.c_str(), group.num_ranks(), ms_since(t0));
+    std::fflush(stdout);
+  }
+  std::printf("DONE rank %d\n", orig);
+  std::fflush(stdout);
+}
+
+/// The members' admission of --join: `want` spares (0: it must be abandoned), the time it took.
+std::unique_ptr<Transport> admit_spares(Transport& group, int want, int orig) {
+  const auto t0 = Clock::now();
+  Admission a;
+  std::unique_ptr<Transport> bigger = admit(group, {.joiners = want > 0 ? want : 1, .tag = 7}, &a);
+  const long long ms = ms_since(t0);
+  if ((bigger != nullptr) != (want > 0) || a.joined != want || a.old_num_ranks != group.num_ranks() ||
+      (bigger && (bigger->rank() != group.rank() || bigger->num_ranks() != group.num_ranks() + want)))
+    fail(orig, "admit: joined " + std::to_string(a.joined) + " of " + std::to_string(want) + (bigger ? " (a group)" : " (null)"));
+  if (bigger) std::printf("ADMIT rank %d -> rank %d of %d: %d joined in %lld ms\n", orig, bigger->rank(), bigger->num_ranks(), want, ms);
+  else std::printf("ADMIT rank %d -> abandoned, still rank %d of %d, in %lld ms\n", orig, group.rank(), group.num_ranks(), ms);
+  std::fflush(stdout);
+  return bigger;
+}
+
+/// The survivors' part of --fault heal:R: agree, rebuild, go on (see the top); with
+/// `joiners`, admit that many spares after the rebuild and go on over them (--join heal:R).
 void heal_after(Transport& t, const NodeMap& nodes, int victim, const std::string& which, int completed,
-                const std::string& error, Clock::time_point failed_at) {
+                const std::string& error, Clock::time_point failed_at, int joiners) {
   const int P = t.num_ranks(), r = t.rank();
   const auto ur = static_cast<std::size_t>(r);
   if (completed < 3 || completed > 4) fail(r, "heal: failed after " + std::to_string(completed) + " round trips, not in the victim's");
@@ -460,21 +497,13 @@ void heal_after(Transport& t, const NodeMap& nodes, int victim, const std::strin
     if (e.code() != ErrorCode::kBadHandle || std::string(e.what()).find("rebuilt") == std::string::npos) throw;
   }
   masked_pair(*group, P, m, r);
-  for (const Case& k : cases(group->num_ranks())) {
-    if (which != "all" && ("," + which + ",").find("," + k.name + ",") == std::string::npos) continue;
-    const auto t0 = Clock::now();
-    run_case(*group, k);
-    group->barrier("case done");
-    if (group->rank() == 0)
-      std::printf("PASS heal:%s (P=%d, %lld ms)\n", k.name.c_str(), group->num_ranks(), ms_since(t0));
-    std::fflush(stdout);
-  }
-  std::printf("DONE rank %d\n", r);
-  std::fflush(stdout);
+  if (joiners == 0) return cases_on(*group, which, "heal", r);
+  std::unique_ptr<Transport> bigger = admit_spares(*group, joiners, r);
+  cases_on(*bigger, which, "join", r);
 }
 
 /// --fault heal:R (see the top).
-void heal(Transport& t, const NodeMap& nodes, int victim, const std::string& which) {
+void heal(Transport& t, const NodeMap& nodes, int victim, const std::string& which, int joiners) {
   const int P = t.num_ranks(), r = t.rank();
   Case c{"heal", fx(P, 4, 50), {}};
   const ref::Problem p = ref::make_problem(c.fx);
@@ -504,7 +533,7 @@ void heal(Transport& t, const NodeMap& nodes, int victim, const std::string& whi
     failed_at = Clock::now();
   }
   try {
-    heal_after(t, nodes, victim, which, completed, error, failed_at);
+    heal_after(t, nodes, victim, which, completed, error, failed_at, joiners);
   } catch (const std::exception& e) {
     // Not rank_main's _Exit: after a loss only exit() lets epx end the job (at once, with a
     // non-zero status); a process that just vanishes leaves Open MPI waiting for the dead PE.
@@ -512,6 +541,29 @@ void heal(Transport& t, const NodeMap& nodes, int victim, const std::string& whi
     std::fflush(stderr);
     std::exit(1);
   }
+}
+
+/// --join (see the top), in a member; a spare runs joined() once admitted.
+void join(Transport& t, const NodeMap& nodes, const std::string& mode, const std::string& which) {
+  if (mode.rfind("heal:", 0) == 0) return heal(t, nodes, std::stoi(mode.substr(5)), which, 1);
+  const int r = t.rank();
+  if (mode == "abandon") {
+    admit_spares(t, 0, r);
+    return cases_on(t, which, "join", r);
+  }
+  if (mode.rfind("grow:", 0) != 0) throw std::invalid_argument("unknown --join " + mode);
+  run_case(t, cases(t.num_ranks()).front());
+  if (r == 0) std::printf("PASS before:compact (P=%d)\n", t.num_ranks());
+  std::unique_ptr<Transport> bigger = admit_spares(t, std::stoi(mode.substr(5)), r);
+  cases_on(*bigger, which, "join", r);
+}
+
+void joined(Transport& t, const Admission& a, const std::string& which) {
+  std::printf("JOINED rank %d of %d (round %d, %d joined to %d, tag %llu)\n", t.rank(), t.num_ranks(), a.round, a.joined,
+              a.old_num_ranks, static_cast<unsigned long long>(a.tag));
+  std::fflush(stdout);
+  if (a.new_rank != t.rank() || a.old_num_ranks + a.joined != t.num_ranks() || a.tag != 7) fail(t.rank(), "joined_admission");
+  cases_on(t, which, "join", t.rank());
 }
 
 // --ping N: rank 0 and the last rank bounce a signal N times (a timing probe, prints us per round trip).
@@ -540,14 +592,15 @@ void ping(Transport& t, int n) {
 }
 
 int main_impl(int argc, char** argv) {
-  const RankOptions o(argc, argv, {"--cases", "--timeout-ms", "--fault", "--ping"}, {"--bytes", "--hierarchical-count"});
-  const std::string which = o.value("--cases", "all"), fault = o.value("--fault", "");
+  const RankOptions o(argc, argv, {"--cases", "--timeout-ms", "--fault", "--ping", "--join"}, {"--bytes", "--hierarchical-count"});
+  const std::string which = o.value("--cases", "all"), fault = o.value("--fault", ""), join_mode = o.value("--join", "");
   const bool bytes = o.has("--bytes"), hier = o.has("--hierarchical-count");
   const int pings = std::stoi(o.value("--ping", "0"));
   auto boot = shmem_bootstrap();
   const NodeMap nodes = discover_nodes(*boot);
-  auto t = connect_shmem(*boot, o.timeout());
+  auto t = connect_shmem(*boot, o.timeout());  // a spare PE returns once admitted (or never)
   const int r = t->rank();
+  if (const Admission* a = joined_admission()) return joined(*t, *a, which), 0;
   {
     std::ostringstream os;
     os << "rank " << r << " node " << nodes.node_of_rank[static_cast<std::size_t>(r)] << " paths:";
@@ -564,9 +617,10 @@ int main_impl(int argc, char** argv) {
   if (!fault.empty()) {
     if (fault.rfind("kill-rank:", 0) == 0) fault_loop(*t, "", std::stoi(fault.substr(10)));
     else if (fault.rfind("loop:", 0) == 0) fault_loop(*t, fault.substr(5), -1);
-    else if (fault.rfind("heal:", 0) == 0) return heal(*t, nodes, std::stoi(fault.substr(5)), which), 0;
+    else if (fault.rfind("heal:", 0) == 0) return heal(*t, nodes, std::stoi(fault.substr(5)), which, 0), 0;
     else throw std::invalid_argument("unknown fault " + fault);
   }
+  if (!join_mode.empty()) return join(*t, nodes, join_mode, which), 0;
   if (pings > 0) return ping(*t, pings), 0;
   if (bytes) bytes_case(*boot, *t, nodes);
   if (hier) hierarchical_count(*t, nodes);

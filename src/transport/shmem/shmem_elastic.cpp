@@ -147,6 +147,14 @@ int ShmemControl::barrier(const std::vector<int>& pes, std::uint64_t stamp, std:
   return -1;
 }
 
+int ShmemControl::meeting(const std::vector<int>& pes, std::uint64_t stamp, std::chrono::milliseconds timeout) {
+  for (int p : pes) set(p, meet(me_), stamp);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (std::size_t i = 0; i < pes.size(); ++i)
+    if (!wait(meet(pes[i]), stamp, deadline)) return static_cast<int>(i);
+  return -1;
+}
+
 // ---- the end of a job that lost PEs
 
 namespace {
@@ -182,6 +190,7 @@ void end_job(int status, void*) {
   }
   ::signal(SIGTERM, SIG_DFL);  // the launcher's SIGTERM then ends the other survivors silently
   std::fflush(nullptr);
+  if (g->me == 0) release_spares(*g->control);  // spare PEs never admitted end too, not as a failure
   if (code != 0 || g->me == 0) shmem_global_exit(code);
   // Rank 0's shmem_global_exit ends the job, and this process with it; should it not come:
   const auto limit = std::chrono::steady_clock::now() + 2 * g->timeout + std::chrono::seconds(5);
@@ -215,31 +224,42 @@ void ShmemTransport::require_live(const char* call) const {
   const int round = group_->retired.load(std::memory_order_acquire);
   if (round == 0) return;
   throw Error(ErrorCode::kBadHandle,
-              "rank " + std::to_string(rank_) + ": " + call + " on a shmem group that was rebuilt without its lost PEs (round " +
-                  std::to_string(round) + "): a buffer of the old group cannot be used any more; build it again on the group "
-                  "rebuild_group returned",
+              "rank " + std::to_string(rank_) + ": " + call + " on a shmem group that was rebuilt (without its lost PEs, or "
+                  "with joiners; round " + std::to_string(round) + "): a buffer of the old group cannot be used any more; "
+                  "build it again on the group rebuild_group or admit returned",
               rank_);
 }
 
+namespace {
+std::vector<int> pes_of(const std::vector<int>& pe, const std::vector<int>& ranks) {
+  std::vector<int> v;
+  for (int r : ranks) v.push_back(pe[static_cast<std::size_t>(r)]);
+  return v;
+}
+}  // namespace
+
 ShmemTransport::ShmemTransport(ShmemTransport& old, const Membership& m)
-    : runtime_(old.runtime_),
-      control_(old.control_),
-      lineage_(old.lineage_ + 1),
-      heap_bytes_(old.heap_bytes_),
-      rank_(m.new_rank),
-      num_ranks_(static_cast<int>(m.survivors.size())),
-      timeout_(old.timeout_),
-      caps_(old.caps_),
-      puts_(new std::atomic<std::uint64_t>[m.survivors.size()]),
-      put_bytes_(new std::atomic<std::uint64_t>[m.survivors.size()]),
-      payload_bytes_(new std::atomic<std::uint64_t>[m.survivors.size()]),
-      outstanding_(new std::atomic<bool>[m.survivors.size()]),
-      unprobed_(new std::atomic<bool>[m.survivors.size()]) {
-  for (int o : m.survivors) {
-    const auto u = static_cast<std::size_t>(o);
-    pe_.push_back(old.pe_[u]);
-    node_of_rank_.push_back(old.node_of_rank_[u]);
-    mapped_.push_back(old.mapped_[u]);
+    : ShmemTransport(old, pes_of(old.pe_, m.survivors), m.new_rank, old.lineage_ + 1, old.timeout_) {}
+
+ShmemTransport::ShmemTransport(const ShmemTransport& from, std::vector<int> pes, int rank, int lineage,
+                               std::chrono::milliseconds timeout)
+    : runtime_(from.runtime_),
+      control_(from.control_),
+      pe_(std::move(pes)),
+      lineage_(lineage),
+      heap_bytes_(from.heap_bytes_),
+      rank_(rank),
+      num_ranks_(static_cast<int>(pe_.size())),
+      timeout_(timeout),
+      caps_(from.caps_),
+      puts_(new std::atomic<std::uint64_t>[pe_.size()]),
+      put_bytes_(new std::atomic<std::uint64_t>[pe_.size()]),
+      payload_bytes_(new std::atomic<std::uint64_t>[pe_.size()]),
+      outstanding_(new std::atomic<bool>[pe_.size()]),
+      unprobed_(new std::atomic<bool>[pe_.size()]) {
+  for (int p : pe_) {
+    node_of_rank_.push_back(runtime_->node_of_pe(p));
+    mapped_.push_back(runtime_->mapped_pe(p));
   }
   const bool all_mapped = std::all_of(mapped_.begin(), mapped_.end(), [](bool x) { return x; });
   caps_.peer_memory_mapped = all_mapped;

@@ -9,6 +9,11 @@
 //   dead_at[pe]  the agreement in which a PE of pe's machine saw pe's process gone
 //   identity[pe][3]  pe's process (pid, start time, pid namespace), in pe's own words
 //   gone[pe]     1 once a PE of pe's machine saw pe's process gone (the waits look at it)
+//   joins (shmem_join.cpp): on a spare PE, probe_from / probe (an admitting rank 0 asks
+//   whether it lives), answered in probe_ack[spare] on that PE; on every member and joiner
+//   of an admission, join_head[kJoinHead] and roster[pe] (the new group's PEs in rank
+//   order) and book[pe] (which spares are out), then join_stamp; on a joiner, outcome
+//   (the members' verdict: value, then outcome_stamp); on a spare, release (the job ended)
 //
 // Each word is written by one PE only (its own index; the decision by the deciding PE), with
 // stamps that only grow: (group lineage << 40) | sequence within the group, so a group
@@ -23,6 +28,7 @@
 #include <vector>
 
 #include "control_block.hpp"
+#include "epx/bootstrap.hpp"
 
 namespace epx::detail {
 
@@ -54,7 +60,23 @@ class ShmemControl {
   std::size_t identity(int pe) const noexcept { return dead_at(0) + n_ + 3 * static_cast<std::size_t>(pe); }
   /// Non-zero once a PE of pe's machine saw pe's process gone (set on every member; sticky).
   std::size_t gone(int pe) const noexcept { return identity(0) + 3 * n_ + static_cast<std::size_t>(pe); }
-  std::size_t total_words() const noexcept { return gone(0) + n_; }
+  // Joins (shmem_join.cpp; see the top).
+  static constexpr std::size_t kJoinHead = 8;
+  std::size_t probe_from() const noexcept { return gone(0) + n_; }
+  std::size_t probe() const noexcept { return probe_from() + 1; }
+  std::size_t probe_ack(int pe) const noexcept { return probe() + 1 + static_cast<std::size_t>(pe); }
+  std::size_t join_stamp() const noexcept { return probe_ack(0) + n_; }
+  std::size_t join_head(std::size_t i) const noexcept { return join_stamp() + 1 + i; }
+  std::size_t roster() const noexcept { return join_head(kJoinHead); }
+  std::size_t book() const noexcept { return roster() + n_; }
+  std::size_t outcome() const noexcept { return book() + n_; }
+  std::size_t outcome_stamp() const noexcept { return outcome() + 1; }
+  std::size_t release() const noexcept { return outcome_stamp() + 1; }
+  /// pe's stamp in an admission's meeting (the admission's own stamps: a new group that was
+  /// abandoned leaves nothing in the barrier words the old group goes on with).
+  std::size_t meet(int pe) const noexcept { return release() + 1 + static_cast<std::size_t>(pe); }
+  std::size_t total_words() const noexcept { return meet(0) + n_; }
+  int num_pes() const noexcept { return static_cast<int>(n_); }
 
   /// Sets word `w` on PE `pe` to `value`, after this PE's earlier puts to `pe` (this PE's
   /// own word: a local store).
@@ -69,6 +91,8 @@ class ShmemControl {
   /// waits for each one's. Returns the index in `pes` of the first that did not arrive
   /// within `timeout`, -1 when all did.
   int barrier(const std::vector<int>& pes, std::uint64_t stamp, std::chrono::milliseconds timeout);
+  /// The same over the meet words (an admission's first meeting of its new group).
+  int meeting(const std::vector<int>& pes, std::uint64_t stamp, std::chrono::milliseconds timeout);
 
   int my_pe() const noexcept { return me_; }
   /// PE pe shares this machine (shmem_ptr maps its words) and its process has ended (read
@@ -97,5 +121,15 @@ bool launcher_keeps_survivors() noexcept;
 /// rebuild (the latest group counts).
 void end_job_with_group(std::shared_ptr<ShmemControl> control, std::vector<int> pes, int me, int lineage,
                         std::chrono::milliseconds timeout);
+
+/// EPX_SHMEM_SPARES=S (shmem_join.cpp): the job's last S PEs are spares, outside the group
+/// until admitted. Collective over every PE (an all-gather: the same S on every one, and a
+/// reserve to take windows from, else kInvalidArgument); 0 when unset.
+int job_spares(Bootstrap& bootstrap, int npes);
+
+/// Rank 0 of the job's last group, as it ends the job: tells every spare still waiting
+/// (never admitted, not known dead) that the job is over, so it ends without running the
+/// program (shmem_join.cpp).
+void release_spares(ShmemControl& control);
 
 }  // namespace epx::detail

@@ -171,6 +171,22 @@ void ShmemRuntime::set_control(std::shared_ptr<ShmemControl> c) {
   control_ = std::move(c);
 }
 
+void ShmemRuntime::set_pes(std::vector<int> node_of_pe, std::vector<bool> mapped_pe) {
+  std::lock_guard<std::mutex> lock(blocks_mu_);
+  node_of_pe_ = std::move(node_of_pe);
+  mapped_pe_ = std::move(mapped_pe);
+}
+
+int ShmemRuntime::node_of_pe(int pe) const {
+  std::lock_guard<std::mutex> lock(blocks_mu_);
+  return node_of_pe_.at(static_cast<std::size_t>(pe));
+}
+
+bool ShmemRuntime::mapped_pe(int pe) const {
+  std::lock_guard<std::mutex> lock(blocks_mu_);
+  return mapped_pe_.at(static_cast<std::size_t>(pe));
+}
+
 namespace {
 
 class ShmemBootstrap final : public Bootstrap {
@@ -267,6 +283,7 @@ std::unique_ptr<Transport> connect_shmem(Bootstrap& bootstrap, const ConnectOpti
     throw Error(ErrorCode::kUnsupported, "connect(shmem): PEs of this job were lost (a group was rebuilt without them), and a "
                                          "connect runs over every PE: use the rebuilt group");
   const NodeMap nodes = discover_nodes(bootstrap);
+  const int spares = job_spares(bootstrap, n);
   // The heap every PE can count on: the smallest (nodes with less memory get a smaller
   // default); 0 if any PE does not know its own.
   std::uint64_t mine = rt->heap_bytes();
@@ -279,7 +296,9 @@ std::unique_ptr<Transport> connect_shmem(Bootstrap& bootstrap, const ConnectOpti
     rt->set_control(std::make_shared<ShmemControl>(me, n));
     reserve_for_rebuilds(bootstrap, *rt, static_cast<std::size_t>(agreed));
   }
-  return std::make_unique<ShmemTransport>(std::move(rt), nodes, options.timeout, static_cast<std::size_t>(agreed));
+  auto all = std::make_unique<ShmemTransport>(std::move(rt), nodes, options.timeout, static_cast<std::size_t>(agreed));
+  if (spares == 0) return all;
+  return ShmemTransport::split_spares(std::move(all), spares);
 }
 
 }  // namespace epx::detail

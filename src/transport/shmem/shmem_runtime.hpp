@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "epx/shmem.hpp"
 #include "shmem/shmem_settings.hpp"
@@ -45,6 +46,9 @@ class ShmemRuntime {
     lost_.store(true, std::memory_order_release);
     mark_failed();
   }
+  /// The job has spare PEs (EPX_SHMEM_SPARES) outside the group: from its first connect on,
+  /// no call over every PE either (the spares make none), but nothing failed.
+  static void mark_partial() noexcept { lost_.store(true, std::memory_order_release); }
 
   /// This PE's symmetric heap as epx set or read it (0: unknown).
   std::size_t heap_bytes() const noexcept { return settings_.heap_bytes; }
@@ -70,6 +74,12 @@ class ShmemRuntime {
   std::shared_ptr<ShmemControl> control() const;
   void set_control(std::shared_ptr<ShmemControl> c);
 
+  /// Every PE's node and whether shmem_ptr maps its heap here, as the first connect found
+  /// them (a group over any PEs of the job takes its ranks' from here).
+  void set_pes(std::vector<int> node_of_pe, std::vector<bool> mapped_pe);
+  int node_of_pe(int pe) const;
+  bool mapped_pe(int pe) const;
+
  private:
   explicit ShmemRuntime(ShmemSettings settings) : settings_(std::move(settings)) {}
   static std::mutex& mu();
@@ -86,6 +96,8 @@ class ShmemRuntime {
   mutable std::mutex blocks_mu_;
   std::map<std::byte*, Block> blocks_;  // by address: the same order on every PE (symmetric heap)
   std::shared_ptr<ShmemControl> control_;
+  std::vector<int> node_of_pe_;
+  std::vector<bool> mapped_pe_;
 };
 
 }  // namespace epx::detail

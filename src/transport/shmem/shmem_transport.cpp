@@ -56,6 +56,7 @@ ShmemTransport::ShmemTransport(std::shared_ptr<ShmemRuntime> runtime, const Node
   mapped_.assign(static_cast<std::size_t>(num_ranks_), false);
   for (int p = 0; p < num_ranks_; ++p) mapped_[static_cast<std::size_t>(p)] = p == rank_ || shmem_ptr(probe, p) != nullptr;
   shmem_free(probe);
+  if (!ShmemRuntime::lost()) runtime_->set_pes(node_of_rank_, mapped_);  // for groups over any PEs (shmem_join.cpp)
   pe_.resize(static_cast<std::size_t>(num_ranks_));
   for (int p = 0; p < num_ranks_; ++p) pe_[static_cast<std::size_t>(p)] = p;
   control_ = runtime_->control();
@@ -155,7 +156,7 @@ void ShmemTransport::guarded(const char* call, int peer, F&& f) {
 }
 
 void ShmemTransport::release_heap() noexcept {
-  if (base_ != nullptr && !ShmemRuntime::failed()) {
+  if (base_ != nullptr && !ShmemRuntime::failed() && !ShmemRuntime::lost()) {
     shmem_quiet();
     shmem_free(base_);  // collective
     runtime_->unregister_block(base_);

@@ -37,11 +37,13 @@
 //     transport whose rank i is PE survivors[i], over the same symmetric heap, whose
 //     windows reuse the blocks the old group gave back (shmem_malloc would wait for the dead
 //     PE). Open MPI must let the survivors live (oshrun --mca orte_abort_on_non_zero_status
-//     0); they end the job at exit (end_job_with_group).
+//     0); they end the job at exit (end_job_with_group). Joins come from the job's spare
+//     PEs (EPX_SHMEM_SPARES; shmem_join.cpp): they wait in connect until admitted into a
+//     group over the members' PEs and theirs.
 //
 // The sources: shmem_runtime.cpp (the runtime, the bootstrap, connect), shmem_transport.cpp
 // (the data path), shmem_faults.cpp (the watchdog, the SIGTERM line, the errors naming a
-// peer), shmem_elastic.cpp (losing PEs).
+// peer), shmem_elastic.cpp (losing PEs), shmem_join.cpp (spare PEs joining).
 #pragma once
 
 #include <atomic>
@@ -115,10 +117,30 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   Membership agree_survivors() override;
   std::unique_ptr<Transport> rebuild_group(const Membership& membership) override;
   std::vector<std::int64_t> sum_over_group(const std::vector<std::int64_t>& values) override;
+  // Joins (shmem_join.cpp): the job's spare PEs (EPX_SHMEM_SPARES), admitted by the members.
+  void request_ranks(int count) override;
+  std::unique_ptr<Transport> admit(const AdmitOptions& options, Admission* admission) override;
+  /// connect's end in a job with `spares` spare PEs (`all`: the transport over every PE):
+  /// in a member, the group over the first PEs; in a spare, the group it is admitted into
+  /// (it waits until then; if the job ends first it ends the process, status 0).
+  static std::unique_ptr<Transport> split_spares(std::unique_ptr<ShmemTransport> all, int spares);
 
  private:
   ShmemTransport(ShmemTransport& parent, int);  // an endpoint
   ShmemTransport(ShmemTransport& old, const Membership& m);  // a group over old's survivors
+  /// A group over `pes` (rank i is PE pes[i]; this process is `rank`), over `from`'s heap.
+  ShmemTransport(const ShmemTransport& from, std::vector<int> pes, int rank, int lineage, std::chrono::milliseconds timeout);
+  /// A spare PE (this, the transport over every PE): waits for an admission (shmem_join.cpp).
+  std::unique_ptr<Transport> wait_as_spare();
+  /// The spare's side of the admission `stamp` it was invited to: the new group, or null.
+  std::unique_ptr<Transport> join_invited(std::uint64_t stamp);
+  /// Rank 0 of an admission: the spares it claims (PEs, at most `want`, alive: they
+  /// answered its probe within `wait`), and publishes the decision to members and joiners.
+  std::vector<int> claim_spares(std::uint64_t stamp, int want, std::chrono::milliseconds wait);
+  void publish_admission(const std::vector<int>& joiners, std::uint64_t stamp, std::uint64_t tag, std::uint64_t round);
+  /// The new group's members and joiners meet; the members decide over this group whether
+  /// it stands for all; rank 0 tells the joiners. The new group or null.
+  std::unique_ptr<ShmemTransport> meet_joiners(const std::vector<int>& roster, std::uint64_t stamp);
   /// kBadHandle once a rebuild retired this group (`call` names the call).
   void require_live(const char* call) const;
   /// A block from those the old group gave back (after a loss), the same one on every member.
@@ -177,7 +199,7 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   // Shared by a group and its endpoints: the sequences of its control-word stamps, and the
   // round of the rebuild that retired it (0: live).
   struct GroupState {
-    std::atomic<std::uint64_t> agree{0}, sums{0}, barriers{0};
+    std::atomic<std::uint64_t> agree{0}, sums{0}, barriers{0}, admits{0};
     std::atomic<int> retired{0};
   };
   std::shared_ptr<GroupState> group_ = std::make_shared<GroupState>();
