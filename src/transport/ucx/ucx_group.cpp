@@ -97,7 +97,7 @@ UcxGroup::UcxGroup(Bootstrap& boot, const ConnectOptions& options)
   caps_.one_sided_get = true;             // ucp_get_nbx, completed by the flush
   try {
     connect_endpoints(start_worker());
-    if (remote_peers_) map_goodbye_block();
+    map_goodbye_block();  // also on one machine: the left words
     if (remote_peers_) connect_links();
   } catch (...) {
     close_links();
@@ -219,8 +219,11 @@ void UcxGroup::say_goodbye() noexcept {
   }
 }
 
-// Every rank's goodbye block (P words, allocated and registered by UCX as the windows are):
-// its address and rkey go to every rank, which unpacks those of the other machines' ranks.
+// Every rank's goodbye block (2P words, allocated and registered by UCX as the windows are):
+// its address and rkey go to every rank, which unpacks every peer's; a same-machine peer's
+// block is mapped here too (UCX's sysv/posix memory: ucp_rkey_ptr), where tell_left stores
+// its left word directly (its endpoint, without peer error handling, is no path to a peer
+// that may be dying).
 void UcxGroup::map_goodbye_block() {
   const auto P = static_cast<std::size_t>(size_);
   goodbye_remote_.assign(P, 0);
@@ -262,17 +265,22 @@ void UcxGroup::map_goodbye_block() {
       throw Error(ErrorCode::kInternal, "rank " + std::to_string(rank_) + ": ucx: rank " + std::to_string(p) +
                                             " cannot register its goodbye block: " + (blob.empty() ? "(nothing sent)" : blob.substr(1)), p);
   }
+  peer_blocks_.assign(P, nullptr);
   for (int p = 0; p < size_; ++p) {
     const auto up = static_cast<std::size_t>(p);
-    if (p == rank_ || same_node(p)) continue;
+    if (p == rank_) continue;
     const std::string& blob = all[up];
     std::memcpy(&goodbye_remote_[up], blob.data() + 1, sizeof(std::uint64_t));
     s = ucp_ep_rkey_unpack(eps_[up], blob.data() + 1 + sizeof(std::uint64_t), &goodbye_rkeys_[up]);
     if (s != UCS_OK) {
       goodbye_rkeys_[up] = nullptr;
+      if (same_node(p)) continue;  // no notice to this peer: its waits for this rank time out
       throw Error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank_) + ": ucx: cannot unpack the goodbye block's rkey of " + describe(p) +
                                               ": " + status_text(s), p);
     }
+    void* at = nullptr;
+    if (same_node(p) && ucp_rkey_ptr(goodbye_rkeys_[up], goodbye_remote_[up], &at) == UCS_OK)
+      peer_blocks_[up] = static_cast<std::uint64_t*>(at);
   }
 }
 
@@ -612,16 +620,23 @@ void UcxGroup::check_alive(const WaitPoint& where) {
               peer);
 }
 
-// This rank leaves its call because `lost` failed: every rank on another machine that may
-// wait for it learns so at once (its left word here, which check_left reads) instead of
-// waiting a whole timeout for signals this rank will not send. Once per group; a put, as the
-// goodbye's, completed by the teardown's flush.
+// This rank leaves its call because `lost` failed: every rank that may wait for it learns so
+// at once (its left word here, which check_left reads) instead of waiting a whole timeout for
+// signals this rank will not send. Once per group. To another machine a put, as the
+// goodbye's, completed by the teardown's flush; to this machine's ranks a store into their
+// mapped block (none where UCX could not map it: those wait for their timeout).
 void UcxGroup::tell_left(int lost) const noexcept {
   if (goodbye_memh_ == nullptr || lost < 0 || lost >= size_ || told_left_.exchange(true)) return;
   left_value_ = static_cast<std::uint64_t>(lost) + 1;
   for (int p = 0; p < size_; ++p) {
     const auto up = static_cast<std::size_t>(p);
-    if (p == rank_ || p == lost || same_node(p) || failed_[up].load(std::memory_order_relaxed) != 0 || closed(p)) continue;
+    if (p == rank_ || p == lost) continue;
+    if (same_node(p)) {
+      if (std::uint64_t* block = peer_blocks_[up])
+        std::atomic_ref<std::uint64_t>(block[static_cast<std::size_t>(size_ + rank_)]).store(left_value_, std::memory_order_release);
+      continue;
+    }
+    if (failed_[up].load(std::memory_order_relaxed) != 0 || closed(p)) continue;
     touched_[up].store(true, std::memory_order_relaxed);
     ucp_request_param_t prm{};
     const std::uint64_t at = goodbye_remote_[up] + (static_cast<std::uint64_t>(size_) + static_cast<std::uint64_t>(rank_)) * sizeof left_value_;
@@ -631,12 +646,12 @@ void UcxGroup::tell_left(int lost) const noexcept {
 }
 
 int UcxGroup::left_because(int peer) const noexcept {
-  if (left_ == nullptr || peer < 0 || peer >= size_ || peer == rank_ || same_node(peer)) return -1;
+  if (left_ == nullptr || peer < 0 || peer >= size_ || peer == rank_) return -1;
   const std::uint64_t v = std::atomic_ref<std::uint64_t>(left_[static_cast<std::size_t>(peer)]).load(std::memory_order_acquire);
   return v == 0 || v > static_cast<std::uint64_t>(size_) || v - 1 == static_cast<std::uint64_t>(rank_) ? -1 : static_cast<int>(v - 1);
 }
 
-// The awaited peer (on another machine) left the call because a rank failed, and its word is
+// The awaited peer left the call because a rank failed, and its word is
 // still short: the wait fails at once, naming the lost rank as the cause (kPeerFailed).
 void UcxGroup::check_left(const WaitPoint& where, const std::uint64_t* word, std::uint64_t at_least) {
   const int lost = left_because(where.peer);

@@ -194,10 +194,11 @@ class UcxGroup {
   /// handling) died: kPeerFailed. Every 20 ms at most, while a wait yields.
   void check_alive(const WaitPoint& where);
   /// This rank leaves its call because `lost` failed: its left word set at every live rank
-  /// on another machine (once per group), whose waits for this rank then fail at once.
+  /// (once per group; this machine's through their mapped blocks), whose waits for this
+  /// rank then fail at once.
   void tell_left(int lost) const noexcept;
   void check_left(const WaitPoint& where, const std::uint64_t* word, std::uint64_t at_least);
-  /// The rank whose failure made `peer` (on another machine) leave its call, or -1.
+  /// The rank whose failure made `peer` leave its call, or -1.
   int left_because(int peer) const noexcept;
 
   Bootstrap& boot_;
@@ -226,6 +227,7 @@ class UcxGroup {
   mutable std::uint64_t left_value_ = 0;  // the put's source: valid until the teardown's flush
   std::vector<std::uint64_t> goodbye_remote_;
   std::vector<ucp_rkey_h> goodbye_rkeys_;
+  std::vector<std::uint64_t*> peer_blocks_;  // [P] a same-machine peer's goodbye block mapped here, else nullptr
   std::atomic<bool> said_goodbye_{false};
   pid_t owner_ = 0;  // the process that made the group (a forked child must not say its goodbye)
   bool map_peers_ = true, remote_peers_ = false;
