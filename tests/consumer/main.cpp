@@ -6,7 +6,7 @@
 //  - epx::engram: each rank writes its shard of a table and fetches rows of both shards,
 //    which must equal the table rows (and -1 a zero row);
 //  - epx::sim: the same dispatch and combine on the simulator transport, whose trace must
-//    record the puts between the two ranks and replay on a built-in hardware model;
+//    record the puts between the two ranks and be timed on a built-in hardware model;
 //  - epx::eplb: 3 replicas of 2 experts of load 3 and 1: the heavier one gets the spare;
 //  - epx::lb: the (t, k) slots a routing sends each expert, counted by hand;
 //  - epx::diagnose: a 4-rank wait matrix whose rank 2 waits 100x the others: row 2 alone.
@@ -20,7 +20,7 @@
 #include <epx/lb.hpp>
 #include <epx/pp.hpp>
 #include <epx/sim/launch.hpp>
-#include <epx/sim/replay.hpp>
+#include <epx/sim/timing.hpp>
 
 #include <atomic>
 #include <cstdio>
@@ -134,7 +134,7 @@ int main() {
   std::uint64_t across = 0;
   for (const auto& queue : puts.at(0).at(1)) across += queue.bytes;
   // The last call (the combine) on a modelled machine: both ranks finish at a positive time.
-  const epx::sim::CallTiming timing = epx::sim::replay_call(
+  const epx::sim::CallTiming timing = epx::sim::time_call(
       trace, static_cast<int>(trace.calls.size()) - 1, epx::sim::load_hardware("h800-deepep"), {});
   if (across == 0 || timing.ranks.size() != P || timing.max_rank.ps <= 0) sim = false;
   const bool eplb = eplb_plan(), lb = lb_counts(), diagnose = diagnose_rule();

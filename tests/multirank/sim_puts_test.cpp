@@ -7,7 +7,7 @@
 
 #include "epx/launch.hpp"
 #include "epx/sim/launch.hpp"
-#include "epx/sim/replay.hpp"
+#include "epx/sim/timing.hpp"
 #include "epx/sim/launch.hpp"
 #include "epx/sim/trace.hpp"
 #include "multirank_support.hpp"
@@ -110,12 +110,12 @@ TEST_P(SimPuts, SameAsThreadsPerPeerAndQueue) {
           EXPECT_EQ(got.bytes, want_s.bytes) << "call " << call << " rank " << r << " peer " << peer << " queue " << q;
         }
   }
-  // The recorded trace (workers waiting inside their tasks included) replays to the end.
+  // The recorded trace (workers waiting inside their tasks included) is timed to the end.
   const sim::HardwareModel hw = sim::load_hardware("ascend950-supernode");
   const Topology topo = load_topology(cfg.topology, 4);
   for (int call = 1; call < 3; ++call) {
     sim::CallTiming t;
-    EXPECT_NO_THROW(t = sim::replay_call(trace, call, hw, {}, topo)) << "call " << call;
+    EXPECT_NO_THROW(t = sim::time_call(trace, call, hw, {}, topo)) << "call " << call;
     EXPECT_GT(t.max_rank.us(), 0.0) << "call " << call;
   }
 }

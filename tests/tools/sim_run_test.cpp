@@ -1,4 +1,4 @@
-// epx sim's runs: the real engine on sim ranks, replayed through the hardware model.
+// epx sim's runs: the real engine on sim ranks, its trace timed on the hardware model.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -12,7 +12,7 @@
 #include "epx/schedule.hpp"
 #include "epx/topology.hpp"
 #include "epx/sim/launch.hpp"
-#include "epx/sim/replay.hpp"
+#include "epx/sim/timing.hpp"
 #include "epx/sim/events.hpp"
 #include "epx/sim/hardware.hpp"
 
@@ -169,9 +169,9 @@ Trace two_rank_trace() {
   return t;
 }
 
-TEST(SimReplay, HandMadeTraceMatchesTheModelByHand) {
+TEST(SimTiming, HandMadeTraceMatchesTheModelByHand) {
   const HardwareModel hw = load_hardware("ascend950-supernode");
-  const CallTiming t = replay_call(two_rank_trace(), 1, hw, {});
+  const CallTiming t = time_call(two_rank_trace(), 1, hw, {});
   // The wire time of 1 MiB bounds rank 1's time from below; latencies add on top.
   const double wire_us = GBps{hw.link_bandwidth}.time_for(Bytes{1 << 20}).us();
   EXPECT_GT(t.ranks[1].total.us(), wire_us + hw.launch_init.ns / 1000);
@@ -179,12 +179,12 @@ TEST(SimReplay, HandMadeTraceMatchesTheModelByHand) {
   EXPECT_EQ(t.ranks[0].puts, 16u);
   EXPECT_EQ(t.max_rank, max(t.ranks[0].total, t.ranks[1].total));
   // Deterministic.
-  EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}).max_rank, t.max_rank);
+  EXPECT_EQ(time_call(two_rank_trace(), 1, hw, {}).max_rank, t.max_rank);
 }
 
 // Frames come from the topology table: the same two ranks in two frames pay the crossing
 // latency on the signal path; a table of another size or with too many frames is refused.
-TEST(SimReplay, TopologyTablePlacesFrames) {
+TEST(SimTiming, TopologyTablePlacesFrames) {
   const HardwareModel hw = load_hardware("ascend950-supernode");
   const auto two = [](int frame1) {
     return parse_topology_json(R"({"ranks": [{"rank": 0, "server": 0, "frame": 0, "row": 0, "column": 0, "lane": 0},
@@ -192,13 +192,13 @@ TEST(SimReplay, TopologyTablePlacesFrames) {
                                    std::to_string(frame1) + R"(, "row": 0, "column": 0, "lane": 0}]})",
                                "test");
   };
-  const CallTiming same = replay_call(two_rank_trace(), 1, hw, {}, two(0));
-  const CallTiming cross = replay_call(two_rank_trace(), 1, hw, {}, two(1));
+  const CallTiming same = time_call(two_rank_trace(), 1, hw, {}, two(0));
+  const CallTiming cross = time_call(two_rank_trace(), 1, hw, {}, two(1));
   // Data, the quiet's ack and the signal each cross once.
   EXPECT_EQ(cross.ranks[1].total - same.ranks[1].total, Picoseconds{3 * hw.frame_crossing_latency.to_ps().ps});
-  EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}).max_rank, same.max_rank);  // default: servers of 8 / flat, one frame
-  EXPECT_THROW(replay_call(two_rank_trace(), 1, hw, {}, load_topology("builtin:flat", 3)), Error);
-  EXPECT_THROW(replay_call(two_rank_trace(), 1, hw, {}, two(2)), Error);  // the profile has 2 frames
+  EXPECT_EQ(time_call(two_rank_trace(), 1, hw, {}).max_rank, same.max_rank);  // default: servers of 8 / flat, one frame
+  EXPECT_THROW(time_call(two_rank_trace(), 1, hw, {}, load_topology("builtin:flat", 3)), Error);
+  EXPECT_THROW(time_call(two_rank_trace(), 1, hw, {}, two(2)), Error);  // the profile has 2 frames
   const HardwareModel ascend = load_hardware("ascend950-supernode"), h800 = load_hardware("h800-deepep");
   EXPECT_EQ(default_topology_spec(128, ascend), "builtin:supernode128");
   EXPECT_EQ(default_topology_spec(128, h800), "builtin:servers:8");  // one frame: servers of 8 at every size
@@ -215,7 +215,7 @@ TEST(SimReplay, TopologyTablePlacesFrames) {
 // a NIC (the default) the server does not matter. By hand: 1 MiB in 16 puts, a quiet, a
 // signal; across the NIC the wire takes (1 MiB + the last chunk's ingress) / 10 GB/s and
 // the data, the quiet's ack and the signal each pay scaleout_latency instead of link_latency.
-TEST(SimReplay, ScaleOutPutsCrossTheNicBetweenServers) {
+TEST(SimTiming, ScaleOutPutsCrossTheNicBetweenServers) {
   HardwareModel hw = load_hardware("ascend950-supernode");
   const auto two = [](int server1) {
     return parse_topology_json(R"({"ranks": [{"rank": 0, "server": 0, "frame": 0, "row": 0, "column": 0, "lane": 0},
@@ -223,9 +223,9 @@ TEST(SimReplay, ScaleOutPutsCrossTheNicBetweenServers) {
                                    std::to_string(server1) + R"(, "frame": 0, "row": 0, "column": 0, "lane": 1}]})",
                                "test");
   };
-  const CallTiming up_call = replay_call(two_rank_trace(), 1, hw, {}, two(0));
+  const CallTiming up_call = time_call(two_rank_trace(), 1, hw, {}, two(0));
   const Picoseconds up = up_call.ranks[1].total;
-  EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}, two(1)).ranks[1].total, up);  // no NIC: one fabric
+  EXPECT_EQ(time_call(two_rank_trace(), 1, hw, {}, two(1)).ranks[1].total, up);  // no NIC: one fabric
   // Port use (RankTiming::scaleup_out / nic_out): the 1 MiB left through the scale-up port,
   // issued at launch, landed by the time rank 1 saw the signal; nothing through a NIC.
   EXPECT_EQ(up_call.ranks[0].scaleup_out.bytes, 1u << 20);
@@ -239,8 +239,8 @@ TEST(SimReplay, ScaleOutPutsCrossTheNicBetweenServers) {
   hw.set("scaleout_wr_time", 100, "test");
   EXPECT_TRUE(hw.scaleout(two(0).ranks[0], two(1).ranks[1]));
   EXPECT_FALSE(hw.scaleout(two(0).ranks[0], two(0).ranks[1]));
-  EXPECT_EQ(replay_call(two_rank_trace(), 1, hw, {}, two(0)).ranks[1].total, up);  // same server: NVLink-like ports
-  const CallTiming out_call = replay_call(two_rank_trace(), 1, hw, {}, two(1));
+  EXPECT_EQ(time_call(two_rank_trace(), 1, hw, {}, two(0)).ranks[1].total, up);  // same server: NVLink-like ports
+  const CallTiming out_call = time_call(two_rank_trace(), 1, hw, {}, two(1));
   const Picoseconds out = out_call.ranks[1].total;
   // Across servers the same 1 MiB is the NIC's, landed no earlier than its wire time at 10 GB/s.
   EXPECT_EQ(out_call.ranks[0].nic_out.bytes, 1u << 20);
@@ -262,7 +262,7 @@ TEST(SimReplay, ScaleOutPutsCrossTheNicBetweenServers) {
 // Ranks 0, 1 in server 0, rank 2 in server 1; rank 0 puts 1 MiB to rank 1 (scale-up) and,
 // in the second variant, 4 KiB to rank 2 (NIC). With share 1/2 the 1 MiB's last byte leaves
 // one more wire time (at link_bandwidth) later; without the NIC put, nothing changes.
-TEST(SimReplay, ScaleUpShareWithNicSlowsTheScaleUpPortOnlyInCallsThatUseTheNic) {
+TEST(SimTiming, ScaleUpShareWithNicSlowsTheScaleUpPortOnlyInCallsThatUseTheNic) {
   HardwareModel hw = load_hardware("ascend950-supernode");
   hw.set("scaleout_bandwidth", 50, "test");
   hw.set("scaleout_latency", 3000, "test");
@@ -282,7 +282,7 @@ TEST(SimReplay, ScaleUpShareWithNicSlowsTheScaleUpPortOnlyInCallsThatUseTheNic) 
     }
     return t;
   };
-  const auto scaleup_last = [&](bool nic) { return replay_call(trace(nic), 1, hw, {}, three).ranks[0].scaleup_out.last; };
+  const auto scaleup_last = [&](bool nic) { return time_call(trace(nic), 1, hw, {}, three).ranks[0].scaleup_out.last; };
   const Picoseconds full_alone = scaleup_last(false), full_with_nic = scaleup_last(true);
   hw.set("scaleup_share_with_nic", 0.5, "test");
   EXPECT_EQ(scaleup_last(false), full_alone);  // no NIC put in the call: link_bandwidth
@@ -291,7 +291,7 @@ TEST(SimReplay, ScaleUpShareWithNicSlowsTheScaleUpPortOnlyInCallsThatUseTheNic) 
   EXPECT_NEAR(slower, wire_us, 0.05 * wire_us) << slower;
 }
 
-TEST(SimReplay, WorkerWaitsAndPollsBlockTheirStream) {
+TEST(SimTiming, WorkerWaitsAndPollsBlockTheirStream) {
   Trace t = two_rank_trace();
   t.calls.push_back("second");
   TraceOp dep;
@@ -311,12 +311,12 @@ TEST(SimReplay, WorkerWaitsAndPollsBlockTheirStream) {
   t.ranks[1].streams.resize(2);
   t.ranks[1].streams[1].ops = {dep, poll, put};
   const HardwareModel hw = load_hardware("ascend950-supernode");
-  const CallTiming a = replay_call(t, 1, hw, {});
+  const CallTiming a = time_call(t, 1, hw, {});
   const Picoseconds signalled = a.ranks[1].total;  // the worker's put follows the signal
   EXPECT_GT(signalled.us(), GBps{hw.link_bandwidth}.time_for(Bytes{1 << 20}).us());
   // The same worker wait as a wait_signal.
   t.ranks[1].streams[1].ops[1].kind = OpKind::kWaitSignal;
-  EXPECT_EQ(replay_call(t, 1, hw, {}).max_rank, a.max_rank);
+  EXPECT_EQ(time_call(t, 1, hw, {}).max_rank, a.max_rank);
   // Call 2: rank 0 sends again and signals 2; rank 1's worker polls slot 3 and sees 1,
   // left by call 1: it goes on at once instead of waiting for the 1 MiB.
   for (TraceOp op : std::vector<TraceOp>(t.ranks[0].streams[0].ops)) {
@@ -326,7 +326,7 @@ TEST(SimReplay, WorkerWaitsAndPollsBlockTheirStream) {
   }
   dep.call = poll.call = put.call = 2;
   t.ranks[1].streams[1].ops = {dep, poll, put};
-  const CallTiming b = replay_call(t, 2, hw, {});
+  const CallTiming b = time_call(t, 2, hw, {});
   EXPECT_LT(b.ranks[1].total.us(), 5.0);
   EXPECT_GT(b.ranks[0].total.us(), GBps{hw.link_bandwidth}.time_for(Bytes{1 << 20}).us());
 }
@@ -334,7 +334,7 @@ TEST(SimReplay, WorkerWaitsAndPollsBlockTheirStream) {
 // The rank thread's ops after a join wait for the worker's last ones: a worker puts 1 MiB
 // and quiets, the rank thread joins it and then signals. Without the join record the signal
 // would overtake the rows (what the model did before the engine reported its joins).
-TEST(SimReplay, JoinOrdersTheRankThreadAfterItsWorkers) {
+TEST(SimTiming, JoinOrdersTheRankThreadAfterItsWorkers) {
   Trace t = two_rank_trace();
   t.ranks[0].streams.resize(2);
   std::vector<TraceOp>& main = t.ranks[0].streams[0].ops;
@@ -350,7 +350,7 @@ TEST(SimReplay, JoinOrdersTheRankThreadAfterItsWorkers) {
   main = {join, main[2]};  // the rank thread: join, signal
   const HardwareModel hw = load_hardware("ascend950-supernode");
   const double wire_us = GBps{hw.link_bandwidth}.time_for(Bytes{1 << 20}).us();
-  const CallTiming joined = replay_call(t, 1, hw, {});
+  const CallTiming joined = time_call(t, 1, hw, {});
   EXPECT_GT(joined.ranks[1].total.us(), wire_us);
   EXPECT_GT(joined.ranks[0].data.us(), 0.0);  // the rank thread's wait for its worker
   // The same worker ops counted from an earlier call: key = its trace index, not per call.
@@ -359,9 +359,9 @@ TEST(SimReplay, JoinOrdersTheRankThreadAfterItsWorkers) {
   std::vector<TraceOp>& worker = t.ranks[0].streams[1].ops;
   worker.insert(worker.begin(), earlier.begin(), earlier.end());
   main[0].key = 8;
-  EXPECT_EQ(replay_call(t, 1, hw, {}).max_rank, joined.max_rank);
+  EXPECT_EQ(time_call(t, 1, hw, {}).max_rank, joined.max_rank);
   main.erase(main.begin());  // no join: the signal leaves at once
-  const CallTiming unjoined = replay_call(t, 1, hw, {});
+  const CallTiming unjoined = time_call(t, 1, hw, {});
   EXPECT_LT(unjoined.ranks[1].total.us(), joined.ranks[1].total.us() - wire_us);
 }
 
@@ -409,12 +409,12 @@ Trace two_senders_trace(std::uint64_t kRow) {
 // about 8 MiB / reduce_bandwidth less what its last signal's latency already covered; the
 // sum's memory traffic only adds (contention with the writes); the expert-side pre-sum
 // delays the sender's puts.
-TEST(SimReplay, CombineSumsFollowTheLastPartial) {
+TEST(SimTiming, CombineSumsFollowTheLastPartial) {
   constexpr std::uint64_t kRow = 1 << 20;
   Trace t = two_senders_trace(kRow);
   const HardwareModel hw = load_hardware("ascend950-supernode");
   const Topology flat = load_topology("builtin:flat", 3);
-  const CallTiming plain = replay_call(t, 1, hw, {}, flat);
+  const CallTiming plain = time_call(t, 1, hw, {}, flat);
   auto red = std::make_shared<SourceReduction>();
   red->from = {{0, 1, 2, 3}, {}, {0, 1, 2, 3}};
   red->partials = {2, 2, 2, 2};
@@ -422,7 +422,7 @@ TEST(SimReplay, CombineSumsFollowTheLastPartial) {
   std::vector<RankCompute> compute(3);
   compute[1].reduction = red;
   compute[1].peer_release = false;  // the sums alone (the hand-back has its own test)
-  const CallTiming summed = replay_call(t, 1, hw, compute, flat);
+  const CallTiming summed = time_call(t, 1, hw, compute, flat);
   const double sum_us = hw.reduce_bandwidth.time_for(Bytes{8 * kRow}).us();
   const double signal_us = (hw.link_latency.ns + hw.poll_latency.ns + hw.quiet_latency.ns) / 1000 + 2 * hw.link_latency.ns / 1000;
   EXPECT_GT(summed.ranks[1].reduce_tail.us(), 0.0);
@@ -431,16 +431,16 @@ TEST(SimReplay, CombineSumsFollowTheLastPartial) {
   EXPECT_EQ(summed.ranks[0].total, plain.ranks[0].total);  // the senders do not wait for it
   // Without its memory traffic the sum is not slower (the writes have landed: equal here).
   compute[1].reduction_memory = false;
-  EXPECT_LE(replay_call(t, 1, hw, compute, flat).ranks[1].total, summed.ranks[1].total);
+  EXPECT_LE(time_call(t, 1, hw, compute, flat).ranks[1].total, summed.ranks[1].total);
   // One partial per token from rank 0 only: the sums follow rank 0's rows, not rank 2's.
   red->partials = {1, 1, 1, 1};
   red->from = {{0, 1, 2, 3}, {}, {}};
   compute[1].reduction_memory = true;
-  EXPECT_GT(replay_call(t, 1, hw, compute, flat).ranks[1].total.us(), plain.ranks[1].total.us());
+  EXPECT_GT(time_call(t, 1, hw, compute, flat).ranks[1].total.us(), plain.ranks[1].total.us());
   // The expert side's pre-sum (one vector byte per payload byte) delays the sender's rows.
   std::vector<RankCompute> presum(3);
   presum[0].presum_per_payload_byte = 1.0;
-  const CallTiming pre = replay_call(t, 1, hw, presum, flat);
+  const CallTiming pre = time_call(t, 1, hw, presum, flat);
   EXPECT_GT(pre.ranks[0].total, plain.ranks[0].total);
 }
 
@@ -451,7 +451,7 @@ TEST(SimReplay, CombineSumsFollowTheLastPartial) {
 // same token's, so rank 1 ends at its last sum + 2 x (cost + 2 x link_latency): one
 // hand-back per remote peer (the closed form of docs/sim.md §3b), one when only one peer
 // sends partials; the senders never wait for it.
-TEST(SimReplay, CombinePeerReleaseCostsOnePerPeerAfterTheLastSum) {
+TEST(SimTiming, CombinePeerReleaseCostsOnePerPeerAfterTheLastSum) {
   constexpr std::uint64_t kRow = 1 << 20;
   const Trace t = two_senders_trace(kRow);
   const Topology flat = load_topology("builtin:flat", 3);
@@ -464,7 +464,7 @@ TEST(SimReplay, CombinePeerReleaseCostsOnePerPeerAfterTheLastSum) {
   HardwareModel hw = load_hardware("ascend950-supernode");
   auto at = [&](double cost_ns) {
     hw.set("combine_peer_release", cost_ns, "test");
-    return replay_call(t, 1, hw, compute, flat);
+    return time_call(t, 1, hw, compute, flat);
   };
   const double round_trip_us = 2 * hw.link_latency.ns / 1000;
   compute[1].peer_release = false;
@@ -482,10 +482,10 @@ TEST(SimReplay, CombinePeerReleaseCostsOnePerPeerAfterTheLastSum) {
   EXPECT_NEAR((at(100000).ranks[1].total - at(50000).ranks[1].total).us(), 50.0, 1e-3);
 }
 
-TEST(SimReplay, WaitNobodySignalsIsAnError) {
+TEST(SimTiming, WaitNobodySignalsIsAnError) {
   Trace t = two_rank_trace();
   t.ranks[0].streams[0].ops.pop_back();  // no signal
-  EXPECT_THROW(replay_call(t, 1, load_hardware("ascend950-supernode"), {}), Error);
+  EXPECT_THROW(time_call(t, 1, load_hardware("ascend950-supernode"), {}), Error);
 }
 
 // ascend950-supernode as calibrated. 41.806 / 59.143 until notify issued one quiet per call
@@ -497,15 +497,15 @@ TEST(SimReplay, WaitNobodySignalsIsAnError) {
 // at the data mover's rate instead of booking the whole memory bandwidth from its start
 // (which pushed the remote sends' reads behind it; at 4 ranks a quarter of the rows are
 // local), and the profile was refitted with combine's sums (link 332.8 -> 336.6 GB/s,
-// memory 2269 -> 2592 GB/s, WR 5.479 -> 5.079 ns). This replay charges no compute ({}), so
+// memory 2269 -> 2592 GB/s, WR 5.479 -> 5.079 ns). This timing charges no compute ({}), so
 // combine's sums are not in it: the change is the local copy and the parameters. 31.430 /
 // 41.246 until the refit with combine's per-peer hand-back (link 336.6 -> 337.1 GB/s,
 // memory 2592 -> 2645 GB/s, WR 5.079 -> 4.457 ns; the hand-back itself needs the sums).
 constexpr double kGoldenDispatchUs = 31.412, kGoldenCombineUs = 41.204;
 
-// Golden: the real engine on 4 sim ranks, 256 tokens, H = 7168 model-only, replayed.
+// Golden: the real engine on 4 sim ranks, 256 tokens, H = 7168 model-only, timed on the model.
 // Pinned to 0.5%: a change here means the model or the engine's puts changed.
-TEST(SimReplay, GoldenSmallEngineRun) {
+TEST(SimTiming, GoldenSmallEngineRun) {
   Trace trace;
   LaunchOptions lo;
   lo.num_ranks = 4;
@@ -544,8 +544,8 @@ TEST(SimReplay, GoldenSmallEngineRun) {
     b.combine(ca);
   });
   const HardwareModel hw = load_hardware("ascend950-supernode");
-  const double dispatch_us = replay_call(trace, 1, hw, {}).max_rank.us();
-  const double combine_us = replay_call(trace, 2, hw, {}).max_rank.us();
+  const double dispatch_us = time_call(trace, 1, hw, {}).max_rank.us();
+  const double combine_us = time_call(trace, 2, hw, {}).max_rank.us();
   RecordProperty("dispatch_us", std::to_string(dispatch_us));
   RecordProperty("combine_us", std::to_string(combine_us));
   std::printf("golden: dispatch %.3f us, combine %.3f us\n", dispatch_us, combine_us);
@@ -557,7 +557,7 @@ TEST(SimReplay, GoldenSmallEngineRun) {
 // Modes whose workers wait inside their task, on 4 sim ranks with 2 engine workers each
 // (so worker streams really wait): the flag protocol (wait_flag per block), the
 // hierarchical schedule (relays wait_signal, then forward), the bounded ring (read_signal
-// polls). Each replays without a deadlock and takes at least as long as the explicit
+// polls). Each is timed without a deadlock and takes at least as long as the explicit
 // protocol on the same shape (more puts, a relay hop, or credit round trips), and not
 // absurdly longer.
 namespace modes {
@@ -610,7 +610,7 @@ Times run(const std::function<void(BufferConfig&)>& tweak, const std::string& to
   });
   const HardwareModel hw = load_hardware("ascend950-supernode");
   const Topology topo = load_topology(topology, 4);
-  const Times times{replay_call(trace, 1, hw, {}, topo).max_rank.us(), replay_call(trace, 2, hw, {}, topo).max_rank.us()};
+  const Times times{time_call(trace, 1, hw, {}, topo).max_rank.us(), time_call(trace, 2, hw, {}, topo).max_rank.us()};
   if (keep != nullptr) *keep = std::move(trace);
   return times;
 }
@@ -632,12 +632,12 @@ void expect_plausible(const Times& got, bool dispatch_slower, bool combine_slowe
 
 }  // namespace modes
 
-TEST(SimWorkerWaits, FlagProtocolReplays) {
+TEST(SimWorkerWaits, FlagProtocolIsTimed) {
   modes::expect_plausible(modes::run([](BufferConfig& c) { c.dataplane.protocol = Protocol::kFlag; }, "builtin:servers:2"),
                           true, true);
 }
 
-TEST(SimWorkerWaits, HierarchicalScheduleReplays) {
+TEST(SimWorkerWaits, HierarchicalScheduleIsTimed) {
   modes::expect_plausible(
       modes::run([](BufferConfig& c) { c.dataplane.schedule = parse_schedule("hierarchical"); }, "builtin:servers:2"), true,
       false);
@@ -669,7 +669,7 @@ TEST(SimWorkerWaits, RankThreadJoinsItsWorkersBeforeCompletingTheirPuts) {
   }
 }
 
-TEST(SimWorkerWaits, BoundedRingReplays) {
+TEST(SimWorkerWaits, BoundedRingIsTimed) {
   modes::expect_plausible(modes::run([](BufferConfig& c) { c.ring_rows = 32; }, "builtin:servers:2"), true, false);
 }
 

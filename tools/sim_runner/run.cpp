@@ -483,7 +483,7 @@ SimRun collect_run(const SimOptions& o, int ep) {
 
 namespace {
 
-// One call of a run replayed on the hardware model: the averages over ranks that SimPoint
+// One call of a run timed on the hardware model: the averages over ranks that SimPoint
 // keeps for it.
 struct CallFigures {
   double avg_gbps = 0, slowest_gbps = 0, max_us = 0, bottleneck_gbps = 0;
@@ -507,8 +507,8 @@ void add_rank_split(Split& split, const sim::RankTiming& rt, sim::Picoseconds ma
 
 // Model-only knobs come from `o`, not from the options the run was made with (a run is
 // shared by variants that differ only in them).
-CallFigures replay_figures(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o, int call,
-                           std::vector<sim::RankCompute> compute, double row_bytes, const std::vector<double>& bottleneck_bytes) {
+CallFigures timed_figures(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o, int call,
+                          std::vector<sim::RankCompute> compute, double row_bytes, const std::vector<double>& bottleneck_bytes) {
   const int P = run.ep;
   const sim::Picoseconds extra = extra_sync(o, hw, P);
   const std::uint64_t dense_cells = o.dense_scan ? static_cast<std::uint64_t>(run.tokens) * static_cast<std::uint64_t>(P) : 0;
@@ -516,7 +516,7 @@ CallFigures replay_figures(const SimRun& run, const sim::HardwareModel& hw, cons
     c.extra_sync = extra;
     if (call == run.dispatch_call && !run.cached) c.dense_cells = dense_cells;
   }
-  const sim::CallTiming t = sim::replay_call(run.trace, call, hw, compute, run.topology);
+  const sim::CallTiming t = sim::time_call(run.trace, call, hw, compute, run.topology);
   CallFigures f;
   f.events = t.events;
   f.max_us = t.max_rank.us();
@@ -535,7 +535,7 @@ CallFigures replay_figures(const SimRun& run, const sim::HardwareModel& hw, cons
 }
 
 // The same run, each combine mechanism of the model removed in turn (the engine's trace —
-// rows per token, local fraction — stays): SimPoint::combine_without; their replays' events
+// rows per token, local fraction — stays): SimPoint::combine_without; their timings' events
 // are added to `events`.
 std::vector<std::pair<std::string, double>> combine_without(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o,
                                                             std::uint64_t& events) {
@@ -550,7 +550,7 @@ std::vector<std::pair<std::string, double>> combine_without(const SimRun& run, c
   for (const auto& [name, change] : without) {
     std::vector<sim::RankCompute> compute = run.combine_compute;
     for (auto& c : compute) change(c);
-    const CallFigures f = replay_figures(run, hw, o, run.combine_call, std::move(compute), run.combine_row_bytes, {});
+    const CallFigures f = timed_figures(run, hw, o, run.combine_call, std::move(compute), run.combine_row_bytes, {});
     events += f.events;
     out.emplace_back(name, f.avg_gbps);
   }
@@ -572,17 +572,17 @@ SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const Sim
   pt.engine_cpu_seconds = run.engine_cpu_seconds;
   pt.bottleneck_metric = run.bottleneck_metric;
   const CallFigures d =
-      replay_figures(run, hw, o, run.dispatch_call, run.dispatch_compute, run.dispatch_row_bytes, run.bottleneck_dispatch_bytes);
+      timed_figures(run, hw, o, run.dispatch_call, run.dispatch_compute, run.dispatch_row_bytes, run.bottleneck_dispatch_bytes);
   const CallFigures c =
-      replay_figures(run, hw, o, run.combine_call, run.combine_compute, run.combine_row_bytes, run.bottleneck_combine_bytes);
+      timed_figures(run, hw, o, run.combine_call, run.combine_compute, run.combine_row_bytes, run.bottleneck_combine_bytes);
   pt.events = d.events + c.events;
   pt.dispatch_gbps = d.avg_gbps, pt.dispatch_gbps_slowest = d.slowest_gbps, pt.dispatch_us = d.max_us;
   pt.dispatch_bottleneck_gbps = d.bottleneck_gbps, pt.dispatch_split = d.split;
   pt.combine_gbps = c.avg_gbps, pt.combine_gbps_slowest = c.slowest_gbps, pt.combine_us = c.max_us;
   pt.combine_bottleneck_gbps = c.bottleneck_gbps, pt.combine_split = c.split;
   if (o.attribution) pt.combine_without = combine_without(run, hw, o, pt.events);
-  pt.replay_seconds = seconds_since(t0);
-  pt.replay_cpu_seconds = cpu_seconds() - c0;
+  pt.timing_seconds = seconds_since(t0);
+  pt.timing_cpu_seconds = cpu_seconds() - c0;
   return pt;
 }
 
@@ -597,7 +597,7 @@ std::vector<SimPoint> simulate(const SimOptions& o, const sim::HardwareModel& hw
     const std::string at = "EP" + std::to_string(ep) + " (" + std::to_string(i + 1) + "/" + std::to_string(o.ep.size()) + ")";
     progress.update(done, at + ": running the engine on " + std::to_string(ep) + " sim ranks");
     const SimRun run = collect_run(o, ep);
-    progress.update(done + 0.5 * ep, at + ": replaying the trace (" + (run.model_only ? "model-only" : "copy mode, payload scaled") + ")");
+    progress.update(done + 0.5 * ep, at + ": timing the trace on the model (" + (run.model_only ? "model-only" : "copy mode, payload scaled") + ")");
     out.push_back(evaluate_run(run, hw, o));
     done += ep;
   }

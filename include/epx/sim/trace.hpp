@@ -33,7 +33,7 @@ enum class OpKind : std::uint8_t {
   kBarrier,        ///< collective
   kAfterMainWait,  ///< worker stream: key = index of the rank thread's completed wait it follows
   /// read_signal (a poll loop, e.g. the bounded ring) that saw a value it had not seen
-  /// before: key = slot, value = the value observed. Replayed as a wait for that value.
+  /// before: key = slot, value = the value observed. The model times it as a wait for that value.
   kPollSignal,
   /// Rank thread, after a task's workers finished (Transport::workers_joined): waits until
   /// worker stream `peer` (index in RankTrace::streams) has completed its first `key` ops

@@ -91,7 +91,7 @@ void add_sim_options(CLI::App* sub, SimOptions& o) {
                   "0 = auto: the real H in model-only mode; else run the engine at this H in copy mode and scale payload")
       ->capture_default_str();
   sub->add_flag("--dense-scan", o.dense_scan, "model a dense [S, P] route scan instead of the compact plan");
-  sub->add_flag("--attribution", o.attribution, "also replay each combine with one modelled mechanism removed (docs/sim.md)");
+  sub->add_flag("--attribution", o.attribution, "also time each combine with one modelled mechanism removed (docs/sim.md)");
   sub->add_option("--sync", o.sync, "extra modelled synchronisation per call: none | barrier | credits:W")->capture_default_str();
   sub->add_flag("!--no-progress", o.progress, "no progress lines on stderr");
 }

@@ -42,7 +42,7 @@ struct Calibration {
 /// "calibrate" list names (Nelder-Mead in log space on the squared relative errors to the
 /// range middles).
 Calibration calibrate(const SimOptions& o, const sim::HardwareModel& start, int max_evaluations = 110);
-/// The calibrated points of a model, without fitting (runs and replays only).
+/// The calibrated points of a model, without fitting (runs and timings only).
 std::vector<CalibrationPoint> calibration_points(const SimOptions& o, const sim::HardwareModel& hw);
 std::string calibration_report(const Calibration& c);
 

@@ -1,6 +1,6 @@
 // `epx sim` runs: the real epx::Buffer on sim-transport ranks (one dispatch, one combine;
 // with `steady` or `cached` a second pair after them, which is what is timed), then the
-// recorded trace replayed through the hardware model.
+// recorded trace timed on the hardware model.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "epx/bench/routing.hpp"
-#include "epx/sim/replay.hpp"
+#include "epx/sim/timing.hpp"
 #include "epx/sim/hardware.hpp"
 #include "epx/sim/trace.hpp"
 
@@ -74,7 +74,7 @@ struct SimOptions {
   /// Keep the engine's own counters of every call (BufferConfig::collect_stats): SimRun's
   /// dispatch_counters / combine_counters (`epx sim ledger`).
   bool collect_stats = false;
-  /// Also replay each combine with one of its mechanisms removed (docs/sim.md §3b):
+  /// Also time each combine with one of its mechanisms removed (docs/sim.md §3b):
   /// SimPoint::combine_without.
   bool attribution = false;
   std::string json, svg;
@@ -91,7 +91,7 @@ struct SimRun {
   int ep = 0;
   std::int64_t tokens = 0;  ///< S of the run (a dense [S, P] scan is charged from it)
   sim::Trace trace;
-  Topology topology;  ///< the table the engine ran with; the replay places ranks by it
+  Topology topology;  ///< the table the engine ran with; the timing places ranks by it
   int dispatch_call = 1, combine_call = 2;  ///< the timed calls (the second pair when steady)
   bool steady = false, cached = false;
   std::vector<sim::RankCompute> dispatch_compute, combine_compute;
@@ -131,8 +131,8 @@ struct SimPoint {
   double dispatch_bottleneck_gbps = 0, combine_bottleneck_gbps = 0;
   std::string bottleneck_metric;
   Split dispatch_split, combine_split;     ///< averages over ranks
-  double engine_seconds = 0, replay_seconds = 0;
-  double engine_cpu_seconds = 0, replay_cpu_seconds = 0;  ///< process CPU time (wall time depends on the machine's load)
+  double engine_seconds = 0, timing_seconds = 0;  ///< the engine's run; timing its trace on the model
+  double engine_cpu_seconds = 0, timing_cpu_seconds = 0;  ///< process CPU time (wall time depends on the machine's load)
   std::uint64_t events = 0;
   bool model_only = false;
   bool steady = false;  ///< the numbers are of a second dispatch and combine
@@ -158,7 +158,7 @@ void set_sim_option(SimOptions& o, const std::string& name, const std::string& v
 BenchProblem sim_problem(const SimOptions& o, int ep);
 /// Runs the engine on `ep` sim ranks.
 SimRun collect_run(const SimOptions& o, int ep);
-/// Replays a run with a hardware model.
+/// Times a run's trace on a hardware model.
 SimPoint evaluate_run(const SimRun& run, const sim::HardwareModel& hw, const SimOptions& o);
 /// collect + evaluate for every o.ep, with progress on stderr.
 std::vector<SimPoint> simulate(const SimOptions& o, const sim::HardwareModel& hw);

@@ -1,7 +1,7 @@
-// epx/sim/replay.hpp — replaying a recorded trace (epx/sim/trace.hpp) through the discrete-event
-// model of a machine (epx/sim/hardware.hpp) to get simulated times.
+// epx/sim/timing.hpp — timing a recorded trace (epx/sim/trace.hpp) on the discrete-event
+// model of a machine (epx/sim/hardware.hpp): the simulated times of its calls.
 //
-// Each collective call is replayed on its own, every rank starting at time 0 (the ranks
+// Each collective call is timed on its own, every rank starting at time 0 (the ranks
 // are aligned at a call's start, as a benchmark's barrier aligns them). docs/sim.md states
 // the model: streams, queues, ports, memory, signals, and how a rank's time is split.
 #pragma once
@@ -99,13 +99,13 @@ struct CallTiming {
 /// 8, all in frame 0), else builtin:flat.
 std::string default_topology_spec(int num_ranks, const HardwareModel& hw);
 
-/// Replays call `call` of `trace`. `compute` is per rank (empty: nothing charged).
+/// Times call `call` of `trace` on the model. `compute` is per rank (empty: nothing charged).
 /// `topology` places the ranks (frame crossings); it must describe trace.num_ranks ranks
 /// in at most hw.frames frames of at most hw.ranks_per_frame ranks (kInvalidArgument).
 /// Throws epx::Error(kInternal) if the trace cannot complete (a wait nobody signals).
-CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,
-                       const Topology& topology);
+CallTiming time_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,
+                     const Topology& topology);
 /// The same with load_topology(default_topology_spec(trace.num_ranks, hw)).
-CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute);
+CallTiming time_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute);
 
 }  // namespace epx::sim

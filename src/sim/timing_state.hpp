@@ -1,6 +1,6 @@
-// The state of the discrete-event replay (replay.cpp): its events, the fluid memory
+// The state of the discrete-event timing of a call (timing.cpp): its events, the fluid memory
 // server, and what a stream, a record (one put in flight), a waiter and a rank hold.
-// Private to the simulator's replay; see docs/sim.md.
+// Private to the simulator's timing; see docs/sim.md.
 #pragma once
 
 #include <algorithm>
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "epx/sim/events.hpp"
-#include "epx/sim/replay.hpp"
+#include "epx/sim/timing.hpp"
 
-namespace epx::sim::replay_state {
+namespace epx::sim::timing_state {
 
 // ---- events -----------------------------------------------------------------------------
 struct RunStream { std::uint32_t stream; };         // a stream executes its next op(s)
@@ -126,7 +126,7 @@ struct Rank {
   Picoseconds local_free{0};  // the local copy path (a put into the own window), FIFO
   FluidServer memory;
   FluidServer vector;  // the vector units (combine's FP32 sums)
-  bool nic_call = false;  // this rank puts through its NIC in the replayed call (scaleup_share_with_nic)
+  bool nic_call = false;  // this rank puts through its NIC in the timed call (scaleup_share_with_nic)
   // Source side of a combine (RankCompute::reduction): partial rows landed per peer, the
   // partials each token still waits for, when the last token's sum is done.
   std::vector<std::uint64_t> landed_bytes;
@@ -148,4 +148,4 @@ struct Rank {
 
 constexpr int kQueues = 64;
 
-}  // namespace epx::sim::replay_state
+}  // namespace epx::sim::timing_state

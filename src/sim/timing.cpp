@@ -1,4 +1,4 @@
-// The discrete-event replay of one call. Per rank: its streams (rank thread + workers)
+// The discrete-event timing of one call. Per rank: its streams (rank thread + workers)
 // execute their recorded ops in order; each queue is a FIFO work-request processor; the
 // egress port, the ingress port and the memory are FIFO servers that move data in chunks,
 // so incast and contention emerge from the queueing. See docs/sim.md.
@@ -9,20 +9,20 @@
 #include <variant>
 
 #include "epx/error.hpp"
-#include "epx/sim/replay.hpp"
+#include "epx/sim/timing.hpp"
 #include "epx/sim/events.hpp"
-#include "replay_state.hpp"
+#include "timing_state.hpp"
 
 namespace epx::sim {
 
 namespace {
 
-using namespace replay_state;
+using namespace timing_state;
 
-class Replay {
+class CallTimer {
  public:
-  Replay(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,
-         const Topology& topology)
+  CallTimer(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,
+            const Topology& topology)
       : hw_(hw), P_(trace.num_ranks), compute_(compute) {
     ranks_.resize(static_cast<std::size_t>(P_));
     places_ = topology.ranks;
@@ -109,7 +109,7 @@ class Replay {
       for (std::uint32_t si : rk.streams) {
         Stream& s = streams_[si];
         if (s.block != Block::kDone)
-          throw Error(ErrorCode::kInternal, "sim replay: rank " + std::to_string(r) + " stream blocked forever at op " +
+          throw Error(ErrorCode::kInternal, "sim timing: rank " + std::to_string(r) + " stream blocked forever at op " +
                                                 std::to_string(s.pos) + " (" + to_string(s.ops[s.pos]->kind) + ")");
         end = max(end, s.end);
       }
@@ -636,14 +636,14 @@ std::string default_topology_spec(int num_ranks, const HardwareModel& hw) {
   return num_ranks % 8 == 0 ? "builtin:servers:8" : "builtin:flat";
 }
 
-CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute) {
-  return replay_call(trace, call, hw, compute, load_topology(default_topology_spec(trace.num_ranks, hw), trace.num_ranks));
+CallTiming time_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute) {
+  return time_call(trace, call, hw, compute, load_topology(default_topology_spec(trace.num_ranks, hw), trace.num_ranks));
 }
 
-CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,
-                       const Topology& topology) {
+CallTiming time_call(const Trace& trace, int call, const HardwareModel& hw, const std::vector<RankCompute>& compute,
+                     const Topology& topology) {
   if (topology.num_ranks() != trace.num_ranks)
-    throw Error(ErrorCode::kInvalidArgument, "sim replay: topology '" + topology.name + "' describes " +
+    throw Error(ErrorCode::kInvalidArgument, "sim timing: topology '" + topology.name + "' describes " +
                                                  std::to_string(topology.num_ranks()) + " ranks, the trace has " +
                                                  std::to_string(trace.num_ranks));
   {
@@ -651,23 +651,23 @@ CallTiming replay_call(const Trace& trace, int call, const HardwareModel& hw, co
     for (int r = 0; r < topology.num_ranks(); ++r) {
       const int f = topology.ranks[static_cast<std::size_t>(r)].frame;
       if (f >= hw.frames)
-        throw Error(ErrorCode::kInvalidArgument, "sim replay: topology '" + topology.name + "' puts rank " + std::to_string(r) +
+        throw Error(ErrorCode::kInvalidArgument, "sim timing: topology '" + topology.name + "' puts rank " + std::to_string(r) +
                                                      " in frame " + std::to_string(f) + ", hardware '" + hw.name + "' has " +
                                                      std::to_string(hw.frames) + " frames");
       if (per_frame.size() <= static_cast<std::size_t>(f)) per_frame.resize(static_cast<std::size_t>(f) + 1, 0);
       if (++per_frame[static_cast<std::size_t>(f)] > hw.ranks_per_frame)
-        throw Error(ErrorCode::kInvalidArgument, "sim replay: topology '" + topology.name + "' puts more than " +
+        throw Error(ErrorCode::kInvalidArgument, "sim timing: topology '" + topology.name + "' puts more than " +
                                                      std::to_string(hw.ranks_per_frame) + " ranks in frame " + std::to_string(f) +
                                                      " (hardware '" + hw.name + "': " + std::to_string(hw.ranks_per_frame) +
                                                      " ranks per frame)");
     }
   }
   if (call < 0 || call >= static_cast<int>(trace.calls.size()))
-    throw Error(ErrorCode::kInvalidArgument, "sim replay: no call " + std::to_string(call) + " in the trace");
+    throw Error(ErrorCode::kInvalidArgument, "sim timing: no call " + std::to_string(call) + " in the trace");
   if (!compute.empty() && static_cast<int>(compute.size()) != trace.num_ranks)
-    throw Error(ErrorCode::kInvalidArgument, "sim replay: compute must have one entry per rank");
-  Replay replay(trace, call, hw, compute, topology);
-  CallTiming t = replay.run();
+    throw Error(ErrorCode::kInvalidArgument, "sim timing: compute must have one entry per rank");
+  CallTimer timer(trace, call, hw, compute, topology);
+  CallTiming t = timer.run();
   t.name = trace.calls[static_cast<std::size_t>(call)];
   return t;
 }
