@@ -23,10 +23,22 @@ store, which outlives a lost rank (epx/heal_ucx.py; the joins below too). The re
 accepted by EPBuffer, BucketBuffer (with transport_group=group), PPBuffer and EngramBuffer
 wherever they take a group, and can be healed again after a second loss.
 
+On OpenSHMEM (ranks oshrun started on several machines; docs/reliability.md, "Across
+machines: OpenSHMEM") the same calls heal, with Open MPI told to let survivors live
+(`oshrun --mca orte_abort_on_non_zero_status 0`) and room kept in the symmetric heap
+(EPX_SHMEM_ELASTIC_RESERVE): the survivors agree through words of their own in the heap
+and the new group's windows reuse the blocks the old group's buffers gave back (a new
+allocation would wait for the dead PEs), so the buffers passed here let go of their storage
+and the new buffers must be no bigger; a view of an old buffer's storage the application
+still holds keeps its block. The job then ends at the interpreter's normal exit (the
+survivors meet there and rank 0 ends the job): a survivor that leaves by os._exit skips
+that and leaves oshrun waiting.
+
 Order: the rebuild retires the old group — every later call of a buffer built on it raises
 epx.Error("bad_handle") naming the rebuild, never a wait on ranks that moved on — and then
-destroys the `buffers` passed (quietly: their destroy would only report the retirement).
-A buffer not passed keeps its memory until it is destroyed or dropped.
+destroys the `buffers` passed (quietly: their destroy would only report the retirement)
+and drops their storage views. A buffer not passed keeps its memory until it is destroyed
+or dropped.
 
 Redundant experts: live_routing(topk_idx, mapping, home_experts, group) sends each (token, k)
 of a logical routing to a live replica of its expert (its home rank's copy or a redundant
@@ -106,13 +118,20 @@ def agree_and_rebuild(group_or_transport=None, buffers=(), *, store=None, error=
     group's UCX transport is bootstrapped through the store; the old group is not retired
     there (a buffer of it fails on the lost peer or times out: build on the new group).
 
+    A group whose transport is OpenSHMEM agrees and rebuilds as a shm group does, through
+    its symmetric heap (see the module's text for what the launcher and the heap need).
+
     Raises epx.Error: "peer_failed" on a rank the others left out (it arrived after they
     decided), "timeout" if the agreement's deciding rank died while deciding, "unsupported"
-    on a transport other than shm and UCX (OpenSHMEM: the message names it), "bad_handle" on
-    a shm group that was rebuilt already, "invalid_argument" on a UCX group without a store.
+    on a transport other than shm, OpenSHMEM and UCX (the message names it), "bad_handle" on
+    a shm or OpenSHMEM group that was rebuilt already, "invalid_argument" on a UCX group
+    without a store.
     A survivor that dies during the rebuild makes the others agree again (the next round)
     and retry, up to the group's size times."""
     transport, original_ranks, original_lost = _resolve(group_or_transport)
+    if transport.name not in _HEALING:
+        raise Error(f"rank {transport.rank}: agree_and_rebuild: the {transport.name} transport cannot heal from a lost "
+                    f"rank (only {', '.join(_HEALING)} groups can)", "unsupported", transport.rank)
     if _by_store(transport):
         from . import heal_ucx
         if error is None:
@@ -135,7 +154,20 @@ def agree_and_rebuild(group_or_transport=None, buffers=(), *, store=None, error=
         raise last
     for b in buffers:
         _destroy_quietly(b)
+        _drop_storage(b)
     return Group(fresh, membership, original_ranks, original_lost)
+
+
+# The transports whose groups heal: shm and OpenSHMEM through their own memory, UCX through a store.
+_HEALING = ("shm", "shmem", "ucx")
+
+
+def _drop_storage(buffer):
+    """A destroyed buffer's storage view (BucketBuffer, PPBuffer) keeps its block mapped; on
+    OpenSHMEM the rebuilt group's windows can only reuse the old group's blocks, so a
+    buffer agree_and_rebuild destroyed lets go of it."""
+    if getattr(buffer, "storage", None) is not None and not buffer._is_live():
+        buffer.storage = None
 
 
 def _by_store(transport):
