@@ -556,6 +556,24 @@ if want fault-join; then
     -- --join abandon --cases "$join_cases"
   grep -q '^JOINED' "$work/join-spare-dies.out" && fail "join-spare-dies: the killed spare ran the program"
   join_flags=("${heal_flags[@]}")
+  # One machine (every peer mapped): 2 -> 4; and spares without a reserve, refused on every PE.
+  timeout 120 oshrun --allow-run-as-root --oversubscribe -np 4 -x EPX_SHMEM_SPARES=2 -x EPX_SHMEM_ELASTIC_RESERVE=4M \
+    "$bin" --timeout-ms 20000 --join grow:2 --cases compact,ring4_compact >"$work/join-one.out" 2>"$work/join-one.err"
+  rc=$?
+  if [ "$rc" = 0 ] && [ "$(grep -c '^PASS join:' "$work/join-one.out")" = 2 ] &&
+     grep -q '^JOINED rank 3 of 4 (round 1, 2 joined to 2, tag 7)$' "$work/join-one.out"; then
+    echo "PASS: join-one-machine ($(grep -m1 '^ADMIT rank 0 ' "$work/join-one.out" | sed 's/^ADMIT //'))"
+  else
+    fail "join-one-machine: exit $rc, $(grep -c '^PASS join:' "$work/join-one.out") of 2 cases"; quiet_noise "$work/join-one.err" | tail -8
+  fi
+  timeout 60 oshrun --allow-run-as-root --oversubscribe -np 2 -x EPX_SHMEM_SPARES=1 "$bin" >"$work/join-bad.out" 2>"$work/join-bad.err"
+  rc=$?
+  if [ "$rc" != 0 ] && [ "$rc" != 124 ] &&
+     [ "$(grep -c 'rank [01]: shmem: EPX_SHMEM_SPARES needs EPX_SHMEM_ELASTIC_RESERVE=SIZE on every rank' "$work/join-bad.err")" = 2 ]; then
+    echo "PASS: join-no-reserve (refused on both PEs, exit $rc)"
+  else
+    fail "join-no-reserve: exit $rc"; quiet_noise "$work/join-bad.err" | tail -8
+  fi
 fi
 
 shm_after=$(ls -A /dev/shm | sort)
