@@ -17,7 +17,15 @@
 
     check_diagnose.py --epx build/src/tools/epx [--only quiet,sigstop,...] [--runs N]
                       [--bursts 20,40,80] [--quota 10] [--ranks 8] [--load] [--save DIR] [--confirm]
-                      [--intervals K] [--need N] [--verdict ranks|persistent|loop]
+                      [--intervals K] [--need N] [--verdict ranks|persistent|loop] [--bench-wait spin|sleep]
+
+The diagnosed bench picks its ranks' waits itself: epx's sleep mode when they outnumber the
+cores (8 on 2 here), as `epx bench --diagnose` does for anyone; --bench-wait sets EPX_WAIT for
+it (spin: the yielding waits, with which a rank the scheduler leaves on the busier core is
+named in quiet runs with a second job, docs/diagnose.md). The second job keeps this process's
+EPX_WAIT (unset: epx's yielding waits, the harder neighbour). Each run's line ends with every
+rank's CPU seconds over the run (/proc/PID/stat, sampled; saved with --save): a starved rank
+shows as one with less CPU than its peers.
 
 The verdict judged is the bench's persistent one per rank and link (--verdict ranks, the
 default: "persistent_ranks"): the timed loop in --intervals K exchanges (the bench's default
@@ -56,9 +64,10 @@ sys.path.insert(0, os.path.join(REPO, "tests", "multinode"))
 import machines  # noqa: E402  (the namespace machines, shared with scripts/benchmarks.py)
 from machines import sh  # noqa: E402
 # A small problem: ~1-3 ms per iteration on a loaded 2-core machine; every rank sends to every
-# rank. Enough iterations that a rank stopped in bursts of 80 ms is stopped many times inside
-# the timed loop (the bench's barriers between calls absorb the stops that land outside a
-# call, about two thirds: docs/diagnose.md).
+# rank. Enough iterations (800: a loop of ~5-15 s with sleeping waits at load 15-20) that a
+# rank stopped in bursts of 80 ms is stopped many times inside each interval of the timed
+# loop (the bench's barriers between calls absorb the stops that land outside a call, about
+# two thirds: docs/diagnose.md; at 400 iterations the 80 ms stop was missed in 3 of 20 runs).
 SHAPE = ["--tokens", "64", "--hidden", "1024", "--topk", "4", "--experts", "16", "--warmup", "3",
          "--counters-overhead", "0", "--no-counters", "--diagnose", "--timeout-ms", "60000"]
 # Across the namespaces (UCX over TCP on a veth): smaller rows, so that a shaped link is slow, not stalled.
@@ -74,6 +83,8 @@ PID_LINE = re.compile(r"epx bench: diagnose: rank pids:(.*)")
 # --intervals / --need / --verdict (main sets them): the bench's intervals and what is judged.
 BENCH_DIAG = []
 VERDICT = "ranks"
+# --bench-wait: EPX_WAIT for the diagnosed benches only (the second job keeps this process's).
+BENCH_WAIT = None
 failures = []
 table = []  # (check, runs, named or None for a quiet check, runs with a false name): the closing table
 tallies = []  # every Tally made, in order (confirmed() compares two runs' wrong verdicts)
@@ -153,30 +164,58 @@ def describe(diag):
     return text
 
 
+def cpu_seconds(pid):
+    """A process's CPU time so far (user + system, /proc/PID/stat), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def sample_cpu(pids, proc, into, period=0.25):
+    """Each rank's CPU seconds from the first sample to its last one while the bench runs:
+    a rank the scheduler starves shows as one with less CPU than its peers."""
+    first = {}
+    while proc.poll() is None:
+        for r, pid in pids.items():
+            now = cpu_seconds(pid)
+            if now is not None:
+                first.setdefault(r, now)
+                into[r] = round(now - first[r], 3)
+        time.sleep(period)
+
+
 def run_bench(cmd, fault=None, limit=240):
-    """Runs `cmd` (an epx bench with --json); `fault(pids)` runs in a thread once the ranks'
-    pids are printed and until it returns. Returns (rc, json or None, stderr tail)."""
+    """Runs `cmd` (an epx bench with --json, its progress on: the ranks' pids); `fault(pids)`
+    runs in a thread once the pids are printed and until it returns. Returns (rc, json or
+    None, stderr tail); the json gets "rank_cpu_s": each rank's CPU seconds over the run."""
     work = tempfile.mkdtemp(prefix="epx_diag_")
     out = os.path.join(work, "bench.json")
+    env = dict(os.environ, **({"EPX_WAIT": BENCH_WAIT} if BENCH_WAIT else {}))
     proc = subprocess.Popen(cmd + ["--json", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    tail, threads = [], []
+                            start_new_session=True, env=env)
+    tail, threads, cpu = [], [], {}
     try:
         deadline = time.time() + limit
         for line in proc.stderr:
             tail = (tail + [line.rstrip()])[-20:]
             m = PID_LINE.search(line)
-            if m and fault:
+            if m:
                 pids = {int(k): int(v.split("@")[0]) for k, v in (x.split("=") for x in m.group(1).split())}
-                t = threading.Thread(target=fault, args=(pids, proc), daemon=True)
-                t.start()
-                threads.append(t)
+                for target, args in ((fault, (pids, proc)), (sample_cpu, (pids, proc, cpu))):
+                    if target:
+                        threads.append(threading.Thread(target=target, args=args, daemon=True))
+                        threads[-1].start()
             if time.time() > deadline:
                 break
         proc.wait(timeout=max(1, deadline - time.time()))
         for t in threads:
             t.join(timeout=30)
         data = json.load(open(out)) if os.path.exists(out) else None
+        if data is not None:
+            data["rank_cpu_s"] = {str(r): s for r, s in sorted(cpu.items())}
         return proc.returncode, data, "\n".join(tail)
     except subprocess.TimeoutExpired:
         return -1, None, "timed out\n" + "\n".join(tail)
@@ -197,6 +236,7 @@ class Tally:
         self.runs = self.named = self.false = 0
         self.errors = []
         self.wrong = set()  # what the runs got wrong: false names, ("missed",), ("failed",)
+        self.cpu = {}  # the last run's CPU seconds per rank (run_bench's "rank_cpu_s")
         tallies.append(self)
 
     def add(self, i, named, false, diag):
@@ -208,8 +248,10 @@ class Tally:
         self.wrong |= {tuple(tuple(y) if isinstance(y, list) else y for y in x[1:]) for x in false}
         if not self.quiet and not named:
             self.wrong.add(("missed",))
+        cpu = [self.cpu[r] for r in sorted(self.cpu, key=int)]
+        spread = f"; CPU s per rank {cpu} (max / min {max(cpu) / max(min(cpu), 1e-3):.1f}x)" if cpu else ""
         print(f"  {self.name} run {i}: {'ok' if ok else 'WRONG'}: {describe(diag)}"
-              + (f"; false names: {false}" if false else ""), flush=True)
+              + (f"; false names: {false}" if false else "") + spread, flush=True)
 
     def error(self, what):
         self.errors.append(what)
@@ -223,6 +265,7 @@ class Tally:
         if rc != 0 or data is None or "diagnose" not in data:
             self.error(f"run {i}: exit {rc}\n{tail}")
             return None
+        self.cpu = data.get("rank_cpu_s") or {}
         save(save_dir, self.name, i, data)
         if VERDICT == "ranks" and "persistent_ranks" not in data["diagnose"]:
             self.error(f"run {i}: the bench's JSON has no diagnose.persistent_ranks (an epx built before the "
@@ -249,7 +292,8 @@ def save(dir_, name, i, data, extra=None):
     os.makedirs(dir_, exist_ok=True)
     with open(os.path.join(dir_, f"{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}-{i}-{int(time.time() * 1000)}.json"), "w") as f:
         json.dump({"check": name, "run": i, "load": os.getloadavg(), "diagnose": data.get("diagnose"),
-                   "ranks": data.get("ranks"), **(extra or {})}, f)
+                   "ranks": data.get("ranks"), "rank_cpu_s": data.get("rank_cpu_s"), "wait": BENCH_WAIT,
+                   **(extra or {})}, f)
 
 
 class SecondJob:
@@ -280,8 +324,8 @@ def check_quiet(epx, runs, iters, ranks, load=True, save_dir=None):
         if job:
             time.sleep(1)  # its ranks are up
         for i in range(runs):
-            diag = t.verdict(i, run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters), "--no-progress"]
-                                          + SHAPE + BENCH_DIAG), save_dir)
+            diag = t.verdict(i, run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(iters)] + SHAPE + BENCH_DIAG),
+                             save_dir)
             if diag is not None:
                 t.add(i, False, every_name(diag), diag)
     finally:
@@ -512,7 +556,8 @@ def main():
     ap.add_argument("--only", default="quiet,sigstop,cgroup,netem,netem-quiet")
     ap.add_argument("--runs", type=int, default=1, help="runs of each fault check (each burst length, quota, rate, P)")
     ap.add_argument("--quiet-runs", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=400)
+    ap.add_argument("--iters", type=int, default=800,
+                    help="the quiet runs' iterations, and the stops' at P = 8 (x 8 / P at other P): a loop of ~5-10 s")
     ap.add_argument("--cgroup-iters", type=int, default=200, help="a starved rank is slow: fewer iterations")
     ap.add_argument("--netem-iters", type=int, default=20, help="shaped: a call takes ~0.25 s at 256 kbit/s")
     ap.add_argument("--netem-quiet-iters", type=int, default=300,
@@ -528,6 +573,9 @@ def main():
     ap.add_argument("--confirm", type=int, nargs="?", const=3, default=0, metavar="K",
                     help="a failed check runs up to K (3) more times and fails only if each fails with a wrong verdict "
                          "of the first repeated (the test command's mode)")
+    ap.add_argument("--bench-wait", choices=("spin", "sleep"),
+                    help="EPX_WAIT for the diagnosed benches (default: the bench's own choice, sleep when ranks "
+                         "outnumber the cores); the second job keeps this process's EPX_WAIT")
     ap.add_argument("--save", help="write each run's verdict and matrices (JSON) into this directory")
     ap.add_argument("--intervals", type=int, help="the bench's --diagnose-intervals (default: the bench's)")
     ap.add_argument("--need", type=int, help="the bench's --diagnose-need (default: the bench's)")
@@ -535,8 +583,8 @@ def main():
                     help="judge the persistent verdict per rank and link (ranks), per op (persistent), or the whole "
                          "loop's one verdict (loop)")
     a = ap.parse_args()
-    global VERDICT
-    VERDICT = a.verdict
+    global VERDICT, BENCH_WAIT
+    VERDICT, BENCH_WAIT = a.verdict, a.bench_wait
     if a.intervals:
         BENCH_DIAG.extend(["--diagnose-intervals", str(a.intervals)])
     if a.need:

@@ -1,6 +1,7 @@
 #include "epx/bench/run.hpp"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -12,6 +13,7 @@
 #include "epx/error.hpp"
 #include "epx/launch.hpp"
 #include "temp_dir.hpp"
+#include "wait_mode.hpp"
 
 namespace fs = std::filesystem;
 
@@ -44,6 +46,10 @@ BenchMeasurement measure_bench(const BenchOptions& o) {
   if (o.eplb) eplb = apply_eplb(o, problem);  // from here on, the problem's routing is the physical one
   const RouteCount count = count_routes(problem, o.expanded(), o.alignment);
   TempDir tmp;
+  const DiagnoseWaitMode waits(o.diagnose, problem.ranks);
+  if (waits.chose_sleep() && o.progress)
+    std::fprintf(stderr, "epx bench: diagnose: %d ranks outnumber the cores: they wait in epx's sleep mode "
+                 "(EPX_WAIT=sleep; set EPX_WAIT to choose)\n", problem.ranks);
 
   LaunchOptions lo;
   lo.num_ranks = problem.ranks;
