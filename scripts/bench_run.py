@@ -161,7 +161,7 @@ def git_commit():
         c = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                            check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no", "--", "src",
-                                "include", "python", "bench", "CMakeLists.txt"], capture_output=True,
+                                "include", "python", "baselines", "CMakeLists.txt"], capture_output=True,
                                text=True).stdout.strip()
         return c + ("+" if dirty else "")
     except (OSError, subprocess.CalledProcessError):

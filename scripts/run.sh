@@ -140,7 +140,7 @@ case "$cmd" in
     # to 3 times and fails only if each rerun repeats a wrong verdict of the first: by the single-run
     # rates in docs/diagnose.md ("Tested with real faults") a failure by chance is < 1 in 1000. ~120 s.
     timeout 600 /usr/bin/python3 tests/e2e/check_diagnose.py --epx build/src/tools/epx --only quiet,sigstop,cgroup,netem,netem-quiet --confirm 3
-    bash tests/e2e/check_mpi_baseline.sh build/bench/epx_mpi_baseline  # says SKIP without Open MPI
+    bash tests/e2e/check_mpi_baseline.sh build/baselines/epx_mpi_baseline  # says SKIP without Open MPI
     # epx bench/sim --html and epx html opened in headless Chromium: no console error, every chart drawn; screenshots in build/html/.
     timeout 300 /usr/bin/python3 tests/html/check_pages.py --epx build/src/tools/epx --out build/html
     timeout 420 bash tests/multinode/run.sh build  # shmem across network namespaces; SKIP without root

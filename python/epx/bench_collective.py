@@ -1,5 +1,5 @@
 """python -m epx.bench_collective — the bucket collectives as a torch.distributed user calls
-them over gloo, on the inputs of `epx bench --op` (bench/collective_data.hpp, through _epx),
+them over gloo, on the inputs of `epx bench --op` (baselines/collective_data.hpp, through _epx),
 timed as epx bench times them: `epx bench --op ... --baseline gloo` runs this and reads its
 JSON.
 

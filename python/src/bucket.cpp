@@ -207,7 +207,7 @@ void bind_bucket(pyb::module_& m) {
            pyb::arg("group"))
       .def("all_reduce", &PyBucket::all_reduce, pyb::arg("srcs"), pyb::arg("scale"), pyb::arg("group"))
       .def("fail_call", &PyBucket::fail_call, pyb::arg("ranks"), pyb::arg("call"), pyb::arg("problem"));
-  // The inputs and checks of epx bench --op <collective> (bench/collective_data.hpp), for its
+  // The inputs and checks of epx bench --op <collective> (baselines/collective_data.hpp), for its
   // gloo baseline (python -m epx.bench_collective): the same numbers as the C++ side.
   m.def("collective_input", [](std::uint64_t seed, int rank, int tensor, std::size_t nbytes) {
     Tensor t(DType::kFP8E4M3, Shape{static_cast<std::int64_t>(nbytes)});

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Check bench/epx_mpi_baseline (the plain-MPI Megatron-style dispatcher) against an
+# Check baselines/epx_mpi_baseline (the plain-MPI Megatron-style dispatcher) against an
 # independent numpy computation of docs/spec.md §3 and §4.
 #
 #   tests/e2e/check_mpi_baseline.sh [PATH/TO/epx_mpi_baseline]
 #
-# Without an argument it uses $EPX_MPI_BASELINE, else the first build*/bench/epx_mpi_baseline
+# Without an argument it uses $EPX_MPI_BASELINE, else the first build*/baselines/epx_mpi_baseline
 # of the repo.  Prints SKIP and exits 0 when mpirun or the binary is absent; prints PASS
 # or FAIL per run and exits non-zero on any failure.
 set -u
@@ -15,7 +15,7 @@ py=/usr/bin/python3
 
 bin=${1:-${EPX_MPI_BASELINE:-}}
 if [ -z "$bin" ]; then
-  for c in "$repo"/build/bench/epx_mpi_baseline "$repo"/build*/bench/epx_mpi_baseline; do
+  for c in "$repo"/build/baselines/epx_mpi_baseline "$repo"/build*/baselines/epx_mpi_baseline; do
     if [ -x "$c" ]; then bin=$c; break; fi
   done
 fi

@@ -39,7 +39,8 @@ std::string find_program_near_epx(const std::string& name, std::string& tried) {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    for (const fs::path& c : {exe.parent_path() / ".." / ".." / "bench" / name, exe.parent_path() / ".." / "bench" / name}) {
+    const fs::path dir = exe.parent_path();
+    for (const fs::path& c : {dir / ".." / ".." / "baselines" / name, dir / ".." / "baselines" / name}) {
       const fs::path n = c.lexically_normal();
       tried += n.string() + ", ";
       if (executable(n)) return n.string();

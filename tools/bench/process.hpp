@@ -13,7 +13,7 @@ namespace epx::tools {
 bool executable(const std::filesystem::path& p);
 /// `name` in a directory of $PATH, or "".
 std::string on_path(const std::string& name);
-/// The program `name` next to the epx executable (<build>/src/tools/epx -> <build>/bench/),
+/// The program `name` next to the epx executable (<build>/src/tools/epx -> <build>/baselines/),
 /// then on PATH; `tried` gets the places looked at. "" if none.
 std::string find_program_near_epx(const std::string& name, std::string& tried);
 /// `s` quoted for a shell command line (for showing the command).

@@ -232,7 +232,7 @@ void add_peer_options(CLI::App* sub, BenchOptions& o) {
                   "routing (--transport shmem: inside this oshrun job, on the same ranks), check it produces the same "
                   "rows and print it side by side; with --op <collective>: mpi = epx_mpi_collective (MPI_Allgather / "
                   "MPI_Reduce_scatter_block / MPI_Allreduce), gloo = torch.distributed gloo, on the same inputs");
-  sub->add_option("--mpi-baseline", o.mpi_baseline, "path of epx_mpi_baseline (default: <build>/bench/, then PATH)")->type_name("PATH");
+  sub->add_option("--mpi-baseline", o.mpi_baseline, "path of epx_mpi_baseline (default: <build>/baselines/, then PATH)")->type_name("PATH");
   sub->add_option("--mpirun", o.mpirun, "path of mpirun (default: PATH)")->type_name("PATH");
   sub->add_flag("--eplb", o.eplb,
                 "dispatch through EPLB replicas planned from this routing's own expert load (oracle) and report the "

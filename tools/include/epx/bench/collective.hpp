@@ -6,7 +6,7 @@
 // A call moves --bytes N in --tensors T tensors of N / T bytes each (rounded down to a
 // multiple of P x 64 bytes: whole float32 shards of whole cache lines): N is the whole
 // tensor (all_gather's result, reduce_scatter's input, all_reduce's tensor). Inputs are the
-// same numbers on every side (bench/collective_data.hpp), restored before every iteration
+// same numbers on every side (baselines/collective_data.hpp), restored before every iteration
 // (untimed); scale 1, comm precision fp32.
 #pragma once
 

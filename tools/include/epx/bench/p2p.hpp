@@ -2,7 +2,7 @@
 // measurement plane (a memcpy of the same bytes on every rank, interleaved with the timed
 // iterations) and their peers — the same problem through Open MPI (epx_mpi_p2p_baseline)
 // and torch gloo (gloo_p2p_baseline.py), each checked to deliver the same bytes as epx.
-// The data of both problems is bench/p2p_data.hpp's.
+// The data of both problems is baselines/p2p_data.hpp's.
 //
 // pp: links `pairs` (rank 2k sends to 2k+1: pipelines of two) or `ring` (r to r+1 mod P).
 //   stream: per timed iteration, every link carries `messages` messages; the time per

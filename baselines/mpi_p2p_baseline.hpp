@@ -1,4 +1,4 @@
-// epx_mpi_p2p_baseline as a library (bench/mpi_p2p_baseline.cpp): the MPI peers of
+// epx_mpi_p2p_baseline as a library (baselines/mpi_p2p_baseline.cpp): the MPI peers of
 // `epx bench --op pp|engram`, no epx header.
 #pragma once
 

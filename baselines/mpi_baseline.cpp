@@ -26,7 +26,7 @@
 //             the dispatch output itself.
 //
 // It depends only on MPI, the C++ standard library and nlohmann-json: no epx header.
-// This file is the library's entry (epx_mpi_baseline::run, bench/mpi_baseline.hpp: `epx
+// This file is the library's entry (epx_mpi_baseline::run, baselines/mpi_baseline.hpp: `epx
 // bench --transport shmem --baseline mpi` calls it inside the oshrun job), over
 // mpi_baseline_input.* (options and input) and mpi_baseline_dispatcher.* (the dispatcher);
 // mpi_baseline_main.cpp is the program:

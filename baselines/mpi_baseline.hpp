@@ -1,5 +1,5 @@
 // epx_mpi_baseline as a library: the Megatron-style MPI_Alltoallv dispatcher of
-// bench/mpi_baseline.cpp (what a user writes without epx; no epx header here either).
+// baselines/mpi_baseline.cpp (what a user writes without epx; no epx header here either).
 #pragma once
 
 namespace epx_mpi_baseline {

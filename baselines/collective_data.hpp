@@ -1,5 +1,5 @@
 // The inputs and checks of `epx bench --op all_gather|reduce_scatter|all_reduce`, shared by
-// epx's side (tools/bench/collective.cpp), epx_mpi_collective (bench/mpi_collective.cpp) and
+// epx's side (tools/bench/collective.cpp), epx_mpi_collective (baselines/mpi_collective.cpp) and
 // the gloo baseline (python/epx/bench_collective.py, through the _epx module): the same
 // numbers on every side without shipping them. Header-only, no dependencies.
 #pragma once

@@ -1,5 +1,5 @@
 // epx_mpi_collective as a library: Open MPI's MPI_Allgather / MPI_Reduce_scatter_block /
-// MPI_Allreduce on the inputs of `epx bench --op` (bench/collective_data.hpp), timed the
+// MPI_Allreduce on the inputs of `epx bench --op` (baselines/collective_data.hpp), timed the
 // same way (what a user calls without epx; no epx header here either).
 #pragma once
 
