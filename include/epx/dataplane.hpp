@@ -122,6 +122,11 @@ struct DataPlaneOptions {
   /// over UCX on TCP every signal is an active message; docs/engine.md "Relay chunks").
   static constexpr std::size_t kRelayChunkAuto = ~std::size_t{0};
   std::size_t relay_chunk_bytes = kRelayChunkAuto;
+  /// The base data path by name (its key in the support table, spi::PathRule::key: "direct",
+  /// "relay", "ring", or one registered from outside, docs/engine.md "Add a data path"); it
+  /// must take the rest of the config (its base_of). Empty: the last registered path whose
+  /// base_of takes the config. An unknown name is refused when the Buffer is made, on every rank.
+  std::string path;
 };
 
 }  // namespace epx

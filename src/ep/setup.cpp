@@ -84,7 +84,8 @@ std::vector<AgreedValue> agreed_values(const BufferConfig& c, int W) {
           {"combine replies", to_string(o.combine_replies)},
           {"replies_first_max_bytes", n(o.replies_first_max_bytes)},
           {"stream_min_call_bytes", n(o.stream_min_call_bytes)},
-          {"relay_chunk_bytes", n(o.relay_chunk_bytes)}};
+          {"relay_chunk_bytes", n(o.relay_chunk_bytes)},
+          {"path", o.path}};
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 // (a path may take another's side). Checked as the library's paths are: CallStats::path
 // names it on every call, every output matches the reference bit for bit on the
 // deferred-put transport, its row's refusal reaches every rank, and once it is removed the
-// same config takes the direct path again.
+// same config takes the direct path again; chosen by name (DataPlaneOptions::path), it runs
+// where direct would, and a name that does not fit is refused on every rank.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -112,6 +113,49 @@ TEST(RecipePath, ToyPathRegistersRunsBitExactAndLeaves) {
     const DispatchResult d = buffer.dispatch(dispatch_args(views_of(problems[0].p, t.rank()), problems[0].d));
     expect_path_key(t.rank(), buffer, "direct", "dispatch after the toy left");
   });
+}
+
+// DataPlaneOptions::path names the base path: among the paths whose base_of takes a config
+// the name picks one (here direct, though the toy, registered later, would be asked first),
+// and a name the registry does not hold, or a path that does not take the config, is refused
+// on every rank in words that name the value and what may be named instead.
+TEST(RecipePath, ToyPathChosenByName) {
+  const std::vector<Expected> problems = recipe_problems();
+  const auto named = [&](const std::string& name) {
+    BufferConfig c = toy_config(problems[0].p, Protocol::kExplicit);
+    c.dataplane.path = name;
+    c.dataplane.replies_first_max_bytes = 0;  // direct's combines exchange first: every call on the base path
+    return c;
+  };
+  const auto runs_on = [&](const BufferConfig& config, const std::string& key) {
+    SCOPED_TRACE(key);
+    launch({kCaseRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
+      Buffer buffer(t, config);
+      for (const Expected& e : problems) round_trip(buffer, t.rank(), e, key);
+    });
+  };
+  {
+    const detail::RegisteredPath whole(detail::whole_path());
+    ASSERT_EQ(spi::base_path(named("")), detail::kWhole);
+    ASSERT_EQ(spi::base_path(named("direct")), spi::Path::kDirect);
+    ASSERT_EQ(spi::base_path(named("whole")), detail::kWhole);
+    runs_on(named("direct"), "direct");
+    runs_on(named("whole"), "whole");
+    // The toy's base_of does not take a bounded receive area: named there, it is refused.
+    BufferConfig ring = named("whole");
+    ring.ring_rows = 8;
+    expect_error_on_every_rank([&](Transport& t) { Buffer buffer(t, ring); }, ErrorCode::kInvalidArgument,
+                               "data-plane path 'whole' (whole segments) does not take this buffer's config; its own base path is 'ring'");
+    EXPECT_EQ(spi::refuse_path_name("whole"), "");
+  }
+  // Removed, its name is unknown; a per-call variant cannot be named either.
+  expect_error_on_every_rank([&](Transport& t) { Buffer buffer(t, named("whole")); }, ErrorCode::kInvalidArgument,
+                             "data-plane path 'whole' is not a registered base path; the registered ones: 'direct', 'relay', "
+                             "'ring' ('rows_first', 'pull': per-call variants, which the calls choose)");
+  expect_error_on_every_rank([&](Transport& t) { Buffer buffer(t, named("pull")); }, ErrorCode::kInvalidArgument,
+                             "data-plane path 'pull' is not a registered base path");
+  EXPECT_THROW(spi::base_path(named("whole")), Error);
+  EXPECT_EQ(spi::base_path(named("")), spi::Path::kDirect);
 }
 
 // The toy's dispatch puts are its own: with one worker doing all of them, worker 1 of every

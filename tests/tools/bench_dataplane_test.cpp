@@ -142,6 +142,11 @@ TEST(BenchDataPlaneOptions, CombinationsThatCannotWorkAreRefusedUpFront) {
   refused("--sweep queues=1,2 --trace t.json", "--trace");
   EXPECT_NO_THROW(validate_options(parse_bench("--ranks 8 --schedule hierarchical --topology builtin:servers:4")));
   EXPECT_NO_THROW(validate_options(parse_bench("--ranks 8 --schedule grouped:4")));
+  // A path is named by a registered base path's key; the refusal names what can be named.
+  refused("--path whole", "--path: data-plane path 'whole' is not a registered base path; the registered ones: 'direct', 'relay', 'ring'");
+  refused("--path pull", "'rows_first', 'pull': per-call variants");
+  EXPECT_NO_THROW(validate_options(parse_bench("--path direct")));
+  EXPECT_NO_THROW(validate_options(parse_bench("--path auto")));
 }
 
 TEST(BenchDataPlaneOptions, ByteSizesRoundTrip) {

@@ -5,6 +5,7 @@
 
 #include "epx/error.hpp"
 #include "epx/schedule.hpp"
+#include "epx/spi/support.hpp"
 #include "epx/topology.hpp"
 
 namespace epx::tools {
@@ -18,7 +19,7 @@ namespace {
 const std::vector<std::string>& dataplane_option_names() {
   static const std::vector<std::string> names = {"topology", "schedule", "queues", "queue-split", "aggregate", "protocol",
                                                      "send-policy", "combine-order", "combine-replies", "replies-first-max",
-                                                     "stream-min-call", "relay-chunk"};
+                                                     "stream-min-call", "relay-chunk", "path"};
   return names;
 }
 
@@ -102,6 +103,9 @@ void set_dataplane_option(DataPlaneOptions& d, const std::string& name, const st
       d.stream_min_call_bytes = parse_byte_size(value);
     } else if (name == "relay-chunk") {
       d.relay_chunk_bytes = value == "auto" ? DataPlaneOptions::kRelayChunkAuto : parse_byte_size(value);
+    } else if (name == "path") {
+      if (value.empty()) bad("empty (auto, or a registered base path: direct, relay, ring, ...)");
+      d.path = value == "auto" ? std::string() : value;  // the name is checked against the registry by check_dataplane
     } else {
       bad("unknown data-plane option '" + name + "'");
     }
@@ -125,6 +129,7 @@ std::string dataplane_option_value(const DataPlaneOptions& d, const std::string&
   if (name == "replies-first-max") return byte_size_text(d.replies_first_max_bytes);
   if (name == "stream-min-call") return byte_size_text(d.stream_min_call_bytes);
   if (name == "relay-chunk") return relay_chunk_text(d.relay_chunk_bytes);
+  if (name == "path") return d.path.empty() ? "auto" : d.path;
   bad("unknown data-plane option '" + name + "'");
 }
 
@@ -137,6 +142,7 @@ void check_dataplane(const DataPlaneOptions& d, int ranks) {
         to_string(d.schedule) + ")");
   if (d.combine_replies == CombineReplies::kSelections && (d.schedule.kind == ScheduleKind::kHierarchical || d.protocol == Protocol::kFlag))
     bad("--combine-replies selections goes straight to the sources: not with --schedule hierarchical or --protocol flag");
+  if (std::string why = spi::refuse_path_name(d.path); !why.empty()) bad("--path: " + why);
   if (ranks <= 0) return;
   // The table and the schedule the engine will build, so a mismatch fails before any rank starts.
   Topology topology;
@@ -169,7 +175,8 @@ std::string describe_dataplane(const DataPlaneOptions& d) {
                                                                            : byte_size_text(d.stream_min_call_bytes) + " per call")) +
          (d.relay_chunk_bytes == DataPlaneOptions::kRelayChunkAuto
               ? std::string()
-              : ", relay chunks " + (d.relay_chunk_bytes == 0 ? std::string("off") : byte_size_text(d.relay_chunk_bytes)));
+              : ", relay chunks " + (d.relay_chunk_bytes == 0 ? std::string("off") : byte_size_text(d.relay_chunk_bytes))) +
+         (d.path.empty() ? std::string() : ", path " + d.path);
 }
 
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
@@ -186,6 +193,7 @@ nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d) {
   j["replies_first_max_bytes"] = d.replies_first_max_bytes;
   j["stream_min_call_bytes"] = d.stream_min_call_bytes;
   j["relay_chunk"] = relay_chunk_text(d.relay_chunk_bytes);
+  j["path"] = d.path.empty() ? "auto" : d.path;
   return j;
 }
 

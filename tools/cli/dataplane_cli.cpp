@@ -37,6 +37,8 @@ void add_dataplane_options(CLI::App* sub, DataPlaneOptions& d) {
       {"relay-chunk", "BYTES", "hierarchical combine: members send their replies chunk by chunk to every relay, which sums or "
                                "forwards a chunk once every member signalled it (the stages overlap); auto (chunked only where "
                                "the transport states its put costs: the simulator) | BYTES of relayed rows | 0 = the serial relay"},
+      {"path", "NAME", "the base data path by name: auto (the one the other options take) | direct | relay | ring | a path "
+                       "registered from outside (docs/engine.md); it must take the other options"},
   };
   for (const Flag& f : flags) {
     const std::string name = f.name;

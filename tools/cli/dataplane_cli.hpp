@@ -8,8 +8,8 @@
 
 namespace epx::tools {
 
-/// Registers --topology, --schedule, --queues, --queue-split, --aggregate, --protocol on
-/// `sub`, writing into `d`; a bad value is a CLI parse error naming the option.
+/// Registers the data-plane flags (--topology, --schedule, --queues, ..., --path: one per
+/// dataplane_option_names()) on `sub`, writing into `d`; a bad value is a CLI parse error naming the option.
 void add_dataplane_options(CLI::App* sub, DataPlaneOptions& d);
 
 }  // namespace epx::tools

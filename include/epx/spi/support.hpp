@@ -110,12 +110,22 @@ const ProtocolRule& rule(Protocol p);
 /// Whether a path takes a protocol (the path row's column for the protocol's paths_as).
 inline bool takes(const PathRule& path, Protocol p) { return path.protocols[static_cast<int>(rule(p).paths_as)]; }
 
-/// The base path of a config: the last registered path whose base_of holds (built in: ring
-/// when ring_rows > 0, relay with the hierarchical schedule, direct otherwise).
+/// The base path of a config: the one DataPlaneOptions::path names, else the last registered
+/// path whose base_of holds (built in: ring when ring_rows > 0, relay with the hierarchical
+/// schedule, direct otherwise). A name refuse_path refuses: kInvalidArgument.
 Path base_path(const BufferConfig& c);
+
+/// Why `name` cannot name a base path (DataPlaneOptions::path) whatever the config ("" if it
+/// can: empty, or the key of a registered path that has a base_of); the refusal names the
+/// value and the registered paths that can be named.
+std::string refuse_path_name(const std::string& name);
+/// ... and why the path the config names cannot be its base path ("" if it can; its base_of
+/// must take the config: the relay needs the hierarchical schedule, the ring ring_rows).
+std::string refuse_path(const BufferConfig& c);
 
 /// Why a Buffer with this config cannot run on a transport with these caps ("" if it can).
 inline std::string refuse_config(const BufferConfig& c, const TransportCaps& caps) {
+  if (std::string why = refuse_path(c); !why.empty()) return why;
   if (c.ring_rows > 0 && c.dataplane.schedule.kind == ScheduleKind::kHierarchical)
     return "ring_rows (bounded receive area) does not combine with the hierarchical schedule";
   if (c.dataplane.combine_order == CombineOrder::kNodeFirst && base_path(c) != Path::kRelay)

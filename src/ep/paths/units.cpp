@@ -101,10 +101,51 @@ const PathRule& rule(Path p) {
   throw Error(ErrorCode::kInternal, "path " + std::to_string(static_cast<int>(p)) + " is not registered");
 }
 
-Path base_path(const BufferConfig& c) {
+namespace {
+
+// The registered path whose key is `name` and which can be a base path (has a base_of).
+const PathRule* named_base(const std::string& name) noexcept {
+  for (const PathRule* row : detail::registry().rows)
+    if (row->base_of != nullptr && name == row->key) return row;
+  return nullptr;
+}
+
+// The last registered path whose base_of takes the config.
+const PathRule* first_taker(const BufferConfig& c) noexcept {
   const auto& order = detail::registry().order;
   for (auto u = order.rbegin(); u != order.rend(); ++u)
-    if ((*u)->rule.base_of != nullptr && (*u)->rule.base_of(c)) return (*u)->rule.path;
+    if ((*u)->rule.base_of != nullptr && (*u)->rule.base_of(c)) return &(*u)->rule;
+  return nullptr;
+}
+
+}  // namespace
+
+std::string refuse_path_name(const std::string& name) {
+  if (name.empty() || named_base(name) != nullptr) return {};
+  std::string bases, variants;
+  for (const PathRule* row : detail::registry().rows)
+    (row->base_of != nullptr ? bases : variants) += std::string(", '") + row->key + "'";
+  return "data-plane path '" + name + "' is not a registered base path; the registered ones: " + bases.substr(2) +
+         (variants.empty() ? std::string() : " (" + variants.substr(2) + ": per-call variants, which the calls choose)");
+}
+
+std::string refuse_path(const BufferConfig& c) {
+  const std::string& name = c.dataplane.path;
+  if (std::string why = refuse_path_name(name); !why.empty()) return why;
+  if (name.empty() || named_base(name)->base_of(c)) return {};
+  const PathRule& row = *named_base(name);
+  const PathRule* taker = first_taker(c);
+  return "data-plane path '" + name + "'" + (name == row.name ? std::string() : std::string(" (") + row.name + ")") +
+         " does not take this buffer's config" +
+         (taker ? std::string("; its own base path is '") + taker->key + "'" : std::string());
+}
+
+Path base_path(const BufferConfig& c) {
+  if (!c.dataplane.path.empty()) {
+    if (std::string why = refuse_path(c); !why.empty()) throw Error(ErrorCode::kInvalidArgument, why);
+    return named_base(c.dataplane.path)->path;
+  }
+  if (const PathRule* row = first_taker(c)) return row->path;
   throw Error(ErrorCode::kInternal, "no registered path is the base path of this config");
 }
 

@@ -13,7 +13,8 @@
 namespace epx::tools {
 
 /// The option names without "--", in DataPlaneOptions order: topology, schedule, queues,
-/// queue-split, aggregate, protocol, send-policy, combine-order, combine-replies, replies-first-max.
+/// queue-split, aggregate, protocol, send-policy, combine-order, combine-replies, replies-first-max,
+/// stream-min-call, relay-chunk, path.
 const std::vector<std::string>& dataplane_option_names();
 
 /// Sets the option `name` (one of dataplane_option_names()) of `d` from its text.
@@ -40,7 +41,8 @@ std::string to_string(const SendPolicy& policy);
 /// The options against each other and the shape, before anything runs: a ratio split needs
 /// one part per queue; grouped:W needs W to divide the ranks; the builtin topologies
 /// (epx/topology.hpp) must fit the ranks, and hierarchical needs more than one server;
-/// combine order node-first needs the hierarchical schedule.
+/// combine order node-first needs the hierarchical schedule; a path name must be a registered
+/// base path (spi::refuse_path_name; whether it takes the config is the engine's check).
 /// Throws kInvalidArgument naming the options involved. ranks == 0 (not known yet): only the
 /// checks that do not need P. A topology file is checked by the engine (load_topology)
 /// when the Buffer is made.
@@ -51,8 +53,7 @@ void check_dataplane(const DataPlaneOptions& d, int ranks);
 std::string describe_dataplane(const DataPlaneOptions& d);
 
 /// {"topology", "schedule", "queues", "queue_split", "aggregate_bytes", "protocol", "send_policy", "combine_order",
-/// "combine_replies",
-/// "replies_first_max_bytes"}
+/// "combine_replies", "replies_first_max_bytes", "stream_min_call_bytes", "relay_chunk", "path" ("auto": by the config)}
 nlohmann::ordered_json dataplane_json(const DataPlaneOptions& d);
 
 }  // namespace epx::tools
