@@ -27,7 +27,7 @@ struct QueueChoice {
 struct Combo {
   std::string schedule;
   QueueChoice queues;
-  std::string protocol;
+  Protocol protocol;
   std::size_t aggregate;
   // No output pool (copies; calls right after one of the other kind go rows first), and
   // streaming stores in every call (stream_min_call_bytes 0; with the pool these small calls
@@ -38,7 +38,7 @@ struct Combo {
   std::size_t relay_chunk = DataPlaneOptions::kRelayChunkAuto;  // hierarchical: relay chunk bytes (1: a row per chunk)
   std::string name() const {
     std::string n = schedule + (node_first ? "_nodefirst" : "") + (selections ? "_selections" : "") + "_q" + std::to_string(queues.queues) + "_" + queues.split +
-                    "_" + protocol + "_agg" + std::to_string(aggregate) + (copy ? "_copy" : "") +
+                    "_" + spi::rule(protocol).name + "_agg" + std::to_string(aggregate) + (copy ? "_copy" : "") +
                     (relay_chunk == DataPlaneOptions::kRelayChunkAuto ? "" : "_chunk" + std::to_string(relay_chunk));
     for (char& ch : n)
       if (ch == ':') ch = 'x';
@@ -51,7 +51,7 @@ struct Combo {
     if (o.schedule.kind == ScheduleKind::kHierarchical) o.topology = "builtin:servers:2";
     o.queues = queues.queues;
     o.queue_split = parse_queue_split(queues.split);
-    o.protocol = parse_protocol(protocol);
+    o.protocol = protocol;
     o.aggregate_bytes = aggregate;
     o.combine_order = node_first ? CombineOrder::kNodeFirst : CombineOrder::kFlat;
     o.combine_replies = selections ? CombineReplies::kSelections : CombineReplies::kPartials;
@@ -77,8 +77,8 @@ bool supported(const Combo& c) {
 }
 
 // Every path (direct: the flat, rotated and grouped schedules; relay: hierarchical) x every
-// protocol the table accepts for it, each run on every transport (the instantiations), in
-// full. Queue choice (count + split) x schedule x aggregation are covered pairwise inside
+// registered protocol the table accepts for it (spi::kProtocols: a protocol unit the library
+// adds is picked up), each run on every transport (the instantiations), in full. Queue choice (count + split) x schedule x aggregation are covered pairwise inside
 // each (path, protocol): every pair of values of two of them appears in some combination
 // (row (i, j) of queue choice i and schedule j takes aggregation (i + j) % 3, so for a fixed
 // queue choice the schedules walk all three aggregations, and for a fixed schedule the
@@ -104,13 +104,13 @@ std::vector<Combo> combos() {
                                     {{"rotated", "grouped:2"}, false, true, true}};
   std::vector<Combo> v;
   for (const Paths& path : paths)
-    for (const char* protocol : {"explicit", "tail", "flag"})
+    for (const spi::ProtocolRule& protocol_row : spi::kProtocols)
       for (std::size_t i = 0; i < std::size(queue_choices); ++i)
         for (std::size_t j = 0; j < path.schedules.size(); ++j)
           for (std::size_t k = 0; k < std::size(aggregates); ++k) {
             if (!full && path.pairwise && k != (i + j) % std::size(aggregates)) continue;
             const bool copy = (i + j + (path.schedules.size() > 1 ? 0 : k)) % 2 == 1;
-            Combo c{path.schedules[j], queue_choices[i], protocol, aggregates[k], copy, path.node_first, path.selections};
+            Combo c{path.schedules[j], queue_choices[i], protocol_row.protocol, aggregates[k], copy, path.node_first, path.selections};
             // Relays: auto (serial on these transports), a row per chunk, or a few rows per chunk.
             if (path.schedules[0] == std::string("hierarchical"))
               c.relay_chunk = std::array<std::size_t, 3>{DataPlaneOptions::kRelayChunkAuto, 1, 1000}[(i + k) % 3];
@@ -216,9 +216,8 @@ TEST_P(DeferredPutConformance, MatchesReferenceBitForBit) {
   const Expected compact = expect(fixture(false, 50), false, false, combo.nodes());
   const Expected expanded = expect(fixture(false, 51), true, true, combo.nodes());
   const Expected fp8 = expect(fixture(true, 52), false, false, combo.nodes());
-  const Protocol protocol = parse_protocol(combo.protocol);
   launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
-    DeferredPutTransport deferred(t, protocol == Protocol::kTail, protocol == Protocol::kFlag);
+    DeferredPutTransport deferred(t, combo.protocol);
     BufferConfig c = config_for(compact.p, 2);
     c.max_tokens_per_rank = 16;
     c.dataplane = combo.options();
@@ -236,7 +235,7 @@ INSTANTIATE_TEST_SUITE_P(EveryCombination, DeferredPutConformance, ::testing::Va
 
 // The bounded receive area: rings far smaller than what a rank receives (down to one row
 // per source), so senders wait for credits many times per call.
-class RingConformance : public ::testing::TestWithParam<std::tuple<TestTransport, std::int64_t, std::string, std::string>> {};
+class RingConformance : public ::testing::TestWithParam<std::tuple<TestTransport, std::int64_t, std::string, Protocol>> {};
 
 TEST_P(RingConformance, MatchesReferenceBitForBit) {
   const auto& [where, ring, schedule, protocol] = GetParam();
@@ -248,25 +247,33 @@ TEST_P(RingConformance, MatchesReferenceBitForBit) {
     c.max_tokens_per_rank = 16;
     c.ring_rows = ring;
     c.dataplane.schedule = parse_schedule(schedule);
-    c.dataplane.protocol = parse_protocol(protocol);
+    c.dataplane.protocol = protocol;
     c.dataplane.queues = 2;
     Buffer buffer(t, c);
     check_round_trip(buffer, t.rank(), compact);
     check_round_trip(buffer, t.rank(), expanded);
     check_round_trip(buffer, t.rank(), fp8);
-  }, protocol == "tail");
+  }, spi::rule(protocol).needs == &TransportCaps::ordered_signal_per_queue);
+}
+
+// The registered protocols the ring's row takes (explicit and tail among the built-in ones).
+std::vector<Protocol> ring_protocols() {
+  std::vector<Protocol> v;
+  for (const spi::ProtocolRule& p : spi::kProtocols)
+    if (spi::takes(spi::rule(spi::Path::kRing), p.protocol)) v.push_back(p.protocol);
+  return v;
 }
 
 const std::vector<TestTransport> kRingTransports = {{TransportKind::kThreads}, {TransportKind::kShm}, {TransportKind::kThreads, true}};
 
 INSTANTIATE_TEST_SUITE_P(Rings, RingConformance,
                          ::testing::Combine(::testing::ValuesIn(kRingTransports), ::testing::Values(1, 2, 5, 64),
-                                            ::testing::Values("rotated", "grouped:2"), ::testing::Values("explicit", "tail")),
+                                            ::testing::Values("rotated", "grouped:2"), ::testing::ValuesIn(ring_protocols())),
                          [](const auto& info) {
                            std::string schedule = std::get<2>(info.param);
                            std::replace(schedule.begin(), schedule.end(), ':', 'x');
                            return std::get<0>(info.param).name() + "_ring" +
-                                  std::to_string(std::get<1>(info.param)) + "_" + schedule + "_" + std::get<3>(info.param);
+                                  std::to_string(std::get<1>(info.param)) + "_" + schedule + "_" + spi::rule(std::get<3>(info.param)).name;
                          });
 
 // Aggregation off means one put per row; the default merges runs of consecutive tokens.
@@ -380,36 +387,37 @@ class WeakerTransport final : public ForwardingTransport {
 };
 
 // A protocol that relies on a guarantee the transport does not give is refused on every
-// rank, naming the protocol, the guarantee and the transport; the rest still works.
+// rank, naming the protocol, the guarantee and the transport; the rest still works. Every
+// registered protocol (spi::kProtocols): the one its row relies on is off and every other
+// guarantee on (tail: no ordered signals; flag: no flagged puts); one that relies on none
+// (explicit) runs with every guarantee off.
 TEST(DataPlaneConformance, ProtocolsNeedTheirTransportGuarantee) {
   const Expected e = expect(fixture(false, 57), false, false);
-  struct Case {
-    Protocol protocol;
-    bool ordered_signals, flagged_puts;
-    const char* words;  // empty: accepted
-  };
-  for (const Case& c : {Case{Protocol::kTail, false, true, "protocol 'tail' relies on signals ordered after earlier puts"},
-                        Case{Protocol::kFlag, true, false, "protocol 'flag' relies on flagged puts"},
-                        Case{Protocol::kExplicit, false, false, ""}}) {
-    SCOPED_TRACE(to_string(c.protocol));
+  // The built-in rows rely on what their units do (the loop below then refuses them).
+  EXPECT_EQ(spi::rule(Protocol::kTail).needs, &TransportCaps::ordered_signal_per_queue);
+  EXPECT_EQ(spi::rule(Protocol::kFlag).needs, &TransportCaps::flagged_puts);
+  EXPECT_EQ(spi::rule(Protocol::kExplicit).needs, nullptr);
+  for (const spi::ProtocolRule& row : spi::kProtocols) {
+    SCOPED_TRACE(row.name);
+    const std::string words = row.needs ? std::string("protocol '") + row.name + "' relies on " + row.needs_text : "";
     try {
       launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
         TransportCaps caps = t.caps();
         caps.name = "weaker";
-        caps.ordered_signal_per_queue = c.ordered_signals;
-        caps.flagged_puts = c.flagged_puts;
+        caps.ordered_signal_per_queue = caps.flagged_puts = row.needs != nullptr;
+        if (row.needs) caps.*row.needs = false;
         WeakerTransport weaker(t, caps);
         BufferConfig config = config_for(e.p, 1);
-        config.dataplane.protocol = c.protocol;
+        config.dataplane.protocol = row.protocol;
         Buffer buffer(weaker, config);
         check_round_trip(buffer, t.rank(), e);
       });
-      EXPECT_STREQ(c.words, "") << "accepted";
+      EXPECT_EQ(words, "") << "accepted";
     } catch (const Error& err) {
       EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument) << err.what();
-      EXPECT_NE(std::string(err.what()).find(c.words), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find(words), std::string::npos) << err.what();
       EXPECT_NE(std::string(err.what()).find("transport 'weaker'"), std::string::npos) << err.what();
-      EXPECT_NE(std::string(c.words), "") << err.what();
+      EXPECT_NE(words, "") << err.what();
     }
   }
 }

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "epx/spi/support.hpp"
 #include "multirank_support.hpp"
 
 namespace epx::testing {
@@ -36,6 +37,11 @@ class DeferredPutTransport final : public ForwardingTransport {
     caps_.ordered_signal_per_queue = ordered_signals;
     caps_.flagged_puts = flagged_puts;
   }
+  /// The guarantee protocol `p`'s row relies on (spi::ProtocolRule::needs), and no other:
+  /// the weakest deferred transport that runs it.
+  DeferredPutTransport(Transport& t, Protocol p)
+      : DeferredPutTransport(t, spi::rule(p).needs == &TransportCaps::ordered_signal_per_queue,
+                             spi::rule(p).needs == &TransportCaps::flagged_puts) {}
   const TransportCaps& caps() const noexcept override { return caps_; }
   const std::byte* peer_window(int) const noexcept override { return nullptr; }
 

@@ -26,15 +26,16 @@ constexpr int kRanks = kCaseRanks;
 struct PathCase {
   spi::Path path;
   Protocol protocol;
-  std::string name() const { return std::string(spi::rule(path).key) + "_" + to_string(protocol); }
+  std::string name() const { return std::string(spi::rule(path).key) + "_" + spi::rule(protocol).name; }
 };
 
-// Every path of the table x every protocol its row takes.
+// Every registered path x every registered protocol its row takes (a unit named in
+// paths/units.cpp or protocols/units.cpp is picked up here without an edit).
 std::vector<PathCase> cases() {
   std::vector<PathCase> v;
   for (const spi::PathRule& r : spi::kPaths)
-    for (int p = 0; p < 3; ++p)
-      if (r.protocols[p]) v.push_back({r.path, static_cast<Protocol>(p)});
+    for (const spi::ProtocolRule& p : spi::kProtocols)
+      if (spi::takes(r, p.protocol)) v.push_back({r.path, p.protocol});
   return v;
 }
 
@@ -144,7 +145,7 @@ TEST_P(PathUnit, TakesItsPathAndMatchesReferenceBitForBit) {
   ASSERT_TRUE(c.path == spi::base_path(config) || spi::allows(c.path, config, true)) << c.name();
   const bool deferred_puts = !rule.needs_peer_window;
   launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
-    DeferredPutTransport deferred(t, c.protocol == Protocol::kTail, c.protocol == Protocol::kFlag);
+    DeferredPutTransport deferred(t, c.protocol);
     Transport& on = deferred_puts ? static_cast<Transport&>(deferred) : t;
     Buffer buffer(on, config);
     for (const Expected& e : problems) run(buffer, t.rank(), e, c.path, &e == &problems.front());
@@ -176,18 +177,18 @@ TEST(DeferredPutBlocks, DirectAndRowsFirstSendAcrossBlockEdges) {
   const Expected other = expect(big(false, 83), false, false);
   const SendPolicy policies[] = {{}, {SendPolicyKind::kWhole, 0}, {SendPolicyKind::kBlock, 1}, {SendPolicyKind::kBlock, 3 * 16384}};
   for (const spi::Path path : {spi::Path::kDirect, spi::Path::kRowsFirst})
-    for (int proto = 0; proto < 3; ++proto)
+    for (const spi::ProtocolRule& proto : spi::kProtocols)
       for (const SendPolicy& policy : policies) {
-        if (!spi::rule(path).protocols[proto]) continue;
+        if (!spi::takes(spi::rule(path), proto.protocol)) continue;
         // The explicit policies with the explicit protocol only: a policy orders the puts, not how they complete.
-        if (policy.kind != SendPolicyKind::kAuto && proto != 0) continue;
-        const PathCase c{path, static_cast<Protocol>(proto)};
+        if (policy.kind != SendPolicyKind::kAuto && proto.protocol != Protocol::kExplicit) continue;
+        const PathCase c{path, proto.protocol};
         SCOPED_TRACE(c.name() + " send policy " + std::to_string(static_cast<int>(policy.kind)) + "/" + std::to_string(policy.block_bytes));
         BufferConfig config = config_of(problems[0].p, c);
         config.max_tokens_per_rank = 70;
         config.dataplane.send_policy = policy;
         launch({kRanks, TransportKind::kThreads, std::chrono::milliseconds(20000)}, [&](Transport& t) {
-          DeferredPutTransport deferred(t, c.protocol == Protocol::kTail, c.protocol == Protocol::kFlag);
+          DeferredPutTransport deferred(t, c.protocol);
           Buffer buffer(deferred, config);
           for (const Expected& e : problems) run(buffer, t.rank(), e, c.path, &e == &problems.front());
           older_handle(buffer, t.rank(), problems.front(), other, c.path);
