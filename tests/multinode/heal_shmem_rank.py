@@ -105,15 +105,14 @@ def buffers(group, num_experts):
 
 def die_before_combine(ep, store):
     """The victim: its next combine waits until every survivor is inside its own combine
-    (where they send it rows and wait for its), then a second, then SIGKILLs this process.
-    A survivor whose combine still probes the victim's heap (the shmem transport's timed
-    quiet) comes out one timeout after the probe began, and the agreement waits one timeout
-    from the first survivor's arrival: probes begun before the death end in time."""
+    (where they send it rows and wait for its), then SIGKILLs this process. A survivor whose
+    combine is still probing the victim's heap (the shmem transport's timed quiet) must see
+    the death announced and come to the agreement at once: otherwise it arrives a whole
+    timeout after the others, who must still wait for it and not agree without it."""
     def combine(*args, **kwargs):
         deadline = time.monotonic() + 60
         while store.add("test/combining", 0) < P0 - 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGKILL)
     ep.combine = combine
 

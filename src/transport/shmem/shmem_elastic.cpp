@@ -315,7 +315,7 @@ void ShmemTransport::reuse_block(std::size_t bytes) {
 
 bool ShmemTransport::member_gone(int rank) const noexcept { return control_->load(control_->gone(pe(rank))) != 0; }
 
-// Everyone is here or known dead, or the timeout passed: whoever has not arrived by then is
+// Everyone is here or known dead, or twice the timeout passed: whoever has not arrived by then is
 // lost. A PE whose process a PE of its machine sees gone (its identity, in its own words) is
 // announced dead to every member at once, so the agreement need not wait the timeout for it
 // (a machine that is gone whole still costs the timeout).
@@ -325,7 +325,10 @@ std::vector<bool> ShmemTransport::arrivals(std::uint64_t stamp) {
   enum : char { kPending, kArrived, kDead };
   std::vector<char> state(static_cast<std::size_t>(P), kPending);
   state[static_cast<std::size_t>(rank_)] = kArrived;
-  ControlWait idle(std::chrono::steady_clock::now() + timeout_);
+  // Twice the timeout (the watchdog's limit here): a survivor may reach this a whole timeout
+  // after another (held in a quiet toward the dead PE); the one that came first must not take
+  // it for lost and decide without it.
+  ControlWait idle(std::chrono::steady_clock::now() + watch_limit());
   for (unsigned i = 0;; ++i) {
     bool pending = false;
     for (int q = 0; q < P; ++q) {

@@ -375,6 +375,12 @@ void ShmemTransport::quiet_timed(int queue, std::uint64_t* lap_ns) {
   }
   auto since = std::chrono::steady_clock::now();
   const auto deadline = since + timeout_;
+  // A probe of a dead PE never lands: where survivors heal, look for announced deaths, so a
+  // survivor reaches the agreement within milliseconds instead of a timeout after the others
+  // (which then took it for lost and agreed without it).
+  const bool watch = control_ && launcher_keeps_survivors();
+  auto next_look = since + std::chrono::milliseconds(20);
+  bool doomed = false;
   if (!pending.empty())
     guarded("shmem_quiet", -1, [&] {  // the watchdog ends a rank whose peer never answers, as in shmem_quiet
       // A timing probe, not a wait: each landing is stamped at the first look that sees it, so
@@ -391,9 +397,15 @@ void ShmemTransport::quiet_timed(int queue, std::uint64_t* lap_ns) {
           return true;
         });
         if (now >= deadline) break;
+        if (watch && now >= next_look) {
+          if ((doomed = gone_member() >= 0)) break;
+          next_look = now + std::chrono::milliseconds(20);
+        }
         if (i >= 64) sched_yield();
       }
     });
+  // Outside guarded(): a throw inside would leave its watchdog entry behind.
+  if (doomed) check_members(WaitPoint{"shmem_quiet (timing probe)", -1});
   quiet(queue);
 }
 
