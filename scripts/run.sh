@@ -138,18 +138,22 @@ case "$cmd" in
     # (SKIPs what it cannot make: cgroup, namespaces without root). It judges the persistent verdict
     # per rank and link (named in 3 of the loop's 5 intervals, either op). A failed check is rerun up
     # to 3 times and fails only if each rerun repeats a wrong verdict of the first: by the single-run
-    # rates in docs/diagnose.md ("Tested with real faults") a failure by chance is < 1 in 1000. ~120 s.
+    # rates in docs/diagnose.md ("Tested with real faults") a failure by chance is < 1 in 1000. 100-250 s.
     timeout 600 /usr/bin/python3 tests/e2e/check_diagnose.py --epx build/src/tools/epx --only quiet,sigstop,cgroup,netem,netem-quiet --confirm 3
     bash tests/e2e/check_mpi_baseline.sh build/baselines/epx_mpi_baseline  # says SKIP without Open MPI
     # epx bench/sim --html and epx html opened in headless Chromium: no console error, every chart drawn; screenshots in build/html/.
     timeout 300 /usr/bin/python3 tests/html/check_pages.py --epx build/src/tools/epx --out build/html
-    timeout 420 bash tests/multinode/run.sh build  # shmem across network namespaces; SKIP without root
+    # shmem across network namespaces: every case, the faults, healing and joins from spare PEs; SKIP without root
+    timeout 900 bash tests/multinode/run.sh build
     # The torch.distributed backend across 2 namespace machines under torchrun (UCX transport):
     # every op, the DDP loop, the MoE layer and the pipeline, a rank killed, the link cut. ~150 s.
     timeout 900 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/multinode/test_torchrun.py
     # Healing across machines on a UCX group: a rank of the other machine killed mid-dispatch,
     # the survivors agree through the torch store and go on bit for bit, a replacement joins. ~70 s.
     timeout 600 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/multinode/test_elastic_ucx.py
+    # Healing from Python on an OpenSHMEM group under oshrun (2 x 2 namespace machines): a rank
+    # killed inside a combine, the survivors rebuild and go on bit for bit, the job ends by itself. ~20 s.
+    timeout 400 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/multinode/test_heal_shmem.py
     ;;
   benchmarks)
     # BENCHMARKS.md's figures, docs/img/benchmarks.{json,svg}: the headline set against its peers.

@@ -277,8 +277,8 @@ std::uint64_t SimTransport::read_signal(std::size_t slot) noexcept {
   const std::uint64_t v = MappedTransport::read_signal(slot);
   if (in_barrier_ || v == 0) return v;
   // A poll loop: what it observed is what its next decisions depend on. Only a value this
-  // stream has not seen before is recorded (a wait for it in the replay); the replay
-  // treats a value left from an earlier call as already there.
+  // stream has not seen before is recorded (a wait for it in the model's timing); the
+  // timing treats a value left from an earlier call as already there.
   SimRecorder::Stream& st = rec_->stream();
   auto [it, fresh] = st.polled.try_emplace(key(slot), v);
   if (!fresh && it->second == v) return v;

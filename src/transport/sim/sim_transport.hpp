@@ -42,7 +42,7 @@ class SimTransport : public MappedTransport, public sim::ModelTransport {
   /// allocate(0, 0) releases the window (kept mapped until the launch ends).
   void allocate(std::size_t window_bytes, std::size_t num_signals) override;
   /// An endpoint recording into this rank's trace; its signal slots and flag offsets carry
-  /// the endpoint's number in their trace keys (bits 40+), so the replay keeps them apart.
+  /// the endpoint's number in their trace keys (bits 40+), so the model's timing keeps them apart.
   std::unique_ptr<Transport> open_endpoint() override;
   void put(int peer, std::size_t offset, const void* src, std::size_t bytes, int queue) override;
   void signal(int peer, std::size_t slot, std::uint64_t value, int queue) override;
