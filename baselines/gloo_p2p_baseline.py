@@ -70,6 +70,46 @@ def max_over_ranks(dist, torch, x):
     return float(t[0])
 
 
+def pp_stream(a, dist, torch, me, ring, src, dst, x, out):
+    """One timed stream of a.messages messages along the pattern; the slowest receiver's us."""
+    none = torch.empty(0, dtype=torch.uint8)
+    dist.barrier()
+    t0 = time.perf_counter()
+    go = dist.isend(none, src) if src >= 0 else None  # the receiver's "go" to its sender
+    if dst >= 0:
+        dist.recv(none, dst)
+    if go is not None:
+        go.wait()
+    for _ in range(a.messages):
+        if ring and me % 2 == 1:
+            dist.recv(out, src)
+        if dst >= 0:
+            dist.send(x, dst)
+        if src >= 0 and not (ring and me % 2 == 1):
+            dist.recv(out, src)
+    us = (time.perf_counter() - t0) * 1e6 / a.messages if src >= 0 else 0.0
+    return max_over_ranks(dist, torch, us)
+
+
+def pp_pingpong(dist, me, x, out):
+    """One-way latency of a pair's round trips (us, on the even rank; 0 on the odd one)."""
+    peer = me + 1 if me % 2 == 0 else me - 1
+
+    def round_trip():
+        if me % 2 == 0:
+            dist.send(x, peer)
+            dist.recv(out, peer)
+        else:
+            dist.recv(out, peer)
+            dist.send(x, peer)
+    dist.barrier()
+    round_trip()  # untimed: both ends in step
+    t0 = time.perf_counter()
+    for _ in range(8):
+        round_trip()
+    return (time.perf_counter() - t0) * 1e6 / 16 if me % 2 == 0 else 0.0
+
+
 def run_pp(a, me, P, dist, torch):
     ring = a.pattern == "ring"
     dst = (me + 1) % P if ring else (me + 1 if me % 2 == 0 else -1)
@@ -78,53 +118,15 @@ def run_pp(a, me, P, dist, torch):
     for n in a.sizes:
         x = torch.from_numpy(message(me, n).copy())
         out = torch.empty(n, dtype=torch.uint8)
-
-        none = torch.empty(0, dtype=torch.uint8)
-
-        def stream():
-            dist.barrier()
-            t0 = time.perf_counter()
-            go = dist.isend(none, src) if src >= 0 else None  # the receiver's "go" to its sender
-            if dst >= 0:
-                dist.recv(none, dst)
-            if go is not None:
-                go.wait()
-            for _ in range(a.messages):
-                if ring and me % 2 == 1:
-                    dist.recv(out, src)
-                if dst >= 0:
-                    dist.send(x, dst)
-                if src >= 0 and not (ring and me % 2 == 1):
-                    dist.recv(out, src)
-            us = (time.perf_counter() - t0) * 1e6 / a.messages if src >= 0 else 0.0
-            return max_over_ranks(dist, torch, us)
-
-        def pingpong():
-            peer = me + 1 if me % 2 == 0 else me - 1
-
-            def round_trip():
-                if me % 2 == 0:
-                    dist.send(x, peer)
-                    dist.recv(out, peer)
-                else:
-                    dist.recv(out, peer)
-                    dist.send(x, peer)
-            dist.barrier()
-            round_trip()  # untimed: both ends in step
-            t0 = time.perf_counter()
-            for _ in range(8):
-                round_trip()
-            return (time.perf_counter() - t0) * 1e6 / 16 if me % 2 == 0 else 0.0
-
         st, lat = [], []
         for i in range(a.warmup + a.iters):
-            s, l_ = stream(), pingpong()
+            s, l_ = pp_stream(a, dist, torch, me, ring, src, dst, x, out), pp_pingpong(dist, me, x, out)
             allv = [torch.zeros(1, dtype=torch.float64) for _ in range(P)]
             dist.all_gather(allv, torch.tensor([l_], dtype=torch.float64))
             if i >= a.warmup:
                 st.append(s)
                 lat.append([float(t[0]) for t in allv])
-        stream()
+        pp_stream(a, dist, torch, me, ring, src, dst, x, out)
         h = check_hash(out.numpy()) if (ring or me % 2 == 1) else 0
         hs = [torch.zeros(1, dtype=torch.int64) for _ in range(P)]
         dist.all_gather(hs, torch.tensor([np.uint64(h).astype(np.int64)], dtype=torch.int64))
