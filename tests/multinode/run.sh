@@ -36,6 +36,9 @@
 #       machine, then of one on rank 0's machine; the survivors agree, rebuild the group
 #       over the shmem transport and go on bit for bit on 3 ranks across both machines; the
 #       job ends by itself, nothing left behind.
+#   healing Engram and PP, 2 x 2: a rank SIGKILLed while the others fetch its Engram rows by
+#       gets / wait for its PP message; each survivor's call fails naming it (kPeerFailed),
+#       they heal and run every PP / Engram case bit for bit on 3 ranks.
 #   joins, 2 machines, spare PEs (EPX_SHMEM_SPARES): a spare admitted after a heal (4 ranks
 #       again), 2 -> 4 ranks without a loss (a third spare never admitted ends with the job),
 #       a spare that dies while joining (admit null on every member, they go on); every
@@ -574,6 +577,63 @@ if want fault-join; then
   else
     fail "join-no-reserve: exit $rc"; quiet_noise "$work/join-bad.err" | tail -8
   fi
+fi
+
+# 10. Engram and PP across a loss (2 x 2, heal_flags; tests/multinode/pp_engram_rank.cpp
+# --fault engram:R | pp:R): rank R SIGKILLs itself while the others fetch Engram rows from it
+# (gets across machines, copies from the mapped heap on its own machine) or wait for its PP
+# message in a ring (the recv fails once a PE of the dead one's machine announced it). Each
+# survivor fails in that round with a peer loss naming R (kPeerFailed: "died ..."; not a
+# timeout, not the watchdog), they agree, rebuild and run every PP / Engram case bit for bit
+# on 3 ranks; the job ends by itself, nothing left behind.
+# pe_heal_case NAME FAULT VICTIM LIMIT
+pe_heal_case() {
+  local name=$1 fault=$2 victim=$3 limit=$4
+  local s rc took ok=1 r p left="" got out=$work/$1.out
+  s=$(date +%s)
+  flags=heal_flags across_run "$name" 4 hosts2 "$limit" "$build/tests/epx_multinode_pp_engram_rank" --timeout-ms $heal_ms --fault "$fault:$victim"
+  rc=$? took=$(( $(date +%s) - s ))
+  [ "$rc" -ne 124 ] || { fail "$name: the job did not end by itself (timeout after ${limit}s)"; ok=0; }
+  for r in 0 1 2 3; do
+    [ "$r" = "$victim" ] && continue
+    grep -Eq "^LOSS rank $r: round 3: rank $r: rank $victim \(node [01], (this node|another machine)\) died \(its process is gone, seen on its machine\) while this rank waited in phase '[^']*'" "$out" ||
+      { fail "$name: rank $r did not fail in round 3 naming rank $victim as dead"; ok=0; }
+    grep -q "^HEAL rank $r -> rank $(( r < victim ? r : r - 1 )) of 3: lost rank $victim\$" "$out" ||
+      { fail "$name: rank $r did not heal into rank $(( r < victim ? r : r - 1 )) of 3"; ok=0; }
+    grep -q "^DONE rank $r\$" "$out" || { fail "$name: rank $r did not finish"; ok=0; }
+  done
+  # Engram: the other machine's survivors fail in the fetch's gets (refused before they are
+  # issued, or their quiet's probe stops at the announced death), not in a later barrier.
+  # PP: the rank after the victim in the ring fails in its recv of the victim's message.
+  [ "$fault" = pp ] && ! grep -Eq "^LOSS rank $(( (victim + 1) % 4 )): .* phase 'pp recv \(waiting for a message\)'" "$out" &&
+    { fail "$name: rank $(( (victim + 1) % 4 )) did not fail in its recv from rank $victim"; ok=0; }
+  if [ "$fault" = engram ]; then
+    for r in 0 1; do
+      grep -Eq "^LOSS rank $r: .* phase '(get \(a row from a peer\)|shmem_quiet \(gets outstanding\))'" "$out" ||
+        { fail "$name: rank $r did not fail in the fetch's gets"; ok=0; }
+    done
+  fi
+  grep -q 'blocks in the OpenSHMEM runtime' "$work/$name.err" && { fail "$name: the watchdog ended a survivor"; ok=0; }
+  got=$(grep -c '^PASS heal:' "$out")
+  [ "$got" = 5 ] || { fail "$name: $got of 5 cases passed on the survivors"; ok=0; }
+  for f in "$work"/shm-*; do
+    [ -e "$f" ] && [ -s "$f" ] && { fail "$name: /dev/shm of $(basename "$f") kept: $(tr '\n' ' ' <"$f")"; ok=0; }
+  done
+  sleep 1
+  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do
+    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = epx_multinode_p ] && left="$left $p"
+  done
+  [ -z "$left" ] || { fail "$name: epx ranks left in the namespaces:$left"; ok=0; }
+  if [ "$ok" = 1 ]; then
+    echo "PASS: $name (exit $rc after ${took}s; $got cases on the 3 survivors; $(grep -m1 "^LOSS rank 0:" "$out" | sed 's/^LOSS //'))"
+  else
+    quiet_noise "$work/$name.err" | grep -v 'Internal error\|flush.c' | tail -8
+  fi
+  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+}
+if want fault-heal-engram; then
+  pe_heal_case heal-engram-remote engram 3 90  # rank 0 and 1 fetch its rows by gets
+  pe_heal_case heal-pp-across pp 3 90          # rank 0 (the other machine) waits for its message
 fi
 
 shm_after=$(ls -A /dev/shm | sort)

@@ -269,10 +269,23 @@ void ShmemTransport::put(int peer, std::size_t offset, const void* src, std::siz
   shmem_putmem_nbi(base_ + offset, src, bytes, pe(peer));
 }
 
+namespace {
+bool keeps_survivors() noexcept {
+  static const bool keeps = launcher_keeps_survivors();  // the launcher's environment: fixed for the job
+  return keeps;
+}
+}  // namespace
+
 void ShmemTransport::get(int peer, std::size_t offset, void* dst, std::size_t bytes, int) {
   require_live("get");
   if (const std::byte* src = peer_base_[static_cast<std::size_t>(peer)]) return static_cast<void>(std::memcpy(dst, src + offset, bytes));
+  // A get from a dead PE is refused by UCX (liboshmem prints "Internal error", the call
+  // returns nothing) and a later quiet completes it with the destination unwritten: where
+  // survivors heal, fail naming a member already announced dead instead of issuing.
+  if (control_ && keeps_survivors() && member_gone(peer)) check_members(WaitPoint{"get (a row from a peer)", peer});
   mark_outstanding(peer);
+  unprobed_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
+  gets_out_.store(true, std::memory_order_relaxed);
   shmem_getmem_nbi(dst, base_ + offset, bytes, pe(peer));
 }
 
@@ -349,7 +362,21 @@ const std::byte* ShmemTransport::peer_window(int peer) const noexcept {
 }
 
 void ShmemTransport::quiet(int) {
+  // Gets outstanding where survivors heal: a get from a PE that died completes in shmem_quiet
+  // without its bytes (UCX fails the request; nothing tells the caller). So first the probe
+  // of quiet_timed (a beacon get after the gets: it lands only from a live PE) stops at an
+  // announced death, and a probe that never lands within the timeout is a failure naming
+  // the peer; after the quiet a death announced meanwhile fails the call too.
+  const bool gets = gets_out_.exchange(false, std::memory_order_relaxed) && control_ && keeps_survivors();
+  if (gets) {
+    thread_local std::vector<std::uint64_t> laps;
+    laps.assign(static_cast<std::size_t>(num_ranks_), 0);
+    const int unlanded = probe_peers(laps.data(), "shmem_quiet (gets outstanding)");
+    check_members(WaitPoint{"shmem_quiet (gets outstanding)", unlanded});
+    if (unlanded >= 0) fail_timeout(WaitPoint{"shmem_quiet (gets outstanding)", unlanded});
+  }
   guarded("shmem_quiet", -1, [] { shmem_quiet(); });
+  if (gets) check_members(WaitPoint{"shmem_quiet (gets outstanding)", -1});
 }
 
 // shmem_quiet completes every peer's puts at once (the network's slowest link decides). To
@@ -359,6 +386,11 @@ void ShmemTransport::quiet(int) {
 // it is an estimate), and each landing is a peer's lap. The quiet that follows completes
 // everything, as quiet() does. Cost: one small get per such peer, overlapped with the quiet.
 void ShmemTransport::quiet_timed(int queue, std::uint64_t* lap_ns) {
+  probe_peers(lap_ns, "shmem_quiet (timing probe)");
+  quiet(queue);
+}
+
+int ShmemTransport::probe_peers(std::uint64_t* lap_ns, const char* phase) {
   thread_local std::vector<std::uint64_t> landed;
   thread_local std::vector<int> pending;
   pending.clear();
@@ -405,8 +437,8 @@ void ShmemTransport::quiet_timed(int queue, std::uint64_t* lap_ns) {
       }
     });
   // Outside guarded(): a throw inside would leave its watchdog entry behind.
-  if (doomed) check_members(WaitPoint{"shmem_quiet (timing probe)", -1});
-  quiet(queue);
+  if (doomed) check_members(WaitPoint{phase, -1});
+  return pending.empty() ? -1 : pending.front();
 }
 
 void ShmemTransport::barrier(const char* phase) {

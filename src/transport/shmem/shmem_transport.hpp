@@ -106,6 +106,10 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   const std::byte* peer_window(int peer) const noexcept override;
   void quiet(int queue) override;
   void quiet_timed(int queue, std::uint64_t* lap_ns) override;
+  /// quiet_timed's probe of the network peers put to (or read from) since their last probe:
+  /// adds each one's lap; the first whose probe did not land within the timeout, or -1.
+  /// Where survivors heal it stops at an announced death (kPeerFailed naming it and `phase`).
+  int probe_peers(std::uint64_t* lap_ns, const char* phase);
   void barrier(const char* phase) override;
   void enter_phase(const char* phase) noexcept override { note(phase, last_peer_.load(std::memory_order_relaxed)); }
   std::chrono::milliseconds timeout() const noexcept override { return timeout_; }
@@ -225,7 +229,8 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   std::size_t payload_begin_ = 0, payload_end_ = 0;
   std::unique_ptr<std::atomic<std::uint64_t>[]> puts_, put_bytes_, payload_bytes_;  // [P] since construction (an endpoint's also on its transport)
   std::unique_ptr<std::atomic<bool>[]> outstanding_;  // [P] network puts went to this peer (for the watchdog's message)
-  std::unique_ptr<std::atomic<bool>[]> unprobed_;     // [P] network puts since quiet_timed last probed this peer
+  std::unique_ptr<std::atomic<bool>[]> unprobed_;     // [P] network puts / gets since quiet_timed last probed this peer
+  std::atomic<bool> gets_out_{false};                 // network gets since the last quiet
   std::atomic<const char*> last_phase_{"setup"};      // of the last wait or enter_phase (watchdog, SIGTERM line)
   std::atomic<int> last_peer_{-1};                    // the peer of the last wait (SIGTERM line)
   std::atomic<int> waiting_{0};                       // threads inside a wait that did not return at once
