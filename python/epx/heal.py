@@ -195,6 +195,25 @@ def live_routing(topk_idx, mapping, home_experts, group, prefer_own_rank=False):
 
     Returns (topk_idx [S, K] int64 in the input's flavour, num_experts, dropped_pairs,
     dropped_tokens); group.sum([dropped_pairs, dropped_tokens]) gives the group's totals."""
+    idx, m, L, rank, size, original_lost, original_ranks = _routing_inputs(topk_idx, mapping, home_experts, group)
+    P0, B = int(m.shape[0]), int(m.shape[1])
+    E = P0 * L
+    table, count, own, own_count = _replica_tables(m, L, original_lost, original_ranks[rank], prefer_own_rank)
+    S, K = idx.shape
+    e = np.where(idx < 0, E, idx).astype(np.int64)
+    t = np.arange(S, dtype=np.int64)[:, None]
+    use_own = own_count[e] > 0
+    n = np.where(use_own, own_count[e], count[e])
+    pick = np.where(n > 0, t % np.maximum(n, 1), 0)
+    out = np.where(use_own, own[e, pick], table[e, pick])
+    out = np.where((idx >= 0) & (n > 0), out, -1).astype(np.int64)
+    dropped = (idx >= 0) & (count[e] == 0)
+    result = out if not cv.is_torch(topk_idx) else _torch_of(out)
+    return result, size * (L + B), int(dropped.sum()), int(dropped.any(axis=1).sum())
+
+
+def _routing_inputs(topk_idx, mapping, home_experts, group):
+    """live_routing's arguments as numpy arrays and the group's view, checked."""
     idx = np.asarray(topk_idx.detach().cpu().numpy() if cv.is_torch(topk_idx) else topk_idx)
     m = np.asarray(mapping.detach().cpu().numpy() if cv.is_torch(mapping) else mapping)
     L = int(home_experts)
@@ -204,7 +223,7 @@ def live_routing(topk_idx, mapping, home_experts, group, prefer_own_rank=False):
     if m.ndim != 2 or not np.issubdtype(m.dtype, np.integer):
         raise Error(f"live_routing: mapping must be an integer [P, B] array, got {m.dtype} {list(m.shape)}",
                     "invalid_argument")
-    P0, B = int(m.shape[0]), int(m.shape[1])
+    P0 = int(m.shape[0])
     if L < 1:
         raise Error(f"live_routing: home_experts = {L}: expected >= 1", "invalid_argument")
     if isinstance(group, Group):
@@ -223,19 +242,25 @@ def live_routing(topk_idx, mapping, home_experts, group, prefer_own_rank=False):
         what = (f"topk_idx[{where[0][0]}, {where[0][1]}] = {idx[tuple(where[0])]}" if len(where)
                 else "a mapping value")
         raise Error(f"rank {rank}: live_routing: {what} is outside [-1, {E})", "invalid_argument", rank)
+    return idx, m, L, rank, size, original_lost, original_ranks
+
+
+def _replica_tables(m, L, original_lost, me, prefer_own_rank):
+    """Per logical expert (row E: an empty pair's -1), its live replicas as physical experts of
+    the survivors' group, in order (home, then slots by ascending global slot), and their
+    count; with prefer_own_rank, those on first-group rank `me` when it holds some, not all."""
+    P0, B = int(m.shape[0]), int(m.shape[1])
+    E, per = P0 * L, L + B
     lost = np.zeros(P0, dtype=bool)
     lost[list(original_lost)] = True
     new_rank = np.cumsum(~lost) - 1  # first-group rank -> rank of the survivors' group
-    me = original_ranks[rank]
-    per = L + B
-    # replicas of each expert in order: home, then the slots by ascending global slot
     replicas = [[(e // L, e % L)] for e in range(E)]
     for d in range(P0):
         for b in range(B):
             if m[d, b] >= 0:
                 replicas[int(m[d, b])].append((d, L + b))
     width = max(len(r) for r in replicas)
-    table = np.full((E + 1, width), -1, dtype=np.int64)      # row E: the -1 of an empty pair
+    table = np.full((E + 1, width), -1, dtype=np.int64)
     own = np.full((E + 1, width), -1, dtype=np.int64)
     count = np.zeros(E + 1, dtype=np.int64)
     own_count = np.zeros(E + 1, dtype=np.int64)
@@ -245,17 +270,7 @@ def live_routing(topk_idx, mapping, home_experts, group, prefer_own_rank=False):
         table[e, :len(live)], count[e] = live, len(live)
         if prefer_own_rank and mine and len(mine) < len(live):
             own[e, :len(mine)], own_count[e] = mine, len(mine)
-    S, K = idx.shape
-    e = np.where(idx < 0, E, idx).astype(np.int64)
-    t = np.arange(S, dtype=np.int64)[:, None]
-    use_own = own_count[e] > 0
-    n = np.where(use_own, own_count[e], count[e])
-    pick = np.where(n > 0, t % np.maximum(n, 1), 0)
-    out = np.where(use_own, own[e, pick], table[e, pick])
-    out = np.where((idx >= 0) & (n > 0), out, -1).astype(np.int64)
-    dropped = (idx >= 0) & (count[e] == 0)
-    result = out if not cv.is_torch(topk_idx) else _torch_of(out)
-    return result, size * per, int(dropped.sum()), int(dropped.any(axis=1).sum())
+    return table, count, own, own_count
 
 
 def _torch_of(a):
