@@ -107,6 +107,26 @@ across=("${common[@]}" --mca plm_rsh_agent "$here/agent.sh" --mca oob_tcp_if_inc
 
 quiet_noise() { grep -v -e 'setpgid' -e 'rdma_create_event_channel' -e '^$' "$1" || true; }
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+# left_behind NAME COMM: a second after a job on the two machines ended, fails NAME for each
+# machine's /dev/shm entry it kept (the shm-* lists its ranks wrote) and for its ranks (process
+# name COMM) still in the namespaces; returns 1 if any.
+left_behind() {
+  local name=$1 comm=$2 f p left="" bad=0
+  for f in "$work"/shm-*; do
+    [ -e "$f" ] && [ -s "$f" ] && { fail "$name: /dev/shm of $(basename "$f") kept: $(tr '\n' ' ' <"$f")"; bad=1; }
+  done
+  sleep 1
+  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do
+    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = "$comm" ] && left="$left $p"
+  done
+  [ -z "$left" ] || { fail "$name: epx ranks left in the namespaces:$left"; bad=1; }
+  return $bad
+}
+# Every process still in the two machines (a failed job's ranks, Open MPI's daemons).
+kill_in_machines() {
+  local p
+  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+}
 
 # across_run NAME NP HOSTFILE TIMEOUT_S PROGRAM [args...]: one job over the two namespaces
 # (launcher settings: the array named by $flags, default across).
@@ -359,15 +379,7 @@ fault_check() {
     else fail "$name: rank $r did not name peer and phase"; ok=0; fi
   done
   [ -z "$named" ] || grep -Eq "$named" "$said_by" || { fail "$name: no survivor named /$named/"; ok=0; }
-  for f in "$work"/shm-*; do
-    [ -e "$f" ] && [ -s "$f" ] && { fail "$name: /dev/shm of $(basename "$f") kept: $(tr '\n' ' ' <"$f")"; ok=0; }
-  done
-  sleep 1
-  local left="" p
-  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do
-    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = epx_multinode_r ] && left="$left $p"
-  done
-  [ -z "$left" ] || { fail "$name: epx ranks left in the namespaces:$left"; ok=0; }
+  left_behind "$name" epx_multinode_r || ok=0
   if [ "$ok" = 1 ]; then
     local said
     said=$(grep -m1 -E "${named:-.}" "$said_by" | sed 's/^epx: //; s/^epx_multinode_rank: //')
@@ -378,7 +390,7 @@ fault_check() {
     quiet_noise "$work/$name.err" | grep -v 'Internal error\|flush.c' | tail -8
   fi
   # Open MPI's own daemons/agents left behind (the cut machine's orted): this run's only.
-  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+  kill_in_machines
 }
 
 # SIGKILL of rank 3 (machine 2) between a dispatch and its combine; ranks 0-2 survive it.
@@ -455,7 +467,7 @@ heal_flags=("${across[@]}" --mca orte_abort_on_non_zero_status 0 -x EPX_SHMEM_EL
 # heal_case NAME VICTIM WANT_PASS LIMIT [rank args...]
 heal_case() {
   local name=$1 victim=$2 want_pass=$3 limit=$4; shift 4
-  local s rc took ok=1 r p left=""
+  local s rc took ok=1 r
   s=$(date +%s)
   flags=heal_flags across "$name" 4 hosts2 "$limit" --timeout-ms $heal_ms --fault "heal:$victim" "$@"
   rc=$? took=$(( $(date +%s) - s ))
@@ -474,20 +486,13 @@ heal_case() {
   local got
   got=$(grep -c '^PASS heal:' "$out")
   [ "$got" = "$want_pass" ] || { fail "$name: $got of $want_pass cases passed on the survivors"; ok=0; }
-  for f in "$work"/shm-*; do
-    [ -e "$f" ] && [ -s "$f" ] && { fail "$name: /dev/shm of $(basename "$f") kept: $(tr '\n' ' ' <"$f")"; ok=0; }
-  done
-  sleep 1
-  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do
-    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = epx_multinode_r ] && left="$left $p"
-  done
-  [ -z "$left" ] || { fail "$name: epx ranks left in the namespaces:$left"; ok=0; }
+  left_behind "$name" epx_multinode_r || ok=0
   if [ "$ok" = 1 ]; then
     echo "PASS: $name (exit $rc after ${took}s; $got cases on the 3 survivors; $(grep -m1 "^HEAL rank 0 " "$out" | sed 's/^HEAL //'))"
   else
     quiet_noise "$work/$name.err" | grep -v 'Internal error\|flush.c' | tail -8
   fi
-  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+  kill_in_machines
 }
 if want fault-heal; then
   heal_case heal-remote-rank 3 17 240            # the other machine's rank: every case after the heal
@@ -511,7 +516,7 @@ printf '%s slots=2\n%s slots=3\n' "$ns1" "$ns2" >"$work/hosts23"
 # exits WANT_RC (any non-zero: x), WANT_PASS "PASS join:" lines, each REGEX a line of the output.
 join_case() {
   local name=$1 np=$2 hosts=$3 spares=$4 limit=$5 want_rc=$6 want_pass=$7; shift 7
-  local regexes=() s rc took ok=1 p left="" got x
+  local regexes=() s rc took ok=1 got x
   while [ "$1" != -- ]; do regexes+=("$1"); shift; done
   shift
   s=$(date +%s)
@@ -524,20 +529,13 @@ join_case() {
   for x in "${regexes[@]}"; do grep -Eq "$x" "$out" || { fail "$name: no line /$x/"; ok=0; }; done
   got=$(grep -c '^PASS join:' "$out")
   [ "$got" = "$want_pass" ] || { fail "$name: $got of $want_pass cases passed"; ok=0; }
-  for f in "$work"/shm-*; do
-    [ -e "$f" ] && [ -s "$f" ] && { fail "$name: /dev/shm of $(basename "$f") kept: $(tr '\n' ' ' <"$f")"; ok=0; }
-  done
-  sleep 1
-  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do
-    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = epx_multinode_r ] && left="$left $p"
-  done
-  [ -z "$left" ] || { fail "$name: epx ranks left in the namespaces:$left"; ok=0; }
+  left_behind "$name" epx_multinode_r || ok=0
   if [ "$ok" = 1 ]; then
     echo "PASS: $name (exit $rc after ${took}s; $got cases on the grown group; $(grep -m1 '^ADMIT rank 0 ' "$out" | sed 's/^ADMIT //'))"
   else
     quiet_noise "$work/$name.err" | grep -v 'Internal error\|flush.c' | tail -8
   fi
-  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+  kill_in_machines
 }
 if want fault-join; then
   join_cases=compact,fp8_expanded_worst,flag_q2_expanded,ring4_compact
@@ -589,7 +587,7 @@ fi
 # pe_heal_case NAME FAULT VICTIM LIMIT
 pe_heal_case() {
   local name=$1 fault=$2 victim=$3 limit=$4
-  local s rc took ok=1 r p left="" got out=$work/$1.out
+  local s rc took ok=1 r got out=$work/$1.out
   s=$(date +%s)
   flags=heal_flags across_run "$name" 4 hosts2 "$limit" "$build/tests/epx_multinode_pp_engram_rank" --timeout-ms $heal_ms --fault "$fault:$victim"
   rc=$? took=$(( $(date +%s) - s ))
@@ -616,20 +614,13 @@ pe_heal_case() {
   grep -q 'blocks in the OpenSHMEM runtime' "$work/$name.err" && { fail "$name: the watchdog ended a survivor"; ok=0; }
   got=$(grep -c '^PASS heal:' "$out")
   [ "$got" = 5 ] || { fail "$name: $got of 5 cases passed on the survivors"; ok=0; }
-  for f in "$work"/shm-*; do
-    [ -e "$f" ] && [ -s "$f" ] && { fail "$name: /dev/shm of $(basename "$f") kept: $(tr '\n' ' ' <"$f")"; ok=0; }
-  done
-  sleep 1
-  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do
-    [ "$(cat /proc/"$p"/comm 2>/dev/null)" = epx_multinode_p ] && left="$left $p"
-  done
-  [ -z "$left" ] || { fail "$name: epx ranks left in the namespaces:$left"; ok=0; }
+  left_behind "$name" epx_multinode_p || ok=0
   if [ "$ok" = 1 ]; then
     echo "PASS: $name (exit $rc after ${took}s; $got cases on the 3 survivors; $(grep -m1 "^LOSS rank 0:" "$out" | sed 's/^LOSS //'))"
   else
     quiet_noise "$work/$name.err" | grep -v 'Internal error\|flush.c' | tail -8
   fi
-  for p in $( (ip netns pids "$ns1"; ip netns pids "$ns2") 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+  kill_in_machines
 }
 if want fault-heal-engram; then
   pe_heal_case heal-engram-remote engram 3 90  # rank 0 and 1 fetch its rows by gets
