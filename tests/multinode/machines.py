@@ -2,9 +2,25 @@
 namespace i only (tests/multinode/run.sh's layout; ranks enter them through agent.sh with
 their own UTS / mount / IPC namespaces and /dev/shm). Shared by tests/e2e/check_diagnose.py
 and scripts/benchmarks.py. Needs root (CAP_NET_ADMIN)."""
+import json
 import os
 import signal
 import subprocess
+
+
+def read_text(path):
+    """A file a job on the machines wrote (an output, a list of what it left), or "" when the
+    job never wrote it."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def json_lines(path):
+    """The JSON objects of a rank's log (its lines that start with "{"); [] when never written."""
+    return [json.loads(ln) for ln in read_text(path).splitlines() if ln.startswith("{")]
 
 
 def sh(*cmd, check=True):

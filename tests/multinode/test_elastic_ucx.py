@@ -323,28 +323,9 @@ def agent_main(machine, out_dir, timeout):
 
 # ---- the test ---------------------------------------------------------------------------------
 
-def _lines(path):
-    out = []
-    try:
-        with open(path) as f:
-            for ln in f:
-                if ln.startswith("{"):
-                    out.append(json.loads(ln))
-    except OSError:
-        pass
-    return out
-
-
-def _read(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
 def test_ucx_group_loses_a_rank_on_the_other_machine_and_takes_a_replacement():
     sys.path.insert(0, HERE)
+    import machines
     import torchrun
     assert torchrun.available() is None, torchrun.available()
     timeout = 240
@@ -368,12 +349,12 @@ def test_ucx_group_loses_a_rank_on_the_other_machine_and_takes_a_replacement():
                 os.killpg(a.pid, signal.SIGKILL)
                 rcs.append(a.wait())
         names = ["rank0", "rank1", "rank2", "rank3", "joiner"]
-        outs = {n: _lines(os.path.join(out_dir, n + ".out")) for n in names}
-        text = "\n".join(f"== {n} stdout:\n{_read(os.path.join(out_dir, n + '.out'))[-4000:]}\n== {n} stderr:\n"
-                         f"{_read(os.path.join(out_dir, n + '.err'))[-4000:]}" for n in names)
-        text += "".join(f"\n== agent {i}: rc {rcs[i]}\n{_read(os.path.join(out_dir, f'agent{i}.txt'))[-3000:]}"
-                        f"\ncodes {_read(os.path.join(out_dir, f'agent{i}.json'))}" for i in range(2))
-        shm = [_read(os.path.join(out_dir, f"shm{i}.txt")).split() for i in range(2)]
+        outs = {n: machines.json_lines(os.path.join(out_dir, n + ".out")) for n in names}
+        text = "\n".join(f"== {n} stdout:\n{machines.read_text(os.path.join(out_dir, n + '.out'))[-4000:]}\n== {n} stderr:\n"
+                         f"{machines.read_text(os.path.join(out_dir, n + '.err'))[-4000:]}" for n in names)
+        text += "".join(f"\n== agent {i}: rc {rcs[i]}\n{machines.read_text(os.path.join(out_dir, f'agent{i}.txt'))[-3000:]}"
+                        f"\ncodes {machines.read_text(os.path.join(out_dir, f'agent{i}.json'))}" for i in range(2))
+        shm = [machines.read_text(os.path.join(out_dir, f"shm{i}.txt")).split() for i in range(2)]
         codes = {}
         for i in range(2):
             try:

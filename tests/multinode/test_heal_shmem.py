@@ -79,31 +79,13 @@ def _flags(out_dir):
             "-x", f"EPX_HS_TIMEOUT={TIMEOUT}"]
 
 
-def _lines(path):
-    out = []
-    try:
-        with open(path) as f:
-            out = [json.loads(ln) for ln in f if ln.startswith("{")]
-    except OSError:
-        pass
-    return out
-
-
-def _read(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
 def _epx_processes(names):
     """pid: command line of every process left in the machines."""
     import machines
     left = {}
     for ns in names:
         for p in machines.sh("ip", "netns", "pids", ns, check=False).stdout.split():
-            left[p] = _read(f"/proc/{p}/cmdline").replace("\0", " ")
+            left[p] = machines.read_text(f"/proc/{p}/cmdline").replace("\0", " ")
     return left
 
 
@@ -120,7 +102,8 @@ def run_job(m, out_dir):
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True).returncode
     took = time.monotonic() - t0
     time.sleep(1)  # the daemons' last exits
-    return rc, took, _read(os.path.join(out_dir, "oshrun.txt")), _epx_processes(m.ns)
+    import machines
+    return rc, took, machines.read_text(os.path.join(out_dir, "oshrun.txt")), _epx_processes(m.ns)
 
 
 def check(rc, took, left, outs, shm, text):
@@ -176,8 +159,8 @@ def test_shmem_group_heals_from_python_and_the_job_ends_by_itself():
     m = machines.Machines(2)
     try:
         rc, took, log, left = run_job(m, out_dir)
-        outs = {r: _lines(os.path.join(out_dir, f"rank{r}.jsonl")) for r in range(P0)}
-        shm = {os.path.basename(p): _read(p).split() for p in glob.glob(os.path.join(out_dir, "shm-*"))}
+        outs = {r: machines.json_lines(os.path.join(out_dir, f"rank{r}.jsonl")) for r in range(P0)}
+        shm = {os.path.basename(p): machines.read_text(p).split() for p in glob.glob(os.path.join(out_dir, "shm-*"))}
         shm = {k: v for k, v in shm.items() if v}
         log = "\n".join(ln for ln in log.splitlines() if "flush.c" not in ln)  # UCX's noise about the dead PE
         text = (f"oshrun exit {rc} after {took:.1f} s\n== oshrun:\n{log[-6000:]}\n"

@@ -178,18 +178,10 @@ def _tail(s, limit):
 def _rc(path, t_wall):
     """(exit code, seconds after t_wall) from a worker's .rc file, or (None, None)."""
     try:
-        rc, t = _read(path).split()
+        rc, t = machines.read_text(path).split()
         return int(rc), float(t) - t_wall
     except ValueError:
         return None, None
-
-
-def _read(path):
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 class Cluster:
@@ -353,13 +345,13 @@ class Cluster:
                 run.tx.append(self.tx_bytes(i) - tx0[i])
             except OSError:
                 run.tx.append(None)
-            run.shm_left.append(_read(os.path.join(rdir, f"shm{i}.txt")).split())
+            run.shm_left.append(machines.read_text(os.path.join(rdir, f"shm{i}.txt")).split())
             run.tcp_counters.append(self.tcp_counters(i))
         for path in sorted(glob.glob(os.path.join(rdir, "workers", "*.out"))):
             host, lr, r = os.path.basename(path)[:-4].rsplit("-", 2)
             i = self.names.index(host) if host in self.names else -1
             rc, ended = _rc(path[:-4] + ".rc", t_wall)
-            run.workers.append(Worker(i, int(lr), int(r), _read(path), _read(path[:-4] + ".err"), rc, ended))
+            run.workers.append(Worker(i, int(lr), int(r), machines.read_text(path), machines.read_text(path[:-4] + ".err"), rc, ended))
         run.workers.sort(key=lambda w: w.rank)
         return run
 
@@ -415,7 +407,7 @@ class Cluster:
                 p.wait()
 
     def _stdouts(self, rdir):
-        return [_read(f) for f in glob.glob(os.path.join(rdir, "workers", "*.out"))]
+        return [machines.read_text(f) for f in glob.glob(os.path.join(rdir, "workers", "*.out"))]
 
     def _maybe_fault(self, fault, rdir, nproc, t0):
         now = time.monotonic() - t0
