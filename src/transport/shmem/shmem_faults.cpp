@@ -182,33 +182,27 @@ void ShmemTransport::on_term(int sig) noexcept {
 // Where survivors may heal: a member whose process a PE of its machine saw gone (announced
 // in the control words, or seen here) dooms the call; say so at once instead of after the
 // timeout, naming it, so the survivors agree and rebuild within milliseconds of the death.
-int ShmemTransport::gone_member() {
+void ShmemTransport::check_members(const WaitPoint& where) {
   ShmemControl& c = *control_;
   for (int p = 0; p < num_ranks_; ++p) {
     if (p == rank_) continue;
     const int q = pe(p);
-    if (c.load(c.gone(q)) != 0) return p;
-    if (!c.seen_dead(q)) continue;
-    // Every other member learns it (nothing more to the dead PE: a put UCX cannot deliver
-    // stays in flight until its keepalive declares the endpoint dead, holding up every
-    // shmem_quiet of this PE meanwhile).
-    for (int x = 0; x < num_ranks_; ++x)
-      if (x != p && c.load(c.gone(pe(x))) == 0) c.set(pe(x), c.gone(q), 1);
-    return p;
+    if (c.load(c.gone(q)) == 0) {
+      if (!c.seen_dead(q)) continue;
+      // Every other member learns it (nothing more to the dead PE: a put UCX cannot deliver
+      // stays in flight until its keepalive declares the endpoint dead, holding up every
+      // shmem_quiet of this PE meanwhile).
+      for (int x = 0; x < num_ranks_; ++x)
+        if (x != p && c.load(c.gone(pe(x))) == 0) c.set(pe(x), c.gone(q), 1);
+    }
+    ShmemRuntime::mark_failed();
+    throw Error(ErrorCode::kPeerFailed,
+                "rank " + std::to_string(rank_) + ": " + describe_peer(p) + " died (its process is gone, seen on its machine) " +
+                    "while this rank waited in phase '" + where.phase + "'" +
+                    (where.peer >= 0 && where.peer != p ? " for " + describe_peer(where.peer) : std::string()) +
+                    " (shmem transport)",
+                p);
   }
-  return -1;
-}
-
-void ShmemTransport::check_members(const WaitPoint& where) {
-  const int p = gone_member();
-  if (p < 0) return;
-  ShmemRuntime::mark_failed();
-  throw Error(ErrorCode::kPeerFailed,
-              "rank " + std::to_string(rank_) + ": " + describe_peer(p) + " died (its process is gone, seen on its machine) " +
-                  "while this rank waited in phase '" + where.phase + "'" +
-                  (where.peer >= 0 && where.peer != p ? " for " + describe_peer(where.peer) : std::string()) +
-                  " (shmem transport)",
-              p);
 }
 
 void ShmemTransport::fail_timeout(const WaitPoint& where) {

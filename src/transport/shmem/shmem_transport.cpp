@@ -149,10 +149,19 @@ void ShmemTransport::guarded(const char* call, int peer, F&& f) {
   term.blocked_call_.store(call, std::memory_order_relaxed);
   term.blocked_peer_.store(peer, std::memory_order_relaxed);
   term.blocked_.fetch_add(1, std::memory_order_relaxed);
+  // Also when f throws (a probe that sees a member gone): the watchdog must not fire later for
+  // a call that has ended.
+  struct Unblock {
+    ShmemTransport& self;
+    ShmemTransport& term;
+    std::list<Blocking>::iterator it;
+    ~Unblock() {
+      term.blocked_.fetch_sub(1, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> lock(self.watch_mu_);
+      self.blocking_.erase(it);
+    }
+  } unblock{*this, term, it};
   f();
-  term.blocked_.fetch_sub(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(watch_mu_);
-  blocking_.erase(it);
 }
 
 void ShmemTransport::release_heap() noexcept {
@@ -412,7 +421,6 @@ int ShmemTransport::probe_peers(std::uint64_t* lap_ns, const char* phase) {
   // (which then took it for lost and agreed without it).
   const bool watch = control_ && launcher_keeps_survivors();
   auto next_look = since + std::chrono::milliseconds(20);
-  bool doomed = false;
   if (!pending.empty())
     guarded("shmem_quiet", -1, [&] {  // the watchdog ends a rank whose peer never answers, as in shmem_quiet
       // A timing probe, not a wait: each landing is stamped at the first look that sees it, so
@@ -430,14 +438,12 @@ int ShmemTransport::probe_peers(std::uint64_t* lap_ns, const char* phase) {
         });
         if (now >= deadline) break;
         if (watch && now >= next_look) {
-          if ((doomed = gone_member() >= 0)) break;
+          check_members(WaitPoint{phase, -1});
           next_look = now + std::chrono::milliseconds(20);
         }
         if (i >= 64) sched_yield();
       }
     });
-  // Outside guarded(): a throw inside would leave its watchdog entry behind.
-  if (doomed) check_members(WaitPoint{phase, -1});
   return pending.empty() ? -1 : pending.front();
 }
 

@@ -183,8 +183,6 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   void wait_word(std::uint64_t* word, std::uint64_t at_least, const WaitPoint& where);
   /// kPeerFailed if a member's process is known gone (shmem_elastic.cpp's control words).
   void check_members(const WaitPoint& where);
-  /// The first member known gone (announced, or seen here and then announced), or -1.
-  int gone_member();
   /// Sets `peer`'s copy of the word at `offset` from this block's start, after every
   /// earlier put of this PE to `peer`.
   void ordered_set(int peer, std::size_t offset, std::uint64_t value);
