@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -495,13 +496,23 @@ std::uint64_t rows_across(const ref::Problem& p, int from, int per_machine) {
 }
 
 // quiet_timed across machines charges the peers it waited for: puts to the other machine's
-// ranks are complete only when they acknowledge them, so their laps add up to more than 0
-// (two completions seen at one look: the later one's lap is 0); this machine's ranks none.
+// ranks are complete only when they acknowledge them; this machine's ranks are charged
+// nothing. The wait must be real for the laps to show it: on a fast, idle box every
+// acknowledgement can arrive before quiet_timed looks (seen in CI: laps of 0). So the first
+// rank of each machine shapes its eth1 to 16 Mbit/s (tbf) for this step: each machine sends
+// 2 x 2 x 128 KiB = 512 KiB across, ~0.26 s on the wire, and the last acknowledgement comes
+// after the puts return by far more than one scheduling slice.
 void laps_name_remote_peers(Transport& t) {
   const int P = t.num_ranks(), r = t.rank();
   auto e = t.open_endpoint();
-  constexpr std::size_t kBytes = std::size_t{512} << 10;
+  constexpr std::size_t kBytes = std::size_t{128} << 10;
   e->allocate(kBytes * static_cast<std::size_t>(P), 1);
+  const bool shaper = r % 2 == 0;
+  std::string out;
+  if (shaper)
+    check(ucx::run_cmd("tc qdisc add dev eth1 root tbf rate 16mbit burst 16kb latency 2s", &out), r,
+          "could not slow eth1 for the laps (tc tbf): " + out);
+  e->barrier("laps: link shaped");
   std::vector<std::uint8_t> src(kBytes, static_cast<std::uint8_t>(r + 1));
   std::vector<std::uint64_t> laps(static_cast<std::size_t>(P), 0);
   for (int p = 0; p < P; ++p)
@@ -514,6 +525,13 @@ void laps_name_remote_peers(Transport& t) {
   }
   check(remote > 0, r, "quiet_timed charged nothing to the other machine's ranks");
   e->barrier("laps");
+  for (int p = 0; p < P; ++p) {
+    const auto* got = reinterpret_cast<const std::uint8_t*>(e->window()) + static_cast<std::size_t>(p) * kBytes;
+    if (p / 2 != r / 2)
+      check(std::all_of(got, got + kBytes, [&](std::uint8_t v) { return v == p + 1; }), r, "rank " + std::to_string(p) + "'s laps put arrived wrong");
+  }
+  if (shaper) check(ucx::run_cmd("tc qdisc del dev eth1 root", &out), r, "could not remove the laps' shaper: " + out);
+  e->barrier("laps: link restored");
 }
 
 TEST(ConnectUcx, TwoMachinesAutoPicksUcxAndBytesCrossTheVeth) {
