@@ -58,9 +58,16 @@ TEST(UcxLeft, AWaitForARankThatLeftOnAFailureFailsAtOnceNamingTheLostRank) {
   const auto ok = ucx::run_ranks(4, m.names(), [&](Bootstrap& b) {
     ::unsetenv("OMPI_COMM_WORLD_SIZE");
     auto t = connect(b, {.timeout = std::chrono::seconds(20)});
-    t->allocate(4096, 4);
+    t->allocate(4096, 8);
     t->barrier("ready");
-    if (b.rank() == 3) ::raise(SIGKILL);
+    // Rank 3 dies only once every other rank has left the barrier: killed with bytes unread
+    // in its sockets, its connections end with a reset, which can drop its own barrier
+    // message before a peer read it (seen in CI: rank 0 failed in 'ready').
+    if (b.rank() != 3) t->signal(3, static_cast<std::size_t>(4 + b.rank()), 1, 0);
+    if (b.rank() == 3) {
+      for (int p = 0; p < 3; ++p) t->wait_signal(static_cast<std::size_t>(4 + p), 1, WaitPoint{"past ready", p});
+      ::raise(SIGKILL);
+    }
     const int awaited = b.rank() == 0 ? 3 : 0;
     try {
       t->wait_signal(static_cast<std::size_t>(b.rank()), 1, WaitPoint{"left test", awaited});
