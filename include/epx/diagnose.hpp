@@ -21,6 +21,8 @@
 //                        slow source — every rank waits for s (s is late: stopped, starved of CPU, ...);
 //   * abnormal column d: mean of column d / mean of the other columns' means > thresholds.col   (3): a
 //                        slow destination — d waits for everyone (d is slow to take its rows in);
+//                        a row's and a column's mean are over their links (the diagonal, a
+//                        rank's wait for itself, left out), so the floor below is per link;
 //   * abnormal point:    M[s][d]          / mean of the other links          > thresholds.point (5), and
 //                        the same against the other values of its own row and of its own column: a
 //                        slow link s -> d; the links are the off-diagonal values outside the abnormal

@@ -209,8 +209,9 @@ TEST(DiagnoseMatrix, MeasuredQuietMatricesNameNothing) {
 }
 
 // A matrix whose row and column cross 3x by one point at P = 4: all 100 but [1][2] = 1700.
-// Row 1's mean is (300 + 1700) / 4 = 500 against the others' 100: 5x. With the links
-// refinement it is the point (1, 2), 17x the typical link (100); without, row 1 and column 2.
+// Row 1's mean over its links is (100 + 1700 + 100) / 3 = 633 against the others' 100: 6.3x
+// (the diagonal is no link). With the links refinement it is the point (1, 2), 17x the
+// typical link (100); without, row 1 and column 2.
 TEST(DiagnoseMatrix, RatiosByHand) {
   std::vector<double> m(16, 100.0);
   m[1 * 4 + 2] = 1700;
@@ -224,13 +225,13 @@ TEST(DiagnoseMatrix, RatiosByHand) {
   EXPECT_EQ(plain.rows, std::vector<int>{1});
   EXPECT_EQ(plain.cols, std::vector<int>{2});
   EXPECT_TRUE(plain.points.empty());  // in an abnormal row: not listed again
-  // Settable thresholds: a row threshold of 6 keeps row 1 (5x), a column threshold of 6
+  // Settable thresholds: a row threshold of 7 keeps row 1 (6.3x), a column threshold of 7
   // column 2: only the point; at a point threshold of 18 it is no longer abnormal either.
-  const MatrixVerdict high = diagnose_matrix(m, 4, {6, 6, 5, false});
+  const MatrixVerdict high = diagnose_matrix(m, 4, {7, 7, 5, false});
   EXPECT_TRUE(high.rows.empty() && high.cols.empty());
   ASSERT_EQ(high.points.size(), 1u);
   EXPECT_NEAR(high.points[0].ratio, 1700 / ((11 * 100.0) / 11), 1e-6);
-  EXPECT_TRUE(diagnose_matrix(m, 4, {6, 6, 18, false}).clean());
+  EXPECT_TRUE(diagnose_matrix(m, 4, {7, 7, 18, false}).clean());
 }
 
 // One dominant link at P = 4: all 100 but [0][1] = 10000. Row 0 and column 1 are 25.75x
