@@ -33,7 +33,13 @@ void WorkerPool::run(const std::function<void(int)>& task) {
     std::lock_guard<std::mutex> lock(error_mutex_);
     if (!error_) error_ = std::current_exception();
   }
-  for (spi::Backoff idle; pending_.load(std::memory_order_acquire) != 0;) idle.step();
+  // The wait policy for ~1 ms, then asleep until the last worker's notify: a worker still
+  // in a transport wait (which may sleep) costs the caller no core meanwhile.
+  for (spi::Backoff idle(std::chrono::milliseconds(1));;) {
+    const int left = pending_.load(std::memory_order_acquire);
+    if (left == 0) break;
+    if (!idle.step()) pending_.wait(left, std::memory_order_acquire);
+  }
   task_ = nullptr;
   if (error_) std::rethrow_exception(error_);
 }
@@ -52,7 +58,7 @@ void WorkerPool::worker_loop(int w) {
       std::lock_guard<std::mutex> lock(error_mutex_);
       if (!error_) error_ = std::current_exception();
     }
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
   }
 }
 

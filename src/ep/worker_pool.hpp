@@ -1,6 +1,7 @@
 // The workers of one rank (the SM / vector-core analogue): W threads, the calling thread
 // being worker 0, running one fork-join task at a time. Idle workers spin briefly, then
-// yield, then sleep on a futex, so a rank between calls costs no CPU.
+// yield, then sleep on a futex, so a rank between calls costs no CPU; the caller waits for
+// the workers' end of a task the same way.
 #pragma once
 
 #include <atomic>

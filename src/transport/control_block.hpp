@@ -73,6 +73,9 @@ struct ControlBlock {
   std::int32_t num_ranks = 0;
   std::atomic<std::uint32_t> barrier_arrived{0};
   std::atomic<std::uint32_t> barrier_generation{0};
+  // The bootstrap barrier's doorbell in the sleep wait mode (MappedTransport's Bell): [0] rings,
+  // [1] counts the ranks asleep on it.
+  std::atomic<std::uint32_t> barrier_bell[2] = {};
   // Elastic: the survivors' agreement of round g is claimed by one rank (claim: g-1 -> g),
   // which writes the members' bit set (parity g % 2) and then publishes decided = g; the
   // rebuilt group's control block is announced by its lowest member (ready = g, or

@@ -137,12 +137,13 @@ std::atomic<std::uint32_t>* MappedTransport::doorbell_of(int peer) const noexcep
   return reinterpret_cast<std::atomic<std::uint32_t>*>(windows_[static_cast<std::size_t>(peer)] + doorbell_offset_);
 }
 
-void MappedTransport::ring(int peer) const noexcept {
+void MappedTransport::ring(int peer) const noexcept { ring_bell(doorbell_of(peer)); }
+
+void MappedTransport::ring_bell(std::atomic<std::uint32_t>* bell) const noexcept {
   if (wait_mode_ != WaitMode::kSleep) return;
   // Dekker with the sleeper (wait_for): either it sees the store before it sleeps, or this
   // sees it counted among the sleepers and rings. A read-modify-write is the full barrier
   // (std::atomic_thread_fence is not supported under ThreadSanitizer).
-  std::atomic<std::uint32_t>* bell = doorbell_of(peer);
   if (bell[1].fetch_add(0, std::memory_order_seq_cst) == 0) return;
   bell[0].fetch_add(1, std::memory_order_seq_cst);
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell[0]), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
@@ -165,38 +166,38 @@ std::uint64_t MappedTransport::read_signal(std::size_t slot) noexcept {
   return signals_of(rank_)[slot].load(std::memory_order_acquire);
 }
 
-template <class Load>
-void MappedTransport::wait_for(Load load, std::uint64_t at_least, const WaitPoint& where) {
+template <class Done, class TimedOut>
+void MappedTransport::wait_for(Done done, const WaitPoint& where, std::atomic<std::uint32_t>* bell, TimedOut timed_out) {
   spi::Backoff backoff(timeout_, spins_);
-  std::atomic<std::uint32_t>* bell = wait_mode_ == WaitMode::kSleep ? doorbell_of(rank_) : nullptr;
+  if (wait_mode_ != WaitMode::kSleep) bell = nullptr;
   // Sleep mode yields for a while first: most waits end within a few scheduler slices.
   constexpr auto kYieldFirst = std::chrono::microseconds(500);
   std::chrono::steady_clock::time_point sleep_after{};
-  while (load() < at_least) {
+  while (!done()) {
     if (!backoff.yielding()) {
       backoff.step();  // the short spin
       continue;
     }
     if (bell == nullptr || std::chrono::steady_clock::now() < sleep_after) {
       if (sleep_after.time_since_epoch().count() == 0) sleep_after = std::chrono::steady_clock::now() + kYieldFirst;
-      if (!backoff.step()) throw_timeout(where.phase, where.peer);  // sched_yield
+      if (!backoff.step()) timed_out();  // sched_yield
     } else {
-      // Sleep until a signal or flagged put to this rank rings (ring()), or 2 ms have passed
-      // (then the peers and the deadline are looked at, as after a yield).
+      // Sleep until the bell rings (ring_bell), or 2 ms have passed (then the peers and the
+      // deadline are looked at, as after a yield).
       bell[1].fetch_add(1, std::memory_order_seq_cst);
       const std::uint32_t seen = bell[0].load(std::memory_order_seq_cst);
-      if (load() < at_least) {
+      if (!done()) {
         const timespec nap{0, 2'000'000};
         syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&bell[0]), FUTEX_WAIT, seen, &nap, nullptr, 0);
       }
       bell[1].fetch_sub(1, std::memory_order_relaxed);
-      if (load() >= at_least) return;
-      if (backoff.expired()) throw_timeout(where.phase, where.peer);
+      if (done()) return;
+      if (backoff.expired()) timed_out();
     }
     try {
       check_peers(where.phase, where.peer);
     } catch (const Error&) {
-      if (load() >= at_least) return;  // a peer may write and then fail or finish
+      if (done()) return;  // a peer may write and then fail or finish
       throw;
     }
   }
@@ -213,7 +214,8 @@ void MappedTransport::note_phase(const char* phase) noexcept {
 void MappedTransport::wait_signal(std::size_t slot, std::uint64_t at_least, const WaitPoint& where) {
   note_phase(where.phase);
   std::atomic<std::uint64_t>& s = signals_of(rank_)[slot];
-  wait_for([&] { return s.load(std::memory_order_acquire); }, at_least, where);
+  wait_for([&] { return s.load(std::memory_order_acquire) >= at_least; }, where, doorbell_of(rank_),
+           [&] { throw_timeout(where.phase, where.peer); });
 }
 
 void MappedTransport::put_flagged(int peer, std::size_t offset, const void* src, std::size_t bytes,
@@ -228,7 +230,8 @@ void MappedTransport::put_flagged(int peer, std::size_t offset, const void* src,
 void MappedTransport::wait_flag(std::size_t offset, std::uint64_t at_least, const WaitPoint& where) {
   note_phase(where.phase);
   std::atomic_ref<std::uint64_t> flag(*reinterpret_cast<std::uint64_t*>(windows_[static_cast<std::size_t>(rank_)] + offset));
-  wait_for([&] { return flag.load(std::memory_order_acquire); }, at_least, where);
+  wait_for([&] { return flag.load(std::memory_order_acquire) >= at_least; }, where, doorbell_of(rank_),
+           [&] { throw_timeout(where.phase, where.peer); });
 }
 
 void MappedTransport::quiet(int) {
@@ -264,26 +267,19 @@ void MappedTransport::bootstrap_barrier(const char* phase) {
       static_cast<std::uint32_t>(num_ranks_)) {
     control_->barrier_arrived.store(0, std::memory_order_relaxed);
     control_->barrier_generation.fetch_add(1, std::memory_order_release);
+    ring_bell(control_->barrier_bell);
     return;
   }
-  spi::Backoff backoff(timeout_, spins_);
-  while (control_->barrier_generation.load(std::memory_order_acquire) == gen) {
-    if (!backoff.step()) {
-      // Blame the lowest rank that has not arrived (the one stalled, stopped or blocked).
-      for (int p = 0; p < num_ranks_; ++p)
-        if (p != rank_ && control_->ranks()[p].barriers_arrived.load(std::memory_order_acquire) < mine)
-          throw_timeout(phase, p);
-      throw_timeout(phase, -1);
-    }
-    if (!backoff.yielding()) continue;
-    try {
-      check_peers(phase, -1);
-    } catch (const Error&) {
-      // A peer that arrived last and then failed (or ended) completed the barrier first.
-      if (control_->barrier_generation.load(std::memory_order_acquire) != gen) return;
-      throw;
-    }
-  }
+  // A peer that arrived last and then failed (or ended) completed the barrier first: done()
+  // is looked at again before a peer's failure is thrown.
+  wait_for([&] { return control_->barrier_generation.load(std::memory_order_acquire) != gen; }, WaitPoint{phase, -1},
+           control_->barrier_bell, [&] {
+             // Blame the lowest rank that has not arrived (the one stalled, stopped or blocked).
+             for (int p = 0; p < num_ranks_; ++p)
+               if (p != rank_ && control_->ranks()[p].barriers_arrived.load(std::memory_order_acquire) < mine)
+                 throw_timeout(phase, p);
+             throw_timeout(phase, -1);
+           });
 }
 
 void MappedTransport::check_peers(const char* phase, int peer) const {

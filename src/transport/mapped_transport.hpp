@@ -104,10 +104,13 @@ class MappedTransport : public Transport {
   /// After a store a waiter of `peer` may sleep on: wakes it (seq_cst fence, then a look at
   /// its sleepers; a syscall only when there are some).
   void ring(int peer) const noexcept;
-  /// Waits until load() >= at_least (spin, then yield or sleep as wait_mode_), with the
-  /// peer checks and the timeout of `where`.
-  template <class Load>
-  void wait_for(Load load, std::uint64_t at_least, const WaitPoint& where);
+  /// Rings `bell` (a doorbell: [0] rings, [1] sleepers) in the sleep wait mode.
+  void ring_bell(std::atomic<std::uint32_t>* bell) const noexcept;
+  /// The one wait of this transport: until done() — spin, then yield, then (sleep mode, a
+  /// `bell` given) asleep on the bell for up to 2 ms at a time — with the peer checks of
+  /// `where` between looks; at the deadline, timed_out() (which throws).
+  template <class Done, class TimedOut>
+  void wait_for(Done done, const WaitPoint& where, std::atomic<std::uint32_t>* bell, TimedOut timed_out);
 
   int rank_;
   int num_ranks_;
