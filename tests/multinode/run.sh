@@ -497,6 +497,18 @@ heal_case() {
 if want fault-heal; then
   heal_case heal-remote-rank 3 17 240            # the other machine's rank: every case after the heal
   heal_case heal-local-rank 1 4 180 --cases compact,flag_q2_expanded,ring4_compact  # a rank of rank 0's machine
+  # A survivor that ends on an error of its own (no peer loss seen) after a PE of its machine
+  # died: its teardown skips the collective free (it saw the PE's process gone) instead of
+  # waiting there for the dead PE, and the job ends by itself (one machine: every PE sees it).
+  s=$(date +%s)
+  timeout 60 oshrun --allow-run-as-root --oversubscribe --mca orte_abort_on_non_zero_status 0 -np 3 \
+    "$bin" --timeout-ms 20000 --fault own-error:2 >"$work/own-error.out" 2>"$work/own-error.err"
+  rc=$? took=$(( $(date +%s) - s ))
+  if [ "$rc" != 124 ] && [ "$(grep -Ec "^epx_multinode_rank: rank [01]: an error of this rank's own, after rank 2 died$" "$work/own-error.err")" = 2 ]; then
+    echo "PASS: own-error-after-loss (both survivors ended on their error, the job in ${took}s, exit $rc)"
+  else
+    fail "own-error-after-loss: exit $rc after ${took}s (124: a survivor hung in its teardown)"; quiet_noise "$work/own-error.err" | tail -8
+  fi
 fi
 
 # 9. Joins from spare PEs (src/transport/shmem/shmem_join.cpp): oshrun starts the members

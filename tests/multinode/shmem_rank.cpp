@@ -6,7 +6,7 @@
 //
 //   epx_multinode_rank [--cases all|NAME,NAME...] [--timeout-ms N]
 //                      [--bytes] [--hierarchical-count]
-//                      [--fault kill-rank:R | --fault loop:FILE]
+//                      [--fault kill-rank:R | loop:FILE | heal:R | own-error:R]
 //
 // --bytes: a larger dispatch+combine; each node's lowest rank reads its eth1 tx_bytes
 //   before and after and prints it beside epx's count of payload bytes put to ranks on
@@ -24,6 +24,9 @@
 //   replica plan's routing masked to the live replicas (the dropped counts summed by
 //   epx::sum_over_group) and the --cases (default: all) for P-1 ranks ("PASS heal:<case>" on the new rank 0). The
 //   process then ends through epx (the survivors' last barrier, rank 0 ends the job).
+// --fault own-error:R: rank R SIGKILLs itself after a barrier; a second later every other
+//   rank ends on an error of its own (exit 1, the error on stderr) and its teardown must not
+//   wait for the dead PE (with orte_abort_on_non_zero_status 0 the job then ends by itself).
 // --join grow:K | heal:R | abandon (a job with spare PEs: EPX_SHMEM_SPARES; the spares wait in
 //   connect and run only once admitted, "JOINED ..." then the cases): grow:K, the members
 //   check compact on their P, then admit K spares ("ADMIT rank ... in N ms") and run the
@@ -43,6 +46,8 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
+#include <thread>
 
 #include "epx/buffer.hpp"
 #include "epx/connect.hpp"
@@ -502,6 +507,20 @@ void heal_after(Transport& t, const NodeMap& nodes, int victim, const std::strin
   cases_on(*bigger, which, "join", r);
 }
 
+/// --fault own-error:R: rank R dies after a barrier; every other rank, a second later, ends on
+/// an error of its own (no peer loss: nothing it waited for failed), unwinding its transport.
+/// Its teardown must not make the collective free, which would wait for the dead PE until
+/// the launcher's timeout: a member whose process is seen gone ends the collective calls.
+void own_error(Transport& t, int victim) {
+  const int r = t.rank();
+  t.allocate(4096, 4);  // a symmetric block, freed collectively in a live group's teardown
+  t.barrier("own error: ready");
+  if (r == victim) raise(SIGKILL);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  throw std::runtime_error("rank " + std::to_string(r) + ": an error of this rank's own, after rank " + std::to_string(victim) +
+                           " died");
+}
+
 /// --fault heal:R (see the top).
 void heal(Transport& t, const NodeMap& nodes, int victim, const std::string& which, int joiners) {
   const int P = t.num_ranks(), r = t.rank();
@@ -617,6 +636,7 @@ int main_impl(int argc, char** argv) {
   if (!fault.empty()) {
     if (fault.rfind("kill-rank:", 0) == 0) fault_loop(*t, "", std::stoi(fault.substr(10)));
     else if (fault.rfind("loop:", 0) == 0) fault_loop(*t, fault.substr(5), -1);
+    else if (fault.rfind("own-error:", 0) == 0) own_error(*t, std::stoi(fault.substr(10)));
     else if (fault.rfind("heal:", 0) == 0) return heal(*t, nodes, std::stoi(fault.substr(5)), which, 0), 0;
     else throw std::invalid_argument("unknown fault " + fault);
   }

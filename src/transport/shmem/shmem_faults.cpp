@@ -205,6 +205,18 @@ void ShmemTransport::check_members(const WaitPoint& where) {
   }
 }
 
+bool ShmemTransport::member_known_gone() const noexcept {
+  if (control_ == nullptr) return false;
+  const ShmemControl& c = *control_;
+  try {
+    for (int p = 0; p < num_ranks_; ++p)
+      if (p != rank_ && (c.load(c.gone(pe(p))) != 0 || c.seen_dead(pe(p)))) return true;
+  } catch (...) {
+    // Nothing known: the teardown goes on as for a live group.
+  }
+  return false;
+}
+
 void ShmemTransport::fail_timeout(const WaitPoint& where) {
   ShmemRuntime::mark_failed();
   const std::string who = describe_peer(where.peer);

@@ -165,6 +165,10 @@ void ShmemTransport::guarded(const char* call, int peer, F&& f) {
 }
 
 void ShmemTransport::release_heap() noexcept {
+  // A rank that ends on an error of its own (not a peer loss) after a member died has not
+  // marked the runtime failed: the collective free would wait for the dead PE until the
+  // launcher's timeout. Such a member ends the teardown's collective calls too.
+  if (base_ != nullptr && !ShmemRuntime::failed() && !ShmemRuntime::lost() && member_known_gone()) ShmemRuntime::mark_failed();
   if (base_ != nullptr && !ShmemRuntime::failed() && !ShmemRuntime::lost()) {
     shmem_quiet();
     shmem_free(base_);  // collective

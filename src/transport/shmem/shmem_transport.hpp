@@ -183,6 +183,9 @@ class ShmemTransport final : public Transport, public spi::PayloadRegionListener
   void wait_word(std::uint64_t* word, std::uint64_t at_least, const WaitPoint& where);
   /// kPeerFailed if a member's process is known gone (shmem_elastic.cpp's control words).
   void check_members(const WaitPoint& where);
+  /// A member known gone (announced in the control words, or its process seen ended on this
+  /// machine): a call over every PE (teardown's shmem_free) could no longer complete.
+  bool member_known_gone() const noexcept;
   /// Sets `peer`'s copy of the word at `offset` from this block's start, after every
   /// earlier put of this PE to `peer`.
   void ordered_set(int peer, std::size_t offset, std::uint64_t value);
