@@ -41,7 +41,8 @@
 #       they heal and run every PP / Engram case bit for bit on 3 ranks.
 #   joins, 2 machines, spare PEs (EPX_SHMEM_SPARES): a spare admitted after a heal (4 ranks
 #       again), 2 -> 4 ranks without a loss (a third spare never admitted ends with the job),
-#       a spare that dies while joining (admit null on every member, they go on); every
+#       a spare that dies while joining (admit null on every member within milliseconds: a
+#       member of its machine sees it gone in the meeting and tells the others; they go on); every
 #       case bit for bit on the grown group, each job ends by itself.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -568,6 +569,12 @@ if want fault-join; then
     '^DONE rank 0$' '^DONE rank 1$' '^DONE rank 2$' '^DONE rank 3$' \
     -- --join abandon --cases "$join_cases"
   grep -q '^JOINED' "$work/join-spare-dies.out" && fail "join-spare-dies: the killed spare ran the program"
+  # Its death is seen, not waited out: every member's admit ends before the timeout.
+  for r in 0 1 2 3; do
+    ms=$(sed -n "s/^ADMIT rank $r -> abandoned, still rank $r of 4, in \([0-9]*\) ms\$/\1/p" "$work/join-spare-dies.out")
+    [ -n "$ms" ] && [ "$ms" -lt "$heal_ms" ] ||
+      fail "join-spare-dies: rank $r's admit took ${ms:-?} ms, not less than the timeout ($heal_ms ms)"
+  done
   join_flags=("${heal_flags[@]}")
   # One machine (every peer mapped): 2 -> 4; and spares without a reserve, refused on every PE.
   timeout 120 oshrun --allow-run-as-root --oversubscribe -np 4 -x EPX_SHMEM_SPARES=2 -x EPX_SHMEM_ELASTIC_RESERVE=4M \

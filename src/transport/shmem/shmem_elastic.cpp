@@ -150,8 +150,25 @@ int ShmemControl::barrier(const std::vector<int>& pes, std::uint64_t stamp, std:
 int ShmemControl::meeting(const std::vector<int>& pes, std::uint64_t stamp, std::chrono::milliseconds timeout) {
   for (int p : pes) set(p, meet(me_), stamp);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (std::size_t i = 0; i < pes.size(); ++i)
-    if (!wait(meet(pes[i]), stamp, deadline)) return static_cast<int>(i);
+  for (std::size_t i = 0; i < pes.size(); ++i) {
+    const int q = pes[i];
+    // A PE that dies meeting (a joiner killed while it joins) fails the meeting at once, not
+    // at the timeout: a PE of its machine sees its process gone and tells the others.
+    for (ControlWait idle(deadline);;) {
+      if (load(meet(q)) >= stamp) break;
+      if (q != me_ && load(gone(q)) != 0) return static_cast<int>(i);
+      if (q != me_ && seen_dead(q)) {
+        for (int x : pes)
+          if (x != q && x != me_ && load(gone(x)) == 0) set(x, gone(q), 1);
+        set(me_, gone(q), 1);
+        return static_cast<int>(i);
+      }
+      if (!idle.step()) {
+        if (load(meet(q)) >= stamp) break;
+        return static_cast<int>(i);
+      }
+    }
+  }
   return -1;
 }
 
