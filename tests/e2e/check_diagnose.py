@@ -5,9 +5,11 @@
               --load: with a second job running (another epx bench in a loop, 4 ranks)
   sigstop     one rank's process stopped and continued in bursts from outside (SIGSTOP X ms /
               SIGCONT X ms, X in --bursts): that rank must be named (its row or column), and
-              nothing that does not involve it
-  cgroup      one rank's process in a CPU cgroup of this test with a --quota % CPU quota
-              (cgroup v1 cpu or v2 cpu.max): the same; SKIP when no cgroup can be made
+              nothing that does not involve it; the loop is sized in seconds (--stop-seconds,
+              by a fault-free probe loop at each P)
+  cgroup      one rank's process in a CPU cgroup of this test with a CPU quota (cgroup v1 cpu
+              or v2 cpu.max): the same; SKIP when no cgroup can be made. The quota is a third
+              of the CPU a rank uses (--starve; by the probe loop) unless --quota % is given
   netem       4 network-namespace "machines", one rank each, the shmem transport (oshrun,
               --protocol tail), machine 1's veth slowed for packets to machine 2 only (a u32
               filter into an htb class of --rates kbit/s; --netem: into a netem delay, which
@@ -16,7 +18,8 @@
   netem-quiet the same 4 machines unshaped: nothing may be named
 
     check_diagnose.py --epx build/src/tools/epx [--only quiet,sigstop,...] [--runs N]
-                      [--bursts 20,40,80] [--quota 10] [--ranks 8] [--load] [--save DIR] [--confirm]
+                      [--bursts 20,40,80] [--quota PCT] [--ranks 8] [--load] [--save DIR] [--confirm]
+                      [--stop-seconds 5 | --stop-iters N]
                       [--intervals K] [--need N] [--verdict ranks|persistent|loop] [--bench-wait spin|sleep]
 
 The diagnosed bench picks its ranks' waits itself: epx's sleep mode when they outnumber the
@@ -546,6 +549,56 @@ def print_table():
     print(flush=True)
 
 
+# A fault is seen only in the time it leaves inside calls, so each interval of the loop must
+# last long enough to hold several stops (80 ms / 80 ms: a period of 160 ms) or quota periods
+# (100 ms): what counts is the loop's length in seconds, not its iterations. An iteration's
+# time depends on P (on 2 cores ~1 ms at P = 4, ~3 ms at P = 8, ~12 ms at P = 16) and on epx's
+# speed (the bench's barrier sleeping instead of yielding made the P = 8 loop 1.6x shorter,
+# and the 80 ms stops fell from 20 to 18 of 20 named). And a quota starves a rank only below
+# the CPU it uses: since the barrier sleeps, a rank of P = 8 uses ~9 % of a CPU, and a 10 %
+# quota named it in 13 of 20 (its loop 1.3 s instead of 19 s). So a fault-free probe loop of
+# 3200 / P iterations at each P, timed by the bench, with its ranks' CPU sampled, sizes both:
+# the stops' loop for a fault-free --stop-seconds (5 s; the stops about double it), the
+# quota as the ranks' CPU share / --starve (3: the victim at a third of its pace), and the
+# quota's loop for a fault-free --quota-seconds (2 s; the throttled rank about triples it).
+PROBES = {}
+
+
+def probe(epx, ranks):
+    """(iterations per second, the median rank's share of a CPU) of a fault-free loop at P."""
+    if ranks in PROBES:
+        return PROBES[ranks]
+    n = max(100, 3200 // ranks)
+    rc, data, tail = run_bench([epx, "bench", "--ranks", str(ranks), "--iters", str(n)] + SHAPE + BENCH_DIAG)
+    took = ((data or {}).get("diagnose") or {}).get("seconds")
+    cpu = sorted((data or {}).get("rank_cpu_s", {}).values())
+    if rc != 0 or not took or not cpu:
+        fail(f"the probe loop at P = {ranks} did not run (exit {rc}): {tail}")
+        return None
+    PROBES[ranks] = (n / took, cpu[len(cpu) // 2] / took)
+    print(f"  P = {ranks}: a fault-free loop of {n} iterations took {took:.2f} s, a rank {100 * PROBES[ranks][1]:.1f} % "
+          f"of a CPU", flush=True)
+    return PROBES[ranks]
+
+
+def stop_iters(epx, ranks, a):
+    if a.stop_iters:
+        return a.stop_iters
+    p = probe(epx, ranks)
+    return p and max(100, int(p[0] * a.stop_seconds))
+
+
+def quota_plan(epx, ranks, a):
+    """[(quota %, iterations)]: --quota's (with --cgroup-iters or the probe's loop), else one
+    quota of the probe's share / --starve."""
+    p = None if a.quota and a.cgroup_iters else probe(epx, ranks)
+    if (not a.quota or not a.cgroup_iters) and p is None:
+        return []
+    iters = a.cgroup_iters or max(50, int(p[0] * a.quota_seconds))
+    quotas = ints(a.quota) if a.quota else [max(1, round(100 * p[1] / a.starve))]
+    return [(q, iters) for q in quotas]
+
+
 def ints(text):
     return [int(x) for x in text.split(",") if x]
 
@@ -556,14 +609,22 @@ def main():
     ap.add_argument("--only", default="quiet,sigstop,cgroup,netem,netem-quiet")
     ap.add_argument("--runs", type=int, default=1, help="runs of each fault check (each burst length, quota, rate, P)")
     ap.add_argument("--quiet-runs", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=800,
-                    help="the quiet runs' iterations, and the stops' at P = 8 (x 8 / P at other P): a loop of ~5-10 s")
-    ap.add_argument("--cgroup-iters", type=int, default=200, help="a starved rank is slow: fewer iterations")
+    ap.add_argument("--iters", type=int, default=800, help="the quiet runs' iterations")
+    ap.add_argument("--stop-seconds", type=float, default=5.0,
+                    help="the stops' loop: iterations for a fault-free loop of this many seconds (a probe loop times "
+                         "them at each P); the stops about double it")
+    ap.add_argument("--stop-iters", type=int, help="the stops' iterations, instead of --stop-seconds' probe")
+    ap.add_argument("--cgroup-iters", type=int,
+                    help="the quota runs' iterations (default: a fault-free loop of --quota-seconds, by the probe)")
+    ap.add_argument("--quota-seconds", type=float, default=2.0,
+                    help="the quota runs' loop: iterations for a fault-free loop of this many seconds")
+    ap.add_argument("--starve", type=float, default=3.0,
+                    help="without --quota: the quota is the probe's CPU share per rank / this")
     ap.add_argument("--netem-iters", type=int, default=20, help="shaped: a call takes ~0.25 s at 256 kbit/s")
     ap.add_argument("--netem-quiet-iters", type=int, default=300,
                     help="unshaped: enough calls that one stall (a descheduled rank, a TCP retransmit) averages out")
     ap.add_argument("--bursts", default="20,40,80", help="SIGSTOP / SIGCONT burst lengths, ms")
-    ap.add_argument("--quota", default="10", help="cgroup CPU quotas, %% of one CPU")
+    ap.add_argument("--quota", help="cgroup CPU quotas, %% of one CPU (default: the probe's share per rank / --starve)")
     ap.add_argument("--rates", default="256", help="netem: rates of the slow link, kbit/s")
     ap.add_argument("--netem", action="store_true", help="slow the link with sch_netem (a delay) instead of htb (a rate)")
     ap.add_argument("--ranks", default="8", help="P of the slow-rank runs (comma-separated: each)")
@@ -597,12 +658,13 @@ def main():
     if "quiet" in only:
         confirmed(c, check_quiet, epx, a.quiet_runs, a.iters, a.quiet_ranks, load=a.load, save_dir=a.save)
     for ranks in ints(a.ranks):
-        if "sigstop" in only:
-            for ms in ints(a.bursts):  # a loop of about the same length at every P
-                confirmed(c, check_sigstop, epx, a.runs, max(100, a.iters * 8 // ranks), ranks, ms, save_dir=a.save)
+        iters = stop_iters(epx, ranks, a) if "sigstop" in only else None
+        if iters:
+            for ms in ints(a.bursts):
+                confirmed(c, check_sigstop, epx, a.runs, iters, ranks, ms, save_dir=a.save)
         if "cgroup" in only:
-            for q in ints(a.quota):
-                confirmed(c, check_cgroup, epx, a.runs, a.cgroup_iters, ranks, q, save_dir=a.save)
+            for q, n in quota_plan(epx, ranks, a):
+                confirmed(c, check_cgroup, epx, a.runs, n, ranks, q, save_dir=a.save)
     if "netem" in only:
         for rate in ints(a.rates):
             confirmed(c, check_netem, epx, a.runs, a.netem_iters, rate_kbit=rate, netem=a.netem, save_dir=a.save)
