@@ -388,21 +388,24 @@ def _ops(rank, size):
     z = torch.ones(3)
     dist.all_reduce(z)
     check("usable after errors", z.eq(size).all())
-    # point-to-point as gloo: from any source, tags matched out of order, asynchronous
+    # point-to-point as gloo: from any source, tags matched out of order, asynchronous. The
+    # any-source messages have a tag of their own: rank 3 may already have sent rank 0 the big
+    # tag-0 message below (it waits for nobody on the way), which a tag-0 any-source receive
+    # would rightly match.
     if rank == 0:
         senders = set()
         for _ in range(size - 1):
             t = torch.empty(3)
-            src = dist.recv(t)
+            src = dist.recv(t, tag=3)
             senders.add(src)
             check(f"recv from any source: the data of rank {src}", t.eq(src).all())
-        w = dist.irecv(torch.empty(3))
-        dist.send(torch.full((3,), 0.0), 0)  # to itself, matched by the any-source irecv
+        w = dist.irecv(torch.empty(3), tag=3)
+        dist.send(torch.full((3,), 0.0), 0, tag=3)  # to itself, matched by the any-source irecv
         w.wait()
         check("recv from any source: every sender, itself too", senders == set(range(1, size))
               and w._source_rank() == 0)
     else:
-        dist.send(torch.full((3,), float(rank)), 0)
+        dist.send(torch.full((3,), float(rank)), 0, tag=3)
     wa = dist.isend(torch.full((5,), 7.0 + rank), nxt, tag=7)
     wb = dist.isend(torch.full((5,), 8.0 + rank), nxt, tag=8)
     b8, b7 = torch.empty(5), torch.empty(5)
