@@ -133,10 +133,21 @@ class ControlWait {
 }  // namespace
 
 bool ShmemControl::wait(std::size_t w, std::uint64_t at_least, std::chrono::steady_clock::time_point deadline) const {
+  return wait_unless(w, at_least, deadline, [] { return false; });
+}
+
+bool ShmemControl::wait_unless(std::size_t w, std::uint64_t at_least, std::chrono::steady_clock::time_point deadline,
+                               const std::function<bool()>& give_up) const {
   for (ControlWait idle(deadline);;) {
     if (load(w) >= at_least) return true;
+    if (give_up()) return false;
     if (!idle.step()) return load(w) >= at_least;
   }
+}
+
+void ShmemControl::announce_gone(int pe, const std::vector<int>& pes) {
+  for (int x : pes)
+    if (x != pe && load(gone(x)) == 0) set(x, gone(pe), 1);
 }
 
 int ShmemControl::barrier(const std::vector<int>& pes, std::uint64_t stamp, std::chrono::milliseconds timeout) {
@@ -154,20 +165,14 @@ int ShmemControl::meeting(const std::vector<int>& pes, std::uint64_t stamp, std:
     const int q = pes[i];
     // A PE that dies meeting (a joiner killed while it joins) fails the meeting at once, not
     // at the timeout: a PE of its machine sees its process gone and tells the others.
-    for (ControlWait idle(deadline);;) {
-      if (load(meet(q)) >= stamp) break;
-      if (q != me_ && load(gone(q)) != 0) return static_cast<int>(i);
-      if (q != me_ && seen_dead(q)) {
-        for (int x : pes)
-          if (x != q && x != me_ && load(gone(x)) == 0) set(x, gone(q), 1);
-        set(me_, gone(q), 1);
-        return static_cast<int>(i);
-      }
-      if (!idle.step()) {
-        if (load(meet(q)) >= stamp) break;
-        return static_cast<int>(i);
-      }
-    }
+    const bool met = wait_unless(meet(q), stamp, deadline, [&] {
+      if (q == me_) return false;
+      if (load(gone(q)) != 0) return true;
+      if (!seen_dead(q)) return false;
+      announce_gone(q, pes);
+      return true;
+    });
+    if (!met) return static_cast<int>(i);
   }
   return -1;
 }
@@ -221,10 +226,14 @@ void end_job(int status, void*) {
 }  // namespace
 
 bool launcher_keeps_survivors() noexcept {
-  const char* v = std::getenv("OMPI_MCA_orte_abort_on_non_zero_status");
-  if (v == nullptr) return false;
-  const std::string s = v;
-  return s == "0" || s == "false" || s == "f" || s == "no" || s == "n" || s == "disabled";
+  // The launcher's environment, fixed for the job: read once (the data path asks on every get).
+  static const bool keeps = [] {
+    const char* v = std::getenv("OMPI_MCA_orte_abort_on_non_zero_status");
+    if (v == nullptr) return false;
+    const std::string s = v;
+    return s == "0" || s == "false" || s == "f" || s == "no" || s == "n" || s == "disabled";
+  }();
+  return keeps;
 }
 
 void end_job_with_group(std::shared_ptr<ShmemControl> control, std::vector<int> pes, int me, int lineage,

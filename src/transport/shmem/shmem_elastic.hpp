@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,6 +88,9 @@ class ShmemControl {
   std::uint64_t load(std::size_t w) const noexcept;
   /// Progresses the runtime until word `w` here holds >= `at_least`; false at `deadline`.
   bool wait(std::size_t w, std::uint64_t at_least, std::chrono::steady_clock::time_point deadline) const;
+  /// The same, but false as soon as give_up() is true (looked at after the word, each step).
+  bool wait_unless(std::size_t w, std::uint64_t at_least, std::chrono::steady_clock::time_point deadline,
+                   const std::function<bool()>& give_up) const;
   /// A barrier over `pes` (this PE among them): sets barrier[me] = `stamp` on each, then
   /// waits for each one's. Returns the index in `pes` of the first that did not arrive
   /// within `timeout`, -1 when all did.
@@ -98,6 +102,10 @@ class ShmemControl {
   /// PE pe shares this machine (shmem_ptr maps its words) and its process has ended (read
   /// from its own words: ProcessIdentity). False where that cannot be told.
   bool seen_dead(int pe) const;
+  /// pe is known gone: announced to this PE (its gone word here) or seen_dead.
+  bool known_dead(int pe) const { return load(gone(pe)) != 0 || seen_dead(pe); }
+  /// Tells every PE of `pes` but pe and those known gone (this one included) that pe is gone.
+  void announce_gone(int pe, const std::vector<int>& pes);
 
  private:
   std::uint64_t* word(int pe, std::size_t w) const noexcept;

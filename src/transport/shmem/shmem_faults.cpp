@@ -192,8 +192,7 @@ void ShmemTransport::check_members(const WaitPoint& where) {
       // Every other member learns it (nothing more to the dead PE: a put UCX cannot deliver
       // stays in flight until its keepalive declares the endpoint dead, holding up every
       // shmem_quiet of this PE meanwhile).
-      for (int x = 0; x < num_ranks_; ++x)
-        if (x != p && c.load(c.gone(pe(x))) == 0) c.set(pe(x), c.gone(q), 1);
+      c.announce_gone(q, pe_);
     }
     ShmemRuntime::mark_failed();
     throw Error(ErrorCode::kPeerFailed,
@@ -210,7 +209,7 @@ bool ShmemTransport::member_known_gone() const noexcept {
   const ShmemControl& c = *control_;
   try {
     for (int p = 0; p < num_ranks_; ++p)
-      if (p != rank_ && (c.load(c.gone(pe(p))) != 0 || c.seen_dead(pe(p)))) return true;
+      if (p != rank_ && c.known_dead(pe(p))) return true;
   } catch (...) {
     // Nothing known: the teardown goes on as for a live group.
   }

@@ -63,8 +63,6 @@ bool idle(Clock::time_point deadline, long rest_ns = 50'000) {
   return true;
 }
 
-bool known_dead(const ShmemControl& c, int pe) { return c.load(c.gone(pe)) != 0 || c.seen_dead(pe); }
-
 // A spare released at the job's end: rank 0 ends the job (shmem_global_exit) right after;
 // until then, or a bound, nothing (liboshmem's finalize would wait for every PE).
 [[noreturn]] void end_spare(std::chrono::milliseconds timeout) {
@@ -115,7 +113,7 @@ int job_spares(Bootstrap& bootstrap, int npes) {
 
 void release_spares(ShmemControl& c) {
   for (int p = 0; p < static_cast<int>(g_book.size()); ++p)
-    if (g_book[static_cast<std::size_t>(p)] == kSpareWaiting && !known_dead(c, p)) c.set(p, c.release(), 1);
+    if (g_book[static_cast<std::size_t>(p)] == kSpareWaiting && !c.known_dead(p)) c.set(p, c.release(), 1);
 }
 
 std::unique_ptr<Transport> ShmemTransport::split_spares(std::unique_ptr<ShmemTransport> all, int spares) {
@@ -191,7 +189,7 @@ std::vector<int> ShmemTransport::claim_spares(std::uint64_t stamp, int want, std
   for (int p = 0; p < c.num_pes(); ++p) {
     std::uint64_t& state = g_book[static_cast<std::size_t>(p)];
     if (state != kSpareWaiting) continue;
-    if (known_dead(c, p)) {
+    if (c.known_dead(p)) {
       state = kSpareOut;
       continue;
     }
@@ -246,7 +244,7 @@ std::unique_ptr<ShmemTransport> ShmemTransport::meet_joiners(const std::vector<i
   auto tell_joiners = [&](std::uint64_t verdict) {
     if (rank_ != 0) return;
     for (int p : joiners) {
-      if (known_dead(c, p)) continue;
+      if (c.known_dead(p)) continue;
       c.put(p, c.outcome(), &verdict, 1);
       c.set(p, c.outcome_stamp(), stamp);
     }

@@ -282,20 +282,13 @@ void ShmemTransport::put(int peer, std::size_t offset, const void* src, std::siz
   shmem_putmem_nbi(base_ + offset, src, bytes, pe(peer));
 }
 
-namespace {
-bool keeps_survivors() noexcept {
-  static const bool keeps = launcher_keeps_survivors();  // the launcher's environment: fixed for the job
-  return keeps;
-}
-}  // namespace
-
 void ShmemTransport::get(int peer, std::size_t offset, void* dst, std::size_t bytes, int) {
   require_live("get");
   if (const std::byte* src = peer_base_[static_cast<std::size_t>(peer)]) return static_cast<void>(std::memcpy(dst, src + offset, bytes));
   // A get from a dead PE is refused by UCX (liboshmem prints "Internal error", the call
   // returns nothing) and a later quiet completes it with the destination unwritten: where
   // survivors heal, fail naming a member already announced dead instead of issuing.
-  if (control_ && keeps_survivors() && member_gone(peer)) check_members(WaitPoint{"get (a row from a peer)", peer});
+  if (control_ && launcher_keeps_survivors() && member_gone(peer)) check_members(WaitPoint{"get (a row from a peer)", peer});
   mark_outstanding(peer);
   unprobed_[static_cast<std::size_t>(peer)].store(true, std::memory_order_relaxed);
   gets_out_.store(true, std::memory_order_relaxed);
@@ -380,7 +373,7 @@ void ShmemTransport::quiet(int) {
   // of quiet_timed (a beacon get after the gets: it lands only from a live PE) stops at an
   // announced death, and a probe that never lands within the timeout is a failure naming
   // the peer; after the quiet a death announced meanwhile fails the call too.
-  const bool gets = gets_out_.exchange(false, std::memory_order_relaxed) && control_ && keeps_survivors();
+  const bool gets = gets_out_.exchange(false, std::memory_order_relaxed) && control_ && launcher_keeps_survivors();
   if (gets) {
     thread_local std::vector<std::uint64_t> laps;
     laps.assign(static_cast<std::size_t>(num_ranks_), 0);
