@@ -591,8 +591,9 @@ def stop_iters(epx, ranks, a):
 def quota_plan(epx, ranks, a):
     """[(quota %, iterations)]: --quota's (with --cgroup-iters or the probe's loop), else one
     quota of the probe's share / --starve."""
-    p = None if a.quota and a.cgroup_iters else probe(epx, ranks)
-    if (not a.quota or not a.cgroup_iters) and p is None:
+    probed = not (a.quota and a.cgroup_iters)
+    p = probe(epx, ranks) if probed else None
+    if probed and p is None:
         return []
     iters = a.cgroup_iters or max(50, int(p[0] * a.quota_seconds))
     quotas = ints(a.quota) if a.quota else [max(1, round(100 * p[1] / a.starve))]
